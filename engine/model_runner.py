@@ -1,0 +1,108 @@
+"""Runs one scheduled step on the device: builds the flattened batch, runs the model.
+
+    scheduled (decodes first) ──> input_ids [T], positions [T], AttentionMetadata
+                              ──> model forward (writes KV, attends) ──> hidden [T, H]
+                              ──> logits of each sampling request's last row [n, V]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from engine.attention import AttentionMetadata, get_backend
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.scheduler import ScheduledRequest
+from engine.models.arch import ModelArch
+from engine.models.llama import LlamaForCausalLM
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensor and the attention backend."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        arch: ModelArch,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: str,
+    ) -> None:
+        self.model = model
+        self.arch = arch
+        self.block_size = block_size
+        self.device = device
+        self.backend = get_backend(backend)
+        # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b].
+        self.kv_cache = torch.zeros(
+            arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim,
+            dtype=dtype, device=device,
+        )
+
+    @staticmethod
+    def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes one block occupies across all layers, K and V."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return arch.num_layers * 2 * block_size * arch.num_kv_heads * arch.head_dim * elem
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        scheduled: list[ScheduledRequest],
+        kv: KVCacheManager,
+        layer_hook: Callable[[int], None] | None = None,
+    ) -> tuple[torch.Tensor, list[ScheduledRequest]]:
+        """Run one step; returns logits ``[n, V]`` for the ``n`` requests that sample."""
+        order = sorted(scheduled, key=lambda s: s.num_new_tokens != 1)  # decodes first (stable)
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        samplers: list[ScheduledRequest] = []
+        for s in order:
+            req, start, n = s.request, s.start, s.num_new_tokens
+            table = kv.block_ids(req.request_id)
+            ids.extend(req.all_token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            tables.append(table)
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            if s.samples:
+                sample_rows.append(len(ids) - 1)
+                samplers.append(s)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        qsl = [0]
+        for n in query_lens:
+            qsl.append(qsl[-1] + n)
+        dev = self.device
+        meta = AttentionMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+            num_decodes=sum(1 for n in query_lens if n == 1),
+            block_size=bs,
+        )
+        hidden = self.model(
+            torch.tensor(ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            self.kv_cache,
+            meta,
+            self.backend,
+            layer_hook,
+        )
+        if not sample_rows:
+            return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32), samplers
+        rows = torch.tensor(sample_rows, dtype=torch.int64, device=dev)
+        return self.model.compute_logits(hidden[rows]), samplers

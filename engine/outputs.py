@@ -1,0 +1,71 @@
+"""What the engine reports per request and per step."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """The sampled token's logprob and, when asked, the top-n alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """A request's progress after a step: what is new, and everything so far."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]
+    new_text: str
+    token_ids: list[int]  # all generated tokens so far
+    text: str  # all generated text so far
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that matched
+    logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when asked
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot of the engine's load, for schedulers, routers and metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_waiting_for_remote_kv: int
+    num_held: int
+    num_blocks: int
+    num_free_blocks: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_steps: int
+    num_generated_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """What must match for two engines to exchange KV blocks."""
+
+    model: str
+    dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def fingerprint(self) -> str:
+        """A stable digest of every field (checked at the transfer layer's HELLO)."""
+        text = "|".join(str(getattr(self, f)) for f in self.__slots__)  # type: ignore[attr-defined]
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def as_dict(self) -> dict[str, str | int]:
+        """Plain fields, e.g. for a msgpack HELLO frame."""
+        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]

@@ -1,0 +1,292 @@
+"""Batched token sampling for one engine step, in the order vLLM applies it:
+
+    raw logits --log_softmax--> logprobs (reported, never used to sample)
+        |
+    min_tokens mask -> repetition penalty -> presence/frequency penalties   (x: [B, V])
+        |
+        +-- temperature == 0 --> argmax(x)
+        +-- otherwise: z = x / temperature; keep z >= max(top-k, top-p, min-p cut); draw.
+
+Every filter is "keep z >= a per-row threshold", so they touch [B, V] at most once. Rows with
+top-k work on their top-(k+1) candidates only; the others take a full-row softmax. Each row
+draws one uniform (a seeded row from its own generator) and maps it through the CDF in token-id
+order. Thresholds and cumulative sums are row-local and sequential, so a seeded row does not
+depend on the rest of the batch (up to last-ulp rounding in exp: a draw moves w.p. ~1e-7).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.sampling_params import SamplingParams
+
+# Rows with top-p but no top-k look for the cut among this many tokens first.
+_TOP_P_CANDIDATES = 256
+
+
+@dataclass(slots=True)
+class SamplingState:
+    """What the sampler needs to know about one request at this step.
+
+    ``output_token_ids`` excludes the token being sampled. ``generator`` is set when
+    ``params.seed`` is not None. While fewer than ``params.min_tokens`` tokens have been
+    generated, ``eos_token_ids`` (unless ``params.ignore_eos``) and ``params.stop_token_ids``
+    cannot be sampled.
+    """
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None
+    eos_token_ids: frozenset[int]
+
+
+@dataclass(slots=True)
+class SampleResult:
+    """The token picked for one row, with logprobs of the raw model distribution if asked."""
+
+    token_id: int
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
+
+
+class Sampler:
+    """Turns a step's logits into one token per request.
+
+    ``seed`` fixes the RNG shared by unseeded rows; None seeds it from torch's default RNG.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> list[SampleResult]:
+        """Pick one token per row. logits: [B, V], any float dtype; len(states) == B."""
+        assert logits.dim() == 2 and logits.shape[0] == len(states), "logits must be [B, V]"
+        batch = logits.shape[0]
+        params = [s.params for s in states]
+        min_tok_rows = [
+            i
+            for i, s in enumerate(states)
+            if len(s.output_token_ids) < s.params.min_tokens
+            and (s.params.stop_token_ids or (s.eos_token_ids and not s.params.ignore_eos))
+        ]
+        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        pf_rows = [
+            i
+            for i, (p, s) in enumerate(zip(params, states, strict=True))
+            if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and s.output_token_ids
+        ]
+        sample_rows = [i for i, p in enumerate(params) if not p.greedy]
+
+        penalized = bool(min_tok_rows or rep_rows or pf_rows)
+        x = logits.to(torch.float32, copy=True) if penalized else logits  # [B, V]
+        if penalized:
+            _mask_stop_tokens(x, states, min_tok_rows)
+            _apply_penalties(x, states, rep_rows, pf_rows)
+        if len(sample_rows) == batch:
+            tokens = _sample(x, penalized, states, self._generator)  # [B]
+        else:
+            tokens = x.argmax(dim=-1)  # [B]; exact in any dtype
+            if sample_rows:
+                idx = torch.tensor(sample_rows)
+                sub_states = [states[i] for i in sample_rows]
+                tokens[idx] = _sample(x[idx], True, sub_states, self._generator)
+        token_ids: list[int] = tokens.tolist()
+        return _with_logprobs(logits, token_ids, params)
+
+
+def _mask_stop_tokens(x: torch.Tensor, states: Sequence[SamplingState], rows: list[int]) -> None:
+    """min_tokens: EOS and stop token ids get -inf on rows that are still too short."""
+    pairs = [
+        (i, t)
+        for i in rows
+        for t in set(states[i].params.stop_token_ids)
+        | (set() if states[i].params.ignore_eos else states[i].eos_token_ids)
+        if 0 <= t < x.shape[1]
+    ]
+    if pairs:
+        x[tuple(torch.tensor(pairs).T)] = -math.inf
+
+
+def _flat_index(
+    vocab: int, rows: list[int], lists: list[list[int]], *per_list: list[float]
+) -> list[torch.Tensor]:
+    """[flat, *values]: flat indexes x.view(-1) at (rows[j], t) for each t in lists[j] (repeats
+    stay); each per_list[m][j] is repeated alongside. All [N]."""
+    lengths = torch.tensor([len(ts) for ts in lists])
+    ids = np.fromiter(
+        itertools.chain.from_iterable(lists), dtype=np.int64, count=int(lengths.sum())
+    )
+    flat = torch.from_numpy(ids) + (torch.tensor(rows) * vocab).repeat_interleave(lengths)
+    return [flat] + [
+        torch.tensor(v, dtype=torch.float32).repeat_interleave(lengths) for v in per_list
+    ]
+
+
+def _apply_penalties(
+    x: torch.Tensor, states: Sequence[SamplingState], rep_rows: list[int], pf_rows: list[int]
+) -> None:
+    """Repetition penalty (HF/vLLM: over prompt + output tokens, positive logits / r, negative
+    ones * r), then OpenAI's: logit[t] -= count[t] * frequency + (count[t] > 0) * presence."""
+    flat_x = x.view(-1)  # a repeated index reads one value and writes one result
+    if rep_rows:
+        rows = [i for i in rep_rows for _ in range(2)]
+        lists = [
+            ts for i in rep_rows for ts in (states[i].prompt_token_ids, states[i].output_token_ids)
+        ]
+        flat, r = _flat_index(
+            x.shape[1], rows, lists, [states[i].params.repetition_penalty for i in rows]
+        )
+        vals = flat_x[flat]
+        flat_x[flat] = torch.where(vals > 0, vals / r, vals * r)
+    if pf_rows:
+        lists = [states[i].output_token_ids for i in pf_rows]
+        pres = [states[i].params.presence_penalty for i in pf_rows]
+        freq = [-states[i].params.frequency_penalty for i in pf_rows]
+        flat, pres_n, freq_n = _flat_index(x.shape[1], pf_rows, lists, pres, freq)
+        flat_x[flat] = flat_x[flat] - pres_n  # once per distinct token
+        flat_x.index_add_(0, flat, freq_n)  # once per occurrence
+
+
+def _sample(
+    xs: torch.Tensor, owned: bool, states: Sequence[SamplingState], gen: torch.Generator
+) -> torch.Tensor:
+    """Draw one token per row of xs: [S, V] (penalized logits; modified only if owned) -> [S]."""
+    num_rows, vocab = xs.shape
+    params = [s.params for s in states]
+    u = torch.rand(num_rows, generator=gen)  # [S], one uniform per row
+    for j, s in enumerate(states):
+        if s.generator is not None:
+            u[j] = torch.rand((), generator=s.generator)
+    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    tokens = torch.empty(num_rows, dtype=torch.long)
+
+    f = (top_k == vocab).nonzero().squeeze(1)  # rows that need the whole vocab
+    f_thr = torch.full((len(f),), -math.inf)  # z thresholds known in advance
+    k = (top_k < vocab).nonzero().squeeze(1)
+    if len(k):
+        sub = xs if len(k) == num_rows else xs[k]
+        tokens[k], thr, complete = _sample_top_k(sub, top_k[k], temp[k], top_p[k], min_p[k], u[k])
+        # A tie at the (k+1)-th candidate may continue past the candidates: redo on the vocab.
+        f, f_thr = torch.cat([f, k[~complete]]), torch.cat([f_thr, thr[~complete]])
+    if len(f):
+        sub, own = (xs, owned) if len(f) == num_rows else (xs[f], True)
+        p_eff = torch.where(f_thr > -math.inf, 1.0, top_p[f])  # top-k rows: already in f_thr
+        tokens[f] = _sample_full(sub, own, temp[f], p_eff, min_p[f], f_thr, u[f])
+    return tokens
+
+
+def _sample_top_k(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    temp: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    u: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample rows with top-k on among their top-(k_max+1) logits. x: [R, V]; k, ...: [R].
+
+    Returns (tokens [R], z threshold [R], complete [R]); a row is incomplete when the token
+    just past the candidates could still pass the threshold (a tie), and its token is void.
+    """
+    vocab = x.shape[1]
+    n_cand = min(vocab, int(k.max()) + 1)
+    vals, idx = torch.topk(x, n_cand, dim=-1)  # [R, C], descending
+    z = vals.to(torch.float32) / temp[:, None]  # [R, C]
+    beyond_k = torch.arange(n_cand)[None, :] >= k[:, None]  # [R, C]
+    w = torch.softmax(z.masked_fill(beyond_k, -math.inf), dim=-1)  # top-k renormalized
+    n_keep = torch.where(top_p < 1.0, torch.minimum(_nucleus_size(w, top_p), k), k)  # [R]
+    thr = z.gather(1, (n_keep - 1)[:, None]).squeeze(1)  # [R]
+    thr = torch.maximum(thr, z[:, 0] + torch.log(min_p))  # min-p: p >= min_p * p_max
+    complete = (z[:, -1] < thr) | (n_cand == vocab)
+    # Draw in token-id order so ties inside the candidates cannot reorder the CDF.
+    order = idx.argsort(dim=-1)  # [R, C]
+    z_by_id = z.gather(1, order)
+    w = torch.softmax(z_by_id.masked_fill(z_by_id < thr[:, None], -math.inf), dim=-1)
+    pos = _inverse_cdf(w, u)  # [R]
+    return idx.gather(1, order.gather(1, pos[:, None])).squeeze(1), thr, complete
+
+
+def _sample_full(
+    x: torch.Tensor,
+    owned: bool,
+    temp: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    thr: torch.Tensor,
+    u: torch.Tensor,
+) -> torch.Tensor:
+    """Sample rows over the whole vocab, keeping z >= thr and the top-p/min-p cuts. x: [R, V]."""
+    in_place = owned and x.dtype == torch.float32
+    z = x.div_(temp[:, None]) if in_place else torch.div(x, temp[:, None])  # [R, V] float32
+    w = torch.softmax(z, dim=-1)  # [R, V]
+    if bool((min_p > 0).any()):
+        thr = torch.maximum(thr, z.amax(dim=-1) + torch.log(min_p))
+    p_rows = (top_p < 1.0).nonzero().squeeze(1)
+    if len(p_rows):
+        thr[p_rows] = torch.maximum(thr[p_rows], _top_p_cut(z[p_rows], w[p_rows], top_p[p_rows]))
+    if bool((thr > -math.inf).any()):
+        w.masked_fill_(z < thr[:, None], 0.0)
+    return _inverse_cdf(w, u)
+
+
+def _top_p_cut(z: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """z threshold [R] of the smallest top set with mass >= top_p. z, w (softmax): [R, V]."""
+    n_cand = min(z.shape[1], _TOP_P_CANDIDATES)
+    idx = torch.topk(z, n_cand, dim=-1).indices  # [R, C]
+    n_keep = _nucleus_size(w.gather(1, idx), top_p)
+    cut = idx.gather(1, (n_keep - 1)[:, None]).squeeze(1)  # [R] token id of the last kept
+    short = (n_keep == n_cand).nonzero().squeeze(1)  # the cut may lie past the candidates
+    if n_cand < z.shape[1] and len(short):
+        idx_all = torch.sort(z[short], dim=-1, descending=True).indices  # [r, V]
+        n_all = _nucleus_size(w[short].gather(1, idx_all), top_p[short])
+        cut[short] = idx_all.gather(1, (n_all - 1)[:, None]).squeeze(1)
+    return z.gather(1, cut[:, None]).squeeze(1)
+
+
+def _nucleus_size(w_sorted: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """How many leading weights to keep so their mass reaches top_p: [R]; at least 1."""
+    cum = w_sorted.cumsum(dim=-1)  # [R, C]; sequential, so prefixes do not depend on C
+    before = torch.nn.functional.pad(cum[:, :-1], (1, 0))  # mass strictly ahead
+    return (before < top_p[:, None]).sum(dim=-1)
+
+
+def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index [R] drawn from each row of unnormalized weights w: [R, L] (w is consumed)."""
+    cum = w.cumsum_(dim=-1)
+    total = cum[:, -1:]
+    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    # First index whose cum exceeds target: its weight is > 0, since cum rose there.
+    return torch.searchsorted(cum, target, right=True).squeeze(1)
+
+
+def _with_logprobs(
+    logits: torch.Tensor, token_ids: list[int], params: list[SamplingParams]
+) -> list[SampleResult]:
+    """Attach logprobs of the raw logits (before penalties and temperature) where asked."""
+    results = [SampleResult(token_id=t, logprob=None, top_logprobs=None) for t in token_ids]
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return results
+    idx = torch.tensor(rows)
+    lp = torch.log_softmax(logits[idx].to(torch.float32), dim=-1)  # [L, V]
+    chosen = lp.gather(1, torch.tensor([token_ids[i] for i in rows])[:, None]).squeeze(1)
+    n_max = max(n or 0 for n in (params[i].logprobs for i in rows))
+    top = torch.topk(lp, max(n_max, 1), dim=-1)  # sorted, highest first
+    top_vals, top_ids = top.values.tolist(), top.indices.tolist()
+    for j, (i, value) in enumerate(zip(rows, chosen.tolist(), strict=True)):
+        n = params[i].logprobs or 0
+        results[i].logprob = value
+        results[i].top_logprobs = list(zip(top_ids[j][:n], top_vals[j][:n], strict=True)) or None
+    return results

@@ -1,0 +1,64 @@
+"""Tiny random-weight checkpoints (Llama, Qwen2, Qwen3, Mistral; MHA or GQA) for tests.
+
+They are saved as ordinary HF directories, so the engine loads them through the same path as
+a real model and transformers can serve as the reference on exactly the same weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def make_tiny_checkpoint(
+    path: str | Path,
+    arch: str = "llama",
+    num_kv_heads: int = 2,
+    num_heads: int = 4,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    vocab_size: int = 256,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+    tie_word_embeddings: bool = False,
+) -> Path:
+    """Write a random checkpoint of the given shape to ``path`` and return it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"arch must be one of {TINY_ARCHS}")
+    extra: dict[str, object] = {}
+    if arch == "mistral":
+        extra["sliding_window"] = None
+    if arch == "qwen3":
+        extra["head_dim"] = 32  # Qwen3 decouples head_dim from hidden / heads
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        rms_norm_eps=1e-6,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # default init is tiny (std 0.02): widen it so logits are not flat
+        for name, param in model.named_parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.3 if "embed" in name else 1.0 / param.shape[1] ** 0.5)
+            elif "bias" in name:
+                param.normal_(0.0, 0.1)
+    out = Path(path)
+    model.save_pretrained(out)
+    return out
