@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     dt = time.perf_counter() - t0
-    for prompt, out in zip(args.prompt, outs):
+    for prompt, out in zip(args.prompt, outs, strict=False):
         print(f"--- {prompt!r} ({out.finish_reason})\n{out.text}")
     n = sum(len(o.token_ids) for o in outs)
     print(f"--- {n} tokens in {dt:.2f} s ({n / dt:.1f} tok/s)", file=sys.stderr)

@@ -46,7 +46,7 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special = params.skip_special_tokens
-        self._stops = list(params.stop)
+        self._stops = [params.stop] if isinstance(params.stop, str) else list(params.stop)
         self._include_stop = params.include_stop_str_in_output
         self._min_tokens = params.min_tokens
         self._ids: list[int] = list(prompt_token_ids[-_PROMPT_CONTEXT:])

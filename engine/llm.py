@@ -55,7 +55,7 @@ class LLM:
             raise ValueError("one SamplingParams per prompt, or a single one for all")
         ids = []
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p in zip(prompts, params, strict=False):
                 ids.append(self.engine.add_request(prompt, _copy(p)))
         except Exception:
             for rid in ids:

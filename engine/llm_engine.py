@@ -70,23 +70,24 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, arch, num_blocks, cc.block_size, self.dtype, self.device,
             config.resolved_backend(),
+            cuda_graph_batch=config.scheduler.max_num_seqs if config.use_cuda_graphs else 0,
+            max_model_len=self.max_model_len,
         )
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.sampler = Sampler()
+        self.sampler = Sampler(seed=mc.seed)
         self.eos_token_ids = frozenset(arch.eos_token_ids)
         self._live: dict[str, _Live] = {}
         self._remote: dict[str, _Live] = {}  # reserved, waiting for KV from a prefill worker
         self._held: dict[str, list[int]] = {}  # finished, blocks kept until release()
-        self._rng = torch.Generator().manual_seed(mc.seed)
         self._ids = itertools.count()
         self._layer_hook: KVLayerHook | None = None
         self.num_steps = 0
         self.num_generated_tokens = 0
 
     def _load(self, progress: bool):  # -> tuple[LlamaForCausalLM, ModelArch]
-        from engine.models.weights import load_hf_config
         from engine.models.arch import ModelArch
+        from engine.models.weights import load_hf_config
 
         arch = ModelArch.from_hf_config(load_hf_config(self.model_path))
         limit = arch.max_position_embeddings
@@ -131,8 +132,6 @@ class LLMEngine:
         gen = None
         if params.seed is not None:
             gen = torch.Generator().manual_seed(params.seed)
-        elif not params.greedy:
-            gen = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=self._rng)))
         sampling = SamplingState(params, req.prompt_token_ids, [], gen, self.eos_token_ids)
         detok = (
             IncrementalDetokenizer(self.tokenizer, token_ids, params)
@@ -194,8 +193,10 @@ class LLMEngine:
                 st = self._live[s.request.request_id].sampling
                 st.output_token_ids = s.request.output_token_ids
                 states.append(st)
+            if logits.device.type != "cpu" and any(_needs_host(st.params) for st in states):
+                logits = logits.cpu()  # the sampler's RNG and bookkeeping live on the host
             results = self.sampler(logits, states)
-            for s, res in zip(samplers, results):
+            for s, res in zip(samplers, results, strict=False):
                 out = self._append(self._live[s.request.request_id], res)
                 outputs.append(out)
         return outputs
@@ -384,6 +385,18 @@ class LLMEngine:
             num_steps=self.num_steps,
             num_generated_tokens=self.num_generated_tokens,
         )
+
+
+def _needs_host(p: SamplingParams) -> bool:
+    """Rows that need more than a device-side argmax."""
+    return (
+        not p.greedy
+        or p.logprobs is not None
+        or p.min_tokens > 0
+        or p.repetition_penalty != 1.0
+        or p.presence_penalty != 0.0
+        or p.frequency_penalty != 0.0
+    )
 
 
 def _load_tokenizer(path: Path):  # -> PreTrainedTokenizerBase | None

@@ -14,6 +14,7 @@ import torch
 from engine.attention import AttentionMetadata, get_backend
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledRequest
+from engine.cuda_graphs import DecodeGraphs
 from engine.models.arch import ModelArch
 from engine.models.llama import LlamaForCausalLM
 
@@ -30,6 +31,8 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         backend: str,
+        cuda_graph_batch: int = 0,
+        max_model_len: int = 0,
     ) -> None:
         self.model = model
         self.arch = arch
@@ -41,6 +44,12 @@ class ModelRunner:
             arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim,
             dtype=dtype, device=device,
         )
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graph_batch and device.type == "cuda" and backend == "triton":
+            self.graphs = DecodeGraphs(
+                model, self.kv_cache, self.backend, cuda_graph_batch,
+                -(-max_model_len // block_size), block_size,
+            )
 
     @staticmethod
     def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
@@ -79,6 +88,12 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
                 samplers.append(s)
         width = max(len(t) for t in tables)
+        if self.graphs is not None and len(ids) == len(order) and self.graphs.fits(len(ids), width):
+            logits = self.graphs.run(ids, positions, slots, seq_lens, tables)
+            if len(samplers) < len(order):
+                keep = [i for i, s in enumerate(order) if s.samples]
+                logits = logits[torch.tensor(keep, device=self.device)]
+            return logits, samplers
         padded = [t + [0] * (width - len(t)) for t in tables]
         qsl = [0]
         for n in query_lens:

@@ -1,17 +1,15 @@
 """Batched token sampling for one engine step, in the order vLLM applies it:
 
     raw logits --log_softmax--> logprobs (reported, never used to sample)
-        |
-    min_tokens mask -> repetition penalty -> presence/frequency penalties   (x: [B, V])
-        |
-        +-- temperature == 0 --> argmax(x)
-        +-- otherwise: z = x / temperature; keep z >= max(top-k, top-p, min-p cut); draw.
+    raw logits -> min_tokens mask -> repetition, presence, frequency penalties -> x: [B, V]
+      temperature == 0: argmax(x)
+      otherwise: z = x / temperature; keep z >= max(top-k, top-p, min-p cut); draw one.
 
-Every filter is "keep z >= a per-row threshold", so they touch [B, V] at most once. Rows with
-top-k work on their top-(k+1) candidates only; the others take a full-row softmax. Each row
-draws one uniform (a seeded row from its own generator) and maps it through the CDF in token-id
-order. Thresholds and cumulative sums are row-local and sequential, so a seeded row does not
-depend on the rest of the batch (up to last-ulp rounding in exp: a draw moves w.p. ~1e-7).
+Every filter is "keep z >= a per-row threshold", so together they touch [B, V] at most once;
+rows with top-k (and top-p rows whose nucleus is short) work on their top candidates only. Each
+row draws one uniform (a seeded row from its own generator) and maps it through its CDF in
+token-id order. Thresholds and cumulative sums are row-local and sequential, so a seeded row
+does not depend on the rest of the batch (up to last-ulp rounding of exp: p ~ 1e-7 a draw).
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from engine.sampling_params import SamplingParams
 
@@ -32,13 +31,9 @@ _TOP_P_CANDIDATES = 256
 
 @dataclass(slots=True)
 class SamplingState:
-    """What the sampler needs to know about one request at this step.
-
-    ``output_token_ids`` excludes the token being sampled. ``generator`` is set when
-    ``params.seed`` is not None. While fewer than ``params.min_tokens`` tokens have been
-    generated, ``eos_token_ids`` (unless ``params.ignore_eos``) and ``params.stop_token_ids``
-    cannot be sampled.
-    """
+    """One request as the sampler sees it. ``output_token_ids`` excludes the token being
+    sampled; ``generator`` is set when ``params.seed`` is. While fewer than ``min_tokens`` are
+    out, ``eos_token_ids`` (unless ``ignore_eos``) and ``stop_token_ids`` cannot be drawn."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
@@ -57,17 +52,15 @@ class SampleResult:
 
 
 class Sampler:
-    """Turns a step's logits into one token per request.
-
-    ``seed`` fixes the RNG shared by unseeded rows; None seeds it from torch's default RNG.
-    """
+    """Turns a step's logits into one token per request; ``seed`` fixes the RNG that unseeded
+    rows share (None: drawn from torch's default RNG)."""
 
     def __init__(self, seed: int | None = None) -> None:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         self._generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> list[SampleResult]:
+    def __call__(self, logits: Tensor, states: Sequence[SamplingState]) -> list[SampleResult]:
         """Pick one token per row. logits: [B, V], any float dtype; len(states) == B."""
         assert logits.dim() == 2 and logits.shape[0] == len(states), "logits must be [B, V]"
         batch = logits.shape[0]
@@ -103,7 +96,7 @@ class Sampler:
         return _with_logprobs(logits, token_ids, params)
 
 
-def _mask_stop_tokens(x: torch.Tensor, states: Sequence[SamplingState], rows: list[int]) -> None:
+def _mask_stop_tokens(x: Tensor, states: Sequence[SamplingState], rows: list[int]) -> None:
     """min_tokens: EOS and stop token ids get -inf on rows that are still too short."""
     pairs = [
         (i, t)
@@ -118,7 +111,7 @@ def _mask_stop_tokens(x: torch.Tensor, states: Sequence[SamplingState], rows: li
 
 def _flat_index(
     vocab: int, rows: list[int], lists: list[list[int]], *per_list: list[float]
-) -> list[torch.Tensor]:
+) -> list[Tensor]:
     """[flat, *values]: flat indexes x.view(-1) at (rows[j], t) for each t in lists[j] (repeats
     stay); each per_list[m][j] is repeated alongside. All [N]."""
     lengths = torch.tensor([len(ts) for ts in lists])
@@ -132,7 +125,7 @@ def _flat_index(
 
 
 def _apply_penalties(
-    x: torch.Tensor, states: Sequence[SamplingState], rep_rows: list[int], pf_rows: list[int]
+    x: Tensor, states: Sequence[SamplingState], rep_rows: list[int], pf_rows: list[int]
 ) -> None:
     """Repetition penalty (HF/vLLM: over prompt + output tokens, positive logits / r, negative
     ones * r), then OpenAI's: logit[t] -= count[t] * frequency + (count[t] > 0) * presence."""
@@ -156,93 +149,106 @@ def _apply_penalties(
         flat_x.index_add_(0, flat, freq_n)  # once per occurrence
 
 
+@dataclass(slots=True)
+class _Knobs:
+    """Per-row sampling settings as [R] tensors; ``u`` is the row's uniform draw."""
+
+    temp: Tensor
+    top_k: Tensor  # V when off
+    top_p: Tensor
+    min_p: Tensor
+    u: Tensor
+
+    def __getitem__(self, rows: Tensor) -> _Knobs:
+        return _Knobs(*(getattr(self, f)[rows] for f in ("temp", "top_k", "top_p", "min_p", "u")))
+
+
 def _sample(
-    xs: torch.Tensor, owned: bool, states: Sequence[SamplingState], gen: torch.Generator
-) -> torch.Tensor:
+    xs: Tensor, owned: bool, states: Sequence[SamplingState], gen: torch.Generator
+) -> Tensor:
     """Draw one token per row of xs: [S, V] (penalized logits; modified only if owned) -> [S]."""
     num_rows, vocab = xs.shape
     params = [s.params for s in states]
-    u = torch.rand(num_rows, generator=gen)  # [S], one uniform per row
-    for j, s in enumerate(states):
-        if s.generator is not None:
-            u[j] = torch.rand((), generator=s.generator)
-    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+    # one uniform per row; a seeded row draws it from its own generator
+    u = torch.tensor([float(torch.rand((), generator=s.generator or gen)) for s in states])
+    knobs = torch.tensor([[p.temperature, p.top_p, p.min_p] for p in params])  # [S, 3]
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    kn = _Knobs(knobs[:, 0], top_k, knobs[:, 1], knobs[:, 2], u)
     tokens = torch.empty(num_rows, dtype=torch.long)
-
-    f = (top_k == vocab).nonzero().squeeze(1)  # rows that need the whole vocab
+    f = (kn.top_k == vocab).nonzero().squeeze(1)  # rows that need the whole vocab
     f_thr = torch.full((len(f),), -math.inf)  # z thresholds known in advance
-    k = (top_k < vocab).nonzero().squeeze(1)
+    k = (kn.top_k < vocab).nonzero().squeeze(1)
     if len(k):
-        sub = xs if len(k) == num_rows else xs[k]
-        tokens[k], thr, complete = _sample_top_k(sub, top_k[k], temp[k], top_p[k], min_p[k], u[k])
+        tokens[k], thr, complete = _sample_top_k(xs if len(k) == num_rows else xs[k], kn[k])
         # A tie at the (k+1)-th candidate may continue past the candidates: redo on the vocab.
         f, f_thr = torch.cat([f, k[~complete]]), torch.cat([f_thr, thr[~complete]])
     if len(f):
         sub, own = (xs, owned) if len(f) == num_rows else (xs[f], True)
-        p_eff = torch.where(f_thr > -math.inf, 1.0, top_p[f])  # top-k rows: already in f_thr
-        tokens[f] = _sample_full(sub, own, temp[f], p_eff, min_p[f], f_thr, u[f])
+        kf = kn[f]
+        kf.top_p = torch.where(f_thr > -math.inf, 1.0, kf.top_p)  # top-k rows: already in f_thr
+        tokens[f] = _sample_full(sub, own, kf, f_thr)
     return tokens
 
 
-def _sample_top_k(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    temp: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    u: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample rows with top-k on among their top-(k_max+1) logits. x: [R, V]; k, ...: [R].
+def _sample_top_k(x: Tensor, kn: _Knobs) -> tuple[Tensor, Tensor, Tensor]:
+    """Sample rows with top-k on among their top-(k_max+1) logits. x: [R, V].
 
     Returns (tokens [R], z threshold [R], complete [R]); a row is incomplete when the token
     just past the candidates could still pass the threshold (a tie), and its token is void.
     """
-    vocab = x.shape[1]
+    vocab, k = x.shape[1], kn.top_k
     n_cand = min(vocab, int(k.max()) + 1)
     vals, idx = torch.topk(x, n_cand, dim=-1)  # [R, C], descending
-    z = vals.to(torch.float32) / temp[:, None]  # [R, C]
+    z = vals.to(torch.float32) / kn.temp[:, None]  # [R, C]
     beyond_k = torch.arange(n_cand)[None, :] >= k[:, None]  # [R, C]
     w = torch.softmax(z.masked_fill(beyond_k, -math.inf), dim=-1)  # top-k renormalized
-    n_keep = torch.where(top_p < 1.0, torch.minimum(_nucleus_size(w, top_p), k), k)  # [R]
+    n_keep = torch.where(kn.top_p < 1.0, torch.minimum(_nucleus_size(w, kn.top_p), k), k)
     thr = z.gather(1, (n_keep - 1)[:, None]).squeeze(1)  # [R]
-    thr = torch.maximum(thr, z[:, 0] + torch.log(min_p))  # min-p: p >= min_p * p_max
+    thr = torch.maximum(thr, z[:, 0] + torch.log(kn.min_p))  # min-p: p >= min_p * p_max
     complete = (z[:, -1] < thr) | (n_cand == vocab)
-    # Draw in token-id order so ties inside the candidates cannot reorder the CDF.
-    order = idx.argsort(dim=-1)  # [R, C]
+    return _draw_candidates(z, idx, thr, kn.u), thr, complete
+
+
+def _draw_candidates(z: Tensor, idx: Tensor, thr: Tensor, u: Tensor) -> Tensor:
+    """Draw among candidates idx: [R, C] (z: their scaled logits) those with z >= thr: [R]."""
+    order = idx.argsort(dim=-1)  # token-id order, so ties cannot reorder the CDF
     z_by_id = z.gather(1, order)
     w = torch.softmax(z_by_id.masked_fill(z_by_id < thr[:, None], -math.inf), dim=-1)
     pos = _inverse_cdf(w, u)  # [R]
-    return idx.gather(1, order.gather(1, pos[:, None])).squeeze(1), thr, complete
+    return idx.gather(1, order.gather(1, pos[:, None])).squeeze(1)
 
 
-def _sample_full(
-    x: torch.Tensor,
-    owned: bool,
-    temp: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    thr: torch.Tensor,
-    u: torch.Tensor,
-) -> torch.Tensor:
+def _sample_full(x: Tensor, owned: bool, kn: _Knobs, thr: Tensor) -> Tensor:
     """Sample rows over the whole vocab, keeping z >= thr and the top-p/min-p cuts. x: [R, V]."""
     in_place = owned and x.dtype == torch.float32
-    z = x.div_(temp[:, None]) if in_place else torch.div(x, temp[:, None])  # [R, V] float32
+    z = x.div_(kn.temp[:, None]) if in_place else torch.div(x, kn.temp[:, None])  # [R, V] f32
     w = torch.softmax(z, dim=-1)  # [R, V]
-    if bool((min_p > 0).any()):
-        thr = torch.maximum(thr, z.amax(dim=-1) + torch.log(min_p))
-    p_rows = (top_p < 1.0).nonzero().squeeze(1)
+    if bool((kn.min_p > 0).any()):
+        thr = torch.maximum(thr, z.amax(dim=-1) + torch.log(kn.min_p))
+    tokens = torch.empty(len(z), dtype=torch.long)
+    rest = torch.arange(len(z))  # rows still to draw
+    p_rows = (kn.top_p < 1.0).nonzero().squeeze(1)
     if len(p_rows):
-        thr[p_rows] = torch.maximum(thr[p_rows], _top_p_cut(z[p_rows], w[p_rows], top_p[p_rows]))
-    if bool((thr > -math.inf).any()):
-        w.masked_fill_(z < thr[:, None], 0.0)
-    return _inverse_cdf(w, u)
+        zp, wp = (z, w) if len(p_rows) == len(z) else (z[p_rows], w[p_rows])
+        cut, idx = _top_p_cut(zp, wp, kn.top_p[p_rows])  # idx: [r, C] top candidates
+        thr[p_rows] = torch.maximum(thr[p_rows], cut)
+        # A row whose kept set ends inside its candidates draws there, skipping a vocab pass.
+        z_c = zp.gather(1, idx)
+        inside = z_c[:, -1] < thr[p_rows]
+        done = p_rows[inside]
+        tokens[done] = _draw_candidates(z_c[inside], idx[inside], thr[done], kn.u[done])
+        rest = rest[~torch.isin(rest, done)]
+    if len(rest):
+        z, w = (z, w) if len(rest) == len(z) else (z[rest], w[rest])
+        if bool((thr[rest] > -math.inf).any()):
+            w.masked_fill_(z < thr[rest][:, None], 0.0)
+        tokens[rest] = _inverse_cdf(w, kn.u[rest])
+    return tokens
 
 
-def _top_p_cut(z: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """z threshold [R] of the smallest top set with mass >= top_p. z, w (softmax): [R, V]."""
+def _top_p_cut(z: Tensor, w: Tensor, top_p: Tensor) -> tuple[Tensor, Tensor]:
+    """z threshold [R] of the smallest top set with mass >= top_p, and the top candidates
+    [R, C] it was looked for in. z, w (its softmax): [R, V]."""
     n_cand = min(z.shape[1], _TOP_P_CANDIDATES)
     idx = torch.topk(z, n_cand, dim=-1).indices  # [R, C]
     n_keep = _nucleus_size(w.gather(1, idx), top_p)
@@ -252,17 +258,17 @@ def _top_p_cut(z: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor) -> torch.T
         idx_all = torch.sort(z[short], dim=-1, descending=True).indices  # [r, V]
         n_all = _nucleus_size(w[short].gather(1, idx_all), top_p[short])
         cut[short] = idx_all.gather(1, (n_all - 1)[:, None]).squeeze(1)
-    return z.gather(1, cut[:, None]).squeeze(1)
+    return z.gather(1, cut[:, None]).squeeze(1), idx
 
 
-def _nucleus_size(w_sorted: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def _nucleus_size(w_sorted: Tensor, top_p: Tensor) -> Tensor:
     """How many leading weights to keep so their mass reaches top_p: [R]; at least 1."""
     cum = w_sorted.cumsum(dim=-1)  # [R, C]; sequential, so prefixes do not depend on C
     before = torch.nn.functional.pad(cum[:, :-1], (1, 0))  # mass strictly ahead
     return (before < top_p[:, None]).sum(dim=-1)
 
 
-def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def _inverse_cdf(w: Tensor, u: Tensor) -> Tensor:
     """Index [R] drawn from each row of unnormalized weights w: [R, L] (w is consumed)."""
     cum = w.cumsum_(dim=-1)
     total = cum[:, -1:]
@@ -272,7 +278,7 @@ def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def _with_logprobs(
-    logits: torch.Tensor, token_ids: list[int], params: list[SamplingParams]
+    logits: Tensor, token_ids: list[int], params: list[SamplingParams]
 ) -> list[SampleResult]:
     """Attach logprobs of the raw logits (before penalties and temperature) where asked."""
     results = [SampleResult(token_id=t, logprob=None, top_logprobs=None) for t in token_ids]

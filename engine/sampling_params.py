@@ -64,8 +64,21 @@ class SamplingParams:
                 raise InvalidRequestError(name, f"must be in [-2, 2], got {value}")
         if self.seed is not None:
             _check_int(self.seed, "seed", lo=0)
-        if isinstance(self.stop, str):
+            if self.seed >= 2**63:
+                raise InvalidRequestError("seed", "must be < 2**63")
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if not isinstance(self.stop, (list, tuple)):
+            raise InvalidRequestError("stop", "must be a string or a list of strings")
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise InvalidRequestError("stop_token_ids", "must be a list of token ids")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(name, "must be a boolean")
         for s in self.stop:
             if not isinstance(s, str) or s == "":
                 raise InvalidRequestError("stop", "stop strings must be non-empty strings")

@@ -33,6 +33,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     num_decodes: int  # the first num_decodes sequences have query_len == 1
     block_size: int
+    # Set when a CUDA graph is captured: decode kernels size their grid from this bound (the
+    # block-table width) instead of the host seq_lens, so one capture serves every length.
+    max_decode_blocks: int | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -108,10 +108,8 @@ def _sdpa(
     scale: float,
     causal: bool = False,
 ) -> torch.Tensor:
-    """SDPA with grouped-query heads expanded when the kernel cannot do it natively."""
-    hq, hkv = q.shape[1], k.shape[1]
-    if hq != hkv:
-        rep = hq // hkv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    """SDPA with grouped-query heads handled natively (no repeated K/V copies)."""
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+    )

@@ -57,7 +57,7 @@ class TritonAttentionBackend:
         nd = meta.num_decodes
         if nd:
             bs = meta.block_size
-            max_blocks = triton.cdiv(max(meta.seq_lens_cpu[:nd]), bs)
+            max_blocks = meta.max_decode_blocks or triton.cdiv(max(meta.seq_lens_cpu[:nd]), bs)
             self.decode(
                 query[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
                 scale, max_blocks, out=out[:nd],

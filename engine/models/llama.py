@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.models.arch import ModelArch
+from engine.models.linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -46,10 +47,10 @@ class Attention(nn.Module):
         self.nh, self.nkv, self.hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
         self.scale = self.hd**-0.5
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.qkv_bias
         )
-        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, arch.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.hd, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.hd, arch.rms_norm_eps) if arch.qk_norm else None
 
@@ -82,8 +83,8 @@ class MLP(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         self.inter = arch.intermediate_size
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = nn.Linear(self.inter, arch.hidden_size, bias=False)
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = Linear(self.inter, arch.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -125,7 +126,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("cos_table", cos, persistent=False)  # [P, hd] fp32

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from engine.errors import ModelLoadError
 from engine.models.arch import ModelArch, rotary_tables
+from engine.models.linear import attach_fp32_shadows, cpu_has_native_bf16
 from engine.models.llama import LlamaForCausalLM
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,6 +51,8 @@ def load_model(
     with torch.no_grad():
         _copy_weights(model, arch, tensors, progress)
     model.eval()
+    if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_native_bf16():
+        attach_fp32_shadows(model)
     return model, arch
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engine import InvalidRequestError, LLM, SamplingParams
+from engine import LLM, InvalidRequestError, SamplingParams
 from engine.errors import OutOfBlocksError
 from tests.unit.engine._reference import hf_greedy
 
@@ -38,7 +38,7 @@ def test_greedy_matches_transformers_batched(tiny_dir, make_engine, arch, kv_hea
     engine = make_engine(model=str(path), num_blocks=128, block_size=16)
     prompts = _prompts([5, 17, 33, 64, 130], seed=1)
     got = _run(engine, prompts)
-    for prompt, tokens in zip(prompts, got):
+    for prompt, tokens in zip(prompts, got, strict=False):
         assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
 
 
@@ -63,7 +63,7 @@ def test_chunked_prefill_with_small_budget(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(path), num_blocks=128, max_num_batched_tokens=16)
     prompts = _prompts([40, 7, 100], seed=3)
     got = _run(engine, prompts)
-    for prompt, tokens in zip(prompts, got):
+    for prompt, tokens in zip(prompts, got, strict=False):
         assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
 
 
@@ -76,7 +76,7 @@ def test_preemption_by_recompute_keeps_outputs(tiny_dir, make_engine) -> None:
     prompts = _prompts([9, 12, 6, 10], seed=4)
     got = _run(engine, prompts)
     assert engine.stats().num_preemptions > 0
-    for prompt, tokens in zip(prompts, got):
+    for prompt, tokens in zip(prompts, got, strict=False):
         assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
 
 

@@ -53,7 +53,7 @@ def test_greedy_batch_matches_transformers(smol) -> None:
         for out in smol.step():
             if out.finished:
                 got[out.request_id] = out
-    for rid, n in zip(ids, lengths):
+    for rid, n in zip(ids, lengths, strict=False):
         out = got[rid]
         assert len(out.prompt_token_ids) == n
         assert out.token_ids == hf_greedy(smol.model_path, out.prompt_token_ids, MAX_NEW), rid

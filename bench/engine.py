@@ -1,0 +1,128 @@
+"""Engine throughput and latency against transformers ``generate()``, side by side, one run.
+
+    python -m bench.engine [--dtypes float32,bfloat16] [--repeats 3] [--quick] [--out docs/bench]
+
+Workloads (each run on our engine and on transformers, same weights, dtype and threads):
+  batch      64 requests, 128-token prompts, 128 output tokens, max batch 32
+             (transformers: two static batches of 32)
+  mixed      prompts of 16..1,024 tokens, outputs of 16..256 (seeded); our engine batches
+             continuously (max 32), transformers runs static batches of 32 with left padding,
+             each batch running to its longest output (only requested tokens are counted)
+  single     batch 1, 128 output tokens: ms per token, next to the memory-bandwidth floor
+             (bytes of our weights read per step / read bandwidth measured in this run)
+  prefill    one 512-token prompt: prompt tokens per second
+Every number is the median of ``--repeats`` runs; ratios are ours / transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from bench.engine_workloads import (
+    Workload,
+    batch_workload,
+    hf_static_generate,
+    measure_read_bandwidth,
+    mixed_workload,
+    single_workload,
+    weight_bytes,
+)
+
+
+def _median(fn: Callable[..., float], repeats: int, *args: object) -> float:
+    return statistics.median(fn(*args) for _ in range(repeats))
+
+
+def _ours(llm, wl: Workload) -> float:
+    """Seconds for our engine to finish the whole workload."""
+    from engine import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in wl.outputs]
+    t0 = time.perf_counter()
+    outs = llm.generate(wl.prompts, params)
+    dt = time.perf_counter() - t0
+    assert sum(len(o.token_ids) for o in outs) == sum(wl.outputs)
+    return dt
+
+
+def run(args: argparse.Namespace) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict = {"threads": torch.get_num_threads(), "repeats": args.repeats, "dtypes": {}}
+    bw = measure_read_bandwidth()
+    results["read_bandwidth_gbs"] = bw / 1e9
+    print(f"threads={torch.get_num_threads()}  measured read bandwidth {bw / 1e9:.1f} GB/s")
+    for dtype in args.dtypes.split(","):
+        print(f"\n== {dtype} ==", flush=True)
+        llm = LLM(model=args.model, dtype=dtype, max_num_seqs=32, max_num_batched_tokens=2048,
+                  progress=False)
+        path = llm.engine.model_path
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        vocab = llm.engine.arch.vocab_size
+        scale = 4 if args.quick else 1
+        rows = {}
+        for name, wl in (
+            ("batch", batch_workload(vocab, n=64 // scale, out=128 // scale)),
+            ("mixed", mixed_workload(vocab, n=64 // scale, quick=args.quick)),
+            ("single", single_workload(vocab, out=128 // scale)),
+            ("prefill", single_workload(vocab, prompt=512, out=1)),
+        ):
+            print(f"  {name}: {wl.describe()}", flush=True)
+            ours = _median(_ours, args.repeats, llm, wl)
+            theirs = _median(hf_static_generate, args.repeats, hf, wl, 32)
+            if name == "prefill":
+                row = {"ours_tok_s": wl.prompt_tokens / ours, "hf_tok_s": wl.prompt_tokens / theirs}
+            elif name == "single":
+                n = sum(wl.outputs)
+                row = {"ours_ms_per_tok": 1e3 * ours / n, "hf_ms_per_tok": 1e3 * theirs / n}
+            else:
+                n = sum(wl.outputs)
+                row = {"ours_tok_s": n / ours, "hf_tok_s": n / theirs}
+            row["ratio"] = theirs / ours
+            rows[name] = row
+            print("   " + "  ".join(f"{k}={v:.2f}" for k, v in row.items()), flush=True)
+        wbytes = weight_bytes(llm.engine.runner.model)
+        floor_ms = 1e3 * wbytes / bw
+        rows["single"]["floor_ms_per_tok"] = floor_ms
+        rows["single"]["x_floor"] = rows["single"]["ours_ms_per_tok"] / floor_ms
+        print(f"   weights {wbytes / 1e6:.0f} MB -> floor {floor_ms:.1f} ms/token; ours is "
+              f"{rows['single']['x_floor']:.2f}x the floor")
+        results["dtypes"][dtype] = rows
+        del llm, hf
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="quarter-size workloads (smoke run)")
+    p.add_argument("--out", type=Path, default=None, help="write engine.json and engine.png here")
+    args = p.parse_args(argv)
+    results = run(args)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "engine.json").write_text(json.dumps(results, indent=2))
+        from bench.engine_plot import plot
+
+        plot(results, args.out / "engine.png")
+        print(f"wrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

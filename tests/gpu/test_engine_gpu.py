@@ -1,0 +1,91 @@
+"""The engine on a CUDA device: Triton attention, CUDA-graph decode, bf16 (tiny models).
+
+Skipped without CUDA. Run by scripts/gpu_check.sh on a lent GPU machine (no Ray there).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import SamplingParams
+from tests.unit.engine._reference import hf_greedy
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def _prompts(lengths: list[int], vocab: int = 256) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _run(engine, prompts, params=GREEDY) -> list[list[int]]:
+    ids = [engine.add_request(p, params) for p in prompts]
+    got: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                got[out.request_id] = out.token_ids
+    return [got[i] for i in ids]
+
+
+def test_cuda_fp32_triton_graphs_match_transformers(tiny_dir, make_engine) -> None:
+    path = tiny_dir("llama", 2)
+    engine = make_engine(
+        model=str(path), device="cuda", dtype="float32", attention_backend="triton",
+        num_blocks=256, max_num_seqs=8,
+    )
+    assert engine.runner.graphs is not None
+    prompts = _prompts([5, 17, 40, 100, 3])
+    for prompt, tokens in zip(prompts, _run(engine, prompts), strict=True):
+        assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
+
+
+def test_cuda_graphs_equal_eager_in_bf16(tiny_dir, make_engine) -> None:
+    path = tiny_dir("qwen2", 2)
+    common = dict(model=str(path), device="cuda", dtype="bfloat16", num_blocks=256,
+                  max_num_seqs=16, attention_backend="triton")
+    graphs = make_engine(**common)
+    eager = make_engine(**common, use_cuda_graphs=False)
+    prompts = _prompts([9, 33, 64, 7, 120, 2, 50])
+    assert _run(graphs, prompts) == _run(eager, prompts)
+
+
+def test_cuda_triton_equals_torch_backend_fp32(tiny_dir, make_engine) -> None:
+    path = tiny_dir("qwen3", 1)
+    kw = dict(model=str(path), device="cuda", dtype="float32", num_blocks=256,
+              max_num_batched_tokens=32)
+    tri = make_engine(**kw, attention_backend="triton")
+    ref = make_engine(**kw, attention_backend="torch")
+    prompts = _prompts([70, 12, 5, 90])
+    assert _run(tri, prompts) == _run(ref, prompts)
+
+
+def test_cuda_sampling_seeded_and_handoff(tiny_dir, make_engine) -> None:
+    path = tiny_dir("llama", 2)
+    kw = dict(model=str(path), device="cuda", dtype="bfloat16", num_blocks=128)
+    prefill, decode = make_engine(**kw), make_engine(**kw)
+    p = SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=12, ignore_eos=True)
+    prompt = _prompts([33])[0]
+    assert _run(prefill, [prompt], p) == _run(prefill, _prompts([4, 8]) + [prompt], p)[-1:]
+    expected = _run(prefill, [prompt])[0]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    rid = prefill.add_request(prompt, one, request_id="h", hold_kv=True)
+    first = None
+    while prefill.has_unfinished():
+        for out in prefill.step():
+            first = out.token_ids[0]
+    src = prefill.held_block_ids(rid)
+    dst = decode.reserve_remote("h", prompt, GREEDY)
+    decode.write_kv(dst, prefill.read_kv(src))
+    prefill.release(rid)
+    tokens = list(decode.commit_remote("h", first).new_token_ids)
+    while decode.has_unfinished():
+        for out in decode.step():
+            tokens += out.new_token_ids
+    assert tokens == expected
