@@ -11,7 +11,8 @@ Workloads (each run on our engine and on transformers, same weights, dtype and t
   single     batch 1, 128 output tokens: ms per token, next to the memory-bandwidth floor
              (bytes of our weights read per step / read bandwidth measured in this run)
   prefill    one 512-token prompt: prompt tokens per second
-Every number is the median of ``--repeats`` runs; ratios are ours / transformers.
+Every number is the median of ``--repeats`` runs (``--heavy-repeats`` for batch and mixed,
+which take minutes each in bf16 on a 2-core CPU); ratios are ours / transformers.
 """
 
 from __future__ import annotations
@@ -60,7 +61,13 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    results: dict = {"threads": torch.get_num_threads(), "repeats": args.repeats, "dtypes": {}}
+    results: dict = {
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "heavy_repeats": args.heavy_repeats,
+        "mixed_requests": args.mixed_requests,
+        "dtypes": {},
+    }
     bw = measure_read_bandwidth()
     results["read_bandwidth_gbs"] = bw / 1e9
     print(f"threads={torch.get_num_threads()}  measured read bandwidth {bw / 1e9:.1f} GB/s")
@@ -75,13 +82,14 @@ def run(args: argparse.Namespace) -> dict:
         rows = {}
         for name, wl in (
             ("batch", batch_workload(vocab, n=64 // scale, out=128 // scale)),
-            ("mixed", mixed_workload(vocab, n=64 // scale, quick=args.quick)),
+            ("mixed", mixed_workload(vocab, n=args.mixed_requests // scale, quick=args.quick)),
             ("single", single_workload(vocab, out=128 // scale)),
             ("prefill", single_workload(vocab, prompt=512, out=1)),
         ):
             print(f"  {name}: {wl.describe()}", flush=True)
-            ours = _median(_ours, args.repeats, llm, wl)
-            theirs = _median(hf_static_generate, args.repeats, hf, wl, 32)
+            reps = args.repeats if name in ("single", "prefill") else args.heavy_repeats
+            ours = _median(_ours, reps, llm, wl)
+            theirs = _median(hf_static_generate, reps, hf, wl, 32)
             if name == "prefill":
                 row = {"ours_tok_s": wl.prompt_tokens / ours, "hf_tok_s": wl.prompt_tokens / theirs}
             elif name == "single":
@@ -109,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="runs of single/prefill (median)")
+    p.add_argument("--heavy-repeats", type=int, default=3, help="runs of batch/mixed (median)")
+    p.add_argument("--mixed-requests", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="quarter-size workloads (smoke run)")
     p.add_argument("--out", type=Path, default=None, help="write engine.json and engine.png here")
     args = p.parse_args(argv)

@@ -33,7 +33,7 @@ def plot(results: dict, out: Path) -> None:
         ax.set_ylabel(unit.replace("_", " "))
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=8)
-    fig.suptitle(f"engine vs transformers, {results['threads']} threads (median of "
-                 f"{results['repeats']})")
+    fig.suptitle(f"engine vs transformers, {results['threads']} threads (medians of "
+                 f"{results['repeats']} runs; batch/mixed: {results['heavy_repeats']})")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -6,22 +6,20 @@ import argparse
 import sys
 import time
 
+from engine.cli_args import add_engine_args, engine_config_from_args
+
 
 def build_parser() -> argparse.ArgumentParser:
     """CLI flags mirror EngineConfig's fields."""
     p = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
-    p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
+    add_engine_args(p)
     p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
     return p
 
 
@@ -30,13 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engine import LLM, SamplingParams
 
-    llm = LLM(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        num_threads=args.threads,
-        attention_backend=args.attention_backend,
-    )
+    llm = LLM.from_config(engine_config_from_args(args))
     prompts = args.prompt
     if args.chat:
         if llm.tokenizer is None:
@@ -53,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
-        seed=args.seed,
+        seed=args.sample_seed,
     )
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)

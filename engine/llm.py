@@ -34,8 +34,18 @@ class LLM:
     """Batch generation over the continuous-batching engine (all prompts run together)."""
 
     def __init__(self, model: str = "smollm2", progress: bool = True, **config: Any) -> None:
-        self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **config), progress)
-        self.tokenizer = self.engine.tokenizer
+        self._attach(LLMEngine(EngineConfig.from_kwargs(model=model, **config), progress))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, progress: bool = True) -> LLM:
+        """Build from a full EngineConfig (what the CLI flags produce)."""
+        llm = cls.__new__(cls)
+        llm._attach(LLMEngine(config, progress))
+        return llm
+
+    def _attach(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
 
     def generate(
         self,

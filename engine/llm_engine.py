@@ -29,7 +29,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError, OutOfBlocksError, UnknownRequestError
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
-from engine.models.weights import load_model, torch_dtype
+from engine.models.weights import load_model, read_arch, torch_dtype
 from engine.outputs import EngineStats, KVLayout, RequestOutput, TokenLogprob
 from engine.sampler import Sampler, SampleResult, SamplingState
 from engine.sampling_params import SamplingParams
@@ -86,15 +86,15 @@ class LLMEngine:
         self.num_generated_tokens = 0
 
     def _load(self, progress: bool):  # -> tuple[LlamaForCausalLM, ModelArch]
-        from engine.models.arch import ModelArch
-        from engine.models.weights import load_hf_config
-
-        arch = ModelArch.from_hf_config(load_hf_config(self.model_path))
+        hf_config, arch = read_arch(self.model_path)
         limit = arch.max_position_embeddings
         if arch.sliding_window:  # we attend over the full context: stay where that is exact
             limit = min(limit, arch.sliding_window)
         self.max_model_len = min(self.max_model_len or limit, limit)
-        return load_model(self.model_path, self.dtype, self.device, self.max_model_len, progress)
+        return load_model(
+            self.model_path, self.dtype, self.device, self.max_model_len, progress,
+            (hf_config, arch),
+        )
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -405,4 +405,4 @@ def _load_tokenizer(path: Path):  # -> PreTrainedTokenizerBase | None
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -1,45 +1,42 @@
-"""Linear layers, with an fp32 shadow for bf16 models on CPUs without native bf16 matmul.
+"""Linear layers tuned for the CPUs we serve on, identical in math to ``nn.Linear``.
 
-On an AVX2-only CPU torch's bf16 GEMM runs at ~15 GFLOP/s against ~50-100 for fp32 (measured
-on the 2-core dev box: a 32-row decode step of SmolLM2 takes 4x longer in bf16). A bf16
-GEMM accumulates in fp32 and rounds once, so multiplying the same bf16 values in fp32 and
-rounding the result gives the same numbers up to summation order. We therefore keep, next
-to the bf16 weights (read by bandwidth-bound small-batch steps), an fp32 copy for steps with
-more than ``SHADOW_MIN_ROWS`` rows, where compute is the limit.
+Two measured facts about the 2-core AMD EPYC (AVX2) dev box shape this file:
+- oneDNN's linear (``mkldnn._linear_pointwise``) beats MKL's sgemm, which ``F.linear`` uses,
+  by 1.2-1.5x on fp32 (decode rows and prefill chunks alike): MKL takes slow paths on AMD.
+- torch's bf16 GEMM without AVX512-BF16 runs at ~15 GFLOP/s against ~50-120 for fp32. A bf16
+  GEMM accumulates in fp32 and rounds once, so for bf16 models we keep, next to the bf16
+  weights (read by bandwidth-bound small-batch steps), an fp32 copy used for steps with at
+  least ``SHADOW_MIN_ROWS`` rows, where compute is the limit.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.platform import cpu_has_native_bf16, onednn_linear_available
+
 SHADOW_MIN_ROWS = 8
 
 
+def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` through oneDNN for fp32 CPU tensors, plain ``F.linear`` otherwise."""
+    if x.dtype == torch.float32 and x.device.type == "cpu" and onednn_linear_available():
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` that can route large bf16 batches through an fp32 shadow weight."""
+    """``nn.Linear`` with the CPU fast paths above."""
 
     shadow_weight: torch.Tensor | None = None
     shadow_bias: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.shadow_weight is not None and x.shape[0] >= SHADOW_MIN_ROWS:
-            return F.linear(x.float(), self.shadow_weight, self.shadow_bias).to(x.dtype)
-        return F.linear(x, self.weight, self.bias)
-
-
-@functools.cache
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+            return cpu_linear(x.float(), self.shadow_weight, self.shadow_bias).to(x.dtype)
+        return cpu_linear(x, self.weight, self.bias)
 
 
 def attach_fp32_shadows(model: nn.Module) -> int:
@@ -52,3 +49,6 @@ def attach_fp32_shadows(model: nn.Module) -> int:
                 module.shadow_bias = module.bias.detach().float()
             added += module.shadow_weight.numel() * 4
     return added
+
+
+__all__ = ["SHADOW_MIN_ROWS", "Linear", "attach_fp32_shadows", "cpu_has_native_bf16", "cpu_linear"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -30,15 +31,27 @@ def load_hf_config(path: Path):  # -> transformers.PretrainedConfig
     """Read ``config.json`` with transformers (so RoPE parameters are normalized)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(path)
+    return AutoConfig.from_pretrained(path, local_files_only=True)
+
+
+def read_arch(path: Path) -> tuple[Any, ModelArch]:
+    """The checkpoint's HF config and our architecture summary of it."""
+    hf_config = load_hf_config(path)
+    return hf_config, ModelArch.from_hf_config(hf_config)
 
 
 def load_model(
-    path: Path, dtype: torch.dtype, device: torch.device, max_positions: int, progress: bool = True
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    progress: bool = True,
+    config: tuple[Any, ModelArch] | None = None,
 ) -> tuple[LlamaForCausalLM, ModelArch]:
-    """Instantiate our model for the checkpoint at ``path`` and load its weights."""
-    hf_config = load_hf_config(path)
-    arch = ModelArch.from_hf_config(hf_config)
+    """Instantiate our model for the checkpoint at ``path`` and load its weights.
+
+    ``config`` is ``read_arch(path)``'s result when the caller already has it."""
+    hf_config, arch = config or read_arch(path)
     cos, sin = rotary_tables(hf_config, max_positions)
     with torch.device("meta"):
         model = LlamaForCausalLM(arch, cos, sin)
@@ -57,14 +70,14 @@ def load_model(
 
 
 class _Tensors:
-    """Name -> tensor lookup across the shards of a safetensors checkpoint."""
+    """Name -> tensor lookup across the shards of a safetensors checkpoint (files kept open)."""
 
     def __init__(self, files: list[Path]) -> None:
-        self._where: dict[str, Path] = {}
-        for f in files:
-            with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
-                    self._where[k] = f
+        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._where: dict[str, Any] = {}
+        for h in self._handles:
+            for k in h.keys():
+                self._where[k] = h
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -72,8 +85,7 @@ class _Tensors:
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
-        with safe_open(str(self._where[name]), framework="pt") as h:
-            return h.get_tensor(name)
+        return self._where[name].get_tensor(name)
 
 
 def _open_tensors(path: Path) -> _Tensors:

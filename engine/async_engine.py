@@ -1,0 +1,174 @@
+"""The engine on its own thread, for asyncio servers (the prefill and decode workers).
+
+``LLMEngine`` is single-threaded: every call into it happens on one "engine thread", which
+alternates between running queued calls and taking steps:
+
+    asyncio tasks ──call(fn)──> [call queue] ──> engine thread: fn(engine); step(); step(); ...
+                 <──future────                    │
+    stream(rid) <──RequestOutput (per-request asyncio.Queue, buffered until read)──┘
+
+A request's stream is opened inside the same engine-thread call that creates the request, so
+no output can be produced before someone can receive it; outputs are buffered until read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped (shutdown or a failed step); no more work is taken."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+
+class AsyncEngine:
+    """Owns an ``LLMEngine`` and the thread that drives it."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Any] | None] = (
+            queue.SimpleQueue()
+        )
+        self._streams: dict[str, _Stream] = {}
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    # -- API for asyncio code ----------------------------------------------------------------
+    async def call(self, fn: Callable[[LLMEngine], T], stream: str | None = None) -> T:
+        """Run ``fn(engine)`` on the engine thread between steps and return its result.
+
+        With ``stream``, an output stream for that request id is opened first, in the same
+        critical section (read it with ``outputs``).
+        """
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def job(engine: LLMEngine) -> Any:
+            if stream is not None:
+                self._streams[stream] = _Stream(loop, asyncio.Queue())
+            try:
+                result = fn(engine)
+            except BaseException:
+                if stream is not None:
+                    self._streams.pop(stream, None)
+                raise
+            return result
+
+        self._calls.put((job, (loop, fut)))
+        return await fut
+
+    async def outputs(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yield a request's outputs until its finished one (the stream must be open)."""
+        stream = self._streams.get(request_id)
+        if stream is None:
+            raise KeyError(f"no open stream for {request_id!r}")
+        while True:
+            item = await stream.queue.get()
+            if isinstance(item, BaseException):
+                self._streams.pop(request_id, None)
+                raise item
+            if item.finished:
+                self._streams.pop(request_id, None)
+                yield item
+                return
+            yield item
+
+    def has_stream(self, request_id: str) -> bool:
+        """True while a stream for the request is open (until its finished output is read)."""
+        return request_id in self._streams
+
+    def close_stream(self, request_id: str) -> None:
+        """Forget a request's stream (after an abort whose output nobody will read)."""
+        self._streams.pop(request_id, None)
+
+    async def shutdown(self) -> None:
+        """Stop the engine thread after the calls already queued."""
+        self._calls.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine thread has stopped."""
+        return self._thread.is_alive() and self._dead is None
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = self.engine.has_unfinished()
+                try:
+                    item = self._calls.get(block=not busy)
+                except queue.Empty:
+                    item = ...
+                if item is None:
+                    break
+                if item is not ...:
+                    self._run_call(*item)
+                    continue  # drain every queued call before the next step
+                self._dispatch(self.engine.step())
+        except BaseException as exc:  # a failed step: fail every waiter, take no more work
+            log.exception("engine loop died")
+            self._dead = exc
+            self._fail_all(exc)
+        else:
+            self._dead = EngineDeadError("engine shut down")
+            self._fail_all(self._dead)
+
+    def _run_call(self, job: Callable[[LLMEngine], Any], where: Any) -> None:
+        loop, fut = where
+        try:
+            result = job(self.engine)
+        except Exception as exc:  # the caller's error, not the engine's
+            loop.call_soon_threadsafe(_set_exception, fut, exc)
+        else:
+            loop.call_soon_threadsafe(_set_result, fut, result)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in self._streams.values():
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineDeadError(str(exc)))
+        self._streams.clear()
+        while True:
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                loop, fut = item[1]
+                loop.call_soon_threadsafe(_set_exception, fut, EngineDeadError(str(exc)))
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

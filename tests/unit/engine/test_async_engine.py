@@ -1,0 +1,63 @@
+"""AsyncEngine: calls and streams across the engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import InvalidRequestError, SamplingParams
+from engine.async_engine import AsyncEngine, EngineDeadError
+from tests.unit.engine._reference import hf_greedy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def test_concurrent_streams_and_errors(tiny_dir, make_engine) -> None:
+    path = tiny_dir("llama", 2)
+    engine = make_engine(model=str(path), num_blocks=64)
+    prompts = [[5, 6, 7], list(range(10, 40)), [9] * 17]
+
+    async def main() -> list[list[int]]:
+        ae = AsyncEngine(engine)
+
+        async def one(i: int, prompt: list[int]) -> list[int]:
+            rid = f"r{i}"
+            await ae.call(lambda e: e.add_request(prompt, GREEDY, request_id=rid), stream=rid)
+            tokens: list[int] = []
+            async for out in ae.outputs(rid):
+                tokens += out.new_token_ids
+            return tokens
+
+        got = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        with pytest.raises(InvalidRequestError):
+            await ae.call(lambda e: e.add_request([], GREEDY), stream="bad")
+        assert not ae.has_stream("bad")
+        await ae.shutdown()
+        with pytest.raises(EngineDeadError):
+            await ae.call(lambda e: e.stats())
+        return got
+
+    got = asyncio.run(main())
+    for prompt, tokens in zip(prompts, got, strict=True):
+        assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
+
+
+def test_abort_through_the_thread(tiny_dir, make_engine) -> None:
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
+
+    async def main() -> str | None:
+        ae = AsyncEngine(engine)
+        long = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+        await ae.call(lambda e: e.add_request([3, 4, 5], long, request_id="a"), stream="a")
+        reason = None
+        async for out in ae.outputs("a"):
+            if len(out.token_ids) == 3:
+                await ae.call(lambda e: e.abort("a"))
+                ae.close_stream("a")
+                reason = "aborted"
+                break
+        await ae.shutdown()
+        return reason
+
+    assert asyncio.run(main()) == "aborted"
