@@ -1,0 +1,43 @@
+"""What the receiver reports to the decode worker: how each reservation ended.
+
+Every reservation ends exactly once. ``release`` ends it silently (the caller asked); every other
+end puts one of these on ``Receiver.events``. After the event the blocks are the decode worker's
+again: it runs the request (``Committed``) or frees them (``Aborted``, ``Expired``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """All layers arrived intact; the request may join the decode batch."""
+
+    transfer_id: str
+    block_ids: tuple[int, ...]
+    first_token: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class Aborted:
+    """The transfer failed before commit. ``code`` is the NACK-style code (e.g. "checksum")."""
+
+    transfer_id: str
+    block_ids: tuple[int, ...]
+    code: str
+    reason: str
+    by: Literal["sender", "receiver", "network"]
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """The lease ended before COMMIT."""
+
+    transfer_id: str
+    block_ids: tuple[int, ...]
+
+
+TransferEvent = Committed | Aborted | Expired

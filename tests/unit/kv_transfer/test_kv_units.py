@@ -1,0 +1,226 @@
+"""Pure pieces: frames, layout fingerprint, endpoints, reservation bookkeeping, block views."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kv_transfer import ConfigError, Endpoint, KvLayout, Limits, ReceiverConfig, SenderConfig
+from kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan, coalesce
+from kv_transfer.errors import (
+    FrameTooLarge,
+    LayoutMismatchError,
+    MalformedFrame,
+    OutsideReservation,
+    ReservationError,
+    TransferRejected,
+    TransferSpecError,
+    UnknownFrameKind,
+)
+from kv_transfer.frames import PREFIX, HeaderCodec, Kind, encode_header, nack
+from kv_transfer.reservations import ReservationTable
+from kv_transfer.testing import random_cache, tiny_layout, zero_cache
+from kv_transfer.transport.byte_channel import IoVec, batches
+
+SMOLLM2 = KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 16, 30, 3, 64)
+
+
+# -- frames -----------------------------------------------------------------------------------
+
+
+def test_header_round_trip_and_types() -> None:
+    codec = HeaderCodec(Limits())
+    header = {"kind": Kind.COMMIT, "transfer": "t", "token": 7, "logprob": -0.5, "extra": [1]}
+    raw = encode_header(header)
+    (n,) = PREFIX.unpack(raw[:4])
+    assert n == len(raw) - 4
+    decoded = codec.decode(raw[4:])
+    assert decoded["kind"] is Kind.COMMIT and decoded["token"] == 7 and decoded["extra"] == [1]
+    assert codec.decode(encode_header(nack(Kind.KV, "checksum", "x" * 5000, "t"))[4:])[
+        "reason"] == "x" * 512
+
+
+@pytest.mark.parametrize("bad, error", [
+    ({"kind": Kind.COMMIT, "transfer": "t", "token": 7}, MalformedFrame),  # missing logprob
+    ({"kind": Kind.COMMIT, "transfer": "t", "token": True, "logprob": 0.0}, MalformedFrame),
+    ({"kind": Kind.COMMIT, "transfer": "t", "token": 1, "logprob": 1}, MalformedFrame),
+    ({"kind": Kind.BEGIN, "transfer": "", "blocks": []}, MalformedFrame),
+    ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [-1]}, MalformedFrame),
+    ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1 << 31]}, MalformedFrame),
+    ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1.0]}, MalformedFrame),
+    ({"kind": 0}, UnknownFrameKind),
+    ({"kind": "KV"}, MalformedFrame),
+    ({}, MalformedFrame),
+])
+def test_header_type_checks(bad: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        HeaderCodec(Limits()).decode(encode_header(bad)[4:])
+
+
+def test_header_limits() -> None:
+    codec = HeaderCodec(Limits(max_array_len=4, max_str_len=8))
+    with pytest.raises(MalformedFrame):
+        codec.decode(encode_header({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1] * 5})[4:])
+    with pytest.raises(MalformedFrame):
+        codec.decode(encode_header({"kind": Kind.ABORT, "transfer": "t", "reason": "y" * 9})[4:])
+    for length in (0, (64 << 10) + 1, 1 << 31):
+        with pytest.raises(FrameTooLarge):
+            codec.check_length(length)
+    codec.check_length(64 << 10)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ConfigError):
+        ReceiverConfig(b"short")
+    with pytest.raises(ConfigError):
+        SenderConfig(b"k" * 16, frame_bytes=0)
+    with pytest.raises(ConfigError):
+        ReceiverConfig(b"k" * 16, port=70_000)
+    with pytest.raises(ConfigError):
+        Limits(max_header_bytes=1 << 31)
+
+
+# -- layout and endpoint ----------------------------------------------------------------------
+
+
+def test_fingerprint_is_stable_and_sensitive() -> None:
+    # A fixed value: a change here breaks every mixed-version deployment; bump the protocol.
+    assert SMOLLM2.fingerprint == KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 16, 30, 3,
+                                           64).fingerprint
+    assert SMOLLM2.fingerprint == "83831f4a9d29dc29"
+    variants = [KvLayout("other", "bfloat16", "bfloat16", 16, 30, 3, 64),
+                KvLayout("SmolLM2-135M", "float16", "bfloat16", 16, 30, 3, 64),
+                KvLayout("SmolLM2-135M", "bfloat16", "float16", 16, 30, 3, 64),
+                KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 32, 30, 3, 64),
+                KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 16, 31, 3, 64),
+                KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 16, 30, 4, 64),
+                KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 16, 30, 3, 128)]
+    assert len({v.fingerprint for v in variants} | {SMOLLM2.fingerprint}) == 8
+    with pytest.raises(LayoutMismatchError, match="num_kv_heads: 3 != 4"):
+        SMOLLM2.check_compatible(variants[5])
+    assert KvLayout.from_wire(SMOLLM2.to_wire()) == SMOLLM2
+    for broken in ({**SMOLLM2.to_wire(), "head_dim": "64"}, {**SMOLLM2.to_wire(), "num_layers": 0},
+                   {**SMOLLM2.to_wire(), "kv_dtype": "complex64"}, [1, 2]):
+        with pytest.raises(MalformedFrame):
+            KvLayout.from_wire(broken)
+    assert SMOLLM2.block_bytes == 16 * 3 * 64 * 2
+    assert SMOLLM2.payload_bytes(30, 128) == 30 * 2 * 128 * 16 * 3 * 64 * 2
+
+
+def test_endpoint_encoding() -> None:
+    ep = Endpoint("boot-1", (("tcp", "10.0.0.7:7100"), ("shm", "/tmp/kv.sock")))
+    assert Endpoint.decode(ep.encode()) == ep
+    assert ep.address("shm") == "/tmp/kv.sock" and ep.address("cuda_ipc") is None
+    for text in ("no-separator", "h|tcp", "|tcp=1:2", "h|TCP=1:2"):
+        with pytest.raises(ConfigError):
+            Endpoint.decode(text)
+
+
+# -- reservations -----------------------------------------------------------------------------
+
+
+def test_reservation_table_lifecycle() -> None:
+    table = ReservationTable(num_blocks=10, num_layers=2)
+    res = table.reserve("a", [3, 1, 7])
+    with pytest.raises(ReservationError):
+        table.reserve("a", [0])
+    with pytest.raises(ReservationError):
+        table.reserve("b", [7, 8])
+    with pytest.raises(ReservationError):
+        table.reserve("b", [10])
+    with pytest.raises(ReservationError):
+        table.reserve("b", [2, 2])
+    with pytest.raises(ReservationError):
+        table.reserve("b", [])
+    assert table.held_blocks == 3
+    with pytest.raises(TransferRejected) as info:
+        table.bind("a", 1, [3, 1])
+    assert info.value.code == "block_mismatch"
+    assert table.bind("a", 1, [1, 3, 7]) is res
+    with pytest.raises(TransferRejected) as info:
+        table.bind("a", 2, [1, 3, 7])
+    assert info.value.code == "busy"
+    with pytest.raises(OutsideReservation):
+        table.check_frame(res, 0, 1, [3, 4])
+    with pytest.raises(OutsideReservation):
+        table.check_frame(res, 0, 3, [3])
+    with pytest.raises(OutsideReservation):
+        table.check_frame(res, 0, 1, [3, 3])
+    table.mark(res, 0, 1, [3, 1, 7])
+    table.mark(res, 0, 1, [3])  # a rewrite counts once
+    assert res.missing == 3 and not res.complete
+    table.mark(res, 1, 2, [7, 1, 3])
+    assert res.complete
+    assert table.bound_to(1) == [res]
+    assert table.end("a", "committed") is res and not res.alive()
+    assert table.end("a", "committed") is None
+    assert len(table) == 0 and table.held_blocks == 0
+    table.reserve("b", [7])  # the blocks are free again
+    table.end("b", "expired")
+    with pytest.raises(TransferRejected) as info:
+        table.bind("b", 1, [7])
+    assert info.value.code == "expired"
+
+
+# -- block views ------------------------------------------------------------------------------
+
+
+def test_coalesce_keeps_order() -> None:
+    assert coalesce([3, 4, 5, 9, 10, 2]) == [(3, 3), (9, 2), (2, 1)]
+    assert coalesce([]) == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_block_views_follow_the_payload_order(dtype: str) -> None:
+    layout = tiny_layout(dtype, layers=4)
+    kv = random_cache(layout, 12, seed=2)
+    blocks = KvBlocks(kv, layout)
+    ids = [5, 6, 7, 1, 10]
+    expect = kv[1:3, :, ids].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    views = blocks.direct_views(1, 3, ids)
+    assert len(views) == 2 * 2 * 3  # 2 layers x K,V x 3 runs
+    assert b"".join(bytes(v) for v in views) == expect
+    staged = SendSpan(KvBlocks(kv, layout, staged=True), 1, 3, ids)
+    assert b"".join(bytes(v) for v in staged.views()) == expect
+    assert staged.nbytes == len(expect)
+
+
+def test_staged_receive_lands_in_the_cache() -> None:
+    layout = tiny_layout("bfloat16")
+    src, dst = random_cache(layout, 8, seed=4), zero_cache(layout, 8)
+    span = RecvSpan(KvBlocks(dst, layout, staged=True), 0, 2, [6, 2])
+    payload = src[0:2, :, [1, 3]].contiguous().view(torch.uint8).reshape(-1).numpy()
+    (view,) = span.views()
+    view[:] = payload
+    assert span.buffered_bytes == payload.nbytes
+    span.finish()
+    span.release()
+    assert span.buffered_bytes == 0
+    assert torch.equal(dst[0:2, :, [6, 2]].view(torch.int16), src[0:2, :, [1, 3]].view(torch.int16))
+
+
+def test_cache_checks() -> None:
+    layout = tiny_layout("float16")
+    with pytest.raises(TransferSpecError):
+        KvBlocks(zero_cache(layout, 4).float(), layout)
+    with pytest.raises(TransferSpecError):
+        KvBlocks(zero_cache(layout, 4)[:, :, :, :2], layout)
+    with pytest.raises(TransferSpecError):
+        KvBlocks(zero_cache(layout, 4).transpose(0, 1), layout)
+    blocks = KvBlocks(zero_cache(layout, 4), layout)
+    for lo, hi, ids in ((0, 0, [1]), (0, 4, [1]), (0, 1, []), (0, 1, [4]), (0, 1, [1, 1])):
+        with pytest.raises(TransferSpecError):
+            blocks.check_span(lo, hi, ids)
+
+
+def test_iovec_cursor_and_batches() -> None:
+    data = [memoryview(bytearray(b"abc")), memoryview(bytearray(b"defgh"))]
+    iov = IoVec(list(data))
+    assert iov.remaining == 8
+    iov.consume(4)
+    assert [bytes(b) for b in iov.head()] == [b"efgh"]
+    assert iov.fill_from(b"XY") == 2 and bytes(data[1]) == b"dXYgh"
+    views = [memoryview(bytearray(100)) for _ in range(5)] + [memoryview(bytearray(1000))]
+    groups = batches(views, limit=250)
+    assert sum(size for _, size in groups) == 1500
+    assert all(size <= 300 for _, size in groups)
