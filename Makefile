@@ -30,8 +30,7 @@ test-fast: install
 	$(PY) -m pytest tests -q -m "not slow"
 
 serve: install
-	@echo "make serve arrives with the serving issues (router + workers); see README.md."
-	$(PY) -m engine --model smollm2 --prompt "Hello! What is Tandem?"
+	$(VENV)/bin/tandem local --model smollm2
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -20,14 +20,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None, help="CPU threads for this engine")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--block-size", type=int, default=CacheConfig.block_size)
+    cache, sched = CacheConfig(), SchedulerConfig()  # slots classes: defaults live on instances
+    g.add_argument("--block-size", type=int, default=cache.block_size)
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides memory)")
-    g.add_argument("--kv-cache-memory-gb", type=float, default=CacheConfig.kv_cache_memory_gb)
+    g.add_argument("--kv-cache-memory-gb", type=float, default=cache.kv_cache_memory_gb)
     g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs)
-    g.add_argument(
-        "--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens
-    )
+    g.add_argument("--max-num-seqs", type=int, default=sched.max_num_seqs)
+    g.add_argument("--max-num-batched-tokens", type=int, default=sched.max_num_batched_tokens)
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
     return parser

@@ -31,7 +31,7 @@ from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.models.weights import load_model, read_arch, torch_dtype
 from engine.outputs import EngineStats, KVLayout, RequestOutput, TokenLogprob
-from engine.sampler import Sampler, SampleResult, SamplingState
+from engine.sampler import Sampler, SampleResult, SamplingState, skip_draw
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -362,6 +362,7 @@ class LLMEngine:
             raise InvalidRequestError("first_token", f"{first_token} is outside the vocabulary")
         req.num_computed_tokens = req.num_prompt_tokens
         self.kv.cache_full_blocks(req, req.num_prompt_tokens)
+        skip_draw(live.sampling)  # the first token was drawn on the prefill worker
         self._live[request_id] = live
         self.scheduler.admit_running(req)
         res = SampleResult(first_token, logprob, None)

@@ -170,7 +170,7 @@ def _sample(
     num_rows, vocab = xs.shape
     params = [s.params for s in states]
     # one uniform per row; a seeded row draws it from its own generator
-    u = torch.tensor([float(torch.rand((), generator=s.generator or gen)) for s in states])
+    u = torch.tensor([_uniform(s.generator or gen) for s in states])
     knobs = torch.tensor([[p.temperature, p.top_p, p.min_p] for p in params])  # [S, 3]
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
     kn = _Knobs(knobs[:, 0], top_k, knobs[:, 1], knobs[:, 2], u)
@@ -296,3 +296,15 @@ def _with_logprobs(
         results[i].logprob = value
         results[i].top_logprobs = list(zip(top_ids[j][:n], top_vals[j][:n], strict=True)) or None
     return results
+
+
+def _uniform(gen: torch.Generator) -> float:
+    """The one random number a sampled row consumes per token."""
+    return float(torch.rand((), generator=gen))
+
+
+def skip_draw(state: SamplingState) -> None:
+    """Advance a seeded row's generator past one token sampled elsewhere (a prefill worker
+    sampled the first token), so the rest of the sequence matches a colocated run."""
+    if state.generator is not None and not state.params.greedy:
+        _uniform(state.generator)

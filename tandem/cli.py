@@ -1,25 +1,47 @@
-"""The ``tandem`` command. Serving subcommands arrive with the router and workers; today it
-runs the engine offline (``tandem offline --prompt ...``, the same as ``python -m engine``)."""
+"""The ``tandem`` command: one entry point for every process role.
+
+    tandem router  --port 50051 --prefill H:P,... --decode H:P,... --tokenizer DIR
+    tandem prefill --port P [engine flags]
+    tandem decode  --port P --kv-port Q [engine flags]
+    tandem local   [--model smollm2]                 (all three on this machine, no Ray)
+    tandem offline --prompt TEXT [engine flags]      (the engine alone, no serving)
+
+Each subcommand is the same program as ``python -m router`` / ``prefill_worker`` /
+``decode_worker`` / ``engine``; modules are imported only when their command runs.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+COMMANDS = {
+    "router": ("router.cli", "the public gRPC front door (routing, handoff, fallbacks)"),
+    "prefill": ("prefill_worker.cli", "a prefill worker (builds KV, pushes it to decode)"),
+    "decode": ("decode_worker.cli", "a decode worker (reservations, continuous batching)"),
+    "local": ("tandem.local", "router + prefill + decode on this machine, no Ray (make serve)"),
+    "offline": ("engine.__main__", "generate with the local engine (no router, no workers)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: tandem <command> [flags]   (tandem <command> --help for its flags)", ""]
+    lines += [f"  {name:8s} {desc}" for name, (_, desc) in COMMANDS.items()]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch ``tandem <command> ...``."""
+    """Dispatch ``tandem <command> ...`` to that role's ``main(argv)``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: tandem offline --prompt TEXT [--model smollm2] [--max-tokens N] ...")
-        print("  offline   generate with the local engine (no router, no workers)")
+        print(_usage())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "offline":
-        from engine.__main__ import main as offline_main
-
-        return offline_main(rest)
-    print(f"tandem: unknown command {command!r}", file=sys.stderr)
-    return 2
+    if command not in COMMANDS:
+        print(f"tandem: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -209,3 +209,27 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_dir, make_engine) -
     assert alone == crowd
     other = _run(engine, [prompt], SamplingParams(temperature=1.0, seed=99, max_tokens=16, ignore_eos=True))[0]
     assert other != alone
+
+
+def test_seeded_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
+    """A seeded request continued on another engine draws the same tokens as one engine."""
+    path = tiny_dir("llama", 2)
+    a = make_engine(model=str(path), num_blocks=64)
+    b = make_engine(model=str(path), num_blocks=64)
+    prompt = _prompts([20], seed=11)[0]
+    p = SamplingParams(temperature=1.0, top_k=20, seed=5, max_tokens=12, ignore_eos=True)
+    expected = _run(a, [prompt], p)[0]
+    first_p = SamplingParams(temperature=1.0, top_k=20, seed=5, max_tokens=1, ignore_eos=True)
+    rid = a.add_request(prompt, first_p, request_id="s", hold_kv=True)
+    first = None
+    while a.has_unfinished():
+        for out in a.step():
+            first = out.token_ids[0]
+    dst = b.reserve_remote("s", prompt, p)
+    b.write_kv(dst, a.read_kv(a.held_block_ids(rid)))
+    a.release(rid)
+    tokens = list(b.commit_remote("s", first).new_token_ids)
+    while b.has_unfinished():
+        for out in b.step():
+            tokens += out.new_token_ids
+    assert tokens == expected

@@ -1,7 +1,8 @@
-"""Start Tandem processes for integration tests and wait until they say they are serving.
+"""Start Tandem processes on this machine and wait until each says it is serving.
 
-Every process prints ``TANDEM_READY {json}`` on stdout once it listens; ``start`` waits for
-that line (never a fixed sleep) and ``Cluster.stop`` ends everything it started, SIGTERM first
+Used by ``tandem local`` (``make serve``) and by the integration tests. Every process prints
+``TANDEM_READY {json}`` on stdout once it listens; ``start`` waits for that line (never a fixed
+sleep) and ``Cluster.stop`` ends everything it started, SIGTERM first (the processes drain)
 and SIGKILL after a grace period.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 READY = "TANDEM_READY "
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -48,7 +48,9 @@ class Cluster:
 
     procs: list[Proc] = field(default_factory=list)
 
-    def start(self, module: str, *args: str, timeout: float = 180.0) -> Proc:
+    echo: bool = False  # copy each process's output to our stderr (interactive use)
+
+    def start(self, module: str, *args: str, timeout: float = 600.0) -> Proc:
         """Run ``python -m module args`` and wait for its READY line."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         popen = subprocess.Popen(
@@ -57,25 +59,23 @@ class Cluster:
         )
         proc = Proc(popen, {}, [])
         self.procs.append(proc)
-        sel = selectors.DefaultSelector()
-        sel.register(popen.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        ready = threading.Event()
+        # One reader per process, for its whole life: it finds the READY line and keeps the
+        # pipe drained so a chatty process never blocks on it.
+        reader = threading.Thread(
+            target=_read, args=(proc, module, self.echo, ready), daemon=True
+        )
+        reader.start()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            line = popen.stdout.readline()  # type: ignore[union-attr]
-            if not line:
-                break  # the process exited
-            proc.log.append(line)
-            if line.startswith(READY):
-                proc.info = json.loads(line[len(READY) :])
-                sel.close()
-                # Keep draining its output so a chatty process never blocks on a full pipe.
-                threading.Thread(target=_drain, args=(proc,), daemon=True).start()
-                return proc
-        self.stop()
-        tail = "".join(proc.log[-30:])
-        raise RuntimeError(f"{module} did not become ready (exit {popen.poll()}):\n{tail}")
+        while not ready.wait(timeout=0.5):
+            if popen.poll() is not None or time.monotonic() > deadline:
+                reader.join(timeout=5)  # collect what it printed before dying
+                self.stop()
+                tail = "".join(proc.log[-30:])
+                raise RuntimeError(
+                    f"{module} did not become ready (exit {popen.poll()}):\n{tail}"
+                )
+        return proc
 
     def stop(self) -> None:
         """SIGTERM everything still running, then SIGKILL what outlives the grace period."""
@@ -91,6 +91,11 @@ class Cluster:
         self.procs.clear()
 
 
-def _drain(proc: Proc) -> None:
+def _read(proc: Proc, module: str, echo: bool, ready: threading.Event) -> None:
     for line in proc.popen.stdout:  # type: ignore[union-attr]
         proc.log.append(line)
+        if echo:
+            sys.stderr.write(f"[{module}] {line}")
+        if not ready.is_set() and line.startswith(READY):
+            proc.info = json.loads(line[len(READY) :])
+            ready.set()

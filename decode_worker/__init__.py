@@ -1,0 +1,16 @@
+"""Tandem's decode worker: ``DecodeService`` over one engine and a KV receiver.
+
+A request's life here (DESIGN.md section 2):
+
+    Reserve ──> blocks allocated, lease running ──> KV pushed in by a prefill worker
+        ──> COMMIT(first token) ──> joins the running batch at the next step
+        ──> Decode streams the tokens after the first, then finish reason and usage
+    (or PrefillLocal: prefill here instead; Abort / lease expiry: blocks freed)
+
+Modules: ``service`` (logic), ``reservations`` (the ledger), ``streams`` (one request's
+messages), ``servicer`` (gRPC edge), ``app``/``cli`` (the process). Shared with
+``prefill_worker`` (the one allowed cross-worker import): ``convert`` (proto <-> engine),
+``errors`` (typed errors -> status codes), ``process`` and ``registration`` (serving,
+READY line, drain, router registration). Run with ``python -m decode_worker --port P
+--kv-port Q ...``.
+"""

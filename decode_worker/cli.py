@@ -1,0 +1,55 @@
+"""``python -m decode_worker --port P --kv-port Q [engine flags]`` (and ``tandem decode``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from engine.cli_args import add_engine_args, engine_config_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The decode worker's flags: where to listen, the router, KV transfer, the engine."""
+    p = argparse.ArgumentParser(prog="decode_worker", description="Tandem decode worker")
+    p.add_argument("--host", default="127.0.0.1", help="gRPC (and KV) listen address")
+    p.add_argument("--port", type=int, required=True, help="gRPC port (0: pick a free one)")
+    p.add_argument("--kv-port", type=int, required=True, help="KV receiver TCP port (0: free)")
+    p.add_argument("--kv-host", default=None, help="KV listen address (default: --host)")
+    p.add_argument("--no-kv-shm", action="store_true", help="TCP only, no shared memory")
+    p.add_argument("--kv-secret-file", default=None, help="shared KV secret (>= 16 bytes)")
+    p.add_argument("--router", default=None, help="router HOST:PORT to register with")
+    p.add_argument("--worker-id", default=None)
+    p.add_argument("--default-lease-s", type=float, default=30.0)
+    p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    add_engine_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a decode worker until SIGTERM; returns the exit status (2: bad flags/busy port)."""
+    from decode_worker.app import build_decode_app
+    from decode_worker.process import ServeConfig, StartupError, load_kv_secret, serve
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("port", "kv_port"):
+        if not 0 <= getattr(args, name) < 65536:
+            parser.error(f"--{name.replace('_', '-')} must be in 0..65535")
+    try:
+        engine_config = engine_config_from_args(args)
+        secret = load_kv_secret(args.kv_secret_file)
+    except (StartupError, ValueError) as exc:
+        print(f"decode_worker: error: {exc}", file=sys.stderr)
+        return 2
+    config = ServeConfig(host=args.host, port=args.port, router=args.router,
+                         drain_timeout_s=args.drain_timeout_s)
+    try:
+        return asyncio.run(serve(config, lambda: build_decode_app(args, engine_config, secret)))
+    except StartupError as exc:
+        print(f"decode_worker: error: {exc}", file=sys.stderr)
+        return 2

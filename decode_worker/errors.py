@@ -1,0 +1,124 @@
+"""Typed errors of the worker processes, and the one place they become gRPC status codes.
+
+Inside, logic classes raise typed errors (their own, the engine's, kv_transfer's); at the edge
+``grpc_status`` maps each to a status code with a reason. Shared with ``prefill_worker``.
+
+    InvalidRequestError  -> INVALID_ARGUMENT      OutOfBlocksError      -> RESOURCE_EXHAUSTED
+    Draining             -> UNAVAILABLE           UnknownRequest        -> NOT_FOUND
+    WrongState           -> FAILED_PRECONDITION   LayoutMismatch        -> FAILED_PRECONDITION
+    TransferEnded        -> ABORTED               PushFailed            -> UNAVAILABLE | ABORTED
+    EngineDeadError      -> UNAVAILABLE
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from engine.async_engine import EngineDeadError
+from engine.errors import InvalidRequestError, OutOfBlocksError
+from kv_transfer import (
+    ConnectionLost,
+    HandshakeError,
+    KvTransferError,
+    LayoutMismatchError,
+    NoRouteError,
+    TransferFailed,
+)
+
+
+class WorkerError(Exception):
+    """Base class of every error a worker raises on purpose."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class Draining(WorkerError):
+    """The worker is shutting down and takes no new work."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self) -> None:
+        super().__init__("draining: this worker takes no new work")
+
+
+class BadRequest(WorkerError):
+    """A worker-level check on a request failed (the engine's own checks raise
+    ``InvalidRequestError``); ``field`` names the culprit."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class UnknownRequest(WorkerError):
+    """No reservation or stream exists for the request id."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"unknown request {request_id!r}")
+
+
+class WrongState(WorkerError):
+    """The request exists but cannot do that now (e.g. a second Decode on one stream)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class LayoutMismatch(WorkerError):
+    """The decode worker's KV layout is not this engine's: blocks are not interchangeable."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class TransferEnded(WorkerError):
+    """The request's KV never arrived (transfer aborted, lease expired) or it was aborted."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class PushFailed(WorkerError):
+    """The KV push to the decode worker failed; ``code`` says whether a retry elsewhere may help
+    (UNAVAILABLE: could not reach it) or the transfer was refused/aborted (ABORTED)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def push_failed(exc: KvTransferError) -> WorkerError:
+    """The worker-level error for a failed KV push."""
+    if isinstance(exc, LayoutMismatchError):
+        return LayoutMismatch(f"decode worker refused the KV layout: {exc}")
+    unreachable = isinstance(exc, (ConnectionLost, NoRouteError, HandshakeError, OSError))
+    code = grpc.StatusCode.UNAVAILABLE if unreachable else grpc.StatusCode.ABORTED
+    if isinstance(exc, TransferFailed):
+        return PushFailed(f"KV push failed ({exc.code}): {exc.reason}", code)
+    return PushFailed(f"KV push failed: {exc}", code)
+
+
+def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The status code and reason for a typed error, or None for anything else (a bug)."""
+    if isinstance(exc, WorkerError):
+        return exc.code, str(exc)
+    if isinstance(exc, InvalidRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, OutOfBlocksError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"KV cache full: {exc}"
+    if isinstance(exc, EngineDeadError):
+        return grpc.StatusCode.UNAVAILABLE, f"engine stopped: {exc}"
+    if isinstance(exc, KvTransferError):
+        err = push_failed(exc)
+        return err.code, str(err)
+    return None
+
+
+async def abort_with_status(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    """End the RPC with the status of a typed error; re-raise anything else (gRPC reports it
+    as INTERNAL and logs the traceback: bugs are never silenced)."""
+    mapped = grpc_status(exc)
+    if mapped is None:
+        raise exc
+    await context.abort(*mapped)

@@ -1,0 +1,82 @@
+"""Joining a router: Register once, then Heartbeat with stats at the interval it returns.
+
+    Register ──interval──> Heartbeat(stats) every interval ──known=false──> Register again
+        └── router unreachable or erroring: retry with exponential backoff, never crash
+
+Shared with ``prefill_worker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationConfig:
+    """Where the router is and how patiently to reach it."""
+
+    router: str  # host:port of the router's gRPC server
+    min_backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    rpc_timeout_s: float = 5.0
+    default_interval_s: float = 5.0  # when the router answers 0
+
+
+class RegistryClient:
+    """Keeps one worker registered with one router for as long as ``run`` runs."""
+
+    def __init__(
+        self,
+        config: RegistrationConfig,
+        register: Callable[[], worker_pb2.RegisterRequest],
+        stats: Callable[[], Awaitable[worker_pb2.WorkerStats]],
+    ) -> None:
+        self.config = config
+        self._register = register
+        self._stats = stats
+        self.registrations = 0  # successful Register calls (re-registrations included)
+        self.heartbeats = 0
+        self.failures = 0  # calls that failed (router unreachable or erroring)
+
+    async def run(self) -> None:
+        """Register and heartbeat until cancelled."""
+        async with grpc.aio.insecure_channel(self.config.router) as channel:
+            stub = worker_pb2_grpc.RegistryStub(channel)
+            backoff = self.config.min_backoff_s
+            while True:
+                try:
+                    await self._session(stub)
+                    backoff = self.config.min_backoff_s  # the router forgot us: at once
+                except grpc.aio.AioRpcError as exc:
+                    self.failures += 1
+                    log.warning("router %s: %s (%s); retrying in %.1fs", self.config.router,
+                                exc.code().name, exc.details(), backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.config.max_backoff_s)
+
+    async def _session(self, stub: worker_pb2_grpc.RegistryStub) -> None:
+        """One registration: heartbeats until the router says it does not know us."""
+        reply = await stub.Register(self._register(), timeout=self.config.rpc_timeout_s)
+        self.registrations += 1
+        interval = reply.heartbeat_interval_s or self.config.default_interval_s
+        worker_id = self._register().worker_id
+        log.info("registered with router %s as %s (heartbeat every %.1fs)",
+                 self.config.router, worker_id, interval)
+        while True:
+            await asyncio.sleep(interval)
+            beat = worker_pb2.HeartbeatRequest(worker_id=worker_id, stats=await self._stats())
+            ack = await stub.Heartbeat(beat, timeout=self.config.rpc_timeout_s)
+            self.heartbeats += 1
+            if not ack.known:
+                log.warning("router %s forgot %s: registering again", self.config.router,
+                            worker_id)
+                return

@@ -1,0 +1,28 @@
+"""What the decode worker's calls return (plain values; the servicer makes protos of them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.outputs import TokenLogprob
+from kv_transfer import KvLayout
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    """Where and into which blocks a prefill worker pushes a request's KV."""
+
+    transfer_id: str
+    block_ids: list[int]
+    kv_endpoint: str  # kv_transfer Endpoint.encode(): host id plus one address per transport
+    layout: KvLayout
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """The first sampled token of a prefill, and what it cost."""
+
+    token_id: int
+    logprob: TokenLogprob | None
+    cached_tokens: int
+    prefill_s: float

@@ -1,0 +1,95 @@
+"""``tandem.v1.DecodeService`` over gRPC: a thin typed wrapper over ``DecodeWorker``.
+
+Protos in, plain values to the worker, protos out; typed errors become status codes here
+(``decode_worker.errors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from decode_worker.convert import (
+    layout_to_proto,
+    logprobs_to_proto,
+    sampling_from_proto,
+    stats_to_proto,
+)
+from decode_worker.errors import abort_with_status
+from decode_worker.service import DecodeWorker
+from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+
+Context = grpc.aio.ServicerContext
+
+
+class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
+    """Serves one ``DecodeWorker``."""
+
+    def __init__(self, worker: DecodeWorker) -> None:
+        self._worker = worker
+
+    async def Reserve(  # noqa: N802 (gRPC method names)
+        self, request: worker_pb2.ReserveRequest, context: Context
+    ) -> worker_pb2.ReserveResponse:
+        try:
+            params = sampling_from_proto(request.sampling, request.logprobs)
+            res = await self._worker.reserve(
+                request.request_id, list(request.token_ids), params, request.lease_s
+            )
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.ReserveResponse(
+            transfer_id=res.transfer_id, block_ids=res.block_ids, kv_endpoint=res.kv_endpoint,
+            layout=layout_to_proto(res.layout),
+        )
+
+    async def Decode(  # noqa: N802
+        self, request: worker_pb2.DecodeRequest, context: Context
+    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        try:
+            async for msg in self._worker.decode(request.request_id):
+                yield msg
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+
+    async def PrefillLocal(  # noqa: N802
+        self, request: worker_pb2.PrefillLocalRequest, context: Context
+    ) -> worker_pb2.PrefillResponse:
+        try:
+            first = await self._worker.prefill_local(request.request_id)
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        reply = worker_pb2.PrefillResponse(
+            first_token=first.token_id, cached_tokens=first.cached_tokens,
+            prefill_s=first.prefill_s, transfer_s=0.0,
+        )
+        if first.logprob is not None:
+            reply.logprob = first.logprob.logprob
+            reply.first_logprob.CopyFrom(logprobs_to_proto([first.logprob])[0])
+        return reply
+
+    async def Abort(  # noqa: N802
+        self, request: worker_pb2.AbortRequest, context: Context
+    ) -> worker_pb2.AbortResponse:
+        try:
+            found = await self._worker.abort(request.request_id)
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.AbortResponse(found=found)
+
+    async def Stats(  # noqa: N802
+        self, request: worker_pb2.StatsRequest, context: Context
+    ) -> worker_pb2.WorkerStats:
+        try:
+            stats = await self._worker.stats()
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return stats_to_proto(
+            stats, worker_pb2.ROLE_DECODE, self._worker.config.worker_id, self._worker.draining
+        )

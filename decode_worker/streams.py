@@ -1,0 +1,100 @@
+"""One request's messages on the decode worker, from Reserve to its last message.
+
+    engine outputs (AsyncEngine stream, opened at Reserve) --pump--> queue --> Decode RPC
+    first token (COMMIT or local prefill): not streamed (the router has it from the prefill
+        reply) but its text delta is carried into the next message, so the stream's texts
+        concatenate to the whole completion
+    external end (Abort, lease expiry, failed transfer): a final item, the pump stopped
+
+Exactly one final item is queued: an output with ``finished`` set, or a ``WorkerError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+
+from decode_worker.convert import response_from_output
+from decode_worker.errors import TransferEnded, WorkerError
+from engine.async_engine import AsyncEngine, EngineDeadError
+from engine.outputs import RequestOutput
+from protos.tandem.v1 import tandem_pb2
+
+StreamItem = RequestOutput | WorkerError
+
+
+class RequestStream:
+    """Buffers a request's outputs until its one reader (the Decode RPC) takes them."""
+
+    def __init__(
+        self, request_id: str, ae: AsyncEngine, on_end: Callable[[RequestStream], None]
+    ) -> None:
+        self.request_id = request_id
+        self.attached = False  # a Decode RPC is reading
+        self.ended = False  # the final item is queued
+        self._ae = ae
+        self._on_end = on_end
+        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self._pump: asyncio.Task[None] | None = None
+        self._first: asyncio.Future[RequestOutput] | None = None
+        self._text_prefix = ""
+
+    def start(self) -> None:
+        """Start moving the engine's outputs into the queue (the engine stream must be open)."""
+        self._pump = asyncio.get_running_loop().create_task(self._run_pump())
+
+    async def _run_pump(self) -> None:
+        try:
+            async for out in self._ae.outputs(self.request_id):
+                if self._first is not None and not self._first.done():
+                    self._first.set_result(out)
+                    self.take_first(out)
+                else:
+                    self._put(out)
+        except EngineDeadError as exc:
+            self._put(TransferEnded(f"engine stopped: {exc}"))
+
+    def expect_first(self) -> asyncio.Future[RequestOutput]:
+        """The next engine output is the first token (local prefill): resolve it here."""
+        self._first = asyncio.get_running_loop().create_future()
+        return self._first
+
+    def take_first(self, out: RequestOutput) -> None:
+        """Account for the first token's output: keep its text; end if it was the last."""
+        self._text_prefix += out.new_text
+        if out.finished:
+            self._put(dataclasses.replace(out, new_token_ids=[], new_text="", logprobs=None))
+
+    def end(self, item: StreamItem) -> None:
+        """End the stream from outside (abort, failed transfer); no-op once ended."""
+        if self.ended:
+            return
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
+        self._ae.close_stream(self.request_id)
+        if self._first is not None and not self._first.done():
+            self._first.set_exception(
+                item if isinstance(item, WorkerError) else TransferEnded("request aborted")
+            )
+        self._put(item)
+
+    def _put(self, item: StreamItem) -> None:
+        if self.ended:
+            return
+        self._queue.put_nowait(item)
+        if isinstance(item, WorkerError) or item.finished:
+            self.ended = True
+            self._on_end(self)
+
+    async def messages(self) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        """Yield stream messages up to the last one; a final error item is raised."""
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, WorkerError):
+                raise item
+            msg = response_from_output(item, self._text_prefix)
+            self._text_prefix = ""
+            yield msg
+            if item.finished:
+                return

@@ -1,0 +1,55 @@
+"""``python -m prefill_worker --port P [--router HOST:PORT] [engine flags]``
+(and ``tandem prefill``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from engine.cli_args import add_engine_args, engine_config_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The prefill worker's flags: where to listen, the router, KV transfer, the engine."""
+    p = argparse.ArgumentParser(prog="prefill_worker", description="Tandem prefill worker")
+    p.add_argument("--host", default="127.0.0.1", help="gRPC listen address")
+    p.add_argument("--port", type=int, required=True, help="gRPC port (0: pick a free one)")
+    p.add_argument("--no-kv-shm", action="store_true", help="push over TCP even on one host")
+    p.add_argument("--kv-secret-file", default=None, help="shared KV secret (>= 16 bytes)")
+    p.add_argument("--transfer-timeout-s", type=float, default=30.0)
+    p.add_argument("--router", default=None, help="router HOST:PORT to register with")
+    p.add_argument("--worker-id", default=None)
+    p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    add_engine_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a prefill worker until SIGTERM; returns the exit status (2: bad flags/busy port)."""
+    from decode_worker.process import ServeConfig, StartupError, load_kv_secret, serve
+    from prefill_worker.app import build_prefill_app
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not 0 <= args.port < 65536:
+        parser.error("--port must be in 0..65535")
+    if not args.transfer_timeout_s > 0:
+        parser.error("--transfer-timeout-s must be > 0")
+    try:
+        engine_config = engine_config_from_args(args)
+        secret = load_kv_secret(args.kv_secret_file)
+    except (StartupError, ValueError) as exc:
+        print(f"prefill_worker: error: {exc}", file=sys.stderr)
+        return 2
+    config = ServeConfig(host=args.host, port=args.port, router=args.router,
+                         drain_timeout_s=args.drain_timeout_s)
+    try:
+        return asyncio.run(serve(config, lambda: build_prefill_app(args, engine_config, secret)))
+    except StartupError as exc:
+        print(f"prefill_worker: error: {exc}", file=sys.stderr)
+        return 2

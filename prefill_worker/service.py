@@ -1,0 +1,227 @@
+"""The prefill worker's logic: prefill a prompt, push its KV, commit the first token.
+
+    Prefill ──> check layout, endpoint, blocks ──> engine.add_request(hold_kv, max_tokens=1)
+            ──> layer hook: LayerPush opens the transfer and ships each layer as it lands
+            ──> first token sampled ──> COMMIT (ACK) ──> engine.release: blocks back to the
+                pool, still prefix-cached ──> reply first token and timings
+    any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
+
+This module imports ``decode_worker.convert`` and ``decode_worker.errors``: the one shared
+definition of the proto <-> engine conversions and of the error -> status mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from decode_worker.convert import kv_layout, layout_mismatch
+from decode_worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
+from engine.async_engine import AsyncEngine
+from engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from engine.sampling_params import SamplingParams
+from kv_transfer import ConfigError, Sender
+from prefill_worker.push import LayerPush, parse_endpoint
+from protos.tandem.v1 import worker_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillConfig:
+    """Prefill-worker settings (the engine and the sender have their own)."""
+
+    worker_id: str
+    transfer_timeout_s: float = 30.0  # from Prefill arrival to the COMMIT's ACK
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSpec:
+    """One Prefill call: the prompt, how to sample its first token, where its KV goes."""
+
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    transfer_id: str
+    block_ids: list[int]
+    kv_endpoint: str
+    layout: worker_pb2.KVLayout
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """The first token, and what the prefill and the push cost."""
+
+    first_token: int
+    logprob: TokenLogprob | None
+    cached_tokens: int
+    prefill_s: float
+    transfer_s: float
+
+
+class PrefillWorker:
+    """Prefill-side handoff logic over an ``AsyncEngine`` and a ``Sender``."""
+
+    def __init__(self, ae: AsyncEngine, sender: Sender, config: PrefillConfig) -> None:
+        self.config = config
+        engine = ae.engine
+        self.layout = kv_layout(engine.kv_layout(), engine.kv_cache)
+        self._vocab_size = engine.arch.vocab_size
+        self._cuda = engine.kv_cache.is_cuda
+        self._ae = ae
+        self._sender = sender
+        self._pushes: dict[str, LayerPush] = {}
+        self._tasks: dict[str, asyncio.Task[PrefillResult]] = {}
+        self._aborted: set[str] = set()
+        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
+
+    async def start(self) -> None:
+        """Install the layer hook on the engine."""
+        self._loop = asyncio.get_running_loop()
+        await self._ae.call(lambda e: e.set_layer_hook(self._hook))
+
+    def _hook(self, layer: int, done: list[tuple[str, list[int]]]) -> None:
+        """Engine thread: layer ``layer`` of ``done``'s requests is in the cache."""
+        wait = None
+        if self._cuda:  # kernels are queued, not finished: the pusher waits on this event
+            event = torch.cuda.Event()
+            event.record()
+            wait = event.synchronize
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._on_layer, layer, done, wait)
+
+    def _on_layer(self, layer: int, done: list[tuple[str, list[int]]], wait: Any) -> None:
+        for request_id, block_ids in done:
+            push = self._pushes.get(request_id)
+            if push is not None:  # None: aborted in the meantime
+                push.on_layer(layer, block_ids, wait)
+
+    # -- RPCs ------------------------------------------------------------------------------
+    async def prefill(self, spec: PrefillSpec, deadline_s: float | None = None) -> PrefillResult:
+        """Prefill, push and commit; see the module docstring. ``deadline_s`` (seconds from
+        now) caps the transfer timeout. Raises Draining, LayoutMismatch, BadRequest,
+        InvalidRequestError, TransferEnded (aborted) or a push error."""
+        if self.draining:
+            raise Draining()
+        rid = spec.request_id
+        if not rid or len(rid) > 256:
+            raise BadRequest("request_id", "must be 1..256 characters")
+        if rid in self._tasks:
+            raise BadRequest("request_id", f"{rid!r} is already in use")
+        self._check(spec)
+        task = asyncio.get_running_loop().create_task(self._prefill(spec, deadline_s))
+        self._tasks[rid] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if rid in self._aborted and current is not None and not current.cancelling():
+                raise TransferEnded(f"request {rid!r} aborted") from None
+            raise
+        finally:
+            self._tasks.pop(rid, None)
+            self._aborted.discard(rid)
+            self._touch()
+
+    def _check(self, spec: PrefillSpec) -> None:
+        mismatch = layout_mismatch(self.layout, spec.layout)
+        if mismatch is not None:
+            raise LayoutMismatch(mismatch)
+        if not spec.transfer_id:
+            raise BadRequest("transfer_id", "must not be empty")
+        need = -(-len(spec.token_ids) // self.layout.block_size)
+        if len(spec.block_ids) != need:
+            raise BadRequest("block_ids", f"{len(spec.block_ids)} destination blocks for a "
+                             f"prompt of {len(spec.token_ids)} tokens that needs {need}")
+        spec.params.validate(self._vocab_size)
+
+    async def _prefill(self, spec: PrefillSpec, deadline_s: float | None) -> PrefillResult:
+        rid, t0 = spec.request_id, time.monotonic()
+        try:
+            endpoint = parse_endpoint(spec.kv_endpoint)
+        except ConfigError as exc:
+            raise BadRequest("kv_endpoint", str(exc)) from exc
+        timeout = self.config.transfer_timeout_s
+        if deadline_s is not None:
+            timeout = min(timeout, deadline_s)
+        # The first token only: min_tokens still keeps EOS out of it.
+        first = dataclasses.replace(spec.params, max_tokens=1,
+                                    min_tokens=min(spec.params.min_tokens, 1))
+        push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout)
+        self._pushes[rid] = push
+        committed = False
+        try:
+            tokens = spec.token_ids
+            await self._ae.call(
+                lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True), stream=rid
+            )
+            out = await self._first_output(rid)
+            prefill_s = time.monotonic() - t0
+            if not out.new_token_ids:
+                raise WrongState(f"prefill produced no token ({out.finish_reason})")
+            lp = out.logprobs[0] if out.logprobs else None
+            transfer_s = await push.commit(
+                out.new_token_ids[0], lp.logprob if lp is not None else 0.0, self.layout.num_layers
+            )
+            committed = True
+            return PrefillResult(out.new_token_ids[0], lp, out.num_cached_tokens, prefill_s,
+                                 transfer_s)
+        finally:
+            self._pushes.pop(rid, None)
+            if not committed:
+                await push.abort("prefill failed or was aborted")
+            if self._ae.alive:  # releases held blocks (kept in the prefix cache) or aborts
+                await self._ae.call(lambda e: e.abort(rid))
+            self._ae.close_stream(rid)
+
+    async def _first_output(self, request_id: str) -> RequestOutput:
+        async for out in self._ae.outputs(request_id):
+            return out
+        raise WrongState(f"request {request_id!r} produced no output")
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a prefill in progress (its caller gets ABORTED); False when unknown."""
+        task = self._tasks.get(request_id)
+        if task is None or task.done():
+            return False
+        self._aborted.add(request_id)
+        task.cancel()
+        return True
+
+    async def stats(self) -> EngineStats:
+        """The engine's counters right now."""
+        return await self._ae.call(lambda e: e.stats())
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _touch(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    def busy(self) -> bool:
+        """True while a prefill is in progress."""
+        return bool(self._tasks)
+
+    def begin_drain(self) -> None:
+        """Take no new prefills; those in progress finish."""
+        self.draining = True
+
+    async def wait_idle(self) -> None:
+        """Return once no prefill is in progress."""
+        while self.busy():
+            await self._changed.wait()
+
+    async def close(self) -> None:
+        """Abort what is left, close the sender's connections, stop the engine thread."""
+        for rid in list(self._tasks):
+            await self.abort(rid)
+        tasks = list(self._tasks.values())
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._sender.close()
+        if self._ae.alive:
+            await self._ae.call(lambda e: e.set_layer_hook(None))
+        await self._ae.shutdown()

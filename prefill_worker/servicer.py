@@ -1,0 +1,62 @@
+"""``tandem.v1.PrefillService`` over gRPC: a thin typed wrapper over ``PrefillWorker``."""
+
+from __future__ import annotations
+
+import grpc
+
+from decode_worker.convert import logprobs_to_proto, sampling_from_proto, stats_to_proto
+from decode_worker.errors import abort_with_status
+from prefill_worker.service import PrefillSpec, PrefillWorker
+from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+
+Context = grpc.aio.ServicerContext
+
+
+class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
+    """Serves one ``PrefillWorker``."""
+
+    def __init__(self, worker: PrefillWorker) -> None:
+        self._worker = worker
+
+    async def Prefill(  # noqa: N802 (gRPC method names)
+        self, request: worker_pb2.PrefillRequest, context: Context
+    ) -> worker_pb2.PrefillResponse:
+        try:
+            spec = PrefillSpec(
+                request_id=request.request_id,
+                token_ids=list(request.token_ids),
+                params=sampling_from_proto(request.sampling, request.logprobs),
+                transfer_id=request.transfer_id,
+                block_ids=list(request.block_ids),
+                kv_endpoint=request.kv_endpoint,
+                layout=request.layout,
+            )
+            res = await self._worker.prefill(spec, context.time_remaining())
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        reply = worker_pb2.PrefillResponse(
+            first_token=res.first_token, cached_tokens=res.cached_tokens,
+            prefill_s=res.prefill_s, transfer_s=res.transfer_s,
+        )
+        if res.logprob is not None:
+            reply.logprob = res.logprob.logprob
+            reply.first_logprob.CopyFrom(logprobs_to_proto([res.logprob])[0])
+        return reply
+
+    async def Abort(  # noqa: N802
+        self, request: worker_pb2.AbortRequest, context: Context
+    ) -> worker_pb2.AbortResponse:
+        return worker_pb2.AbortResponse(found=await self._worker.abort(request.request_id))
+
+    async def Stats(  # noqa: N802
+        self, request: worker_pb2.StatsRequest, context: Context
+    ) -> worker_pb2.WorkerStats:
+        try:
+            stats = await self._worker.stats()
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return stats_to_proto(
+            stats, worker_pb2.ROLE_PREFILL, self._worker.config.worker_id, self._worker.draining
+        )

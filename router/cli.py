@@ -1,0 +1,137 @@
+"""``python -m router``: parse flags, serve, print TANDEM_READY, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from router.config import RouterConfig
+from router.server import BindError, RouterServer
+from router.tokenizer import RouterTokenizer, TokenizerLoadError
+
+log = logging.getLogger("router")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The router's flags."""
+    p = argparse.ArgumentParser(prog="python -m router", description="Tandem's router")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
+    p.add_argument("--prefill", default="", help="prefill workers, HOST:PORT,...")
+    p.add_argument("--decode", default="", help="decode workers, HOST:PORT,...")
+    p.add_argument("--tokenizer", required=True, help="local model directory with a tokenizer")
+    p.add_argument("--model-name", default="", help="served model id (default: the dir name)")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="context length (default: max_position_embeddings of config.json)",
+    )
+    p.add_argument("--max-inflight", type=int, default=256)
+    p.add_argument("--max-queue", type=int, default=512)
+    p.add_argument(
+        "--local-prefill-threshold",
+        type=int,
+        default=0,
+        help="prompts shorter than this prefill on the decode worker (0: never)",
+    )
+    p.add_argument("--block-size", type=int, default=16, help="KV block size (affinity hashing)")
+    p.add_argument(
+        "--prefill-attempts",
+        type=int,
+        default=2,
+        help="prefill workers tried before prefilling on the decode worker",
+    )
+    p.add_argument(
+        "--max-migrations", type=int, default=2, help="decode-worker failures one request survives"
+    )
+    p.add_argument(
+        "--affinity-max-queue",
+        type=int,
+        default=8,
+        help="queue depth above which a prefill worker loses prefix affinity",
+    )
+    p.add_argument("--lease-s", type=float, default=30.0, help="reservation lease")
+    p.add_argument("--heartbeat-interval", type=float, default=2.0)
+    p.add_argument("--health-interval", type=float, default=2.0)
+    p.add_argument("--drain-timeout", type=float, default=60.0)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """Flags -> RouterConfig; raises ValueError with a clear message."""
+    tok_dir = Path(args.tokenizer)
+    max_model_len = args.max_model_len or _config_max_len(tok_dir)
+    if max_model_len <= 0:
+        raise ValueError("--max-model-len is required (no max_position_embeddings in config.json)")
+    return RouterConfig(
+        tokenizer_dir=str(tok_dir),
+        model_name=args.model_name or tok_dir.resolve().name,
+        max_model_len=max_model_len,
+        host=args.host,
+        port=args.port,
+        prefill_endpoints=_split(args.prefill),
+        decode_endpoints=_split(args.decode),
+        max_inflight=args.max_inflight,
+        max_queue=args.max_queue,
+        local_prefill_threshold=args.local_prefill_threshold,
+        block_size=args.block_size,
+        prefill_attempts=args.prefill_attempts,
+        max_migrations=args.max_migrations,
+        affinity_max_queue=args.affinity_max_queue,
+        lease_s=args.lease_s,
+        heartbeat_interval_s=args.heartbeat_interval,
+        health_interval_s=args.health_interval,
+        drain_timeout_s=args.drain_timeout,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the router until SIGTERM/SIGINT; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = config_from_args(args)
+        tokenizer = RouterTokenizer(config.tokenizer_dir)
+    except (ValueError, TokenizerLoadError) as err:
+        print(f"router: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(config, tokenizer))
+    except BindError as err:
+        print(f"router: error: {err}", file=sys.stderr)
+        return 1
+
+
+async def _serve(config: RouterConfig, tokenizer: RouterTokenizer) -> int:
+    server = RouterServer(config, tokenizer)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before READY: a prompt SIGTERM still drains
+        loop.add_signal_handler(sig, stop.set)
+    port = await server.start()
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "[::]", "") else config.host
+    print("TANDEM_READY " + json.dumps({"role": "router", "grpc": f"{host}:{port}"}), flush=True)
+    await stop.wait()
+    log.info("draining: no new requests, waiting for %d in flight", server.gate.ledger.running)
+    drained = await server.drain()
+    await server.stop()
+    return 0 if drained else 1
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+def _config_max_len(directory: Path) -> int:
+    config = directory / "config.json"
+    if not config.is_file():
+        return 0
+    value = json.loads(config.read_text()).get("max_position_embeddings", 0)
+    return int(value) if isinstance(value, int) else 0

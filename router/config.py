@@ -1,0 +1,66 @@
+"""The router's configuration: one frozen, validated dataclass built from CLI flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """Everything the router needs to know, passed down explicitly.
+
+    ``local_prefill_threshold``: prompts shorter than this many tokens are prefilled on the
+    decode worker itself (0 disables). ``affinity_max_queue``: a sticky prefill worker with more
+    queued work than this loses its affinity to the least loaded one.
+    """
+
+    tokenizer_dir: str
+    model_name: str
+    max_model_len: int
+    host: str = "127.0.0.1"
+    port: int = 50051
+    prefill_endpoints: tuple[str, ...] = field(default_factory=tuple)
+    decode_endpoints: tuple[str, ...] = field(default_factory=tuple)
+    max_inflight: int = 256
+    max_queue: int = 512
+    retry_after_ms: int = 200
+    local_prefill_threshold: int = 0
+    block_size: int = 16
+    affinity_max_queue: int = 8
+    affinity_entries: int = 65536
+    prefill_attempts: int = 2
+    max_migrations: int = 2
+    lease_s: float = 30.0
+    heartbeat_interval_s: float = 2.0
+    missed_heartbeats: int = 3
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 1.0
+    drain_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_model_len": self.max_model_len >= 1,
+            "port": 0 <= self.port <= 65535,
+            "max_inflight": self.max_inflight >= 1,
+            "max_queue": self.max_queue >= 0,
+            "retry_after_ms": self.retry_after_ms >= 1,
+            "local_prefill_threshold": self.local_prefill_threshold >= 0,
+            "block_size": self.block_size >= 1,
+            "affinity_max_queue": self.affinity_max_queue >= 0,
+            "affinity_entries": self.affinity_entries >= 1,
+            "prefill_attempts": self.prefill_attempts >= 1,
+            "max_migrations": self.max_migrations >= 0,
+            "lease_s": self.lease_s > 0,
+            "heartbeat_interval_s": self.heartbeat_interval_s > 0,
+            "missed_heartbeats": self.missed_heartbeats >= 1,
+            "health_interval_s": self.health_interval_s > 0,
+            "health_timeout_s": self.health_timeout_s > 0,
+            "drain_timeout_s": self.drain_timeout_s >= 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid router config: {', '.join(bad)} out of range")
+        for endpoint in (*self.prefill_endpoints, *self.decode_endpoints):
+            host, _, port = endpoint.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"invalid worker endpoint {endpoint!r}: expected HOST:PORT")

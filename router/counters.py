@@ -1,0 +1,22 @@
+"""Counts of every fallback and migration the handoff took (exported as metrics later)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class HandoffCounters:
+    """Monotonic counters, one per kind of detour a request can take."""
+
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    prefill_retries: int = 0  # a prefill worker failed; another one was tried
+    local_prefill_fallbacks: int = 0  # every prefill worker failed; the decode worker prefilled
+    local_prefill_short: int = 0  # prompt under the threshold: prefilled on the decode worker
+    local_prefill_colocated: int = 0  # no prefill worker in the pool
+    reserve_retries: int = 0  # a decode worker refused or failed Reserve; another one was tried
+    migrations: int = 0  # a decode worker died mid-stream; the request moved to another
+    aborts_sent: int = 0

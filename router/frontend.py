@@ -1,0 +1,180 @@
+"""What the public service does, without gRPC: prepare, admit, hand off, shape responses.
+
+GenerateRequest -> validate -> tokenize -> Prepared -> admission -> Handoff chunks
+                -> detokenize -> GenerateResponse* (the last with usage and timings)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from protos.tandem.v1 import tandem_pb2
+from router import validation
+from router.admission import AdmissionGate
+from router.deadline import Deadline
+from router.detokenizer import Detokenizer
+from router.errors import InvalidRequestError
+from router.handoff import Handoff, HandoffDeps
+from router.request import Prepared
+from router.text_stream import TextStream
+from router.tokenizer import RouterTokenizer
+
+
+@dataclass(slots=True)
+class _Clock:
+    """Phase boundaries of one request (perf_counter seconds)."""
+
+    arrival: float
+    queued: float
+    admitted: float = 0.0
+    first: float = 0.0
+
+
+class Frontend:
+    """The router's request path; the gRPC servicer is a thin wrapper over it."""
+
+    def __init__(self, deps: HandoffDeps, tokenizer: RouterTokenizer, gate: AdmissionGate) -> None:
+        self.deps = deps
+        self.tokenizer = tokenizer
+        self.gate = gate
+
+    def prepare(self, request: tandem_pb2.GenerateRequest) -> Prepared:
+        """Validate and tokenize; raises InvalidRequestError naming the bad field."""
+        arrival = time.perf_counter()
+        config = self.deps.config
+        validation.validate_request(request, config.model_name, self.tokenizer.vocab_size)
+        kind = request.WhichOneof("prompt")
+        if kind == "text":
+            ids = self.tokenizer.encode(request.text)
+        elif kind == "chat":
+            ids = self.tokenizer.encode_chat(request.chat)
+        else:
+            ids = list(request.token_ids.ids)
+        if not ids:
+            raise InvalidRequestError("prompt", "tokenizes to nothing")
+        sampling = tandem_pb2.SamplingParams()
+        sampling.CopyFrom(request.sampling)
+        if sampling.HasField("max_tokens"):
+            max_tokens = sampling.max_tokens
+        else:  # the engine's default, clamped to the room the context leaves
+            max_tokens = max(1, min(validation.DEFAULT_MAX_TOKENS, config.max_model_len - len(ids)))
+        validation.check_length(len(ids), max_tokens, config.max_model_len)
+        sampling.max_tokens = max_tokens
+        return Prepared(
+            request_id=request.request_id or uuid.uuid4().hex,
+            prompt_ids=ids,
+            sampling=sampling,
+            logprobs=request.logprobs,
+            max_tokens=max_tokens,
+            arrival=arrival,
+        )
+
+    async def generate(
+        self, prepared: Prepared, budget_s: float | None
+    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        """Admit the request, run its handoff and stream its responses."""
+        clock = _Clock(arrival=prepared.arrival, queued=time.perf_counter())
+        deadline = Deadline(budget_s)
+        counters = self.deps.counters
+        counters.requests += 1
+        await self.gate.enter()
+        try:
+            clock.admitted = time.perf_counter()
+            handoff = Handoff(self.deps, prepared, deadline)
+            text = TextStream(
+                Detokenizer(
+                    self._decoder(prepared.sampling),
+                    prepared.prompt_ids,
+                    prepared.sampling.stop,
+                    prepared.sampling.include_stop_str_in_output,
+                )
+            )
+            completion = 0
+            async with aclosing(handoff.stream()) as chunks:
+                async for chunk in chunks:
+                    completion += len(chunk.token_ids)
+                    response = tandem_pb2.GenerateResponse(
+                        request_id=prepared.request_id,
+                        token_ids=chunk.token_ids,
+                        text=text.delta(chunk),
+                        logprobs=chunk.logprobs,
+                        finished=chunk.finished,
+                        finish_reason=chunk.finish_reason,
+                    )
+                    if not clock.first:
+                        clock.first = time.perf_counter()
+                    if chunk.finished:
+                        response.stop_reason = chunk.stop_reason or text.stop_reason or ""
+                        self._finish(response, prepared, handoff, completion, clock)
+                    yield response
+            counters.completed += 1
+        except (asyncio.CancelledError, GeneratorExit):
+            counters.cancelled += 1
+            raise
+        except BaseException:
+            counters.failed += 1
+            raise
+        finally:
+            self.gate.leave()
+
+    def _finish(
+        self,
+        response: tandem_pb2.GenerateResponse,
+        prepared: Prepared,
+        handoff: Handoff,
+        completion: int,
+        clock: _Clock,
+    ) -> None:
+        end = time.perf_counter()
+        report = handoff.report
+        response.usage.CopyFrom(
+            tandem_pb2.Usage(
+                prompt_tokens=len(prepared.prompt_ids),
+                completion_tokens=completion,
+                cached_tokens=report.cached_tokens,
+            )
+        )
+        response.timings.CopyFrom(
+            tandem_pb2.Timings(
+                queue_s=clock.admitted - clock.queued,
+                prefill_s=report.prefill_s,
+                transfer_s=report.transfer_s,
+                first_token_s=clock.first - clock.arrival,
+                decode_s=end - clock.first,
+                total_s=end - clock.arrival,
+            )
+        )
+
+    def _decoder(self, sampling: tandem_pb2.SamplingParams) -> Callable[[Sequence[int]], str]:
+        skip = sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
+        return lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip)
+
+    def tokenize(self, request: tandem_pb2.TokenizeRequest) -> tandem_pb2.TokenizeResponse:
+        """Token ids of a text or chat input, as Generate would see them."""
+        if request.model and request.model != self.deps.config.model_name:
+            raise InvalidRequestError("model", f"unknown model {request.model!r}")
+        kind = request.WhichOneof("input")
+        if kind == "chat":
+            validation.validate_chat(request.chat)
+            ids = self.tokenizer.encode_chat(request.chat)
+        elif kind == "text":
+            ids = self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
+        else:
+            raise InvalidRequestError("input", "one of text or chat is required")
+        return tandem_pb2.TokenizeResponse(token_ids=ids, count=len(ids))
+
+    def list_models(self) -> tandem_pb2.ListModelsResponse:
+        """The one model this router serves."""
+        config = self.deps.config
+        return tandem_pb2.ListModelsResponse(
+            models=[
+                tandem_pb2.ModelInfo(
+                    id=config.model_name, max_model_len=config.max_model_len, owned_by="tandem"
+                )
+            ]
+        )

@@ -1,0 +1,55 @@
+"""A request's data as it moves through the router: prepared input, output chunks, report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from protos.tandem.v1 import tandem_pb2
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated, tokenized request, ready for the handoff."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: tandem_pb2.SamplingParams
+    logprobs: tandem_pb2.LogprobOptions
+    max_tokens: int
+    arrival: float = field(default_factory=time.perf_counter)  # when the router got it
+
+
+@dataclass(slots=True)
+class Chunk:
+    """New tokens for the client; ``text`` is the worker's own delta ("" when it sent none)."""
+
+    token_ids: list[int]
+    logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: str = ""
+    stop_reason: str = ""
+    leg_start: bool = False  # the first token of a leg (from a prefill reply)
+
+    @classmethod
+    def of(cls, message: tandem_pb2.GenerateResponse) -> Chunk:
+        """A decode worker's stream message as a Chunk."""
+        return cls(
+            list(message.token_ids),
+            list(message.logprobs),
+            message.text,
+            message.finished,
+            message.finish_reason,
+            message.stop_reason,
+        )
+
+
+@dataclass(slots=True)
+class HandoffReport:
+    """What the legs reported, for the last message's usage and timings."""
+
+    cached_tokens: int = 0
+    prefill_s: float = 0.0
+    transfer_s: float = 0.0
+    migrations: int = 0

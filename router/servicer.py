@@ -1,0 +1,54 @@
+"""The public ``tandem.v1.Tandem`` service: a thin grpc.aio wrapper over Frontend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import grpc
+
+from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
+from router.counters import HandoffCounters
+from router.errors import RouterError
+from router.frontend import Frontend
+from router.status import abort_with
+
+
+class TandemServicer(tandem_pb2_grpc.TandemServicer):
+    """Maps RPCs to Frontend calls and typed errors to status codes; holds no logic.
+
+    ``counters`` exposes the handoff's fallback and migration counts.
+    """
+
+    def __init__(self, frontend: Frontend) -> None:
+        self._frontend = frontend
+        self.counters: HandoffCounters = frontend.deps.counters
+
+    async def Generate(  # noqa: N802 - gRPC method name
+        self, request: tandem_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        """Stream one request's tokens."""
+        try:
+            prepared = self._frontend.prepare(request)
+            async with aclosing(
+                self._frontend.generate(prepared, context.time_remaining())
+            ) as responses:
+                async for response in responses:
+                    yield response
+        except RouterError as err:
+            await abort_with(context, err)
+
+    async def Tokenize(  # noqa: N802
+        self, request: tandem_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> tandem_pb2.TokenizeResponse:
+        """Token ids of a text or chat input."""
+        try:
+            return self._frontend.tokenize(request)
+        except RouterError as err:
+            await abort_with(context, err)
+
+    async def ListModels(  # noqa: N802
+        self, request: tandem_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> tandem_pb2.ListModelsResponse:
+        """The served model."""
+        return self._frontend.list_models()

@@ -1,0 +1,56 @@
+"""The gRPC edge of the router's typed errors: status code, details, trailing metadata."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+
+from router.errors import (
+    DeadlineError,
+    DrainingError,
+    InvalidRequestError,
+    NoWorkerError,
+    OverloadedError,
+    RouterError,
+    WorkerCallError,
+    WorkerFailedError,
+)
+
+RETRY_AFTER_KEY = "retry-after-ms"
+
+
+def status_of(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """The status code, details and trailing metadata a client sees for ``err``."""
+    if isinstance(err, InvalidRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(err), ()
+    if isinstance(err, OverloadedError):
+        return (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            str(err),
+            ((RETRY_AFTER_KEY, str(err.retry_after_ms)),),
+        )
+    if isinstance(err, (NoWorkerError, DrainingError)):
+        return grpc.StatusCode.UNAVAILABLE, str(err), ()
+    if isinstance(err, DeadlineError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, str(err), ()
+    if isinstance(err, (WorkerFailedError, WorkerCallError)):
+        return _code(err.code_name), str(err), ()
+    return grpc.StatusCode.INTERNAL, str(err), ()
+
+
+def _code(name: str) -> grpc.StatusCode:
+    code = grpc.StatusCode.__members__.get(name, grpc.StatusCode.UNAVAILABLE)
+    # A worker's internal trouble is the service being unavailable, from the client's side.
+    if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED):
+        return grpc.StatusCode.UNAVAILABLE
+    return code
+
+
+async def abort_with(context: grpc.aio.ServicerContext, err: RouterError) -> NoReturn:
+    """End the RPC with ``err``'s status (never returns)."""
+    code, details, metadata = status_of(err)
+    if metadata:
+        context.set_trailing_metadata(metadata)
+    await context.abort(code, details)
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises

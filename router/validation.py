@@ -1,0 +1,126 @@
+"""Checks on a GenerateRequest at the edge, before any worker sees it.
+
+The sampling ranges match the engine's (engine/sampling_params.py), re-checked here from the
+proto values so a bad request never costs a worker round trip. Token-level checks (vocab,
+context length) run once the prompt is tokenized.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from protos.tandem.v1 import tandem_pb2
+from router.errors import InvalidRequestError
+
+CHAT_ROLES = frozenset({"system", "user", "assistant"})
+# The engine's defaults for the two fields the router needs to know (engine/sampling_params.py).
+DEFAULT_MAX_TOKENS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+def validate_request(request: tandem_pb2.GenerateRequest, model_name: str, vocab_size: int) -> None:
+    """Raise InvalidRequestError naming the first bad field of ``request``."""
+    if request.model and request.model != model_name:
+        raise InvalidRequestError(
+            "model", f"unknown model {request.model!r}; serving {model_name!r}"
+        )
+    kind = request.WhichOneof("prompt")
+    if kind is None:
+        raise InvalidRequestError("prompt", "one of text, token_ids or chat is required")
+    if kind == "text" and not request.text:
+        raise InvalidRequestError("prompt", "text is empty")
+    if kind == "token_ids":
+        check_token_ids(request.token_ids.ids, vocab_size, "token_ids")
+    if kind == "chat":
+        validate_chat(request.chat)
+    validate_sampling(request.sampling, vocab_size)
+    if request.logprobs.top_logprobs > MAX_TOP_LOGPROBS:
+        raise InvalidRequestError("logprobs.top_logprobs", f"at most {MAX_TOP_LOGPROBS}")
+
+
+def validate_chat(chat: tandem_pb2.ChatMessages) -> None:
+    """Every message needs a known role and content."""
+    if not chat.messages:
+        raise InvalidRequestError("chat", "no messages")
+    for i, message in enumerate(chat.messages):
+        if not message.role:
+            raise InvalidRequestError(f"chat.messages[{i}].role", "missing")
+        if message.role not in CHAT_ROLES:
+            raise InvalidRequestError(
+                f"chat.messages[{i}].role",
+                f"unknown role {message.role!r}; expected one of {sorted(CHAT_ROLES)}",
+            )
+        if not message.content:
+            raise InvalidRequestError(f"chat.messages[{i}].content", "missing")
+
+
+def check_token_ids(
+    ids: Iterable[int], vocab_size: int, field: str, allow_empty: bool = False
+) -> None:
+    """Token ids must be inside the vocabulary (and, for a prompt, not empty)."""
+    ids = list(ids)
+    if not ids and not allow_empty:
+        raise InvalidRequestError(field, "empty prompt")
+    for t in ids:
+        if t >= vocab_size:
+            raise InvalidRequestError(field, f"token id {t} >= vocab size {vocab_size}")
+
+
+def validate_sampling(s: tandem_pb2.SamplingParams, vocab_size: int) -> None:
+    """The engine's sampling ranges, applied to the fields the client set."""
+    max_tokens = s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+    min_tokens = s.min_tokens if s.HasField("min_tokens") else 0
+    if max_tokens < 1:
+        raise InvalidRequestError("max_tokens", f"must be >= 1, got {max_tokens}")
+    if min_tokens > max_tokens:
+        raise InvalidRequestError("min_tokens", "must be <= max_tokens")
+    if s.HasField("temperature"):
+        _finite(s.temperature, "temperature")
+        if s.temperature < 0:
+            raise InvalidRequestError("temperature", f"must be >= 0, got {s.temperature}")
+    if s.HasField("top_p"):
+        _finite(s.top_p, "top_p")
+        if not 0.0 < s.top_p <= 1.0:
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {s.top_p}")
+    if s.HasField("top_k") and s.top_k < -1:
+        raise InvalidRequestError("top_k", f"must be >= -1, got {s.top_k}")
+    if s.HasField("min_p"):
+        _finite(s.min_p, "min_p")
+        if not 0.0 <= s.min_p <= 1.0:
+            raise InvalidRequestError("min_p", f"must be in [0, 1], got {s.min_p}")
+    if s.HasField("repetition_penalty"):
+        _finite(s.repetition_penalty, "repetition_penalty")
+        if s.repetition_penalty <= 0:
+            raise InvalidRequestError("repetition_penalty", "must be > 0")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if s.HasField(name):
+            value = getattr(s, name)
+            _finite(value, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(name, f"must be in [-2, 2], got {value}")
+    if s.HasField("seed") and s.seed >= 2**63:
+        raise InvalidRequestError("seed", "must be < 2**63")
+    for stop in s.stop:
+        if not stop:
+            raise InvalidRequestError("stop", "stop strings must be non-empty")
+    check_token_ids(s.stop_token_ids, vocab_size, "stop_token_ids", allow_empty=True)
+
+
+def check_length(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
+    """The prompt plus the tokens asked for must fit the model's context."""
+    if num_prompt >= max_model_len:
+        raise InvalidRequestError(
+            "prompt", f"{num_prompt} tokens; max_model_len is {max_model_len}"
+        )
+    if num_prompt + max_tokens > max_model_len:
+        raise InvalidRequestError(
+            "max_tokens",
+            f"prompt ({num_prompt}) + max_tokens ({max_tokens}) exceeds "
+            f"max_model_len ({max_model_len})",
+        )
+
+
+def _finite(value: float, name: str) -> None:
+    if math.isnan(value) or math.isinf(value):
+        raise InvalidRequestError(name, f"must be finite, got {value}")

@@ -1,0 +1,36 @@
+"""What the routing policies see of a worker: an immutable load snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(str, Enum):
+    """A worker's job in the handoff."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker's load as last reported (heartbeat or Stats), plus the router's own count.
+
+    ``active`` is how many of this router's requests are on the worker right now; it is exact
+    and current, while the reported fields may be a heartbeat old. ``num_blocks == 0`` means
+    the worker has not reported its KV capacity yet.
+    """
+
+    endpoint: str
+    role: Role
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_blocks: int = 0
+    active: int = 0
+
+    @property
+    def queue_depth(self) -> int:
+        """Work waiting or running there, taking the larger of reported and router-counted."""
+        return max(self.num_running + self.num_waiting, self.active)

@@ -1,0 +1,79 @@
+"""``tandem local``: a whole cluster on this machine without Ray (what ``make serve`` runs).
+
+Starts one decode worker, one prefill worker and the router as separate processes on the
+default model, waits until each is serving, prints the endpoint and a command to try, and on
+Ctrl-C (or SIGTERM) drains and stops all three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import sys
+import threading
+
+from tandem.local_cluster import READY, Cluster
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags of ``tandem local``."""
+    p = argparse.ArgumentParser(prog="tandem local", description=__doc__)
+    p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
+    p.add_argument("--port", type=int, default=50051, help="router gRPC port")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--prefill-threads", type=int, default=1)
+    p.add_argument("--decode-threads", type=int, default=1)
+    p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the local cluster until interrupted."""
+    args = build_parser().parse_args(argv)
+    from engine.errors import ModelLoadError
+    from engine.loader import resolve_model
+
+    try:
+        model_dir = resolve_model(args.model)  # converts a GGUF once, before workers start
+    except ModelLoadError as exc:
+        print(f"tandem local: {exc}", file=sys.stderr)
+        return 2
+    common = ["--model", str(model_dir), "--dtype", args.dtype]
+    cluster = Cluster(echo=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        print("[tandem] starting decode worker ...", file=sys.stderr, flush=True)
+        decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0", *common,
+                               "--threads", str(args.decode_threads))
+        prefill_flags: list[str] = []
+        if not args.no_prefill:
+            print("[tandem] starting prefill worker ...", file=sys.stderr, flush=True)
+            prefill = cluster.start("prefill_worker", "--port", "0", *common,
+                                    "--threads", str(args.prefill_threads))
+            prefill_flags = ["--prefill", prefill.grpc]
+        print("[tandem] starting router ...", file=sys.stderr, flush=True)
+        router = cluster.start("router", "--port", str(args.port), "--tokenizer",
+                               str(model_dir), "--model-name", args.model,
+                               "--decode", decode.grpc, *prefill_flags)
+        example = "python -m tandem.try_it --target " + shlex.quote(router.grpc)
+        print(f"\nTandem is serving {args.model} on grpc://{router.grpc}", flush=True)
+        print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
+        print("Ctrl-C drains and stops the cluster.", flush=True)
+        print(f'{READY}{json.dumps({"role": "local", "grpc": router.grpc})}', flush=True)
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as exc:  # a process failed to start
+        print(f"tandem local: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Faults injected into a live cluster (real processes, SmolLM2): a prefill worker killed
+during its KV push, a decode worker killed mid-stream, and no prefill worker at all. Every
+request still completes with the tokens an undisturbed run gives."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.data.make_long_prompt import long_prompt
+from tandem.local_cluster import Cluster, Proc
+from tests.unit.engine._reference import hf_greedy
+
+pytestmark = pytest.mark.slow
+
+ENGINE = ["--model", "smollm2", "--dtype", "float32", "--threads", "1", "--num-blocks", "400"]
+
+
+def _router(c: Cluster, tok: Path, prefill: list[Proc], decode: list[Proc]) -> Proc:
+    return c.start(
+        "router", "--port", "0", "--tokenizer", str(tok), "--model-name", "smollm2",
+        "--prefill", ",".join(p.grpc for p in prefill),
+        "--decode", ",".join(d.grpc for d in decode),
+    )
+
+
+def _decode(c: Cluster) -> Proc:
+    return c.start("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE)
+
+
+def _prefill(c: Cluster, *extra: str) -> Proc:
+    return c.start("prefill_worker", "--port", "0", *ENGINE, *extra)
+
+
+def _stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
+    channel = grpc.insecure_channel(proc.grpc)
+    cls = worker_pb2_grpc.DecodeServiceStub if role == "decode" else worker_pb2_grpc.PrefillServiceStub
+    return cls(channel).Stats(worker_pb2.StatsRequest(), timeout=10)
+
+
+def _wait_for(cond, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.02)  # polling a condition, not waiting a fixed time
+
+
+def _tokenize(tok_dir: Path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tok_dir, local_files_only=True).encode(text)
+
+
+def _greedy(n: int) -> tandem_pb2.SamplingParams:
+    return tandem_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def test_prefill_killed_during_push_falls_back(smollm2_dir) -> None:
+    c = Cluster()
+    try:
+        # Small chunks: the prefill takes many steps, and Stats (served between steps) sees it
+        # running, so the kill lands while the prompt is being prefilled and pushed.
+        decode, prefill = _decode(c), _prefill(c, "--max-num-batched-tokens", "128")
+        router = _router(c, smollm2_dir, [prefill], [decode])
+        text = long_prompt(100)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        result: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                req = tandem_pb2.GenerateRequest(text=text, sampling=_greedy(8))
+                result["tokens"] = [t for m in stub.Generate(req, timeout=600) for t in m.token_ids]
+            except grpc.RpcError as exc:
+                result["error"] = exc
+
+        th = threading.Thread(target=run)
+        th.start()
+        _wait_for(lambda: _stats(prefill, "prefill").num_running > 0)
+        prefill.kill()
+        th.join(timeout=600)
+        assert "error" not in result, result.get("error")
+        assert result["tokens"] == hf_greedy(smollm2_dir, _tokenize(smollm2_dir, text), 8)
+        _wait_for(lambda: _stats(decode, "decode").num_free_blocks == _stats(decode, "decode").num_blocks)
+    finally:
+        c.stop()
+
+
+def test_decode_killed_mid_stream_migrates(smollm2_dir) -> None:
+    c = Cluster()
+    try:
+        d1, d2, prefill = _decode(c), _decode(c), _prefill(c)
+        router = _router(c, smollm2_dir, [prefill], [d1, d2])
+        text = "Write a long poem about the sea and the ships upon it."
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        tokens: list[int] = []
+        killed = None
+        for msg in stub.Generate(tandem_pb2.GenerateRequest(text=text, sampling=_greedy(40)),
+                                 timeout=600):
+            tokens += msg.token_ids
+            if killed is None and len(tokens) >= 6:
+                killed = d1 if _stats(d1, "decode").num_running > 0 else d2
+                killed.kill()
+        assert killed is not None
+        assert tokens == hf_greedy(smollm2_dir, _tokenize(smollm2_dir, text), 40)
+        survivor = d2 if killed is d1 else d1
+        _wait_for(lambda: _stats(survivor, "decode").num_running == 0)
+    finally:
+        c.stop()
+
+
+def test_no_prefill_worker_prefills_locally(smollm2_dir) -> None:
+    c = Cluster()
+    try:
+        decode = _decode(c)
+        router = _router(c, smollm2_dir, [], [decode])
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "The capital of France is"
+        req = tandem_pb2.GenerateRequest(text=text, sampling=_greedy(8))
+        tokens = [t for m in stub.Generate(req, timeout=300) for t in m.token_ids]
+        assert tokens == hf_greedy(smollm2_dir, _tokenize(smollm2_dir, text), 8)
+    finally:
+        c.stop()

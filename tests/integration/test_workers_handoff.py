@@ -1,0 +1,298 @@
+"""Real worker processes on a tiny checkpoint: the disaggregation contract (Reserve -> Prefill
+-> Decode equals one engine's greedy output), aborts leave no blocks, errors at the edge, a
+full decode pool, a prefill worker SIGKILLed mid-push, and a SIGTERM drain that exits 0."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine.sampling_params import SamplingParams
+from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+READY = "TANDEM_READY"
+PROMPT = [3 + (i * 29) % 250 for i in range(37)]
+
+
+class Worker:
+    """One worker process; its stdout is read on a thread so waits can time out."""
+
+    def __init__(self, module: str, args: list[str], log: Path) -> None:
+        self.log = log
+        self._err = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
+            stderr=self._err, text=True)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_ready(self, timeout: float = 90.0) -> dict[str, str]:
+        """The READY line's JSON; fails with the worker's log if it exits first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no READY line; log:\n{self.log.read_text()}") from None
+            if line is None:
+                self.proc.wait(10)
+                raise AssertionError(f"exited {self.proc.returncode}:\n{self.log.read_text()}")
+            if line.startswith(READY + " "):
+                return json.loads(line[len(READY):])
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait for the exit status (SIGKILL if it hangs)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._err.close()
+        return self.proc.returncode
+
+
+def _until(check: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if ok(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition never held; last value: {value}")
+        time.sleep(0.02)
+
+
+def _idle(s: worker_pb2.WorkerStats) -> bool:
+    return (s.num_running == 0 and s.num_waiting == 0 and s.num_reserved == 0
+            and s.num_free_blocks == s.num_blocks)
+
+
+def _greedy(n: int) -> tandem_pb2.SamplingParams:
+    return tandem_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+class Cluster:
+    """Stubs to one decode and one prefill worker process."""
+
+    def __init__(self, decode: Worker, d_info: dict[str, str], prefill: Worker,
+                 p_info: dict[str, str], model: str) -> None:
+        self.decode_proc, self.prefill_proc, self.model = decode, prefill, model
+        self.decode_address = d_info["grpc"]
+        self._channels = [grpc.insecure_channel(d_info["grpc"]),
+                          grpc.insecure_channel(p_info["grpc"])]
+        self.decode = worker_pb2_grpc.DecodeServiceStub(self._channels[0])
+        self.prefill = worker_pb2_grpc.PrefillServiceStub(self._channels[1])
+        self.health = health_pb2_grpc.HealthStub(self._channels[0])
+
+    def reserve(self, rid: str, prompt: list[int], n: int, lease_s: float = 20.0
+                ) -> worker_pb2.ReserveResponse:
+        return self.decode.Reserve(worker_pb2.ReserveRequest(
+            request_id=rid, token_ids=prompt, sampling=_greedy(n), lease_s=lease_s))
+
+    def prefill_request(self, rid: str, prompt: list[int], n: int,
+                        res: worker_pb2.ReserveResponse) -> worker_pb2.PrefillRequest:
+        return worker_pb2.PrefillRequest(
+            request_id=rid, token_ids=prompt, sampling=_greedy(n), transfer_id=res.transfer_id,
+            block_ids=res.block_ids, kv_endpoint=res.kv_endpoint, layout=res.layout)
+
+    def both_idle(self) -> None:
+        stats = worker_pb2.StatsRequest()
+        _until(lambda: self.decode.Stats(stats), _idle)
+        _until(lambda: self.prefill.Stats(stats), _idle)
+
+    def close(self) -> None:
+        for ch in self._channels:
+            ch.close()
+
+
+class FakeRouter(worker_pb2_grpc.RegistryServicer):
+    """Records registrations and heartbeats (the real router lives in router/)."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, worker_pb2.RegisterRequest] = {}
+        self.beats: dict[str, worker_pb2.WorkerStats] = {}
+        self._lock = threading.Lock()
+
+    def Register(self, request, context):  # noqa: N802
+        with self._lock:
+            self.registered[request.role] = request
+        return worker_pb2.RegisterResponse(heartbeat_interval_s=0.05)
+
+    def Heartbeat(self, request, context):  # noqa: N802
+        with self._lock:
+            self.beats[request.worker_id] = request.stats
+        return worker_pb2.HeartbeatResponse(known=True)
+
+
+@pytest.fixture(scope="module")
+def router() -> Iterator[tuple[FakeRouter, str]]:
+    fake = FakeRouter()
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    worker_pb2_grpc.add_RegistryServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield fake, f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_dir, tmp_path_factory, router) -> Iterator[Cluster]:
+    model = str(tiny_dir("llama", 2))
+    logs = tmp_path_factory.mktemp("worker-logs")
+    engine = ["--model", model, "--block-size", "16", "--threads", "1", "--router", router[1]]
+    decode = Worker("decode_worker", ["--port", "0", "--kv-port", "0", "--num-blocks", "64",
+                                      *engine], logs / "decode.log")
+    prefill = Worker("prefill_worker", ["--port", "0", "--num-blocks", "64", *engine],
+                     logs / "prefill.log")
+    c = None
+    try:
+        d_info, p_info = decode.wait_ready(), prefill.wait_ready()
+        assert d_info["role"] == "decode" and d_info["kv"].startswith("127.0.0.1:")
+        c = Cluster(decode, d_info, prefill, p_info, model)
+        yield c
+    finally:
+        if c is not None:
+            c.close()
+        codes = (decode.stop(), prefill.stop())
+    assert codes == (0, 0), f"exit codes {codes}; logs in {logs}"
+
+
+def test_disaggregated_equals_single_engine(cluster: Cluster, make_engine) -> None:
+    engine = make_engine(model=cluster.model, num_blocks=64, block_size=16)
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=16,
+                                                    ignore_eos=True))
+    want: list[int] = []
+    while engine.has_unfinished():
+        want += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+
+    res = cluster.reserve("same", PROMPT, 16)
+    first = cluster.prefill.Prefill(cluster.prefill_request("same", PROMPT, 16, res))
+    msgs = list(cluster.decode.Decode(worker_pb2.DecodeRequest(request_id="same")))
+    assert [first.first_token] + [t for m in msgs for t in m.token_ids] == want
+    assert msgs[-1].finished and msgs[-1].finish_reason == "length"
+    assert msgs[-1].usage.completion_tokens == 16
+    cluster.both_idle()
+
+
+def test_workers_register_and_heartbeat(cluster: Cluster, router) -> None:
+    fake, _ = router
+    _until(lambda: (len(fake.registered), len(fake.beats)), lambda n: n == (2, 2))
+    decode, prefill = fake.registered[worker_pb2.ROLE_DECODE], fake.registered[
+        worker_pb2.ROLE_PREFILL]
+    assert decode.endpoint == cluster.decode_address and "tcp=127.0.0.1:" in decode.kv_endpoint
+    assert prefill.layout.fingerprint == decode.layout.fingerprint != ""
+    assert fake.beats[decode.worker_id].role == worker_pb2.ROLE_DECODE
+    assert fake.beats[prefill.worker_id].num_blocks == 64
+
+
+def test_abort_mid_decode_frees_both_workers(cluster: Cluster) -> None:
+    res = cluster.reserve("ab", PROMPT, 900)
+    cluster.prefill.Prefill(cluster.prefill_request("ab", PROMPT, 900, res))
+    stream = cluster.decode.Decode(worker_pb2.DecodeRequest(request_id="ab"))
+    first = next(stream)
+    assert first.token_ids and not first.finished
+    assert cluster.decode.Abort(worker_pb2.AbortRequest(request_id="ab")).found
+    assert not cluster.prefill.Abort(worker_pb2.AbortRequest(request_id="ab")).found
+    rest = list(stream)
+    assert rest[-1].finished and rest[-1].finish_reason == "abort"
+    cluster.both_idle()
+
+
+def test_bad_requests_are_invalid_argument(cluster: Cluster) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.reserve("bad", [5, 999], 4)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "outside the vocabulary" in err.value.details()
+    res = cluster.reserve("bad2", PROMPT, 4)
+    req = cluster.prefill_request("bad2", PROMPT, 4, res)
+    req.sampling.top_p = 2.0
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.prefill.Prefill(req)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("top_p:")
+    cluster.decode.Abort(worker_pb2.AbortRequest(request_id="bad2"))
+    cluster.both_idle()
+
+
+def test_full_decode_pool_is_resource_exhausted(cluster: Cluster) -> None:
+    big = PROMPT * 15  # 555 tokens: 35 of the decode worker's 64 blocks
+    cluster.reserve("big1", big, 4)
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.reserve("big2", big, 4)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert cluster.decode.Abort(worker_pb2.AbortRequest(request_id="big1")).found
+    cluster.both_idle()
+
+
+def test_prefill_killed_mid_push_releases_the_lease(cluster: Cluster, tmp_path: Path) -> None:
+    victim = Worker("prefill_worker", ["--port", "0", "--model", cluster.model, "--block-size",
+                                       "16", "--threads", "1", "--max-num-batched-tokens", "16"],
+                    tmp_path / "victim.log")
+    try:
+        info = victim.wait_ready()
+        with grpc.insecure_channel(info["grpc"]) as ch:
+            stub = worker_pb2_grpc.PrefillServiceStub(ch)
+            big = PROMPT * 5
+            res = cluster.reserve("kill", big, 4, lease_s=1.0)
+            call = stub.Prefill.future(cluster.prefill_request("kill", big, 4, res))
+
+            def busy() -> bool:
+                s = stub.Stats(worker_pb2.StatsRequest())
+                return call.done() or s.num_running + s.num_waiting + s.num_reserved > 0
+
+            _until(busy, bool)
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(10)
+    finally:
+        victim.stop()
+    # Lost connection (mid-push) or lease expiry (before it): either way the blocks come back.
+    _until(lambda: cluster.decode.Stats(worker_pb2.StatsRequest()), _idle, timeout=15)
+
+
+def test_busy_port_exits_nonzero(cluster: Cluster, tmp_path: Path) -> None:
+    port = cluster.decode_address.rsplit(":", 1)[1]
+    w = Worker("decode_worker", ["--port", port, "--kv-port", "0",
+                                 "--model", cluster.model], tmp_path / "busy.log")
+    rc = w.proc.wait(60)
+    w.stop()
+    assert rc == 2 and "cannot listen" in w.log.read_text()
+
+
+def test_sigterm_drains_running_streams(cluster: Cluster) -> None:
+    res = cluster.reserve("drain", PROMPT, 40)
+    cluster.prefill.Prefill(cluster.prefill_request("drain", PROMPT, 40, res))
+    stream = cluster.decode.Decode(worker_pb2.DecodeRequest(request_id="drain"))
+    msgs = [next(stream)]
+    cluster.decode_proc.proc.send_signal(signal.SIGTERM)
+    check = health_pb2.HealthCheckRequest(service="tandem.v1.DecodeService")
+    _until(lambda: cluster.health.Check(check).status,
+           lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.reserve("late", PROMPT, 4)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in err.value.details()
+    msgs += list(stream)
+    assert msgs[-1].finished and msgs[-1].finish_reason == "length"
+    assert sum(len(m.token_ids) for m in msgs) == 39  # all but the first
+    assert cluster.decode_proc.proc.wait(30) == 0

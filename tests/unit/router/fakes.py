@@ -1,0 +1,165 @@
+"""Scripted in-process fake workers for the router's handoff tests.
+
+The fakes speak the real protos over real grpc.aio servers on 127.0.0.1:0. Their "model" is a
+deterministic function of the sequence so far, so a migrated stream can be compared token for
+token with an uninterrupted one. A fake prefill worker "pushes KV" by committing the first
+token straight into the fake decode worker named by the reservation's kv_endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+
+
+def next_token(seq: list[int]) -> int:
+    """The fake model: the next token after ``seq``."""
+    return 1000 + (seq[-1] * 31 + len(seq)) % 4000
+
+
+def expected_output(prompt: list[int], n: int) -> list[int]:
+    """What an uninterrupted run produces for ``prompt`` and max_tokens ``n``."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(next_token(seq))
+    return seq[len(prompt) :]
+
+
+@dataclass(slots=True)
+class Reservation:
+    request_id: str
+    token_ids: list[int]
+    sampling: tandem_pb2.SamplingParams
+    committed: asyncio.Event = field(default_factory=asyncio.Event)
+    first: int = -1
+
+
+class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
+    """A decode worker: reserve, local prefill, stream; can refuse, die or hang on cue."""
+
+    def __init__(self, kv_name: str, registry: dict[str, FakeDecode]) -> None:
+        self.kv_name = kv_name
+        registry[kv_name] = self
+        self.reservations: dict[str, Reservation] = {}
+        self.exhausted = False
+        self.die_after: int | None = None  # abort the stream UNAVAILABLE after N messages
+        self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
+        self.local_prefills: list[str] = []
+        self.aborts: list[str] = []
+        self.aborted = asyncio.Event()
+        self.hanging = asyncio.Event()
+        self.resume = asyncio.Event()  # set to let a hanging stream go on
+        # Send text of its own, as the real worker does: texts over a stream concatenate to
+        # text_of(first token + streamed tokens), the first token's text in the first message.
+        self.text_of: Callable[[list[int]], str] | None = None
+
+    def commit(self, request_id: str, first: int) -> None:
+        r = self.reservations[request_id]
+        r.first = first
+        r.committed.set()
+
+    async def Reserve(self, request, context):  # noqa: N802
+        if self.exhausted:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no free blocks")
+        self.reservations[request.request_id] = Reservation(
+            request.request_id, list(request.token_ids), request.sampling
+        )
+        return worker_pb2.ReserveResponse(
+            transfer_id=request.request_id, block_ids=[1, 2], kv_endpoint=self.kv_name
+        )
+
+    async def PrefillLocal(self, request, context):  # noqa: N802
+        self.local_prefills.append(request.request_id)
+        r = self.reservations[request.request_id]
+        first = next_token(r.token_ids)
+        self.commit(request.request_id, first)
+        return worker_pb2.PrefillResponse(first_token=first, prefill_s=0.001)
+
+    async def Decode(self, request, context) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # noqa: N802
+        r = self.reservations[request.request_id]
+        await r.committed.wait()
+        seq = [*r.token_ids, r.first]
+        made, sent, said = 1, 0, ""
+        if r.sampling.max_tokens <= 1:
+            yield tandem_pb2.GenerateResponse(finished=True, finish_reason="length")
+            return
+        while made < r.sampling.max_tokens:
+            if self.die_after is not None and sent >= self.die_after:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "worker died")
+            if self.hang_after is not None and sent >= self.hang_after:
+                self.hanging.set()
+                await self.resume.wait()
+                self.hang_after = None
+            token = next_token(seq)
+            seq.append(token)
+            made += 1
+            sent += 1
+            done = made >= r.sampling.max_tokens
+            text = ""
+            if self.text_of is not None:
+                text = self.text_of(seq[len(r.token_ids) :])[len(said) :]
+                said += text
+            yield tandem_pb2.GenerateResponse(
+                token_ids=[token],
+                text=text,
+                finished=done,
+                finish_reason="length" if done else "",
+            )
+
+    async def Abort(self, request, context):  # noqa: N802
+        self.aborts.append(request.request_id)
+        self.aborted.set()
+        return worker_pb2.AbortResponse(found=request.request_id in self.reservations)
+
+    async def Stats(self, request, context):  # noqa: N802
+        return worker_pb2.WorkerStats(
+            role=worker_pb2.ROLE_DECODE, num_blocks=100, num_free_blocks=90
+        )
+
+
+class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
+    """A prefill worker: computes the first token and commits it on the decode fake."""
+
+    def __init__(self, decoders: dict[str, FakeDecode]) -> None:
+        self._decoders = decoders
+        self.fail = False  # answer UNAVAILABLE
+        self.hang = False  # never answer (until cancelled)
+        self.calls: list[str] = []
+        self.aborts: list[str] = []
+        self.aborted = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def Prefill(self, request, context):  # noqa: N802
+        self.calls.append(request.request_id)
+        self.started.set()
+        if self.fail:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill worker down")
+        if self.hang:
+            await asyncio.Event().wait()
+        first = next_token(list(request.token_ids))
+        self._decoders[request.kv_endpoint].commit(request.transfer_id, first)
+        return worker_pb2.PrefillResponse(
+            first_token=first, cached_tokens=16, prefill_s=0.002, transfer_s=0.001
+        )
+
+    async def Abort(self, request, context):  # noqa: N802
+        self.aborts.append(request.request_id)
+        self.aborted.set()
+        return worker_pb2.AbortResponse(found=True)
+
+    async def Stats(self, request, context):  # noqa: N802
+        return worker_pb2.WorkerStats(role=worker_pb2.ROLE_PREFILL)
+
+
+async def serve(servicer: object, add: object) -> tuple[grpc.aio.Server, str]:
+    """Start ``servicer`` on 127.0.0.1:0; returns the server and its endpoint."""
+    server = grpc.aio.server()
+    add(servicer, server)  # type: ignore[operator]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"

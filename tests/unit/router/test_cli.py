@@ -1,0 +1,94 @@
+"""The router's command line: bad flags, busy port, TANDEM_READY and a clean SIGTERM drain."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.cli import main
+
+
+@pytest.fixture(scope="module")
+def tok_dir() -> str:
+    from engine.loader import resolve_model
+
+    return str(resolve_model("smollm2"))
+
+
+def test_bad_flag_value_exits_2(tok_dir: str) -> None:
+    with pytest.raises(SystemExit) as err:
+        main(["--tokenizer", tok_dir, "--port", "abc"])
+    assert err.value.code == 2
+
+
+def test_missing_tokenizer_flag_exits_2() -> None:
+    with pytest.raises(SystemExit) as err:
+        main([])
+    assert err.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--decode", "nocolon"], ["--max-inflight", "0"], ["--port", "70000"]],
+    ids=["endpoint", "max-inflight", "port"],
+)
+def test_bad_config_exits_2(
+    tok_dir: str, extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--tokenizer", tok_dir, *extra]) == 2
+    assert "router: error:" in capsys.readouterr().err
+
+
+def test_missing_tokenizer_dir_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tokenizer", str(tmp_path / "nope"), "--max-model-len", "64"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_busy_port_exits_nonzero(tok_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert main(["--tokenizer", tok_dir, "--port", str(port)]) == 1
+    assert "cannot bind" in capsys.readouterr().err
+
+
+def test_ready_line_and_sigterm_exit_0(tok_dir: str) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "router",
+            "--port",
+            "0",
+            "--tokenizer",
+            tok_dir,
+            "--decode",
+            "127.0.0.1:1",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("TANDEM_READY "), line + (proc.stderr.read() if proc.stderr else "")
+        ready = json.loads(line.split(" ", 1)[1])
+        assert ready["role"] == "router" and ready["grpc"].startswith("127.0.0.1:")
+        assert int(ready["grpc"].rsplit(":", 1)[1]) > 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

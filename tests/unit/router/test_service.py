@@ -1,0 +1,144 @@
+"""The router's other surfaces: chat and logprobs, Tokenize, ListModels, the Registry service,
+health probing, and the drain."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from router.tokenizer import RouterTokenizer
+from router.worker_view import Role
+from tests.unit.router.fakes import FakeDecode, expected_output, serve
+from tests.unit.router.harness import MODEL, cluster
+
+CHAT = tandem_pb2.ChatMessages(
+    messages=[tandem_pb2.ChatMessage(role="user", content="What is 2+2?")],
+    add_generation_prompt=True,
+)
+
+
+def test_chat_prompt_goes_through_the_template(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            ids = tokenizer.encode_chat(CHAT)
+            assert tokenizer.decode(ids, skip_special_tokens=False).rstrip().endswith("assistant")
+            request = tandem_pb2.GenerateRequest(
+                chat=CHAT,
+                sampling=tandem_pb2.SamplingParams(max_tokens=3),
+                logprobs=tandem_pb2.LogprobOptions(enabled=True),
+            )
+            responses = await c.generate(request)
+            assert [t for r in responses for t in r.token_ids] == expected_output(ids, 3)
+            assert responses[-1].usage.prompt_tokens == len(ids)
+            assert responses[0].logprobs[0].token_id == responses[0].token_ids[0]
+            assert len(responses[0].request_id) == 32  # minted
+
+    asyncio.run(scenario())
+
+
+def test_tokenize_and_list_models(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            reply = await c.stub.Tokenize(tandem_pb2.TokenizeRequest(text="Hello world"))
+            assert list(reply.token_ids) == tokenizer.encode("Hello world", False)
+            assert reply.count == len(reply.token_ids)
+            reply = await c.stub.Tokenize(tandem_pb2.TokenizeRequest(chat=CHAT))
+            assert list(reply.token_ids) == tokenizer.encode_chat(CHAT)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.stub.Tokenize(tandem_pb2.TokenizeRequest(model="other", text="x"))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            models = await c.stub.ListModels(tandem_pb2.ListModelsRequest())
+            assert [(m.id, m.max_model_len) for m in models.models] == [(MODEL, 2048)]
+
+    asyncio.run(scenario())
+
+
+def test_registered_worker_serves_and_heartbeats(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_prefill=0, n_decode=0) as c:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.generate(tandem_pb2.GenerateRequest(text="hi"))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            fake = FakeDecode("kv-x", {})
+            server, endpoint = await serve(
+                fake, worker_pb2_grpc.add_DecodeServiceServicer_to_server
+            )
+            registry = worker_pb2_grpc.RegistryStub(c.channel)
+            reply = await registry.Register(
+                worker_pb2.RegisterRequest(
+                    role=worker_pb2.ROLE_DECODE, worker_id="d1", endpoint=endpoint
+                )
+            )
+            assert reply.heartbeat_interval_s > 0
+            beat = await registry.Heartbeat(
+                worker_pb2.HeartbeatRequest(
+                    worker_id="d1", stats=worker_pb2.WorkerStats(num_free_blocks=7, num_blocks=9)
+                )
+            )
+            assert beat.known
+            assert c.router.registry.view(endpoint).num_free_blocks == 7  # type: ignore[union-attr]
+            unknown = await registry.Heartbeat(worker_pb2.HeartbeatRequest(worker_id="zz"))
+            assert not unknown.known
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await registry.Register(worker_pb2.RegisterRequest(endpoint=endpoint))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            out = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
+            assert out[-1].finished and fake.local_prefills
+            await server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_health_probe_removes_a_dead_prefill_worker(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_prefill=1) as c:
+            registry = c.router.registry
+            await c.router.monitor.probe_all()
+            assert len(registry.routable(Role.PREFILL)) == 1
+            assert registry.view(c.decode_endpoints[0]).num_blocks == 100  # type: ignore[union-attr]
+            await c.prefill_servers[0].stop(0)
+            await c.router.monitor.probe_all()
+            assert registry.routable(Role.PREFILL) == []
+            out = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
+            assert out[-1].finished and c.counters.local_prefill_colocated == 1
+
+    asyncio.run(scenario())
+
+
+def test_drain_refuses_new_work_and_finishes_in_flight(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            health = health_pb2_grpc.HealthStub(c.channel)
+            check = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            assert check.status == health_pb2.HealthCheckResponse.SERVING
+            reflect = reflection_pb2_grpc.ServerReflectionStub(c.channel)
+            replies = reflect.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+            names = {s.name async for r in replies for s in r.list_services_response.service}
+            assert {"tandem.v1.Tandem", "tandem.v1.Registry"} <= names
+            c.decode[0].hang_after = 1
+            call = c.stub.Generate(tandem_pb2.GenerateRequest(text="hi"))
+            await call.read()
+            await asyncio.wait_for(c.decode[0].hanging.wait(), 10)
+            await c.router.stop_accepting()
+            drain = asyncio.ensure_future(c.router.drain())
+            check = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.generate(tandem_pb2.GenerateRequest(text="hi"))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert not drain.done()
+            c.decode[0].resume.set()
+            last = await call.read()
+            while last is not grpc.aio.EOF and not last.finished:
+                last = await call.read()
+            assert last is not grpc.aio.EOF and last.finished
+            assert await asyncio.wait_for(drain, 10)
+
+    asyncio.run(scenario())

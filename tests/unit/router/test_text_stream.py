@@ -1,0 +1,61 @@
+"""Choosing each message's text: worker deltas when sent, router detokenization otherwise."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from router.detokenizer import Detokenizer
+from router.request import Chunk
+from router.text_stream import TextStream
+
+WORDS = {1: "A", 2: "b", 3: "c", 4: "d", 5: "e"}
+
+
+def _decode(ids: Sequence[int]) -> str:
+    return "".join(WORDS[i] for i in ids)
+
+
+def _stream(stop: Sequence[str] = ()) -> TextStream:
+    return TextStream(Detokenizer(_decode, [], stop))
+
+
+def test_router_text_when_worker_sends_none() -> None:
+    t = _stream()
+    out = [
+        t.delta(Chunk([1], leg_start=True)),
+        t.delta(Chunk([2])),
+        t.delta(Chunk([3], finished=True)),
+    ]
+    assert out == ["A", "b", "c"]
+
+
+def test_worker_text_including_the_first_token_is_not_repeated() -> None:
+    t = _stream()
+    out = [
+        t.delta(Chunk([1], leg_start=True)),
+        t.delta(Chunk([2], text="Ab")),
+        t.delta(Chunk([3], text="")),  # held back by the worker: nothing from the router either
+        t.delta(Chunk([4], text="cd", finished=True)),
+    ]
+    assert out == ["A", "b", "", "cd"]
+
+
+def test_new_leg_restarts_the_worker_text() -> None:
+    t = _stream()
+    first_leg = [t.delta(Chunk([1], leg_start=True)), t.delta(Chunk([2], text="Ab"))]
+    second_leg = [
+        t.delta(Chunk([3], leg_start=True)),
+        t.delta(Chunk([4], text="cd", finished=True)),
+    ]
+    assert first_leg + second_leg == ["A", "b", "c", "d"]
+
+
+def test_router_stop_string_cut_when_worker_sends_no_text() -> None:
+    t = _stream(stop=["cd"])
+    out = [
+        t.delta(Chunk([1], leg_start=True)),
+        t.delta(Chunk([2])),
+        t.delta(Chunk([3])),
+        t.delta(Chunk([4], finished=True, finish_reason="stop")),
+    ]
+    assert "".join(out) == "Ab" and t.stop_reason == "cd"

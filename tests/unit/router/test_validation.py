@@ -1,0 +1,124 @@
+"""The bad-input matrix: every malformed request is INVALID_ARGUMENT naming its field."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import pytest
+
+from protos.tandem.v1 import tandem_pb2
+from router.errors import InvalidRequestError
+from router.tokenizer import RouterTokenizer
+from router.validation import check_length, validate_request
+from tests.unit.router.harness import MODEL, cluster
+
+VOCAB = 1000
+S = tandem_pb2.SamplingParams
+Msg = tandem_pb2.ChatMessage
+
+
+def _text(**sampling: object) -> tandem_pb2.GenerateRequest:
+    return tandem_pb2.GenerateRequest(text="hi", sampling=S(**sampling))
+
+
+def _chat(*messages: tandem_pb2.ChatMessage) -> tandem_pb2.GenerateRequest:
+    return tandem_pb2.GenerateRequest(chat=tandem_pb2.ChatMessages(messages=list(messages)))
+
+
+BAD = [
+    ("model", tandem_pb2.GenerateRequest(model="gpt-9", text="hi")),
+    ("prompt", tandem_pb2.GenerateRequest()),
+    ("prompt", tandem_pb2.GenerateRequest(text="")),
+    ("token_ids", tandem_pb2.GenerateRequest(token_ids=tandem_pb2.TokenIds(ids=[]))),
+    ("token_ids", tandem_pb2.GenerateRequest(token_ids=tandem_pb2.TokenIds(ids=[1, VOCAB]))),
+    ("chat", _chat()),
+    ("chat.messages[0].role", _chat(Msg(content="x"))),
+    ("chat.messages[1].role", _chat(Msg(role="user", content="x"), Msg(role="robot", content="y"))),
+    ("chat.messages[0].content", _chat(Msg(role="user"))),
+    ("max_tokens", _text(max_tokens=0)),
+    ("min_tokens", _text(max_tokens=4, min_tokens=5)),
+    ("min_tokens", _text(min_tokens=17)),  # default max_tokens is 16
+    ("temperature", _text(temperature=-0.1)),
+    ("temperature", _text(temperature=math.nan)),
+    ("temperature", _text(temperature=math.inf)),
+    ("top_p", _text(top_p=0.0)),
+    ("top_p", _text(top_p=1.5)),
+    ("top_k", _text(top_k=-2)),
+    ("min_p", _text(min_p=1.1)),
+    ("repetition_penalty", _text(repetition_penalty=0.0)),
+    ("presence_penalty", _text(presence_penalty=2.5)),
+    ("frequency_penalty", _text(frequency_penalty=-3.0)),
+    ("seed", _text(seed=2**63)),
+    ("stop", _text(stop=["ok", ""])),
+    ("stop_token_ids", _text(stop_token_ids=[VOCAB + 5])),
+    (
+        "logprobs.top_logprobs",
+        tandem_pb2.GenerateRequest(text="hi", logprobs=tandem_pb2.LogprobOptions(top_logprobs=21)),
+    ),
+]
+
+
+@pytest.mark.parametrize(("field", "request_"), BAD, ids=[f for f, _ in BAD])
+def test_bad_request_names_its_field(field: str, request_: tandem_pb2.GenerateRequest) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        validate_request(request_, MODEL, VOCAB)
+    assert err.value.field == field
+
+
+GOOD = [
+    tandem_pb2.GenerateRequest(model=MODEL, text="hi"),
+    tandem_pb2.GenerateRequest(token_ids=tandem_pb2.TokenIds(ids=[0, VOCAB - 1])),
+    _chat(Msg(role="system", content="s"), Msg(role="user", content="u")),
+    _text(
+        max_tokens=1,
+        min_tokens=1,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=-1,
+        min_p=0.0,
+        repetition_penalty=1.2,
+        presence_penalty=-2.0,
+        frequency_penalty=2.0,
+        seed=2**63 - 1,
+        stop=["\n"],
+        stop_token_ids=[VOCAB - 1],
+    ),
+]
+
+
+@pytest.mark.parametrize("request_", GOOD)
+def test_good_request_passes(request_: tandem_pb2.GenerateRequest) -> None:
+    validate_request(request_, MODEL, VOCAB)
+
+
+def test_length_limits() -> None:
+    check_length(10, 10, 20)
+    with pytest.raises(InvalidRequestError, match="prompt"):
+        check_length(20, 1, 20)
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        check_length(10, 11, 20)
+
+
+def test_bad_input_over_grpc_then_keeps_serving(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, max_model_len=64) as c:
+            bad = [
+                tandem_pb2.GenerateRequest(text="hello " * 100),  # oversize prompt
+                tandem_pb2.GenerateRequest(text="hi", sampling=S(max_tokens=100)),
+                tandem_pb2.GenerateRequest(model="nope", text="hi"),
+                tandem_pb2.GenerateRequest(
+                    token_ids=tandem_pb2.TokenIds(ids=[tokenizer.vocab_size])
+                ),
+                _chat(Msg(role="wizard", content="x")),
+            ]
+            for request in bad:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await c.generate(request)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert err.value.details()
+            ok = await c.generate(tandem_pb2.GenerateRequest(text="hi", sampling=S(max_tokens=2)))
+            assert ok[-1].finished and ok[-1].usage.completion_tokens == 2
+
+    asyncio.run(scenario())
