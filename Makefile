@@ -1,4 +1,4 @@
-# Tandem: `make test` and (later) `make serve` are the two commands a newcomer runs.
+# Tandem: `make test` and `make serve` are the two commands a newcomer runs.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

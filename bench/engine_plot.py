@@ -15,8 +15,8 @@ def plot(results: dict, out: Path) -> None:
     dtypes = list(results["dtypes"])
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     panels = [
-        ("batch", "tok/s", "64 req x 128 out, batch 32"),
-        ("mixed", "tok/s", "mixed prompts/outputs"),
+        ("batch", "tok_s", "64 req x 128 out, batch 32"),
+        ("mixed", "tok_s", "mixed prompts/outputs"),
         ("single", "ms_per_tok", "batch 1: ms per token"),
     ]
     for ax, (name, unit, title) in zip(axes, panels, strict=False):
