@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tests.data.make_long_prompt import long_prompt
 from tandem.local_cluster import Cluster, Proc
+from tests.data.make_long_prompt import long_prompt
 from tests.unit.engine._reference import hf_greedy
 
 pytestmark = pytest.mark.slow
