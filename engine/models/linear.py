@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.platform import cpu_has_native_bf16, onednn_linear_available
+from engine.platform import onednn_linear_available
 
 SHADOW_MIN_ROWS = 8
 
@@ -51,4 +51,4 @@ def attach_fp32_shadows(model: nn.Module) -> int:
     return added
 
 
-__all__ = ["SHADOW_MIN_ROWS", "Linear", "attach_fp32_shadows", "cpu_has_native_bf16", "cpu_linear"]
+__all__ = ["SHADOW_MIN_ROWS", "Linear", "attach_fp32_shadows", "cpu_linear"]

@@ -16,8 +16,9 @@ from tqdm import tqdm
 
 from engine.errors import ModelLoadError
 from engine.models.arch import ModelArch, rotary_tables
-from engine.models.linear import attach_fp32_shadows, cpu_has_native_bf16
+from engine.models.linear import attach_fp32_shadows
 from engine.models.llama import LlamaForCausalLM
+from engine.platform import cpu_has_native_bf16
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
