@@ -11,6 +11,11 @@ Workloads (each run on our engine and on transformers, same weights, dtype and t
   single     batch 1, 128 output tokens: ms per token, next to the memory-bandwidth floor
              (bytes of our weights read per step / read bandwidth measured in this run)
   prefill    one 512-token prompt: prompt tokens per second
+  lookup     single stream on edit/quote-a-document prompts (bench/engine_lookup.py): plain,
+             n-gram and draft speculation, beside transformers generate() with and without
+             prompt_lookup_num_tokens; outputs compared token for token
+  quant      single stream by weight format: fp32, bf16, int8, int4 (bench/engine_quant.py;
+             our engine only, one run for all --dtypes)
 Every number is the median of ``--repeats`` runs (``--heavy-repeats`` for batch and mixed,
 which take minutes each in bf16 on a 2-core CPU); ratios are ours / transformers.
 """
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace) -> dict:
     bw = measure_read_bandwidth()
     results["read_bandwidth_gbs"] = bw / 1e9
     print(f"threads={torch.get_num_threads()}  measured read bandwidth {bw / 1e9:.1f} GB/s")
-    for dtype in args.dtypes.split(","):
+    per_dtype = {"batch", "mixed", "single", "prefill", "lookup"} & set(args.workloads.split(","))
+    for dtype in args.dtypes.split(",") if per_dtype else []:
         print(f"\n== {dtype} ==", flush=True)
         llm = LLM(model=args.model, dtype=dtype, max_num_seqs=32, max_num_batched_tokens=2048,
                   progress=False)
@@ -112,8 +118,25 @@ def run(args: argparse.Namespace) -> dict:
             rows["single"]["x_floor"] = rows["single"]["ours_ms_per_tok"] / floor_ms
             print(f"   weights {wbytes / 1e6:.0f} MB -> floor {floor_ms:.1f} ms/token; ours is "
                   f"{rows['single']['x_floor']:.2f}x the floor")
+        if "lookup" in args.workloads.split(","):
+            from bench.engine_lookup import run_lookup
+
+            print("  lookup: 4 edit/quote prompts, batch 1", flush=True)
+            rows["lookup"] = run_lookup(
+                args.model, dtype, hf, 32 if args.quick else args.lookup_max_tokens,
+                args.num_speculative_tokens, args.ngram_max, args.ngram_min, args.draft_layers,
+                args.draft_tokens, args.repeats,
+            )
+            print("   " + "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                                    for k, v in rows["lookup"].items()), flush=True)
         results["dtypes"][dtype] = rows
         del llm, hf
+    if "quant" in args.workloads.split(","):
+        from bench.engine_quant import ROWS, run_quant
+
+        print("\n== quant: single stream by weight format ==", flush=True)
+        results["quant"] = run_quant(args.model, list(ROWS), args.repeats,
+                                     32 if args.quick else 128, bw)
     return results
 
 
@@ -125,7 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs of single/prefill (median)")
     p.add_argument("--heavy-repeats", type=int, default=3, help="runs of batch/mixed (median)")
     p.add_argument("--mixed-requests", type=int, default=64)
-    p.add_argument("--workloads", default="batch,mixed,single,prefill")
+    p.add_argument("--workloads", default="batch,mixed,single,prefill,lookup,quant")
+    p.add_argument("--lookup-max-tokens", type=int, default=128)
+    p.add_argument("--num-speculative-tokens", type=int, default=8, help="lookup: n-gram k")
+    p.add_argument("--ngram-max", type=int, default=3, help="lookup: longest n-gram")
+    p.add_argument("--ngram-min", type=int, default=2, help="lookup: shortest n-gram")
+    p.add_argument("--draft-layers", type=int, default=6, help="lookup: draft = first N layers")
+    p.add_argument("--draft-tokens", type=int, default=3, help="lookup: draft k")
     p.add_argument("--quick", action="store_true", help="quarter-size workloads (smoke run)")
     p.add_argument("--out", type=Path, default=None, help="write engine.json and engine.png here")
     args = p.parse_args(argv)

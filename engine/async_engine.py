@@ -17,6 +17,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,10 +40,17 @@ class _Stream:
 
 
 class AsyncEngine:
-    """Owns an ``LLMEngine`` and the thread that drives it."""
+    """Owns an ``LLMEngine`` and the thread that drives it.
 
-    def __init__(self, engine: LLMEngine) -> None:
+    ``on_step(seconds)`` is called on the engine thread after every step that ran the model
+    (the workers' step-time metric); it must be quick and thread-safe.
+    """
+
+    def __init__(
+        self, engine: LLMEngine, on_step: Callable[[float], None] | None = None
+    ) -> None:
         self.engine = engine
+        self._on_step = on_step if on_step is not None else _ignore_step
         self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Any] | None] = (
             queue.SimpleQueue()
         )
@@ -125,7 +133,11 @@ class AsyncEngine:
                 if item is not ...:
                     self._run_call(*item)
                     continue  # drain every queued call before the next step
-                self._dispatch(self.engine.step())
+                steps, started = self.engine.num_steps, time.perf_counter()
+                outputs = self.engine.step()
+                if self.engine.num_steps != steps:
+                    self._on_step(time.perf_counter() - started)
+                self._dispatch(outputs)
         except BaseException as exc:  # a failed step: fail every waiter, take no more work
             log.exception("engine loop died")
             self._dead = exc
@@ -162,6 +174,10 @@ class AsyncEngine:
             if item is not None:
                 loop, fut = item[1]
                 loop.call_soon_threadsafe(_set_exception, fut, EngineDeadError(str(exc)))
+
+
+def _ignore_step(seconds: float) -> None:
+    """The default ``on_step``: nobody is measuring."""
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

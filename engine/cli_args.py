@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.spec.config import SPEC_METHODS, SpeculativeConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -25,10 +26,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides memory)")
     g.add_argument("--kv-cache-memory-gb", type=float, default=cache.kv_cache_memory_gb)
     g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                   help="weight-only quantization of the linear layers")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                   help="KV cache storage: the model dtype, or int8 with per-vector scales")
     g.add_argument("--max-num-seqs", type=int, default=sched.max_num_seqs)
     g.add_argument("--max-num-batched-tokens", type=int, default=sched.max_num_batched_tokens)
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
+    spec = SpeculativeConfig()
+    g.add_argument("--speculative", default="none", choices=list(SPEC_METHODS),
+                   help="speculative decoding proposer (per-request opt-out: speculative=False)")
+    g.add_argument("--num-speculative-tokens", type=int, default=spec.num_speculative_tokens)
+    g.add_argument("--ngram-max", type=int, default=spec.ngram_max)
+    g.add_argument("--ngram-min", type=int, default=spec.ngram_min)
+    g.add_argument("--draft-model", default=None, help="draft checkpoint (same tokenizer)")
+    g.add_argument("--draft-layers", type=int, default=0,
+                   help="draft = the target's first N layers (when no --draft-model)")
     return parser
 
 
@@ -42,16 +56,26 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             num_threads=args.threads,
             max_model_len=args.max_model_len,
             seed=args.seed,
+            quantization=args.quantization,
         ),
         cache=CacheConfig(
             block_size=args.block_size,
             num_blocks=args.num_blocks,
             kv_cache_memory_gb=args.kv_cache_memory_gb,
             enable_prefix_caching=not args.no_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+        ),
+        speculative=SpeculativeConfig(
+            speculative_method=args.speculative,
+            num_speculative_tokens=args.num_speculative_tokens,
+            ngram_max=args.ngram_max,
+            ngram_min=args.ngram_min,
+            draft_model=args.draft_model,
+            draft_layers=args.draft_layers,
         ),
         attention_backend=args.attention_backend,
         use_cuda_graphs=not args.no_cuda_graphs,

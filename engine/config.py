@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.spec.config import SpeculativeConfig
+
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -24,6 +26,7 @@ class ModelConfig:
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     seed: int = 0  # engine RNG for unseeded sampling
     cache_dir: str | None = None  # converted-weights cache (default ~/.cache/tandem)
+    quantization: str = "none"  # none | int8 | int4 (weight-only, see engine/quant)
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -34,6 +37,8 @@ class ModelConfig:
             raise ValueError("num_threads must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        if self.quantization not in ("none", "int8", "int4"):
+            raise ValueError(f"quantization must be none, int8 or int4, got {self.quantization!r}")
 
     def resolved_dtype(self) -> str:
         """The dtype actually used: ``auto`` is bf16 on CUDA and fp32 on CPU."""
@@ -50,6 +55,7 @@ class CacheConfig:
     num_blocks: int | None = None  # explicit pool size; overrides kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0  # pool size in GiB when num_blocks is None
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (+ a scale per head vector)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -58,6 +64,8 @@ class CacheConfig:
             raise ValueError("num_blocks must be >= 1")
         if self.kv_cache_memory_gb <= 0:
             raise ValueError("kv_cache_memory_gb must be > 0")
+        if self.kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"kv_cache_dtype must be auto or int8, got {self.kv_cache_dtype!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,7 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"  # torch | triton | auto (triton on CUDA)
     use_cuda_graphs: bool = True  # replay decode steps from CUDA graphs on CUDA devices
 
@@ -101,8 +110,13 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Route flat keyword arguments (``model=, block_size=, max_num_seqs=, ...``)."""
-        parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
-        types = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        parts: dict[str, dict[str, Any]] = {
+            "model": {}, "cache": {}, "scheduler": {}, "speculative": {}
+        }
+        types = {
+            "model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+            "speculative": SpeculativeConfig,
+        }
         top: dict[str, Any] = {}
         top_fields = {"attention_backend", "use_cuda_graphs"}
         for key, value in kwargs.items():
@@ -119,5 +133,6 @@ class EngineConfig:
             model=ModelConfig(**parts["model"]),
             cache=CacheConfig(**parts["cache"]),
             scheduler=SchedulerConfig(**parts["scheduler"]),
+            speculative=SpeculativeConfig(**parts["speculative"]),
             **top,
         )

@@ -31,8 +31,11 @@ from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.models.weights import load_model, read_arch, torch_dtype
 from engine.outputs import EngineStats, KVLayout, RequestOutput, TokenLogprob
+from engine.quant import quantize_model
+from engine.quant.gguf_q4 import gguf_source
 from engine.sampler import Sampler, SampleResult, SamplingState, skip_draw
 from engine.sampling_params import SamplingParams
+from engine.spec.build import build_spec_decoder
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +68,28 @@ class LLMEngine:
         model, arch = self._load(progress)
         self.arch = arch
         cc = config.cache
-        per_block = ModelRunner.kv_bytes_per_block(arch, cc.block_size, self.dtype)
+        per_block = ModelRunner.kv_bytes_per_block(
+            arch, cc.block_size, self.dtype, cc.kv_cache_dtype
+        )
         num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_memory_gb * 2**30) // per_block)
         self.runner = ModelRunner(
             model, arch, num_blocks, cc.block_size, self.dtype, self.device,
             config.resolved_backend(),
             cuda_graph_batch=config.scheduler.max_num_seqs if config.use_cuda_graphs else 0,
             max_model_len=self.max_model_len,
+            kv_cache_dtype=cc.kv_cache_dtype,
         )
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        sc = config.speculative
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, sc.num_speculative_tokens if sc.enabled else 0,
+            self.max_model_len,
+        )
         self.sampler = Sampler(seed=mc.seed)
+        self.spec = build_spec_decoder(  # speculative decoding (None: off)
+            sc, model, arch, num_blocks, cc.block_size, self.dtype, self.device,
+            config.resolved_backend(), self.sampler, mc.seed, self.max_model_len, mc.cache_dir,
+        )
         self.eos_token_ids = frozenset(arch.eos_token_ids)
         self._live: dict[str, _Live] = {}
         self._remote: dict[str, _Live] = {}  # reserved, waiting for KV from a prefill worker
@@ -91,10 +105,14 @@ class LLMEngine:
         if arch.sliding_window:  # we attend over the full context: stay where that is exact
             limit = min(limit, arch.sliding_window)
         self.max_model_len = min(self.max_model_len or limit, limit)
-        return load_model(
+        model, arch = load_model(
             self.model_path, self.dtype, self.device, self.max_model_len, progress,
             (hf_config, arch),
         )
+        mc = self.config.model
+        if mc.quantization != "none":  # engine/quant: swap the linear layers in place
+            quantize_model(model, mc.quantization, gguf_source(mc.model))
+        return model, arch
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -103,22 +121,40 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         hold_kv: bool = False,
+        prior_output_tokens: int = 0,
     ) -> str:
-        """Validate and queue a request; returns its id. Raises InvalidRequestError."""
+        """Validate and queue a request; returns its id. Raises InvalidRequestError.
+
+        ``prior_output_tokens``: the last this-many prompt tokens were generated earlier (a
+        request resumed on another worker); they count as output, see ``_new_live``.
+        """
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._live or request_id in self._remote or request_id in self._held:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
-        live = self._new_live(request_id, prompt, params, hold_kv)
+        live = self._new_live(request_id, prompt, params, hold_kv, prior_output_tokens)
         self._live[request_id] = live
         self.scheduler.add(live.request)
         return request_id
 
     def _new_live(
-        self, request_id: str, prompt: str | Sequence[int], params: SamplingParams, hold_kv: bool
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        hold_kv: bool,
+        prior: int = 0,
     ) -> _Live:
+        """Build a request; with ``prior`` > 0 it resumes one whose last ``prior`` tokens were
+        generated elsewhere: it is shaped like a request preempted after generating them (its
+        KV is recomputed), so max/min tokens, penalties and stop strings count them as output,
+        and a seeded RNG is advanced past their draws."""
         params.validate(self.arch.vocab_size)
         token_ids = self._tokenize(prompt)
+        if isinstance(prior, bool) or not 0 <= prior < len(token_ids):
+            raise InvalidRequestError(
+                "prior_output_tokens", f"{prior!r} must be in [0, {len(token_ids)})"
+            )
         if len(token_ids) >= self.max_model_len:
             raise InvalidRequestError(
                 "prompt", f"{len(token_ids)} tokens leave no room in the context of "
@@ -128,16 +164,25 @@ class LLMEngine:
             raise InvalidRequestError("prompt", "longer than the whole KV cache can hold")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
-        req = Request(request_id, token_ids, params, hold_kv=hold_kv)
+        n_prompt = len(token_ids) - prior
+        req = Request(request_id, token_ids[:n_prompt], params, hold_kv=hold_kv,
+                      all_token_ids=list(token_ids))
         gen = None
         if params.seed is not None:
             gen = torch.Generator().manual_seed(params.seed)
-        sampling = SamplingState(params, req.prompt_token_ids, [], gen, self.eos_token_ids)
+        sampling = SamplingState(
+            params, req.prompt_token_ids, req.output_token_ids, gen, self.eos_token_ids
+        )
+        for _ in range(prior):
+            skip_draw(sampling)
         detok = (
-            IncrementalDetokenizer(self.tokenizer, token_ids, params)
+            IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
             if self.tokenizer is not None
             else None
         )
+        if detok is not None:
+            for t in token_ids[n_prompt:]:  # already streamed by the earlier leg
+                detok.add(t)
         return _Live(req, sampling, detok)
 
     def _tokenize(self, prompt: str | Sequence[int]) -> list[int]:
@@ -166,6 +211,8 @@ class LLMEngine:
             return None
         self.scheduler.remove(live.request)
         self.kv.free(request_id)
+        if self.spec is not None:
+            self.spec.release(request_id)
         live.request.status = RequestStatus.FINISHED_ABORTED
         return self._output(live, [], [], finished=True)
 
@@ -184,6 +231,8 @@ class LLMEngine:
             return outputs
         self.num_steps += 1
         hook = self._make_layer_hook(sched.scheduled)
+        if self.spec is not None:
+            self.spec.propose(sched.scheduled, self.kv)  # fills spec_token_ids
         logits, samplers = self.runner.execute(sched.scheduled, self.kv, hook)
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
@@ -195,10 +244,14 @@ class LLMEngine:
                 states.append(st)
             if logits.device.type != "cpu" and any(_needs_host(st.params) for st in states):
                 logits = logits.cpu()  # the sampler's RNG and bookkeeping live on the host
-            results = self.sampler(logits, states)
-            for s, res in zip(samplers, results, strict=False):
-                out = self._append(self._live[s.request.request_id], res)
-                outputs.append(out)
+            if self.spec is None:
+                results = [[r] for r in self.sampler(logits, states)]
+            else:
+                results = self.spec.sample(logits, samplers, states)
+            for s, res in zip(samplers, results, strict=True):
+                if s.num_lookahead:  # roll back the rejected drafts before appending
+                    self.scheduler.accept_speculation(s, len(res) - 1)
+                outputs.append(self._append(self._live[s.request.request_id], res))
         return outputs
 
     def _make_layer_hook(self, scheduled) -> Callable[[int], None] | None:
@@ -219,20 +272,27 @@ class LLMEngine:
         that finish their prefill in a step is written (prefill role, layer-wise push)."""
         self._layer_hook = hook
 
-    def _append(self, live: _Live, res: SampleResult) -> RequestOutput:
+    def _append(self, live: _Live, results: list[SampleResult]) -> RequestOutput:
+        """Append sampled tokens in order (several after a speculative step), stopping at the
+        first that finishes the request: nothing past a stop or max_tokens is emitted."""
         req = live.request
-        req.append_token(res.token_id)
-        self.num_generated_tokens += 1
-        delta = live.detok.add(res.token_id) if live.detok is not None else ""
-        lp = None
-        if req.params.logprobs is not None and res.logprob is not None:
-            lp = [TokenLogprob(res.token_id, res.logprob, res.top_logprobs or [])]
-        status = self._check_stop(live, res.token_id)
-        if status is not None:
-            if live.detok is not None:
-                delta += live.detok.flush()
-            return self._finish(live, status, [res.token_id], delta, lp)
-        return self._output(live, [res.token_id], lp, delta=delta)
+        new_ids: list[int] = []
+        delta = ""
+        lp: list[TokenLogprob] | None = None
+        for res in results:
+            req.append_token(res.token_id)
+            new_ids.append(res.token_id)
+            self.num_generated_tokens += 1
+            delta += live.detok.add(res.token_id) if live.detok is not None else ""
+            if req.params.logprobs is not None and res.logprob is not None:
+                lp = lp or []
+                lp.append(TokenLogprob(res.token_id, res.logprob, res.top_logprobs or []))
+            status = self._check_stop(live, res.token_id)
+            if status is not None:
+                if live.detok is not None:
+                    delta += live.detok.flush()
+                return self._finish(live, status, new_ids, delta, lp)
+        return self._output(live, new_ids, lp, delta=delta)
 
     def _check_stop(self, live: _Live, token: int) -> RequestStatus | None:
         req, p = live.request, live.request.params
@@ -262,6 +322,8 @@ class LLMEngine:
         req.status = status
         self.scheduler.remove(req)
         self._live.pop(req.request_id, None)
+        if self.spec is not None:
+            self.spec.release(req.request_id)
         if req.hold_kv and status is not RequestStatus.FINISHED_ABORTED:
             self._held[req.request_id] = self.kv.block_ids(req.request_id)
         else:
@@ -306,6 +368,7 @@ class LLMEngine:
             num_layers=self.arch.num_layers,
             num_kv_heads=self.arch.num_kv_heads,
             head_dim=self.arch.head_dim,
+            kv_dtype=str(self.kv_cache.dtype).removeprefix("torch."),
         )
 
     def held_block_ids(self, request_id: str) -> list[int]:
@@ -331,18 +394,26 @@ class LLMEngine:
         self.kv_cache[layers].index_copy_(2, idx, data.to(self.kv_cache.device, self.kv_cache.dtype))
 
     def reserve_remote(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        prior_output_tokens: int = 0,
     ) -> list[int]:
-        """Allocate blocks for a prompt whose KV another engine computes; returns block ids."""
+        """Allocate blocks for a prompt whose KV another engine computes; returns block ids.
+
+        ``prior_output_tokens`` as in ``add_request`` (a migrated request)."""
         if request_id in self._live or request_id in self._remote or request_id in self._held:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
-        live = self._new_live(request_id, list(prompt_token_ids), params, hold_kv=False)
+        live = self._new_live(
+            request_id, list(prompt_token_ids), params, hold_kv=False, prior=prior_output_tokens
+        )
         req = live.request
         req.status = RequestStatus.WAITING_FOR_REMOTE_KV
-        if not self.kv.allocate_slots(req, req.num_prompt_tokens, cache_tokens=False):
+        if not self.kv.allocate_slots(req, req.num_tokens, cache_tokens=False):
             self.kv.free(request_id)
             raise OutOfBlocksError(
-                f"{self.kv.blocks_needed(req.num_prompt_tokens)} blocks needed, "
+                f"{self.kv.blocks_needed(req.num_tokens)} blocks needed, "
                 f"{self.kv.pool.num_free} free"
             )
         req.num_cached_tokens = 0
@@ -360,13 +431,13 @@ class LLMEngine:
         if not 0 <= first_token < self.arch.vocab_size:
             self._remote[request_id] = live
             raise InvalidRequestError("first_token", f"{first_token} is outside the vocabulary")
-        req.num_computed_tokens = req.num_prompt_tokens
-        self.kv.cache_full_blocks(req, req.num_prompt_tokens)
+        req.num_computed_tokens = req.num_tokens
+        self.kv.cache_full_blocks(req, req.num_tokens)
         skip_draw(live.sampling)  # the first token was drawn on the prefill worker
         self._live[request_id] = live
         self.scheduler.admit_running(req)
         res = SampleResult(first_token, logprob, None)
-        return self._append(live, res)
+        return self._append(live, [res])
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -385,7 +456,22 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self.num_steps,
             num_generated_tokens=self.num_generated_tokens,
+            **_spec_stats(self.spec),
         )
+
+
+def _spec_stats(spec) -> dict[str, float]:  # spec: SpecDecoder | None
+    """Speculative-decoding counters for ``EngineStats`` (empty when speculation is off)."""
+    if spec is None:
+        return {}
+    st = spec.stats
+    return {
+        "spec_proposed_tokens": st.proposed,
+        "spec_accepted_tokens": st.accepted,
+        "spec_num_steps": st.steps,
+        "spec_acceptance_rate": st.acceptance_rate,
+        "spec_tokens_per_step": st.tokens_per_step,
+    }
 
 
 def _needs_host(p: SamplingParams) -> bool:

@@ -17,6 +17,7 @@ from engine.core.scheduler import ScheduledRequest
 from engine.cuda_graphs import DecodeGraphs
 from engine.models.arch import ModelArch
 from engine.models.llama import LlamaForCausalLM
+from engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 
 
 class ModelRunner:
@@ -33,29 +34,39 @@ class ModelRunner:
         backend: str,
         cuda_graph_batch: int = 0,
         max_model_len: int = 0,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.model = model
         self.arch = arch
         self.block_size = block_size
         self.device = device
         self.backend = get_backend(backend)
+        int8_kv = kv_cache_dtype == "int8"
+        if int8_kv:  # int8 values + a scale per head vector (engine/quant/kv_int8.py)
+            self.backend = Int8KVBackend(self.backend)
         # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b].
         self.kv_cache = torch.zeros(
-            arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim,
-            dtype=dtype, device=device,
+            arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads,
+            storage_head_dim(arch.head_dim, kv_cache_dtype),
+            dtype=torch.int8 if int8_kv else dtype, device=device,
         )
         self.graphs: DecodeGraphs | None = None
-        if cuda_graph_batch and device.type == "cuda" and backend == "triton":
+        if cuda_graph_batch and device.type == "cuda" and backend == "triton" and not int8_kv:
             self.graphs = DecodeGraphs(
                 model, self.kv_cache, self.backend, cuda_graph_batch,
                 -(-max_model_len // block_size), block_size,
             )
 
     @staticmethod
-    def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
+    def kv_bytes_per_block(
+        arch: ModelArch, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
+    ) -> int:
         """Bytes one block occupies across all layers, K and V."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        return arch.num_layers * 2 * block_size * arch.num_kv_heads * arch.head_dim * elem
+        if kv_cache_dtype == "int8":
+            elem, width = 1, storage_head_dim(arch.head_dim, kv_cache_dtype)
+        else:
+            elem, width = torch.empty((), dtype=dtype).element_size(), arch.head_dim
+        return arch.num_layers * 2 * block_size * arch.num_kv_heads * width * elem
 
     @torch.inference_mode()
     def execute(
@@ -64,8 +75,11 @@ class ModelRunner:
         kv: KVCacheManager,
         layer_hook: Callable[[int], None] | None = None,
     ) -> tuple[torch.Tensor, list[ScheduledRequest]]:
-        """Run one step; returns logits ``[n, V]`` for the ``n`` requests that sample."""
-        order = sorted(scheduled, key=lambda s: s.num_new_tokens != 1)  # decodes first (stable)
+        """Run one step; returns logits ``[n, V]`` for the ``n`` requests that sample.
+
+        A request with draft tokens (speculative decoding) runs as one prefill-like chunk
+        ``[last token, d1 .. dk]`` and contributes k+1 consecutive rows, in that order."""
+        order = sorted(scheduled, key=lambda s: s.num_query_tokens != 1)  # decodes first
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -76,21 +90,22 @@ class ModelRunner:
         sample_rows: list[int] = []
         samplers: list[ScheduledRequest] = []
         for s in order:
-            req, start, n = s.request, s.start, s.num_new_tokens
+            req, start, n = s.request, s.start, s.num_query_tokens
             table = kv.block_ids(req.request_id)
-            ids.extend(req.all_token_ids[start : start + n])
+            ids.extend(req.all_token_ids[start : start + s.num_new_tokens])
+            ids.extend(s.spec_token_ids)
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             tables.append(table)
             query_lens.append(n)
             seq_lens.append(start + n)
             if s.samples:
-                sample_rows.append(len(ids) - 1)
+                sample_rows.extend(range(len(ids) - 1 - len(s.spec_token_ids), len(ids)))
                 samplers.append(s)
         width = max(len(t) for t in tables)
         if self.graphs is not None and len(ids) == len(order) and self.graphs.fits(len(ids), width):
             logits = self.graphs.run(ids, positions, slots, seq_lens, tables)
-            if len(samplers) < len(order):
+            if len(samplers) < len(order):  # no drafts here: one row per request
                 keep = [i for i, s in enumerate(order) if s.samples]
                 logits = logits[torch.tensor(keep, device=self.device)]
             return logits, samplers

@@ -48,6 +48,12 @@ class EngineStats:
     num_preemptions: int
     num_steps: int
     num_generated_tokens: int
+    # speculative decoding (all 0 when it is off); a "spec step" is one request's verification
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_num_steps: int = 0
+    spec_acceptance_rate: float = 0.0  # accepted / proposed
+    spec_tokens_per_step: float = 0.0  # tokens a speculating request emits per step
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,7 @@ class KVLayout:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    kv_dtype: str = "auto"  # the cache's storage dtype ("int8": values + per-vector scales)
 
     def fingerprint(self) -> str:
         """A stable digest of every field (checked at the transfer layer's HELLO)."""

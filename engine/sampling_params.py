@@ -34,6 +34,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    speculative: bool = True  # False: never speculate for this request (engine-level opt-out)
 
     @property
     def greedy(self) -> bool:
@@ -76,7 +77,9 @@ class SamplingParams:
             raise InvalidRequestError("stop", "must be a string or a list of strings")
         if not isinstance(self.stop_token_ids, (list, tuple)):
             raise InvalidRequestError("stop_token_ids", "must be a list of token ids")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in (
+            "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "speculative"
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(name, "must be a boolean")
         for s in self.stop:

@@ -52,7 +52,7 @@ def check_cache_tensor(kv: torch.Tensor, layout: KvLayout) -> None:
         raise TransferSpecError(f"cache dtype {kv.dtype} != layout kv_dtype {layout.kv_dtype}")
     shape = tuple(kv.shape)
     expect = (layout.num_layers, 2, shape[2] if len(shape) == 6 else -1, layout.block_size,
-              layout.num_kv_heads, layout.head_dim)
+              layout.num_kv_heads, layout.row_width)
     if len(shape) != 6 or shape != expect:
         raise TransferSpecError(f"cache shape {shape} does not match layout {expect}")
     if not kv.is_contiguous():

@@ -7,7 +7,7 @@ again: it runs the request (``Committed``) or frees them (``Aborted``, ``Expired
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 
@@ -19,6 +19,7 @@ class Committed:
     block_ids: tuple[int, ...]
     first_token: int
     logprob: float
+    seconds: float = field(default=0.0, compare=False)  # BEGIN to COMMIT, on this receiver
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
 """The cache layout both peers must share: the fingerprint checked at HELLO.
 
 The engine hands each worker one tensor ``kv: [num_layers, 2, num_blocks, block_size,
-num_kv_heads, head_dim]`` (index 1: 0 = K, 1 = V). ``KvLayout`` describes everything about it
-except ``num_blocks``, which differs per worker.
+num_kv_heads, row_width]`` (index 1: 0 = K, 1 = V). ``KvLayout`` describes everything about it
+except ``num_blocks``, which differs per worker. ``row_width`` is ``head_dim`` for float caches;
+an int8 cache appends each head vector's scale as ``scale_bytes`` raw bytes, so a block carries
+its own scales: ``row_width = head_dim + scale_bytes / itemsize``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class KvLayout:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    scale_bytes: int = 0  # bytes of per-vector scales after each head vector (int8 caches)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ITEMSIZE:
@@ -38,6 +41,8 @@ class KvLayout:
         for name in ("block_size", "num_layers", "num_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"KvLayout.{name} must be > 0")
+        if self.scale_bytes < 0 or self.scale_bytes % ITEMSIZE[self.kv_dtype]:
+            raise ValueError("KvLayout.scale_bytes must be >= 0 and a multiple of the itemsize")
 
     @property
     def itemsize(self) -> int:
@@ -45,19 +50,26 @@ class KvLayout:
         return ITEMSIZE[self.kv_dtype]
 
     @property
+    def row_width(self) -> int:
+        """Elements in the cache's last dimension: the head vector plus its scales, if any."""
+        return self.head_dim + self.scale_bytes // self.itemsize
+
+    @property
     def block_bytes(self) -> int:
         """Bytes of one block of one layer for K (or V): ``kv[l, k, b]``."""
-        return self.block_size * self.num_kv_heads * self.head_dim * self.itemsize
+        return self.block_size * self.num_kv_heads * self.row_width * self.itemsize
 
     @property
     def fingerprint(self) -> str:
         """Stable hex digest of the layout (same value in every process and on every host)."""
-        packed = msgpack.packb([getattr(self, f.name) for f in fields(self)])
+        # scale_bytes joins only when set, so float layouts keep their published digests.
+        packed = msgpack.packb([getattr(self, f.name) for f in fields(self)
+                                if f.name != "scale_bytes" or self.scale_bytes])
         return xxhash.xxh3_64_hexdigest(packed)
 
     def payload_shape(self, num_layers: int, num_blocks: int) -> list[int]:
         """Shape of a payload carrying ``num_layers`` layers of ``num_blocks`` blocks."""
-        return [num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim]
+        return [num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.row_width]
 
     def payload_bytes(self, num_layers: int, num_blocks: int) -> int:
         """Byte size of such a payload."""
@@ -75,6 +87,8 @@ class KvLayout:
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             value = data.get(f.name)
+            if f.name == "scale_bytes" and value is None:  # optional: float caches omit it
+                value = 0
             want = str if f.type == "str" else int
             if type(value) is not want:
                 raise MalformedFrame(f"layout.{f.name} missing or not {want.__name__}")

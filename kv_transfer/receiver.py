@@ -199,7 +199,8 @@ class Receiver:
         if timer is not None:
             timer.cancel()
         if why == "committed":
-            self.events.put_nowait(Committed(transfer_id, res.block_ids, token, logprob))
+            seconds = time.monotonic() - res.bound_at
+            self.events.put_nowait(Committed(transfer_id, res.block_ids, token, logprob, seconds))
         elif why == "aborted":
             self.events.put_nowait(Aborted(transfer_id, res.block_ids, code, reason, by))
         elif why == "expired":

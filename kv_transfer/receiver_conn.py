@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from kv_transfer.blocks import RecvSpan
@@ -156,10 +157,11 @@ class InboundConnection:
             await self._nack(Kind.BEGIN, "busy", "receiver at max_active_transfers", tid)
             return
         try:
-            rx.table.bind(tid, self.id, header["blocks"])
+            res = rx.table.bind(tid, self.id, header["blocks"])
         except TransferRejected as exc:
             await self._nack(Kind.BEGIN, exc.code, exc.reason, tid)
             return
+        res.bound_at = time.monotonic()
         rx._touch()
 
     def _check_kv(self, header: Header) -> tuple[int, int, list[int]]:

@@ -29,6 +29,7 @@ class Reservation:
     missing: int
     conn: int | None = None
     ended: bool = False
+    bound_at: float = 0.0  # time.monotonic() of its BEGIN (for the transfer's duration)
 
     def alive(self) -> bool:
         """False once the reservation has ended: nothing may be written for it any more."""

@@ -44,9 +44,9 @@ def tiny_layout(kv_dtype: str = "float16", *, layers: int = 3, heads: int = 2, h
 
 
 def cache_shape(layout: KvLayout, num_blocks: int) -> tuple[int, ...]:
-    """``[layers, 2, num_blocks, block_size, kv_heads, head_dim]``."""
+    """``[layers, 2, num_blocks, block_size, kv_heads, row_width]``."""
     return (layout.num_layers, 2, num_blocks, layout.block_size, layout.num_kv_heads,
-            layout.head_dim)
+            layout.row_width)
 
 
 def random_cache(layout: KvLayout, num_blocks: int, seed: int = 0) -> torch.Tensor:

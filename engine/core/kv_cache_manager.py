@@ -109,6 +109,18 @@ class KVCacheManager:
         for i in range(min(num_tokens // self.block_size, len(blocks), len(hashes))):
             self.pool.cache(blocks[i], hashes[i])
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Free the request's trailing blocks beyond those holding ``num_tokens`` tokens
+        (speculative rollback: rejected draft slots never reach a full, cached block)."""
+        blocks = self._blocks.get(request_id)
+        if not blocks:
+            return
+        keep = self.blocks_needed(num_tokens)
+        if len(blocks) > keep:
+            tail = blocks[keep:]
+            del blocks[keep:]
+            self.pool.free(reversed(tail))
+
     def free(self, request_id: str) -> None:
         """Release every block of a request (tail first, so the prefix stays cached longest)."""
         blocks = self._blocks.pop(request_id, None)

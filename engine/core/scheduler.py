@@ -9,6 +9,13 @@ Each step:
      had to preempt).
 A prompt longer than the remaining budget is split into chunks (chunked prefill); a request
 samples only in the step that computes its last known token.
+
+Speculative decoding: a running request in decode state (one token to compute) also gets
+``num_lookahead`` extra slots for draft tokens, budget and blocks permitting (never preempting
+for them). After verification ``accept_speculation`` rolls back the rejected positions:
+
+    slots:  [ ... | last | d1 | d2 | d3 ]   accepted d1  ->  num_computed ends after d1;
+                                            blocks wholly past it go back to the pool
 """
 
 from __future__ import annotations
@@ -28,6 +35,13 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     start: int  # position of the first new token (= tokens already computed)
+    num_lookahead: int = 0  # slots reserved past the request's tokens for draft tokens
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify (<= lookahead)
+
+    @property
+    def num_query_tokens(self) -> int:
+        """Rows this request adds to the forward: its new tokens, then its draft tokens."""
+        return self.num_new_tokens + len(self.spec_token_ids)
 
     @property
     def samples(self) -> bool:
@@ -52,7 +66,13 @@ class SchedulerOutput:
 class Scheduler:
     """Chooses every step's batch; owns the waiting queue and the running list."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        num_spec_tokens: int = 0,
+        max_model_len: int = 0,
+    ) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.budget = config.max_num_batched_tokens
         self.chunked = config.enable_chunked_prefill
@@ -61,6 +81,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_spec_tokens = num_spec_tokens  # 0: no speculation
+        self.max_model_len = max_model_len  # 0: unbounded (drafts never pass it)
 
     def add(self, request: Request) -> None:
         """Queue a new request."""
@@ -88,6 +110,14 @@ class Scheduler:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget, self.chunk_cap)
             if n <= 0:
+                i += 1
+                continue
+            k = self._lookahead(req, n, budget)
+            if k and self.kv.allocate_slots(req, n + k):
+                out.scheduled.append(
+                    ScheduledRequest(req, n, req.num_computed_tokens, num_lookahead=k)
+                )
+                budget -= n + k
                 i += 1
                 continue
             while not self.kv.allocate_slots(req, n):
@@ -126,6 +156,27 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n, num_hit))
             budget -= n
         return out
+
+    def _lookahead(self, req: Request, n: int, budget: int) -> int:
+        """Draft slots for a request in decode state: k, less what max_tokens, the context
+        length or the budget leave room for."""
+        if not self.num_spec_tokens or not req.params.speculative or req.hold_kv or n != 1:
+            return 0
+        if req.num_tokens - req.num_computed_tokens != 1:
+            return 0
+        k = min(self.num_spec_tokens, budget - n, req.params.max_tokens - req.num_output_tokens - 1)
+        if self.max_model_len:
+            k = min(k, self.max_model_len - req.num_tokens)
+        return max(0, k)
+
+    def accept_speculation(self, s: ScheduledRequest, num_accepted: int) -> None:
+        """Roll back after verification: the first ``num_accepted`` drafts keep their KV (the
+        step already counted ``num_new_tokens``), the rest are forgotten and blocks that lie
+        wholly past the kept positions are freed."""
+        req = s.request
+        req.num_computed_tokens = s.start + s.num_new_tokens + num_accepted
+        if not req.status.finished:
+            self.kv.trim(req.request_id, req.num_computed_tokens)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.kv.free(req.request_id)

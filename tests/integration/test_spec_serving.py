@@ -1,0 +1,74 @@
+"""Speculative decoding through the disaggregated path: a plain prefill worker pushes the
+prompt's KV to decode workers started with ``--speculative ngram`` and ``--speculative draft``
+(the draft builds its own KV for the prompt there); greedy output equals one plain engine's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from engine.sampling_params import SamplingParams
+from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.local_cluster import Cluster
+
+CHUNK = [3 + (i * 29) % 250 for i in range(13)]
+PROMPT = CHUNK * 3 + CHUNK[:5]  # repeats: prompt lookup has something to find
+MAX_NEW = 24
+
+
+def _greedy(n: int) -> tandem_pb2.SamplingParams:
+    return tandem_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_dir) -> Iterator[tuple[str, dict[str, str]]]:
+    model = str(tiny_dir("llama", 2))
+    common = ["--model", model, "--block-size", "4", "--threads", "1", "--num-blocks", "128"]
+    cluster = Cluster()
+    try:
+        prefill = cluster.start("prefill_worker", "--port", "0", *common, timeout=180)
+        decodes = {
+            name: cluster.start("decode_worker", "--port", "0", "--kv-port", "0", *common,
+                                *flags, timeout=180).grpc
+            for name, flags in (
+                ("ngram", ["--speculative", "ngram", "--num-speculative-tokens", "4"]),
+                ("draft", ["--speculative", "draft", "--draft-layers", "2",
+                           "--num-speculative-tokens", "3"]),
+            )
+        }
+        yield prefill.grpc, decodes
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculative_decode_worker_equals_plain(workers, make_engine, tiny_dir, method) -> None:
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, block_size=4,
+                         num_threads=1)
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
+                                                    ignore_eos=True))
+    want: list[int] = []
+    while engine.has_unfinished():
+        want += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+
+    prefill_addr, decodes = workers
+    with grpc.insecure_channel(decodes[method]) as dch, grpc.insecure_channel(prefill_addr) as pch:
+        decode = worker_pb2_grpc.DecodeServiceStub(dch)
+        prefill = worker_pb2_grpc.PrefillServiceStub(pch)
+        res = decode.Reserve(worker_pb2.ReserveRequest(
+            request_id=method, token_ids=PROMPT, sampling=_greedy(MAX_NEW), lease_s=60.0))
+        first = prefill.Prefill(worker_pb2.PrefillRequest(
+            request_id=method, token_ids=PROMPT, sampling=_greedy(MAX_NEW),
+            transfer_id=res.transfer_id, block_ids=res.block_ids, kv_endpoint=res.kv_endpoint,
+            layout=res.layout))
+        msgs = list(decode.Decode(worker_pb2.DecodeRequest(request_id=method)))
+        got = [first.first_token] + [t for m in msgs for t in m.token_ids]
+        assert got == want
+        assert msgs[-1].finished and msgs[-1].finish_reason == "length"
+        assert msgs[-1].usage.completion_tokens == MAX_NEW
+        # several tokens arrived in one message: the decode worker really speculated
+        assert max(len(m.token_ids) for m in msgs) > 1
+        stats = decode.Stats(worker_pb2.StatsRequest())
+        assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
