@@ -11,6 +11,6 @@ Modules: ``service`` (logic), ``reservations`` (the ledger), ``streams`` (one re
 messages), ``servicer`` (gRPC edge), ``app``/``cli`` (the process). Shared with
 ``prefill_worker`` (the one allowed cross-worker import): ``convert`` (proto <-> engine),
 ``errors`` (typed errors -> status codes), ``process`` and ``registration`` (serving,
-READY line, drain, router registration). Run with ``python -m decode_worker --port P
+READY line, drain, router registration), ``tls`` (TLS and mTLS on the gRPC port). Run with ``python -m decode_worker --port P
 --kv-port Q ...``.
 """

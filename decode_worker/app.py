@@ -9,6 +9,7 @@ import socket
 import grpc
 
 from decode_worker.convert import kv_layout, layout_to_proto, stats_to_proto
+from decode_worker.metrics import WorkerMetrics
 from decode_worker.process import StartupError, load_engine
 from decode_worker.service import DecodeConfig, DecodeWorker
 from decode_worker.servicer import DecodeServicer
@@ -29,6 +30,7 @@ class DecodeApp:
     def __init__(self, worker: DecodeWorker, receiver: Receiver) -> None:
         self.worker = worker
         self.receiver = receiver
+        self.metrics: WorkerMetrics = worker.metrics
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the DecodeService servicer."""
@@ -48,8 +50,13 @@ class DecodeApp:
 
     async def stats_proto(self) -> worker_pb2.WorkerStats:
         """Stats for heartbeats."""
-        return stats_to_proto(await self.worker.stats(), worker_pb2.ROLE_DECODE,
-                              self.worker.config.worker_id, self.worker.draining)
+        w = self.worker
+        return stats_to_proto(await w.stats(), worker_pb2.ROLE_DECODE, w.config.worker_id,
+                              w.draining, w.transfer_totals(), w.metrics.recent())
+
+    async def refresh_metrics(self) -> None:
+        """Snapshot the engine and the receiver for the next /metrics scrape."""
+        self.metrics.update(await self.worker.stats(), self.worker.transfer_totals())
 
     def begin_drain(self) -> None:
         """Refuse new reservations."""
@@ -69,7 +76,8 @@ async def build_decode_app(
 ) -> DecodeApp:
     """Load the engine, start the KV receiver on ``--kv-port`` and the worker logic."""
     engine = load_engine(engine_config)
-    ae = AsyncEngine(engine)
+    metrics = WorkerMetrics("decode")
+    ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_layout(), engine.kv_cache)
     receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(
         secret=secret, host=args.kv_host or args.host, port=args.kv_port,
@@ -81,6 +89,6 @@ async def build_decode_app(
         raise StartupError(f"cannot listen for KV on port {args.kv_port}: {exc}") from exc
     worker_id = args.worker_id or f"decode-{socket.gethostname()}-{os.getpid()}"
     worker = DecodeWorker(ae, receiver, DecodeConfig(
-        worker_id=worker_id, default_lease_s=args.default_lease_s))
+        worker_id=worker_id, default_lease_s=args.default_lease_s), metrics)
     await worker.start()
     return DecodeApp(worker, receiver)

@@ -2,7 +2,7 @@
 
     tandem.v1.SamplingParams + LogprobOptions  ->  engine SamplingParams   (unset = engine default)
     engine RequestOutput                       ->  tandem.v1.GenerateResponse
-    engine EngineStats                         ->  tandem.v1.WorkerStats
+    engine EngineStats (+ transfer totals, recent window)  ->  tandem.v1.WorkerStats
     engine KVLayout + cache dtype              ->  kv_transfer KvLayout  ->  tandem.v1.KVLayout
 
 Validation stays in the engine (``SamplingParams.validate``); nothing here checks ranges.
@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from decode_worker.metrics import TransferTotals
+from decode_worker.recent import RecentFigures
 from engine.outputs import EngineStats, KVLayout, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 from kv_transfer import KvLayout
@@ -24,6 +26,8 @@ _OPTIONAL = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "presence_penalty", "frequency_penalty", "seed", "skip_special_tokens",
 )
+_NO_TRANSFERS = TransferTotals()
+_NOTHING_RECENT = RecentFigures()
 
 
 def sampling_from_proto(
@@ -75,10 +79,16 @@ def response_from_output(out: RequestOutput, text_prefix: str = "") -> tandem_pb
 
 
 def stats_to_proto(
-    stats: EngineStats, role: worker_pb2.Role.ValueType, worker_id: str, draining: bool
+    stats: EngineStats,
+    role: worker_pb2.Role.ValueType,
+    worker_id: str,
+    draining: bool,
+    transfer: TransferTotals = _NO_TRANSFERS,
+    recent: RecentFigures = _NOTHING_RECENT,
 ) -> worker_pb2.WorkerStats:
-    """Load numbers for the router. ``num_reserved`` counts requests whose blocks are pinned for
-    a peer: reservations awaiting KV (decode) or finished prefills still pushing (prefill)."""
+    """Load numbers for the router and live views. ``num_reserved`` counts requests whose blocks
+    are pinned for a peer: reservations awaiting KV (decode) or finished prefills still pushing
+    (prefill); ``recent`` fills the last-minute percentiles and transfer rate."""
     return worker_pb2.WorkerStats(
         role=role,
         worker_id=worker_id,
@@ -92,6 +102,14 @@ def stats_to_proto(
         prefix_cache_hits=stats.prefix_cache_hits,
         num_preemptions=stats.num_preemptions,
         draining=draining,
+        ttft_p50_s=recent.ttft_p50_s,
+        ttft_p90_s=recent.ttft_p90_s,
+        itl_p50_s=recent.itl_p50_s,
+        itl_p90_s=recent.itl_p90_s,
+        kv_transfer_bytes_per_s=recent.kv_transfer_bytes_per_s,
+        kv_transfer_bytes=transfer.bytes,
+        kv_transfer_failures=transfer.failures,
+        num_leased_blocks=transfer.leased_blocks,
     )
 
 
@@ -105,6 +123,9 @@ def kv_layout(engine_layout: KVLayout, cache: torch.Tensor) -> KvLayout:
         num_layers=engine_layout.num_layers,
         num_kv_heads=engine_layout.num_kv_heads,
         head_dim=engine_layout.head_dim,
+        # an int8 cache carries a scale after each head vector (engine/quant/kv_int8.py)
+        scale_bytes=(cache.shape[-1] - engine_layout.head_dim) * cache.element_size()
+        if engine_layout.kv_dtype == "int8" else 0,
     )
 
 

@@ -115,10 +115,20 @@ def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     return None
 
 
+# Trailing-metadata key of the retry hint sent with RESOURCE_EXHAUSTED (same as the router's).
+RETRY_AFTER_KEY = "retry-after-ms"
+# A full KV cache frees blocks as running requests finish; a few decode steps is the soonest
+# a retry can succeed, so that is the hint.
+FULL_RETRY_AFTER_MS = 250
+
+
 async def abort_with_status(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     """End the RPC with the status of a typed error; re-raise anything else (gRPC reports it
-    as INTERNAL and logs the traceback: bugs are never silenced)."""
+    as INTERNAL and logs the traceback: bugs are never silenced). RESOURCE_EXHAUSTED carries
+    a ``retry-after-ms`` hint in the trailing metadata."""
     mapped = grpc_status(exc)
     if mapped is None:
         raise exc
+    if mapped[0] == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(FULL_RETRY_AFTER_MS)),))
     await context.abort(*mapped)

@@ -1,7 +1,8 @@
 """A worker process: serve, announce, register, drain. Shared with ``prefill_worker``.
 
     bind the gRPC port (fail fast when busy) ──> build the app (engine, KV endpoint)
-    ──> start: the service + grpc.health.v1 + reflection ──> print TANDEM_READY {...}
+    ──> [serve /metrics on --metrics-port] ──> start: the service + grpc.health.v1
+    + reflection ──> print TANDEM_READY {...} (with "metrics": "host:port" when served)
     ──> [register with the router and heartbeat]
     SIGTERM/SIGINT ──> health NOT_SERVING, new work refused ("draining"), running work
     finishes (bounded by drain_timeout_s) ──> stop the server ──> close the app ──> exit 0
@@ -25,7 +26,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from decode_worker.metrics import WorkerMetrics
+from decode_worker.metrics_http import MetricsBindError, MetricsServer
 from decode_worker.registration import RegistrationConfig, RegistryClient
+from decode_worker.tls import ServerTls
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError
 from engine.llm_engine import LLMEngine
@@ -47,11 +51,13 @@ class WorkerApp(Protocol):
 
     role: str  # "prefill" | "decode"
     service_name: str  # the full gRPC service name, for health and reflection
+    metrics: WorkerMetrics  # what /metrics renders, after ``refresh_metrics``
 
     def add_to_server(self, server: grpc.aio.Server) -> None: ...
     def ready_info(self) -> dict[str, str]: ...
     def register_request(self, endpoint: str) -> worker_pb2.RegisterRequest: ...
     async def stats_proto(self) -> worker_pb2.WorkerStats: ...
+    async def refresh_metrics(self) -> None: ...
     def begin_drain(self) -> None: ...
     async def wait_idle(self) -> None: ...
     async def close(self) -> None: ...
@@ -66,6 +72,10 @@ class ServeConfig:
     router: str | None = None
     drain_timeout_s: float = 60.0
     stop_grace_s: float = 5.0
+    metrics_port: int = -1  # Prometheus /metrics: -1 off, 0 a free port
+    metrics_host: str | None = None  # default: ``host``
+    tls: ServerTls | None = None  # TLS (mTLS with a client CA) on the gRPC port
+    router_credentials: grpc.ChannelCredentials | None = None  # registering with a TLS router
 
 
 def load_kv_secret(path: str | None) -> bytes:
@@ -98,27 +108,57 @@ def announce(role: str, grpc_address: str, extra: dict[str, str], out: TextIO) -
 
 
 async def serve(
-    config: ServeConfig, build: Callable[[], Awaitable[WorkerApp]], out: TextIO = sys.stdout
+    config: ServeConfig,
+    build: Callable[[], Awaitable[WorkerApp]],
+    out: TextIO = sys.stdout,
+    stop: asyncio.Event | None = None,
 ) -> int:
-    """Run a worker until SIGTERM/SIGINT, then drain; returns the exit status."""
+    """Run a worker until SIGTERM/SIGINT, then drain; returns the exit status.
+
+    ``stop``: drain when this event is set instead of on signals (a worker hosted in a Ray
+    actor, whose event loop is not on the main thread, cannot install signal handlers)."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     address = f"{config.host}:{config.port}"
     try:
-        port = server.add_insecure_port(address)
+        if config.tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, config.tls.credentials())
     except RuntimeError as exc:
         raise StartupError(f"cannot listen on {address}: {exc}") from exc
     if port == 0:
         raise StartupError(f"cannot listen on {address}")
     app = await build()
+    metrics = MetricsServer(app.metrics.registry, app.refresh_metrics)
     try:
-        return await _run(config, server, app, f"{config.host}:{port}", out)
+        extra = await _serve_metrics(config, metrics)
+        return await _run(config, server, app, f"{config.host}:{port}", out, stop, extra)
     finally:
+        await metrics.stop()
         await server.stop(None)
         await app.close()
 
 
+async def _serve_metrics(config: ServeConfig, metrics: MetricsServer) -> dict[str, str]:
+    """Start /metrics when asked; returns what the READY line says about it."""
+    if config.metrics_port < 0:
+        return {}
+    host = config.metrics_host or config.host
+    try:
+        port = await metrics.start(host, config.metrics_port)
+    except MetricsBindError as exc:
+        raise StartupError(str(exc)) from exc
+    return {"metrics": f"{host}:{port}"}
+
+
 async def _run(
-    config: ServeConfig, server: grpc.aio.Server, app: WorkerApp, endpoint: str, out: TextIO
+    config: ServeConfig,
+    server: grpc.aio.Server,
+    app: WorkerApp,
+    endpoint: str,
+    out: TextIO,
+    stop: asyncio.Event | None,
+    extra: dict[str, str],
 ) -> int:
     app.add_to_server(server)
     health = health_aio.HealthServicer()
@@ -131,16 +171,18 @@ async def _run(
     await server.start()
     for name in ("", app.service_name):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     registry: asyncio.Task[None] | None = None
     if config.router:
-        client = RegistryClient(RegistrationConfig(config.router),
-                                lambda: app.register_request(endpoint), app.stats_proto)
+        registration = RegistrationConfig(config.router, credentials=config.router_credentials)
+        client = RegistryClient(registration, lambda: app.register_request(endpoint),
+                                app.stats_proto)
         registry = loop.create_task(client.run())
-    announce(app.role, endpoint, app.ready_info(), out)
+    announce(app.role, endpoint, {**app.ready_info(), **extra}, out)
     log.info("%s worker serving on %s", app.role, endpoint)
     await stop.wait()
     log.info("draining: no new work, finishing what is running")

@@ -29,6 +29,7 @@ class RegistrationConfig:
     max_backoff_s: float = 10.0
     rpc_timeout_s: float = 5.0
     default_interval_s: float = 5.0  # when the router answers 0
+    credentials: grpc.ChannelCredentials | None = None  # TLS to the router; None: plaintext
 
 
 class RegistryClient:
@@ -49,7 +50,10 @@ class RegistryClient:
 
     async def run(self) -> None:
         """Register and heartbeat until cancelled."""
-        async with grpc.aio.insecure_channel(self.config.router) as channel:
+        credentials = self.config.credentials
+        channel = (grpc.aio.insecure_channel(self.config.router) if credentials is None
+                   else grpc.aio.secure_channel(self.config.router, credentials))
+        async with channel:
             stub = worker_pb2_grpc.RegistryStub(channel)
             backoff = self.config.min_backoff_s
             while True:

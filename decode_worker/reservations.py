@@ -23,6 +23,7 @@ class Reservation:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     block_ids: tuple[int, ...]
+    prior_output_tokens: int = 0  # a migrated request's already-streamed tail of the prompt
 
 
 class ReservationBook:

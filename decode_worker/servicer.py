@@ -35,7 +35,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         try:
             params = sampling_from_proto(request.sampling, request.logprobs)
             res = await self._worker.reserve(
-                request.request_id, list(request.token_ids), params, request.lease_s
+                request.request_id, list(request.token_ids), params, request.lease_s,
+                prior_output_tokens=request.prior_output_tokens,
             )
         except Exception as exc:
             await abort_with_status(context, exc)
@@ -90,6 +91,6 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
-        return stats_to_proto(
-            stats, worker_pb2.ROLE_DECODE, self._worker.config.worker_id, self._worker.draining
-        )
+        w = self._worker
+        return stats_to_proto(stats, worker_pb2.ROLE_DECODE, w.config.worker_id, w.draining,
+                              w.transfer_totals(), w.metrics.recent())

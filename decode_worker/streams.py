@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 
 from decode_worker.convert import response_from_output
@@ -28,8 +29,13 @@ class RequestStream:
     """Buffers a request's outputs until its one reader (the Decode RPC) takes them."""
 
     def __init__(
-        self, request_id: str, ae: AsyncEngine, on_end: Callable[[RequestStream], None]
+        self,
+        request_id: str,
+        ae: AsyncEngine,
+        on_end: Callable[[RequestStream], None],
+        on_gap: Callable[[float], None] = lambda seconds: None,
     ) -> None:
+        """``on_gap(seconds)``: the time between successive token outputs (ITL metric)."""
         self.request_id = request_id
         self.attached = False  # a Decode RPC is reading
         self.ended = False  # the final item is queued
@@ -39,6 +45,8 @@ class RequestStream:
         self._pump: asyncio.Task[None] | None = None
         self._first: asyncio.Future[RequestOutput] | None = None
         self._text_prefix = ""
+        self._on_gap = on_gap
+        self._last_token_at = 0.0
 
     def start(self) -> None:
         """Start moving the engine's outputs into the queue (the engine stream must be open)."""
@@ -51,6 +59,7 @@ class RequestStream:
                     self._first.set_result(out)
                     self.take_first(out)
                 else:
+                    self._timed(out)
                     self._put(out)
         except EngineDeadError as exc:
             self._put(TransferEnded(f"engine stopped: {exc}"))
@@ -60,8 +69,17 @@ class RequestStream:
         self._first = asyncio.get_running_loop().create_future()
         return self._first
 
+    def _timed(self, out: RequestOutput) -> None:
+        if not out.new_token_ids:
+            return
+        now = time.monotonic()
+        if self._last_token_at:
+            self._on_gap(now - self._last_token_at)
+        self._last_token_at = now
+
     def take_first(self, out: RequestOutput) -> None:
         """Account for the first token's output: keep its text; end if it was the last."""
+        self._last_token_at = time.monotonic()
         self._text_prefix += out.new_text
         if out.finished:
             self._put(dataclasses.replace(out, new_token_ids=[], new_text="", logprobs=None))

@@ -13,6 +13,7 @@ import socket
 import grpc
 
 from decode_worker.convert import kv_layout, layout_to_proto, stats_to_proto
+from decode_worker.metrics import WorkerMetrics
 from decode_worker.process import load_engine
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
@@ -32,6 +33,7 @@ class PrefillApp:
 
     def __init__(self, worker: PrefillWorker) -> None:
         self.worker = worker
+        self.metrics: WorkerMetrics = worker.metrics
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the PrefillService servicer."""
@@ -50,8 +52,13 @@ class PrefillApp:
 
     async def stats_proto(self) -> worker_pb2.WorkerStats:
         """Stats for heartbeats."""
-        return stats_to_proto(await self.worker.stats(), worker_pb2.ROLE_PREFILL,
-                              self.worker.config.worker_id, self.worker.draining)
+        w = self.worker
+        return stats_to_proto(await w.stats(), worker_pb2.ROLE_PREFILL, w.config.worker_id,
+                              w.draining, w.transfer_totals(), w.metrics.recent())
+
+    async def refresh_metrics(self) -> None:
+        """Snapshot the engine and the pushes for the next /metrics scrape."""
+        self.metrics.update(await self.worker.stats(), self.worker.transfer_totals())
 
     def begin_drain(self) -> None:
         """Refuse new prefills."""
@@ -71,12 +78,13 @@ async def build_prefill_app(
 ) -> PrefillApp:
     """Load the engine, make the KV sender, install the layer hook."""
     engine = load_engine(engine_config)
-    ae = AsyncEngine(engine)
+    metrics = WorkerMetrics("prefill")
+    ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_layout(), engine.kv_cache)
     sender = Sender(engine.kv_cache, layout,
                     SenderConfig(secret=secret, prefer_shm=not args.no_kv_shm))
     worker_id = args.worker_id or f"prefill-{socket.gethostname()}-{os.getpid()}"
     worker = PrefillWorker(ae, sender, PrefillConfig(
-        worker_id=worker_id, transfer_timeout_s=args.transfer_timeout_s))
+        worker_id=worker_id, transfer_timeout_s=args.transfer_timeout_s), metrics)
     await worker.start()
     return PrefillApp(worker)

@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from decode_worker.tls import add_tls_args, router_credentials_from_args, server_tls_from_args
 from engine.cli_args import add_engine_args, engine_config_from_args
 
 
@@ -23,6 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--router", default=None, help="router HOST:PORT to register with")
     p.add_argument("--worker-id", default=None)
     p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    p.add_argument("--metrics-port", type=int, default=-1,
+                   help="serve Prometheus /metrics here (-1: off, 0: pick a free port)")
+    p.add_argument("--metrics-host", default=None, help="metrics listen address (default: --host)")
+    add_tls_args(p)
     add_engine_args(p)
     return p
 
@@ -43,11 +48,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         engine_config = engine_config_from_args(args)
         secret = load_kv_secret(args.kv_secret_file)
+        tls = server_tls_from_args(args)
+        router_credentials = router_credentials_from_args(args)
     except (StartupError, ValueError) as exc:
         print(f"prefill_worker: error: {exc}", file=sys.stderr)
         return 2
+    if not -1 <= args.metrics_port < 65536:
+        parser.error("--metrics-port must be in -1..65535")
     config = ServeConfig(host=args.host, port=args.port, router=args.router,
-                         drain_timeout_s=args.drain_timeout_s)
+                         drain_timeout_s=args.drain_timeout_s, metrics_port=args.metrics_port,
+                         metrics_host=args.metrics_host, tls=tls,
+                         router_credentials=router_credentials)
     try:
         return asyncio.run(serve(config, lambda: build_prefill_app(args, engine_config, secret)))
     except StartupError as exc:

@@ -22,6 +22,7 @@ import torch
 
 from decode_worker.convert import kv_layout, layout_mismatch
 from decode_worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
+from decode_worker.metrics import TransferTotals, WorkerMetrics
 from engine.async_engine import AsyncEngine
 from engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
@@ -49,6 +50,7 @@ class PrefillSpec:
     block_ids: list[int]
     kv_endpoint: str
     layout: worker_pb2.KVLayout
+    prior_output_tokens: int = 0  # a migrated request's already-streamed tail of token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +67,16 @@ class PrefillResult:
 class PrefillWorker:
     """Prefill-side handoff logic over an ``AsyncEngine`` and a ``Sender``."""
 
-    def __init__(self, ae: AsyncEngine, sender: Sender, config: PrefillConfig) -> None:
+    def __init__(
+        self,
+        ae: AsyncEngine,
+        sender: Sender,
+        config: PrefillConfig,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else WorkerMetrics("prefill")
+        self.leased_blocks = 0  # destination blocks of the pushes in flight
         engine = ae.engine
         self.layout = kv_layout(engine.kv_layout(), engine.kv_cache)
         self._vocab_size = engine.arch.vocab_size
@@ -149,35 +159,50 @@ class PrefillWorker:
         timeout = self.config.transfer_timeout_s
         if deadline_s is not None:
             timeout = min(timeout, deadline_s)
-        # The first token only: min_tokens still keeps EOS out of it.
-        first = dataclasses.replace(spec.params, max_tokens=1,
-                                    min_tokens=min(spec.params.min_tokens, 1))
+        # One token only (after any a migrated request already has): min_tokens still keeps EOS
+        # out of it.
+        n_out = spec.prior_output_tokens + 1
+        first = dataclasses.replace(spec.params, max_tokens=n_out,
+                                    min_tokens=min(spec.params.min_tokens, n_out))
         push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout)
         self._pushes[rid] = push
+        self.leased_blocks += len(spec.block_ids)
         committed = False
         try:
-            tokens = spec.token_ids
+            tokens, prior = spec.token_ids, spec.prior_output_tokens
             await self._ae.call(
-                lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True), stream=rid
+                lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True,
+                                        prior_output_tokens=prior),
+                stream=rid,
             )
             out = await self._first_output(rid)
             prefill_s = time.monotonic() - t0
             if not out.new_token_ids:
                 raise WrongState(f"prefill produced no token ({out.finish_reason})")
+            self.metrics.first_token(prefill_s)
             lp = out.logprobs[0] if out.logprobs else None
             transfer_s = await push.commit(
                 out.new_token_ids[0], lp.logprob if lp is not None else 0.0, self.layout.num_layers
             )
             committed = True
+            self.metrics.transfer_committed(self._pushed_bytes(push, spec), transfer_s)
             return PrefillResult(out.new_token_ids[0], lp, out.num_cached_tokens, prefill_s,
                                  transfer_s)
         finally:
             self._pushes.pop(rid, None)
-            if not committed:
-                await push.abort("prefill failed or was aborted")
+            try:
+                if not committed:
+                    await push.abort("prefill failed or was aborted")
+            finally:
+                self.leased_blocks -= len(spec.block_ids)
+                if push.transfer is not None:  # opened: it counts as a push
+                    self.metrics.push_ended(self._pushed_bytes(push, spec), committed)
             if self._ae.alive:  # releases held blocks (kept in the prefix cache) or aborts
                 await self._ae.call(lambda e: e.abort(rid))
             self._ae.close_stream(rid)
+
+    def _pushed_bytes(self, push: LayerPush, spec: PrefillSpec) -> int:
+        return self.layout.payload_bytes(push.layers_pushed, len(spec.block_ids))
 
     async def _first_output(self, request_id: str) -> RequestOutput:
         async for out in self._ae.outputs(request_id):
@@ -196,6 +221,11 @@ class PrefillWorker:
     async def stats(self) -> EngineStats:
         """The engine's counters right now."""
         return await self._ae.call(lambda e: e.stats())
+
+    def transfer_totals(self) -> TransferTotals:
+        """KV pushed, pushes that failed, destination blocks being pushed right now."""
+        m = self.metrics
+        return TransferTotals(m.bytes_pushed, m.failed_pushes, self.leased_blocks)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _touch(self) -> None:

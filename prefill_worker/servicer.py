@@ -30,6 +30,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
                 block_ids=list(request.block_ids),
                 kv_endpoint=request.kv_endpoint,
                 layout=request.layout,
+                prior_output_tokens=request.prior_output_tokens,
             )
             res = await self._worker.prefill(spec, context.time_remaining())
         except Exception as exc:
@@ -57,6 +58,6 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
-        return stats_to_proto(
-            stats, worker_pb2.ROLE_PREFILL, self._worker.config.worker_id, self._worker.draining
-        )
+        w = self._worker
+        return stats_to_proto(stats, worker_pb2.ROLE_PREFILL, w.config.worker_id, w.draining,
+                              w.transfer_totals(), w.metrics.recent())

@@ -91,6 +91,11 @@ class AdmissionGate:
         """Nothing running or waiting."""
         return self.ledger.running == 0 and self.ledger.waiting == 0
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` was called (draining)."""
+        return self._closed
+
     def close(self) -> None:
         """Refuse new requests from now on (draining); admitted and queued ones proceed."""
         self._closed = True

@@ -9,12 +9,15 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from router.config import RouterConfig
+from router.security import RouterSecurity
 from router.server import BindError, RouterServer
 from router.tokenizer import RouterTokenizer, TokenizerLoadError
 
 log = logging.getLogger("router")
+DEFAULT_HTTP_PORT = 8000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,8 +63,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=float, default=2.0)
     p.add_argument("--health-interval", type=float, default=2.0)
     p.add_argument("--drain-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--discovery",
+        choices=["static", "kubernetes"],
+        default="static",
+        help="static: --prefill/--decode and self-registration; kubernetes: worker pods by label",
+    )
+    p.add_argument("--k8s-namespace", default="", help="namespace to watch (default: own)")
+    p.add_argument(
+        "--k8s-selector",
+        default="app.kubernetes.io/component in (prefill,decode)",
+        help="label selector of worker pods",
+    )
+    add_edge_args(p)
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def add_edge_args(p: argparse.ArgumentParser) -> None:
+    """The public edge's flags: the HTTP API, API keys, TLS, and mTLS to workers."""
+    p.add_argument("--http-host", default="", help="HTTP listen address (default: --host)")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="OpenAI-compatible HTTP port (default 8000, or a free one when --port is 0; "
+        "0 picks a free one; -1 disables)",
+    )
+    p.add_argument("--api-key-file", default="", help="accepted API keys, one per line")
+    p.add_argument("--tls-cert", default="", help="PEM certificate chain for gRPC and HTTP")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    p.add_argument("--worker-ca", default="", help="CA that signed the workers' certificates")
+    p.add_argument("--worker-cert", default="", help="client certificate shown to workers")
+    p.add_argument("--worker-key", default="", help="private key of --worker-cert")
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -89,6 +123,17 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         heartbeat_interval_s=args.heartbeat_interval,
         health_interval_s=args.health_interval,
         drain_timeout_s=args.drain_timeout,
+        http_host=args.http_host,
+        http_port=_http_port(args),
+        api_key_file=args.api_key_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        worker_ca=args.worker_ca,
+        worker_cert=args.worker_cert,
+        worker_key=args.worker_key,
+        discovery=args.discovery,
+        k8s_namespace=args.k8s_namespace,
+        k8s_selector=args.k8s_selector,
     )
 
 
@@ -98,31 +143,67 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = config_from_args(args)
+        security = RouterSecurity.from_config(config)  # key and TLS files: fail before binding
         tokenizer = RouterTokenizer(config.tokenizer_dir)
     except (ValueError, TokenizerLoadError) as err:
         print(f"router: error: {err}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(config, tokenizer))
+        return asyncio.run(_serve(config, tokenizer, security))
     except BindError as err:
         print(f"router: error: {err}", file=sys.stderr)
         return 1
 
 
-async def _serve(config: RouterConfig, tokenizer: RouterTokenizer) -> int:
-    server = RouterServer(config, tokenizer)
+async def _serve(
+    config: RouterConfig, tokenizer: RouterTokenizer, security: RouterSecurity
+) -> int:
+    server = RouterServer(config, tokenizer, security)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before READY: a prompt SIGTERM still drains
         loop.add_signal_handler(sig, stop.set)
     port = await server.start()
-    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "[::]", "") else config.host
-    print("TANDEM_READY " + json.dumps({"role": "router", "grpc": f"{host}:{port}"}), flush=True)
+    discovery = await _start_discovery(config, server)
+    info = {"role": "router", "grpc": f"{_reachable(config.host)}:{port}"}
+    if server.http is not None:
+        info["http"] = f"{_reachable(config.http_host or config.host)}:{server.http_port}"
+    print("TANDEM_READY " + json.dumps(info), flush=True)
     await stop.wait()
     log.info("draining: no new requests, waiting for %d in flight", server.gate.ledger.running)
     drained = await server.drain()
+    if discovery is not None:
+        await discovery.stop()
     await server.stop()
     return 0 if drained else 1
+
+
+async def _start_discovery(config: RouterConfig, server: RouterServer) -> Any:
+    """Watch worker pods when ``--discovery kubernetes`` (the client is imported only then)."""
+    if config.discovery != "kubernetes":
+        return None
+    from router import k8s_discovery as kd
+
+    sink = kd.RegistrySink(server.registry, server.clients, server.affinity)
+    discovery = kd.KubernetesDiscovery(
+        kd.DiscoveryConfig(kd.namespace_or_own(config.k8s_namespace), config.k8s_selector),
+        kd.api_client_from_environment(),
+        sink.apply,
+    )
+    await discovery.start()
+    return discovery
+
+
+def _reachable(host: str) -> str:
+    """A wildcard listen address as the address a local client dials."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host
+
+
+def _http_port(args: argparse.Namespace) -> int:
+    if args.http_port is not None:
+        return int(args.http_port)
+    # A router on a free gRPC port (tests, several on one host) takes a free HTTP port too.
+    return 0 if args.port == 0 else DEFAULT_HTTP_PORT
 
 
 def _split(value: str) -> tuple[str, ...]:

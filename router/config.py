@@ -36,11 +36,28 @@ class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 1.0
     drain_timeout_s: float = 60.0
+    # Where workers come from: "static" (flags + self-registration) or "kubernetes" (pods by
+    # label, router/k8s_discovery.py); "" namespace means the router pod's own.
+    discovery: str = "static"
+    k8s_namespace: str = ""
+    k8s_selector: str = "app.kubernetes.io/component in (prefill,decode)"
+    # OpenAI-compatible HTTP API: "" host means the gRPC host; port 0 picks one, -1 (the
+    # default here; the CLI's is 8000) disables it.
+    http_host: str = ""
+    http_port: int = -1
+    # Security: file paths, read once at startup (router/security.py); "" means off.
+    api_key_file: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    worker_ca: str = ""
+    worker_cert: str = ""
+    worker_key: str = ""
 
     def __post_init__(self) -> None:
         checks = {
             "max_model_len": self.max_model_len >= 1,
             "port": 0 <= self.port <= 65535,
+            "http_port": -1 <= self.http_port <= 65535,
             "max_inflight": self.max_inflight >= 1,
             "max_queue": self.max_queue >= 0,
             "retry_after_ms": self.retry_after_ms >= 1,
@@ -57,6 +74,7 @@ class RouterConfig:
             "health_timeout_s": self.health_timeout_s > 0,
             "drain_timeout_s": self.drain_timeout_s >= 0,
         }
+        checks["discovery"] = self.discovery in ("static", "kubernetes")
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid router config: {', '.join(bad)} out of range")
@@ -64,3 +82,8 @@ class RouterConfig:
             host, _, port = endpoint.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"invalid worker endpoint {endpoint!r}: expected HOST:PORT")
+
+    @property
+    def http_enabled(self) -> bool:
+        """Whether the router serves the OpenAI-compatible HTTP API."""
+        return self.http_port >= 0

@@ -43,23 +43,35 @@ class WorkerFailedError(RouterError):
     string so this module does not depend on grpc.
     """
 
-    def __init__(self, message: str, code_name: str = "UNAVAILABLE") -> None:
+    def __init__(
+        self, message: str, code_name: str = "UNAVAILABLE", retry_after_ms: int | None = None
+    ) -> None:
         super().__init__(message)
         self.code_name = code_name
+        self.retry_after_ms = retry_after_ms
 
 
 class WorkerCallError(RouterError):
     """One RPC to a worker failed; the handoff decides whether another worker can take over.
 
-    ``code_name`` is the gRPC status name the worker (or the channel) returned.
+    ``code_name`` is the gRPC status name the worker (or the channel) returned;
+    ``retry_after_ms`` the worker's retry hint when it sent one (RESOURCE_EXHAUSTED).
     """
 
-    def __init__(self, endpoint: str, method: str, code_name: str, details: str) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        method: str,
+        code_name: str,
+        details: str,
+        retry_after_ms: int | None = None,
+    ) -> None:
         super().__init__(f"{method} on {endpoint} failed: {code_name}: {details}")
         self.endpoint = endpoint
         self.method = method
         self.code_name = code_name
         self.details = details
+        self.retry_after_ms = retry_after_ms
 
 
 class LegLostError(RouterError):

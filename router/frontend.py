@@ -18,11 +18,25 @@ from router import validation
 from router.admission import AdmissionGate
 from router.deadline import Deadline
 from router.detokenizer import Detokenizer
-from router.errors import InvalidRequestError
+from router.errors import DeadlineError, InvalidRequestError
 from router.handoff import Handoff, HandoffDeps
+from router.metrics import RouterMetrics
 from router.request import Prepared
 from router.text_stream import TextStream
 from router.tokenizer import RouterTokenizer
+
+# gRPC cancels a call right at its deadline, a hair before the router's own clock (started a
+# little later) says it passed: a cancellation this close to the deadline is the deadline.
+_DEADLINE_SLACK_S = 0.05
+
+
+def _deadline_passed(deadline: Deadline) -> bool:
+    """Whether a cancelled request was cut off by its deadline rather than by its client."""
+    try:
+        left = deadline.remaining()
+    except DeadlineError:
+        return True
+    return left is not None and left <= _DEADLINE_SLACK_S
 
 
 @dataclass(slots=True)
@@ -33,18 +47,34 @@ class _Clock:
     queued: float
     admitted: float = 0.0
     first: float = 0.0
+    last: float = 0.0  # the latest chunk with tokens
+    ended: bool = False  # its outcome is counted
 
 
 class Frontend:
     """The router's request path; the gRPC servicer is a thin wrapper over it."""
 
-    def __init__(self, deps: HandoffDeps, tokenizer: RouterTokenizer, gate: AdmissionGate) -> None:
+    def __init__(
+        self,
+        deps: HandoffDeps,
+        tokenizer: RouterTokenizer,
+        gate: AdmissionGate,
+        metrics: RouterMetrics,
+    ) -> None:
         self.deps = deps
         self.tokenizer = tokenizer
         self.gate = gate
+        self.metrics = metrics
 
     def prepare(self, request: tandem_pb2.GenerateRequest) -> Prepared:
         """Validate and tokenize; raises InvalidRequestError naming the bad field."""
+        try:
+            return self._prepare(request)
+        except InvalidRequestError:
+            self.metrics.finished("invalid")
+            raise
+
+    def _prepare(self, request: tandem_pb2.GenerateRequest) -> Prepared:
         arrival = time.perf_counter()
         config = self.deps.config
         validation.validate_request(request, config.model_name, self.tokenizer.vocab_size)
@@ -82,9 +112,16 @@ class Frontend:
         deadline = Deadline(budget_s)
         counters = self.deps.counters
         counters.requests += 1
-        await self.gate.enter()
+        metrics = self.metrics
+        try:
+            await self.gate.enter()
+        except BaseException as exc:
+            self._count_failure(exc, deadline)
+            raise
         try:
             clock.admitted = time.perf_counter()
+            metrics.queue_time.observe(clock.admitted - clock.queued)
+            metrics.prompt_tokens.inc(len(prepared.prompt_ids))
             handoff = Handoff(self.deps, prepared, deadline)
             text = TextStream(
                 Detokenizer(
@@ -106,21 +143,45 @@ class Frontend:
                         finished=chunk.finished,
                         finish_reason=chunk.finish_reason,
                     )
-                    if not clock.first:
-                        clock.first = time.perf_counter()
+                    self._observe(chunk.token_ids, clock)
                     if chunk.finished:
                         response.stop_reason = chunk.stop_reason or text.stop_reason or ""
                         self._finish(response, prepared, handoff, completion, clock)
                     yield response
             counters.completed += 1
-        except (asyncio.CancelledError, GeneratorExit):
+        except (asyncio.CancelledError, GeneratorExit) as exc:
             counters.cancelled += 1
+            if not clock.ended:
+                self._count_failure(exc, deadline)
             raise
-        except BaseException:
+        except BaseException as exc:
             counters.failed += 1
+            if not clock.ended:
+                self._count_failure(exc, deadline)
             raise
         finally:
             self.gate.leave()
+
+    def _count_failure(self, exc: BaseException, deadline: Deadline) -> None:
+        """A request that ended by raising ``exc``; a cancellation at its deadline is the
+        deadline's doing (gRPC cancels the call then), any other the client's."""
+        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) and _deadline_passed(deadline):
+            self.metrics.finished("deadline")
+        else:
+            self.metrics.failed(exc)
+
+    def _observe(self, token_ids: Sequence[int], clock: _Clock) -> None:
+        """TTFT on the first chunk, ITL between chunks that carry tokens."""
+        now = time.perf_counter()
+        metrics = self.metrics
+        if not clock.first:
+            clock.first = now
+            metrics.ttft.observe(now - clock.arrival)
+        elif token_ids:
+            metrics.itl.observe(now - clock.last)
+        if token_ids:
+            clock.last = now
+            metrics.generation_tokens.inc(len(token_ids))
 
     def _finish(
         self,
@@ -131,6 +192,9 @@ class Frontend:
         clock: _Clock,
     ) -> None:
         end = time.perf_counter()
+        clock.ended = True
+        self.metrics.finished("ok")
+        self.metrics.e2e.observe(end - clock.arrival)
         report = handoff.report
         response.usage.CopyFrom(
             tandem_pb2.Usage(

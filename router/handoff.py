@@ -136,7 +136,7 @@ class Handoff:
     async def _reserve(self, endpoints: list[str]) -> _Leg:
         """Reserve on the first of ``endpoints`` that accepts."""
         deps = self._deps
-        exhausted = False
+        exhausted: list[int] = []  # retry hints of the full workers
         for i, endpoint in enumerate(endpoints):
             if i:
                 deps.counters.reserve_retries += 1
@@ -149,9 +149,10 @@ class Handoff:
             request = worker_pb2.ReserveRequest(
                 request_id=leg_id,
                 token_ids=self._tokens(),
-                sampling=self._sampling(),
+                sampling=self._req.sampling,
                 logprobs=self._req.logprobs,
                 lease_s=deps.config.lease_s,
+                prior_output_tokens=len(self._sent),
             )
             try:
                 reply = await legs.reserve(
@@ -160,14 +161,14 @@ class Handoff:
             except WorkerCallError as err:
                 legs.raise_if_fatal(err)
                 if err.code_name == "RESOURCE_EXHAUSTED":
-                    exhausted = True
+                    exhausted.append(err.retry_after_ms or deps.config.retry_after_ms)
                 else:
                     self._mark_down(endpoint, str(err))
                 continue
             self._open.append((endpoint, leg_id, True))
             return _Leg(endpoint, leg_id, reply)
-        if exhausted:
-            raise OverloadedError("every decode worker is full", deps.config.retry_after_ms)
+        if exhausted:  # come back when the soonest full worker expects room
+            raise OverloadedError("every decode worker is full", min(exhausted))
         raise NoWorkerError("no decode worker could take the request")
 
     async def _renew(self, leg: _Leg) -> _Leg:
@@ -217,12 +218,13 @@ class Handoff:
         request = worker_pb2.PrefillRequest(
             request_id=leg.leg_id,
             token_ids=self._tokens(),
-            sampling=self._sampling(),
+            sampling=self._req.sampling,
             logprobs=self._req.logprobs,
             transfer_id=r.transfer_id,
             block_ids=r.block_ids,
             kv_endpoint=r.kv_endpoint,
             layout=r.layout,
+            prior_output_tokens=len(self._sent),
         )
         key = (endpoint, leg.leg_id, False)
         self._open.append(key)
@@ -257,15 +259,6 @@ class Handoff:
     def _tokens(self) -> list[int]:
         """What the next leg prefills: the prompt plus every token already sent."""
         return self._req.prompt_ids + self._sent
-
-    def _sampling(self) -> tandem_pb2.SamplingParams:
-        """The client's sampling with max/min tokens reduced by what was already sent."""
-        sampling = tandem_pb2.SamplingParams()
-        sampling.CopyFrom(self._req.sampling)
-        sampling.max_tokens = self._remaining()
-        if sampling.HasField("min_tokens"):
-            sampling.min_tokens = max(0, sampling.min_tokens - len(self._sent))
-        return sampling
 
     def _first_logprob(self, reply: worker_pb2.PrefillResponse) -> list[tandem_pb2.TokenLogprob]:
         if not self._req.logprobs.enabled:

@@ -14,6 +14,7 @@ import grpc
 
 from protos.tandem.v1 import tandem_pb2, worker_pb2
 from router.errors import DeadlineError, LegLostError, WorkerCallError, WorkerFailedError
+from router.status import RETRY_AFTER_KEY
 from router.worker_clients import WorkerClients
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,17 @@ _ABORT_TIMEOUT_S = 2.0
 
 
 def _typed(err: grpc.aio.AioRpcError, endpoint: str, method: str) -> WorkerCallError:
-    return WorkerCallError(endpoint, method, err.code().name, err.details() or "")
+    return WorkerCallError(
+        endpoint, method, err.code().name, err.details() or "", _retry_hint(err)
+    )
+
+
+def _retry_hint(err: grpc.aio.AioRpcError) -> int | None:
+    """The worker's ``retry-after-ms`` trailing metadata, if it sent a sane one."""
+    for key, value in err.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
+            return min(int(value), 60_000)
+    return None
 
 
 async def reserve(

@@ -117,6 +117,14 @@ class Registry:
             self._endpoint_of.pop(entry.worker_id, None)
         return gone
 
+    def remove(self, endpoint: str) -> bool:
+        """Forget a worker, static or not (discovery saw its pod go); False if unknown."""
+        entry = self._by_endpoint.pop(endpoint, None)
+        if entry is None:
+            return False
+        self._endpoint_of.pop(entry.worker_id, None)
+        return True
+
     def acquire(self, endpoint: str) -> None:
         """The router put one request on ``endpoint``."""
         entry = self._by_endpoint.get(endpoint)

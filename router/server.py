@@ -18,13 +18,17 @@ from grpc_reflection.v1alpha import reflection
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from router.admission import AdmissionGate, AdmissionLedger
 from router.affinity import PrefixAffinity
+from router.auth import AuthInterceptor
 from router.config import RouterConfig
 from router.counters import HandoffCounters
 from router.frontend import Frontend
 from router.handoff import HandoffDeps
 from router.health_monitor import HealthMonitor
+from router.http import HttpServer
+from router.metrics import RouterMetrics
 from router.registry import Registry
 from router.registry_service import RegistryServicer
+from router.security import RouterSecurity
 from router.servicer import TandemServicer
 from router.tokenizer import RouterTokenizer
 from router.worker_clients import WorkerClients
@@ -45,8 +49,16 @@ class BindError(RuntimeError):
 class RouterServer:
     """One router process's gRPC server and everything behind it."""
 
-    def __init__(self, config: RouterConfig, tokenizer: RouterTokenizer) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        tokenizer: RouterTokenizer,
+        security: RouterSecurity | None = None,
+    ) -> None:
         self.config = config
+        # Keys and TLS files are read here unless the caller (the CLI) already did.
+        self.security = security or RouterSecurity.from_config(config)
+        worker_tls = self.security.worker_tls
         self.registry = Registry(
             time.monotonic, config.heartbeat_interval_s, config.missed_heartbeats
         )
@@ -54,13 +66,20 @@ class RouterServer:
             self.registry.add_static(Role.PREFILL, endpoint)
         for endpoint in config.decode_endpoints:
             self.registry.add_static(Role.DECODE, endpoint)
-        self.clients = WorkerClients()
+        self.clients = WorkerClients(worker_tls.channel_credentials() if worker_tls else None)
         affinity = PrefixAffinity(config.affinity_entries)
-        deps = HandoffDeps(config, self.registry, self.clients, affinity, HandoffCounters())
+        self.affinity = affinity  # k8s discovery forgets departed workers here too
+        counters = HandoffCounters()
+        deps = HandoffDeps(config, self.registry, self.clients, affinity, counters)
         self.gate = AdmissionGate(
             AdmissionLedger(config.max_inflight, config.max_queue, config.retry_after_ms)
         )
-        self.servicer = TandemServicer(Frontend(deps, tokenizer, self.gate))
+        # Its own Prometheus registry (``self.metrics.registry``), served at HTTP /metrics.
+        self.metrics = RouterMetrics(counters, self.gate.ledger, self.registry)
+        self.frontend = Frontend(deps, tokenizer, self.gate, self.metrics)
+        self.servicer = TandemServicer(self.frontend)
+        self.http: HttpServer | None = None
+        self.http_port = 0
         self.monitor = HealthMonitor(
             self.registry, self.clients, affinity, config.health_interval_s, config.health_timeout_s
         )
@@ -73,24 +92,46 @@ class RouterServer:
     async def start(self) -> int:
         """Bind, serve, start probing workers; returns the bound port."""
         # No SO_REUSEPORT: a second router on a busy port must fail, not share it silently.
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        keys, tls = self.security.keys, self.security.server_tls
+        interceptors = [AuthInterceptor(keys, _SERVICES[:1])] if keys is not None else []
+        server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
         tandem_pb2_grpc.add_TandemServicer_to_server(self.servicer, server)
         worker_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(self.registry), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((*_SERVICES, reflection.SERVICE_NAME), server)
         address = f"{self.config.host}:{self.config.port}"
         try:
-            port = server.add_insecure_port(address)
+            if tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, tls.grpc_credentials())
         except RuntimeError as err:
             raise BindError(f"cannot bind {address}: {err}") from err
         if port == 0:
             raise BindError(f"cannot bind {address}")
         await server.start()
         self._server, self.port = server, port
+        if self.config.http_enabled:
+            await self._start_http()
         for service in ("", *_SERVICES):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._monitor_task = asyncio.create_task(self.monitor.run(self._stop_monitor))
         return port
+
+    async def _start_http(self) -> None:
+        """The OpenAI-compatible HTTP API on ``http_host:http_port``, sharing this loop."""
+        tls = self.security.server_tls
+        http = HttpServer(self.frontend, self.metrics.registry, self.security.keys,
+                          tls.ssl_context() if tls is not None else None)
+        host = self.config.http_host or self.config.host
+        try:
+            self.http_port = await http.start(host, self.config.http_port)
+        except OSError as err:
+            if self._server is not None:  # do not leave the gRPC port half-started
+                await self._server.stop(None)
+                self._server = None
+            raise BindError(f"cannot bind HTTP {host}:{self.config.http_port}: {err}") from err
+        self.http = http
 
     async def stop_accepting(self) -> None:
         """Health NOT_SERVING and refuse new requests (UNAVAILABLE); in-flight ones go on."""
@@ -115,6 +156,8 @@ class RouterServer:
             self._monitor_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor_task
+        if self.http is not None:
+            await self.http.stop()
         if self._server is not None:
             await self._server.stop(grace_s)
         await self.clients.close()

@@ -18,6 +18,8 @@ from router.errors import (
 )
 
 RETRY_AFTER_KEY = "retry-after-ms"
+# Retry hint for RESOURCE_EXHAUSTED from a worker that sent none.
+DEFAULT_RETRY_AFTER_MS = 250
 
 
 def status_of(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
@@ -35,7 +37,11 @@ def status_of(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, 
     if isinstance(err, DeadlineError):
         return grpc.StatusCode.DEADLINE_EXCEEDED, str(err), ()
     if isinstance(err, (WorkerFailedError, WorkerCallError)):
-        return _code(err.code_name), str(err), ()
+        code = _code(err.code_name)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # a full worker: say when to come back
+            hint = err.retry_after_ms or DEFAULT_RETRY_AFTER_MS
+            return code, str(err), ((RETRY_AFTER_KEY, str(hint)),)
+        return code, str(err), ()
     return grpc.StatusCode.INTERNAL, str(err), ()
 
 

@@ -15,15 +15,22 @@ _CHANNEL_OPTIONS = [
 
 
 class WorkerClients:
-    """Lazily built stubs for each worker endpoint (must be used inside the event loop)."""
+    """Lazily built stubs for each worker endpoint (must be used inside the event loop).
 
-    def __init__(self) -> None:
+    With ``credentials`` every channel is TLS (mTLS when they carry a client certificate).
+    """
+
+    def __init__(self, credentials: grpc.ChannelCredentials | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._credentials = credentials
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+            else:
+                channel = grpc.aio.secure_channel(endpoint, self._credentials, _CHANNEL_OPTIONS)
             self._channels[endpoint] = channel
         return channel
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +51,16 @@ class Cluster:
 
     echo: bool = False  # copy each process's output to our stderr (interactive use)
 
-    def start(self, module: str, *args: str, timeout: float = 600.0) -> Proc:
-        """Run ``python -m module args`` and wait for its READY line."""
+    def start(
+        self, module: str, *args: str, timeout: float = 600.0, wrap: Sequence[str] = ()
+    ) -> Proc:
+        """Run ``python -m module args`` and wait for its READY line.
+
+        ``wrap`` prefixes the command line, e.g. ``("taskset", "-c", "0")`` to pin a worker.
+        """
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         popen = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            [*wrap, sys.executable, "-m", module, *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         proc = Proc(popen, {}, [])

@@ -1,5 +1,5 @@
 """Faults injected into a live cluster (real processes, SmolLM2): a prefill worker killed
-during its KV push, a decode worker killed mid-stream, and no prefill worker at all. Every
+in the middle of its KV push, a decode worker killed mid-stream, and no prefill worker at all. Every
 request still completes with the tokens an undisturbed run gives."""
 
 from __future__ import annotations
@@ -61,15 +61,18 @@ def _greedy(n: int) -> tandem_pb2.SamplingParams:
     return tandem_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-def test_prefill_killed_during_push_falls_back(smollm2_dir) -> None:
+def test_prefill_killed_mid_push_falls_back(smollm2_dir) -> None:
+    """SIGKILL the prefill worker after the decode worker has received part of the KV and
+    before the COMMIT: the request completes (local prefill) and no block stays held."""
     c = Cluster()
     try:
-        # Small chunks: the prefill takes many steps, and Stats (served between steps) sees it
-        # running, so the kill lands while the prompt is being prefilled and pushed.
-        decode, prefill = _decode(c), _prefill(c, "--max-num-batched-tokens", "128")
+        decode, prefill = _decode(c), _prefill(c)
         router = _router(c, smollm2_dir, [prefill], [decode])
-        text = long_prompt(100)
+        # One long prefill step: its layers are pushed one by one while it computes, so there
+        # is a window of seconds in which the decode worker holds part of the KV.
+        text = long_prompt(120)  # ~1,800 tokens: one step under the 2,048-token budget
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        received_before = _stats(decode, "decode").kv_transfer_bytes
         result: dict[str, object] = {}
 
         def run() -> None:
@@ -81,35 +84,54 @@ def test_prefill_killed_during_push_falls_back(smollm2_dir) -> None:
 
         th = threading.Thread(target=run)
         th.start()
-        _wait_for(lambda: _stats(prefill, "prefill").num_running > 0)
+
+        def mid_push() -> bool:
+            st = _stats(decode, "decode")
+            return st.kv_transfer_bytes > received_before and st.num_running == 0
+
+        _wait_for(mid_push)
         prefill.kill()
         th.join(timeout=600)
         assert "error" not in result, result.get("error")
         assert result["tokens"] == hf_greedy(smollm2_dir, _tokenize(smollm2_dir, text), 8)
-        _wait_for(lambda: _stats(decode, "decode").num_free_blocks == _stats(decode, "decode").num_blocks)
+        st = _stats(decode, "decode")
+        assert st.kv_transfer_failures >= 1  # the half-pushed transfer was dropped ...
+        _wait_for(lambda: _stats(decode, "decode").num_free_blocks
+                  == _stats(decode, "decode").num_blocks)  # ... and its blocks came back
+        assert _stats(decode, "decode").num_leased_blocks == 0
     finally:
         c.stop()
 
 
 def test_decode_killed_mid_stream_migrates(smollm2_dir) -> None:
+    """Seeded sampling with penalties: the migrated stream equals an undisturbed one, so the
+    new leg knows which tokens were output (penalties, min tokens, the RNG's position)."""
     c = Cluster()
     try:
         d1, d2, prefill = _decode(c), _decode(c), _prefill(c)
         router = _router(c, smollm2_dir, [prefill], [d1, d2])
         text = "Write a long poem about the sea and the ships upon it."
+        sampling = tandem_pb2.SamplingParams(
+            max_tokens=40, min_tokens=40, temperature=0.9, top_p=0.95, seed=7,
+            frequency_penalty=0.5, presence_penalty=0.2,
+        )
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        request = tandem_pb2.GenerateRequest(text=text, sampling=sampling)
+        undisturbed = [t for m in stub.Generate(request, timeout=600) for t in m.token_ids]
+        assert len(undisturbed) == 40
         tokens: list[int] = []
         killed = None
-        for msg in stub.Generate(tandem_pb2.GenerateRequest(text=text, sampling=_greedy(40)),
-                                 timeout=600):
+        for msg in stub.Generate(request, timeout=600):
             tokens += msg.token_ids
             if killed is None and len(tokens) >= 6:
                 killed = d1 if _stats(d1, "decode").num_running > 0 else d2
                 killed.kill()
         assert killed is not None
-        assert tokens == hf_greedy(smollm2_dir, _tokenize(smollm2_dir, text), 40)
+        assert tokens == undisturbed
         survivor = d2 if killed is d1 else d1
         _wait_for(lambda: _stats(survivor, "decode").num_running == 0)
+        _wait_for(lambda: _stats(survivor, "decode").num_free_blocks
+                  == _stats(survivor, "decode").num_blocks)
     finally:
         c.stop()
 

@@ -36,18 +36,20 @@ class KVLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s")
+    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s", "prior_output_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _tandem_pb2.SamplingParams
     logprobs: _tandem_pb2.LogprobOptions
     lease_s: float
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    prior_output_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout")
@@ -62,7 +64,7 @@ class ReserveResponse(_message.Message):
     def __init__(self, transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "transfer_id", "block_ids", "kv_endpoint", "layout")
+    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "transfer_id", "block_ids", "kv_endpoint", "layout", "prior_output_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +73,7 @@ class PrefillRequest(_message.Message):
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _tandem_pb2.SamplingParams
@@ -79,7 +82,8 @@ class PrefillRequest(_message.Message):
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_endpoint: str
     layout: KVLayout
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ...) -> None: ...
+    prior_output_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., prior_output_tokens: _Optional[int] = ...) -> None: ...
 
 class PrefillLocalRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -126,7 +130,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining")
+    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "kv_transfer_bytes_per_s", "kv_transfer_bytes", "kv_transfer_failures", "num_leased_blocks")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +143,14 @@ class WorkerStats(_message.Message):
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P90_S_FIELD_NUMBER: _ClassVar[int]
+    ITL_P50_S_FIELD_NUMBER: _ClassVar[int]
+    ITL_P90_S_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    NUM_LEASED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     role: Role
     worker_id: str
     num_running: int
@@ -151,7 +163,15 @@ class WorkerStats(_message.Message):
     prefix_cache_hits: int
     num_preemptions: int
     draining: bool
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    ttft_p50_s: float
+    ttft_p90_s: float
+    itl_p50_s: float
+    itl_p90_s: float
+    kv_transfer_bytes_per_s: float
+    kv_transfer_bytes: int
+    kv_transfer_failures: int
+    num_leased_blocks: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., itl_p50_s: _Optional[float] = ..., itl_p90_s: _Optional[float] = ..., kv_transfer_bytes_per_s: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failures: _Optional[int] = ..., num_leased_blocks: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("role", "worker_id", "endpoint", "kv_endpoint", "layout")

@@ -35,6 +35,7 @@ class Reservation:
     request_id: str
     token_ids: list[int]
     sampling: tandem_pb2.SamplingParams
+    prior: int = 0  # tokens of token_ids an earlier leg generated (count toward max_tokens)
     committed: asyncio.Event = field(default_factory=asyncio.Event)
     first: int = -1
 
@@ -47,6 +48,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         registry[kv_name] = self
         self.reservations: dict[str, Reservation] = {}
         self.exhausted = False
+        self.retry_hint_ms: int | None = None  # sent with RESOURCE_EXHAUSTED when set
         self.die_after: int | None = None  # abort the stream UNAVAILABLE after N messages
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
@@ -65,9 +67,12 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
 
     async def Reserve(self, request, context):  # noqa: N802
         if self.exhausted:
+            if self.retry_hint_ms is not None:
+                context.set_trailing_metadata((("retry-after-ms", str(self.retry_hint_ms)),))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no free blocks")
         self.reservations[request.request_id] = Reservation(
-            request.request_id, list(request.token_ids), request.sampling
+            request.request_id, list(request.token_ids), request.sampling,
+            request.prior_output_tokens,
         )
         return worker_pb2.ReserveResponse(
             transfer_id=request.request_id, block_ids=[1, 2], kv_endpoint=self.kv_name
@@ -84,8 +89,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         r = self.reservations[request.request_id]
         await r.committed.wait()
         seq = [*r.token_ids, r.first]
-        made, sent, said = 1, 0, ""
-        if r.sampling.max_tokens <= 1:
+        made, sent, said = 1 + r.prior, 0, ""
+        if made >= r.sampling.max_tokens:
             yield tandem_pb2.GenerateResponse(finished=True, finish_reason="length")
             return
         while made < r.sampling.max_tokens:

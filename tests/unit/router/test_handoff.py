@@ -112,7 +112,8 @@ def test_decode_death_migrates_without_loss_or_repeat(tokenizer: RouterTokenizer
             assert c.counters.migrations == 1
             moved = c.decode[1 - first].reservations["r1.1"]
             assert moved.token_ids == PROMPT + expected_output(PROMPT, 10)[:4]
-            assert moved.sampling.max_tokens == 6
+            # The new leg knows the request's own budget and how much of it is spent.
+            assert moved.sampling.max_tokens == 10 and moved.prior == 4
             assert c.decode[first].aborts == ["r1"]
 
     asyncio.run(scenario())
@@ -181,11 +182,13 @@ def test_overload_is_resource_exhausted_with_retry_info(tokenizer: RouterTokeniz
 def test_full_decode_workers_are_resource_exhausted(tokenizer: RouterTokenizer) -> None:
     async def scenario() -> None:
         async with cluster(tokenizer, n_decode=2) as c:
-            for d in c.decode:
-                d.exhausted = True
+            for d, hint in zip(c.decode, (900, 400), strict=True):
+                d.exhausted, d.retry_hint_ms = True, hint
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.generate(_request())
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            # The client is told to come back when the soonest full worker expects room.
+            assert dict(err.value.trailing_metadata() or ())[RETRY_AFTER_KEY] == "400"
             assert c.counters.reserve_retries == 1
             c.decode[1].exhausted = False  # and the router keeps serving
             _check_complete(c, await c.generate(_request()), 6, tokenizer)

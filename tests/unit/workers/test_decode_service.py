@@ -44,8 +44,12 @@ def test_reserve_errors(engines) -> None:
             await c.reserve("b", PROMPT, greedy(4))  # 6 of 8 blocks now reserved
             code, _ = await _code(c.reserve("a", PROMPT, greedy(4)))
             assert code == grpc.StatusCode.INVALID_ARGUMENT  # the id is in use
-            code, why = await _code(c.reserve("c", PROMPT, greedy(4)))
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "free" in why
+            with pytest.raises(grpc.aio.AioRpcError) as full:
+                await c.reserve("c", PROMPT, greedy(4))
+            assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "free" in (full.value.details() or "")
+            hint = dict(full.value.trailing_metadata() or ())["retry-after-ms"]
+            assert int(hint) > 0  # a full worker says when to come back
             for rid in ("a", "b"):
                 assert (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id=rid))).found
             assert not (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="a"))).found

@@ -1,0 +1,207 @@
+"""Drive a Tandem endpoint with a list of timed requests and record what each one saw.
+
+Two ways in, measured the same way (send -> first token -> every token -> last):
+
+    run_load(target, specs)        the public ``Tandem.Generate`` stream on a router
+    run_direct(decode, prefill)    the worker RPCs the router itself makes (Reserve,
+                                   Prefill or PrefillLocal, Decode): the no-router baseline
+
+Speaks gRPC through ``protos`` only, so it measures any Tandem endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from bench.serve_stats import RequestResult
+from bench.serve_workload import RequestSpec
+from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+Progress = Callable[[RequestResult], None]
+
+
+def greedy(max_tokens: int) -> tandem_pb2.SamplingParams:
+    """Greedy sampling of exactly ``max_tokens`` tokens (EOS ignored: lengths are the mix's)."""
+    return tandem_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def _metadata(api_key: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {api_key}"),) if api_key else None
+
+
+async def _one(
+    stub: tandem_pb2_grpc.TandemStub,
+    spec: RequestSpec,
+    t0: float,
+    model: str,
+    api_key: str | None,
+    timeout_s: float,
+) -> RequestResult:
+    result = RequestResult(spec.index, spec.kind, ok=False, prompt_tokens=len(spec.prompt_ids))
+    request = tandem_pb2.GenerateRequest(
+        model=model,
+        token_ids=tandem_pb2.TokenIds(ids=spec.prompt_ids),
+        sampling=greedy(spec.max_tokens),
+    )
+    sent = time.perf_counter()
+    result.sent_at = sent - t0
+    try:
+        call = stub.Generate(request, timeout=timeout_s, metadata=_metadata(api_key))
+        async for msg in call:
+            now = time.perf_counter() - sent
+            result.token_times += [now] * len(msg.token_ids)
+            if msg.finished:
+                result.cached_tokens = msg.usage.cached_tokens
+                result.ok = msg.finish_reason in ("length", "stop")
+                if not result.ok:
+                    result.error = f"finish_reason={msg.finish_reason}"
+    except grpc.aio.AioRpcError as err:
+        result.error = f"{err.code().name}: {err.details()}"
+        result.ok = False
+    _finish(result)
+    return result
+
+
+def _finish(result: RequestResult) -> None:
+    result.output_tokens = len(result.token_times)
+    if result.token_times:
+        result.ttft = result.token_times[0]
+        result.e2e = result.token_times[-1]
+    elif result.ok:
+        result.ok, result.error = False, "no tokens"
+
+
+async def _paced(
+    specs: Sequence[RequestSpec],
+    run_one: Callable[[RequestSpec, float], object],
+    progress: Progress | None,
+) -> tuple[list[RequestResult], float]:
+    """Send each spec at its arrival time (open loop); returns results and wall seconds."""
+    t0 = time.perf_counter()
+
+    async def at_arrival(spec: RequestSpec) -> RequestResult:
+        delay = spec.arrival_s - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)  # the arrival process itself, not a wait on state
+        result = await run_one(spec, t0)  # type: ignore[misc]
+        if progress is not None:
+            progress(result)
+        return result
+
+    results = await asyncio.gather(*(at_arrival(s) for s in specs))
+    return sorted(results, key=lambda r: r.index), time.perf_counter() - t0
+
+
+async def run_load(
+    target: str,
+    specs: Sequence[RequestSpec],
+    *,
+    model: str = "",
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    progress: Progress | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Open-loop load on a router's ``Generate``; returns per-request results and wall time."""
+    channel = (
+        grpc.aio.secure_channel(target, credentials)
+        if credentials is not None
+        else grpc.aio.insecure_channel(target)
+    )
+    async with channel:
+        stub = tandem_pb2_grpc.TandemStub(channel)
+        return await _paced(
+            specs,
+            lambda spec, t0: _one(stub, spec, t0, model, api_key, timeout_s),
+            progress,
+        )
+
+
+async def run_direct(
+    decode: str,
+    prefill: str | None,
+    specs: Sequence[RequestSpec],
+    *,
+    timeout_s: float = 600.0,
+    progress: Progress | None = None,
+) -> tuple[list[RequestResult], float]:
+    """The same load through the workers' own RPCs, as the router would make them.
+
+    Reserve on ``decode``; then Prefill on ``prefill`` (or PrefillLocal on the decode worker
+    when ``prefill`` is None); the first token comes from that reply; the rest from Decode.
+    """
+    async with grpc.aio.insecure_channel(decode) as dch:
+        d_stub = worker_pb2_grpc.DecodeServiceStub(dch)
+        p_channel = grpc.aio.insecure_channel(prefill) if prefill else None
+        p_stub = worker_pb2_grpc.PrefillServiceStub(p_channel) if p_channel else None
+        try:
+            return await _paced(
+                specs,
+                lambda spec, t0: _direct_one(d_stub, p_stub, spec, t0, timeout_s),
+                progress,
+            )
+        finally:
+            if p_channel is not None:
+                await p_channel.close()
+
+
+async def _direct_one(
+    d_stub: worker_pb2_grpc.DecodeServiceStub,
+    p_stub: worker_pb2_grpc.PrefillServiceStub | None,
+    spec: RequestSpec,
+    t0: float,
+    timeout_s: float,
+) -> RequestResult:
+    result = RequestResult(spec.index, spec.kind, ok=False, prompt_tokens=len(spec.prompt_ids))
+    leg = f"bench-{uuid.uuid4().hex[:12]}"
+    sampling = greedy(spec.max_tokens)
+    sent = time.perf_counter()
+    result.sent_at = sent - t0
+    try:
+        reservation = await d_stub.Reserve(
+            worker_pb2.ReserveRequest(
+                request_id=leg, token_ids=spec.prompt_ids, sampling=sampling, lease_s=timeout_s
+            ),
+            timeout=timeout_s,
+        )
+        if p_stub is None:
+            first = await d_stub.PrefillLocal(
+                worker_pb2.PrefillLocalRequest(request_id=leg), timeout=timeout_s
+            )
+        else:
+            first = await p_stub.Prefill(
+                worker_pb2.PrefillRequest(
+                    request_id=leg,
+                    token_ids=spec.prompt_ids,
+                    sampling=sampling,
+                    transfer_id=reservation.transfer_id,
+                    block_ids=reservation.block_ids,
+                    kv_endpoint=reservation.kv_endpoint,
+                    layout=reservation.layout,
+                ),
+                timeout=timeout_s,
+            )
+        result.token_times.append(time.perf_counter() - sent)
+        result.cached_tokens = first.cached_tokens
+        async for msg in d_stub.Decode(worker_pb2.DecodeRequest(request_id=leg), timeout=timeout_s):
+            now = time.perf_counter() - sent
+            result.token_times += [now] * len(msg.token_ids)
+            if msg.finished:
+                result.ok = True
+    except grpc.aio.AioRpcError as err:
+        result.error = f"{err.code().name}: {err.details()}"
+        await _abort(d_stub, leg)
+    _finish(result)
+    return result
+
+
+async def _abort(d_stub: worker_pb2_grpc.DecodeServiceStub, leg: str) -> None:
+    try:
+        await d_stub.Abort(worker_pb2.AbortRequest(request_id=leg), timeout=5)
+    except grpc.aio.AioRpcError:
+        pass

@@ -1,0 +1,103 @@
+"""Latency statistics of a serving run, reported the way the field reports them.
+
+    TTFT  send -> first token                     (prefill + queueing + handoff)
+    ITL   gap between consecutive tokens           (every gap of every request)
+    TPOT  (E2E - TTFT) / (output tokens - 1)       (one number per request)
+    E2E   send -> last token
+    goodput  requests/s that met both the TTFT and the TPOT target
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What one request saw; times in seconds, relative to its own send time."""
+
+    index: int
+    kind: str
+    ok: bool
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    sent_at: float = 0.0  # seconds after the run started
+    ttft: float = 0.0
+    e2e: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # arrival of each token
+
+    @property
+    def itls(self) -> list[float]:
+        """Gaps between consecutive tokens (tokens arriving in one message count as 0 gaps)."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first; None for single-token outputs."""
+        if self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (like numpy's default); NaN for no values."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _dist(values: list[float]) -> dict[str, float]:
+    out = {f"p{q}": percentile(values, q) for q in PERCENTILES}
+    out["mean"] = sum(values) / len(values) if values else float("nan")
+    return out
+
+
+def summarize(
+    results: list[RequestResult],
+    duration_s: float,
+    *,
+    slo_ttft_s: float,
+    slo_tpot_s: float,
+) -> dict[str, object]:
+    """Percentiles (seconds), throughput and goodput of one run; JSON-ready."""
+    ok = [r for r in results if r.ok]
+    tpots = [t for r in ok if (t := r.tpot) is not None]
+    good = [
+        r for r in ok
+        if r.ttft <= slo_ttft_s and (r.tpot is None or r.tpot <= slo_tpot_s)
+    ]
+    by_kind: dict[str, dict[str, object]] = {}
+    for kind in sorted({r.kind for r in results}):
+        mine = [r for r in ok if r.kind == kind]
+        by_kind[kind] = {
+            "n": len(mine),
+            "ttft": _dist([r.ttft for r in mine]),
+            "tpot": _dist([t for r in mine if (t := r.tpot) is not None]),
+        }
+    out_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration_s,
+        "ttft": _dist([r.ttft for r in ok]),
+        "tpot": _dist(tpots),
+        "itl": _dist([gap for r in ok for gap in r.itls]),
+        "e2e": _dist([r.e2e for r in ok]),
+        "throughput_rps": len(ok) / duration_s if duration_s > 0 else 0.0,
+        "output_tok_s": out_tokens / duration_s if duration_s > 0 else 0.0,
+        "goodput_rps": len(good) / duration_s if duration_s > 0 else 0.0,
+        "goodput_share": len(good) / len(results) if results else 0.0,
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
+        "by_kind": by_kind,
+    }

@@ -1,0 +1,101 @@
+"""Workload mixes for the serving benchmark: who arrives when, with how long a prompt.
+
+A mix blends two request kinds, the two shapes that matter for disaggregation:
+
+    rag   long prompt (retrieved context), short answer   -> prefill bursts
+    chat  short prompt (a conversational turn), longer answer -> steady decode
+
+Arrivals are a Poisson process (exponential gaps at ``rate`` requests/s). Prompts are random
+token ids (fixed seed), so every run of a mix sends the same requests and no two requests share
+a prefix by accident: prefix caching does not flatter either setup.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKind:
+    """One request shape: prompt and output lengths drawn uniformly from inclusive ranges."""
+
+    name: str
+    prompt_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadMix:
+    """Request kinds and the share of each (shares sum to 1)."""
+
+    name: str
+    kinds: tuple[tuple[RequestKind, float], ...]
+
+    def __post_init__(self) -> None:
+        total = sum(share for _, share in self.kinds)
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"mix {self.name!r}: shares sum to {total}, not 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a run: when it is sent (seconds after start) and what it asks."""
+
+    index: int
+    arrival_s: float
+    kind: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+
+
+RAG = RequestKind("rag", prompt_tokens=(768, 1024), output_tokens=(16, 32))
+CHAT = RequestKind("chat", prompt_tokens=(32, 96), output_tokens=(64, 128))
+
+# Sized for a 2-core CPU box running SmolLM2-135M; scale with --scale on bigger machines.
+MIXES: dict[str, WorkloadMix] = {
+    "mixed": WorkloadMix("mixed", ((RAG, 0.3), (CHAT, 0.7))),
+    "chat": WorkloadMix("chat", ((CHAT, 1.0),)),
+    "rag": WorkloadMix("rag", ((RAG, 1.0),)),
+}
+
+
+def scaled(kind: RequestKind, scale: float) -> RequestKind:
+    """``kind`` with every length multiplied by ``scale`` (at least one token)."""
+
+    def mul(r: tuple[int, int]) -> tuple[int, int]:
+        return max(1, round(r[0] * scale)), max(1, round(r[1] * scale))
+
+    return RequestKind(kind.name, mul(kind.prompt_tokens), mul(kind.output_tokens))
+
+
+def make_requests(
+    mix: WorkloadMix,
+    rate: float,
+    num_requests: int,
+    *,
+    seed: int = 0,
+    vocab: tuple[int, int] = (1000, 30000),
+    scale: float = 1.0,
+) -> list[RequestSpec]:
+    """``num_requests`` requests of ``mix`` arriving as a Poisson process at ``rate``/s.
+
+    ``vocab`` bounds the random token ids (half-open); keep it inside the model's vocabulary.
+    """
+    if rate <= 0 or num_requests < 1:
+        raise ValueError("rate must be > 0 and num_requests >= 1")
+    if not 0 <= vocab[0] < vocab[1]:
+        raise ValueError(f"bad vocab range {vocab}")
+    rng = random.Random(seed)
+    kinds = [scaled(kind, scale) for kind, _ in mix.kinds]
+    weights = [share for _, share in mix.kinds]
+    specs: list[RequestSpec] = []
+    t = 0.0
+    for i in range(num_requests):
+        if i:
+            t += rng.expovariate(rate)
+        kind = rng.choices(kinds, weights)[0]
+        n_prompt = rng.randint(*kind.prompt_tokens)
+        ids = tuple(rng.randrange(vocab[0], vocab[1]) for _ in range(n_prompt))
+        specs.append(RequestSpec(i, t, kind.name, ids, rng.randint(*kind.output_tokens)))
+    return specs

@@ -1,0 +1,208 @@
+"""The OpenAI-compatible HTTP API, served by aiohttp inside the router's event loop.
+
+    POST /v1/completions        POST /v1/chat/completions      (SSE when "stream": true)
+    GET  /v1/models             GET  /health (open)            GET  /metrics (Prometheus)
+
+Requests go straight to ``Frontend`` (the same prepare/generate the gRPC servicer calls):
+no gRPC hop and no second validator. A client that disconnects cancels its handler
+(``handler_cancellation``), which closes the generation and so both of its worker legs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from protos.tandem.v1 import tandem_pb2
+from router.auth import ApiKeys
+from router.errors import InvalidRequestError, RouterError
+from router.frontend import Frontend
+from router.http.errors import HttpError, error_body, http_error
+from router.http.openai_request import ApiRequest, Endpoint, parse
+from router.http.openai_response import ResponseShaper, model_list
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+TIMEOUT_HEADER = "X-Tandem-Timeout"  # optional per-request budget in seconds (-> 504)
+_OPEN_PATHS = frozenset({"/health"})
+_MAX_BODY = 32 * 1024 * 1024
+
+
+class HttpServer:
+    """The router's HTTP front door; ``start`` binds, ``stop`` closes it."""
+
+    def __init__(
+        self,
+        frontend: Frontend,
+        registry: CollectorRegistry,
+        keys: ApiKeys | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._frontend = frontend
+        self._registry = registry
+        self._keys = keys
+        self._ssl = ssl_context
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes and middlewares)."""
+        app = web.Application(
+            middlewares=[self._errors, self._auth], client_max_size=_MAX_BODY
+        )
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind ``host:port`` (0 picks a free port) and serve; returns the bound port."""
+        runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=self._ssl, reuse_port=False)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Close the listener and any open connections."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- middlewares ---------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RouterError as err:
+            return _error_response(http_error(err))
+        except web.HTTPException as exc:  # unknown route, wrong method, body too large
+            if exc.status < 400:
+                raise
+            body = error_body(exc.status, f"{exc.reason}: {request.method} {request.path}")
+            return web.json_response(body, status=exc.status)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._keys is not None and request.path not in _OPEN_PATHS:
+            if not self._keys.allows(request.headers.get("Authorization")):
+                body = error_body(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                                  code="invalid_api_key")
+                return web.json_response(body, status=401,
+                                         headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    # -- routes --------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.COMPLETIONS)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.CHAT)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(model_list(self._frontend.list_models()))
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        if self._frontend.gate.closed:
+            return web.json_response({"status": "draining"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        try:
+            api = parse(endpoint, await _json_body(request))
+        except InvalidRequestError:
+            self._frontend.metrics.finished("invalid")  # as prepare() counts its refusals
+            raise
+        prepared = self._frontend.prepare(api.request)
+        shaper = ResponseShaper(
+            api, self._frontend.deps.config.model_name, prepared.request_id, self._token_text
+        )
+        responses = self._frontend.generate(prepared, _budget(request))
+        async with aclosing(responses):
+            if not api.stream:
+                collected = [r async for r in responses]
+                return web.json_response(shaper.whole(collected))
+            # The first message before the headers: a refusal is still a proper status code.
+            first = await anext(responses)
+            return await _stream(request, api, shaper, first, responses)
+
+    def _token_text(self, token_id: int) -> str:
+        return self._frontend.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+async def _stream(
+    request: web.Request,
+    api: ApiRequest,
+    shaper: ResponseShaper,
+    first: tandem_pb2.GenerateResponse,
+    rest: AsyncIterator[tandem_pb2.GenerateResponse],
+) -> web.StreamResponse:
+    """Server-sent events: one ``data:`` per message, the usage event, then ``[DONE]``."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    last = first
+    try:
+        await _event(response, shaper.chunk(first, api.include_usage))
+        async for message in rest:
+            last = message
+            await _event(response, shaper.chunk(message, api.include_usage))
+        if api.include_usage:
+            await _event(response, shaper.usage_chunk(last))
+    except RouterError as err:  # headers are gone: the error travels as an event
+        await _event(response, http_error(err).body)
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _event(response: web.StreamResponse, body: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidRequestError("body", f"not valid JSON: {err}") from err
+
+
+def _budget(request: web.Request) -> float | None:
+    value = request.headers.get(TIMEOUT_HEADER)
+    if value is None:
+        return None
+    try:
+        budget = float(value)
+    except ValueError:
+        budget = -1.0
+    if not budget > 0:
+        raise InvalidRequestError(TIMEOUT_HEADER, "must be a positive number of seconds")
+    return budget
+
+
+def _error_response(err: HttpError) -> web.Response:
+    return web.json_response(err.body, status=err.status, headers=err.headers)

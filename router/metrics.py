@@ -1,0 +1,180 @@
+"""The router's Prometheus metrics (DESIGN.md section 5: ``tandem_`` names, ``role="router"``).
+
+Two kinds of figures:
+
+    observed on the request path   requests by outcome, TTFT, ITL, E2E, queue time, tokens
+        (Frontend calls ``RouterMetrics`` at each phase boundary)
+    read at scrape time            fallbacks and migrations (HandoffCounters), running and
+        (a custom collector)       queued requests (AdmissionLedger), the worker pool (Registry)
+
+Each ``RouterMetrics`` owns its own ``CollectorRegistry`` (never the process-wide default), so
+several routers can live in one test process; ``/metrics`` renders ``metrics.registry``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from router.admission import AdmissionLedger
+from router.counters import HandoffCounters
+from router.errors import (
+    DeadlineError,
+    DrainingError,
+    InvalidRequestError,
+    NoWorkerError,
+    OverloadedError,
+    WorkerCallError,
+    WorkerFailedError,
+)
+from router.registry import Registry
+from router.worker_view import Role
+
+ROLE = "router"
+OUTCOMES = ("ok", "invalid", "overloaded", "unavailable", "deadline", "cancelled", "error")
+
+# Latency buckets in seconds, after vLLM's (TTFT, ITL and E2E of LLM requests).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
+               20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+# HandoffCounters field -> the fallback ``kind`` label it is exported under.
+FALLBACK_KINDS = {
+    "prefill_retries": "prefill_retry",
+    "local_prefill_fallbacks": "local_prefill_fallback",
+    "local_prefill_short": "local_prefill_short",
+    "local_prefill_colocated": "local_prefill_colocated",
+    "reserve_retries": "reserve_retry",
+}
+
+# A worker's status code -> outcome, following what the client is told (router/status.py:
+# a worker's internal trouble reaches the client as UNAVAILABLE).
+_CODE_OUTCOMES = {
+    "INVALID_ARGUMENT": "invalid",
+    "OUT_OF_RANGE": "invalid",
+    "RESOURCE_EXHAUSTED": "overloaded",
+    "DEADLINE_EXCEEDED": "deadline",
+    "UNAVAILABLE": "unavailable",
+    "ABORTED": "unavailable",
+    "INTERNAL": "unavailable",
+    "UNKNOWN": "unavailable",
+    "CANCELLED": "unavailable",
+}
+
+
+def outcome_of(exc: BaseException) -> str:
+    """How a request that raised ``exc`` ended, as a ``tandem_requests_total`` outcome."""
+    if isinstance(exc, InvalidRequestError):
+        return "invalid"
+    if isinstance(exc, OverloadedError):
+        return "overloaded"
+    if isinstance(exc, (NoWorkerError, DrainingError)):
+        return "unavailable"
+    if isinstance(exc, DeadlineError):
+        return "deadline"
+    if isinstance(exc, (WorkerFailedError, WorkerCallError)):
+        return _CODE_OUTCOMES.get(exc.code_name, "error")
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled"
+    return "error"
+
+
+class _StateCollector(Collector):
+    """Scrape-time view of counters and gauges the router already keeps elsewhere."""
+
+    def __init__(
+        self, counters: HandoffCounters, ledger: AdmissionLedger, registry: Registry
+    ) -> None:
+        self._counters = counters
+        self._ledger = ledger
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._counters
+        fallbacks = CounterMetricFamily(
+            "tandem_handoff_fallbacks", "Detours the handoff took, by kind",
+            labels=["role", "kind"])
+        for field, kind in FALLBACK_KINDS.items():
+            fallbacks.add_metric([ROLE, kind], getattr(c, field))
+        yield fallbacks
+        yield _counter("tandem_migrations", "Requests moved to another decode worker "
+                       "after theirs died mid-stream", c.migrations)
+        yield _counter("tandem_worker_aborts_sent", "Abort RPCs sent to workers",
+                       c.aborts_sent)
+        yield _gauge("tandem_num_requests_running", "Requests admitted and in flight",
+                     self._ledger.running)
+        yield _gauge("tandem_num_requests_waiting", "Requests queued for admission",
+                     self._ledger.waiting)
+        pool = GaugeMetricFamily(
+            "tandem_workers", "Known workers by their role and whether they are routable "
+            "(healthy and not draining)", labels=["role", "worker_role", "routable"])
+        for worker_role in Role:
+            known = sum(
+                1 for e in self._registry.endpoints()
+                if self._registry.role_of(e) is worker_role
+            )
+            routable = len(self._registry.routable(worker_role))
+            pool.add_metric([ROLE, worker_role.value, "true"], routable)
+            pool.add_metric([ROLE, worker_role.value, "false"], known - routable)
+        yield pool
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["role"])
+    family.add_metric([ROLE], value)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["role"])
+    family.add_metric([ROLE], value)
+    return family
+
+
+class RouterMetrics:
+    """Every metric one router exports, in its own ``registry``."""
+
+    def __init__(
+        self, counters: HandoffCounters, ledger: AdmissionLedger, registry: Registry
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.requests = Counter(
+            "tandem_requests", "Generate requests by how they ended", ["role", "outcome"],
+            registry=reg)
+        for outcome in OUTCOMES:  # every outcome exists from the start, at 0
+            self.requests.labels(ROLE, outcome)
+        self.ttft = Histogram(
+            "tandem_time_to_first_token_seconds", "Arrival to first token sent", ["role"],
+            buckets=TTFT_BUCKETS, registry=reg).labels(ROLE)
+        self.itl = Histogram(
+            "tandem_inter_token_latency_seconds", "Gap between successive token chunks",
+            ["role"], buckets=ITL_BUCKETS, registry=reg).labels(ROLE)
+        self.e2e = Histogram(
+            "tandem_e2e_request_latency_seconds", "Arrival to last token, finished requests",
+            ["role"], buckets=E2E_BUCKETS, registry=reg).labels(ROLE)
+        self.queue_time = Histogram(
+            "tandem_request_queue_time_seconds", "Time waiting for admission", ["role"],
+            buckets=TTFT_BUCKETS, registry=reg).labels(ROLE)
+        self.prompt_tokens = Counter(
+            "tandem_prompt_tokens", "Prompt tokens of admitted requests", ["role"],
+            registry=reg).labels(ROLE)
+        self.generation_tokens = Counter(
+            "tandem_generation_tokens", "Tokens streamed to clients", ["role"],
+            registry=reg).labels(ROLE)
+        reg.register(_StateCollector(counters, ledger, registry))
+
+    def finished(self, outcome: str) -> None:
+        """Count one request's end (``outcome`` is one of OUTCOMES)."""
+        self.requests.labels(ROLE, outcome).inc()
+
+    def failed(self, exc: BaseException) -> None:
+        """Count a request that ended by raising ``exc``."""
+        self.finished(outcome_of(exc))

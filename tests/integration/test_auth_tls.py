@@ -1,0 +1,194 @@
+"""API keys, TLS on the router's public ports and mTLS between router and workers, with real
+processes: a router holding keys, a server certificate and a client certificate for the
+workers, in front of a prefill and a decode worker that require client certificates.
+
+    test CA ──> server cert (router :grpc/:http, both workers)
+            └─> client cert (the router, to the workers)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tandem.local_cluster import Cluster, Proc
+from tests.integration.served_model import start_workers, tiny_served_model
+from tests.integration.tls_certs import Certs, make_certs
+
+KEY = "sk-tandem-test-key"
+GOOD = (("authorization", f"Bearer {KEY}"),)
+BAD = (("authorization", "Bearer sk-wrong"),)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Path:
+    return tiny_served_model(tiny_dir, smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def cluster(model: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[dict[str, Proc]]:
+    keys = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys.write_text(f"# test keys\n{KEY}\n")
+    c = Cluster()
+    try:
+        decode, prefill = start_workers(
+            c, model, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+            "--tls-client-ca", str(certs.ca))
+        router = c.start(
+            "router", "--port", "0", "--tokenizer", str(model), "--model-name", "tiny",
+            "--prefill", prefill.grpc, "--decode", decode.grpc, "--api-key-file", str(keys),
+            "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+            "--worker-ca", str(certs.ca), "--worker-cert", str(certs.client_cert),
+            "--worker-key", str(certs.client_key),
+        )
+        yield {"router": router, "prefill": prefill, "decode": decode}
+    finally:
+        c.stop()
+
+
+def _tls_channel(address: str, certs: Certs, client_cert: bool = False) -> grpc.Channel:
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=certs.ca.read_bytes(),
+        private_key=certs.client_key.read_bytes() if client_cert else None,
+        certificate_chain=certs.client_cert.read_bytes() if client_cert else None,
+    )
+    return grpc.secure_channel(address, creds)
+
+
+def _https(url: str, certs: Certs, key: str | None, body: Any = None) -> tuple[int, Any]:
+    """Status and decoded body of one HTTPS request (JSON when it is JSON)."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers)
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=60) as reply:
+            status, raw = reply.status, reply.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def test_grpc_over_tls_needs_a_key_and_reaches_workers_over_mtls(cluster, certs) -> None:
+    with _tls_channel(cluster["router"].grpc, certs) as channel:
+        stub = tandem_pb2_grpc.TandemStub(channel)
+        calls = {
+            "Generate": lambda md: list(stub.Generate(tandem_pb2.GenerateRequest(
+                text="Hello", sampling=tandem_pb2.SamplingParams(max_tokens=4, ignore_eos=True)),
+                metadata=md, timeout=120)),
+            "Tokenize": lambda md: stub.Tokenize(tandem_pb2.TokenizeRequest(text="Hello"),
+                                                 metadata=md, timeout=30),
+            "ListModels": lambda md: stub.ListModels(tandem_pb2.ListModelsRequest(),
+                                                     metadata=md, timeout=30),
+        }
+        for name, call in calls.items():
+            for metadata in ((), BAD):
+                with pytest.raises(grpc.RpcError) as err:
+                    call(metadata)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
+        messages = calls["Generate"](GOOD)  # router -> both workers over mTLS
+        assert sum(len(m.token_ids) for m in messages) == 4 and messages[-1].finished
+        assert calls["Tokenize"](GOOD).count > 0
+        assert [m.id for m in calls["ListModels"](GOOD).models] == ["tiny"]
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_http_over_tls_needs_a_key(cluster, certs) -> None:
+    base = f"https://{cluster['router'].info['http']}"
+    routes = [
+        ("/v1/completions", {"prompt": "Hello", "max_tokens": 3}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 3}),
+        ("/v1/models", None),
+        ("/metrics", None),
+    ]
+    for path, body in routes:
+        for key in (None, "sk-wrong"):
+            status, reply = _https(base + path, certs, key, body)
+            assert status == 401, path
+            assert reply["error"]["type"] == "authentication_error"
+        status, reply = _https(base + path, certs, KEY, body)
+        assert status == 200, (path, reply)
+    status, reply = _https(base + "/health", certs, None)
+    assert (status, reply) == (200, {"status": "ok"})
+
+
+def test_plaintext_is_refused_on_tls_ports(cluster) -> None:
+    with grpc.insecure_channel(cluster["router"].grpc) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            tandem_pb2_grpc.TandemStub(channel).ListModels(
+                tandem_pb2.ListModelsRequest(), metadata=GOOD, timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    request = urllib.request.Request(f"http://{cluster['router'].info['http']}/health")
+    with pytest.raises((urllib.error.URLError, http.client.HTTPException, ConnectionError)):
+        urllib.request.urlopen(request, timeout=10).read()
+
+
+def test_workers_require_the_routers_client_certificate(cluster, certs, model) -> None:
+    for role, stub_type in (("prefill", worker_pb2_grpc.PrefillServiceStub),
+                            ("decode", worker_pb2_grpc.DecodeServiceStub)):
+        address = cluster[role].grpc
+        with _tls_channel(address, certs) as channel:  # TLS but no client certificate
+            with pytest.raises(grpc.RpcError) as err:
+                stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, role
+        with grpc.insecure_channel(address) as channel:
+            with pytest.raises(grpc.RpcError):
+                stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=10)
+        with _tls_channel(address, certs, client_cert=True) as channel:
+            stats = stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=30)
+            assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks, role
+    asyncio.run(_router_without_client_cert_is_refused(cluster, certs, model))
+
+
+async def _router_without_client_cert_is_refused(
+    cluster: dict[str, Proc], certs: Certs, model: Path
+) -> None:
+    """A real router (in this process) that trusts the workers' CA but has no client cert."""
+    from router.config import RouterConfig
+    from router.server import RouterServer
+    from router.tokenizer import RouterTokenizer
+
+    config = RouterConfig(
+        tokenizer_dir=str(model), model_name="tiny", max_model_len=1024, port=0,
+        prefill_endpoints=(cluster["prefill"].grpc,), decode_endpoints=(cluster["decode"].grpc,),
+        worker_ca=str(certs.ca), health_interval_s=3600.0, drain_timeout_s=1.0,
+    )
+    router = RouterServer(config, RouterTokenizer(model))
+    port = await router.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = tandem_pb2_grpc.TandemStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in stub.Generate(
+                    tandem_pb2.GenerateRequest(text="Hello"), timeout=60
+                ):
+                    pass
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await router.stop(grace_s=0)

@@ -1,0 +1,38 @@
+"""Reading Prometheus text in tests: parse with the official parser, index the samples, check
+the naming rules of DESIGN.md section 5 (``tandem_`` prefix, a ``role`` label)."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample, keyed by (sample name, its labels); asserts the naming rules hold."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        assert family.name.startswith("tandem_"), family.name
+        for s in family.samples:
+            assert "role" in s.labels, (s.name, s.labels)
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The one sample ``name`` whose labels include ``labels`` (KeyError when missing)."""
+    want = set(labels.items())
+    found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
+    if len(found) != 1:
+        raise KeyError(f"{name} {labels}: {len(found)} samples")
+    return found[0]
+
+
+def fetch(address: str, path: str = "/metrics", timeout: float = 30.0) -> str:
+    """GET http://address/path as text (raises on a non-200 reply)."""
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout) as reply:
+        assert reply.status == 200
+        assert reply.headers["Content-Type"].startswith("text/plain")
+        return reply.read().decode()

@@ -1,0 +1,61 @@
+"""The router's edge flags: HTTP port defaults, key and TLS files checked before binding."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from router.cli import build_parser, config_from_args, main
+
+
+@pytest.fixture(scope="module")
+def tok_dir() -> str:
+    from engine.loader import resolve_model
+
+    return str(resolve_model("smollm2"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "http_port"),
+    [
+        (["--port", "0"], 0),  # a free gRPC port: a free HTTP port too
+        (["--port", "50051"], 8000),
+        (["--port", "0", "--http-port", "9001"], 9001),
+        (["--http-port", "-1"], -1),
+    ],
+)
+def test_http_port_defaults(tok_dir: str, flags: list[str], http_port: int) -> None:
+    config = config_from_args(build_parser().parse_args(["--tokenizer", tok_dir, *flags]))
+    assert config.http_port == http_port
+    assert config.http_enabled == (http_port >= 0)
+
+
+def test_edge_files_are_checked_before_binding(
+    tok_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello")
+    empty_keys = tmp_path / "keys"
+    empty_keys.write_text("# none\n")
+    cases = [
+        (["--api-key-file", str(tmp_path / "missing")], "cannot read"),
+        (["--api-key-file", str(empty_keys)], "holds no key"),
+        (["--tls-cert", str(not_pem)], "go together"),
+        (["--tls-cert", str(not_pem), "--tls-key", str(not_pem)], "not a PEM file"),
+        (["--worker-cert", str(not_pem), "--worker-key", str(not_pem)], "--worker-ca"),
+        (["--http-port", "70000"], "http_port"),
+    ]
+    for flags, message in cases:
+        assert main(["--tokenizer", tok_dir, "--port", "0", *flags]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+
+
+def test_busy_http_port_exits_1(tok_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert main(["--tokenizer", tok_dir, "--port", "0", "--http-port", str(port)]) == 1
+    assert "cannot bind HTTP" in capsys.readouterr().err

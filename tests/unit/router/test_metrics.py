@@ -1,0 +1,180 @@
+"""The router's Prometheus metrics: outcome mapping, scrape-time state, and what traffic moves
+(a real RouterServer in front of fake workers, scraped through its own registry)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+from prometheus_client import generate_latest
+
+from protos.tandem.v1 import tandem_pb2
+from router.admission import AdmissionLedger
+from router.counters import HandoffCounters
+from router.errors import (
+    DeadlineError,
+    DrainingError,
+    InvalidRequestError,
+    NoWorkerError,
+    OverloadedError,
+    WorkerCallError,
+    WorkerFailedError,
+)
+from router.metrics import OUTCOMES, RouterMetrics, outcome_of
+from router.registry import Registry
+from router.tokenizer import RouterTokenizer
+from router.worker_view import Role
+from tests.scrape import Samples, parse, value
+from tests.unit.router.harness import Cluster, cluster
+
+PROMPT = list(range(1000, 1040))
+
+
+@pytest.mark.parametrize("exc,outcome", [
+    (InvalidRequestError("prompt", "empty"), "invalid"),
+    (OverloadedError("full", 100), "overloaded"),
+    (NoWorkerError("none"), "unavailable"),
+    (DrainingError("draining"), "unavailable"),
+    (DeadlineError("late"), "deadline"),
+    (asyncio.CancelledError(), "cancelled"),
+    (GeneratorExit(), "cancelled"),
+    (WorkerFailedError("bad sampling", "INVALID_ARGUMENT"), "invalid"),
+    (WorkerFailedError("no prefill succeeded"), "unavailable"),
+    (WorkerCallError("h:1", "Reserve", "RESOURCE_EXHAUSTED", "full"), "overloaded"),
+    (WorkerCallError("h:1", "Prefill", "INTERNAL", "boom"), "unavailable"),
+    (WorkerFailedError("odd", "PERMISSION_DENIED"), "error"),
+    (RuntimeError("bug"), "error"),
+])
+def test_outcome_of(exc: BaseException, outcome: str) -> None:
+    assert outcome_of(exc) == outcome
+    assert outcome in OUTCOMES
+
+
+def _scrape(metrics: RouterMetrics) -> Samples:
+    return parse(generate_latest(metrics.registry).decode())
+
+
+def test_scrape_reads_counters_ledger_and_pool() -> None:
+    counters, ledger = HandoffCounters(), AdmissionLedger(4, 8, 100)
+    registry = Registry(time.monotonic, 1.0)
+    for i in range(3):
+        registry.add_static(Role.DECODE, f"127.0.0.1:{100 + i}")
+    registry.add_static(Role.PREFILL, "127.0.0.1:200")
+    registry.set_healthy("127.0.0.1:101", False)
+    metrics = RouterMetrics(counters, ledger, registry)
+    second = RouterMetrics(HandoffCounters(), ledger, registry)  # its own registry: no clash
+
+    s = _scrape(metrics)
+    assert value(s, "tandem_migrations_total", role="router") == 0
+    assert all(value(s, "tandem_requests_total", outcome=o) == 0 for o in OUTCOMES)
+
+    counters.migrations, counters.prefill_retries, counters.local_prefill_colocated = 2, 3, 5
+    counters.aborts_sent = 7
+    ledger.start()
+    ledger.start()
+    ledger.enqueue()
+    s = _scrape(metrics)
+    assert value(s, "tandem_migrations_total", role="router") == 2
+    assert value(s, "tandem_handoff_fallbacks_total", kind="prefill_retry") == 3
+    assert value(s, "tandem_handoff_fallbacks_total", kind="local_prefill_colocated") == 5
+    assert value(s, "tandem_handoff_fallbacks_total", kind="reserve_retry") == 0
+    assert value(s, "tandem_worker_aborts_sent_total") == 7
+    assert value(s, "tandem_num_requests_running", role="router") == 2
+    assert value(s, "tandem_num_requests_waiting", role="router") == 1
+    assert value(s, "tandem_workers", worker_role="decode", routable="true") == 2
+    assert value(s, "tandem_workers", worker_role="decode", routable="false") == 1
+    assert value(s, "tandem_workers", worker_role="prefill", routable="true") == 1
+    assert value(_scrape(second), "tandem_migrations_total") == 0
+
+
+def _request(n: int = 6, rid: str = "r1") -> tandem_pb2.GenerateRequest:
+    return tandem_pb2.GenerateRequest(
+        request_id=rid,
+        token_ids=tandem_pb2.TokenIds(ids=PROMPT),
+        sampling=tandem_pb2.SamplingParams(max_tokens=n, temperature=0.0),
+    )
+
+
+async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``check()`` holds (the server side counts after the client sees the end)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
+def _outcome(c: Cluster, outcome: str) -> float:
+    return value(_scrape(c.router.metrics), "tandem_requests_total", outcome=outcome)
+
+
+def test_traffic_moves_histograms_counters_and_outcomes(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            metrics = c.router.metrics
+            first = c.decode_endpoints.index(min(c.decode_endpoints))
+            c.decode[first].die_after = 3  # picked first when idle: migrates once
+            responses = await c.generate(_request(n=10))
+            responses += await c.generate(_request(n=4, rid="r2"))
+            sent = sum(len(r.token_ids) for r in responses)
+            s = _scrape(metrics)
+            assert value(s, "tandem_requests_total", outcome="ok") == 2
+            assert value(s, "tandem_time_to_first_token_seconds_count") == 2
+            assert value(s, "tandem_e2e_request_latency_seconds_count") == 2
+            assert value(s, "tandem_request_queue_time_seconds_count") == 2
+            # Every chunk carries one token: a gap before each but the first of a request.
+            assert value(s, "tandem_inter_token_latency_seconds_count") == sent - 2
+            assert value(s, "tandem_time_to_first_token_seconds_sum") > 0
+            assert value(s, "tandem_prompt_tokens_total") == 2 * len(PROMPT)
+            assert value(s, "tandem_generation_tokens_total") == sent >= 14
+            assert value(s, "tandem_migrations_total") == 1
+            assert value(s, "tandem_num_requests_running", role="router") == 0
+            assert value(s, "tandem_workers", worker_role="decode", routable="true") == 1
+
+            with pytest.raises(grpc.aio.AioRpcError):  # invalid: counted at prepare
+                await c.generate(tandem_pb2.GenerateRequest(model="other", text="hi"))
+            assert _outcome(c, "invalid") == 1
+
+            other = 1 - first
+            c.decode[other].hang_after = 0
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.generate(_request(rid="r3"), timeout=0.5)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await _until(lambda: _outcome(c, "deadline") == 1)
+
+            call = c.stub.Generate(_request(rid="r4"))
+            await call.read()
+            s = _scrape(metrics)
+            assert value(s, "tandem_num_requests_running", role="router") == 1
+            call.cancel()
+            await _until(lambda: _outcome(c, "cancelled") == 1)
+            assert value(_scrape(metrics), "tandem_num_requests_running", role="router") == 0
+            assert _outcome(c, "ok") == 2  # nothing counted twice
+
+    asyncio.run(scenario())
+
+
+def test_overload_and_no_worker_outcomes(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, max_inflight=1, max_queue=0) as c:
+            c.decode[0].hang_after = 0
+            busy = c.stub.Generate(_request())
+            await busy.read()  # holds the only slot
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.generate(_request(rid="r2"))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert _outcome(c, "overloaded") == 1
+            busy.cancel()
+            await _until(lambda: _outcome(c, "cancelled") == 1)
+            c.router.registry.set_healthy(c.decode_endpoints[0], False)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.generate(_request(rid="r3"))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert _outcome(c, "unavailable") == 1
+            s = _scrape(c.router.metrics)
+            assert value(s, "tandem_workers", worker_role="decode", routable="false") == 1
+            assert value(s, "tandem_requests_total", outcome="ok") == 0
+
+    asyncio.run(scenario())
