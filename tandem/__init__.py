@@ -1,3 +1,101 @@
-"""Tandem: disaggregated LLM serving. What users import and run (SDK, CLI, launcher)."""
+"""Tandem: disaggregated LLM serving. What users import and run (SDK, CLI, launcher).
+
+``import tandem`` gives the client SDK (grpcio and protobuf only; no torch, no ray):
+``tandem.Client``, ``tandem.AsyncClient``, ``tandem.ClientConfig`` and the typed errors. The
+names load on first use, so ``tandem <command>`` and the launcher do not pay for the SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "AsyncChunkStream": "tandem.async_client",
+    "AsyncClient": "tandem.async_client",
+    "ChunkStream": "tandem.client",
+    "Client": "tandem.client",
+    "ClientConfig": "tandem.client_config",
+    "TLSConfig": "tandem.client_config",
+    "RetryPolicy": "tandem.retry",
+    "GenerateResult": "tandem.results",
+    "ModelInfo": "tandem.results",
+    "StreamChunk": "tandem.results",
+    "Timings": "tandem.results",
+    "TokenLogprob": "tandem.results",
+    "Usage": "tandem.results",
+    "AuthError": "tandem.errors",
+    "Cancelled": "tandem.errors",
+    "DeadlineExceeded": "tandem.errors",
+    "Internal": "tandem.errors",
+    "InvalidRequest": "tandem.errors",
+    "NotFound": "tandem.errors",
+    "Overloaded": "tandem.errors",
+    "TandemError": "tandem.errors",
+    "Unavailable": "tandem.errors",
+}
+
+__all__ = [
+    "AsyncChunkStream",
+    "AsyncClient",
+    "AuthError",
+    "Cancelled",
+    "ChunkStream",
+    "Client",
+    "ClientConfig",
+    "DeadlineExceeded",
+    "GenerateResult",
+    "Internal",
+    "InvalidRequest",
+    "ModelInfo",
+    "NotFound",
+    "Overloaded",
+    "RetryPolicy",
+    "StreamChunk",
+    "TLSConfig",
+    "TandemError",
+    "Timings",
+    "TokenLogprob",
+    "Unavailable",
+    "Usage",
+]
+
+if TYPE_CHECKING:
+    from tandem.async_client import AsyncChunkStream, AsyncClient
+    from tandem.client import ChunkStream, Client
+    from tandem.client_config import ClientConfig, TLSConfig
+    from tandem.errors import (
+        AuthError,
+        Cancelled,
+        DeadlineExceeded,
+        Internal,
+        InvalidRequest,
+        NotFound,
+        Overloaded,
+        TandemError,
+        Unavailable,
+    )
+    from tandem.results import (
+        GenerateResult,
+        ModelInfo,
+        StreamChunk,
+        Timings,
+        TokenLogprob,
+        Usage,
+    )
+    from tandem.retry import RetryPolicy
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tandem' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -5,6 +5,8 @@
     tandem decode  --port P --kv-port Q [engine flags]
     tandem local   [--model smollm2]                 (all three on this machine, no Ray)
     tandem offline --prompt TEXT [engine flags]      (the engine alone, no serving)
+    tandem up      [--prefill N --decode N --address A --autoscale F.yaml]   (on Ray)
+    tandem status | tandem down                      (what `up` runs; stop it)
 
 Each subcommand is the same program as ``python -m router`` / ``prefill_worker`` /
 ``decode_worker`` / ``engine``; modules are imported only when their command runs.
@@ -21,6 +23,13 @@ COMMANDS = {
     "decode": ("decode_worker.cli", "a decode worker (reservations, continuous batching)"),
     "local": ("tandem.local", "router + prefill + decode on this machine, no Ray (make serve)"),
     "offline": ("engine.__main__", "generate with the local engine (no router, no workers)"),
+    "up": ("tandem.launcher.up", "a whole cluster on Ray (local or --address), autoscaled"),
+    "status": ("tandem.launcher.status", "what `tandem up` runs, where, endpoints and health"),
+    "down": ("tandem.launcher.down", "drain and stop everything `tandem up` started"),
+    "generate": ("tandem.commands.generate", "stream one completion from a router"),
+    "chat": ("tandem.commands.chat", "an interactive chat with a router (reads stdin)"),
+    "top": ("tandem.commands.top", "a live view of every worker: load, KV, latency, transfer"),
+    "bench": ("tandem.commands.bench", "a serving benchmark against a router (bench/serve.py)"),
 }
 
 

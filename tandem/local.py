@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem local", description=__doc__)
     p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
     p.add_argument("--port", type=int, default=50051, help="router gRPC port")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="router OpenAI HTTP port (default 8000; a free one when --port is 0)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--prefill-threads", type=int, default=1)
     p.add_argument("--decode-threads", type=int, default=1)
@@ -57,12 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
         router = cluster.start("router", "--port", str(args.port), "--tokenizer",
                                str(model_dir), "--model-name", args.model,
-                               "--decode", decode.grpc, *prefill_flags)
-        example = "python -m tandem.try_it --target " + shlex.quote(router.grpc)
+                               "--decode", decode.grpc, *prefill_flags,
+                               "--http-port", str(_http_port(args)))
+        example = "tandem generate --chat --target " + shlex.quote(router.grpc)
+        http = str(router.info.get("http", ""))
         print(f"\nTandem is serving {args.model} on grpc://{router.grpc}", flush=True)
+        if http:
+            print(f"OpenAI-compatible API: http://{http}/v1", flush=True)
         print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
         print("Ctrl-C drains and stops the cluster.", flush=True)
-        print(f'{READY}{json.dumps({"role": "local", "grpc": router.grpc})}', flush=True)
+        info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {})}
+        print(f"{READY}{json.dumps(info)}", flush=True)
         stop.wait()
     except KeyboardInterrupt:
         pass
@@ -73,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
         cluster.stop()
     return 0
+
+
+def _http_port(args: argparse.Namespace) -> int:
+    if args.http_port is not None:
+        return int(args.http_port)
+    return 0 if args.port == 0 else 8000
 
 
 if __name__ == "__main__":

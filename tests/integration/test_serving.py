@@ -193,8 +193,8 @@ def test_make_serve_path_starts_serves_and_stops() -> None:
     try:
         local = c.start("tandem.local", "--port", "0", "--dtype", "float32")
         out = subprocess.run(
-            [sys.executable, "-m", "tandem.try_it", "--target", local.grpc, "--max-tokens", "8",
-             "What is the capital of France?"],
+            [sys.executable, "-m", "tandem.cli", "generate", "--chat", "--target", local.grpc,
+             "--max-tokens", "8", "--temperature", "0", "What is the capital of France?"],
             capture_output=True, text=True, timeout=300,
         )
         assert out.returncode == 0, out.stderr

@@ -1,0 +1,40 @@
+"""The pure decision loop: snapshot in, one decision per role out.
+
+    Snapshot ──> MetricsWindow ──> WindowStats ──> policy ──> Proposal per role
+             ──> Stabilizer ──> Decision per role
+
+No clock, no I/O: time is the snapshot's ``t``, so synthetic traces drive it in tests exactly
+as the controller's scrapes do in a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from autoscaler.config import AutoscaleConfig
+from autoscaler.decision import Decision
+from autoscaler.metrics import MetricsWindow, Snapshot
+from autoscaler.policies import build_policy
+from autoscaler.roles import ROLES, RoleName
+from autoscaler.stabilizer import Stabilizer
+
+
+class Autoscaler:
+    """Window + policy + stabilizer for one cluster."""
+
+    def __init__(self, config: AutoscaleConfig) -> None:
+        self.config = config
+        self.window = MetricsWindow(config.window_s)
+        self._policy = build_policy(config)
+        self._stabilizer = Stabilizer(config)
+
+    def step(self, snap: Snapshot, current: Mapping[RoleName, int]) -> list[Decision]:
+        """Add a scrape and decide each role's replica count given the ``current`` counts."""
+        self.window.add(snap)
+        stats = self.window.stats()
+        proposals = self._policy(stats, current)
+        inputs = stats.as_dict()
+        return [
+            self._stabilizer.decide(snap.t, role, current[role], proposals[role], inputs)
+            for role in ROLES
+        ]

@@ -1,0 +1,37 @@
+"""The standalone commands' flags for the router and worker actors.
+
+The actors parse these with ``router.cli`` / ``prefill_worker.cli`` / ``decode_worker.cli``
+parsers, so ``tandem up`` serves exactly what those commands would with the same flags.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem.launcher.spec import LaunchSpec
+
+
+def router_argv(spec: LaunchSpec, model_dir: str) -> list[str]:
+    """Flags of ``tandem router`` (workers are not listed: they register themselves)."""
+    from router.cli import build_parser
+
+    argv = ["--host", spec.host, "--port", str(spec.port), "--tokenizer", model_dir]
+    # The served id: --model-name, else an alias as given, else the router's default
+    # (the model directory's name), as the standalone commands do.
+    name = spec.model_name or ("" if Path(spec.model).exists() else spec.model)
+    if name:
+        argv += ["--model-name", name]
+    known = build_parser()._option_string_actions  # the flags this router version has
+    if spec.http_port is not None and "--http-port" in known:
+        argv += ["--http-port", str(spec.http_port)]
+    return argv + list(spec.router_args)
+
+
+def worker_argv(spec: LaunchSpec, role: str, model: str) -> list[str]:
+    """Engine flags of ``tandem prefill|decode`` (the actor adds host, ports, router, id)."""
+    argv = ["--model", model, "--dtype", spec.dtype]
+    if spec.threads is not None:
+        argv += ["--threads", str(spec.threads)]
+    if spec.gpus(role) > 0:
+        argv += ["--device", "cuda"]
+    return argv + list(spec.worker_args)

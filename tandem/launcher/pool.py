@@ -1,0 +1,303 @@
+"""The pool actor (named ``tandem-registry``): starts, places, supervises and retires actors.
+
+    start(): router actor ──> placement groups (one prefill + one decode per node) ──>
+             worker actors ──> each ready (serving, registered) ──> controller (autoscale)
+    router_endpoint(): how workers find the router (the "registry" in the name)
+    scale(role, n): add actors (spread over nodes) or retire the newest by draining them
+    status() / down(): what runs where; drain and stop everything this pool started
+
+A watcher per worker keeps it alive in the books: after a crash Ray restarts the actor
+(``max_restarts``); the watcher calls ``ready()`` on the new incarnation, which serves and
+registers again, while the router's health checks have already taken the dead endpoint out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.launcher.argv import router_argv, worker_argv
+from tandem.launcher.placement import home_strategy, pair_group, worker_strategy
+from tandem.launcher.spec import CONTROLLER, ROUTER, LaunchSpec, worker_name
+
+log = logging.getLogger(__name__)
+
+ROLES = ("prefill", "decode")
+_DRAIN_WAIT_S = 180.0  # above the workers' own drain timeout (60 s by default)
+
+
+@dataclass(slots=True)
+class _Worker:
+    role: str
+    index: int
+    handle: Any
+    pair: int | None  # the placement group it shares with its partner, if any
+    state: str = "starting"  # starting | serving | restarting | draining | dead
+    info: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0
+    watcher: asyncio.Task[None] | None = None
+
+    @property
+    def counted(self) -> bool:
+        """Whether it counts as a replica (starting and restarting ones do: they will serve)."""
+        return self.state not in ("draining", "dead")
+
+
+class PoolActor:
+    """Everything ``tandem up`` started (wrap with ``ray.remote``; one per namespace)."""
+
+    def __init__(self, spec: LaunchSpec, model_dir: str, worker_model: str,
+                 home_node: str | None = None) -> None:
+        """``home_node``: the Ray node id where ``tandem up`` ran; the router and controller
+        are pinned there so the printed endpoints (and a Kubernetes Service on the head pod)
+        reach them."""
+        self.spec = spec
+        self._home = home_node
+        self._model_dir = model_dir
+        self._worker_model = worker_model
+        self._router: Any = None
+        self._router_info: dict[str, Any] = {}
+        self._router_up = asyncio.Event()
+        self._workers: list[_Worker] = []
+        self._next = {"prefill": 0, "decode": 0}
+        self._pgs: dict[int, Any] = {}
+        self._controller: Any = None
+        self._closing = False
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    # -- start ------------------------------------------------------------------------------
+    async def start(self) -> dict[str, Any]:
+        """Start the router and every worker; returns ``status()`` once all serve."""
+        import ray
+
+        from tandem.launcher.router_actor import RouterActor
+
+        spec = self.spec
+        self._router = ray.remote(RouterActor).options(
+            name=ROUTER, namespace=spec.namespace, num_cpus=spec.router_cpus,
+            max_restarts=spec.max_restarts, max_concurrency=64,
+            scheduling_strategy=home_strategy(self._home),
+        ).remote(router_argv(spec, self._model_dir))
+        self._router_info = await self._router.ready.remote()
+        self._router_up.set()
+        pairs = min(spec.prefill, spec.decode) if spec.pack_pairs else 0
+        for pair in range(pairs):
+            self._pgs[pair] = await pair_group(spec, pair)
+        for role, count in (("decode", spec.decode), ("prefill", spec.prefill)):
+            for i in range(count):
+                self._add(role, pair=i if i < pairs else None)
+        await self._wait_serving(spec.ready_timeout_s)
+        if spec.autoscale is not None:
+            from tandem.launcher.controller_actor import ControllerActor
+
+            self._controller = ray.remote(ControllerActor).options(
+                name=CONTROLLER, namespace=spec.namespace, num_cpus=0, max_restarts=-1,
+                max_concurrency=16, scheduling_strategy=home_strategy(self._home),
+            ).remote(spec.autoscale, spec.namespace, {r: spec.bundle(r) for r in ROLES})
+            await self._controller.start.remote()
+        return await self.status()
+
+    async def router_endpoint(self) -> str:
+        """The router's gRPC endpoint (waits until it serves)."""
+        await self._router_up.wait()
+        return str(self._router_info["grpc"])
+
+    # -- scaling (the Ray actuator calls these) ----------------------------------------------
+    async def replicas(self) -> dict[str, int]:
+        """Workers per role that serve or will (draining and dead ones excluded)."""
+        return {r: sum(1 for w in self._workers if w.role == r and w.counted) for r in ROLES}
+
+    async def scale(self, role: str, replicas: int) -> dict[str, int]:
+        """Grow ``role`` to ``replicas`` (new actors spread across nodes) or shrink it by
+        draining the newest workers; returns the new counts at once (drains go on behind)."""
+        if role not in ROLES or replicas < (1 if role == "decode" else 0):
+            raise ValueError(f"cannot scale {role!r} to {replicas}")
+        if self._closing:
+            return await self.replicas()
+        live = sorted((w for w in self._workers if w.role == role and w.counted),
+                      key=lambda w: w.index)
+        for _ in range(replicas - len(live)):
+            self._add(role, pair=None)
+        for victim in live[replicas:][::-1]:
+            victim.state = "draining"
+            task = asyncio.create_task(self._retire(victim))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        log.info("scaled %s from %d to %d", role, len(live), replicas)
+        return await self.replicas()
+
+    async def targets(self) -> list[tuple[str, str, Any]]:
+        """(role, gRPC endpoint, actor handle) of every serving worker, for scraping."""
+        return [(w.role, str(w.info["grpc"]), w.handle) for w in self._workers
+                if w.state == "serving" and "grpc" in w.info]
+
+    # -- status and shutdown -----------------------------------------------------------------
+    async def status(self) -> dict[str, Any]:
+        """The router, every worker (state, endpoint, node, registered), the autoscaler."""
+        ordered = sorted(self._workers, key=lambda w: (w.role, w.index))
+        fresh = await asyncio.gather(*(self._probe(w) for w in ordered))
+        workers = [
+            {**w.info, **now, "name": worker_name(w.role, w.index), "role": w.role,
+             "index": w.index, "state": w.state, "restarts": w.restarts, "pair": w.pair}
+            for w, now in zip(ordered, fresh, strict=True)
+        ]
+        out: dict[str, Any] = {
+            "namespace": self.spec.namespace, "pool_pid": os.getpid(),
+            "router": self._router_info,
+            "replicas": await self.replicas(), "workers": workers, "autoscaler": None,
+        }
+        if self._controller is not None:
+            with contextlib.suppress(Exception):
+                out["autoscaler"] = await asyncio.wait_for(
+                    self._controller.summary.remote(), 5)
+        return out
+
+    async def _probe(self, w: _Worker) -> dict[str, Any]:
+        """A serving worker's current registration (health) as the router sees it."""
+        if w.state != "serving":
+            return {"registered": False}
+        try:
+            return dict(await asyncio.wait_for(w.handle.info.remote(), 5))
+        except Exception:  # died since: the watcher will notice and report it
+            return {"registered": False}
+
+    async def down(self) -> dict[str, Any]:
+        """Drain and stop everything this pool started; returns what was stopped."""
+        import ray
+
+        self._closing = True
+        stopped: list[str] = []
+        if self._controller is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._controller.stop.remote(), 30)
+            ray.kill(self._controller, no_restart=True)
+            stopped.append(CONTROLLER)
+        drained = True
+        if self._router is not None:
+            try:  # no new requests; those in flight finish on the workers still serving
+                drained = bool(await self._router.drain.remote())
+            except Exception:  # a router that is already gone has nothing in flight
+                log.warning("router drain failed", exc_info=True)
+        for w in self._workers:
+            if w.state != "draining":
+                w.state = "draining"
+                task = asyncio.create_task(self._retire(w))
+                self._retiring.add(task)
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+        stopped += [worker_name(w.role, w.index) for w in self._workers]
+        self._workers.clear()
+        if self._router is not None:
+            ray.kill(self._router, no_restart=True)
+            stopped.append(ROUTER)
+        for pg in self._pgs.values():
+            ray.util.remove_placement_group(pg)
+        self._pgs.clear()
+        return {"stopped": stopped, "drained": drained}
+
+    # -- internals ---------------------------------------------------------------------------
+    def _add(self, role: str, pair: int | None) -> _Worker:
+        import ray
+
+        from tandem.launcher.worker_actor import WorkerActor
+
+        spec, index = self.spec, self._next[role]
+        self._next[role] += 1
+        strategy = worker_strategy(role, self._pgs[pair] if pair is not None else None)
+        handle = ray.remote(WorkerActor).options(
+            name=worker_name(role, index), namespace=spec.namespace,
+            num_cpus=spec.cpus_per_worker, num_gpus=spec.gpus(role),
+            resources=dict(spec.resources), max_restarts=spec.max_restarts,
+            max_concurrency=64, scheduling_strategy=strategy,
+        ).remote(role, index, worker_argv(spec, role, self._worker_model), spec.namespace, spec.signal_window_s)
+        worker = _Worker(role, index, handle, pair)
+        worker.watcher = asyncio.create_task(self._watch(worker))
+        self._workers.append(worker)
+        return worker
+
+    async def _wait_serving(self, timeout_s: float) -> None:
+        async def all_serving() -> None:
+            while True:
+                failed = [w for w in self._workers if w.state == "dead"]
+                if failed:
+                    raise RuntimeError(f"{worker_name(failed[0].role, failed[0].index)} "
+                                       f"failed to start: {failed[0].info.get('error')}")
+                if all(w.state == "serving" for w in self._workers):
+                    return
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(all_serving(), timeout_s)
+
+    async def _watch(self, w: _Worker) -> None:
+        """Follow one worker for its life: ready -> serving -> (crash -> restarting -> ...).
+
+        A call to a crashed actor fails while Ray restarts it; only failures lasting
+        ``dead_after_s`` (restarts used up, or a node gone) make it ``dead``."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
+        while w.counted and not self._closing:
+            try:
+                info = await w.handle.ready.remote(self.spec.ready_timeout_s)
+                if w.info.get("worker_id") and info.get("worker_id") != w.info["worker_id"]:
+                    w.restarts += 1
+                    log.warning("%s restarted: now %s", worker_name(w.role, w.index),
+                                info.get("grpc"))
+                if not w.counted:
+                    return
+                w.info, w.state, failing_since = info, "serving", None
+                while w.counted and not self._closing:
+                    await asyncio.sleep(0.5)
+                    await w.handle.signals.remote()  # fails once the actor dies
+            except RayTaskError as exc:  # the worker could not start (bad flags, no model)
+                if w.counted:
+                    w.state, w.info = "dead", {**w.info, "error": str(exc)[-800:]}
+                    ray.kill(w.handle, no_restart=True)  # free its resources at once
+                return
+            except RayActorError as exc:  # the process died: Ray restarts it, or gave up
+                if not w.counted:
+                    return
+                now = loop.time()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since > self.spec.dead_after_s:
+                    w.state, w.info = "dead", {**w.info, "error": str(exc)[-800:]}
+                    return
+                if w.state == "serving":
+                    log.warning("%s unavailable (%s): waiting for its restart",
+                                worker_name(w.role, w.index), type(exc).__name__)
+                    w.state = "restarting"
+                await asyncio.sleep(0.2)
+
+    async def _retire(self, w: _Worker) -> None:
+        """Drain one worker (it finishes what it has), then end its actor for good."""
+        import ray
+
+        # One that never served may still be waiting for resources: do not wait long for it.
+        wait_s = _DRAIN_WAIT_S if w.info.get("worker_id") else 10.0
+        try:
+            await asyncio.wait_for(w.handle.drain.remote(), wait_s)
+        except Exception:  # dead, stuck or never placed: nothing more to wait for
+            log.warning("drain of %s failed", worker_name(w.role, w.index), exc_info=True)
+        if w.watcher is not None:
+            w.watcher.cancel()
+        ray.kill(w.handle, no_restart=True)
+        w.state = "dead"
+        if not self._closing:
+            self._workers.remove(w)
+            self._release_pair(w.pair)
+        log.info("retired %s", worker_name(w.role, w.index))
+
+    def _release_pair(self, pair: int | None) -> None:
+        import ray
+
+        if pair is None or any(w.pair == pair for w in self._workers):
+            return
+        pg = self._pgs.pop(pair, None)
+        if pg is not None:
+            ray.util.remove_placement_group(pg)

@@ -1,0 +1,69 @@
+"""The router as a Ray actor: the standalone router's ``RouterServer``, in-process.
+
+Flags go through ``router.cli``'s own parser, so the actor serves exactly what ``tandem
+router`` would (gRPC, the OpenAI HTTP API when the router has one, the worker Registry).
+Workers are not listed: they register themselves. Started lazily by the first call, so a
+restarted actor serves again on the same ports and workers re-register on their next
+heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class RouterActor:
+    """The cluster's router (wrap with ``ray.remote``)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self._argv = list(argv)
+        self._server: Any = None
+        self._info: dict[str, Any] | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def ready(self) -> dict[str, Any]:
+        """Start if needed; returns the gRPC and HTTP endpoints."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._info is None:
+                self._info = await self._start()
+        return self._info
+
+    async def drain(self) -> bool:
+        """Refuse new requests, wait for those in flight, close; False if the timeout cut it."""
+        if self._server is None:
+            return True
+        drained = bool(await self._server.drain())
+        await self._server.stop()
+        self._server = None
+        return drained
+
+    async def _start(self) -> dict[str, Any]:
+        import os
+
+        import ray
+
+        from router.cli import build_parser, config_from_args
+        from router.server import RouterServer
+        from router.tokenizer import RouterTokenizer
+
+        config = config_from_args(build_parser().parse_args(self._argv))
+        server = RouterServer(config, RouterTokenizer(config.tokenizer_dir))
+        port = await server.start()
+        self._server = server
+        node = ray.util.get_node_ip_address()
+        host = node if config.host in ("0.0.0.0", "::", "[::]", "") else config.host
+        info: dict[str, Any] = {
+            "grpc": f"{host}:{port}",
+            "pid": os.getpid(),
+            "node": node,
+        }
+        if getattr(server, "http", None) is not None:
+            info["http"] = f"{host}:{server.http_port}"
+        log.info("router serving on %s", info)
+        return info

@@ -1,0 +1,92 @@
+"""What ``tandem up`` launches: one frozen, validated description shared by every actor.
+
+Names: everything lives in the Ray namespace ``namespace`` (default ``tandem``), so ``tandem
+down`` finds and stops exactly what ``up`` started. The pool actor is ``tandem-registry``
+(workers ask it where the router is), the router ``tandem-router``, the autoscaler
+``tandem-controller``, workers ``tandem-prefill-<n>`` / ``tandem-decode-<n>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoscaler.config import AutoscaleConfig
+
+NAMESPACE = "tandem"
+REGISTRY = "tandem-registry"
+ROUTER = "tandem-router"
+CONTROLLER = "tandem-controller"
+
+
+def worker_name(role: str, index: int) -> str:
+    """The Ray actor name of worker ``index`` of ``role``."""
+    return f"tandem-{role}-{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """A whole Tandem cluster on Ray.
+
+    ``worker_args`` / ``router_args`` are extra flags passed verbatim to the standalone
+    commands' parsers (``tandem prefill|decode`` and ``tandem router``), so every flag those
+    commands have works here too. ``resources`` are Ray custom resources every worker asks for.
+    """
+
+    model: str = "smollm2"
+    model_name: str = ""
+    prefill: int = 1
+    decode: int = 1
+    host: str = "0.0.0.0"
+    port: int = 50051
+    http_port: int | None = 8000  # None: the router's own default
+    prefill_gpus: float = 0.0
+    decode_gpus: float = 0.0
+    cpus_per_worker: float = 1.0
+    router_cpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()
+    threads: int | None = None
+    dtype: str = "auto"
+    worker_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ()
+    namespace: str = NAMESPACE
+    detach: bool = False
+    max_restarts: int = 3
+    pack_pairs: bool = True  # one prefill + one decode per node (shm / CUDA IPC transport)
+    signal_window_s: float = 10.0  # workers' latency window, seen by the autoscaler
+    ready_timeout_s: float = 600.0
+    dead_after_s: float = 120.0  # a worker unreachable this long is given up on
+    autoscale: AutoscaleConfig | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "prefill": self.prefill >= 0,
+            "decode": self.decode >= 1,
+            "port": 0 <= self.port <= 65535,
+            "http_port": self.http_port is None or -1 <= self.http_port <= 65535,
+            "prefill_gpus": self.prefill_gpus >= 0,
+            "decode_gpus": self.decode_gpus >= 0,
+            "cpus_per_worker": self.cpus_per_worker >= 0,
+            "router_cpus": self.router_cpus >= 0,
+            "threads": self.threads is None or self.threads >= 1,
+            "max_restarts": self.max_restarts >= -1,
+            "signal_window_s": self.signal_window_s > 0,
+            "ready_timeout_s": self.ready_timeout_s > 0,
+            "dead_after_s": self.dead_after_s > 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid launch spec: {', '.join(bad)} out of range")
+        if not self.model:
+            raise ValueError("invalid launch spec: --model is empty")
+
+    def gpus(self, role: str) -> float:
+        """GPUs one worker of ``role`` asks for."""
+        return self.prefill_gpus if role == "prefill" else self.decode_gpus
+
+    def bundle(self, role: str) -> dict[str, float]:
+        """The Ray resource bundle of one worker of ``role`` (placement groups, autoscaler)."""
+        out: dict[str, float] = {"CPU": self.cpus_per_worker} if self.cpus_per_worker else {}
+        if self.gpus(role):
+            out["GPU"] = self.gpus(role)
+        out.update(dict(self.resources))
+        return out or {"CPU": 0.001}  # a bundle may not be empty

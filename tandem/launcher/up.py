@@ -1,0 +1,203 @@
+"""``tandem up``: a whole Tandem cluster on Ray (a new local instance, or ``--address``).
+
+    tandem up [--model smollm2] [--prefill 1] [--decode 1] [--port 50051] [--http-port 8000]
+              [--address ADDR] [--prefill-gpus G] [--decode-gpus G] [--cpus-per-worker C]
+              [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T] ...
+
+Starts the router, prefill and decode workers as Ray actors (the same servers as the
+standalone commands, in-process), waits until every worker serves and is registered, prints
+the gRPC and HTTP endpoints and a command to try. Without ``--detach`` it stays in the
+foreground and Ctrl-C (or SIGTERM) drains and stops everything; with ``--detach`` the actors
+are detached and ``tandem down`` stops them later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
+from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
+
+READY = "TANDEM_READY "
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags of ``tandem up``."""
+    p = argparse.ArgumentParser(prog="tandem up", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
+    p.add_argument("--model-name", default="",
+                   help="served model id (default: the alias, or the directory's name)")
+    p.add_argument("--prefill", type=int, default=1, help="prefill workers (0: colocated)")
+    p.add_argument("--decode", type=int, default=1, help="decode workers")
+    p.add_argument("--host", default="0.0.0.0", help="router listen address")
+    p.add_argument("--port", type=int, default=50051, help="router gRPC port (0: free)")
+    p.add_argument("--http-port", type=int, default=8000, help="router HTTP port (0: free)")
+    g = p.add_argument_group("ray")
+    g.add_argument("--address", default=None,
+                   help="existing Ray cluster ('auto', HOST:PORT); default: start a local one")
+    g.add_argument("--namespace", default=NAMESPACE, help="Ray namespace of everything started")
+    g.add_argument("--num-cpus", type=int, default=None, help="local Ray instance: CPUs")
+    g.add_argument("--num-gpus", type=int, default=None, help="local Ray instance: GPUs")
+    g.add_argument("--detach", action="store_true",
+                   help="start detached actors and return (stop with tandem down)")
+    g.add_argument("--max-restarts", type=int, default=3, help="restarts per actor (-1: always)")
+    g.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait")
+    g = p.add_argument_group("placement and resources")
+    g.add_argument("--prefill-gpus", type=float, default=0.0, help="GPUs per prefill worker")
+    g.add_argument("--decode-gpus", type=float, default=0.0, help="GPUs per decode worker")
+    g.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per worker")
+    g.add_argument("--router-cpus", type=float, default=0.0, help="CPUs for the router")
+    g.add_argument("--resources", default="{}",
+                   help='custom Ray resources per worker, JSON: \'{"accel": 1}\'')
+    g.add_argument("--no-pack", action="store_true",
+                   help="do not pack a prefill and a decode worker per node")
+    g = p.add_argument_group("workers")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads per worker engine")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--worker-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for every worker (repeat; e.g. --worker-arg=--num-blocks=512)")
+    g.add_argument("--router-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for the router (repeat)")
+    g = p.add_argument_group("autoscaling")
+    g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
+                   help="autoscale policy file (deploy/autoscale/{slo,queue,fixed}.yaml)")
+    g.add_argument("--signal-window", type=float, default=None,
+                   help="workers' latency window in s (default: the policy's window_s)")
+    return p
+
+
+def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) -> LaunchSpec:
+    """Flags -> LaunchSpec (ValueError with a clear message on bad values)."""
+    try:
+        resources = json.loads(args.resources)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--resources is not JSON: {exc}") from exc
+    if not isinstance(resources, dict) or not all(
+        isinstance(v, int | float) for v in resources.values()
+    ):
+        raise ValueError('--resources must be a JSON object of numbers, e.g. {"accel": 1}')
+    window = args.signal_window or (autoscale.window_s if autoscale else 10.0)
+    return LaunchSpec(
+        model=args.model, model_name=args.model_name, prefill=args.prefill,
+        decode=args.decode, host=args.host, port=args.port, http_port=args.http_port,
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
+        cpus_per_worker=args.cpus_per_worker, router_cpus=args.router_cpus,
+        resources=tuple(sorted((str(k), float(v)) for k, v in resources.items())),
+        threads=args.threads, dtype=args.dtype, worker_args=tuple(args.worker_arg),
+        router_args=tuple(args.router_arg), namespace=args.namespace, detach=args.detach,
+        max_restarts=args.max_restarts, pack_pairs=not args.no_pack,
+        signal_window_s=window, ready_timeout_s=args.ready_timeout, autoscale=autoscale,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the cluster; in the foreground, serve until interrupted, then drain and stop."""
+    args = build_parser().parse_args(argv)
+    try:
+        autoscale = load_config(args.autoscale) if args.autoscale else None
+        spec = spec_from_args(args, autoscale)
+        if spec.detach and args.address is None:
+            raise ValueError("--detach needs --address: a local Ray instance ends with "
+                             "this command")
+    except (AutoscaleConfigError, ValueError) as exc:
+        print(f"tandem up: {exc}", file=sys.stderr)
+        return 2
+    try:
+        model_dir = _resolve(spec.model)
+    except ValueError as exc:
+        print(f"tandem up: {exc}", file=sys.stderr)
+        return 2
+    # A local instance shares this machine's files; on a cluster each node resolves the
+    # model itself (a path must then exist on every node, an alias is converted per node).
+    worker_model = model_dir if args.address is None or Path(spec.model).exists() else spec.model
+
+    import ray
+
+    from tandem.launcher.connect import connect, find_pool
+    from tandem.launcher.down import stop_pool
+    from tandem.launcher.placement import home_strategy
+    from tandem.launcher.pool import PoolActor
+
+    connect(args.address, spec.namespace, _local_cpus(args, spec), args.num_gpus)
+    home = ray.get_runtime_context().get_node_id()
+    if find_pool(spec.namespace) is not None:
+        print(f"tandem up: a cluster already runs in Ray namespace {spec.namespace!r} "
+              "(tandem status / tandem down)", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    if not spec.detach:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    pool = ray.remote(PoolActor).options(
+        name=REGISTRY, namespace=spec.namespace, num_cpus=0, max_concurrency=256,
+        lifetime="detached" if spec.detach else None, scheduling_strategy=home_strategy(home),
+    ).remote(spec, model_dir, worker_model, home)
+    try:
+        print(f"[tandem] starting router, {spec.prefill} prefill and {spec.decode} decode "
+              "workers on Ray ...", file=sys.stderr, flush=True)
+        status = ray.get(pool.start.remote())
+        _announce(spec, status)
+        if spec.detach:
+            return 0
+        while not stop.wait(2.0):
+            if find_pool(spec.namespace) is None:  # `tandem down` from another shell
+                print("[tandem] stopped by tandem down", file=sys.stderr, flush=True)
+                return 0
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # a worker could not start: say why, stop what did
+        print(f"tandem up: {exc}", file=sys.stderr)
+        stop_pool(pool)
+        return 1
+    print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
+    stop_pool(pool)
+    return 0
+
+
+def _local_cpus(args: argparse.Namespace, spec: LaunchSpec) -> int | None:
+    """CPUs of a new local instance: enough logical CPUs for every worker it may run (Ray's
+    CPUs are scheduling tokens; the engines' threads are set by --threads)."""
+    if args.address is not None or args.num_cpus is not None:
+        return args.num_cpus
+    auto = spec.autoscale
+    workers = (auto.prefill.max + auto.decode.max) if auto else spec.prefill + spec.decode
+    need = math.ceil(workers * spec.cpus_per_worker + spec.router_cpus)
+    return max(os.cpu_count() or 1, need)
+
+
+def _resolve(model: str) -> str:
+    """A local model directory for ``model``: converts an alias or GGUF once, up front."""
+    if Path(model).is_dir():
+        return str(Path(model).resolve())  # nothing to convert: skip importing the engine
+    from engine.errors import ModelLoadError
+    from engine.loader import resolve_model
+
+    try:
+        return str(resolve_model(model))
+    except ModelLoadError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def _announce(spec: LaunchSpec, status: dict[str, object]) -> None:
+    router = status["router"]
+    assert isinstance(router, dict)
+    grpc_ep, http_ep = router["grpc"], router.get("http")
+    example = f"tandem generate --chat --target {shlex.quote(grpc_ep)} \"Write a haiku about the sea\""
+    print(f"\nTandem is serving {spec.model} on Ray (namespace {spec.namespace})", flush=True)
+    print(f"  gRPC:  {grpc_ep}", flush=True)
+    if http_ep:
+        print(f"  HTTP:  http://{http_ep}/v1", flush=True)
+    print(f"  workers: {status['replicas']}  (tandem status --namespace {spec.namespace})")
+    print(f"Try it:  {example}", flush=True)
+    print("Stop:    " + ("tandem down" if spec.detach else "Ctrl-C drains and stops it"),
+          flush=True)
+    info = {"role": "up", "grpc": grpc_ep, "http": http_ep, "namespace": spec.namespace}
+    print(READY + json.dumps(info), flush=True)

@@ -1,0 +1,171 @@
+"""A prefill or decode worker as a Ray actor: the standalone worker's server, in-process.
+
+    first call (any method) ──> ask the registry actor where the router is
+    ──> parse the standalone command's flags ──> decode_worker.process.serve(stop=event)
+        (same engine, KV endpoint, gRPC service, health, registration and heartbeats)
+    ──> READY captured from serve's announcement ──> wait until the router knows us
+    drain() ──> event set: no new work, running work finishes ──> server closed
+
+Started lazily by the first call, so a restarted actor (``max_restarts``) comes back the same
+way: the pool's supervisor calls ``ready()`` and the new incarnation serves on a new port and
+registers again under a new worker id, while the router forgets the dead one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from typing import Any
+
+import grpc
+
+from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+from tandem.launcher.signals import SignalRecorder, TimingServer
+from tandem.launcher.spec import REGISTRY
+
+log = logging.getLogger(__name__)
+
+_READY = "TANDEM_READY "
+
+
+class _ReadyCapture:
+    """The ``out`` stream given to ``serve``: resolves a future with the READY line's JSON."""
+
+    def __init__(self, future: asyncio.Future[dict[str, Any]]) -> None:
+        self._future = future
+        self._buf = ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            if line.startswith(_READY) and not self._future.done():
+                self._future.set_result(json.loads(line[len(_READY):]))
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+class _TimedApp:
+    """A worker app whose service registration goes through ``TimingServer``."""
+
+    def __init__(self, app: Any, recorder: SignalRecorder) -> None:
+        self._app = app
+        self._rec = recorder
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        self._app.add_to_server(TimingServer(server, self._rec))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._app, name)
+
+
+class WorkerActor:
+    """One prefill or decode worker (wrap with ``ray.remote`` and resource options)."""
+
+    def __init__(self, role: str, index: int, argv: list[str], namespace: str,
+                 window_s: float) -> None:
+        self.role = role
+        self.index = index
+        self._argv = list(argv)
+        self._namespace = namespace
+        self._recorder = SignalRecorder(window_s)
+        self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task[int] | None = None
+        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._router = ""
+        self.worker_id = f"{role}-{index}-{os.getpid()}"
+
+    async def ready(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Start if needed; return once serving and known to the router."""
+        info = await self._started(timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not await self._registered():
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{self.worker_id} not registered with {self._router}")
+            await asyncio.sleep(0.1)
+        return {**info, "registered": True}
+
+    async def info(self) -> dict[str, Any]:
+        """Where this worker serves and whether the router knows it (no waiting)."""
+        info = await self._started(600.0)
+        return {**info, "registered": await self._registered()}
+
+    async def signals(self) -> dict[str, Any]:
+        """Latency window and token counts for the autoscaler."""
+        return self._recorder.snapshot()
+
+    async def drain(self) -> int:
+        """Stop taking work, finish what runs, close; returns serve's exit status."""
+        if self._task is None:
+            return 0
+        assert self._stop is not None
+        self._stop.set()
+        return await self._task
+
+    async def _started(self, timeout_s: float) -> dict[str, Any]:
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._ready = loop.create_future()
+            self._task = loop.create_task(self._serve())
+            self._task.add_done_callback(self._on_exit)
+        assert self._ready is not None
+        base = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        import ray
+
+        return {**base, "role": self.role, "index": self.index, "worker_id": self.worker_id,
+                "pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+
+    def _on_exit(self, task: asyncio.Task[int]) -> None:
+        if self._ready is not None and not self._ready.done():
+            exc = task.exception() if not task.cancelled() else None
+            self._ready.set_exception(exc or RuntimeError(f"{self.worker_id} exited early"))
+
+    async def _serve(self) -> int:
+        import ray
+
+        from decode_worker.process import ServeConfig, load_kv_secret, serve
+        from engine.cli_args import engine_config_from_args
+
+        registry = ray.get_actor(REGISTRY, namespace=self._namespace)
+        self._router = await registry.router_endpoint.remote()
+        host = ray.util.get_node_ip_address()
+        argv = ["--host", host, "--port", "0", *self._argv,
+                "--router", self._router, "--worker-id", self.worker_id]
+        if self.role == "decode":
+            from decode_worker.app import build_decode_app as build
+            from decode_worker.cli import build_parser
+
+            argv = ["--kv-port", "0", *argv]
+        else:
+            from prefill_worker.app import build_prefill_app as build  # type: ignore[assignment]
+            from prefill_worker.cli import build_parser
+        args = build_parser().parse_args(argv)
+        engine_config = engine_config_from_args(args)
+        secret = load_kv_secret(args.kv_secret_file)
+        wanted = {"host": args.host, "port": args.port, "router": args.router,
+                  "drain_timeout_s": args.drain_timeout_s,
+                  "metrics_port": getattr(args, "metrics_port", None),
+                  "metrics_host": getattr(args, "metrics_host", None)}
+        known = ServeConfig.__dataclass_fields__  # the worker flags this version has
+        config = ServeConfig(**{k: v for k, v in wanted.items() if k in known and v is not None})
+
+        async def build_app() -> Any:
+            return _TimedApp(await build(args, engine_config, secret), self._recorder)
+
+        assert self._ready is not None and self._stop is not None
+        return await serve(config, build_app, _ReadyCapture(self._ready), self._stop)
+
+    async def _registered(self) -> bool:
+        """Whether the router knows this worker (a Heartbeat that carries no stats)."""
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async with grpc.aio.insecure_channel(self._router) as channel:
+                reply = await worker_pb2_grpc.RegistryStub(channel).Heartbeat(
+                    worker_pb2.HeartbeatRequest(worker_id=self.worker_id), timeout=5)
+                return bool(reply.known)
+        return False

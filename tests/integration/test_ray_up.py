@@ -1,0 +1,275 @@
+"""``tandem up`` on a local Ray instance with a tiny model: serving, autoscaling, restarts, down.
+
+One Ray instance for the module (this process is its driver); ``tandem up --detach``,
+``tandem status`` and ``tandem down`` run as real commands against it. The autoscaler runs the
+``queue`` policy with aggressive test targets so a prompt-heavy burst grows the prefill pool
+to 2 within seconds and idleness shrinks it back, while a client streams without pause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.launcher.connect import runtime_env
+from tandem.launcher.status import format_status
+from tests.integration.served_model import tiny_served_model
+from tests.unit.engine._reference import hf_greedy
+
+ray = pytest.importorskip("ray")
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "tandem-test"
+AUTOSCALE = """
+policy: queue
+interval_s: 0.5
+window_s: 2
+tolerance: 0.1
+stabilization_s: 3
+cooldown: {up_s: 1, down_s: 2}
+max_step: {up: 1, down: 1}
+prefill: {min: 1, max: 2}
+decode: {min: 1, max: 1}
+queue: {prefill_queue_depth: 1000, prefill_queue_tokens: 300, decode_queue_depth: 1000}
+request_resources: true
+"""
+
+
+def _tandem(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "tandem.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@dataclass
+class Up:
+    address: str
+    grpc: str
+    http: str
+    model_dir: Path
+
+    def pool(self) -> Any:
+        return ray.get_actor("tandem-registry", namespace=NAMESPACE)
+
+    def status(self) -> dict[str, Any]:
+        return ray.get(self.pool().status.remote(), timeout=60)
+
+    def workers(self, role: str) -> list[dict[str, Any]]:
+        return [w for w in self.status()["workers"] if w["role"] == role]
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Callable[..., Path],
+       smollm2_dir: Path) -> Iterator[Up]:
+    model_dir = tiny_served_model(tiny_dir, smollm2_dir)
+    yaml = tmp_path_factory.mktemp("autoscale") / "test.yaml"
+    yaml.write_text(AUTOSCALE)
+    ctx = ray.init(num_cpus=8, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+                   namespace="tandem-test-driver", runtime_env=runtime_env(),
+                   log_to_driver=False)
+    address = ctx.address_info["gcs_address"]
+    try:
+        proc = _tandem(
+            "up", "--address", address, "--namespace", NAMESPACE, "--detach",
+            "--model", str(model_dir), "--model-name", "tiny", "--port", "0",
+            "--http-port", "0", "--dtype", "float32", "--threads", "1",
+            "--worker-arg=--num-blocks=1024", "--router-arg=--heartbeat-interval=0.5",
+            "--router-arg=--health-interval=0.5", "--autoscale", str(yaml),
+            "--signal-window", "2",
+        )
+        ready = [ln for ln in proc.stdout.splitlines() if ln.startswith("TANDEM_READY ")]
+        assert proc.returncode == 0 and ready, proc.stdout + proc.stderr
+        info = json.loads(ready[0].removeprefix("TANDEM_READY "))
+        assert "Try it:" in proc.stdout
+        yield Up(address, info["grpc"], info["http"], model_dir)
+    finally:
+        if any(a["namespace"] == NAMESPACE for a in ray.util.list_named_actors(True)):
+            _tandem("down", "--address", address, "--namespace", NAMESPACE, timeout=120)
+        ray.shutdown()
+
+
+def _generate(stub: tandem_pb2_grpc.TandemStub, ids: list[int], n: int) -> list[int]:
+    req = tandem_pb2.GenerateRequest(
+        token_ids=tandem_pb2.TokenIds(ids=ids),
+        sampling=tandem_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+    )
+    tokens: list[int] = []
+    last = None
+    for msg in stub.Generate(req, timeout=120):
+        tokens += list(msg.token_ids)
+        last = msg
+    assert last is not None and last.finished, "stream ended without a finished message"
+    return tokens
+
+
+@dataclass
+class Streamer:
+    """A client streaming one request after another; every reply must be complete."""
+
+    target: str
+    prompt: list[int]
+    n: int = 12
+    done: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Streamer:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        with grpc.insecure_channel(self.target) as channel:
+            stub = tandem_pb2_grpc.TandemStub(channel)
+            while not self._stop.is_set():
+                try:
+                    tokens = _generate(stub, self.prompt, self.n)
+                    if len(tokens) != self.n:
+                        self.failures.append(f"truncated: {len(tokens)} of {self.n} tokens")
+                    self.done += 1
+                except (grpc.RpcError, AssertionError) as exc:
+                    self.failures.append(repr(exc)[:300])
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=120)
+
+
+def test_up_serves_greedy_output_equal_to_transformers(up: Up) -> None:
+    prompt = [1, 504, 3458, 6354, 28, 1014, 3758, 253]
+    with grpc.insecure_channel(up.grpc) as channel:
+        tokens = _generate(tandem_pb2_grpc.TandemStub(channel), prompt, 16)
+    assert tokens == hf_greedy(up.model_dir, prompt, 16)
+
+
+def test_status_shows_what_runs_where(up: Up) -> None:
+    proc = _tandem("status", "--address", up.address, "--namespace", NAMESPACE, "--json")
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    assert status["router"]["grpc"] == up.grpc and status["router"]["http"] == up.http
+    roles = sorted(w["role"] for w in status["workers"])
+    assert roles == ["decode", "prefill"]
+    for w in status["workers"]:
+        assert w["state"] == "serving" and w["registered"] and w["grpc"], w
+    # The pair shares a placement group: one node, so KV moves over shared memory.
+    assert {w["pair"] for w in status["workers"]} == {0}
+    assert status["autoscaler"]["policy"] == "queue"
+    table = format_status(status)
+    assert "prefill-0" in table and "decode-0" in table and "registered" in table
+
+
+def test_burst_scales_prefill_up_then_idle_scales_down_without_failures(up: Up) -> None:
+    long_prompt = [(7 * i) % 4000 + 100 for i in range(400)]
+    burst_errors: list[str] = []
+    stop_burst = threading.Event()
+
+    def burst() -> None:
+        with grpc.insecure_channel(up.grpc) as channel:
+            stub = tandem_pb2_grpc.TandemStub(channel)
+            while not stop_burst.is_set():
+                try:
+                    if len(_generate(stub, long_prompt, 1)) != 1:
+                        burst_errors.append("truncated")
+                except (grpc.RpcError, AssertionError) as exc:
+                    burst_errors.append(repr(exc)[:300])
+
+    with Streamer(up.grpc, [1, 2, 3, 4, 5, 6]) as streamer:
+        threads = [threading.Thread(target=burst, daemon=True) for _ in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            _wait(lambda: sum(w["state"] == "serving" for w in up.workers("prefill")) == 2,
+                  90, "a second prefill worker serving")
+        finally:
+            stop_burst.set()
+            for t in threads:
+                t.join(timeout=120)
+        _wait(lambda: len(up.workers("prefill")) == 1, 60, "prefill back to one worker")
+        done_before = streamer.done
+        _wait(lambda: streamer.done > done_before + 2, 30, "the stream to go on")
+    assert streamer.failures == [] and burst_errors == []
+    assert streamer.done > 3
+    controller = ray.get_actor("tandem-controller", namespace=NAMESPACE)
+    decisions = ray.get(controller.decisions.remote(changes_only=True))
+    ups = [d for d in decisions if d["role"] == "prefill" and d["desired"] > d["current"]]
+    downs = [d for d in decisions if d["role"] == "prefill" and d["desired"] < d["current"]]
+    assert ups and ups[0]["proposal"]["signal"] == "prefill_queue_tokens"
+    assert ups[0]["inputs"]["prefill_queue_tokens"] > 300
+    assert downs
+    metrics = ray.get(controller.metrics_text.remote())
+    assert 'tandem_autoscaler_desired_replicas{role="prefill"} 1.0' in metrics
+    assert 'tandem_autoscaler_decisions_total{direction="up"' in metrics
+
+
+def test_killed_worker_actor_restarts_and_reregisters(up: Up) -> None:
+    before = up.workers("prefill")[0]
+    with Streamer(up.grpc, [9, 8, 7, 6, 5]) as streamer:
+        _wait(lambda: streamer.done >= 1, 30, "the stream to start")
+        handle = ray.get_actor(before["name"], namespace=NAMESPACE)
+        ray.kill(handle, no_restart=False)
+
+        def back() -> bool:
+            w = up.workers("prefill")[0]
+            return w["restarts"] == 1 and w["state"] == "serving" and bool(w["registered"])
+
+        _wait(back, 90, "the prefill worker restarted and registered again")
+        done_before = streamer.done
+        _wait(lambda: streamer.done > done_before + 2, 30, "the stream to go on")
+    after = up.workers("prefill")[0]
+    assert after["pid"] != before["pid"] and after["grpc"] != before["grpc"]
+    assert streamer.failures == []
+
+
+def test_down_stops_everything_it_started(up: Up) -> None:
+    status = up.status()
+    pids = [status["pool_pid"], status["router"]["pid"], *(w["pid"] for w in status["workers"])]
+    other = ray.remote(num_cpus=0)(_Bystander).options(name="bystander").remote()
+    proc = _tandem("down", "--address", up.address, "--namespace", NAMESPACE)
+    assert proc.returncode == 0, proc.stderr
+
+    def ours_left() -> list[str]:
+        return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == NAMESPACE]
+
+    _wait(lambda: not ours_left(), 30, "no actor of ours")
+    _wait(lambda: not any(_alive(p) for p in pids), 30, "no process of ours")
+    assert ray.get(other.ping.remote()) == "pong"  # nothing outside our namespace touched
+    ray.kill(other)
+    again = _tandem("down", "--address", up.address, "--namespace", NAMESPACE)
+    assert again.returncode == 1 and "nothing running" in again.stderr
+
+
+class _Bystander:
+    def ping(self) -> str:
+        return "pong"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process not yet reaped, a zombie, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -1,0 +1,455 @@
+"""``tandem.Client`` and ``tandem.AsyncClient`` against a real router with real workers (tiny
+model), and the retry rules against a real grpc.aio server that fails on purpose.
+
+Proves: generate and streaming agree; stopping a stream early cancels the RPC and the
+workers end holding no KV block; each typed error on its status (bad request, tiny deadline,
+full router, dead target, missing API key, a stream cancelled under a reader); TLS with an
+API key; retries only where the rules allow them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+import tandem
+from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.local_cluster import Proc
+from tests.integration.sdk_cluster import (
+    LocalCluster,
+    assert_idle,
+    requests_with_outcome,
+    start_cluster,
+    wait_until,
+)
+from tests.integration.served_model import tiny_served_model
+from tests.integration.tls_certs import make_certs
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+LONG = 900  # tokens a stream would take to finish on its own: far more than any test reads
+
+
+@pytest.fixture(scope="module")
+def local(tiny_dir, smollm2_dir: Path) -> Iterator[LocalCluster]:
+    lc = start_cluster(tiny_served_model(tiny_dir, smollm2_dir))
+    try:
+        yield lc
+    finally:
+        lc.cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def edge_router(
+    local: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Proc, str, Path]:
+    """A second router over the same workers with API keys and TLS on its public port, that
+    admits one request and queues none; returns it, the key and the CA."""
+    d = tmp_path_factory.mktemp("edge")
+    keys = d / "keys.txt"
+    keys.write_text("# accepted keys\nsk-test-123\n")
+    certs = make_certs(d)
+    proc = local.start_router(
+        "--api-key-file", str(keys), "--tls-cert", str(certs.server_cert),
+        "--tls-key", str(certs.server_key), "--max-inflight", "1", "--max-queue", "0",
+    )
+    return proc, "sk-test-123", certs.ca
+
+
+def _cancelled(local: LocalCluster) -> float:
+    assert local.router is not None
+    return requests_with_outcome(local.router, "cancelled")
+
+
+def _wait_cancelled(local: LocalCluster, count: float) -> None:
+    """The router counted ``count`` cancelled requests (it records the outcome as the
+    cancellation reaches it, asynchronously)."""
+    wait_until(lambda: _cancelled(local) >= count, timeout=60)
+    assert _cancelled(local) == count
+
+
+# --------------------------------------------------------------- generate and streaming
+
+
+def test_sync_generate_stream_tokenize_models_health(local: LocalCluster) -> None:
+    with tandem.Client(local.target) as client:
+        assert client.health()
+        assert client.models() == [tandem.ModelInfo("tiny", 1024, "tandem")]
+        result = client.generate("The quick brown fox", max_tokens=12, **GREEDY)
+        assert isinstance(result, tandem.GenerateResult)
+        assert len(result.token_ids) == 12 and result.finish_reason == "length"
+        assert result.usage.completion_tokens == 12
+        assert result.usage.prompt_tokens == len(client.tokenize("The quick brown fox"))
+        assert result.timings.total_s >= result.timings.first_token_s > 0
+        with client.generate_stream("The quick brown fox", max_tokens=12, **GREEDY) as stream:
+            chunks = list(stream)
+        assert "".join(c.text for c in chunks) == result.text
+        assert tuple(t for c in chunks for t in c.token_ids) == result.token_ids
+        assert chunks[-1].finished and chunks[-1].usage == result.usage
+        assert all(not c.finished and c.usage is None for c in chunks[:-1])
+        chat = [{"role": "user", "content": "Hello!"}]
+        by_chat = client.generate(messages=chat, max_tokens=6, **GREEDY)
+        assert by_chat.usage.prompt_tokens == len(client.tokenize(messages=chat))
+        assert client.generate(token_ids=client.tokenize(messages=chat), max_tokens=6,
+                               **GREEDY).token_ids == by_chat.token_ids
+    assert_idle(local)
+
+
+def test_async_generate_and_stream_equal_sync(local: LocalCluster) -> None:
+    with tandem.Client(local.target) as client:
+        expected = client.generate("Once upon a time", max_tokens=10, **GREEDY)
+
+    async def run() -> tuple[tandem.GenerateResult, list[tandem.StreamChunk], list[int], bool]:
+        async with tandem.AsyncClient(local.target) as client:
+            result = await client.generate("Once upon a time", max_tokens=10, **GREEDY)
+            stream = client.generate_stream("Once upon a time", max_tokens=10, **GREEDY)
+            chunks = [c async for c in stream]
+            return result, chunks, await client.tokenize("Once upon a time"), \
+                await client.health()
+
+    result, chunks, ids, healthy = asyncio.run(run())
+    assert result.token_ids == expected.token_ids and result.text == expected.text
+    assert "".join(c.text for c in chunks) == expected.text and chunks[-1].finished
+    assert len(ids) == result.usage.prompt_tokens and healthy
+
+
+# --------------------------------------------------------------- cancellation frees blocks
+
+
+def test_sync_stream_break_cancels_and_frees_blocks(local: LocalCluster) -> None:
+    before = _cancelled(local)
+    with tandem.Client(local.target) as client:
+        seen = 0
+        for chunk in client.generate_stream("Count forever:", max_tokens=LONG, **GREEDY):
+            seen += len(chunk.token_ids)
+            if seen >= 3:
+                break  # the stream object is dropped here: that alone must cancel the RPC
+        assert_idle(local)
+        _wait_cancelled(local, before + 1)
+        # close() on a stream held in a variable, mid-way.
+        stream = client.generate_stream("Count again:", max_tokens=LONG, **GREEDY)
+        next(stream)
+        stream.close()
+        assert list(stream) == []
+        assert_idle(local)
+        _wait_cancelled(local, before + 2)
+
+
+def test_async_stream_aclose_and_break_cancel(local: LocalCluster) -> None:
+    before = _cancelled(local)
+
+    async def run() -> None:
+        async with tandem.AsyncClient(local.target) as client:
+            stream = client.generate_stream("Count forever:", max_tokens=LONG, **GREEDY)
+            await stream.__anext__()
+            await stream.aclose()
+            assert [c async for c in stream] == []
+            await asyncio.to_thread(assert_idle, local)
+            async for _chunk in client.generate_stream("Again:", max_tokens=LONG, **GREEDY):
+                break
+            await asyncio.to_thread(assert_idle, local)
+
+    asyncio.run(run())
+    _wait_cancelled(local, before + 2)
+
+
+def test_stream_closed_under_a_reader_raises_cancelled(local: LocalCluster) -> None:
+    with tandem.Client(local.target) as client:
+        stream = client.generate_stream("Tick tock", max_tokens=LONG, **GREEDY)
+        outcome: list[BaseException | None] = []
+        got_two = threading.Event()
+
+        def read() -> None:
+            try:
+                for n, _ in enumerate(stream):
+                    if n == 1:
+                        got_two.set()  # from here on the reader sits blocked on the next chunk
+                outcome.append(None)
+            except BaseException as exc:  # handed to the test thread
+                outcome.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert got_two.wait(60)
+        stream.close()
+        reader.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], tandem.Cancelled), outcome
+    assert_idle(local)
+
+
+# --------------------------------------------------------------- typed errors
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": -1.0}, {"model": "no-such-model"}, {"top_p": 0.0}],
+)
+def test_bad_request_is_invalid_request(local: LocalCluster, kwargs) -> None:
+    with tandem.Client(local.target) as client:
+        with pytest.raises(tandem.InvalidRequest) as err:
+            client.generate("hi", max_tokens=2, **kwargs)
+        assert err.value.code == "INVALID_ARGUMENT"
+        with pytest.raises(tandem.InvalidRequest):
+            next(iter(client.generate_stream("hi", max_tokens=2, **kwargs)))
+
+
+def test_tiny_deadline_is_deadline_exceeded(local: LocalCluster) -> None:
+    with tandem.Client(local.target, timeout_s=0.05) as client:
+        with pytest.raises(tandem.DeadlineExceeded):
+            client.generate("slow", max_tokens=LONG, **GREEDY)
+        with pytest.raises(tandem.DeadlineExceeded):
+            list(client.generate_stream("slow", max_tokens=LONG, **GREEDY))
+
+    async def run() -> None:
+        async with tandem.AsyncClient(local.target) as client:
+            with pytest.raises(tandem.DeadlineExceeded):
+                await client.generate("slow", max_tokens=LONG, timeout=0.05, **GREEDY)
+
+    asyncio.run(run())
+    assert_idle(local)
+
+
+def test_full_router_is_overloaded_with_retry_after(local: LocalCluster, edge_router) -> None:
+    proc, key, ca = edge_router
+    edge = {"tls": tandem.TLSConfig(ca_cert=str(ca)), "api_key": key}
+    no_retry = tandem.RetryPolicy(max_attempts=1)
+    with tandem.Client(proc.grpc, **edge) as client, \
+            tandem.Client(proc.grpc, retry=no_retry, **edge) as second:
+        holder = client.generate_stream("Hold the slot", max_tokens=LONG, **GREEDY)
+        next(holder)  # admitted and streaming: the router's one slot is taken
+        with pytest.raises(tandem.Overloaded) as err:
+            second.generate("one more", max_tokens=2)
+        assert err.value.retry_after_s == pytest.approx(0.2)
+        with pytest.raises(tandem.Overloaded):
+            next(iter(second.generate_stream("one more", max_tokens=2)))
+
+        async def run() -> None:
+            async with tandem.AsyncClient(proc.grpc, retry=no_retry, **edge) as aclient:
+                with pytest.raises(tandem.Overloaded) as aerr:
+                    await aclient.generate("one more", max_tokens=2)
+                assert aerr.value.retry_after_s == pytest.approx(0.2)
+
+        asyncio.run(run())
+        holder.close()
+        # The slot frees once the cancel lands; Overloaded with retry info is retried, so
+        # this succeeds without the test waiting itself.
+        patient = tandem.RetryPolicy(max_attempts=50, initial_backoff_s=0.05, max_backoff_s=0.2)
+        with tandem.Client(proc.grpc, retry=patient, **edge) as third:
+            assert len(third.generate("now", max_tokens=2, **GREEDY).token_ids) == 2
+    assert_idle(local)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_dead_target_is_unavailable_after_bounded_retries() -> None:
+    target = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    policy = tandem.RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
+    with tandem.Client(target, timeout_s=10.0, retry=policy) as client:
+        start = time.monotonic()
+        with pytest.raises(tandem.Unavailable):
+            client.models()
+        with pytest.raises(tandem.Unavailable):
+            list(client.generate_stream("hi"))
+        assert time.monotonic() - start < 10.0
+
+    async def run() -> None:
+        async with tandem.AsyncClient(target, timeout_s=10.0, retry=policy) as client:
+            with pytest.raises(tandem.Unavailable):
+                await client.generate("hi")
+
+    asyncio.run(run())
+
+
+def test_missing_or_wrong_api_key_is_auth_error_and_tls_works(edge_router) -> None:
+    proc, key, ca = edge_router
+    tls = tandem.TLSConfig(ca_cert=str(ca))
+    with tandem.Client(proc.grpc, tls=tls, api_key=key) as client:
+        assert client.generate("hello", max_tokens=3, **GREEDY).usage.completion_tokens == 3
+        assert [m.id for m in client.models()] == ["tiny"]
+    for bad_key in (None, "sk-wrong"):
+        with tandem.Client(proc.grpc, tls=tls, api_key=bad_key) as client:
+            for call in (lambda c: c.generate("hello", max_tokens=3),
+                         lambda c: list(c.generate_stream("hello", max_tokens=3)),
+                         lambda c: c.tokenize("hello"),
+                         lambda c: c.models()):
+                with pytest.raises(tandem.AuthError):
+                    call(client)
+            assert client.health()  # health stays open for probes
+
+    async def run() -> None:
+        async with tandem.AsyncClient(proc.grpc, tls=tls) as client:
+            with pytest.raises(tandem.AuthError):
+                await client.generate("hello", max_tokens=3)
+
+    asyncio.run(run())
+    # A plaintext client cannot talk to the TLS port at all.
+    with tandem.Client(proc.grpc, api_key=key, timeout_s=5.0,
+                       retry=tandem.RetryPolicy(max_attempts=1)) as plain:
+        with pytest.raises(tandem.Unavailable):
+            plain.models()
+
+
+# --------------------------------------------------------------- retries, real server
+
+
+class FlakyTandem(tandem_pb2_grpc.TandemServicer):
+    """Fails on purpose: ``plan`` lists, per call, what each attempt does."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.plan: dict[str, list[str]] = {}
+
+    def _next(self, method: str) -> str:
+        n = self.calls.get(method, 0)
+        self.calls[method] = n + 1
+        steps = self.plan.get(method, [])
+        return steps[n] if n < len(steps) else "ok"
+
+    async def ListModels(self, request, context):  # noqa: N802
+        step = self._next("ListModels")
+        if step == "unavailable":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
+        if step == "busy-retry":
+            context.set_trailing_metadata((("retry-after-ms", "50"),))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "full")
+        if step == "busy":
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "full, no retry info")
+        if step == "unauthenticated":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no key")
+        return tandem_pb2.ListModelsResponse(models=[tandem_pb2.ModelInfo(id="flaky")])
+
+    async def Generate(self, request, context) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # noqa: N802
+        step = self._next("Generate")
+        if step == "unavailable":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker yet")
+        yield tandem_pb2.GenerateResponse(request_id="r", token_ids=[1], text="a")
+        if step == "fail-after-first":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker lost mid-stream")
+        yield tandem_pb2.GenerateResponse(
+            request_id="r", token_ids=[2], text="b", finished=True, finish_reason="length",
+            usage=tandem_pb2.Usage(prompt_tokens=1, completion_tokens=2))
+
+
+@pytest.fixture()
+def flaky() -> Iterator[tuple[FlakyTandem, str]]:
+    """A grpc.aio server on its own event-loop thread, stopped after the test."""
+    servicer = FlakyTandem()
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def serve() -> None:
+        state["loop"], state["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        server = grpc.aio.server()
+        tandem_pb2_grpc.add_TandemServicer_to_server(servicer, server)
+        state["port"] = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ready.set()
+        await state["stop"].wait()
+        await server.stop(None)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        yield servicer, f"127.0.0.1:{state['port']}"
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+FAST = tandem.RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05)
+
+
+def test_unary_retries_unavailable_then_succeeds(flaky) -> None:
+    servicer, target = flaky
+    servicer.plan = {"ListModels": ["unavailable"], "Generate": ["unavailable"]}
+    with tandem.Client(target, retry=FAST) as client:
+        assert [m.id for m in client.models()] == ["flaky"]
+        assert client.generate("x").text == "ab"
+    assert servicer.calls == {"ListModels": 2, "Generate": 2}
+
+
+def test_async_unary_retries_unavailable_then_succeeds(flaky) -> None:
+    servicer, target = flaky
+    servicer.plan = {"ListModels": ["unavailable", "unavailable"]}
+
+    async def run() -> list[tandem.ModelInfo]:
+        async with tandem.AsyncClient(target, retry=FAST) as client:
+            return await client.models()
+
+    assert [m.id for m in asyncio.run(run())] == ["flaky"]
+    assert servicer.calls["ListModels"] == 3
+
+
+def test_stream_retries_only_before_its_first_chunk(flaky) -> None:
+    servicer, target = flaky
+    servicer.plan = {"Generate": ["unavailable", "fail-after-first"]}
+    with tandem.Client(target, retry=FAST) as client:
+        stream = client.generate_stream("x")
+        first = next(stream)  # attempt 1 failed before any chunk: retried
+        assert first.text == "a"
+        with pytest.raises(tandem.Unavailable, match="mid-stream"):
+            next(stream)  # attempt 2 failed after a chunk: raised, never retried
+    assert servicer.calls["Generate"] == 2
+
+
+def test_async_stream_retries_only_before_its_first_chunk(flaky) -> None:
+    servicer, target = flaky
+    servicer.plan = {"Generate": ["unavailable", "fail-after-first"]}
+
+    async def run() -> list[str]:
+        texts: list[str] = []
+        async with tandem.AsyncClient(target, retry=FAST) as client:
+            with pytest.raises(tandem.Unavailable):
+                async for chunk in client.generate_stream("x"):
+                    texts.append(chunk.text)
+        return texts
+
+    assert asyncio.run(run()) == ["a"]
+    assert servicer.calls["Generate"] == 2
+
+
+def test_overloaded_retried_only_with_retry_info(flaky) -> None:
+    servicer, target = flaky
+    servicer.plan = {"ListModels": ["busy-retry", "busy"]}
+    with tandem.Client(target, retry=FAST) as client:
+        start = time.monotonic()
+        with pytest.raises(tandem.Overloaded) as err:
+            client.models()  # 1: busy with retry-after 50 ms -> retried; 2: busy, no info
+        assert time.monotonic() - start >= 0.05
+        assert err.value.retry_after_s is None
+        assert servicer.calls["ListModels"] == 2
+        assert [m.id for m in client.models()] == ["flaky"]
+
+
+def test_unauthenticated_is_auth_error_and_not_retried(flaky) -> None:
+    servicer, target = flaky
+    servicer.plan = {"ListModels": ["unauthenticated"]}
+    with tandem.Client(target, retry=FAST, api_key="k") as client:
+        with pytest.raises(tandem.AuthError):
+            client.models()
+    assert servicer.calls["ListModels"] == 1
+
+
+def test_retries_stop_at_the_deadline(flaky) -> None:
+    servicer, target = flaky
+    servicer.plan = {"ListModels": ["unavailable"] * 1000}
+    slow = tandem.RetryPolicy(max_attempts=1000, initial_backoff_s=0.2, max_backoff_s=0.2)
+    with tandem.Client(target, retry=slow, timeout_s=1.0) as client:
+        start = time.monotonic()
+        with pytest.raises(tandem.Unavailable):
+            client.models()
+        assert time.monotonic() - start < 1.0 + 0.5
+    assert 2 <= servicer.calls["ListModels"] < 1000
