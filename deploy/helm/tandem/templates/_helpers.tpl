@@ -1,0 +1,285 @@
+{{/* Names, labels and the pieces every pod template shares. */}}
+
+{{- define "tandem.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tandem.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tandem.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels; call with (dict "ctx" $ "component" "router"). */}}
+{{- define "tandem.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tandem.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end -}}
+
+{{/* Standard labels; call with (dict "ctx" $ "component" "router"). */}}
+{{- define "tandem.labels" -}}
+helm.sh/chart: {{ include "tandem.chart" .ctx }}
+{{ include "tandem.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: tandem
+{{- end -}}
+
+{{- define "tandem.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "tandem.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image of a role; call with (dict "ctx" $ "role" .Values.prefill) or role = {}. */}}
+{{- define "tandem.image" -}}
+{{- $img := .ctx.Values.image -}}
+{{- $over := default (dict) .role.image -}}
+{{- $repo := default $img.repository $over.repository -}}
+{{- $tag := default (default .ctx.Chart.AppVersion $img.tag) $over.tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* Where the model is, as the processes see it. */}}
+{{- define "tandem.modelPath" -}}
+{{- if .Values.model.pvc.enabled -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.model.pvc.mountPath) (trimPrefix "/" .Values.model.name) -}}
+{{- else -}}
+{{- .Values.model.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True when the model is an alias (e.g. smollm2): only the engine can resolve it to files. */}}
+{{- define "tandem.modelIsAlias" -}}
+{{- if and (not .Values.model.pvc.enabled) (not .Values.model.tokenizer) (not (contains "/" .Values.model.name)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The router's tokenizer directory (an alias is resolved by an init container into it). */}}
+{{- define "tandem.tokenizerPath" -}}
+{{- if .Values.model.tokenizer -}}
+{{- .Values.model.tokenizer -}}
+{{- else if include "tandem.modelIsAlias" . -}}
+/tokenizer
+{{- else -}}
+{{- include "tandem.modelPath" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tandem.servedName" -}}
+{{- default (base .Values.model.name) .Values.model.servedName -}}
+{{- end -}}
+
+{{/* Pod termination: preStop sleep + drain + 15 s to stop the server and close the engine. */}}
+{{- define "tandem.grace" -}}
+{{- add .preStopSleepSeconds .drainTimeoutSeconds 15 -}}
+{{- end -}}
+
+{{- define "tandem.preStop" -}}
+lifecycle:
+  preStop:
+    exec:
+      command: ["/bin/sh", "-c", "sleep {{ .preStopSleepSeconds }}"]
+{{- end -}}
+
+{{/*
+Probes on grpc.health.v1 (kubelet's native gRPC probe). The kubelet's gRPC probe speaks no TLS,
+so a port serving TLS is probed over the router's HTTPS /health instead.
+Call with (dict "port" 50051 "startup" .startupProbe "https" false "httpPort" 8000).
+*/}}
+{{- define "tandem.probes" -}}
+{{- $check := "" -}}
+{{- if .https -}}
+{{- $check = printf "httpGet:\n  path: /health\n  port: %v\n  scheme: HTTPS" .httpPort -}}
+{{- else -}}
+{{- $check = printf "grpc:\n  port: %v" .port -}}
+{{- end -}}
+startupProbe:
+  {{- $check | nindent 2 }}
+  periodSeconds: {{ .startup.periodSeconds }}
+  failureThreshold: {{ .startup.failureThreshold }}
+  timeoutSeconds: 5
+readinessProbe:
+  {{- $check | nindent 2 }}
+  periodSeconds: 5
+  failureThreshold: 2
+  timeoutSeconds: 3
+livenessProbe:
+  {{- $check | nindent 2 }}
+  periodSeconds: 15
+  failureThreshold: 4
+  timeoutSeconds: 5
+{{- end -}}
+
+{{/* Resources with the role's accelerator added to requests and limits. */}}
+{{- define "tandem.workerResources" -}}
+{{- $res := deepCopy (default (dict) .resources) -}}
+{{- if gt (int .accelerator.count) 0 -}}
+{{- $limits := default (dict) $res.limits -}}
+{{- $_ := set $limits .accelerator.resourceName (int .accelerator.count) -}}
+{{- $_ := set $res "limits" $limits -}}
+{{- $requests := default (dict) $res.requests -}}
+{{- $_ := set $requests .accelerator.resourceName (int .accelerator.count) -}}
+{{- $_ := set $res "requests" $requests -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
+
+{{/* Secrets' names. */}}
+{{- define "tandem.apiKeySecret" -}}
+{{- default (printf "%s-api-keys" (include "tandem.fullname" .)) .Values.apiKey.existingSecret -}}
+{{- end -}}
+{{- define "tandem.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "tandem.fullname" .)) .Values.tls.existingSecret -}}
+{{- end -}}
+{{- define "tandem.kvSecret" -}}
+{{- default (printf "%s-kv" (include "tandem.fullname" .)) .Values.kvSecret.existingSecret -}}
+{{- end -}}
+{{- define "tandem.kvSecretEnabled" -}}
+{{- if or .Values.kvSecret.existingSecret .Values.kvSecret.value -}}true{{- end -}}
+{{- end -}}
+
+{{/* The router's flags shared by both modes (tandem router and tandem up pass them on). */}}
+{{- define "tandem.routerSecurityArgs" -}}
+{{- if .Values.apiKey.enabled }}
+- --api-key-file=/etc/tandem/api-keys/api-keys
+{{- end }}
+{{- if .Values.tls.enabled }}
+- --tls-cert=/etc/tandem/tls/tls.crt
+- --tls-key=/etc/tandem/tls/tls.key
+{{- end }}
+{{- if .Values.workerTls.enabled }}
+- --worker-ca=/etc/tandem/worker-tls/ca.crt
+- --worker-cert=/etc/tandem/worker-tls/tls.crt
+- --worker-key=/etc/tandem/worker-tls/tls.key
+{{- end }}
+{{- end -}}
+
+{{/* Volumes: the model PVC and the secrets a pod needs; role is "router", "worker" or "head". */}}
+{{- define "tandem.volumes" -}}
+{{- $v := .ctx.Values -}}
+{{- if $v.model.pvc.enabled }}
+- name: model
+  persistentVolumeClaim:
+    claimName: {{ $v.model.pvc.claimName }}
+    readOnly: {{ $v.model.pvc.readOnly }}
+{{- end }}
+{{- if and (ne .role "worker") $v.apiKey.enabled }}
+- name: api-keys
+  secret:
+    secretName: {{ include "tandem.apiKeySecret" .ctx }}
+{{- end }}
+{{- if and (ne .role "worker") $v.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "tandem.tlsSecret" .ctx }}
+{{- end }}
+{{- if and (ne .role "worker") $v.workerTls.enabled }}
+- name: worker-tls
+  secret:
+    secretName: {{ $v.workerTls.existingSecret }}
+{{- end }}
+{{- if and (ne .role "router") (include "tandem.kvSecretEnabled" .ctx) }}
+- name: kv-secret
+  secret:
+    secretName: {{ include "tandem.kvSecret" .ctx }}
+{{- end }}
+{{- if and (eq .role "head") $v.autoscaling.enabled }}
+- name: autoscale
+  configMap:
+    name: {{ include "tandem.fullname" .ctx }}-autoscale
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.volumeMounts" -}}
+{{- $v := .ctx.Values -}}
+{{- if $v.model.pvc.enabled }}
+- name: model
+  mountPath: {{ $v.model.pvc.mountPath }}
+  readOnly: {{ $v.model.pvc.readOnly }}
+{{- end }}
+{{- if and (ne .role "worker") $v.apiKey.enabled }}
+- name: api-keys
+  mountPath: /etc/tandem/api-keys
+  readOnly: true
+{{- end }}
+{{- if and (ne .role "worker") $v.tls.enabled }}
+- name: tls
+  mountPath: /etc/tandem/tls
+  readOnly: true
+{{- end }}
+{{- if and (ne .role "worker") $v.workerTls.enabled }}
+- name: worker-tls
+  mountPath: /etc/tandem/worker-tls
+  readOnly: true
+{{- end }}
+{{- if and (ne .role "router") (include "tandem.kvSecretEnabled" .ctx) }}
+- name: kv-secret
+  mountPath: /etc/tandem/kv
+  readOnly: true
+{{- end }}
+{{- if and (eq .role "head") $v.autoscaling.enabled }}
+- name: autoscale
+  mountPath: /etc/tandem/autoscale
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Engine flags of a worker role; call with (dict "ctx" $ "role" .Values.prefill). */}}
+{{- define "tandem.engineArgs" -}}
+- --model={{ include "tandem.modelPath" .ctx }}
+- --device={{ .role.device }}
+- --dtype={{ .role.dtype }}
+{{- if gt (int .role.threads) 0 }}
+- --threads={{ .role.threads }}
+{{- end }}
+{{- if gt (int .ctx.Values.model.maxModelLen) 0 }}
+- --max-model-len={{ .ctx.Values.model.maxModelLen }}
+{{- end }}
+{{- if include "tandem.kvSecretEnabled" .ctx }}
+- --kv-secret-file=/etc/tandem/kv/kv-secret
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.podEnv" -}}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end -}}
+
+{{/* Checks the schema cannot express; rendered (as nothing) by service.yaml. */}}
+{{- define "tandem.validate" -}}
+{{- range $name := list "prefill" "decode" }}
+{{- $w := index $.Values $name }}
+{{- if or (gt (int $w.minReplicas) (int $w.replicas)) (gt (int $w.replicas) (int $w.maxReplicas)) }}
+{{- fail (printf "%s: need minReplicas <= replicas <= maxReplicas (got %v <= %v <= %v)" $name $w.minReplicas $w.replicas $w.maxReplicas) }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.mode "deployments") .Values.autoscaling.enabled (eq .Values.autoscaling.kind "hpa") }}
+{{- range $name := list "prefill" "decode" }}
+{{- if eq (int (index $.Values $name).minReplicas) 0 }}
+{{- fail (printf "%s.minReplicas: an HPA cannot scale to 0 (use autoscaling.kind=keda)" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
