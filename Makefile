@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: install test test-fast serve lint bench bench-engine clean
+.PHONY: install test test-fast serve serve-local lint bench-engine bench-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ test: install
 test-fast: install
 	$(PY) -m pytest tests -q -m "not slow"
 
+# The whole cluster on a local Ray instance: router (gRPC 50051, HTTP 8000), one prefill and
+# one decode worker on the default model. Ctrl-C drains and stops it.
 serve: install
+	$(VENV)/bin/tandem up --model smollm2
+
+# The same three processes without Ray.
+serve-local: install
 	$(VENV)/bin/tandem local --model smollm2
 
 lint: install
@@ -37,6 +43,10 @@ lint: install
 
 bench-engine: install
 	$(PY) -m bench.engine
+
+# Disaggregated (1 prefill + 1 decode, a core each) vs colocated (one worker, both cores).
+bench-serve: install
+	$(PY) -m scripts.bench_serve --chunked --out docs/bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info
