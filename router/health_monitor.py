@@ -1,7 +1,10 @@
 """Probes every known worker on an interval: grpc.health.v1 first, then Stats for its load.
 
-A worker that fails the probe leaves the pool until a later probe passes; registered workers
-silent past their heartbeat lease are forgotten (and their channels and affinity dropped).
+A worker that fails the health check leaves the pool until a later probe passes; registered
+workers silent past their heartbeat lease are forgotten (and their channels and affinity
+dropped). A Stats call that fails while the health check passed leaves the worker in the
+pool with its last known load: a worker's Stats waits for its engine's current step, and a
+long prefill step must not look like a dead worker.
 """
 
 from __future__ import annotations
@@ -71,7 +74,9 @@ class HealthMonitor:
             try:
                 stats = await stub.Stats(worker_pb2.StatsRequest(), timeout=self._timeout_s)
             except grpc.aio.AioRpcError as err:
-                problem = f"Stats failed: {err.code().name}"
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    problem = f"Stats failed: {err.code().name}"
+                # else: alive (it answered the health check) but mid-step; keep the old load
             else:
                 self._registry.update_load(endpoint, load_of(stats))
         if self._registry.set_healthy(endpoint, problem is None):  # log transitions only

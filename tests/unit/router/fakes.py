@@ -49,6 +49,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.reservations: dict[str, Reservation] = {}
         self.exhausted = False
         self.retry_hint_ms: int | None = None  # sent with RESOURCE_EXHAUSTED when set
+        self.stats_stuck = False  # Stats never answers (an engine busy with a long step)
         self.die_after: int | None = None  # abort the stream UNAVAILABLE after N messages
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
@@ -122,6 +123,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         return worker_pb2.AbortResponse(found=request.request_id in self.reservations)
 
     async def Stats(self, request, context):  # noqa: N802
+        if self.stats_stuck:
+            await asyncio.Event().wait()  # until the caller's deadline cancels it
         return worker_pb2.WorkerStats(
             role=worker_pb2.ROLE_DECODE, num_blocks=100, num_free_blocks=90
         )

@@ -110,6 +110,22 @@ def test_health_probe_removes_a_dead_prefill_worker(tokenizer: RouterTokenizer) 
     asyncio.run(scenario())
 
 
+def test_a_worker_busy_in_a_long_step_stays_in_the_pool(tokenizer: RouterTokenizer) -> None:
+    """Stats waits for the worker's engine step; a slow answer is not a dead worker."""
+
+    async def scenario() -> None:
+        async with cluster(tokenizer, health_timeout_s=0.2) as c:
+            registry = c.router.registry
+            await c.router.monitor.probe_all()
+            c.decode[0].stats_stuck = True
+            await c.router.monitor.probe_all()  # health passes, Stats times out
+            assert len(registry.routable(Role.DECODE)) == 1
+            out = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
+            assert out[-1].finished
+
+    asyncio.run(scenario())
+
+
 def test_drain_refuses_new_work_and_finishes_in_flight(tokenizer: RouterTokenizer) -> None:
     async def scenario() -> None:
         async with cluster(tokenizer) as c:
