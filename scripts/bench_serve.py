@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = parse_vocab(args.vocab)
     specs = make_requests(MIXES[args.mix], args.rate, args.num_requests, seed=args.seed,
                           vocab=vocab, scale=args.scale)
+    warmup = make_requests(MIXES["chat"], 1.0, 1, seed=args.seed + 1, vocab=vocab)
     setups = ["disagg", "colocated"] + (["colocated-chunked"] if args.chunked else [])
     summaries: dict[str, dict] = {}
     runs: dict[str, list[RequestResult]] = {}
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
             procs = start_setup(cluster, name, model_dir, args.engine_arg)
-            # One throwaway request warms every process (first-call allocations, JIT paths).
-            asyncio.run(run_load(procs["router"].grpc, specs[:1]))
+            # One throwaway request (not one of the measured ones: no prefix-cache head start)
+            # warms every process (first-call allocations, JIT paths).
+            asyncio.run(run_load(procs["router"].grpc, warmup))
             results, duration = asyncio.run(run_load(
                 procs["router"].grpc, specs, timeout_s=args.timeout,
                 progress=progress_printer(name, len(specs)),
