@@ -4,7 +4,7 @@
   no cluster) renders every template; the result is each template's text, by path.
 - ``golden_text``: the stable text a golden file holds (templates sorted, NOTES included).
 - ``validate(obj)``: core kinds with kubernetes-validate in strict mode; custom kinds with
-  jsonschema against their CRD's openAPIV3Schema from ``../shared/k8s-crds``, made strict the
+  jsonschema against their CRD's openAPIV3Schema from ``tests/helm/crds`` (copies of ``../shared/k8s-crds``), made strict the
   way the API server is (an unknown field is an error, not silently pruned).
 """
 
@@ -25,7 +25,9 @@ CHART = ROOT / "deploy" / "helm" / "tandem"
 EXAMPLES = CHART / "examples"
 VALUES = Path(__file__).parent / "values"
 GOLDEN = Path(__file__).parent / "golden"
-CRDS = ROOT.parent / "shared" / "k8s-crds"
+# Unmodified copies of ../shared/k8s-crds (provenance in crds/README.md), so CI needs no
+# checkout outside this repository.
+CRDS = Path(__file__).parent / "crds"
 KUBE_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 RELEASE, NAMESPACE = "tandem", "serving"
 
