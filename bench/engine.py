@@ -42,6 +42,8 @@ from bench.engine_workloads import (
     weight_bytes,
 )
 
+ALL_WORKLOADS = "batch,mixed,single,prefill,lookup,quant"
+
 
 def _median(fn: Callable[..., float], repeats: int, *args: object) -> float:
     return statistics.median(fn(*args) for _ in range(repeats))
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs of single/prefill (median)")
     p.add_argument("--heavy-repeats", type=int, default=3, help="runs of batch/mixed (median)")
     p.add_argument("--mixed-requests", type=int, default=64)
-    p.add_argument("--workloads", default="batch,mixed,single,prefill,lookup,quant")
+    p.add_argument("--workloads", default=ALL_WORKLOADS)
     p.add_argument("--lookup-max-tokens", type=int, default=128)
     p.add_argument("--num-speculative-tokens", type=int, default=8, help="lookup: n-gram k")
     p.add_argument("--ngram-max", type=int, default=3, help="lookup: longest n-gram")
@@ -161,12 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "engine.json").write_text(json.dumps(results, indent=2))
+        # A partial run gets its own file: it must not replace the full results.
+        stem = "engine" if args.workloads == ALL_WORKLOADS else "engine-" + "-".join(
+            args.workloads.split(","))
+        (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.out / f'{stem}.json'}")
         from bench.engine_plot import plot
 
         if {"batch", "mixed", "single"} <= set(args.workloads.split(",")):
-            plot(results, args.out / "engine.png")
-        print(f"wrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
+            plot(results, args.out / f"{stem}.png")
+            print(f"wrote {args.out / f'{stem}.png'}")
     return 0
 
 
