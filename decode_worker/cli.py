@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from decode_worker.tls import add_tls_args, router_credentials_from_args, server_tls_from_args
 from engine.cli_args import add_engine_args, engine_config_from_args
@@ -36,7 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a decode worker until SIGTERM; returns the exit status (2: bad flags/busy port)."""
     from decode_worker.app import build_decode_app
-    from decode_worker.process import ServeConfig, StartupError, load_kv_secret, serve
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -45,13 +45,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("port", "kv_port"):
         if not 0 <= getattr(args, name) < 65536:
             parser.error(f"--{name.replace('_', '-')} must be in 0..65535")
+    return run_worker("decode_worker", parser, args, build_decode_app)
+
+
+def run_worker(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    build_app: Callable[[argparse.Namespace, Any, bytes], Any],
+) -> int:
+    """The start-up both worker roles share: engine config, KV secret, TLS, router
+    credentials and metrics port from the flags, then serve ``build_app`` until SIGTERM.
+    Returns the exit status (2: bad flags/files or a busy port)."""
+    from decode_worker.process import ServeConfig, StartupError, load_kv_secret, serve
+
     try:
         engine_config = engine_config_from_args(args)
         secret = load_kv_secret(args.kv_secret_file)
         tls = server_tls_from_args(args)
         router_credentials = router_credentials_from_args(args)
     except (StartupError, ValueError) as exc:
-        print(f"decode_worker: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     if not -1 <= args.metrics_port < 65536:
         parser.error("--metrics-port must be in -1..65535")
@@ -60,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          metrics_host=args.metrics_host, tls=tls,
                          router_credentials=router_credentials)
     try:
-        return asyncio.run(serve(config, lambda: build_decode_app(args, engine_config, secret)))
+        return asyncio.run(serve(config, lambda: build_app(args, engine_config, secret)))
     except StartupError as exc:
-        print(f"decode_worker: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

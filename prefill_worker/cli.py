@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
-from decode_worker.tls import add_tls_args, router_credentials_from_args, server_tls_from_args
-from engine.cli_args import add_engine_args, engine_config_from_args
+from decode_worker.tls import add_tls_args
+from engine.cli_args import add_engine_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a prefill worker until SIGTERM; returns the exit status (2: bad flags/busy port)."""
-    from decode_worker.process import ServeConfig, StartupError, load_kv_secret, serve
+    from decode_worker.cli import run_worker
     from prefill_worker.app import build_prefill_app
 
     parser = build_parser()
@@ -45,22 +44,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--port must be in 0..65535")
     if not args.transfer_timeout_s > 0:
         parser.error("--transfer-timeout-s must be > 0")
-    try:
-        engine_config = engine_config_from_args(args)
-        secret = load_kv_secret(args.kv_secret_file)
-        tls = server_tls_from_args(args)
-        router_credentials = router_credentials_from_args(args)
-    except (StartupError, ValueError) as exc:
-        print(f"prefill_worker: error: {exc}", file=sys.stderr)
-        return 2
-    if not -1 <= args.metrics_port < 65536:
-        parser.error("--metrics-port must be in -1..65535")
-    config = ServeConfig(host=args.host, port=args.port, router=args.router,
-                         drain_timeout_s=args.drain_timeout_s, metrics_port=args.metrics_port,
-                         metrics_host=args.metrics_host, tls=tls,
-                         router_credentials=router_credentials)
-    try:
-        return asyncio.run(serve(config, lambda: build_prefill_app(args, engine_config, secret)))
-    except StartupError as exc:
-        print(f"prefill_worker: error: {exc}", file=sys.stderr)
-        return 2
+    return run_worker("prefill_worker", parser, args, build_prefill_app)
