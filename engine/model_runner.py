@@ -3,10 +3,15 @@
     scheduled (decodes first) ──> input_ids [T], positions [T], AttentionMetadata
                               ──> model forward (writes KV, attends) ──> hidden [T, H]
                               ──> logits of each sampling request's last row [n, V]
+
+On the CPU a quantized fp32 model runs steps of at most ``FUSED_MAX_ROWS`` rows (decodes,
+speculative verification, short chunks) through engine/native's fused forward: one native
+call instead of ~450 torch ops, with int4 matrix-vector products at memory speed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -18,6 +23,13 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.models.arch import ModelArch
 from engine.models.llama import LlamaForCausalLM
 from engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
+
+log = logging.getLogger(__name__)
+
+# Rows up to which a step takes the fused native forward: it reads the weights once and its
+# compute grows ~4 ms per row for SmolLM2, yet it still beat the torch path 1.7x at 32 rows
+# (bench/native_rows.py); larger steps (prefill chunks) take oneDNN's fp32 GEMM.
+FUSED_MAX_ROWS = 32
 
 
 class ModelRunner:
@@ -35,6 +47,7 @@ class ModelRunner:
         cuda_graph_batch: int = 0,
         max_model_len: int = 0,
         kv_cache_dtype: str = "auto",
+        native_kernels: bool = False,
     ) -> None:
         self.model = model
         self.arch = arch
@@ -56,6 +69,16 @@ class ModelRunner:
                 model, self.kv_cache, self.backend, cuda_graph_batch,
                 -(-max_model_len // block_size), block_size,
             )
+        self.fused = None
+        if native_kernels and device.type == "cpu" and self.kv_cache.dtype == torch.float32:
+            from engine.native import FusedForward, unsupported_reason
+
+            reason = unsupported_reason(model)
+            if reason is None:
+                self.fused = FusedForward(model)
+                log.info("fused native CPU forward on for steps of <= %d rows", FUSED_MAX_ROWS)
+            elif any(type(m).__name__.startswith("Int") for m in model.modules()):
+                log.info("fused native CPU forward off: %s", reason)
 
     @staticmethod
     def kv_bytes_per_block(
@@ -102,6 +125,10 @@ class ModelRunner:
             if s.samples:
                 sample_rows.extend(range(len(ids) - 1 - len(s.spec_token_ids), len(ids)))
                 samplers.append(s)
+        if self.fused is not None and layer_hook is None and len(ids) <= FUSED_MAX_ROWS:
+            seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
+            return self.fused(ids, positions, seq_index, tables, self.kv_cache, sample_rows), \
+                samplers
         width = max(len(t) for t in tables)
         if self.graphs is not None and len(ids) == len(order) and self.graphs.fits(len(ids), width):
             logits = self.graphs.run(ids, positions, slots, seq_lens, tables)

@@ -71,3 +71,44 @@ def test_quantized_model_generates(engines, row: str) -> None:
     assert "Paris" in text, text
     st = engine.stats()
     assert st.num_free_blocks == st.num_blocks
+
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+]
+
+
+def _greedy(engine, prompts: list[str], max_tokens: int = 24) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o.token_ids
+    return [done[i] for i in ids]
+
+
+def test_int4_native_decode_equals_the_dequantized_model(engines) -> None:
+    """The fused native forward (int16 activations) decodes the Q4_1 weights as the fp32
+    engine decodes their dequantization (which equals transformers' generate())."""
+    assert engines["int4"].runner.fused is not None
+    assert _greedy(engines["int4"], PROMPTS) == _greedy(engines["fp32"], PROMPTS)
+
+
+def test_int4_native_perplexity_equals_the_dequantized_model(engines, ppl) -> None:
+    ids = engines["fp32"].tokenizer.encode(TEXT.read_text())[:512]
+    native = perplexity(engines["int4"].runner, ids, chunk=16, fused=True)
+    assert abs(native / ppl["fp32"] - 1) < 0.001, (native, ppl)
+
+
+def test_int4_ngram_speculation_equals_plain(make_engine, engines) -> None:
+    """Quantization x speculation: verification rows through the fused forward accept
+    exactly the tokens plain int4 decoding produces."""
+    spec = make_engine(model="smollm2", num_blocks=64, dtype="float32", quantization="int4",
+                       speculative_method="ngram", num_speculative_tokens=4)
+    prompts = [*PROMPTS, "Repeat exactly: one two three four five six seven eight nine ten"]
+    assert _greedy(spec, prompts, 32) == _greedy(engines["int4"], prompts, 32)
+    assert spec.stats().spec_accepted_tokens > 0

@@ -1,0 +1,187 @@
+// A whole Llama-family forward for a few query rows on an AVX2 CPU, in one call.
+//
+// Built by engine/native/build.py (g++ -O3 -mavx2 -mfma -mf16c -fopenmp; OpenMP resolves to
+// the libgomp torch already loaded, so the two share one thread pool) and called through
+// ctypes from engine/native/fused_forward.py. It exists because a CPU decode step of a small
+// model is dominated by per-op overhead (~450 torch ops a step) and by torch's int4 kernel
+// (~7 GB/s of weights on AVX2); here each layer is a handful of loops and the quantized
+// matrix-vector products read weights at memory speed.
+//
+// Numerics follow engine/models/llama.py in fp32 with one difference: activations entering a
+// quantized linear are quantized to int16 in blocks of 32 (one fp32 scale per block), so the
+// inner products run on integers (_mm256_madd_epi16), as llama.cpp does with int8 ones.
+//
+// Weight formats: quant_linear.h. Attention: paged_attention.h.
+// KV cache: fp32 [L, 2, num_blocks, block_size, Hkv, hd] (the engine's layout).
+// Rows: row r is token ids[r] at position pos[r] of sequence seq[r]; it attends to positions
+// 0..pos[r] of its sequence (keys of all rows of this call are written before attending, so
+// several rows of one sequence, e.g. speculative drafts, are causal among themselves).
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "paged_attention.h"
+#include "quant_linear.h"
+
+namespace {
+
+using tnd::Lin;
+using tnd::QuantRows;
+
+struct Layer {
+  const float* input_norm;
+  const float* post_norm;
+  const float* q_norm;  // may be null (Qwen3 has them)
+  const float* k_norm;
+  Lin qkv, o, gate_up, down;
+};
+
+struct ModelDesc {
+  int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, vocab;
+  int32_t max_positions;
+  float eps;
+  const float* embed;  // [vocab, hidden]
+  const float* cos;    // [max_positions, head_dim]
+  const float* sin;
+  const float* final_norm;
+  Lin lm_head;
+  const Layer* layers;  // [num_layers]
+};
+
+struct Model {
+  ModelDesc desc;
+  std::vector<Layer> layers;
+};
+
+// out = weight * (x * rsqrt(mean(x^2) + eps)), one row of length n.
+inline void rms_norm(const float* x, const float* weight, float eps, int n, float* out) {
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.f / std::sqrt(static_cast<float>(ss / n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+// x * cos + rotate_half(x) * sin, in place, one head vector.
+inline void rope(float* x, const float* cos, const float* sin, int hd) {
+  const int half = hd / 2;
+  for (int i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+struct Step {
+  const int64_t* ids;
+  const int64_t* pos;
+  const int32_t* seq;           // [rows] sequence index of each row
+  const int32_t* block_tables;  // [num_seqs, table_width]
+  int32_t table_width;
+  int32_t block_size;
+  int32_t num_blocks;
+  float* kv;  // [L, 2, num_blocks, block_size, Hkv, hd]
+};
+
+}  // namespace
+
+extern "C" {
+
+int tnd_abi_version() { return 1; }
+
+void* tnd_model_create(const ModelDesc* desc) {
+  auto* m = new Model{*desc, std::vector<Layer>(desc->layers, desc->layers + desc->num_layers)};
+  m->desc.layers = m->layers.data();
+  return m;
+}
+
+void tnd_model_free(void* model) { delete static_cast<Model*>(model); }
+
+// Quantized linear alone (tests and the perplexity bench): y [rows, w.n] = x [rows, w.k] . w^T.
+void tnd_linear(const Lin* w, const float* x, int rows, float* y, int threads) {
+  QuantRows xq;
+  xq.quantize(x, rows, w->k);
+  tnd::linear(*w, xq, rows, y, w->n, false, threads);
+}
+
+// Runs the model over `rows` query rows; writes their K/V into the cache and the logits of
+// rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 when a
+// position is outside the RoPE table or a block id outside the cache (nothing written then).
+int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
+                int num_samples, float* logits, int threads) {
+  const ModelDesc& md = static_cast<Model*>(model)->desc;
+  const int H = md.hidden, nh = md.num_heads, nkv = md.num_kv_heads, hd = md.head_dim;
+  const int qsz = nh * hd, kvsz = nkv * hd, qkvsz = qsz + 2 * kvsz, I = md.intermediate;
+  const int bs = st->block_size;
+  std::vector<int64_t> slot(rows);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t p = st->pos[r];
+    if (p < 0 || p >= md.max_positions || st->ids[r] < 0 || st->ids[r] >= md.vocab) return -1;
+    const int32_t* table = st->block_tables + static_cast<size_t>(st->seq[r]) * st->table_width;
+    for (int64_t j = 0; j <= p / bs; ++j) {
+      if (j >= st->table_width || table[j] < 0 || table[j] >= st->num_blocks) return -1;
+    }
+    slot[r] = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+  }
+  std::vector<float> h(static_cast<size_t>(rows) * H), xn(h.size());
+  std::vector<float> qkv(static_cast<size_t>(rows) * qkvsz), att(static_cast<size_t>(rows) * qsz);
+  std::vector<float> gu(static_cast<size_t>(rows) * 2 * I), act(static_cast<size_t>(rows) * I);
+  QuantRows xq;
+  for (int r = 0; r < rows; ++r) {
+    std::memcpy(&h[static_cast<size_t>(r) * H], md.embed + st->ids[r] * H, H * sizeof(float));
+  }
+  const size_t layer_stride = static_cast<size_t>(2) * st->num_blocks * bs * kvsz;
+  const size_t kv_half = static_cast<size_t>(st->num_blocks) * bs * kvsz;
+  const tnd::AttnShape attn{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd))};
+  std::vector<const int32_t*> tables(rows);
+  for (int r = 0; r < rows; ++r) {
+    tables[r] = st->block_tables + static_cast<size_t>(st->seq[r]) * st->table_width;
+  }
+  for (int l = 0; l < md.num_layers; ++l) {
+    const Layer& ly = md.layers[l];
+    float* kc = st->kv + l * layer_stride;
+    float* vc = kc + kv_half;
+    for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.input_norm, md.eps, H, &xn[r * H]);
+    xq.quantize(xn.data(), rows, H);
+    tnd::linear(ly.qkv, xq, rows, qkv.data(), qkvsz, false, threads);
+    for (int r = 0; r < rows; ++r) {
+      float* q = &qkv[static_cast<size_t>(r) * qkvsz];
+      float* k = q + qsz;
+      const float* v = k + kvsz;
+      if (ly.q_norm) {
+        for (int i = 0; i < nh; ++i) rms_norm(q + i * hd, ly.q_norm, md.eps, hd, q + i * hd);
+        for (int i = 0; i < nkv; ++i) rms_norm(k + i * hd, ly.k_norm, md.eps, hd, k + i * hd);
+      }
+      const float* c = md.cos + st->pos[r] * hd;
+      const float* s = md.sin + st->pos[r] * hd;
+      for (int i = 0; i < nh; ++i) rope(q + i * hd, c, s, hd);
+      for (int i = 0; i < nkv; ++i) rope(k + i * hd, c, s, hd);
+      std::memcpy(kc + slot[r] * kvsz, k, kvsz * sizeof(float));
+      std::memcpy(vc + slot[r] * kvsz, v, kvsz * sizeof(float));
+    }
+    tnd::paged_attention(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
+                         att.data(), threads);
+    xq.quantize(att.data(), rows, qsz);
+    tnd::linear(ly.o, xq, rows, h.data(), H, true, threads);
+    for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);
+    xq.quantize(xn.data(), rows, H);
+    tnd::linear(ly.gate_up, xq, rows, gu.data(), 2 * I, false, threads);
+    for (int r = 0; r < rows; ++r) {
+      const float* g = &gu[static_cast<size_t>(r) * 2 * I];
+      float* a = &act[static_cast<size_t>(r) * I];
+      for (int i = 0; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];
+    }
+    xq.quantize(act.data(), rows, I);
+    tnd::linear(ly.down, xq, rows, h.data(), H, true, threads);
+  }
+  std::vector<float> fin(static_cast<size_t>(num_samples) * H);
+  for (int i = 0; i < num_samples; ++i) {
+    rms_norm(&h[static_cast<size_t>(sample_rows[i]) * H], md.final_norm, md.eps, H, &fin[i * H]);
+  }
+  xq.quantize(fin.data(), num_samples, H);
+  tnd::linear(md.lm_head, xq, num_samples, logits, md.vocab, false, threads);
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,201 @@
+"""The whole-model forward of ``decode_step.cpp`` for a quantized fp32 Llama on the CPU.
+
+    FusedForward.build(model)   repacks each Int4Linear/Int8Linear once into the kernel's
+                                layout (Q4 groups in llama.cpp nibble order, Q8 rows) and
+                                hands the C side a table of pointers (tensors kept alive here)
+    fused(rows..., kv_cache)    one ctypes call per step (the GIL is released inside): embeds,
+                                30 layers, final norm, lm_head for the sampling rows
+
+It serves steps with few query rows (decodes, speculative verification, short chunks), where
+torch's per-op overhead and its int4 kernel dominate; the model runner keeps torch for the rest
+and for anything this path does not cover (float weights, bf16 or int8 KV, layer hooks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from engine.models.llama import LlamaForCausalLM
+from engine.native.build import load
+from engine.quant.int4 import Int4Linear
+from engine.quant.int8 import Int8Linear
+
+log = logging.getLogger(__name__)
+
+QK = 32
+_F = ctypes.POINTER(ctypes.c_float)
+_U8 = ctypes.POINTER(ctypes.c_uint8)
+
+
+class _Lin(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32),
+                ("q", _U8), ("d", _F), ("m", _F), ("bias", _F)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", _F), ("post_norm", _F), ("q_norm", _F), ("k_norm", _F),
+                ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin)]
+
+
+class _ModelDesc(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate",
+        "vocab", "max_positions")] + [
+        ("eps", ctypes.c_float), ("embed", _F), ("cos", _F), ("sin", _F),
+        ("final_norm", _F), ("lm_head", _Lin), ("layers", ctypes.POINTER(_Layer))]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("ids", ctypes.c_void_p), ("pos", ctypes.c_void_p), ("seq", ctypes.c_void_p),
+                ("block_tables", ctypes.c_void_p), ("table_width", ctypes.c_int32),
+                ("block_size", ctypes.c_int32), ("num_blocks", ctypes.c_int32),
+                ("kv", ctypes.c_void_p)]
+
+
+class NativeLinear:
+    """A quantized linear layer in the kernel's layout (holds the repacked tensors)."""
+
+    def __init__(self, layer: Int4Linear | Int8Linear) -> None:
+        if layer.in_features % QK:
+            raise ValueError(f"in_features {layer.in_features} is not a multiple of {QK}")
+        n, k = layer.out_features, layer.in_features
+        self.tensors: list[torch.Tensor] = []
+        if isinstance(layer, Int4Linear):
+            if layer.group_size != QK:
+                raise ValueError(f"int4 group size {layer.group_size} != {QK}")
+            q = layer.unpack().view(n, k // QK, QK)
+            packed = (q[..., :16] | (q[..., 16:] << 4)).contiguous()  # [N, G, 16]
+            d = layer.scale.float().contiguous()
+            m = (layer.zero.float() - 8 * layer.scale.float()).contiguous()
+            kind = 0
+        else:
+            packed, d, m, kind = layer.qweight.contiguous(), layer.scale.float().contiguous(), \
+                None, 1
+        bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
+        self.struct = _Lin(kind, n, k, self._ptr(packed, _U8), self._ptr(d, _F),
+                           self._ptr(m, _F), self._ptr(bias, _F))
+        self.out_features, self.in_features = n, k
+
+    def _ptr(self, t: torch.Tensor | None, kind: type) -> object:
+        if t is None:
+            return ctypes.cast(None, kind)
+        self.tensors.append(t)
+        return ctypes.cast(t.data_ptr(), kind)
+
+    def __call__(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+        """``x`` ``[M, K]`` fp32 -> ``[M, N]`` through the kernel (int8 activations)."""
+        lib = load()
+        if lib is None:
+            raise RuntimeError("native kernels are unavailable on this machine")
+        x = x.float().contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        lib.tnd_linear(ctypes.byref(self.struct), ctypes.c_void_p(x.data_ptr()), x.shape[0],
+                       ctypes.c_void_p(y.data_ptr()), threads or torch.get_num_threads())
+        return y
+
+
+def unsupported_reason(model: LlamaForCausalLM) -> str | None:
+    """Why :class:`FusedForward` cannot run ``model`` (``None`` when it can)."""
+    if load() is None:
+        return "native kernels unavailable"
+    if model.embed_tokens.weight.dtype != torch.float32:
+        return "activations are not fp32"
+    if model.embed_tokens.weight.device.type != "cpu":
+        return "model is not on the CPU"
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if not isinstance(lin, Int4Linear | Int8Linear) or lin.in_features % QK:
+                return f"{type(lin).__name__} is not a quantized linear with K % {QK} == 0"
+    if not isinstance(model.lm_head, Int4Linear | Int8Linear):
+        return "lm_head is not quantized"
+    return None
+
+
+class FusedForward:
+    """One-call forward of a quantized fp32 model over the engine's paged fp32 KV cache."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"fused CPU forward unavailable: {reason}")
+        lib = load()
+        assert lib is not None
+        self._lib = lib
+        arch = model.arch
+        self.vocab = arch.vocab_size
+        self._keep: list[object] = []
+        layers = (_Layer * arch.num_layers)()
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            lins = [NativeLinear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                              mlp.down_proj)]
+            self._keep.extend(lins)
+            layers[i] = _Layer(
+                self._f(layer.input_layernorm.weight), self._f(layer.post_attention_layernorm.weight),
+                self._f(attn.q_norm.weight if attn.q_norm is not None else None),
+                self._f(attn.k_norm.weight if attn.k_norm is not None else None),
+                *(lin.struct for lin in lins),
+            )
+        head = NativeLinear(model.lm_head)
+        self._keep.extend([head, layers])
+        cos, sin = model.cos_table.float().contiguous(), model.sin_table.float().contiguous()
+        desc = _ModelDesc(
+            arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
+            arch.intermediate_size, arch.vocab_size, cos.shape[0], arch.rms_norm_eps,
+            self._f(model.embed_tokens.weight), self._f(cos), self._f(sin),
+            self._f(model.norm.weight), head.struct, layers,
+        )
+        lib.tnd_model_create.restype = ctypes.c_void_p
+        self._handle = ctypes.c_void_p(lib.tnd_model_create(ctypes.byref(desc)))
+
+    def _f(self, t: torch.Tensor | None) -> object:
+        if t is None:
+            return ctypes.cast(None, _F)
+        t = t.detach().float().contiguous()
+        self._keep.append(t)
+        return ctypes.cast(t.data_ptr(), _F)
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None and handle.value:
+            self._lib.tnd_model_free(handle)
+            self._handle = None
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        ids: Sequence[int],
+        positions: Sequence[int],
+        seq_index: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        kv_cache: torch.Tensor,
+        sample_rows: Sequence[int],
+        threads: int | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[len(sample_rows), V]`` fp32; row r is token ``ids[r]`` at ``positions[r]``
+        of sequence ``seq_index[r]`` (whose blocks are ``block_tables[seq_index[r]]``)."""
+        if kv_cache.dtype != torch.float32 or not kv_cache.is_contiguous():
+            raise ValueError("the fused forward needs a contiguous fp32 KV cache")
+        width = max(len(t) for t in block_tables)
+        tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables],
+                              dtype=torch.int32)
+        ids_t = torch.tensor(ids, dtype=torch.int64)
+        pos_t = torch.tensor(positions, dtype=torch.int64)
+        seq_t = torch.tensor(seq_index, dtype=torch.int32)
+        rows_t = torch.tensor(sample_rows, dtype=torch.int32)
+        logits = torch.empty(len(sample_rows), self.vocab, dtype=torch.float32)
+        step = _Step(ids_t.data_ptr(), pos_t.data_ptr(), seq_t.data_ptr(), tables.data_ptr(),
+                     width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr())
+        rc = self._lib.tnd_forward(
+            self._handle, ctypes.byref(step), len(ids), ctypes.c_void_p(rows_t.data_ptr()),
+            len(sample_rows), ctypes.c_void_p(logits.data_ptr()),
+            threads or torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise ValueError("fused forward refused the step: position or block id out of range")
+        return logits
