@@ -5,8 +5,10 @@
 One engine per row, same prompt (16 tokens) and 128 greedy output tokens at batch 1:
   fp32, bf16             dense weights (the baselines)
   int8, int4             fp32 activations, weight-only int8 / int4 (int4 straight from the
-                         GGUF's Q4_1 blocks when the model is a Q4_1 GGUF; lm_head int8)
-  int4-bf16              int4 weights with bf16 activations everywhere
+                         GGUF's Q4_1 blocks when the model is a Q4_1 GGUF; lm_head int8),
+                         decode steps through the fused native forward (engine/native)
+  int8-torch, int4-torch the same weights on torch ops (--no-native-kernels): the baseline
+  int4-bf16              int4 weights with bf16 activations everywhere (torch ops)
 Reports tokens/s (decode only: timed from the first token on), ms per token, the bytes of
 weights a decode step reads, and that read's floor at the bandwidth measured in the run.
 """
@@ -25,14 +27,18 @@ ROWS: dict[str, dict[str, str]] = {
     "fp32": {"dtype": "float32"},
     "bf16": {"dtype": "bfloat16"},
     "int8": {"dtype": "float32", "quantization": "int8"},
+    "int8-torch": {"dtype": "float32", "quantization": "int8", "use_native_kernels": False},
     "int4": {"dtype": "float32", "quantization": "int4"},
+    "int4-torch": {"dtype": "float32", "quantization": "int4", "use_native_kernels": False},
     "int4-bf16": {"dtype": "bfloat16", "quantization": "int4"},
 }
 
 
-def decode_read_bytes(model: torch.nn.Module) -> int:
+def decode_read_bytes(model: torch.nn.Module, fused: object = None) -> int:
     """Bytes one decode step reads from weights: what each linear's decode kernel reads, plus
     norms (embedding rows are one row per token: left out; a tied lm_head counted once)."""
+    if fused is not None:  # the fused native forward reads its own repacked copies
+        return fused.weight_bytes()  # type: ignore[attr-defined]
     total = 0
     for m in model.modules():
         if isinstance(m, Int4Linear):
@@ -90,7 +96,7 @@ def run_quant(model: str, rows: list[str], repeats: int, out: int, bandwidth: fl
         _decode_seconds(llm, wl.prompts[0], 8)  # warm-up
         dt = statistics.median(_decode_seconds(llm, wl.prompts[0], out) for _ in range(repeats))
         steps = out - 1  # the first token came from the prefill step
-        read = decode_read_bytes(llm.engine.runner.model)
+        read = decode_read_bytes(llm.engine.runner.model, llm.engine.runner.fused)
         res = {"tok_s": steps / dt, "ms_per_tok": 1e3 * dt / steps, "read_mb": read / 1e6,
                "floor_ms": 1e3 * read / bandwidth}
         results[row] = res

@@ -72,12 +72,16 @@ class NativeLinear:
             d = layer.scale.float().contiguous()
             m = (layer.zero.float() - 8 * layer.scale.float()).contiguous()
             kind = 0
+            d16, m16 = d.half(), m.half()
+            if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
+                d, m, kind = d16.view(torch.int16), m16.view(torch.int16), 2  # exact: fp16
         else:
             packed, d, m, kind = layer.qweight.contiguous(), layer.scale.float().contiguous(), \
                 None, 1
         bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
         self.struct = _Lin(kind, n, k, self._ptr(packed, _U8), self._ptr(d, _F),
                            self._ptr(m, _F), self._ptr(bias, _F))
+        self.kind = kind  # 0: Q4 fp32 scales, 1: Q8 rows, 2: Q4 fp16 scales
         self.out_features, self.in_features = n, k
 
     def _ptr(self, t: torch.Tensor | None, kind: type) -> object:
@@ -143,6 +147,10 @@ class FusedForward:
             )
         head = NativeLinear(model.lm_head)
         self._keep.extend([head, layers])
+        norms = [p for n, p in model.named_parameters() if "norm" in n]
+        self._weight_bytes = sum(t.numel() * t.element_size() for lin in [*self._keep]
+                                 if isinstance(lin, NativeLinear) for t in lin.tensors)
+        self._weight_bytes += sum(p.numel() * p.element_size() for p in norms)
         cos, sin = model.cos_table.float().contiguous(), model.sin_table.float().contiguous()
         desc = _ModelDesc(
             arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
@@ -159,6 +167,10 @@ class FusedForward:
         t = t.detach().float().contiguous()
         self._keep.append(t)
         return ctypes.cast(t.data_ptr(), _F)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (quantized linears and norms)."""
+        return self._weight_bytes
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)

@@ -4,6 +4,8 @@
 //   kind 0, Q4 groups of 32: q [N, K/32, 16] bytes, element j of a group in the low nibble of
 //           byte j, element j + 16 in the high nibble; d, m [N, K/32] fp32; w = d * q + m.
 //   kind 1, Q8 per row: q [N, K] int8, d [N] fp32; w = d * q.
+//   kind 2, kind 0 with d and m in fp16 (when that is exact, as for GGUF Q4_1 blocks): 17%
+//           fewer bytes per weight than kind 0.
 // Activations are quantized to int16 in groups of 32 and the products run on integers
 // (_mm256_madd_epi16), accumulated in fp32 once per group.
 #pragma once
@@ -23,11 +25,11 @@ namespace tnd {
 constexpr int QK = 32;  // quantization group (weights and activations)
 
 struct Lin {
-  int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows
+  int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows, 2 = Q4 groups with fp16 d and m
   int32_t n, k;
   const uint8_t* q;
   const float* d;
-  const float* m;     // Q4 only
+  const float* m;     // Q4 only (kinds 0 and 2; fp16 for kind 2, as d)
   const float* bias;  // may be null
 };
 
@@ -96,13 +98,41 @@ inline __m256 group_dot(__m256i lo, __m256i hi, const int16_t* x) {
   return _mm256_cvtepi32_ps(p);
 }
 
+// Scale of group i of a Q4 matrix (fp32, or fp16 for kind 2).
+template <int Kind>
+inline float q4_param(const float* p, size_t i) {
+  return Kind == 2 ? _cvtsh_ss(reinterpret_cast<const uint16_t*>(p)[i]) : p[i];
+}
+
+// sum_j m[j] * xs[j] over a row's groups (the zero points' share of a Q4 dot product).
+template <int Kind>
+inline float zero_point_dot(const float* m, const float* xs, int g) {
+  float acc = 0.f;
+  if (Kind == 2) {
+    const uint16_t* m16 = reinterpret_cast<const uint16_t*>(m);
+    int j = 0;
+    __m256 v = _mm256_setzero_ps();
+    for (; j + 8 <= g; j += 8) {
+      const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m16 + j)));
+      v = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + j), v);
+    }
+    acc = hsum(v);
+    for (; j < g; ++j) acc += _cvtsh_ss(m16[j]) * xs[j];
+  } else {
+#pragma omp simd reduction(+ : acc)
+    for (int j = 0; j < g; ++j) acc += m[j] * xs[j];
+  }
+  return acc;
+}
+
 // out[i] = w[n] . x[r0 + i] for i < R (R activation rows against one weight row).
 template <int Kind, int R>
 inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out) {
+  constexpr bool Q4 = Kind != 1;
   const int g = w.k / QK;
   const uint8_t* qs = w.q + static_cast<size_t>(n) * g * 16;                           // Q4
   const int8_t* wq = reinterpret_cast<const int8_t*>(w.q) + static_cast<size_t>(n) * w.k;  // Q8
-  const float* d = w.d + static_cast<size_t>(n) * g;
+  const size_t row_groups = static_cast<size_t>(n) * g;
   const int16_t* xq[R];
   const float* xd[R];
   for (int i = 0; i < R; ++i) {
@@ -114,40 +144,40 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
   __m256i lo, hi;
   int b = 0;
   for (; b + 1 < g; b += 2) {
-    if (Kind == 0) {
+    if (Q4) {
       _mm_prefetch(reinterpret_cast<const char*>(qs + b * 16 + 256), _MM_HINT_T0);
       q4_unpack(qs, b, lo, hi);
     } else {
       _mm_prefetch(reinterpret_cast<const char*>(wq + b * QK + 512), _MM_HINT_T0);
       q8_unpack(wq, b, lo, hi);
     }
+    const float d0 = Q4 ? q4_param<Kind>(w.d, row_groups + b) : 1.f;
     for (int i = 0; i < R; ++i) {
-      const float s = Kind == 0 ? d[b] * xd[i][b] : xd[i][b];
-      acc0[i] = _mm256_fmadd_ps(_mm256_set1_ps(s), group_dot(lo, hi, xq[i] + b * QK), acc0[i]);
+      const __m256 s = _mm256_set1_ps(d0 * xd[i][b]);
+      acc0[i] = _mm256_fmadd_ps(s, group_dot(lo, hi, xq[i] + b * QK), acc0[i]);
     }
-    if (Kind == 0) q4_unpack(qs, b + 1, lo, hi); else q8_unpack(wq, b + 1, lo, hi);
+    if (Q4) q4_unpack(qs, b + 1, lo, hi); else q8_unpack(wq, b + 1, lo, hi);
+    const float d1 = Q4 ? q4_param<Kind>(w.d, row_groups + b + 1) : 1.f;
     for (int i = 0; i < R; ++i) {
-      const float s = Kind == 0 ? d[b + 1] * xd[i][b + 1] : xd[i][b + 1];
-      acc1[i] = _mm256_fmadd_ps(_mm256_set1_ps(s), group_dot(lo, hi, xq[i] + (b + 1) * QK),
-                                acc1[i]);
+      const __m256 s = _mm256_set1_ps(d1 * xd[i][b + 1]);
+      acc1[i] = _mm256_fmadd_ps(s, group_dot(lo, hi, xq[i] + (b + 1) * QK), acc1[i]);
     }
   }
   if (b < g) {
-    if (Kind == 0) q4_unpack(qs, b, lo, hi); else q8_unpack(wq, b, lo, hi);
+    if (Q4) q4_unpack(qs, b, lo, hi); else q8_unpack(wq, b, lo, hi);
+    const float d0 = Q4 ? q4_param<Kind>(w.d, row_groups + b) : 1.f;
     for (int i = 0; i < R; ++i) {
-      const float s = Kind == 0 ? d[b] * xd[i][b] : xd[i][b];
-      acc0[i] = _mm256_fmadd_ps(_mm256_set1_ps(s), group_dot(lo, hi, xq[i] + b * QK), acc0[i]);
+      const __m256 s = _mm256_set1_ps(d0 * xd[i][b]);
+      acc0[i] = _mm256_fmadd_ps(s, group_dot(lo, hi, xq[i] + b * QK), acc0[i]);
     }
   }
   for (int i = 0; i < R; ++i) {
     const float dot = hsum(_mm256_add_ps(acc0[i], acc1[i]));
-    if (Kind == 0) {  // + sum_b m[b] * sum_j x[j] (the zero points)
-      const float* m = w.m + static_cast<size_t>(n) * g;
-      const float* xs = x.s.data() + static_cast<size_t>(r0 + i) * g;
-      float macc = 0.f;
-#pragma omp simd reduction(+ : macc)
-      for (int j = 0; j < g; ++j) macc += m[j] * xs[j];
-      out[i] = dot + macc;
+    if (Q4) {  // + sum_b m[b] * sum_j x[j] (the zero points)
+      const float* m = Kind == 2 ? reinterpret_cast<const float*>(
+                                       reinterpret_cast<const uint16_t*>(w.m) + row_groups)
+                                 : w.m + row_groups;
+      out[i] = dot + zero_point_dot<Kind>(m, x.s.data() + static_cast<size_t>(r0 + i) * g, g);
     } else {
       out[i] = dot * w.d[n];
     }
@@ -185,10 +215,10 @@ void linear_kind(const Lin& w, const QuantRows& x, int rows, float* y, int ldy, 
 
 void linear(const Lin& w, const QuantRows& x, int rows, float* y, int ldy, bool accumulate,
             int threads) {
-  if (w.kind == 0) {
-    linear_kind<0>(w, x, rows, y, ldy, accumulate, threads);
-  } else {
-    linear_kind<1>(w, x, rows, y, ldy, accumulate, threads);
+  switch (w.kind) {
+    case 0: linear_kind<0>(w, x, rows, y, ldy, accumulate, threads); break;
+    case 1: linear_kind<1>(w, x, rows, y, ldy, accumulate, threads); break;
+    default: linear_kind<2>(w, x, rows, y, ldy, accumulate, threads); break;
   }
 }
 

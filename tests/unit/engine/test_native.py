@@ -142,3 +142,20 @@ def test_engine_greedy_native_equals_exact_torch(make_engine, tiny_dir, exact_to
                     done[o.request_id] = o.token_ids
         outs.append([done[i] for i in ids])  # (make_engine checks every block came back)
     assert outs[0] == outs[1]
+
+
+def test_q4_1_blocks_use_fp16_scales_exactly() -> None:
+    """GGUF Q4_1 blocks (fp16 d and m) take the fp16-scale kernel, bit-exact scales."""
+    g = torch.Generator().manual_seed(5)
+    n, k = 12, 64
+    d = (torch.rand(n, k // 32, generator=g) * 0.02 + 1e-3).half()
+    m = (torch.randn(n, k // 32, generator=g) * 0.05).half()
+    nibbles = torch.randint(0, 256, (n, k // 32, 16), generator=g, dtype=torch.uint8)
+    blocks = torch.cat([d.view(torch.uint8).view(n, -1, 2), m.view(torch.uint8).view(n, -1, 2),
+                        nibbles], dim=-1).view(n, -1)
+    layer = Int4Linear.from_q4_1(blocks.numpy())
+    native = NativeLinear(layer)
+    assert native.kind == 2
+    x = torch.randn(3, k, generator=g)
+    assert _rel(native(x), x @ layer.dequantize().T) < 1e-4
+    assert NativeLinear(Int4Linear.from_float(torch.randn(n, k, generator=g) * 1e-6)).kind == 0
