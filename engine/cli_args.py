@@ -35,7 +35,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
     g.add_argument("--no-native-kernels", action="store_true",
-                   help="CPU: keep quantized decode steps on torch ops (no fused native forward)")
+                   help="CPU: keep small steps on torch ops (no fused native forward)")
     spec = SpeculativeConfig()
     g.add_argument("--speculative", default="none", choices=list(SPEC_METHODS),
                    help="speculative decoding proposer (per-request opt-out: speculative=False)")

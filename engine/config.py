@@ -96,7 +96,7 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"  # torch | triton | auto (triton on CUDA)
     use_cuda_graphs: bool = True  # replay decode steps from CUDA graphs on CUDA devices
-    # CPU, quantized fp32 model: run steps of few rows through the fused native forward
+    # CPU, fp32 model (quantized or not): steps of few rows take the fused native forward
     # (engine/native); off, or without a compiler, they take the torch ops.
     use_native_kernels: bool = True
 

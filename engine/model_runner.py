@@ -4,7 +4,7 @@
                               ──> model forward (writes KV, attends) ──> hidden [T, H]
                               ──> logits of each sampling request's last row [n, V]
 
-On the CPU a quantized fp32 model runs steps of at most ``FUSED_MAX_ROWS`` rows (decodes,
+On the CPU an fp32 model (quantized or not) runs steps of at most ``FUSED_MAX_ROWS`` rows (decodes,
 speculative verification, short chunks) through engine/native's fused forward: one native
 call instead of ~450 torch ops, with int4 matrix-vector products at memory speed.
 """

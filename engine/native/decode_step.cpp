@@ -10,6 +10,7 @@
 // Numerics follow engine/models/llama.py in fp32 with one difference: activations entering a
 // quantized linear are quantized to int16 in blocks of 32 (one fp32 scale per block), so the
 // inner products run on integers (_mm256_madd_epi16), as llama.cpp does with int8 ones.
+// Unquantized fp32 linears multiply fp32 activations.
 //
 // Weight formats: quant_linear.h. Attention: paged_attention.h.
 // KV cache: fp32 [L, 2, num_blocks, block_size, Hkv, hd] (the engine's layout).
@@ -101,8 +102,7 @@ void tnd_model_free(void* model) { delete static_cast<Model*>(model); }
 // Quantized linear alone (tests and the perplexity bench): y [rows, w.n] = x [rows, w.k] . w^T.
 void tnd_linear(const Lin* w, const float* x, int rows, float* y, int threads) {
   QuantRows xq;
-  xq.quantize(x, rows, w->k);
-  tnd::linear(*w, xq, rows, y, w->n, false, threads);
+  tnd::linear(*w, x, rows, xq, y, w->n, false, threads);
 }
 
 // Runs the model over `rows` query rows; writes their K/V into the cache and the logits of
@@ -143,8 +143,7 @@ int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_row
     float* kc = st->kv + l * layer_stride;
     float* vc = kc + kv_half;
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.input_norm, md.eps, H, &xn[r * H]);
-    xq.quantize(xn.data(), rows, H);
-    tnd::linear(ly.qkv, xq, rows, qkv.data(), qkvsz, false, threads);
+    tnd::linear(ly.qkv, xn.data(), rows, xq, qkv.data(), qkvsz, false, threads);
     for (int r = 0; r < rows; ++r) {
       float* q = &qkv[static_cast<size_t>(r) * qkvsz];
       float* k = q + qsz;
@@ -162,25 +161,21 @@ int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_row
     }
     tnd::paged_attention(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
                          att.data(), threads);
-    xq.quantize(att.data(), rows, qsz);
-    tnd::linear(ly.o, xq, rows, h.data(), H, true, threads);
+    tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);
-    xq.quantize(xn.data(), rows, H);
-    tnd::linear(ly.gate_up, xq, rows, gu.data(), 2 * I, false, threads);
+    tnd::linear(ly.gate_up, xn.data(), rows, xq, gu.data(), 2 * I, false, threads);
     for (int r = 0; r < rows; ++r) {
       const float* g = &gu[static_cast<size_t>(r) * 2 * I];
       float* a = &act[static_cast<size_t>(r) * I];
       for (int i = 0; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];
     }
-    xq.quantize(act.data(), rows, I);
-    tnd::linear(ly.down, xq, rows, h.data(), H, true, threads);
+    tnd::linear(ly.down, act.data(), rows, xq, h.data(), H, true, threads);
   }
   std::vector<float> fin(static_cast<size_t>(num_samples) * H);
   for (int i = 0; i < num_samples; ++i) {
     rms_norm(&h[static_cast<size_t>(sample_rows[i]) * H], md.final_norm, md.eps, H, &fin[i * H]);
   }
-  xq.quantize(fin.data(), num_samples, H);
-  tnd::linear(md.lm_head, xq, num_samples, logits, md.vocab, false, threads);
+  tnd::linear(md.lm_head, fin.data(), num_samples, xq, logits, md.vocab, false, threads);
   return 0;
 }
 

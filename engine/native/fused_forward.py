@@ -1,14 +1,15 @@
-"""The whole-model forward of ``decode_step.cpp`` for a quantized fp32 Llama on the CPU.
+"""The whole-model forward of ``decode_step.cpp`` for an fp32 Llama on the CPU.
 
-    FusedForward.build(model)   repacks each Int4Linear/Int8Linear once into the kernel's
-                                layout (Q4 groups in llama.cpp nibble order, Q8 rows) and
-                                hands the C side a table of pointers (tensors kept alive here)
+    FusedForward(model)         repacks each Int4Linear/Int8Linear once into the kernel's
+                                layout (Q4 groups in llama.cpp nibble order, Q8 rows; fp32
+                                linears are read in place) and hands the C side a table of
+                                pointers (tensors kept alive here)
     fused(rows..., kv_cache)    one ctypes call per step (the GIL is released inside): embeds,
                                 30 layers, final norm, lm_head for the sampling rows
 
 It serves steps with few query rows (decodes, speculative verification, short chunks), where
 torch's per-op overhead and its int4 kernel dominate; the model runner keeps torch for the rest
-and for anything this path does not cover (float weights, bf16 or int8 KV, layer hooks).
+and for anything this path does not cover (bf16 or fp16 models, int8 KV, layer hooks).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from engine.models.llama import LlamaForCausalLM
 from engine.native.build import load
@@ -57,14 +59,19 @@ class _Step(ctypes.Structure):
 
 
 class NativeLinear:
-    """A quantized linear layer in the kernel's layout (holds the repacked tensors)."""
+    """A linear layer in the kernel's layout: Int4Linear/Int8Linear repacked, or an fp32
+    ``nn.Linear`` read in place (holds the tensors it points at)."""
 
-    def __init__(self, layer: Int4Linear | Int8Linear) -> None:
+    def __init__(self, layer: Int4Linear | Int8Linear | nn.Linear) -> None:
         if layer.in_features % QK:
             raise ValueError(f"in_features {layer.in_features} is not a multiple of {QK}")
         n, k = layer.out_features, layer.in_features
         self.tensors: list[torch.Tensor] = []
-        if isinstance(layer, Int4Linear):
+        if isinstance(layer, nn.Linear):
+            if layer.weight.dtype != torch.float32:
+                raise ValueError(f"unquantized weights must be fp32, not {layer.weight.dtype}")
+            packed, d, m, kind = layer.weight.detach().contiguous(), None, None, 3
+        elif isinstance(layer, Int4Linear):
             if layer.group_size != QK:
                 raise ValueError(f"int4 group size {layer.group_size} != {QK}")
             q = layer.unpack().view(n, k // QK, QK)
@@ -81,7 +88,7 @@ class NativeLinear:
         bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
         self.struct = _Lin(kind, n, k, self._ptr(packed, _U8), self._ptr(d, _F),
                            self._ptr(m, _F), self._ptr(bias, _F))
-        self.kind = kind  # 0: Q4 fp32 scales, 1: Q8 rows, 2: Q4 fp16 scales
+        self.kind = kind  # 0: Q4 fp32 scales, 1: Q8 rows, 2: Q4 fp16 scales, 3: fp32
         self.out_features, self.in_features = n, k
 
     def _ptr(self, t: torch.Tensor | None, kind: type) -> object:
@@ -91,7 +98,8 @@ class NativeLinear:
         return ctypes.cast(t.data_ptr(), kind)
 
     def __call__(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
-        """``x`` ``[M, K]`` fp32 -> ``[M, N]`` through the kernel (int8 activations)."""
+        """``x`` ``[M, K]`` fp32 -> ``[M, N]`` through the kernel (int16 activations for
+        quantized weights)."""
         lib = load()
         if lib is None:
             raise RuntimeError("native kernels are unavailable on this machine")
@@ -110,18 +118,18 @@ def unsupported_reason(model: LlamaForCausalLM) -> str | None:
         return "activations are not fp32"
     if model.embed_tokens.weight.device.type != "cpu":
         return "model is not on the CPU"
+    linears = [model.lm_head]
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            if not isinstance(lin, Int4Linear | Int8Linear) or lin.in_features % QK:
-                return f"{type(lin).__name__} is not a quantized linear with K % {QK} == 0"
-    if not isinstance(model.lm_head, Int4Linear | Int8Linear):
-        return "lm_head is not quantized"
+        linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    for lin in linears:
+        if not isinstance(lin, Int4Linear | Int8Linear | nn.Linear) or lin.in_features % QK:
+            return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
     return None
 
 
 class FusedForward:
-    """One-call forward of a quantized fp32 model over the engine's paged fp32 KV cache."""
+    """One-call forward of an fp32 model (quantized or not) over the paged fp32 KV cache."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         reason = unsupported_reason(model)

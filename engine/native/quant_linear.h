@@ -1,4 +1,4 @@
-// Quantized matrix-vector products for a few activation rows (AVX2): Q4 groups and Q8 rows.
+// Matrix-vector products for a few activation rows (AVX2): Q4 groups, Q8 rows, fp32 rows.
 //
 // Weight formats (a "Lin"):
 //   kind 0, Q4 groups of 32: q [N, K/32, 16] bytes, element j of a group in the low nibble of
@@ -6,8 +6,9 @@
 //   kind 1, Q8 per row: q [N, K] int8, d [N] fp32; w = d * q.
 //   kind 2, kind 0 with d and m in fp16 (when that is exact, as for GGUF Q4_1 blocks): 17%
 //           fewer bytes per weight than kind 0.
-// Activations are quantized to int16 in groups of 32 and the products run on integers
-// (_mm256_madd_epi16), accumulated in fp32 once per group.
+//   kind 3, fp32 rows: q [N, K] float (the model's own weight); activations stay fp32.
+// For kinds 0-2 activations are quantized to int16 in groups of 32 and the products run on
+// integers (_mm256_madd_epi16), accumulated in fp32 once per group.
 #pragma once
 
 #include <immintrin.h>
@@ -25,7 +26,7 @@ namespace tnd {
 constexpr int QK = 32;  // quantization group (weights and activations)
 
 struct Lin {
-  int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows, 2 = Q4 groups with fp16 d and m
+  int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows, 2 = Q4 groups with fp16 d and m, 3 = fp32
   int32_t n, k;
   const uint8_t* q;
   const float* d;
@@ -184,27 +185,54 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
   }
 }
 
+// out[i] = w[n] . x[r0 + i] for i < R, fp32 weights and activations (rows ldx floats apart).
+template <int R>
+inline void dot_rows_f32(const Lin& w, int n, const float* x, int ldx, int r0, float* out) {
+  const float* wr = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
+  __m256 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int j = 0; j < w.k; j += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(wr + j + 128), _MM_HINT_T0);
+    const __m256 wv = _mm256_loadu_ps(wr + j);
+    for (int i = 0; i < R; ++i) {
+      acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + static_cast<size_t>(r0 + i) * ldx + j),
+                               acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) out[i] = hsum(acc[i]);
+}
+
 template <int Kind>
-inline void dot_block(const Lin& w, int n, const QuantRows& x, int r0, int cnt, float* out) {
-  switch (cnt) {
-    case 1: dot_rows<Kind, 1>(w, n, x, r0, out); break;
-    case 2: dot_rows<Kind, 2>(w, n, x, r0, out); break;
-    case 3: dot_rows<Kind, 3>(w, n, x, r0, out); break;
-    default: dot_rows<Kind, 4>(w, n, x, r0, out); break;
+inline void dot_block(const Lin& w, int n, const float* xf, const QuantRows& x, int r0, int cnt,
+                      float* out) {
+  if constexpr (Kind == 3) {
+    switch (cnt) {
+      case 1: dot_rows_f32<1>(w, n, xf, w.k, r0, out); break;
+      case 2: dot_rows_f32<2>(w, n, xf, w.k, r0, out); break;
+      case 3: dot_rows_f32<3>(w, n, xf, w.k, r0, out); break;
+      default: dot_rows_f32<4>(w, n, xf, w.k, r0, out); break;
+    }
+  } else {
+    switch (cnt) {
+      case 1: dot_rows<Kind, 1>(w, n, x, r0, out); break;
+      case 2: dot_rows<Kind, 2>(w, n, x, r0, out); break;
+      case 3: dot_rows<Kind, 3>(w, n, x, r0, out); break;
+      default: dot_rows<Kind, 4>(w, n, x, r0, out); break;
+    }
   }
 }
 
 // y[r, n] (+)= x[r] . w[n] (+ bias[n]) for all rows; rows of the output are `ldy` apart.
 template <int Kind>
-void linear_kind(const Lin& w, const QuantRows& x, int rows, float* y, int ldy, bool accumulate,
-                 int threads) {
+void linear_kind(const Lin& w, const float* xf, const QuantRows& x, int rows, float* y, int ldy,
+                 bool accumulate, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int n = 0; n < w.n; ++n) {
     const float bias = w.bias ? w.bias[n] : 0.f;
     for (int r0 = 0; r0 < rows; r0 += MAX_ROW_BLOCK) {
       const int cnt = std::min(MAX_ROW_BLOCK, rows - r0);
       float v[MAX_ROW_BLOCK];
-      dot_block<Kind>(w, n, x, r0, cnt, v);
+      dot_block<Kind>(w, n, xf, x, r0, cnt, v);
       for (int i = 0; i < cnt; ++i) {
         float* out = y + static_cast<size_t>(r0 + i) * ldy + n;
         *out = accumulate ? *out + v[i] + bias : v[i] + bias;
@@ -213,12 +241,16 @@ void linear_kind(const Lin& w, const QuantRows& x, int rows, float* y, int ldy, 
   }
 }
 
-void linear(const Lin& w, const QuantRows& x, int rows, float* y, int ldy, bool accumulate,
-            int threads) {
+// y [rows, N] (+)= x [rows, K] . w^T (+ bias); x is fp32, quantized into `scratch` first unless
+// the weights are fp32 too.
+void linear(const Lin& w, const float* x, int rows, QuantRows& scratch, float* y, int ldy,
+            bool accumulate, int threads) {
+  if (w.kind != 3) scratch.quantize(x, rows, w.k);
   switch (w.kind) {
-    case 0: linear_kind<0>(w, x, rows, y, ldy, accumulate, threads); break;
-    case 1: linear_kind<1>(w, x, rows, y, ldy, accumulate, threads); break;
-    default: linear_kind<2>(w, x, rows, y, ldy, accumulate, threads); break;
+    case 0: linear_kind<0>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
+    case 1: linear_kind<1>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
+    case 2: linear_kind<2>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
+    default: linear_kind<3>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
   }
 }
 

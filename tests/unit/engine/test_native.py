@@ -2,8 +2,9 @@
 
 The reference is the torch forward with every quantized layer multiplying by its exact fp32
 dequantized weight (``DEQUANT_MIN_ROWS`` forced to 0), so the only difference left is the
-native path's int16 activation rounding (~2e-5 relative): logits, the KV it writes, and
-greedy tokens must agree. Runs wherever the kernels build (g++ and AVX2/FMA/F16C).
+native path's int16 activation rounding (~2e-5 relative; none for fp32 weights): logits, the
+KV it writes, and greedy tokens must agree. Runs wherever the kernels build (g++ and
+AVX2/FMA/F16C).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def _torch_forward(runner, ids, positions, table, kv) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch,quant", [
+    ("llama", "none"),   # fp32 weights read in place, fp32 activations
     ("llama", "int4"),   # GQA 4:2
     ("qwen2", "int4"),   # qkv bias
     ("qwen3", "int8"),   # q/k norm, head_dim 32 decoupled from hidden / heads
@@ -122,13 +124,14 @@ def test_out_of_range_steps_are_refused(make_engine, tiny_dir) -> None:
     assert torch.equal(kv, before)
 
 
-def test_engine_greedy_native_equals_exact_torch(make_engine, tiny_dir, exact_torch_path):
+@pytest.mark.parametrize("quant", ["none", "int4"])
+def test_engine_greedy_native_equals_exact_torch(make_engine, tiny_dir, exact_torch_path, quant):
     """Whole engine runs (prefill through torch, decodes fused) give the same greedy tokens
-    as the same quantized engine with the native path off, batched."""
+    as the same engine with the native path off, batched."""
     path = str(tiny_dir("llama"))
     outs = []
     for native in (True, False):
-        engine = make_engine(model=path, dtype="float32", quantization="int4", num_blocks=64,
+        engine = make_engine(model=path, dtype="float32", quantization=quant, num_blocks=64,
                              use_native_kernels=native)
         assert (engine.runner.fused is not None) == native
         g = torch.Generator().manual_seed(3)
