@@ -24,7 +24,7 @@ from protos.tandem.v1 import tandem_pb2, worker_pb2
 # Optional scalar fields of tandem.v1.SamplingParams that map 1:1 onto the engine's fields.
 _OPTIONAL = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "seed", "skip_special_tokens",
+    "presence_penalty", "frequency_penalty", "seed", "skip_special_tokens", "speculative",
 )
 _NO_TRANSFERS = TransferTotals()
 _NOTHING_RECENT = RecentFigures()

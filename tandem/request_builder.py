@@ -16,7 +16,7 @@ _SCALAR = {
     "max_tokens": int, "min_tokens": int, "temperature": float, "top_p": float, "top_k": int,
     "min_p": float, "repetition_penalty": float, "presence_penalty": float,
     "frequency_penalty": float, "seed": int, "ignore_eos": bool,
-    "include_stop_str_in_output": bool, "skip_special_tokens": bool,
+    "include_stop_str_in_output": bool, "skip_special_tokens": bool, "speculative": bool,
 }
 _REPEATED = {"stop": str, "stop_token_ids": int}
 SAMPLING_FIELDS = frozenset(_SCALAR) | frozenset(_REPEATED)

@@ -6,8 +6,9 @@ applied by ``Frontend.prepare`` exactly as for a gRPC request. A bad field raise
 InvalidRequestError naming it, which the HTTP edge turns into a 400 with ``param`` set.
 
 Besides OpenAI's fields, the vLLM-style extras ``top_k``, ``min_p``, ``repetition_penalty``,
-``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens`` and
-``include_stop_str_in_output`` are accepted (the ``openai`` client sends them via
+``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``,
+``include_stop_str_in_output`` and ``speculative`` (false: no speculative decoding for this
+request) are accepted (the ``openai`` client sends them via
 ``extra_body``).
 """
 
@@ -173,6 +174,9 @@ def _sampling(body: dict[str, Any], s: tandem_pb2.SamplingParams) -> None:
     skip = _opt(body, "skip_special_tokens", bool)
     if skip is not None:
         s.skip_special_tokens = skip
+    speculative = _opt(body, "speculative", bool)
+    if speculative is not None:
+        s.speculative = speculative
 
 
 def _opt_uint(

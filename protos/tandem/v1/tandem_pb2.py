@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/tandem/v1/tandem.proto\x12\ttandem.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"v\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xba\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x11\n\x04seed\x18\n \x01(\x04H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\r\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x0e \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\n\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x16\n\x14_skip_special_tokens\"7\n\x0eLogprobOptions\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x02 \x01(\r\"\xfb\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.tandem.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x17.tandem.v1.ChatMessagesH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12+\n\x08logprobs\x18\x07 \x01(\x0b\x32\x19.tandem.v1.LogprobOptionsB\x08\n\x06prompt\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.tandem.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"{\n\x07Timings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x15\n\rfirst_token_s\x18\x04 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x05 \x01(\x01\x12\x0f\n\x07total_s\x18\x06 \x01(\x01\"\xf6\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x13\n\x0bstop_reason\x18\x07 \x01(\t\x12\x1f\n\x05usage\x18\x08 \x01(\x0b\x32\x10.tandem.v1.Usage\x12#\n\x07timings\x18\t \x01(\x0b\x32\x12.tandem.v1.Timings\"~\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x17.tandem.v1.ChatMessagesH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x42\x07\n\x05input\"4\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"@\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x10\n\x08owned_by\x18\x03 \x01(\t\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.tandem.v1.ModelInfo2\xdf\x01\n\x06Tandem\x12\x45\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.tandem.v1.TokenizeRequest\x1a\x1b.tandem.v1.TokenizeResponse\x12I\n\nListModels\x12\x1c.tandem.v1.ListModelsRequest\x1a\x1d.tandem.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/tandem/v1/tandem.proto\x12\ttandem.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"v\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xe4\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x11\n\x04seed\x18\n \x01(\x04H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\r\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x0e \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\n\x88\x01\x01\x12\x18\n\x0bspeculative\x18\x10 \x01(\x08H\x0b\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x16\n\x14_skip_special_tokensB\x0e\n\x0c_speculative\"7\n\x0eLogprobOptions\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x02 \x01(\r\"\xfb\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.tandem.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x17.tandem.v1.ChatMessagesH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12+\n\x08logprobs\x18\x07 \x01(\x0b\x32\x19.tandem.v1.LogprobOptionsB\x08\n\x06prompt\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.tandem.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"{\n\x07Timings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x15\n\rfirst_token_s\x18\x04 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x05 \x01(\x01\x12\x0f\n\x07total_s\x18\x06 \x01(\x01\"\xf6\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x13\n\x0bstop_reason\x18\x07 \x01(\t\x12\x1f\n\x05usage\x18\x08 \x01(\x0b\x32\x10.tandem.v1.Usage\x12#\n\x07timings\x18\t \x01(\x0b\x32\x12.tandem.v1.Timings\"~\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x17.tandem.v1.ChatMessagesH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x42\x07\n\x05input\"4\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"@\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x10\n\x08owned_by\x18\x03 \x01(\t\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.tandem.v1.ModelInfo2\xdf\x01\n\x06Tandem\x12\x45\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.tandem.v1.TokenizeRequest\x1a\x1b.tandem.v1.TokenizeResponse\x12I\n\nListModels\x12\x1c.tandem.v1.ListModelsRequest\x1a\x1d.tandem.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=210
   _globals['_TOKENIDS']._serialized_end=233
   _globals['_SAMPLINGPARAMS']._serialized_start=236
-  _globals['_SAMPLINGPARAMS']._serialized_end=806
-  _globals['_LOGPROBOPTIONS']._serialized_start=808
-  _globals['_LOGPROBOPTIONS']._serialized_end=863
-  _globals['_GENERATEREQUEST']._serialized_start=866
-  _globals['_GENERATEREQUEST']._serialized_end=1117
-  _globals['_TOPLOGPROB']._serialized_start=1119
-  _globals['_TOPLOGPROB']._serialized_end=1166
-  _globals['_TOKENLOGPROB']._serialized_start=1168
-  _globals['_TOKENLOGPROB']._serialized_end=1253
-  _globals['_USAGE']._serialized_start=1255
-  _globals['_USAGE']._serialized_end=1335
-  _globals['_TIMINGS']._serialized_start=1337
-  _globals['_TIMINGS']._serialized_end=1460
-  _globals['_GENERATERESPONSE']._serialized_start=1463
-  _globals['_GENERATERESPONSE']._serialized_end=1709
-  _globals['_TOKENIZEREQUEST']._serialized_start=1711
-  _globals['_TOKENIZEREQUEST']._serialized_end=1837
-  _globals['_TOKENIZERESPONSE']._serialized_start=1839
-  _globals['_TOKENIZERESPONSE']._serialized_end=1891
-  _globals['_LISTMODELSREQUEST']._serialized_start=1893
-  _globals['_LISTMODELSREQUEST']._serialized_end=1912
-  _globals['_MODELINFO']._serialized_start=1914
-  _globals['_MODELINFO']._serialized_end=1978
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1980
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2038
-  _globals['_TANDEM']._serialized_start=2041
-  _globals['_TANDEM']._serialized_end=2264
+  _globals['_SAMPLINGPARAMS']._serialized_end=848
+  _globals['_LOGPROBOPTIONS']._serialized_start=850
+  _globals['_LOGPROBOPTIONS']._serialized_end=905
+  _globals['_GENERATEREQUEST']._serialized_start=908
+  _globals['_GENERATEREQUEST']._serialized_end=1159
+  _globals['_TOPLOGPROB']._serialized_start=1161
+  _globals['_TOPLOGPROB']._serialized_end=1208
+  _globals['_TOKENLOGPROB']._serialized_start=1210
+  _globals['_TOKENLOGPROB']._serialized_end=1295
+  _globals['_USAGE']._serialized_start=1297
+  _globals['_USAGE']._serialized_end=1377
+  _globals['_TIMINGS']._serialized_start=1379
+  _globals['_TIMINGS']._serialized_end=1502
+  _globals['_GENERATERESPONSE']._serialized_start=1505
+  _globals['_GENERATERESPONSE']._serialized_end=1751
+  _globals['_TOKENIZEREQUEST']._serialized_start=1753
+  _globals['_TOKENIZEREQUEST']._serialized_end=1879
+  _globals['_TOKENIZERESPONSE']._serialized_start=1881
+  _globals['_TOKENIZERESPONSE']._serialized_end=1933
+  _globals['_LISTMODELSREQUEST']._serialized_start=1935
+  _globals['_LISTMODELSREQUEST']._serialized_end=1954
+  _globals['_MODELINFO']._serialized_start=1956
+  _globals['_MODELINFO']._serialized_end=2020
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2022
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2080
+  _globals['_TANDEM']._serialized_start=2083
+  _globals['_TANDEM']._serialized_end=2306
 # @@protoc_insertion_point(module_scope)

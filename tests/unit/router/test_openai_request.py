@@ -30,6 +30,7 @@ def test_completion_maps_sampling_stop_seed_and_logprobs() -> None:
         "seed": 42, "stop": "\n", "logprobs": 3, "presence_penalty": 0.5,
         "frequency_penalty": -1, "stream": True, "stream_options": {"include_usage": True},
         "top_k": 5, "ignore_eos": True, "stop_token_ids": [2], "user": "ignored",
+        "speculative": False,
     })
     r = api.request
     assert r.model == "m" and r.text == "Hello"
@@ -38,6 +39,8 @@ def test_completion_maps_sampling_stop_seed_and_logprobs() -> None:
     assert s.top_p == 0.5 and s.seed == 42 and list(s.stop) == ["\n"] and s.top_k == 5
     assert s.presence_penalty == 0.5 and s.frequency_penalty == -1.0
     assert s.ignore_eos and list(s.stop_token_ids) == [2]
+    assert s.HasField("speculative") and not s.speculative
+    assert not parse(COMPLETIONS, {"prompt": "x"}).request.sampling.HasField("speculative")
     assert r.logprobs.enabled and r.logprobs.top_logprobs == 3
     assert api.stream and api.include_usage
 
@@ -90,6 +93,7 @@ def test_chat_maps_messages_parts_and_aliases() -> None:
         (COMPLETIONS, {"prompt": "x", "seed": -1}, "seed"),
         (COMPLETIONS, {"prompt": "x", "stop": 3}, "stop"),
         (COMPLETIONS, {"prompt": "x", "stream": "yes"}, "stream"),
+        (COMPLETIONS, {"prompt": "x", "speculative": "no"}, "speculative"),
         (COMPLETIONS, {"prompt": "x", "model": 3}, "model"),
         (CHAT, {"messages": []}, "messages"),
         (CHAT, {"messages": ["hi"]}, "messages[0]"),

@@ -31,7 +31,7 @@ def test_every_field_is_carried() -> None:
         max_tokens=7, min_tokens=2, temperature=0.5, top_p=0.9, top_k=5, min_p=0.1,
         repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=-0.3, seed=42,
         stop=["a", "bc"], stop_token_ids=[3, 4], ignore_eos=True,
-        include_stop_str_in_output=True, skip_special_tokens=False,
+        include_stop_str_in_output=True, skip_special_tokens=False, speculative=False,
     )
     got = sampling_from_proto(proto, tandem_pb2.LogprobOptions(enabled=True, top_logprobs=3))
     assert got == SamplingParams(
@@ -39,9 +39,10 @@ def test_every_field_is_carried() -> None:
         top_k=5, min_p=pytest.approx(0.1), repetition_penalty=pytest.approx(1.1),
         presence_penalty=pytest.approx(0.2), frequency_penalty=pytest.approx(-0.3), seed=42,
         stop=["a", "bc"], stop_token_ids=[3, 4], ignore_eos=True,
-        include_stop_str_in_output=True, logprobs=3, skip_special_tokens=False,
+        include_stop_str_in_output=True, logprobs=3, skip_special_tokens=False, speculative=False,
     )
     got.validate(vocab_size=100)
+    assert sampling_from_proto(tandem_pb2.SamplingParams()).speculative is True  # unset
 
 
 def test_logprob_options() -> None:
