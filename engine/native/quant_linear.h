@@ -186,20 +186,37 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
 }
 
 // out[i] = w[n] . x[r0 + i] for i < R, fp32 weights and activations (rows ldx floats apart).
+// The K loop is unrolled U times so at least four FMA chains are in flight (one chain waits
+// out the FMA latency: 1 row ran at a quarter of the FMA throughput, 9 rows 2.3x one row).
 template <int R>
 inline void dot_rows_f32(const Lin& w, int n, const float* x, int ldx, int r0, float* out) {
+  constexpr int U = R == 1 ? 4 : 2;
   const float* wr = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
-  __m256 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
-  for (int j = 0; j < w.k; j += 8) {
+  const float* xr[R];
+  for (int i = 0; i < R; ++i) xr[i] = x + static_cast<size_t>(r0 + i) * ldx;
+  __m256 acc[R][U];
+  for (int i = 0; i < R; ++i) {
+    for (int u = 0; u < U; ++u) acc[i][u] = _mm256_setzero_ps();
+  }
+  int j = 0;
+  for (; j + 8 * U <= w.k; j += 8 * U) {
     _mm_prefetch(reinterpret_cast<const char*>(wr + j + 128), _MM_HINT_T0);
-    const __m256 wv = _mm256_loadu_ps(wr + j);
-    for (int i = 0; i < R; ++i) {
-      acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + static_cast<size_t>(r0 + i) * ldx + j),
-                               acc[i]);
+    for (int u = 0; u < U; ++u) {
+      const __m256 wv = _mm256_loadu_ps(wr + j + 8 * u);
+      for (int i = 0; i < R; ++i) {
+        acc[i][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[i] + j + 8 * u), acc[i][u]);
+      }
     }
   }
-  for (int i = 0; i < R; ++i) out[i] = hsum(acc[i]);
+  for (; j < w.k; j += 8) {  // K % 32 == 0, so only when U does not divide K / 8
+    const __m256 wv = _mm256_loadu_ps(wr + j);
+    for (int i = 0; i < R; ++i) acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[i] + j), acc[i][0]);
+  }
+  for (int i = 0; i < R; ++i) {
+    __m256 sum = acc[i][0];
+    for (int u = 1; u < U; ++u) sum = _mm256_add_ps(sum, acc[i][u]);
+    out[i] = hsum(sum);
+  }
 }
 
 template <int Kind>
