@@ -1,4 +1,5 @@
-"""transformers' generate(), the reference our engine must match token for token."""
+"""transformers' generate(), the reference our engine must match token for token, and the
+helper that runs our engine to completion for the comparison."""
 
 from __future__ import annotations
 
@@ -32,3 +33,15 @@ def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.fl
         )
     assert out.shape[1] == len(prompt) + max_new_tokens
     return out[0, len(prompt) :].tolist()
+
+
+def engine_token_ids(engine, prompts: list, params) -> list[list[int]]:
+    """Submit every prompt (ids or text) with ``params``, step the engine until all finish and
+    return each request's generated token ids, in prompt order."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    got: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                got[out.request_id] = out.token_ids
+    return [got[i] for i in ids]

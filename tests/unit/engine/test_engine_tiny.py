@@ -10,7 +10,7 @@ import torch
 
 from engine import LLM, InvalidRequestError, SamplingParams
 from engine.errors import OutOfBlocksError
-from tests.unit.engine._reference import hf_greedy
+from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -21,13 +21,7 @@ def _prompts(lengths: list[int], seed: int = 0, vocab: int = 256) -> list[list[i
 
 
 def _run(engine, prompts, params=GREEDY) -> list[list[int]]:
-    ids = [engine.add_request(p, params) for p in prompts]
-    got: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                got[out.request_id] = out.token_ids
-    return [got[i] for i in ids]
+    return engine_token_ids(engine, prompts, params)
 
 
 @pytest.mark.parametrize(

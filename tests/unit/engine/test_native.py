@@ -18,6 +18,7 @@ from engine import SamplingParams
 from engine.attention import AttentionMetadata
 from engine.native import NativeLinear, load
 from engine.quant import Int4Linear, Int8Linear
+from tests.unit.engine._reference import engine_token_ids
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
 
@@ -137,13 +138,7 @@ def test_engine_greedy_native_equals_exact_torch(make_engine, tiny_dir, exact_to
         g = torch.Generator().manual_seed(3)
         prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 40, 17)]
         params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-        ids = [engine.add_request(p, params) for p in prompts]
-        done = {}
-        while engine.has_unfinished():
-            for o in engine.step():
-                if o.finished:
-                    done[o.request_id] = o.token_ids
-        outs.append([done[i] for i in ids])  # (make_engine checks every block came back)
+        outs.append(engine_token_ids(engine, prompts, params))  # make_engine checks the blocks
     assert outs[0] == outs[1]
 
 

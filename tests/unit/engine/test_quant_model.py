@@ -15,6 +15,7 @@ import torch
 from engine import SamplingParams
 from engine.quant import Int4Linear, Int8Linear
 from engine.quant.perplexity import perplexity
+from tests.unit.engine._reference import engine_token_ids
 
 TEXT = Path(__file__).resolve().parents[2] / "data" / "ppl_text.txt"
 ROWS = {
@@ -82,13 +83,7 @@ PROMPTS = [
 
 def _greedy(engine, prompts: list[str], max_tokens: int = 24) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    ids = [engine.add_request(p, params) for p in prompts]
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o.token_ids
-    return [done[i] for i in ids]
+    return engine_token_ids(engine, prompts, params)
 
 
 def test_int4_native_decode_equals_the_dequantized_model(engines) -> None:
