@@ -54,3 +54,25 @@ def test_up_exits_2_before_starting_anything(argv: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cores,argv,want", [
+    (2, [], 1),                                   # make serve on the 2-core box: a core each
+    (16, [], 8),
+    (16, ["--prefill", "3", "--decode", "1"], 4),
+    (1, ["--prefill", "2", "--decode", "2"], 1),  # never below one
+])
+def test_local_threads_share_the_cores(monkeypatch, cores: int, argv: list[str], want: int):
+    from tandem.launcher import up
+
+    monkeypatch.setattr(up.os, "cpu_count", lambda: cores)
+    assert up._local_threads(spec_from_args(build_parser().parse_args(argv), None)) == want
+
+
+def test_local_threads_count_autoscale_maximums(monkeypatch) -> None:
+    from tandem.launcher import up
+
+    monkeypatch.setattr(up.os, "cpu_count", lambda: 16)
+    auto = load_config(EXAMPLES / "slo.yaml")
+    spec = spec_from_args(build_parser().parse_args([]), auto)
+    assert up._local_threads(spec) == max(1, 16 // (auto.prefill.max + auto.decode.max))
