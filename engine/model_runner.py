@@ -4,9 +4,9 @@
                               ──> model forward (writes KV, attends) ──> hidden [T, H]
                               ──> logits of each sampling request's last row [n, V]
 
-On the CPU an fp32 model (quantized or not) runs steps of at most ``FUSED_MAX_ROWS`` rows (decodes,
-speculative verification, short chunks) through engine/native's fused forward: one native
-call instead of ~450 torch ops, with int4 matrix-vector products at memory speed.
+On the CPU an fp32 model (quantized or not) runs steps of at most ``FUSED_MAX_ROWS`` rows
+(decodes, speculative verification, short chunks) through engine/native's fused forward: one
+native call instead of ~450 torch ops, with quantized matrix-vector products at memory speed.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class ModelRunner:
             if reason is None:
                 self.fused = FusedForward(model)
                 log.info("fused native CPU forward on for steps of <= %d rows", FUSED_MAX_ROWS)
-            elif any(type(m).__name__.startswith("Int") for m in model.modules()):
+            else:
                 log.info("fused native CPU forward off: %s", reason)
 
     @staticmethod

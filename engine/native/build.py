@@ -102,4 +102,10 @@ def load() -> ctypes.CDLL | None:
         log.warning("native library ABI %d != %d; using torch ops", lib.tnd_abi_version(),
                     ABI_VERSION)
         return None
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.tnd_model_create.argtypes, lib.tnd_model_create.restype = [ptr], ptr
+    lib.tnd_model_free.argtypes, lib.tnd_model_free.restype = [ptr], None
+    lib.tnd_linear.argtypes, lib.tnd_linear.restype = [ptr, ptr, i32, ptr, i32], None
+    lib.tnd_forward.argtypes = [ptr, ptr, i32, ptr, i32, ptr, i32]
+    lib.tnd_forward.restype = i32
     return lib

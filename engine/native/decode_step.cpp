@@ -106,14 +106,19 @@ void tnd_linear(const Lin* w, const float* x, int rows, float* y, int threads) {
 }
 
 // Runs the model over `rows` query rows; writes their K/V into the cache and the logits of
-// rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 when a
-// position is outside the RoPE table or a block id outside the cache (nothing written then).
+// rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 (with
+// nothing written) when a position is outside the RoPE table, a block a position needs is
+// missing from its table or outside the cache, a token id is outside the vocabulary, or a
+// sample row is not one of the rows. The caller checks that seq[r] indexes a table.
 int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
                 int num_samples, float* logits, int threads) {
   const ModelDesc& md = static_cast<Model*>(model)->desc;
   const int H = md.hidden, nh = md.num_heads, nkv = md.num_kv_heads, hd = md.head_dim;
   const int qsz = nh * hd, kvsz = nkv * hd, qkvsz = qsz + 2 * kvsz, I = md.intermediate;
   const int bs = st->block_size;
+  for (int i = 0; i < num_samples; ++i) {
+    if (sample_rows[i] < 0 || sample_rows[i] >= rows) return -1;
+  }
   std::vector<int64_t> slot(rows);
   for (int r = 0; r < rows; ++r) {
     const int64_t p = st->pos[r];

@@ -125,6 +125,8 @@ def unsupported_reason(model: LlamaForCausalLM) -> str | None:
     for lin in linears:
         if not isinstance(lin, Int4Linear | Int8Linear | nn.Linear) or lin.in_features % QK:
             return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
+        if isinstance(lin, nn.Linear) and lin.weight.dtype != torch.float32:
+            return f"a linear layer holds {lin.weight.dtype} weights"
     return None
 
 
@@ -166,7 +168,6 @@ class FusedForward:
             self._f(model.embed_tokens.weight), self._f(cos), self._f(sin),
             self._f(model.norm.weight), head.struct, layers,
         )
-        lib.tnd_model_create.restype = ctypes.c_void_p
         self._handle = ctypes.c_void_p(lib.tnd_model_create(ctypes.byref(desc)))
 
     def _f(self, t: torch.Tensor | None) -> object:
@@ -201,8 +202,16 @@ class FusedForward:
         of sequence ``seq_index[r]`` (whose blocks are ``block_tables[seq_index[r]]``)."""
         if kv_cache.dtype != torch.float32 or not kv_cache.is_contiguous():
             raise ValueError("the fused forward needs a contiguous fp32 KV cache")
+        rows = len(ids)
+        if not rows or len(positions) != rows or len(seq_index) != rows:
+            raise ValueError("ids, positions and seq_index must be non-empty and equally long")
+        if min(seq_index) < 0 or max(seq_index) >= len(block_tables):
+            raise ValueError("fused forward refused the step: sequence index out of range")
+        if sample_rows and (min(sample_rows) < 0 or max(sample_rows) >= rows):
+            raise ValueError("fused forward refused the step: sample row out of range")
         width = max(len(t) for t in block_tables)
-        tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables],
+        # -1 pads short tables: the kernel refuses a position whose block is missing
+        tables = torch.tensor([list(t) + [-1] * (width - len(t)) for t in block_tables],
                               dtype=torch.int32)
         ids_t = torch.tensor(ids, dtype=torch.int64)
         pos_t = torch.tensor(positions, dtype=torch.int64)
@@ -212,7 +221,7 @@ class FusedForward:
         step = _Step(ids_t.data_ptr(), pos_t.data_ptr(), seq_t.data_ptr(), tables.data_ptr(),
                      width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr())
         rc = self._lib.tnd_forward(
-            self._handle, ctypes.byref(step), len(ids), ctypes.c_void_p(rows_t.data_ptr()),
+            self._handle, ctypes.byref(step), rows, ctypes.c_void_p(rows_t.data_ptr()),
             len(sample_rows), ctypes.c_void_p(logits.data_ptr()),
             threads or torch.get_num_threads(),
         )

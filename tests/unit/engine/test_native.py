@@ -122,6 +122,12 @@ def test_out_of_range_steps_are_refused(make_engine, tiny_dir) -> None:
         fused([5], [0], [0], [[99]], kv, [0])  # block id outside the cache
     with pytest.raises(ValueError, match="out of range"):
         fused([10_000], [0], [0], [[1]], kv, [0])  # token id outside the vocabulary
+    with pytest.raises(ValueError, match="out of range"):  # a short table padded beside a long one
+        fused([5, 6], [0, 5], [0, 1], [[1, 2, 3], [4]], kv, [0, 1])
+    with pytest.raises(ValueError, match="out of range"):
+        fused([5], [0], [1], [[1]], kv, [0])  # sequence index without a table
+    with pytest.raises(ValueError, match="out of range"):
+        fused([5], [0], [0], [[1]], kv, [1])  # sample row beyond the rows
     assert torch.equal(kv, before)
 
 
