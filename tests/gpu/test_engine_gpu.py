@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from tests.unit.engine._reference import hf_greedy
+from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,13 +25,7 @@ def _prompts(lengths: list[int], vocab: int = 256) -> list[list[int]]:
 
 
 def _run(engine, prompts, params=GREEDY) -> list[list[int]]:
-    ids = [engine.add_request(p, params) for p in prompts]
-    got: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                got[out.request_id] = out.token_ids
-    return [got[i] for i in ids]
+    return engine_token_ids(engine, prompts, params)
 
 
 def test_cuda_fp32_triton_graphs_match_transformers(tiny_dir, make_engine) -> None:
