@@ -136,21 +136,8 @@ class ModelRunner:
                 keep = [i for i, s in enumerate(order) if s.samples]
                 logits = logits[torch.tensor(keep, device=self.device)]
             return logits, samplers
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        qsl = [0]
-        for n in query_lens:
-            qsl.append(qsl[-1] + n)
         dev = self.device
-        meta = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
-            num_decodes=sum(1 for n in query_lens if n == 1),
-            block_size=bs,
-        )
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, bs, dev)
         hidden = self.model(
             torch.tensor(ids, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev),

@@ -37,6 +37,34 @@ class AttentionMetadata:
     # block-table width) instead of the host seq_lens, so one capture serves every length.
     max_decode_blocks: int | None = None
 
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        seq_lens: list[int],
+        tables: list[list[int]],
+        slots: list[int],
+        block_size: int,
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """Metadata for sequences given host-side (decode sequences first): block tables are
+        padded with 0 to the longest."""
+        width = max(len(t) for t in tables)
+        qsl = [0]
+        for n in query_lens:
+            qsl.append(qsl[-1] + n)
+        return cls(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                      dtype=torch.int32, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+            num_decodes=sum(1 for n in query_lens if n == 1),
+            block_size=block_size,
+        )
+
     @property
     def num_seqs(self) -> int:
         """Number of sequences in the step."""

@@ -161,22 +161,8 @@ class DraftProposer:
             qlens.append(len(toks))
             slens.append(start + len(toks))
             last.append(len(ids) - 1)
-        width = max(len(t) for t in tables)
-        qsl = [0]
-        for n in qlens:
-            qsl.append(qsl[-1] + n)
         dev = self.device
-        meta = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(slens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables],
-                                      dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            query_lens_cpu=qlens,
-            seq_lens_cpu=slens,
-            num_decodes=sum(1 for n in qlens if n == 1),
-            block_size=bs,
-        )
+        meta = AttentionMetadata.build(qlens, slens, tables, slots, bs, dev)
         hidden = self.model(
             torch.tensor(ids, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev),
