@@ -26,7 +26,7 @@ install: $(STAMP)
 	$(PY) -m engine.native
 
 test: install
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=15
 
 test-fast: install
 	$(PY) -m pytest tests -q -m "not slow"

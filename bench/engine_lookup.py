@@ -58,13 +58,13 @@ TASKS = [
 ]
 
 
-def lookup_prompts(tokenizer: Any) -> list[list[int]]:
-    """The tasks as chat prompts (token ids)."""
+def lookup_prompts(tokenizer: Any, tasks: list[str] = TASKS) -> list[list[int]]:
+    """The tasks (default: this workload's) as chat prompts (token ids)."""
     texts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
         )
-        for t in TASKS
+        for t in tasks
     ]
     return [tokenizer.encode(t, add_special_tokens=True) for t in texts]  # as the engine does
 

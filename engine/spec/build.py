@@ -34,7 +34,7 @@ def build_spec_decoder(
         return None
     proposer: Proposer
     if spec.speculative_method == "ngram":
-        proposer = NgramProposer(spec.ngram_max, spec.ngram_min)
+        proposer = NgramProposer(spec.ngram_max, spec.ngram_min, spec.num_speculative_tokens)
     else:
         model, draft_arch = build_draft(
             target, arch, spec.draft_model, spec.draft_layers, dtype, device, max_model_len,

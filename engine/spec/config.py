@@ -13,14 +13,15 @@ class SpeculativeConfig:
 
     ``ngram``: prompt lookup over the request's own prompt + output (no model); the longest
     suffix of ``ngram_max`` down to ``ngram_min`` tokens that occurred before proposes the
-    tokens that followed it. ``draft``: a smaller model with the same tokenizer, either a
+    tokens that followed its latest occurrence: k of them after a match of ``ngram_max``
+    tokens, half as many for each token shorter (engine/spec/ngram.py). ``draft``: a smaller model with the same tokenizer, either a
     checkpoint (``draft_model``) or the target's first ``draft_layers`` layers (shared weights).
     Requests opt out with ``SamplingParams(speculative=False)``.
     """
 
     speculative_method: str = "none"  # none | ngram | draft
     num_speculative_tokens: int = 4  # k: tokens proposed per step
-    ngram_max: int = 3
+    ngram_max: int = 4
     ngram_min: int = 1
     draft_model: str | None = None  # alias, HF directory or .gguf of the draft
     draft_layers: int = 0  # >0 and no draft_model: the target's first layers are the draft

@@ -9,7 +9,7 @@ from engine.config import SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
-from engine.spec.ngram import ngram_lookup
+from engine.spec.ngram import ngram_lookup, proposal_length
 from tests.unit.engine._reference import hf_greedy
 from tests.unit.engine._spec import prompts, run
 
@@ -17,19 +17,29 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 NGRAM = {"speculative_method": "ngram", "num_speculative_tokens": 4}
 
 
-def test_lookup_prefers_longest_suffix_then_earliest_match() -> None:
-    #        0  1  2  3  4  5  6  7  8  9 10 11
+def test_lookup_prefers_longest_suffix_then_latest_match() -> None:
+    #        0  1  2  3  4  5  6  7  8  9 10 11 12
     toks = [1, 2, 3, 9, 9, 7, 2, 3, 4, 5, 6, 2, 3]
-    # suffix (2, 3): earliest earlier match at 1 -> follows 3: [9, 9, 7]
-    assert ngram_lookup(toks, n_max=2, n_min=1, k=3) == [9, 9, 7]
-    # a 3-gram (6, 2, 3) never occurred before; n_max=3 falls back to the 2-gram
-    assert ngram_lookup(toks, n_max=3, n_min=2, k=2) == [9, 9]
+    # suffix (2, 3) occurred at 1 and 6: the latest (6) wins -> follows 3: [4, 5, 6]
+    assert ngram_lookup(toks, n_max=2, n_min=1, k=3) == [4, 5, 6]
+    assert ngram_lookup(toks, n_max=2, n_min=1, k=3, limit=1) == [4]  # the granted slots
+    # a 3-gram (6, 2, 3) never occurred before; n_max=3 falls back to the 2-gram, and a match
+    # one token shorter than n_max proposes half of k
+    assert ngram_lookup(toks, n_max=3, n_min=2, k=4) == [4, 5]
     toks2 = [5, 1, 2, 3, 8, 0, 1, 2, 3, 6, 1, 2, 3]
-    # the 4-gram (6, 1, 2, 3) is new; the 3-gram (1, 2, 3) occurs at 1 and 6: earliest wins
-    assert ngram_lookup(toks2, n_max=4, n_min=1, k=2) == [8, 0]
+    # the 4-gram (6, 1, 2, 3) is new; the 3-gram (1, 2, 3) occurs at 1 and 6: latest wins
+    assert ngram_lookup(toks2, n_max=4, n_min=1, k=4) == [6, 1]
+    assert ngram_lookup(toks2, n_max=3, n_min=1, k=4) == [6, 1, 2, 3]
     assert ngram_lookup([1, 2, 3, 4], n_max=3, n_min=1, k=4) == []  # no earlier occurrence
     assert ngram_lookup([7, 7, 7], n_max=2, n_min=1, k=5) == [7]  # only one token follows
     assert ngram_lookup([4, 5, 4], n_max=1, n_min=1, k=0) == []
+    assert ngram_lookup([4, 5, 4], n_max=1, n_min=1, k=3, limit=0) == []
+
+
+def test_proposal_length_halves_per_missing_match_token() -> None:
+    assert [proposal_length(8, n, 4) for n in (4, 3, 2, 1)] == [8, 4, 2, 1]
+    assert [proposal_length(6, n, 4) for n in (4, 3, 2, 1)] == [6, 3, 1, 1]
+    assert [proposal_length(1, n, 3) for n in (3, 2, 1)] == [1, 1, 1]
 
 
 def test_rollback_frees_blocks_past_the_accepted_tokens() -> None:
