@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-_CODE = '''def moving_average(values, window):
+# also the document of tests/unit/engine/test_spec_smollm2.py
+MOVING_AVERAGE = '''def moving_average(values, window):
     if window <= 0:
         raise ValueError("window must be positive")
     out = []
@@ -49,7 +50,7 @@ logging:
 '''
 TASKS = [
     "Rename the variable `total` to `running_sum` in this Python function. Show the whole "
-    "function.\n\n" + _CODE,
+    "function.\n\n" + MOVING_AVERAGE,
     "Fix the spelling and keep everything else the same:\n\n"
     + _NOTE.replace("register", "regster").replace("repaired", "repiared"),
     "Change the port to 9090 and the pool size to 20 in this YAML file. Show the whole "

@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from bench.engine_lookup import MOVING_AVERAGE as DOC
 from engine import SamplingParams
 from tests.unit.engine._reference import hf_greedy
 
 pytestmark = pytest.mark.slow
 
 MAX_NEW = 40
-DOC = """def moving_average(values, window):
-    if window <= 0:
-        raise ValueError("window must be positive")
-    out = []
-    total = 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        if i >= window - 1:
-            out.append(total / window)
-    return out
-"""
 
 
 def _chat(tok, text: str) -> str:
