@@ -108,7 +108,7 @@ def replay(prompts: list[list[int]], outputs: list[list[int]], rule: Rule,
     """Predicted speedup, tokens per step and acceptance of ``rule`` on these greedy outputs."""
     plain = spec = 0.0
     steps = proposed = accepted = 0
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         t = 0
         while t < len(out):
             drafts = rule(prompt + out[:t], len(out) - t - 1)
