@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -160,7 +161,22 @@ def test_async_stream_aclose_and_break_cancel(local: LocalCluster) -> None:
     _wait_cancelled(local, before + 2)
 
 
-def test_stream_closed_under_a_reader_raises_cancelled(local: LocalCluster) -> None:
+def _reading_in_grpc(thread: threading.Thread) -> bool:
+    """``thread`` is inside grpc's blocking read of the next message."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if "grpc" in frame.f_code.co_filename and frame.f_code.co_name == "_next":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_stream_closed_under_a_reader_ends_the_reader(local: LocalCluster) -> None:
+    """close() from another thread while a reader iterates: the reader ends at once, with
+    Cancelled when it sat in a read, quietly when it came back for a chunk after close() (the
+    stream streams on, so which of the two is a race; neither may hang or raise anything
+    else), and the router counts the request cancelled with every block freed."""
+    before = _cancelled(local)
     with tandem.Client(local.target) as client:
         stream = client.generate_stream("Tick tock", max_tokens=LONG, **GREEDY)
         outcome: list[BaseException | None] = []
@@ -170,7 +186,7 @@ def test_stream_closed_under_a_reader_raises_cancelled(local: LocalCluster) -> N
             try:
                 for n, _ in enumerate(stream):
                     if n == 1:
-                        got_two.set()  # from here on the reader sits blocked on the next chunk
+                        got_two.set()
                 outcome.append(None)
             except BaseException as exc:  # handed to the test thread
                 outcome.append(exc)
@@ -178,9 +194,13 @@ def test_stream_closed_under_a_reader_raises_cancelled(local: LocalCluster) -> N
         reader = threading.Thread(target=read)
         reader.start()
         assert got_two.wait(60)
+        wait_until(lambda: _reading_in_grpc(reader), timeout=60)
         stream.close()
         reader.join(60)
-    assert len(outcome) == 1 and isinstance(outcome[0], tandem.Cancelled), outcome
+        assert not reader.is_alive()
+    assert len(outcome) == 1, outcome
+    assert outcome[0] is None or isinstance(outcome[0], tandem.Cancelled), outcome
+    _wait_cancelled(local, before + 1)
     assert_idle(local)
 
 
