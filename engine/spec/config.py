@@ -14,8 +14,9 @@ class SpeculativeConfig:
     ``ngram``: prompt lookup over the request's own prompt + output (no model); the longest
     suffix of ``ngram_max`` down to ``ngram_min`` tokens that occurred before proposes the
     tokens that followed its latest occurrence: k of them after a match of ``ngram_max``
-    tokens, half as many for each token shorter (engine/spec/ngram.py). ``draft``: a smaller model with the same tokenizer, either a
-    checkpoint (``draft_model``) or the target's first ``draft_layers`` layers (shared weights).
+    tokens, half as many for each token shorter (engine/spec/ngram.py). ``draft``: a smaller
+    model with the same tokenizer, either a checkpoint (``draft_model``) or the target's first
+    ``draft_layers`` layers (shared weights).
     Requests opt out with ``SamplingParams(speculative=False)``.
     """
 
