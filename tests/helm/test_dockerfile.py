@@ -6,9 +6,9 @@ engine runs on CI machines, so the image itself is not built here.)"""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
