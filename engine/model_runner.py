@@ -70,7 +70,8 @@ class ModelRunner:
                 -(-max_model_len // block_size), block_size,
             )
         self.fused = None
-        if native_kernels and device.type == "cpu" and self.kv_cache.dtype == torch.float32:
+        if native_kernels and device.type == "cpu" and self.kv_cache.dtype in (torch.float32,
+                                                                     torch.int8):
             from engine.native import FusedForward, unsupported_reason
 
             reason = unsupported_reason(model)

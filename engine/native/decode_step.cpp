@@ -13,7 +13,9 @@
 // Unquantized fp32 linears multiply fp32 activations.
 //
 // Weight formats: quant_linear.h. Attention: paged_attention.h.
-// KV cache: fp32 [L, 2, num_blocks, block_size, Hkv, hd] (the engine's layout).
+// KV cache: the engine's layout, fp32 [L, 2, num_blocks, block_size, Hkv, hd] or int8
+// [L, 2, num_blocks, block_size, Hkv, hd + 4] (each head vector's fp32 scale in its last 4
+// bytes; engine/quant/kv_int8.py), written and read with the same rounding as the torch path.
 // Rows: row r is token ids[r] at position pos[r] of sequence seq[r]; it attends to positions
 // 0..pos[r] of its sequence (keys of all rows of this call are written before attending, so
 // several rows of one sequence, e.g. speculative drafts, are causal among themselves).
@@ -82,14 +84,15 @@ struct Step {
   int32_t table_width;
   int32_t block_size;
   int32_t num_blocks;
-  float* kv;  // [L, 2, num_blocks, block_size, Hkv, hd]
+  void* kv;         // [L, 2, num_blocks, block_size, Hkv, hd (+ 4 for int8)]
+  int32_t kv_int8;  // 0: fp32 cache, 1: int8 cache with per-head-vector scales
 };
 
 }  // namespace
 
 extern "C" {
 
-int tnd_abi_version() { return 1; }
+int tnd_abi_version() { return 2; }
 
 void* tnd_model_create(const ModelDesc* desc) {
   auto* m = new Model{*desc, std::vector<Layer>(desc->layers, desc->layers + desc->num_layers)};
@@ -105,14 +108,13 @@ void tnd_linear(const Lin* w, const float* x, int rows, float* y, int threads) {
   tnd::linear(*w, x, rows, xq, y, w->n, false, threads);
 }
 
-// Runs the model over `rows` query rows; writes their K/V into the cache and the logits of
-// rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 (with
-// nothing written) when a position is outside the RoPE table, a block a position needs is
-// missing from its table or outside the cache, a token id is outside the vocabulary, or a
-// sample row is not one of the rows. The caller checks that seq[r] indexes a table.
-int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
-                int num_samples, float* logits, int threads) {
-  const ModelDesc& md = static_cast<Model*>(model)->desc;
+}  // extern "C"
+
+namespace {
+
+template <bool Int8>
+int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample_rows,
+            int num_samples, float* logits, int threads) {
   const int H = md.hidden, nh = md.num_heads, nkv = md.num_kv_heads, hd = md.head_dim;
   const int qsz = nh * hd, kvsz = nkv * hd, qkvsz = qsz + 2 * kvsz, I = md.intermediate;
   const int bs = st->block_size;
@@ -136,8 +138,10 @@ int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_row
   for (int r = 0; r < rows; ++r) {
     std::memcpy(&h[static_cast<size_t>(r) * H], md.embed + st->ids[r] * H, H * sizeof(float));
   }
-  const size_t layer_stride = static_cast<size_t>(2) * st->num_blocks * bs * kvsz;
-  const size_t kv_half = static_cast<size_t>(st->num_blocks) * bs * kvsz;
+  const int head_bytes = tnd::KVHead<Int8>::bytes(hd);
+  const size_t slot_bytes = static_cast<size_t>(nkv) * head_bytes;
+  const size_t kv_half = static_cast<size_t>(st->num_blocks) * bs * slot_bytes;  // bytes
+  const size_t layer_stride = 2 * kv_half;
   const tnd::AttnShape attn{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd))};
   std::vector<const int32_t*> tables(rows);
   for (int r = 0; r < rows; ++r) {
@@ -145,8 +149,8 @@ int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_row
   }
   for (int l = 0; l < md.num_layers; ++l) {
     const Layer& ly = md.layers[l];
-    float* kc = st->kv + l * layer_stride;
-    float* vc = kc + kv_half;
+    uint8_t* kc = static_cast<uint8_t*>(st->kv) + l * layer_stride;
+    uint8_t* vc = kc + kv_half;
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.input_norm, md.eps, H, &xn[r * H]);
     tnd::linear(ly.qkv, xn.data(), rows, xq, qkv.data(), qkvsz, false, threads);
     for (int r = 0; r < rows; ++r) {
@@ -161,10 +165,12 @@ int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_row
       const float* s = md.sin + st->pos[r] * hd;
       for (int i = 0; i < nh; ++i) rope(q + i * hd, c, s, hd);
       for (int i = 0; i < nkv; ++i) rope(k + i * hd, c, s, hd);
-      std::memcpy(kc + slot[r] * kvsz, k, kvsz * sizeof(float));
-      std::memcpy(vc + slot[r] * kvsz, v, kvsz * sizeof(float));
+      for (int i = 0; i < nkv; ++i) {
+        tnd::store_head<Int8>(k + i * hd, hd, kc + slot[r] * slot_bytes + i * head_bytes);
+        tnd::store_head<Int8>(v + i * hd, hd, vc + slot[r] * slot_bytes + i * head_bytes);
+      }
     }
-    tnd::paged_attention(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
+    tnd::paged_attention<Int8>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
                          att.data(), threads);
     tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);
@@ -182,6 +188,22 @@ int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_row
   }
   tnd::linear(md.lm_head, fin.data(), num_samples, xq, logits, md.vocab, false, threads);
   return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Runs the model over `rows` query rows; writes their K/V into the cache and the logits of
+// rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 (with
+// nothing written) when a position is outside the RoPE table, a block a position needs is
+// missing from its table or outside the cache, a token id is outside the vocabulary, or a
+// sample row is not one of the rows. The caller checks that seq[r] indexes a table.
+int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
+                int num_samples, float* logits, int threads) {
+  const ModelDesc& md = static_cast<Model*>(model)->desc;
+  return st->kv_int8 ? forward<true>(md, st, rows, sample_rows, num_samples, logits, threads)
+                     : forward<false>(md, st, rows, sample_rows, num_samples, logits, threads);
 }
 
 }  // extern "C"

@@ -9,7 +9,9 @@
 
 It serves steps with few query rows (decodes, speculative verification, short chunks), where
 torch's per-op overhead and its int4 kernel dominate; the model runner keeps torch for the rest
-and for anything this path does not cover (bf16 or fp16 models, int8 KV, layer hooks).
+and for anything this path does not cover (bf16 or fp16 models, layer hooks). The KV cache may
+be fp32 or int8 with per-head-vector scales (engine/quant/kv_int8.py), written with the torch
+path's rounding.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.native.build import load
 from engine.quant.int4 import Int4Linear
 from engine.quant.int8 import Int8Linear
+from engine.quant.kv_int8 import storage_head_dim
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class _Step(ctypes.Structure):
     _fields_ = [("ids", ctypes.c_void_p), ("pos", ctypes.c_void_p), ("seq", ctypes.c_void_p),
                 ("block_tables", ctypes.c_void_p), ("table_width", ctypes.c_int32),
                 ("block_size", ctypes.c_int32), ("num_blocks", ctypes.c_int32),
-                ("kv", ctypes.c_void_p)]
+                ("kv", ctypes.c_void_p), ("kv_int8", ctypes.c_int32)]
 
 
 class NativeLinear:
@@ -142,6 +145,7 @@ class FusedForward:
         self._lib = lib
         arch = model.arch
         self.vocab = arch.vocab_size
+        self.head_dim = arch.head_dim
         self._keep: list[object] = []
         layers = (_Layer * arch.num_layers)()
         for i, layer in enumerate(model.layers):
@@ -200,8 +204,11 @@ class FusedForward:
     ) -> torch.Tensor:
         """Logits ``[len(sample_rows), V]`` fp32; row r is token ``ids[r]`` at ``positions[r]``
         of sequence ``seq_index[r]`` (whose blocks are ``block_tables[seq_index[r]]``)."""
-        if kv_cache.dtype != torch.float32 or not kv_cache.is_contiguous():
-            raise ValueError("the fused forward needs a contiguous fp32 KV cache")
+        int8_kv = kv_cache.dtype == torch.int8
+        if not (kv_cache.dtype == torch.float32 or int8_kv) or not kv_cache.is_contiguous():
+            raise ValueError("the fused forward needs a contiguous fp32 or int8 KV cache")
+        if kv_cache.shape[-1] != storage_head_dim(self.head_dim, "int8" if int8_kv else "auto"):
+            raise ValueError(f"KV cache head dimension {kv_cache.shape[-1]} does not fit the model")
         rows = len(ids)
         if not rows or len(positions) != rows or len(seq_index) != rows:
             raise ValueError("ids, positions and seq_index must be non-empty and equally long")
@@ -219,7 +226,8 @@ class FusedForward:
         rows_t = torch.tensor(sample_rows, dtype=torch.int32)
         logits = torch.empty(len(sample_rows), self.vocab, dtype=torch.float32)
         step = _Step(ids_t.data_ptr(), pos_t.data_ptr(), seq_t.data_ptr(), tables.data_ptr(),
-                     width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr())
+                     width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr(),
+                     int(int8_kv))
         rc = self._lib.tnd_forward(
             self._handle, ctypes.byref(step), rows, ctypes.c_void_p(rows_t.data_ptr()),
             len(sample_rows), ctypes.c_void_p(logits.data_ptr()),

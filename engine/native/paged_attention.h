@@ -1,4 +1,6 @@
-// Paged attention for a few query rows over the engine's fp32 KV cache (split-K, AVX2).
+// Paged attention for a few query rows over the engine's KV cache (split-K, AVX2): fp32, or
+// int8 with one fp32 scale per head vector (engine/quant/kv_int8.py: hd int8 values, then the
+// scale's 4 bytes; k = q * scale).
 //
 // Rows of one sequence that sit next to each other form a segment (a decode is a segment of
 // one row; speculative verification k+1 rows). A segment's context is cut into chunks of
@@ -52,6 +54,76 @@ inline void axpy(float w, const float* x, float* y, int n) {
   for (; i < n; ++i) y[i] += w * x[i];
 }
 
+// 8 int8 values as 8 floats.
+inline __m256 load_i8(const int8_t* x) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
+}
+
+inline float dot_i8(const float* a, const int8_t* b, int n) {
+  if (n % 8 == 0) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_i8(b + i), acc);
+    return hsum(acc);
+  }
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) s += a[i] * static_cast<float>(b[i]);
+  return s;
+}
+
+inline void axpy_i8(float w, const int8_t* x, float* y, int n) {
+  int i = 0;
+  if (n % 8 == 0) {
+    const __m256 wv = _mm256_set1_ps(w);
+    for (; i < n; i += 8) {
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, load_i8(x + i), _mm256_loadu_ps(y + i)));
+    }
+  }
+  for (; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
+}
+
+// One head vector of a cache slot: fp32 values, or int8 values followed by their fp32 scale.
+template <bool Int8>
+struct KVHead {
+  static constexpr int bytes(int hd) { return Int8 ? hd + 4 : hd * 4; }
+  static float dot(const float* q, const uint8_t* k, int hd) {
+    if constexpr (Int8) {
+      float scale;
+      std::memcpy(&scale, k + hd, sizeof(float));
+      return dot_i8(q, reinterpret_cast<const int8_t*>(k), hd) * scale;
+    } else {
+      return tnd::dot(q, reinterpret_cast<const float*>(k), hd);
+    }
+  }
+  static void axpy(float w, const uint8_t* v, float* y, int hd) {
+    if constexpr (Int8) {
+      float scale;
+      std::memcpy(&scale, v + hd, sizeof(float));
+      axpy_i8(w * scale, reinterpret_cast<const int8_t*>(v), y, hd);
+    } else {
+      tnd::axpy(w, reinterpret_cast<const float*>(v), y, hd);
+    }
+  }
+};
+
+// Store one head vector into a slot: fp32 as is; int8 exactly as engine/quant/kv_int8.py's
+// quantize_heads (scale = max(amax / 127, 1e-12), q = round-half-even(x / scale)).
+template <bool Int8>
+inline void store_head(const float* x, int hd, uint8_t* dst) {
+  if constexpr (Int8) {
+    float amax = 0.f;
+    for (int i = 0; i < hd; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float scale = std::fmax(amax / 127.f, 1e-12f);
+    int8_t* q = reinterpret_cast<int8_t*>(dst);
+    for (int i = 0; i < hd; ++i) {
+      q[i] = static_cast<int8_t>(std::fmin(127.f, std::fmax(-127.f, std::nearbyint(x[i] / scale))));
+    }
+    std::memcpy(dst + hd, &scale, sizeof(float));
+  } else {
+    std::memcpy(dst, x, static_cast<size_t>(hd) * sizeof(float));
+  }
+}
+
 struct AttnShape {
   int num_heads, num_kv_heads, head_dim, block_size;
   float scale;
@@ -59,12 +131,15 @@ struct AttnShape {
 
 // out[r] (num_heads * head_dim floats) for rows r in [0, rows): row r has query q[r] (rows are
 // q_stride floats apart), position pos[r] (it sees positions 0..pos[r]) and block table
-// tables[r]. k, v: one layer's caches; slot s holds num_kv_heads * head_dim floats.
+// tables[r]. k, v: one layer's caches; slot s holds num_kv_heads head vectors (KVHead).
+template <bool Int8>
 inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, int rows,
-                            const int64_t* pos, const int32_t* const* tables, const float* k,
-                            const float* v, float* out, int threads) {
+                            const int64_t* pos, const int32_t* const* tables, const uint8_t* k,
+                            const uint8_t* v, float* out, int threads) {
+  using KV = KVHead<Int8>;
   const int nh = sh.num_heads, hd = sh.head_dim, bs = sh.block_size;
-  const int kvsz = sh.num_kv_heads * hd, group = nh / sh.num_kv_heads;
+  const int head_bytes = KV::bytes(hd), group = nh / sh.num_kv_heads;
+  const size_t slot_bytes = static_cast<size_t>(sh.num_kv_heads) * head_bytes;
   struct Segment { int first, count, len; };
   std::vector<Segment> segs;
   for (int r = 0; r < rows; ++r) {
@@ -103,14 +178,14 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
       const int n = tk.p1 - tk.p0, lanes = sg.count * nh;
       sc.assign(static_cast<size_t>(lanes) * n, -INFINITY);
       for (int p = tk.p0; p < tk.p1; ++p) {
-        const float* kp = k + (static_cast<size_t>(table[p / bs]) * bs + p % bs) * kvsz;
+        const uint8_t* kp = k + (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
         for (int i = 0; i < sg.count; ++i) {
           const int r = sg.first + i;
           if (p > pos[r]) continue;  // causal among the segment's rows
           const float* qr = q + static_cast<size_t>(r) * q_stride;
           for (int h = 0; h < nh; ++h) {
             sc[(static_cast<size_t>(i) * nh + h) * n + (p - tk.p0)] =
-                dot(qr + h * hd, kp + (h / group) * hd, hd) * sh.scale;
+                KV::dot(qr + h * hd, kp + (h / group) * head_bytes, hd) * sh.scale;
           }
         }
       }
@@ -128,10 +203,12 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
         std::memset(&po[(tk.part + lane) * hd], 0, hd * sizeof(float));
       }
       for (int p = tk.p0; p < tk.p1; ++p) {
-        const float* vp = v + (static_cast<size_t>(table[p / bs]) * bs + p % bs) * kvsz;
+        const uint8_t* vp = v + (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
         for (int lane = 0; lane < lanes; ++lane) {
           const float w = sc[static_cast<size_t>(lane) * n + (p - tk.p0)];
-          if (w != 0.f) axpy(w, vp + ((lane % nh) / group) * hd, &po[(tk.part + lane) * hd], hd);
+          if (w != 0.f) {
+            KV::axpy(w, vp + ((lane % nh) / group) * head_bytes, &po[(tk.part + lane) * hd], hd);
+          }
         }
       }
     }

@@ -18,6 +18,7 @@ from engine import SamplingParams
 from engine.attention import AttentionMetadata
 from engine.native import NativeLinear, load
 from engine.quant import Int4Linear, Int8Linear
+from engine.quant.kv_int8 import dequantize_heads
 from tests.unit.engine._reference import engine_token_ids
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
@@ -62,15 +63,18 @@ def _torch_forward(runner, ids, positions, table, kv) -> torch.Tensor:
         return runner.model.compute_logits(hidden)
 
 
-@pytest.mark.parametrize("arch,quant", [
-    ("llama", "none"),   # fp32 weights read in place, fp32 activations
-    ("llama", "int4"),   # GQA 4:2
-    ("qwen2", "int4"),   # qkv bias
-    ("qwen3", "int8"),   # q/k norm, head_dim 32 decoupled from hidden / heads
+@pytest.mark.parametrize("arch,quant,kv_dtype", [
+    ("llama", "none", "auto"),   # fp32 weights read in place, fp32 activations
+    ("llama", "int4", "auto"),   # GQA 4:2
+    ("qwen2", "int4", "auto"),   # qkv bias
+    ("qwen3", "int8", "auto"),   # q/k norm, head_dim 32 decoupled from hidden / heads
+    ("llama", "int4", "int8"),   # int8 KV: per-head-vector scales in the slot's last 4 bytes
+    ("qwen3", "none", "int8"),
 ])
-def test_fused_forward_matches_torch(make_engine, tiny_dir, exact_torch_path, arch, quant):
+def test_fused_forward_matches_torch(make_engine, tiny_dir, exact_torch_path, arch, quant,
+                                     kv_dtype):
     engine = make_engine(model=str(tiny_dir(arch)), dtype="float32", quantization=quant,
-                         num_blocks=32, block_size=4)
+                         num_blocks=32, block_size=4, kv_cache_dtype=kv_dtype)
     runner = engine.runner
     assert runner.fused is not None
     g = torch.Generator().manual_seed(1)
@@ -90,6 +94,11 @@ def test_fused_forward_matches_torch(make_engine, tiny_dir, exact_torch_path, ar
         assert _rel(nat, ref) < 1e-3, (ids, _rel(nat, ref))
         assert torch.equal(nat.argmax(-1), ref.argmax(-1))
         pos += len(ids)
+    if kv_dtype == "int8":  # the same rounding of nearly equal K/V: codes equal or off by one
+        hd = runner.kv_cache.shape[-1] - 4
+        diff = (kv_nat[..., :hd].int() - kv_ref[..., :hd].int()).abs()
+        assert diff.max().item() <= 1 and diff.float().mean().item() < 1e-3
+        kv_ref, kv_nat = (dequantize_heads(kv, torch.float32) for kv in (kv_ref, kv_nat))
     used = kv_ref.flatten(3).abs().sum(-1) > 0  # [L, 2, blocks, bs]: slots that were written
     assert torch.equal(used, kv_nat.flatten(3).abs().sum(-1) > 0)
     assert _rel(kv_nat, kv_ref) < 1e-3
@@ -131,15 +140,16 @@ def test_out_of_range_steps_are_refused(make_engine, tiny_dir) -> None:
     assert torch.equal(kv, before)
 
 
-@pytest.mark.parametrize("quant", ["none", "int4"])
-def test_engine_greedy_native_equals_exact_torch(make_engine, tiny_dir, exact_torch_path, quant):
+@pytest.mark.parametrize("quant,kv_dtype", [("none", "auto"), ("int4", "auto"), ("int4", "int8")])
+def test_engine_greedy_native_equals_exact_torch(make_engine, tiny_dir, exact_torch_path, quant,
+                                                 kv_dtype):
     """Whole engine runs (prefill through torch, decodes fused) give the same greedy tokens
     as the same engine with the native path off, batched."""
     path = str(tiny_dir("llama"))
     outs = []
     for native in (True, False):
         engine = make_engine(model=path, dtype="float32", quantization=quant, num_blocks=64,
-                             use_native_kernels=native)
+                             use_native_kernels=native, kv_cache_dtype=kv_dtype)
         assert (engine.runner.fused is not None) == native
         g = torch.Generator().manual_seed(3)
         prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 40, 17)]
