@@ -146,6 +146,7 @@ class FusedForward:
         arch = model.arch
         self.vocab = arch.vocab_size
         self.head_dim = arch.head_dim
+        self.num_layers, self.num_kv_heads = arch.num_layers, arch.num_kv_heads
         self._keep: list[object] = []
         layers = (_Layer * arch.num_layers)()
         for i, layer in enumerate(model.layers):
@@ -207,8 +208,12 @@ class FusedForward:
         int8_kv = kv_cache.dtype == torch.int8
         if not (kv_cache.dtype == torch.float32 or int8_kv) or not kv_cache.is_contiguous():
             raise ValueError("the fused forward needs a contiguous fp32 or int8 KV cache")
-        if kv_cache.shape[-1] != storage_head_dim(self.head_dim, "int8" if int8_kv else "auto"):
-            raise ValueError(f"KV cache head dimension {kv_cache.shape[-1]} does not fit the model")
+        want = (self.num_layers, 2, self.num_kv_heads,
+                storage_head_dim(self.head_dim, "int8" if int8_kv else "auto"))
+        shape = tuple(kv_cache.shape)
+        if len(shape) != 6 or (shape[:2] + shape[4:]) != want:
+            raise ValueError(f"KV cache of shape {shape} does not fit the model ({want} expected "
+                             "for [layers, 2, -, -, kv heads, head dim])")
         rows = len(ids)
         if not rows or len(positions) != rows or len(seq_index) != rows:
             raise ValueError("ids, positions and seq_index must be non-empty and equally long")

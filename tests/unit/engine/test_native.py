@@ -137,6 +137,10 @@ def test_out_of_range_steps_are_refused(make_engine, tiny_dir) -> None:
         fused([5], [0], [1], [[1]], kv, [0])  # sequence index without a table
     with pytest.raises(ValueError, match="out of range"):
         fused([5], [0], [0], [[1]], kv, [1])  # sample row beyond the rows
+    with pytest.raises(ValueError, match="does not fit the model"):  # int8 codes, no scales
+        fused([5], [0], [0], [[1]], torch.zeros(kv.shape, dtype=torch.int8), [0])
+    with pytest.raises(ValueError, match="does not fit the model"):  # another model's layers
+        fused([5], [0], [0], [[1]], kv[:1].contiguous(), [0])
     assert torch.equal(kv, before)
 
 
