@@ -9,6 +9,7 @@ One engine per row, same prompt (16 tokens) and 128 greedy output tokens at batc
                          decode steps through the fused native forward (engine/native)
   int8-torch, int4-torch the same weights on torch ops (--no-native-kernels): the baseline
   int4-bf16              int4 weights with bf16 activations everywhere (torch ops)
+  int4-kv8, -kv8-torch   int4 with the int8 KV cache (per-head-vector scales), native / torch
 Reports tokens/s (decode only: timed from the first token on), ms per token, the bytes of
 weights a decode step reads, and that read's floor at the bandwidth measured in the run.
 """
@@ -31,6 +32,9 @@ ROWS: dict[str, dict[str, str]] = {
     "int4": {"dtype": "float32", "quantization": "int4"},
     "int4-torch": {"dtype": "float32", "quantization": "int4", "use_native_kernels": False},
     "int4-bf16": {"dtype": "bfloat16", "quantization": "int4"},
+    "int4-kv8": {"dtype": "float32", "quantization": "int4", "kv_cache_dtype": "int8"},
+    "int4-kv8-torch": {"dtype": "float32", "quantization": "int4", "kv_cache_dtype": "int8",
+                       "use_native_kernels": False},
 }
 
 
