@@ -30,40 +30,19 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-inline float dot(const float* a, const float* b, int n) {
-  if (n % 8 == 0) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 8) {
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    }
-    return hsum(acc);
-  }
-  float s = 0.f;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-inline void axpy(float w, const float* x, float* y, int n) {
-  int i = 0;
-  if (n % 8 == 0) {
-    const __m256 wv = _mm256_set1_ps(w);
-    for (; i < n; i += 8) {
-      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    }
-  }
-  for (; i < n; ++i) y[i] += w * x[i];
-}
-
-// 8 int8 values as 8 floats.
-inline __m256 load_i8(const int8_t* x) {
+// 8 cache values as 8 floats: fp32 as they are, int8 widened.
+inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __m256 load8(const int8_t* x) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
 }
 
-inline float dot_i8(const float* a, const int8_t* b, int n) {
+// sum_i a[i] * b[i], b fp32 or int8.
+template <class T>
+inline float dot(const float* a, const T* b, int n) {
   if (n % 8 == 0) {
     __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_i8(b + i), acc);
+    for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc);
     return hsum(acc);
   }
   float s = 0.f;
@@ -71,12 +50,14 @@ inline float dot_i8(const float* a, const int8_t* b, int n) {
   return s;
 }
 
-inline void axpy_i8(float w, const int8_t* x, float* y, int n) {
+// y += w * x, x fp32 or int8.
+template <class T>
+inline void axpy(float w, const T* x, float* y, int n) {
   int i = 0;
   if (n % 8 == 0) {
     const __m256 wv = _mm256_set1_ps(w);
     for (; i < n; i += 8) {
-      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, load_i8(x + i), _mm256_loadu_ps(y + i)));
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, load8(x + i), _mm256_loadu_ps(y + i)));
     }
   }
   for (; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
@@ -90,7 +71,7 @@ struct KVHead {
     if constexpr (Int8) {
       float scale;
       std::memcpy(&scale, k + hd, sizeof(float));
-      return dot_i8(q, reinterpret_cast<const int8_t*>(k), hd) * scale;
+      return tnd::dot(q, reinterpret_cast<const int8_t*>(k), hd) * scale;
     } else {
       return tnd::dot(q, reinterpret_cast<const float*>(k), hd);
     }
@@ -99,7 +80,7 @@ struct KVHead {
     if constexpr (Int8) {
       float scale;
       std::memcpy(&scale, v + hd, sizeof(float));
-      axpy_i8(w * scale, reinterpret_cast<const int8_t*>(v), y, hd);
+      tnd::axpy(w * scale, reinterpret_cast<const int8_t*>(v), y, hd);
     } else {
       tnd::axpy(w, reinterpret_cast<const float*>(v), y, hd);
     }
