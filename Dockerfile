@@ -31,8 +31,10 @@ WORKDIR /opt/tandem/src
 # Torch first and pinned from the chosen index (as the Makefile does), then the project.
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
+COPY common common
 COPY engine engine
 COPY kv_transfer kv_transfer
+COPY worker worker
 COPY prefill_worker prefill_worker
 COPY decode_worker decode_worker
 COPY router router

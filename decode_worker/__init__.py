@@ -7,10 +7,7 @@ A request's life here (DESIGN.md section 2):
         ──> Decode streams the tokens after the first, then finish reason and usage
     (or PrefillLocal: prefill here instead; Abort / lease expiry: blocks freed)
 
-Modules: ``service`` (logic), ``reservations`` (the ledger), ``streams`` (one request's
-messages), ``servicer`` (gRPC edge), ``app``/``cli`` (the process). Shared with
-``prefill_worker`` (the one allowed cross-worker import): ``convert`` (proto <-> engine),
-``errors`` (typed errors -> status codes), ``process`` and ``registration`` (serving,
-READY line, drain, router registration), ``tls`` (TLS and mTLS on the gRPC port). Run with ``python -m decode_worker --port P
---kv-port Q ...``.
+Modules: ``service`` (logic), ``streams`` (one request's messages), ``results`` (what the calls
+return), ``servicer`` (gRPC edge), ``app``/``cli`` (the process, on ``worker``'s runtime).
+Run with ``python -m decode_worker --port P --kv-port Q ...``.
 """

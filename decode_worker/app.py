@@ -1,94 +1,74 @@
-"""The decode role as a process: engine + KV receiver + DecodeService (see ``process.serve``)."""
+"""The decode role as a process: engine + KV receiver + DecodeService (see ``worker.process``)."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import socket
+from dataclasses import dataclass
 
 import grpc
 
-from decode_worker.convert import kv_layout, layout_to_proto, stats_to_proto
-from decode_worker.metrics import WorkerMetrics
-from decode_worker.process import StartupError, load_engine
 from decode_worker.service import DecodeConfig, DecodeWorker
 from decode_worker.servicer import DecodeServicer
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
 from kv_transfer import Receiver, ReceiverConfig
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+from worker.app import WorkerAppShell, load_engine
+from worker.config import StartupError, WorkerConfig
+from worker.convert import kv_layout
+from worker.metrics import WorkerMetrics
 
-SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name
+
+@dataclass(frozen=True, slots=True)
+class DecodeAppConfig:
+    """Everything a decode worker process is started with."""
+
+    worker: WorkerConfig
+    kv_port: int = 0  # KV receiver TCP port (0: a free one)
+    kv_host: str | None = None  # KV listen address (None: the gRPC host)
+    default_lease_s: float = 30.0  # a reservation's lease when Reserve does not say
 
 
-class DecodeApp:
-    """A started ``DecodeWorker`` plus what the process runtime needs from it."""
+class DecodeApp(WorkerAppShell):
+    """A started ``DecodeWorker``: the shell plus the receiver's endpoint."""
 
     role = "decode"
-    service_name = SERVICE_NAME
+    role_proto = worker_pb2.ROLE_DECODE
+    service_name = worker_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name
 
     def __init__(self, worker: DecodeWorker, receiver: Receiver) -> None:
-        self.worker = worker
+        super().__init__(worker)
         self.receiver = receiver
-        self.metrics: WorkerMetrics = worker.metrics
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the DecodeService servicer."""
+        assert isinstance(self.worker, DecodeWorker)
         worker_pb2_grpc.add_DecodeServiceServicer_to_server(DecodeServicer(self.worker), server)
 
     def ready_info(self) -> dict[str, str]:
         """The KV receiver's TCP address for the READY line."""
         return {"kv": self.receiver.endpoint.address("tcp") or ""}
 
-    def register_request(self, endpoint: str) -> worker_pb2.RegisterRequest:
-        """How this worker introduces itself to a router."""
-        return worker_pb2.RegisterRequest(
-            role=worker_pb2.ROLE_DECODE, worker_id=self.worker.config.worker_id,
-            endpoint=endpoint, kv_endpoint=self.receiver.endpoint.encode(),
-            layout=layout_to_proto(self.worker.layout),
-        )
-
-    async def stats_proto(self) -> worker_pb2.WorkerStats:
-        """Stats for heartbeats."""
-        w = self.worker
-        return stats_to_proto(await w.stats(), worker_pb2.ROLE_DECODE, w.config.worker_id,
-                              w.draining, w.transfer_totals(), w.metrics.recent())
-
-    async def refresh_metrics(self) -> None:
-        """Snapshot the engine and the receiver for the next /metrics scrape."""
-        self.metrics.update(await self.worker.stats(), self.worker.transfer_totals())
-
-    def begin_drain(self) -> None:
-        """Refuse new reservations."""
-        self.worker.begin_drain()
-
-    async def wait_idle(self) -> None:
-        """Until nothing is reserved or streaming."""
-        await self.worker.wait_idle()
-
-    async def close(self) -> None:
-        """Abort leftovers; stop the receiver and the engine."""
-        await self.worker.close()
+    def kv_endpoint(self) -> str:
+        """Every transport the receiver listens on."""
+        return self.receiver.endpoint.encode()
 
 
-async def build_decode_app(
-    args: argparse.Namespace, engine_config: EngineConfig, secret: bytes
-) -> DecodeApp:
-    """Load the engine, start the KV receiver on ``--kv-port`` and the worker logic."""
-    engine = load_engine(engine_config)
+async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
+    """Load the engine, start the KV receiver on ``kv_port`` and the worker logic."""
+    wc = config.worker
+    engine = load_engine(wc.engine)
     metrics = WorkerMetrics("decode")
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
-    layout = kv_layout(engine.kv_layout(), engine.kv_cache)
+    layout = kv_layout(engine.kv_cache_spec())
     receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(
-        secret=secret, host=args.kv_host or args.host, port=args.kv_port,
-        enable_shm=not args.no_kv_shm))
+        secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
+        enable_shm=wc.kv_shm))
     try:
         await receiver.start()
     except OSError as exc:
         await ae.shutdown()
-        raise StartupError(f"cannot listen for KV on port {args.kv_port}: {exc}") from exc
-    worker_id = args.worker_id or f"decode-{socket.gethostname()}-{os.getpid()}"
+        raise StartupError(f"cannot listen for KV on port {config.kv_port}: {exc}") from exc
     worker = DecodeWorker(ae, receiver, DecodeConfig(
-        worker_id=worker_id, default_lease_s=args.default_lease_s), metrics)
+        worker_id=wc.resolved_worker_id("decode"), default_lease_s=config.default_lease_s),
+        metrics)
     await worker.start()
     return DecodeApp(worker, receiver)

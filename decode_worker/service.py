@@ -1,13 +1,25 @@
 """The decode worker's logic: reservations, commits, token streams (no gRPC in here).
 
-A request's life on this worker (DESIGN.md section 2):
+A request's life on this worker (DESIGN.md section 2). The reservation's one record is the
+engine's ledger (engine/core/remote_kv.py), named by the transfer id minted here at Reserve
+and kept on the request's ``RequestStream``; receiver events map to requests through it.
 
-    Reserve ──> engine.reserve_remote + receiver.reserve(lease) ──> RESERVED
+    Reserve ──> engine.reserve_remote(transfer_id) + receiver.reserve(lease) ──> RESERVED
     RESERVED ──Committed──> engine.commit_remote: joins the running batch at the next step
-             ──Aborted / Expired / Abort──> engine.abort, stream ends with an error
-             ──PrefillLocal──> release the lease, prefill here under the same request id
+             ──Aborted / Expired──> engine.end_remote: blocks freed, stream ends with an error
+             ──Abort──> receiver.release, then engine.abort
+             ──PrefillLocal──> receiver.release, then engine.prefill_reserved_locally (same id)
     RUNNING  ──tokens──> RequestStream ──> Decode RPC (one reader)
     Decode cancelled by its client ──> engine.abort (blocks back to the pool)
+
+Two orderings keep the blocks safe:
+  release before free: Abort and PrefillLocal end the receiver's lease (after which no frame
+      is written into the blocks) before the engine call that frees them; Committed, Aborted
+      and Expired come from a receiver that has ended the lease itself.
+  first end wins: every end of a reservation (commit, end, abort, local prefill) is an engine
+      call, serialized on the engine thread; the ledger gives the reservation to the first and
+      answers the others None (or UnknownRequestError). Abort and PrefillLocal wait for a
+      Reserve still in flight, so a lease is never granted on blocks already freed.
 """
 
 from __future__ import annotations
@@ -21,17 +33,16 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from decode_worker.convert import kv_layout
-from decode_worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
-from decode_worker.metrics import TransferTotals, WorkerMetrics
-from decode_worker.reservations import Reservation, ReservationBook
 from decode_worker.results import FirstToken, ReserveResult
 from decode_worker.streams import RequestStream
 from engine.async_engine import AsyncEngine
+from engine.errors import UnknownRequestError
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
 from kv_transfer import Aborted, Committed, Expired, Receiver, TransferEvent
 from protos.tandem.v1 import tandem_pb2
+from worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
+from worker.metrics import TransferTotals, WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +69,11 @@ class DecodeWorker:
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else WorkerMetrics("decode")
-        self.layout = kv_layout(ae.engine.kv_layout(), ae.engine.kv_cache)
+        self.layout = receiver.layout
         self._ae = ae
         self._receiver = receiver
-        self._book = ReservationBook()
         self._streams: dict[str, RequestStream] = {}
+        self._reserving: dict[str, asyncio.Task[ReserveResult]] = {}  # Reserves in flight
         self._events_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -93,13 +104,18 @@ class DecodeWorker:
         if request_id in self._streams:
             raise BadRequest("request_id", f"{request_id!r} is already in use")
         lease = self._lease(lease_s)
-        stream = RequestStream(request_id, self._ae, self._on_stream_end,
+        stream = RequestStream(request_id, uuid.uuid4().hex, self._ae, self._on_stream_end,
                                self.metrics.inter_token)
         self._streams[request_id] = stream  # claim the id before the first await
         # Shielded: once the engine has allocated, the reservation is recorded even if the
         # caller goes away (its lease then frees it).
-        return await asyncio.shield(self._spawn(self._reserve(stream, list(token_ids), params,
-                                                              lease, prior_output_tokens)))
+        task = self._spawn(self._reserve(stream, list(token_ids), params, lease,
+                                         prior_output_tokens))
+        self._reserving[request_id] = task
+        task.add_done_callback(
+            lambda t: self._reserving.pop(request_id) if self._reserving.get(request_id) is t
+            else None)
+        return await asyncio.shield(task)
 
     async def _reserve(
         self,
@@ -109,22 +125,21 @@ class DecodeWorker:
         lease: float,
         prior: int,
     ) -> ReserveResult:
-        rid = stream.request_id
+        rid, tid = stream.request_id, stream.transfer_id
         try:
             block_ids = await self._ae.call(
-                lambda e: e.reserve_remote(rid, tokens, params, prior), stream=rid
+                lambda e: e.reserve_remote(rid, tokens, params, prior, transfer_id=tid),
+                stream=rid,
             )
         except BaseException as exc:
             self._fail(stream, exc)
             raise
-        tid = uuid.uuid4().hex
         try:
             self._receiver.reserve(tid, block_ids, lease)
         except BaseException as exc:
-            await self._ae.call(lambda e: e.abort(rid))
+            await self._ae.call(lambda e: e.end_remote(tid))  # never leased: nothing written
             self._fail(stream, exc)
             raise
-        self._book.add(Reservation(rid, tid, tuple(tokens), params, tuple(block_ids), prior))
         stream.start()
         return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout)
 
@@ -157,36 +172,30 @@ class DecodeWorker:
 
     async def prefill_local(self, request_id: str) -> FirstToken:
         """Colocated fallback: drop the lease and prefill the reserved prompt on this engine
-        under the same request id; returns the first token, the rest flows to Decode."""
-        res = self._book.pop_request(request_id)
-        if res is None:
-            if request_id in self._streams:
-                raise WrongState(f"request {request_id!r} has no pending reservation "
-                                 "(already committed, prefilled or ended)")
+        under the same request id; returns the first token, the rest flows to Decode.
+        Raises UnknownRequest, WrongState (no pending reservation) or TransferEnded."""
+        stream = self._streams.get(request_id)
+        if stream is None:
             raise UnknownRequest(request_id)
-        self._receiver.release(res.transfer_id, "prefilled locally by the decode worker")
-        stream = self._streams[request_id]
-        first = stream.expect_first()
+        await self._reserve_settled(request_id)
         t0 = time.monotonic()
-        return await asyncio.shield(self._spawn(self._prefill_local(res, stream, first, t0)))
+        return await asyncio.shield(self._spawn(self._prefill_local(stream, t0)))
 
-    async def _prefill_local(
-        self, res: Reservation, stream: RequestStream,
-        first: asyncio.Future[Any], t0: float,
-    ) -> FirstToken:
-        rid, prompt = res.request_id, list(res.prompt_token_ids)
-
-        def swap(engine: Any) -> None:  # one engine-thread call: the stream stays open
-            engine.abort(rid)
-            engine.add_request(prompt, res.params, request_id=rid,
-                               prior_output_tokens=res.prior_output_tokens)
-
+    async def _prefill_local(self, stream: RequestStream, t0: float) -> FirstToken:
+        rid = stream.request_id
+        # release before free: no frame lands in the blocks once this returns
+        self._receiver.release(stream.transfer_id, "prefilled locally by the decode worker")
         try:
-            await self._ae.call(swap)
+            await self._ae.call(lambda e: e.prefill_reserved_locally(rid))
+        except UnknownRequestError:
+            raise WrongState(f"request {rid!r} has no pending reservation "
+                             "(already committed, prefilled or ended)") from None
         except Exception as exc:
             stream.end(TransferEnded(f"local prefill failed: {exc}"))
             raise
-        out = await first
+        # Nothing of the local prefill can be in the stream yet: its first output comes from a
+        # step the engine thread takes after this call's reply, and is delivered behind it.
+        out = await stream.expect_first()
         if not out.new_token_ids:
             raise TransferEnded(f"local prefill produced no token ({out.finish_reason})")
         lp = out.logprobs[0] if out.logprobs else None
@@ -196,18 +205,23 @@ class DecodeWorker:
 
     async def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is and free its blocks; False when unknown."""
-        res = self._book.pop_request(request_id)
-        if res is not None:
-            self._receiver.release(res.transfer_id, "request aborted")
         stream = self._streams.get(request_id)
-        if stream is None and res is None:
+        if stream is None:
             return False
+        await self._reserve_settled(request_id)
+        # release before free: no frame lands in the blocks once this returns
+        self._receiver.release(stream.transfer_id, "request aborted")
         out = await self._ae.call(lambda e: e.abort(request_id))
-        if stream is not None:
-            stream.end(out if out is not None else TransferEnded("request aborted"))
-            if not stream.attached:
-                self._forget(stream)
+        stream.end(out if out is not None else TransferEnded("request aborted"))
+        if not stream.attached:
+            self._forget(stream)
         return True
+
+    async def _reserve_settled(self, request_id: str) -> None:
+        """Wait for the request's Reserve if it is still in flight (whatever its outcome)."""
+        task = self._reserving.get(request_id)
+        if task is not None:
+            await asyncio.wait([task])
 
     async def stats(self) -> EngineStats:
         """The engine's counters right now."""
@@ -228,34 +242,44 @@ class DecodeWorker:
                 log.exception("handling %r failed", event)
 
     async def _on_event(self, event: TransferEvent) -> None:
-        res = self._book.pop_transfer(event.transfer_id)
-        if res is None:  # already ended here (Abort, PrefillLocal) while the event was queued
-            log.debug("event for a reservation already ended: %r", event)
-            return
-        rid = res.request_id
-        stream = self._streams[rid]
+        tid = event.transfer_id
         if isinstance(event, Committed):
-            layout = self.layout
-            self.metrics.transfer_committed(
-                layout.payload_bytes(layout.num_layers, len(event.block_ids)), event.seconds)
             try:
                 out = await self._ae.call(
-                    lambda e: e.commit_remote(rid, event.first_token, event.logprob)
+                    lambda e: e.commit_remote(tid, event.first_token, event.logprob)
                 )
             except Exception as exc:  # e.g. a first token outside the vocabulary
-                await self._end(stream, TransferEnded(f"commit refused: {exc}"))
+                self._count_commit(event)
+                await self._end(tid, TransferEnded(f"commit refused: {exc}"))
                 return
-            stream.take_first(out)
+            if out is None:  # already ended here (Abort, PrefillLocal) while it was queued
+                log.debug("commit for a reservation already ended: %r", event)
+                return
+            self._count_commit(event)
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                stream.take_first(out)
         elif isinstance(event, Expired):
-            await self._end(stream, TransferEnded("lease expired before the KV arrived"))
+            await self._end(tid, TransferEnded("lease expired before the KV arrived"))
         elif isinstance(event, Aborted):
-            await self._end(stream, TransferEnded(
+            await self._end(tid, TransferEnded(
                 f"KV transfer aborted by the {event.by} ({event.code}): {event.reason}"))
 
-    async def _end(self, stream: RequestStream, why: TransferEnded) -> None:
-        log.info("request %s ended before decoding: %s", stream.request_id, why)
-        await self._ae.call(lambda e: e.abort(stream.request_id))
-        stream.end(why)
+    def _count_commit(self, event: Committed) -> None:
+        layout = self.layout
+        self.metrics.transfer_committed(
+            layout.payload_bytes(layout.num_layers, len(event.block_ids)), event.seconds)
+
+    async def _end(self, transfer_id: str, why: TransferEnded) -> None:
+        """A transfer that will not commit: the engine frees its reservation, if still live."""
+        out = await self._ae.call(lambda e: e.end_remote(transfer_id))
+        if out is None:
+            log.debug("transfer %s ended after its reservation: %s", transfer_id, why)
+            return
+        log.info("request %s ended before decoding: %s", out.request_id, why)
+        stream = self._streams.get(out.request_id)
+        if stream is not None:
+            stream.end(why)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _lease(self, lease_s: float) -> float:
@@ -299,9 +323,7 @@ class DecodeWorker:
     # -- lifecycle ---------------------------------------------------------------------------
     def busy(self) -> bool:
         """True while a reservation is pending or a stream has a reader or unfinished work."""
-        return len(self._book) > 0 or any(
-            s.attached or not s.ended for s in self._streams.values()
-        )
+        return any(s.attached or not s.ended for s in self._streams.values())
 
     def begin_drain(self) -> None:
         """Take no new reservations; what is running finishes."""

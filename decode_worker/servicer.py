@@ -1,7 +1,7 @@
 """``tandem.v1.DecodeService`` over gRPC: a thin typed wrapper over ``DecodeWorker``.
 
 Protos in, plain values to the worker, protos out; typed errors become status codes here
-(``decode_worker.errors``).
+(``worker.errors``).
 """
 
 from __future__ import annotations
@@ -10,15 +10,11 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from decode_worker.convert import (
-    layout_to_proto,
-    logprobs_to_proto,
-    sampling_from_proto,
-    stats_to_proto,
-)
-from decode_worker.errors import abort_with_status
 from decode_worker.service import DecodeWorker
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from worker.app import worker_stats
+from worker.convert import layout_to_proto, logprobs_to_proto, sampling_from_proto
+from worker.errors import abort_with_status
 
 Context = grpc.aio.ServicerContext
 
@@ -87,10 +83,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         self, request: worker_pb2.StatsRequest, context: Context
     ) -> worker_pb2.WorkerStats:
         try:
-            stats = await self._worker.stats()
+            return await worker_stats(self._worker, worker_pb2.ROLE_DECODE)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
-        w = self._worker
-        return stats_to_proto(stats, worker_pb2.ROLE_DECODE, w.config.worker_id, w.draining,
-                              w.transfer_totals(), w.metrics.recent())

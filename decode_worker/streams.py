@@ -16,11 +16,11 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 
-from decode_worker.convert import response_from_output
-from decode_worker.errors import TransferEnded, WorkerError
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.outputs import RequestOutput
 from protos.tandem.v1 import tandem_pb2
+from worker.convert import response_from_output
+from worker.errors import TransferEnded, WorkerError
 
 StreamItem = RequestOutput | WorkerError
 
@@ -31,12 +31,16 @@ class RequestStream:
     def __init__(
         self,
         request_id: str,
+        transfer_id: str,
         ae: AsyncEngine,
         on_end: Callable[[RequestStream], None],
         on_gap: Callable[[float], None] = lambda seconds: None,
     ) -> None:
-        """``on_gap(seconds)``: the time between successive token outputs (ITL metric)."""
+        """``transfer_id``: the tag of the push that fills the request's reservation (minted at
+        Reserve; the engine's ledger knows it too). ``on_gap(seconds)``: the time between
+        successive token outputs (ITL metric)."""
         self.request_id = request_id
+        self.transfer_id = transfer_id
         self.attached = False  # a Decode RPC is reading
         self.ended = False  # the final item is queued
         self._ae = ae

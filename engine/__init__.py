@@ -28,7 +28,7 @@ _EXPORTS = {
     "OutOfBlocksError": "engine.errors",
     "UnknownRequestError": "engine.errors",
     "EngineStats": "engine.outputs",
-    "KVLayout": "engine.outputs",
+    "KVCacheSpec": "engine.outputs",
     "RequestOutput": "engine.outputs",
     "TokenLogprob": "engine.outputs",
     "SamplingParams": "engine.sampling_params",

@@ -23,6 +23,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.models.arch import ModelArch
 from engine.models.llama import LlamaForCausalLM
 from engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
+from engine.runner_config import RunnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,43 +36,32 @@ FUSED_MAX_ROWS = 32
 class ModelRunner:
     """Owns the model, the KV cache tensor and the attention backend."""
 
-    def __init__(
-        self,
-        model: LlamaForCausalLM,
-        arch: ModelArch,
-        num_blocks: int,
-        block_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        backend: str,
-        cuda_graph_batch: int = 0,
-        max_model_len: int = 0,
-        kv_cache_dtype: str = "auto",
-        native_kernels: bool = False,
-    ) -> None:
+    def __init__(self, model: LlamaForCausalLM, arch: ModelArch, rc: RunnerConfig) -> None:
         self.model = model
         self.arch = arch
-        self.block_size = block_size
-        self.device = device
-        self.backend = get_backend(backend)
-        int8_kv = kv_cache_dtype == "int8"
+        self.block_size = rc.block_size
+        self.device = rc.device
+        self.backend = get_backend(rc.backend)
+        int8_kv = rc.kv_cache_dtype == "int8"
         if int8_kv:  # int8 values + a scale per head vector (engine/quant/kv_int8.py)
             self.backend = Int8KVBackend(self.backend)
         # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b].
         self.kv_cache = torch.zeros(
-            arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads,
-            storage_head_dim(arch.head_dim, kv_cache_dtype),
-            dtype=torch.int8 if int8_kv else dtype, device=device,
+            arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads,
+            storage_head_dim(arch.head_dim, rc.kv_cache_dtype),
+            dtype=torch.int8 if int8_kv else rc.dtype, device=rc.device,
         )
         self.graphs: DecodeGraphs | None = None
-        if cuda_graph_batch and device.type == "cuda" and backend == "triton" and not int8_kv:
+        if (rc.cuda_graph_batch and rc.device.type == "cuda" and rc.backend == "triton"
+                and not int8_kv):
             self.graphs = DecodeGraphs(
-                model, self.kv_cache, self.backend, cuda_graph_batch,
-                -(-max_model_len // block_size), block_size,
+                model, self.kv_cache, self.backend, rc.cuda_graph_batch,
+                -(-rc.max_model_len // rc.block_size), rc.block_size,
             )
         self.fused = None
-        if native_kernels and device.type == "cpu" and self.kv_cache.dtype in (torch.float32,
-                                                                     torch.int8):
+        if rc.native_kernels and rc.device.type == "cpu" and self.kv_cache.dtype in (
+            torch.float32, torch.int8
+        ):
             from engine.native import FusedForward, unsupported_reason
 
             reason = unsupported_reason(model)

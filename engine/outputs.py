@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 
@@ -13,6 +12,16 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SampleResult:
+    """The token the sampler picked for one row, with logprobs of the raw model distribution
+    when asked for."""
+
+    token_id: int
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
 
 
 @dataclass(slots=True)
@@ -57,22 +66,16 @@ class EngineStats:
 
 
 @dataclass(frozen=True, slots=True)
-class KVLayout:
-    """What must match for two engines to exchange KV blocks."""
+class KVCacheSpec:
+    """What the engine's KV cache tensor holds, for whoever moves its blocks (the workers build
+    kv_transfer's ``KvLayout`` from it): ``kv: [num_layers, 2, num_blocks, block_size,
+    num_kv_heads, head_dim + scale_bytes / itemsize]``."""
 
     model: str
-    dtype: str
+    dtype: str  # the model's compute dtype
+    kv_dtype: str  # the cache's storage dtype ("int8": values + per-vector scales)
     block_size: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    kv_dtype: str = "auto"  # the cache's storage dtype ("int8": values + per-vector scales)
-
-    def fingerprint(self) -> str:
-        """A stable digest of every field (checked at the transfer layer's HELLO)."""
-        text = "|".join(str(getattr(self, f)) for f in self.__slots__)  # type: ignore[attr-defined]
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def as_dict(self) -> dict[str, str | int]:
-        """Plain fields, e.g. for a msgpack HELLO frame."""
-        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+    scale_bytes: int = 0  # bytes of scales after each head vector (int8 caches)

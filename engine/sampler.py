@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from engine.outputs import SampleResult
 from engine.sampling_params import SamplingParams
 
 # Rows with top-p but no top-k look for the cut among this many tokens first.
@@ -40,15 +41,6 @@ class SamplingState:
     output_token_ids: list[int]
     generator: torch.Generator | None
     eos_token_ids: frozenset[int]
-
-
-@dataclass(slots=True)
-class SampleResult:
-    """The token picked for one row, with logprobs of the raw model distribution if asked."""
-
-    token_id: int
-    logprob: float | None
-    top_logprobs: list[tuple[int, float]] | None
 
 
 class Sampler:

@@ -7,6 +7,13 @@ has written. Pure Python (no torch, no asyncio) so it is tested in milliseconds.
 
 A reservation leaves the table exactly once (``end``); its ``ended`` flag is what the receive
 path checks before every write into the cache.
+
+The reservation's record (which request, its prompt, who ends it) is the decode engine's
+ledger (engine/core/remote_kv.py), keyed by the same transfer id; this table only tracks the
+transfer's progress: which (layer, block) landed, which connection is bound, the lease. It
+stays a separate object on purpose: it is read synchronously on the event loop before every
+write into the cache, and sharing one mutable object with the engine thread would reopen the
+race of blocks freed while a frame is being written into them.
 """
 
 from __future__ import annotations

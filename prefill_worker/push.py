@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from decode_worker.errors import PushFailed
-from kv_transfer import ConfigError, Endpoint, OutgoingTransfer, Sender
+from kv_transfer import ConfigError, Endpoint, KvTransferError, OutgoingTransfer, Sender
+from prefill_worker.errors import PushFailed, push_failed
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,18 @@ class LayerPush:
 
     async def commit(self, first_token: int, logprob: float, num_layers: int) -> float:
         """Finish the push and COMMIT the first token; returns the transfer's seconds. Raises
-        a kv_transfer error or PushFailed."""
+        PushFailed or LayoutMismatch (a kv_transfer error, mapped by ``push_failed``)."""
         self._queue.put_nowait(None)
-        await asyncio.shield(self._task)  # a cancelled caller must not cancel an open mid-way
-        if self.transfer is None or self.layers_pushed != num_layers:
-            raise PushFailed(
-                f"KV of {self.layers_pushed} of {num_layers} layers was computed",
-                grpc.StatusCode.ABORTED,
-            )
-        await self.transfer.commit(first_token, logprob)
+        try:
+            await asyncio.shield(self._task)  # a cancelled caller must not cancel an open mid-way
+            if self.transfer is None or self.layers_pushed != num_layers:
+                raise PushFailed(
+                    f"KV of {self.layers_pushed} of {num_layers} layers was computed",
+                    grpc.StatusCode.ABORTED,
+                )
+            await self.transfer.commit(first_token, logprob)
+        except KvTransferError as exc:
+            raise push_failed(exc) from exc
         return time.monotonic() - self._opened_at
 
     async def abort(self, reason: str) -> None:

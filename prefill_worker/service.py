@@ -5,9 +5,6 @@
             ──> first token sampled ──> COMMIT (ACK) ──> engine.release: blocks back to the
                 pool, still prefix-cached ──> reply first token and timings
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
-
-This module imports ``decode_worker.convert`` and ``decode_worker.errors``: the one shared
-definition of the proto <-> engine conversions and of the error -> status mapping.
 """
 
 from __future__ import annotations
@@ -20,15 +17,16 @@ from typing import Any
 
 import torch
 
-from decode_worker.convert import kv_layout, layout_mismatch
-from decode_worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
-from decode_worker.metrics import TransferTotals, WorkerMetrics
 from engine.async_engine import AsyncEngine
 from engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 from kv_transfer import ConfigError, Sender
+from prefill_worker.metrics import PrefillMetrics
 from prefill_worker.push import LayerPush, parse_endpoint
 from protos.tandem.v1 import worker_pb2
+from worker.convert import layout_mismatch
+from worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
+from worker.metrics import TransferTotals
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +70,13 @@ class PrefillWorker:
         ae: AsyncEngine,
         sender: Sender,
         config: PrefillConfig,
-        metrics: WorkerMetrics | None = None,
+        metrics: PrefillMetrics | None = None,
     ) -> None:
         self.config = config
-        self.metrics = metrics if metrics is not None else WorkerMetrics("prefill")
+        self.metrics = metrics if metrics is not None else PrefillMetrics()
         self.leased_blocks = 0  # destination blocks of the pushes in flight
         engine = ae.engine
-        self.layout = kv_layout(engine.kv_layout(), engine.kv_cache)
+        self.layout = sender.layout
         self._vocab_size = engine.arch.vocab_size
         self._cuda = engine.kv_cache.is_cuda
         self._ae = ae

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from decode_worker.convert import logprobs_to_proto, sampling_from_proto, stats_to_proto
-from decode_worker.errors import abort_with_status
 from prefill_worker.service import PrefillSpec, PrefillWorker
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+from worker.app import worker_stats
+from worker.convert import logprobs_to_proto, sampling_from_proto
+from worker.errors import abort_with_status
 
 Context = grpc.aio.ServicerContext
 
@@ -54,10 +55,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
         self, request: worker_pb2.StatsRequest, context: Context
     ) -> worker_pb2.WorkerStats:
         try:
-            stats = await self._worker.stats()
+            return await worker_stats(self._worker, worker_pb2.ROLE_PREFILL)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
-        w = self._worker
-        return stats_to_proto(stats, worker_pb2.ROLE_PREFILL, w.config.worker_id, w.draining,
-                              w.transfer_totals(), w.metrics.recent())

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.wire import ready_line
 from router.config import RouterConfig
 from router.security import RouterSecurity
 from router.server import BindError, RouterServer
@@ -168,7 +169,7 @@ async def _serve(
     info = {"role": "router", "grpc": f"{_reachable(config.host)}:{port}"}
     if server.http is not None:
         info["http"] = f"{_reachable(config.http_host or config.host)}:{server.http_port}"
-    print("TANDEM_READY " + json.dumps(info), flush=True)
+    print(ready_line(info), end="", flush=True)
     await stop.wait()
     log.info("draining: no new requests, waiting for %d in flight", server.gate.ledger.running)
     drained = await server.drain()
@@ -182,7 +183,7 @@ async def _start_discovery(config: RouterConfig, server: RouterServer) -> Any:
     """Watch worker pods when ``--discovery kubernetes`` (the client is imported only then)."""
     if config.discovery != "kubernetes":
         return None
-    from router import k8s_discovery as kd
+    from router.membership import k8s_discovery as kd
 
     sink = kd.RegistrySink(server.registry, server.clients, server.affinity)
     discovery = kd.KubernetesDiscovery(

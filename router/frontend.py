@@ -9,17 +9,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from common.detokenizer import Detokenizer
 from protos.tandem.v1 import tandem_pb2
 from router import validation
 from router.admission import AdmissionGate
-from router.deadline import Deadline
-from router.detokenizer import Detokenizer
 from router.errors import DeadlineError, InvalidRequestError
-from router.handoff import Handoff, HandoffDeps
+from router.handoff.deadline import Deadline
+from router.handoff.ledger import Handoff, HandoffDeps
 from router.metrics import RouterMetrics
 from router.request import Prepared
 from router.text_stream import TextStream
@@ -28,6 +28,11 @@ from router.tokenizer import RouterTokenizer
 # gRPC cancels a call right at its deadline, a hair before the router's own clock (started a
 # little later) says it passed: a cancellation this close to the deadline is the deadline.
 _DEADLINE_SLACK_S = 0.05
+
+
+def _skip_special_tokens(sampling: tandem_pb2.SamplingParams) -> bool:
+    """Whether the output text leaves special tokens out (it does unless the request says)."""
+    return sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
 
 
 def _deadline_passed(deadline: Deadline) -> bool:
@@ -125,10 +130,12 @@ class Frontend:
             handoff = Handoff(self.deps, prepared, deadline)
             text = TextStream(
                 Detokenizer(
-                    self._decoder(prepared.sampling),
+                    self.tokenizer.backend,
                     prepared.prompt_ids,
-                    prepared.sampling.stop,
-                    prepared.sampling.include_stop_str_in_output,
+                    skip_special_tokens=_skip_special_tokens(prepared.sampling),
+                    stop=prepared.sampling.stop,
+                    include_stop=prepared.sampling.include_stop_str_in_output,
+                    min_tokens=prepared.sampling.min_tokens,
                 )
             )
             completion = 0
@@ -213,10 +220,6 @@ class Frontend:
                 total_s=end - clock.arrival,
             )
         )
-
-    def _decoder(self, sampling: tandem_pb2.SamplingParams) -> Callable[[Sequence[int]], str]:
-        skip = sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
-        return lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip)
 
     def tokenize(self, request: tandem_pb2.TokenizeRequest) -> tandem_pb2.TokenizeResponse:
         """Token ids of a text or chat input, as Generate would see them."""

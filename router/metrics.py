@@ -21,7 +21,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from router.admission import AdmissionLedger
-from router.counters import HandoffCounters
 from router.errors import (
     DeadlineError,
     DrainingError,
@@ -31,8 +30,9 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from router.registry import Registry
-from router.worker_view import Role
+from router.handoff.counters import HandoffCounters
+from router.membership.registry import Registry
+from router.membership.worker_view import Role
 
 ROLE = "router"
 OUTCOMES = ("ok", "invalid", "overloaded", "unavailable", "deadline", "cancelled", "error")

@@ -17,22 +17,22 @@ from grpc_reflection.v1alpha import reflection
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from router.admission import AdmissionGate, AdmissionLedger
-from router.affinity import PrefixAffinity
 from router.auth import AuthInterceptor
 from router.config import RouterConfig
-from router.counters import HandoffCounters
 from router.frontend import Frontend
-from router.handoff import HandoffDeps
-from router.health_monitor import HealthMonitor
+from router.handoff.affinity import PrefixAffinity
+from router.handoff.counters import HandoffCounters
+from router.handoff.ledger import HandoffDeps
 from router.http import HttpServer
+from router.membership.health_monitor import HealthMonitor
+from router.membership.registry import Registry
+from router.membership.registry_service import RegistryServicer
+from router.membership.worker_clients import WorkerClients
+from router.membership.worker_view import Role
 from router.metrics import RouterMetrics
-from router.registry import Registry
-from router.registry_service import RegistryServicer
 from router.security import RouterSecurity
 from router.servicer import TandemServicer
 from router.tokenizer import RouterTokenizer
-from router.worker_clients import WorkerClients
-from router.worker_view import Role
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from contextlib import aclosing
 import grpc
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
-from router.counters import HandoffCounters
 from router.errors import RouterError
 from router.frontend import Frontend
+from router.handoff.counters import HandoffCounters
 from router.status import abort_with
 
 

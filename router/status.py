@@ -6,6 +6,7 @@ from typing import NoReturn
 
 import grpc
 
+from common.wire import RETRY_AFTER_KEY
 from router.errors import (
     DeadlineError,
     DrainingError,
@@ -17,7 +18,6 @@ from router.errors import (
     WorkerFailedError,
 )
 
-RETRY_AFTER_KEY = "retry-after-ms"
 # Retry hint for RESOURCE_EXHAUSTED from a worker that sent none.
 DEFAULT_RETRY_AFTER_MS = 250
 

@@ -13,7 +13,7 @@ retraction (a worker that holds text back just sends "" for a while).
 
 from __future__ import annotations
 
-from router.detokenizer import Detokenizer
+from common.detokenizer import Detokenizer
 from router.request import Chunk
 
 

@@ -3,31 +3,18 @@
     client ──TLS──> router (:50051 gRPC, :8000 HTTP)      --tls-cert/--tls-key
     router ──mTLS──> workers                              --worker-ca/--worker-cert/--worker-key
 
-Files are read once at startup; a missing or unreadable one is a TlsConfigError (exit 2).
+Files are read once at startup (``common.tls.read_pem``); a missing or unreadable one is a
+``common.tls.TlsConfigError`` (exit 2).
 """
 
 from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
-
-class TlsConfigError(ValueError):
-    """A TLS flag is incomplete or names a file that cannot be read."""
-
-
-def read_pem(path: str, flag: str) -> bytes:
-    """The bytes of a PEM file named by ``flag``; raises TlsConfigError."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise TlsConfigError(f"{flag}: cannot read {path!r}: {err}") from err
-    if b"-----BEGIN" not in data:
-        raise TlsConfigError(f"{flag}: {path!r} is not a PEM file")
-    return data
+from common.tls import TlsConfigError, read_pem
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from protos.tandem.v1 import tandem_pb2
@@ -18,6 +19,9 @@ class TokenizerLoadError(RuntimeError):
 
 class RouterTokenizer:
     """Encodes prompts (text or chat), decodes output ids, and knows the vocabulary size.
+
+    ``backend`` is the ``tokenizers.Tokenizer`` underneath, what ``common.detokenizer``
+    decodes output streams with (so a directory needs a fast tokenizer).
 
     ``vocab_size`` is the larger of the tokenizer's size and the model config's ``vocab_size``
     (when the directory has a config.json): any id the model can embed is a valid prompt id.
@@ -33,6 +37,10 @@ class RouterTokenizer:
             )
         except (OSError, ValueError) as err:
             raise TokenizerLoadError(f"cannot load a tokenizer from {str(path)!r}: {err}") from err
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if not isinstance(backend, Tokenizer):
+            raise TokenizerLoadError(f"the tokenizer in {str(path)!r} is not a fast tokenizer")
+        self.backend: Tokenizer = backend
         self.vocab_size = max(len(self._tok), _config_vocab_size(path))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

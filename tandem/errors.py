@@ -21,8 +21,7 @@ from typing import Any
 
 import grpc
 
-# Trailing metadata key the router sets on RESOURCE_EXHAUSTED (router/status.py).
-RETRY_AFTER_KEY = "retry-after-ms"
+from common.wire import RETRY_AFTER_KEY  # the trailer the router sets on RESOURCE_EXHAUSTED
 
 
 class TandemError(Exception):

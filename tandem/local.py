@@ -8,13 +8,13 @@ Ctrl-C (or SIGTERM) drains and stops all three.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import signal
 import sys
 import threading
 
-from tandem.local_cluster import READY, Cluster
+from common.wire import ready_line
+from tandem.local_cluster import Cluster
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
         print("Ctrl-C drains and stops the cluster.", flush=True)
         info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {})}
-        print(f"{READY}{json.dumps(info)}", flush=True)
+        print(ready_line(info), end="", flush=True)
         stop.wait()
     except KeyboardInterrupt:
         pass

@@ -8,7 +8,6 @@ and SIGKILL after a grace period.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-READY = "TANDEM_READY "
+from common.wire import parse_ready_line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -102,6 +102,7 @@ def _read(proc: Proc, module: str, echo: bool, ready: threading.Event) -> None:
         proc.log.append(line)
         if echo:
             sys.stderr.write(f"[{module}] {line}")
-        if not ready.is_set() and line.startswith(READY):
-            proc.info = json.loads(line[len(READY) :])
+        info = None if ready.is_set() else parse_ready_line(line)
+        if info is not None:
+            proc.info = info
             ready.set()

@@ -4,6 +4,9 @@
                        ^                     │
                        └──── PREEMPTED <─────┘  (blocks freed, recomputed later)
     reserve_remote ──> WAITING_FOR_REMOTE_KV ──commit──> RUNNING   (KV arrived from a prefill worker)
+                                             ├─end───> FINISHED_ABORTED   (the push failed)
+                                             └─local─> WAITING            (prefilled here after all)
+(the WAITING_FOR_REMOTE_KV transitions and held blocks are engine/core/remote_kv.py's)
 """
 
 from __future__ import annotations

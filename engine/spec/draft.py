@@ -22,6 +22,7 @@ from engine.attention import AttentionMetadata, get_backend
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledRequest
 from engine.models.arch import ModelArch
+from engine.runner_config import RunnerConfig
 from engine.sampler import SamplingState, _uniform
 from engine.spec.probs import draw, filtered_probs
 from engine.spec.proposer import Proposal
@@ -48,25 +49,17 @@ class _DraftState:
 class DraftProposer:
     """Proposes with a draft model over its own paged KV cache."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        arch: ModelArch,
-        num_blocks: int,
-        block_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        backend: str,
-        seed: int,
-    ) -> None:
+    def __init__(self, model: nn.Module, arch: ModelArch, rc: RunnerConfig, seed: int) -> None:
+        """``rc``: the target's runner config (same blocks and block size; the draft's own
+        cache is always in the model dtype)."""
         self.model = model
-        self.block_size = block_size
-        self.device = device
-        self.backend = get_backend(backend)
+        self.block_size = rc.block_size
+        self.device = rc.device
+        self.backend = get_backend(rc.backend)
         # [layers, K/V, blocks, block_size, kv heads, head dim], like the target's
         self.kv_cache = torch.zeros(
-            arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim,
-            dtype=dtype, device=device,
+            arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads, arch.head_dim,
+            dtype=rc.dtype, device=rc.device,
         )
         self._states: dict[str, _DraftState] = {}
         self._generator = torch.Generator().manual_seed(seed)

@@ -18,6 +18,7 @@ from engine.loader import resolve_model
 from engine.models.arch import ModelArch
 from engine.models.llama import LlamaForCausalLM
 from engine.models.weights import load_model, read_arch
+from engine.runner_config import RunnerConfig
 
 
 class FirstLayers(nn.Module):
@@ -56,9 +57,7 @@ def build_draft(
     target_arch: ModelArch,
     draft_model: str | None,
     draft_layers: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_model_len: int,
+    rc: RunnerConfig,
     cache_dir: str | None,
 ) -> tuple[nn.Module, ModelArch]:
     """The draft module and its arch; a checkpoint must share the target's vocabulary."""
@@ -71,9 +70,10 @@ def build_draft(
         raise ModelLoadError(
             f"draft vocabulary {arch.vocab_size} != target vocabulary {target_arch.vocab_size}"
         )
-    if arch.max_position_embeddings < max_model_len:
+    if arch.max_position_embeddings < rc.max_model_len:
         raise ModelLoadError(
-            f"draft context {arch.max_position_embeddings} < max_model_len {max_model_len}"
+            f"draft context {arch.max_position_embeddings} < max_model_len {rc.max_model_len}"
         )
-    model, arch = load_model(path, dtype, device, max_model_len, False, (hf_config, arch))
+    model, arch = load_model(path, rc.dtype, rc.device, rc.max_model_len, False,
+                             (hf_config, arch))
     return model, arch

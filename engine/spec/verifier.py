@@ -22,7 +22,8 @@ import torch
 
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledRequest
-from engine.sampler import Sampler, SampleResult, SamplingState, _uniform, _with_logprobs
+from engine.outputs import SampleResult
+from engine.sampler import Sampler, SamplingState, _uniform, _with_logprobs
 from engine.spec.probs import filtered_probs
 from engine.spec.proposer import Proposer
 from engine.spec.rejection import rejection_sample

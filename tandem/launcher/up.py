@@ -25,9 +25,8 @@ import threading
 from pathlib import Path
 
 from autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
+from common.wire import ready_line
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
-
-READY = "TANDEM_READY "
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,4 +214,4 @@ def _announce(spec: LaunchSpec, status: dict[str, object]) -> None:
     print("Stop:    " + ("tandem down" if spec.detach else "Ctrl-C drains and stops it"),
           flush=True)
     info = {"role": "up", "grpc": grpc_ep, "http": http_ep, "namespace": spec.namespace}
-    print(READY + json.dumps(info), flush=True)
+    print(ready_line(info), end="", flush=True)

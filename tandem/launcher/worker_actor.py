@@ -1,7 +1,7 @@
 """A prefill or decode worker as a Ray actor: the standalone worker's server, in-process.
 
     first call (any method) ──> ask the registry actor where the router is
-    ──> parse the standalone command's flags ──> decode_worker.process.serve(stop=event)
+    ──> parse the standalone command's flags ──> worker.process.serve(stop=event)
         (same engine, KV endpoint, gRPC service, health, registration and heartbeats)
     ──> READY captured from serve's announcement ──> wait until the router knows us
     drain() ──> event set: no new work, running work finishes ──> server closed
@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from typing import Any
 
 import grpc
 
+from common.wire import parse_ready_line
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.launcher.signals import SignalRecorder, TimingServer
 from tandem.launcher.spec import REGISTRY
 
 log = logging.getLogger(__name__)
-
-_READY = "TANDEM_READY "
-
 
 class _ReadyCapture:
     """The ``out`` stream given to ``serve``: resolves a future with the READY line's JSON."""
@@ -42,8 +39,9 @@ class _ReadyCapture:
         self._buf += text
         while "\n" in self._buf:
             line, self._buf = self._buf.split("\n", 1)
-            if line.startswith(_READY) and not self._future.done():
-                self._future.set_result(json.loads(line[len(_READY):]))
+            info = parse_ready_line(line)
+            if info is not None and not self._future.done():
+                self._future.set_result(info)
         return len(text)
 
     def flush(self) -> None:
@@ -129,8 +127,7 @@ class WorkerActor:
     async def _serve(self) -> int:
         import ray
 
-        from decode_worker.process import ServeConfig, load_kv_secret, serve
-        from engine.cli_args import engine_config_from_args
+        from worker.process import serve
 
         registry = ray.get_actor(REGISTRY, namespace=self._namespace)
         self._router = await registry.router_endpoint.remote()
@@ -138,28 +135,21 @@ class WorkerActor:
         argv = ["--host", host, "--port", "0", *self._argv,
                 "--router", self._router, "--worker-id", self.worker_id]
         if self.role == "decode":
+            from decode_worker import cli
             from decode_worker.app import build_decode_app as build
-            from decode_worker.cli import build_parser
 
             argv = ["--kv-port", "0", *argv]
         else:
+            from prefill_worker import cli  # type: ignore[no-redef]
             from prefill_worker.app import build_prefill_app as build  # type: ignore[assignment]
-            from prefill_worker.cli import build_parser
-        args = build_parser().parse_args(argv)
-        engine_config = engine_config_from_args(args)
-        secret = load_kv_secret(args.kv_secret_file)
-        wanted = {"host": args.host, "port": args.port, "router": args.router,
-                  "drain_timeout_s": args.drain_timeout_s,
-                  "metrics_port": getattr(args, "metrics_port", None),
-                  "metrics_host": getattr(args, "metrics_host", None)}
-        known = ServeConfig.__dataclass_fields__  # the worker flags this version has
-        config = ServeConfig(**{k: v for k, v in wanted.items() if k in known and v is not None})
+        config = cli.config_from_args(cli.build_parser().parse_args(argv))
 
         async def build_app() -> Any:
-            return _TimedApp(await build(args, engine_config, secret), self._recorder)
+            return _TimedApp(await build(config), self._recorder)  # type: ignore[arg-type]
 
         assert self._ready is not None and self._stop is not None
-        return await serve(config, build_app, _ReadyCapture(self._ready), self._stop)
+        return await serve(config.worker.serve, build_app, _ReadyCapture(self._ready),
+                           self._stop)
 
     async def _registered(self) -> bool:
         """Whether the router knows this worker (a Heartbeat that carries no stats)."""

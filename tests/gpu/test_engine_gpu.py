@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
+from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
 pytestmark = [
@@ -76,7 +77,7 @@ def test_cuda_sampling_seeded_and_handoff(tiny_dir, make_engine) -> None:
             first = out.token_ids[0]
     src = prefill.held_block_ids(rid)
     dst = decode.reserve_remote("h", prompt, GREEDY)
-    decode.write_kv(dst, prefill.read_kv(src))
+    copy_blocks(prefill, src, decode, dst)
     prefill.release(rid)
     tokens = list(decode.commit_remote("h", first).new_token_ids)
     while decode.has_unfinished():

@@ -13,12 +13,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from decode_worker.convert import kv_layout
 from engine import SamplingParams
 from kv_transfer import LayoutMismatchError, Receiver, ReceiverConfig, Sender, SenderConfig
 from kv_transfer.transport import TcpTransport
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
+from worker.convert import kv_layout
 
 ENGINE = ["--model", "smollm2", "--dtype", "float32", "--threads", "1", "--num-blocks", "64"]
 INT8 = ["--kv-cache-dtype", "int8"]
@@ -120,7 +120,7 @@ def test_hello_refuses_float_kv_sender(make_engine, tiny_dir) -> None:
     model = str(tiny_dir("llama", 2))
     e8 = make_engine(model=model, num_blocks=8, kv_cache_dtype="int8")
     e32 = make_engine(model=model, num_blocks=8)
-    l8, l32 = kv_layout(e8.kv_layout(), e8.kv_cache), kv_layout(e32.kv_layout(), e32.kv_cache)
+    l8, l32 = kv_layout(e8.kv_cache_spec()), kv_layout(e32.kv_cache_spec())
     assert l8.kv_dtype == "int8" and l8.scale_bytes == 4 and l32.scale_bytes == 0
     assert l8.block_bytes * 2 < l32.block_bytes  # int8 + scales vs fp32
 

@@ -10,7 +10,9 @@ import torch
 
 from engine import LLM, InvalidRequestError, SamplingParams
 from engine.errors import OutOfBlocksError
+from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
+from worker.convert import kv_layout
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -118,7 +120,7 @@ def test_disaggregated_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
     path = tiny_dir("qwen2", 2)
     prefill = make_engine(model=str(path), num_blocks=64, block_size=16)
     decode = make_engine(model=str(path), num_blocks=64, block_size=16)
-    assert prefill.kv_layout().fingerprint() == decode.kv_layout().fingerprint()
+    assert kv_layout(prefill.kv_cache_spec()).fingerprint == kv_layout(decode.kv_cache_spec()).fingerprint
     prompt = _prompts([45], seed=6)[0]
     expected = _run(prefill, [prompt])[0]
 
@@ -136,8 +138,7 @@ def test_disaggregated_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
 
     dst = decode.reserve_remote("r1", prompt, GREEDY)
     assert len(dst) == len(src)
-    for layer in range(decode.arch.num_layers):  # layer by layer, as the transfer layer would
-        decode.write_kv(dst, prefill.read_kv(src, slice(layer, layer + 1)), first_layer=layer)
+    copy_blocks(prefill, src, decode, dst, layer_by_layer=True)  # as the transfer layer would
     prefill.release(rid)
     first_out = decode.commit_remote("r1", first)
     tokens = list(first_out.new_token_ids)
@@ -220,7 +221,7 @@ def test_seeded_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
         for out in a.step():
             first = out.token_ids[0]
     dst = b.reserve_remote("s", prompt, p)
-    b.write_kv(dst, a.read_kv(a.held_block_ids(rid)))
+    copy_blocks(a, a.held_block_ids(rid), b, dst)
     a.release(rid)
     tokens = list(b.commit_remote("s", first).new_token_ids)
     while b.has_unfinished():

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from engine import InvalidRequestError, SamplingParams
+from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine.test_engine_tiny import _prompts
 
 
@@ -58,7 +59,7 @@ def test_resumed_through_remote_kv(tiny_dir, make_engine) -> None:
     dst = b.reserve_remote("r", tokens, SEEDED, prior_output_tokens=k)
     src = a.held_block_ids(rid)
     assert len(src) == len(dst)
-    b.write_kv(dst, a.read_kv(src))
+    copy_blocks(a, src, b, dst)
     a.release(rid)
     b.commit_remote("r", first)
     assert _finish(b, "r").token_ids == full

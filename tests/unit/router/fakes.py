@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from common.wire import RETRY_AFTER_KEY
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -69,7 +70,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
     async def Reserve(self, request, context):  # noqa: N802
         if self.exhausted:
             if self.retry_hint_ms is not None:
-                context.set_trailing_metadata((("retry-after-ms", str(self.retry_hint_ms)),))
+                context.set_trailing_metadata(((RETRY_AFTER_KEY, str(self.retry_hint_ms)),))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no free blocks")
         self.reservations[request.request_id] = Reservation(
             request.request_id, list(request.token_ids), request.sampling,

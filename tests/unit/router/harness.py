@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +13,8 @@ import grpc
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2_grpc
 from router.config import RouterConfig
+from router.handoff.policy import rank_decode, rank_prefill
+from router.membership.worker_view import Role
 from router.server import RouterServer
 from router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import FakeDecode, FakePrefill, serve
@@ -35,6 +39,29 @@ class Cluster:
 
     async def generate(self, request: tandem_pb2.GenerateRequest, **kw: Any) -> list[Any]:
         return [r async for r in self.stub.Generate(request, **kw)]
+
+    def first_decode(self, request_tokens: int) -> int:
+        """Index in ``decode`` of the worker the decode policy ranks first for a request of
+        ``request_tokens`` (prompt + max_tokens), asked of the pool as the router sees it."""
+        pool = self.router.registry.routable(Role.DECODE)
+        ranked = rank_decode(pool, request_tokens, self.router.config.block_size)
+        return self.decode_endpoints.index(ranked[0].endpoint)
+
+    def first_prefill(self) -> int:
+        """Index in ``prefill`` of the worker the prefill policy ranks first for a prompt
+        no worker has served yet (no prefix affinity)."""
+        pool = self.router.registry.routable(Role.PREFILL)
+        ranked = rank_prefill(pool, [], self.router.config.affinity_max_queue)
+        return self.prefill_endpoints.index(ranked[0].endpoint)
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``check()`` holds: for state the router changes after the client is done
+    (an outcome counted, a slot given back once a cancelled handler unwinds)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
 
 
 @asynccontextmanager
@@ -65,12 +92,13 @@ async def cluster(
         "port": 0,
         "prefill_endpoints": tuple(p_eps),
         "decode_endpoints": tuple(d_eps),
-        "health_interval_s": 3600.0,
+        "health_interval_s": 3600.0,  # one probe round at start (awaited), then explicit ones
+        "health_timeout_s": 10.0,  # that round's Stats must not time out on a loaded machine
         "drain_timeout_s": 5.0,
     }
     options.update(overrides)
     router = RouterServer(RouterConfig(**options), tokenizer)
-    port = await router.start()
+    port = await _start(router)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield Cluster(
@@ -88,3 +116,32 @@ async def cluster(
         await router.stop(grace_s=0)
         for server in servers:
             await server.stop(0)
+
+
+async def _start(router: RouterServer) -> int:
+    """Start ``router``; return its port once the health monitor's first round is over.
+
+    That round runs concurrently with whatever the test does first, and it changes routing:
+    the decode policy ranks a worker whose Stats are in (it reported free blocks) above an
+    idle one that has not reported yet, and a late probe marks healthy again a worker the
+    test has seen fail. Waiting for it means every static worker's load is known and the
+    monitor is quiet (its interval is an hour) before a test's first step, so among equally
+    idle workers the policy's choice is forced: the lowest endpoint.
+    """
+    first_round = asyncio.Event()
+    probe_all = router.monitor.probe_all
+
+    async def probe_all_then_signal() -> None:
+        await probe_all()
+        first_round.set()
+
+    router.monitor.probe_all = probe_all_then_signal  # type: ignore[method-assign]
+    try:
+        port = await router.start()
+        await asyncio.wait_for(first_round.wait(), 60)
+    finally:
+        del router.monitor.probe_all  # later calls (the tests' own) reach the real method
+    for endpoint in router.config.decode_endpoints:
+        view = router.registry.view(endpoint)
+        assert view is not None and view.num_blocks > 0, f"no Stats from {endpoint} yet"
+    return port

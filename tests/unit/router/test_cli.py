@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.wire import parse_ready_line
 from router.cli import main
 
 
@@ -82,8 +82,8 @@ def test_ready_line_and_sigterm_exit_0(tok_dir: str) -> None:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("TANDEM_READY "), line + (proc.stderr.read() if proc.stderr else "")
-        ready = json.loads(line.split(" ", 1)[1])
+        ready = parse_ready_line(line)
+        assert ready is not None, line + (proc.stderr.read() if proc.stderr else "")
         assert ready["role"] == "router" and ready["grpc"].startswith("127.0.0.1:")
         assert int(ready["grpc"].rsplit(":", 1)[1]) > 0
         proc.send_signal(signal.SIGTERM)

@@ -12,7 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protos.tandem.v1 import tandem_pb2
 from router.tokenizer import RouterTokenizer
-from tests.unit.router.harness import MODEL, cluster
+from tests.unit.router.harness import MODEL, cluster, until
+
+# A request deadline long enough that the request reaches its decode leg well before it on a
+# loaded machine (the test waits for that leg to hang before the deadline may pass).
+DEADLINE_S = 2.0
 
 
 def _url(c: Any, path: str) -> str:
@@ -119,8 +123,7 @@ def test_overload_429_then_disconnect_cancels_both_legs(tokenizer: RouterTokeniz
                 assert (await r.json())["error"]["type"] == "rate_limit_error"
             first.close()  # the client goes away mid-stream
             await asyncio.wait_for(c.decode[0].aborted.wait(), 10)
-            while not c.router.gate.idle:  # the slot comes back once the handler unwinds
-                await asyncio.sleep(0.01)
+            await until(lambda: c.router.gate.idle)  # the slot comes back once the handler unwinds
             assert c.counters.cancelled == 1
             c.decode[0].hang_after = None
             async with http.post(_url(c, "/v1/completions"),
@@ -134,11 +137,19 @@ def test_deadline_504_and_draining_503(tokenizer: RouterTokenizer) -> None:
     async def scenario() -> None:
         async with cluster(tokenizer, http_port=0) as c, aiohttp.ClientSession() as http:
             c.decode[0].hang_after = 1
-            async with http.post(_url(c, "/v1/completions"),
-                                 json={"prompt": "Hello", "max_tokens": 20},
-                                 headers={"X-Tandem-Timeout": "0.3"}) as r:
-                assert r.status == 504, await r.text()
-                assert (await r.json())["error"]["type"] == "timeout_error"
+
+            async def late() -> tuple[int, str]:
+                async with http.post(_url(c, "/v1/completions"),
+                                     json={"prompt": "Hello", "max_tokens": 20},
+                                     headers={"X-Tandem-Timeout": str(DEADLINE_S)}) as r:
+                    return r.status, await r.text()
+
+            call = asyncio.ensure_future(late())
+            # Both legs are open (the decode stream hangs) before the deadline passes.
+            await asyncio.wait_for(c.decode[0].hanging.wait(), DEADLINE_S)
+            status, text = await call
+            assert status == 504, text
+            assert json.loads(text)["error"]["type"] == "timeout_error"
             await asyncio.wait_for(c.decode[0].aborted.wait(), 10)
             async with http.post(_url(c, "/v1/completions"), json={"prompt": "x"},
                                  headers={"X-Tandem-Timeout": "soon"}) as r:

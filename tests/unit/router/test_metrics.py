@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -13,7 +12,6 @@ from prometheus_client import generate_latest
 
 from protos.tandem.v1 import tandem_pb2
 from router.admission import AdmissionLedger
-from router.counters import HandoffCounters
 from router.errors import (
     DeadlineError,
     DrainingError,
@@ -23,14 +21,18 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
+from router.handoff.counters import HandoffCounters
+from router.membership.registry import Registry
+from router.membership.worker_view import Role
 from router.metrics import OUTCOMES, RouterMetrics, outcome_of
-from router.registry import Registry
 from router.tokenizer import RouterTokenizer
-from router.worker_view import Role
 from tests.scrape import Samples, parse, value
-from tests.unit.router.harness import Cluster, cluster
+from tests.unit.router.harness import Cluster, cluster, until
 
 PROMPT = list(range(1000, 1040))
+# A client deadline long enough that the request reaches its decode leg well before it on a
+# loaded machine (the test waits for that leg to hang before the deadline may pass).
+DEADLINE_S = 2.0
 
 
 @pytest.mark.parametrize("exc,outcome", [
@@ -98,14 +100,6 @@ def _request(n: int = 6, rid: str = "r1") -> tandem_pb2.GenerateRequest:
     )
 
 
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait until ``check()`` holds (the server side counts after the client sees the end)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.01)
-
-
 def _outcome(c: Cluster, outcome: str) -> float:
     return value(_scrape(c.router.metrics), "tandem_requests_total", outcome=outcome)
 
@@ -114,8 +108,8 @@ def test_traffic_moves_histograms_counters_and_outcomes(tokenizer: RouterTokeniz
     async def scenario() -> None:
         async with cluster(tokenizer, n_decode=2) as c:
             metrics = c.router.metrics
-            first = c.decode_endpoints.index(min(c.decode_endpoints))
-            c.decode[first].die_after = 3  # picked first when idle: migrates once
+            first = c.first_decode(len(PROMPT) + 10)
+            c.decode[first].die_after = 3  # the policy's first pick: migrates once
             responses = await c.generate(_request(n=10))
             responses += await c.generate(_request(n=4, rid="r2"))
             sent = sum(len(r.token_ids) for r in responses)
@@ -139,17 +133,20 @@ def test_traffic_moves_histograms_counters_and_outcomes(tokenizer: RouterTokeniz
 
             other = 1 - first
             c.decode[other].hang_after = 0
+            late = c.stub.Generate(_request(rid="r3"), timeout=DEADLINE_S)
+            await asyncio.wait_for(c.decode[other].hanging.wait(), DEADLINE_S)
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await c.generate(_request(rid="r3"), timeout=0.5)
+                async for _ in late:
+                    pass
             assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            await _until(lambda: _outcome(c, "deadline") == 1)
+            await until(lambda: _outcome(c, "deadline") == 1)
 
             call = c.stub.Generate(_request(rid="r4"))
             await call.read()
             s = _scrape(metrics)
             assert value(s, "tandem_num_requests_running", role="router") == 1
             call.cancel()
-            await _until(lambda: _outcome(c, "cancelled") == 1)
+            await until(lambda: _outcome(c, "cancelled") == 1)
             assert value(_scrape(metrics), "tandem_num_requests_running", role="router") == 0
             assert _outcome(c, "ok") == 2  # nothing counted twice
 
@@ -167,7 +164,7 @@ def test_overload_and_no_worker_outcomes(tokenizer: RouterTokenizer) -> None:
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert _outcome(c, "overloaded") == 1
             busy.cancel()
-            await _until(lambda: _outcome(c, "cancelled") == 1)
+            await until(lambda: _outcome(c, "cancelled") == 1)
             c.router.registry.set_healthy(c.decode_endpoints[0], False)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.generate(_request(rid="r3"))

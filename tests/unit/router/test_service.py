@@ -1,5 +1,6 @@
-"""The router's other surfaces: chat and logprobs, Tokenize, ListModels, the Registry service,
-health probing, and the drain."""
+"""The router's other public surfaces: chat and logprobs, Tokenize, ListModels, and the drain.
+
+The Registry service and health probing are tested under membership/."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from protos.tandem.v1 import tandem_pb2
 from router.tokenizer import RouterTokenizer
-from router.worker_view import Role
-from tests.unit.router.fakes import FakeDecode, expected_output, serve
+from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import MODEL, cluster
 
 CHAT = tandem_pb2.ChatMessages(
@@ -54,74 +54,6 @@ def test_tokenize_and_list_models(tokenizer: RouterTokenizer) -> None:
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             models = await c.stub.ListModels(tandem_pb2.ListModelsRequest())
             assert [(m.id, m.max_model_len) for m in models.models] == [(MODEL, 2048)]
-
-    asyncio.run(scenario())
-
-
-def test_registered_worker_serves_and_heartbeats(tokenizer: RouterTokenizer) -> None:
-    async def scenario() -> None:
-        async with cluster(tokenizer, n_prefill=0, n_decode=0) as c:
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await c.generate(tandem_pb2.GenerateRequest(text="hi"))
-            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            fake = FakeDecode("kv-x", {})
-            server, endpoint = await serve(
-                fake, worker_pb2_grpc.add_DecodeServiceServicer_to_server
-            )
-            registry = worker_pb2_grpc.RegistryStub(c.channel)
-            reply = await registry.Register(
-                worker_pb2.RegisterRequest(
-                    role=worker_pb2.ROLE_DECODE, worker_id="d1", endpoint=endpoint
-                )
-            )
-            assert reply.heartbeat_interval_s > 0
-            beat = await registry.Heartbeat(
-                worker_pb2.HeartbeatRequest(
-                    worker_id="d1", stats=worker_pb2.WorkerStats(num_free_blocks=7, num_blocks=9)
-                )
-            )
-            assert beat.known
-            assert c.router.registry.view(endpoint).num_free_blocks == 7  # type: ignore[union-attr]
-            unknown = await registry.Heartbeat(worker_pb2.HeartbeatRequest(worker_id="zz"))
-            assert not unknown.known
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await registry.Register(worker_pb2.RegisterRequest(endpoint=endpoint))
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            out = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
-            assert out[-1].finished and fake.local_prefills
-            await server.stop(0)
-
-    asyncio.run(scenario())
-
-
-def test_health_probe_removes_a_dead_prefill_worker(tokenizer: RouterTokenizer) -> None:
-    async def scenario() -> None:
-        async with cluster(tokenizer, n_prefill=1) as c:
-            registry = c.router.registry
-            await c.router.monitor.probe_all()
-            assert len(registry.routable(Role.PREFILL)) == 1
-            assert registry.view(c.decode_endpoints[0]).num_blocks == 100  # type: ignore[union-attr]
-            await c.prefill_servers[0].stop(0)
-            await c.router.monitor.probe_all()
-            assert registry.routable(Role.PREFILL) == []
-            out = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
-            assert out[-1].finished and c.counters.local_prefill_colocated == 1
-
-    asyncio.run(scenario())
-
-
-def test_a_worker_busy_in_a_long_step_stays_in_the_pool(tokenizer: RouterTokenizer) -> None:
-    """Stats waits for the worker's engine step; a slow answer is not a dead worker."""
-
-    async def scenario() -> None:
-        async with cluster(tokenizer, health_timeout_s=0.2) as c:
-            registry = c.router.registry
-            await c.router.monitor.probe_all()
-            c.decode[0].stats_stuck = True
-            await c.router.monitor.probe_all()  # health passes, Stats times out
-            assert len(registry.routable(Role.DECODE)) == 1
-            out = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
-            assert out[-1].finished
 
     asyncio.run(scenario())
 

@@ -1,11 +1,11 @@
-"""Typed errors -> gRPC status at the edge, and the deadline carried to worker calls."""
+"""Typed errors -> gRPC status at the edge: code, details, retry trailer."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from router.deadline import Deadline
+from common.wire import RETRY_AFTER_KEY
 from router.errors import (
     DeadlineError,
     DrainingError,
@@ -15,7 +15,7 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from router.status import RETRY_AFTER_KEY, status_of
+from router.status import status_of
 
 C = grpc.StatusCode
 
@@ -43,14 +43,3 @@ def test_overload_carries_retry_after() -> None:
     code, details, metadata = status_of(OverloadedError("full", 250))
     assert code == C.RESOURCE_EXHAUSTED and metadata == ((RETRY_AFTER_KEY, "250"),)
 
-
-def test_deadline_counts_down_on_its_clock() -> None:
-    now = [10.0]
-    deadline = Deadline(2.0, clock=lambda: now[0])
-    assert deadline.remaining() == 2.0
-    now[0] = 11.5
-    assert deadline.remaining() == 0.5
-    now[0] = 12.0
-    with pytest.raises(DeadlineError):
-        deadline.remaining()
-    assert Deadline(None).remaining() is None

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.detokenizer import Detokenizer
+from tokenizers import Tokenizer, decoders, models
+
+from common.detokenizer import Detokenizer
 from router.request import Chunk
 from router.text_stream import TextStream
 
-WORDS = {1: "A", 2: "b", 3: "c", 4: "d", 5: "e"}
-
-
-def _decode(ids: Sequence[int]) -> str:
-    return "".join(WORDS[i] for i in ids)
+# Ids 1..5 decode to "A", "b", "c", "d", "e", glued together with no spaces.
+TOKENIZER = Tokenizer(
+    models.WordLevel({"<unk>": 0, "A": 1, "b": 2, "c": 3, "d": 4, "e": 5}, unk_token="<unk>")
+)
+TOKENIZER.decoder = decoders.Fuse()
 
 
 def _stream(stop: Sequence[str] = ()) -> TextStream:
-    return TextStream(Detokenizer(_decode, [], stop))
+    return TextStream(Detokenizer(TOKENIZER, [], stop=stop))
 
 
 def test_router_text_when_worker_sends_none() -> None:

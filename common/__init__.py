@@ -1,0 +1,7 @@
+"""Torch-free pieces every Tandem process shares; imports nothing else of the project.
+
+    wire         constants both ends of a channel must agree on: the READY line, retry hints
+    tls          reading PEM files named by flags (one error type for every process)
+    detokenizer  incremental decoding of output ids (tokenizers' DecodeStream) into text deltas
+    stop_strings stop-string matching and hold-back over text chunks (the detokenizer's text side)
+"""

@@ -1,0 +1,110 @@
+"""From a prompt and its sampling params to the engine's state for one request, or a refusal.
+
+    prompt (text | token ids) ──tokenize, check vocabulary──> token ids
+    token ids + params ──check context, pool, stop strings──> Request (engine/core)
+                       ──seeded generator, detokenizer──────> LiveRequest
+
+A resumed request (``prior`` > 0: the last ``prior`` tokens were generated on an earlier leg)
+is shaped like one preempted after generating them: its KV is recomputed, max/min tokens,
+penalties and stop strings count them as output, and a seeded RNG skips their draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import Request
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequestError
+from engine.sampler import SamplingState, skip_draw
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class LiveRequest:
+    """Per-request state the engine keeps beside the scheduler's Request."""
+
+    request: Request
+    sampling: SamplingState
+    detok: IncrementalDetokenizer | None
+
+
+class RequestFactory:
+    """Validates requests against one model and cache, and builds their ``LiveRequest``."""
+
+    def __init__(
+        self,
+        tokenizer: Any,  # PreTrainedTokenizerBase | None
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+        kv: KVCacheManager,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.kv = kv
+
+    def build(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        hold_kv: bool = False,
+        prior: int = 0,
+    ) -> LiveRequest:
+        """A new request (see the module docstring for ``prior``). Raises InvalidRequestError."""
+        params.validate(self.vocab_size)
+        token_ids = self.tokenize(prompt)
+        if isinstance(prior, bool) or not 0 <= prior < len(token_ids):
+            raise InvalidRequestError(
+                "prior_output_tokens", f"{prior!r} must be in [0, {len(token_ids)})"
+            )
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                "prompt", f"{len(token_ids)} tokens leave no room in the context of "
+                f"{self.max_model_len} tokens",
+            )
+        if self.kv.blocks_needed(len(token_ids) + 1) > self.kv.pool.num_blocks:
+            raise InvalidRequestError("prompt", "longer than the whole KV cache can hold")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop", "stop strings need a tokenizer")
+        n_prompt = len(token_ids) - prior
+        req = Request(request_id, token_ids[:n_prompt], params, hold_kv=hold_kv,
+                      all_token_ids=list(token_ids))
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        sampling = SamplingState(
+            params, req.prompt_token_ids, req.output_token_ids, gen, self.eos_token_ids
+        )
+        for _ in range(prior):
+            skip_draw(sampling)
+        detok = None
+        if self.tokenizer is not None:
+            detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
+            for t in token_ids[n_prompt:]:  # already streamed by the earlier leg
+                detok.add(t)
+        return LiveRequest(req, sampling, detok)
+
+    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt; ids given directly must lie in the vocabulary."""
+        vocab = self.vocab_size
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt", "this model has no tokenizer: send token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
+        else:
+            ids = list(prompt)
+            for t in ids:
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                    raise InvalidRequestError(
+                        "prompt", f"token id {t!r} is outside the vocabulary [0, {vocab})"
+                    )
+        if not ids:
+            raise InvalidRequestError("prompt", "must not be empty")
+        return ids

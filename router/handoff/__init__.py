@@ -1,0 +1,25 @@
+"""The two-leg ledger: running one admitted request across a decode and a prefill worker.
+
+One request's life here, from the front door's Prepared to the Chunks it streams back::
+
+    Prepared + Deadline
+      -> policy.rank_decode            which decode worker D (load, free blocks)
+      -> legs.reserve(D)               D holds blocks for prompt + max_tokens, under a lease
+      -> policy.rank_prefill           which prefill worker P (prefix affinity, then load)
+      -> legs.prefill(P)               P pushes KV into D's blocks, commits the first token
+           | P fails: next P on a fresh reservation; then legs.prefill_local(D)
+      -> first token                   straight from P's reply (TTFT does not wait for D)
+      -> legs.decode_stream(D)         the rest of the tokens
+           | D dies: migrate: reserve on D', prefill prompt + tokens sent, go on
+      -> legs.abort(...)               every leg still open when the request ends abnormally
+
+- ``ledger``: ``Handoff`` (the loop above, migration included) and ``HandoffDeps``.
+- ``legs``: the worker RPCs, gRPC failures turned into typed errors.
+- ``policy``: pure ranking functions over ``WorkerView`` snapshots.
+- ``affinity``: prefix-hash chains and the bounded LRU of which P served which prefix.
+- ``deadline``: the request's deadline, every worker call's timeout.
+- ``counters``: the count of every fallback and migration (read by the metrics).
+
+Imports the membership package (who is in the pool, and the channels to them) and the
+router's shared leaf modules (config, errors, request); never the front door.
+"""

@@ -1,0 +1,287 @@
+"""The handoff of one request across a decode worker and a prefill worker.
+
+One leg at a time, normally just one::
+
+    Reserve on D  ->  Prefill on P (push KV to D, commit)  ->  first token  ->  Decode(D) stream
+                      | P fails: fresh reservation on D, next P; then PrefillLocal on D
+                      | no P / short prompt: PrefillLocal on D
+    D dies mid-stream: Reserve on D' with prompt + tokens sent, prefill again, next token ...
+
+Every reservation gets its own leg id (``rid``, ``rid.1``, ``rid.2`` ...), so a retry never
+depends on what a failed push left behind. The client sees one stream: after a migration the
+new leg's first token is the next token, so nothing is lost or repeated. Every leg still open
+when the request ends abnormally (client gone, deadline, error) gets an Abort.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from protos.tandem.v1 import tandem_pb2, worker_pb2
+from router.config import RouterConfig
+from router.errors import (
+    LegLostError,
+    NoWorkerError,
+    OverloadedError,
+    WorkerCallError,
+    WorkerFailedError,
+)
+from router.handoff import legs, policy
+from router.handoff.affinity import PrefixAffinity, prefix_hashes
+from router.handoff.counters import HandoffCounters
+from router.handoff.deadline import Deadline
+from router.membership.registry import Registry
+from router.membership.worker_clients import WorkerClients
+from router.membership.worker_view import Role
+from router.request import Chunk, HandoffReport, Prepared
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffDeps:
+    """What every handoff shares: the pool, the channels, the affinity map, the counters."""
+
+    config: RouterConfig
+    registry: Registry
+    clients: WorkerClients
+    affinity: PrefixAffinity
+    counters: HandoffCounters
+
+
+@dataclass(slots=True)
+class _Leg:
+    """One reservation on a decode worker."""
+
+    endpoint: str
+    leg_id: str
+    reservation: worker_pb2.ReserveResponse
+
+
+class Handoff:
+    """Runs one request's legs and yields its tokens as Chunks (see the module docstring)."""
+
+    def __init__(self, deps: HandoffDeps, request: Prepared, deadline: Deadline) -> None:
+        self._deps = deps
+        self._req = request
+        self._deadline = deadline
+        self._sent: list[int] = []
+        self._n_legs = 0
+        self._open: list[tuple[str, str, bool]] = []  # (endpoint, leg id, is decode) to abort
+        self.report = HandoffReport()
+
+    async def stream(self) -> AsyncIterator[Chunk]:
+        """The request's tokens, first one as soon as a prefill returns it."""
+        try:
+            async for chunk in self._legs():
+                yield chunk
+        except BaseException:
+            await self._abort_open()
+            raise
+
+    async def _legs(self) -> AsyncIterator[Chunk]:
+        excluded: set[str] = set()
+        while True:
+            if self._remaining() <= 0:  # the worker died after the last token, before saying so
+                yield Chunk([], finished=True, finish_reason="length")
+                return
+            leg = await self._reserve(self._rank_decode(excluded))
+            self._deps.registry.acquire(leg.endpoint)
+            try:
+                leg, first = await self._prefill(leg)
+                self._sent.append(first.first_token)
+                yield Chunk([first.first_token], self._first_logprob(first), leg_start=True)
+                stream = legs.decode_stream(
+                    self._deps.clients, leg.endpoint, leg.leg_id, self._deadline.remaining()
+                )
+                async with aclosing(stream):  # closed (RPC cancelled) however we leave
+                    async for message in stream:
+                        self._sent.extend(message.token_ids)
+                        yield Chunk.of(message)
+                self._open.remove((leg.endpoint, leg.leg_id, True))
+                return
+            except LegLostError as lost:
+                await self._migrate(lost, leg, excluded)
+            finally:
+                self._deps.registry.release(leg.endpoint)
+
+    async def _migrate(self, lost: LegLostError, leg: _Leg, excluded: set[str]) -> None:
+        """Give up on a dead decode leg; the loop then opens the next one elsewhere."""
+        self._mark_down(lost.endpoint, str(lost))
+        excluded.add(lost.endpoint)
+        await self._close_decode_leg(leg)
+        self.report.migrations += 1
+        if self.report.migrations > self._deps.config.max_migrations:
+            raise WorkerFailedError(
+                f"{lost}; gave up after {self._deps.config.max_migrations} migrations"
+            )
+        self._deps.counters.migrations += 1
+
+    def _rank_decode(self, excluded: set[str]) -> list[str]:
+        deps = self._deps
+        ranked = policy.rank_decode(
+            deps.registry.routable(Role.DECODE),
+            len(self._req.prompt_ids) + self._req.max_tokens,
+            deps.config.block_size,
+            excluded,
+        )
+        if not ranked:
+            raise NoWorkerError("no healthy decode worker")
+        return [w.endpoint for w in ranked]
+
+    async def _reserve(self, endpoints: list[str]) -> _Leg:
+        """Reserve on the first of ``endpoints`` that accepts."""
+        deps = self._deps
+        exhausted: list[int] = []  # retry hints of the full workers
+        for i, endpoint in enumerate(endpoints):
+            if i:
+                deps.counters.reserve_retries += 1
+            leg_id = (
+                self._req.request_id
+                if self._n_legs == 0
+                else f"{self._req.request_id}.{self._n_legs}"
+            )
+            self._n_legs += 1
+            request = worker_pb2.ReserveRequest(
+                request_id=leg_id,
+                token_ids=self._tokens(),
+                sampling=self._req.sampling,
+                logprobs=self._req.logprobs,
+                lease_s=deps.config.lease_s,
+                prior_output_tokens=len(self._sent),
+            )
+            try:
+                reply = await legs.reserve(
+                    deps.clients, endpoint, request, self._deadline.remaining()
+                )
+            except WorkerCallError as err:
+                legs.raise_if_fatal(err)
+                if err.code_name == "RESOURCE_EXHAUSTED":
+                    exhausted.append(err.retry_after_ms or deps.config.retry_after_ms)
+                else:
+                    self._mark_down(endpoint, str(err))
+                continue
+            self._open.append((endpoint, leg_id, True))
+            return _Leg(endpoint, leg_id, reply)
+        if exhausted:  # come back when the soonest full worker expects room
+            raise OverloadedError("every decode worker is full", min(exhausted))
+        raise NoWorkerError("no decode worker could take the request")
+
+    async def _renew(self, leg: _Leg) -> _Leg:
+        """Drop a reservation a failed prefill may have half-filled; reserve afresh on D."""
+        await self._close_decode_leg(leg)
+        return await self._reserve([leg.endpoint])
+
+    async def _prefill(self, leg: _Leg) -> tuple[_Leg, worker_pb2.PrefillResponse]:
+        """Fill ``leg``'s reservation (remote prefill, else local); returns the leg it ended on."""
+        deps, counters = self._deps, self._deps.counters
+        tokens = self._tokens()
+        workers = deps.registry.routable(Role.PREFILL)
+        started = time.perf_counter()
+        reply: worker_pb2.PrefillResponse | None = None
+        if policy.prefill_locally(len(tokens), deps.config.local_prefill_threshold, len(workers)):
+            if workers:
+                counters.local_prefill_short += 1
+            else:
+                counters.local_prefill_colocated += 1
+        else:
+            hashes = prefix_hashes(tokens, deps.config.block_size)
+            ranked = policy.rank_prefill(
+                workers, deps.affinity.lookup(hashes), deps.config.affinity_max_queue
+            )
+            for i, worker in enumerate(ranked[: deps.config.prefill_attempts]):
+                if i:
+                    leg = await self._renew(leg)
+                reply = await self._try_prefill(worker.endpoint, leg)
+                if reply is not None:
+                    deps.affinity.record(hashes, worker.endpoint)
+                    break
+            if reply is None:
+                counters.local_prefill_fallbacks += 1
+                leg = await self._renew(leg)
+        if reply is None:
+            reply = await self._prefill_local(leg)
+        self.report.prefill_s += time.perf_counter() - started
+        if not self._sent:  # the first leg's figures describe the client's prompt
+            self.report.cached_tokens = reply.cached_tokens
+            self.report.transfer_s = reply.transfer_s
+        return leg, reply
+
+    async def _try_prefill(self, endpoint: str, leg: _Leg) -> worker_pb2.PrefillResponse | None:
+        """One prefill attempt; None when this worker failed and another may be tried."""
+        deps = self._deps
+        r = leg.reservation
+        request = worker_pb2.PrefillRequest(
+            request_id=leg.leg_id,
+            token_ids=self._tokens(),
+            sampling=self._req.sampling,
+            logprobs=self._req.logprobs,
+            transfer_id=r.transfer_id,
+            block_ids=r.block_ids,
+            kv_endpoint=r.kv_endpoint,
+            layout=r.layout,
+            prior_output_tokens=len(self._sent),
+        )
+        key = (endpoint, leg.leg_id, False)
+        self._open.append(key)
+        deps.registry.acquire(endpoint)
+        try:
+            reply = await legs.prefill(deps.clients, endpoint, request, self._deadline.remaining())
+        except WorkerCallError as err:
+            legs.raise_if_fatal(err)  # the leg stays open: the caller's cleanup aborts it
+            if err.code_name in legs.WORKER_GONE:
+                self._mark_down(endpoint, str(err))
+            deps.counters.prefill_retries += 1
+            self._open.remove(key)
+            await self._abort(endpoint, leg.leg_id, decode=False)
+            return None
+        finally:
+            deps.registry.release(endpoint)
+        self._open.remove(key)  # done: the KV now lives on the decode worker
+        return reply
+
+    async def _prefill_local(self, leg: _Leg) -> worker_pb2.PrefillResponse:
+        try:
+            return await legs.prefill_local(
+                self._deps.clients, leg.endpoint, leg.leg_id, self._deadline.remaining()
+            )
+        except WorkerCallError as err:
+            legs.raise_if_fatal(err)
+            raise WorkerFailedError(f"no prefill succeeded; last: {err}") from err
+
+    def _remaining(self) -> int:
+        return self._req.max_tokens - len(self._sent)
+
+    def _tokens(self) -> list[int]:
+        """What the next leg prefills: the prompt plus every token already sent."""
+        return self._req.prompt_ids + self._sent
+
+    def _first_logprob(self, reply: worker_pb2.PrefillResponse) -> list[tandem_pb2.TokenLogprob]:
+        if not self._req.logprobs.enabled:
+            return []
+        if reply.HasField("first_logprob"):
+            return [reply.first_logprob]
+        return [tandem_pb2.TokenLogprob(token_id=reply.first_token, logprob=reply.logprob)]
+
+    def _mark_down(self, endpoint: str, why: str) -> None:
+        """Take a failing worker out of the pool until a health probe passes again."""
+        if self._deps.registry.set_healthy(endpoint, False):
+            log.warning("worker %s left the pool: %s", endpoint, why)
+
+    async def _close_decode_leg(self, leg: _Leg) -> None:
+        self._open.remove((leg.endpoint, leg.leg_id, True))
+        await self._abort(leg.endpoint, leg.leg_id, decode=True)
+
+    async def _abort(self, endpoint: str, leg_id: str, decode: bool) -> None:
+        self._deps.counters.aborts_sent += 1
+        await legs.abort(self._deps.clients, endpoint, leg_id, decode)
+
+    async def _abort_open(self) -> None:
+        """Tell every worker still holding a leg of this request to drop it."""
+        open_legs, self._open = self._open, []
+        for endpoint, leg_id, decode in open_legs:
+            await self._abort(endpoint, leg_id, decode)

@@ -1,0 +1,102 @@
+"""Probes every known worker on an interval: grpc.health.v1 first, then Stats for its load.
+
+A worker that fails the health check leaves the pool until a later probe passes; registered
+workers silent past their heartbeat lease are forgotten (and their channels and affinity
+dropped). A Stats call that fails while the health check passed leaves the worker in the
+pool with its last known load: a worker's Stats waits for its engine's current step, and a
+long prefill step must not look like a dead worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from protos.tandem.v1 import worker_pb2
+from router.membership.registry import ForgetsWorkers, Registry
+from router.membership.registry_service import load_of
+from router.membership.worker_clients import WorkerClients
+from router.membership.worker_view import Role
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    """Keeps the registry's health flags and loads current."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        clients: WorkerClients,
+        affinity: ForgetsWorkers,
+        interval_s: float,
+        timeout_s: float,
+    ) -> None:
+        self._registry = registry
+        self._clients = clients
+        self._affinity = affinity
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Probe until ``stop`` is set."""
+        while not stop.is_set():
+            await self.probe_all()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+            except asyncio.TimeoutError:
+                continue
+
+    async def probe_all(self) -> None:
+        """One round: probe everyone, then forget the expired."""
+        await asyncio.gather(*(self.probe(e) for e in self._registry.endpoints()))
+        for endpoint in self._registry.expire():
+            log.warning("worker %s missed its heartbeats; removed from the pool", endpoint)
+            self._affinity.forget(endpoint)
+            await self._clients.forget(endpoint)
+
+    async def probe(self, endpoint: str) -> bool:
+        """Check one worker and record the result; returns whether it is healthy."""
+        role = self._registry.role_of(endpoint)
+        if role is None:
+            return False
+        problem = await self._check_health(endpoint)
+        if problem is None:
+            stub = (
+                self._clients.decode(endpoint)
+                if role is Role.DECODE
+                else self._clients.prefill(endpoint)
+            )
+            try:
+                stats = await stub.Stats(worker_pb2.StatsRequest(), timeout=self._timeout_s)
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    problem = f"Stats failed: {err.code().name}"
+                # else: alive (it answered the health check) but mid-step; keep the old load
+            else:
+                self._registry.update_load(endpoint, load_of(stats))
+        if self._registry.set_healthy(endpoint, problem is None):  # log transitions only
+            if problem is None:
+                log.info("worker %s is healthy again", endpoint)
+            else:
+                log.warning("worker %s left the pool: %s", endpoint, problem)
+        return problem is None
+
+    async def _check_health(self, endpoint: str) -> str | None:
+        """None when grpc.health.v1 says SERVING (or the worker has no health service)."""
+        try:
+            reply = await self._clients.health(endpoint).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None  # no health service: the Stats call decides
+            return f"health check failed: {err.code().name}"
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            return (
+                f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
+            )
+        return None

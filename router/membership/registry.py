@@ -1,0 +1,188 @@
+"""The worker registry: who is in the pool, how loaded, and when they were last heard from.
+
+Two ways in: a static list from flags (never forgotten; out of the pool while unhealthy) and
+workers that Register themselves (forgotten after ``missed_heartbeats`` intervals of silence).
+A worker is routable when it is healthy and not draining. Time comes from an injected clock so
+expiry is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from router.membership.worker_view import Role, WorkerView
+
+
+class ForgetsWorkers(Protocol):
+    """What remembers workers by endpoint beyond the registry (the handoff's prefix-affinity
+    map): told when a worker leaves the pool, so nothing routes to it from memory.
+
+    A protocol, so membership never imports the handoff package that owns the map.
+    """
+
+    def forget(self, endpoint: str) -> None:
+        """Drop everything remembered about ``endpoint``."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """Load figures a worker reports (a transport-free copy of the WorkerStats message)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_blocks: int = 0
+    draining: bool = False
+
+
+@dataclass(slots=True)
+class _Entry:
+    worker_id: str
+    role: Role
+    endpoint: str
+    static: bool
+    last_seen: float
+    load: WorkerLoad
+    healthy: bool = True
+    active: int = 0
+
+
+class Registry:
+    """Pool membership and load of every known worker, keyed by gRPC endpoint."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        heartbeat_interval_s: float,
+        missed_heartbeats: int = 3,
+    ) -> None:
+        self._clock = clock
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._ttl = heartbeat_interval_s * missed_heartbeats
+        self._by_endpoint: dict[str, _Entry] = {}
+        self._endpoint_of: dict[str, str] = {}  # worker_id -> endpoint
+
+    def add_static(self, role: Role, endpoint: str) -> None:
+        """Add a worker named on the command line; it stays known for the router's life."""
+        self._by_endpoint[endpoint] = _Entry(
+            endpoint, role, endpoint, static=True, last_seen=self._clock(), load=WorkerLoad()
+        )
+        self._endpoint_of[endpoint] = endpoint
+
+    def register(self, role: Role, endpoint: str, worker_id: str = "") -> str:
+        """A worker joined (or rejoined); returns its worker id (its endpoint when empty)."""
+        worker_id = worker_id or endpoint
+        old = self._by_endpoint.get(endpoint)
+        if old is not None:
+            self._endpoint_of.pop(old.worker_id, None)
+        entry = _Entry(
+            worker_id,
+            role,
+            endpoint,
+            static=old.static if old is not None else False,
+            last_seen=self._clock(),
+            load=WorkerLoad(),
+            active=old.active if old is not None else 0,
+        )
+        self._by_endpoint[endpoint] = entry
+        self._endpoint_of[worker_id] = endpoint
+        return worker_id
+
+    def heartbeat(self, worker_id: str, load: WorkerLoad | None) -> bool:
+        """Record a heartbeat; False when the worker is unknown and must register again."""
+        entry = self._entry_by_id(worker_id)
+        if entry is None:
+            return False
+        entry.last_seen = self._clock()
+        entry.healthy = True
+        if load is not None:
+            entry.load = load
+        return True
+
+    def update_load(self, endpoint: str, load: WorkerLoad) -> None:
+        """Record load polled from the worker's Stats (only heartbeats keep a worker known)."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is not None:
+            entry.load = load
+
+    def set_healthy(self, endpoint: str, healthy: bool) -> bool:
+        """Record a health-check result (or a failed call: False takes it out of the pool);
+        returns whether that changed the worker's state."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is None or entry.healthy == healthy:
+            return False
+        entry.healthy = healthy
+        return True
+
+    def expire(self) -> list[str]:
+        """Forget registered workers silent for too long; returns the forgotten endpoints."""
+        now = self._clock()
+        gone = [
+            e.endpoint
+            for e in self._by_endpoint.values()
+            if not e.static and now - e.last_seen > self._ttl
+        ]
+        for endpoint in gone:
+            entry = self._by_endpoint.pop(endpoint)
+            self._endpoint_of.pop(entry.worker_id, None)
+        return gone
+
+    def remove(self, endpoint: str) -> bool:
+        """Forget a worker, static or not (discovery saw its pod go); False if unknown."""
+        entry = self._by_endpoint.pop(endpoint, None)
+        if entry is None:
+            return False
+        self._endpoint_of.pop(entry.worker_id, None)
+        return True
+
+    def acquire(self, endpoint: str) -> None:
+        """The router put one request on ``endpoint``."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is not None:
+            entry.active += 1
+
+    def release(self, endpoint: str) -> None:
+        """One of the router's requests left ``endpoint``."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is not None and entry.active > 0:
+            entry.active -= 1
+
+    def endpoints(self) -> list[str]:
+        """Every known endpoint, routable or not (what the health monitor probes)."""
+        return list(self._by_endpoint)
+
+    def routable(self, role: Role) -> list[WorkerView]:
+        """Snapshots of the healthy, non-draining workers of ``role``."""
+        return [
+            _view(e)
+            for e in self._by_endpoint.values()
+            if e.role is role and e.healthy and not e.load.draining
+        ]
+
+    def role_of(self, endpoint: str) -> Role | None:
+        """The role of a known worker."""
+        entry = self._by_endpoint.get(endpoint)
+        return entry.role if entry is not None else None
+
+    def view(self, endpoint: str) -> WorkerView | None:
+        """A snapshot of one worker, routable or not."""
+        entry = self._by_endpoint.get(endpoint)
+        return _view(entry) if entry is not None else None
+
+    def _entry_by_id(self, worker_id: str) -> _Entry | None:
+        endpoint = self._endpoint_of.get(worker_id)
+        return self._by_endpoint.get(endpoint) if endpoint is not None else None
+
+
+def _view(e: _Entry) -> WorkerView:
+    return WorkerView(
+        e.endpoint,
+        e.role,
+        num_running=e.load.num_running,
+        num_waiting=e.load.num_waiting,
+        num_free_blocks=e.load.num_free_blocks,
+        num_blocks=e.load.num_blocks,
+        active=e.active,
+    )

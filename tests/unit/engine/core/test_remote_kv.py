@@ -1,0 +1,151 @@
+"""The remote-KV ledger (pure Python): every transition, double ends, unknown ids, no leaks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.remote_kv import RemoteKV, RemoteState
+from engine.core.request import Request, RequestStatus
+from engine.errors import InvalidRequestError, OutOfBlocksError, UnknownRequestError
+from engine.sampling_params import SamplingParams
+
+BS = 4
+
+
+def _req(rid: str, n: int = 10, prior: int = 0) -> Request:
+    tokens = list(range(1, n + 1))
+    return Request(rid, tokens[: n - prior], SamplingParams(), all_token_ids=tokens)
+
+
+@pytest.fixture
+def ledger() -> Iterator[RemoteKV]:
+    """A ledger over 8 blocks of 4 tokens; after each test every block is back in the pool."""
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    remote = RemoteKV(kv)
+    yield remote
+    assert len(remote) == 0 and remote.num_reserved == remote.num_held == 0
+    assert kv.pool.num_referenced() == 0 and kv.pool.num_free == kv.pool.num_blocks
+
+
+def test_reserve_then_commit_hands_the_blocks_to_the_request(ledger: RemoteKV) -> None:
+    req = _req("r", 10)
+    ids = ledger.reserve(req, "t")
+    assert len(ids) == 3 and ledger.kv.pool.num_free == 5
+    assert req.status is RequestStatus.WAITING_FOR_REMOTE_KV and req.num_cached_tokens == 0
+    entry = ledger.get("r")
+    assert entry is not None and entry.state is RemoteState.RESERVED
+    assert (entry.request_id, entry.transfer_id, entry.block_ids) == ("r", "t", ids)
+    assert ledger.reserved("t") is entry and ledger.num_reserved == 1
+    assert ledger.commit("t") is req
+    assert req.num_computed_tokens == 10 and "r" not in ledger
+    assert ledger.kv.block_ids("r") == ids  # still allocated: the request runs on them
+    assert ledger.commit("t") is None and ledger.end("t") is None  # ended once only
+    ledger.kv.free("r")  # what the engine does when the request finishes
+
+
+def test_commit_indexes_full_blocks_for_prefix_reuse(ledger: RemoteKV) -> None:
+    req = _req("r", 9)
+    ledger.reserve(req, "t")
+    ledger.commit("t")
+    other = _req("o", 9)
+    _, hit = ledger.kv.get_computed_blocks(other)
+    assert hit == 8  # two full blocks of four; the partial third is never indexed
+    ledger.kv.free("r")
+
+
+def test_end_frees_and_marks_aborted(ledger: RemoteKV) -> None:
+    req = _req("r")
+    ledger.reserve(req, "t")
+    assert ledger.end("t") is req
+    assert req.status is RequestStatus.FINISHED_ABORTED and ledger.kv.pool.num_free == 8
+    assert ledger.end("t") is None and ledger.commit("t") is None
+    with pytest.raises(UnknownRequestError):
+        ledger.unreserve("r")
+
+
+def test_unreserve_gives_back_a_request_to_prefill(ledger: RemoteKV) -> None:
+    req = _req("r", 10, prior=3)
+    ledger.reserve(req, "t")
+    back = ledger.unreserve("r")
+    assert back is req and req.num_computed_tokens == 0 and req.num_cached_tokens == -1
+    assert req.num_output_tokens == 3  # the prior tokens stay output
+    assert not ledger.kv.holds("r") and ledger.reserved("t") is None
+    assert ledger.commit("t") is None and ledger.end("t") is None
+    with pytest.raises(UnknownRequestError):
+        ledger.unreserve("r")
+
+
+def test_refused_reservations_change_nothing(ledger: RemoteKV) -> None:
+    ledger.reserve(_req("a", 20), "ta")  # 5 of 8 blocks
+    with pytest.raises(OutOfBlocksError, match="free"):
+        ledger.reserve(_req("b", 20), "tb")
+    assert not ledger.kv.holds("b") and ledger.kv.pool.num_free == 3
+    with pytest.raises(InvalidRequestError) as err:
+        ledger.reserve(_req("a", 2), "other")
+    assert err.value.field == "request_id"
+    with pytest.raises(InvalidRequestError) as err:
+        ledger.reserve(_req("c", 2), "ta")
+    assert err.value.field == "transfer_id"
+    with pytest.raises(InvalidRequestError):
+        ledger.reserve(_req("c", 2), "")
+    assert len(ledger) == 1 and ledger.kv.pool.num_free == 3
+    ledger.end("ta")
+
+
+def test_hold_then_release(ledger: RemoteKV) -> None:
+    req = _req("p", 10)
+    ledger.kv.allocate_slots(req, 10)  # a finished prefill's blocks
+    ids = ledger.kv.block_ids("p")
+    req.status = RequestStatus.FINISHED_LENGTH
+    ledger.hold(req)
+    assert ledger.held_block_ids("p") == ids and ledger.num_held == 1
+    assert ledger.num_reserved == 0
+    entry = ledger.get("p")
+    assert entry is not None and entry.state is RemoteState.HELD and entry.transfer_id is None
+    with pytest.raises(InvalidRequestError):
+        ledger.hold(req)
+    with pytest.raises(UnknownRequestError):
+        ledger.unreserve("p")  # held, not reserved
+    assert ledger.release("p") is True
+    assert ledger.release("p") is False  # idempotent
+    with pytest.raises(UnknownRequestError):
+        ledger.held_block_ids("p")
+    _, hit = ledger.kv.get_computed_blocks(_req("q", 10))
+    assert hit == 8  # released blocks stay prefix-cached
+
+
+def test_unknown_ids(ledger: RemoteKV) -> None:
+    assert ledger.get("x") is None and ledger.reserved("x") is None
+    assert ledger.commit("x") is None and ledger.end("x") is None
+    assert ledger.release("x") is False and "x" not in ledger
+    with pytest.raises(UnknownRequestError):
+        ledger.unreserve("x")
+    with pytest.raises(UnknownRequestError):
+        ledger.held_block_ids("x")
+
+
+def test_reserved_ids_are_not_held(ledger: RemoteKV) -> None:
+    ledger.reserve(_req("r"), "t")
+    with pytest.raises(UnknownRequestError):
+        ledger.held_block_ids("r")
+    assert ledger.release("r") is False  # a reservation is ended, never released
+    assert ledger.num_reserved == 1
+    ledger.end("t")
+
+
+def test_many_reservations_every_end_leaks_nothing(ledger: RemoteKV) -> None:
+    """Reserve until full, end them every way in a mixed order; the fixture checks the pool."""
+    reqs = [_req(f"r{i}", 6) for i in range(4)]  # 2 blocks each: the whole pool
+    for i, r in enumerate(reqs):
+        ledger.reserve(r, f"t{i}")
+    assert ledger.kv.pool.num_free == 0 and ledger.num_reserved == 4
+    assert ledger.commit("t0") is reqs[0]
+    assert ledger.end("t1") is reqs[1]
+    assert ledger.unreserve("r2") is reqs[2]
+    assert ledger.end("t3") is reqs[3]
+    for tid in ("t0", "t1", "t2", "t3"):
+        assert ledger.commit(tid) is None and ledger.end(tid) is None
+    ledger.kv.free("r0")

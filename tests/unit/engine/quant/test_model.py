@@ -1,0 +1,109 @@
+"""Quantized SmolLM2 loads, generates, and keeps its perplexity within the bounds that
+bench/perplexity.py established (docs/bench/quantization.md): int8 within 1% of bf16, int4
+taken straight from the GGUF's Q4_1 blocks within 0.5% of the dequantized fp32 model.
+
+Perplexity here runs over the first 512 tokens of tests/data/ppl_text.txt (the benchmark uses
+all ~2,500), in 128-token chunks, so the paged multi-chunk path is part of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.perplexity import perplexity
+from engine import SamplingParams
+from engine.quant import Int4Linear, Int8Linear
+from tests.unit.engine._reference import engine_token_ids
+
+TEXT = Path(__file__).resolve().parents[3] / "data" / "ppl_text.txt"
+ROWS = {
+    "fp32": {"dtype": "float32"},
+    "bf16": {"dtype": "bfloat16"},
+    "int8": {"dtype": "float32", "quantization": "int8"},
+    "int4": {"dtype": "float32", "quantization": "int4"},
+}
+
+
+@pytest.fixture(scope="module")
+def engines(make_engine, smollm2_dir) -> dict:
+    # "smollm2" (the alias) so the int4 engine finds the GGUF and reads its Q4_1 blocks.
+    return {k: make_engine(model="smollm2", num_blocks=64, **v) for k, v in ROWS.items()}
+
+
+@pytest.fixture(scope="module")
+def ppl(engines) -> dict[str, float]:
+    ids = engines["fp32"].tokenizer.encode(TEXT.read_text())[:512]
+    return {k: perplexity(e.runner, ids, chunk=128) for k, e in engines.items()}
+
+
+def test_layers_are_swapped(engines) -> None:
+    m4, m8 = engines["int4"].runner.model, engines["int8"].runner.model
+    assert all(isinstance(layer.mlp.down_proj, Int4Linear) for layer in m4.layers)
+    assert isinstance(m4.lm_head, Int8Linear) and isinstance(m8.lm_head, Int8Linear)
+    assert all(isinstance(layer.self_attn.qkv_proj, Int8Linear) for layer in m8.layers)
+
+
+def test_int4_from_q4_1_is_the_dequantized_model(engines) -> None:
+    """Same weights, bit for bit in fp32, as transformers' dequantization of the same file."""
+    ref, q4 = engines["fp32"].runner.model, engines["int4"].runner.model
+    for i in (0, 17, 29):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
+                     "mlp.down_proj"):
+            w = ref.layers[i].get_submodule(name).weight
+            assert torch.equal(q4.layers[i].get_submodule(name).dequantize(), w), (i, name)
+
+
+def test_perplexity_within_the_established_bounds(ppl) -> None:
+    assert 15 < ppl["fp32"] < 40, ppl  # a sane model on plain English prose
+    assert abs(ppl["int8"] / ppl["bf16"] - 1) < 0.01, ppl
+    assert abs(ppl["int4"] / ppl["fp32"] - 1) < 0.005, ppl
+
+
+@pytest.mark.parametrize("row", ["int8", "int4"])
+def test_quantized_model_generates(engines, row: str) -> None:
+    engine = engines[row]
+    rid = engine.add_request("The capital of France is",
+                             SamplingParams(temperature=0.0, max_tokens=8))
+    text = ""
+    while engine.has_unfinished():
+        text += "".join(o.new_text for o in engine.step() if o.request_id == rid)
+    assert "Paris" in text, text
+    st = engine.stats()
+    assert st.num_free_blocks == st.num_blocks
+
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+]
+
+
+def _greedy(engine, prompts: list[str], max_tokens: int = 24) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return engine_token_ids(engine, prompts, params)
+
+
+def test_int4_native_decode_equals_the_dequantized_model(engines) -> None:
+    """The fused native forward (int16 activations) decodes the Q4_1 weights as the fp32
+    engine decodes their dequantization (which equals transformers' generate())."""
+    assert engines["int4"].runner.fused is not None
+    assert _greedy(engines["int4"], PROMPTS) == _greedy(engines["fp32"], PROMPTS)
+
+
+def test_int4_native_perplexity_equals_the_dequantized_model(engines, ppl) -> None:
+    ids = engines["fp32"].tokenizer.encode(TEXT.read_text())[:512]
+    native = perplexity(engines["int4"].runner, ids, chunk=16, fused=True)
+    assert abs(native / ppl["fp32"] - 1) < 0.001, (native, ppl)
+
+
+def test_int4_ngram_speculation_equals_plain(make_engine, engines) -> None:
+    """Quantization x speculation: verification rows through the fused forward accept
+    exactly the tokens plain int4 decoding produces."""
+    spec = make_engine(model="smollm2", num_blocks=64, dtype="float32", quantization="int4",
+                       speculative_method="ngram", num_speculative_tokens=4)
+    prompts = [*PROMPTS, "Repeat exactly: one two three four five six seven eight nine ten"]
+    assert _greedy(spec, prompts, 32) == _greedy(engines["int4"], prompts, 32)
+    assert spec.stats().spec_accepted_tokens > 0

@@ -1,0 +1,118 @@
+"""Routing policies and prefix affinity: pure functions, no I/O."""
+
+from __future__ import annotations
+
+from router.handoff.affinity import PrefixAffinity, prefix_hashes
+from router.handoff.policy import blocks_needed, prefill_locally, rank_decode, rank_prefill
+from router.membership.worker_view import Role, WorkerView
+
+
+def _d(
+    name: str, free: int = 100, blocks: int = 100, running: int = 0, active: int = 0
+) -> WorkerView:
+    return WorkerView(
+        name,
+        Role.DECODE,
+        num_running=running,
+        num_free_blocks=free,
+        num_blocks=blocks,
+        active=active,
+    )
+
+
+def _p(name: str, waiting: int = 0, active: int = 0) -> WorkerView:
+    return WorkerView(name, Role.PREFILL, num_waiting=waiting, active=active)
+
+
+def test_blocks_needed_rounds_up() -> None:
+    assert [blocks_needed(n, 16) for n in (1, 16, 17, 32)] == [1, 1, 2, 2]
+
+
+def test_decode_prefers_idle_then_free_blocks() -> None:
+    ranked = rank_decode([_d("a", running=3), _d("b", free=50), _d("c", free=80)], 16, 16)
+    assert [w.endpoint for w in ranked] == ["c", "b", "a"]
+
+
+def test_decode_router_count_beats_stale_stats() -> None:
+    ranked = rank_decode([_d("a", active=2), _d("b", running=1)], 16, 16)
+    assert [w.endpoint for w in ranked] == ["b", "a"]
+
+
+def test_decode_without_room_goes_last_and_unknown_capacity_fits() -> None:
+    ranked = rank_decode(
+        [_d("full", free=1), _d("new", free=0, blocks=0), _d("ok", free=5)], 64, 16
+    )
+    assert [w.endpoint for w in ranked] == ["ok", "new", "full"]
+
+
+def test_decode_excludes() -> None:
+    assert [w.endpoint for w in rank_decode([_d("a"), _d("b")], 1, 16, {"a"})] == ["b"]
+
+
+def test_prefill_least_loaded_without_affinity() -> None:
+    ranked = rank_prefill([_p("a", waiting=2), _p("b"), _p("c", active=1)], [], 8)
+    assert [w.endpoint for w in ranked] == ["b", "c", "a"]
+
+
+def test_prefill_sticks_to_prefix_owner() -> None:
+    ranked = rank_prefill([_p("a"), _p("b", waiting=3)], [("b", 2)], 8)
+    assert [w.endpoint for w in ranked] == ["b", "a"]
+
+
+def test_prefill_affinity_lost_when_queue_too_deep() -> None:
+    ranked = rank_prefill([_p("a"), _p("b", waiting=9)], [("b", 2)], 8)
+    assert [w.endpoint for w in ranked] == ["a", "b"]
+
+
+def test_prefill_longest_owner_first_then_shorter() -> None:
+    workers = [_p("a"), _p("b", waiting=20), _p("c", waiting=1)]
+    ranked = rank_prefill(workers, [("b", 3), ("c", 1)], 8)
+    assert [w.endpoint for w in ranked] == ["c", "a", "b"]
+
+
+def test_prefill_owner_not_in_pool_is_ignored() -> None:
+    assert [w.endpoint for w in rank_prefill([_p("a")], [("gone", 4)], 8)] == ["a"]
+
+
+def test_local_prefill_threshold() -> None:
+    assert prefill_locally(10, threshold=32, num_prefill_workers=2)
+    assert not prefill_locally(32, threshold=32, num_prefill_workers=2)
+    assert not prefill_locally(1, threshold=0, num_prefill_workers=2)  # 0 disables
+    assert prefill_locally(1000, threshold=0, num_prefill_workers=0)  # colocated
+
+
+def test_prefix_hashes_chain_and_share_prefixes() -> None:
+    a = prefix_hashes(list(range(40)), 16)
+    b = prefix_hashes(list(range(32)) + [99] * 20, 16)
+    assert len(a) == 2 and len(b) == 3
+    assert a == b[:2]
+    assert prefix_hashes(list(range(15)), 16) == []
+    assert prefix_hashes([1] + list(range(1, 40)), 16)[0] != a[0]
+
+
+def test_affinity_longest_match_first() -> None:
+    aff = PrefixAffinity(100)
+    long = prefix_hashes(list(range(64)), 16)
+    aff.record(long[:1], "x")
+    aff.record(long, "y")  # y now owns every prefix, including the first block
+    aff.record(long[:1], "x")
+    assert aff.lookup(long) == [("y", 4), ("x", 1)]
+    assert aff.lookup(prefix_hashes(list(range(100, 200)), 16)) == []
+
+
+def test_affinity_is_a_bounded_lru() -> None:
+    aff = PrefixAffinity(3)
+    aff.record([1, 2], "a")
+    aff.record([3], "b")
+    aff.lookup([1])  # lookups do not refresh: only serving does
+    aff.record([4], "c")
+    assert len(aff) == 3
+    assert aff.lookup([1]) == [] and aff.lookup([2]) == [("a", 1)]
+
+
+def test_affinity_forget() -> None:
+    aff = PrefixAffinity(10)
+    aff.record([1, 2], "a")
+    aff.record([3], "b")
+    aff.forget("a")
+    assert aff.lookup([1, 2, 3]) == [("b", 3)]

@@ -1,0 +1,96 @@
+"""Registry membership, heartbeat expiry (fake clock) and load bookkeeping."""
+
+from __future__ import annotations
+
+from router.membership.registry import Registry, WorkerLoad
+from router.membership.worker_view import Role
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _endpoints(reg: Registry, role: Role) -> list[str]:
+    return sorted(w.endpoint for w in reg.routable(role))
+
+
+def test_static_workers_are_routable_and_never_expire() -> None:
+    clock = FakeClock()
+    reg = Registry(clock, heartbeat_interval_s=1.0, missed_heartbeats=3)
+    reg.add_static(Role.PREFILL, "p:1")
+    reg.add_static(Role.DECODE, "d:1")
+    clock.now += 1e6
+    assert reg.expire() == []
+    assert _endpoints(reg, Role.PREFILL) == ["p:1"] and _endpoints(reg, Role.DECODE) == ["d:1"]
+
+
+def test_registered_worker_expires_after_missed_heartbeats() -> None:
+    clock = FakeClock()
+    reg = Registry(clock, heartbeat_interval_s=1.0, missed_heartbeats=3)
+    assert reg.register(Role.DECODE, "d:2", "w2") == "w2"
+    clock.now += 2.5
+    assert reg.heartbeat("w2", WorkerLoad(num_running=4))
+    clock.now += 3.0  # exactly the lease: still known
+    assert reg.expire() == []
+    assert reg.routable(Role.DECODE)[0].num_running == 4
+    clock.now += 0.01
+    assert reg.expire() == ["d:2"]
+    assert reg.routable(Role.DECODE) == []
+    assert not reg.heartbeat("w2", None)  # unknown: the worker must register again
+
+
+def test_register_without_id_uses_endpoint_and_reregister_replaces() -> None:
+    reg = Registry(FakeClock(), 1.0)
+    assert reg.register(Role.PREFILL, "p:9") == "p:9"
+    reg.register(Role.PREFILL, "p:9", "new-id")
+    assert not reg.heartbeat("p:9", None) and reg.heartbeat("new-id", None)
+    assert _endpoints(reg, Role.PREFILL) == ["p:9"]
+
+
+def test_registering_a_static_endpoint_keeps_it_static() -> None:
+    clock = FakeClock()
+    reg = Registry(clock, 1.0)
+    reg.add_static(Role.DECODE, "d:1")
+    reg.register(Role.DECODE, "d:1", "w1")
+    clock.now += 100
+    assert reg.expire() == [] and _endpoints(reg, Role.DECODE) == ["d:1"]
+
+
+def test_unhealthy_and_draining_workers_leave_the_pool() -> None:
+    reg = Registry(FakeClock(), 1.0)
+    reg.add_static(Role.DECODE, "a")
+    reg.add_static(Role.DECODE, "b")
+    reg.set_healthy("a", False)
+    reg.update_load("b", WorkerLoad(draining=True))
+    assert reg.routable(Role.DECODE) == []
+    reg.set_healthy("a", True)
+    assert _endpoints(reg, Role.DECODE) == ["a"]
+    assert sorted(reg.endpoints()) == ["a", "b"]  # still probed
+
+
+def test_polled_stats_do_not_keep_a_silent_worker_alive() -> None:
+    clock = FakeClock()
+    reg = Registry(clock, 1.0, missed_heartbeats=2)
+    reg.register(Role.PREFILL, "p", "p")
+    clock.now += 5
+    reg.update_load("p", WorkerLoad(num_waiting=1))
+    reg.set_healthy("p", True)
+    assert reg.expire() == ["p"]
+
+
+def test_acquire_release_counts_active_requests() -> None:
+    reg = Registry(FakeClock(), 1.0)
+    reg.add_static(Role.PREFILL, "p")
+    reg.acquire("p")
+    reg.acquire("p")
+    reg.release("p")
+    assert reg.view("p").active == 1  # type: ignore[union-attr]
+    reg.release("p")
+    reg.release("p")  # never negative
+    reg.release("unknown")
+    assert reg.view("p").active == 0  # type: ignore[union-attr]
+    assert reg.role_of("p") is Role.PREFILL and reg.role_of("x") is None

@@ -1,0 +1,78 @@
+"""``tandem up`` flags -> LaunchSpec: resources, bundles, and refusals (no Ray started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoscaler.config import load_config
+from tandem.launcher.spec import LaunchSpec
+from tandem.launcher.up import build_parser, main, spec_from_args
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "deploy" / "autoscale"
+
+
+def test_flags_become_a_spec_with_bundles() -> None:
+    args = build_parser().parse_args([
+        "--model", "smollm2", "--prefill", "2", "--decode", "3", "--prefill-gpus", "1",
+        "--cpus-per-worker", "2", "--resources", '{"accel": 1}', "--worker-arg=--num-blocks=64",
+        "--router-arg=--max-inflight=9", "--detach", "--address", "auto", "--threads", "4",
+    ])
+    auto = load_config(EXAMPLES / "slo.yaml")
+    spec = spec_from_args(args, auto)
+    assert (spec.prefill, spec.decode, spec.port, spec.http_port) == (2, 3, 50051, 8000)
+    assert spec.bundle("prefill") == {"CPU": 2.0, "GPU": 1.0, "accel": 1.0}
+    assert spec.bundle("decode") == {"CPU": 2.0, "accel": 1.0}
+    assert spec.worker_args == ("--num-blocks=64",) and spec.router_args == ("--max-inflight=9",)
+    assert spec.signal_window_s == auto.window_s and spec.detach and spec.threads == 4
+
+
+@pytest.mark.parametrize("bad", ['{"accel": "x"}', "[1]", "{oops"])
+def test_bad_resources_are_refused(bad: str) -> None:
+    args = build_parser().parse_args(["--resources", bad])
+    with pytest.raises(ValueError, match="--resources"):
+        spec_from_args(args, None)
+
+
+def test_spec_validates_counts() -> None:
+    with pytest.raises(ValueError, match="decode"):
+        LaunchSpec(decode=0)
+    with pytest.raises(ValueError, match="port"):
+        LaunchSpec(port=70000)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--detach"], "--detach needs --address"),
+        (["--autoscale", "/nonexistent.yaml"], "cannot read"),
+        (["--decode", "0"], "decode"),
+    ],
+)
+def test_up_exits_2_before_starting_anything(argv: list[str], message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cores,argv,want", [
+    (2, [], 1),                                   # make serve on the 2-core box: a core each
+    (16, [], 8),
+    (16, ["--prefill", "3", "--decode", "1"], 4),
+    (1, ["--prefill", "2", "--decode", "2"], 1),  # never below one
+])
+def test_local_threads_share_the_cores(monkeypatch, cores: int, argv: list[str], want: int):
+    from tandem.launcher import up
+
+    monkeypatch.setattr(up.os, "cpu_count", lambda: cores)
+    assert up._local_threads(spec_from_args(build_parser().parse_args(argv), None)) == want
+
+
+def test_local_threads_count_autoscale_maximums(monkeypatch) -> None:
+    from tandem.launcher import up
+
+    monkeypatch.setattr(up.os, "cpu_count", lambda: 16)
+    auto = load_config(EXAMPLES / "slo.yaml")
+    spec = spec_from_args(build_parser().parse_args([]), auto)
+    assert up._local_threads(spec) == max(1, 16 // (auto.prefill.max + auto.decode.max))

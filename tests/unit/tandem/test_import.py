@@ -1,0 +1,24 @@
+"""``import tandem`` is the client SDK only: grpc and protobuf, never torch, ray or the
+server packages (checked in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "ray", "engine", "router", "worker", "prefill_worker", "decode_worker",
+         "kv_transfer", "transformers", "tokenizers", "numpy", "aiohttp")
+
+
+def test_import_tandem_pulls_in_no_server_or_ml_packages() -> None:
+    code = (
+        "import json, sys, tandem\n"
+        "[getattr(tandem, name) for name in tandem.__all__]\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    loaded = set(json.loads(out.stdout))
+    assert "grpc" in loaded and "google" in loaded
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)

@@ -1,0 +1,105 @@
+"""Worker command lines and the process runtime's startup checks (no model is loaded)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from common.wire import READY_MARKER, parse_ready_line
+from decode_worker import cli as decode_cli
+from engine.cli_args import engine_config_from_args
+from prefill_worker import cli as prefill_cli
+from worker.cli import DEV_KV_SECRET, load_kv_secret
+from worker.config import ServeConfig, StartupError
+from worker.process import announce, serve
+
+
+@pytest.mark.parametrize("main,argv", [
+    (decode_cli.main, ["--kv-port", "0"]),  # --port missing
+    (decode_cli.main, ["--port", "70000", "--kv-port", "0"]),
+    (decode_cli.main, ["--port", "0", "--kv-port", "0", "--dtype", "int4"]),
+    (prefill_cli.main, ["--port", "-1"]),
+    (prefill_cli.main, ["--port", "0", "--transfer-timeout-s", "0"]),
+])
+def test_bad_flags_exit_2(main, argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_bad_engine_values_exit_2(capsys) -> None:
+    assert prefill_cli.main(["--port", "0", "--block-size", "3"]) == 2
+    assert "block_size must be a power of two" in capsys.readouterr().err
+
+
+def test_kv_secret(tmp_path: Path) -> None:
+    assert len(load_kv_secret(None)) >= 16
+    with pytest.raises(StartupError):
+        load_kv_secret(str(tmp_path / "missing"))
+    short = tmp_path / "short"
+    short.write_bytes(b"tiny\n")
+    with pytest.raises(StartupError, match="at least 16 bytes"):
+        load_kv_secret(str(short))
+    good = tmp_path / "good"
+    good.write_bytes(b"0123456789abcdef-secret\n")
+    assert load_kv_secret(str(good)) == b"0123456789abcdef-secret"
+
+
+def test_busy_port_fails_before_building() -> None:
+    built = []
+
+    async def build():
+        built.append(True)
+        raise AssertionError("must not be reached")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(StartupError, match="cannot listen"):
+            asyncio.run(serve(ServeConfig(port=port), build))
+    assert not built
+
+
+def test_ready_line() -> None:
+    out = io.StringIO()
+    announce("decode", "127.0.0.1:5", {"kv": "127.0.0.1:6"}, out)
+    line = out.getvalue()
+    assert line.startswith(READY_MARKER + " ") and line.endswith("\n")
+    assert json.loads(line[len(READY_MARKER):]) == {
+        "role": "decode", "grpc": "127.0.0.1:5", "kv": "127.0.0.1:6"}
+    assert parse_ready_line(line) == {"role": "decode", "grpc": "127.0.0.1:5", "kv": "127.0.0.1:6"}
+
+
+def test_flags_become_frozen_role_configs(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef-secret\n")
+    decode = decode_cli.config_from_args(decode_cli.build_parser().parse_args([
+        "--port", "7", "--kv-port", "8", "--kv-host", "127.0.0.2", "--default-lease-s", "5",
+        "--kv-secret-file", str(secret), "--no-kv-shm", "--worker-id", "d0", "--router", "r:1"]))
+    assert (decode.kv_port, decode.kv_host, decode.default_lease_s) == (8, "127.0.0.2", 5.0)
+    wc = decode.worker
+    assert (wc.serve.port, wc.serve.router, wc.worker_id, wc.kv_shm) == (7, "r:1", "d0", False)
+    assert wc.kv_secret == b"0123456789abcdef-secret" and "0123456789" not in repr(decode)
+    with pytest.raises(AttributeError):
+        decode.kv_port = 9  # type: ignore[misc]
+    prefill = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+        ["--port", "0", "--transfer-timeout-s", "2.5"]))
+    assert prefill.transfer_timeout_s == 2.5 and prefill.worker.kv_secret == DEV_KV_SECRET
+    assert prefill.worker.kv_shm and prefill.worker.resolved_worker_id("prefill").startswith(
+        "prefill-")
+
+
+@pytest.mark.parametrize("parser,argv", [
+    (decode_cli.build_parser, ["--port", "0", "--kv-port", "0"]),
+    (prefill_cli.build_parser, ["--port", "0"]),
+])
+def test_default_flags_make_a_valid_engine_config(parser, argv) -> None:
+    config = engine_config_from_args(parser().parse_args(argv))
+    assert config.cache.block_size == 16 and config.cache.kv_cache_memory_gb > 0

@@ -1,0 +1,103 @@
+"""Proto <-> engine conversions and the error -> status mapping (no model needed)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from engine.async_engine import EngineDeadError
+from engine.errors import InvalidRequestError, OutOfBlocksError
+from engine.outputs import KVCacheSpec, RequestOutput, TokenLogprob
+from engine.sampling_params import SamplingParams
+from kv_transfer import ConnectionLost, LayoutMismatchError, TransferAborted
+from protos.tandem.v1 import tandem_pb2
+from worker.convert import (
+    kv_layout,
+    layout_mismatch,
+    layout_to_proto,
+    response_from_output,
+    sampling_from_proto,
+)
+from worker.errors import Draining, grpc_status
+
+
+def test_unset_fields_keep_engine_defaults() -> None:
+    assert sampling_from_proto(tandem_pb2.SamplingParams()) == SamplingParams()
+
+
+def test_every_field_is_carried() -> None:
+    proto = tandem_pb2.SamplingParams(
+        max_tokens=7, min_tokens=2, temperature=0.5, top_p=0.9, top_k=5, min_p=0.1,
+        repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=-0.3, seed=42,
+        stop=["a", "bc"], stop_token_ids=[3, 4], ignore_eos=True,
+        include_stop_str_in_output=True, skip_special_tokens=False, speculative=False,
+    )
+    got = sampling_from_proto(proto, tandem_pb2.LogprobOptions(enabled=True, top_logprobs=3))
+    assert got == SamplingParams(
+        max_tokens=7, min_tokens=2, temperature=pytest.approx(0.5), top_p=pytest.approx(0.9),
+        top_k=5, min_p=pytest.approx(0.1), repetition_penalty=pytest.approx(1.1),
+        presence_penalty=pytest.approx(0.2), frequency_penalty=pytest.approx(-0.3), seed=42,
+        stop=["a", "bc"], stop_token_ids=[3, 4], ignore_eos=True,
+        include_stop_str_in_output=True, logprobs=3, skip_special_tokens=False, speculative=False,
+    )
+    got.validate(vocab_size=100)
+    assert sampling_from_proto(tandem_pb2.SamplingParams()).speculative is True  # unset
+
+
+def test_logprob_options() -> None:
+    sp = tandem_pb2.SamplingParams()
+    assert sampling_from_proto(sp, tandem_pb2.LogprobOptions()).logprobs is None
+    assert sampling_from_proto(sp, tandem_pb2.LogprobOptions(enabled=True)).logprobs == 0
+    assert sampling_from_proto(sp, tandem_pb2.LogprobOptions(top_logprobs=2)).logprobs == 2
+
+
+def test_explicit_zero_reaches_validation() -> None:
+    params = sampling_from_proto(tandem_pb2.SamplingParams(max_tokens=0, temperature=0.0))
+    assert params.temperature == 0.0 and params.greedy
+    with pytest.raises(InvalidRequestError) as err:
+        params.validate(vocab_size=100)
+    assert err.value.field == "max_tokens"
+
+
+def test_response_messages() -> None:
+    out = RequestOutput("r", [1, 2, 3], [9], "x", [8, 9], "wx",
+                        logprobs=[TokenLogprob(9, -0.5, [(9, -0.5), (4, -1.0)])])
+    msg = response_from_output(out, text_prefix="w")
+    assert (list(msg.token_ids), msg.text, msg.finished) == ([9], "wx", False)
+    assert msg.logprobs[0].top[1].token_id == 4 and not msg.HasField("usage")
+    done = RequestOutput("r", [1, 2, 3], [], "", [8, 9], "wx", finished=True,
+                         finish_reason="stop", stop_reason=2, num_cached_tokens=16)
+    msg = response_from_output(done)
+    assert (msg.finish_reason, msg.stop_reason) == ("stop", "2")
+    assert (msg.usage.prompt_tokens, msg.usage.completion_tokens, msg.usage.cached_tokens) == (
+        3, 2, 16)
+
+
+def test_layouts() -> None:
+    mine = kv_layout(KVCacheSpec("m", "float32", "float16", 16, 2, 2, 16))
+    assert mine.kv_dtype == "float16" and mine.model_id == "m" and mine.scale_bytes == 0
+    int8 = kv_layout(KVCacheSpec("m", "float32", "int8", 16, 2, 2, 16, scale_bytes=4))
+    assert int8.row_width == 20 and int8.fingerprint != mine.fingerprint
+    proto = layout_to_proto(mine)
+    assert layout_mismatch(mine, proto) is None
+    proto.block_size, proto.fingerprint = 32, "x"
+    why = layout_mismatch(mine, proto)
+    assert why is not None and "block_size: 32 (decode) != 16 (prefill)" in why
+
+
+@pytest.mark.parametrize("exc,code", [
+    (InvalidRequestError("top_p", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
+    (OutOfBlocksError("3 needed"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (Draining(), grpc.StatusCode.UNAVAILABLE),
+    (EngineDeadError("gone"), grpc.StatusCode.UNAVAILABLE),
+    (ConnectionLost("t", "reset"), grpc.StatusCode.UNAVAILABLE),
+    (TransferAborted("t", "lease", by="receiver"), grpc.StatusCode.ABORTED),
+    (LayoutMismatchError("layout"), grpc.StatusCode.FAILED_PRECONDITION),
+])
+def test_status_codes(exc: Exception, code: grpc.StatusCode) -> None:
+    got = grpc_status(exc)
+    assert got is not None and got[0] == code and got[1]
+
+
+def test_bugs_are_not_mapped() -> None:
+    assert grpc_status(RuntimeError("bug")) is None

@@ -1,0 +1,103 @@
+"""RegistryClient against a fake router: register, heartbeat, re-register, survive outages."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+
+from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+from tests.unit.worker.harness import until
+from worker.registration import RegistrationConfig, RegistryClient
+
+
+class FakeRouter(worker_pb2_grpc.RegistryServicer):
+    """Remembers registrations; forgets a worker once when told to."""
+
+    def __init__(self) -> None:
+        self.registered: list[worker_pb2.RegisterRequest] = []
+        self.beats: list[worker_pb2.HeartbeatRequest] = []
+        self.forget_next = False
+
+    async def Register(self, request, context):  # noqa: N802
+        self.registered.append(request)
+        return worker_pb2.RegisterResponse(heartbeat_interval_s=0.02)
+
+    async def Heartbeat(self, request, context):  # noqa: N802
+        self.beats.append(request)
+        known = not self.forget_next
+        self.forget_next = False
+        return worker_pb2.HeartbeatResponse(known=known)
+
+
+async def _serve(router: FakeRouter, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_RegistryServicer_to_server(router, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, port
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _client(port: int) -> RegistryClient:
+    async def stats() -> worker_pb2.WorkerStats:
+        return worker_pb2.WorkerStats(worker_id="w1", num_free_blocks=7)
+
+    return RegistryClient(
+        RegistrationConfig(f"127.0.0.1:{port}", min_backoff_s=0.01, max_backoff_s=0.05),
+        lambda: worker_pb2.RegisterRequest(role=worker_pb2.ROLE_DECODE, worker_id="w1",
+                                           endpoint="127.0.0.1:1"),
+        stats,
+    )
+
+
+def test_register_heartbeat_and_reregister() -> None:
+    async def main() -> None:
+        router = FakeRouter()
+        server, port = await _serve(router)
+        client = _client(port)
+        task = asyncio.create_task(client.run())
+
+        async def count() -> tuple[int, int]:
+            return len(router.registered), len(router.beats)
+
+        await until(count, lambda n: n[0] == 1 and n[1] >= 2)
+        assert router.beats[0].stats.num_free_blocks == 7 and router.beats[0].worker_id == "w1"
+        router.forget_next = True
+        await until(count, lambda n: n[0] == 2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_unreachable_router_is_retried_until_it_appears() -> None:
+    async def main() -> None:
+        port = _free_port()
+        client = _client(port)
+        task = asyncio.create_task(client.run())
+
+        async def failures() -> int:
+            return client.failures
+
+        await until(failures, lambda n: n >= 2)
+        assert not task.done()
+        router = FakeRouter()
+        server, _ = await _serve(router, port)
+
+        async def registered() -> int:
+            return client.registrations
+
+        await until(registered, lambda n: n >= 1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
+
+    asyncio.run(main())

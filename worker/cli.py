@@ -1,0 +1,122 @@
+"""The command-line start-up both roles share: common flags, their config, ``run_worker``.
+
+    role parser = role flags + add_worker_args(...)      (host, port, router, KV secret, TLS,
+                                                          metrics, drain, engine flags)
+    args ──role config_from_args──> RoleAppConfig(worker=worker_config(args), ...)
+         ──run_worker──> serve(config.worker.serve, build_app(config)) until SIGTERM
+
+A bad flag or file is exit status 2 with one line on stderr, as argparse does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from engine.cli_args import add_engine_args, engine_config_from_args
+from worker.app import WorkerApp
+from worker.config import ServeConfig, StartupError, WorkerConfig
+from worker.process import serve
+from worker.tls import add_tls_args, router_credentials_from_args, server_tls_from_args
+
+log = logging.getLogger(__name__)
+
+# Used when no --kv-secret-file is given: fine for one machine, never for a shared network.
+DEV_KV_SECRET = b"tandem-dev-kv-secret-do-not-use-in-production"
+
+
+class RoleAppConfig(Protocol):
+    """A role's frozen config: the shared part plus the role's own fields."""
+
+    @property
+    def worker(self) -> WorkerConfig: ...
+
+
+C = TypeVar("C", bound=RoleAppConfig)
+
+
+def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str) -> None:
+    """The flags every worker role takes (the role adds its own before or after)."""
+    p.add_argument("--host", default="127.0.0.1", help=host_help)
+    p.add_argument("--port", type=int, required=True, help="gRPC port (0: pick a free one)")
+    p.add_argument("--no-kv-shm", action="store_true", help=shm_help)
+    p.add_argument("--kv-secret-file", default=None, help="shared KV secret (>= 16 bytes)")
+    p.add_argument("--router", default=None, help="router HOST:PORT to register with")
+    p.add_argument("--worker-id", default=None)
+    p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    p.add_argument("--metrics-port", type=int, default=-1,
+                   help="serve Prometheus /metrics here (-1: off, 0: pick a free port)")
+    p.add_argument("--metrics-host", default=None, help="metrics listen address (default: --host)")
+    add_tls_args(p)
+    add_engine_args(p)
+
+
+def check_ports(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """``parser.error`` (exit 2) unless each named port flag is in 0..65535 and
+    ``--metrics-port`` in -1..65535."""
+    for name in names:
+        if not 0 <= getattr(args, name) < 65536:
+            parser.error(f"--{name.replace('_', '-')} must be in 0..65535")
+    if not -1 <= args.metrics_port < 65536:
+        parser.error("--metrics-port must be in -1..65535")
+
+
+def load_kv_secret(path: str | None) -> bytes:
+    """The KV transfer's shared secret from a file, or the development default (logged)."""
+    if path is None:
+        log.warning("no --kv-secret-file: using the built-in development KV secret")
+        return DEV_KV_SECRET
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise StartupError(f"cannot read the KV secret file: {exc}") from exc
+    if len(secret) < 16:
+        raise StartupError(f"the KV secret in {path} must be at least 16 bytes")
+    return secret
+
+
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    """The shared config from the shared flags; reads the secret and TLS files. Raises
+    StartupError or ValueError (a bad engine flag, an unreadable file)."""
+    serve_config = ServeConfig(
+        host=args.host, port=args.port, router=args.router,
+        drain_timeout_s=args.drain_timeout_s, metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host, tls=server_tls_from_args(args),
+        router_credentials=router_credentials_from_args(args),
+    )
+    return WorkerConfig(
+        serve=serve_config, engine=engine_config_from_args(args),
+        kv_secret=load_kv_secret(args.kv_secret_file), worker_id=args.worker_id,
+        kv_shm=not args.no_kv_shm,
+    )
+
+
+def setup_logging() -> None:
+    """One log format for every worker process, on stderr (stdout carries the READY line)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_worker(
+    prog: str,
+    args: argparse.Namespace,
+    config_from_args: Callable[[argparse.Namespace], C],
+    build_app: Callable[[C], Awaitable[WorkerApp]],
+) -> int:
+    """Build the role's config from ``args`` and serve ``build_app(config)`` until SIGTERM.
+    Returns the exit status (2: bad flags/files, a busy port or a model that does not load)."""
+    try:
+        config = config_from_args(args)
+    except (StartupError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(config.worker.serve, lambda: build_app(config)))
+    except StartupError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
