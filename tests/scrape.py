@@ -3,7 +3,9 @@ the naming rules of DESIGN.md section 5 (``tandem_`` prefix, a ``role`` label)."
 
 from __future__ import annotations
 
+import ssl
 import urllib.request
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,9 +32,14 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return found[0]
 
 
-def fetch(address: str, path: str = "/metrics", timeout: float = 30.0) -> str:
-    """GET http://address/path as text (raises on a non-200 reply)."""
-    with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout) as reply:
+def fetch(address: str, path: str = "/metrics", timeout: float = 30.0, *,
+          ca: Path | None = None, api_key: str | None = None) -> str:
+    """GET http://address/path as text (raises on a non-200 reply); with ``ca``, https
+    trusting that CA, and with ``api_key``, as a bearer of that key (a router's TLS edge)."""
+    scheme, context = ("https", ssl.create_default_context(cafile=str(ca))) if ca else ("http", None)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(f"{scheme}://{address}{path}", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
         assert reply.status == 200
         assert reply.headers["Content-Type"].startswith("text/plain")
         return reply.read().decode()

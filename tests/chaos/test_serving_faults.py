@@ -13,6 +13,7 @@ import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
+from tests import scrape
 from tests.data.make_long_prompt import long_prompt
 from tests.unit.engine._reference import hf_greedy
 
@@ -38,9 +39,20 @@ def _prefill(c: Cluster, *extra: str) -> Proc:
 
 
 def _stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
-    channel = grpc.insecure_channel(proc.grpc)
     cls = worker_pb2_grpc.DecodeServiceStub if role == "decode" else worker_pb2_grpc.PrefillServiceStub
-    return cls(channel).Stats(worker_pb2.StatsRequest(), timeout=10)
+    with grpc.insecure_channel(proc.grpc) as channel:
+        return cls(channel).Stats(worker_pb2.StatsRequest(), timeout=60)
+
+
+def _holds_work(proc: Proc) -> bool:
+    st = _stats(proc, "decode")
+    return st.num_running + st.num_waiting + st.num_reserved > 0
+
+
+def _idle(proc: Proc, role: str) -> bool:
+    st = _stats(proc, role)
+    return (st.num_running == st.num_waiting == st.num_reserved == 0
+            and st.num_free_blocks == st.num_blocks)
 
 
 def _wait_for(cond, timeout: float = 120.0) -> None:
@@ -119,21 +131,33 @@ def test_decode_killed_mid_stream_migrates(smollm2_dir) -> None:
         request = tandem_pb2.GenerateRequest(text=text, sampling=sampling)
         undisturbed = [t for m in stub.Generate(request, timeout=600) for t in m.token_ids]
         assert len(undisturbed) == 40
+        _wait_for(lambda: _idle(d1, "decode") and _idle(d2, "decode"))
+        migrated_before = _migrations(router)
         tokens: list[int] = []
+        holder: Proc | None = None
         killed = None
         for msg in stub.Generate(request, timeout=600):
             tokens += msg.token_ids
+            if holder is None:
+                # At the first token the leg is committed on exactly one decode worker, and the
+                # other holds nothing: which one the policy picked is found out, not assumed.
+                holders = [d for d in (d1, d2) if _holds_work(d)]
+                assert len(holders) == 1, "one decode worker holds the request"
+                holder = holders[0]
             if killed is None and len(tokens) >= 6:
-                killed = d1 if _stats(d1, "decode").num_running > 0 else d2
+                killed = holder
                 killed.kill()
         assert killed is not None
         assert tokens == undisturbed
+        assert _migrations(router) == migrated_before + 1  # killed mid-stream, and migrated
         survivor = d2 if killed is d1 else d1
-        _wait_for(lambda: _stats(survivor, "decode").num_running == 0)
-        _wait_for(lambda: _stats(survivor, "decode").num_free_blocks
-                  == _stats(survivor, "decode").num_blocks)
+        _wait_for(lambda: _idle(survivor, "decode"))
     finally:
         c.stop()
+
+
+def _migrations(router: Proc) -> float:
+    return scrape.value(scrape.parse(scrape.fetch(router.info["http"])), "tandem_migrations_total")
 
 
 def test_no_prefill_worker_prefills_locally(smollm2_dir) -> None:

@@ -1,12 +1,15 @@
 """A real local cluster (router + prefill + decode processes) on the tiny served model
 (tests/integration/served_model.py), for the SDK and client-command tests, plus the checks
-those tests share: worker Stats, "everything idle and every KV block free", router metrics."""
+those tests share: worker Stats, "everything idle and every KV block free", router metrics,
+and pausing a worker so that a stream it feeds cannot end while a test acts on it."""
 
 from __future__ import annotations
 
+import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -19,6 +22,19 @@ from tests.integration.served_model import start_workers
 MODEL_ID = "tiny"
 
 
+@dataclass(frozen=True)
+class RouterAccess:
+    """A started router and what reading its /metrics takes (its TLS CA and an API key when
+    its edge has them)."""
+
+    proc: Proc
+    ca: Path | None = None
+    api_key: str | None = None
+
+    def metrics(self) -> scrape.Samples:
+        return scrape.parse(scrape.fetch(self.proc.info["http"], ca=self.ca, api_key=self.api_key))
+
+
 @dataclass
 class LocalCluster:
     """The started processes of one test module."""
@@ -28,18 +44,30 @@ class LocalCluster:
     prefill: Proc
     decode: Proc
     router: Proc | None = None
+    routers: list[RouterAccess] = field(default_factory=list)  # every router over the workers
 
-    def start_router(self, *flags: str) -> Proc:
-        """A router over this cluster's workers (more than one may run, e.g. with auth)."""
-        return self.cluster.start(
+    def start_router(self, *flags: str, ca: Path | None = None,
+                     api_key: str | None = None) -> Proc:
+        """A router over this cluster's workers (more than one may run, e.g. with auth);
+        ``ca`` and ``api_key``: what reading its metrics takes when ``flags`` secure its edge."""
+        proc = self.cluster.start(
             "router", "--port", "0", "--tokenizer", str(self.model), "--model-name", MODEL_ID,
             "--prefill", self.prefill.grpc, "--decode", self.decode.grpc, *flags,
         )
+        self.routers.append(RouterAccess(proc, ca, api_key))
+        return proc
 
     @property
     def target(self) -> str:
         assert self.router is not None
         return self.router.grpc
+
+    @contextmanager
+    def paused_decode(self) -> Iterator[None]:
+        """The decode worker paused for the block (see ``paused``), every router routing to
+        it again after."""
+        with paused(self.decode, "decode", self.routers):
+            yield
 
 
 def start_cluster(model: Path, *router_flags: str) -> LocalCluster:
@@ -84,6 +112,35 @@ def wait_until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         time.sleep(0.02)  # polling a condition, not waiting a fixed time
+
+
+@contextmanager
+def paused(worker: Proc, role: str, routers: Sequence[RouterAccess]) -> Iterator[None]:
+    """``worker`` stopped (SIGSTOP) for the block and resumed (SIGCONT) on every way out.
+
+    While it is stopped nothing it serves progresses, so a stream it feeds cannot end on its
+    own, whatever the machine's load: the ordering a test needs is forced, not hoped for. After
+    a clean exit the block also waits until every router in ``routers`` has the worker in its
+    pool again (a health probe that timed out during the pause takes it out until the next one
+    passes)."""
+    worker.popen.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        worker.popen.send_signal(signal.SIGCONT)
+    wait_routed(routers, role)
+
+
+def wait_routed(routers: Sequence[RouterAccess], role: str, timeout: float = 60.0) -> None:
+    """Wait until each router has every known ``role`` worker in its pool (routable)."""
+    def routed() -> bool:
+        return all(scrape.value(r.metrics(), "tandem_workers", worker_role=role,
+                                routable="false") == 0 for r in routers)
+
+    try:
+        wait_until(routed, timeout)
+    except TimeoutError:
+        raise AssertionError(f"a {role} worker stayed out of a router's pool") from None
 
 
 def assert_idle(local: LocalCluster, timeout: float = 60.0) -> None:

@@ -6,7 +6,6 @@ mid-stream frees the workers' blocks."""
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +15,12 @@ import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
+from tests.integration.sdk_cluster import (
+    RouterAccess,
+    paused,
+    requests_with_outcome,
+    wait_until,
+)
 from tests.integration.served_model import start_workers, tiny_served_model
 
 MODEL = "tiny"
@@ -160,19 +165,23 @@ def test_errors_in_openai_shape(cluster, client) -> None:
 
 def test_overload_429_and_disconnect_frees_blocks(cluster, client) -> None:
     extra = {"ignore_eos": True}
+    router = cluster["router"]
+    cancelled = requests_with_outcome(router, "cancelled")
     with client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=900, temperature=0,
                                    stream=True, extra_body=extra) as long:
         first = next(iter(long))
-        assert first.choices[0].finish_reason is None  # mid-stream: the one slot is taken
-        with pytest.raises(openai.RateLimitError) as busy:
-            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
-        assert int(busy.value.response.headers["retry-after"]) >= 1
-        assert busy.value.body["type"] == "rate_limit_error"  # type: ignore[index]
-    # Leaving the block closed the connection mid-stream: both legs must be released.
+        assert first.choices[0].finish_reason is None  # mid-stream: the one slot is taken ...
+        # ... and stays taken while the decode worker is paused: the stream cannot end.
+        with paused(cluster["decode"], "decode", [RouterAccess(router)]):
+            with pytest.raises(openai.RateLimitError) as busy:
+                client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+            assert int(busy.value.response.headers["retry-after"]) >= 1
+            assert busy.value.body["type"] == "rate_limit_error"  # type: ignore[index]
+            long.close()  # the client goes away mid-stream
+    # The closed connection cancelled the request: both legs must be released, and the
+    # router counts it (after its aborts to the workers return, so possibly after they idle).
     _idle(cluster)
-    url = f"http://{cluster['router'].info['http']}/metrics"
-    with urllib.request.urlopen(url, timeout=30) as reply:
-        metrics = reply.read().decode()
-    assert 'tandem_requests_total{outcome="cancelled",role="router"} 1.0' in metrics
+    wait_until(lambda: requests_with_outcome(router, "cancelled") >= cancelled + 1)
+    assert requests_with_outcome(router, "cancelled") == cancelled + 1
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
     assert out.usage is not None and out.usage.completion_tokens == 2

@@ -1,6 +1,9 @@
 """Real worker processes on a tiny checkpoint: the disaggregation contract (Reserve -> Prefill
 -> Decode equals one engine's greedy output), aborts leave no blocks, errors at the edge, a
-full decode pool, a prefill worker SIGKILLed mid-push, and a SIGTERM drain that exits 0."""
+full decode pool, a prefill worker SIGKILLed mid-push, and a SIGTERM drain that exits 0.
+
+Tests that kill or drain a worker start their own; the module's pair stays up for every test,
+whatever order they run in."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 ROOT = Path(__file__).resolve().parents[2]
 READY = "TANDEM_READY"
 PROMPT = [3 + (i * 29) % 250 for i in range(37)]
+HELD = [5 + (i * 31) % 250 for i in range(21)]  # shares no prefix with PROMPT
 
 
 class Worker:
@@ -46,7 +50,7 @@ class Worker:
             self._lines.put(line)
         self._lines.put(None)
 
-    def wait_ready(self, timeout: float = 90.0) -> dict[str, str]:
+    def wait_ready(self, timeout: float = 300.0) -> dict[str, str]:
         """The READY line's JSON; fails with the worker's log if it exits first."""
         deadline = time.monotonic() + timeout
         while True:
@@ -73,7 +77,7 @@ class Worker:
         return self.proc.returncode
 
 
-def _until(check: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 20.0) -> Any:
+def _until(check: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -104,9 +108,8 @@ class Cluster:
                           grpc.insecure_channel(p_info["grpc"])]
         self.decode = worker_pb2_grpc.DecodeServiceStub(self._channels[0])
         self.prefill = worker_pb2_grpc.PrefillServiceStub(self._channels[1])
-        self.health = health_pb2_grpc.HealthStub(self._channels[0])
 
-    def reserve(self, rid: str, prompt: list[int], n: int, lease_s: float = 20.0
+    def reserve(self, rid: str, prompt: list[int], n: int, lease_s: float = 60.0
                 ) -> worker_pb2.ReserveResponse:
         return self.decode.Reserve(worker_pb2.ReserveRequest(
             request_id=rid, token_ids=prompt, sampling=_greedy(n), lease_s=lease_s))
@@ -268,31 +271,58 @@ def test_prefill_killed_mid_push_releases_the_lease(cluster: Cluster, tmp_path: 
     finally:
         victim.stop()
     # Lost connection (mid-push) or lease expiry (before it): either way the blocks come back.
-    _until(lambda: cluster.decode.Stats(worker_pb2.StatsRequest()), _idle, timeout=15)
+    _until(lambda: cluster.decode.Stats(worker_pb2.StatsRequest()), _idle)
 
 
 def test_busy_port_exits_nonzero(cluster: Cluster, tmp_path: Path) -> None:
     port = cluster.decode_address.rsplit(":", 1)[1]
     w = Worker("decode_worker", ["--port", port, "--kv-port", "0",
                                  "--model", cluster.model], tmp_path / "busy.log")
-    rc = w.proc.wait(60)
-    w.stop()
+    try:
+        rc = w.proc.wait(300)
+    finally:
+        w.stop()
     assert rc == 2 and "cannot listen" in w.log.read_text()
 
 
-def test_sigterm_drains_running_streams(cluster: Cluster) -> None:
-    res = cluster.reserve("drain", PROMPT, 40)
-    cluster.prefill.Prefill(cluster.prefill_request("drain", PROMPT, 40, res))
-    stream = cluster.decode.Decode(worker_pb2.DecodeRequest(request_id="drain"))
-    msgs = [next(stream)]
-    cluster.decode_proc.proc.send_signal(signal.SIGTERM)
-    check = health_pb2.HealthCheckRequest(service="tandem.v1.DecodeService")
-    _until(lambda: cluster.health.Check(check).status,
-           lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
-    with pytest.raises(grpc.RpcError) as err:
-        cluster.reserve("late", PROMPT, 4)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in err.value.details()
-    msgs += list(stream)
-    assert msgs[-1].finished and msgs[-1].finish_reason == "length"
-    assert sum(len(m.token_ids) for m in msgs) == 39  # all but the first
-    assert cluster.decode_proc.proc.wait(30) == 0
+def test_sigterm_drains_running_streams(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGTERM: health turns NOT_SERVING and new reservations are refused while what the worker
+    already has goes on: a stream mid-decode runs to its end, and a reservation still waiting
+    for its KV is kept. That reservation, which only the test ends, holds the drain open until
+    the checks are done however fast the stream finishes; then the worker exits 0."""
+    worker = Worker("decode_worker", ["--port", "0", "--kv-port", "0", "--num-blocks", "64",
+                                      "--model", cluster.model, "--block-size", "16",
+                                      "--threads", "1", "--drain-timeout-s", "600"],
+                    tmp_path / "drain.log")
+    try:
+        info = worker.wait_ready()
+        with grpc.insecure_channel(info["grpc"]) as channel:
+            decode = worker_pb2_grpc.DecodeServiceStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def reserve(rid: str, prompt: list[int], n: int) -> worker_pb2.ReserveResponse:
+                return decode.Reserve(worker_pb2.ReserveRequest(
+                    request_id=rid, token_ids=prompt, sampling=_greedy(n), lease_s=600.0),
+                    timeout=60)
+
+            res = reserve("drain", PROMPT, 40)
+            cluster.prefill.Prefill(cluster.prefill_request("drain", PROMPT, 40, res))
+            stream = decode.Decode(worker_pb2.DecodeRequest(request_id="drain"))
+            msgs = [next(stream)]
+            held = reserve("held", HELD, 8)
+            worker.proc.send_signal(signal.SIGTERM)
+            check = health_pb2.HealthCheckRequest(service="tandem.v1.DecodeService")
+            _until(lambda: health.Check(check, timeout=30).status,
+                   lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
+            with pytest.raises(grpc.RpcError) as err:
+                reserve("late", PROMPT, 4)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "draining" in err.value.details()
+            msgs += list(stream)
+            assert msgs[-1].finished and msgs[-1].finish_reason == "length"
+            assert sum(len(m.token_ids) for m in msgs) == 39  # all but the first
+            assert held.block_ids  # reserved before SIGTERM, kept by the drain until ended:
+            assert decode.Abort(worker_pb2.AbortRequest(request_id="held"), timeout=60).found
+        assert worker.proc.wait(120) == 0
+    finally:
+        worker.stop()

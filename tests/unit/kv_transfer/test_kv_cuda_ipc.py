@@ -81,7 +81,12 @@ def test_cuda_ipc_round_trip_between_processes(dtype: str) -> None:
             assert tx.stats().transfers == 0
         finally:
             if proc.returncode is None:
-                await asyncio.wait_for(proc.wait(), 30)
+                try:
+                    await asyncio.wait_for(proc.wait(), 30)
+                except asyncio.TimeoutError:  # stuck (the test failed first): never leave it
+                    proc.kill()
+                    await proc.wait()
+                    raise
         assert proc.returncode == 0
 
     run(body(), timeout=240)

@@ -42,6 +42,9 @@ from kv_transfer.testing import (
 
 LAYOUT = tiny_layout("float16", layers=4)
 SRC, DST = [1, 2, 3], [4, 5, 6]
+# A lease meant to run out mid-transfer: long enough for the test to open the transfer and push
+# its first layer on a loaded machine (milliseconds of work), short enough not to drag.
+SHORT_LEASE_S = 2.0
 
 
 def test_connection_reset_mid_transfer_aborts_both_sides() -> None:
@@ -104,9 +107,11 @@ def test_flipped_payload_byte_is_nacked_and_the_transfer_aborted() -> None:
 def test_lease_expiry_reports_expired_and_fails_the_sender() -> None:
     async def body() -> None:
         p = await make_pair("fake", LAYOUT)
-        p.rx.reserve("slow", DST, lease_s=0.2)
+        p.rx.reserve("slow", DST, lease_s=SHORT_LEASE_S)
         t = await p.tx.open("slow", p.endpoint, SRC, DST, deadline())
         await t.send_layers(0, 1)
+        # its first layer landed (only a bound transfer's do): the lease ends mid-transfer
+        await p.rx.wait_until(lambda s: s.bytes_received > 0)
         assert await p.rx.events.get() == Expired("slow", tuple(DST))
         failure = await t.wait_ended()  # the receiver told the sender
         assert isinstance(failure, TransferAborted) and failure.by == "receiver"
@@ -183,11 +188,14 @@ def test_deadline_bounds_a_stalled_receiver() -> None:
     async def body() -> None:
         p = await make_pair("fake", LAYOUT)
         p.rx.reserve("t", DST, lease_s=30)
-        t = await p.tx.open("t", p.endpoint, SRC, DST, time.monotonic() + 0.3)
+        t = await p.tx.open("t", p.endpoint, SRC, DST, deadline())
         await t.send_layers(0, LAYOUT.num_layers)
         assert p.network is not None
         link = p.network.links[-1]
         link.stall()  # the COMMIT never reaches the receiver
+        # The deadline runs out only now, while the receiver is stalled (a short deadline set
+        # at open could run out before the layers were even sent, on a loaded machine).
+        t.deadline = time.monotonic() + 0.3
         with pytest.raises(DeadlineExceeded):
             await t.commit(1, 0.0)
         assert p.tx.stats().transfers == 0
@@ -320,11 +328,11 @@ def test_many_transfers_fail_and_succeed_side_by_side() -> None:
 
         async def one(i: int) -> None:
             tid = f"t{i}"
-            p.rx.reserve(tid, [i], lease_s=30 if i % 3 else 0.2)
+            p.rx.reserve(tid, [i], lease_s=30 if i % 3 else SHORT_LEASE_S)
             t = await p.tx.open(tid, p.endpoint, [i], [i], deadline())
             await t.send_layers(0, 1)
             if i % 3 == 0:
-                await asyncio.wait_for(t.wait_ended(), 5)  # lease runs out
+                await asyncio.wait_for(t.wait_ended(), 30)  # lease runs out
                 outcomes[tid] = "expired"
             elif i % 3 == 1:
                 await t.abort("nope")

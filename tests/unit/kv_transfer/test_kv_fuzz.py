@@ -77,7 +77,8 @@ def test_decoder_accepts_only_well_typed_headers(header: dict[str, object]) -> N
 def receiver() -> Iterator[ReceiverThread]:
     """One receiver (on its own thread) for all examples of a test; the test ends with a legit
     transfer through it and a check that it holds nothing."""
-    cfg = ReceiverConfig(TEST_SECRET, enable_shm=False, handshake_timeout_s=2.0)
+    # The handshake timeout only backstops a receiver that ignored EOF: _blast's bound is longer.
+    cfg = ReceiverConfig(TEST_SECRET, enable_shm=False, handshake_timeout_s=10.0)
     thread = ReceiverThread(zero_cache(LAYOUT, 32), LAYOUT, cfg)
     try:
         yield thread
@@ -87,10 +88,11 @@ def receiver() -> Iterator[ReceiverThread]:
 
 
 def _blast(thread: ReceiverThread, data: bytes) -> None:
-    """Send ``data``, half-close, and require the receiver to close within 5 s."""
+    """Send ``data``, half-close, and require the receiver to close (within 30 s: a hang bound;
+    it closes at the EOF)."""
     address = thread.endpoint.address("tcp")
     assert address is not None
-    with socket.create_connection(split_host_port(address), timeout=5) as sock:
+    with socket.create_connection(split_host_port(address), timeout=30) as sock:
         try:
             sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
