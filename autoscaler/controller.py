@@ -27,6 +27,8 @@ from autoscaler.decision import Decision
 from autoscaler.exporter import DecisionExporter
 from autoscaler.metrics import Snapshot, WorkerSample
 from autoscaler.roles import ROLES, RoleName
+from common.credential import ClusterCredential
+from common.grpc_auth import aio_interceptors
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,10 @@ class Controller:
         targets: Callable[[], Awaitable[list[ScrapeTarget]]],
         clock: Callable[[], float] = time.monotonic,
         rpc_timeout_s: float = 2.0,
+        credential: ClusterCredential | None = None,
     ) -> None:
+        """``credential``: the cluster credential the workers' Stats RPC needs (None: an
+        insecure cluster)."""
         self.config = config
         self.autoscaler = Autoscaler(config)
         self.exporter = DecisionExporter()
@@ -69,6 +74,7 @@ class Controller:
         self._clock = clock
         self._timeout = rpc_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tokens = aio_interceptors(credential) if credential is not None else []
 
     async def scrape(self) -> Snapshot:
         """One Stats call per worker, concurrently."""
@@ -115,7 +121,8 @@ class Controller:
     async def _sample(self, target: ScrapeTarget) -> WorkerSample | None:
         channel = self._channels.get(target.endpoint)
         if channel is None:
-            channel = self._channels[target.endpoint] = grpc.aio.insecure_channel(target.endpoint)
+            channel = self._channels[target.endpoint] = grpc.aio.insecure_channel(
+                target.endpoint, interceptors=self._tokens)
         stub_cls = (worker_pb2_grpc.PrefillServiceStub if target.role == "prefill"
                     else worker_pb2_grpc.DecodeServiceStub)
         try:

@@ -20,6 +20,8 @@ import grpc
 
 from bench.serve_stats import RequestResult
 from bench.serve_workload import RequestSpec
+from common.credential import ClusterCredential
+from common.grpc_auth import aio_interceptors
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 Progress = Callable[[RequestResult], None]
@@ -129,15 +131,18 @@ async def run_direct(
     *,
     timeout_s: float = 600.0,
     progress: Progress | None = None,
+    credential: ClusterCredential | None = None,
 ) -> tuple[list[RequestResult], float]:
     """The same load through the workers' own RPCs, as the router would make them.
 
     Reserve on ``decode``; then Prefill on ``prefill`` (or PrefillLocal on the decode worker
     when ``prefill`` is None); the first token comes from that reply; the rest from Decode.
+    ``credential``: the cluster's (the workers answer members only; None: insecure workers).
     """
-    async with grpc.aio.insecure_channel(decode) as dch:
+    tokens = aio_interceptors(credential) if credential is not None else []
+    async with grpc.aio.insecure_channel(decode, interceptors=tokens) as dch:
         d_stub = worker_pb2_grpc.DecodeServiceStub(dch)
-        p_channel = grpc.aio.insecure_channel(prefill) if prefill else None
+        p_channel = grpc.aio.insecure_channel(prefill, interceptors=tokens) if prefill else None
         p_stub = worker_pb2_grpc.PrefillServiceStub(p_channel) if p_channel else None
         try:
             return await _paced(

@@ -61,7 +61,7 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     layout = kv_layout(engine.kv_cache_spec())
     receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
-        enable_shm=wc.kv_shm))
+        enable_shm=wc.kv_shm, tls=wc.kv_tls))
     try:
         await receiver.start()
     except OSError as exc:

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> DecodeAppConfig:
     """The decode worker's config from its flags (reads the secret and TLS files)."""
-    return DecodeAppConfig(worker=worker_config(args), kv_port=args.kv_port,
+    return DecodeAppConfig(worker=worker_config(args, "decode"), kv_port=args.kv_port,
                            kv_host=args.kv_host, default_lease_s=args.default_lease_s)
 
 

@@ -154,9 +154,12 @@ class KvBlocks:
             self.scatter(lo, hi, ids, host)
 
     def scatter(self, lo: int, hi: int, ids: Sequence[int], host: torch.Tensor) -> None:
-        """Write a received host payload into ``kv[lo:hi, :, ids]``."""
+        """Write a received host payload into ``kv[lo:hi, :, ids]``; on CUDA the copy has
+        finished when this returns, so a ``release`` after it cannot race a write in flight."""
         src = host.to(self.kv.device, non_blocking=False)
         self.kv[lo:hi].index_copy_(2, self._index(ids), src)
+        if self.is_cuda:
+            torch.cuda.current_stream(self.kv.device).synchronize()
 
 
 def tensor_bytes(t: torch.Tensor) -> Buffer:

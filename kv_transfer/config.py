@@ -75,6 +75,11 @@ class ReceiverConfig:
     handshake_timeout_s: float = 5.0
     idle_timeout_s: float = 300.0
     frame_timeout_s: float = 30.0
+    # A bound transfer's lease is renewed by each BEGIN, KV and KEEPALIVE frame for this long
+    # (senders are asked for a KEEPALIVE every quarter of it), never past its sender's
+    # deadline, and never longer than max_transfer_s after its BEGIN.
+    progress_timeout_s: float = 10.0
+    max_transfer_s: float = 600.0
     socket_buffer_bytes: int = 4 * MIB
     shm_slots: int = 8
     shm_slot_bytes: int = 4 * MIB
@@ -82,10 +87,15 @@ class ReceiverConfig:
     def __post_init__(self) -> None:
         _check_secret(self, self.secret)
         _positive(self, "max_connections", "max_active_transfers", "handshake_timeout_s",
-                  "idle_timeout_s", "frame_timeout_s", "socket_buffer_bytes", "shm_slots",
-                  "shm_slot_bytes")
+                  "idle_timeout_s", "frame_timeout_s", "progress_timeout_s", "max_transfer_s",
+                  "socket_buffer_bytes", "shm_slots", "shm_slot_bytes")
         if not 0 <= self.port < 65_536:
             raise ConfigError(f"ReceiverConfig.port out of range: {self.port}")
+
+    @property
+    def keepalive_s(self) -> float:
+        """How often a sender must show progress on a quiet bound transfer (KEEPALIVE)."""
+        return self.progress_timeout_s / 4
 
 
 @dataclass(frozen=True, slots=True)

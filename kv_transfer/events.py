@@ -19,7 +19,7 @@ class Committed:
     block_ids: tuple[int, ...]
     first_token: int
     logprob: float
-    seconds: float = field(default=0.0, compare=False)  # BEGIN to COMMIT, on this receiver
+    seconds: float = field(default=0.0, compare=False)  # first KV frame to COMMIT, here
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,8 @@ class Aborted:
 
 @dataclass(frozen=True, slots=True)
 class Expired:
-    """The lease ended before COMMIT."""
+    """The lease ended before COMMIT: no BEGIN in time, no frame for the progress timeout,
+    or the sender's deadline passed."""
 
     transfer_id: str
     block_ids: tuple[int, ...]

@@ -17,7 +17,7 @@ import msgpack
 from kv_transfer.config import Limits
 from kv_transfer.errors import FrameTooLarge, MalformedFrame, UnknownFrameKind
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: KEEPALIVE, BEGIN.ttl_ms, HELLO.keepalive_ms (leases renewed)
 PREFIX = struct.Struct(">I")  # header length
 TRAILER = struct.Struct(">Q")  # xxh3_64 of the payload (byte-stream transports)
 MAX_ID_LEN = 128
@@ -25,7 +25,7 @@ MAX_REASON_LEN = 512
 
 
 class Kind(enum.IntEnum):
-    """Frame kinds of protocol version 1."""
+    """Frame kinds of protocol version 2."""
 
     HELLO = 1
     BEGIN = 2
@@ -35,6 +35,7 @@ class Kind(enum.IntEnum):
     ACK = 6
     NACK = 7
     CREDIT = 8
+    KEEPALIVE = 9
 
 
 Header = dict[str, Any]
@@ -45,8 +46,8 @@ _INT, _IDS, _STR, _BIN, _FLOAT, _MAP = "int", "ids", "str", "bin", "float", "map
 _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.HELLO: {"version": (_INT, False), "layout": (_MAP, False), "fingerprint": (_STR, False),
                  "nonce": (_BIN, False), "proof": (_BIN, False), "max_payload": (_INT, False),
-                 "transport": (_STR, False)},
-    Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True)},
+                 "transport": (_STR, False), "keepalive_ms": (_INT, False)},
+    Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True), "ttl_ms": (_INT, False)},
     Kind.KV: {"transfer": (_STR, True), "layers": (_IDS, True), "blocks": (_IDS, True),
               "dtype": (_STR, True), "shape": (_IDS, True), "nbytes": (_INT, True),
               "slot": (_INT, False), "xxh": (_INT, False), "src_blocks": (_IDS, False)},
@@ -56,6 +57,7 @@ _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.NACK: {"ref": (_INT, True), "transfer": (_STR, False), "code": (_STR, True),
                 "reason": (_STR, False)},
     Kind.CREDIT: {"slot": (_INT, True)},
+    Kind.KEEPALIVE: {"transfer": (_STR, True)},
 }
 
 

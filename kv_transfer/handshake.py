@@ -1,7 +1,8 @@
 """HELLO: mutual HMAC authentication, version and layout check (docs/kv_transfer.md section 3).
 
     S -> R  HELLO {version, layout, fingerprint, nonce_s, transport}
-    R -> S  HELLO {version, fingerprint, nonce_r, max_payload, proof_r}    or NACK, close
+    R -> S  HELLO {version, fingerprint, nonce_r, max_payload, keepalive_ms, proof_r}
+                                                                           or NACK, close
     S -> R  HELLO {proof_s, transport extras}
     R -> S  ACK   {ref: HELLO, transport extras}                           or NACK, close
 
@@ -31,6 +32,8 @@ from kv_transfer.layout import KvLayout
 from kv_transfer.transport.base import Channel
 
 NONCE_BYTES = 16
+# What a sender accepts as the receiver's KEEPALIVE interval (a bad value cannot make it spin).
+MIN_KEEPALIVE_S, MAX_KEEPALIVE_S = 0.01, 3600.0
 _SENDER_LABEL = b"tandem-kv/1/sender"
 _RECEIVER_LABEL = b"tandem-kv/1/receiver"
 
@@ -46,6 +49,7 @@ class PeerInfo:
     """What the sender learns from the receiver's HELLO."""
 
     max_payload: int
+    keepalive_s: float  # send a KEEPALIVE for a bound transfer quiet for this long
 
 
 def _expect(header: Header, kind: Kind, step: str) -> Header:
@@ -82,6 +86,7 @@ async def client_handshake(ch: Channel, layout: KvLayout, secret: bytes) -> Peer
         raise VersionMismatch(f"receiver speaks version {hello.get('version')}")
     nonce_r = _bytes(hello, "nonce")
     max_payload = _int(hello, "max_payload")
+    keepalive_s = min(max(_int(hello, "keepalive_ms") / 1000, MIN_KEEPALIVE_S), MAX_KEEPALIVE_S)
     proof_r = _bytes(hello, "proof")
     if hello.get("fingerprint") != fp:
         raise LayoutMismatchError(f"receiver layout {hello.get('fingerprint')} != {fp}")
@@ -91,11 +96,13 @@ async def client_handshake(ch: Channel, layout: KvLayout, secret: bytes) -> Peer
                    **ch.client_hello_extras()})
     done = _expect(await ch.recv(), Kind.ACK, "ACK")
     ch.client_setup(done)
-    return PeerInfo(max_payload=max_payload)
+    return PeerInfo(max_payload=max_payload, keepalive_s=keepalive_s)
 
 
-async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes) -> None:
-    """Receiver side. On refusal sends a NACK, then raises the matching ``HandshakeError``."""
+async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes,
+                           keepalive_s: float) -> None:
+    """Receiver side; ``keepalive_s`` is the KEEPALIVE interval asked of the sender. On refusal
+    sends a NACK, then raises the matching ``HandshakeError``."""
     fp = layout.fingerprint
     try:
         hello = _expect(await ch.recv(), Kind.HELLO, "HELLO")
@@ -109,6 +116,7 @@ async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes) -> None
         nonce_r = secrets.token_bytes(NONCE_BYTES)
         await ch.send({"kind": Kind.HELLO, "version": PROTOCOL_VERSION, "fingerprint": fp,
                        "nonce": nonce_r, "max_payload": ch.max_payload,
+                       "keepalive_ms": max(1, int(keepalive_s * 1000)),
                        "proof": proof(secret, _RECEIVER_LABEL, nonce_s, nonce_r, fp)})
         final = _expect(await ch.recv(), Kind.HELLO, "proof")
         proof_s = _bytes(final, "proof")

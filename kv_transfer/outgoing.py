@@ -8,6 +8,9 @@
 Any failure (NACK, receiver ABORT, lost connection, deadline) ends the transfer at once; the
 error is raised by the next ``push``/``flush``/``commit`` call, and only after the pump has
 stopped reading the source blocks.
+
+While it is open and quiet (no frame for a while: the prefill is queued or computing), its
+connection sends a KEEPALIVE for it (``needs_keepalive``), which renews the receiver's lease.
 """
 
 from __future__ import annotations
@@ -39,11 +42,18 @@ log = logging.getLogger(__name__)
 ABORT_GRACE_S = 1.0
 
 
+def check_source(blocks: KvBlocks, src: list[int], dst: list[int]) -> None:
+    """Raise ``TransferSpecError`` unless ``src`` pairs with ``dst`` and addresses ``blocks``."""
+    if len(src) != len(dst):
+        raise TransferSpecError(f"{len(src)} source blocks but {len(dst)} destinations")
+    blocks.check_span(0, blocks.layout.num_layers, src)
+
+
 class OutgoingTransfer:
     """Handle returned by ``Sender.open``; see the module docstring."""
 
     def __init__(self, blocks: KvBlocks, conn: OutboundConnection, transfer_id: str,
-                 src_ids: list[int], dst_ids: list[int], deadline: float,
+                 src_ids: list[int] | None, dst_ids: list[int], deadline: float,
                  on_end: Callable[[OutgoingTransfer], None]) -> None:
         self.blocks = blocks
         self.conn = conn
@@ -51,7 +61,9 @@ class OutgoingTransfer:
         self.src_ids = src_ids
         self.dst_ids = dst_ids
         self.deadline = deadline
+        self.last_sent = time.monotonic()  # of its last frame (BEGIN, KV, KEEPALIVE)
         self._on_end = on_end
+        self._ending = False  # COMMIT or ABORT is being sent: no more KEEPALIVEs
         self._queue: collections.deque[tuple[int, int]] = collections.deque()
         self._pump: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -82,6 +94,20 @@ class OutgoingTransfer:
 
     def _pumping(self) -> bool:
         return self._pump is not None and not self._pump.done()
+
+    def needs_keepalive(self, now: float, quiet_s: float) -> bool:
+        """True when the transfer is open, before its deadline, and no frame of it went out
+        for ``quiet_s`` seconds (the connection then sends a KEEPALIVE)."""
+        return (not self.done and not self._ending and now < self.deadline
+                and now - self.last_sent >= quiet_s)
+
+    def set_source(self, src_ids: list[int]) -> None:
+        """Name the source blocks of a transfer opened without them (before the first push)."""
+        src = [int(b) for b in src_ids]
+        if self.src_ids is not None and self.src_ids != src:
+            raise TransferSpecError(f"transfer {self.transfer_id!r} already has its sources")
+        check_source(self.blocks, src, self.dst_ids)
+        self.src_ids = src
 
     def _unregister(self) -> None:
         """Forget the transfer once it is over and the pump no longer reads the source."""
@@ -136,6 +162,8 @@ class OutgoingTransfer:
             raise TransferSpecError(f"transfer {self.transfer_id!r} already committed")
         if not 0 <= lo < hi <= self.blocks.layout.num_layers:
             raise TransferSpecError(f"layer range [{lo}, {hi}) outside the layout")
+        if self.src_ids is None:
+            raise TransferSpecError(f"transfer {self.transfer_id!r} has no source blocks yet")
         self._queue.append((lo, hi))
         self._idle.clear()
         if not self._pumping():
@@ -160,6 +188,7 @@ class OutgoingTransfer:
             raise self._error
 
     def _frames(self, lo: int, hi: int) -> Iterator[tuple[Header, SendSpan]]:
+        assert self.src_ids is not None  # push() checked
         layout = self.blocks.layout
         max_bytes = self.conn.max_frame_bytes
         n = len(self.dst_ids)
@@ -186,6 +215,7 @@ class OutgoingTransfer:
                     if self._error is not None:
                         return
                     await self._bounded(self.conn.send(header, span))
+                    self.last_sent = time.monotonic()
                 if self._queue:
                     self._queue.popleft()
         except TransferFailed as exc:
@@ -207,6 +237,7 @@ class OutgoingTransfer:
             return
         loop = asyncio.get_running_loop()
         self._ack = loop.create_future()
+        self._ending = True
         try:
             await self._bounded(self.conn.send({
                 "kind": Kind.COMMIT, "transfer": self.transfer_id,
@@ -223,6 +254,7 @@ class OutgoingTransfer:
         """End the transfer: the frame on the wire finishes, the rest is dropped, ABORT is sent."""
         if self.done:
             return
+        self._ending = True
         self._on_failed(TransferAborted(self.transfer_id, reason, by="sender"))
         if self._pump is not None and not self._pump.done():
             grace = max(0.0, self.deadline - time.monotonic()) + ABORT_GRACE_S

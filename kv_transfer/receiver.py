@@ -1,9 +1,10 @@
 """The decode side: reserve blocks, accept pushes into them, report how each transfer ended.
 
     decode worker                         Receiver                        senders
-    reserve(t, ids, lease) ------------>  table[t] = RESERVED
+    reserve(t, ids, lease) ------------>  table[t] = RESERVED (lease_s to its BEGIN)
                                           listeners (tcp, shm, ...)  <--- connections
                                           InboundConnection per connection: frames -> blocks
+                                          BEGIN / KV / KEEPALIVE renew a bound lease
     await events.get()  <---------------  Committed | Aborted | Expired
     release(t)  ------------------------> ended silently (+ ABORT to the sender if bound)
 
@@ -31,7 +32,7 @@ from kv_transfer.events import Aborted, Committed, Expired, TransferEvent
 from kv_transfer.frames import Kind, abort, nack
 from kv_transfer.layout import KvLayout
 from kv_transfer.receiver_conn import InboundConnection
-from kv_transfer.reservations import ReservationTable
+from kv_transfer.reservations import Reservation, ReservationTable
 from kv_transfer.transport import receiver_transports
 from kv_transfer.transport.base import Channel, Listener, Transport
 
@@ -54,6 +55,8 @@ class ReceiverStats:
     expired: int
     bytes_received: int
     refusals: dict[str, int] = field(default_factory=dict)
+    keepalives: int = 0  # KEEPALIVE frames that renewed a lease
+    receiving: int = 0  # connections in the middle of a KV frame's payload right now
 
 
 class Receiver:
@@ -78,6 +81,7 @@ class Receiver:
         self._counts: collections.Counter[str] = collections.Counter()
         self.refusals: collections.Counter[str] = collections.Counter()
         self.bytes_received = 0
+        self.keepalives = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -120,16 +124,16 @@ class Receiver:
     # -- the decode worker's API --------------------------------------------------------------
 
     def reserve(self, transfer_id: str, block_ids: Sequence[int], lease_s: float) -> None:
-        """Reserve destination blocks for ``transfer_id`` for ``lease_s`` seconds.
+        """Reserve destination blocks for ``transfer_id``: the lease ends ``lease_s`` seconds
+        from now unless a BEGIN binds it; then progress renews it (see ``ReceiverConfig``).
 
         Raises ``ReservationError`` for a duplicate id or ids that are out of range, repeated,
         or held by another live reservation.
         """
         if not lease_s > 0:
             raise ConfigError("lease_s must be > 0")
-        self.table.reserve(transfer_id, block_ids)
-        loop = asyncio.get_running_loop()
-        self._timers[transfer_id] = loop.call_later(lease_s, self._expire, transfer_id)
+        res = self.table.reserve(transfer_id, block_ids, now=time.monotonic(), lease_s=lease_s)
+        self._arm(res)
         self._touch()
 
     def release(self, transfer_id: str, reason: str = "released by the decode worker") -> bool:
@@ -148,7 +152,9 @@ class Receiver:
             held_blocks=self.table.held_blocks, buffered_bytes=buffered,
             connections=len(self._conns), committed=self._counts["committed"],
             aborted=self._counts["aborted"], expired=self._counts["expired"],
-            bytes_received=self.bytes_received, refusals=dict(self.refusals))
+            bytes_received=self.bytes_received, refusals=dict(self.refusals),
+            keepalives=self.keepalives,
+            receiving=sum(1 for c in self._conns.values() if c.receiving))
 
     async def wait_until(self, predicate: Callable[[ReceiverStats], bool],
                          timeout: float = 10.0) -> ReceiverStats:
@@ -184,8 +190,34 @@ class Receiver:
             self._conns.pop(conn_id, None)
             self._touch()
 
+    def _arm(self, res: Reservation) -> None:
+        """(Re)start the lease timer for ``res.expires_at``."""
+        old = self._timers.pop(res.transfer_id, None)
+        if old is not None:
+            old.cancel()
+        delay = max(0.0, res.expires_at - time.monotonic())
+        self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
+            delay, self._expire, res.transfer_id)
+
+    def _renew(self, res: Reservation) -> None:
+        """Progress (KV, KEEPALIVE) on a bound transfer. Only moves ``expires_at`` later, so
+        the armed timer stays: when it fires, ``_expire`` re-arms it for the rest."""
+        self.table.renew(res, time.monotonic(), self.config.progress_timeout_s)
+
     def _expire(self, transfer_id: str) -> None:
-        self._end(transfer_id, "expired", code="expired", reason="lease expired")
+        res = self.table.get(transfer_id)
+        if res is None:
+            return
+        if res.expires_at > time.monotonic():  # renewed since the timer was armed
+            self._arm(res)
+            return
+        if res.conn is None:
+            reason = "lease expired before BEGIN"
+        elif res.expires_at >= res.deadline:
+            reason = "the sender's deadline passed"
+        else:
+            reason = f"no frame for {self.config.progress_timeout_s:g} s (sender silent)"
+        self._end(transfer_id, "expired", code="expired", reason=reason)
 
     def _end(self, transfer_id: str, why: EndWhy, *, code: str, reason: str,
              by: Literal["sender", "receiver", "network"] = "receiver", token: int = 0,
@@ -199,7 +231,7 @@ class Receiver:
         if timer is not None:
             timer.cancel()
         if why == "committed":
-            seconds = time.monotonic() - res.bound_at
+            seconds = time.monotonic() - (res.first_kv_at or res.bound_at)
             self.events.put_nowait(Committed(transfer_id, res.block_ids, token, logprob, seconds))
         elif why == "aborted":
             self.events.put_nowait(Aborted(transfer_id, res.block_ids, code, reason, by))

@@ -1,10 +1,16 @@
 """One accepted connection on the receiver: handshake, then frames into reserved blocks.
 
-    HELLO x3/ACK -> loop: BEGIN | KV (+payload) | COMMIT | ABORT
+    HELLO x3/ACK -> loop: BEGIN | KV (+payload) | KEEPALIVE | COMMIT | ABORT
     protocol error, timeout or EOF -> NACK (if possible), close, abort the transfers bound here
 
 Nothing from the wire is used before it is checked against the layout and the reservation
 (docs/kv_transfer.md section 4); a bad peer loses its connection, never the receiver.
+
+The fence: a KV frame's bytes go into the cache only while its reservation is alive, and the
+channel checks that after the bytes have arrived, right before each write, with no await in
+between (``Channel.recv_payload``); ``release`` and expiry run on this same event loop, so once
+they return nothing more is written into the blocks. Frames that lose the race are read into
+scratch and dropped; the stream stays in sync.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class InboundConnection:
         self.id = conn_id
         self.ch = channel
         self._span: RecvSpan | None = None
+        self.receiving = False  # in the middle of a KV payload (stats; tests gate on it)
         self._done = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._close_reason: str | None = None
@@ -104,7 +111,7 @@ class InboundConnection:
         reason = "connection ended"
         try:
             self._arm(cfg.handshake_timeout_s, "handshake timeout")
-            await server_handshake(ch, rx.layout, cfg.secret)
+            await server_handshake(ch, rx.layout, cfg.secret, cfg.keepalive_s)
             while True:
                 self._arm(cfg.idle_timeout_s, "idle timeout")
                 header = await ch.recv()
@@ -114,6 +121,8 @@ class InboundConnection:
                     await self._on_kv(header)
                 elif kind == Kind.BEGIN:
                     await self._on_begin(header)
+                elif kind == Kind.KEEPALIVE:
+                    self._on_keepalive(header)
                 elif kind == Kind.COMMIT:
                     await self._on_commit(header)
                 elif kind == Kind.ABORT:
@@ -156,13 +165,27 @@ class InboundConnection:
         if rx.table.bound >= rx.config.max_active_transfers:
             await self._nack(Kind.BEGIN, "busy", "receiver at max_active_transfers", tid)
             return
+        cfg = rx.config
+        ttl_ms = header.get("ttl_ms")
+        ttl = cfg.max_transfer_s if ttl_ms is None else min(ttl_ms / 1000, cfg.max_transfer_s)
         try:
-            res = rx.table.bind(tid, self.id, header["blocks"])
+            res = rx.table.bind(tid, self.id, header["blocks"], now=time.monotonic(),
+                                window=cfg.progress_timeout_s, ttl=ttl)
         except TransferRejected as exc:
             await self._nack(Kind.BEGIN, exc.code, exc.reason, tid)
             return
-        res.bound_at = time.monotonic()
+        rx._arm(res)  # a short ttl can end the lease sooner than the armed timer
         rx._touch()
+
+    def _on_keepalive(self, header: Header) -> None:
+        """Renew a transfer bound to this connection; anything else is ignored (a transfer that
+        ended here was already reported to its sender by NACK or ABORT)."""
+        rx = self.rx
+        res = rx.table.get(header["transfer"])
+        if res is not None and res.conn == self.id:
+            rx._renew(res)
+            rx.keepalives += 1
+            rx._touch()
 
     def _check_kv(self, header: Header) -> tuple[int, int, list[int]]:
         """Layer range and ids of a KV frame, after checking every field against the layout."""
@@ -191,13 +214,17 @@ class InboundConnection:
         if res is None or res.conn != self.id:  # late or unbegun: skip the payload, stay up
             await self.ch.recv_payload(header, None, _never)
             self._disarm()
-            why = rx.table.ended_reason(tid)
-            code = "expired" if why == "expired" else "unknown_transfer"
-            await self._nack(Kind.KV, code, f"no transfer bound here ({why or 'unknown'})", tid)
+            await self._nack_late(tid)
             return
         rx.table.check_frame(res, lo, hi, ids)
+        rx._renew(res)
+        if not res.first_kv_at:
+            res.first_kv_at = time.monotonic()
         self._span = RecvSpan(rx.blocks, lo, hi, ids)
+        self.receiving = True
+        rx._touch()
         try:
+            # res.alive is checked by the channel after the bytes arrive, before each write.
             landed = await self.ch.recv_payload(header, self._span, res.alive)
         except PayloadChecksumError as exc:
             rx._end(tid, "aborted", code="checksum", reason=str(exc), by="network")
@@ -205,11 +232,21 @@ class InboundConnection:
             return
         finally:
             self._span = None
+            self.receiving = False
             self._disarm()
+        rx._touch()
         if landed:
             rx.table.mark(res, lo, hi, ids)
             rx.bytes_received += header["nbytes"]
-            rx._touch()
+            rx._renew(res)
+        else:  # fenced: the reservation ended while the bytes were arriving
+            await self._nack_late(tid)
+
+    async def _nack_late(self, tid: str) -> None:
+        """NACK a KV frame whose transfer is not (or no longer) bound here; it wrote nothing."""
+        why = self.rx.table.ended_reason(tid)
+        code = "expired" if why == "expired" else "unknown_transfer"
+        await self._nack(Kind.KV, code, f"no transfer bound here ({why or 'unknown'})", tid)
 
     async def _on_commit(self, header: Header) -> None:
         rx, tid = self.rx, header["transfer"]

@@ -6,7 +6,14 @@ has written. Pure Python (no torch, no asyncio) so it is tested in milliseconds.
                               end(reason): commit, abort, expiry, release
 
 A reservation leaves the table exactly once (``end``); its ``ended`` flag is what the receive
-path checks before every write into the cache.
+path checks after a frame's bytes have arrived and right before they are written into the
+cache (the fence: nothing is written for an ended reservation).
+
+The lease: ``expires_at`` is ``lease_s`` after ``reserve`` while RESERVED; ``bind`` (BEGIN)
+and ``renew`` (every KV and KEEPALIVE frame) move it to ``now + window``, but never past the
+bound transfer's ``deadline`` (its sender's own deadline, capped by the receiver):
+
+    expires_at = min(now + window, deadline)        deadline = bound_at + min(ttl, max_s)
 
 The reservation's record (which request, its prompt, who ends it) is the decode engine's
 ledger (engine/core/remote_kv.py), keyed by the same transfer id; this table only tracks the
@@ -18,6 +25,7 @@ race of blocks freed while a frame is being written into them.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +44,10 @@ class Reservation:
     missing: int
     conn: int | None = None
     ended: bool = False
-    bound_at: float = 0.0  # time.monotonic() of its BEGIN (for the transfer's duration)
+    expires_at: float = 0.0  # time.monotonic() instant the lease ends unless renewed
+    deadline: float = math.inf  # once bound: no renewal reaches past this
+    bound_at: float = 0.0  # time.monotonic() of its BEGIN
+    first_kv_at: float = 0.0  # time.monotonic() of its first KV frame (the push's duration)
 
     def alive(self) -> bool:
         """False once the reservation has ended: nothing may be written for it any more."""
@@ -75,8 +86,10 @@ class ReservationTable:
         """Reservations a connection is currently writing."""
         return sum(1 for r in self._live.values() if r.conn is not None)
 
-    def reserve(self, transfer_id: str, block_ids: Sequence[int]) -> Reservation:
-        """Register a reservation; ids must be unique, in range and not held by another."""
+    def reserve(self, transfer_id: str, block_ids: Sequence[int], *, now: float = 0.0,
+                lease_s: float = math.inf) -> Reservation:
+        """Register a reservation leased until ``now + lease_s``; ids must be unique, in range
+        and not held by another."""
         if not transfer_id or len(transfer_id) > 128:
             raise ReservationError("transfer id must be 1..128 characters")
         if transfer_id in self._live:
@@ -92,7 +105,8 @@ class ReservationTable:
         if clash:
             raise ReservationError(f"blocks {sorted(clash)[:8]} are held by another transfer")
         res = Reservation(transfer_id, ids, {b: i for i, b in enumerate(ids)},
-                          bytearray(self.num_layers * len(ids)), self.num_layers * len(ids))
+                          bytearray(self.num_layers * len(ids)), self.num_layers * len(ids),
+                          expires_at=now + lease_s)
         self._live[transfer_id] = res
         self._held.update(ids)
         self._ended.pop(transfer_id, None)
@@ -122,8 +136,10 @@ class ReservationTable:
             self._ended.popitem(last=False)
         return res
 
-    def bind(self, transfer_id: str, conn: int, block_ids: Sequence[int]) -> Reservation:
-        """BEGIN: attach a reservation to the connection that will fill it."""
+    def bind(self, transfer_id: str, conn: int, block_ids: Sequence[int], *, now: float = 0.0,
+             window: float = math.inf, ttl: float = math.inf) -> Reservation:
+        """BEGIN: attach a reservation to the connection that will fill it, and renew its
+        lease for ``window`` seconds; no renewal reaches past ``now + ttl``."""
         res = self._live.get(transfer_id)
         if res is None:
             why = self._ended.get(transfer_id)
@@ -135,7 +151,17 @@ class ReservationTable:
             raise TransferRejected(transfer_id, "BEGIN blocks differ from the reservation",
                                    "block_mismatch")
         res.conn = conn
+        res.bound_at = now
+        res.deadline = now + ttl
+        self.renew(res, now, window)
         return res
+
+    @staticmethod
+    def renew(res: Reservation, now: float, window: float) -> float:
+        """Progress on a bound transfer: its lease now ends ``window`` from ``now``, or at its
+        deadline if sooner. Returns the new ``expires_at``."""
+        res.expires_at = min(now + window, res.deadline)
+        return res.expires_at
 
     def bound_to(self, conn: int) -> list[Reservation]:
         """Live reservations bound to ``conn``."""

@@ -6,6 +6,11 @@
         t.push(layer, layer + 1)            # ships while the next layer computes
     await t.commit(first_token, logprob)    # COMMIT, wait for ACK; or: await t.abort(reason)
 
+``open`` may come before the source blocks exist (``src_ids=None``, then ``t.set_source``
+before the first push): the reservation is bound at once, and the connection's KEEPALIVEs
+renew its lease until the first layer is computed (a prefill queued behind others), up to
+``deadline``.
+
 The source blocks must stay untouched until ``commit``/``abort`` returns or a call raises; after
 that the sender holds nothing for the transfer. Every method runs on one event loop.
 """
@@ -30,7 +35,7 @@ from kv_transfer.errors import (
 )
 from kv_transfer.frames import Kind
 from kv_transfer.layout import KvLayout
-from kv_transfer.outgoing import OutgoingTransfer
+from kv_transfer.outgoing import OutgoingTransfer, check_source
 from kv_transfer.pool import ConnectionPool
 from kv_transfer.transport import sender_transports
 from kv_transfer.transport.base import Transport
@@ -60,29 +65,35 @@ class Sender:
         self._pool = ConnectionPool(self.blocks, layout, config, chosen)
         self._transfers: dict[str, OutgoingTransfer] = {}
 
-    def _check(self, transfer_id: str, src: list[int], dst: list[int]) -> None:
+    def _check(self, transfer_id: str, src: list[int] | None, dst: list[int]) -> None:
         if not transfer_id or len(transfer_id) > 128:
             raise TransferSpecError("transfer id must be 1..128 characters")
         if transfer_id in self._transfers:
             raise TransferSpecError(f"transfer {transfer_id!r} is already in flight")
-        if len(src) != len(dst):
-            raise TransferSpecError(f"{len(src)} source blocks but {len(dst)} destinations")
-        self.blocks.check_span(0, self.layout.num_layers, src)
+        if not dst:
+            raise TransferSpecError("a transfer needs at least one destination block")
+        if src is not None:
+            check_source(self.blocks, src, dst)
         if min(dst) < 0 or max(dst) >= 1 << 31 or len(set(dst)) != len(dst):
             raise TransferSpecError("destination ids must be unique and in 0..2**31-1")
         if self.layout.payload_bytes(1, 1) > self.config.frame_bytes:
             raise TransferSpecError("one block is larger than SenderConfig.frame_bytes")
 
-    async def open(self, transfer_id: str, endpoint: Endpoint, src_block_ids: Sequence[int],
-                   dst_block_ids: Sequence[int], deadline: float) -> OutgoingTransfer:
+    async def open(self, transfer_id: str, endpoint: Endpoint,
+                   src_block_ids: Sequence[int] | None, dst_block_ids: Sequence[int],
+                   deadline: float) -> OutgoingTransfer:
         """Start a transfer: pooled connection, BEGIN; returns the handle to push layers with.
+        ``src_block_ids=None``: bind the reservation now, name the sources later
+        (``OutgoingTransfer.set_source``).
 
-        ``deadline`` is a ``time.monotonic()`` instant bounding every later wait. Raises
+        ``deadline`` is a ``time.monotonic()`` instant bounding every later wait; BEGIN tells
+        the receiver, which renews the lease no further. Raises
         ``TransferSpecError`` (bad ids), ``NoRouteError``, a ``HandshakeError``
         (layout/auth/version/busy) or a ``TransferFailed`` (``ConnectionLost``,
         ``DeadlineExceeded``).
         """
-        src, dst = [int(b) for b in src_block_ids], [int(b) for b in dst_block_ids]
+        src = None if src_block_ids is None else [int(b) for b in src_block_ids]
+        dst = [int(b) for b in dst_block_ids]
         self._check(transfer_id, src, dst)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -97,9 +108,11 @@ class Sender:
                                     self._forget)
         conn.transfers[transfer_id] = transfer
         self._transfers[transfer_id] = transfer
+        ttl_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
         try:
             await transfer._bounded(conn.send({"kind": Kind.BEGIN, "transfer": transfer_id,
-                                               "blocks": dst}))
+                                               "blocks": dst, "ttl_ms": ttl_ms}))
+            transfer.last_sent = time.monotonic()
         except TransferFailed as exc:
             transfer._on_failed(exc)
             raise

@@ -4,6 +4,9 @@ A reader task takes the receiver's replies and routes them by transfer id:
 ACK(COMMIT) -> commit succeeds; NACK -> that transfer fails with the matching error; ABORT ->
 ``TransferAborted(by="receiver")``. When the connection ends, every transfer on it fails with
 ``ConnectionLost`` and the pool forgets it.
+
+A keepalive task sends a KEEPALIVE, every ``keepalive_s`` (the receiver's ask, from HELLO), for
+each open transfer that sent nothing for half of that: the receiver renews its lease on it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -54,7 +58,10 @@ class OutboundConnection:
         self._on_closed = on_closed
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        self.keepalive_s = info.keepalive_s
+        loop = asyncio.get_running_loop()
+        self._reader = loop.create_task(self._read_loop())
+        self._keepalive = loop.create_task(self._keepalive_loop())
 
     @property
     def load(self) -> int:
@@ -114,6 +121,24 @@ class OutboundConnection:
         finally:
             self.close(str(error))
 
+    async def _keepalive_loop(self) -> None:
+        """Renew the receiver's lease on quiet transfers (see the module docstring)."""
+        every = self.keepalive_s
+        try:
+            while True:
+                await asyncio.sleep(every)
+                now = time.monotonic()
+                for transfer in list(self.transfers.values()):
+                    if transfer.needs_keepalive(now, every / 2):
+                        transfer.last_sent = now
+                        await self.channel.send({"kind": Kind.KEEPALIVE,
+                                                 "transfer": transfer.transfer_id})
+        except ChannelClosed:
+            pass  # the reader sees the same and closes the connection
+        except Exception:  # a bug: without keepalives the leases would lapse, so say it
+            log.exception("keepalives to %s failed", self.channel.peer)
+            self.close("keepalive failed")
+
     def close(self, reason: str = "closed by the sender") -> None:
         """Close the channel and fail every transfer still on it."""
         if self._closed:
@@ -123,11 +148,13 @@ class OutboundConnection:
         for tid, transfer in list(self.transfers.items()):
             transfer._on_failed(ConnectionLost(tid, reason))
         self.transfers.clear()
-        if not self._reader.done() and self._reader is not asyncio.current_task():
-            self._reader.cancel()
+        for task in (self._reader, self._keepalive):
+            if not task.done() and task is not asyncio.current_task():
+                task.cancel()
         self._on_closed(self)
 
     async def wait_closed(self) -> None:
-        """Wait for the reader task to finish after ``close``."""
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        """Wait for the reader and keepalive tasks to finish after ``close``."""
+        for task in (self._reader, self._keepalive):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,8 +1,10 @@
 """Helpers for tests of kv_transfer and of the workers that use it (unit, chaos, integration).
 
 Small layouts and caches, a bit-exact block comparison, a teardown that asserts nothing is left
-held, a hand-driven protocol peer (``RawPeer``, for hostile-input tests) and a receiver running
-on its own thread (``ReceiverThread``, for synchronous and hypothesis-driven tests).
+held, a hand-driven protocol peer (``RawPeer``, for hostile-input tests), a hand-driven sender
+over any transport that can hold a frame half-sent (``HandSender``, for the write fence) and a
+receiver running on its own thread (``ReceiverThread``, for synchronous and hypothesis-driven
+tests).
 """
 
 from __future__ import annotations
@@ -15,22 +17,24 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import xxhash
 
-from kv_transfer.blocks import TORCH_DTYPES
+from kv_transfer.blocks import TORCH_DTYPES, KvBlocks
 from kv_transfer.config import Limits, ReceiverConfig, SenderConfig, TlsConfig
 from kv_transfer.endpoint import Endpoint, split_host_port
 from kv_transfer.errors import ChannelClosed
 from kv_transfer.frames import PREFIX, PROTOCOL_VERSION, TRAILER, Header, HeaderCodec, Kind
 from kv_transfer.frames import encode_header as encode_header
-from kv_transfer.handshake import _RECEIVER_LABEL, _SENDER_LABEL, proof
+from kv_transfer.handshake import _RECEIVER_LABEL, _SENDER_LABEL, client_handshake, proof
 from kv_transfer.layout import KvLayout
 from kv_transfer.receiver import Receiver
 from kv_transfer.sender import Sender
-from kv_transfer.transport.base import Transport
+from kv_transfer.transport.base import Channel, Transport
+from kv_transfer.transport.byte_channel import ByteChannel, IoVec
 from kv_transfer.transport.fake import FakeNetwork, FakeTransport
-from kv_transfer.transport.shm import ShmTransport
+from kv_transfer.transport.shm import ShmChannel, ShmTransport
 from kv_transfer.transport.tcp import TcpTransport
 
 T = TypeVar("T")
@@ -244,6 +248,81 @@ class RawPeer:
     def close(self) -> None:
         """Drop the connection."""
         self.writer.close()
+
+
+# -- a hand-driven sender over any transport -------------------------------------------------------
+
+
+def kv_frame(layout: KvLayout, transfer: str, blocks: list[int], lo: int, hi: int) -> Header:
+    """The header of a KV frame for layers ``[lo, hi)`` of ``blocks``."""
+    return {"kind": Kind.KV, "transfer": transfer, "layers": [lo, hi], "blocks": blocks,
+            "dtype": layout.kv_dtype, "shape": layout.payload_shape(hi - lo, len(blocks)),
+            "nbytes": layout.payload_bytes(hi - lo, len(blocks))}
+
+
+class HandSender:
+    """An authenticated sender driven frame by frame over a real channel of any transport (tcp,
+    tls, fake, shm). ``hold_kv`` sends the first part of a KV frame and returns a coroutine
+    function that sends the rest: a frame whose bytes are still arriving, for as long as the
+    test likes. On byte streams the first part is the header (the payload is held back); on
+    shm the payload goes into a slot and half the header is sent."""
+
+    def __init__(self, channel: Channel, layout: KvLayout) -> None:
+        self.ch = channel
+        self.layout = layout
+
+    @classmethod
+    async def connect(cls, transport: Transport, endpoint: Endpoint, layout: KvLayout,
+                      secret: bytes = TEST_SECRET) -> HandSender:
+        """Dial ``endpoint`` over ``transport`` and complete HELLO."""
+        address = endpoint.address(transport.name)
+        assert address is not None, f"receiver has no {transport.name} address"
+        ch = await transport.connect(address, KvBlocks(zero_cache(layout, 1), layout), 5.0)
+        try:
+            await client_handshake(ch, layout, secret)
+        except BaseException:
+            ch.close()
+            raise
+        return cls(ch, layout)
+
+    async def send(self, header: Header) -> None:
+        """A frame without payload (BEGIN, KEEPALIVE, COMMIT, ABORT)."""
+        await self.ch.send(header)
+
+    async def recv(self, timeout: float = 5.0) -> Header:
+        """The receiver's next frame (shm CREDITs are taken in passing)."""
+        return await asyncio.wait_for(self.ch.recv(), timeout)
+
+    async def hold_kv(self, transfer: str, blocks: list[int], lo: int, hi: int,
+                      payload: bytes) -> Callable[[], Awaitable[None]]:
+        """Send the first part of a KV frame now; await the returned function for the rest."""
+        header = kv_frame(self.layout, transfer, blocks, lo, hi)
+        assert len(payload) == header["nbytes"], "payload size does not match the frame"
+        digest = xxhash.xxh3_64_intdigest(payload)
+        ch = self.ch
+        assert isinstance(ch, ByteChannel)
+        if isinstance(ch, ShmChannel):
+            slot = await ch._take_slot()
+            ch._slot_array(slot, len(payload))[:] = np.frombuffer(payload, dtype=np.uint8)
+            head = encode_header({**header, "slot": slot, "xxh": digest})
+            first, rest = head[: len(head) // 2], head[len(head) // 2:]
+        else:
+            first, rest = encode_header(header), payload + TRAILER.pack(digest)
+        await ch._write(IoVec([memoryview(first)]))
+
+        async def send_rest() -> None:
+            await ch._write(IoVec([memoryview(rest)]))
+
+        return send_rest
+
+    async def send_kv(self, transfer: str, blocks: list[int], lo: int, hi: int,
+                      payload: bytes) -> None:
+        """A whole KV frame."""
+        await (await self.hold_kv(transfer, blocks, lo, hi, payload))()
+
+    def close(self) -> None:
+        """Drop the connection."""
+        self.ch.close()
 
 
 # -- a receiver on its own thread -----------------------------------------------------------------

@@ -46,7 +46,7 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_cache_spec())
     sender = Sender(engine.kv_cache, layout,
-                    SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm))
+                    SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls))
     worker = PrefillWorker(ae, sender, PrefillConfig(
         worker_id=wc.resolved_worker_id("prefill"),
         transfer_timeout_s=config.transfer_timeout_s), metrics)

@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> PrefillAppConfig:
     """The prefill worker's config from its flags (reads the secret and TLS files)."""
-    return PrefillAppConfig(worker=worker_config(args),
+    return PrefillAppConfig(worker=worker_config(args, "prefill"),
                             transfer_timeout_s=args.transfer_timeout_s)
 
 

@@ -1,9 +1,12 @@
 """One request's layer-wise KV push into a decode worker's reservation.
 
+    accepted:      pusher task: open (BEGIN) at once, before anything is computed: the decode
+                   worker's reservation is bound, and the connection's KEEPALIVEs renew its
+                   lease while the request waits in the engine's queue (up to the deadline)
     engine thread: layer hook fires as layer l's KV lands (the step that completes the prefill;
                    earlier chunks are already in the cache, so every block is pushed)
         --call_soon_threadsafe--> on_layer(l, src block ids, wait)
-    event loop:    pusher task: open (BEGIN, on the first layer) -> wait for the device -> push(l)
+    event loop:    pusher task: (sources named on the first layer) wait for the device -> push(l)
                    (layer l ships while the engine computes layer l + 1; never blocks the engine)
     commit(token): every layer queued -> COMMIT -> ACK                 -> nothing held here
     abort(reason): the pusher stops after its current item, ABORT      -> nothing held here
@@ -51,7 +54,7 @@ class LayerPush:
         self._endpoint = endpoint
         self._dst = list(dst_block_ids)
         self._deadline = deadline
-        self._opened_at = 0.0
+        self._first_layer_at = 0.0
         self._stopping = False
         self._queue: asyncio.Queue[LayerItem | None] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -63,22 +66,24 @@ class LayerPush:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._stopping:
+            return
+        self.transfer = await self._sender.open(
+            self.transfer_id, self._endpoint, None, self._dst, self._deadline)
         while not self._stopping and (item := await self._queue.get()) is not None:
             layer, src, wait = item
-            if self.transfer is None:
-                self._opened_at = time.monotonic()
+            if not self.layers_pushed:
+                self._first_layer_at = time.monotonic()
                 # The prefill engine may hold more blocks than the prompt fills; never fewer.
-                self.transfer = await self._sender.open(
-                    self.transfer_id, self._endpoint, src[: len(self._dst)], self._dst,
-                    self._deadline,
-                )
+                self.transfer.set_source(src[: len(self._dst)])
             if wait is not None:  # CUDA: the layer's kernels must have finished
                 await loop.run_in_executor(None, wait)
             self.transfer.push(layer, layer + 1)
             self.layers_pushed += 1
 
     async def commit(self, first_token: int, logprob: float, num_layers: int) -> float:
-        """Finish the push and COMMIT the first token; returns the transfer's seconds. Raises
+        """Finish the push and COMMIT the first token; returns the seconds from the first
+        layer to the COMMIT's ACK (the push, not the queueing before it). Raises
         PushFailed or LayoutMismatch (a kv_transfer error, mapped by ``push_failed``)."""
         self._queue.put_nowait(None)
         try:
@@ -91,7 +96,7 @@ class LayerPush:
             await self.transfer.commit(first_token, logprob)
         except KvTransferError as exc:
             raise push_failed(exc) from exc
-        return time.monotonic() - self._opened_at
+        return time.monotonic() - self._first_layer_at
 
     async def abort(self, reason: str) -> None:
         """Stop pushing and tell the receiver; nothing is held for the transfer afterwards."""

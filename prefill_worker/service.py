@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import torch
 
 from engine.async_engine import AsyncEngine
 from engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 from kv_transfer import ConfigError, Sender
+from prefill_worker.errors import PushFailed
 from prefill_worker.metrics import PrefillMetrics
 from prefill_worker.push import LayerPush, parse_endpoint
 from protos.tandem.v1 import worker_pb2
@@ -179,9 +181,14 @@ class PrefillWorker:
                 raise WrongState(f"prefill produced no token ({out.finish_reason})")
             self.metrics.first_token(prefill_s)
             lp = out.logprobs[0] if out.logprobs else None
-            transfer_s = await push.commit(
-                out.new_token_ids[0], lp.logprob if lp is not None else 0.0, self.layout.num_layers
-            )
+            try:
+                transfer_s = await push.commit(
+                    out.new_token_ids[0], lp.logprob if lp is not None else 0.0,
+                    self.layout.num_layers,
+                )
+            except PushFailed as exc:
+                raise _out_of_time(exc, t0 + timeout, deadline_s is not None
+                                   and deadline_s <= self.config.transfer_timeout_s) from exc
             committed = True
             self.metrics.transfer_committed(self._pushed_bytes(push, spec), transfer_s)
             return PrefillResult(out.new_token_ids[0], lp, out.num_cached_tokens, prefill_s,
@@ -253,3 +260,18 @@ class PrefillWorker:
         if self._ae.alive:
             await self._ae.call(lambda e: e.set_layer_hook(None))
         await self._ae.shutdown()
+
+
+def _out_of_time(exc: PushFailed, deadline: float, callers: bool) -> PushFailed:
+    """A push that failed after its deadline failed for lack of time, whatever the transfer
+    layer reported (the receiver's lease ends at that deadline too, so which side noticed first
+    is a race): DEADLINE_EXCEEDED when the caller's deadline was the bound, else
+    RESOURCE_EXHAUSTED (the prefill queued behind others for the whole transfer timeout: this
+    worker is busy, not gone, and another one may do it)."""
+    if time.monotonic() < deadline:
+        return exc
+    if callers:
+        return PushFailed(f"{exc} (the request's deadline passed)",
+                          grpc.StatusCode.DEADLINE_EXCEEDED)
+    return PushFailed(f"{exc} (the transfer timeout passed: this prefill worker is busy)",
+                      grpc.StatusCode.RESOURCE_EXHAUSTED)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.credential import add_credential_args
 from common.wire import ready_line
 from router.config import RouterConfig
 from router.security import RouterSecurity
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="label selector of worker pods",
     )
     add_edge_args(p)
+    add_limit_args(p)
+    add_credential_args(p, "the Registry (workers joining) and every call to a worker")
+    p.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve the public API on a non-loopback address without API keys")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -97,6 +102,39 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-ca", default="", help="CA that signed the workers' certificates")
     p.add_argument("--worker-cert", default="", help="client certificate shown to workers")
     p.add_argument("--worker-key", default="", help="private key of --worker-cert")
+
+
+def add_limit_args(p: argparse.ArgumentParser) -> None:
+    """What one client may cost the router (RouterConfig's fields of the same names)."""
+    g = p.add_argument_group("client limits")
+    g.add_argument("--max-stop-strings", type=int, default=4, help="stop strings per request")
+    g.add_argument("--max-stop-chars", type=int, default=256, help="characters per stop string")
+    g.add_argument("--max-stop-token-ids", type=int, default=64, help="stop token ids per request")
+    g.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest HTTP body or gRPC message (HTTP 413 / RESOURCE_EXHAUSTED above it)",
+    )
+    g.add_argument("--tokenizer-threads", type=int, default=2, help="threads that tokenize")
+    g.add_argument(
+        "--max-inflight-per-connection",
+        type=int,
+        default=64,
+        help="requests one client connection may have in flight (0: no bound)",
+    )
+    g.add_argument(
+        "--max-inflight-per-key",
+        type=int,
+        default=0,
+        help="requests one API key may have in flight (0: no bound)",
+    )
+    g.add_argument(
+        "--http-read-timeout",
+        type=float,
+        default=75.0,
+        help="seconds an HTTP client gets to send a request's head, then its body",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -126,6 +164,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         drain_timeout_s=args.drain_timeout,
         http_host=args.http_host,
         http_port=_http_port(args),
+        cluster_secret_file=args.cluster_secret_file or "",
+        insecure=args.insecure,
+        allow_unauthenticated=args.allow_unauthenticated,
         api_key_file=args.api_key_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -135,6 +176,14 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         discovery=args.discovery,
         k8s_namespace=args.k8s_namespace,
         k8s_selector=args.k8s_selector,
+        max_stop_strings=args.max_stop_strings,
+        max_stop_chars=args.max_stop_chars,
+        max_stop_token_ids=args.max_stop_token_ids,
+        max_request_bytes=args.max_request_bytes,
+        tokenizer_threads=args.tokenizer_threads,
+        max_inflight_per_connection=args.max_inflight_per_connection,
+        max_inflight_per_key=args.max_inflight_per_key,
+        http_read_timeout_s=args.http_read_timeout,
     )
 
 

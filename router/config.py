@@ -36,6 +36,20 @@ class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 1.0
     drain_timeout_s: float = 60.0
+    # What one client may cost (router/validation.py, router/client_limits.py, router/http/):
+    # stop strings per request and their length, stop token ids; request size (HTTP body and
+    # gRPC message); tokenizer threads (prompts are tokenized there, after admission);
+    # requests in flight per client connection and per API key (0: no bound); how long an
+    # HTTP client may take to send a request's head (from connecting, or from its previous
+    # response: idle keep-alive connections close then too) and, again, its body.
+    max_stop_strings: int = 4
+    max_stop_chars: int = 256
+    max_stop_token_ids: int = 64
+    max_request_bytes: int = 4 * 1024 * 1024
+    tokenizer_threads: int = 2
+    max_inflight_per_connection: int = 64
+    max_inflight_per_key: int = 0
+    http_read_timeout_s: float = 75.0
     # Where workers come from: "static" (flags + self-registration) or "kubernetes" (pods by
     # label, router/k8s_discovery.py); "" namespace means the router pod's own.
     discovery: str = "static"
@@ -45,7 +59,12 @@ class RouterConfig:
     # default here; the CLI's is 8000) disables it.
     http_host: str = ""
     http_port: int = -1
-    # Security: file paths, read once at startup (router/security.py); "" means off.
+    # Security: file paths, read once at startup (router/security.py); "" means off. The
+    # cluster credential is required (``insecure`` runs without one, explicitly).
+    cluster_secret_file: str = ""
+    insecure: bool = False
+    # The public API on a non-loopback address needs API keys unless this is set.
+    allow_unauthenticated: bool = False
     api_key_file: str = ""
     tls_cert: str = ""
     tls_key: str = ""
@@ -75,6 +94,16 @@ class RouterConfig:
             "drain_timeout_s": self.drain_timeout_s >= 0,
         }
         checks["discovery"] = self.discovery in ("static", "kubernetes")
+        checks.update({
+            "max_stop_strings": self.max_stop_strings >= 0,
+            "max_stop_chars": self.max_stop_chars >= 1,
+            "max_stop_token_ids": self.max_stop_token_ids >= 0,
+            "max_request_bytes": self.max_request_bytes >= 1024,
+            "tokenizer_threads": self.tokenizer_threads >= 1,
+            "max_inflight_per_connection": self.max_inflight_per_connection >= 0,
+            "max_inflight_per_key": self.max_inflight_per_key >= 0,
+            "http_read_timeout_s": self.http_read_timeout_s > 0,
+        })
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid router config: {', '.join(bad)} out of range")

@@ -1,7 +1,11 @@
-"""What the public service does, without gRPC: prepare, admit, hand off, shape responses.
+"""What the public service does, without gRPC: accept, admit, tokenize, hand off, shape.
 
-GenerateRequest -> validate -> tokenize -> Prepared -> admission -> Handoff chunks
-                -> detokenize -> GenerateResponse* (the last with usage and timings)
+GenerateRequest -> validate (no tokenizer) -> Accepted -> admission -> tokenize -> Prepared
+                -> Handoff chunks -> detokenize -> GenerateResponse* (the last with usage)
+
+Only what costs nothing runs before admission; the tokenizer runs once the request holds a
+slot, in a bounded thread pool (the Rust tokenizer releases the GIL), so a flood of huge
+prompts queues or gets RESOURCE_EXHAUSTED instead of stalling the event loop for everyone.
 """
 
 from __future__ import annotations
@@ -9,21 +13,27 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from common.detokenizer import Detokenizer
 from protos.tandem.v1 import tandem_pb2
 from router import validation
 from router.admission import AdmissionGate
-from router.errors import DeadlineError, InvalidRequestError
+from router.client_limits import ClientLimits
+from router.errors import DeadlineError, InvalidRequestError, OverloadedError
 from router.handoff.deadline import Deadline
 from router.handoff.ledger import Handoff, HandoffDeps
 from router.metrics import RouterMetrics
-from router.request import Prepared
+from router.request import Accepted, Prepared
 from router.text_stream import TextStream
 from router.tokenizer import RouterTokenizer
+
+_A = TypeVar("_A")
+_T = TypeVar("_T")
 
 # gRPC cancels a call right at its deadline, a hair before the router's own clock (started a
 # little later) says it passed: a cancellation this close to the deadline is the deadline.
@@ -57,7 +67,12 @@ class _Clock:
 
 
 class Frontend:
-    """The router's request path; the gRPC servicer is a thin wrapper over it."""
+    """The router's request path; the gRPC servicer is a thin wrapper over it.
+
+    ``clients`` bounds each client's share (the edges name the client: its connection and
+    API key); without one, the config's per-connection bound applies and keys are not
+    counted. ``close()`` stops the tokenizer threads.
+    """
 
     def __init__(
         self,
@@ -65,31 +80,76 @@ class Frontend:
         tokenizer: RouterTokenizer,
         gate: AdmissionGate,
         metrics: RouterMetrics,
+        clients: ClientLimits | None = None,
     ) -> None:
         self.deps = deps
         self.tokenizer = tokenizer
         self.gate = gate
         self.metrics = metrics
+        config = deps.config
+        self.clients = clients or ClientLimits(
+            config.max_inflight_per_connection, 0, config.retry_after_ms
+        )
+        self.limits = validation.InputLimits(
+            config.max_stop_strings, config.max_stop_chars, config.max_stop_token_ids
+        )
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.tokenizer_threads, thread_name_prefix="router-tokenize"
+        )
 
-    def prepare(self, request: tandem_pb2.GenerateRequest) -> Prepared:
-        """Validate and tokenize; raises InvalidRequestError naming the bad field."""
+    def close(self) -> None:
+        """Stop the tokenizer threads (a tokenization still running finishes on its own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @contextmanager
+    def client_slot(self, connection: str, key: str | None) -> Iterator[None]:
+        """Hold one of the client's in-flight slots while the block runs (a refusal is
+        counted as an overloaded request, like admission's)."""
         try:
-            return self._prepare(request)
+            slot = self.clients.enter(connection, key)
+        except OverloadedError:
+            self.metrics.finished("overloaded")
+            raise
+        try:
+            yield
+        finally:
+            self.clients.leave(slot)
+
+    def accept(self, request: tandem_pb2.GenerateRequest) -> Accepted:
+        """Every check that needs no tokenizer, and the request's router-minted id; raises
+        InvalidRequestError naming the bad field."""
+        try:
+            return self._accept(request)
         except InvalidRequestError:
             self.metrics.finished("invalid")
             raise
 
-    def _prepare(self, request: tandem_pb2.GenerateRequest) -> Prepared:
+    def _accept(self, request: tandem_pb2.GenerateRequest) -> Accepted:
         arrival = time.perf_counter()
         config = self.deps.config
-        validation.validate_request(request, config.model_name, self.tokenizer.vocab_size)
+        asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
         kind = request.WhichOneof("prompt")
+        if kind == "token_ids":  # by count first: a huge id list is refused before it is read
+            validation.check_length(len(request.token_ids.ids), asked or 1, config.max_model_len)
+        validation.validate_request(
+            request, config.model_name, self.tokenizer.vocab_size, self.limits
+        )
         if kind == "text":
-            ids = self.tokenizer.encode(request.text)
-        elif kind == "chat":
-            ids = self.tokenizer.encode_chat(request.chat)
-        else:
+            validation.check_prompt_chars(
+                len(request.text), self.tokenizer.max_token_chars, asked, config.max_model_len
+            )
+        # The id every worker sees is ours; the client's is a label echoed back to it only.
+        request_id = uuid.uuid4().hex
+        return Accepted(request, request_id, request.request_id or request_id, arrival)
+
+    async def _prepare(self, accepted: Accepted) -> Prepared:
+        """Tokenize an admitted request (in the pool) and settle its max_tokens."""
+        request = accepted.request
+        config = self.deps.config
+        if request.WhichOneof("prompt") == "token_ids":
             ids = list(request.token_ids.ids)
+        else:
+            ids = await self._in_pool(self._encode, request)
         if not ids:
             raise InvalidRequestError("prompt", "tokenizes to nothing")
         sampling = tandem_pb2.SamplingParams()
@@ -101,19 +161,36 @@ class Frontend:
         validation.check_length(len(ids), max_tokens, config.max_model_len)
         sampling.max_tokens = max_tokens
         return Prepared(
-            request_id=request.request_id or uuid.uuid4().hex,
+            request_id=accepted.request_id,
             prompt_ids=ids,
             sampling=sampling,
             logprobs=request.logprobs,
             max_tokens=max_tokens,
-            arrival=arrival,
+            arrival=accepted.arrival,
+            label=accepted.label,
         )
 
+    def _encode(self, request: tandem_pb2.GenerateRequest) -> list[int]:
+        """A text or chat prompt's ids (runs in a pool thread)."""
+        if request.WhichOneof("prompt") == "text":
+            return self.tokenizer.encode(request.text)
+        text = self.tokenizer.render_chat(request.chat)
+        # Only the rendered text is bounded by its length: a template may drop or trim parts.
+        asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
+        validation.check_prompt_chars(
+            len(text), self.tokenizer.max_token_chars, asked, self.deps.config.max_model_len
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def _in_pool(self, fn: Callable[[_A], _T], arg: _A) -> _T:
+        """``fn(arg)`` on a tokenizer thread; a cancelled caller stops waiting at once."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, arg)
+
     async def generate(
-        self, prepared: Prepared, budget_s: float | None
+        self, accepted: Accepted, budget_s: float | None
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
-        """Admit the request, run its handoff and stream its responses."""
-        clock = _Clock(arrival=prepared.arrival, queued=time.perf_counter())
+        """Admit the request, tokenize it, run its handoff and stream its responses."""
+        clock = _Clock(arrival=accepted.arrival, queued=time.perf_counter())
         deadline = Deadline(budget_s)
         counters = self.deps.counters
         counters.requests += 1
@@ -126,6 +203,7 @@ class Frontend:
         try:
             clock.admitted = time.perf_counter()
             metrics.queue_time.observe(clock.admitted - clock.queued)
+            prepared = await self._prepare(accepted)
             metrics.prompt_tokens.inc(len(prepared.prompt_ids))
             handoff = Handoff(self.deps, prepared, deadline)
             text = TextStream(
@@ -143,7 +221,7 @@ class Frontend:
                 async for chunk in chunks:
                     completion += len(chunk.token_ids)
                     response = tandem_pb2.GenerateResponse(
-                        request_id=prepared.request_id,
+                        request_id=prepared.label or prepared.request_id,
                         token_ids=chunk.token_ids,
                         text=text.delta(chunk),
                         logprobs=chunk.logprobs,
@@ -221,19 +299,27 @@ class Frontend:
             )
         )
 
-    def tokenize(self, request: tandem_pb2.TokenizeRequest) -> tandem_pb2.TokenizeResponse:
-        """Token ids of a text or chat input, as Generate would see them."""
+    async def tokenize(self, request: tandem_pb2.TokenizeRequest) -> tandem_pb2.TokenizeResponse:
+        """Token ids of a text or chat input, as Generate would see them (tokenized in the
+        pool; a text too long to be any prompt is refused before that)."""
         if request.model and request.model != self.deps.config.model_name:
             raise InvalidRequestError("model", f"unknown model {request.model!r}")
         kind = request.WhichOneof("input")
         if kind == "chat":
             validation.validate_chat(request.chat)
-            ids = self.tokenizer.encode_chat(request.chat)
+            ids = await self._in_pool(self.tokenizer.encode_chat, request.chat)
         elif kind == "text":
-            ids = self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
+            validation.check_prompt_chars(
+                len(request.text), self.tokenizer.max_token_chars, None,
+                self.deps.config.max_model_len, field="text",
+            )
+            ids = await self._in_pool(self._encode_text, request)
         else:
             raise InvalidRequestError("input", "one of text or chat is required")
         return tandem_pb2.TokenizeResponse(token_ids=ids, count=len(ids))
+
+    def _encode_text(self, request: tandem_pb2.TokenizeRequest) -> list[int]:
+        return self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
 
     def list_models(self) -> tandem_pb2.ListModelsResponse:
         """The one model this router serves."""

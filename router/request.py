@@ -1,4 +1,13 @@
-"""A request's data as it moves through the router: prepared input, output chunks, report."""
+"""A request's data as it moves through the router: accepted and prepared input, output
+chunks, report.
+
+    GenerateRequest --checks that need no tokenizer--> Accepted --admitted, tokenized--> Prepared
+
+Ids: ``request_id`` is minted by the router for every request and is the only id a worker
+ever sees (leg ids derive from it); ``label`` is the client's own request id (or the minted
+one when it sent none), echoed back to that client and nowhere else. Two clients that pick
+the same id can therefore never touch each other's legs.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +18,26 @@ from protos.tandem.v1 import tandem_pb2
 
 
 @dataclass(slots=True)
+class Accepted:
+    """A request that passed every check needing no tokenizer: it waits for admission."""
+
+    request: tandem_pb2.GenerateRequest
+    request_id: str  # router-minted
+    label: str  # what the client sees as the request's id
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(slots=True)
 class Prepared:
     """A validated, tokenized request, ready for the handoff."""
 
-    request_id: str
+    request_id: str  # router-minted: what the workers see
     prompt_ids: list[int]
     sampling: tandem_pb2.SamplingParams
     logprobs: tandem_pb2.LogprobOptions
     max_tokens: int
     arrival: float = field(default_factory=time.perf_counter)  # when the router got it
+    label: str = ""  # the client's id for it ("" : request_id)
 
 
 @dataclass(slots=True)

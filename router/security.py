@@ -1,4 +1,5 @@
-"""The router's secrets, read from the files its config names: API keys and TLS material.
+"""The router's secrets, read from the files its config names: the cluster credential, API
+keys and TLS material.
 
 Loaded once, before anything binds, so a bad file is a clear startup error (exit 2) rather
 than a refused connection later.
@@ -6,25 +7,59 @@ than a refused connection later.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
+from common.credential import ClusterCredential, credential_from_flags
 from router.auth import ApiKeys
 from router.config import RouterConfig
 from router.tls import ServerTls, WorkerTls
 
 
+class UnauthenticatedBindError(ValueError):
+    """The public API would be open to a network without API keys, and nobody said so."""
+
+
+def _public_hosts(config: RouterConfig) -> list[str]:
+    hosts = [config.host]
+    if config.http_enabled:
+        hosts.append(config.http_host or config.host)
+    return hosts
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host`` (a wildcard or a name is not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class RouterSecurity:
-    """API keys (None: open), public TLS (None: plaintext), worker mTLS (None: plaintext)."""
+    """The cluster credential (Registry calls in, every worker call out), API keys (None:
+    open), public TLS (None: plaintext), worker mTLS (None: plaintext)."""
 
+    credential: ClusterCredential
     keys: ApiKeys | None = None
     server_tls: ServerTls | None = None
     worker_tls: WorkerTls | None = None
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> RouterSecurity:
-        """Read every file ``config`` names; raises ApiKeyFileError or TlsConfigError."""
+        """Read every file ``config`` names; raises CredentialError (none given, or an
+        unusable file), ApiKeyFileError, TlsConfigError, or UnauthenticatedBindError (the
+        public API on a non-loopback address without keys, unless allowed)."""
+        if not config.api_key_file and not config.allow_unauthenticated:
+            public = [h for h in _public_hosts(config) if not _is_loopback(h)]
+            if public:
+                raise UnauthenticatedBindError(
+                    f"the public API would listen on {public[0]!r} without API keys: pass "
+                    "--api-key-file, or --allow-unauthenticated if that network is trusted")
         return cls(
+            credential_from_flags(config.cluster_secret_file or None, config.insecure, "router"),
             ApiKeys.from_file(config.api_key_file) if config.api_key_file else None,
             ServerTls.load(config.tls_cert, config.tls_key),
             WorkerTls.load(config.worker_ca, config.worker_cert, config.worker_key),

@@ -2,6 +2,12 @@
 
 Lifecycle: ``start()`` binds and serves; ``drain()`` = ``stop_accepting()`` (health
 NOT_SERVING, new requests UNAVAILABLE) then waits for in-flight ones; ``stop()`` closes all.
+
+gRPC health: the overall status ("") and ``tandem.v1.Tandem`` follow readiness (SERVING
+only while a decode worker is routable and the router is not draining: router/readiness.py),
+republished on every registry change; ``tandem.v1.Registry`` is SERVING until the drain
+(workers must be able to join a router that is not ready yet); ``liveness`` is SERVING for
+as long as the process runs.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.grpc_auth import ClusterAuthInterceptor, aio_interceptors
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from router.admission import AdmissionGate, AdmissionLedger
 from router.auth import AuthInterceptor
+from router.client_limits import ClientLimits
 from router.config import RouterConfig
 from router.frontend import Frontend
 from router.handoff.affinity import PrefixAffinity
@@ -30,6 +38,7 @@ from router.membership.registry_service import RegistryServicer
 from router.membership.worker_clients import WorkerClients
 from router.membership.worker_view import Role
 from router.metrics import RouterMetrics
+from router.readiness import LIVENESS_SERVICE, Readiness
 from router.security import RouterSecurity
 from router.servicer import TandemServicer
 from router.tokenizer import RouterTokenizer
@@ -66,7 +75,8 @@ class RouterServer:
             self.registry.add_static(Role.PREFILL, endpoint)
         for endpoint in config.decode_endpoints:
             self.registry.add_static(Role.DECODE, endpoint)
-        self.clients = WorkerClients(worker_tls.channel_credentials() if worker_tls else None)
+        self.clients = WorkerClients(worker_tls.channel_credentials() if worker_tls else None,
+                                     aio_interceptors(self.security.credential))
         affinity = PrefixAffinity(config.affinity_entries)
         self.affinity = affinity  # k8s discovery forgets departed workers here too
         counters = HandoffCounters()
@@ -76,7 +86,17 @@ class RouterServer:
         )
         # Its own Prometheus registry (``self.metrics.registry``), served at HTTP /metrics.
         self.metrics = RouterMetrics(counters, self.gate.ledger, self.registry)
-        self.frontend = Frontend(deps, tokenizer, self.gate, self.metrics)
+        clients = ClientLimits(  # keys count only where API keys say who a client is
+            config.max_inflight_per_connection,
+            config.max_inflight_per_key if self.security.keys is not None else 0,
+            config.retry_after_ms,
+        )
+        self.frontend = Frontend(deps, tokenizer, self.gate, self.metrics, clients)
+        self.readiness = Readiness(self.registry, self.gate)
+        self._health_changed = asyncio.Event()
+        self.registry.watch(self._health_changed.set)
+        self._health_task: asyncio.Task[None] | None = None
+        self._was_ready: bool | None = None
         self.servicer = TandemServicer(self.frontend)
         self.http: HttpServer | None = None
         self.http_port = 0
@@ -93,8 +113,17 @@ class RouterServer:
         """Bind, serve, start probing workers; returns the bound port."""
         # No SO_REUSEPORT: a second router on a busy port must fail, not share it silently.
         keys, tls = self.security.keys, self.security.server_tls
-        interceptors = [AuthInterceptor(keys, _SERVICES[:1])] if keys is not None else []
-        server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+        # Membership is proven: Registry calls need the cluster credential (workers hold it),
+        # the public Tandem service needs an API key when keys are configured.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            ClusterAuthInterceptor(self.security.credential, protected=_SERVICES[1:])
+        ]
+        if keys is not None:
+            interceptors.append(AuthInterceptor(keys, _SERVICES[:1]))
+        server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", self.config.max_request_bytes),
+        ])
         tandem_pb2_grpc.add_TandemServicer_to_server(self.servicer, server)
         worker_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(self.registry), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -113,10 +142,35 @@ class RouterServer:
         self._server, self.port = server, port
         if self.config.http_enabled:
             await self._start_http()
-        for service in ("", *_SERVICES):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self._publish_health()
+        self._health_task = asyncio.create_task(self._follow_readiness())
         self._monitor_task = asyncio.create_task(self.monitor.run(self._stop_monitor))
         return port
+
+    async def _follow_readiness(self) -> None:
+        """Republish the health statuses after every registry change."""
+        while True:
+            await self._health_changed.wait()
+            self._health_changed.clear()
+            await self._publish_health()
+
+    async def _publish_health(self) -> None:
+        """Set every gRPC health status from the router's state now (see the docstring)."""
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        reason = self.readiness.reason()
+        if (reason is None) != self._was_ready:
+            self._was_ready = reason is None
+            if reason is None:
+                log.info("ready: %d decode workers routable",
+                         len(self.registry.routable(Role.DECODE)))
+            else:
+                log.warning("not ready: %s", reason)
+        tandem, registry = _SERVICES
+        for service in ("", tandem):
+            await self._health.set(service, serving if reason is None else not_serving)
+        await self._health.set(registry, not_serving if self.gate.closed else serving)
+        await self._health.set(LIVENESS_SERVICE, serving)
 
     async def _start_http(self) -> None:
         """The OpenAI-compatible HTTP API on ``http_host:http_port``, sharing this loop."""
@@ -136,8 +190,7 @@ class RouterServer:
     async def stop_accepting(self) -> None:
         """Health NOT_SERVING and refuse new requests (UNAVAILABLE); in-flight ones go on."""
         self.gate.close()
-        for service in ("", *_SERVICES):
-            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._publish_health()
 
     async def drain(self) -> bool:
         """Stop taking requests and wait for in-flight ones; False if the timeout cut it."""
@@ -152,12 +205,14 @@ class RouterServer:
     async def stop(self, grace_s: float | None = 1.0) -> None:
         """Close the server, the monitor and every worker channel."""
         self._stop_monitor.set()
-        if self._monitor_task is not None:
-            self._monitor_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor_task
+        for task in (self._monitor_task, self._health_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.http is not None:
             await self.http.stop()
         if self._server is not None:
             await self._server.stop(grace_s)
         await self.clients.close()
+        self.frontend.close()

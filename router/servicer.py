@@ -8,6 +8,7 @@ from contextlib import aclosing
 import grpc
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
+from router.client_limits import key_of
 from router.errors import RouterError
 from router.frontend import Frontend
 from router.handoff.counters import HandoffCounters
@@ -17,7 +18,9 @@ from router.status import abort_with
 class TandemServicer(tandem_pb2_grpc.TandemServicer):
     """Maps RPCs to Frontend calls and typed errors to status codes; holds no logic.
 
-    ``counters`` exposes the handoff's fallback and migration counts.
+    A call's client is its peer (one connection) and, when API keys are configured, the key
+    in its ``authorization`` metadata. ``counters`` exposes the handoff's fallback and
+    migration counts.
     """
 
     def __init__(self, frontend: Frontend) -> None:
@@ -29,12 +32,13 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         """Stream one request's tokens."""
         try:
-            prepared = self._frontend.prepare(request)
-            async with aclosing(
-                self._frontend.generate(prepared, context.time_remaining())
-            ) as responses:
-                async for response in responses:
-                    yield response
+            with self._frontend.client_slot(context.peer(), _key(context)):
+                accepted = self._frontend.accept(request)
+                async with aclosing(
+                    self._frontend.generate(accepted, context.time_remaining())
+                ) as responses:
+                    async for response in responses:
+                        yield response
         except RouterError as err:
             await abort_with(context, err)
 
@@ -43,7 +47,8 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
     ) -> tandem_pb2.TokenizeResponse:
         """Token ids of a text or chat input."""
         try:
-            return self._frontend.tokenize(request)
+            with self._frontend.client_slot(context.peer(), _key(context)):
+                return await self._frontend.tokenize(request)
         except RouterError as err:
             await abort_with(context, err)
 
@@ -52,3 +57,11 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
     ) -> tandem_pb2.ListModelsResponse:
         """The served model."""
         return self._frontend.list_models()
+
+
+def _key(context: grpc.aio.ServicerContext) -> str | None:
+    """The identity of the API key the call presented (None without one)."""
+    for name, value in context.invocation_metadata() or ():
+        if name == "authorization" and isinstance(value, str):
+            return key_of(value)
+    return None

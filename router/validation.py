@@ -2,13 +2,18 @@
 
 The sampling ranges match the engine's (engine/sampling_params.py), re-checked here from the
 proto values so a bad request never costs a worker round trip. Token-level checks (vocab,
-context length) run once the prompt is tokenized.
+context length) run once the prompt is tokenized; a text prompt whose length in characters
+already proves it too long is refused before that (``check_prompt_chars``).
+
+Everything here is cheap and needs no tokenizer, so it runs before admission: a request that
+fails it costs its sender a refusal and nobody else anything.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
@@ -19,7 +24,33 @@ DEFAULT_MAX_TOKENS = 16
 MAX_TOP_LOGPROBS = 20
 
 
-def validate_request(request: tandem_pb2.GenerateRequest, model_name: str, vocab_size: int) -> None:
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """Bounds on what one request may ask of the router and the decode engine.
+
+    Stop strings are searched in every detokenized chunk (router) and every step (engine), and
+    the longest one sets how much text is held back: their cost grows with count x length, so
+    both are bounded. 4 strings is what OpenAI's API allows; 256 characters is far above any
+    real stop sequence (role tags, "\n\nUser:", code fences are tens of characters) while
+    keeping the per-token search at most 4 x 256 characters. Stop token ids are a set lookup
+    per step but travel with every leg: 64 is far above the handful of end-of-turn ids models
+    have.
+    """
+
+    max_stop_strings: int = 4
+    max_stop_chars: int = 256
+    max_stop_token_ids: int = 64
+
+
+DEFAULT_LIMITS = InputLimits()
+
+
+def validate_request(
+    request: tandem_pb2.GenerateRequest,
+    model_name: str,
+    vocab_size: int,
+    limits: InputLimits = DEFAULT_LIMITS,
+) -> None:
     """Raise InvalidRequestError naming the first bad field of ``request``."""
     if request.model and request.model != model_name:
         raise InvalidRequestError(
@@ -34,7 +65,7 @@ def validate_request(request: tandem_pb2.GenerateRequest, model_name: str, vocab
         check_token_ids(request.token_ids.ids, vocab_size, "token_ids")
     if kind == "chat":
         validate_chat(request.chat)
-    validate_sampling(request.sampling, vocab_size)
+    validate_sampling(request.sampling, vocab_size, limits)
     if request.logprobs.top_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidRequestError("logprobs.top_logprobs", f"at most {MAX_TOP_LOGPROBS}")
 
@@ -67,8 +98,10 @@ def check_token_ids(
             raise InvalidRequestError(field, f"token id {t} >= vocab size {vocab_size}")
 
 
-def validate_sampling(s: tandem_pb2.SamplingParams, vocab_size: int) -> None:
-    """The engine's sampling ranges, applied to the fields the client set."""
+def validate_sampling(
+    s: tandem_pb2.SamplingParams, vocab_size: int, limits: InputLimits = DEFAULT_LIMITS
+) -> None:
+    """The engine's sampling ranges, applied to the fields the client set, and ``limits``."""
     max_tokens = s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_TOKENS
     min_tokens = s.min_tokens if s.HasField("min_tokens") else 0
     if max_tokens < 1:
@@ -101,9 +134,23 @@ def validate_sampling(s: tandem_pb2.SamplingParams, vocab_size: int) -> None:
                 raise InvalidRequestError(name, f"must be in [-2, 2], got {value}")
     if s.HasField("seed") and s.seed >= 2**63:
         raise InvalidRequestError("seed", "must be < 2**63")
+    if len(s.stop) > limits.max_stop_strings:
+        raise InvalidRequestError(
+            "stop", f"{len(s.stop)} stop strings; at most {limits.max_stop_strings} allowed"
+        )
     for stop in s.stop:
         if not stop:
             raise InvalidRequestError("stop", "stop strings must be non-empty")
+        if len(stop) > limits.max_stop_chars:
+            raise InvalidRequestError(
+                "stop",
+                f"a stop string of {len(stop)} characters; at most {limits.max_stop_chars}",
+            )
+    if len(s.stop_token_ids) > limits.max_stop_token_ids:
+        raise InvalidRequestError(
+            "stop_token_ids",
+            f"{len(s.stop_token_ids)} stop token ids; at most {limits.max_stop_token_ids}",
+        )
     check_token_ids(s.stop_token_ids, vocab_size, "stop_token_ids", allow_empty=True)
 
 
@@ -117,6 +164,39 @@ def check_length(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
         raise InvalidRequestError(
             "max_tokens",
             f"prompt ({num_prompt}) + max_tokens ({max_tokens}) exceeds "
+            f"max_model_len ({max_model_len})",
+        )
+
+
+def check_prompt_chars(
+    num_chars: int,
+    max_token_chars: int | None,
+    max_tokens: int | None,
+    max_model_len: int,
+    field: str = "prompt",
+) -> None:
+    """Refuse, without tokenizing, a text of ``num_chars`` characters that cannot fit.
+
+    One token stands for at most ``max_token_chars`` characters (RouterTokenizer works it out
+    once at load; None when the tokenizer gives no such bound), so the text is at least
+    ceil(num_chars / max_token_chars) tokens: a lower bound, so whatever this refuses
+    ``check_length`` would refuse after tokenizing too, and it never refuses a prompt that
+    fits. ``max_tokens`` is the client's (None when it set none: the default then shrinks to
+    the room left).
+    """
+    if max_token_chars is None:
+        return
+    at_least = -(-num_chars // max_token_chars)
+    if at_least >= max_model_len:
+        raise InvalidRequestError(
+            field,
+            f"{num_chars} characters is at least {at_least} tokens; "
+            f"max_model_len is {max_model_len}",
+        )
+    if max_tokens is not None and at_least + max_tokens > max_model_len:
+        raise InvalidRequestError(
+            "max_tokens",
+            f"prompt (at least {at_least} tokens) + max_tokens ({max_tokens}) exceeds "
             f"max_model_len ({max_model_len})",
         )
 

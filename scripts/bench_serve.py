@@ -30,6 +30,7 @@ from bench.serve_load import run_direct, run_load
 from bench.serve_report import plot, table
 from bench.serve_stats import RequestResult, percentile, summarize
 from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
+from common.credential import ClusterCredential
 from engine.loader import resolve_model
 from tandem.local_cluster import Cluster, Proc
 
@@ -69,7 +70,9 @@ def start_setup(
     return procs
 
 
-def router_overhead(procs: dict[str, Proc], n: int, vocab: tuple[int, int]) -> dict[str, float]:
+def router_overhead(
+    procs: dict[str, Proc], n: int, vocab: tuple[int, int], credential: ClusterCredential
+) -> dict[str, float]:
     """TTFT p50 of short sequential requests via the router vs straight to the workers."""
     specs = make_requests(MIXES["chat"], 1.0, 2 * n, seed=99, vocab=vocab)
     short = [RequestSpec(s.index, 0.0, "short", s.prompt_ids[: CHAT.prompt_tokens[0]], 2)
@@ -79,7 +82,8 @@ def router_overhead(procs: dict[str, Proc], n: int, vocab: tuple[int, int]) -> d
     prefill = procs["prefill"].grpc if "prefill" in procs else None
     for i in range(n):  # alternate so drift in machine state hits both equally
         r, _ = asyncio.run(run_load(procs["router"].grpc, [short[2 * i]]))
-        d, _ = asyncio.run(run_direct(procs["decode"].grpc, prefill, [short[2 * i + 1]]))
+        d, _ = asyncio.run(run_direct(procs["decode"].grpc, prefill, [short[2 * i + 1]],
+                                      credential=credential))
         if r[0].ok and d[0].ok:
             via_router.append(r[0].ttft)
             direct.append(d[0].ttft)
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                                         slo_tpot_s=args.slo_tpot)
             if name == "disagg":
                 print("[bench] router overhead ...", file=sys.stderr, flush=True)
-                overhead = router_overhead(procs, args.overhead_requests, vocab)
+                overhead = router_overhead(procs, args.overhead_requests, vocab,
+                                           cluster.credential)
         finally:
             cluster.stop()
     ratio = summaries["disagg"]["tpot"]["p99"] / summaries["colocated"]["tpot"]["p99"]

@@ -2,7 +2,9 @@
 
 Starts one decode worker, one prefill worker and the router as separate processes on the
 default model, waits until each is serving, prints the endpoint and a command to try, and on
-Ctrl-C (or SIGTERM) drains and stops all three.
+Ctrl-C (or SIGTERM) drains and stops all three. The three share a cluster credential made for
+this run (a 0600 file in a private folder, removed at exit): nothing else can call the
+workers or join the router.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-threads", type=int, default=1)
     p.add_argument("--decode-threads", type=int, default=1)
     p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
+    p.add_argument("--cluster-secret-file", default=None,
+                   help="the cluster credential to use (default: a new one, removed at exit)")
+    p.add_argument("--insecure", action="store_true",
+                   help="no credential: any local user can act on the cluster's ports")
     return p
 
 
@@ -42,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as exc:
         print(f"tandem local: {exc}", file=sys.stderr)
         return 2
+    try:
+        cluster = Cluster(echo=True, credential_flags=_credential_flags(args))
+    except ValueError as exc:
+        print(f"tandem local: {exc}", file=sys.stderr)
+        return 2
     common = ["--model", str(model_dir), "--dtype", args.dtype]
-    cluster = Cluster(echo=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -80,6 +90,18 @@ def main(argv: list[str] | None = None) -> int:
         print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
         cluster.stop()
     return 0
+
+
+def _credential_flags(args: argparse.Namespace) -> list[str] | None:
+    """The credential flags of every process: the file the user named, ``--insecure``, or
+    None for a new credential made for this run (``Cluster`` makes and removes it)."""
+    if args.insecure:
+        if args.cluster_secret_file:
+            raise ValueError("--cluster-secret-file and --insecure exclude each other")
+        return ["--insecure"]
+    if args.cluster_secret_file:
+        return ["--cluster-secret-file", args.cluster_secret_file]  # Cluster checks the file
+    return None
 
 
 def _http_port(args: argparse.Namespace) -> int:

@@ -1,11 +1,14 @@
 """The command-line start-up both roles share: common flags, their config, ``run_worker``.
 
-    role parser = role flags + add_worker_args(...)      (host, port, router, KV secret, TLS,
-                                                          metrics, drain, engine flags)
+    role parser = role flags + add_worker_args(...)      (host, port, router, the cluster
+                                                          credential, TLS, metrics, drain,
+                                                          engine flags)
     args ──role config_from_args──> RoleAppConfig(worker=worker_config(args), ...)
          ──run_worker──> serve(config.worker.serve, build_app(config)) until SIGTERM
 
-A bad flag or file is exit status 2 with one line on stderr, as argparse does.
+A bad flag or file is exit status 2 with one line on stderr, as argparse does. There is no
+built-in secret: a worker needs ``--cluster-secret-file`` (``tandem local``/``tandem up`` make
+one per cluster) or an explicit ``--insecure``, which it warns about at every start.
 """
 
 from __future__ import annotations
@@ -15,20 +18,26 @@ import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Protocol, TypeVar
 
+from common.credential import (
+    ClusterCredential,
+    CredentialError,
+    add_credential_args,
+    credential_from_flags,
+)
 from engine.cli_args import add_engine_args, engine_config_from_args
 from worker.app import WorkerApp
 from worker.config import ServeConfig, StartupError, WorkerConfig
 from worker.process import serve
-from worker.tls import add_tls_args, router_credentials_from_args, server_tls_from_args
+from worker.tls import (
+    add_tls_args,
+    kv_tls_from_args,
+    router_credentials_from_args,
+    server_tls_from_args,
+)
 
 log = logging.getLogger(__name__)
-
-# Used when no --kv-secret-file is given: fine for one machine, never for a shared network.
-DEV_KV_SECRET = b"tandem-dev-kv-secret-do-not-use-in-production"
-
 
 class RoleAppConfig(Protocol):
     """A role's frozen config: the shared part plus the role's own fields."""
@@ -45,7 +54,7 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--host", default="127.0.0.1", help=host_help)
     p.add_argument("--port", type=int, required=True, help="gRPC port (0: pick a free one)")
     p.add_argument("--no-kv-shm", action="store_true", help=shm_help)
-    p.add_argument("--kv-secret-file", default=None, help="shared KV secret (>= 16 bytes)")
+    add_credential_args(p, "every RPC but health, registration and the KV port")
     p.add_argument("--router", default=None, help="router HOST:PORT to register with")
     p.add_argument("--worker-id", default=None)
     p.add_argument("--drain-timeout-s", type=float, default=60.0)
@@ -66,33 +75,27 @@ def check_ports(parser: argparse.ArgumentParser, args: argparse.Namespace, *name
         parser.error("--metrics-port must be in -1..65535")
 
 
-def load_kv_secret(path: str | None) -> bytes:
-    """The KV transfer's shared secret from a file, or the development default (logged)."""
-    if path is None:
-        log.warning("no --kv-secret-file: using the built-in development KV secret")
-        return DEV_KV_SECRET
+def load_credential(args: argparse.Namespace) -> ClusterCredential:
+    """The credential the flags name; StartupError when there is none or it is unusable."""
     try:
-        secret = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise StartupError(f"cannot read the KV secret file: {exc}") from exc
-    if len(secret) < 16:
-        raise StartupError(f"the KV secret in {path} must be at least 16 bytes")
-    return secret
+        return credential_from_flags(args.cluster_secret_file, args.insecure, "worker")
+    except CredentialError as exc:
+        raise StartupError(str(exc)) from exc
 
 
-def worker_config(args: argparse.Namespace) -> WorkerConfig:
-    """The shared config from the shared flags; reads the secret and TLS files. Raises
-    StartupError or ValueError (a bad engine flag, an unreadable file)."""
+def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
+    """The shared config from the shared flags of ``role`` ("prefill" | "decode"); reads the
+    credential and TLS files. Raises StartupError or ValueError (a bad engine flag, an
+    unreadable file)."""
     serve_config = ServeConfig(
-        host=args.host, port=args.port, router=args.router,
+        credential=load_credential(args), host=args.host, port=args.port, router=args.router,
         drain_timeout_s=args.drain_timeout_s, metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, tls=server_tls_from_args(args),
         router_credentials=router_credentials_from_args(args),
     )
     return WorkerConfig(
-        serve=serve_config, engine=engine_config_from_args(args),
-        kv_secret=load_kv_secret(args.kv_secret_file), worker_id=args.worker_id,
-        kv_shm=not args.no_kv_shm,
+        serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,
+        kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
     )
 
 

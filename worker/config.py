@@ -1,6 +1,7 @@
 """What a worker process is started with, as frozen values (built from flags by ``cli``).
 
-    flags ──worker.cli──> WorkerConfig(serve, engine, kv_secret, worker_id, kv_shm)
+    flags ──worker.cli──> WorkerConfig(serve (with the cluster credential), engine, worker_id,
+                                       kv_shm)
           ──role cli────> DecodeAppConfig / PrefillAppConfig(worker=WorkerConfig, role fields)
           ──role app────> the running role (``build_*_app(config)``)
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
+from common.credential import ClusterCredential
 from engine.config import EngineConfig
+from kv_transfer import TlsConfig
 from worker.tls import ServerTls
 
 
@@ -26,8 +29,11 @@ class StartupError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
-    """Where to listen and how to stop."""
+    """Where to listen, who may call, and how to stop. ``credential`` guards every RPC but
+    health and proves this worker to the router; None refuses to serve (there is no built-in
+    secret: ``ClusterCredential.insecure_default()`` is the explicit ``--insecure``)."""
 
+    credential: ClusterCredential | None = None
     host: str = "127.0.0.1"
     port: int = 0
     router: str | None = None
@@ -41,13 +47,21 @@ class ServeConfig:
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    """What both roles are started with: serving, the engine, the KV secret, an identity."""
+    """What both roles are started with: serving (and the credential), the engine, an
+    identity, the KV transports."""
 
     serve: ServeConfig
     engine: EngineConfig
-    kv_secret: bytes = field(repr=False)  # never in a log line
     worker_id: str | None = None  # None: ``<role>-<hostname>-<pid>``
     kv_shm: bool = True  # same-host shared memory for KV, else TCP only
+    kv_tls: TlsConfig | None = None  # TLS on KV over TCP (the credential authenticates anyway)
+
+    @property
+    def kv_secret(self) -> bytes:
+        """The KV handshake's key, derived from the cluster credential."""
+        if self.serve.credential is None:
+            raise StartupError("no cluster credential: the KV port cannot be keyed")
+        return self.serve.credential.kv_secret
 
     def resolved_worker_id(self, role: str) -> str:
         """The id this worker registers under."""

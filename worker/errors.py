@@ -92,7 +92,7 @@ def transfer_code(exc: KvTransferError) -> grpc.StatusCode:
 def transfer_reason(exc: KvTransferError) -> str:
     """What went wrong, with the peer's NACK code when it sent one."""
     if isinstance(exc, TransferFailed):
-        return f"({exc.code}): {exc.reason}"
+        return f" ({exc.code}): {exc.reason}"
     return f": {exc}"
 
 

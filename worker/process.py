@@ -1,6 +1,7 @@
 """A worker process, for both roles: serve, announce, register, drain.
 
-    bind the gRPC port (fail fast when busy) ──> build the app (engine, KV endpoint)
+    no cluster credential: refuse ──> bind the gRPC port (fail fast when busy; every RPC but
+    health needs the credential) ──> build the app (engine, KV endpoint)
     ──> [serve /metrics on --metrics-port] ──> start: the service + grpc.health.v1
     + reflection ──> print TANDEM_READY {...} (with "metrics": "host:port" when served)
     ──> [register with the router and heartbeat]
@@ -23,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from common.grpc_auth import ClusterAuthInterceptor
 from common.wire import ready_line
 from worker.app import WorkerApp
 from worker.config import ServeConfig, StartupError
@@ -48,7 +50,11 @@ async def serve(
 
     ``stop``: drain when this event is set instead of on signals (a worker hosted in a Ray
     actor, whose event loop is not on the main thread, cannot install signal handlers)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    if config.credential is None:
+        raise StartupError("no cluster credential: a worker never serves without one "
+                           "(--cluster-secret-file, or --insecure on a trusted machine)")
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
+                             interceptors=[ClusterAuthInterceptor(config.credential)])
     address = f"{config.host}:{config.port}"
     try:
         if config.tls is None:
@@ -109,7 +115,8 @@ async def _run(
             loop.add_signal_handler(sig, stop.set)
     registry: asyncio.Task[None] | None = None
     if config.router:
-        registration = RegistrationConfig(config.router, credentials=config.router_credentials)
+        registration = RegistrationConfig(config.router, credentials=config.router_credentials,
+                                          cluster=config.credential)
         client = RegistryClient(registration, lambda: app.register_request(endpoint),
                                 app.stats_proto)
         registry = loop.create_task(client.run())

@@ -1,6 +1,7 @@
 """Joining a router: Register once, then Heartbeat with stats at the interval it returns.
 
     Register ──interval──> Heartbeat(stats) every interval ──known=false──> Register again
+        (every call carries the cluster credential: membership is proven, never claimed)
         └── router unreachable or erroring: retry with exponential backoff, never crash
 
 Shared with ``prefill_worker``.
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from common.credential import ClusterCredential
+from common.grpc_auth import aio_interceptors
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,7 @@ class RegistrationConfig:
     rpc_timeout_s: float = 5.0
     default_interval_s: float = 5.0  # when the router answers 0
     credentials: grpc.ChannelCredentials | None = None  # TLS to the router; None: plaintext
+    cluster: ClusterCredential | None = None  # proves membership on every call (None: none)
 
 
 class RegistryClient:
@@ -50,9 +54,10 @@ class RegistryClient:
 
     async def run(self) -> None:
         """Register and heartbeat until cancelled."""
-        credentials = self.config.credentials
-        channel = (grpc.aio.insecure_channel(self.config.router) if credentials is None
-                   else grpc.aio.secure_channel(self.config.router, credentials))
+        credentials, router = self.config.credentials, self.config.router
+        tokens = aio_interceptors(self.config.cluster) if self.config.cluster else []
+        channel = (grpc.aio.insecure_channel(router, interceptors=tokens) if credentials is None
+                   else grpc.aio.secure_channel(router, credentials, interceptors=tokens))
         async with channel:
             stub = worker_pb2_grpc.RegistryStub(channel)
             backoff = self.config.min_backoff_s

@@ -23,6 +23,11 @@ from kv_transfer.frames import Header
 Alive = Callable[[], bool]
 
 
+def always() -> bool:
+    """An ``Alive`` for reads that land in no reservation (headers, scratch)."""
+    return True
+
+
 class Channel(abc.ABC):
     """One connection carrying frames between a sender and a receiver."""
 
@@ -47,10 +52,11 @@ class Channel(abc.ABC):
     async def recv_payload(self, header: Header, span: RecvSpan | None, alive: Alive) -> bool:
         """Consume the payload of the KV frame ``header``.
 
-        Lands it in ``span`` while ``alive()`` holds (checked before every write into the
-        cache); discards it when ``span`` is None or ``alive()`` turns false. Returns True when
-        the payload landed and verified; raises ``PayloadChecksumError`` when it landed corrupt
-        (the stream is still in sync).
+        Lands it in ``span`` while ``alive()`` holds: checked after the bytes have arrived and
+        immediately before every write into the cache, with no await in between (the fence
+        that makes ``Receiver.release`` final). Discards it when ``span`` is None or
+        ``alive()`` turns false. Returns True when the payload landed and verified; raises
+        ``PayloadChecksumError`` when it landed corrupt (the stream is still in sync).
         """
 
     def client_hello_extras(self) -> dict[str, Any]:

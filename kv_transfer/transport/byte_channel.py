@@ -5,6 +5,11 @@
 Subclasses supply two primitives: ``_write`` (drain an ``IoVec``) and ``_read_some`` (fill at
 least one byte of an ``IoVec``'s head). Payloads move in batches of ``BATCH_BYTES``: each batch
 is hashed right before it is written or right after it is read, while it is still in cache.
+
+The fence: ``_read_some`` takes the reservation's ``alive`` and checks it once the bytes are
+there (after any wait for them) and immediately before writing them into the buffers, which
+on a CPU cache are the reserved blocks themselves. A payload whose reservation ends mid-way is
+read on into scratch and dropped, so the stream stays in sync.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import xxhash
 from kv_transfer.blocks import Buffer, RecvSpan, SendSpan
 from kv_transfer.errors import ChannelClosed, FrameTooLarge, PayloadChecksumError
 from kv_transfer.frames import PREFIX, TRAILER, Header, HeaderCodec, encode_header
-from kv_transfer.transport.base import Alive, Channel
+from kv_transfer.transport.base import Alive, Channel, always
 
 IOV_MAX = 1024  # Linux UIO_MAXIOV: buffers per sendmsg / recvmsg_into call
 BATCH_BYTES = 256 << 10
@@ -109,8 +114,11 @@ class ByteChannel(Channel):
         """Write every remaining byte of ``iov``."""
 
     @abc.abstractmethod
-    async def _read_some(self, iov: IoVec) -> int:
-        """Read at least one byte into ``iov.head()``; return the count (not consumed)."""
+    async def _read_some(self, iov: IoVec, alive: Alive = always) -> int:
+        """Wait for bytes; then, if ``alive()`` still holds (checked after the wait, with no
+        await before the write), read at least one into ``iov.head()``. Returns how many bytes
+        were taken off the stream (not consumed from ``iov``); they are in ``iov`` only if
+        ``alive()`` holds when this returns (it never turns true again once false)."""
 
     # -- shared -------------------------------------------------------------------------------
 
@@ -136,10 +144,11 @@ class ByteChannel(Channel):
     async def _fill(self, iov: IoVec, alive: Alive) -> bool:
         """Fill ``iov``; if ``alive()`` turns false first, discard the rest and return False."""
         while iov.remaining:
-            if not alive():
-                await self._discard(iov.remaining)
+            n = await self._read_some(iov, alive)
+            if not alive():  # fenced: those n bytes were taken off the stream, not written
+                await self._discard(iov.remaining - n)
                 return False
-            iov.consume(await self._read_some(iov))
+            iov.consume(n)
         return True
 
     async def _discard(self, n: int) -> None:
@@ -209,7 +218,7 @@ class ByteChannel(Channel):
             (digest,) = TRAILER.unpack(await self._read_exact(TRAILER.size))
             if digest != hasher.intdigest():
                 raise PayloadChecksumError("payload hash does not match its trailer")
-            if not alive():
+            if not alive():  # the staged path's fence: no await between it and the scatter
                 return False
             span.finish()
             return True

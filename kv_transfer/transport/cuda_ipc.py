@@ -91,7 +91,7 @@ class CudaIpcChannel(SocketChannel):
         if len(src_ids) != len(header["blocks"]) or \
                 any(not 0 <= b < self._src.shape[2] for b in src_ids):
             raise OutsideReservation("cuda_ipc src_blocks outside the sender's cache")
-        if span is None or not alive():
+        if span is None or not alive():  # the fence: check, copy and sync with no await
             return False
         dst = span.blocks.kv
         idx_src = torch.tensor(src_ids, dtype=torch.long, device=self._src.device)

@@ -16,7 +16,7 @@ from kv_transfer.config import Limits
 from kv_transfer.endpoint import Endpoint
 from kv_transfer.errors import ChannelClosed
 from kv_transfer.frames import HeaderCodec
-from kv_transfer.transport.base import Channel, Handler, Listener, Transport
+from kv_transfer.transport.base import Alive, Channel, Handler, Listener, Transport, always
 from kv_transfer.transport.byte_channel import ByteChannel, IoVec
 
 
@@ -58,7 +58,7 @@ class _Pipe:
             pos += len(chunk)
             self._poke()
 
-    async def read_into(self, iov: IoVec) -> int:
+    async def read_into(self, iov: IoVec, alive: Alive = always) -> int:
         while not self.buf or self.stalled:
             if self.reset:
                 raise ChannelClosed("fake link: connection reset")
@@ -67,6 +67,8 @@ class _Pipe:
             await self._wait()
         if self.reset:
             raise ChannelClosed("fake link: connection reset")
+        if not alive():  # the fence, as on a socket: the bytes are here, none written
+            return 0
         k = min(len(self.buf), iov.remaining)
         n = iov.fill_from(bytes(self.buf[:k]))
         del self.buf[:n]
@@ -120,9 +122,9 @@ class FakeChannel(ByteChannel):
             await self._out.write(b)
         iov.consume(iov.remaining)
 
-    async def _read_some(self, iov: IoVec) -> int:
+    async def _read_some(self, iov: IoVec, alive: Alive = always) -> int:
         self._check_open()
-        return await self._in.read_into(iov)
+        return await self._in.read_into(iov, alive)
 
     def close(self) -> None:
         if self._closed:

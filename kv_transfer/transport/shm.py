@@ -179,6 +179,8 @@ class ShmChannel(SocketChannel):
         if nbytes > self._slot_bytes:
             raise FrameTooLarge(f"shm payload of {nbytes} bytes over the slot size")
         landed = False
+        # The fence: the payload is in the slot before its header arrives, and the check and
+        # the scatter into the blocks run with no await in between.
         if span is not None and alive():
             try:
                 landed = self._land(slot, nbytes, span) == digest

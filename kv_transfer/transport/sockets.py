@@ -18,7 +18,7 @@ from collections.abc import Callable
 from kv_transfer.blocks import Buffer
 from kv_transfer.errors import ChannelClosed
 from kv_transfer.frames import HeaderCodec
-from kv_transfer.transport.base import Channel, Handler, Listener
+from kv_transfer.transport.base import Alive, Channel, Handler, Listener, always
 from kv_transfer.transport.byte_channel import ByteChannel, IoVec
 
 log = logging.getLogger(__name__)
@@ -99,9 +99,11 @@ class SocketChannel(ByteChannel):
                 self.received_fds.extend(fds)
         return n
 
-    async def _read_some(self, iov: IoVec) -> int:
+    async def _read_some(self, iov: IoVec, alive: Alive = always) -> int:
         while True:
             self._check_open()
+            if not alive():  # the fence: after every wait, right before recvmsg_into writes
+                return 0
             try:
                 n = self._recv(iov.head())
             except (BlockingIOError, InterruptedError):

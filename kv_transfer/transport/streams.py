@@ -10,6 +10,7 @@ import asyncio
 
 from kv_transfer.errors import ChannelClosed
 from kv_transfer.frames import HeaderCodec
+from kv_transfer.transport.base import Alive, always
 from kv_transfer.transport.byte_channel import ByteChannel, IoVec
 
 READ_CHUNK = 256 << 10
@@ -33,14 +34,18 @@ class StreamChannel(ByteChannel):
         except (OSError, RuntimeError) as exc:
             raise ChannelClosed(f"send to {self.peer}: {exc}") from exc
 
-    async def _read_some(self, iov: IoVec) -> int:
+    async def _read_some(self, iov: IoVec, alive: Alive = always) -> int:
         self._check_open()
+        if not alive():
+            return 0
         try:
             data = await self._reader.read(min(iov.remaining, READ_CHUNK))
         except OSError as exc:
             raise ChannelClosed(f"recv from {self.peer}: {exc}") from exc
         if not data:
             raise ChannelClosed(f"{self.peer} closed the connection")
+        if not alive():  # the fence: the bytes are here; they go nowhere
+            return len(data)
         return iov.fill_from(data)
 
     def close(self) -> None:

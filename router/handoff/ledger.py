@@ -8,7 +8,8 @@ One leg at a time, normally just one::
     D dies mid-stream: Reserve on D' with prompt + tokens sent, prefill again, next token ...
 
 Every reservation gets its own leg id (``rid``, ``rid.1``, ``rid.2`` ...), so a retry never
-depends on what a failed push left behind. The client sees one stream: after a migration the
+depends on what a failed push left behind; ``rid`` is the id the router minted for the
+request (router/request.py), never the client's, so no two requests share a leg id. The client sees one stream: after a migration the
 new leg's first token is the next token, so nothing is lost or repeated. Every leg still open
 when the request ends abnormally (client gone, deadline, error) gets an Abort.
 """

@@ -4,7 +4,8 @@
 
 The status follows the gRPC code router/status.py gives the same error (one mapping for both
 edges): INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429 (+ Retry-After), UNAVAILABLE 503,
-DEADLINE_EXCEEDED 504; an unknown model is 404 as in OpenAI's API.
+DEADLINE_EXCEEDED 504; an unknown model is 404 as in OpenAI's API. Refusals only HTTP has
+(a body too large: 413, too slow: 408) are ``HttpRefusal``s.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
@@ -50,6 +52,18 @@ class HttpError:
     status: int
     body: dict[str, Any]
     headers: dict[str, str]
+
+
+class HttpRefusal(Exception):
+    """A request the HTTP edge refuses on its own (no RouterError says it): ``error`` is
+    what the client gets; ``close`` ends the connection after it (the rest of a body that
+    was refused may still be arriving)."""
+
+    def __init__(self, status: int, message: str, param: str | None, code: str,
+                 close: bool = False) -> None:
+        super().__init__(message)
+        self.error = HttpError(status, error_body(status, message, param, code), {})
+        self.close = close
 
 
 def error_body(

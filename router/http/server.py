@@ -1,15 +1,23 @@
 """The OpenAI-compatible HTTP API, served by aiohttp inside the router's event loop.
 
     POST /v1/completions        POST /v1/chat/completions      (SSE when "stream": true)
-    GET  /v1/models             GET  /health (open)            GET  /metrics (Prometheus)
+    GET  /v1/models             GET  /metrics (Prometheus)
+    GET  /health (open: the process is up)    GET  /ready (open: it can serve now, else 503)
 
-Requests go straight to ``Frontend`` (the same prepare/generate the gRPC servicer calls):
+Requests go straight to ``Frontend`` (the same accept/generate the gRPC servicer calls):
 no gRPC hop and no second validator. A client that disconnects cancels its handler
 (``handler_cancellation``), which closes the generation and so both of its worker legs.
+
+What a client may cost (RouterConfig): a body of at most ``max_request_bytes`` (413), sent
+within ``http_read_timeout_s`` of the request's head (408), and the head itself within as
+long of connecting or of the previous response (aiohttp's keep-alive timer closes a
+connection whose next request is not complete by then: a slow-loris is cut); requests in
+flight per connection and per API key (429, like admission's).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import ssl
@@ -22,18 +30,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from protos.tandem.v1 import tandem_pb2
 from router.auth import ApiKeys
+from router.client_limits import key_of
 from router.errors import InvalidRequestError, RouterError
 from router.frontend import Frontend
-from router.http.errors import HttpError, error_body, http_error
+from router.http.errors import HttpError, HttpRefusal, error_body, http_error
 from router.http.openai_request import ApiRequest, Endpoint, parse
 from router.http.openai_response import ResponseShaper, model_list
+from router.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "X-Tandem-Timeout"  # optional per-request budget in seconds (-> 504)
-_OPEN_PATHS = frozenset({"/health"})
-_MAX_BODY = 32 * 1024 * 1024
+_OPEN_PATHS = frozenset({"/health", "/ready"})
 
 
 class HttpServer:
@@ -50,24 +59,33 @@ class HttpServer:
         self._registry = registry
         self._keys = keys
         self._ssl = ssl_context
+        self._readiness = Readiness(frontend.deps.registry, frontend.gate)
+        config = frontend.deps.config
+        self._max_body = config.max_request_bytes
+        self._read_timeout_s = config.http_read_timeout_s
         self._runner: web.AppRunner | None = None
         self.port = 0
 
     def app(self) -> web.Application:
         """The aiohttp application (routes and middlewares)."""
         app = web.Application(
-            middlewares=[self._errors, self._auth], client_max_size=_MAX_BODY
+            middlewares=[self._errors, self._auth], client_max_size=self._max_body
         )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         return app
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0 picks a free port) and serve; returns the bound port."""
-        runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        # After a refusal with the body unread, aiohttp reads (and drops) what is still coming
+        # for at most ``lingering_time`` so the client sees the answer: bounded here too.
+        runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
+                               keepalive_timeout=self._read_timeout_s,
+                               lingering_time=min(10.0, self._read_timeout_s))
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=self._ssl, reuse_port=False)
         try:
@@ -93,6 +111,11 @@ class HttpServer:
             return await handler(request)
         except RouterError as err:
             return _error_response(http_error(err))
+        except HttpRefusal as refusal:
+            response = _error_response(refusal.error)
+            if refusal.close:
+                response.force_close()
+            return response
         except web.HTTPException as exc:  # unknown route, wrong method, body too large
             if exc.status < 400:
                 raise
@@ -125,29 +148,55 @@ class HttpServer:
             return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ok"})
 
+    async def _ready(self, request: web.Request) -> web.StreamResponse:
+        reason = self._readiness.reason()
+        if reason is not None:
+            return web.json_response({"status": "unavailable", "reason": reason}, status=503)
+        return web.json_response({"status": "ready"})
+
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         return web.Response(
             body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        key = key_of(request.headers.get("Authorization")) if self._keys is not None else None
+        # Taken before the body is read: a refused client does not get to upload it first.
+        with self._frontend.client_slot(_connection(request), key):
+            try:
+                api = parse(endpoint, await self._json_body(request))
+            except (InvalidRequestError, HttpRefusal):
+                self._frontend.metrics.finished("invalid")  # as accept() counts its refusals
+                raise
+            accepted = self._frontend.accept(api.request)
+            shaper = ResponseShaper(
+                api, self._frontend.deps.config.model_name, accepted.label, self._token_text
+            )
+            responses = self._frontend.generate(accepted, _budget(request))
+            async with aclosing(responses):
+                if not api.stream:
+                    collected = [r async for r in responses]
+                    return web.json_response(shaper.whole(collected))
+                # The first message before the headers: a refusal is still a proper status.
+                first = await anext(responses)
+                return await _stream(request, api, shaper, first, responses)
+
+    async def _json_body(self, request: web.Request) -> Any:
+        """The request's JSON body, bounded in size and in the time it may take to arrive."""
         try:
-            api = parse(endpoint, await _json_body(request))
-        except InvalidRequestError:
-            self._frontend.metrics.finished("invalid")  # as prepare() counts its refusals
-            raise
-        prepared = self._frontend.prepare(api.request)
-        shaper = ResponseShaper(
-            api, self._frontend.deps.config.model_name, prepared.request_id, self._token_text
-        )
-        responses = self._frontend.generate(prepared, _budget(request))
-        async with aclosing(responses):
-            if not api.stream:
-                collected = [r async for r in responses]
-                return web.json_response(shaper.whole(collected))
-            # The first message before the headers: a refusal is still a proper status code.
-            first = await anext(responses)
-            return await _stream(request, api, shaper, first, responses)
+            text = await asyncio.wait_for(request.text(), self._read_timeout_s)
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise HttpRefusal(413, f"request body over {self._max_body} bytes",
+                              "body", "request_too_large", close=True) from exc
+        except asyncio.TimeoutError as exc:
+            raise HttpRefusal(408, f"request body not received within {self._read_timeout_s:g} s",
+                              "body", "request_timeout", close=True) from exc
+        except UnicodeDecodeError as err:
+            raise InvalidRequestError("body", f"not valid JSON: {err}") from err
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InvalidRequestError("body", f"not valid JSON: {err}") from err
 
     def _token_text(self, token_id: int) -> str:
         return self._frontend.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -184,11 +233,13 @@ async def _event(response: web.StreamResponse, body: dict[str, Any]) -> None:
     await response.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
 
 
-async def _json_body(request: web.Request) -> Any:
-    try:
-        return await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidRequestError("body", f"not valid JSON: {err}") from err
+def _connection(request: web.Request) -> str:
+    """The client connection a request came on (its remote address and port)."""
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"http:{peer[0]}:{peer[1]}"
+    return f"http:{request.remote}"
 
 
 def _budget(request: web.Request) -> float | None:

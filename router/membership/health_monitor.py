@@ -4,7 +4,9 @@ A worker that fails the health check leaves the pool until a later probe passes;
 workers silent past their heartbeat lease are forgotten (and their channels and affinity
 dropped). A Stats call that fails while the health check passed leaves the worker in the
 pool with its last known load: a worker's Stats waits for its engine's current step, and a
-long prefill step must not look like a dead worker.
+long prefill step must not look like a dead worker. A probe that fails after the worker
+registered (again) while it ran says nothing about the registered worker and is dropped
+(Registry.set_healthy's ``since``): a worker that registers is routable at once.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class HealthMonitor:
         role = self._registry.role_of(endpoint)
         if role is None:
             return False
+        generation = self._registry.generation(endpoint)
         problem = await self._check_health(endpoint)
         if problem is None:
             stub = (
@@ -78,7 +81,8 @@ class HealthMonitor:
                 # else: alive (it answered the health check) but mid-step; keep the old load
             else:
                 self._registry.update_load(endpoint, load_of(stats))
-        if self._registry.set_healthy(endpoint, problem is None):  # log transitions only
+        # Log transitions only; a failure of a probe older than the registration is dropped.
+        if self._registry.set_healthy(endpoint, problem is None, since=generation):
             if problem is None:
                 log.info("worker %s is healthy again", endpoint)
             else:

@@ -4,6 +4,12 @@ Two ways in: a static list from flags (never forgotten; out of the pool while un
 workers that Register themselves (forgotten after ``missed_heartbeats`` intervals of silence).
 A worker is routable when it is healthy and not draining. Time comes from an injected clock so
 expiry is tested without sleeping.
+
+A worker that registers is routable at once, whatever was said of it before: its entry is
+new (healthy), and a health probe that began before the registration cannot take it out of
+the pool when it fails (``generation``/``set_healthy(since=...)``: it probed the process
+that was still loading, or the one that went away). ``watch`` callbacks run after any
+change that can change what is routable (what the router's readiness follows).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class _Entry:
     load: WorkerLoad
     healthy: bool = True
     active: int = 0
+    generation: int = 0  # bumped by every (re)registration of this endpoint
 
 
 class Registry:
@@ -63,6 +70,16 @@ class Registry:
         self._ttl = heartbeat_interval_s * missed_heartbeats
         self._by_endpoint: dict[str, _Entry] = {}
         self._endpoint_of: dict[str, str] = {}  # worker_id -> endpoint
+        self._generation = 0
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every change that can change what is routable."""
+        self._watchers.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._watchers:
+            callback()
 
     def add_static(self, role: Role, endpoint: str) -> None:
         """Add a worker named on the command line; it stays known for the router's life."""
@@ -70,13 +87,17 @@ class Registry:
             endpoint, role, endpoint, static=True, last_seen=self._clock(), load=WorkerLoad()
         )
         self._endpoint_of[endpoint] = endpoint
+        self._changed()
 
     def register(self, role: Role, endpoint: str, worker_id: str = "") -> str:
-        """A worker joined (or rejoined); returns its worker id (its endpoint when empty)."""
+        """A worker joined (or rejoined); returns its worker id (its endpoint when empty).
+
+        It is healthy from now on, whatever a probe said of the endpoint before."""
         worker_id = worker_id or endpoint
         old = self._by_endpoint.get(endpoint)
         if old is not None:
             self._endpoint_of.pop(old.worker_id, None)
+        self._generation += 1
         entry = _Entry(
             worker_id,
             role,
@@ -85,35 +106,54 @@ class Registry:
             last_seen=self._clock(),
             load=WorkerLoad(),
             active=old.active if old is not None else 0,
+            generation=self._generation,
         )
         self._by_endpoint[endpoint] = entry
         self._endpoint_of[worker_id] = endpoint
+        self._changed()
         return worker_id
+
+    def generation(self, endpoint: str) -> int:
+        """Which registration of ``endpoint`` is current (pass it to ``set_healthy``)."""
+        entry = self._by_endpoint.get(endpoint)
+        return entry.generation if entry is not None else -1
 
     def heartbeat(self, worker_id: str, load: WorkerLoad | None) -> bool:
         """Record a heartbeat; False when the worker is unknown and must register again."""
         entry = self._entry_by_id(worker_id)
         if entry is None:
             return False
+        before = _routable(entry)
         entry.last_seen = self._clock()
         entry.healthy = True
         if load is not None:
             entry.load = load
+        if _routable(entry) != before:
+            self._changed()
         return True
 
     def update_load(self, endpoint: str, load: WorkerLoad) -> None:
         """Record load polled from the worker's Stats (only heartbeats keep a worker known)."""
         entry = self._by_endpoint.get(endpoint)
         if entry is not None:
+            before = _routable(entry)
             entry.load = load
+            if _routable(entry) != before:
+                self._changed()
 
-    def set_healthy(self, endpoint: str, healthy: bool) -> bool:
+    def set_healthy(self, endpoint: str, healthy: bool, since: int | None = None) -> bool:
         """Record a health-check result (or a failed call: False takes it out of the pool);
-        returns whether that changed the worker's state."""
+        returns whether that changed the worker's state.
+
+        ``since``: the ``generation`` when the check began; a failure from before the
+        worker's latest registration is stale and ignored."""
         entry = self._by_endpoint.get(endpoint)
         if entry is None or entry.healthy == healthy:
             return False
+        if not healthy and since is not None and since != entry.generation:
+            return False
         entry.healthy = healthy
+        self._changed()
         return True
 
     def expire(self) -> list[str]:
@@ -127,6 +167,8 @@ class Registry:
         for endpoint in gone:
             entry = self._by_endpoint.pop(endpoint)
             self._endpoint_of.pop(entry.worker_id, None)
+        if gone:
+            self._changed()
         return gone
 
     def remove(self, endpoint: str) -> bool:
@@ -135,6 +177,7 @@ class Registry:
         if entry is None:
             return False
         self._endpoint_of.pop(entry.worker_id, None)
+        self._changed()
         return True
 
     def acquire(self, endpoint: str) -> None:
@@ -158,8 +201,12 @@ class Registry:
         return [
             _view(e)
             for e in self._by_endpoint.values()
-            if e.role is role and e.healthy and not e.load.draining
+            if e.role is role and _routable(e)
         ]
+
+    def count(self, role: Role) -> int:
+        """Known workers of ``role``, routable or not."""
+        return sum(1 for e in self._by_endpoint.values() if e.role is role)
 
     def role_of(self, endpoint: str) -> Role | None:
         """The role of a known worker."""
@@ -174,6 +221,10 @@ class Registry:
     def _entry_by_id(self, worker_id: str) -> _Entry | None:
         endpoint = self._endpoint_of.get(worker_id)
         return self._by_endpoint.get(endpoint) if endpoint is not None else None
+
+
+def _routable(e: _Entry) -> bool:
+    return e.healthy and not e.load.draining
 
 
 def _view(e: _Entry) -> WorkerView:

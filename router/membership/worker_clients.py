@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
@@ -17,20 +19,28 @@ _CHANNEL_OPTIONS = [
 class WorkerClients:
     """Lazily built stubs for each worker endpoint (must be used inside the event loop).
 
-    With ``credentials`` every channel is TLS (mTLS when they carry a client certificate).
+    With ``credentials`` every channel is TLS (mTLS when they carry a client certificate);
+    ``interceptors`` put the cluster credential on every call (common/grpc_auth.py).
     """
 
-    def __init__(self, credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(
+        self,
+        credentials: grpc.ChannelCredentials | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._credentials = credentials
+        self._interceptors = list(interceptors)
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
             if self._credentials is None:
-                channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+                channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS,
+                                                    interceptors=self._interceptors)
             else:
-                channel = grpc.aio.secure_channel(endpoint, self._credentials, _CHANNEL_OPTIONS)
+                channel = grpc.aio.secure_channel(endpoint, self._credentials, _CHANNEL_OPTIONS,
+                                                  interceptors=self._interceptors)
             self._channels[endpoint] = channel
         return channel
 

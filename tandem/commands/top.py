@@ -25,6 +25,8 @@ from pathlib import Path
 
 import grpc
 
+from common.credential import ClusterCredential, CredentialError
+from common.grpc_auth import sync_channel
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.commands.router_view import fetch_metrics, parse_router_metrics, render_router
 from tandem.errors import from_rpc_error
@@ -101,11 +103,15 @@ class WorkerPoller:
     decode worker (the two services share the Stats message)."""
 
     def __init__(self, endpoints: Sequence[str],
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None,
+                 cluster: ClusterCredential | None = None) -> None:
+        """``cluster``: the cluster credential the workers' Stats RPC needs (None: an insecure
+        cluster's workers)."""
         self.endpoints = list(endpoints)
+        cluster = cluster or ClusterCredential.insecure_default()
         self._channels = {
-            e: (grpc.secure_channel(e, credentials) if credentials is not None
-                else grpc.insecure_channel(e))
+            e: sync_channel(grpc.secure_channel(e, credentials) if credentials is not None
+                            else grpc.insecure_channel(e), cluster)
             for e in self.endpoints
         }
         self._stub: dict[str, object] = {}
@@ -161,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-ca", default=None, help="CA of the workers' certificates (mTLS)")
     p.add_argument("--worker-cert", default=None, help="client certificate for the workers")
     p.add_argument("--worker-key", default=None, help="its private key")
+    p.add_argument("--cluster-secret-file", default=None,
+                   help="the cluster credential (workers answer Stats only to members)")
     return p
 
 
@@ -173,7 +181,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--workers names no endpoint")
     if args.interval <= 0:
         parser.error("--interval must be > 0")
-    poller = WorkerPoller(endpoints, _credentials(args))
+    try:
+        cluster = (ClusterCredential.from_file(args.cluster_secret_file)
+                   if args.cluster_secret_file else None)
+    except CredentialError as exc:
+        parser.error(str(exc))
+    poller = WorkerPoller(endpoints, _credentials(args), cluster)
 
     def router_line() -> str:
         if args.router_http is None:

@@ -27,6 +27,16 @@ def router_argv(spec: LaunchSpec, model_dir: str) -> list[str]:
     return argv + list(spec.router_args)
 
 
+def credential_argv(cluster_secret: str) -> list[str]:
+    """The credential flags for a command run in an actor: the secret in a private file on
+    this node (never on a command line), or ``--insecure`` when the cluster has none."""
+    if not cluster_secret:
+        return ["--insecure"]
+    from common.credential import private_secret_file
+
+    return ["--cluster-secret-file", str(private_secret_file(cluster_secret))]
+
+
 def worker_argv(spec: LaunchSpec, role: str, model: str) -> list[str]:
     """Engine flags of ``tandem prefill|decode`` (the actor adds host, ports, router, id)."""
     argv = ["--model", model, "--dtype", spec.dtype]

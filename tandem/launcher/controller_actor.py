@@ -14,6 +14,7 @@ from typing import Any
 
 from autoscaler.config import AutoscaleConfig
 from autoscaler.controller import Controller, ScrapeTarget
+from common.credential import ClusterCredential
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +23,9 @@ class ControllerActor:
     """Runs the control loop until ``stop`` (wrap with ``ray.remote``)."""
 
     def __init__(self, config: AutoscaleConfig, namespace: str,
-                 bundles: dict[str, dict[str, float]]) -> None:
+                 bundles: dict[str, dict[str, float]], cluster_secret: str) -> None:
         self._config = config
+        self._secret = cluster_secret  # hex; "" for an insecure cluster
         self._namespace = namespace
         self._bundles = bundles
         self._controller: Controller | None = None
@@ -48,7 +50,9 @@ class ControllerActor:
             return [ScrapeTarget(role, endpoint, handle.signals.remote)
                     for role, endpoint, handle in found]
 
-        self._controller = Controller(self._config, actuator, targets)
+        credential = (ClusterCredential.from_hex(self._secret) if self._secret
+                      else ClusterCredential.insecure_default())
+        self._controller = Controller(self._config, actuator, targets, credential=credential)
         if self._config.metrics_port:
             self._controller.exporter.serve(self._config.metrics_port)
         self._task = asyncio.create_task(self._controller.run(self._stop))

@@ -81,7 +81,7 @@ class PoolActor:
             name=ROUTER, namespace=spec.namespace, num_cpus=spec.router_cpus,
             max_restarts=spec.max_restarts, max_concurrency=64,
             scheduling_strategy=home_strategy(self._home),
-        ).remote(router_argv(spec, self._model_dir))
+        ).remote(router_argv(spec, self._model_dir), spec.cluster_secret)
         self._router_info = await self._router.ready.remote()
         self._router_up.set()
         pairs = min(spec.prefill, spec.decode) if spec.pack_pairs else 0
@@ -97,7 +97,8 @@ class PoolActor:
             self._controller = ray.remote(ControllerActor).options(
                 name=CONTROLLER, namespace=spec.namespace, num_cpus=0, max_restarts=-1,
                 max_concurrency=16, scheduling_strategy=home_strategy(self._home),
-            ).remote(spec.autoscale, spec.namespace, {r: spec.bundle(r) for r in ROLES})
+            ).remote(spec.autoscale, spec.namespace, {r: spec.bundle(r) for r in ROLES},
+                     spec.cluster_secret)
             await self._controller.start.remote()
         return await self.status()
 
@@ -213,7 +214,8 @@ class PoolActor:
             num_cpus=spec.cpus_per_worker, num_gpus=spec.gpus(role),
             resources=dict(spec.resources), max_restarts=spec.max_restarts,
             max_concurrency=64, scheduling_strategy=strategy,
-        ).remote(role, index, worker_argv(spec, role, self._worker_model), spec.namespace, spec.signal_window_s)
+        ).remote(role, index, worker_argv(spec, role, self._worker_model), spec.namespace,
+                 spec.signal_window_s, spec.cluster_secret, spec.worker_host)
         worker = _Worker(role, index, handle, pair)
         worker.watcher = asyncio.create_task(self._watch(worker))
         self._workers.append(worker)

@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 class RouterActor:
     """The cluster's router (wrap with ``ray.remote``)."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], cluster_secret: str) -> None:
         self._argv = list(argv)
+        self._secret = cluster_secret  # hex; "" for an insecure cluster
         self._server: Any = None
         self._info: dict[str, Any] | None = None
         self._lock: asyncio.Lock | None = None
@@ -51,8 +52,10 @@ class RouterActor:
         from router.cli import build_parser, config_from_args
         from router.server import RouterServer
         from router.tokenizer import RouterTokenizer
+        from tandem.launcher.argv import credential_argv
 
-        config = config_from_args(build_parser().parse_args(self._argv))
+        argv = [*self._argv, *credential_argv(self._secret)]
+        config = config_from_args(build_parser().parse_args(argv))
         server = RouterServer(config, RouterTokenizer(config.tokenizer_dir))
         port = await server.start()
         self._server = server

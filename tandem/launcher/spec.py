@@ -36,7 +36,7 @@ class LaunchSpec:
     model_name: str = ""
     prefill: int = 1
     decode: int = 1
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # the router's listen address
     port: int = 50051
     http_port: int | None = 8000  # None: the router's own default
     prefill_gpus: float = 0.0
@@ -56,6 +56,11 @@ class LaunchSpec:
     ready_timeout_s: float = 600.0
     dead_after_s: float = 120.0  # a worker unreachable this long is given up on
     autoscale: AutoscaleConfig | None = field(default=None)
+    # The cluster credential every actor gets (hex; each writes it to a private file on its
+    # node). "" with ``insecure``: none at all, asked for explicitly.
+    cluster_secret: str = field(default="", repr=False)
+    insecure: bool = False
+    worker_host: str = ""  # workers' listen address ("": their node's IP, for other nodes)
 
     def __post_init__(self) -> None:
         checks = {
@@ -78,6 +83,9 @@ class LaunchSpec:
             raise ValueError(f"invalid launch spec: {', '.join(bad)} out of range")
         if not self.model:
             raise ValueError("invalid launch spec: --model is empty")
+        if bool(self.cluster_secret) == self.insecure:
+            raise ValueError("invalid launch spec: exactly one of a cluster secret and "
+                             "insecure is required")
 
     def gpus(self, role: str) -> float:
         """GPUs one worker of ``role`` asks for."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import threading
 from pathlib import Path
 
 from autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
+from common.credential import ClusterCredential, new_secret
 from common.wire import ready_line
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
 
@@ -38,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="served model id (default: the alias, or the directory's name)")
     p.add_argument("--prefill", type=int, default=1, help="prefill workers (0: colocated)")
     p.add_argument("--decode", type=int, default=1, help="decode workers")
-    p.add_argument("--host", default="0.0.0.0", help="router listen address")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="router listen address (default loopback: a multi-node cluster or a "
+                   "pod needs 0.0.0.0 or the node's address)")
     p.add_argument("--port", type=int, default=50051, help="router gRPC port (0: free)")
     p.add_argument("--http-port", type=int, default=8000, help="router HTTP port (0: free)")
     g = p.add_argument_group("ray")
@@ -60,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='custom Ray resources per worker, JSON: \'{"accel": 1}\'')
     g.add_argument("--no-pack", action="store_true",
                    help="do not pack a prefill and a decode worker per node")
+    g = p.add_argument_group("cluster credential (default: a new one for this cluster)")
+    g.add_argument("--cluster-secret-file", default=None,
+                   help="use this credential (0600 file) instead of generating one")
+    g.add_argument("--insecure", action="store_true",
+                   help="no credential: anyone who reaches the internal ports can act on the "
+                   "cluster")
     g = p.add_argument_group("workers")
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker engine (default on a local instance: the "
@@ -98,7 +108,41 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         router_args=tuple(args.router_arg), namespace=args.namespace, detach=args.detach,
         max_restarts=args.max_restarts, pack_pairs=not args.no_pack,
         signal_window_s=window, ready_timeout_s=args.ready_timeout, autoscale=autoscale,
+        cluster_secret=_cluster_secret(args), insecure=args.insecure,
+        # A local instance lives on this machine only: its workers listen on loopback.
+        worker_host="127.0.0.1" if args.address is None else "",
     )
+
+
+def _check_public_bind(spec: LaunchSpec) -> None:
+    """Refuse, before anything starts, a router the router itself would refuse: a public API
+    on a non-loopback address without API keys, unless allowed (``--router-arg=...``)."""
+    flags = {a.split("=", 1)[0] for a in spec.router_args}
+    if flags & {"--api-key-file", "--allow-unauthenticated"}:
+        return
+    try:
+        loopback = spec.host == "localhost" or ipaddress.ip_address(spec.host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"--host {spec.host} without API keys: pass "
+                         "--router-arg=--api-key-file=FILE, or "
+                         "--router-arg=--allow-unauthenticated if that network is trusted")
+
+
+def _cluster_secret(args: argparse.Namespace) -> str:
+    """The cluster's secret as hex: read from ``--cluster-secret-file``, none with
+    ``--insecure``, else a new one (it lives as long as this cluster's actors)."""
+    if args.insecure:
+        if args.cluster_secret_file:
+            raise ValueError("--cluster-secret-file and --insecure exclude each other")
+        print("[tandem] --insecure: the cluster runs without a credential; anyone who can "
+              "reach its internal ports can act on it", file=sys.stderr, flush=True)
+        return ""
+    if args.cluster_secret_file:
+        ClusterCredential.from_file(args.cluster_secret_file)  # the same checks as a worker's
+        return Path(args.cluster_secret_file).read_text().strip()
+    return new_secret()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         autoscale = load_config(args.autoscale) if args.autoscale else None
         spec = spec_from_args(args, autoscale)
+        _check_public_bind(spec)
+        if args.address is not None and spec.host in ("127.0.0.1", "localhost", "::1"):
+            print("[tandem] the router listens on loopback: workers on other nodes cannot "
+                  "register (pass --host 0.0.0.0 or this node's address)", file=sys.stderr)
         if spec.detach and args.address is None:
             raise ValueError("--detach needs --address: a local Ray instance ends with "
                              "this command")

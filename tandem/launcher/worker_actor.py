@@ -21,6 +21,8 @@ from typing import Any
 
 import grpc
 
+from common.credential import ClusterCredential
+from common.grpc_auth import aio_interceptors
 from common.wire import parse_ready_line
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.launcher.signals import SignalRecorder, TimingServer
@@ -66,10 +68,12 @@ class WorkerActor:
     """One prefill or decode worker (wrap with ``ray.remote`` and resource options)."""
 
     def __init__(self, role: str, index: int, argv: list[str], namespace: str,
-                 window_s: float) -> None:
+                 window_s: float, cluster_secret: str, host: str = "") -> None:
         self.role = role
         self.index = index
         self._argv = list(argv)
+        self._secret = cluster_secret  # hex; "" for an insecure cluster
+        self._host = host  # where to listen ("": this node's IP)
         self._namespace = namespace
         self._recorder = SignalRecorder(window_s)
         self._stop: asyncio.Event | None = None
@@ -127,12 +131,13 @@ class WorkerActor:
     async def _serve(self) -> int:
         import ray
 
+        from tandem.launcher.argv import credential_argv
         from worker.process import serve
 
         registry = ray.get_actor(REGISTRY, namespace=self._namespace)
         self._router = await registry.router_endpoint.remote()
-        host = ray.util.get_node_ip_address()
-        argv = ["--host", host, "--port", "0", *self._argv,
+        host = self._host or ray.util.get_node_ip_address()
+        argv = ["--host", host, "--port", "0", *self._argv, *credential_argv(self._secret),
                 "--router", self._router, "--worker-id", self.worker_id]
         if self.role == "decode":
             from decode_worker import cli
@@ -153,8 +158,11 @@ class WorkerActor:
 
     async def _registered(self) -> bool:
         """Whether the router knows this worker (a Heartbeat that carries no stats)."""
+        credential = (ClusterCredential.from_hex(self._secret) if self._secret
+                      else ClusterCredential.insecure_default())
         with contextlib.suppress(grpc.aio.AioRpcError):
-            async with grpc.aio.insecure_channel(self._router) as channel:
+            async with grpc.aio.insecure_channel(
+                    self._router, interceptors=aio_interceptors(credential)) as channel:
                 reply = await worker_pb2_grpc.RegistryStub(channel).Heartbeat(
                     worker_pb2.HeartbeatRequest(worker_id=self.worker_id), timeout=5)
                 return bool(reply.known)

@@ -40,7 +40,7 @@ def _prefill(c: Cluster, *extra: str) -> Proc:
 
 def _stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
     cls = worker_pb2_grpc.DecodeServiceStub if role == "decode" else worker_pb2_grpc.PrefillServiceStub
-    with grpc.insecure_channel(proc.grpc) as channel:
+    with proc.channel() as channel:
         return cls(channel).Stats(worker_pb2.StatsRequest(), timeout=60)
 
 

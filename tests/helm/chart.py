@@ -2,7 +2,9 @@
 
 - ``render(values_file)``: helm-python-sdk (the Helm Go SDK through ctypes; no helm binary,
   no cluster) renders every template; the result is each template's text, by path.
-- ``golden_text``: the stable text a golden file holds (templates sorted, NOTES included).
+- ``golden_text``: the stable text a golden file holds (templates sorted, NOTES included; the
+  cluster credential the chart generates, random on every offline render, as a placeholder).
+- ``pod_specs`` / ``processes``: every pod template, and every Tandem command line, of a render.
 - ``validate(obj)``: core kinds with kubernetes-validate in strict mode; custom kinds with
   jsonschema against their CRD's openAPIV3Schema from ``tests/helm/crds`` (copies of ``../shared/k8s-crds``), made strict the
   way the API server is (an unknown field is an error, not silently pruned).
@@ -10,8 +12,12 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
+import hashlib
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,9 @@ GOLDEN = Path(__file__).parent / "golden"
 # Unmodified copies of ../shared/k8s-crds (provenance in crds/README.md), so CI needs no
 # checkout outside this repository.
 CRDS = Path(__file__).parent / "crds"
+# The values files whose renders are checked (each has a golden file): examples, test cases.
+CASES = sorted(EXAMPLES.glob("*.yaml")) + [VALUES / f"{name}.yaml"
+                                           for name in ("deployments-hpa", "ray-tls")]
 KUBE_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 RELEASE, NAMESPACE = "tandem", "serving"
 
@@ -49,6 +58,18 @@ def render(values: dict[str, Any]) -> dict[str, str]:
         return chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
+# What a golden file holds instead of the generated credential (base64 in the Secret) and of its
+# sha256 (the pods' checksum/cluster-secret annotation).
+GENERATED_SECRET = "<generated cluster credential>"
+GENERATED_CHECKSUM = "<sha256 of the generated cluster credential>"
+
+
+@functools.cache
+def render_file(path: Path) -> dict[str, str]:
+    """``render`` of a values file, once per session (each render is a call into Helm)."""
+    return render(load_values(path))
+
+
 def golden_text(rendered: dict[str, str]) -> str:
     """What a golden file holds: non-empty templates in path order, each under its source."""
     parts = []
@@ -56,7 +77,22 @@ def golden_text(rendered: dict[str, str]) -> str:
         body = "\n".join(line.rstrip() for line in rendered[path].strip("\n").splitlines())
         if body.strip():
             parts.append(f"# Source: {path}\n{body}\n")
-    return "---\n".join(parts)
+    text = "---\n".join(parts)
+    secret = generated_credential(rendered)
+    if secret is not None:  # offline, lookup finds no Secret: a new random one every render
+        text = text.replace(base64.b64encode(secret.encode()).decode(), GENERATED_SECRET)
+        text = text.replace(hashlib.sha256(secret.encode()).hexdigest(), GENERATED_CHECKSUM)
+    return text
+
+
+def generated_credential(rendered: dict[str, str]) -> str | None:
+    """The cluster credential (hex) in the Secret the chart generated, or None if it made none."""
+    for path, text in rendered.items():
+        if path.endswith("/cluster-secret.yaml"):
+            for doc in yaml.safe_load_all(text):
+                if doc:
+                    return base64.b64decode(doc["data"]["cluster-secret"]).decode()
+    return None
 
 
 def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
@@ -67,6 +103,88 @@ def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
             continue
         out.extend(doc for doc in yaml.safe_load_all(rendered[path]) if doc)
     return out
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def pod_specs(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(component, pod metadata, pod spec) of every pod template in ``obj``."""
+    if obj["kind"] == "Deployment":
+        templates = [obj["spec"]["template"]]
+    elif obj["kind"] == "RayCluster":
+        spec = obj["spec"]
+        templates = [spec["headGroupSpec"]["template"]]
+        templates += [g["template"] for g in spec["workerGroupSpecs"]]
+    else:
+        return []
+    return [
+        (t["metadata"]["labels"]["app.kubernetes.io/component"], t["metadata"], t["spec"])
+        for t in templates
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """A Tandem command line of a pod: ``command`` is router|prefill|decode (a Deployment's
+    container) or up (the Ray head's ``tandem up``); ``argv`` follows it."""
+
+    kind: str
+    component: str
+    command: str
+    argv: list[str]
+    spec: dict[str, Any]
+
+
+def processes(objs: list[dict[str, Any]]) -> list[Process]:
+    """Every Tandem process the objects start (Ray worker pods start none: actors run there)."""
+    out = []
+    for obj in objs:
+        for component, _, spec in pod_specs(obj):
+            container = spec["containers"][0]
+            if obj["kind"] == "Deployment":
+                command, *argv = container["args"]
+                argv = [a.replace("$(POD_IP)", "10.0.0.1").replace("$(POD_NAMESPACE)", "ns")
+                        for a in argv]
+                out.append(Process(obj["kind"], component, command, argv, spec))
+            elif component == "router":  # the Ray head's script
+                script = container["args"][0].replace("\\\n", " ")
+                line = next(ln for ln in script.splitlines() if ln.strip().startswith("tandem up"))
+                argv = shlex.split(line.strip().removesuffix("&"))[2:]
+                out.append(Process(obj["kind"], component, "up", argv, spec))
+    return out
+
+
+def parse_command_lines(objs: list[dict[str, Any]]) -> int:
+    """Parse every Tandem command line with the real CLI that receives it (``tandem up``'s
+    --router-arg/--worker-arg with the router's and the workers'); an unknown flag raises
+    AssertionError. Returns how many command lines were parsed."""
+    from decode_worker.cli import build_parser as decode_parser
+    from prefill_worker.cli import build_parser as prefill_parser
+    from router.cli import build_parser as router_parser
+    from tandem.launcher.up import build_parser as up_parser
+
+    parsers = {"router": router_parser, "prefill": prefill_parser, "decode": decode_parser}
+    procs = processes(objs)
+    for proc in procs:
+        if proc.command == "up":
+            up = _parse(up_parser(), proc.argv)
+            _parse(router_parser(), ["--tokenizer", "t", *up.router_arg])
+            _parse(prefill_parser(), ["--port", "0", *up.worker_arg])
+            _parse(decode_parser(), ["--port", "0", "--kv-port", "0", *up.worker_arg])
+        else:
+            assert proc.command == proc.component, proc
+            _parse(parsers[proc.component](), proc.argv)
+    return len(procs)
+
+
+def _parse(parser: Any, argv: list[str]) -> Any:
+    """Parse as the process would; a flag it does not know fails the test."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        raise AssertionError(f"{parser.prog} refuses {argv}") from exc
 
 
 def validate(obj: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ Regenerate the golden files after an intended chart change (then review the diff
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import re
 from pathlib import Path
@@ -20,47 +19,25 @@ import kubernetes_validate
 import pytest
 
 from tests.helm.chart import (
+    CASES,
     CHART,
     EXAMPLES,
     GOLDEN,
     RELEASE,
     VALUES,
+    by_kind,
     golden_text,
     load_values,
     objects,
+    parse_command_lines,
+    pod_specs,
     render,
+    render_file,
     validate,
 )
 from tests.unit.router.kube_api import selector_matches
 
-CASES = sorted(EXAMPLES.glob("*.yaml")) + [VALUES / "deployments-hpa.yaml"]
 UPDATE = os.environ.get("TANDEM_UPDATE_GOLDEN") == "1"
-
-
-@functools.cache
-def _rendered(path: Path) -> dict[str, str]:
-    """Rendered once per values file per session (each render is a call into Helm)."""
-    return render(load_values(path))
-
-
-def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objs if o["kind"] == kind]
-
-
-def _pod_specs(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(component, pod metadata, pod spec) of every pod template in ``obj``."""
-    if obj["kind"] == "Deployment":
-        templates = [obj["spec"]["template"]]
-    elif obj["kind"] == "RayCluster":
-        spec = obj["spec"]
-        templates = [spec["headGroupSpec"]["template"]]
-        templates += [g["template"] for g in spec["workerGroupSpecs"]]
-    else:
-        return []
-    return [
-        (t["metadata"]["labels"]["app.kubernetes.io/component"], t["metadata"], t["spec"])
-        for t in templates
-    ]
 
 
 def test_examples_exist() -> None:
@@ -70,7 +47,7 @@ def test_examples_exist() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
 def test_render_matches_golden(case: Path) -> None:
-    text = golden_text(_rendered(case))
+    text = golden_text(render_file(case))
     golden = GOLDEN / f"{case.stem}.yaml"
     if UPDATE:
         golden.write_text(text)
@@ -83,7 +60,7 @@ def test_render_matches_golden(case: Path) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
 def test_every_rendered_object_is_valid(case: Path) -> None:
-    objs = objects(_rendered(case))
+    objs = objects(render_file(case))
     assert objs
     for obj in objs:
         validate(obj)
@@ -95,8 +72,8 @@ def test_every_rendered_object_is_valid(case: Path) -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
 def test_pods_probe_grpc_health_and_drain_within_their_grace(case: Path) -> None:
     values = helm.Chart.load(CHART).merge_values(load_values(case))
-    for obj in objects(_rendered(case)):
-        for component, _, spec in _pod_specs(obj):
+    for obj in objects(render_file(case)):
+        for component, _, spec in pod_specs(obj):
             role = values["router"] if component == "router" else values[component]
             grace = spec["terminationGracePeriodSeconds"]
             assert grace >= role["preStopSleepSeconds"] + role["drainTimeoutSeconds"]
@@ -105,29 +82,46 @@ def test_pods_probe_grpc_health_and_drain_within_their_grace(case: Path) -> None
             assert pre_stop[-1] == f"sleep {role['preStopSleepSeconds']}"
             if obj["kind"] == "RayCluster" and component != "router":
                 continue  # Ray worker pods host actors; KubeRay probes their raylet
-            port = role["grpcPort"] if component == "router" else role["port"]
-            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                check = container[probe]
-                if component == "router" and values["tls"]["enabled"]:
-                    assert check["httpGet"]["scheme"] == "HTTPS"  # kubelet gRPC has no TLS
-                else:
-                    assert check["grpc"]["port"] == port
+            if component == "router":
+                _assert_router_probes(container, role, https=values["tls"]["enabled"])
+            else:
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    if values["workerTls"]["enabled"]:  # the kubelet's gRPC probe has no TLS
+                        assert container[probe]["httpGet"] == {
+                            "path": "/metrics", "port": role["metricsPort"], "scheme": "HTTP"}
+                    else:
+                        assert container[probe]["grpc"] == {"port": role["port"]}
             startup = container["startupProbe"]
             assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
 
 
+def _assert_router_probes(container: dict[str, Any], router: dict[str, Any], https: bool) -> None:
+    """Ready = /ready (a decode worker is routable); started and alive = the process serves,
+    whatever its workers do (the overall gRPC status follows readiness, "liveness" does not)."""
+    scheme = "HTTPS" if https else "HTTP"
+    assert container["readinessProbe"]["httpGet"] == {
+        "path": "/ready", "port": router["httpPort"], "scheme": scheme}
+    for probe in ("startupProbe", "livenessProbe"):
+        check = container[probe]
+        if https:  # the kubelet's gRPC probe speaks no TLS
+            assert check["httpGet"] == {"path": "/health", "port": router["httpPort"],
+                                        "scheme": "HTTPS"}
+        else:
+            assert check["grpc"] == {"port": router["grpcPort"], "service": "liveness"}
+
+
 def test_validation_has_teeth() -> None:
     """A misspelt field fails, for a core kind and for a custom kind."""
-    objs = objects(_rendered(EXAMPLES / "gpu-deployments-keda.yaml"))
-    deployment = copy.deepcopy(_by_kind(objs, "Deployment")[0])
+    objs = objects(render_file(EXAMPLES / "gpu-deployments-keda.yaml"))
+    deployment = copy.deepcopy(by_kind(objs, "Deployment")[0])
     deployment["spec"]["replica"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(deployment)
-    scaled = copy.deepcopy(_by_kind(objs, "ScaledObject")[0])
+    scaled = copy.deepcopy(by_kind(objs, "ScaledObject")[0])
     scaled["spec"]["maxReplicas"] = 3  # KEDA calls it maxReplicaCount
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled)
-    (cluster,) = _by_kind(objects(_rendered(EXAMPLES / "gpu-single-node.yaml")), "RayCluster")
+    (cluster,) = by_kind(objects(render_file(EXAMPLES / "gpu-single-node.yaml")), "RayCluster")
     cluster = copy.deepcopy(cluster)
     cluster["spec"]["workerGroupSpecs"][0]["minReplicas"] = "one"
     with pytest.raises(jsonschema.ValidationError):
@@ -135,8 +129,8 @@ def test_validation_has_teeth() -> None:
 
 
 def test_ray_mode_builds_a_raycluster_with_gpu_worker_groups() -> None:
-    objs = objects(_rendered(EXAMPLES / "gpu-multinode-autoscale.yaml"))
-    (cluster,) = _by_kind(objs, "RayCluster")
+    objs = objects(render_file(EXAMPLES / "gpu-multinode-autoscale.yaml"))
+    (cluster,) = by_kind(objs, "RayCluster")
     spec = cluster["spec"]
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["autoscalerOptions"]["idleTimeoutSeconds"] == 300
@@ -153,19 +147,19 @@ def test_ray_mode_builds_a_raycluster_with_gpu_worker_groups() -> None:
     assert "tandem up --address auto" in script
     assert "--autoscale /etc/tandem/autoscale/autoscale.yaml" in script
     assert "--api-key-file=/etc/tandem/api-keys/api-keys" in script
-    (config,) = _by_kind(objs, "ConfigMap")
+    (config,) = by_kind(objs, "ConfigMap")
     assert "decode:\n  max: 8\n  min: 2" in config["data"]["autoscale.yaml"]
-    (service,) = [s for s in _by_kind(objs, "Service") if s["spec"].get("clusterIP") != "None"]
+    (service,) = [s for s in by_kind(objs, "Service") if s["spec"].get("clusterIP") != "None"]
     assert {p["port"] for p in service["spec"]["ports"]} == {50051, 8000}
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "router"
-    assert _by_kind(objs, "Deployment") == []
+    assert by_kind(objs, "Deployment") == []
 
 
 def test_ray_autoscale_file_is_one_tandem_up_accepts(tmp_path: Path) -> None:
     from autoscaler.config import load_config
 
-    objs = objects(_rendered(EXAMPLES / "gpu-multinode-autoscale.yaml"))
-    (config,) = _by_kind(objs, "ConfigMap")
+    objs = objects(render_file(EXAMPLES / "gpu-multinode-autoscale.yaml"))
+    (config,) = by_kind(objs, "ConfigMap")
     path = tmp_path / "autoscale.yaml"
     path.write_text(config["data"]["autoscale.yaml"])
     loaded = load_config(path)
@@ -176,7 +170,7 @@ def test_ray_autoscale_file_is_one_tandem_up_accepts(tmp_path: Path) -> None:
 def test_accelerator_resource_name_comes_from_values(tmp_path: Path) -> None:
     values = load_values(EXAMPLES / "gpu-single-node.yaml")
     values["decode"]["accelerator"] = {"resourceName": "amd.com/gpu", "count": 2}
-    (cluster,) = _by_kind(objects(render(values)), "RayCluster")
+    (cluster,) = by_kind(objects(render(values)), "RayCluster")
     decode = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "decode"][0]
     resources = decode["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["amd.com/gpu"] == 2 and "nvidia.com/gpu" not in resources["limits"]
@@ -184,9 +178,9 @@ def test_accelerator_resource_name_comes_from_values(tmp_path: Path) -> None:
 
 
 def test_deployments_mode_discovers_workers_with_rbac() -> None:
-    objs = objects(_rendered(EXAMPLES / "gpu-deployments-keda.yaml"))
+    objs = objects(render_file(EXAMPLES / "gpu-deployments-keda.yaml"))
     deployments = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d
-                   for d in _by_kind(objs, "Deployment")}
+                   for d in by_kind(objs, "Deployment")}
     assert set(deployments) == {"router", "prefill", "decode"}
     router = deployments["router"]["spec"]["template"]["spec"]
     args = router["containers"][0]["args"]
@@ -199,44 +193,44 @@ def test_deployments_mode_discovers_workers_with_rbac() -> None:
         assert "replicas" not in deployments[role]["spec"]
     assert not selector_matches(selector, {"metadata": {
         "labels": deployments["router"]["spec"]["template"]["metadata"]["labels"]}})
-    (role_obj,) = _by_kind(objs, "Role")
+    (role_obj,) = by_kind(objs, "Role")
     assert role_obj["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
     ]
-    (binding,) = _by_kind(objs, "RoleBinding")
-    (account,) = _by_kind(objs, "ServiceAccount")
+    (binding,) = by_kind(objs, "RoleBinding")
+    (account,) = by_kind(objs, "ServiceAccount")
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]
     assert router["serviceAccountName"] == account["metadata"]["name"]
-    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in _by_kind(objs, "ScaledObject")}
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in by_kind(objs, "ScaledObject")}
     assert set(scaled) == {f"{RELEASE}-prefill", f"{RELEASE}-decode"}
     query = scaled[f"{RELEASE}-decode"]["spec"]["triggers"][0]["metadata"]["query"]
     assert query.startswith('sum(tandem_num_requests_running{role="decode"')
 
 
 def test_hpa_variant_and_secrets_from_values() -> None:
-    objs = objects(_rendered(VALUES / "deployments-hpa.yaml"))
-    hpas = _by_kind(objs, "HorizontalPodAutoscaler")
+    objs = objects(render_file(VALUES / "deployments-hpa.yaml"))
+    hpas = by_kind(objs, "HorizontalPodAutoscaler")
     assert sorted(h["spec"]["maxReplicas"] for h in hpas) == [3, 5]
-    assert _by_kind(objs, "ScaledObject") == []
-    secrets = {s["metadata"]["name"]: s for s in _by_kind(objs, "Secret")}
+    assert by_kind(objs, "ScaledObject") == []
+    secrets = {s["metadata"]["name"]: s for s in by_kind(objs, "Secret")}
     assert secrets[f"{RELEASE}-api-keys"]["stringData"]["api-keys"] == "key-one\nkey-two\n"
     assert secrets[f"{RELEASE}-tls"]["type"] == "kubernetes.io/tls"
-    (ingress,) = _by_kind(objs, "Ingress")
+    (ingress,) = by_kind(objs, "Ingress")
     assert ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["port"] == {
         "name": "http"}
-    monitors = _by_kind(objs, "ServiceMonitor")
+    monitors = by_kind(objs, "ServiceMonitor")
     assert {m["spec"]["endpoints"][0]["port"] for m in monitors} == {"http", "metrics"}
 
 
 def test_service_monitor_only_when_the_flag_says_so() -> None:
     values = load_values(EXAMPLES / "cpu-demo.yaml")
-    assert _by_kind(objects(render(values)), "ServiceMonitor") == []
+    assert by_kind(objects(render(values)), "ServiceMonitor") == []
     values["metrics"] = {"serviceMonitor": {"enabled": True}}
-    assert len(_by_kind(objects(render(values)), "ServiceMonitor")) == 3
+    assert len(by_kind(objects(render(values)), "ServiceMonitor")) == 3
 
 
 def test_notes_say_how_to_call_the_service() -> None:
-    notes = _rendered(EXAMPLES / "cpu-demo.yaml")["tandem/templates/NOTES.txt"]
+    notes = render_file(EXAMPLES / "cpu-demo.yaml")["tandem/templates/NOTES.txt"]
     assert "port-forward svc/tandem 50051:50051 8000:8000" in notes
     assert "/v1/chat/completions" in notes and '"model": "smollm2"' in notes
 
@@ -248,6 +242,8 @@ def test_notes_say_how_to_call_the_service() -> None:
         ("bad-unknown-mode", "/mode"),
         ("bad-missing-model", "/model/name"),
         ("bad-unknown-key", "prefil"),
+        ("bad-insecure-with-existing-secret", "/clusterSecret/existingSecret"),
+        ("bad-kv-tls-without-secret", "/kvTls/existingSecret"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(case: str, field: str) -> None:
@@ -270,43 +266,7 @@ def test_chart_lints_clean() -> None:
     assert problems == [] and report["errors"] == [], report
 
 
-def _parse(parser: Any, argv: list[str]) -> Any:
-    """Parse as the process would; a flag it does not know fails the test."""
-    try:
-        return parser.parse_args(argv)
-    except SystemExit as exc:
-        raise AssertionError(f"{parser.prog} refuses {argv}") from exc
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
 def test_rendered_command_lines_parse_with_the_real_clis(case: Path) -> None:
     """Every flag the chart passes exists, in the process that receives it."""
-    import shlex
-
-    from decode_worker.cli import build_parser as decode_parser
-    from prefill_worker.cli import build_parser as prefill_parser
-    from router.cli import build_parser as router_parser
-    from tandem.launcher.up import build_parser as up_parser
-
-    parsers = {"router": router_parser, "prefill": prefill_parser, "decode": decode_parser}
-    checked = 0
-    for obj in objects(_rendered(case)):
-        for component, _, spec in _pod_specs(obj):
-            container = spec["containers"][0]
-            if obj["kind"] == "Deployment":
-                command, *argv = container["args"]
-                assert command == component
-                argv = [a.replace("$(POD_IP)", "10.0.0.1").replace("$(POD_NAMESPACE)", "ns")
-                        for a in argv]
-                _parse(parsers[component](), argv)
-                checked += 1
-            elif component == "router":  # the Ray head's script
-                script = container["args"][0].replace("\\\n", " ")
-                line = next(ln for ln in script.splitlines() if ln.strip().startswith("tandem up"))
-                argv = shlex.split(line.strip().removesuffix("&"))[2:]
-                up = _parse(up_parser(), argv)
-                _parse(router_parser(), ["--tokenizer", "t", *up.router_arg])
-                _parse(prefill_parser(), ["--port", "0", *up.worker_arg])
-                _parse(decode_parser(), ["--port", "0", "--kv-port", "0", *up.worker_arg])
-                checked += 1
-    assert checked >= 1
+    assert parse_command_lines(objects(render_file(case))) >= 1

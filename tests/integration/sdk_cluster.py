@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
 from tests import scrape
@@ -84,7 +82,7 @@ def start_cluster(model: Path, *router_flags: str) -> LocalCluster:
 
 
 def worker_stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
-    with grpc.insecure_channel(proc.grpc) as channel:
+    with proc.channel() as channel:
         stub = (worker_pb2_grpc.DecodeServiceStub if role == "decode"
                 else worker_pb2_grpc.PrefillServiceStub)(channel)
         return stub.Stats(worker_pb2.StatsRequest(), timeout=30)

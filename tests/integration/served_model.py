@@ -5,7 +5,7 @@ would in production while the workers start and run in a fraction of the time.""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,11 +30,15 @@ def engine_flags(model: Path) -> list[str]:
     return ["--model", str(model), "--dtype", "float32", "--threads", "1", "--num-blocks", "128"]
 
 
-def start_workers(cluster: Cluster, model: Path, *extra: str) -> tuple[Proc, Proc]:
-    """A decode and a prefill worker on ``model``, started side by side (halves the wait)."""
+def start_workers(cluster: Cluster, model: Path, *extra: str,
+                  decode_extra: Sequence[str] = (), prefill_extra: Sequence[str] = ()
+                  ) -> tuple[Proc, Proc]:
+    """A decode and a prefill worker on ``model``, started side by side (halves the wait);
+    ``extra`` goes to both, ``decode_extra``/``prefill_extra`` to one."""
     flags = [*engine_flags(model), *extra]
     with ThreadPoolExecutor(2) as pool:
         decode = pool.submit(cluster.start, "decode_worker", "--port", "0", "--kv-port", "0",
-                             *flags)
-        prefill = pool.submit(cluster.start, "prefill_worker", "--port", "0", *flags)
+                             *flags, *decode_extra)
+        prefill = pool.submit(cluster.start, "prefill_worker", "--port", "0", *flags,
+                              *prefill_extra)
         return decode.result(), prefill.result()

@@ -22,6 +22,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.credential import ClusterCredential, new_secret, private_secret_file
+from common.grpc_auth import sync_channel
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
 from tests.integration.served_model import start_workers, tiny_served_model
@@ -30,6 +32,10 @@ from tests.integration.tls_certs import Certs, make_certs
 KEY = "sk-tandem-test-key"
 GOOD = (("authorization", f"Bearer {KEY}"),)
 BAD = (("authorization", "Bearer sk-wrong"),)
+
+# The module's cluster credential (the processes and the in-process router share it).
+SECRET = private_secret_file(new_secret())
+CREDENTIAL = ClusterCredential.from_file(SECRET)
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +53,14 @@ def cluster(model: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[dict[str, Proc]]:
     keys = tmp_path_factory.mktemp("keys") / "api-keys"
     keys.write_text(f"# test keys\n{KEY}\n")
-    c = Cluster()
+    c = Cluster(credential_flags=["--cluster-secret-file", str(SECRET)])
     try:
         decode, prefill = start_workers(
             c, model, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
-            "--tls-client-ca", str(certs.ca))
+            "--tls-client-ca", str(certs.ca), "--no-kv-shm",  # KV over TCP, and TLS on it:
+            decode_extra=["--kv-tls-cert", str(certs.server_cert),
+                          "--kv-tls-key", str(certs.server_key)],
+            prefill_extra=["--kv-tls-ca", str(certs.ca)])
         router = c.start(
             "router", "--port", "0", "--tokenizer", str(model), "--model-name", "tiny",
             "--prefill", prefill.grpc, "--decode", decode.grpc, "--api-key-file", str(keys),
@@ -160,7 +169,11 @@ def test_workers_require_the_routers_client_certificate(cluster, certs, model) -
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError):
                 stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=10)
-        with _tls_channel(address, certs, client_cert=True) as channel:
+        with _tls_channel(address, certs, client_cert=True) as tls:  # mTLS, not a member
+            with pytest.raises(grpc.RpcError) as err:
+                stub_type(tls).Stats(worker_pb2.StatsRequest(), timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, role
+        with sync_channel(_tls_channel(address, certs, client_cert=True), CREDENTIAL) as channel:
             stats = stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=30)
             assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks, role
     asyncio.run(_router_without_client_cert_is_refused(cluster, certs, model))
@@ -178,6 +191,7 @@ async def _router_without_client_cert_is_refused(
         tokenizer_dir=str(model), model_name="tiny", max_model_len=1024, port=0,
         prefill_endpoints=(cluster["prefill"].grpc,), decode_endpoints=(cluster["decode"].grpc,),
         worker_ca=str(certs.ca), health_interval_s=3600.0, drain_timeout_s=1.0,
+        cluster_secret_file=str(SECRET),  # a member in every way but the client certificate
     )
     router = RouterServer(config, RouterTokenizer(model))
     port = await router.start()

@@ -94,7 +94,10 @@ def test_top_once_shows_every_worker(local: LocalCluster, capsys) -> None:
     workers = f"{local.prefill.grpc},{local.decode.grpc}"
     assert local.router is not None
     http = local.router.info["http"]
-    assert top_cmd.main(["--workers", workers, "--router-http", http, "--once"]) == 0
+    assert top_cmd.main(["--workers", workers, "--once"]) == 1  # not a member: refused
+    assert "UNAUTHENTICATED" in capsys.readouterr().out.upper()
+    member = list(local.cluster.credential_flags or ())
+    assert top_cmd.main(["--workers", workers, "--router-http", http, "--once", *member]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"router {http}: running 0, waiting 0; requests: ")
     assert " ok " in lines[0] and "TTFT p50/p90 -/-" not in lines[0]
@@ -105,7 +108,7 @@ def test_top_once_shows_every_worker(local: LocalCluster, capsys) -> None:
     decode_row = lines[[ln.split()[0] for ln in lines].index(local.decode.grpc)]
     assert "ms" in decode_row  # ITL percentiles after the request above
     dead = "127.0.0.1:1"
-    assert top_cmd.main(["--workers", f"{workers},{dead}", "--once"]) == 1
+    assert top_cmd.main(["--workers", f"{workers},{dead}", "--once", *member]) == 1
     out = capsys.readouterr().out
     assert any(line.split()[:3] == [dead, "?", "down"] for line in out.splitlines())
 

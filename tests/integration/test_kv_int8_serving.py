@@ -47,7 +47,7 @@ def _greedy(n: int) -> tandem_pb2.SamplingParams:
 
 
 def _stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
-    ch = grpc.insecure_channel(proc.grpc)
+    ch = proc.channel()
     stub = (worker_pb2_grpc.DecodeServiceStub if role == "decode"
             else worker_pb2_grpc.PrefillServiceStub)(ch)
     try:
@@ -92,8 +92,8 @@ def test_int8_workers_serve_through_the_router(cluster, make_engine) -> None:
 
 
 def test_float_kv_decode_refuses_int8_prefill(cluster) -> None:
-    dch = grpc.insecure_channel(cluster["float"].grpc)
-    pch = grpc.insecure_channel(cluster["prefill"].grpc)
+    dch = cluster["float"].channel()
+    pch = cluster["prefill"].channel()
     try:
         decode = worker_pb2_grpc.DecodeServiceStub(dch)
         prefill = worker_pb2_grpc.PrefillServiceStub(pch)

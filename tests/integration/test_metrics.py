@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -47,7 +46,7 @@ def _scrape(cluster: dict[str, Proc], role: str) -> Samples:
 
 
 def _stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
-    with grpc.insecure_channel(proc.grpc) as channel:
+    with proc.channel() as channel:
         stub = (worker_pb2_grpc.DecodeServiceStub if role == "decode"
                 else worker_pb2_grpc.PrefillServiceStub)(channel)
         return stub.Stats(worker_pb2.StatsRequest(), timeout=30)
@@ -59,7 +58,7 @@ def _generate(proc: Proc, text: str) -> list[tandem_pb2.GenerateResponse]:
         sampling=tandem_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
                                            ignore_eos=True),
     )
-    with grpc.insecure_channel(proc.grpc) as channel:
+    with proc.channel() as channel:
         return list(tandem_pb2_grpc.TandemStub(channel).Generate(request, timeout=120))
 
 

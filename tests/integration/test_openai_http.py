@@ -76,7 +76,7 @@ def _idle(cluster: dict[str, Proc], timeout: float = 60.0) -> None:
         stats = []
         for role, stub_type in (("prefill", worker_pb2_grpc.PrefillServiceStub),
                                 ("decode", worker_pb2_grpc.DecodeServiceStub)):
-            with grpc.insecure_channel(cluster[role].grpc) as channel:
+            with cluster[role].channel() as channel:
                 stats.append(stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=30))
         if all(s.num_running == 0 and s.num_waiting == 0 and s.num_reserved == 0
                and s.num_free_blocks == s.num_blocks for s in stats):

@@ -62,7 +62,7 @@ def _greedy(n: int) -> tandem_pb2.SamplingParams:
 
 
 def _worker_stats(proc: Proc, service: str) -> worker_pb2.WorkerStats:
-    channel = grpc.insecure_channel(proc.grpc)
+    channel = proc.channel()
     stub = (worker_pb2_grpc.DecodeServiceStub if service == "decode"
             else worker_pb2_grpc.PrefillServiceStub)(channel)
     return stub.Stats(worker_pb2.StatsRequest(), timeout=30)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import grpc
 import pytest
 
 from engine.sampling_params import SamplingParams
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster
+from tandem.local_cluster import Cluster, Proc
 
 CHUNK = [3 + (i * 29) % 250 for i in range(13)]
 PROMPT = CHUNK * 3 + CHUNK[:5]  # repeats: prompt lookup has something to find
@@ -23,7 +22,7 @@ def _greedy(n: int) -> tandem_pb2.SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def workers(tiny_dir) -> Iterator[tuple[str, dict[str, str]]]:
+def workers(tiny_dir) -> Iterator[tuple[Proc, dict[str, Proc]]]:
     model = str(tiny_dir("llama", 2))
     common = ["--model", model, "--block-size", "4", "--threads", "1", "--num-blocks", "128"]
     cluster = Cluster()
@@ -31,14 +30,14 @@ def workers(tiny_dir) -> Iterator[tuple[str, dict[str, str]]]:
         prefill = cluster.start("prefill_worker", "--port", "0", *common, timeout=180)
         decodes = {
             name: cluster.start("decode_worker", "--port", "0", "--kv-port", "0", *common,
-                                *flags, timeout=180).grpc
+                                *flags, timeout=180)
             for name, flags in (
                 ("ngram", ["--speculative", "ngram", "--num-speculative-tokens", "4"]),
                 ("draft", ["--speculative", "draft", "--draft-layers", "2",
                            "--num-speculative-tokens", "3"]),
             )
         }
-        yield prefill.grpc, decodes
+        yield prefill, decodes
     finally:
         cluster.stop()
 
@@ -53,8 +52,8 @@ def test_speculative_decode_worker_equals_plain(workers, make_engine, tiny_dir, 
     while engine.has_unfinished():
         want += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
 
-    prefill_addr, decodes = workers
-    with grpc.insecure_channel(decodes[method]) as dch, grpc.insecure_channel(prefill_addr) as pch:
+    prefill_proc, decodes = workers
+    with decodes[method].channel() as dch, prefill_proc.channel() as pch:
         decode = worker_pb2_grpc.DecodeServiceStub(dch)
         prefill = worker_pb2_grpc.PrefillServiceStub(pch)
         res = decode.Reserve(worker_pb2.ReserveRequest(

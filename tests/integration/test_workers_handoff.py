@@ -23,11 +23,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.credential import ClusterCredential, new_secret, private_secret_file
+from common.grpc_auth import sync_channel
 from engine.sampling_params import SamplingParams
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = "TANDEM_READY"
+# The module's cluster credential: every worker here is started with it, every stub calls with it.
+SECRET = private_secret_file(new_secret())
+CREDENTIAL = ClusterCredential.from_file(SECRET)
 PROMPT = [3 + (i * 29) % 250 for i in range(37)]
 HELD = [5 + (i * 31) % 250 for i in range(21)]  # shares no prefix with PROMPT
 
@@ -39,7 +44,8 @@ class Worker:
         self.log = log
         self._err = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
+            [sys.executable, "-m", module, *args, "--cluster-secret-file", str(SECRET)],
+            cwd=ROOT, stdout=subprocess.PIPE,
             stderr=self._err, text=True)
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -88,6 +94,11 @@ def _until(check: Callable[[], Any], ok: Callable[[Any], bool], timeout: float =
         time.sleep(0.02)
 
 
+def _member(address: str) -> grpc.Channel:
+    """A channel that calls as a cluster member (the workers refuse anyone else)."""
+    return sync_channel(grpc.insecure_channel(address), CREDENTIAL)
+
+
 def _idle(s: worker_pb2.WorkerStats) -> bool:
     return (s.num_running == 0 and s.num_waiting == 0 and s.num_reserved == 0
             and s.num_free_blocks == s.num_blocks)
@@ -104,8 +115,7 @@ class Cluster:
                  p_info: dict[str, str], model: str) -> None:
         self.decode_proc, self.prefill_proc, self.model = decode, prefill, model
         self.decode_address = d_info["grpc"]
-        self._channels = [grpc.insecure_channel(d_info["grpc"]),
-                          grpc.insecure_channel(p_info["grpc"])]
+        self._channels = [_member(d_info["grpc"]), _member(p_info["grpc"])]
         self.decode = worker_pb2_grpc.DecodeServiceStub(self._channels[0])
         self.prefill = worker_pb2_grpc.PrefillServiceStub(self._channels[1])
 
@@ -255,7 +265,7 @@ def test_prefill_killed_mid_push_releases_the_lease(cluster: Cluster, tmp_path: 
                     tmp_path / "victim.log")
     try:
         info = victim.wait_ready()
-        with grpc.insecure_channel(info["grpc"]) as ch:
+        with _member(info["grpc"]) as ch:
             stub = worker_pb2_grpc.PrefillServiceStub(ch)
             big = PROMPT * 5
             res = cluster.reserve("kill", big, 4, lease_s=1.0)
@@ -296,7 +306,7 @@ def test_sigterm_drains_running_streams(cluster: Cluster, tmp_path: Path) -> Non
                     tmp_path / "drain.log")
     try:
         info = worker.wait_ready()
-        with grpc.insecure_channel(info["grpc"]) as channel:
+        with _member(info["grpc"]) as channel:
             decode = worker_pb2_grpc.DecodeServiceStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
 

@@ -42,8 +42,9 @@ from kv_transfer.testing import (
 
 LAYOUT = tiny_layout("float16", layers=4)
 SRC, DST = [1, 2, 3], [4, 5, 6]
-# A lease meant to run out mid-transfer: long enough for the test to open the transfer and push
-# its first layer on a loaded machine (milliseconds of work), short enough not to drag.
+# A lease (or a sender's deadline, or a progress timeout) meant to run out mid-transfer: long
+# enough for the test to open the transfer and push its first layer on a loaded machine
+# (milliseconds of work), short enough not to drag.
 SHORT_LEASE_S = 2.0
 
 
@@ -106,17 +107,23 @@ def test_flipped_payload_byte_is_nacked_and_the_transfer_aborted() -> None:
 
 def test_lease_expiry_reports_expired_and_fails_the_sender() -> None:
     async def body() -> None:
-        p = await make_pair("fake", LAYOUT)
-        p.rx.reserve("slow", DST, lease_s=SHORT_LEASE_S)
+        cfg = ReceiverConfig(TEST_SECRET, progress_timeout_s=SHORT_LEASE_S)
+        p = await make_pair("fake", LAYOUT, rx_config=cfg)
+        p.rx.reserve("slow", DST, lease_s=30)
         t = await p.tx.open("slow", p.endpoint, SRC, DST, deadline())
         await t.send_layers(0, 1)
-        # its first layer landed (only a bound transfer's do): the lease ends mid-transfer
+        # its first layer landed (only a bound transfer's do); then the receiver hears nothing
+        # more from the sender (its keepalives pile up in the stalled link): the lease ends
         await p.rx.wait_until(lambda s: s.bytes_received > 0)
+        assert p.network is not None
+        link = p.network.links[-1]
+        link.stall()
         assert await p.rx.events.get() == Expired("slow", tuple(DST))
         failure = await t.wait_ended()  # the receiver told the sender
         assert isinstance(failure, TransferAborted) and failure.by == "receiver"
         with pytest.raises(TransferAborted):
             t.push(1, 2)
+        link.resume()  # the stale keepalives are ignored, the connection carries on
         # a transfer that arrives after its lease is refused as expired
         p.rx.reserve("late", [10], lease_s=0.05)
         assert await p.rx.events.get() == Expired("late", (10,))
@@ -328,11 +335,13 @@ def test_many_transfers_fail_and_succeed_side_by_side() -> None:
 
         async def one(i: int) -> None:
             tid = f"t{i}"
-            p.rx.reserve(tid, [i], lease_s=30 if i % 3 else SHORT_LEASE_S)
-            t = await p.tx.open(tid, p.endpoint, [i], [i], deadline())
+            p.rx.reserve(tid, [i], lease_s=30)
+            # keepalives renew every lease, but never past its sender's deadline
+            t = await p.tx.open(tid, p.endpoint, [i], [i],
+                                deadline(SHORT_LEASE_S if i % 3 == 0 else 20))
             await t.send_layers(0, 1)
             if i % 3 == 0:
-                await asyncio.wait_for(t.wait_ended(), 30)  # lease runs out
+                await asyncio.wait_for(t.wait_ended(), 30)  # the lease runs out
                 outcomes[tid] = "expired"
             elif i % 3 == 1:
                 await t.abort("nope")

@@ -94,8 +94,8 @@ def test_garbage_before_the_handshake_is_refused(tmp_path: Path,
                 pickle.dumps(_Touch(str(sentinel))),  # bare pickle, no prefix
                 (lambda b: PREFIX.pack(len(b)) + b)(msgpack.packb([1, 2, 3])),  # not a map
                 (lambda b: PREFIX.pack(len(b)) + b)(msgpack.packb({"kind": 99})),
-                (lambda b: PREFIX.pack(len(b)) + b)(msgpack.packb(
-                    {"kind": Kind.HELLO, "version": 2, "nonce": b"n" * 16})),
+                (lambda b: PREFIX.pack(len(b)) + b)(msgpack.packb(  # a version 1 sender
+                    {"kind": Kind.HELLO, "version": 1, "nonce": b"n" * 16})),
                 (lambda b: PREFIX.pack(len(b)) + b)(msgpack.packb(
                     {"kind": 1, "x": msgpack.ExtType(1, b"ext")}, use_bin_type=True)),
                 os.urandom(4096),

@@ -48,7 +48,13 @@ def test_header_round_trip_and_types() -> None:
     ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [-1]}, MalformedFrame),
     ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1 << 31]}, MalformedFrame),
     ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1.0]}, MalformedFrame),
+    ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1], "ttl_ms": -1}, MalformedFrame),
+    ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1], "ttl_ms": 1.5}, MalformedFrame),
+    ({"kind": Kind.KEEPALIVE}, MalformedFrame),
+    ({"kind": Kind.KEEPALIVE, "transfer": ""}, MalformedFrame),
+    ({"kind": Kind.HELLO, "keepalive_ms": "soon"}, MalformedFrame),
     ({"kind": 0}, UnknownFrameKind),
+    ({"kind": 10}, UnknownFrameKind),
     ({"kind": "KV"}, MalformedFrame),
     ({}, MalformedFrame),
 ])

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from common.credential import ClusterCredential, new_secret, private_secret_file
+from common.grpc_auth import ClusterAuthInterceptor
 from common.wire import RETRY_AFTER_KEY
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
@@ -165,9 +167,15 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         return worker_pb2.WorkerStats(role=worker_pb2.ROLE_PREFILL)
 
 
+# The test cluster's credential: fake workers refuse calls without it, as real ones do, and
+# the harness's router holds it (its file: ``SECRET_FILE``).
+SECRET_FILE = private_secret_file(new_secret())
+CREDENTIAL = ClusterCredential.from_file(SECRET_FILE)
+
+
 async def serve(servicer: object, add: object) -> tuple[grpc.aio.Server, str]:
-    """Start ``servicer`` on 127.0.0.1:0; returns the server and its endpoint."""
-    server = grpc.aio.server()
+    """Start ``servicer`` on 127.0.0.1:0, members only; returns the server and its endpoint."""
+    server = grpc.aio.server(interceptors=[ClusterAuthInterceptor(CREDENTIAL)])
     add(servicer, server)  # type: ignore[operator]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

@@ -11,13 +11,14 @@ from typing import Any
 
 import grpc
 
+from common.grpc_auth import aio_interceptors
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2_grpc
 from router.config import RouterConfig
 from router.handoff.policy import rank_decode, rank_prefill
 from router.membership.worker_view import Role
 from router.server import RouterServer
 from router.tokenizer import RouterTokenizer
-from tests.unit.router.fakes import FakeDecode, FakePrefill, serve
+from tests.unit.router.fakes import CREDENTIAL, SECRET_FILE, FakeDecode, FakePrefill, serve
 
 MODEL = "smollm2"
 
@@ -95,11 +96,14 @@ async def cluster(
         "health_interval_s": 3600.0,  # one probe round at start (awaited), then explicit ones
         "health_timeout_s": 10.0,  # that round's Stats must not time out on a loaded machine
         "drain_timeout_s": 5.0,
+        "cluster_secret_file": str(SECRET_FILE),
     }
     options.update(overrides)
     router = RouterServer(RouterConfig(**options), tokenizer)
     port = await _start(router)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    # Calls as a cluster member (the Registry needs it; the public service ignores it).
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}",
+                                        interceptors=aio_interceptors(CREDENTIAL))
     try:
         yield Cluster(
             router,

@@ -83,8 +83,9 @@ def test_grpc_and_http_refuse_without_a_key(tokenizer: RouterTokenizer, tmp_path
     asyncio.run(scenario())
 
 
-def test_registry_stays_open_for_workers(tokenizer: RouterTokenizer, tmp_path: Path) -> None:
-    """Workers register without an API key (they are not clients); Tandem RPCs need one."""
+def test_registry_needs_the_credential_not_a_key(tokenizer: RouterTokenizer,
+                                                 tmp_path: Path) -> None:
+    """Workers register with the cluster credential, not an API key (they are not clients)."""
     from protos.tandem.v1 import worker_pb2_grpc
 
     async def scenario() -> None:

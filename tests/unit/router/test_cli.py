@@ -12,6 +12,7 @@ import pytest
 
 from common.wire import parse_ready_line
 from router.cli import main
+from tests.unit.router.fakes import SECRET_FILE
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,8 @@ def test_bad_config_exits_2(
 
 
 def test_missing_tokenizer_dir_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--tokenizer", str(tmp_path / "nope"), "--max-model-len", "64"]) == 2
+    assert main(["--tokenizer", str(tmp_path / "nope"), "--max-model-len", "64",
+                 "--cluster-secret-file", str(SECRET_FILE)]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -55,8 +57,15 @@ def test_busy_port_exits_nonzero(tok_dir: str, capsys: pytest.CaptureFixture[str
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        assert main(["--tokenizer", tok_dir, "--port", str(port)]) == 1
+        assert main(["--tokenizer", tok_dir, "--port", str(port),
+                     "--cluster-secret-file", str(SECRET_FILE)]) == 1
     assert "cannot bind" in capsys.readouterr().err
+
+
+def test_no_cluster_credential_exits_2(tok_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """No built-in secret: a router without one (or an explicit --insecure) refuses to start."""
+    assert main(["--tokenizer", tok_dir, "--port", "0"]) == 2
+    assert "no cluster credential" in capsys.readouterr().err
 
 
 def test_ready_line_and_sigterm_exit_0(tok_dir: str) -> None:
@@ -73,6 +82,8 @@ def test_ready_line_and_sigterm_exit_0(tok_dir: str) -> None:
             "127.0.0.1:1",
             "--log-level",
             "WARNING",
+            "--cluster-secret-file",
+            str(SECRET_FILE),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

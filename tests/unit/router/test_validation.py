@@ -11,7 +11,12 @@ import pytest
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
 from router.tokenizer import RouterTokenizer
-from router.validation import check_length, validate_request
+from router.validation import (
+    InputLimits,
+    check_length,
+    check_prompt_chars,
+    validate_request,
+)
 from tests.unit.router.harness import MODEL, cluster
 
 VOCAB = 1000
@@ -52,6 +57,9 @@ BAD = [
     ("frequency_penalty", _text(frequency_penalty=-3.0)),
     ("seed", _text(seed=2**63)),
     ("stop", _text(stop=["ok", ""])),
+    ("stop", _text(stop=["a", "b", "c", "d", "e"])),  # at most 4, as OpenAI's API
+    ("stop", _text(stop=["x" * 257])),
+    ("stop_token_ids", _text(stop_token_ids=list(range(65)))),
     ("stop_token_ids", _text(stop_token_ids=[VOCAB + 5])),
     (
         "logprobs.top_logprobs",
@@ -85,12 +93,37 @@ GOOD = [
         stop=["\n"],
         stop_token_ids=[VOCAB - 1],
     ),
+    _text(stop=["a", "b", "c", "x" * 256], stop_token_ids=list(range(64))),  # at the bounds
 ]
 
 
 @pytest.mark.parametrize("request_", GOOD)
 def test_good_request_passes(request_: tandem_pb2.GenerateRequest) -> None:
     validate_request(request_, MODEL, VOCAB)
+
+
+def test_stop_limits_are_configurable_and_say_why() -> None:
+    many = _text(stop=[str(i) for i in range(2000)])
+    with pytest.raises(InvalidRequestError, match="2000 stop strings; at most 4"):
+        validate_request(many, MODEL, VOCAB)
+    validate_request(many, MODEL, VOCAB, InputLimits(max_stop_strings=2000))
+    long = _text(stop=["y" * 1000])
+    with pytest.raises(InvalidRequestError, match="1000 characters; at most 256"):
+        validate_request(long, MODEL, VOCAB)
+    validate_request(long, MODEL, VOCAB, InputLimits(max_stop_chars=1000))
+
+
+def test_prompt_chars_refuse_only_what_cannot_fit() -> None:
+    # At most 4 characters per token, a context of 20: a prompt needs at most 19 tokens.
+    check_prompt_chars(76, 4, None, 20)  # at least 19 tokens: may fit
+    with pytest.raises(InvalidRequestError, match="at least 20 tokens") as err:
+        check_prompt_chars(77, 4, None, 20)
+    assert err.value.field == "prompt"
+    check_prompt_chars(40, 4, 10, 20)  # at least 10 tokens + 10 asked: may fit
+    with pytest.raises(InvalidRequestError) as err:
+        check_prompt_chars(41, 4, 10, 20)  # at least 11 + 10 asked: cannot
+    assert err.value.field == "max_tokens"
+    check_prompt_chars(10**9, None, 10, 20)  # no bound known: tokenize and see
 
 
 def test_length_limits() -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from common.credential import ClusterCredential, generate_secret_file
 from common.wire import READY_MARKER, parse_ready_line
 from decode_worker import cli as decode_cli
 from engine.cli_args import engine_config_from_args
 from prefill_worker import cli as prefill_cli
-from worker.cli import DEV_KV_SECRET, load_kv_secret
+from worker.cli import load_credential
 from worker.config import ServeConfig, StartupError
 from worker.process import announce, serve
 
@@ -34,21 +35,36 @@ def test_bad_flags_exit_2(main, argv, capsys) -> None:
 
 
 def test_bad_engine_values_exit_2(capsys) -> None:
-    assert prefill_cli.main(["--port", "0", "--block-size", "3"]) == 2
+    assert prefill_cli.main(["--port", "0", "--insecure", "--block-size", "3"]) == 2
     assert "block_size must be a power of two" in capsys.readouterr().err
 
 
-def test_kv_secret(tmp_path: Path) -> None:
-    assert len(load_kv_secret(None)) >= 16
-    with pytest.raises(StartupError):
-        load_kv_secret(str(tmp_path / "missing"))
-    short = tmp_path / "short"
-    short.write_bytes(b"tiny\n")
-    with pytest.raises(StartupError, match="at least 16 bytes"):
-        load_kv_secret(str(short))
-    good = tmp_path / "good"
-    good.write_bytes(b"0123456789abcdef-secret\n")
-    assert load_kv_secret(str(good)) == b"0123456789abcdef-secret"
+def test_no_credential_no_worker(tmp_path: Path, capsys) -> None:
+    """There is no built-in secret: without a credential (or --insecure) a worker exits 2."""
+    assert decode_cli.main(["--port", "0", "--kv-port", "0"]) == 2
+    assert "no cluster credential" in capsys.readouterr().err
+    secret = generate_secret_file(tmp_path / "secret")
+    both = ["--port", "0", "--cluster-secret-file", str(secret), "--insecure"]
+    assert prefill_cli.main(both) == 2
+    assert "exclude each other" in capsys.readouterr().err
+    shared = generate_secret_file(tmp_path / "shared")
+    shared.chmod(0o644)
+    assert prefill_cli.main(["--port", "0", "--cluster-secret-file", str(shared)]) == 2
+    assert "other users" in capsys.readouterr().err
+
+
+def test_credential_flags(tmp_path: Path) -> None:
+    parser = prefill_cli.build_parser()
+    insecure = load_credential(parser.parse_args(["--port", "0", "--insecure"]))
+    assert insecure.insecure
+    secret = generate_secret_file(tmp_path / "secret")
+    cred = load_credential(parser.parse_args(["--port", "0", "--cluster-secret-file",
+                                              str(secret)]))
+    assert not cred.insecure
+    assert cred.kv_secret == ClusterCredential.from_file(secret).kv_secret
+    with pytest.raises(StartupError, match="cannot read"):
+        load_credential(parser.parse_args(["--port", "0", "--cluster-secret-file",
+                                           str(tmp_path / "missing")]))
 
 
 def test_busy_port_fails_before_building() -> None:
@@ -63,7 +79,7 @@ def test_busy_port_fails_before_building() -> None:
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(StartupError, match="cannot listen"):
-            asyncio.run(serve(ServeConfig(port=port), build))
+            asyncio.run(serve(ServeConfig(ClusterCredential.insecure_default(), port=port), build))
     assert not built
 
 
@@ -78,20 +94,22 @@ def test_ready_line() -> None:
 
 
 def test_flags_become_frozen_role_configs(tmp_path: Path) -> None:
-    secret = tmp_path / "secret"
-    secret.write_bytes(b"0123456789abcdef-secret\n")
+    secret = generate_secret_file(tmp_path / "secret")
     decode = decode_cli.config_from_args(decode_cli.build_parser().parse_args([
         "--port", "7", "--kv-port", "8", "--kv-host", "127.0.0.2", "--default-lease-s", "5",
-        "--kv-secret-file", str(secret), "--no-kv-shm", "--worker-id", "d0", "--router", "r:1"]))
+        "--cluster-secret-file", str(secret), "--no-kv-shm", "--worker-id", "d0",
+        "--router", "r:1"]))
     assert (decode.kv_port, decode.kv_host, decode.default_lease_s) == (8, "127.0.0.2", 5.0)
     wc = decode.worker
     assert (wc.serve.port, wc.serve.router, wc.worker_id, wc.kv_shm) == (7, "r:1", "d0", False)
-    assert wc.kv_secret == b"0123456789abcdef-secret" and "0123456789" not in repr(decode)
+    assert wc.kv_secret == ClusterCredential.from_file(secret).kv_secret
+    assert secret.read_text().strip()[:16] not in repr(decode)
     with pytest.raises(AttributeError):
         decode.kv_port = 9  # type: ignore[misc]
     prefill = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
-        ["--port", "0", "--transfer-timeout-s", "2.5"]))
-    assert prefill.transfer_timeout_s == 2.5 and prefill.worker.kv_secret == DEV_KV_SECRET
+        ["--port", "0", "--transfer-timeout-s", "2.5", "--insecure"]))
+    assert prefill.transfer_timeout_s == 2.5
+    assert prefill.worker.kv_secret == ClusterCredential.insecure_default().kv_secret
     assert prefill.worker.kv_shm and prefill.worker.resolved_worker_id("prefill").startswith(
         "prefill-")
 

@@ -18,6 +18,7 @@ from tests.unit.worker.test_registration import FakeRouter
 from worker.registration import RegistrationConfig, RegistryClient
 from worker.tls import (
     TlsConfigError,
+    kv_tls_from_args,
     router_credentials_from_args,
     server_tls_from_args,
 )
@@ -59,6 +60,28 @@ def test_incomplete_or_unreadable_sets_are_refused(tmp_path: Path) -> None:
     for flags, message in cases:
         with pytest.raises(TlsConfigError, match=message):
             server_tls_from_args(_args(*flags))
+
+
+def test_kv_tls_flags(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    assert kv_tls_from_args(_args(), "decode") is None
+    served = kv_tls_from_args(_args("--kv-tls-cert", str(certs.server_cert), "--kv-tls-key",
+                                    str(certs.server_key), "--kv-tls-ca", str(certs.ca)),
+                              "decode")
+    assert served is not None and served.cert_file == str(certs.server_cert)
+    checked = kv_tls_from_args(_args("--kv-tls-ca", str(certs.ca)), "prefill")
+    assert checked is not None and checked.ca_file == str(certs.ca) and checked.cert_file is None
+    text = tmp_path / "notes.txt"
+    text.write_text("not a certificate")
+    for flags, role, message in (
+        (("--kv-tls-ca", str(certs.ca)), "decode", "needs --kv-tls-cert"),
+        (("--kv-tls-cert", str(certs.server_cert), "--kv-tls-key", str(certs.server_key)),
+         "prefill", "needs --kv-tls-ca"),
+        (("--kv-tls-cert", str(certs.server_cert)), "decode", "go together"),
+        (("--kv-tls-ca", str(text)), "prefill", "not a PEM"),
+    ):
+        with pytest.raises(TlsConfigError, match=message):
+            kv_tls_from_args(_args(*flags), role)
 
 
 def test_registration_reaches_a_tls_router_only_with_its_ca(tmp_path: Path) -> None:

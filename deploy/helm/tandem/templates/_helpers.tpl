@@ -99,28 +99,41 @@ lifecycle:
 
 {{/*
 Probes on grpc.health.v1 (kubelet's native gRPC probe). The kubelet's gRPC probe speaks no TLS,
-so a port serving TLS is probed over the router's HTTPS /health instead.
-Call with (dict "port" 50051 "startup" .startupProbe "https" false "httpPort" 8000).
+so a port serving TLS is probed otherwise: the router over HTTPS (/health, /ready), a worker
+with workerTls over its plain /metrics (served once the model is loaded, 503 when the engine
+is gone; a TCP connect would pass as soon as the gRPC port is bound, before the model loads).
+The router's overall gRPC status follows readiness, so its startup and liveness probes ask for
+the "liveness" service, and its readiness probe asks HTTP /ready (200 while a decode worker is
+routable). Call with (dict "port" 50051 "startup" .startupProbe "router" true "https" false
+"httpPort" 8000), or (dict "port" 50061 "startup" .startupProbe "tls" false "metricsPort" 9090)
+for a worker.
 */}}
 {{- define "tandem.probes" -}}
-{{- $check := "" -}}
+{{- $live := printf "grpc:\n  port: %v" .port -}}
+{{- if .tls -}}
+{{- $live = printf "httpGet:\n  path: /metrics\n  port: %v\n  scheme: HTTP" .metricsPort -}}
+{{- end -}}
+{{- $ready := $live -}}
+{{- if .router -}}
+{{- $scheme := ternary "HTTPS" "HTTP" (.https | default false) -}}
+{{- $live = printf "grpc:\n  port: %v\n  service: liveness" .port -}}
 {{- if .https -}}
-{{- $check = printf "httpGet:\n  path: /health\n  port: %v\n  scheme: HTTPS" .httpPort -}}
-{{- else -}}
-{{- $check = printf "grpc:\n  port: %v" .port -}}
+{{- $live = printf "httpGet:\n  path: /health\n  port: %v\n  scheme: HTTPS" .httpPort -}}
+{{- end -}}
+{{- $ready = printf "httpGet:\n  path: /ready\n  port: %v\n  scheme: %s" .httpPort $scheme -}}
 {{- end -}}
 startupProbe:
-  {{- $check | nindent 2 }}
+  {{- $live | nindent 2 }}
   periodSeconds: {{ .startup.periodSeconds }}
   failureThreshold: {{ .startup.failureThreshold }}
   timeoutSeconds: 5
 readinessProbe:
-  {{- $check | nindent 2 }}
+  {{- $ready | nindent 2 }}
   periodSeconds: 5
   failureThreshold: 2
   timeoutSeconds: 3
 livenessProbe:
-  {{- $check | nindent 2 }}
+  {{- $live | nindent 2 }}
   periodSeconds: 15
   failureThreshold: 4
   timeoutSeconds: 5
@@ -147,17 +160,74 @@ livenessProbe:
 {{- define "tandem.tlsSecret" -}}
 {{- default (printf "%s-tls" (include "tandem.fullname" .)) .Values.tls.existingSecret -}}
 {{- end -}}
-{{- define "tandem.kvSecret" -}}
-{{- default (printf "%s-kv" (include "tandem.fullname" .)) .Values.kvSecret.existingSecret -}}
+{{- define "tandem.clusterSecretName" -}}
+{{- default (printf "%s-cluster-secret" (include "tandem.fullname" .)) .Values.clusterSecret.existingSecret -}}
 {{- end -}}
-{{- define "tandem.kvSecretEnabled" -}}
-{{- if or .Values.kvSecret.existingSecret .Values.kvSecret.value -}}true{{- end -}}
+
+{{/* True when the chart keeps the credential in a Secret it makes (not given, not insecure). */}}
+{{- define "tandem.clusterSecretGenerated" -}}
+{{- if not (or .Values.clusterSecret.existingSecret .Values.clusterSecret.insecure) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The chart's cluster credential, hex (32 random bytes). On upgrade it is the one already in the
+Secret (lookup); on install, or offline (helm template: lookup finds nothing), a new one. It is
+made once per render and remembered, so the Secret and every pod's checksum agree.
+*/}}
+{{- define "tandem.clusterSecretValue" -}}
+{{- $memo := .Values.clusterSecret -}}
+{{- if not (hasKey $memo "_value") -}}
+{{- $value := "" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "tandem.clusterSecretName" .) -}}
+{{- if and $existing $existing.data (hasKey $existing.data "cluster-secret") -}}
+{{- $value = index $existing.data "cluster-secret" | b64dec | trim -}}
+{{- end -}}
+{{- if not $value -}}
+{{- $value = randAlphaNum 64 | sha256sum -}}
+{{- end -}}
+{{- $_ := set $memo "_value" $value -}}
+{{- end -}}
+{{- index $memo "_value" -}}
+{{- end -}}
+
+{{/* Pod annotations that roll the pods when a secret they read changes; call with $. */}}
+{{- define "tandem.secretChecksums" -}}
+checksum/secrets: {{ include (print .Template.BasePath "/secrets.yaml") . | sha256sum }}
+{{- if include "tandem.clusterSecretGenerated" . }}
+checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
+{{- end }}
+{{- end -}}
+
+{{/* The credential flag of every member process (router, workers, tandem up), as a list. */}}
+{{- define "tandem.credentialArgs" -}}
+{{- if .Values.clusterSecret.insecure }}
+- --insecure
+{{- else }}
+- --cluster-secret-file=/etc/tandem/cluster/cluster-secret
+{{- end }}
+{{- end -}}
+
+{{/* TLS flags of every worker (both roles): mTLS on gRPC, TLS on KV transfers. */}}
+{{- define "tandem.workerTlsArgs" -}}
+{{- if .Values.workerTls.enabled }}
+- --tls-cert=/etc/tandem/worker-tls/tls.crt
+- --tls-key=/etc/tandem/worker-tls/tls.key
+- --tls-client-ca=/etc/tandem/worker-tls/ca.crt
+{{- end }}
+{{- if .Values.kvTls.enabled }}
+- --kv-tls-cert=/etc/tandem/kv-tls/tls.crt
+- --kv-tls-key=/etc/tandem/kv-tls/tls.key
+- --kv-tls-ca=/etc/tandem/kv-tls/ca.crt
+{{- end }}
 {{- end -}}
 
 {{/* The router's flags shared by both modes (tandem router and tandem up pass them on). */}}
 {{- define "tandem.routerSecurityArgs" -}}
 {{- if .Values.apiKey.enabled }}
 - --api-key-file=/etc/tandem/api-keys/api-keys
+{{- else }}
+{{- /* The router listens on the pod network; without keys that must be said (NOTES warns). */}}
+- --allow-unauthenticated
 {{- end }}
 {{- if .Values.tls.enabled }}
 - --tls-cert=/etc/tandem/tls/tls.crt
@@ -189,15 +259,24 @@ livenessProbe:
   secret:
     secretName: {{ include "tandem.tlsSecret" .ctx }}
 {{- end }}
-{{- if and (ne .role "worker") $v.workerTls.enabled }}
+{{- if $v.workerTls.enabled }}
 - name: worker-tls
   secret:
     secretName: {{ $v.workerTls.existingSecret }}
 {{- end }}
-{{- if and (ne .role "router") (include "tandem.kvSecretEnabled" .ctx) }}
-- name: kv-secret
+{{- if and (eq .role "worker") $v.kvTls.enabled }}
+- name: kv-tls
   secret:
-    secretName: {{ include "tandem.kvSecret" .ctx }}
+    secretName: {{ $v.kvTls.existingSecret }}
+{{- end }}
+{{- if not $v.clusterSecret.insecure }}
+# 288 = 0440: the owner and the pod's group (gid 0 in the image, or fsGroup) read it.
+- name: cluster-secret
+  secret:
+    secretName: {{ include "tandem.clusterSecretName" .ctx }}
+    defaultMode: 288
+    items:
+      - {key: cluster-secret, path: cluster-secret}
 {{- end }}
 {{- if and (eq .role "head") $v.autoscaling.enabled }}
 - name: autoscale
@@ -223,14 +302,19 @@ livenessProbe:
   mountPath: /etc/tandem/tls
   readOnly: true
 {{- end }}
-{{- if and (ne .role "worker") $v.workerTls.enabled }}
+{{- if $v.workerTls.enabled }}
 - name: worker-tls
   mountPath: /etc/tandem/worker-tls
   readOnly: true
 {{- end }}
-{{- if and (ne .role "router") (include "tandem.kvSecretEnabled" .ctx) }}
-- name: kv-secret
-  mountPath: /etc/tandem/kv
+{{- if and (eq .role "worker") $v.kvTls.enabled }}
+- name: kv-tls
+  mountPath: /etc/tandem/kv-tls
+  readOnly: true
+{{- end }}
+{{- if not $v.clusterSecret.insecure }}
+- name: cluster-secret
+  mountPath: /etc/tandem/cluster
   readOnly: true
 {{- end }}
 {{- if and (eq .role "head") $v.autoscaling.enabled }}
@@ -250,9 +334,6 @@ livenessProbe:
 {{- end }}
 {{- if gt (int .ctx.Values.model.maxModelLen) 0 }}
 - --max-model-len={{ .ctx.Values.model.maxModelLen }}
-{{- end }}
-{{- if include "tandem.kvSecretEnabled" .ctx }}
-- --kv-secret-file=/etc/tandem/kv/kv-secret
 {{- end }}
 {{- end -}}
 

@@ -39,7 +39,17 @@ def _check_complete(c: Cluster, responses: list, n: int, tok: RouterTokenizer) -
     assert last.usage.prompt_tokens == len(PROMPT) and last.usage.completion_tokens == n
     assert "".join(r.text for r in responses) == tok.decode(expected_output(PROMPT, n))
     assert last.timings.total_s >= last.timings.first_token_s > 0
-    assert all(r.request_id == "r1" for r in responses)
+    assert all(r.request_id == "r1" for r in responses)  # the client's id, echoed
+
+
+def _rid(c: Cluster) -> str:
+    """The id the router minted for the test's one request: its first leg's id, the base
+    of every later leg's (``rid.1`` ...); never the client's own "r1"."""
+    minted = {i for d in c.decode for i in d.reservations if "." not in i}
+    assert len(minted) == 1 and "r1" not in minted, minted
+    return minted.pop()
+
+
 
 
 def test_success_disaggregated(tokenizer: RouterTokenizer) -> None:
@@ -48,7 +58,8 @@ def test_success_disaggregated(tokenizer: RouterTokenizer) -> None:
             responses = await c.generate(_request())
             _check_complete(c, responses, 6, tokenizer)
             assert responses[-1].usage.cached_tokens == 16
-            assert c.prefill[0].calls == ["r1"] and not c.decode[0].local_prefills
+            rid = _rid(c)
+            assert c.prefill[0].calls == [rid] and not c.decode[0].local_prefills
             assert c.counters.completed == 1 and c.counters.migrations == 0
 
     asyncio.run(scenario())
@@ -62,9 +73,10 @@ def test_prefill_failure_falls_back_to_another_prefill(tokenizer: RouterTokenize
             _check_complete(c, await c.generate(_request()), 6, tokenizer)
             assert c.counters.prefill_retries == 1
             assert c.counters.local_prefill_fallbacks == 0
-            assert c.prefill[first].calls == ["r1"] and c.prefill[first].aborts == ["r1"]
-            assert c.prefill[1 - first].calls == ["r1.1"]
-            assert c.decode[0].aborts == ["r1"]  # the half-filled reservation was dropped
+            rid = _rid(c)
+            assert c.prefill[first].calls == [rid] and c.prefill[first].aborts == [rid]
+            assert c.prefill[1 - first].calls == [f"{rid}.1"]
+            assert c.decode[0].aborts == [rid]  # the half-filled reservation was dropped
 
     asyncio.run(scenario())
 
@@ -78,9 +90,10 @@ def test_all_prefills_fail_then_local_prefill(tokenizer: RouterTokenizer) -> Non
             _check_complete(c, await c.generate(_request()), 6, tokenizer)
             assert c.counters.prefill_retries == 2
             assert c.counters.local_prefill_fallbacks == 1
-            assert c.decode[0].local_prefills == ["r1.2"]  # a fresh reservation per attempt
-            assert c.decode[0].aborts == ["r1", "r1.1"]
-            assert c.prefill[first].aborts == ["r1"] and c.prefill[1 - first].aborts == ["r1.1"]
+            rid = _rid(c)
+            assert c.decode[0].local_prefills == [f"{rid}.2"]  # a fresh reservation per attempt
+            assert c.decode[0].aborts == [rid, f"{rid}.1"]
+            assert c.prefill[first].aborts == [rid] and c.prefill[1 - first].aborts == [f"{rid}.1"]
 
     asyncio.run(scenario())
 
@@ -113,11 +126,12 @@ def test_decode_death_migrates_without_loss_or_repeat(tokenizer: RouterTokenizer
             responses = await c.generate(_request(n=10))
             _check_complete(c, responses, 10, tokenizer)
             assert c.counters.migrations == 1
-            moved = c.decode[1 - first].reservations["r1.1"]
+            rid = _rid(c)
+            moved = c.decode[1 - first].reservations[f"{rid}.1"]
             assert moved.token_ids == PROMPT + expected_output(PROMPT, 10)[:4]
             # The new leg knows the request's own budget and how much of it is spent.
             assert moved.sampling.max_tokens == 10 and moved.prior == 4
-            assert c.decode[first].aborts == ["r1"]
+            assert c.decode[first].aborts == [rid]
 
     asyncio.run(scenario())
 
@@ -132,7 +146,8 @@ def test_client_cancel_mid_prefill_aborts_both_legs(tokenizer: RouterTokenizer) 
             call.cancel()
             await asyncio.wait_for(c.prefill[0].aborted.wait(), 10)
             await asyncio.wait_for(c.decode[0].aborted.wait(), 10)
-            assert c.prefill[0].aborts == ["r1"] and c.decode[0].aborts == ["r1"]
+            rid = _rid(c)
+            assert c.prefill[0].aborts == [rid] and c.decode[0].aborts == [rid]
             with pytest.raises(asyncio.CancelledError):
                 await reader
 
@@ -149,7 +164,8 @@ def test_client_cancel_mid_decode_aborts_decode(tokenizer: RouterTokenizer) -> N
             await asyncio.wait_for(c.decode[0].hanging.wait(), 10)
             call.cancel()
             await asyncio.wait_for(c.decode[0].aborted.wait(), 10)
-            assert c.decode[0].aborts == ["r1"]
+            rid = _rid(c)
+            assert c.decode[0].aborts == [rid]
 
     asyncio.run(scenario())
 

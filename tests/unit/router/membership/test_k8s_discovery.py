@@ -33,6 +33,7 @@ from router.membership.k8s_pods import Membership, PodTracker, pod_state
 from router.membership.registry import Registry
 from router.membership.worker_clients import WorkerClients
 from router.membership.worker_view import Role
+from tests.unit.router.fakes import SECRET_FILE
 from tests.unit.router.kube_api import KubeApiDouble, make_pod
 
 
@@ -225,7 +226,8 @@ def test_router_process_watches_pods_and_drains(api: KubeApiDouble, tmp_path: Pa
     proc = subprocess.Popen(
         [sys.executable, "-m", "router", "--port", "0", "--http-port", "0",
          "--tokenizer", str(resolve_model("smollm2")), "--log-level", "WARNING",
-         "--discovery", "kubernetes", "--k8s-namespace", "tandem", "--k8s-selector", selector],
+         "--discovery", "kubernetes", "--k8s-namespace", "tandem", "--k8s-selector", selector,
+         "--cluster-secret-file", str(SECRET_FILE)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=Path(__file__).resolve().parents[4],  # the repository root
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},

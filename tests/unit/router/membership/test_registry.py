@@ -94,3 +94,35 @@ def test_acquire_release_counts_active_requests() -> None:
     reg.release("unknown")
     assert reg.view("p").active == 0  # type: ignore[union-attr]
     assert reg.role_of("p") is Role.PREFILL and reg.role_of("x") is None
+
+
+def test_register_clears_an_unhealthy_mark_and_outdates_older_probes() -> None:
+    reg = Registry(FakeClock(), 1.0)
+    reg.add_static(Role.DECODE, "d")
+    reg.set_healthy("d", False)  # its first probe timed out while it loaded its model
+    assert reg.routable(Role.DECODE) == []
+    probe_began = reg.generation("d")  # a probe starts ...
+    reg.register(Role.DECODE, "d", "w")  # ... the worker registers: routable at once
+    assert _endpoints(reg, Role.DECODE) == ["d"]
+    assert not reg.set_healthy("d", False, since=probe_began)  # ... the old probe fails: stale
+    assert _endpoints(reg, Role.DECODE) == ["d"]
+    assert reg.set_healthy("d", False, since=reg.generation("d"))  # a current one counts
+    assert reg.routable(Role.DECODE) == []
+
+
+def test_watchers_hear_every_change_of_what_is_routable() -> None:
+    clock = FakeClock()
+    reg = Registry(clock, 1.0, missed_heartbeats=1)
+    calls: list[int] = []
+    reg.watch(lambda: calls.append(len(reg.routable(Role.DECODE))))
+    reg.register(Role.DECODE, "d", "w")
+    reg.heartbeat("w", WorkerLoad())  # nothing routable changed: no call
+    reg.update_load("d", WorkerLoad(draining=True))
+    reg.heartbeat("w", WorkerLoad())  # no longer draining
+    reg.set_healthy("d", False)
+    reg.set_healthy("d", True)
+    clock.now += 5
+    reg.expire()
+    assert calls == [1, 0, 1, 0, 1, 0]
+    assert reg.count(Role.DECODE) == 0
+

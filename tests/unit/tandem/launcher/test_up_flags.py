@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from autoscaler.config import load_config
+from common.credential import generate_secret_file
 from tandem.launcher.spec import LaunchSpec
-from tandem.launcher.up import build_parser, main, spec_from_args
+from tandem.launcher.up import _check_public_bind, build_parser, main, spec_from_args
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "deploy" / "autoscale"
 
@@ -76,3 +77,35 @@ def test_local_threads_count_autoscale_maximums(monkeypatch) -> None:
     auto = load_config(EXAMPLES / "slo.yaml")
     spec = spec_from_args(build_parser().parse_args([]), auto)
     assert up._local_threads(spec) == max(1, 16 // (auto.prefill.max + auto.decode.max))
+
+
+def test_every_cluster_gets_a_credential(tmp_path: Path) -> None:
+    """A new secret per cluster by default, the user's file when named, none only when asked;
+    the secret never shows in the spec's repr."""
+    fresh = spec_from_args(build_parser().parse_args([]), None)
+    again = spec_from_args(build_parser().parse_args([]), None)
+    assert len(fresh.cluster_secret) == 64 and fresh.cluster_secret != again.cluster_secret
+    assert fresh.cluster_secret not in repr(fresh) and not fresh.insecure
+    mine = generate_secret_file(tmp_path / "secret")
+    named = spec_from_args(build_parser().parse_args(["--cluster-secret-file", str(mine)]), None)
+    assert named.cluster_secret == mine.read_text().strip()
+    insecure = spec_from_args(build_parser().parse_args(["--insecure"]), None)
+    assert insecure.insecure and insecure.cluster_secret == ""
+    with pytest.raises(ValueError, match="exclude each other"):
+        spec_from_args(build_parser().parse_args(
+            ["--insecure", "--cluster-secret-file", str(mine)]), None)
+    mine.chmod(0o644)
+    with pytest.raises(ValueError, match="other users"):
+        spec_from_args(build_parser().parse_args(["--cluster-secret-file", str(mine)]), None)
+    with pytest.raises(ValueError, match="cluster secret"):
+        LaunchSpec()  # neither a secret nor insecure
+
+
+def test_a_public_router_needs_keys_or_an_explicit_allow(capsys) -> None:
+    assert main(["--host", "0.0.0.0"]) == 2
+    assert "without API keys" in capsys.readouterr().err
+    for extra in (["--router-arg=--allow-unauthenticated"],
+                  ["--router-arg=--api-key-file=/keys"]):
+        spec = spec_from_args(build_parser().parse_args(["--host", "0.0.0.0", *extra]), None)
+        _check_public_bind(spec)  # no error
+    _check_public_bind(spec_from_args(build_parser().parse_args([]), None))  # loopback default

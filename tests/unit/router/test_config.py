@@ -1,0 +1,42 @@
+"""RouterConfig's client limits: their defaults, their flags, and out-of-range values refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.cli import build_parser, config_from_args
+from router.config import RouterConfig
+
+BASE = {"tokenizer_dir": "x", "model_name": "m", "max_model_len": 64}
+
+
+def test_limit_defaults_and_flags() -> None:
+    config = RouterConfig(**BASE)
+    assert (config.max_stop_strings, config.max_stop_chars, config.max_stop_token_ids) == (
+        4, 256, 64)
+    assert config.max_request_bytes == 4 * 1024 * 1024 and config.tokenizer_threads == 2
+    assert (config.max_inflight_per_connection, config.max_inflight_per_key) == (64, 0)
+    assert config.http_read_timeout_s == 75.0
+    args = build_parser().parse_args([
+        "--tokenizer", "x", "--max-model-len", "64", "--max-stop-strings", "8",
+        "--max-stop-chars", "64", "--max-stop-token-ids", "4", "--max-request-bytes", "65536",
+        "--tokenizer-threads", "3", "--max-inflight-per-connection", "0",
+        "--max-inflight-per-key", "16", "--http-read-timeout", "5",
+    ])
+    flagged = config_from_args(args)
+    assert (flagged.max_stop_strings, flagged.max_stop_chars, flagged.max_stop_token_ids) == (
+        8, 64, 4)
+    assert flagged.max_request_bytes == 65536 and flagged.tokenizer_threads == 3
+    assert (flagged.max_inflight_per_connection, flagged.max_inflight_per_key) == (0, 16)
+    assert flagged.http_read_timeout_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_stop_strings", -1), ("max_stop_chars", 0), ("max_request_bytes", 10),
+     ("tokenizer_threads", 0), ("max_inflight_per_connection", -1),
+     ("max_inflight_per_key", -1), ("http_read_timeout_s", 0.0)],
+)
+def test_out_of_range_limits_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        RouterConfig(**BASE, **{field: value})
