@@ -4,4 +4,7 @@
     tls          reading PEM files named by flags (one error type for every process)
     detokenizer  incremental decoding of output ids (tokenizers' DecodeStream) into text deltas
     stop_strings stop-string matching and hold-back over text chunks (the detokenizer's text side)
+    credential   the cluster credential (secret file, derived keys) every internal channel uses
+    grpc_auth    the gRPC interceptors that put the credential on calls and check it
+    grpc_keepalive  the keepalive options both ends of every gRPC channel set
 """

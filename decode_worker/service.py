@@ -55,6 +55,10 @@ class DecodeConfig:
     default_lease_s: float = 30.0  # when Reserve does not say
     max_lease_s: float = 600.0
     orphan_ttl_s: float = 60.0  # an ended stream nobody reads is dropped after this
+    # While draining, an ended stream waits for its reader at most this long: the router's
+    # Decode follows the prefill reply within milliseconds, and a drain must end well
+    # inside a pod's termination grace period (30 s by default), not at the orphan TTL.
+    drain_orphan_grace_s: float = 5.0
 
 
 class DecodeWorker:
@@ -292,8 +296,13 @@ class DecodeWorker:
     def _on_stream_end(self, stream: RequestStream) -> None:
         if stream.attached:
             return
+        # Its reader may still be on the way: the router calls Decode after the prefill
+        # reply, and a short request can end before that. Kept for the orphan TTL (while
+        # draining, at most drain_orphan_grace_s: the drain waits for it that long).
         loop = asyncio.get_running_loop()
-        ttl = 0.0 if self.draining else self.config.orphan_ttl_s
+        ttl = self.config.orphan_ttl_s
+        if self.draining:
+            ttl = min(ttl, self.config.drain_orphan_grace_s)
         self._timers[stream.request_id] = loop.call_later(ttl, self._forget, stream)
         self._touch()
 
@@ -322,18 +331,25 @@ class DecodeWorker:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def busy(self) -> bool:
-        """True while a reservation is pending or a stream has a reader or unfinished work."""
-        return any(s.attached or not s.ended for s in self._streams.values())
+        """True while any stream is kept: a reservation pending, work unfinished, a reader
+        attached, or an ended stream whose reader has not come yet (until its orphan TTL)."""
+        return bool(self._streams)
 
     def begin_drain(self) -> None:
-        """Take no new reservations; what is running finishes."""
+        """Take no new reservations; what is running finishes and ended streams wait for
+        their reader (each at most ``drain_orphan_grace_s``)."""
         self.draining = True
-        for stream in list(self._streams.values()):
-            if stream.ended and not stream.attached:
-                self._forget(stream)
+        loop = asyncio.get_running_loop()
+        latest = loop.time() + self.config.drain_orphan_grace_s
+        for request_id, timer in list(self._timers.items()):
+            stream = self._streams.get(request_id)
+            if stream is not None and timer.when() > latest:  # an orphan: shorten its wait
+                timer.cancel()
+                self._timers[request_id] = loop.call_at(latest, self._forget, stream)
+        self._touch()
 
     async def wait_idle(self) -> None:
-        """Return once nothing is pending or streaming."""
+        """Return once no stream is kept (``busy`` is False): a drain's wait."""
         while self.busy():
             await self._changed.wait()
 

@@ -163,9 +163,11 @@ class AsyncEngine:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for stream in self._streams.values():
+        # The event loop pops streams while this thread fails them: work on a copy (dict.copy
+        # runs without releasing the GIL) and drop only the streams failed here.
+        for request_id, stream in self._streams.copy().items():
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineDeadError(str(exc)))
-        self._streams.clear()
+            self._streams.pop(request_id, None)
         while True:
             try:
                 item = self._calls.get_nowait()

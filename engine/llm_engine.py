@@ -17,6 +17,7 @@ KV hooks for disaggregation (DESIGN.md section 2; the ledger is engine/core/remo
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -28,6 +29,7 @@ from engine.core.output_processor import OutputProcessor
 from engine.core.remote_kv import RemoteKV, RemoteState
 from engine.core.request import RequestStatus
 from engine.core.scheduler import ScheduledRequest, Scheduler
+from engine.core.step_costs import StepCostModel
 from engine.errors import InvalidRequestError
 from engine.model_runner import ModelRunner
 from engine.models.weights import torch_dtype
@@ -55,6 +57,7 @@ class LLMEngine:
         ckpt = load_checkpoint(mc, self.dtype, self.device, progress)
         self.model_path, self.tokenizer, self.arch = ckpt.path, ckpt.tokenizer, ckpt.arch
         self.max_model_len = ckpt.max_model_len
+        self.step_costs = StepCostModel()  # what a step costs here (router placement reads it)
         per_block = ModelRunner.kv_bytes_per_block(
             self.arch, cc.block_size, self.dtype, cc.kv_cache_dtype
         )
@@ -150,13 +153,20 @@ class LLMEngine:
         if not sched.scheduled:
             return outputs
         self.num_steps += 1
-        hook = self._make_layer_hook(sched.scheduled)
-        self.spec.propose(sched.scheduled, self.kv)  # fills spec_token_ids (when speculating)
-        logits, samplers = self.runner.execute(sched.scheduled, self.kv, hook)  # [n, V]
-        for s in sched.scheduled:
+        started = time.perf_counter()
+        outputs += self._run_step(sched.scheduled)
+        self._observe_step(sched.scheduled, time.perf_counter() - started)
+        return outputs
+
+    def _run_step(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
+        """Forward, sample and append for one scheduled batch."""
+        hook = self._make_layer_hook(scheduled)
+        self.spec.propose(scheduled, self.kv)  # fills spec_token_ids (when speculating)
+        logits, samplers = self.runner.execute(scheduled, self.kv, hook)  # [n, V]
+        for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not samplers:
-            return outputs
+            return []
         states = []
         for s in samplers:
             st = self._live[s.request.request_id].sampling
@@ -165,11 +175,20 @@ class LLMEngine:
         if logits.device.type != "cpu" and any(_needs_host(st.params) for st in states):
             logits = logits.cpu()  # the sampler's RNG and bookkeeping live on the host
         results = self.spec.sample(logits, samplers, states)
+        outputs = []
         for s, res in zip(samplers, results, strict=True):
             if s.num_lookahead:  # roll back the rejected drafts before appending
                 self.scheduler.accept_speculation(s, len(res) - 1)
             outputs.append(self._append(self._live[s.request.request_id], res))
         return outputs
+
+    def _observe_step(self, scheduled: list[ScheduledRequest], seconds: float) -> None:
+        """Feed the step-cost fit: a one-token query (plus drafts) is a decode row, anything
+        longer is prompt tokens. On a GPU a step that samples is timed to its end (sampling
+        reads the logits); a chunk step that samples nothing is timed at its launch."""
+        rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
+        tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
+        self.step_costs.observe(rows, tokens, seconds)
 
     def _make_layer_hook(self, scheduled: list[ScheduledRequest]) -> Callable[[int], None] | None:
         if self._layer_hook is None:
@@ -311,6 +330,9 @@ class LLMEngine:
             spec_num_steps=spec.steps,
             spec_acceptance_rate=spec.acceptance_rate,
             spec_tokens_per_step=spec.tokens_per_step,
+            step_costs=self.step_costs.costs(),
+            pending_prefill_tokens=self.scheduler.pending_prefill_tokens(),
+            max_num_batched_tokens=self.scheduler.budget,
         )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.core.step_costs import StepCosts
+
 
 @dataclass(slots=True)
 class TokenLogprob:
@@ -63,6 +65,10 @@ class EngineStats:
     spec_num_steps: int = 0
     spec_acceptance_rate: float = 0.0  # accepted / proposed
     spec_tokens_per_step: float = 0.0  # tokens a speculating request emits per step
+    # what a step costs here (fitted from measured steps) and what a new prompt waits behind
+    step_costs: StepCosts = field(default_factory=StepCosts)
+    pending_prefill_tokens: int = 0
+    max_num_batched_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

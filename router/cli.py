@@ -66,6 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-interval", type=float, default=2.0)
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument(
+        "--rpc-timeout-s",
+        type=float,
+        default=30.0,
+        help="bound on a worker control call (Reserve, Abort) when the client's deadline "
+        "is later or unset",
+    )
+    p.add_argument(
+        "--prefill-timeout-s",
+        type=float,
+        default=600.0,
+        help="bound on a prefill call (Prefill, PrefillLocal) when the client's deadline "
+        "is later or unset",
+    )
+    p.add_argument(
         "--discovery",
         choices=["static", "kubernetes"],
         default="static",
@@ -162,6 +176,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         heartbeat_interval_s=args.heartbeat_interval,
         health_interval_s=args.health_interval,
         drain_timeout_s=args.drain_timeout,
+        rpc_timeout_s=args.rpc_timeout_s,
+        prefill_timeout_s=args.prefill_timeout_s,
         http_host=args.http_host,
         http_port=_http_port(args),
         cluster_secret_file=args.cluster_secret_file or "",
@@ -234,7 +250,8 @@ async def _start_discovery(config: RouterConfig, server: RouterServer) -> Any:
         return None
     from router.membership import k8s_discovery as kd
 
-    sink = kd.RegistrySink(server.registry, server.clients, server.affinity)
+    sink = kd.RegistrySink(server.registry, server.clients, server.affinity,
+                          server.inflight)
     discovery = kd.KubernetesDiscovery(
         kd.DiscoveryConfig(kd.namespace_or_own(config.k8s_namespace), config.k8s_selector),
         kd.api_client_from_environment(),

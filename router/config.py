@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The longest a worker call may be bounded by (a day): "no bound" is not a setting.
+_MAX_TIMEOUT_S = 86_400.0
+
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
@@ -36,6 +39,12 @@ class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 1.0
     drain_timeout_s: float = 60.0
+    # Bounds on worker calls when the client set no deadline (or a longer one): short control
+    # calls (Reserve; Abort takes at most 2 s of it) and prefills (Prefill, PrefillLocal: may
+    # queue behind long prompts; matches the KV transfer's max_transfer_s). The decode stream
+    # has only the client's deadline; keepalive and the health monitor find a silent worker.
+    rpc_timeout_s: float = 30.0
+    prefill_timeout_s: float = 600.0
     # What one client may cost (router/validation.py, router/client_limits.py, router/http/):
     # stop strings per request and their length, stop token ids; request size (HTTP body and
     # gRPC message); tokenizer threads (prompts are tokenized there, after admission);
@@ -92,6 +101,8 @@ class RouterConfig:
             "health_interval_s": self.health_interval_s > 0,
             "health_timeout_s": self.health_timeout_s > 0,
             "drain_timeout_s": self.drain_timeout_s >= 0,
+            "rpc_timeout_s": 0 < self.rpc_timeout_s <= _MAX_TIMEOUT_S,
+            "prefill_timeout_s": 0 < self.prefill_timeout_s <= _MAX_TIMEOUT_S,
         }
         checks["discovery"] = self.discovery in ("static", "kubernetes")
         checks.update({

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.grpc_auth import ClusterAuthInterceptor, aio_interceptors
+from common.grpc_keepalive import SERVER_OPTIONS
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from router.admission import AdmissionGate, AdmissionLedger
 from router.auth import AuthInterceptor
@@ -30,6 +31,7 @@ from router.config import RouterConfig
 from router.frontend import Frontend
 from router.handoff.affinity import PrefixAffinity
 from router.handoff.counters import HandoffCounters
+from router.handoff.inflight import InflightCalls
 from router.handoff.ledger import HandoffDeps
 from router.http import HttpServer
 from router.membership.health_monitor import HealthMonitor
@@ -80,7 +82,11 @@ class RouterServer:
         affinity = PrefixAffinity(config.affinity_entries)
         self.affinity = affinity  # k8s discovery forgets departed workers here too
         counters = HandoffCounters()
-        deps = HandoffDeps(config, self.registry, self.clients, affinity, counters)
+        # Worker calls in flight by endpoint: the health monitor cuts those of a worker it
+        # cannot reach (membership sees the tracker only through its CutsCalls protocol).
+        self.inflight = InflightCalls()
+        deps = HandoffDeps(config, self.registry, self.clients, affinity, counters,
+                           self.inflight)
         self.gate = AdmissionGate(
             AdmissionLedger(config.max_inflight, config.max_queue, config.retry_after_ms)
         )
@@ -101,7 +107,8 @@ class RouterServer:
         self.http: HttpServer | None = None
         self.http_port = 0
         self.monitor = HealthMonitor(
-            self.registry, self.clients, affinity, config.health_interval_s, config.health_timeout_s
+            self.registry, self.clients, affinity, config.health_interval_s,
+            config.health_timeout_s, self.inflight,
         )
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
@@ -120,9 +127,12 @@ class RouterServer:
         ]
         if keys is not None:
             interceptors.append(AuthInterceptor(keys, _SERVICES[:1]))
+        # Keepalive (common/grpc_keepalive.py): the workers' Registry channels and clients
+        # may ping every 10 s; the router pings back, so a vanished client frees its slot.
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", self.config.max_request_bytes),
+            *SERVER_OPTIONS,
         ])
         tandem_pb2_grpc.add_TandemServicer_to_server(self.servicer, server)
         worker_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(self.registry), server)

@@ -87,7 +87,13 @@ def stats_to_proto(
     """Load numbers for the router and live views. ``num_reserved`` counts requests whose blocks
     are pinned for a peer: reservations awaiting KV (decode) or finished prefills still pushing
     (prefill); ``recent`` fills the last-minute percentiles and transfer rate."""
+    costs = stats.step_costs
     return worker_pb2.WorkerStats(
+        step_base_s=costs.base_s,
+        step_per_row_s=costs.per_row_s,
+        step_per_prefill_token_s=costs.per_prefill_token_s,
+        pending_prefill_tokens=stats.pending_prefill_tokens,
+        max_batched_tokens=stats.max_num_batched_tokens,
         role=role,
         worker_id=worker_id,
         num_running=stats.num_running,

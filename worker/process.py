@@ -25,6 +25,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from common.grpc_auth import ClusterAuthInterceptor
+from common.grpc_keepalive import SERVER_OPTIONS
 from common.wire import ready_line
 from worker.app import WorkerApp
 from worker.config import ServeConfig, StartupError
@@ -53,7 +54,9 @@ async def serve(
     if config.credential is None:
         raise StartupError("no cluster credential: a worker never serves without one "
                            "(--cluster-secret-file, or --insecure on a trusted machine)")
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
+    # Keepalive: accept the router's pings, and ping it, so a stream to a router that went
+    # silent (a partition) is cancelled and its KV blocks freed (common/grpc_keepalive.py).
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS],
                              interceptors=[ClusterAuthInterceptor(config.credential)])
     address = f"{config.host}:{config.port}"
     try:

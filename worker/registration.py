@@ -3,6 +3,8 @@
     Register ──interval──> Heartbeat(stats) every interval ──known=false──> Register again
         (every call carries the cluster credential: membership is proven, never claimed)
         └── router unreachable or erroring: retry with exponential backoff, never crash
+        (the channel pings the router, common/grpc_keepalive.py: a router that went silent
+        fails the next call within the keepalive bound, not after TCP gives up)
 
 Shared with ``prefill_worker``.
 """
@@ -18,6 +20,7 @@ import grpc
 
 from common.credential import ClusterCredential
 from common.grpc_auth import aio_interceptors
+from common.grpc_keepalive import CLIENT_OPTIONS
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -56,8 +59,11 @@ class RegistryClient:
         """Register and heartbeat until cancelled."""
         credentials, router = self.config.credentials, self.config.router
         tokens = aio_interceptors(self.config.cluster) if self.config.cluster else []
-        channel = (grpc.aio.insecure_channel(router, interceptors=tokens) if credentials is None
-                   else grpc.aio.secure_channel(router, credentials, interceptors=tokens))
+        options = list(CLIENT_OPTIONS)
+        channel = (grpc.aio.insecure_channel(router, options, interceptors=tokens)
+                   if credentials is None
+                   else grpc.aio.secure_channel(router, credentials, options,
+                                                interceptors=tokens))
         async with channel:
             stub = worker_pb2_grpc.RegistryStub(channel)
             backoff = self.config.min_backoff_s

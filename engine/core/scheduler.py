@@ -190,3 +190,10 @@ class Scheduler:
     def num_unfinished(self) -> int:
         """Requests waiting or running."""
         return len(self.waiting) + len(self.running)
+
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute, queued or mid-prefill (what a new prompt waits
+        behind); a decoding request's one next token is not counted."""
+        waiting = sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
+        running = sum(max(r.num_tokens - r.num_computed_tokens - 1, 0) for r in self.running)
+        return waiting + running

@@ -5,7 +5,8 @@ One request's life here, from the front door's Prepared to the Chunks it streams
     Prepared + Deadline
       -> policy.rank_decode            which decode worker D (load, free blocks)
       -> legs.reserve(D)               D holds blocks for prompt + max_tokens, under a lease
-      -> policy.rank_prefill           which prefill worker P (prefix affinity, then load)
+      -> policy.rank_prefill           prefill candidates (prefix affinity, then load)
+      -> placement.decide              remote on which P, or local on D (the cost model)
       -> legs.prefill(P)               P pushes KV into D's blocks, commits the first token
            | P fails: next P on a fresh reservation; then legs.prefill_local(D)
       -> first token                   straight from P's reply (TTFT does not wait for D)
@@ -16,8 +17,11 @@ One request's life here, from the front door's Prepared to the Chunks it streams
 - ``ledger``: ``Handoff`` (the loop above, migration included) and ``HandoffDeps``.
 - ``legs``: the worker RPCs, gRPC failures turned into typed errors.
 - ``policy``: pure ranking functions over ``WorkerView`` snapshots.
+- ``placement``: the per-request P/D decision: predicted TTFT and decode token gap of each
+  option against the SLO (pure).
+- ``inflight``: every worker call in flight, by endpoint, so the health monitor can cut them.
 - ``affinity``: prefix-hash chains and the bounded LRU of which P served which prefix.
-- ``deadline``: the request's deadline, every worker call's timeout.
+- ``deadline``: the request's deadline (each call's timeout with legs' defaults).
 - ``counters``: the count of every fallback and migration (read by the metrics).
 
 Imports the membership package (who is in the pool, and the channels to them) and the

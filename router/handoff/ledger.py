@@ -12,6 +12,11 @@ depends on what a failed push left behind; ``rid`` is the id the router minted f
 request (router/request.py), never the client's, so no two requests share a leg id. The client sees one stream: after a migration the
 new leg's first token is the next token, so nothing is lost or repeated. Every leg still open
 when the request ends abnormally (client gone, deadline, error) gets an Abort.
+
+Every worker call is bounded (legs.py: the client's deadline or the router's default, and
+cut when the health monitor takes the worker out of the pool); a call that runs out the
+router's bound or is cut fails like a worker that went away: Reserve tries the next decode
+worker, Prefill the next prefill worker, a decode stream migrates.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protos.tandem.v1 import tandem_pb2, worker_pb2
 from router.config import RouterConfig
@@ -35,6 +40,7 @@ from router.handoff import legs, policy
 from router.handoff.affinity import PrefixAffinity, prefix_hashes
 from router.handoff.counters import HandoffCounters
 from router.handoff.deadline import Deadline
+from router.handoff.inflight import InflightCalls
 from router.membership.registry import Registry
 from router.membership.worker_clients import WorkerClients
 from router.membership.worker_view import Role
@@ -45,13 +51,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class HandoffDeps:
-    """What every handoff shares: the pool, the channels, the affinity map, the counters."""
+    """What every handoff shares: the pool, the channels, the affinity map, the counters,
+    and the worker calls in flight (which the health monitor cuts: router/server.py)."""
 
     config: RouterConfig
     registry: Registry
     clients: WorkerClients
     affinity: PrefixAffinity
     counters: HandoffCounters
+    inflight: InflightCalls = field(default_factory=InflightCalls)
 
 
 @dataclass(slots=True)
@@ -70,9 +78,14 @@ class Handoff:
         self._deps = deps
         self._req = request
         self._deadline = deadline
+        config = deps.config
+        self._calls = legs.LegCalls(
+            deps.clients, deps.inflight, config.rpc_timeout_s, config.prefill_timeout_s
+        )
         self._sent: list[int] = []
         self._n_legs = 0
         self._open: list[tuple[str, str, bool]] = []  # (endpoint, leg id, is decode) to abort
+        self._lost = ""  # why the last decode leg was lost (said when no worker takes over)
         self.report = HandoffReport()
 
     async def stream(self) -> AsyncIterator[Chunk]:
@@ -97,7 +110,7 @@ class Handoff:
                 self._sent.append(first.first_token)
                 yield Chunk([first.first_token], self._first_logprob(first), leg_start=True)
                 stream = legs.decode_stream(
-                    self._deps.clients, leg.endpoint, leg.leg_id, self._deadline.remaining()
+                    self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining()
                 )
                 async with aclosing(stream):  # closed (RPC cancelled) however we leave
                     async for message in stream:
@@ -113,6 +126,7 @@ class Handoff:
     async def _migrate(self, lost: LegLostError, leg: _Leg, excluded: set[str]) -> None:
         """Give up on a dead decode leg; the loop then opens the next one elsewhere."""
         self._mark_down(lost.endpoint, str(lost))
+        self._lost = str(lost)
         excluded.add(lost.endpoint)
         await self._close_decode_leg(leg)
         self.report.migrations += 1
@@ -131,7 +145,8 @@ class Handoff:
             excluded,
         )
         if not ranked:
-            raise NoWorkerError("no healthy decode worker")
+            after = f" to move the request to after: {self._lost}" if self._lost else ""
+            raise NoWorkerError(f"no healthy decode worker{after}")
         return [w.endpoint for w in ranked]
 
     async def _reserve(self, endpoints: list[str]) -> _Leg:
@@ -157,7 +172,7 @@ class Handoff:
             )
             try:
                 reply = await legs.reserve(
-                    deps.clients, endpoint, request, self._deadline.remaining()
+                    self._calls, endpoint, request, self._deadline.remaining()
                 )
             except WorkerCallError as err:
                 legs.raise_if_fatal(err)
@@ -231,7 +246,7 @@ class Handoff:
         self._open.append(key)
         deps.registry.acquire(endpoint)
         try:
-            reply = await legs.prefill(deps.clients, endpoint, request, self._deadline.remaining())
+            reply = await legs.prefill(self._calls, endpoint, request, self._deadline.remaining())
         except WorkerCallError as err:
             legs.raise_if_fatal(err)  # the leg stays open: the caller's cleanup aborts it
             if err.code_name in legs.WORKER_GONE:
@@ -248,7 +263,7 @@ class Handoff:
     async def _prefill_local(self, leg: _Leg) -> worker_pb2.PrefillResponse:
         try:
             return await legs.prefill_local(
-                self._deps.clients, leg.endpoint, leg.leg_id, self._deadline.remaining()
+                self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining()
             )
         except WorkerCallError as err:
             legs.raise_if_fatal(err)
@@ -279,7 +294,7 @@ class Handoff:
 
     async def _abort(self, endpoint: str, leg_id: str, decode: bool) -> None:
         self._deps.counters.aborts_sent += 1
-        await legs.abort(self._deps.clients, endpoint, leg_id, decode)
+        await legs.abort(self._calls, endpoint, leg_id, decode)
 
     async def _abort_open(self) -> None:
         """Tell every worker still holding a leg of this request to drop it."""

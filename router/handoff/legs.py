@@ -1,20 +1,35 @@
 """The worker RPCs of the handoff, with gRPC failures turned into typed errors.
 
-Every call takes ``timeout`` (the request's remaining time, or None) so a client deadline
-bounds both legs. Errors leave as WorkerCallError (unary calls) or LegLostError (a decode
-stream that broke because its worker went away).
+Every call is bounded. A unary call's timeout is the request's remaining time or the
+router's default for that call, whichever is shorter::
+
+    Reserve, Abort        --rpc-timeout-s      (30 s; Abort at most 2 s: it is cleanup)
+    Prefill, PrefillLocal --prefill-timeout-s  (600 s: a prefill may queue behind long prompts)
+    Decode stream         the request's deadline only; a silent worker is found by keepalive
+                          (common/grpc_keepalive.py) or by the health monitor cutting the call
+
+A call that runs out the router's default (not the client's deadline) is a worker that does
+not answer: it fails as UNAVAILABLE, like a worker that went away, so the ledger retries it
+elsewhere or fails the request; the client's own deadline still ends the request
+(DEADLINE_EXCEEDED). Every call is tracked in ``LegCalls.inflight`` so the health monitor can
+cut the calls to a worker it took out of the pool (router/handoff/inflight.py); a cut call
+is a worker failure too. Errors leave as WorkerCallError (unary calls) or LegLostError (a
+decode stream that broke because its worker went away).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from common.wire import RETRY_AFTER_KEY
 from protos.tandem.v1 import tandem_pb2, worker_pb2
 from router.errors import DeadlineError, LegLostError, WorkerCallError, WorkerFailedError
+from router.handoff.inflight import CallCutError, Cancellable, InflightCalls
 from router.membership.worker_clients import WorkerClients
 
 log = logging.getLogger(__name__)
@@ -24,6 +39,33 @@ WORKER_GONE = frozenset({"UNAVAILABLE", "ABORTED", "UNKNOWN", "INTERNAL", "CANCE
 # Codes that are about the request itself: no other worker would do better.
 REQUEST_FAULT = frozenset({"INVALID_ARGUMENT", "OUT_OF_RANGE", "PERMISSION_DENIED"})
 _ABORT_TIMEOUT_S = 2.0
+_R = TypeVar("_R", covariant=True)
+
+
+class _UnaryCall(Cancellable, Protocol[_R]):
+    """A grpc.aio unary call: cancellable, and awaited for its reply."""
+
+    def __await__(self) -> Generator[Any, None, _R]:
+        """The reply."""
+
+
+@dataclass(frozen=True, slots=True)
+class LegCalls:
+    """What every worker call needs: the channels, the in-flight tracker, the default bounds
+    (RouterConfig's ``rpc_timeout_s`` and ``prefill_timeout_s``)."""
+
+    clients: WorkerClients
+    inflight: InflightCalls = field(default_factory=InflightCalls)
+    rpc_timeout_s: float = 30.0
+    prefill_timeout_s: float = 600.0
+
+
+def bound(remaining: float | None, default_s: float) -> tuple[float, bool]:
+    """A call's timeout: the request's ``remaining`` seconds (None: no deadline) or
+    ``default_s``, whichever is shorter; and whether it is the router's default that binds."""
+    if remaining is None or default_s < remaining:
+        return default_s, True
+    return remaining, False
 
 
 def _typed(err: grpc.aio.AioRpcError, endpoint: str, method: str) -> WorkerCallError:
@@ -40,80 +82,113 @@ def _retry_hint(err: grpc.aio.AioRpcError) -> int | None:
     return None
 
 
+async def _unary(
+    calls: LegCalls,
+    endpoint: str,
+    method: str,
+    call: _UnaryCall[_R],
+    timeout: float,
+    ours: bool,
+) -> _R:
+    """Await one tracked unary ``call``; failures as WorkerCallError (see the docstring)."""
+    try:
+        with calls.inflight.track(endpoint, call):
+            return await call
+    except grpc.aio.AioRpcError as err:
+        if ours and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise WorkerCallError(
+                endpoint, method, "UNAVAILABLE", f"no answer within the router's {timeout:g} s"
+            ) from err
+        raise _typed(err, endpoint, method) from err
+    except CallCutError as cut:
+        raise WorkerCallError(endpoint, method, "UNAVAILABLE", cut.reason) from cut
+
+
 async def reserve(
-    clients: WorkerClients,
+    calls: LegCalls,
     endpoint: str,
     request: worker_pb2.ReserveRequest,
-    timeout: float | None,
+    remaining: float | None,
 ) -> worker_pb2.ReserveResponse:
-    """DecodeService.Reserve."""
-    try:
-        return await clients.decode(endpoint).Reserve(request, timeout=timeout)
-    except grpc.aio.AioRpcError as err:
-        raise _typed(err, endpoint, "Reserve") from err
+    """DecodeService.Reserve, bounded by ``rpc_timeout_s``."""
+    timeout, ours = bound(remaining, calls.rpc_timeout_s)
+    call = calls.clients.decode(endpoint).Reserve(request, timeout=timeout)
+    return await _unary(calls, endpoint, "Reserve", call, timeout, ours)
 
 
 async def prefill(
-    clients: WorkerClients,
+    calls: LegCalls,
     endpoint: str,
     request: worker_pb2.PrefillRequest,
-    timeout: float | None,
+    remaining: float | None,
 ) -> worker_pb2.PrefillResponse:
-    """PrefillService.Prefill (computes, pushes the KV, commits on the decode worker)."""
-    try:
-        return await clients.prefill(endpoint).Prefill(request, timeout=timeout)
-    except grpc.aio.AioRpcError as err:
-        raise _typed(err, endpoint, "Prefill") from err
+    """PrefillService.Prefill (computes, pushes the KV, commits on the decode worker),
+    bounded by ``prefill_timeout_s``."""
+    timeout, ours = bound(remaining, calls.prefill_timeout_s)
+    call = calls.clients.prefill(endpoint).Prefill(request, timeout=timeout)
+    return await _unary(calls, endpoint, "Prefill", call, timeout, ours)
 
 
 async def prefill_local(
-    clients: WorkerClients, endpoint: str, leg_id: str, timeout: float | None
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None
 ) -> worker_pb2.PrefillResponse:
-    """DecodeService.PrefillLocal: the decode worker prefills its own reservation."""
+    """DecodeService.PrefillLocal: the decode worker prefills its own reservation (bounded
+    by ``prefill_timeout_s``)."""
+    timeout, ours = bound(remaining, calls.prefill_timeout_s)
     request = worker_pb2.PrefillLocalRequest(request_id=leg_id)
-    try:
-        return await clients.decode(endpoint).PrefillLocal(request, timeout=timeout)
-    except grpc.aio.AioRpcError as err:
-        raise _typed(err, endpoint, "PrefillLocal") from err
+    call = calls.clients.decode(endpoint).PrefillLocal(request, timeout=timeout)
+    return await _unary(calls, endpoint, "PrefillLocal", call, timeout, ours)
 
 
 async def decode_stream(
-    clients: WorkerClients, endpoint: str, leg_id: str, timeout: float | None
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None
 ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
     """DecodeService.Decode, message by message, ending after the finished one.
 
-    A stream that breaks with a worker-gone code, or ends without a finished message, raises
-    LegLostError; any other failure raises WorkerCallError.
+    A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
+    without a finished message raises LegLostError; any other failure raises WorkerCallError.
     """
-    call = clients.decode(endpoint).Decode(
-        worker_pb2.DecodeRequest(request_id=leg_id), timeout=timeout
+    call = calls.clients.decode(endpoint).Decode(
+        worker_pb2.DecodeRequest(request_id=leg_id), timeout=remaining
     )
     try:
-        while True:
-            try:
-                message = await call.read()
-            except grpc.aio.AioRpcError as err:
-                if err.code().name in WORKER_GONE:
-                    raise LegLostError(endpoint, f"{err.code().name}: {err.details()}") from err
-                raise _typed(err, endpoint, "Decode") from err
-            if message is grpc.aio.EOF:
-                raise LegLostError(endpoint, "stream ended before the request finished")
-            yield message
-            if message.finished:
-                return
+        with calls.inflight.track(endpoint, call):
+            while True:
+                try:
+                    message = await call.read()
+                except grpc.aio.AioRpcError as err:
+                    if err.code().name in WORKER_GONE:
+                        raise LegLostError(
+                            endpoint, f"{err.code().name}: {err.details()}"
+                        ) from err
+                    raise _typed(err, endpoint, "Decode") from err
+                if message is grpc.aio.EOF:
+                    raise LegLostError(endpoint, "stream ended before the request finished")
+                yield message
+                if message.finished:
+                    return
+    except CallCutError as cut:
+        raise LegLostError(endpoint, cut.reason) from cut
     finally:
         call.cancel()
 
 
-async def abort(clients: WorkerClients, endpoint: str, leg_id: str, decode: bool) -> bool:
-    """Abort ``leg_id`` on a worker; False (logged) when the worker could not be told."""
-    stub = clients.decode(endpoint) if decode else clients.prefill(endpoint)
+async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool) -> bool:
+    """Abort ``leg_id`` on a worker; False (logged) when the worker could not be told.
+
+    Bounded by ``rpc_timeout_s`` and at most 2 s: an abort is cleanup that the client's
+    answer waits for, and a worker that is not told frees the leg when its lease ends."""
+    stub = calls.clients.decode(endpoint) if decode else calls.clients.prefill(endpoint)
+    timeout = min(_ABORT_TIMEOUT_S, calls.rpc_timeout_s)
+    call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id), timeout=timeout)
     try:
-        reply = await stub.Abort(
-            worker_pb2.AbortRequest(request_id=leg_id), timeout=_ABORT_TIMEOUT_S
-        )
+        with calls.inflight.track(endpoint, call):
+            reply = await call
     except grpc.aio.AioRpcError as err:
         log.warning("Abort(%s) on %s failed: %s", leg_id, endpoint, err.code().name)
+        return False
+    except CallCutError as cut:
+        log.warning("Abort(%s) on %s cut: %s", leg_id, endpoint, cut.reason)
         return False
     return bool(reply.found)
 

@@ -7,6 +7,13 @@ pool with its last known load: a worker's Stats waits for its engine's current s
 long prefill step must not look like a dead worker. A probe that fails after the worker
 registered (again) while it ran says nothing about the registered worker and is dropped
 (Registry.set_healthy's ``since``): a worker that registers is routable at once.
+
+A worker the health check cannot reach (no answer, connection refused) ``CUT_AFTER``
+probes in a row, or whose lease expired, has the calls still in flight to it cut
+(``CutsCalls``: the handoff's in-flight tracker, wired in by router/server.py). A partitioned
+worker answers nothing and closes nothing, so without this its streams would wait for
+keepalive or their deadline. A worker that answers NOT_SERVING (draining) keeps its calls:
+a drain finishes what it has.
 """
 
 from __future__ import annotations
@@ -18,16 +25,21 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from protos.tandem.v1 import worker_pb2
-from router.membership.registry import ForgetsWorkers, Registry
+from router.membership.registry import CutsCalls, ForgetsWorkers, NoCalls, Registry
 from router.membership.registry_service import load_of
 from router.membership.worker_clients import WorkerClients
 from router.membership.worker_view import Role
 
 log = logging.getLogger(__name__)
 
+# Unreachable probes in a row before a worker's calls are cut: one slow answer on a loaded
+# host takes the worker out of routing, but kills no request.
+CUT_AFTER = 2
+
 
 class HealthMonitor:
-    """Keeps the registry's health flags and loads current."""
+    """Keeps the registry's health flags and loads current; cuts the calls to a worker that
+    left the pool (``calls``)."""
 
     def __init__(
         self,
@@ -36,12 +48,15 @@ class HealthMonitor:
         affinity: ForgetsWorkers,
         interval_s: float,
         timeout_s: float,
+        calls: CutsCalls | None = None,
     ) -> None:
         self._registry = registry
         self._clients = clients
         self._affinity = affinity
         self._interval_s = interval_s
         self._timeout_s = timeout_s
+        self._calls: CutsCalls = calls if calls is not None else NoCalls()
+        self._unreachable: dict[str, int] = {}  # endpoint -> failed health checks in a row
 
     async def run(self, stop: asyncio.Event) -> None:
         """Probe until ``stop`` is set."""
@@ -57,6 +72,8 @@ class HealthMonitor:
         await asyncio.gather(*(self.probe(e) for e in self._registry.endpoints()))
         for endpoint in self._registry.expire():
             log.warning("worker %s missed its heartbeats; removed from the pool", endpoint)
+            self._unreachable.pop(endpoint, None)
+            self._cut(endpoint, "worker missed its heartbeats")
             self._affinity.forget(endpoint)
             await self._clients.forget(endpoint)
 
@@ -64,9 +81,10 @@ class HealthMonitor:
         """Check one worker and record the result; returns whether it is healthy."""
         role = self._registry.role_of(endpoint)
         if role is None:
+            self._unreachable.pop(endpoint, None)
             return False
         generation = self._registry.generation(endpoint)
-        problem = await self._check_health(endpoint)
+        problem, unreachable = await self._check_health(endpoint)
         if problem is None:
             stub = (
                 self._clients.decode(endpoint)
@@ -87,20 +105,31 @@ class HealthMonitor:
                 log.info("worker %s is healthy again", endpoint)
             else:
                 log.warning("worker %s left the pool: %s", endpoint, problem)
+        if unreachable and self._registry.generation(endpoint) == generation:
+            failed = self._unreachable[endpoint] = self._unreachable.get(endpoint, 0) + 1
+            if failed >= CUT_AFTER:
+                self._cut(endpoint, f"{failed} probes could not reach it: {problem}")
+        else:
+            self._unreachable.pop(endpoint, None)
         return problem is None
 
-    async def _check_health(self, endpoint: str) -> str | None:
-        """None when grpc.health.v1 says SERVING (or the worker has no health service)."""
+    def _cut(self, endpoint: str, why: str) -> None:
+        cut = self._calls.cancel(endpoint, f"worker left the pool: {why}")
+        if cut:
+            log.warning("cut %d calls in flight to %s", cut, endpoint)
+
+    async def _check_health(self, endpoint: str) -> tuple[str | None, bool]:
+        """(None when grpc.health.v1 says SERVING or the worker has no health service, else
+        the problem; whether the check failed to reach the worker at all)."""
         try:
             reply = await self._clients.health(endpoint).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=self._timeout_s
             )
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return None  # no health service: the Stats call decides
-            return f"health check failed: {err.code().name}"
+                return None, False  # no health service: the Stats call decides
+            return f"health check failed: {err.code().name}", True
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
-            return (
-                f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
-            )
-        return None
+            name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return f"health status {name}", False
+        return None, False

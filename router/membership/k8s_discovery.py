@@ -34,7 +34,7 @@ from kubernetes import watch as k8s_watch
 from urllib3.exceptions import HTTPError
 
 from router.membership.k8s_pods import Membership, PodTracker
-from router.membership.registry import ForgetsWorkers, Registry
+from router.membership.registry import CutsCalls, ForgetsWorkers, NoCalls, Registry
 from router.membership.worker_clients import WorkerClients
 
 log = logging.getLogger(__name__)
@@ -69,15 +69,22 @@ class RegistrySink:
     """Applies membership changes to the router's registry, affinity map and channels.
 
     Runs on the router's event loop. Discovered workers enter as static entries (they are
-    never expired for missing heartbeats: the pod's readiness decides).
+    never expired for missing heartbeats: the pod's readiness decides). ``calls``: the
+    handoff's in-flight tracker, whose calls to a departed pod are cut before its channel
+    closes.
     """
 
     def __init__(
-        self, registry: Registry, clients: WorkerClients, affinity: ForgetsWorkers
+        self,
+        registry: Registry,
+        clients: WorkerClients,
+        affinity: ForgetsWorkers,
+        calls: CutsCalls | None = None,
     ) -> None:
         self._registry = registry
         self._clients = clients
         self._affinity = affinity
+        self._calls: CutsCalls = calls if calls is not None else NoCalls()
 
     async def apply(self, change: Membership) -> None:
         """Left before joined: a pod whose endpoint changed role leaves, then joins again."""
@@ -90,6 +97,9 @@ class RegistrySink:
                 self._registry.add_static(role, endpoint)
                 log.info("%s worker %s joined the pool (pod ready)", role.value, endpoint)
         for endpoint in change.gone:
+            # Cut its calls first: they fail as a worker failure (the request migrates or
+            # retries) rather than as a bare cancellation when the channel closes under them.
+            self._calls.cancel(endpoint, "its pod left the pool")
             await self._clients.forget(endpoint)
 
 

@@ -10,6 +10,11 @@ new (healthy), and a health probe that began before the registration cannot take
 the pool when it fails (``generation``/``set_healthy(since=...)``: it probed the process
 that was still loading, or the one that went away). ``watch`` callbacks run after any
 change that can change what is routable (what the router's readiness follows).
+
+Heartbeats keep a worker known and carry its load, but never make it healthy: they travel
+worker -> router, and a worker whose heartbeats arrive may still be one the router cannot
+reach (a one-way partition). Only a passing health probe (``set_healthy(..., True)``) or a
+fresh registration clears an unhealthy mark.
 """
 
 from __future__ import annotations
@@ -30,6 +35,22 @@ class ForgetsWorkers(Protocol):
 
     def forget(self, endpoint: str) -> None:
         """Drop everything remembered about ``endpoint``."""
+
+
+class CutsCalls(Protocol):
+    """What holds the router's calls in flight by endpoint (the handoff's tracker, told to
+    cut the calls to a worker that left the pool); a protocol for the same reason."""
+
+    def cancel(self, endpoint: str, reason: str) -> int:
+        """Cut every call in flight to ``endpoint``; returns how many were cut."""
+
+
+class NoCalls:
+    """The null tracker: nothing to cut."""
+
+    def cancel(self, endpoint: str, reason: str) -> int:
+        """Nothing is in flight here."""
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +140,13 @@ class Registry:
         return entry.generation if entry is not None else -1
 
     def heartbeat(self, worker_id: str, load: WorkerLoad | None) -> bool:
-        """Record a heartbeat; False when the worker is unknown and must register again."""
+        """Record a heartbeat (it renews the lease and the load, never the health flag: see
+        the module docstring); False when the worker is unknown and must register again."""
         entry = self._entry_by_id(worker_id)
         if entry is None:
             return False
         before = _routable(entry)
         entry.last_seen = self._clock()
-        entry.healthy = True
         if load is not None:
             entry.load = load
         if _routable(entry) != before:

@@ -1,4 +1,9 @@
-"""One gRPC channel per worker endpoint, opened on first use and closed with the router."""
+"""One gRPC channel per worker endpoint, opened on first use and closed with the router.
+
+Every channel pings its worker (common/grpc_keepalive.py): a worker that stops answering
+without closing the connection (a partition) fails its calls UNAVAILABLE within
+``KEEPALIVE_BOUND_S`` instead of holding them open forever.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
+from common.grpc_keepalive import CLIENT_OPTIONS
 from protos.tandem.v1 import worker_pb2_grpc
 
 # Streams of many small messages: keep the channel's buffers modest but allow big prompts.
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    *CLIENT_OPTIONS,
 ]
 
 

@@ -29,6 +29,13 @@ class WorkerView:
     num_free_blocks: int = 0
     num_blocks: int = 0
     active: int = 0
+    # The worker's fitted step cost (engine/core/step_costs.py; None: not observed yet) and
+    # the prompt tokens queued ahead of a new prefill; read by router/handoff/placement.py.
+    step_base_s: float | None = None
+    step_per_row_s: float | None = None
+    step_per_prefill_token_s: float | None = None
+    queued_prefill_tokens: int = 0
+    max_batched_tokens: int = 0  # tokens one step may take (0: not reported)
 
     @property
     def queue_depth(self) -> int:

@@ -222,24 +222,28 @@ class PoolActor:
         return worker
 
     async def _wait_serving(self, timeout_s: float) -> None:
-        async def all_serving() -> None:
-            while True:
-                failed = [w for w in self._workers if w.state == "dead"]
-                if failed:
-                    raise RuntimeError(f"{worker_name(failed[0].role, failed[0].index)} "
-                                       f"failed to start: {failed[0].info.get('error')}")
-                if all(w.state == "serving" for w in self._workers):
-                    return
-                await asyncio.sleep(0.1)
-
-        await asyncio.wait_for(all_serving(), timeout_s)
+        """Return once every worker serves; raise ``RuntimeError`` naming the cause when one
+        cannot (its error, the pool being stopped, or the time it did not report in)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not all(w.state == "serving" for w in self._workers):
+            if self._closing:
+                raise RuntimeError("start cancelled: the cluster is being stopped")
+            failed = [w for w in self._workers if w.state == "dead"]
+            if failed:
+                raise RuntimeError(start_failure(failed[0]))
+            if loop.time() > deadline:
+                late = [w for w in self._workers if w.state != "serving"]
+                raise RuntimeError(
+                    f"{', '.join(worker_name(w.role, w.index) for w in late)} did not report "
+                    f"in {timeout_s:g} s (still {', '.join(sorted({w.state for w in late}))})")
+            await asyncio.sleep(0.1)
 
     async def _watch(self, w: _Worker) -> None:
         """Follow one worker for its life: ready -> serving -> (crash -> restarting -> ...).
 
         A call to a crashed actor fails while Ray restarts it; only failures lasting
         ``dead_after_s`` (restarts used up, or a node gone) make it ``dead``."""
-        import ray
         from ray.exceptions import RayActorError, RayTaskError
 
         loop = asyncio.get_running_loop()
@@ -259,8 +263,8 @@ class PoolActor:
                     await w.handle.signals.remote()  # fails once the actor dies
             except RayTaskError as exc:  # the worker could not start (bad flags, no model)
                 if w.counted:
-                    w.state, w.info = "dead", {**w.info, "error": str(exc)[-800:]}
-                    ray.kill(w.handle, no_restart=True)  # free its resources at once
+                    _mark_dead(w, _cause(exc))
+                    _kill(w.handle)  # free its resources at once
                 return
             except RayActorError as exc:  # the process died: Ray restarts it, or gave up
                 if not w.counted:
@@ -268,18 +272,22 @@ class PoolActor:
                 now = loop.time()
                 failing_since = now if failing_since is None else failing_since
                 if now - failing_since > self.spec.dead_after_s:
-                    w.state, w.info = "dead", {**w.info, "error": str(exc)[-800:]}
+                    _mark_dead(w, f"unreachable for {self.spec.dead_after_s:g} s: {_cause(exc)}")
                     return
                 if w.state == "serving":
                     log.warning("%s unavailable (%s): waiting for its restart",
                                 worker_name(w.role, w.index), type(exc).__name__)
                     w.state = "restarting"
                 await asyncio.sleep(0.2)
+            except Exception as exc:  # anything else: the supervisor cannot follow it
+                log.exception("watching %s failed", worker_name(w.role, w.index))
+                if w.counted:
+                    _mark_dead(w, f"its supervisor failed: {_cause(exc)}")
+                    _kill(w.handle)
+                return
 
     async def _retire(self, w: _Worker) -> None:
         """Drain one worker (it finishes what it has), then end its actor for good."""
-        import ray
-
         # One that never served may still be waiting for resources: do not wait long for it.
         wait_s = _DRAIN_WAIT_S if w.info.get("worker_id") else 10.0
         try:
@@ -288,7 +296,10 @@ class PoolActor:
             log.warning("drain of %s failed", worker_name(w.role, w.index), exc_info=True)
         if w.watcher is not None:
             w.watcher.cancel()
-        ray.kill(w.handle, no_restart=True)
+        _kill(w.handle)
+        if "error" not in w.info:  # dead, but not failed: say so wherever it is reported
+            served = "" if w.info.get("worker_id") else " before it served"
+            w.info = {**w.info, "error": f"drained and stopped by the pool{served}"}
         w.state = "dead"
         if not self._closing:
             self._workers.remove(w)
@@ -303,3 +314,32 @@ class PoolActor:
         pg = self._pgs.pop(pair, None)
         if pg is not None:
             ray.util.remove_placement_group(pg)
+
+
+def start_failure(w: _Worker) -> str:
+    """Why worker ``w`` failed to start, for ``tandem up``'s error: never just "None"."""
+    reason = w.info.get("error") or f"it ended in state {w.state!r} without an error"
+    return f"{worker_name(w.role, w.index)} failed to start: {reason}"
+
+
+def _mark_dead(w: _Worker, error: str) -> None:
+    w.state, w.info = "dead", {**w.info, "error": error[:800]}
+
+
+def _cause(exc: BaseException) -> str:
+    """An exception as one readable line: a Ray task error by the exception it wraps."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and cause is not exc:
+        return _cause(cause)
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _kill(handle: Any) -> None:
+    """End an actor for good; one already gone (or never placed) needs nothing."""
+    import ray
+
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # not an actor handle any more, or Ray already forgot it
+        log.debug("ray.kill failed", exc_info=True)

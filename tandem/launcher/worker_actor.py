@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import deque
 from typing import Any
 
 import grpc
@@ -29,6 +30,19 @@ from tandem.launcher.signals import SignalRecorder, TimingServer
 from tandem.launcher.spec import REGISTRY
 
 log = logging.getLogger(__name__)
+
+class _LogTail(logging.Handler):
+    """The last log lines of this process while a worker starts, for its failure message
+    (a worker that exits before READY says why in its log, not in an exception)."""
+
+    def __init__(self, lines: int = 8) -> None:
+        super().__init__(logging.INFO)
+        self.lines: deque[str] = deque(maxlen=lines)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # a log call must never fail the worker
+            self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
 
 class _ReadyCapture:
     """The ``out`` stream given to ``serve``: resolves a future with the READY line's JSON."""
@@ -80,6 +94,7 @@ class WorkerActor:
         self._task: asyncio.Task[int] | None = None
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._router = ""
+        self._log_tail = _LogTail()
         self.worker_id = f"{role}-{index}-{os.getpid()}"
 
     async def ready(self, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -114,19 +129,38 @@ class WorkerActor:
             loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self._ready = loop.create_future()
+            logging.getLogger().addHandler(self._log_tail)  # until READY or the exit
+            self._ready.add_done_callback(
+                lambda _: logging.getLogger().removeHandler(self._log_tail))
             self._task = loop.create_task(self._serve())
             self._task.add_done_callback(self._on_exit)
         assert self._ready is not None
-        base = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        try:
+            base = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"{self.worker_id} did not report READY in {timeout_s:g} s"
+                               f"{self._last_lines()}") from None
         import ray
 
         return {**base, "role": self.role, "index": self.index, "worker_id": self.worker_id,
                 "pid": os.getpid(), "node": ray.util.get_node_ip_address()}
 
     def _on_exit(self, task: asyncio.Task[int]) -> None:
-        if self._ready is not None and not self._ready.done():
-            exc = task.exception() if not task.cancelled() else None
-            self._ready.set_exception(exc or RuntimeError(f"{self.worker_id} exited early"))
+        """Fail a pending ``ready`` with why the worker ended before READY."""
+        if self._ready is None or self._ready.done():
+            return
+        if task.cancelled():
+            why: BaseException = RuntimeError(f"{self.worker_id} was cancelled before READY")
+        elif task.exception() is not None:
+            why = task.exception()  # type: ignore[assignment]
+        else:
+            why = RuntimeError(f"{self.worker_id} exited with status {task.result()} before "
+                               f"READY{self._last_lines()}")
+        self._ready.set_exception(why)
+
+    def _last_lines(self) -> str:
+        lines = list(self._log_tail.lines)
+        return "; last log lines: " + " | ".join(lines) if lines else ""
 
     async def _serve(self) -> int:
         import ray

@@ -1,5 +1,9 @@
 """``tandem up`` on a local Ray instance with a tiny model: serving, autoscaling, restarts, down.
 
+The first test runs ``tandem up`` the way a user does (its own new local Ray instance, in the
+foreground, polled by a readiness probe while it starts) and checks it listens on loopback
+only; the rest share one Ray instance, described next.
+
 One Ray instance for the module (this process is its driver); ``tandem up --detach``,
 ``tandem status`` and ``tandem down`` run as real commands against it. The autoscaler runs the
 ``queue`` policy with aggressive test targets so a prompt-heavy burst grows the prefill pool
@@ -8,8 +12,11 @@ to 2 within seconds and idleness shrinks it back, while a client streams without
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 
+from common.wire import parse_ready_line
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
 from tandem.launcher.connect import runtime_env
 from tandem.launcher.status import format_status
@@ -123,6 +132,128 @@ def _generate(stub: tandem_pb2_grpc.TandemStub, ids: list[int], n: int) -> list[
         last = msg
     assert last is not None and last.finished, "stream ended without a finished message"
     return tokens
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Poller:
+    """A client polling the router's /health and /ready from a thread, as a load balancer or
+    a readiness probe does while the cluster starts."""
+
+    http: str
+    interval_s: float = 0.2
+    answers: list[tuple[str, int]] = field(default_factory=list)  # (path, status); 0: refused
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Poller:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        while not self._stop.wait(self.interval_s):
+            for path in ("/health", "/ready"):
+                try:
+                    with urllib.request.urlopen(f"http://{self.http}{path}", timeout=2) as r:
+                        self.answers.append((path, r.status))
+                except urllib.error.HTTPError as exc:
+                    self.answers.append((path, exc.code))
+                except OSError:  # not listening yet
+                    self.answers.append((path, 0))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=30)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _listening(pids: set[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP socket those processes listen on."""
+    return [(c.laddr.ip, c.laddr.port, c.pid) for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids]
+
+
+def _loopback(ip: str) -> bool:
+    return ip in ("127.0.0.1", "::1") or ip.startswith(("127.", "::ffff:127."))
+
+
+def test_local_up_serves_while_polled_and_listens_on_loopback_only(
+        tiny_dir: Callable[..., Path], smollm2_dir: Path) -> None:
+    """``tandem up`` on a new local Ray instance, its router polled (/health, /ready) every
+    0.2 s from the moment it starts: the start succeeds, a request is served, and every port
+    the cluster opened (Ray's and Tandem's) is on loopback. Ctrl-C's SIGTERM stops it all."""
+    model_dir = tiny_served_model(tiny_dir, smollm2_dir)
+    http = f"127.0.0.1:{_free_port()}"
+    # Ray's workers at normal priority (see the module fixture); RayConfig reads RAY_<name>.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_worker_niceness="0")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "up", "--namespace", "tandem-poll",
+         "--model", str(model_dir), "--model-name", "tiny", "--port", "0",
+         "--http-port", http.rsplit(":", 1)[1], "--dtype", "float32", "--threads", "1",
+         "--num-cpus", "4", "--worker-arg=--num-blocks=256"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+    info: dict[str, Any] = {}
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            found = parse_ready_line(line)
+            if found is not None and not ready.is_set():
+                info.update(found)
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    pids: set[int] = set()
+    try:
+        with Poller(http) as poller:
+            _wait(lambda: ready.is_set() or proc.poll() is not None, 300, "tandem up to start")
+            assert ready.is_set(), "tandem up failed:\n" + "".join(lines[-40:])
+            answered_early = [a for a in poller.answers if a[1] != 0]
+            with grpc.insecure_channel(info["grpc"]) as channel:
+                tokens = _generate(tandem_pb2_grpc.TandemStub(channel), [1, 2, 3, 4], 6)
+            assert len(tokens) == 6
+            _wait(lambda: ("/ready", 200) in poller.answers, 30, "/ready to answer 200")
+        assert answered_early, "the router never answered a poll while the cluster started"
+        assert info["http"] == http
+        pids = {p.pid for p in _tree(proc.pid)}
+        sockets = _listening(pids)
+        ports = {port for _, port, _ in sockets}
+        assert int(http.rsplit(":", 1)[1]) in ports and int(info["grpc"].rsplit(":", 1)[1]) in ports
+        public = [s for s in sockets if not _loopback(s[0])]
+        assert public == [], f"listening beyond loopback: {public}"
+        proc.send_signal(signal.SIGTERM)  # what Ctrl-C does: drain and stop
+        assert proc.wait(timeout=180) == 0, "".join(lines[-40:])
+        _wait(lambda: not any(_alive(p) for p in pids), 60, "no process of the cluster left")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        for p in pids:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(p).kill()
+        reader.join(timeout=30)
 
 
 @dataclass

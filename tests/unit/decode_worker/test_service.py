@@ -172,3 +172,72 @@ def test_prefill_local_after_commit_is_refused(engines) -> None:
             assert 1 + sum(len(m.token_ids) for m in msgs) == 6 and first.first_token >= 0
 
     asyncio.run(main())
+
+
+async def _ended(c, *rids: str) -> bool:
+    """Whether each request's stream holds its last message (finished with no reader yet)."""
+    streams = c.decode._streams
+    return all(rid in streams and streams[rid].ended for rid in rids)
+
+
+def test_drain_keeps_a_finished_stream_for_its_late_reader(engines) -> None:
+    """The router calls Decode after the prefill reply: a short request may finish before its
+    reader comes. A drain starting then keeps the stream, so Decode still attaches and gets
+    every token; a stream nobody ever reads is dropped at its orphan TTL, ending the drain
+    with no block held."""
+    async def main() -> None:
+        async with cluster(*engines, orphan_ttl_s=0.5) as c:
+            for rid in ("late", "orphan"):
+                res = await c.reserve(rid, PROMPT, greedy(4))
+                await c.prefill_into(rid, PROMPT, greedy(4), res)
+            await until(lambda: _ended(c, "late", "orphan"), bool)
+            c.decode.begin_drain()
+            assert c.decode.busy()  # the drain waits for the late reader
+            msgs = await c.decode_all("late")
+            assert msgs[-1].finished and 1 + sum(len(m.token_ids) for m in msgs) == 4
+            await asyncio.wait_for(c.decode.wait_idle(), 10)  # the orphan's TTL ends it
+            code, _ = await _code(c.decode_all("orphan"))
+            assert code == grpc.StatusCode.NOT_FOUND
+            assert idle(await c.decode_stats())
+
+    asyncio.run(main())
+
+
+def test_a_drain_waits_for_orphans_only_its_grace(engines) -> None:
+    """Orphans ended before the drain (TTL 600 s) and during it are dropped after the drain's
+    grace, so a SIGTERM'd worker exits long before its pod's grace period runs out."""
+    async def main() -> None:
+        async with cluster(*engines, orphan_ttl_s=600.0, drain_orphan_grace_s=0.3) as c:
+            res = await c.reserve("before", PROMPT, greedy(4))
+            await c.prefill_into("before", PROMPT, greedy(4), res)
+            await until(lambda: _ended(c, "before"), bool)
+            during = await c.reserve("during", PROMPT, greedy(4))
+            c.decode.begin_drain()
+            await c.prefill_into("during", PROMPT, greedy(4), during)  # ends while draining
+            await asyncio.wait_for(c.decode.wait_idle(), 10)
+            for rid in ("before", "during"):
+                code, _ = await _code(c.decode_all(rid))
+                assert code == grpc.StatusCode.NOT_FOUND
+            assert idle(await c.decode_stats())
+
+    asyncio.run(main())
+
+
+def test_drain_timeout_still_frees_an_orphan_never_read(engines) -> None:
+    """An orphan whose TTL outlives the drain timeout holds the drain only that long: the
+    worker then closes, and close frees it; no KV block is left behind."""
+    engine = engines[0]
+
+    async def main() -> None:
+        async with cluster(*engines, orphan_ttl_s=600.0, drain_orphan_grace_s=600.0) as c:
+            res = await c.reserve("orphan", PROMPT, greedy(4))
+            await c.prefill_into("orphan", PROMPT, greedy(4), res)
+            await until(lambda: _ended(c, "orphan"), bool)
+            c.decode.begin_drain()
+            with pytest.raises(asyncio.TimeoutError):  # what serve()'s drain timeout does
+                await asyncio.wait_for(c.decode.wait_idle(), 0.2)
+        assert not c.decode.busy()  # closed: the stream is gone
+        stats = engine.stats()
+        assert stats.num_free_blocks == stats.num_blocks and stats.num_running == 0
+
+    asyncio.run(main())

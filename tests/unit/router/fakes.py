@@ -52,6 +52,9 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.reservations: dict[str, Reservation] = {}
         self.exhausted = False
         self.retry_hint_ms: int | None = None  # sent with RESOURCE_EXHAUSTED when set
+        self.reserve_hang = False  # Reserve never answers (until its deadline cancels it)
+        self.reserve_started = asyncio.Event()
+        self.timeouts: dict[str, list[float | None]] = {}  # method -> each call's time left
         self.stats_stuck = False  # Stats never answers (an engine busy with a long step)
         self.die_after: int | None = None  # abort the stream UNAVAILABLE after N messages
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
@@ -70,6 +73,10 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         r.committed.set()
 
     async def Reserve(self, request, context):  # noqa: N802
+        self.timeouts.setdefault("Reserve", []).append(context.time_remaining())
+        self.reserve_started.set()
+        if self.reserve_hang:
+            await asyncio.Event().wait()
         if self.exhausted:
             if self.retry_hint_ms is not None:
                 context.set_trailing_metadata(((RETRY_AFTER_KEY, str(self.retry_hint_ms)),))
@@ -84,6 +91,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
 
     async def PrefillLocal(self, request, context):  # noqa: N802
         self.local_prefills.append(request.request_id)
+        self.timeouts.setdefault("PrefillLocal", []).append(context.time_remaining())
         r = self.reservations[request.request_id]
         first = next_token(r.token_ids)
         self.commit(request.request_id, first)
@@ -141,12 +149,14 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         self.fail = False  # answer UNAVAILABLE
         self.hang = False  # never answer (until cancelled)
         self.calls: list[str] = []
+        self.timeouts: list[float | None] = []  # each Prefill's time left
         self.aborts: list[str] = []
         self.aborted = asyncio.Event()
         self.started = asyncio.Event()
 
     async def Prefill(self, request, context):  # noqa: N802
         self.calls.append(request.request_id)
+        self.timeouts.append(context.time_remaining())
         self.started.set()
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill worker down")

@@ -40,3 +40,21 @@ def test_limit_defaults_and_flags() -> None:
 def test_out_of_range_limits_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         RouterConfig(**BASE, **{field: value})
+
+
+def test_worker_call_bounds_defaults_and_flags() -> None:
+    config = RouterConfig(**BASE)
+    assert (config.rpc_timeout_s, config.prefill_timeout_s) == (30.0, 600.0)
+    args = build_parser().parse_args([
+        "--tokenizer", "x", "--max-model-len", "64", "--rpc-timeout-s", "5",
+        "--prefill-timeout-s", "120",
+    ])
+    flagged = config_from_args(args)
+    assert (flagged.rpc_timeout_s, flagged.prefill_timeout_s) == (5.0, 120.0)
+
+
+@pytest.mark.parametrize("field", ["rpc_timeout_s", "prefill_timeout_s"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan"), 1e9])
+def test_worker_call_bounds_out_of_range_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        RouterConfig(**BASE, **{field: value})

@@ -1,15 +1,22 @@
-"""The health monitor of a real router probing fake workers: grpc.health.v1, then Stats."""
+"""The health monitor of a real router probing fake workers: grpc.health.v1, then Stats;
+and the calls it cuts when a worker cannot be reached."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.grpc_auth import ClusterAuthInterceptor, aio_interceptors
 from protos.tandem.v1 import tandem_pb2, worker_pb2_grpc
+from router.membership.health_monitor import HealthMonitor
+from router.membership.registry import Registry
+from router.membership.worker_clients import WorkerClients
 from router.membership.worker_view import Role
 from router.tokenizer import RouterTokenizer
-from tests.unit.router.fakes import FakeDecode, serve
+from tests.unit.router.fakes import CREDENTIAL, FakeDecode, serve
 from tests.unit.router.harness import cluster
 from tests.unit.router.test_readiness import register
 
@@ -99,3 +106,72 @@ def test_registering_makes_a_worker_routable_whatever_an_older_probe_says(
 
     asyncio.run(scenario())
 
+
+
+class HealthDouble(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 that answers ``status``, or (``hang``) nothing at all: a worker behind
+    a partition, whose connection stays open while no byte comes back."""
+
+    def __init__(self) -> None:
+        self.status = health_pb2.HealthCheckResponse.SERVING
+        self.hang = False
+
+    async def Check(self, request, context):  # noqa: N802
+        if self.hang:
+            await asyncio.Event().wait()  # until the probe's deadline cancels it
+        return health_pb2.HealthCheckResponse(status=self.status)
+
+
+class CutRecorder:
+    """A CutsCalls that records what it was told to cut."""
+
+    def __init__(self) -> None:
+        self.cuts: list[tuple[str, str]] = []
+
+    def cancel(self, endpoint: str, reason: str) -> int:
+        self.cuts.append((endpoint, reason))
+        return 1
+
+
+class NoAffinity:
+    def forget(self, endpoint: str) -> None:
+        pass
+
+
+def test_calls_to_an_unreachable_worker_are_cut_but_a_draining_ones_are_not() -> None:
+    """Two probes in a row that cannot reach a worker cut its calls; one slow probe only
+    takes it out of routing; a worker that answers NOT_SERVING (draining) keeps its calls."""
+
+    async def scenario() -> None:
+        health = HealthDouble()
+        server = grpc.aio.server(interceptors=[ClusterAuthInterceptor(CREDENTIAL)])
+        worker_pb2_grpc.add_DecodeServiceServicer_to_server(FakeDecode("kv-h", {}), server)
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        clients = WorkerClients(interceptors=aio_interceptors(CREDENTIAL))
+        registry = Registry(time.monotonic, 1.0)
+        registry.add_static(Role.DECODE, endpoint)
+        recorder = CutRecorder()
+        monitor = HealthMonitor(registry, clients, NoAffinity(), 3600.0, 0.3, recorder)
+        try:
+            assert await monitor.probe(endpoint)
+            health.hang = True
+            assert not await monitor.probe(endpoint)  # out of routing, calls untouched
+            assert registry.routable(Role.DECODE) == [] and recorder.cuts == []
+            assert not await monitor.probe(endpoint)  # unreachable twice in a row: cut
+            assert [e for e, _ in recorder.cuts] == [endpoint]
+            assert "DEADLINE_EXCEEDED" in recorder.cuts[0][1]
+            health.hang = False
+            health.status = health_pb2.HealthCheckResponse.NOT_SERVING  # draining
+            for _ in range(3):
+                assert not await monitor.probe(endpoint)
+            assert len(recorder.cuts) == 1  # a drain finishes what it has
+            health.status = health_pb2.HealthCheckResponse.SERVING
+            assert await monitor.probe(endpoint)
+            assert len(registry.routable(Role.DECODE)) == 1
+        finally:
+            await clients.close()
+            await server.stop(0)
+
+    asyncio.run(scenario())

@@ -249,3 +249,27 @@ def test_router_process_watches_pods_and_drains(api: KubeApiDouble, tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_departed_pod_has_its_calls_cut_before_its_channel_closes() -> None:
+    order: list[str] = []
+
+    class Calls:
+        def cancel(self, endpoint: str, reason: str) -> int:
+            order.append(f"cut {endpoint}: {reason}")
+            return 1
+
+    class Clients(WorkerClients):
+        async def forget(self, endpoint: str) -> None:
+            order.append(f"close {endpoint}")
+
+    registry = Registry(time.monotonic, heartbeat_interval_s=1.0)
+    sink = RegistrySink(registry, Clients(), PrefixAffinity(64), Calls())
+
+    async def main() -> None:
+        await sink.apply(Membership(joined=[(Role.DECODE, "10.0.0.7:50051")]))
+        await sink.apply(Membership(left=["10.0.0.7:50051"], gone=["10.0.0.7:50051"]))
+
+    asyncio.run(main())
+    assert order == ["cut 10.0.0.7:50051: its pod left the pool", "close 10.0.0.7:50051"]
+    assert registry.role_of("10.0.0.7:50051") is None

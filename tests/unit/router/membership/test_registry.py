@@ -126,3 +126,24 @@ def test_watchers_hear_every_change_of_what_is_routable() -> None:
     assert calls == [1, 0, 1, 0, 1, 0]
     assert reg.count(Role.DECODE) == 0
 
+
+
+def test_heartbeats_never_make_an_unhealthy_worker_healthy() -> None:
+    """A one-way partition: the worker's heartbeats reach the router, the router's probes
+    do not reach the worker. Heartbeats keep it known (and its load current) but only a
+    passing probe or a fresh registration puts it back in the pool."""
+    clock = FakeClock()
+    reg = Registry(clock, heartbeat_interval_s=1.0, missed_heartbeats=3)
+    reg.register(Role.DECODE, "d:1", "w1")
+    assert reg.set_healthy("d:1", False)  # a probe could not reach it
+    for _ in range(10):
+        clock.now += 1.0
+        assert reg.heartbeat("w1", WorkerLoad(num_running=2))
+    assert reg.routable(Role.DECODE) == []  # still out of the pool ...
+    assert reg.expire() == []  # ... but its lease is current
+    assert reg.view("d:1").num_running == 2  # type: ignore[union-attr]
+    assert reg.set_healthy("d:1", True)  # a probe passed
+    assert _endpoints(reg, Role.DECODE) == ["d:1"]
+    reg.set_healthy("d:1", False)
+    reg.register(Role.DECODE, "d:1", "w1")  # a fresh registration clears it as well
+    assert _endpoints(reg, Role.DECODE) == ["d:1"]

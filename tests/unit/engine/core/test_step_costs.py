@@ -1,0 +1,72 @@
+"""The online step-cost fit recovers known linear costs and follows drift."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from engine.core.step_costs import StepCostModel, StepCosts
+
+
+def _feed(model: StepCostModel, n: int, base: float, row: float, tok: float, seed: int = 0,
+          noise: float = 0.03) -> None:
+    rng = random.Random(seed)
+    for _ in range(n):
+        rows = rng.randint(0, 16)
+        tokens = rng.choice([0, 0, 0, rng.randint(1, 512)])
+        if rows == 0 and tokens == 0:
+            rows = 1
+        t = base + row * rows + tok * tokens
+        model.observe(rows, tokens, t * (1 + rng.gauss(0, noise)))
+
+
+def test_recovers_the_coefficients() -> None:
+    model = StepCostModel()
+    _feed(model, 400, 0.03, 0.002, 0.0004)
+    c = model.costs()
+    assert c.steps == 400
+    assert c.base_s == pytest.approx(0.03, rel=0.05)
+    assert c.per_row_s == pytest.approx(0.002, rel=0.05)
+    assert c.per_prefill_token_s == pytest.approx(0.0004, rel=0.05)
+    assert c.step_s(8, 256) == pytest.approx(0.03 + 0.016 + 0.1024, rel=0.05)
+
+
+def test_follows_drift() -> None:
+    model = StepCostModel(half_life_steps=50)
+    _feed(model, 300, 0.03, 0.002, 0.0004, seed=1)
+    _feed(model, 300, 0.06, 0.004, 0.0008, seed=2)  # the machine got twice as slow
+    c = model.costs()
+    assert c.per_prefill_token_s == pytest.approx(0.0008, rel=0.1)
+    assert c.base_s == pytest.approx(0.06, rel=0.1)
+
+
+def test_unobserved_parts_are_unknown() -> None:
+    assert StepCostModel().costs() == StepCosts()
+    model = StepCostModel()
+    for _ in range(50):
+        model.observe(1, 0, 0.04)  # decode only: the prompt-token cost is unknown
+    c = model.costs()
+    assert c.per_prefill_token_s is None
+    assert c.step_s(1, 0) == pytest.approx(0.04, rel=1e-3)
+    assert c.step_s(1, 10) is None
+    prefill_only = StepCostModel()
+    for n in (100, 200, 300, 400):
+        prefill_only.observe(0, n, 0.01 + 0.001 * n)
+    c = prefill_only.costs()
+    assert c.per_row_s is None and c.step_s(1, 0) is None
+    assert c.step_s(0, 250) == pytest.approx(0.26, rel=0.02)
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -1.0])
+def test_ignores_bad_times(seconds: float) -> None:
+    model = StepCostModel()
+    model.observe(4, 0, seconds)
+    model.observe(0, 0, 1.0)  # an empty step says nothing
+    assert model.costs() == StepCosts()
+
+
+def test_rejects_bad_half_life() -> None:
+    with pytest.raises(ValueError):
+        StepCostModel(half_life_steps=0)

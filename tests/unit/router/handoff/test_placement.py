@@ -1,0 +1,113 @@
+"""The placement cost model: predictions on synthetic worker signals, and the decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.handoff.placement import (
+    Decision,
+    Reason,
+    Slo,
+    decide,
+    predict_local,
+    predict_remote,
+)
+from router.membership.worker_view import Role, WorkerView
+
+SLO = Slo(ttft_s=2.0, tpot_s=0.1)
+
+
+def decode(running: int = 4, per_token: float | None = 0.0004, queued: int = 0,
+           chunk: int = 256, name: str = "d0") -> WorkerView:
+    return WorkerView(name, Role.DECODE, num_running=running, step_base_s=0.03,
+                      step_per_row_s=0.002, step_per_prefill_token_s=per_token,
+                      queued_prefill_tokens=queued, max_batched_tokens=chunk)
+
+
+def prefill(queued: int = 0, per_token: float | None = 0.0004, name: str = "p0"
+            ) -> WorkerView:
+    return WorkerView(name, Role.PREFILL, step_base_s=0.01, step_per_prefill_token_s=per_token,
+                      queued_prefill_tokens=queued, max_batched_tokens=2048)
+
+
+def test_remote_prediction_counts_the_queue_ahead() -> None:
+    d = decode()
+    idle = predict_remote(prefill(), d, 1000)
+    busy = predict_remote(prefill(queued=3000), d, 1000, overhead_s=0.05)
+    assert idle is not None and busy is not None
+    assert idle.ttft_s == pytest.approx(0.01 + 0.4)
+    # 4,000 tokens at 2,048 per step: 2 steps of base, plus the overhead the router measured.
+    assert busy.ttft_s == pytest.approx(2 * 0.01 + 4000 * 0.0004 + 0.05)
+    assert idle.decode_gap_s == pytest.approx(0.03 + 0.002 * 5)
+
+
+def test_local_prediction_is_chunked_between_decode_rows() -> None:
+    p = predict_local(decode(running=4, chunk=256), 1000)
+    assert p is not None
+    # 252 prompt tokens per step beside 4 rows: 4 steps; every running stream sees the chunk.
+    assert p.ttft_s == pytest.approx(4 * (0.03 + 0.008) + 1000 * 0.0004)
+    assert p.decode_gap_s == pytest.approx(0.03 + 0.002 * 5 + 252 * 0.0004)
+
+
+def test_short_chat_turn_on_idle_decode_goes_local() -> None:
+    placed = decide(60, decode(running=2), [prefill(queued=4000)], SLO)
+    assert placed.decision is Decision.LOCAL and placed.reason is Reason.SLO
+
+
+def test_long_prompt_that_would_stall_decoders_goes_remote() -> None:
+    placed = decide(1000, decode(running=8), [prefill()], SLO)
+    assert placed.decision is Decision.REMOTE and placed.reason is Reason.SLO
+    assert placed.endpoint == "p0"
+    assert placed.predicted is not None and placed.predicted.decision is Decision.REMOTE
+
+
+def test_remote_wins_a_tie() -> None:
+    d = WorkerView("d0", Role.DECODE, step_base_s=0.0, step_per_row_s=0.0,
+                   step_per_prefill_token_s=0.001, max_batched_tokens=2048)
+    p = WorkerView("p0", Role.PREFILL, step_base_s=0.0, step_per_prefill_token_s=0.001)
+    assert decide(100, d, [p], SLO).decision is Decision.REMOTE
+
+
+def test_picks_the_prefill_worker_inside_the_target() -> None:
+    busy, idle = prefill(queued=10_000, name="p-busy"), prefill(name="p-idle")
+    placed = decide(1000, decode(running=8), [busy, idle], SLO)
+    assert placed.decision is Decision.REMOTE and placed.endpoint == "p-idle"
+
+
+def test_none_feasible_takes_the_smallest_miss() -> None:
+    # Both sides are swamped; the decode worker's queue is worse.
+    placed = decide(3000, decode(running=30, queued=20_000), [prefill(queued=8000)], SLO)
+    assert placed.reason is Reason.CHEAPEST
+    assert placed.decision is Decision.REMOTE
+
+
+def test_prefix_cached_on_decode_makes_local_cheap() -> None:
+    d = decode(running=8)
+    assert decide(1000, d, [prefill()], SLO).decision is Decision.REMOTE
+    placed = decide(1000, d, [prefill()], SLO, cached={"d0": 960})
+    assert placed.decision is Decision.LOCAL
+
+
+def test_decode_without_prefill_history_borrows_the_prefill_cost() -> None:
+    d = decode(running=2, per_token=None)
+    assert predict_local(d, 60) is None
+    placed = decide(60, d, [prefill(queued=2000)], SLO)
+    assert placed.decision is Decision.LOCAL and placed.predicted is not None
+    assert placed.predicted.ttft_s == pytest.approx(0.03 + 0.004 + 60 * 0.0004)
+
+
+def test_without_signals_remote_as_before() -> None:
+    bare_d = WorkerView("d0", Role.DECODE)
+    bare_p = WorkerView("p0", Role.PREFILL)
+    placed = decide(60, bare_d, [bare_p], SLO)
+    assert (placed.decision, placed.reason, placed.endpoint) == (
+        Decision.REMOTE, Reason.NO_SIGNAL, "p0")
+
+
+def test_colocated_and_threshold_override() -> None:
+    assert decide(5000, decode(), [], SLO).reason is Reason.COLOCATED
+    short = decide(60, decode(running=30), [prefill()], SLO, threshold=128)
+    long = decide(600, decode(running=0), [prefill()], SLO, threshold=128)
+    assert (short.decision, short.reason) == (Decision.LOCAL, Reason.THRESHOLD)
+    assert (long.decision, long.reason, long.endpoint) == (
+        Decision.REMOTE, Reason.THRESHOLD, "p0")
