@@ -13,7 +13,7 @@ from typing import Any
 
 from common.credential import add_credential_args
 from common.wire import ready_line
-from router.config import RouterConfig
+from router.config import PLACEMENTS, RouterConfig
 from router.security import RouterSecurity
 from router.server import BindError, RouterServer
 from router.tokenizer import RouterTokenizer, TokenizerLoadError
@@ -43,8 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--local-prefill-threshold",
         type=int,
         default=0,
-        help="prompts shorter than this prefill on the decode worker (0: never)",
+        help="override placement: prompts shorter than this prefill on the decode worker, "
+        "the rest on a prefill worker (0: placement decides)",
     )
+    p.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="adaptive",
+        help="where prompts are prefilled: adaptive (per request, predicted TTFT and decode "
+        "token gap against the SLO; router/handoff/placement.py) or remote (always on a "
+        "prefill worker when there is one)",
+    )
+    p.add_argument("--slo-ttft-s", type=float, default=2.0,
+                   help="TTFT target adaptive placement keeps requests inside")
+    p.add_argument("--slo-tpot-s", type=float, default=0.1,
+                   help="token-gap (TPOT) target for the streams already decoding")
     p.add_argument("--block-size", type=int, default=16, help="KV block size (affinity hashing)")
     p.add_argument(
         "--prefill-attempts",
@@ -168,6 +181,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_inflight=args.max_inflight,
         max_queue=args.max_queue,
         local_prefill_threshold=args.local_prefill_threshold,
+        placement=args.placement,
+        slo_ttft_s=args.slo_ttft_s,
+        slo_tpot_s=args.slo_tpot_s,
         block_size=args.block_size,
         prefill_attempts=args.prefill_attempts,
         max_migrations=args.max_migrations,

@@ -6,14 +6,18 @@ from dataclasses import dataclass, field
 
 # The longest a worker call may be bounded by (a day): "no bound" is not a setting.
 _MAX_TIMEOUT_S = 86_400.0
+PLACEMENTS = ("adaptive", "remote")
 
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """Everything the router needs to know, passed down explicitly.
 
-    ``local_prefill_threshold``: prompts shorter than this many tokens are prefilled on the
-    decode worker itself (0 disables). ``affinity_max_queue``: a sticky prefill worker with more
+    ``placement``: how a prompt's prefill is placed: "adaptive" (per request, from the
+    workers' measured step costs against ``slo_ttft_s``/``slo_tpot_s``:
+    router/handoff/placement.py) or "remote" (always on a prefill worker when one exists).
+    ``local_prefill_threshold`` > 0 overrides both: prompts shorter than this many tokens are
+    prefilled on the decode worker itself, the rest remotely. ``affinity_max_queue``: a sticky prefill worker with more
     queued work than this loses its affinity to the least loaded one.
     """
 
@@ -28,6 +32,9 @@ class RouterConfig:
     max_queue: int = 512
     retry_after_ms: int = 200
     local_prefill_threshold: int = 0
+    placement: str = "adaptive"
+    slo_ttft_s: float = 2.0
+    slo_tpot_s: float = 0.1
     block_size: int = 16
     affinity_max_queue: int = 8
     affinity_entries: int = 65536
@@ -90,6 +97,9 @@ class RouterConfig:
             "max_queue": self.max_queue >= 0,
             "retry_after_ms": self.retry_after_ms >= 1,
             "local_prefill_threshold": self.local_prefill_threshold >= 0,
+            "placement": self.placement in PLACEMENTS,
+            "slo_ttft_s": 0 < self.slo_ttft_s <= _MAX_TIMEOUT_S,
+            "slo_tpot_s": 0 < self.slo_tpot_s <= _MAX_TIMEOUT_S,
             "block_size": self.block_size >= 1,
             "affinity_max_queue": self.affinity_max_queue >= 0,
             "affinity_entries": self.affinity_entries >= 1,

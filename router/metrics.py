@@ -51,6 +51,7 @@ FALLBACK_KINDS = {
     "local_prefill_fallbacks": "local_prefill_fallback",
     "local_prefill_short": "local_prefill_short",
     "local_prefill_colocated": "local_prefill_colocated",
+    "local_prefill_placed": "local_prefill_placed",
     "reserve_retries": "reserve_retry",
 }
 
@@ -104,6 +105,12 @@ class _StateCollector(Collector):
         for field, kind in FALLBACK_KINDS.items():
             fallbacks.add_metric([ROLE, kind], getattr(c, field))
         yield fallbacks
+        decisions = CounterMetricFamily(
+            "tandem_disagg_decision", "Where prompts were prefilled (remote: a prefill "
+            "worker; local: the decode worker) and why", labels=["role", "decision", "reason"])
+        for (decision, reason), n in sorted(c.decisions.items()):
+            decisions.add_metric([ROLE, decision, reason], n)
+        yield decisions
         yield _counter("tandem_migrations", "Requests moved to another decode worker "
                        "after theirs died mid-stream", c.migrations)
         yield _counter("tandem_worker_aborts_sent", "Abort RPCs sent to workers",

@@ -85,8 +85,9 @@ class RouterServer:
         # Worker calls in flight by endpoint: the health monitor cuts those of a worker it
         # cannot reach (membership sees the tracker only through its CutsCalls protocol).
         self.inflight = InflightCalls()
-        deps = HandoffDeps(config, self.registry, self.clients, affinity, counters,
-                           self.inflight)
+        self.deps = HandoffDeps(config, self.registry, self.clients, affinity, counters,
+                                self.inflight)
+        deps = self.deps
         self.gate = AdmissionGate(
             AdmissionLedger(config.max_inflight, config.max_queue, config.retry_after_ms)
         )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -17,6 +18,9 @@ class HandoffCounters:
     local_prefill_fallbacks: int = 0  # every prefill worker failed; the decode worker prefilled
     local_prefill_short: int = 0  # prompt under the threshold: prefilled on the decode worker
     local_prefill_colocated: int = 0  # no prefill worker in the pool
+    local_prefill_placed: int = 0  # placement's cost model chose the decode worker
     reserve_retries: int = 0  # a decode worker refused or failed Reserve; another one was tried
     migrations: int = 0  # a decode worker died mid-stream; the request moved to another
     aborts_sent: int = 0
+    # (decision, reason) of every placement (router/handoff/placement.py)
+    decisions: Counter[tuple[str, str]] = field(default_factory=Counter)

@@ -4,7 +4,7 @@ One leg at a time, normally just one::
 
     Reserve on D  ->  Prefill on P (push KV to D, commit)  ->  first token  ->  Decode(D) stream
                       | P fails: fresh reservation on D, next P; then PrefillLocal on D
-                      | no P / short prompt: PrefillLocal on D
+                      | placement says local (no P, or cheaper inside the SLO): PrefillLocal
     D dies mid-stream: Reserve on D' with prompt + tokens sent, prefill again, next token ...
 
 Every reservation gets its own leg id (``rid``, ``rid.1``, ``rid.2`` ...), so a retry never
@@ -36,14 +36,15 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from router.handoff import legs, policy
+from router.handoff import legs, placement, policy
 from router.handoff.affinity import PrefixAffinity, prefix_hashes
 from router.handoff.counters import HandoffCounters
 from router.handoff.deadline import Deadline
 from router.handoff.inflight import InflightCalls
+from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads, Slo
 from router.membership.registry import Registry
 from router.membership.worker_clients import WorkerClients
-from router.membership.worker_view import Role
+from router.membership.worker_view import Role, WorkerView
 from router.request import Chunk, HandoffReport, Prepared
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class HandoffDeps:
     affinity: PrefixAffinity
     counters: HandoffCounters
     inflight: InflightCalls = field(default_factory=InflightCalls)
+    overheads: RemoteOverheads = field(default_factory=RemoteOverheads)
 
 
 @dataclass(slots=True)
@@ -193,28 +195,36 @@ class Handoff:
         return await self._reserve([leg.endpoint])
 
     async def _prefill(self, leg: _Leg) -> tuple[_Leg, worker_pb2.PrefillResponse]:
-        """Fill ``leg``'s reservation (remote prefill, else local); returns the leg it ended on."""
+        """Fill ``leg``'s reservation where placement says (remote on a prefill worker, or
+        local on D; remote falls back to local); returns the leg it ended on."""
         deps, counters = self._deps, self._deps.counters
         tokens = self._tokens()
         workers = deps.registry.routable(Role.PREFILL)
         started = time.perf_counter()
+        hashes = prefix_hashes(tokens, deps.config.block_size) if workers else []
+        owners = deps.affinity.lookup(hashes) if workers else []
+        ranked = policy.rank_prefill(workers, owners, deps.config.affinity_max_queue)
+        placed = self._place(len(tokens), leg.endpoint, ranked, owners)
+        counters.decisions[(placed.decision.value, placed.reason.value)] += 1
         reply: worker_pb2.PrefillResponse | None = None
-        if policy.prefill_locally(len(tokens), deps.config.local_prefill_threshold, len(workers)):
-            if workers:
+        if placed.decision is Decision.LOCAL:
+            if placed.reason is Reason.COLOCATED:
+                counters.local_prefill_colocated += 1
+            elif placed.reason is Reason.THRESHOLD:
                 counters.local_prefill_short += 1
             else:
-                counters.local_prefill_colocated += 1
+                counters.local_prefill_placed += 1
         else:
-            hashes = prefix_hashes(tokens, deps.config.block_size)
-            ranked = policy.rank_prefill(
-                workers, deps.affinity.lookup(hashes), deps.config.affinity_max_queue
-            )
+            ranked.sort(key=lambda w: w.endpoint != placed.endpoint)  # the chosen one first
             for i, worker in enumerate(ranked[: deps.config.prefill_attempts]):
                 if i:
                     leg = await self._renew(leg)
+                t0 = time.perf_counter()
                 reply = await self._try_prefill(worker.endpoint, leg)
                 if reply is not None:
                     deps.affinity.record(hashes, worker.endpoint)
+                    self._learn_overhead(worker, leg.endpoint, len(tokens), owners,
+                                         time.perf_counter() - t0)
                     break
             if reply is None:
                 counters.local_prefill_fallbacks += 1
@@ -226,6 +236,35 @@ class Handoff:
             self.report.cached_tokens = reply.cached_tokens
             self.report.transfer_s = reply.transfer_s
         return leg, reply
+
+    def _place(self, n_tokens: int, decode_endpoint: str, ranked: list[WorkerView],
+               owners: list[tuple[str, int]]) -> Placement:
+        """Where this prompt is prefilled (router/handoff/placement.py)."""
+        cfg = self._deps.config
+        if ranked and cfg.placement == "remote" and cfg.local_prefill_threshold == 0:
+            return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
+        decode = (self._deps.registry.view(decode_endpoint)
+                  or WorkerView(decode_endpoint, Role.DECODE))
+        return placement.decide(
+            n_tokens, decode, ranked, Slo(cfg.slo_ttft_s, cfg.slo_tpot_s),
+            cached=self._cached(owners), overhead_s=self._deps.overheads.current(),
+            threshold=cfg.local_prefill_threshold,
+        )
+
+    def _cached(self, owners: list[tuple[str, int]]) -> dict[str, int]:
+        """Prompt tokens each prefill worker is believed to cache (the affinity map)."""
+        return {endpoint: depth * self._deps.config.block_size for endpoint, depth in owners}
+
+    def _learn_overhead(self, worker: WorkerView, decode_endpoint: str, n_tokens: int,
+                        owners: list[tuple[str, int]], measured_s: float) -> None:
+        """What this remote prefill took beyond the model's compute prediction."""
+        decode = self._deps.registry.view(decode_endpoint)
+        if decode is None:
+            return
+        new = max(n_tokens - self._cached(owners).get(worker.endpoint, 0), 1)
+        predicted = placement.predict_remote(worker, decode, new)
+        if predicted is not None:
+            self._deps.overheads.observe(worker.endpoint, measured_s, predicted.ttft_s)
 
     async def _try_prefill(self, endpoint: str, leg: _Leg) -> worker_pb2.PrefillResponse | None:
         """One prefill attempt; None when this worker failed and another may be tried."""

@@ -37,6 +37,9 @@ from router.membership.worker_view import WorkerView
 
 # Chunk budget assumed for a worker that did not report one (the engine's default).
 DEFAULT_CHUNK_TOKENS = 2048
+# Prefill workers the model weighs per request: the policy's best few (the decision stays
+# well under 100 us; a worker further down the ranking would not be chosen anyway).
+MAX_CANDIDATES = 8
 
 
 class Decision(str, Enum):
@@ -54,6 +57,7 @@ class Reason(str, Enum):
     SLO = "slo"  # the fastest option inside both targets
     CHEAPEST = "cheapest"  # none met both targets: the smallest miss
     NO_SIGNAL = "no_signal"  # no fitted costs yet: remote, as without the model
+    CONFIGURED = "configured"  # --placement remote
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,8 @@ def decide(
 ) -> Placement:
     """Place one prompt of ``prompt_tokens`` whose decode leg is on ``decode``.
 
-    ``prefill``: candidate prefill workers, best first (policy.rank_prefill). ``cached``:
+    ``prefill``: candidate prefill workers, best first (policy.rank_prefill; the first
+    ``MAX_CANDIDATES`` are weighed). ``cached``:
     prompt tokens each endpoint is known to hold already (prefix cache). ``overhead_s``: the
     router's measured extra seconds per remote prefill worker. ``threshold`` > 0: the fixed
     override, prompts shorter than it go local and the rest remote, no model consulted.
@@ -165,7 +170,7 @@ def decide(
         return max(prompt_tokens - cached.get(endpoint, 0), 1)  # the last token always runs
 
     options: list[Prediction] = []
-    for p in prefill:
+    for p in prefill[:MAX_CANDIDATES]:
         pred = predict_remote(p, decode, new(p.endpoint), overhead_s.get(p.endpoint, 0.0))
         if pred is not None:
             options.append(pred)
@@ -186,3 +191,27 @@ def decide(
         reason = Reason.CHEAPEST
     endpoint = best.endpoint if best.decision is Decision.REMOTE else ""
     return Placement(best.decision, reason, endpoint, best)
+
+
+class RemoteOverheads:
+    """Per prefill worker, what a remote prefill takes beyond the model's compute prediction
+    (the RPCs, the KV push, the commit), as an exponential moving average of measurements.
+    """
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self._weight = weight
+        self._ema: dict[str, float] = {}
+
+    def current(self) -> Mapping[str, float]:
+        """Seconds to add to each prefill worker's predicted TTFT."""
+        return self._ema
+
+    def observe(self, endpoint: str, measured_s: float, predicted_s: float) -> None:
+        """Fold in one remote prefill: its measured time and the model's compute part."""
+        extra = max(measured_s - predicted_s, 0.0)
+        old = self._ema.get(endpoint)
+        self._ema[endpoint] = extra if old is None else old + self._weight * (extra - old)
+
+    def forget(self, endpoint: str) -> None:
+        """A worker that left the pool (its replacement may sit elsewhere)."""
+        self._ema.pop(endpoint, None)

@@ -58,12 +58,3 @@ def rank_prefill(
             break
     rest = sorted((w for w in pool if w is not sticky), key=lambda w: (w.queue_depth, w.endpoint))
     return [sticky, *rest] if sticky is not None else rest
-
-
-def prefill_locally(num_tokens: int, threshold: int, num_prefill_workers: int) -> bool:
-    """Whether the decode worker should prefill this prompt itself.
-
-    Yes when no prefill worker exists (colocated mode) or the prompt is shorter than
-    ``threshold`` tokens (a short prompt costs less than a KV push; 0 disables).
-    """
-    return num_prefill_workers == 0 or num_tokens < threshold

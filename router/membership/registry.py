@@ -62,6 +62,12 @@ class WorkerLoad:
     num_free_blocks: int = 0
     num_blocks: int = 0
     draining: bool = False
+    # The placement model's inputs (WorkerView has the meanings; None: not observed yet).
+    step_base_s: float | None = None
+    step_per_row_s: float | None = None
+    step_per_prefill_token_s: float | None = None
+    queued_prefill_tokens: int = 0
+    max_batched_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -257,4 +263,9 @@ def _view(e: _Entry) -> WorkerView:
         num_free_blocks=e.load.num_free_blocks,
         num_blocks=e.load.num_blocks,
         active=e.active,
+        step_base_s=e.load.step_base_s,
+        step_per_row_s=e.load.step_per_row_s,
+        step_per_prefill_token_s=e.load.step_per_prefill_token_s,
+        queued_prefill_tokens=e.load.queued_prefill_tokens,
+        max_batched_tokens=e.load.max_batched_tokens,
     )

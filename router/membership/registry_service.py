@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
 
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
@@ -21,7 +23,20 @@ def load_of(stats: worker_pb2.WorkerStats) -> WorkerLoad:
         num_free_blocks=stats.num_free_blocks,
         num_blocks=stats.num_blocks,
         draining=stats.draining,
+        step_base_s=_optional(stats, "step_base_s"),
+        step_per_row_s=_optional(stats, "step_per_row_s"),
+        step_per_prefill_token_s=_optional(stats, "step_per_prefill_token_s"),
+        queued_prefill_tokens=stats.pending_prefill_tokens,
+        max_batched_tokens=stats.max_batched_tokens,
     )
+
+
+def _optional(stats: worker_pb2.WorkerStats, name: str) -> float | None:
+    """An optional cost figure; None when the worker has not measured it (or sent nonsense)."""
+    if not stats.HasField(name):  # type: ignore[arg-type]
+        return None
+    value = float(getattr(stats, name))
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 class RegistryServicer(worker_pb2_grpc.RegistryServicer):

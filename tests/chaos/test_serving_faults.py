@@ -27,6 +27,7 @@ def _router(c: Cluster, tok: Path, prefill: list[Proc], decode: list[Proc]) -> P
         "router", "--port", "0", "--tokenizer", str(tok), "--model-name", "smollm2",
         "--prefill", ",".join(p.grpc for p in prefill),
         "--decode", ",".join(d.grpc for d in decode),
+        "--placement", "remote",  # every prompt on a prefill worker: the faults are there
     )
 
 

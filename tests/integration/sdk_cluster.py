@@ -50,7 +50,9 @@ class LocalCluster:
         ``ca`` and ``api_key``: what reading its metrics takes when ``flags`` secure its edge."""
         proc = self.cluster.start(
             "router", "--port", "0", "--tokenizer", str(self.model), "--model-name", MODEL_ID,
-            "--prefill", self.prefill.grpc, "--decode", self.decode.grpc, *flags,
+            "--prefill", self.prefill.grpc, "--decode", self.decode.grpc,
+            "--placement", "remote",  # the disaggregated path every time, not by timing
+            *flags,
         )
         self.routers.append(RouterAccess(proc, ca, api_key))
         return proc

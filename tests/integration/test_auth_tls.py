@@ -64,6 +64,7 @@ def cluster(model: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory
         router = c.start(
             "router", "--port", "0", "--tokenizer", str(model), "--model-name", "tiny",
             "--prefill", prefill.grpc, "--decode", decode.grpc, "--api-key-file", str(keys),
+            "--placement", "remote",  # the KV channel (TLS) carries every prompt
             "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
             "--worker-ca", str(certs.ca), "--worker-cert", str(certs.client_cert),
             "--worker-key", str(certs.client_key),

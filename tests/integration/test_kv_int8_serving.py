@@ -36,6 +36,7 @@ def cluster(smollm2_dir: Path) -> Iterator[dict[str, Proc]]:
         router = c.start(
             "router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
             "--prefill", prefill.grpc, "--decode", decode.grpc,
+            "--placement", "remote",  # every prompt's KV crosses the wire, int8
         )
         yield {"router": router, "prefill": prefill, "decode": decode, "float": float_decode}
     finally:

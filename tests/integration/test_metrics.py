@@ -31,6 +31,7 @@ def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[s
         router = c.start(
             "router", "--port", "0", "--http-port", "0", "--tokenizer", str(model),
             "--model-name", "tiny", "--prefill", prefill.grpc, "--decode", decode.grpc,
+            "--placement", "remote",  # one KV transfer per request, counted below
         )
         yield {"router": router, "prefill": prefill, "decode": decode}
     finally:

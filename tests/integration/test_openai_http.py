@@ -37,6 +37,7 @@ def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[s
         router = c.start(
             "router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL,
             "--prefill", prefill.grpc, "--decode", decode.grpc,
+            "--placement", "remote",  # the same path every run, not chosen by timing
             "--max-inflight", "1", "--max-queue", "0",  # a second request at once is a 429
         )
         yield {"router": router, "prefill": prefill, "decode": decode}

@@ -34,6 +34,7 @@ def cluster(smollm2_dir: Path) -> Iterator[dict[str, Proc]]:
             "router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
             "--prefill", prefill.grpc, "--decode", decode.grpc, "--max-inflight", "40",
             "--max-queue", "8",
+            "--placement", "remote",  # the disaggregated path every time, not by timing
         )
         yield {"router": router, "prefill": prefill, "decode": decode}
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -60,6 +61,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
         self.aborts: list[str] = []
+        # Extra WorkerStats fields Stats reports (step costs for the placement model).
+        self.stats: dict[str, Any] = {}
         self.aborted = asyncio.Event()
         self.hanging = asyncio.Event()
         self.resume = asyncio.Event()  # set to let a hanging stream go on
@@ -137,7 +140,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         if self.stats_stuck:
             await asyncio.Event().wait()  # until the caller's deadline cancels it
         return worker_pb2.WorkerStats(
-            role=worker_pb2.ROLE_DECODE, num_blocks=100, num_free_blocks=90
+            role=worker_pb2.ROLE_DECODE, num_blocks=100, num_free_blocks=90, **self.stats
         )
 
 
@@ -153,6 +156,7 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         self.aborts: list[str] = []
         self.aborted = asyncio.Event()
         self.started = asyncio.Event()
+        self.stats: dict[str, Any] = {}  # extra WorkerStats fields, as on FakeDecode
 
     async def Prefill(self, request, context):  # noqa: N802
         self.calls.append(request.request_id)
@@ -174,7 +178,7 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         return worker_pb2.AbortResponse(found=True)
 
     async def Stats(self, request, context):  # noqa: N802
-        return worker_pb2.WorkerStats(role=worker_pb2.ROLE_PREFILL)
+        return worker_pb2.WorkerStats(role=worker_pb2.ROLE_PREFILL, **self.stats)
 
 
 # The test cluster's credential: fake workers refuse calls without it, as real ones do, and

@@ -108,6 +108,8 @@ def test_colocated_and_threshold_override() -> None:
     assert decide(5000, decode(), [], SLO).reason is Reason.COLOCATED
     short = decide(60, decode(running=30), [prefill()], SLO, threshold=128)
     long = decide(600, decode(running=0), [prefill()], SLO, threshold=128)
+    edge = decide(128, decode(running=0), [prefill()], SLO, threshold=128)
+    assert edge.decision is Decision.REMOTE  # "shorter than" the threshold goes local
     assert (short.decision, short.reason) == (Decision.LOCAL, Reason.THRESHOLD)
     assert (long.decision, long.reason, long.endpoint) == (
         Decision.REMOTE, Reason.THRESHOLD, "p0")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router.handoff.affinity import PrefixAffinity, prefix_hashes
-from router.handoff.policy import blocks_needed, prefill_locally, rank_decode, rank_prefill
+from router.handoff.policy import blocks_needed, rank_decode, rank_prefill
 from router.membership.worker_view import Role, WorkerView
 
 
@@ -72,13 +72,6 @@ def test_prefill_longest_owner_first_then_shorter() -> None:
 
 def test_prefill_owner_not_in_pool_is_ignored() -> None:
     assert [w.endpoint for w in rank_prefill([_p("a")], [("gone", 4)], 8)] == ["a"]
-
-
-def test_local_prefill_threshold() -> None:
-    assert prefill_locally(10, threshold=32, num_prefill_workers=2)
-    assert not prefill_locally(32, threshold=32, num_prefill_workers=2)
-    assert not prefill_locally(1, threshold=0, num_prefill_workers=2)  # 0 disables
-    assert prefill_locally(1000, threshold=0, num_prefill_workers=0)  # colocated
 
 
 def test_prefix_hashes_chain_and_share_prefixes() -> None:

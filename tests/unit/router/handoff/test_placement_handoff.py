@@ -1,0 +1,101 @@
+"""Placement inside the handoff, against fake workers whose Stats report step costs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import generate_latest
+
+from protos.tandem.v1 import tandem_pb2
+from router.tokenizer import RouterTokenizer
+from tests.scrape import parse
+from tests.unit.router.fakes import expected_output
+from tests.unit.router.harness import Cluster, cluster
+
+SHORT = list(range(1000, 1040))  # 40 tokens: a chat turn
+LONG = list(range(2000, 3500))  # 1,500 tokens: a RAG prompt
+# A decode worker running 8 streams at 30 ms + 2 ms a row, 0.4 ms a prompt token; a prefill
+# worker as fast per token with 3,000 tokens queued (1.2 s of work ahead of a new prompt).
+DECODE_COSTS = {"step_base_s": 0.03, "step_per_row_s": 0.002, "num_running": 8,
+                "step_per_prefill_token_s": 0.0004, "max_batched_tokens": 512}
+PREFILL_COSTS = {"step_base_s": 0.01, "step_per_prefill_token_s": 0.0004,
+                 "pending_prefill_tokens": 3000, "max_batched_tokens": 2048}
+
+
+def _request(prompt: list[int], n: int = 4) -> tandem_pb2.GenerateRequest:
+    return tandem_pb2.GenerateRequest(
+        token_ids=tandem_pb2.TokenIds(ids=prompt),
+        sampling=tandem_pb2.SamplingParams(max_tokens=n, temperature=0.0),
+    )
+
+
+async def _with_costs(c: Cluster) -> None:
+    c.decode[0].stats = dict(DECODE_COSTS)
+    c.prefill[0].stats = dict(PREFILL_COSTS)
+    await c.router.monitor.probe_all()  # the router reads them from Stats
+
+
+def _decisions(c: Cluster) -> dict[tuple[str, str], float]:
+    samples = parse(generate_latest(c.router.metrics.registry).decode())
+    found = {}
+    for (name, labels), value in samples.items():
+        if name == "tandem_disagg_decision_total":
+            by = dict(labels)
+            found[(by["decision"], by["reason"])] = value
+    return found
+
+
+def _tokens(responses: list[tandem_pb2.GenerateResponse]) -> list[int]:
+    return [t for r in responses for t in r.token_ids]
+
+
+def test_chat_turn_goes_local_and_rag_prompt_goes_remote(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            await _with_costs(c)
+            assert _tokens(await c.generate(_request(SHORT))) == expected_output(SHORT, 4)
+            assert len(c.decode[0].local_prefills) == 1 and not c.prefill[0].calls
+            assert _tokens(await c.generate(_request(LONG))) == expected_output(LONG, 4)
+            assert len(c.prefill[0].calls) == 1 and len(c.decode[0].local_prefills) == 1
+            assert c.counters.local_prefill_placed == 1
+            assert _decisions(c) == {("local", "slo"): 1, ("remote", "slo"): 1}
+
+    asyncio.run(scenario())
+
+
+def test_without_costs_every_prompt_goes_remote(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            await c.generate(_request(SHORT))
+            assert len(c.prefill[0].calls) == 1 and not c.decode[0].local_prefills
+            assert _decisions(c) == {("remote", "no_signal"): 1}
+
+    asyncio.run(scenario())
+
+
+def test_placement_remote_and_threshold_override_the_model(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, placement="remote") as c:
+            await _with_costs(c)
+            await c.generate(_request(SHORT))
+            assert len(c.prefill[0].calls) == 1 and not c.decode[0].local_prefills
+            assert _decisions(c) == {("remote", "configured"): 1}
+        async with cluster(tokenizer, local_prefill_threshold=2000) as c:
+            await _with_costs(c)
+            await c.generate(_request(LONG))  # 1,500 < 2,000: local, whatever the model says
+            assert len(c.decode[0].local_prefills) == 1 and not c.prefill[0].calls
+            assert _decisions(c) == {("local", "threshold"): 1}
+            assert c.counters.local_prefill_short == 1
+
+    asyncio.run(scenario())
+
+
+def test_remote_overhead_is_learned(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            await _with_costs(c)
+            await c.generate(_request(LONG))
+            overheads = c.router.deps.overheads.current()
+            assert list(overheads) == [c.prefill_endpoints[0]] and overheads[c.prefill_endpoints[0]] >= 0.0
+
+    asyncio.run(scenario())
