@@ -2,8 +2,9 @@
 
     Prefill ──> check layout, endpoint, blocks ──> engine.add_request(hold_kv, max_tokens=1)
             ──> layer hook: LayerPush opens the transfer and ships each layer as it lands
-            ──> first token sampled ──> COMMIT (ACK) ──> engine.release: blocks back to the
-                pool, still prefix-cached ──> reply first token and timings
+            ──> first token sampled ──> COMMIT (ACK) ──> reply first token and timings
+                (meanwhile, between engine steps, engine.release: blocks back to the pool,
+                still prefix-cached; the reply never waits for the engine's current step)
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,8 @@ from protos.tandem.v1 import worker_pb2
 from worker.convert import layout_mismatch
 from worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
 from worker.metrics import TransferTotals
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,7 @@ class PrefillWorker:
         self._sender = sender
         self._pushes: dict[str, LayerPush] = {}
         self._tasks: dict[str, asyncio.Task[PrefillResult]] = {}
+        self._releasing: dict[str, asyncio.Task[None]] = {}  # committed, blocks being freed
         self._aborted: set[str] = set()
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -121,7 +126,7 @@ class PrefillWorker:
         rid = spec.request_id
         if not rid or len(rid) > 256:
             raise BadRequest("request_id", "must be 1..256 characters")
-        if rid in self._tasks:
+        if rid in self._tasks or rid in self._releasing:
             raise BadRequest("request_id", f"{rid!r} is already in use")
         self._check(spec)
         task = asyncio.get_running_loop().create_task(self._prefill(spec, deadline_s))
@@ -202,9 +207,29 @@ class PrefillWorker:
                 self.leased_blocks -= len(spec.block_ids)
                 if push.transfer is not None:  # opened: it counts as a push
                     self.metrics.push_ended(self._pushed_bytes(push, spec), committed)
-            if self._ae.alive:  # releases held blocks (kept in the prefix cache) or aborts
+            if committed:
+                # The reply goes now: the engine frees the held blocks (into the prefix
+                # cache) between steps, and its current step may be a long prefill of the
+                # next prompt, which the router's first token must not wait for.
+                self._release_later(rid)
+            elif self._ae.alive:  # aborts the request, freeing its blocks
                 await self._ae.call(lambda e: e.abort(rid))
             self._ae.close_stream(rid)
+
+    def _release_later(self, request_id: str) -> None:
+        """Free a committed request's held blocks on the engine without waiting for it; the
+        task is tracked (``busy``, ``close``) so the blocks are freed on every path."""
+        async def release() -> None:
+            try:
+                if self._ae.alive:
+                    await self._ae.call(lambda e: e.abort(request_id))
+            except Exception:  # the engine died meanwhile: its blocks die with it
+                log.exception("releasing %s's held blocks failed", request_id)
+            finally:
+                self._releasing.pop(request_id, None)
+                self._touch()
+
+        self._releasing[request_id] = asyncio.get_running_loop().create_task(release())
 
     def _pushed_bytes(self, push: LayerPush, spec: PrefillSpec) -> int:
         return self.layout.payload_bytes(push.layers_pushed, len(spec.block_ids))
@@ -238,8 +263,8 @@ class PrefillWorker:
         event.set()
 
     def busy(self) -> bool:
-        """True while a prefill is in progress."""
-        return bool(self._tasks)
+        """True while a prefill is in progress or a committed one's blocks are being freed."""
+        return bool(self._tasks or self._releasing)
 
     def begin_drain(self) -> None:
         """Take no new prefills; those in progress finish."""
@@ -256,6 +281,7 @@ class PrefillWorker:
             await self.abort(rid)
         tasks = list(self._tasks.values())
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._releasing.values(), return_exceptions=True)
         await self._sender.close()
         if self._ae.alive:
             await self._ae.call(lambda e: e.set_layer_hook(None))

@@ -21,6 +21,7 @@ worker, Prefill the next prefill worker, a decode stream migrates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -245,6 +246,9 @@ class Handoff:
             return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
         decode = (self._deps.registry.view(decode_endpoint)
                   or WorkerView(decode_endpoint, Role.DECODE))
+        # The router's count of D's streams already includes this request (acquired with
+        # its reservation); the model adds the new request's row itself.
+        decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
         return placement.decide(
             n_tokens, decode, ranked, Slo(cfg.slo_ttft_s, cfg.slo_tpot_s),
             cached=self._cached(owners), overhead_s=self._deps.overheads.current(),

@@ -20,7 +20,8 @@ and reports in Stats)::
                           local:  step_D(rows_D + 1, min(C_D - rows_D, D.queued + new_D))
 
 ``new_X`` is the prompt less the prefix X already caches; ``C_X`` the tokens one step may
-take (its chunk budget); ``steps(n, c) = ceil(n / c)``. A decode worker that never prefilled
+take (its chunk budget); ``steps(n, c) = ceil(n / c)``; ``rows_D`` the streams running on D
+(the larger of its report and the router's own count). A decode worker that never prefilled
 borrows the prefill worker's per-token cost (same model); without any fitted cost the
 decision is the one before this model existed: remote whenever a prefill worker exists.
 Everything here is pure: no I/O, no clock; the router calls it once per request.
@@ -123,7 +124,7 @@ def predict_local(d: WorkerView, new_tokens: int, borrowed_per_token_s: float | 
         per_token = borrowed_per_token_s
     if d.step_base_s is None or per_token is None:
         return None
-    rows = d.num_running
+    rows = _rows(d)
     per_row = d.step_per_row_s or 0.0
     budget = max(_chunk(d) - rows, 1)
     work = d.queued_prefill_tokens + new_tokens
@@ -137,7 +138,12 @@ def _decode_gap(d: WorkerView) -> float | None:
     """D's step with one more row and no prefill (the new request once it decodes)."""
     if d.step_base_s is None:
         return None
-    return d.step_base_s + (d.step_per_row_s or 0.0) * (d.num_running + 1)
+    return d.step_base_s + (d.step_per_row_s or 0.0) * (_rows(d) + 1)
+
+
+def _rows(d: WorkerView) -> int:
+    """Streams running on D: reported (a heartbeat old) or this router's own count (exact)."""
+    return max(d.num_running, d.active)
 
 
 def decide(

@@ -17,6 +17,7 @@ import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
+from tests.integration.sdk_cluster import wait_until
 from tests.unit.engine._reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -70,10 +71,19 @@ def _worker_stats(proc: Proc, service: str) -> worker_pb2.WorkerStats:
 
 
 def _assert_idle(cluster: dict[str, Proc]) -> None:
+    """Both workers idle with every block free. The prefill worker frees a committed
+    request's blocks just after its reply (between engine steps), so this waits for it."""
     for role in ("prefill", "decode"):
-        st = _worker_stats(cluster[role], role)
-        assert st.num_running == 0 and st.num_waiting == 0 and st.num_reserved == 0, st
-        assert st.num_free_blocks == st.num_blocks, st
+        def idle(role: str = role) -> bool:
+            st = _worker_stats(cluster[role], role)
+            return (st.num_running == st.num_waiting == st.num_reserved == 0
+                    and st.num_free_blocks == st.num_blocks)
+
+        try:
+            wait_until(idle, timeout=60)
+        except TimeoutError:
+            raise AssertionError(f"{role} not idle: {_worker_stats(cluster[role], role)}") \
+                from None
 
 
 def test_greedy_through_router_equals_transformers(cluster, smollm2_dir) -> None:

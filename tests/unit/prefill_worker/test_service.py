@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 
 import grpc
 import pytest
@@ -103,5 +104,39 @@ def test_abort_rpc_during_a_stuck_push(engines) -> None:
             await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="r"))
         server.close()
         await server.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_the_reply_does_not_wait_for_the_engine_to_free_the_blocks(engines) -> None:
+    """After the commit, the Prefill replies at once; the held blocks are freed on the
+    engine thread between steps. Here freeing them is held up (as a long prefill step of the
+    next prompt would hold it): the reply and the whole decode still come, the worker counts
+    as busy until the blocks are freed, and then nothing is held."""
+    decode_engine, prefill_engine = engines
+    release = threading.Event()
+    real_abort = prefill_engine.abort
+
+    def slow_abort(request_id: str):  # engine thread
+        release.wait(30)
+        return real_abort(request_id)
+
+    prefill_engine.abort = slow_abort
+
+    async def main() -> None:
+        try:
+            async with cluster(*engines) as c:
+                res = await c.reserve("r", PROMPT, greedy(4))
+                first = await asyncio.wait_for(c.prefill_into("r", PROMPT, greedy(4), res), 10)
+                msgs = await c.decode_all("r")
+                assert 1 + sum(len(m.token_ids) for m in msgs) == 4 and msgs[-1].finished
+                assert first.first_token >= 0
+                assert c.prefill.busy()  # its blocks are not free yet
+                release.set()
+                await asyncio.wait_for(c.prefill.wait_idle(), 10)
+                assert idle(await c.prefill_stats())
+        finally:
+            release.set()
+            del prefill_engine.abort
 
     asyncio.run(main())

@@ -113,3 +113,13 @@ def test_colocated_and_threshold_override() -> None:
     assert (short.decision, short.reason) == (Decision.LOCAL, Reason.THRESHOLD)
     assert (long.decision, long.reason, long.endpoint) == (
         Decision.REMOTE, Reason.THRESHOLD, "p0")
+
+
+def test_the_routers_own_count_of_running_streams_is_used_when_larger() -> None:
+    reported = decode(running=2)
+    counted = WorkerView("d0", Role.DECODE, num_running=2, active=30, step_base_s=0.03,
+                         step_per_row_s=0.002, step_per_prefill_token_s=0.0004,
+                         max_batched_tokens=256)
+    a, b = predict_local(reported, 60), predict_local(counted, 60)
+    assert a is not None and b is not None
+    assert b.decode_gap_s == pytest.approx(a.decode_gap_s + 28 * 0.002)
