@@ -25,9 +25,12 @@ import asyncio
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.serve import add_load_args, parse_vocab, progress_printer
 from bench.serve_load import run_direct, run_load
@@ -72,10 +75,23 @@ def start_setup(
     if name == "disagg-remote":
         prefill += ["--placement", "remote"]
     procs["router"] = cluster.start(
-        "router", "--port", "0", "--tokenizer", str(model_dir), "--model-name", "bench",
+        "router", "--port", "0", "--http-port", "0", "--tokenizer", str(model_dir),
+        "--model-name", "bench",
         "--decode", procs["decode"].grpc, *prefill, *router_extra,
     )
     return procs
+
+
+def placement_decisions(router: Proc) -> dict[str, float]:
+    """``decision/reason`` -> count, from the router's tandem_disagg_decision_total."""
+    with urllib.request.urlopen(f"http://{router.info['http']}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tandem_disagg_decision_total":
+                found[f"{sample.labels['decision']}/{sample.labels['reason']}"] = sample.value
+    return found
 
 
 def router_overhead(
@@ -140,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = results
             summaries[name] = summarize(results, duration, slo_ttft_s=args.slo_ttft,
                                         slo_tpot_s=args.slo_tpot)
+            summaries[name]["decisions"] = placement_decisions(procs["router"])
+            print(f"[bench] {name} placement: {summaries[name]['decisions']}",
+                  file=sys.stderr, flush=True)
             if name == "disagg":
                 print("[bench] router overhead ...", file=sys.stderr, flush=True)
                 overhead = router_overhead(procs, args.overhead_requests, vocab,
