@@ -115,6 +115,7 @@ class Cluster:
                  p_info: dict[str, str], model: str) -> None:
         self.decode_proc, self.prefill_proc, self.model = decode, prefill, model
         self.decode_address = d_info["grpc"]
+        self.prefill_address = p_info["grpc"]
         self._channels = [_member(d_info["grpc"]), _member(p_info["grpc"])]
         self.decode = worker_pb2_grpc.DecodeServiceStub(self._channels[0])
         self.prefill = worker_pb2_grpc.PrefillServiceStub(self._channels[1])
@@ -190,6 +191,46 @@ def cluster(tiny_dir, tmp_path_factory, router) -> Iterator[Cluster]:
             c.close()
         codes = (decode.stop(), prefill.stop())
     assert codes == (0, 0), f"exit codes {codes}; logs in {logs}"
+
+
+def test_every_worker_method_refuses_callers_without_the_credential(cluster: Cluster) -> None:
+    """No credential, or another cluster's: every DecodeService and PrefillService method
+    answers UNAUTHENTICATED, and nothing happened on the workers (the member's Reserve that
+    follows gets the whole pool)."""
+    res = cluster.reserve("victim", PROMPT, 4)
+    good = cluster.prefill_request("victim", PROMPT, 4, res)
+    stranger = ClusterCredential.from_file(private_secret_file(new_secret()))
+    for make in (lambda a: grpc.insecure_channel(a),
+                 lambda a: sync_channel(grpc.insecure_channel(a), stranger)):
+        with make(cluster.decode_address) as d_ch, make(cluster.prefill_address) as p_ch:
+            decode = worker_pb2_grpc.DecodeServiceStub(d_ch)
+            prefill = worker_pb2_grpc.PrefillServiceStub(p_ch)
+            calls: dict[str, Callable[[], Any]] = {
+                "Decode.Reserve": lambda: decode.Reserve(worker_pb2.ReserveRequest(
+                    request_id="x", token_ids=PROMPT, sampling=_greedy(4), lease_s=600),
+                    timeout=30),
+                "Decode.Decode": lambda: list(decode.Decode(
+                    worker_pb2.DecodeRequest(request_id="victim"), timeout=30)),
+                "Decode.PrefillLocal": lambda: decode.PrefillLocal(
+                    worker_pb2.PrefillLocalRequest(request_id="victim"), timeout=30),
+                "Decode.Abort": lambda: decode.Abort(
+                    worker_pb2.AbortRequest(request_id="victim"), timeout=30),
+                "Decode.Stats": lambda: decode.Stats(worker_pb2.StatsRequest(), timeout=30),
+                "Prefill.Prefill": lambda: prefill.Prefill(good, timeout=30),
+                "Prefill.Abort": lambda: prefill.Abort(
+                    worker_pb2.AbortRequest(request_id="victim"), timeout=30),
+                "Prefill.Stats": lambda: prefill.Stats(worker_pb2.StatsRequest(), timeout=30),
+            }
+            for name, call in calls.items():
+                with pytest.raises(grpc.RpcError) as err:
+                    call()
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
+    # The victim's reservation is untouched: a member prefills and decodes it to the end.
+    first = cluster.prefill.Prefill(good, timeout=60)
+    msgs = list(cluster.decode.Decode(worker_pb2.DecodeRequest(request_id="victim"), timeout=60))
+    assert 1 + sum(len(m.token_ids) for m in msgs) == 4 and msgs[-1].finished
+    assert first.first_token >= 0
+    cluster.both_idle()
 
 
 def test_disaggregated_equals_single_engine(cluster: Cluster, make_engine) -> None:
