@@ -193,6 +193,28 @@ def cluster(tiny_dir, tmp_path_factory, router) -> Iterator[Cluster]:
     assert codes == (0, 0), f"exit codes {codes}; logs in {logs}"
 
 
+def _every_worker_call(decode: worker_pb2_grpc.DecodeServiceStub,
+                       prefill: worker_pb2_grpc.PrefillServiceStub,
+                       good: worker_pb2.PrefillRequest) -> dict[str, Callable[[], Any]]:
+    """One call of each worker method, aimed at the request ``good`` belongs to."""
+    victim = good.request_id
+    return {
+        "Decode.Reserve": lambda: decode.Reserve(worker_pb2.ReserveRequest(
+            request_id="x", token_ids=PROMPT, sampling=_greedy(4), lease_s=600), timeout=30),
+        "Decode.Decode": lambda: list(decode.Decode(
+            worker_pb2.DecodeRequest(request_id=victim), timeout=30)),
+        "Decode.PrefillLocal": lambda: decode.PrefillLocal(
+            worker_pb2.PrefillLocalRequest(request_id=victim), timeout=30),
+        "Decode.Abort": lambda: decode.Abort(
+            worker_pb2.AbortRequest(request_id=victim), timeout=30),
+        "Decode.Stats": lambda: decode.Stats(worker_pb2.StatsRequest(), timeout=30),
+        "Prefill.Prefill": lambda: prefill.Prefill(good, timeout=30),
+        "Prefill.Abort": lambda: prefill.Abort(
+            worker_pb2.AbortRequest(request_id=victim), timeout=30),
+        "Prefill.Stats": lambda: prefill.Stats(worker_pb2.StatsRequest(), timeout=30),
+    }
+
+
 def test_every_worker_method_refuses_callers_without_the_credential(cluster: Cluster) -> None:
     """No credential, or another cluster's: every DecodeService and PrefillService method
     answers UNAUTHENTICATED, and nothing happened on the workers (the member's Reserve that
@@ -205,22 +227,7 @@ def test_every_worker_method_refuses_callers_without_the_credential(cluster: Clu
         with make(cluster.decode_address) as d_ch, make(cluster.prefill_address) as p_ch:
             decode = worker_pb2_grpc.DecodeServiceStub(d_ch)
             prefill = worker_pb2_grpc.PrefillServiceStub(p_ch)
-            calls: dict[str, Callable[[], Any]] = {
-                "Decode.Reserve": lambda: decode.Reserve(worker_pb2.ReserveRequest(
-                    request_id="x", token_ids=PROMPT, sampling=_greedy(4), lease_s=600),
-                    timeout=30),
-                "Decode.Decode": lambda: list(decode.Decode(
-                    worker_pb2.DecodeRequest(request_id="victim"), timeout=30)),
-                "Decode.PrefillLocal": lambda: decode.PrefillLocal(
-                    worker_pb2.PrefillLocalRequest(request_id="victim"), timeout=30),
-                "Decode.Abort": lambda: decode.Abort(
-                    worker_pb2.AbortRequest(request_id="victim"), timeout=30),
-                "Decode.Stats": lambda: decode.Stats(worker_pb2.StatsRequest(), timeout=30),
-                "Prefill.Prefill": lambda: prefill.Prefill(good, timeout=30),
-                "Prefill.Abort": lambda: prefill.Abort(
-                    worker_pb2.AbortRequest(request_id="victim"), timeout=30),
-                "Prefill.Stats": lambda: prefill.Stats(worker_pb2.StatsRequest(), timeout=30),
-            }
+            calls = _every_worker_call(decode, prefill, good)
             for name, call in calls.items():
                 with pytest.raises(grpc.RpcError) as err:
                     call()
