@@ -15,9 +15,10 @@ import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
+
+from common.grpc_auth import refusing
 
 BEARER = "bearer "
 
@@ -90,30 +91,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         value = metadata.get("authorization")
         if self._keys.allows(value if isinstance(value, str) else None):
             return handler
-        return _refusing(handler)
+        return refusing(handler, _REFUSAL)
 
 
 _REFUSAL = "missing or invalid API key (metadata 'authorization: Bearer <key>')"
-
-
-def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that aborts with UNAUTHENTICATED."""
-
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
-
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
-        yield  # pragma: no cover - makes this an async generator; abort always raises
-
-    codecs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary, **codecs)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming, **codecs)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary, **codecs)
-    return grpc.stream_stream_rpc_method_handler(streaming, **codecs)

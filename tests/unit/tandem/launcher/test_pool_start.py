@@ -79,51 +79,38 @@ def _raises(exc: BaseException) -> Callable[..., Awaitable[Any]]:
     return ready
 
 
+def _start_error(*behaviours: Callable[..., Awaitable[Any]], timeout_s: float = 10) -> str:
+    """The RuntimeError a start of workers with ``behaviours`` ends with, as text."""
+    async def main() -> str:
+        pool = _pool(*behaviours)
+        try:
+            with pytest.raises(RuntimeError) as err:
+                await pool._wait_serving(timeout_s)
+            return str(err.value)
+        finally:
+            await _cancel_watchers(pool)
+
+    return asyncio.run(main())
+
+
 def test_a_worker_that_raises_names_its_exception() -> None:
     """What Ray hands back for a worker whose start raised: the wrapped exception's text."""
     cause = ValueError("no model at /nowhere")
     wrapped = RayTaskError("WorkerActor.ready", "Traceback ...\nValueError: ...", cause)
 
-    async def main() -> str:
-        pool = _pool(_serves, _raises(wrapped))
-        try:
-            with pytest.raises(RuntimeError) as err:
-                await pool._wait_serving(10)
-            return str(err.value)
-        finally:
-            await _cancel_watchers(pool)
-
-    message = asyncio.run(main())
+    message = _start_error(_serves, _raises(wrapped))
     assert message == "tandem-decode-1 failed to start: ValueError: no model at /nowhere"
 
 
 def test_an_unexpected_error_in_the_supervisor_is_the_cause_not_a_hang() -> None:
     """An exception Ray does not wrap (neither a task nor an actor error) used to end the
     watcher silently, leaving the worker 'starting' until the ready timeout."""
-    async def main() -> str:
-        pool = _pool(_raises(OSError("connection reset")))
-        try:
-            with pytest.raises(RuntimeError) as err:
-                await pool._wait_serving(10)
-            return str(err.value)
-        finally:
-            await _cancel_watchers(pool)
-
-    message = asyncio.run(main())
+    message = _start_error(_raises(OSError("connection reset")))
     assert "tandem-decode-0 failed to start" in message and "connection reset" in message
 
 
 def test_a_worker_that_never_reports_names_the_wait() -> None:
-    async def main() -> str:
-        pool = _pool(_serves, _never)
-        try:
-            with pytest.raises(RuntimeError) as err:
-                await pool._wait_serving(0.3)
-            return str(err.value)
-        finally:
-            await _cancel_watchers(pool)
-
-    message = asyncio.run(main())
+    message = _start_error(_serves, _never, timeout_s=0.3)
     assert message == "tandem-decode-1 did not report in 0.3 s (still starting)"
 
 
