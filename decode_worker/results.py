@@ -13,9 +13,10 @@ class ReserveResult:
     """Where and into which blocks a prefill worker pushes a request's KV."""
 
     transfer_id: str
-    block_ids: list[int]
+    block_ids: list[int]  # the blocks the push fills: those after the cached prefix
     kv_endpoint: str  # kv_transfer Endpoint.encode(): host id plus one address per transport
     layout: KvLayout
+    cached_tokens: int = 0  # leading prompt tokens already held here (prefix cache)
 
 
 @dataclass(frozen=True, slots=True)

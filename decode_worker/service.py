@@ -4,7 +4,9 @@ A request's life on this worker (DESIGN.md section 2). The reservation's one rec
 engine's ledger (engine/core/remote_kv.py), named by the transfer id minted here at Reserve
 and kept on the request's ``RequestStream``; receiver events map to requests through it.
 
-    Reserve ──> engine.reserve_remote(transfer_id) + receiver.reserve(lease) ──> RESERVED
+    Reserve ──> engine.reserve_remote(transfer_id): the prompt's cached prefix + blocks for the
+            rest; receiver.reserve(lease) on those only (a push never writes a shared block)
+            ──> RESERVED (the reply says how many prompt tokens were cached)
     RESERVED ──Committed──> engine.commit_remote: joins the running batch at the next step
              ──Aborted / Expired──> engine.end_remote: blocks freed, stream ends with an error
              ──Abort──> receiver.release, then engine.abort
@@ -131,13 +133,14 @@ class DecodeWorker:
     ) -> ReserveResult:
         rid, tid = stream.request_id, stream.transfer_id
         try:
-            block_ids = await self._ae.call(
+            granted = await self._ae.call(
                 lambda e: e.reserve_remote(rid, tokens, params, prior, transfer_id=tid),
                 stream=rid,
             )
         except BaseException as exc:
             self._fail(stream, exc)
             raise
+        block_ids = granted.fill_block_ids  # the cached prefix's blocks are never leased
         try:
             self._receiver.reserve(tid, block_ids, lease)
         except BaseException as exc:
@@ -145,7 +148,8 @@ class DecodeWorker:
             self._fail(stream, exc)
             raise
         stream.start()
-        return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout)
+        return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout,
+                             granted.cached_tokens)
 
     async def decode(self, request_id: str) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         """Stream a request's messages after its first token; a client that goes away aborts

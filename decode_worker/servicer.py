@@ -39,7 +39,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
             raise
         return worker_pb2.ReserveResponse(
             transfer_id=res.transfer_id, block_ids=res.block_ids, kv_endpoint=res.kv_endpoint,
-            layout=layout_to_proto(res.layout),
+            layout=layout_to_proto(res.layout), cached_tokens=res.cached_tokens,
         )
 
     async def Decode(  # noqa: N802

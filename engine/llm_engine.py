@@ -8,8 +8,9 @@
 KV hooks for disaggregation (DESIGN.md section 2; the ledger is engine/core/remote_kv.py):
   prefill role: add_request(hold_kv=True, max_tokens=1), a layer hook fires as each layer's KV
                 lands, held_block_ids() to read them, release() when the push is done;
-  decode role:  reserve_remote(transfer_id=...) allocates blocks for a prompt computed
-                elsewhere, the transfer layer writes them into kv_cache, then exactly one of
+  decode role:  reserve_remote(transfer_id=...) takes the cached prefix of a prompt computed
+                elsewhere and allocates blocks for the rest, the transfer layer writes those
+                into kv_cache, then exactly one of
                 commit_remote (admit with the first token), end_remote (the push failed) or
                 prefill_reserved_locally (compute the prompt here after all).
 """
@@ -26,14 +27,20 @@ from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.output_processor import OutputProcessor
-from engine.core.remote_kv import RemoteKV, RemoteState
+from engine.core.remote_kv import RemoteKV, RemoteState, Reservation
 from engine.core.request import RequestStatus
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.core.step_costs import StepCostModel
 from engine.errors import InvalidRequestError
 from engine.model_runner import ModelRunner
 from engine.models.weights import torch_dtype
-from engine.outputs import EngineStats, KVCacheSpec, RequestOutput, SampleResult
+from engine.outputs import (
+    MAX_REPORTED_HASHES,
+    EngineStats,
+    KVCacheSpec,
+    RequestOutput,
+    SampleResult,
+)
 from engine.request_factory import LiveRequest, RequestFactory
 from engine.runner_config import RunnerConfig
 from engine.sampler import Sampler, skip_draw
@@ -261,8 +268,9 @@ class LLMEngine:
         params: SamplingParams,
         prior_output_tokens: int = 0,
         transfer_id: str | None = None,
-    ) -> list[int]:
-        """Allocate blocks for a prompt whose KV another engine computes; returns block ids.
+    ) -> Reservation:
+        """Allocate blocks for a prompt whose KV another engine computes, starting from the
+        prefix this engine caches; returns the blocks to fill and the cached token count.
 
         ``transfer_id``: the caller's opaque tag for the push that fills them (default: the
         request id); ``commit_remote`` and ``end_remote`` name the reservation by it.
@@ -271,9 +279,9 @@ class LLMEngine:
         live = self._new_live(
             request_id, list(prompt_token_ids), params, hold_kv=False, prior=prior_output_tokens
         )
-        block_ids = self.remote.reserve(live.request, transfer_id or request_id)
+        reservation = self.remote.reserve(live.request, transfer_id or request_id)
         self._live[request_id] = live
-        return block_ids
+        return reservation
 
     def commit_remote(
         self, transfer_id: str, first_token: int, logprob: float | None = None
@@ -333,6 +341,7 @@ class LLMEngine:
             step_costs=self.step_costs.costs(),
             pending_prefill_tokens=self.scheduler.pending_prefill_tokens(),
             max_num_batched_tokens=self.scheduler.budget,
+            cached_block_hashes=tuple(pool.cached_hashes(MAX_REPORTED_HASHES)),
         )
 
 

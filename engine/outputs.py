@@ -43,6 +43,9 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
+MAX_REPORTED_HASHES = 16384  # 128 KiB on the wire; pools beyond it report their newest
+
+
 @dataclass(slots=True)
 class EngineStats:
     """A snapshot of the engine's load, for schedulers, routers and metrics."""
@@ -69,6 +72,9 @@ class EngineStats:
     step_costs: StepCosts = field(default_factory=StepCosts)
     pending_prefill_tokens: int = 0
     max_num_batched_tokens: int = 0
+    # prefix-cache hashes of the blocks held (the most recently cached, at most
+    # MAX_REPORTED_HASHES): what a router matches prompts against
+    cached_block_hashes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,8 +45,10 @@ class LayerPush:
 
     def __init__(
         self, sender: Sender, transfer_id: str, endpoint: Endpoint, dst_block_ids: Sequence[int],
-        deadline: float,
+        deadline: float, skip_blocks: int = 0,
     ) -> None:
+        """``skip_blocks``: the request's leading blocks the destination already holds; the
+        push sends the blocks after them into ``dst_block_ids``."""
         self.transfer_id = transfer_id
         self.transfer: OutgoingTransfer | None = None
         self.layers_pushed = 0
@@ -54,6 +56,7 @@ class LayerPush:
         self._endpoint = endpoint
         self._dst = list(dst_block_ids)
         self._deadline = deadline
+        self._skip = skip_blocks
         self._first_layer_at = 0.0
         self._stopping = False
         self._queue: asyncio.Queue[LayerItem | None] = asyncio.Queue()
@@ -75,7 +78,7 @@ class LayerPush:
             if not self.layers_pushed:
                 self._first_layer_at = time.monotonic()
                 # The prefill engine may hold more blocks than the prompt fills; never fewer.
-                self.transfer.set_source(src[: len(self._dst)])
+                self.transfer.set_source(src[self._skip : self._skip + len(self._dst)])
             if wait is not None:  # CUDA: the layer's kernels must have finished
                 await loop.run_in_executor(None, wait)
             self.transfer.push(layer, layer + 1)

@@ -2,6 +2,7 @@
 
     Prefill ──> check layout, endpoint, blocks ──> engine.add_request(hold_kv, max_tokens=1)
             ──> layer hook: LayerPush opens the transfer and ships each layer as it lands
+                (the blocks after ``skip_tokens``: the decode worker caches the ones before)
             ──> first token sampled ──> COMMIT (ACK) ──> reply first token and timings
                 (meanwhile, between engine steps, engine.release: blocks back to the pool,
                 still prefix-cached; the reply never waits for the engine's current step)
@@ -55,6 +56,11 @@ class PrefillSpec:
     kv_endpoint: str
     layout: worker_pb2.KVLayout
     prior_output_tokens: int = 0  # a migrated request's already-streamed tail of token_ids
+    skip_tokens: int = 0  # the decode worker holds these leading tokens' KV: not pushed
+
+    def skip_blocks(self, block_size: int) -> int:
+        """Leading blocks of the prompt that are not pushed."""
+        return self.skip_tokens // block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +155,15 @@ class PrefillWorker:
             raise LayoutMismatch(mismatch)
         if not spec.transfer_id:
             raise BadRequest("transfer_id", "must not be empty")
-        need = -(-len(spec.token_ids) // self.layout.block_size)
+        bs = self.layout.block_size
+        if spec.skip_tokens % bs or not 0 <= spec.skip_tokens < len(spec.token_ids):
+            raise BadRequest("skip_tokens", f"{spec.skip_tokens} is not a multiple of the block "
+                             f"size {bs} below the prompt's {len(spec.token_ids)} tokens")
+        need = -(-len(spec.token_ids) // bs) - spec.skip_blocks(bs)
         if len(spec.block_ids) != need:
             raise BadRequest("block_ids", f"{len(spec.block_ids)} destination blocks for a "
-                             f"prompt of {len(spec.token_ids)} tokens that needs {need}")
+                             f"prompt of {len(spec.token_ids)} tokens (the first "
+                             f"{spec.skip_tokens} already there) that needs {need}")
         spec.params.validate(self._vocab_size)
 
     async def _prefill(self, spec: PrefillSpec, deadline_s: float | None) -> PrefillResult:
@@ -169,7 +180,8 @@ class PrefillWorker:
         n_out = spec.prior_output_tokens + 1
         first = dataclasses.replace(spec.params, max_tokens=n_out,
                                     min_tokens=min(spec.params.min_tokens, n_out))
-        push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout)
+        push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout,
+                         spec.skip_blocks(self.layout.block_size))
         self._pushes[rid] = push
         self.leased_blocks += len(spec.block_ids)
         committed = False

@@ -32,6 +32,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
                 kv_endpoint=request.kv_endpoint,
                 layout=request.layout,
                 prior_output_tokens=request.prior_output_tokens,
+                skip_tokens=request.skip_tokens,
             )
             res = await self._worker.prefill(spec, context.time_remaining())
         except Exception as exc:

@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="queue depth above which a prefill worker loses prefix affinity",
     )
+    p.add_argument(
+        "--decode-affinity-slack",
+        type=int,
+        default=4,
+        help="requests beyond the least busy decode worker's queue that the one holding a "
+        "prompt's cached prefix may have and still be chosen",
+    )
     p.add_argument("--lease-s", type=float, default=30.0, help="reservation lease")
     p.add_argument("--heartbeat-interval", type=float, default=2.0)
     p.add_argument("--health-interval", type=float, default=2.0)
@@ -188,6 +195,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefill_attempts=args.prefill_attempts,
         max_migrations=args.max_migrations,
         affinity_max_queue=args.affinity_max_queue,
+        decode_affinity_slack=args.decode_affinity_slack,
         lease_s=args.lease_s,
         heartbeat_interval_s=args.heartbeat_interval,
         health_interval_s=args.health_interval,

@@ -17,8 +17,10 @@ class RouterConfig:
     workers' measured step costs against ``slo_ttft_s``/``slo_tpot_s``:
     router/handoff/placement.py) or "remote" (always on a prefill worker when one exists).
     ``local_prefill_threshold`` > 0 overrides both: prompts shorter than this many tokens are
-    prefilled on the decode worker itself, the rest remotely. ``affinity_max_queue``: a sticky prefill worker with more
-    queued work than this loses its affinity to the least loaded one.
+    prefilled on the decode worker itself, the rest remotely. ``affinity_max_queue``: a sticky
+    prefill worker with more queued work than this loses its affinity to the least loaded one.
+    ``decode_affinity_slack``: the decode worker holding a prompt's longest cached prefix is
+    chosen unless its queue is deeper than this many requests beyond the least busy one's.
     """
 
     tokenizer_dir: str
@@ -37,6 +39,7 @@ class RouterConfig:
     slo_tpot_s: float = 0.1
     block_size: int = 16
     affinity_max_queue: int = 8
+    decode_affinity_slack: int = 4
     affinity_entries: int = 65536
     prefill_attempts: int = 2
     max_migrations: int = 2
@@ -102,6 +105,7 @@ class RouterConfig:
             "slo_tpot_s": 0 < self.slo_tpot_s <= _MAX_TIMEOUT_S,
             "block_size": self.block_size >= 1,
             "affinity_max_queue": self.affinity_max_queue >= 0,
+            "decode_affinity_slack": self.decode_affinity_slack >= 0,
             "affinity_entries": self.affinity_entries >= 1,
             "prefill_attempts": self.prefill_attempts >= 1,
             "max_migrations": self.max_migrations >= 0,

@@ -31,6 +31,7 @@ from router.config import RouterConfig
 from router.frontend import Frontend
 from router.handoff.affinity import PrefixAffinity
 from router.handoff.counters import HandoffCounters
+from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
 from router.handoff.ledger import HandoffDeps
 from router.http import HttpServer
@@ -85,8 +86,11 @@ class RouterServer:
         # Worker calls in flight by endpoint: the health monitor cuts those of a worker it
         # cannot reach (membership sees the tracker only through its CutsCalls protocol).
         self.inflight = InflightCalls()
+        # Prompt blocks this router just placed on a worker, until its reports catch up.
+        held = HeldBlocks(time.monotonic,
+                          2 * config.heartbeat_interval_s + config.health_interval_s)
         self.deps = HandoffDeps(config, self.registry, self.clients, affinity, counters,
-                                self.inflight)
+                                self.inflight, held=held)
         deps = self.deps
         self.gate = AdmissionGate(
             AdmissionLedger(config.max_inflight, config.max_queue, config.retry_after_ms)

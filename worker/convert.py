@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from common import block_hash
 from engine.outputs import EngineStats, KVCacheSpec, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 from kv_transfer import KvLayout
@@ -114,6 +115,7 @@ def stats_to_proto(
         kv_transfer_bytes=transfer.bytes,
         kv_transfer_failures=transfer.failures,
         num_leased_blocks=transfer.leased_blocks,
+        cached_block_hashes=block_hash.pack(stats.cached_block_hashes),
     )
 
 

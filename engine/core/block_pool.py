@@ -6,12 +6,9 @@ by the prefix cache until it is handed out again (evicted, least recently freed 
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-import xxhash
 
 
 @dataclass(slots=True)
@@ -21,15 +18,6 @@ class Block:
     block_id: int
     ref_cnt: int = 0
     block_hash: int | None = None
-
-
-def hash_block(parent: int | None, token_ids: Sequence[int]) -> int:
-    """Hash of a full block, chained to the hash of the block before it."""
-    h = xxhash.xxh3_64()
-    h.update((parent if parent is not None else 0).to_bytes(8, "little"))
-    h.update(b"\x01" if parent is not None else b"\x00")
-    h.update(array("q", token_ids).tobytes())
-    return h.intdigest()
 
 
 class BlockPool:
@@ -54,6 +42,12 @@ class BlockPool:
     def get_cached(self, block_hash: int) -> Block | None:
         """The block holding this hash, if it is still cached."""
         return self._cached.get(block_hash)
+
+    def cached_hashes(self, limit: int) -> list[int]:
+        """Hashes of the cached blocks, at most ``limit`` of them (the most recently cached)."""
+        if len(self._cached) <= limit:
+            return list(self._cached)
+        return list(self._cached)[-limit:]
 
     def allocate(self, n: int) -> list[Block]:
         """Hand out ``n`` blocks (ref_cnt 1), evicting least recently freed cached ones."""

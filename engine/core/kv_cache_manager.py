@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.block_pool import Block, BlockPool, hash_block
+from common.block_hash import hash_block
+from engine.core.block_pool import Block, BlockPool
 from engine.core.request import Request
 
 

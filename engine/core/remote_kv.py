@@ -6,7 +6,17 @@
     prefill role: finish(hold_kv) ──> HELD ──release──> blocks freed, still prefix-cached
 
 This ledger is *the* record of a reservation: each entry knows its request id, its transfer id
-(an opaque tag the decode worker gives at reserve time) and its blocks. kv_transfer's
+(an opaque tag the decode worker gives at reserve time) and its blocks.
+
+A reservation starts from the prefix cache: the prompt's leading full blocks this engine
+already holds (from an earlier turn of the same conversation, a shared system prompt) are
+taken as they are, and only the blocks after them are left for the push to fill::
+
+    prompt blocks:  [ cached | cached | fill | fill | fill (partial) ]
+                      ^ ref taken, never written       ^ Reservation.fill_block_ids
+
+The cached blocks are referenced from reserve on, so nothing evicts them before the push
+lands; at least the block holding the last prompt token is always filled. kv_transfer's
 ``ReservationTable`` only tracks the transfer's progress on the receive path. Every transition
 takes an entry out exactly once, so of two ends racing (a commit and an abort) the first wins
 and the other sees None; the engine serializes them on its thread.
@@ -27,6 +37,14 @@ class RemoteState(enum.Enum):
 
     RESERVED = "reserved"  # decode role: allocated, waiting for a prefill worker's push
     HELD = "held"  # prefill role: finished, kept until the push of its KV is done
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What ``reserve`` granted: the blocks a push fills, after the prefix already here."""
+
+    fill_block_ids: list[int]  # destination blocks of the push, in logical order
+    cached_tokens: int  # leading prompt tokens whose KV is already here (whole blocks)
 
 
 @dataclass(slots=True, eq=False)
@@ -77,28 +95,31 @@ class RemoteKV:
         return self._by_transfer.get(transfer_id)
 
     # -- decode role -----------------------------------------------------------------------
-    def reserve(self, request: Request, transfer_id: str) -> list[int]:
-        """Allocate blocks for all of ``request``'s tokens, to be filled by ``transfer_id``.
+    def reserve(self, request: Request, transfer_id: str) -> Reservation:
+        """Take the cached prefix of ``request``'s tokens and allocate blocks for the rest,
+        to be filled by ``transfer_id``.
 
         Check/commit: raises InvalidRequestError (an id in use) or OutOfBlocksError (the pool
-        is short) and changes nothing; else returns the block ids in logical order."""
+        is short) and changes nothing; else returns the blocks to fill and the cached part."""
         rid = request.request_id
         if rid in self._by_request:
             raise InvalidRequestError("request_id", f"{rid!r} is already in use")
         if not transfer_id or transfer_id in self._by_transfer:
             raise InvalidRequestError("transfer_id", f"{transfer_id!r} is empty or in use")
-        if not self.kv.allocate_slots(request, request.num_tokens, cache_tokens=False):
+        computed, n_cached = self.kv.get_computed_blocks(request)
+        if not self.kv.allocate_slots(request, request.num_tokens - n_cached, computed,
+                                      cache_tokens=False):
             self.kv.free(rid)
             raise OutOfBlocksError(
-                f"{self.kv.blocks_needed(request.num_tokens)} blocks needed, "
+                f"{self.kv.blocks_needed(request.num_tokens) - len(computed)} blocks needed, "
                 f"{self.kv.pool.num_free} free"
             )
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
-        request.num_cached_tokens = 0
+        request.num_cached_tokens = n_cached
         entry = RemoteEntry(request, RemoteState.RESERVED, self.kv.block_ids(rid), transfer_id)
         self._by_request[rid] = entry
         self._by_transfer[transfer_id] = entry
-        return list(entry.block_ids)
+        return Reservation(entry.block_ids[len(computed):], n_cached)
 
     def commit(self, transfer_id: str) -> Request | None:
         """Every block has arrived: the request's KV is computed and its full blocks are

@@ -3,11 +3,13 @@
 One request's life here, from the front door's Prepared to the Chunks it streams back::
 
     Prepared + Deadline
-      -> policy.rank_decode            which decode worker D (load, free blocks)
-      -> legs.reserve(D)               D holds blocks for prompt + max_tokens, under a lease
+      -> policy.rank_decode            which decode worker D (cached prefix, load, free blocks)
+      -> legs.reserve(D)               D reuses its cached prefix of the prompt, holds blocks
+                                       for the rest + max_tokens, under a lease
       -> policy.rank_prefill           prefill candidates (prefix affinity, then load)
       -> placement.decide              remote on which P, or local on D (the cost model)
-      -> legs.prefill(P)               P pushes KV into D's blocks, commits the first token
+      -> legs.prefill(P)               P pushes the uncached blocks' KV into D, commits the
+                                       first token
            | P fails: next P on a fresh reservation; then legs.prefill_local(D)
       -> first token                   straight from P's reply (TTFT does not wait for D)
       -> legs.decode_stream(D)         the rest of the tokens
@@ -21,6 +23,7 @@ One request's life here, from the front door's Prepared to the Chunks it streams
   option against the SLO (pure).
 - ``inflight``: every worker call in flight, by endpoint, so the health monitor can cut them.
 - ``affinity``: prefix-hash chains and the bounded LRU of which P served which prefix.
+- ``held_blocks``: which prompt blocks each worker holds (its reports + what was just sent).
 - ``deadline``: the request's deadline (each call's timeout with legs' defaults).
 - ``counters``: the count of every fallback and migration (read by the metrics).
 

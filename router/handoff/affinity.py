@@ -6,6 +6,8 @@ chain's first hashes::
     tokens:  [b0 ........][b1 ........][b2 ........][tail]
     hashes:   h0 = H(b0)   h1 = H(h0,b1) h2 = H(h1,b2)       (the partial tail is not hashed)
 
+(the same chain the engine's prefix cache uses: common/block_hash.py).
+
 The map from hash to worker is a bounded LRU, so memory stays flat however many prompts pass.
 """
 
@@ -14,17 +16,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from common.block_hash import block_hashes
+
 
 def prefix_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int = 256) -> list[int]:
-    """Chained hashes of the first full blocks of ``token_ids`` (at most ``max_blocks``)."""
-    hashes: list[int] = []
-    parent = 0
-    n_full = min(len(token_ids) // block_size, max_blocks)
-    for i in range(n_full):
-        # hash() of a tuple of ints is not salted per process, so hashes are deterministic.
-        parent = hash((parent, tuple(token_ids[i * block_size : (i + 1) * block_size])))
-        hashes.append(parent)
-    return hashes
+    """Chained hashes of the first full blocks of ``token_ids`` (at most ``max_blocks``): the
+    engine's own prefix-cache chain (common/block_hash.py), so they match workers' reports."""
+    return block_hashes(token_ids, block_size, max_blocks)
 
 
 class PrefixAffinity:

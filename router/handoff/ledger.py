@@ -3,6 +3,9 @@
 One leg at a time, normally just one::
 
     Reserve on D  ->  Prefill on P (push KV to D, commit)  ->  first token  ->  Decode(D) stream
+    | D: the decode worker holding the longest cached prefix of the prompt unless it is
+    |    overloaded (policy.rank_decode); its Reserve reuses those blocks, and the push
+    |    carries only the blocks after them (PrefillRequest.skip_tokens)
                       | P fails: fresh reservation on D, next P; then PrefillLocal on D
                       | placement says local (no P, or cheaper inside the SLO): PrefillLocal
     D dies mid-stream: Reserve on D' with prompt + tokens sent, prefill again, next token ...
@@ -41,6 +44,7 @@ from router.handoff import legs, placement, policy
 from router.handoff.affinity import PrefixAffinity, prefix_hashes
 from router.handoff.counters import HandoffCounters
 from router.handoff.deadline import Deadline
+from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
 from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads, Slo
 from router.membership.registry import Registry
@@ -54,7 +58,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class HandoffDeps:
     """What every handoff shares: the pool, the channels, the affinity map, the counters,
-    and the worker calls in flight (which the health monitor cuts: router/server.py)."""
+    the worker calls in flight (which the health monitor cuts: router/server.py), the remote
+    overheads placement learns, and the prefix blocks each worker is believed to hold."""
 
     config: RouterConfig
     registry: Registry
@@ -63,6 +68,7 @@ class HandoffDeps:
     counters: HandoffCounters
     inflight: InflightCalls = field(default_factory=InflightCalls)
     overheads: RemoteOverheads = field(default_factory=RemoteOverheads)
+    held: HeldBlocks = field(default_factory=lambda: HeldBlocks(time.monotonic, 6.0))
 
 
 @dataclass(slots=True)
@@ -89,6 +95,7 @@ class Handoff:
         self._n_legs = 0
         self._open: list[tuple[str, str, bool]] = []  # (endpoint, leg id, is decode) to abort
         self._lost = ""  # why the last decode leg was lost (said when no worker takes over)
+        self._hashed, self._chain = -1, []  # _hashes' memo: token count and its chain
         self.report = HandoffReport()
 
     async def stream(self) -> AsyncIterator[Chunk]:
@@ -120,6 +127,8 @@ class Handoff:
                         self._sent.extend(message.token_ids)
                         yield Chunk.of(message)
                 self._open.remove((leg.endpoint, leg.leg_id, True))
+                # D now caches the whole sequence: a next turn that extends it goes there.
+                self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
                 return
             except LegLostError as lost:
                 await self._migrate(lost, leg, excluded)
@@ -139,13 +148,25 @@ class Handoff:
             )
         self._deps.counters.migrations += 1
 
+    def _hashes(self, tokens: list[int]) -> list[int]:
+        """The prefix-cache chain of ``tokens`` (the next leg's; memoized per length)."""
+        if self._hashed != len(tokens):
+            self._chain = prefix_hashes(tokens, self._deps.config.block_size)
+            self._hashed = len(tokens)
+        return self._chain
+
     def _rank_decode(self, excluded: set[str]) -> list[str]:
         deps = self._deps
+        workers = deps.registry.routable(Role.DECODE)
+        hashes = self._hashes(self._tokens())
+        matched = {w.endpoint: deps.held.matched(w, hashes) for w in workers}
         ranked = policy.rank_decode(
-            deps.registry.routable(Role.DECODE),
+            workers,
             len(self._req.prompt_ids) + self._req.max_tokens,
             deps.config.block_size,
             excluded,
+            matched,
+            deps.config.decode_affinity_slack,
         )
         if not ranked:
             after = f" to move the request to after: {self._lost}" if self._lost else ""
@@ -185,6 +206,7 @@ class Handoff:
                     self._mark_down(endpoint, str(err))
                 continue
             self._open.append((endpoint, leg_id, True))
+            self._deps.held.record(endpoint, self._hashes(self._tokens()))
             return _Leg(endpoint, leg_id, reply)
         if exhausted:  # come back when the soonest full worker expects room
             raise OverloadedError("every decode worker is full", min(exhausted))
@@ -202,10 +224,11 @@ class Handoff:
         tokens = self._tokens()
         workers = deps.registry.routable(Role.PREFILL)
         started = time.perf_counter()
-        hashes = prefix_hashes(tokens, deps.config.block_size) if workers else []
+        hashes = self._hashes(tokens)
         owners = deps.affinity.lookup(hashes) if workers else []
         ranked = policy.rank_prefill(workers, owners, deps.config.affinity_max_queue)
-        placed = self._place(len(tokens), leg.endpoint, ranked, owners)
+        cached = self._cached(owners, ranked, hashes, leg)
+        placed = self._place(len(tokens), leg.endpoint, ranked, cached)
         counters.decisions[(placed.decision.value, placed.reason.value)] += 1
         reply: worker_pb2.PrefillResponse | None = None
         if placed.decision is Decision.LOCAL:
@@ -221,17 +244,18 @@ class Handoff:
                 if i:
                     leg = await self._renew(leg)
                 t0 = time.perf_counter()
-                reply = await self._try_prefill(worker.endpoint, leg)
+                new = max(len(tokens) - cached.get(worker.endpoint, 0), 1)
+                reply = await self._try_prefill(worker.endpoint, leg, new)
                 if reply is not None:
                     deps.affinity.record(hashes, worker.endpoint)
-                    self._learn_overhead(worker, leg.endpoint, len(tokens), owners,
-                                         time.perf_counter() - t0)
+                    deps.held.record(worker.endpoint, hashes)
+                    self._learn_overhead(worker, leg.endpoint, new, time.perf_counter() - t0)
                     break
             if reply is None:
                 counters.local_prefill_fallbacks += 1
                 leg = await self._renew(leg)
         if reply is None:
-            reply = await self._prefill_local(leg)
+            reply = await self._prefill_local(leg, len(tokens) - leg.reservation.cached_tokens)
         self.report.prefill_s += time.perf_counter() - started
         if not self._sent:  # the first leg's figures describe the client's prompt
             self.report.cached_tokens = reply.cached_tokens
@@ -239,7 +263,7 @@ class Handoff:
         return leg, reply
 
     def _place(self, n_tokens: int, decode_endpoint: str, ranked: list[WorkerView],
-               owners: list[tuple[str, int]]) -> Placement:
+               cached: dict[str, int]) -> Placement:
         """Where this prompt is prefilled (router/handoff/placement.py)."""
         cfg = self._deps.config
         if ranked and cfg.placement == "remote" and cfg.local_prefill_threshold == 0:
@@ -251,27 +275,36 @@ class Handoff:
         decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
         return placement.decide(
             n_tokens, decode, ranked, Slo(cfg.slo_ttft_s, cfg.slo_tpot_s),
-            cached=self._cached(owners), overhead_s=self._deps.overheads.current(),
+            cached=cached, overhead_s=self._deps.overheads.current(),
             threshold=cfg.local_prefill_threshold,
         )
 
-    def _cached(self, owners: list[tuple[str, int]]) -> dict[str, int]:
-        """Prompt tokens each prefill worker is believed to cache (the affinity map)."""
-        return {endpoint: depth * self._deps.config.block_size for endpoint, depth in owners}
+    def _cached(self, owners: list[tuple[str, int]], prefill: list[WorkerView],
+                hashes: list[int], leg: _Leg) -> dict[str, int]:
+        """Prompt tokens each worker holds already: the decode worker's reservation says
+        exactly; for prefill workers, the affinity map or their reports, whichever says more."""
+        bs, held = self._deps.config.block_size, self._deps.held
+        cached = {endpoint: depth * bs for endpoint, depth in owners}
+        for w in prefill:
+            cached[w.endpoint] = max(cached.get(w.endpoint, 0), held.matched(w, hashes) * bs)
+        cached[leg.endpoint] = leg.reservation.cached_tokens
+        return cached
 
-    def _learn_overhead(self, worker: WorkerView, decode_endpoint: str, n_tokens: int,
-                        owners: list[tuple[str, int]], measured_s: float) -> None:
-        """What this remote prefill took beyond the model's compute prediction."""
+    def _learn_overhead(self, worker: WorkerView, decode_endpoint: str, new: int,
+                        measured_s: float) -> None:
+        """What this remote prefill of ``new`` uncached tokens took beyond the model's
+        compute prediction."""
         decode = self._deps.registry.view(decode_endpoint)
         if decode is None:
             return
-        new = max(n_tokens - self._cached(owners).get(worker.endpoint, 0), 1)
         predicted = placement.predict_remote(worker, decode, new)
         if predicted is not None:
             self._deps.overheads.observe(worker.endpoint, measured_s, predicted.ttft_s)
 
-    async def _try_prefill(self, endpoint: str, leg: _Leg) -> worker_pb2.PrefillResponse | None:
-        """One prefill attempt; None when this worker failed and another may be tried."""
+    async def _try_prefill(self, endpoint: str, leg: _Leg, new_tokens: int
+                           ) -> worker_pb2.PrefillResponse | None:
+        """One prefill attempt (of ``new_tokens`` uncached prompt tokens there); None when
+        this worker failed and another may be tried."""
         deps = self._deps
         r = leg.reservation
         request = worker_pb2.PrefillRequest(
@@ -284,10 +317,12 @@ class Handoff:
             kv_endpoint=r.kv_endpoint,
             layout=r.layout,
             prior_output_tokens=len(self._sent),
+            skip_tokens=r.cached_tokens,  # D holds this much: only the rest is pushed
         )
         key = (endpoint, leg.leg_id, False)
         self._open.append(key)
         deps.registry.acquire(endpoint)
+        deps.registry.prefilling(endpoint, new_tokens)
         try:
             reply = await legs.prefill(self._calls, endpoint, request, self._deadline.remaining())
         except WorkerCallError as err:
@@ -300,10 +335,13 @@ class Handoff:
             return None
         finally:
             deps.registry.release(endpoint)
+            deps.registry.prefilling(endpoint, -new_tokens)
         self._open.remove(key)  # done: the KV now lives on the decode worker
         return reply
 
-    async def _prefill_local(self, leg: _Leg) -> worker_pb2.PrefillResponse:
+    async def _prefill_local(self, leg: _Leg, new_tokens: int) -> worker_pb2.PrefillResponse:
+        registry = self._deps.registry
+        registry.prefilling(leg.endpoint, new_tokens)
         try:
             return await legs.prefill_local(
                 self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining()
@@ -311,6 +349,8 @@ class Handoff:
         except WorkerCallError as err:
             legs.raise_if_fatal(err)
             raise WorkerFailedError(f"no prefill succeeded; last: {err}") from err
+        finally:
+            registry.prefilling(leg.endpoint, -new_tokens)
 
     def _remaining(self) -> int:
         return self._req.max_tokens - len(self._sent)

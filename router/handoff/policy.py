@@ -6,7 +6,7 @@ refuses (RESOURCE_EXHAUSTED) or fails, without asking the policy again.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from router.membership.worker_view import WorkerView
 
@@ -21,19 +21,40 @@ def rank_decode(
     num_tokens: int,
     block_size: int,
     exclude: Collection[str] = (),
+    matched: Mapping[str, int] | None = None,
+    slack: int = 4,
 ) -> list[WorkerView]:
-    """Decode workers best first: those with room for the prompt, least busy, most free blocks.
+    """Decode workers best first: the prefix holder unless it is overloaded, then those with
+    room for the request, least busy, most free blocks.
 
-    A worker that has not reported its capacity yet is assumed to have room. Workers without
-    room still come last (their stats may be stale; Reserve has the final word).
+    ``matched``: leading prompt blocks each endpoint holds (router/handoff/held_blocks.py).
+    The worker holding the longest prefix goes first when it has room and its queue is at
+    most ``slack`` deeper than the least busy worker's with room: its Reserve reuses those
+    blocks, so the prefill pushes (or computes locally) only the rest. Deeper than that, it
+    is overloaded and ranked by load like the others. A worker that has not reported its
+    capacity yet is assumed to have room; workers without room come last (their stats may be
+    stale; Reserve has the final word).
     """
     need = blocks_needed(num_tokens, block_size)
+    matched = matched or {}
+
+    def fits(w: WorkerView) -> bool:  # its cached prefix blocks need no new ones
+        return w.num_blocks == 0 or w.num_free_blocks >= need - matched.get(w.endpoint, 0)
 
     def key(w: WorkerView) -> tuple[bool, int, int, str]:
-        fits = w.num_blocks == 0 or w.num_free_blocks >= need
-        return (not fits, w.queue_depth, -w.num_free_blocks, w.endpoint)
+        return (not fits(w), w.queue_depth, -w.num_free_blocks, w.endpoint)
 
-    return sorted((w for w in workers if w.endpoint not in exclude), key=key)
+    ranked = sorted((w for w in workers if w.endpoint not in exclude), key=key)
+    roomy = [w for w in ranked if fits(w)]
+    if not roomy or not matched:
+        return ranked
+    least = roomy[0].queue_depth
+    holders = [w for w in roomy
+               if matched.get(w.endpoint, 0) > 0 and w.queue_depth <= least + slack]
+    if not holders:
+        return ranked
+    best = max(holders, key=lambda w: matched[w.endpoint])  # ties: the less busy (stable)
+    return [best, *(w for w in ranked if w is not best)]
 
 
 def rank_prefill(

@@ -68,6 +68,7 @@ class WorkerLoad:
     step_per_prefill_token_s: float | None = None
     queued_prefill_tokens: int = 0
     max_batched_tokens: int = 0
+    cached_blocks: frozenset[int] = frozenset()  # prefix-cache hashes it holds
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class _Entry:
     load: WorkerLoad
     healthy: bool = True
     active: int = 0
+    prefilling_tokens: int = 0  # prompt tokens of this router's prefills running there now
     generation: int = 0  # bumped by every (re)registration of this endpoint
 
 
@@ -219,6 +221,13 @@ class Registry:
         if entry is not None and entry.active > 0:
             entry.active -= 1
 
+    def prefilling(self, endpoint: str, tokens: int) -> None:
+        """This router's prefills on ``endpoint`` gained (``tokens`` > 0) or lost prompt
+        tokens: a prefill there started or ended."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is not None:
+            entry.prefilling_tokens = max(entry.prefilling_tokens + tokens, 0)
+
     def endpoints(self) -> list[str]:
         """Every known endpoint, routable or not (what the health monitor probes)."""
         return list(self._by_endpoint)
@@ -266,6 +275,9 @@ def _view(e: _Entry) -> WorkerView:
         step_base_s=e.load.step_base_s,
         step_per_row_s=e.load.step_per_row_s,
         step_per_prefill_token_s=e.load.step_per_prefill_token_s,
-        queued_prefill_tokens=e.load.queued_prefill_tokens,
+        # the worker's report, or this router's own prefills there, whichever is larger
+        # (the report is a heartbeat old; the router's count is exact but only its own)
+        queued_prefill_tokens=max(e.load.queued_prefill_tokens, e.prefilling_tokens),
         max_batched_tokens=e.load.max_batched_tokens,
+        cached_blocks=e.load.cached_blocks,
     )

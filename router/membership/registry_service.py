@@ -6,6 +6,7 @@ import math
 
 import grpc
 
+from common import block_hash
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from router.errors import InvalidRequestError
 from router.membership.registry import Registry, WorkerLoad
@@ -28,6 +29,7 @@ def load_of(stats: worker_pb2.WorkerStats) -> WorkerLoad:
         step_per_prefill_token_s=_optional(stats, "step_per_prefill_token_s"),
         queued_prefill_tokens=stats.pending_prefill_tokens,
         max_batched_tokens=stats.max_batched_tokens,
+        cached_blocks=block_hash.unpack(stats.cached_block_hashes),
     )
 
 

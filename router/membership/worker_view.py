@@ -36,6 +36,8 @@ class WorkerView:
     step_per_prefill_token_s: float | None = None
     queued_prefill_tokens: int = 0
     max_batched_tokens: int = 0  # tokens one step may take (0: not reported)
+    # Prefix-cache hashes of the blocks it reported holding (router/handoff/held_blocks.py)
+    cached_blocks: frozenset[int] = frozenset()
 
     @property
     def queue_depth(self) -> int:

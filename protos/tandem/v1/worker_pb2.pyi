@@ -52,19 +52,21 @@ class ReserveRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout")
+    __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout", "cached_tokens")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_endpoint: str
     layout: KVLayout
-    def __init__(self, transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "transfer_id", "block_ids", "kv_endpoint", "layout", "prior_output_tokens")
+    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "transfer_id", "block_ids", "kv_endpoint", "layout", "prior_output_tokens", "skip_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +76,7 @@ class PrefillRequest(_message.Message):
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PRIOR_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _tandem_pb2.SamplingParams
@@ -83,7 +86,8 @@ class PrefillRequest(_message.Message):
     kv_endpoint: str
     layout: KVLayout
     prior_output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., prior_output_tokens: _Optional[int] = ...) -> None: ...
+    skip_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., prior_output_tokens: _Optional[int] = ..., skip_tokens: _Optional[int] = ...) -> None: ...
 
 class PrefillLocalRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -130,7 +134,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "kv_transfer_bytes_per_s", "kv_transfer_bytes", "kv_transfer_failures", "num_leased_blocks", "step_base_s", "step_per_row_s", "step_per_prefill_token_s", "pending_prefill_tokens", "max_batched_tokens")
+    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "kv_transfer_bytes_per_s", "kv_transfer_bytes", "kv_transfer_failures", "num_leased_blocks", "step_base_s", "step_per_row_s", "step_per_prefill_token_s", "pending_prefill_tokens", "max_batched_tokens", "cached_block_hashes")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +160,7 @@ class WorkerStats(_message.Message):
     STEP_PER_PREFILL_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     role: Role
     worker_id: str
     num_running: int
@@ -181,7 +186,8 @@ class WorkerStats(_message.Message):
     step_per_prefill_token_s: float
     pending_prefill_tokens: int
     max_batched_tokens: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., itl_p50_s: _Optional[float] = ..., itl_p90_s: _Optional[float] = ..., kv_transfer_bytes_per_s: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failures: _Optional[int] = ..., num_leased_blocks: _Optional[int] = ..., step_base_s: _Optional[float] = ..., step_per_row_s: _Optional[float] = ..., step_per_prefill_token_s: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ...) -> None: ...
+    cached_block_hashes: bytes
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., itl_p50_s: _Optional[float] = ..., itl_p90_s: _Optional[float] = ..., kv_transfer_bytes_per_s: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failures: _Optional[int] = ..., num_leased_blocks: _Optional[int] = ..., step_base_s: _Optional[float] = ..., step_per_row_s: _Optional[float] = ..., step_per_prefill_token_s: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., cached_block_hashes: _Optional[bytes] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("role", "worker_id", "endpoint", "kv_endpoint", "layout")

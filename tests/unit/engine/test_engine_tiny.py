@@ -136,7 +136,7 @@ def test_disaggregated_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
     assert layers_seen == list(range(prefill.arch.num_layers))
     src = prefill.held_block_ids(rid)
 
-    dst = decode.reserve_remote("r1", prompt, GREEDY)
+    dst = decode.reserve_remote("r1", prompt, GREEDY).fill_block_ids
     assert len(dst) == len(src)
     copy_blocks(prefill, src, decode, dst, layer_by_layer=True)  # as the transfer layer would
     prefill.release(rid)
@@ -220,7 +220,7 @@ def test_seeded_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
     while a.has_unfinished():
         for out in a.step():
             first = out.token_ids[0]
-    dst = b.reserve_remote("s", prompt, p)
+    dst = b.reserve_remote("s", prompt, p).fill_block_ids
     copy_blocks(a, a.held_block_ids(rid), b, dst)
     a.release(rid)
     tokens = list(b.commit_remote("s", first).new_token_ids)

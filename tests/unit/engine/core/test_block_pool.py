@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engine.core.block_pool import BlockPool, hash_block
+from common.block_hash import hash_block
+from engine.core.block_pool import BlockPool
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request
 from engine.sampling_params import SamplingParams

@@ -32,7 +32,7 @@ def ledger() -> Iterator[RemoteKV]:
 
 def test_reserve_then_commit_hands_the_blocks_to_the_request(ledger: RemoteKV) -> None:
     req = _req("r", 10)
-    ids = ledger.reserve(req, "t")
+    ids = ledger.reserve(req, "t").fill_block_ids
     assert len(ids) == 3 and ledger.kv.pool.num_free == 5
     assert req.status is RequestStatus.WAITING_FOR_REMOTE_KV and req.num_cached_tokens == 0
     entry = ledger.get("r")
@@ -149,3 +149,58 @@ def test_many_reservations_every_end_leaks_nothing(ledger: RemoteKV) -> None:
     for tid in ("t0", "t1", "t2", "t3"):
         assert ledger.commit(tid) is None and ledger.end(tid) is None
     ledger.kv.free("r0")
+
+
+def test_reserve_reuses_the_cached_prefix_and_leases_only_the_rest(ledger: RemoteKV) -> None:
+    """A second turn extending a committed prompt takes its cached blocks (referenced, never
+    to be written) and gets fresh blocks for the rest only; every end frees both kinds."""
+    first = _req("r", 9)
+    ledger.reserve(first, "t")
+    ledger.commit("t")
+    ledger.kv.free("r")  # finished: its two full blocks stay cached
+    turn2 = _req("r2", 14)  # same first 9 tokens, then more
+    got = ledger.reserve(turn2, "t2")
+    assert got.cached_tokens == 8 and turn2.num_cached_tokens == 8
+    entry = ledger.get("r2")
+    assert entry is not None and len(entry.block_ids) == 4
+    assert got.fill_block_ids == entry.block_ids[2:]  # blocks 3 and 4 only
+    assert ledger.kv.pool.num_free == 4  # 8 - 4 held (2 reused + 2 fresh)
+    # Pinned from Reserve on: a flood of other requests cannot evict the reused blocks.
+    flood = Request("flood", list(range(100, 116)), SamplingParams())
+    assert ledger.kv.allocate_slots(flood, 16, cache_tokens=False)
+    assert ledger.kv.pool.num_free == 0
+    assert ledger.kv.get_computed_blocks(_req("probe", 14))[1] == 8
+    ledger.kv.free("flood")
+    ledger.kv.free("probe")
+    assert ledger.commit("t2") is turn2 and turn2.num_computed_tokens == 14
+    ledger.kv.free("r2")
+    ended = _req("r3", 14)
+    assert ledger.reserve(ended, "t3").cached_tokens == 12  # now three full blocks
+    assert ledger.end("t3") is ended
+
+
+def test_a_full_prompt_hit_still_leaves_its_last_block_to_fill(ledger: RemoteKV) -> None:
+    """The prefill worker always pushes the block with the last prompt token (it computes the
+    first output token from it), so a cached prompt of whole blocks is not reused entirely."""
+    ledger.reserve(_req("r", 8), "t")
+    ledger.commit("t")
+    ledger.kv.free("r")
+    again = _req("again", 8)
+    got = ledger.reserve(again, "t2")
+    assert got.cached_tokens == 4 and len(got.fill_block_ids) == 1
+    assert ledger.unreserve("again") is again
+
+
+def test_an_evicted_prefix_is_reserved_afresh(ledger: RemoteKV) -> None:
+    """The router believed the prefix was here, but other requests evicted it before Reserve:
+    nothing is reused and every block is leased to the push."""
+    ledger.reserve(_req("r", 9), "t")
+    ledger.commit("t")
+    ledger.kv.free("r")
+    filler = Request("fill", list(range(100, 132)), SamplingParams())  # every block
+    assert ledger.kv.allocate_slots(filler, 32, cache_tokens=False)
+    ledger.kv.free("fill")
+    turn2 = _req("r2", 14)
+    got = ledger.reserve(turn2, "t2")
+    assert got.cached_tokens == 0 and len(got.fill_block_ids) == 4
+    assert ledger.end("t2") is turn2

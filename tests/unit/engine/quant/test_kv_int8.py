@@ -101,7 +101,7 @@ def test_handoff_ships_int8_blocks_with_their_scales(make_engine, tiny_dir) -> N
     while pre.has_unfinished():
         first += [t for o in pre.step() for t in o.new_token_ids]
     assert pre.kv_cache.dtype == torch.int8 and pre.kv_cache.shape[-1] == pre.arch.head_dim + 4
-    dst = dec.reserve_remote("r", PROMPT, GREEDY)
+    dst = dec.reserve_remote("r", PROMPT, GREEDY).fill_block_ids
     copy_blocks(pre, pre.held_block_ids(rid), dec, dst)
     pre.release(rid)
     out = dec.commit_remote("r", first[0])

@@ -80,7 +80,7 @@ def test_draft_builds_its_kv_after_a_handoff(tiny_dir, make_engine) -> None:
     while prefill.has_unfinished():
         for out in prefill.step():
             first = out.token_ids[0]
-    dst = decode.reserve_remote("h", prompt, GREEDY)
+    dst = decode.reserve_remote("h", prompt, GREEDY).fill_block_ids
     copy_blocks(prefill, prefill.held_block_ids(rid), decode, dst)
     prefill.release(rid)
     tokens = list(decode.commit_remote("h", first).new_token_ids)

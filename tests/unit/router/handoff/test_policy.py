@@ -109,3 +109,23 @@ def test_affinity_forget() -> None:
     aff.record([3], "b")
     aff.forget("a")
     assert aff.lookup([1, 2, 3]) == [("b", 3)]
+
+
+def test_decode_prefers_the_prefix_holder() -> None:
+    """The worker holding the longest cached prefix wins over a less busy one."""
+    ranked = rank_decode([_d("a"), _d("b", running=2), _d("c", running=1)], 64, 16,
+                         matched={"b": 3, "c": 1})
+    assert [w.endpoint for w in ranked] == ["b", "a", "c"]
+
+
+def test_decode_prefix_holder_loses_when_overloaded_or_full() -> None:
+    busy = rank_decode([_d("a"), _d("b", running=5)], 64, 16, matched={"b": 3}, slack=4)
+    assert [w.endpoint for w in busy] == ["a", "b"]  # 5 deeper than a's 0: overloaded
+    full = rank_decode([_d("a"), _d("b", free=2)], 96, 16, matched={"b": 3})
+    assert [w.endpoint for w in full] == ["a", "b"]  # 6 blocks needed, 3 held + 2 free
+
+
+def test_decode_prefix_held_blocks_count_as_room() -> None:
+    """Blocks the holder already caches need no new ones: 4 needed, 2 held, 2 free fits."""
+    ranked = rank_decode([_d("a"), _d("b", free=2)], 64, 16, matched={"b": 2})
+    assert [w.endpoint for w in ranked] == ["b", "a"]

@@ -147,3 +147,26 @@ def test_heartbeats_never_make_an_unhealthy_worker_healthy() -> None:
     reg.set_healthy("d:1", False)
     reg.register(Role.DECODE, "d:1", "w1")  # a fresh registration clears it as well
     assert _endpoints(reg, Role.DECODE) == ["d:1"]
+
+
+def test_router_prefills_count_toward_queued_prompt_tokens() -> None:
+    """The view's queued prompt tokens: the worker's report or this router's own prefills
+    there, whichever is larger (the report lags; the router's count is exact)."""
+    reg = Registry(FakeClock(), 1.0)
+    reg.add_static(Role.PREFILL, "p")
+    reg.update_load("p", WorkerLoad(queued_prefill_tokens=100))
+    reg.prefilling("p", 300)
+    reg.prefilling("p", 50)
+    assert reg.view("p").queued_prefill_tokens == 350  # type: ignore[union-attr]
+    reg.prefilling("p", -350)
+    assert reg.view("p").queued_prefill_tokens == 100  # type: ignore[union-attr]
+    reg.prefilling("p", -5)  # never negative
+    reg.prefilling("unknown", 10)
+    assert reg.view("p").queued_prefill_tokens == 100  # type: ignore[union-attr]
+
+
+def test_reported_cached_blocks_reach_the_view() -> None:
+    reg = Registry(FakeClock(), 1.0)
+    reg.add_static(Role.DECODE, "d")
+    reg.update_load("d", WorkerLoad(cached_blocks=frozenset({7, 8})))
+    assert reg.view("d").cached_blocks == {7, 8}  # type: ignore[union-attr]
