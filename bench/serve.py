@@ -70,7 +70,8 @@ def progress_printer(label: str, total: int) -> Callable[[RequestResult], None]:
         nonlocal done
         done += 1
         state = "ok" if r.ok else f"FAILED {r.error}"
-        print(f"  [{label} {done}/{total}] {r.kind:4s} ttft={r.ttft * 1000:6.0f}ms "
+        kind = r.kind if r.conversation < 0 else f"c{r.conversation}t{r.turn}"
+        print(f"  [{label} {done}/{total}] {kind:4s} ttft={r.ttft * 1000:6.0f}ms "
               f"tpot={(r.tpot or 0) * 1000:5.0f}ms out={r.output_tokens} {state}",
               file=sys.stderr, flush=True)
 

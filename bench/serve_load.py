@@ -1,8 +1,10 @@
 """Drive a Tandem endpoint with a list of timed requests and record what each one saw.
 
-Two ways in, measured the same way (send -> first token -> every token -> last):
+Three ways in, measured the same way (send -> first token -> every token -> last):
 
     run_load(target, specs)        the public ``Tandem.Generate`` stream on a router
+    run_conversations(target, cs)  the same stream, multi-turn: each turn's prompt carries
+                                   the reply the server gave the turn before
     run_direct(decode, prefill)    the worker RPCs the router itself makes (Reserve,
                                    Prefill or PrefillLocal, Decode): the no-router baseline
 
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from bench.serve_multiturn import KIND, Conversation, next_prompt
 from bench.serve_stats import RequestResult
 from bench.serve_workload import RequestSpec
 from common.credential import ClusterCredential
@@ -43,7 +46,9 @@ async def _one(
     model: str,
     api_key: str | None,
     timeout_s: float,
+    reply: list[int] | None = None,
 ) -> RequestResult:
+    """One ``Generate`` call, timed; the generated ids are appended to ``reply`` when given."""
     result = RequestResult(spec.index, spec.kind, ok=False, prompt_tokens=len(spec.prompt_ids))
     request = tandem_pb2.GenerateRequest(
         model=model,
@@ -57,6 +62,8 @@ async def _one(
         async for msg in call:
             now = time.perf_counter() - sent
             result.token_times += [now] * len(msg.token_ids)
+            if reply is not None:
+                reply.extend(msg.token_ids)
             if msg.finished:
                 result.cached_tokens = msg.usage.cached_tokens
                 result.ok = msg.finish_reason in ("length", "stop")
@@ -110,18 +117,73 @@ async def run_load(
     credentials: grpc.ChannelCredentials | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Open-loop load on a router's ``Generate``; returns per-request results and wall time."""
-    channel = (
-        grpc.aio.secure_channel(target, credentials)
-        if credentials is not None
-        else grpc.aio.insecure_channel(target)
-    )
-    async with channel:
+    async with _channel(target, credentials) as channel:
         stub = tandem_pb2_grpc.TandemStub(channel)
         return await _paced(
             specs,
             lambda spec, t0: _one(stub, spec, t0, model, api_key, timeout_s),
             progress,
         )
+
+
+def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials)
+    return grpc.aio.insecure_channel(target)
+
+
+async def run_conversations(
+    target: str,
+    conversations: Sequence[Conversation],
+    *,
+    model: str = "",
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    progress: Progress | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Multi-turn load on a router's ``Generate``: one result per turn, and wall time.
+
+    Conversations start at their arrival times (open loop); within one, a turn is sent its
+    think time after the previous reply finished, its prompt built by ``next_prompt`` from the
+    ids the server returned. After a failed turn the rest of that conversation is not sent:
+    those turns are recorded as failed (they count against SLO attainment).
+    """
+    async with _channel(target, credentials) as channel:
+        stub = tandem_pb2_grpc.TandemStub(channel)
+        t0 = time.perf_counter()
+
+        def record(result: RequestResult, conv: Conversation, turn: int) -> RequestResult:
+            result.conversation, result.turn = conv.index, turn
+            if progress is not None:
+                progress(result)
+            return result
+
+        async def converse(conv: Conversation) -> list[RequestResult]:
+            delay = conv.arrival_s - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)  # the arrival process itself
+            results: list[RequestResult] = []
+            prompt = conv.first_prompt()
+            reply: list[int] = []
+            for k, turn in enumerate(conv.turns):
+                if results and not results[-1].ok:
+                    failed = RequestResult(turn.index, KIND, ok=False, error="earlier turn failed")
+                    results.append(record(failed, conv, k))
+                    continue
+                if k:
+                    await asyncio.sleep(turn.think_s)  # the user reading and typing
+                    prompt = next_prompt(prompt, reply, turn.user_ids)
+                    reply = []
+                spec = RequestSpec(turn.index, time.perf_counter() - t0, KIND, prompt,
+                                   turn.max_tokens)
+                result = await _one(stub, spec, t0, model, api_key, timeout_s, reply)
+                results.append(record(result, conv, k))
+            return results
+
+        per_conv = await asyncio.gather(*(converse(c) for c in conversations))
+        results = sorted((r for rs in per_conv for r in rs), key=lambda r: r.index)
+        return results, time.perf_counter() - t0
 
 
 async def run_direct(
@@ -186,6 +248,7 @@ async def _direct_one(
                     sampling=sampling,
                     transfer_id=reservation.transfer_id,
                     block_ids=reservation.block_ids,
+                    skip_tokens=reservation.cached_tokens,
                     kv_endpoint=reservation.kv_endpoint,
                     layout=reservation.layout,
                 ),

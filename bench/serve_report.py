@@ -1,11 +1,20 @@
-"""Tables and plots of serving-benchmark summaries (see bench/serve_stats.py)."""
+"""Tables and plots of serving-benchmark summaries (see bench/serve_stats.py) and of rate
+sweeps (bench/serve_sweep.py)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.serve_stats import RequestResult
+from bench.serve_sweep import TARGET, MaxRate, max_rate
+
+# setup -> mix -> [(rate, SLO attainment)]
+Curves = dict[str, dict[str, list[tuple[float, float]]]]
+# (row title, numerator setup, denominator setup) of the sweep table's ratio rows
+RATIOS = (("adaptive/colocated", "disagg", "colocated"),
+          ("remote/colocated", "disagg-remote", "colocated"))
 
 _ROWS = (
     ("TTFT", "ttft"),
@@ -67,6 +76,96 @@ def plot(runs: dict[str, list[RequestResult]], out: Path, title: str = "") -> No
             ax.grid(alpha=0.3)
     for ax in axes:
         ax.axhline(0.99, color="grey", lw=0.6, ls=":")
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _capacity(m: MaxRate, top: float) -> str:
+    if m.all_miss:
+        return "0 (all miss)"
+    if m.interpolated is not None:
+        return f"{m.rate:g} (~{m.interpolated:.2f})"
+    return f">= {m.rate:g}" if m.rate == top else f"{m.rate:g}"
+
+
+def sweep_table(curves: Curves, ratios: Sequence[tuple[str, str, str]] = RATIOS) -> str:
+    """Markdown: per setup and mix, the highest rate at 90% attainment and the curve itself.
+
+    Cells read ``0.4 (~0.47) [0.2: 100%, 0.4: 93%, 0.6: 70%]``: the highest swept rate that
+    reached the target, the interpolated crossing, then attainment at each swept rate. Ratio
+    rows divide the interpolated capacities where there are any (the swept ones in brackets).
+    """
+    setups = list(curves)
+    mixes = list(dict.fromkeys(m for s in setups for m in curves[s]))
+    caps = {s: {m: max_rate(c) for m, c in curves[s].items()} for s in setups}
+    lines = [f"| setup (req/s at {TARGET:.0%} SLO attainment) | " + " | ".join(mixes) + " |",
+             "|---|" + "---|" * len(mixes)]
+    for s in setups:
+        cells = []
+        for m in mixes:
+            curve = sorted(curves[s].get(m, []))
+            if not curve:
+                cells.append("-")
+                continue
+            at = ", ".join(f"{r:g}: {a:.0%}" for r, a in curve)
+            cells.append(f"{_capacity(caps[s][m], curve[-1][0])} [{at}]")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    for title, num, den in ratios:
+        if num not in caps or den not in caps:
+            continue
+        cells = []
+        for m in mixes:
+            a, b = caps[num].get(m), caps[den].get(m)
+            if a is None or b is None or b.estimate <= 0:
+                cells.append("-")
+                continue
+            swept = f" ({a.rate / b.rate:.2f})" if b.rate > 0 else ""
+            cells.append(f"{a.estimate / b.estimate:.2f}{swept}")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def turn_table(by_turn: dict[str, dict[int, dict[str, float]]]) -> str:
+    """Markdown: per setup and turn index, the share of prompt tokens the prefix cache served."""
+    turns = sorted({t for stats in by_turn.values() for t in stats})
+    lines = ["| setup (cached / prompt tokens) | " + " | ".join(f"turn {t}" for t in turns)
+             + " |", "|---|" + "---:|" * len(turns)]
+    for setup, stats in by_turn.items():
+        cells = [
+            f"{st['cached_share']:.0%} ({st['cached_tokens']:.0f}/{st['prompt_tokens']:.0f})"
+            if (st := stats.get(t)) else "-"
+            for t in turns
+        ]
+        lines.append(f"| {setup} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_sweep(curves: Curves, out: Path, title: str = "") -> None:
+    """PNG: SLO attainment vs offered rate, one subplot per mix, one line per setup."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mixes = list(dict.fromkeys(m for per_mix in curves.values() for m in per_mix))
+    fig, axes = plt.subplots(1, len(mixes), figsize=(4.6 * len(mixes), 4.0), squeeze=False)
+    styles = [("o", "-", 7), ("s", "--", 6), ("^", ":", 5), ("D", "-.", 4)]  # overlaps show
+    for ax, mix in zip(axes[0], mixes, strict=True):
+        for i, (setup, per_mix) in enumerate(curves.items()):
+            marker, line, size = styles[i % len(styles)]
+            if curve := sorted(per_mix.get(mix, [])):
+                ax.plot([r for r, _ in curve], [a for _, a in curve], marker=marker, ls=line,
+                        ms=size, label=setup)
+        ax.axhline(TARGET, color="grey", lw=0.8, ls="--")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(mix)
+        ax.set_xlabel("offered rate (req/s)")
+        ax.set_ylabel("SLO attainment")
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)

@@ -5,6 +5,7 @@
     TPOT  (E2E - TTFT) / (output tokens - 1)       (one number per request)
     E2E   send -> last token
     goodput  requests/s that met both the TTFT and the TPOT target
+    SLO attainment  the share of sent requests that met both (bench/serve_sweep.py)
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class RequestResult:
     ttft: float = 0.0
     e2e: float = 0.0
     token_times: list[float] = field(default_factory=list)  # arrival of each token
+    conversation: int = -1  # multi-turn workloads: which conversation (-1: none)
+    turn: int = 0  # and which turn of it (0: the first)
 
     @property
     def itls(self) -> list[float]:
@@ -61,6 +64,40 @@ def _dist(values: list[float]) -> dict[str, float]:
     return out
 
 
+def meets_slo(r: RequestResult, slo_ttft_s: float, slo_tpot_s: float) -> bool:
+    """Finished, TTFT within target and TPOT within target (single-token outputs: no TPOT)."""
+    tpot = r.tpot
+    return r.ok and r.ttft <= slo_ttft_s and (tpot is None or tpot <= slo_tpot_s)
+
+
+def attainment(results: list[RequestResult], slo_ttft_s: float, slo_tpot_s: float) -> float:
+    """Share of ``results`` meeting both targets; failed requests count as misses."""
+    if not results:
+        return 0.0
+    return sum(meets_slo(r, slo_ttft_s, slo_tpot_s) for r in results) / len(results)
+
+
+def by_turn(results: list[RequestResult]) -> dict[int, dict[str, float]]:
+    """Per turn index of a multi-turn run: how much of each prompt the prefix cache served.
+
+    ``cached_share`` = mean cached tokens / mean prompt tokens over the finished requests.
+    """
+    out: dict[int, dict[str, float]] = {}
+    done = [r for r in results if r.ok and r.conversation >= 0]
+    for turn in sorted({r.turn for r in done}):
+        mine = [r for r in done if r.turn == turn]
+        prompt = sum(r.prompt_tokens for r in mine) / len(mine)
+        cached = sum(r.cached_tokens for r in mine) / len(mine)
+        out[turn] = {
+            "n": len(mine),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "cached_share": cached / prompt if prompt else 0.0,
+            "ttft_p50": percentile([r.ttft for r in mine], 50),
+        }
+    return out
+
+
 def summarize(
     results: list[RequestResult],
     duration_s: float,
@@ -71,10 +108,7 @@ def summarize(
     """Percentiles (seconds), throughput and goodput of one run; JSON-ready."""
     ok = [r for r in results if r.ok]
     tpots = [t for r in ok if (t := r.tpot) is not None]
-    good = [
-        r for r in ok
-        if r.ttft <= slo_ttft_s and (r.tpot is None or r.tpot <= slo_tpot_s)
-    ]
+    good = [r for r in ok if meets_slo(r, slo_ttft_s, slo_tpot_s)]
     by_kind: dict[str, dict[str, object]] = {}
     for kind in sorted({r.kind for r in results}):
         mine = [r for r in ok if r.kind == kind]
@@ -84,7 +118,7 @@ def summarize(
             "tpot": _dist([t for r in mine if (t := r.tpot) is not None]),
         }
     out_tokens = sum(r.output_tokens for r in ok)
-    return {
+    summary: dict[str, object] = {
         "requests": len(results),
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -101,3 +135,6 @@ def summarize(
         "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
         "by_kind": by_kind,
     }
+    if any(r.conversation >= 0 for r in results):
+        summary["by_turn"] = by_turn(results)
+    return summary

@@ -7,7 +7,8 @@ A mix blends two request kinds, the two shapes that matter for disaggregation:
 
 Arrivals are a Poisson process (exponential gaps at ``rate`` requests/s). Prompts are random
 token ids (fixed seed), so every run of a mix sends the same requests and no two requests share
-a prefix by accident: prefix caching does not flatter either setup.
+a prefix by accident: prefix caching does not flatter either setup. (The multi-turn chat
+workload, where sharing prefixes is the point, is bench/serve_multiturn.py.)
 """
 
 from __future__ import annotations
@@ -60,13 +61,24 @@ MIXES: dict[str, WorkloadMix] = {
 }
 
 
+def scale_range(r: tuple[int, int], scale: float) -> tuple[int, int]:
+    """An inclusive length range multiplied by ``scale`` (at least one token)."""
+    return max(1, round(r[0] * scale)), max(1, round(r[1] * scale))
+
+
 def scaled(kind: RequestKind, scale: float) -> RequestKind:
     """``kind`` with every length multiplied by ``scale`` (at least one token)."""
+    return RequestKind(
+        kind.name, scale_range(kind.prompt_tokens, scale), scale_range(kind.output_tokens, scale)
+    )
 
-    def mul(r: tuple[int, int]) -> tuple[int, int]:
-        return max(1, round(r[0] * scale)), max(1, round(r[1] * scale))
 
-    return RequestKind(kind.name, mul(kind.prompt_tokens), mul(kind.output_tokens))
+def check_load(rate: float, num_requests: int, vocab: tuple[int, int]) -> None:
+    """ValueError unless ``rate`` > 0, ``num_requests`` >= 1 and ``vocab`` is a [lo, hi) range."""
+    if rate <= 0 or num_requests < 1:
+        raise ValueError("rate must be > 0 and num_requests >= 1")
+    if not 0 <= vocab[0] < vocab[1]:
+        raise ValueError(f"bad vocab range {vocab}")
 
 
 def make_requests(
@@ -82,10 +94,7 @@ def make_requests(
 
     ``vocab`` bounds the random token ids (half-open); keep it inside the model's vocabulary.
     """
-    if rate <= 0 or num_requests < 1:
-        raise ValueError("rate must be > 0 and num_requests >= 1")
-    if not 0 <= vocab[0] < vocab[1]:
-        raise ValueError(f"bad vocab range {vocab}")
+    check_load(rate, num_requests, vocab)
     rng = random.Random(seed)
     kinds = [scaled(kind, scale) for kind, _ in mix.kinds]
     weights = [share for _, share in mix.kinds]

@@ -16,6 +16,19 @@ Every setup gets the same Poisson arrival sequence (bench/serve_workload.py). Th
 this load generator are not pinned: they share the machine with the workers in every setup.
 Then the router's own cost: sequential short requests through the router and straight to the
 workers (the same RPCs the router makes), alternating, TTFT p50 of each.
+
+Rate sweep (DistServe's goodput: the highest rate at which 90% of requests meet both the TTFT
+and the TPOT target), every setup started once and every (mix, rate) point run on it in turn:
+
+    python -m scripts.bench_serve --sweep 0.2,0.4,0.6 --mixes mixed,multiturn,chat \
+        --num-requests 30 --out docs/bench
+
+``--num-requests`` is per point (multiturn: turns in all). Prints capacities, attainment at
+each rate and the adaptive/colocated and remote/colocated ratios per mix, plus the prefix
+cache's share of each multiturn turn's prompt; writes serve_sweep.{json,png}. No router
+overhead run. Time on 2 cores (SmolLM2): a point takes about num_requests / rate seconds of
+arrivals plus 20-60 s to drain (longer past capacity), so 30 requests at 0.2, 0.4 and 0.6/s
+is ~6 minutes per mix, ~18 per setup, ~1 hour (up to ~1.5 h when overloaded) for 3 setups.
 """
 
 from __future__ import annotations
@@ -25,17 +38,27 @@ import asyncio
 import json
 import os
 import sys
+import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from bench.serve import add_load_args, parse_vocab, progress_printer
 from bench.serve_load import run_direct, run_load
-from bench.serve_report import plot, table
-from bench.serve_stats import RequestResult, percentile, summarize
+from bench.serve_report import Curves, plot, plot_sweep, sweep_table, table, turn_table
+from bench.serve_stats import RequestResult, attainment, by_turn, percentile, summarize
+from bench.serve_sweep import (
+    MULTITURN,
+    max_rate,
+    parse_mixes,
+    parse_rates,
+    run_point,
+    sweep_points,
+)
 from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
 from common.credential import ClusterCredential
 from engine.loader import resolve_model
@@ -82,16 +105,103 @@ def start_setup(
     return procs
 
 
-def placement_decisions(router: Proc) -> dict[str, float]:
-    """``decision/reason`` -> count, from the router's tandem_disagg_decision_total."""
+def _samples(router: Proc) -> list[Sample]:
     with urllib.request.urlopen(f"http://{router.info['http']}/metrics", timeout=30) as reply:
         text = reply.read().decode()
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "tandem_disagg_decision_total":
-                found[f"{sample.labels['decision']}/{sample.labels['reason']}"] = sample.value
-    return found
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def placement_decisions(router: Proc) -> dict[str, float]:
+    """``decision/reason`` -> count, from the router's tandem_disagg_decision_total."""
+    return {
+        f"{s.labels['decision']}/{s.labels['reason']}": s.value
+        for s in _samples(router) if s.name == "tandem_disagg_decision_total"
+    }
+
+
+def wait_idle(router: Proc, timeout_s: float = 120.0) -> None:
+    """Return once the router has no request running or queued (or after ``timeout_s``)."""
+    busy = ("tandem_num_requests_running", "tandem_num_requests_waiting")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(s.value for s in _samples(router) if s.name in busy):
+            return
+        time.sleep(0.5)  # polling a gauge over HTTP: there is nothing to wait on
+    print(f"[bench] router still busy after {timeout_s:.0f} s; going on", file=sys.stderr)
+
+
+def run_sweep(
+    args: argparse.Namespace, model_dir: Path, setups: list[str], warmup: list[RequestSpec]
+) -> dict[str, object]:
+    """Every setup started once, every (mix, rate) point run on it in turn; JSON-ready."""
+    points = sweep_points(parse_mixes(args.mixes or args.mix), parse_rates(args.sweep),
+                          args.seed)
+    vocab = parse_vocab(args.vocab)
+    curves: Curves = {}
+    summaries: dict[str, dict[str, dict]] = {}
+    records: dict[str, dict[str, list[dict]]] = {}
+    turns: dict[str, dict[int, dict[str, float]]] = {}
+    for name in setups:
+        curves[name], summaries[name], records[name] = {}, {}, {}
+        multiturn: list[RequestResult] = []
+        cluster = Cluster()
+        try:
+            print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
+            slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
+            procs = start_setup(cluster, name, model_dir, args.engine_arg, slo)
+            router = procs["router"]
+            asyncio.run(run_load(router.grpc, warmup))
+            for point in points:
+                label = f"{name} {point.label}"
+                before = placement_decisions(router)
+                results, duration = asyncio.run(run_point(
+                    router.grpc, point, args.num_requests, vocab=vocab, scale=args.scale,
+                    timeout_s=args.timeout, progress=progress_printer(label, args.num_requests),
+                    system_seed=args.seed,
+                ))
+                wait_idle(router)
+                summary = summarize(results, duration, slo_ttft_s=args.slo_ttft,
+                                    slo_tpot_s=args.slo_tpot)
+                share = attainment(results, args.slo_ttft, args.slo_tpot)
+                after = placement_decisions(router)
+                summary |= {"mix": point.mix, "rate": point.rate, "seed": point.seed,
+                            "attainment": share,
+                            "decisions": {k: v - before.get(k, 0.0) for k, v in after.items()}}
+                summaries[name][point.label] = summary
+                records[name][point.label] = [asdict(r) for r in results]
+                curves[name].setdefault(point.mix, []).append((point.rate, share))
+                if point.mix == MULTITURN:
+                    multiturn += results
+                print(f"[bench] {label}: SLO attainment {share:.0%}", file=sys.stderr,
+                      flush=True)
+        finally:
+            cluster.stop()
+        if multiturn:
+            turns[name] = by_turn(multiturn)
+    return {
+        "curves": curves,
+        "max_rate": {s: {m: max_rate(c).to_json() for m, c in per.items()}
+                     for s, per in curves.items()},
+        "by_turn": turns, "summaries": summaries, "records": records,
+    }
+
+
+def _report_sweep(args: argparse.Namespace, sweep: dict) -> None:
+    text = sweep_table(sweep["curves"])
+    if sweep["by_turn"]:
+        text += "\n\nmultiturn, prefix cache by turn (all rates):\n" + turn_table(sweep["by_turn"])
+    text += (f"\n\nSLO: TTFT <= {args.slo_ttft:g} s and TPOT <= {args.slo_tpot:g} s; "
+             f"{args.num_requests} requests per point; '0 (all miss)': even the lowest rate "
+             "was under 90%; '>= r': the highest rate swept still met it")
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        config = {k: v for k, v in vars(args).items() if k != "out"}
+        (args.out / "serve_sweep.json").write_text(
+            json.dumps({"config": config, **sweep}, indent=1, default=str))
+        plot_sweep(sweep["curves"], args.out / "serve_sweep.png",
+                   title=f"SLO attainment (TTFT <= {args.slo_ttft:g} s, TPOT <= "
+                         f"{args.slo_tpot:g} s), {args.num_requests} requests per point")
 
 
 def router_overhead(
@@ -120,7 +230,8 @@ def router_overhead(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every setup, print the side-by-side table, write JSON/Markdown/PNG when asked."""
+    """Run every setup, print the side-by-side table, write JSON/PNG when asked; with
+    ``--sweep``, the rate sweep instead (serve_sweep.{json,png})."""
     p = argparse.ArgumentParser(prog="python -m scripts.bench_serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
@@ -128,15 +239,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-requests", type=int, default=20)
     p.add_argument("--engine-arg", action="append", default=[], help="extra worker flag")
     p.add_argument("--out", type=Path, default=None, help="write serve.{json,md,png} here")
+    p.add_argument("--sweep", default=None, metavar="RATES",
+                   help="comma list of rates: run a rate sweep instead of one --rate")
+    p.add_argument("--mixes", default=None, help="with --sweep: comma list of mixes "
+                   "(default: --mix), from mixed, chat, rag, multiturn")
     add_load_args(p)
     args = p.parse_args(argv)
+    if args.mixes is not None and args.sweep is None:
+        p.error("--mixes needs --sweep")
+    if args.sweep is not None:
+        try:
+            parse_rates(args.sweep)
+            parse_mixes(args.mixes or args.mix)
+        except ValueError as err:
+            p.error(str(err))
     model_dir = resolve_model(args.model)
     vocab = parse_vocab(args.vocab)
-    specs = make_requests(MIXES[args.mix], args.rate, args.num_requests, seed=args.seed,
-                          vocab=vocab, scale=args.scale)
     warmup = make_requests(MIXES["chat"], 1.0, 1, seed=args.seed + 1, vocab=vocab)
     setups = ["disagg", "disagg-remote", "colocated"] + (
         ["colocated-chunked"] if args.chunked else [])
+    if args.sweep is not None:
+        _report_sweep(args, run_sweep(args, model_dir, setups, warmup))
+        return 0
+    specs = make_requests(MIXES[args.mix], args.rate, args.num_requests, seed=args.seed,
+                          vocab=vocab, scale=args.scale)
     summaries: dict[str, dict] = {}
     runs: dict[str, list[RequestResult]] = {}
     overhead: dict[str, float] = {}
