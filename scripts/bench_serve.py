@@ -71,12 +71,14 @@ def _engine_flags(model_dir: Path, threads: int, extra: list[str]) -> list[str]:
 
 def start_setup(
     cluster: Cluster, name: str, model_dir: Path, engine_extra: list[str],
-    router_extra: Sequence[str] = (),
+    router_extra: Sequence[str] = (), prefill_threads: int = 1,
 ) -> dict[str, Proc]:
     """Start one setup's processes; returns them by role. ``router_extra``: router flags
-    (the SLO the placement keeps, the same targets the benchmark scores against)."""
+    (the SLO the placement keeps, the same targets the benchmark scores against).
+    ``prefill_threads`` > 1: the prefill worker runs that many threads on every core (the
+    decode worker keeps core 1, which it then shares)."""
     pin = len(os.sched_getaffinity(0)) >= 2
-    core0 = ("taskset", "-c", "0") if pin else ()
+    core0 = ("taskset", "-c", "0") if pin and prefill_threads == 1 else ()
     core1 = ("taskset", "-c", "1") if pin else ()
     procs: dict[str, Proc] = {}
     if name.startswith("disagg"):
@@ -85,7 +87,8 @@ def start_setup(
             *_engine_flags(model_dir, 1, engine_extra), wrap=core1,
         )
         procs["prefill"] = cluster.start(
-            "prefill_worker", "--port", "0", *_engine_flags(model_dir, 1, engine_extra),
+            "prefill_worker", "--port", "0",
+            *_engine_flags(model_dir, prefill_threads, engine_extra),
             wrap=core0,
         )
     else:
@@ -148,7 +151,8 @@ def run_sweep(
         try:
             print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
             slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
-            procs = start_setup(cluster, name, model_dir, args.engine_arg, slo)
+            procs = start_setup(cluster, name, model_dir, args.engine_arg, slo,
+                                args.prefill_threads)
             router = procs["router"]
             asyncio.run(run_load(router.grpc, warmup))
             for point in points:
@@ -238,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunked", action="store_true", help="also run colocated-chunked")
     p.add_argument("--overhead-requests", type=int, default=20)
     p.add_argument("--engine-arg", action="append", default=[], help="extra worker flag")
+    p.add_argument("--setups", default=None,
+                   help="comma list of setups to run (default: disagg,disagg-remote,colocated)")
+    p.add_argument("--prefill-threads", type=int, default=1,
+                   help="disagg setups: prefill worker threads (>1: on every core)")
     p.add_argument("--out", type=Path, default=None, help="write serve.{json,md,png} here")
     p.add_argument("--sweep", default=None, metavar="RATES",
                    help="comma list of rates: run a rate sweep instead of one --rate")
@@ -256,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(args.model)
     vocab = parse_vocab(args.vocab)
     warmup = make_requests(MIXES["chat"], 1.0, 1, seed=args.seed + 1, vocab=vocab)
-    setups = ["disagg", "disagg-remote", "colocated"] + (
+    setups = (args.setups.split(",") if args.setups else
+              ["disagg", "disagg-remote", "colocated"]) + (
         ["colocated-chunked"] if args.chunked else [])
     if args.sweep is not None:
         _report_sweep(args, run_sweep(args, model_dir, setups, warmup))
@@ -271,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
             slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
-            procs = start_setup(cluster, name, model_dir, args.engine_arg, slo)
+            procs = start_setup(cluster, name, model_dir, args.engine_arg, slo,
+                                args.prefill_threads)
             # One throwaway request (not one of the measured ones: no prefix-cache head start)
             # warms every process (first-call allocations, JIT paths).
             asyncio.run(run_load(procs["router"].grpc, warmup))

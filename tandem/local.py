@@ -10,6 +10,7 @@ workers or join the router.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -27,14 +28,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=None,
                    help="router OpenAI HTTP port (default 8000; a free one when --port is 0)")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--prefill-threads", type=int, default=1)
-    p.add_argument("--decode-threads", type=int, default=1)
+    prefill, decode = thread_split(len(os.sched_getaffinity(0)))
+    p.add_argument("--prefill-threads", type=int, default=prefill,
+                   help=f"prefill worker threads (default: every core, {prefill})")
+    p.add_argument("--decode-threads", type=int, default=decode,
+                   help=f"decode worker threads (default: a quarter of the cores, {decode})")
     p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
     p.add_argument("--cluster-secret-file", default=None,
                    help="the cluster credential to use (default: a new one, removed at exit)")
     p.add_argument("--insecure", action="store_true",
                    help="no credential: any local user can act on the cluster's ports")
     return p
+
+
+def thread_split(cores: int) -> tuple[int, int]:
+    """(prefill, decode) threads for two workers sharing ``cores``.
+
+    Prefill is compute-bound and bursty, decode memory-bound and steady: the prefill worker
+    gets every core (its bursts then run at the machine's full speed) and the decode worker a
+    quarter of them, which it shares. Measured on 2 cores (docs/bench/serve.md, runs 6-8): a
+    512-token prefill chunk takes 1.18 s on 2 threads against 2.05 s on 1; serving the
+    RAG/chat mix at 0.2 req/s, 2+1 threads kept 80% of requests inside the SLO where 1+1
+    kept 65%, with TPOT p99 65 vs 63 ms (one 20-request point each)."""
+    return max(cores, 1), max(cores // 4, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
