@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: install test test-fast serve serve-local lint bench-engine bench-serve clean
+.PHONY: install test test-fast serve serve-local lint bench-engine bench-serve bench-serve-sweep clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench-engine: install
 # Disaggregated (1 prefill + 1 decode, a core each) vs colocated (one worker, both cores).
 bench-serve: install
 	$(PY) -m scripts.bench_serve --chunked --out docs/bench
+
+# Rate sweep: SLO attainment vs offered rate, capacity at 90% (docs/bench/serve.md, run 7).
+bench-serve-sweep: install
+	$(PY) -m scripts.bench_serve --prefill-threads 2 --sweep 0.3,0.8,1.4 \
+		--mixes mixed,multiturn,chat --num-requests 20 --out docs/bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info
