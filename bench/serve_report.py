@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.serve_stats import RequestResult
 from bench.serve_sweep import TARGET, MaxRate, max_rate
@@ -77,11 +78,7 @@ def plot(runs: dict[str, list[RequestResult]], out: Path, title: str = "") -> No
     for ax in axes:
         ax.axhline(0.99, color="grey", lw=0.6, ls=":")
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out, title)
 
 
 def _capacity(m: MaxRate, top: float) -> str:
@@ -167,6 +164,13 @@ def plot_sweep(curves: Curves, out: Path, title: str = "") -> None:
         ax.set_ylabel("SLO attainment")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    _save(fig, out, title)
+
+
+def _save(fig: Any, out: Path, title: str) -> None:
+    """Title (if any), tight layout, write ``out``, free the figure."""
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title)
     fig.tight_layout()

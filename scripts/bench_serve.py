@@ -108,6 +108,18 @@ def start_setup(
     return procs
 
 
+def start_warm(cluster: Cluster, name: str, model_dir: Path, args: argparse.Namespace,
+               warmup: list[RequestSpec]) -> dict[str, Proc]:
+    """Start a setup with the scored SLO on its router, then send one throwaway request (not
+    one of the measured ones: no prefix-cache head start) that warms every process
+    (first-call allocations, JIT paths)."""
+    print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
+    slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
+    procs = start_setup(cluster, name, model_dir, args.engine_arg, slo, args.prefill_threads)
+    asyncio.run(run_load(procs["router"].grpc, warmup))
+    return procs
+
+
 def _samples(router: Proc) -> list[Sample]:
     with urllib.request.urlopen(f"http://{router.info['http']}/metrics", timeout=30) as reply:
         text = reply.read().decode()
@@ -149,12 +161,8 @@ def run_sweep(
         multiturn: list[RequestResult] = []
         cluster = Cluster()
         try:
-            print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
-            slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
-            procs = start_setup(cluster, name, model_dir, args.engine_arg, slo,
-                                args.prefill_threads)
+            procs = start_warm(cluster, name, model_dir, args, warmup)
             router = procs["router"]
-            asyncio.run(run_load(router.grpc, warmup))
             for point in points:
                 label = f"{name} {point.label}"
                 before = placement_decisions(router)
@@ -278,13 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in setups:
         cluster = Cluster()
         try:
-            print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
-            slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
-            procs = start_setup(cluster, name, model_dir, args.engine_arg, slo,
-                                args.prefill_threads)
-            # One throwaway request (not one of the measured ones: no prefix-cache head start)
-            # warms every process (first-call allocations, JIT paths).
-            asyncio.run(run_load(procs["router"].grpc, warmup))
+            procs = start_warm(cluster, name, model_dir, args, warmup)
             results, duration = asyncio.run(run_load(
                 procs["router"].grpc, specs, timeout_s=args.timeout,
                 progress=progress_printer(name, len(specs)),
