@@ -1,16 +1,20 @@
-"""Where the fused native forward stops paying: step time by query rows, native vs torch.
+"""Step time by query rows: the fused native forward against the torch path, same weights.
 
-    python -m bench.native_rows [--rows 1,2,4,8,16,32,64] [--repeats 5]
+    python -m bench.native_rows [--rows 1,2,4,8,16,32,64] [--repeats 5] [--threads 2]
 
-SmolLM2 int4 (Q4_1 blocks), fp32 activations, one sequence with 256 cached tokens; each step
-adds ``rows`` query rows (a decode is 1, speculative verification k+1, a chunk more). The
-torch path is the engine's own: torch's int4 kernel below 64 rows, dequantized fp32 GEMM
-above. Prints ms per step and the ratio; engine/model_runner.FUSED_MAX_ROWS is set from it.
+SmolLM2 with the default weights (``auto``: the GGUF's Q4_1 and Q8_0 blocks) on the native
+side; the torch side is the same blocks as Int4Linear with the native kernels off (torch's
+int4 kernel below 64 rows, dequantized fp32 GEMM above). Two shapes per row count: ``decode``
+(``rows`` sequences at 256 cached tokens each, one row each: a batched decode step) and
+``chunk`` (one sequence, ``rows`` query rows after 256 cached tokens: a prefill chunk).
+Prints ms per step, tokens/s and the ratio; the tiled path's threshold
+(engine/native/gemm_tiled.h ``TILED_MIN_ROWS``) is read off it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -19,49 +23,81 @@ import torch
 from engine import LLM
 from engine.attention import AttentionMetadata
 
+CTX = 256
+BLOCKS_PER_SEQ = 24
 
-def _torch_step(runner, ids: list[int], start: int, table: list[int]) -> None:
-    bs, t = runner.block_size, len(ids)
+
+def _shape(rows: int, mode: str, bs: int) -> tuple[list[int], list[int], list[int],
+                                                  list[list[int]]]:
+    ids = list(range(1000, 1000 + rows))
+    if mode == "decode":
+        tables = [list(range(1 + i * BLOCKS_PER_SEQ, 1 + (i + 1) * BLOCKS_PER_SEQ))
+                  for i in range(rows)]
+        return ids, [CTX] * rows, list(range(rows)), tables
+    n = (CTX + rows) // bs + 1
+    return ids, list(range(CTX, CTX + rows)), [0] * rows, [list(range(1, 1 + n))]
+
+
+def _torch_step(runner, ids, pos, seq, tables) -> None:
+    bs = runner.block_size
+    qlens = [seq.count(i) for i in range(len(tables))]
+    seqlens = [max(p for p, s in zip(pos, seq, strict=True) if s == i) + 1
+               for i in range(len(tables))]
+    starts = [0]
+    for q in qlens:
+        starts.append(starts[-1] + q)
     meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, t], dtype=torch.int32),
-        seq_lens=torch.tensor([start + t], dtype=torch.int32),
-        block_tables=torch.tensor([table], dtype=torch.int32),
-        slot_mapping=torch.tensor([table[p // bs] * bs + p % bs for p in range(start, start + t)]),
-        query_lens_cpu=[t], seq_lens_cpu=[start + t], num_decodes=int(t == 1), block_size=bs,
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(seqlens, dtype=torch.int32),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        slot_mapping=torch.tensor([tables[s][p // bs] * bs + p % bs
+                                   for p, s in zip(pos, seq, strict=True)]),
+        query_lens_cpu=qlens, seq_lens_cpu=seqlens,
+        num_decodes=sum(1 for q in qlens if q == 1), block_size=bs,
     )
     with torch.inference_mode():
-        h = runner.model(torch.tensor(ids), torch.arange(start, start + t), runner.kv_cache,
-                         meta, runner.backend)
-        runner.model.compute_logits(h)
+        h = runner.model(torch.tensor(ids), torch.tensor(pos), runner.kv_cache, meta,
+                         runner.backend)
+        last = [starts[i + 1] - 1 for i in range(len(tables))]
+        runner.model.compute_logits(h[last])
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
+    ap.add_argument("--modes", default="decode,chunk")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM("smollm2", progress=False, dtype="float32", quantization="int4", num_blocks=64)
-    runner = llm.engine.runner
-    if runner.fused is None:
+    row_counts = [int(r) for r in args.rows.split(",")]
+    blocks = max(row_counts) * BLOCKS_PER_SEQ + 8
+    native = LLM("smollm2", progress=False, dtype="float32", num_blocks=blocks).engine.runner
+    plain = LLM("smollm2", progress=False, dtype="float32", quantization="int4", num_blocks=blocks,
+                use_native_kernels=False).engine.runner
+    if native.fused is None:
         raise SystemExit("the fused native forward is unavailable here")
-    ctx = 256
-    table = list(range(1, 1 + (ctx + 128) // runner.block_size + 1))
-    print(f"{'rows':>5} {'native ms':>10} {'torch ms':>10} {'torch/native':>13}")
-    for rows in [int(r) for r in args.rows.split(",")]:
-        ids = list(range(1000, 1000 + rows))
-        pos = list(range(ctx, ctx + rows))
-        nat, tor = [], []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            runner.fused(ids, pos, [0] * rows, [table], runner.kv_cache, list(range(rows)))
-            nat.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            _torch_step(runner, ids, ctx, table)
-            tor.append(time.perf_counter() - t0)
-        n, t = statistics.median(nat) * 1e3, statistics.median(tor) * 1e3
-        print(f"{rows:>5} {n:>10.2f} {t:>10.2f} {t / n:>12.2f}x", flush=True)
+    print(f"{'shape':>7} {'rows':>5} {'native ms':>10} {'tok/s':>7} {'torch ms':>10} "
+          f"{'torch/native':>13}")
+    for mode in args.modes.split(","):
+        for rows in row_counts:
+            step = _shape(rows, mode, native.block_size)
+            samples = [i for i in range(rows) if mode == "decode" or i == rows - 1]
+            n = _time(functools.partial(native.fused, *step, native.kv_cache, samples),
+                      args.repeats)
+            t = _time(functools.partial(_torch_step, plain, *step), args.repeats)
+            print(f"{mode:>7} {rows:>5} {n * 1e3:>10.2f} {rows / n:>7.0f} {t * 1e3:>10.2f} "
+                  f"{t / n:>12.2f}x", flush=True)
 
 
 if __name__ == "__main__":

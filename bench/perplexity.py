@@ -49,13 +49,14 @@ TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "ppl_text.txt
 MAX_NEW = 24
 
 ROWS: dict[str, dict[str, str]] = {
-    "fp32": {"dtype": "float32"},
-    "bf16": {"dtype": "bfloat16"},
+    "fp32": {"dtype": "float32", "quantization": "none"},
+    "bf16": {"dtype": "bfloat16", "quantization": "none"},
+    "auto": {"dtype": "float32"},  # the default: the GGUF's Q4_1 + Q8_0 blocks as stored
     "int8": {"dtype": "float32", "quantization": "int8"},
     "int4-q4_1": {"dtype": "float32", "quantization": "int4"},
     "int4-requant": {"dtype": "float32", "quantization": "int4", "dequantized": "1"},
-    "int8-kv": {"dtype": "float32", "kv_cache_dtype": "int8"},
-    "bf16+int8-kv": {"dtype": "bfloat16", "kv_cache_dtype": "int8"},
+    "int8-kv": {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "int8"},
+    "bf16+int8-kv": {"dtype": "bfloat16", "quantization": "none", "kv_cache_dtype": "int8"},
 }
 
 

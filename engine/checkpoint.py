@@ -2,12 +2,14 @@
 
     ModelConfig.model --resolve_model (engine/loader.py)--> checkpoint directory
                       --read_arch, load_model (engine/models/weights.py)--> LlamaForCausalLM
-                      --quantize_model (engine/quant), when asked--> linear layers swapped
+                      --quantize_model (engine/quant)--> layers in the checkpoint's own format
+                                                         (auto) or requantized
                       --AutoTokenizer, when the checkpoint has one--> tokenizer
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,10 @@ from engine.loader import resolve_model
 from engine.models.arch import ModelArch
 from engine.models.llama import LlamaForCausalLM
 from engine.models.weights import load_model, read_arch
-from engine.quant import quantize_model
-from engine.quant.gguf_q4 import gguf_source
+from engine.quant import QuantSummary, quantize_model, weight_bytes
+from engine.quant.gguf_blocks import gguf_source
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -32,12 +36,16 @@ class Checkpoint:
     arch: ModelArch
     tokenizer: Any  # PreTrainedTokenizerBase, or None for tokenizer-less (random test) ones
     max_model_len: int  # the context the engine serves: min(asked, what the model does exactly)
+    weights: QuantSummary  # the format the weights are held in
+    weight_bytes: int  # what they occupy
 
 
 def load_checkpoint(
-    mc: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True
+    mc: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True,
+    native: bool = False,
 ) -> Checkpoint:
-    """Resolve, load and (when configured) quantize ``mc.model``. Raises ModelLoadError."""
+    """Resolve, load and quantize ``mc.model`` (``mc.quantization``; ``native``: into the
+    native CPU kernels' layout). Raises ModelLoadError."""
     path = resolve_model(mc.model, mc.cache_dir)
     tokenizer = _load_tokenizer(path)
     hf_config, arch = read_arch(path)
@@ -46,9 +54,14 @@ def load_checkpoint(
         limit = min(limit, arch.sliding_window)
     max_model_len = min(mc.max_model_len or limit, limit)
     model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch))
-    if mc.quantization != "none":  # engine/quant: swap the linear layers in place
-        quantize_model(model, mc.quantization, gguf_source(mc.model))
-    return Checkpoint(path, model, arch, tokenizer, max_model_len)
+    packed = native and device.type == "cpu" and dtype == torch.float32
+    weights = quantize_model(model, mc.quantization, gguf_source(mc.model), packed)
+    held = weight_bytes(model)
+    log.info("loaded %s: weights %s, %.1f MiB", mc.model, weights.format, held / 2**20)
+    if progress:
+        print(f"[tandem] {mc.model}: weights {weights.format} ({held / 2**20:.0f} MiB)",
+              flush=True)
+    return Checkpoint(path, model, arch, tokenizer, max_model_len, weights, held)
 
 
 def _load_tokenizer(path: Path) -> Any:  # -> PreTrainedTokenizerBase | None

@@ -26,8 +26,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides memory)")
     g.add_argument("--kv-cache-memory-gb", type=float, default=cache.kv_cache_memory_gb)
     g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
-                   help="weight-only quantization of the linear layers")
+    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="weights: auto keeps the checkpoint's own format (a GGUF's Q4_0/Q4_1/"
+                        "Q8_0 blocks as stored), none dequantizes, int8/int4 requantize")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
                    help="KV cache storage: the model dtype, or int8 with per-vector scales")
     g.add_argument("--max-num-seqs", type=int, default=sched.max_num_seqs)
@@ -35,7 +36,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
     g.add_argument("--no-native-kernels", action="store_true",
-                   help="CPU: keep small steps on torch ops (no fused native forward)")
+                   help="CPU: run steps on torch ops (no fused native forward)")
     spec = SpeculativeConfig()
     g.add_argument("--speculative", default="none", choices=list(SPEC_METHODS),
                    help="speculative decoding proposer (per-request opt-out: speculative=False)")

@@ -26,7 +26,8 @@ class ModelConfig:
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     seed: int = 0  # engine RNG for unseeded sampling
     cache_dir: str | None = None  # converted-weights cache (default ~/.cache/tandem)
-    quantization: str = "none"  # none | int8 | int4 (weight-only, see engine/quant)
+    # auto (the checkpoint's own format) | none (dequantized) | int8 | int4 (engine/quant)
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -37,8 +38,9 @@ class ModelConfig:
             raise ValueError("num_threads must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
-        if self.quantization not in ("none", "int8", "int4"):
-            raise ValueError(f"quantization must be none, int8 or int4, got {self.quantization!r}")
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            raise ValueError(
+                f"quantization must be auto, none, int8 or int4, got {self.quantization!r}")
 
     def resolved_dtype(self) -> str:
         """The dtype actually used: ``auto`` is bf16 on CUDA and fp32 on CPU."""
@@ -96,8 +98,8 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"  # torch | triton | auto (triton on CUDA)
     use_cuda_graphs: bool = True  # replay decode steps from CUDA graphs on CUDA devices
-    # CPU, fp32 model (quantized or not): steps of few rows take the fused native forward
-    # (engine/native); off, or without a compiler, they take the torch ops.
+    # CPU, fp32 model (quantized or not): every step takes the fused native forward and
+    # quantized layers are PackedLinear (engine/native); off, or without a compiler, torch ops.
     use_native_kernels: bool = True
 
     def __post_init__(self) -> None:

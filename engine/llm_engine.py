@@ -61,8 +61,9 @@ class LLMEngine:
             torch.set_num_threads(mc.num_threads)
         self.device = torch.device(mc.device)
         self.dtype = torch_dtype(mc.resolved_dtype())
-        ckpt = load_checkpoint(mc, self.dtype, self.device, progress)
+        ckpt = load_checkpoint(mc, self.dtype, self.device, progress, self._native_ok(config))
         self.model_path, self.tokenizer, self.arch = ckpt.path, ckpt.tokenizer, ckpt.arch
+        self.weights_format, self.weight_bytes = ckpt.weights.format, ckpt.weight_bytes
         self.max_model_len = ckpt.max_model_len
         self.step_costs = StepCostModel()  # what a step costs here (router placement reads it)
         per_block = ModelRunner.kv_bytes_per_block(
@@ -96,6 +97,16 @@ class LLMEngine:
         self.num_steps = 0
 
     # -- requests --------------------------------------------------------------------------
+    @staticmethod
+    def _native_ok(config: EngineConfig) -> bool:
+        """Whether this engine's CPU steps will run the native kernels (their layout then
+        holds the quantized weights)."""
+        if not config.use_native_kernels or config.model.device != "cpu":
+            return False
+        from engine.native import load
+
+        return load() is not None
+
     def add_request(
         self,
         prompt: str | Sequence[int],
@@ -342,6 +353,7 @@ class LLMEngine:
             pending_prefill_tokens=self.scheduler.pending_prefill_tokens(),
             max_num_batched_tokens=self.scheduler.budget,
             cached_block_hashes=tuple(pool.cached_hashes(MAX_REPORTED_HASHES)),
+            weights_format=self.weights_format,
         )
 
 

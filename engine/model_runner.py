@@ -4,9 +4,10 @@
                               ──> model forward (writes KV, attends) ──> hidden [T, H]
                               ──> logits of each sampling request's last row [n, V]
 
-On the CPU an fp32 model (quantized or not) runs steps of at most ``FUSED_MAX_ROWS`` rows
-(decodes, speculative verification, short chunks) through engine/native's fused forward: one
-native call instead of ~450 torch ops, with quantized matrix-vector products at memory speed.
+On the CPU an fp32 model (quantized or not) runs every step through engine/native's fused
+forward: one native call instead of ~450 torch ops, quantized matrix-vector products at memory
+speed for decodes, a tiled GEMM for batched decodes and prefill chunks, and the prefill role's
+layer hook called back between layers.
 """
 
 from __future__ import annotations
@@ -26,12 +27,6 @@ from engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from engine.runner_config import RunnerConfig
 
 log = logging.getLogger(__name__)
-
-# Rows up to which a step takes the fused native forward: it reads the weights once and its
-# compute grows ~4 ms per row for SmolLM2, yet it still beat the torch path 1.7x at 32 rows
-# (bench/native_rows.py); larger steps (prefill chunks) take oneDNN's fp32 GEMM.
-FUSED_MAX_ROWS = 32
-
 
 class ModelRunner:
     """Owns the model, the KV cache tensor and the attention backend."""
@@ -67,7 +62,7 @@ class ModelRunner:
             reason = unsupported_reason(model)
             if reason is None:
                 self.fused = FusedForward(model)
-                log.info("fused native CPU forward on for steps of <= %d rows", FUSED_MAX_ROWS)
+                log.info("fused native CPU forward on")
             else:
                 log.info("fused native CPU forward off: %s", reason)
 
@@ -116,10 +111,11 @@ class ModelRunner:
             if s.samples:
                 sample_rows.extend(range(len(ids) - 1 - len(s.spec_token_ids), len(ids)))
                 samplers.append(s)
-        if self.fused is not None and layer_hook is None and len(ids) <= FUSED_MAX_ROWS:
+        if self.fused is not None:
             seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
-            return self.fused(ids, positions, seq_index, tables, self.kv_cache, sample_rows), \
-                samplers
+            logits = self.fused(ids, positions, seq_index, tables, self.kv_cache, sample_rows,
+                                layer_hook=layer_hook)
+            return logits, samplers
         width = max(len(t) for t in tables)
         if self.graphs is not None and len(ids) == len(order) and self.graphs.fits(len(ids), width):
             logits = self.graphs.run(ids, positions, slots, seq_lens, tables)

@@ -75,6 +75,7 @@ class EngineStats:
     # prefix-cache hashes of the blocks held (the most recently cached, at most
     # MAX_REPORTED_HASHES): what a router matches prompts against
     cached_block_hashes: tuple[int, ...] = ()
+    weights_format: str = ""  # engine/quant's QuantSummary.format of the loaded model
 
 
 @dataclass(frozen=True, slots=True)

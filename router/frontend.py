@@ -27,6 +27,7 @@ from router.client_limits import ClientLimits
 from router.errors import DeadlineError, InvalidRequestError, OverloadedError
 from router.handoff.deadline import Deadline
 from router.handoff.ledger import Handoff, HandoffDeps
+from router.membership.worker_view import Role
 from router.metrics import RouterMetrics
 from router.request import Accepted, Prepared
 from router.text_stream import TextStream
@@ -322,12 +323,15 @@ class Frontend:
         return self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
 
     def list_models(self) -> tandem_pb2.ListModelsResponse:
-        """The one model this router serves."""
+        """The one model this router serves, with how its routable workers hold the weights."""
         config = self.deps.config
+        formats = sorted({w.weights_format for role in (Role.PREFILL, Role.DECODE)
+                          for w in self.deps.registry.routable(role) if w.weights_format})
         return tandem_pb2.ListModelsResponse(
             models=[
                 tandem_pb2.ModelInfo(
-                    id=config.model_name, max_model_len=config.max_model_len, owned_by="tandem"
+                    id=config.model_name, max_model_len=config.max_model_len, owned_by="tandem",
+                    weights_format="; ".join(formats),
                 )
             ]
         )

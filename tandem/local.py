@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from common.wire import ready_line
 from tandem.local_cluster import Cluster
@@ -69,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"tandem local: {exc}", file=sys.stderr)
         return 2
-    common = ["--model", str(model_dir), "--dtype", args.dtype]
+    # Workers get the model as the user named it (an alias or a .gguf keeps the file's own
+    # quantized blocks: engine/quant "auto"); their resolve finds the conversion done above.
+    spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    common = ["--model", spec, "--dtype", args.dtype]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

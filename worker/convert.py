@@ -116,6 +116,7 @@ def stats_to_proto(
         kv_transfer_failures=transfer.failures,
         num_leased_blocks=transfer.leased_blocks,
         cached_block_hashes=block_hash.pack(stats.cached_block_hashes),
+        weights_format=stats.weights_format,
     )
 
 

@@ -120,6 +120,10 @@ LayerHook = Callable[[int], None]
 class LlamaForCausalLM(nn.Module):
     """The whole model; ``forward`` returns hidden states, ``compute_logits`` the vocab scores."""
 
+    # How the checkpoint's weights were stored: "none" (float), or the pre-quantized format
+    # the loader read, e.g. "awq-int4-g128" (engine/quant/prequantized; set by load_model).
+    quant_format: str = "none"
+
     def __init__(self, arch: ModelArch, cos: torch.Tensor, sin: torch.Tensor) -> None:
         super().__init__()
         self.arch = arch

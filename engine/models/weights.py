@@ -1,17 +1,20 @@
 """Build our model from a local checkpoint directory (config.json + *.safetensors).
 
 Tensors are streamed from safetensors and copied into our (fused) parameters layer by layer,
-with a progress bar; nothing is materialized twice.
+with a progress bar; nothing is materialized twice. The linears of a pre-quantized checkpoint
+(engine/quant/prequantized) become Int4Linear / Int8Linear built from the stored values.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
+from torch import nn
 from tqdm import tqdm
 
 from engine.errors import ModelLoadError
@@ -19,6 +22,15 @@ from engine.models.arch import ModelArch, rotary_tables
 from engine.models.linear import attach_fp32_shadows
 from engine.models.llama import LlamaForCausalLM
 from engine.platform import cpu_has_native_bf16
+from engine.quant.apply import set_module
+from engine.quant.prequantized import (
+    PrequantizedFormat,
+    build_linear,
+    concat_rows,
+    detect_format,
+)
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,20 +63,34 @@ def load_model(
 ) -> tuple[LlamaForCausalLM, ModelArch]:
     """Instantiate our model for the checkpoint at ``path`` and load its weights.
 
+    A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors: engine/quant/prequantized) gets
+    its quantized linears as Int4Linear / Int8Linear built from the stored values, with no
+    float copy of them ever made; ``model.quant_format`` names the format ("none" if dense).
     ``config`` is ``read_arch(path)``'s result when the caller already has it."""
     hf_config, arch = config or read_arch(path)
+    fmt = detect_format(path)
+    tensors = _open_tensors(path)
     cos, sin = rotary_tables(hf_config, max_positions)
     with torch.device("meta"):
         model = LlamaForCausalLM(arch, cos, sin)
+    linears = _linears(arch)
+    quantized = {name for name, parts, _ in linears if _stored_quantized(fmt, parts, tensors)}
+    for name in quantized:  # a storage-less placeholder until the layer is built below
+        set_module(model, name, nn.Identity())
     model = model.to_empty(device=device).to(dtype)
     model.cos_table = cos.to(device)
     model.sin_table = sin.to(device)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    tensors = _open_tensors(path)
+    load = _LinearLoader(model, tensors, fmt, quantized, dtype, device)
     with torch.no_grad():
-        _copy_weights(model, arch, tensors, progress)
+        _copy_weights(model, arch, tensors, progress, load)
     model.eval()
+    if quantized:
+        model.quant_format = fmt.label
+        log.info("pre-quantized checkpoint %s: %d of %d linear layers quantized (%d decoder "
+                 "layers, lm_head %s)", fmt.label, len(quantized), len(linears),
+                 arch.num_layers, "quantized" if "lm_head" in quantized else "not quantized")
     if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_native_bf16():
         attach_fp32_shadows(model)
     return model, arch
@@ -100,29 +126,79 @@ def _open_tensors(path: Path) -> _Tensors:
     return _Tensors(files)
 
 
-def _copy_weights(model: LlamaForCausalLM, arch: ModelArch, t: _Tensors, progress: bool) -> None:
+# (our module, its checkpoint linears in row order, whether it has a bias)
+_Linear = tuple[str, list[str], bool]
+
+
+def _layer_linears(arch: ModelArch, i: int) -> list[_Linear]:
+    p = f"model.layers.{i}."
+    return [
+        (f"layers.{i}.self_attn.qkv_proj", [p + f"self_attn.{n}_proj" for n in "qkv"],
+         arch.qkv_bias),
+        (f"layers.{i}.self_attn.o_proj", [p + "self_attn.o_proj"], False),
+        (f"layers.{i}.mlp.gate_up_proj", [p + "mlp.gate_proj", p + "mlp.up_proj"], False),
+        (f"layers.{i}.mlp.down_proj", [p + "mlp.down_proj"], False),
+    ]
+
+
+def _head(arch: ModelArch) -> list[_Linear]:
+    return [] if arch.tie_word_embeddings else [("lm_head", ["lm_head"], False)]
+
+
+def _linears(arch: ModelArch) -> list[_Linear]:
+    """Every linear layer of our model and the checkpoint linears it fuses."""
+    return _head(arch) + [lin for i in range(arch.num_layers) for lin in _layer_linears(arch, i)]
+
+
+def _stored_quantized(fmt: PrequantizedFormat, parts: list[str], t: _Tensors) -> bool:
+    flags = {fmt.is_quantized(part, t) for part in parts}
+    if len(flags) > 1:
+        raise ModelLoadError(f"{', '.join(parts)} are fused but only some are quantized")
+    return flags.pop()
+
+
+class _LinearLoader:
+    """Fills one linear layer of the model: float weights copied in place, quantized ones
+    built from the checkpoint's values (replacing the placeholder)."""
+
+    def __init__(self, model: LlamaForCausalLM, t: _Tensors, fmt: PrequantizedFormat,
+                 quantized: set[str], dtype: torch.dtype, device: torch.device) -> None:
+        self.model, self.t, self.fmt, self.quantized = model, t, fmt, quantized
+        self.dtype, self.device = dtype, device
+
+    def __call__(self, linear: _Linear) -> None:
+        name, parts, has_bias = linear
+        t = self.t
+        bias = torch.cat([t.get(part + ".bias") for part in parts]) if has_bias else None
+        if name in self.quantized:
+            weight = concat_rows([self.fmt.unpack(part, t) for part in parts])
+            b = None if bias is None else bias.to(self.dtype)
+            set_module(self.model, name, build_linear(weight, b, self.device))
+            return
+        lin = self.model.get_submodule(name)
+        lin.weight.copy_(torch.cat([t.get(part + ".weight") for part in parts], dim=0))
+        if bias is not None:
+            lin.bias.copy_(bias)
+
+
+def _copy_weights(
+    model: LlamaForCausalLM, arch: ModelArch, t: _Tensors, progress: bool, load: _LinearLoader
+) -> None:
     model.embed_tokens.weight.copy_(t.get("model.embed_tokens.weight"))
     model.norm.weight.copy_(t.get("model.norm.weight"))
-    if not arch.tie_word_embeddings:
-        model.lm_head.weight.copy_(t.get("lm_head.weight"))
+    for linear in _head(arch):
+        load(linear)
     layers = tqdm(
         range(arch.num_layers), desc="Loading weights", unit="layer", disable=not progress
     )
     for i in layers:
         p = f"model.layers.{i}."
         layer = model.layers[i]
+        for linear in _layer_linears(arch, i):
+            load(linear)
         attn = layer.self_attn
-        qkv = [t.get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-        attn.qkv_proj.weight.copy_(torch.cat(qkv, dim=0))
-        if arch.qkv_bias:
-            bias = [t.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
-            attn.qkv_proj.bias.copy_(torch.cat(bias, dim=0))
-        attn.o_proj.weight.copy_(t.get(p + "self_attn.o_proj.weight"))
         if attn.q_norm is not None and attn.k_norm is not None:
             attn.q_norm.weight.copy_(t.get(p + "self_attn.q_norm.weight"))
             attn.k_norm.weight.copy_(t.get(p + "self_attn.k_norm.weight"))
-        gate_up = [t.get(p + "mlp.gate_proj.weight"), t.get(p + "mlp.up_proj.weight")]
-        layer.mlp.gate_up_proj.weight.copy_(torch.cat(gate_up, dim=0))
-        layer.mlp.down_proj.weight.copy_(t.get(p + "mlp.down_proj.weight"))
         layer.input_layernorm.weight.copy_(t.get(p + "input_layernorm.weight"))
         layer.post_attention_layernorm.weight.copy_(t.get(p + "post_attention_layernorm.weight"))

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 def cpu_supported() -> bool:
@@ -106,6 +106,7 @@ def load() -> ctypes.CDLL | None:
     lib.tnd_model_create.argtypes, lib.tnd_model_create.restype = [ptr], ptr
     lib.tnd_model_free.argtypes, lib.tnd_model_free.restype = [ptr], None
     lib.tnd_linear.argtypes, lib.tnd_linear.restype = [ptr, ptr, i32, ptr, i32], None
+    lib.tnd_embed.argtypes, lib.tnd_embed.restype = [ptr, ptr, i32, ptr], i32
     lib.tnd_forward.argtypes = [ptr, ptr, i32, ptr, i32, ptr, i32]
     lib.tnd_forward.restype = i32
     return lib

@@ -1,4 +1,4 @@
-// A whole Llama-family forward for a few query rows on an AVX2 CPU, in one call.
+// A whole Llama-family forward over any number of query rows on an AVX2 CPU, in one call.
 //
 // Built by engine/native/build.py (g++ -O3 -mavx2 -mfma -mf16c -fopenmp; OpenMP resolves to
 // the libgomp torch already loaded, so the two share one thread pool) and called through
@@ -12,7 +12,9 @@
 // inner products run on integers (_mm256_madd_epi16), as llama.cpp does with int8 ones.
 // Unquantized fp32 linears multiply fp32 activations.
 //
-// Weight formats: quant_linear.h. Attention: paged_attention.h.
+// Weight formats and the few-row loops: quant_linear.h; many rows (batched decodes, prefill
+// chunks): gemm_tiled.h. Attention: paged_attention.h. The embedding table may be a quantized
+// Lin (a GGUF's Q8_0 token_embd, shared with the tied lm_head): rows are dequantized on use.
 // KV cache: the engine's layout, fp32 [L, 2, num_blocks, block_size, Hkv, hd] or int8
 // [L, 2, num_blocks, block_size, Hkv, hd + 4] (each head vector's fp32 scale in its last 4
 // bytes; engine/quant/kv_int8.py), written and read with the same rounding as the torch path.
@@ -25,6 +27,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gemm_tiled.h"
 #include "paged_attention.h"
 #include "quant_linear.h"
 
@@ -51,6 +54,7 @@ struct ModelDesc {
   const float* final_norm;
   Lin lm_head;
   const Layer* layers;  // [num_layers]
+  Lin embed_lin;        // the embedding table when embed is null (any Lin kind)
 };
 
 struct Model {
@@ -86,13 +90,44 @@ struct Step {
   int32_t num_blocks;
   void* kv;         // [L, 2, num_blocks, block_size, Hkv, hd (+ 4 for int8)]
   int32_t kv_int8;  // 0: fp32 cache, 1: int8 cache with per-head-vector scales
+  // Called (on the calling thread) once layer l's K/V are in the cache; nonzero stops the
+  // forward (it returns -2). May be null.
+  int32_t (*layer_done)(int32_t layer);
 };
+
+// exp(x) on 8 lanes (Cephes' expf: Cody-Waite reduction, degree-5 polynomial; ~1 ulp).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// a[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, n % 8 == 0.
+inline void silu_mul(const float* g, const float* u, float* a, int n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (int i = 0; i < n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 den = _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+    _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+  }
+}
 
 }  // namespace
 
 extern "C" {
 
-int tnd_abi_version() { return 2; }
+int tnd_abi_version() { return 3; }
 
 void* tnd_model_create(const ModelDesc* desc) {
   auto* m = new Model{*desc, std::vector<Layer>(desc->layers, desc->layers + desc->num_layers)};
@@ -102,10 +137,21 @@ void* tnd_model_create(const ModelDesc* desc) {
 
 void tnd_model_free(void* model) { delete static_cast<Model*>(model); }
 
-// Quantized linear alone (tests and the perplexity bench): y [rows, w.n] = x [rows, w.k] . w^T.
+// One linear layer alone (the torch path's quantized modules, tests, the perplexity bench):
+// y [rows, w.n] = x [rows, w.k] . w^T (+ bias).
 void tnd_linear(const Lin* w, const float* x, int rows, float* y, int threads) {
   QuantRows xq;
   tnd::linear(*w, x, rows, xq, y, w->n, false, threads);
+}
+
+// Rows ids[0 .. n) of an embedding table stored as a Lin: out [n, w.k]. Returns -1 when an id
+// is outside the table (nothing written).
+int tnd_embed(const Lin* w, const int64_t* ids, int n, float* out) {
+  for (int i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= w->n) return -1;
+  }
+  for (int i = 0; i < n; ++i) tnd::lin_row(*w, ids[i], out + static_cast<size_t>(i) * w->k);
+  return 0;
 }
 
 }  // extern "C"
@@ -135,8 +181,15 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   std::vector<float> qkv(static_cast<size_t>(rows) * qkvsz), att(static_cast<size_t>(rows) * qsz);
   std::vector<float> gu(static_cast<size_t>(rows) * 2 * I), act(static_cast<size_t>(rows) * I);
   QuantRows xq;
+  const bool par = rows >= tnd::TILED_MIN_ROWS;  // elementwise loops: threads pay from here
+#pragma omp parallel for num_threads(threads) if (par)
   for (int r = 0; r < rows; ++r) {
-    std::memcpy(&h[static_cast<size_t>(r) * H], md.embed + st->ids[r] * H, H * sizeof(float));
+    float* dst = &h[static_cast<size_t>(r) * H];
+    if (md.embed) {
+      std::memcpy(dst, md.embed + st->ids[r] * H, H * sizeof(float));
+    } else {
+      tnd::lin_row(md.embed_lin, st->ids[r], dst);
+    }
   }
   const int head_bytes = tnd::KVHead<Int8>::bytes(hd);
   const size_t slot_bytes = static_cast<size_t>(nkv) * head_bytes;
@@ -151,8 +204,10 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
     const Layer& ly = md.layers[l];
     uint8_t* kc = static_cast<uint8_t*>(st->kv) + l * layer_stride;
     uint8_t* vc = kc + kv_half;
+#pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.input_norm, md.eps, H, &xn[r * H]);
     tnd::linear(ly.qkv, xn.data(), rows, xq, qkv.data(), qkvsz, false, threads);
+#pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) {
       float* q = &qkv[static_cast<size_t>(r) * qkvsz];
       float* k = q + qsz;
@@ -173,14 +228,21 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
     tnd::paged_attention<Int8>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
                          att.data(), threads);
     tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
+#pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);
     tnd::linear(ly.gate_up, xn.data(), rows, xq, gu.data(), 2 * I, false, threads);
+#pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) {
       const float* g = &gu[static_cast<size_t>(r) * 2 * I];
       float* a = &act[static_cast<size_t>(r) * I];
-      for (int i = 0; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];
+      if (I % 8 == 0) {
+        silu_mul(g, g + I, a, I);
+      } else {
+        for (int i = 0; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];
+      }
     }
     tnd::linear(ly.down, act.data(), rows, xq, h.data(), H, true, threads);
+    if (st->layer_done && st->layer_done(l) != 0) return -2;
   }
   std::vector<float> fin(static_cast<size_t>(num_samples) * H);
   for (int i = 0; i < num_samples; ++i) {
@@ -198,7 +260,8 @@ extern "C" {
 // rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 (with
 // nothing written) when a position is outside the RoPE table, a block a position needs is
 // missing from its table or outside the cache, a token id is outside the vocabulary, or a
-// sample row is not one of the rows. The caller checks that seq[r] indexes a table.
+// sample row is not one of the rows; -2 when the layer callback asked to stop. The caller
+// checks that seq[r] indexes a table.
 int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
                 int num_samples, float* logits, int threads) {
   const ModelDesc& md = static_cast<Model*>(model)->desc;

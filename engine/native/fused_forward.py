@@ -1,15 +1,17 @@
 """The whole-model forward of ``decode_step.cpp`` for an fp32 Llama on the CPU.
 
-    FusedForward(model)         repacks each Int4Linear/Int8Linear once into the kernel's
-                                layout (Q4 groups in llama.cpp nibble order, Q8 rows; fp32
-                                linears are read in place) and hands the C side a table of
-                                pointers (tensors kept alive here)
-    fused(rows..., kv_cache)    one ctypes call per step (the GIL is released inside): embeds,
-                                30 layers, final norm, lm_head for the sampling rows
+    FusedForward(model)         reads each PackedLinear (the CPU layout of quantized layers,
+                                engine/native/packed_linear.py) and fp32 linear in place; an
+                                Int4Linear/Int8Linear is packed once (a copy); hands the C side
+                                a table of pointers (tensors kept alive here)
+    fused(rows..., kv_cache)    one ctypes call per step (the GIL is released inside): embeds
+                                (a quantized table's rows dequantized on use), the layers, the
+                                final norm, lm_head for the sampling rows; a layer hook is
+                                called back between layers
 
-It serves steps with few query rows (decodes, speculative verification, short chunks), where
-torch's per-op overhead and its int4 kernel dominate; the model runner keeps torch for the rest
-and for anything this path does not cover (bf16 or fp16 models, layer hooks). The KV cache may
+It serves every CPU step of an fp32 model, decodes and prefill chunks alike: few-row steps run
+the integer matrix-vector loops, many-row steps the tiled fp32 GEMM. The model runner keeps
+torch for what this path does not cover (bf16 or fp16 models, no compiler). The KV cache may
 be fp32 or int8 with per-head-vector scales (engine/quant/kv_int8.py), written with the torch
 path's rounding.
 """
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from engine.models.llama import LlamaForCausalLM
 from engine.native.build import load
+from engine.native.packed_linear import KIND_F32, LinStruct, PackedEmbedding, PackedLinear
 from engine.quant.int4 import Int4Linear
 from engine.quant.int8 import Int8Linear
 from engine.quant.kv_int8 import storage_head_dim
@@ -34,11 +37,10 @@ log = logging.getLogger(__name__)
 QK = 32
 _F = ctypes.POINTER(ctypes.c_float)
 _U8 = ctypes.POINTER(ctypes.c_uint8)
+_LinTypes = (PackedLinear, Int4Linear, Int8Linear, nn.Linear)
 
 
-class _Lin(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32),
-                ("q", _U8), ("d", _F), ("m", _F), ("bias", _F)]
+_Lin = LinStruct
 
 
 class _Layer(ctypes.Structure):
@@ -51,58 +53,56 @@ class _ModelDesc(ctypes.Structure):
         "num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate",
         "vocab", "max_positions")] + [
         ("eps", ctypes.c_float), ("embed", _F), ("cos", _F), ("sin", _F),
-        ("final_norm", _F), ("lm_head", _Lin), ("layers", ctypes.POINTER(_Layer))]
+        ("final_norm", _F), ("lm_head", _Lin), ("layers", ctypes.POINTER(_Layer)),
+        ("embed_lin", _Lin)]
+
+
+_LAYER_DONE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
 
 
 class _Step(ctypes.Structure):
     _fields_ = [("ids", ctypes.c_void_p), ("pos", ctypes.c_void_p), ("seq", ctypes.c_void_p),
                 ("block_tables", ctypes.c_void_p), ("table_width", ctypes.c_int32),
                 ("block_size", ctypes.c_int32), ("num_blocks", ctypes.c_int32),
-                ("kv", ctypes.c_void_p), ("kv_int8", ctypes.c_int32)]
+                ("kv", ctypes.c_void_p), ("kv_int8", ctypes.c_int32),
+                ("layer_done", _LAYER_DONE)]
 
 
 class NativeLinear:
-    """A linear layer in the kernel's layout: Int4Linear/Int8Linear repacked, or an fp32
-    ``nn.Linear`` read in place (holds the tensors it points at)."""
+    """A linear layer as the kernels see it: a :class:`PackedLinear` read in place, an
+    Int4Linear/Int8Linear packed into one (a copy: tests and benches), or an fp32 ``nn.Linear``
+    read in place (holds what it points at)."""
 
-    def __init__(self, layer: Int4Linear | Int8Linear | nn.Linear) -> None:
+    def __init__(self, layer: PackedLinear | Int4Linear | Int8Linear | nn.Linear) -> None:
         if layer.in_features % QK:
             raise ValueError(f"in_features {layer.in_features} is not a multiple of {QK}")
-        n, k = layer.out_features, layer.in_features
+        self.out_features, self.in_features = layer.out_features, layer.in_features
         self.tensors: list[torch.Tensor] = []
-        if isinstance(layer, nn.Linear):
-            if layer.weight.dtype != torch.float32:
-                raise ValueError(f"unquantized weights must be fp32, not {layer.weight.dtype}")
-            packed, d, m, kind = layer.weight.detach().contiguous(), None, None, 3
-        elif isinstance(layer, Int4Linear):
-            if layer.group_size != QK:
-                raise ValueError(f"int4 group size {layer.group_size} != {QK}")
-            q = layer.unpack().view(n, k // QK, QK)
-            packed = (q[..., :16] | (q[..., 16:] << 4)).contiguous()  # [N, G, 16]
-            d = layer.scale.float().contiguous()
-            m = (layer.zero.float() - 8 * layer.scale.float()).contiguous()
-            kind = 0
-            d16, m16 = d.half(), m.half()
-            if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
-                d, m, kind = d16.view(torch.int16), m16.view(torch.int16), 2  # exact: fp16
-        else:
-            packed, d, m, kind = layer.qweight.contiguous(), layer.scale.float().contiguous(), \
-                None, 1
+        self.packed: PackedLinear | None = None
+        if isinstance(layer, Int4Linear):
+            layer = PackedLinear.from_int4(layer)
+        elif isinstance(layer, Int8Linear):
+            layer = PackedLinear.from_int8(layer)
+        if isinstance(layer, PackedLinear):
+            self.packed = layer
+            self.struct = layer.struct()
+            self.kind = layer.kind
+            self.tensors = [t for t in (layer.q, layer.d, layer.m, layer.bias) if t is not None]
+            return
+        if layer.weight.dtype != torch.float32:
+            raise ValueError(f"unquantized weights must be fp32, not {layer.weight.dtype}")
+        w = layer.weight.detach().contiguous()
         bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
-        self.struct = _Lin(kind, n, k, self._ptr(packed, _U8), self._ptr(d, _F),
-                           self._ptr(m, _F), self._ptr(bias, _F))
-        self.kind = kind  # 0: Q4 fp32 scales, 1: Q8 rows, 2: Q4 fp16 scales, 3: fp32
-        self.out_features, self.in_features = n, k
-
-    def _ptr(self, t: torch.Tensor | None, kind: type) -> object:
-        if t is None:
-            return ctypes.cast(None, kind)
-        self.tensors.append(t)
-        return ctypes.cast(t.data_ptr(), kind)
+        self.tensors = [t for t in (w, bias) if t is not None]
+        self.kind = KIND_F32
+        self.struct = _Lin(KIND_F32, self.out_features, self.in_features,
+                           ctypes.cast(w.data_ptr(), _U8), ctypes.cast(None, _F),
+                           ctypes.cast(None, _F),
+                           ctypes.cast(None if bias is None else bias.data_ptr(), _F))
 
     def __call__(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """``x`` ``[M, K]`` fp32 -> ``[M, N]`` through the kernel (int16 activations for
-        quantized weights)."""
+        quantized weights on few rows, fp32 on many)."""
         lib = load()
         if lib is None:
             raise RuntimeError("native kernels are unavailable on this machine")
@@ -117,16 +117,20 @@ def unsupported_reason(model: LlamaForCausalLM) -> str | None:
     """Why :class:`FusedForward` cannot run ``model`` (``None`` when it can)."""
     if load() is None:
         return "native kernels unavailable"
-    if model.embed_tokens.weight.dtype != torch.float32:
+    embed = model.embed_tokens
+    if isinstance(embed, PackedEmbedding):
+        if embed.table.q.device.type != "cpu":
+            return "model is not on the CPU"
+    elif embed.weight.dtype != torch.float32:
         return "activations are not fp32"
-    if model.embed_tokens.weight.device.type != "cpu":
+    elif embed.weight.device.type != "cpu":
         return "model is not on the CPU"
     linears = [model.lm_head]
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
     for lin in linears:
-        if not isinstance(lin, Int4Linear | Int8Linear | nn.Linear) or lin.in_features % QK:
+        if not isinstance(lin, _LinTypes) or lin.in_features % QK:
             return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
         if isinstance(lin, nn.Linear) and lin.weight.dtype != torch.float32:
             return f"a linear layer holds {lin.weight.dtype} weights"
@@ -167,11 +171,18 @@ class FusedForward:
                                  if isinstance(lin, NativeLinear) for t in lin.tensors)
         self._weight_bytes += sum(p.numel() * p.element_size() for p in norms)
         cos, sin = model.cos_table.float().contiguous(), model.sin_table.float().contiguous()
+        embed = model.embed_tokens
+        if isinstance(embed, PackedEmbedding):  # a quantized table, rows dequantized on use
+            table = embed.table if embed.table is model.lm_head else NativeLinear(embed.table)
+            embed_f, embed_lin = self._f(None), (head if table is model.lm_head else table).struct
+            self._keep.append(table)
+        else:
+            embed_f, embed_lin = self._f(embed.weight), _Lin()
         desc = _ModelDesc(
             arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
             arch.intermediate_size, arch.vocab_size, cos.shape[0], arch.rms_norm_eps,
-            self._f(model.embed_tokens.weight), self._f(cos), self._f(sin),
-            self._f(model.norm.weight), head.struct, layers,
+            embed_f, self._f(cos), self._f(sin),
+            self._f(model.norm.weight), head.struct, layers, embed_lin,
         )
         self._handle = ctypes.c_void_p(lib.tnd_model_create(ctypes.byref(desc)))
 
@@ -202,9 +213,13 @@ class FusedForward:
         kv_cache: torch.Tensor,
         sample_rows: Sequence[int],
         threads: int | None = None,
+        layer_hook: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
         """Logits ``[len(sample_rows), V]`` fp32; row r is token ``ids[r]`` at ``positions[r]``
-        of sequence ``seq_index[r]`` (whose blocks are ``block_tables[seq_index[r]]``)."""
+        of sequence ``seq_index[r]`` (whose blocks are ``block_tables[seq_index[r]]``).
+
+        ``layer_hook(l)`` runs on this thread once layer l's K/V are in the cache (the prefill
+        role pushes them from there); an exception it raises ends the step and is re-raised."""
         int8_kv = kv_cache.dtype == torch.int8
         if not (kv_cache.dtype == torch.float32 or int8_kv) or not kv_cache.is_contiguous():
             raise ValueError("the fused forward needs a contiguous fp32 or int8 KV cache")
@@ -230,14 +245,27 @@ class FusedForward:
         seq_t = torch.tensor(seq_index, dtype=torch.int32)
         rows_t = torch.tensor(sample_rows, dtype=torch.int32)
         logits = torch.empty(len(sample_rows), self.vocab, dtype=torch.float32)
+        raised: list[BaseException] = []
+
+        def done(layer: int) -> int:
+            try:
+                layer_hook(layer)  # type: ignore[misc]
+            except BaseException as exc:  # noqa: BLE001  (re-raised below, after the C call)
+                raised.append(exc)
+                return 1
+            return 0
+
+        callback = _LAYER_DONE(done) if layer_hook is not None else _LAYER_DONE()
         step = _Step(ids_t.data_ptr(), pos_t.data_ptr(), seq_t.data_ptr(), tables.data_ptr(),
                      width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr(),
-                     int(int8_kv))
+                     int(int8_kv), callback)
         rc = self._lib.tnd_forward(
             self._handle, ctypes.byref(step), rows, ctypes.c_void_p(rows_t.data_ptr()),
             len(sample_rows), ctypes.c_void_p(logits.data_ptr()),
             threads or torch.get_num_threads(),
         )
+        if raised:
+            raise raised[0]
         if rc != 0:
             raise ValueError("fused forward refused the step: position or block id out of range")
         return logits

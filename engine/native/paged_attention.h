@@ -3,7 +3,7 @@
 // scale's 4 bytes; k = q * scale).
 //
 // Rows of one sequence that sit next to each other form a segment (a decode is a segment of
-// one row; speculative verification k+1 rows). A segment's context is cut into chunks of
+// one row; speculative verification k+1 rows; a prefill chunk several of MAX_SEGMENT_ROWS). A segment's context is cut into chunks of
 // whole blocks, one task per (segment, chunk); each task streams its chunk's K then V rows
 // once (all heads of a position are contiguous: 768 bytes for SmolLM2) and serves every row
 // and head of the segment from them, keeping a partial softmax (max, sum, weighted V). The
@@ -105,6 +105,10 @@ inline void store_head(const float* x, int hd, uint8_t* dst) {
   }
 }
 
+// Rows per segment at most: a prefill chunk's rows are cut into segments of this many, so its
+// tasks' score buffers stay small (rows x heads x chunk floats) and the threads share them.
+constexpr int MAX_SEGMENT_ROWS = 32;
+
 struct AttnShape {
   int num_heads, num_kv_heads, head_dim, block_size;
   float scale;
@@ -126,7 +130,7 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
   for (int r = 0; r < rows; ++r) {
     const int len = static_cast<int>(pos[r]) + 1;
     if (!segs.empty() && tables[segs.back().first] == tables[r] &&
-        segs.back().first + segs.back().count == r) {
+        segs.back().first + segs.back().count == r && segs.back().count < MAX_SEGMENT_ROWS) {
       segs.back().count += 1;
       segs.back().len = std::max(segs.back().len, len);
     } else {

@@ -7,7 +7,9 @@
 //   kind 2, kind 0 with d and m in fp16 (when that is exact, as for GGUF Q4_1 blocks): 17%
 //           fewer bytes per weight than kind 0.
 //   kind 3, fp32 rows: q [N, K] float (the model's own weight); activations stay fp32.
-// For kinds 0-2 activations are quantized to int16 in groups of 32 and the products run on
+//   kind 4, Q8 groups of 32: q [N, K] int8, d [N, K/32] fp16; w = d * q (GGUF Q8_0 blocks).
+// These loops serve steps of a few rows (decodes); gemm_tiled.h serves many rows.
+// For kinds 0, 1, 2 and 4 activations are quantized to int16 in groups of 32 and the products run on
 // integers (_mm256_madd_epi16), accumulated in fp32 once per group.
 #pragma once
 
@@ -26,7 +28,8 @@ namespace tnd {
 constexpr int QK = 32;  // quantization group (weights and activations)
 
 struct Lin {
-  int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows, 2 = Q4 groups with fp16 d and m, 3 = fp32
+  int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows, 2 = Q4 groups with fp16 d and m, 3 = fp32,
+                 // 4 = Q8 groups with fp16 d
   int32_t n, k;
   const uint8_t* q;
   const float* d;
@@ -130,8 +133,9 @@ inline float zero_point_dot(const float* m, const float* xs, int g) {
 // out[i] = w[n] . x[r0 + i] for i < R (R activation rows against one weight row).
 template <int Kind, int R>
 inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out) {
-  constexpr bool Q4 = Kind != 1;
+  constexpr bool Q4 = Kind == 0 || Kind == 2, G8 = Kind == 4, F16 = Kind == 2 || Kind == 4;
   const int g = w.k / QK;
+  const uint16_t* d16 = reinterpret_cast<const uint16_t*>(w.d);  // kinds 2 and 4
   const uint8_t* qs = w.q + static_cast<size_t>(n) * g * 16;                           // Q4
   const int8_t* wq = reinterpret_cast<const int8_t*>(w.q) + static_cast<size_t>(n) * w.k;  // Q8
   const size_t row_groups = static_cast<size_t>(n) * g;
@@ -143,34 +147,45 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
   }
   __m256 acc0[R], acc1[R];
   for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
+  // Eight groups at a time: their weight scales times each row's activation scales in one
+  // vector op, so a group costs one broadcast load of its scale (not a conversion and a
+  // scalar multiply per group and row).
+  alignas(32) float sc[R][8];
   __m256i lo, hi;
-  int b = 0;
-  for (; b + 1 < g; b += 2) {
-    if (Q4) {
-      _mm_prefetch(reinterpret_cast<const char*>(qs + b * 16 + 256), _MM_HINT_T0);
-      q4_unpack(qs, b, lo, hi);
+  for (int b = 0; b < g; b += 8) {
+    const int nb = std::min(8, g - b);
+    if (nb == 8) {
+      const __m256 dw =
+          F16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d16 + row_groups + b)))
+          : Kind == 0 ? _mm256_loadu_ps(w.d + row_groups + b) : _mm256_set1_ps(1.f);
+      for (int i = 0; i < R; ++i) _mm256_store_ps(sc[i], _mm256_mul_ps(dw, _mm256_loadu_ps(xd[i] + b)));
     } else {
-      _mm_prefetch(reinterpret_cast<const char*>(wq + b * QK + 512), _MM_HINT_T0);
-      q8_unpack(wq, b, lo, hi);
+      for (int j = 0; j < nb; ++j) {
+        const float dw = F16 ? _cvtsh_ss(d16[row_groups + b + j])
+                         : Kind == 0 ? w.d[row_groups + b + j] : 1.f;
+        for (int i = 0; i < R; ++i) sc[i][j] = dw * xd[i][b + j];
+      }
     }
-    const float d0 = Q4 ? q4_param<Kind>(w.d, row_groups + b) : 1.f;
-    for (int i = 0; i < R; ++i) {
-      const __m256 s = _mm256_set1_ps(d0 * xd[i][b]);
-      acc0[i] = _mm256_fmadd_ps(s, group_dot(lo, hi, xq[i] + b * QK), acc0[i]);
-    }
-    if (Q4) q4_unpack(qs, b + 1, lo, hi); else q8_unpack(wq, b + 1, lo, hi);
-    const float d1 = Q4 ? q4_param<Kind>(w.d, row_groups + b + 1) : 1.f;
-    for (int i = 0; i < R; ++i) {
-      const __m256 s = _mm256_set1_ps(d1 * xd[i][b + 1]);
-      acc1[i] = _mm256_fmadd_ps(s, group_dot(lo, hi, xq[i] + (b + 1) * QK), acc1[i]);
-    }
-  }
-  if (b < g) {
-    if (Q4) q4_unpack(qs, b, lo, hi); else q8_unpack(wq, b, lo, hi);
-    const float d0 = Q4 ? q4_param<Kind>(w.d, row_groups + b) : 1.f;
-    for (int i = 0; i < R; ++i) {
-      const __m256 s = _mm256_set1_ps(d0 * xd[i][b]);
-      acc0[i] = _mm256_fmadd_ps(s, group_dot(lo, hi, xq[i] + b * QK), acc0[i]);
+    for (int j = 0; j < nb; j += 2) {
+      const int b0 = b + j;
+      if (Q4) {
+        _mm_prefetch(reinterpret_cast<const char*>(qs + b0 * 16 + 256), _MM_HINT_T0);
+        q4_unpack(qs, b0, lo, hi);
+      } else {
+        _mm_prefetch(reinterpret_cast<const char*>(wq + b0 * QK + 512), _MM_HINT_T0);
+        q8_unpack(wq, b0, lo, hi);
+      }
+      for (int i = 0; i < R; ++i) {
+        acc0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][j]),
+                                  group_dot(lo, hi, xq[i] + b0 * QK), acc0[i]);
+      }
+      if (j + 1 < nb) {
+        if (Q4) q4_unpack(qs, b0 + 1, lo, hi); else q8_unpack(wq, b0 + 1, lo, hi);
+        for (int i = 0; i < R; ++i) {
+          acc1[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][j + 1]),
+                                    group_dot(lo, hi, xq[i] + (b0 + 1) * QK), acc1[i]);
+        }
+      }
     }
   }
   for (int i = 0; i < R; ++i) {
@@ -181,7 +196,7 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
                                  : w.m + row_groups;
       out[i] = dot + zero_point_dot<Kind>(m, x.s.data() + static_cast<size_t>(r0 + i) * g, g);
     } else {
-      out[i] = dot * w.d[n];
+      out[i] = G8 ? dot : dot * w.d[n];
     }
   }
 }
@@ -259,15 +274,16 @@ void linear_kind(const Lin& w, const float* xf, const QuantRows& x, int rows, fl
   }
 }
 
-// y [rows, N] (+)= x [rows, K] . w^T (+ bias); x is fp32, quantized into `scratch` first unless
-// the weights are fp32 too.
-void linear(const Lin& w, const float* x, int rows, QuantRows& scratch, float* y, int ldy,
-            bool accumulate, int threads) {
+// y [rows, N] (+)= x [rows, K] . w^T (+ bias) for a few rows; x is fp32, quantized into
+// `scratch` first unless the weights are fp32 too.
+inline void linear_rows(const Lin& w, const float* x, int rows, QuantRows& scratch, float* y,
+                        int ldy, bool accumulate, int threads) {
   if (w.kind != 3) scratch.quantize(x, rows, w.k);
   switch (w.kind) {
     case 0: linear_kind<0>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 1: linear_kind<1>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 2: linear_kind<2>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
+    case 4: linear_kind<4>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     default: linear_kind<3>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
   }
 }

@@ -129,7 +129,7 @@ def model_list(models: tandem_pb2.ListModelsResponse) -> dict[str, Any]:
         "object": "list",
         "data": [
             {"id": m.id, "object": "model", "created": 0, "owned_by": m.owned_by,
-             "max_model_len": m.max_model_len}
+             "max_model_len": m.max_model_len, "weights_format": m.weights_format}
             for m in models.models
         ],
     }

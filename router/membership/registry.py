@@ -69,6 +69,7 @@ class WorkerLoad:
     queued_prefill_tokens: int = 0
     max_batched_tokens: int = 0
     cached_blocks: frozenset[int] = frozenset()  # prefix-cache hashes it holds
+    weights_format: str = ""  # how it holds the model's weights ("" until reported)
 
 
 @dataclass(slots=True)
@@ -280,4 +281,5 @@ def _view(e: _Entry) -> WorkerView:
         queued_prefill_tokens=max(e.load.queued_prefill_tokens, e.prefilling_tokens),
         max_batched_tokens=e.load.max_batched_tokens,
         cached_blocks=e.load.cached_blocks,
+        weights_format=e.load.weights_format,
     )

@@ -30,6 +30,7 @@ def load_of(stats: worker_pb2.WorkerStats) -> WorkerLoad:
         queued_prefill_tokens=stats.pending_prefill_tokens,
         max_batched_tokens=stats.max_batched_tokens,
         cached_blocks=block_hash.unpack(stats.cached_block_hashes),
+        weights_format=stats.weights_format[:200],  # a report, not trusted to be short
     )
 
 

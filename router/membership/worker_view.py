@@ -38,6 +38,7 @@ class WorkerView:
     max_batched_tokens: int = 0  # tokens one step may take (0: not reported)
     # Prefix-cache hashes of the blocks it reported holding (router/handoff/held_blocks.py)
     cached_blocks: frozenset[int] = frozenset()
+    weights_format: str = ""  # engine/quant's summary of its weights ("" until reported)
 
     @property
     def queue_depth(self) -> int:

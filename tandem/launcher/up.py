@@ -168,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # A local instance shares this machine's files; on a cluster each node resolves the
     # model itself (a path must then exist on every node, an alias is converted per node).
-    worker_model = model_dir if args.address is None or Path(spec.model).exists() else spec.model
+    # An alias or a .gguf goes to the workers as named, so they keep the file's own quantized
+    # blocks (engine/quant "auto"); their resolve finds the conversion done above.
+    if not Path(spec.model).is_dir():
+        worker_model = str(Path(spec.model).resolve()) if Path(spec.model).exists() else spec.model
+    else:
+        worker_model = model_dir
     if args.address is None and spec.threads is None:
         spec = dataclasses.replace(spec, threads=_local_threads(spec))
 

@@ -210,6 +210,15 @@ def test_make_serve_path_starts_serves_and_stops() -> None:
         )
         assert out.returncode == 0, out.stderr
         assert "Paris" in out.stdout
+        # the default keeps the GGUF's own blocks, and says so (the workers' reports)
+        stub = _stub(local)
+
+        def reported() -> str:
+            return stub.ListModels(tandem_pb2.ListModelsRequest(), timeout=30).models[0] \
+                .weights_format
+
+        wait_until(lambda: "Q4_1" in reported())
+        assert reported() == "Q4_1 x120 + Q8_0 (embedding, lm_head) x1"
     finally:
         c.stop()
     assert local.popen.returncode == 0

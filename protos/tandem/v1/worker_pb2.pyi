@@ -134,7 +134,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "kv_transfer_bytes_per_s", "kv_transfer_bytes", "kv_transfer_failures", "num_leased_blocks", "step_base_s", "step_per_row_s", "step_per_prefill_token_s", "pending_prefill_tokens", "max_batched_tokens", "cached_block_hashes")
+    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "kv_transfer_bytes_per_s", "kv_transfer_bytes", "kv_transfer_failures", "num_leased_blocks", "step_base_s", "step_per_row_s", "step_per_prefill_token_s", "pending_prefill_tokens", "max_batched_tokens", "cached_block_hashes", "weights_format")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class WorkerStats(_message.Message):
     PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FORMAT_FIELD_NUMBER: _ClassVar[int]
     role: Role
     worker_id: str
     num_running: int
@@ -187,7 +188,8 @@ class WorkerStats(_message.Message):
     pending_prefill_tokens: int
     max_batched_tokens: int
     cached_block_hashes: bytes
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., itl_p50_s: _Optional[float] = ..., itl_p90_s: _Optional[float] = ..., kv_transfer_bytes_per_s: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failures: _Optional[int] = ..., num_leased_blocks: _Optional[int] = ..., step_base_s: _Optional[float] = ..., step_per_row_s: _Optional[float] = ..., step_per_prefill_token_s: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., cached_block_hashes: _Optional[bytes] = ...) -> None: ...
+    weights_format: str
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., itl_p50_s: _Optional[float] = ..., itl_p90_s: _Optional[float] = ..., kv_transfer_bytes_per_s: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failures: _Optional[int] = ..., num_leased_blocks: _Optional[int] = ..., step_base_s: _Optional[float] = ..., step_per_row_s: _Optional[float] = ..., step_per_prefill_token_s: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., cached_block_hashes: _Optional[bytes] = ..., weights_format: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("role", "worker_id", "endpoint", "kv_endpoint", "layout")

@@ -177,3 +177,43 @@ def test_q4_1_blocks_use_fp16_scales_exactly() -> None:
     x = torch.randn(3, k, generator=g)
     assert _rel(native(x), x @ layer.dequantize().T) < 1e-4
     assert NativeLinear(Int4Linear.from_float(torch.randn(n, k, generator=g) * 1e-6)).kind == 0
+
+
+def test_long_prefill_chunk_matches_torch_and_calls_the_layer_hook(make_engine, tiny_dir,
+                                                                  exact_torch_path) -> None:
+    """A 70-row chunk (tiled GEMM, several attention segments of 32 rows, two row blocks)
+    equals the torch forward; the hook sees every layer in order, each one's K/V already
+    written."""
+    engine = make_engine(model=str(tiny_dir("llama")), dtype="float32", quantization="int4",
+                         num_blocks=40, block_size=4)
+    runner = engine.runner
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(3, 256, (70,), generator=g).tolist()
+    table = list(range(39, 39 - 18, -1))  # 18 blocks, descending ids
+    kv_ref, kv_nat = torch.zeros_like(runner.kv_cache), torch.zeros_like(runner.kv_cache)
+    ref = _torch_forward(runner, prompt, list(range(70)), table, kv_ref)
+    seen: list[tuple[int, bool]] = []
+
+    def hook(layer: int) -> None:
+        seen.append((layer, bool(kv_nat[layer, :, table[17]].abs().sum() > 0)))
+
+    nat = runner.fused(prompt, range(70), [0] * 70, [table], kv_nat, range(70), layer_hook=hook)
+    assert _rel(nat, ref) < 1e-4
+    assert _rel(kv_nat, kv_ref) < 1e-4
+    layers = runner.kv_cache.shape[0]
+    assert seen == [(i, True) for i in range(layers)]
+
+
+def test_layer_hook_exception_ends_the_step(make_engine, tiny_dir) -> None:
+    engine = make_engine(model=str(tiny_dir("llama")), dtype="float32", num_blocks=8,
+                         block_size=4)
+    calls: list[int] = []
+
+    def hook(layer: int) -> None:
+        calls.append(layer)
+        raise ConnectionError("peer went away")
+
+    with pytest.raises(ConnectionError, match="peer went away"):
+        engine.runner.fused([5, 6], [0, 1], [0, 0], [[1]], engine.runner.kv_cache, [1],
+                            layer_hook=hook)
+    assert calls == [0]  # the forward stopped at the first layer

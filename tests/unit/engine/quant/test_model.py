@@ -1,6 +1,7 @@
 """Quantized SmolLM2 loads, generates, and keeps its perplexity within the bounds that
 bench/perplexity.py established (docs/bench/quantization.md): int8 within 1% of bf16, int4
-taken straight from the GGUF's Q4_1 blocks within 0.5% of the dequantized fp32 model.
+taken straight from the GGUF's Q4_1 blocks within 0.5% of the dequantized fp32 model, and the
+default (``auto``: the GGUF's Q4_1 and Q8_0 blocks as stored, embedding included) the same.
 
 Perplexity here runs over the first 512 tokens of tests/data/ppl_text.txt (the benchmark uses
 all ~2,500), in 128-token chunks, so the paged multi-chunk path is part of it."""
@@ -14,13 +15,17 @@ import torch
 
 from bench.perplexity import perplexity
 from engine import SamplingParams
+from engine.loader import _alias_path
+from engine.native import load
+from engine.native.packed_linear import PackedEmbedding, PackedLinear
 from engine.quant import Int4Linear, Int8Linear
 from tests.unit.engine._reference import engine_token_ids
 
 TEXT = Path(__file__).resolve().parents[3] / "data" / "ppl_text.txt"
 ROWS = {
-    "fp32": {"dtype": "float32"},
-    "bf16": {"dtype": "bfloat16"},
+    "fp32": {"dtype": "float32", "quantization": "none"},
+    "bf16": {"dtype": "bfloat16", "quantization": "none"},
+    "auto": {"dtype": "float32"},
     "int8": {"dtype": "float32", "quantization": "int8"},
     "int4": {"dtype": "float32", "quantization": "int4"},
 }
@@ -40,9 +45,43 @@ def ppl(engines) -> dict[str, float]:
 
 def test_layers_are_swapped(engines) -> None:
     m4, m8 = engines["int4"].runner.model, engines["int8"].runner.model
-    assert all(isinstance(layer.mlp.down_proj, Int4Linear) for layer in m4.layers)
-    assert isinstance(m4.lm_head, Int8Linear) and isinstance(m8.lm_head, Int8Linear)
-    assert all(isinstance(layer.self_attn.qkv_proj, Int8Linear) for layer in m8.layers)
+    if load() is None:  # torch's kernels
+        assert all(isinstance(layer.mlp.down_proj, Int4Linear) for layer in m4.layers)
+        assert isinstance(m4.lm_head, Int8Linear) and isinstance(m8.lm_head, Int8Linear)
+        assert all(isinstance(layer.self_attn.qkv_proj, Int8Linear) for layer in m8.layers)
+        return
+    assert all(layer.mlp.down_proj.format == "Q4_1" for layer in m4.layers)
+    assert m4.lm_head.format == m8.lm_head.format == "int8 (per row)"
+    assert all(layer.self_attn.qkv_proj.format == "int8 (per row)" for layer in m8.layers)
+
+
+def test_auto_keeps_the_gguf_blocks(engines) -> None:
+    """The default reads the file's own formats: Q4_1 linears, the Q8_0 embedding shared with
+    the tied lm_head; the weights it holds stay within 1.2x the file's size."""
+    engine = engines["auto"]
+    if load() is None:
+        pytest.skip("no native kernels: auto keeps the Q4_1 linears only")
+    model = engine.runner.model
+    assert engine.weights_format == "Q4_1 x120 + Q8_0 (embedding, lm_head) x1"
+    assert isinstance(model.embed_tokens, PackedEmbedding)
+    assert model.lm_head is model.embed_tokens.table and model.lm_head.format == "Q8_0"
+    assert all(isinstance(layer.mlp.gate_up_proj, PackedLinear) for layer in model.layers)
+    assert engine.weight_bytes <= 1.2 * _alias_path("smollm2").stat().st_size
+
+
+def test_auto_weights_are_the_dequantized_model(engines) -> None:
+    """Bit for bit in fp32 what transformers' dequantization of the same file holds, the
+    embedding table too."""
+    if load() is None:
+        pytest.skip("no native kernels")
+    ref, auto = engines["fp32"].runner.model, engines["auto"].runner.model
+    ids = torch.tensor([0, 1, 17, 4096, 49151])
+    assert torch.equal(auto.embed_tokens(ids), ref.embed_tokens(ids))
+    assert torch.equal(auto.lm_head.dequantize(), ref.embed_tokens.weight)
+    for i in (0, 29):
+        for name in ("self_attn.qkv_proj", "mlp.down_proj"):
+            w = ref.layers[i].get_submodule(name).weight
+            assert torch.equal(auto.layers[i].get_submodule(name).dequantize(), w), (i, name)
 
 
 def test_int4_from_q4_1_is_the_dequantized_model(engines) -> None:
@@ -59,9 +98,10 @@ def test_perplexity_within_the_established_bounds(ppl) -> None:
     assert 15 < ppl["fp32"] < 40, ppl  # a sane model on plain English prose
     assert abs(ppl["int8"] / ppl["bf16"] - 1) < 0.01, ppl
     assert abs(ppl["int4"] / ppl["fp32"] - 1) < 0.005, ppl
+    assert abs(ppl["auto"] / ppl["fp32"] - 1) < 0.005, ppl
 
 
-@pytest.mark.parametrize("row", ["int8", "int4"])
+@pytest.mark.parametrize("row", ["int8", "int4", "auto"])
 def test_quantized_model_generates(engines, row: str) -> None:
     engine = engines[row]
     rid = engine.add_request("The capital of France is",

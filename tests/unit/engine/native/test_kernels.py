@@ -1,0 +1,109 @@
+"""The native linear kernels and their weight layouts against references.
+
+Every weight kind (Q4 with fp32 or fp16 scales, Q8 per row, Q8 groups, fp32) through every
+row-count class: 1 (decode), 2-7 (the integer loops' row blocks), 8-64 (the tiled path, one
+row block), above 64 (several row blocks), odd N (tile tails), against ``x @ W^T`` with ``W``
+the layer's own fp32 dequantization. The GGUF block layouts are checked against the ``gguf``
+package's reference dequantization (llama.cpp's own Python port).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.native import NativeLinear, load
+from engine.native.packed_linear import (
+    KIND_F32,
+    KIND_Q4_F16,
+    KIND_Q4_F32,
+    KIND_Q8_F16,
+    KIND_Q8_ROW,
+    PackedEmbedding,
+    PackedLinear,
+)
+from engine.quant import Int4Linear, Int8Linear
+
+pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
+gguf = pytest.importorskip("gguf")
+quants = gguf.quants
+QT = gguf.GGMLQuantizationType
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _gguf_blocks(w: np.ndarray, qtype) -> np.ndarray:
+    return quants.quantize(w.astype(np.float32), qtype)
+
+
+def _layer(kind: int, n: int, k: int, g: torch.Generator) -> torch.nn.Module:
+    w = torch.randn(n, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    if kind == KIND_Q4_F32:  # scales below fp16's normal range keep fp32 scales
+        return PackedLinear.from_int4(Int4Linear.from_float(w * 1e-6, bias * 1e-6))
+    if kind == KIND_Q4_F16:
+        return PackedLinear.from_q4_1(_gguf_blocks(w.numpy(), QT.Q4_1), bias)
+    if kind == KIND_Q8_ROW:
+        return PackedLinear.from_int8(Int8Linear.from_float(w, bias))
+    if kind == KIND_Q8_F16:
+        return PackedLinear.from_q8_0(_gguf_blocks(w.numpy(), QT.Q8_0), bias)
+    lin = torch.nn.Linear(k, n)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        lin.bias.copy_(bias)
+    return lin
+
+
+@pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16, KIND_F32])
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 32, 63, 64, 65, 130])
+def test_linear_matches_the_dequantized_matmul(kind: int, rows: int) -> None:
+    g = torch.Generator().manual_seed(kind * 100 + rows)
+    n, k = 37, 160  # N odd (a partial tile), K = 5 groups
+    layer = _layer(kind, n, k, g)
+    native = NativeLinear(layer)
+    assert native.kind == kind
+    w = layer.weight if kind == KIND_F32 else layer.dequantize()
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-2, 1, k)  # uneven magnitudes
+    ref = x.double() @ w.double().T + layer.bias.double()
+    # few rows: int16 activations (~2e-5); many rows: fp32 throughout
+    tol = 1e-4 if rows < 8 and kind != KIND_F32 else 1e-6
+    assert _rel(native(x).double(), ref) < tol
+    if isinstance(layer, PackedLinear):  # the module's own forward takes the same kernel
+        assert torch.equal(layer(x), native(x))
+
+
+@pytest.mark.parametrize("qtype,build", [(QT.Q4_0, PackedLinear.from_q4_0),
+                                         (QT.Q4_1, PackedLinear.from_q4_1),
+                                         (QT.Q8_0, PackedLinear.from_q8_0)])
+def test_gguf_blocks_dequantize_as_the_reference(qtype, build) -> None:
+    rng = np.random.default_rng(int(qtype))
+    w = rng.standard_normal((24, 96)).astype(np.float32) * rng.uniform(0.01, 3, (24, 1))
+    blocks = _gguf_blocks(w, qtype)
+    ref = torch.from_numpy(quants.dequantize(blocks, qtype).astype(np.float32))
+    layer = build(blocks)
+    assert torch.equal(layer.dequantize(), ref)
+    x = torch.randn(3, 96, dtype=torch.float32)
+    assert _rel(layer(x), x @ ref.T) < 1e-4
+    ids = torch.tensor([[0, 23], [5, 5]])
+    assert torch.equal(PackedEmbedding(layer)(ids), ref[ids])
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_groups_above_32_split_exactly(group: int) -> None:
+    """An AWQ/GPTQ-style group of 64 or 128 becomes 2 or 4 groups of 32 sharing the scale and
+    zero: the same weights, exactly."""
+    g = torch.Generator().manual_seed(group)
+    lin = Int4Linear.from_float(torch.randn(16, 256, generator=g), group_size=group)
+    packed = PackedLinear.from_int4(lin)
+    assert torch.equal(packed.dequantize(), lin.dequantize())
+
+
+def test_embedding_refuses_ids_outside_the_table() -> None:
+    layer = PackedLinear.from_q8_0(_gguf_blocks(np.ones((4, 32), np.float32), QT.Q8_0))
+    with pytest.raises(IndexError):
+        PackedEmbedding(layer)(torch.tensor([4]))
+    with pytest.raises(IndexError):
+        PackedEmbedding(layer)(torch.tensor([-1]))
