@@ -1,15 +1,14 @@
 // Linear layers for many activation rows (batched decodes, prefill chunks), AVX2 + FMA.
 //
-//   for each block of 64 rows of x (kept in L2):
-//     for each tile of 4 weight rows (threads split the tiles):
-//       dequantize the tile to fp32 (a few KB: stays in L1)
-//       2 x-rows x 4 weight-rows micro-kernel: 8 fp32 accumulators along K, one FMA each
+//   threads split the weight rows into panels of 16; for each panel and window of 256 inputs:
+//     dequantize the 16 x 256 weights to fp32 and transpose them to [256][16] (16 KB: L1)
+//     for every 6 activation rows: 6 x 16 outputs in 12 accumulators, one panel row (two
+//       vectors) and six broadcast activations per input: 12 FMAs per 8 loads
 //
-// The weights are read once per 64 rows and turned into floats once per tile, so the cost
-// is the FMAs (8 per 64 multiply-adds), not the unpacking: the small-row path of
-// quant_linear.h instead spends ~7 integer ops per group of 32 per row. Activations stay
-// fp32 here (no int16 rounding), so these products are closer to the dequantized model than
-// the small-row path's.
+// Each weight is read from memory once per step and turned into a float once, so the cost is
+// the FMAs, not the unpacking (the few-row path of quant_linear.h instead spends ~7 integer
+// ops per group of 32 per row). Activations stay fp32 here (no int16 rounding), so these
+// products are closer to the dequantized model than the few-row path's.
 #pragma once
 
 #include <immintrin.h>
@@ -23,112 +22,162 @@
 
 namespace tnd {
 
-constexpr int TILE_N = 4;   // weight rows per tile
-constexpr int BLOCK_M = 64;  // activation rows per block
 
 // 8 fp16 values widened.
 inline __m256 load8_f16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Weight row n of `w` as K floats in dst (kinds 0, 1, 2 and 4; kind 3 is read in place).
+// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied).
 template <int Kind>
-inline void dequant_row(const Lin& w, int n, float* dst) {
-  const int g = w.k / QK;
-  const size_t row_groups = static_cast<size_t>(n) * g;
-  if constexpr (Kind == 0 || Kind == 2) {
-    const uint8_t* qs = w.q + row_groups * 16;
-    for (int b = 0; b < g; ++b) {
-      const __m256 d = _mm256_set1_ps(q4_param<Kind>(w.d, row_groups + b));
-      const __m256 m = _mm256_set1_ps(q4_param<Kind>(w.m, row_groups + b));
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
-      const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F));
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-      float* o = dst + b * QK;
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m));
-      _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(
-          d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m));
-      _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m));
-      _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(
-          d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m));
-    }
-  } else {  // int8 values: one scale per row (kind 1) or per group of 32 in fp16 (kind 4)
-    const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + static_cast<size_t>(n) * w.k;
-    const uint16_t* d16 = reinterpret_cast<const uint16_t*>(w.d);
-    for (int b = 0; b < g; ++b) {
-      const __m256 d = _mm256_set1_ps(Kind == 1 ? w.d[n] : _cvtsh_ss(d16[row_groups + b]));
-      const int8_t* qb = q + b * QK;
-      float* o = dst + b * QK;
-      for (int j = 0; j < QK; j += 8) {
-        const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qb + j)));
-        _mm256_storeu_ps(o + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
+inline void dequant_groups(const Lin& w, int n, int g0, int g1, float* dst) {
+  if constexpr (Kind == 3) {
+    const float* src = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
+    std::copy(src + g0 * QK, src + g1 * QK, dst);
+  } else {
+    const int g = w.k / QK;
+    const size_t row_groups = static_cast<size_t>(n) * g;
+    for (int b = g0; b < g1; ++b) {
+      float* o = dst + (b - g0) * QK;
+      if constexpr (Kind == 0 || Kind == 2) {
+        const uint8_t* qs = w.q + row_groups * 16;
+        const __m256 d = _mm256_set1_ps(q4_param<Kind>(w.d, row_groups + b));
+        const __m256 m = _mm256_set1_ps(q4_param<Kind>(w.m, row_groups + b));
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
+        const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m));
+        _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m));
+        _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m));
+      } else {
+        const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + static_cast<size_t>(n) * w.k;
+        const uint16_t* d16 = reinterpret_cast<const uint16_t*>(w.d);
+        const __m256 d = _mm256_set1_ps(Kind == 1 ? w.d[n] : _cvtsh_ss(d16[row_groups + b]));
+        for (int j = 0; j < QK; j += 8) {
+          const __m256i v = _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + b * QK + j)));
+          _mm256_storeu_ps(o + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
+        }
       }
     }
   }
 }
 
-// out[i][j] = x[i] . w[j] for i < MR, j < NR (x rows ldx apart, w rows ldw apart; K % 8 == 0).
-template <int MR, int NR>
-inline void micro(const float* x, int ldx, const float* w, int ldw, int k, float* out) {
-  __m256 acc[MR][NR];
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+// 8x8 transpose: rows r[0..8) (8 floats each, `ld` apart) -> columns, written to dst rows
+// (`ldd` apart).
+inline void transpose8(const float* src, int ld, float* dst, int ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + static_cast<size_t>(i) * ld);
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
   }
-  for (int p = 0; p < k; p += 8) {
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + static_cast<size_t>(j) * ldw + p);
+  __m256 u[8];
+  u[0] = _mm256_shuffle_ps(t[0], t[2], 0x44);
+  u[1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
+  u[2] = _mm256_shuffle_ps(t[1], t[3], 0x44);
+  u[3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
+  u[4] = _mm256_shuffle_ps(t[4], t[6], 0x44);
+  u[5] = _mm256_shuffle_ps(t[4], t[6], 0xEE);
+  u[6] = _mm256_shuffle_ps(t[5], t[7], 0x44);
+  u[7] = _mm256_shuffle_ps(t[5], t[7], 0xEE);
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + static_cast<size_t>(i) * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(dst + static_cast<size_t>(i + 4) * ldd,
+                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+constexpr int PANEL_N = 16;   // weight rows per panel (two vectors of outputs)
+constexpr int PANEL_K = 256;  // inputs per panel: 16 KB of floats, in L1
+constexpr int MICRO_M = 6;    // activation rows per micro-kernel call: 12 accumulators
+
+// c[i][0..16) (+)= sum_k x[i][k] * panel[k][0..16) for i < MR: one weight panel row (two
+// vectors) per k, broadcast activations; 12 FMAs per 8 loads.
+template <int MR>
+inline void micro_panel(const float* x, int ldx, const float* panel, int kc, float* y, int ldy,
+                        int nr, bool add) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(panel + k * PANEL_N);
+    const __m256 b1 = _mm256_load_ps(panel + k * PANEL_N + 8);
+#pragma GCC unroll 8  // unrolled, the accumulators stay in registers (else GCC spills them)
     for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + static_cast<size_t>(i) * ldx + p);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      const __m256 a = _mm256_broadcast_ss(x + static_cast<size_t>(i) * ldx + k);
+      acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
     }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) out[i * NR + j] = hsum(acc[i][j]);
+    float* out = y + static_cast<size_t>(i) * ldy;
+    if (nr == PANEL_N) {
+      if (add) {
+        acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(out));
+        acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(out + 8));
+      }
+      _mm256_storeu_ps(out, acc[i][0]);
+      _mm256_storeu_ps(out + 8, acc[i][1]);
+    } else {
+      alignas(32) float v[PANEL_N];
+      _mm256_store_ps(v, acc[i][0]);
+      _mm256_store_ps(v + 8, acc[i][1]);
+      for (int j = 0; j < nr; ++j) out[j] = add ? out[j] + v[j] : v[j];
+    }
   }
 }
 
-template <int MR>
-inline void micro_n(const float* x, int ldx, const float* w, int ldw, int k, int nr, float* out) {
-  switch (nr) {
-    case 1: micro<MR, 1>(x, ldx, w, ldw, k, out); break;
-    case 2: micro<MR, 2>(x, ldx, w, ldw, k, out); break;
-    case 3: micro<MR, 3>(x, ldx, w, ldw, k, out); break;
-    default: micro<MR, 4>(x, ldx, w, ldw, k, out); break;
-  }
-}
-
-// y [rows, N] (+)= x [rows, K] . w^T (+ bias), fp32 activations, any weight kind.
 template <int Kind>
 void linear_tiled_kind(const Lin& w, const float* x, int rows, float* y, int ldy, bool accumulate,
                        int threads) {
-  const int k = w.k, tiles = (w.n + TILE_N - 1) / TILE_N;
+  const int k = w.k, panels = (w.n + PANEL_N - 1) / PANEL_N;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> buf(Kind == 3 ? 0 : static_cast<size_t>(TILE_N) * k);
-    for (int m0 = 0; m0 < rows; m0 += BLOCK_M) {
-      const int m1 = std::min(rows, m0 + BLOCK_M);
-#pragma omp for schedule(static) nowait
-      for (int t = 0; t < tiles; ++t) {
-        const int n0 = t * TILE_N, nr = std::min(TILE_N, w.n - n0);
-        const float* wt;
-        if constexpr (Kind == 3) {
-          wt = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n0) * k;
-        } else {
-          for (int j = 0; j < nr; ++j) dequant_row<Kind>(w, n0 + j, buf.data() + static_cast<size_t>(j) * k);
-          wt = buf.data();
-        }
-        float v[2 * TILE_N];
-        for (int r = m0; r < m1; r += 2) {
-          const int mr = std::min(2, m1 - r);
-          const float* xr = x + static_cast<size_t>(r) * k;
-          if (mr == 2) micro_n<2>(xr, k, wt, k, k, nr, v); else micro_n<1>(xr, k, wt, k, k, nr, v);
-          for (int i = 0; i < mr; ++i) {
-            float* out = y + static_cast<size_t>(r + i) * ldy + n0;
-            for (int j = 0; j < nr; ++j) {
-              const float val = v[i * nr + j] + (w.bias ? w.bias[n0 + j] : 0.f);
-              out[j] = accumulate ? out[j] + val : val;
-            }
+    alignas(32) float rowbuf[PANEL_N * PANEL_K];  // 16 weight rows of one k window
+    alignas(32) float panel[PANEL_K * PANEL_N];   // the same, transposed: [k][16]
+#pragma omp for schedule(static)
+    for (int t = 0; t < panels; ++t) {
+      const int n0 = t * PANEL_N, nr = std::min(PANEL_N, w.n - n0);
+      for (int k0 = 0; k0 < k; k0 += PANEL_K) {
+        const int kc = std::min(PANEL_K, k - k0);
+        for (int j = 0; j < PANEL_N; ++j) {
+          float* dst = rowbuf + j * PANEL_K;
+          if (j < nr) {
+            dequant_groups<Kind>(w, n0 + j, k0 / QK, (k0 + kc) / QK, dst);
+          } else {
+            std::fill(dst, dst + kc, 0.f);
           }
+        }
+        for (int kk = 0; kk < kc; kk += 8) {
+          transpose8(rowbuf + kk, PANEL_K, panel + kk * PANEL_N, PANEL_N);
+          transpose8(rowbuf + 8 * PANEL_K + kk, PANEL_K, panel + kk * PANEL_N + 8, PANEL_N);
+        }
+        const bool add = accumulate || k0 > 0;
+        const float* xk = x + k0;
+        float* yt = y + n0;
+        int r = 0;
+        for (; r + MICRO_M <= rows; r += MICRO_M) {
+          micro_panel<MICRO_M>(xk + static_cast<size_t>(r) * k, k, panel, kc,
+                               yt + static_cast<size_t>(r) * ldy, ldy, nr, add);
+        }
+        switch (rows - r) {
+          case 1: micro_panel<1>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
+          case 2: micro_panel<2>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
+          case 3: micro_panel<3>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
+          case 4: micro_panel<4>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
+          case 5: micro_panel<5>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
+          default: break;
+        }
+      }
+      if (w.bias) {
+        for (int r = 0; r < rows; ++r) {
+          for (int j = 0; j < nr; ++j) y[static_cast<size_t>(r) * ldy + n0 + j] += w.bias[n0 + j];
         }
       }
     }
@@ -148,15 +197,13 @@ inline void linear_tiled(const Lin& w, const float* x, int rows, float* y, int l
 
 // Row n of an embedding table stored as a Lin (any kind) as `k` floats.
 inline void lin_row(const Lin& w, int64_t n, float* dst) {
+  const int row = static_cast<int>(n), g = w.k / QK;
   switch (w.kind) {
-    case 0: dequant_row<0>(w, static_cast<int>(n), dst); break;
-    case 1: dequant_row<1>(w, static_cast<int>(n), dst); break;
-    case 2: dequant_row<2>(w, static_cast<int>(n), dst); break;
-    case 4: dequant_row<4>(w, static_cast<int>(n), dst); break;
-    default: {
-      const float* src = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
-      std::copy(src, src + w.k, dst);
-    }
+    case 0: dequant_groups<0>(w, row, 0, g, dst); break;
+    case 1: dequant_groups<1>(w, row, 0, g, dst); break;
+    case 2: dequant_groups<2>(w, row, 0, g, dst); break;
+    case 4: dequant_groups<4>(w, row, 0, g, dst); break;
+    default: dequant_groups<3>(w, row, 0, g, dst); break;
   }
 }
 

@@ -63,6 +63,33 @@ inline void axpy(float w, const T* x, float* y, int n) {
   for (; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
 }
 
+// exp(x) on 8 lanes (Cephes' expf: Cody-Waite reduction, degree-5 polynomial; ~1 ulp).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// Lane j of the result = the sum of acc[j]'s 8 lanes.
+inline __m256 reduce8(const __m256* acc) {
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 // One head vector of a cache slot: fp32 values, or int8 values followed by their fp32 scale.
 template <bool Int8>
 struct KVHead {
@@ -75,6 +102,31 @@ struct KVHead {
     } else {
       return tnd::dot(q, reinterpret_cast<const float*>(k), hd);
     }
+  }
+  static float scale_of(const uint8_t* k, int hd) {
+    float scale = 1.f;
+    if constexpr (Int8) std::memcpy(&scale, k + hd, sizeof(float));
+    return scale;
+  }
+  static __m256 load(const uint8_t* k, int d) {
+    if constexpr (Int8) return load8(reinterpret_cast<const int8_t*>(k) + d);
+    else return load8(reinterpret_cast<const float*>(k) + d);
+  }
+  // q . k[j] for 8 head vectors (hd % 8 == 0), one lane each.
+  static __m256 dot8(const float* q, const uint8_t* const* k, int hd) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load(k[j], d), acc[j]);
+    }
+    __m256 s = reduce8(acc);
+    if constexpr (Int8) {
+      alignas(32) float sc[8];
+      for (int j = 0; j < 8; ++j) sc[j] = scale_of(k[j], hd);
+      s = _mm256_mul_ps(s, _mm256_load_ps(sc));
+    }
+    return s;
   }
   static void axpy(float w, const uint8_t* v, float* y, int hd) {
     if constexpr (Int8) {
@@ -162,15 +214,34 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
       const int32_t* table = tables[sg.first];
       const int n = tk.p1 - tk.p0, lanes = sg.count * nh;
       sc.assign(static_cast<size_t>(lanes) * n, -INFINITY);
-      for (int p = tk.p0; p < tk.p1; ++p) {
-        const uint8_t* kp = k + (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
+      auto slot_of = [&](int p) {
+        return (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
+      };
+      // Scores, 8 positions at a time: their K rows stay in L1 for every row and head of
+      // the segment, and 8 dot products end in one reduction (not 8 horizontal sums).
+      const uint8_t* kb[8];
+      for (int p = tk.p0; p < tk.p1; p += 8) {
+        const int nb = std::min(8, tk.p1 - p);
+        for (int j = 0; j < 8; ++j) kb[j] = k + slot_of(p + std::min(j, nb - 1));
         for (int i = 0; i < sg.count; ++i) {
           const int r = sg.first + i;
           if (p > pos[r]) continue;  // causal among the segment's rows
           const float* qr = q + static_cast<size_t>(r) * q_stride;
           for (int h = 0; h < nh; ++h) {
-            sc[(static_cast<size_t>(i) * nh + h) * n + (p - tk.p0)] =
-                KV::dot(qr + h * hd, kp + (h / group) * head_bytes, hd) * sh.scale;
+            float* dst = &sc[(static_cast<size_t>(i) * nh + h) * n + (p - tk.p0)];
+            const int kvh = (h / group) * head_bytes;
+            if (hd % 8 == 0) {
+              const uint8_t* kh[8];
+              for (int j = 0; j < 8; ++j) kh[j] = kb[j] + kvh;
+              alignas(32) float v8[8];
+              _mm256_store_ps(v8, _mm256_mul_ps(KV::dot8(qr + h * hd, kh, hd),
+                                                _mm256_set1_ps(sh.scale)));
+              for (int j = 0; j < nb && p + j <= pos[r]; ++j) dst[j] = v8[j];
+            } else {
+              for (int j = 0; j < nb && p + j <= pos[r]; ++j) {
+                dst[j] = KV::dot(qr + h * hd, kb[j] + kvh, hd) * sh.scale;
+              }
+            }
           }
         }
       }
@@ -179,7 +250,16 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
         float mx = -INFINITY, sum = 0.f;
         for (int j = 0; j < n; ++j) mx = std::fmax(mx, s[j]);
         if (mx != -INFINITY) {
-          for (int j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+          int j = 0;
+          __m256 acc = _mm256_setzero_ps();
+          const __m256 m8 = _mm256_set1_ps(mx);
+          for (; j + 8 <= n; j += 8) {  // exp(-inf - mx) = 0: masked positions drop out
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
+            _mm256_storeu_ps(s + j, e);
+            acc = _mm256_add_ps(acc, e);
+          }
+          sum = hsum(acc);
+          for (; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
         } else {
           std::fill(s, s + n, 0.f);
         }
@@ -187,12 +267,33 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
         pl[tk.part + lane] = sum;
         std::memset(&po[(tk.part + lane) * hd], 0, hd * sizeof(float));
       }
-      for (int p = tk.p0; p < tk.p1; ++p) {
-        const uint8_t* vp = v + (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
+      // Weighted V, 16 positions at a time: their V rows stay in L1 while each lane's
+      // output (64 floats at a time) accumulates in registers.
+      constexpr int PB = 16;
+      for (int p = tk.p0; p < tk.p1; p += PB) {
+        const int nb = std::min(PB, tk.p1 - p);
+        const uint8_t* vb[PB];
+        for (int j = 0; j < nb; ++j) vb[j] = v + slot_of(p + j);
         for (int lane = 0; lane < lanes; ++lane) {
-          const float w = sc[static_cast<size_t>(lane) * n + (p - tk.p0)];
-          if (w != 0.f) {
-            KV::axpy(w, vp + ((lane % nh) / group) * head_bytes, &po[(tk.part + lane) * hd], hd);
+          const float* w = &sc[static_cast<size_t>(lane) * n + (p - tk.p0)];
+          const int kvh = ((lane % nh) / group) * head_bytes;
+          float* o = &po[(tk.part + lane) * hd];
+          if (hd % 64 != 0) {
+            for (int j = 0; j < nb; ++j) {
+              if (w[j] != 0.f) KV::axpy(w[j], vb[j] + kvh, o, hd);
+            }
+            continue;
+          }
+          for (int d0 = 0; d0 < hd; d0 += 64) {
+            __m256 acc[8];
+            for (int u = 0; u < 8; ++u) acc[u] = _mm256_loadu_ps(o + d0 + 8 * u);
+            for (int j = 0; j < nb; ++j) {
+              if (w[j] == 0.f) continue;
+              const uint8_t* vh = vb[j] + kvh;
+              const __m256 wj = _mm256_set1_ps(w[j] * KV::scale_of(vh, hd));
+              for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(wj, KV::load(vh, d0 + 8 * u), acc[u]);
+            }
+            for (int u = 0; u < 8; ++u) _mm256_storeu_ps(o + d0 + 8 * u, acc[u]);
           }
         }
       }
@@ -205,6 +306,7 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
     first_part[tk.seg] = std::min(first_part[tk.seg], tk.part);
     num_parts[tk.seg] += 1;
   }
+#pragma omp parallel for num_threads(threads) schedule(static) if (segs.size() > 1)
   for (int s = 0; s < static_cast<int>(segs.size()); ++s) {
     const int lanes = segs[s].count * nh;
     for (int lane = 0; lane < lanes; ++lane) {

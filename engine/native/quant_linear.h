@@ -146,6 +146,7 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
     xd[i] = x.d.data() + static_cast<size_t>(r0 + i) * g;
   }
   __m256 acc0[R], acc1[R];
+#pragma GCC unroll 4
   for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
   // Eight groups at a time: their weight scales times each row's activation scales in one
   // vector op, so a group costs one broadcast load of its scale (not a conversion and a
@@ -175,13 +176,15 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
         _mm_prefetch(reinterpret_cast<const char*>(wq + b0 * QK + 512), _MM_HINT_T0);
         q8_unpack(wq, b0, lo, hi);
       }
+#pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
         acc0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][j]),
                                   group_dot(lo, hi, xq[i] + b0 * QK), acc0[i]);
       }
       if (j + 1 < nb) {
         if (Q4) q4_unpack(qs, b0 + 1, lo, hi); else q8_unpack(wq, b0 + 1, lo, hi);
-        for (int i = 0; i < R; ++i) {
+  #pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
           acc1[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][j + 1]),
                                     group_dot(lo, hi, xq[i] + (b0 + 1) * QK), acc1[i]);
         }
