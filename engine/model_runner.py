@@ -41,11 +41,15 @@ class ModelRunner:
         if int8_kv:  # int8 values + a scale per head vector (engine/quant/kv_int8.py)
             self.backend = Int8KVBackend(self.backend)
         # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b].
-        self.kv_cache = torch.zeros(
-            arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads,
-            storage_head_dim(arch.head_dim, rc.kv_cache_dtype),
-            dtype=torch.int8 if int8_kv else rc.dtype, device=rc.device,
-        )
+        shape = (arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads,
+                 storage_head_dim(arch.head_dim, rc.kv_cache_dtype))
+        kv_dtype = torch.int8 if int8_kv else rc.dtype
+        if rc.native_kernels and rc.device.type == "cpu":  # steps read blocks all over it
+            from engine.native import huge_pages
+
+            self.kv_cache = huge_pages.zeros(shape, kv_dtype)
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=rc.device)
         self.graphs: DecodeGraphs | None = None
         if (rc.cuda_graph_batch and rc.device.type == "cuda" and rc.backend == "triton"
                 and not int8_kv):
@@ -61,6 +65,9 @@ class ModelRunner:
 
             reason = unsupported_reason(model)
             if reason is None:
+                from engine.native import huge_pages
+
+                huge_pages.gather(model)  # one 2 MiB-paged buffer: fewer TLB misses a step
                 self.fused = FusedForward(model)
                 log.info("fused native CPU forward on")
             else:
