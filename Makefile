@@ -57,3 +57,9 @@ bench-serve-sweep: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Tandem vs llama.cpp: same GGUF, same threads, one run (~10 min on 2 cores); llama.cpp's
+# binaries are built under /tmp when none are found (bench/llama_cpp.py, ~7 min more).
+.PHONY: bench-vs-llama-cpp
+bench-vs-llama-cpp: install
+	$(PY) -m bench.vs_llama_cpp --build --out docs/bench

@@ -1,23 +1,28 @@
 """Drive a Tandem endpoint with a list of timed requests and record what each one saw.
 
-Three ways in, measured the same way (send -> first token -> every token -> last):
+Four ways in, measured the same way (send -> first token -> every token -> last):
 
     run_load(target, specs)        the public ``Tandem.Generate`` stream on a router
     run_conversations(target, cs)  the same stream, multi-turn: each turn's prompt carries
                                    the reply the server gave the turn before
     run_direct(decode, prefill)    the worker RPCs the router itself makes (Reserve,
                                    Prefill or PrefillLocal, Decode): the no-router baseline
+    run_openai(base_url, specs)    streaming ``/v1/completions`` on any OpenAI-compatible
+                                   HTTP server (Tandem's router, llama-server, vLLM)
 
-Speaks gRPC through ``protos`` only, so it measures any Tandem endpoint.
+The first three speak gRPC through ``protos`` only, so they measure any Tandem endpoint; the
+last speaks HTTP (aiohttp), so one client measures Tandem and another server alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
+import aiohttp
 import grpc
 
 from bench.serve_multiturn import KIND, Conversation, next_prompt
@@ -130,6 +135,71 @@ def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.a
     if credentials is not None:
         return grpc.aio.secure_channel(target, credentials)
     return grpc.aio.insecure_channel(target)
+
+
+async def run_openai(
+    base_url: str,
+    specs: Sequence[RequestSpec],
+    *,
+    model: str = "",
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    progress: Progress | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Open-loop load on ``base_url``'s streaming ``/v1/completions`` (prompts sent as token
+    ids, greedy, ``ignore_eos``: every request runs to its ``max_tokens``); results + wall time.
+
+    A token's time is its SSE chunk's arrival; the count is the server's ``usage`` when it
+    sends one (a chunk may carry more than one token, or none while text is held back).
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    connector = aiohttp.TCPConnector(limit=0)  # one connection per concurrent stream
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(base_url, connector=connector, timeout=timeout,
+                                     headers=headers) as session:
+        return await _paced(specs, lambda spec, t0: _openai_one(session, spec, t0, model),
+                            progress)
+
+
+async def _openai_one(
+    session: aiohttp.ClientSession, spec: RequestSpec, t0: float, model: str
+) -> RequestResult:
+    result = RequestResult(spec.index, spec.kind, ok=False, prompt_tokens=len(spec.prompt_ids))
+    body: dict[str, object] = {
+        "prompt": list(spec.prompt_ids), "max_tokens": spec.max_tokens, "temperature": 0.0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }
+    if model:
+        body["model"] = model
+    usage: dict[str, int] = {}
+    finish = ""
+    sent = time.perf_counter()
+    result.sent_at = sent - t0
+    try:
+        async with session.post("/v1/completions", json=body) as reply:
+            if reply.status != 200:
+                result.error = f"HTTP {reply.status}: {(await reply.text())[:300]}"
+                _finish(result)
+                return result
+            async for raw in reply.content:  # SSE: "data: {json}" lines, then "data: [DONE]"
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
+                    if choice.get("text"):
+                        result.token_times.append(time.perf_counter() - sent)
+                    finish = choice.get("finish_reason") or finish
+        result.ok = finish in ("length", "stop")
+        if not result.ok:
+            result.error = f"finish_reason={finish or 'none'}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as err:
+        result.error = f"{type(err).__name__}: {err}"
+    _finish(result)
+    if result.ok and usage.get("completion_tokens"):
+        result.output_tokens = int(usage["completion_tokens"])
+    return result
 
 
 async def run_conversations(
