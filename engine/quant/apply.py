@@ -103,10 +103,11 @@ def quantize_model(
                 summary.counts["int8"] += 1
             if new is None:
                 continue
-            if packed and isinstance(new, Int4Linear):
-                new = PackedLinear.from_int4(new)
-            elif packed and isinstance(new, Int8Linear):
-                new = PackedLinear.from_int8(new)
+            if packed and new.in_features % 32 == 0:  # the kernels' groups of 32
+                if isinstance(new, Int4Linear):
+                    new = PackedLinear.from_int4(new)
+                elif isinstance(new, Int8Linear):
+                    new = PackedLinear.from_int8(new)
             set_module(model, name, new)
     _release_freed_memory()
     log.info("weights: %s (quantization=%s)", summary.format, method)
@@ -135,7 +136,7 @@ def _prequantized(model: LlamaForCausalLM, method: str, packed: bool,
                     dense.bias.copy_(lin.bias)
                 set_module(model, name, dense)
                 continue
-            if packed:
+            if packed and lin.in_features % 32 == 0:
                 new = PackedLinear.from_int4(lin) if isinstance(lin, Int4Linear) else \
                     PackedLinear.from_int8(lin)
                 set_module(model, name, new)

@@ -24,6 +24,7 @@ from engine.native.packed_linear import (
     PackedLinear,
 )
 from engine.quant import Int4Linear, Int8Linear
+from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
 gguf = pytest.importorskip("gguf")
@@ -107,3 +108,20 @@ def test_embedding_refuses_ids_outside_the_table() -> None:
         PackedEmbedding(layer)(torch.tensor([4]))
     with pytest.raises(IndexError):
         PackedEmbedding(layer)(torch.tensor([-1]))
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_layers_the_kernels_cannot_take_stay_on_torch(make_engine, tiny_dir, quant: str) -> None:
+    """A hidden size that is not a multiple of 32: the layers reading it stay Int8Linear/
+    Int4Linear (the others are packed) and the engine runs on torch ops instead of failing."""
+    engine = make_engine(model=str(tiny_dir("llama", hidden_size=48)), dtype="float32",
+                         quantization=quant, num_blocks=16)
+    assert engine.runner.fused is None
+    layers = [m for m in engine.runner.model.modules()
+              if isinstance(m, PackedLinear | Int4Linear | Int8Linear)]
+    assert all(isinstance(m, PackedLinear) == (m.in_features % 32 == 0) for m in layers)
+    assert any(not isinstance(m, PackedLinear) for m in layers)
+    rid = engine.add_request([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3))
+    while engine.has_unfinished():
+        engine.step()
+    assert rid
