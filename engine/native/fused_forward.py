@@ -78,13 +78,11 @@ class NativeLinear:
             raise ValueError(f"in_features {layer.in_features} is not a multiple of {QK}")
         self.out_features, self.in_features = layer.out_features, layer.in_features
         self.tensors: list[torch.Tensor] = []
-        self.packed: PackedLinear | None = None
         if isinstance(layer, Int4Linear):
             layer = PackedLinear.from_int4(layer)
         elif isinstance(layer, Int8Linear):
             layer = PackedLinear.from_int8(layer)
         if isinstance(layer, PackedLinear):
-            self.packed = layer
             self.struct = layer.struct()
             self.kind = layer.kind
             self.tensors = [t for t in (layer.q, layer.d, layer.m, layer.bias) if t is not None]

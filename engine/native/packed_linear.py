@@ -42,6 +42,14 @@ def _ptr(t: torch.Tensor | None, kind: type) -> object:
     return ctypes.cast(None if t is None else t.data_ptr(), kind)
 
 
+def _blocks(rows: np.ndarray | torch.Tensor, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF block rows ``[N, G * nbytes]`` as ``[N, G, nbytes]`` uint8 (a copy: the GGUF is a
+    read-only mmap) and each block's leading fp16 scale ``[N, G]``."""
+    raw = torch.from_numpy(np.array(rows, dtype=np.uint8))
+    b = raw.view(raw.shape[0], -1, nbytes)
+    return b, b[..., 0:2].contiguous().view(torch.float16).view(raw.shape[0], -1)
+
+
 def _f16_exact(t: torch.Tensor) -> bool:
     return bool(torch.equal(t.half().float(), t))
 
@@ -66,10 +74,8 @@ class PackedLinear(nn.Module):
     @classmethod
     def from_q4_1(cls, blocks: np.ndarray | torch.Tensor, bias: torch.Tensor | None = None):
         """GGUF Q4_1 rows ``[N, K/32 * 20]`` (fp16 d, fp16 m, 16 bytes of nibbles per block)."""
-        raw = torch.from_numpy(np.array(blocks, dtype=np.uint8))  # a copy: the GGUF is a read-only mmap
-        n = raw.shape[0]
-        b = raw.view(n, -1, 20)
-        d = b[..., 0:2].contiguous().view(torch.float16).view(n, -1)
+        b, d = _blocks(blocks, 20)
+        n = b.shape[0]
         m = b[..., 2:4].contiguous().view(torch.float16).view(n, -1)
         return cls(KIND_Q4_F16, n, b.shape[1] * QK, b[..., 4:].contiguous(), d, m, bias, "Q4_1")
 
@@ -77,20 +83,16 @@ class PackedLinear(nn.Module):
     def from_q4_0(cls, blocks: np.ndarray | torch.Tensor, bias: torch.Tensor | None = None):
         """GGUF Q4_0 rows ``[N, K/32 * 18]`` (fp16 d, 16 bytes of nibbles; w = d * (q - 8)):
         stored as Q4 with ``m = -8 d`` (exact in fp16)."""
-        raw = torch.from_numpy(np.array(blocks, dtype=np.uint8))  # a copy: the GGUF is a read-only mmap
-        n = raw.shape[0]
-        b = raw.view(n, -1, 18)
-        d = b[..., 0:2].contiguous().view(torch.float16).view(n, -1)
+        b, d = _blocks(blocks, 18)
+        n = b.shape[0]
         m = (d.float() * -8).half()
         return cls(KIND_Q4_F16, n, b.shape[1] * QK, b[..., 2:].contiguous(), d, m, bias, "Q4_0")
 
     @classmethod
     def from_q8_0(cls, blocks: np.ndarray | torch.Tensor, bias: torch.Tensor | None = None):
         """GGUF Q8_0 rows ``[N, K/32 * 34]`` (fp16 d, 32 int8 values per block)."""
-        raw = torch.from_numpy(np.array(blocks, dtype=np.uint8))  # a copy: the GGUF is a read-only mmap
-        n = raw.shape[0]
-        b = raw.view(n, -1, 34)
-        d = b[..., 0:2].contiguous().view(torch.float16).view(n, -1)
+        b, d = _blocks(blocks, 34)
+        n = b.shape[0]
         q = b[..., 2:].contiguous().view(torch.int8).reshape(n, -1)
         return cls(KIND_Q8_F16, n, b.shape[1] * QK, q, d, None, bias, "Q8_0")
 

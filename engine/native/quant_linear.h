@@ -170,26 +170,6 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
         for (int i = 0; i < R; ++i) sc[i][j] = dw * xd[i][b + j];
       }
     }
-    if (nb == 8) {  // the common case, unrolled without bounds checks
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        const int b0 = b + j;
-        if (Q4) {
-          _mm_prefetch(reinterpret_cast<const char*>(qs + b0 * 16 + PREFETCH_BYTES), _MM_HINT_T0);
-          q4_unpack(qs, b0, lo, hi);
-        } else {
-          _mm_prefetch(reinterpret_cast<const char*>(wq + b0 * QK + 2 * PREFETCH_BYTES), _MM_HINT_T0);
-          q8_unpack(wq, b0, lo, hi);
-        }
-        __m256* acc = j % 2 ? acc1 : acc0;
-#pragma GCC unroll 4
-        for (int i = 0; i < R; ++i) {
-          acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[i][j]),
-                                   group_dot(lo, hi, xq[i] + b0 * QK), acc[i]);
-        }
-      }
-      continue;
-    }
     for (int j = 0; j < nb; j += 2) {
       const int b0 = b + j;
       if (Q4) {
