@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.outputs import TokenLogprob
 from kv_transfer import KvLayout
+from protos.tandem.v1 import tandem_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,3 +28,4 @@ class FirstToken:
     logprob: TokenLogprob | None
     cached_tokens: int
     prefill_s: float
+    prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # asked for

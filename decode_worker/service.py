@@ -43,6 +43,7 @@ from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
 from kv_transfer import Aborted, Committed, Expired, Receiver, TransferEvent
 from protos.tandem.v1 import tandem_pb2
+from worker.convert import prompt_logprobs_to_proto
 from worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
 from worker.metrics import TransferTotals, WorkerMetrics
 
@@ -133,6 +134,7 @@ class DecodeWorker:
     ) -> ReserveResult:
         rid, tid = stream.request_id, stream.transfer_id
         try:
+            await self._ae.prepare(params)
             granted = await self._ae.call(
                 lambda e: e.reserve_remote(rid, tokens, params, prior, transfer_id=tid),
                 stream=rid,
@@ -209,7 +211,8 @@ class DecodeWorker:
         lp = out.logprobs[0] if out.logprobs else None
         seconds = time.monotonic() - t0
         self.metrics.first_token(seconds)
-        return FirstToken(out.new_token_ids[0], lp, out.num_cached_tokens, seconds)
+        return FirstToken(out.new_token_ids[0], lp, out.num_cached_tokens, seconds,
+                          prompt_logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids))
 
     async def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is and free its blocks; False when unknown."""

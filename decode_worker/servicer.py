@@ -67,6 +67,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         if first.logprob is not None:
             reply.logprob = first.logprob.logprob
             reply.first_logprob.CopyFrom(logprobs_to_proto([first.logprob])[0])
+        reply.prompt_logprobs.extend(first.prompt_logprobs)
         return reply
 
     async def Abort(  # noqa: N802

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,6 +101,16 @@ class AsyncEngine:
                 yield item
                 return
             yield item
+
+    async def prepare(self, params: SamplingParams) -> None:
+        """Work a request needs before it reaches the engine thread, done on a pool thread so
+        steps are not held up: compiling its grammar (structured outputs; cached, so the
+        engine's own compile is then a lookup). Raises InvalidRequestError for a grammar
+        that does not compile."""
+        grammars = self.engine.grammars
+        if params.structured is not None and grammars is not None:
+            spec = params.structured
+            await asyncio.get_running_loop().run_in_executor(None, grammars.compile, spec)
 
     def has_stream(self, request_id: str) -> bool:
         """True while a stream for the request is open (until its finished output is read)."""

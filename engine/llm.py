@@ -25,6 +25,7 @@ class CompletionOutput:
     stop_reason: int | str | None
     num_cached_tokens: int
     logprobs: list[TokenLogprob] | None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked (first entry None)
 
 
 Prompt = str | Sequence[int]
@@ -73,12 +74,15 @@ class LLM:
             raise
         done: dict[str, CompletionOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in ids}
+        prompt_lps: dict[str, list[TokenLogprob | None]] = {}
         bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm)
         try:
             while len(done) < len(ids):
                 for out in self.engine.step():
                     if out.logprobs:
                         logprobs[out.request_id].extend(out.logprobs)
+                    if out.prompt_logprobs is not None:  # on the request's first output
+                        prompt_lps[out.request_id] = out.prompt_logprobs
                     if out.finished:
                         done[out.request_id] = CompletionOutput(
                             prompt_token_ids=out.prompt_token_ids,
@@ -88,6 +92,7 @@ class LLM:
                             stop_reason=out.stop_reason,
                             num_cached_tokens=out.num_cached_tokens,
                             logprobs=logprobs[out.request_id] or None,
+                            prompt_logprobs=prompt_lps.get(out.request_id),
                         )
                         bar.update(1)
         except BaseException:

@@ -41,11 +41,13 @@ from engine.outputs import (
     RequestOutput,
     SampleResult,
 )
+from engine.prompt_logprobs import record_prompt_logprobs
 from engine.request_factory import LiveRequest, RequestFactory
 from engine.runner_config import RunnerConfig
 from engine.sampler import Sampler, skip_draw
 from engine.sampling_params import SamplingParams
 from engine.spec.build import build_spec_decoder
+from engine.structured.grammar_engine import GrammarEngine
 
 # layer index, then (request_id, block_ids) of every request whose prefill completes this step
 KVLayerHook = Callable[[int, list[tuple[str, list[int]]]], None]
@@ -88,8 +90,13 @@ class LLMEngine:
             sc, ckpt.model, self.arch, rc, self.sampler, mc.seed, mc.cache_dir
         )
         self.eos_token_ids = frozenset(self.arch.eos_token_ids)
+        self.grammars = (
+            GrammarEngine(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
+            if self.tokenizer is not None else None
+        )
         self.requests = RequestFactory(self.tokenizer, self.arch.vocab_size,
-                                       self.eos_token_ids, self.max_model_len, self.kv)
+                                       self.eos_token_ids, self.max_model_len, self.kv,
+                                       self.grammars)
         self.outputs = OutputProcessor(self.eos_token_ids, self.max_model_len)
         self._live: dict[str, LiveRequest] = {}  # waiting, running and reserved requests
         self._ids = itertools.count()
@@ -180,11 +187,20 @@ class LLMEngine:
         """Forward, sample and append for one scheduled batch."""
         hook = self._make_layer_hook(scheduled)
         self.spec.propose(scheduled, self.kv)  # fills spec_token_ids (when speculating)
-        logits, samplers = self.runner.execute(scheduled, self.kv, hook)  # [n, V]
+        logits, samplers, prompt = self.runner.execute(scheduled, self.kv, hook)  # [n, V]
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+        for s, rows in prompt:  # prompt_logprobs: score this chunk's prompt tokens
+            record_prompt_logprobs(s.request, s.start, rows)
+        outputs = []
+        for s in scheduled:  # max_tokens 0: the prompt is scored, nothing is generated
+            if s.samples and s.request.params.max_tokens == 0:
+                live = self._live[s.request.request_id]
+                outputs.append(
+                    self.outputs.finish(s.request, live.detok, RequestStatus.FINISHED_LENGTH))
+                self._retire(live)
         if not samplers:
-            return []
+            return outputs
         states = []
         for s in samplers:
             st = self._live[s.request.request_id].sampling
@@ -193,7 +209,6 @@ class LLMEngine:
         if logits.device.type != "cpu" and any(_needs_host(st.params) for st in states):
             logits = logits.cpu()  # the sampler's RNG and bookkeeping live on the host
         results = self.spec.sample(logits, samplers, states)
-        outputs = []
         for s, res in zip(samplers, results, strict=True):
             if s.num_lookahead:  # roll back the rejected drafts before appending
                 self.scheduler.accept_speculation(s, len(res) - 1)
@@ -228,6 +243,10 @@ class LLMEngine:
 
     def _append(self, live: LiveRequest, results: list[SampleResult]) -> RequestOutput:
         out = self.outputs.append(live.request, live.detok, results)
+        constraint = live.sampling.constraint
+        if constraint is not None:
+            for t in out.new_token_ids:  # sampled under its mask: always accepted
+                constraint.accept(t)
         if out.finished:
             self._retire(live)
         return out
@@ -300,10 +319,14 @@ class LLMEngine:
         """The KV of a reservation has arrived: admit its request with its first sampled
         token. None when the reservation already ended (aborted, expired, prefilled here).
         Raises InvalidRequestError for a token outside the vocabulary, changing nothing."""
-        if self.remote.reserved(transfer_id) is None:
+        entry = self.remote.reserved(transfer_id)
+        if entry is None:
             return None
         if not 0 <= first_token < self.arch.vocab_size:
             raise InvalidRequestError("first_token", f"{first_token} is outside the vocabulary")
+        constraint = self._live[entry.request_id].sampling.constraint
+        if constraint is not None and not constraint.allows(first_token):
+            raise InvalidRequestError("first_token", f"{first_token} breaks the request's grammar")
         req = self.remote.commit(transfer_id)
         assert req is not None
         live = self._live[req.request_id]
@@ -366,4 +389,6 @@ def _needs_host(p: SamplingParams) -> bool:
         or p.repetition_penalty != 1.0
         or p.presence_penalty != 0.0
         or p.frequency_penalty != 0.0
+        or p.structured is not None
+        or bool(p.logit_bias)
     )

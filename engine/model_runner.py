@@ -3,6 +3,7 @@
     scheduled (decodes first) ──> input_ids [T], positions [T], AttentionMetadata
                               ──> model forward (writes KV, attends) ──> hidden [T, H]
                               ──> logits of each sampling request's last row [n, V]
+                                  (+ every prompt-scoring row, prompt_logprobs: [m, V])
 
 On the CPU an fp32 model (quantized or not) runs every step through engine/native's fused
 forward: one native call instead of ~450 torch ops, quantized matrix-vector products at memory
@@ -23,10 +24,16 @@ from engine.core.scheduler import ScheduledRequest
 from engine.cuda_graphs import DecodeGraphs
 from engine.models.arch import ModelArch
 from engine.models.llama import LlamaForCausalLM
+from engine.prompt_logprobs import prompt_rows
 from engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from engine.runner_config import RunnerConfig
 
 log = logging.getLogger(__name__)
+
+# (request, raw logits [m, V] of its chunk's positions start .. start + m - 1): the prompt
+# rows of a request that asked for prompt_logprobs (engine/prompt_logprobs.py)
+PromptLogits = list[tuple[ScheduledRequest, torch.Tensor]]
+
 
 class ModelRunner:
     """Owns the model, the KV cache tensor and the attention backend."""
@@ -90,11 +97,13 @@ class ModelRunner:
         scheduled: list[ScheduledRequest],
         kv: KVCacheManager,
         layer_hook: Callable[[int], None] | None = None,
-    ) -> tuple[torch.Tensor, list[ScheduledRequest]]:
-        """Run one step; returns logits ``[n, V]`` for the ``n`` requests that sample.
+    ) -> tuple[torch.Tensor, list[ScheduledRequest], PromptLogits]:
+        """Run one step; returns logits ``[n, V]`` for the ``n`` requests that sample, and
+        the prompt-scoring rows of each chunk that has some.
 
         A request with draft tokens (speculative decoding) runs as one prefill-like chunk
-        ``[last token, d1 .. dk]`` and contributes k+1 consecutive rows, in that order."""
+        ``[last token, d1 .. dk]`` and contributes k+1 consecutive rows, in that order. A
+        request with ``max_tokens`` 0 (it only scores its prompt) never samples."""
         order = sorted(scheduled, key=lambda s: s.num_query_tokens != 1)  # decodes first
         bs = self.block_size
         ids: list[int] = []
@@ -105,9 +114,15 @@ class ModelRunner:
         seq_lens: list[int] = []
         sample_rows: list[int] = []
         samplers: list[ScheduledRequest] = []
+        scored_rows: list[int] = []  # after the sample rows in the lm_head's row list
+        scored: list[tuple[ScheduledRequest, int]] = []
         for s in order:
             req, start, n = s.request, s.start, s.num_query_tokens
             table = kv.block_ids(req.request_id)
+            scored_pos = prompt_rows(req, start, s.num_new_tokens)
+            if scored_pos:
+                scored_rows.extend(range(len(ids), len(ids) + len(scored_pos)))
+                scored.append((s, len(scored_pos)))
             ids.extend(req.all_token_ids[start : start + s.num_new_tokens])
             ids.extend(s.spec_token_ids)
             positions.extend(range(start, start + n))
@@ -115,21 +130,23 @@ class ModelRunner:
             tables.append(table)
             query_lens.append(n)
             seq_lens.append(start + n)
-            if s.samples:
+            if _samples(s):
                 sample_rows.extend(range(len(ids) - 1 - len(s.spec_token_ids), len(ids)))
                 samplers.append(s)
+        logit_rows = sample_rows + scored_rows
         if self.fused is not None:
             seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
-            logits = self.fused(ids, positions, seq_index, tables, self.kv_cache, sample_rows,
+            logits = self.fused(ids, positions, seq_index, tables, self.kv_cache, logit_rows,
                                 layer_hook=layer_hook)
-            return logits, samplers
+            return self._split(logits, len(sample_rows), scored, samplers)
         width = max(len(t) for t in tables)
-        if self.graphs is not None and len(ids) == len(order) and self.graphs.fits(len(ids), width):
+        if (self.graphs is not None and not scored and len(ids) == len(order)
+                and self.graphs.fits(len(ids), width)):
             logits = self.graphs.run(ids, positions, slots, seq_lens, tables)
             if len(samplers) < len(order):  # no drafts here: one row per request
-                keep = [i for i, s in enumerate(order) if s.samples]
+                keep = [i for i, s in enumerate(order) if _samples(s)]
                 logits = logits[torch.tensor(keep, device=self.device)]
-            return logits, samplers
+            return logits, samplers, []
         dev = self.device
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, bs, dev)
         hidden = self.model(
@@ -140,7 +157,28 @@ class ModelRunner:
             self.backend,
             layer_hook,
         )
-        if not sample_rows:
-            return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32), samplers
-        rows = torch.tensor(sample_rows, dtype=torch.int64, device=dev)
-        return self.model.compute_logits(hidden[rows]), samplers
+        if not logit_rows:
+            return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32), samplers, []
+        rows = torch.tensor(logit_rows, dtype=torch.int64, device=dev)
+        logits = self.model.compute_logits(hidden[rows])
+        return self._split(logits, len(sample_rows), scored, samplers)
+
+    @staticmethod
+    def _split(
+        logits: torch.Tensor,  # [n + m, V]: the sample rows, then the prompt-scoring rows
+        n: int,
+        scored: list[tuple[ScheduledRequest, int]],
+        samplers: list[ScheduledRequest],
+    ) -> tuple[torch.Tensor, list[ScheduledRequest], PromptLogits]:
+        prompt: PromptLogits = []
+        at = n
+        for s, m in scored:
+            prompt.append((s, logits[at : at + m]))
+            at += m
+        return logits[:n], samplers, prompt
+
+
+def _samples(s: ScheduledRequest) -> bool:
+    """Whether the step samples for ``s``: it computes its last known token and the request
+    generates (``max_tokens`` 0 only scores the prompt)."""
+    return s.samples and s.request.params.max_tokens > 0

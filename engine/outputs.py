@@ -9,7 +9,8 @@ from engine.core.step_costs import StepCosts
 
 @dataclass(slots=True)
 class TokenLogprob:
-    """The sampled token's logprob and, when asked, the top-n alternatives."""
+    """A token's logprob and, when asked, the top-n alternatives: a sampled token
+    (``logprobs``) or a prompt token given the tokens before it (``prompt_logprobs``)."""
 
     token_id: int
     logprob: float
@@ -41,6 +42,9 @@ class RequestOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that matched
     logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when asked
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # one per prompt token, the first None (nothing precedes it); only on the output that
+    # completes the prefill of a request that asked for prompt_logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 MAX_REPORTED_HASHES = 16384  # 128 KiB on the wire; pools beyond it report their newest

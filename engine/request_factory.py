@@ -2,11 +2,12 @@
 
     prompt (text | token ids) ──tokenize, check vocabulary──> token ids
     token ids + params ──check context, pool, stop strings──> Request (engine/core)
-                       ──seeded generator, detokenizer──────> LiveRequest
+                       ──seeded generator, detokenizer, grammar matcher──> LiveRequest
 
 A resumed request (``prior`` > 0: the last ``prior`` tokens were generated on an earlier leg)
 is shaped like one preempted after generating them: its KV is recomputed, max/min tokens,
-penalties and stop strings count them as output, and a seeded RNG skips their draws.
+penalties and stop strings count them as output, a seeded RNG skips their draws and a
+grammar matcher (structured outputs) replays them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
 from engine.sampler import SamplingState, skip_draw
 from engine.sampling_params import SamplingParams
+from engine.structured.constraint import Constraint
+from engine.structured.grammar_engine import GrammarEngine
 
 
 @dataclass(slots=True)
@@ -44,12 +47,14 @@ class RequestFactory:
         eos_token_ids: frozenset[int],
         max_model_len: int,
         kv: KVCacheManager,
+        grammars: GrammarEngine | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.kv = kv
+        self.grammars = grammars
 
     def build(
         self,
@@ -84,12 +89,27 @@ class RequestFactory:
         )
         for _ in range(prior):
             skip_draw(sampling)
+        if params.structured is not None:
+            sampling.constraint = self._constraint(params, token_ids[n_prompt:])
         detok = None
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
             for t in token_ids[n_prompt:]:  # already streamed by the earlier leg
                 detok.add(t)
         return LiveRequest(req, sampling, detok)
+
+    def _constraint(self, params: SamplingParams, prior_tokens: Sequence[int]) -> Constraint:
+        """The request's grammar matcher, past the tokens an earlier leg generated."""
+        assert params.structured is not None
+        if self.grammars is None:
+            raise InvalidRequestError("structured_outputs", "structured outputs need a tokenizer")
+        constraint = self.grammars.constraint(params.structured)
+        for t in prior_tokens:
+            if not constraint.accept(t):
+                raise InvalidRequestError(
+                    "prior_output_tokens", "the earlier leg's tokens do not match the grammar"
+                )
+        return constraint
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt; ids given directly must lie in the vocabulary."""

@@ -1,7 +1,8 @@
 """Batched token sampling for one engine step, in the order vLLM applies it:
 
     raw logits --log_softmax--> logprobs (reported, never used to sample)
-    raw logits -> min_tokens mask -> repetition, presence, frequency penalties -> x: [B, V]
+    raw logits -> min_tokens mask -> repetition, presence, frequency penalties -> logit_bias
+               -> grammar masks (structured outputs: constrained rows only) -> x: [B, V]
       temperature == 0: argmax(x)
       otherwise: z = x / temperature; keep z >= max(top-k, top-p, min-p cut); draw one.
 
@@ -25,6 +26,8 @@ from torch import Tensor
 
 from engine.outputs import SampleResult
 from engine.sampling_params import SamplingParams
+from engine.structured.constraint import Constraint
+from engine.structured.masking import apply_constraints
 
 # Rows with top-p but no top-k look for the cut among this many tokens first.
 _TOP_P_CANDIDATES = 256
@@ -34,13 +37,16 @@ _TOP_P_CANDIDATES = 256
 class SamplingState:
     """One request as the sampler sees it. ``output_token_ids`` excludes the token being
     sampled; ``generator`` is set when ``params.seed`` is. While fewer than ``min_tokens`` are
-    out, ``eos_token_ids`` (unless ``ignore_eos``) and ``stop_token_ids`` cannot be drawn."""
+    out, ``eos_token_ids`` (unless ``ignore_eos``) and ``stop_token_ids`` cannot be drawn.
+    ``constraint`` (structured outputs) has accepted the first ``constraint.num_accepted``
+    output tokens; the rest (a speculative row's drafts) are applied for the mask only."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     generator: torch.Generator | None
     eos_token_ids: frozenset[int]
+    constraint: Constraint | None = None
 
 
 class Sampler:
@@ -69,13 +75,18 @@ class Sampler:
             for i, (p, s) in enumerate(zip(params, states, strict=True))
             if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and s.output_token_ids
         ]
+        bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
+        con_rows = [i for i, s in enumerate(states) if s.constraint is not None]
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
 
-        penalized = bool(min_tok_rows or rep_rows or pf_rows)
+        penalized = bool(min_tok_rows or rep_rows or pf_rows or bias_rows or con_rows)
         x = logits.to(torch.float32, copy=True) if penalized else logits  # [B, V]
         if penalized:
             _mask_stop_tokens(x, states, min_tok_rows)
             _apply_penalties(x, states, rep_rows, pf_rows)
+            _apply_logit_bias(x, states, bias_rows)
+            if con_rows:
+                _apply_constraints(x, states, con_rows)
         if len(sample_rows) == batch:
             tokens = _sample(x, penalized, states, self._generator)  # [B]
         else:
@@ -139,6 +150,26 @@ def _apply_penalties(
         flat, pres_n, freq_n = _flat_index(x.shape[1], pf_rows, lists, pres, freq)
         flat_x[flat] = flat_x[flat] - pres_n  # once per distinct token
         flat_x.index_add_(0, flat, freq_n)  # once per occurrence
+
+
+def _apply_logit_bias(x: Tensor, states: Sequence[SamplingState], rows: list[int]) -> None:
+    """OpenAI's logit_bias: add each listed token's bias to its logit."""
+    if not rows:
+        return
+    biases = [states[i].params.logit_bias or {} for i in rows]
+    flat = _flat_index(x.shape[1], rows, [list(b) for b in biases])[0]
+    values = torch.tensor([v for b in biases for v in b.values()], dtype=x.dtype)
+    x.view(-1).index_add_(0, flat, values)
+
+
+def _apply_constraints(x: Tensor, states: Sequence[SamplingState], rows: list[int]) -> None:
+    """Structured outputs: tokens the row's grammar does not allow next get -inf."""
+    constraints = [states[i].constraint for i in rows]
+    pending = [
+        states[i].output_token_ids[c.num_accepted :]  # type: ignore[union-attr]
+        for i, c in zip(rows, constraints, strict=True)
+    ]
+    apply_constraints(x, rows, constraints, pending)  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)

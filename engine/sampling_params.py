@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.structured.spec import StructuredOutput
+
+MAX_LOGIT_BIAS = 300  # OpenAI's: biased tokens per request
 
 
 @dataclass(slots=True)
@@ -15,7 +18,9 @@ class SamplingParams:
     ``temperature == 0`` is greedy. ``top_k`` of -1 or 0 disables top-k; ``top_p`` of 1.0 and
     ``min_p`` of 0.0 disable theirs. ``logprobs`` asks for the sampled token's logprob plus the
     top-n alternatives (0 means the sampled token's only). ``seed`` makes sampling reproducible
-    independently of what else is in the batch.
+    independently of what else is in the batch. ``structured`` constrains the output to a
+    grammar (engine/structured); the grammar's end is an EOS, so it cannot be combined with
+    ``ignore_eos`` or ``min_tokens``.
     """
 
     max_tokens: int = 16
@@ -33,8 +38,11 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # score the prompt: each token's logprob + top-k
     skip_special_tokens: bool = True
     speculative: bool = True  # False: never speculate for this request (engine-level opt-out)
+    structured: StructuredOutput | None = None  # the output must match this grammar
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (-100..100)
 
     @property
     def greedy(self) -> bool:
@@ -43,7 +51,8 @@ class SamplingParams:
 
     def validate(self, vocab_size: int) -> None:
         """Raise InvalidRequestError naming the first bad field."""
-        _check_int(self.max_tokens, "max_tokens", lo=1)
+        # max_tokens 0 only scores the prompt (prompt_logprobs), generating nothing
+        _check_int(self.max_tokens, "max_tokens", lo=0 if self.prompt_logprobs is not None else 1)
         _check_int(self.min_tokens, "min_tokens", lo=0)
         if self.min_tokens > self.max_tokens:
             raise InvalidRequestError("min_tokens", "must be <= max_tokens")
@@ -93,6 +102,43 @@ class SamplingParams:
             _check_int(self.logprobs, "logprobs", lo=0)
             if self.logprobs > 20:
                 raise InvalidRequestError("logprobs", "at most 20 top logprobs")
+        self._validate_structured()
+        self._validate_logit_bias(vocab_size)
+        if self.prompt_logprobs is not None:
+            _check_int(self.prompt_logprobs, "prompt_logprobs", lo=0)
+            if self.prompt_logprobs > 20:
+                raise InvalidRequestError("prompt_logprobs", "at most 20 top logprobs")
+
+    def _validate_structured(self) -> None:
+        if self.structured is None:
+            return
+        if not isinstance(self.structured, StructuredOutput):
+            raise InvalidRequestError("structured_outputs", "must be a StructuredOutput")
+        self.structured.validate()
+        if self.ignore_eos:
+            raise InvalidRequestError(
+                "ignore_eos", "cannot be combined with structured outputs (a grammar ends with EOS)"
+            )
+        if self.min_tokens:
+            raise InvalidRequestError(
+                "min_tokens", "cannot be combined with structured outputs (a grammar ends with EOS)"
+            )
+
+    def _validate_logit_bias(self, vocab_size: int) -> None:
+        if not self.logit_bias:
+            self.logit_bias = None
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidRequestError("logit_bias", "must map token ids to numbers")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens")
+        for token, bias in self.logit_bias.items():
+            _check_int(token, "logit_bias", lo=0)
+            if token >= vocab_size:
+                raise InvalidRequestError("logit_bias", f"token id {token} >= vocab size {vocab_size}")
+            _check_float(bias, "logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError("logit_bias", f"bias {bias} is outside [-100, 100]")
 
 
 def _check_int(value: object, name: str, lo: int) -> None:

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -28,8 +28,8 @@ from kv_transfer import ConfigError, Sender
 from prefill_worker.errors import PushFailed
 from prefill_worker.metrics import PrefillMetrics
 from prefill_worker.push import LayerPush, parse_endpoint
-from protos.tandem.v1 import worker_pb2
-from worker.convert import layout_mismatch
+from protos.tandem.v1 import tandem_pb2, worker_pb2
+from worker.convert import layout_mismatch, prompt_logprobs_to_proto
 from worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
 from worker.metrics import TransferTotals
 
@@ -72,6 +72,7 @@ class PrefillResult:
     cached_tokens: int
     prefill_s: float
     transfer_s: float
+    prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # asked for
 
 
 class PrefillWorker:
@@ -187,6 +188,7 @@ class PrefillWorker:
         committed = False
         try:
             tokens, prior = spec.token_ids, spec.prior_output_tokens
+            await self._ae.prepare(first)
             await self._ae.call(
                 lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True,
                                         prior_output_tokens=prior),
@@ -209,7 +211,8 @@ class PrefillWorker:
             committed = True
             self.metrics.transfer_committed(self._pushed_bytes(push, spec), transfer_s)
             return PrefillResult(out.new_token_ids[0], lp, out.num_cached_tokens, prefill_s,
-                                 transfer_s)
+                                 transfer_s,
+                                 prompt_logprobs_to_proto(out.prompt_logprobs, tokens))
         finally:
             self._pushes.pop(rid, None)
             try:

@@ -45,6 +45,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
         if res.logprob is not None:
             reply.logprob = res.logprob.logprob
             reply.first_logprob.CopyFrom(logprobs_to_proto([res.logprob])[0])
+        reply.prompt_logprobs.extend(res.prompt_logprobs)
         return reply
 
     async def Abort(  # noqa: N802

@@ -5,6 +5,7 @@ check, so the two never disagree."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,9 +18,14 @@ _SCALAR = {
     "min_p": float, "repetition_penalty": float, "presence_penalty": float,
     "frequency_penalty": float, "seed": int, "ignore_eos": bool,
     "include_stop_str_in_output": bool, "skip_special_tokens": bool, "speculative": bool,
+    "prompt_logprobs": int,
 }
 _REPEATED = {"stop": str, "stop_token_ids": int}
-SAMPLING_FIELDS = frozenset(_SCALAR) | frozenset(_REPEATED)
+# logit_bias: {token id: bias}; structured: one of {"json_schema": schema (dict or text),
+# "json_object": True, "regex": str, "choice": [str, ...], "grammar": EBNF str}
+_MAPPINGS = {"logit_bias", "structured"}
+SAMPLING_FIELDS = frozenset(_SCALAR) | frozenset(_REPEATED) | frozenset(_MAPPINGS)
+_STRUCTURED = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 Messages = Sequence[Mapping[str, str]]
 
@@ -36,6 +42,9 @@ def sampling_params(options: Mapping[str, Any]) -> tandem_pb2.SamplingParams:
     for name, value in options.items():
         if value is None:
             continue
+        if name in _MAPPINGS:
+            _mapping(msg, name, value)
+            continue
         if name in _REPEATED:
             items = [value] if isinstance(value, (str, int)) else list(value)
             try:
@@ -51,6 +60,30 @@ def sampling_params(options: Mapping[str, Any]) -> tandem_pb2.SamplingParams:
         except (TypeError, ValueError) as err:  # negative into uint32, non-numbers
             raise InvalidRequest(f"sampling.{name}: {err}") from err
     return msg
+
+
+def _mapping(msg: tandem_pb2.SamplingParams, name: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(f"sampling.{name}: expected a mapping, got {type(value).__name__}")
+    if name == "logit_bias":
+        try:
+            for token, bias in value.items():
+                msg.logit_bias[int(token)] = float(bias)
+        except (TypeError, ValueError) as err:
+            raise InvalidRequest(f"sampling.logit_bias: {err}") from err
+        return
+    if len(value) != 1 or next(iter(value)) not in _STRUCTURED:
+        raise InvalidRequest(f"sampling.structured: exactly one of {', '.join(_STRUCTURED)}")
+    kind, spec = next(iter(value.items()))
+    so = msg.structured
+    if kind == "json_schema":
+        so.json_schema = spec if isinstance(spec, str) else json.dumps(spec)
+    elif kind == "json_object":
+        so.json_object = bool(spec)
+    elif kind == "choice":
+        so.choice.choices.extend(str(c) for c in spec)
+    else:
+        setattr(so, kind, str(spec))
 
 
 def chat_messages(
@@ -77,12 +110,19 @@ def generate_request(
     logprobs: bool = False,
     top_logprobs: int = 0,
     add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | None = None,
+    parallel_tool_calls: bool | None = None,
     **sampling: Any,
 ) -> tandem_pb2.GenerateRequest:
     """A GenerateRequest from exactly one of ``prompt`` (raw text), ``messages`` (chat,
-    rendered by the server's chat template) or ``token_ids``, plus sampling options."""
+    rendered by the server's chat template) or ``token_ids``, plus sampling options.
+    ``tools`` (OpenAI's list of functions), ``tool_choice`` (auto | none | required | a
+    function's name) and ``parallel_tool_calls`` go with ``messages``."""
     given = [n for n, v in (("prompt", prompt), ("messages", messages), ("token_ids", token_ids))
              if v is not None]
+    if (tools or tool_choice) and messages is None:
+        raise InvalidRequest("tools and tool_choice need messages (a chat prompt)")
     if len(given) != 1:
         raise InvalidRequest(
             "give exactly one of prompt, messages or token_ids"
@@ -97,6 +137,12 @@ def generate_request(
         req.text = prompt
     elif messages is not None:
         req.chat.CopyFrom(chat_messages(messages, add_generation_prompt))
+        if tools:
+            req.chat.tools_json = json.dumps(list(tools))
+        if tool_choice is not None:
+            req.chat.tool_choice = tool_choice
+        if parallel_tool_calls is not None:
+            req.chat.parallel_tool_calls = parallel_tool_calls
     else:
         try:
             req.token_ids.CopyFrom(tandem_pb2.TokenIds(ids=[int(t) for t in token_ids or ()]))

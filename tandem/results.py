@@ -59,9 +59,23 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model made: ``arguments`` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    @classmethod
+    def from_proto(cls, msg: tandem_pb2.ToolCall) -> ToolCall:
+        return cls(msg.id, msg.name, msg.arguments)
+
+
+@dataclass(frozen=True, slots=True)
 class StreamChunk:
     """One streamed message: new tokens and their text. The last chunk has ``finished`` set
-    and carries the finish reason (stop | length | abort), usage and timings."""
+    and carries the finish reason (stop | length | abort | tool_calls), usage, timings and
+    the tool calls parsed from the output; the first carries the prompt logprobs when asked."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -72,6 +86,8 @@ class StreamChunk:
     stop_reason: str = ""
     usage: Usage | None = None
     timings: Timings | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # the first's logprob is NaN
 
     @classmethod
     def from_proto(cls, msg: tandem_pb2.GenerateResponse) -> StreamChunk:
@@ -85,6 +101,8 @@ class StreamChunk:
             stop_reason=msg.stop_reason,
             usage=Usage.from_proto(msg.usage) if msg.finished else None,
             timings=Timings.from_proto(msg.timings) if msg.finished else None,
+            tool_calls=tuple(ToolCall.from_proto(c) for c in msg.tool_calls),
+            prompt_logprobs=tuple(TokenLogprob.from_proto(lp) for lp in msg.prompt_logprobs),
         )
 
 
@@ -100,6 +118,8 @@ class GenerateResult:
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +134,7 @@ class ModelInfo:
 class ResultBuilder:
     """Accumulates stream chunks into a ``GenerateResult`` (what ``generate`` returns)."""
 
-    __slots__ = ("_request_id", "_text", "_ids", "_logprobs", "_last")
+    __slots__ = ("_request_id", "_text", "_ids", "_logprobs", "_last", "_prompt_logprobs")
 
     def __init__(self) -> None:
         self._request_id = ""
@@ -122,12 +142,14 @@ class ResultBuilder:
         self._ids: list[int] = []
         self._logprobs: list[TokenLogprob] = []
         self._last: StreamChunk | None = None
+        self._prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
     def add(self, chunk: StreamChunk) -> None:
         self._request_id = self._request_id or chunk.request_id
         self._text.append(chunk.text)
         self._ids.extend(chunk.token_ids)
         self._logprobs.extend(chunk.logprobs)
+        self._prompt_logprobs = self._prompt_logprobs or chunk.prompt_logprobs
         self._last = chunk
 
     @property
@@ -146,4 +168,6 @@ class ResultBuilder:
             usage=(last.usage if last is not None and last.usage is not None else Usage()),
             timings=(last.timings if last is not None and last.timings is not None else Timings()),
             logprobs=tuple(self._logprobs),
+            tool_calls=last.tool_calls if last is not None else (),
+            prompt_logprobs=self._prompt_logprobs,
         )

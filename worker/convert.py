@@ -10,11 +10,13 @@ Validation stays in the engine (``SamplingParams.validate``); nothing here check
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from common import block_hash
 from engine.outputs import EngineStats, KVCacheSpec, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredOutput
 from kv_transfer import KvLayout
 from protos.tandem.v1 import tandem_pb2, worker_pb2
 from worker.metrics import TransferTotals
@@ -42,9 +44,27 @@ def sampling_from_proto(
     params.stop_token_ids = list(sampling.stop_token_ids)
     params.ignore_eos = sampling.ignore_eos
     params.include_stop_str_in_output = sampling.include_stop_str_in_output
+    if sampling.HasField("structured"):
+        params.structured = structured_from_proto(sampling.structured)
+    if sampling.logit_bias:
+        params.logit_bias = dict(sampling.logit_bias)
+    if sampling.HasField("prompt_logprobs"):
+        params.prompt_logprobs = sampling.prompt_logprobs
     if logprobs is not None and (logprobs.enabled or logprobs.top_logprobs > 0):
         params.logprobs = logprobs.top_logprobs
     return params
+
+
+def structured_from_proto(so: tandem_pb2.StructuredOutput) -> StructuredOutput | None:
+    """The engine's constraint for a proto one (None when no kind is set)."""
+    kind = so.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return StructuredOutput("choice", tuple(so.choice.choices))
+    if kind == "json_object":
+        return StructuredOutput("json_object") if so.json_object else None
+    return StructuredOutput(kind, getattr(so, kind))
 
 
 def logprobs_to_proto(logprobs: Sequence[TokenLogprob] | None) -> list[tandem_pb2.TokenLogprob]:
@@ -58,6 +78,18 @@ def logprobs_to_proto(logprobs: Sequence[TokenLogprob] | None) -> list[tandem_pb
     ]
 
 
+def prompt_logprobs_to_proto(
+    logprobs: Sequence[TokenLogprob | None] | None, prompt_ids: Sequence[int]
+) -> list[tandem_pb2.TokenLogprob]:
+    """Prompt logprobs as protos: one per prompt token, the first (no logprob) as NaN."""
+    if not logprobs:
+        return []
+    out = logprobs_to_proto([lp for lp in logprobs if lp is not None])
+    if logprobs[0] is None and prompt_ids:
+        out.insert(0, tandem_pb2.TokenLogprob(token_id=prompt_ids[0], logprob=math.nan))
+    return out
+
+
 def response_from_output(out: RequestOutput, text_prefix: str = "") -> tandem_pb2.GenerateResponse:
     """One stream message: the output's new tokens and text delta (after ``text_prefix``), and
     on the last message the finish reason, stop reason and usage."""
@@ -67,6 +99,7 @@ def response_from_output(out: RequestOutput, text_prefix: str = "") -> tandem_pb
         text=text_prefix + out.new_text,
         logprobs=logprobs_to_proto(out.logprobs),
         finished=out.finished,
+        prompt_logprobs=prompt_logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids),
     )
     if out.finished:
         msg.finish_reason = out.finish_reason or ""

@@ -4,8 +4,10 @@
                                           └─ several after a speculative step, in order;
                                              nothing past the first stop is emitted
 
-A request that stops is marked FINISHED_* here; the engine then takes it out of the scheduler
-and frees (or holds) its blocks. Pure bookkeeping: the detokenizer comes in as an object.
+A request's first output also carries its prompt logprobs when it asked for them (scored
+into the Request chunk by chunk, engine/prompt_logprobs.py). A request that stops is marked
+FINISHED_* here; the engine then takes it out of the scheduler and frees (or holds) its
+blocks. Pure bookkeeping: the detokenizer comes in as an object.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class OutputProcessor:
         new_ids: list[int] = []
         delta = ""
         lp: list[TokenLogprob] | None = None
+        prompt_lps = take_prompt_logprobs(req)
         for res in results:
             req.append_token(res.token_id)
             new_ids.append(res.token_id)
@@ -68,8 +71,9 @@ class OutputProcessor:
                 req.status = status
                 if detok is not None:
                     delta += detok.flush()
-                return self.output(req, detok, new_ids, lp, delta, finished=True)
-        return self.output(req, detok, new_ids, lp, delta)
+                return self.output(req, detok, new_ids, lp, delta, finished=True,
+                                   prompt_logprobs=prompt_lps)
+        return self.output(req, detok, new_ids, lp, delta, prompt_logprobs=prompt_lps)
 
     def check_stop(
         self, req: Request, detok: Detokenizer | None, token: int
@@ -94,9 +98,11 @@ class OutputProcessor:
     def finish(
         self, req: Request, detok: Detokenizer | None, status: RequestStatus
     ) -> RequestOutput:
-        """End a request without a new token (aborted, or its context outgrew the pool)."""
+        """End a request without a new token: aborted, its context outgrew the pool, or it
+        only scored its prompt (``max_tokens`` 0, "length" once its prefill is done)."""
         req.status = status
-        return self.output(req, detok, [], None, finished=True)
+        return self.output(req, detok, [], None, finished=True,
+                           prompt_logprobs=take_prompt_logprobs(req))
 
     @staticmethod
     def output(
@@ -106,6 +112,7 @@ class OutputProcessor:
         lp: list[TokenLogprob] | None,
         delta: str = "",
         finished: bool = False,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> RequestOutput:
         """The request's progress: what is new in this step, and everything so far."""
         return RequestOutput(
@@ -120,4 +127,13 @@ class OutputProcessor:
             stop_reason=req.stop_reason,
             logprobs=lp,
             num_cached_tokens=max(req.num_cached_tokens, 0),
+            prompt_logprobs=prompt_logprobs,
         )
+
+
+def take_prompt_logprobs(req: Request) -> list[TokenLogprob | None] | None:
+    """A request's prompt logprobs, once every prompt token is scored; the request owes none
+    after its first output either way (the decode role's first output, whose prompt was
+    scored on the prefill worker, carries none)."""
+    lps, req.prompt_logprobs = req.prompt_logprobs, None
+    return lps if lps is not None and len(lps) == req.num_prompt_tokens else None

@@ -15,6 +15,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from engine.outputs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 
@@ -57,10 +58,21 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
+    # prompt logprobs scored so far, entry i for prompt token i ([0] is None); None when not
+    # asked for or once handed out (a resumed request's prompt was scored on its first leg)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+        if self.params.prompt_logprobs is not None and self.num_output_tokens == 0:
+            self.prompt_logprobs = [None]
+
+    @property
+    def scores_prompt(self) -> bool:
+        """True while the request owes its prompt logprobs: its prefill computes logits at
+        every prompt position, so it never reads its prompt from the prefix cache."""
+        return self.prompt_logprobs is not None
 
     @property
     def num_prompt_tokens(self) -> int:

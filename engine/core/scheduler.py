@@ -140,7 +140,9 @@ class Scheduler:
                 self.waiting.popleft()
                 out.unschedulable.append(req)
                 continue
-            computed, num_hit = self.kv.get_computed_blocks(req)
+            # a prompt being scored needs logits at every position: compute it all (its
+            # blocks still enter the cache for others)
+            computed, num_hit = ([], 0) if req.scores_prompt else self.kv.get_computed_blocks(req)
             remaining = req.num_tokens - num_hit
             if not self.chunked and remaining > budget:
                 break

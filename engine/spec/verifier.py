@@ -7,6 +7,9 @@
     rejection (a draft model's sampled drafts): ``rejection_sample`` with p from r_i, q from
         the draft.
 
+A constrained request (structured outputs) is always verified by match: row i's grammar mask
+is its state after d1..di, so a draft the grammar refuses is never accepted.
+
 Match is exact for one-hot q: drawing x ~ p and accepting d when x == d emits d with
 probability p(d) and any other y with p(y), exactly rejection sampling's law. It also keeps a
 seeded request's stream: its generator is rewound to one draw per emitted token, so the output
@@ -90,8 +93,8 @@ class SpecDecoder:
         for s, st in zip(samplers, states, strict=True):
             drafts = s.spec_token_ids
             q = self._q.pop(s.request.request_id, None)
-            if not drafts or st.params.greedy:
-                q = None
+            if not drafts or st.params.greedy or st.constraint is not None:
+                q = None  # match: exact for any q; a constrained row's masks live in the sampler
             plan.append((q, off, len(row_idx)))
             if q is None:
                 row_idx.extend(range(off, off + len(drafts) + 1))
@@ -140,6 +143,6 @@ def _prefixed(st: SamplingState, drafts: list[int]) -> list[SamplingState]:
     """One state per row: row i sees the output so far plus drafts d1..di."""
     return [
         SamplingState(st.params, st.prompt_token_ids, st.output_token_ids + drafts[:i],
-                      st.generator, st.eos_token_ids)
+                      st.generator, st.eos_token_ids, st.constraint)
         for i in range(len(drafts) + 1)
     ]

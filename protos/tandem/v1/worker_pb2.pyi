@@ -96,20 +96,22 @@ class PrefillLocalRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token", "logprob", "cached_tokens", "prefill_s", "transfer_s", "first_logprob")
+    __slots__ = ("first_token", "logprob", "cached_tokens", "prefill_s", "transfer_s", "first_logprob", "prompt_logprobs")
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     logprob: float
     cached_tokens: int
     prefill_s: float
     transfer_s: float
     first_logprob: _tandem_pb2.TokenLogprob
-    def __init__(self, first_token: _Optional[int] = ..., logprob: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., first_logprob: _Optional[_Union[_tandem_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_tandem_pb2.TokenLogprob]
+    def __init__(self, first_token: _Optional[int] = ..., logprob: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., first_logprob: _Optional[_Union[_tandem_pb2.TokenLogprob, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_tandem_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id",)

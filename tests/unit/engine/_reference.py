@@ -35,6 +35,21 @@ def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.fl
     return out[0, len(prompt) :].tolist()
 
 
+def hf_prompt_logprobs(path: Path, prompt: list[int], dtype=torch.float32) -> torch.Tensor:
+    """log_softmax (fp32) of transformers' logits at every prompt position ``[len(prompt), V]``:
+    row p scores token p + 1."""
+    from transformers import AutoModelForCausalLM
+
+    key = (str(path), dtype)
+    if key not in _MODELS:  # the same entry hf_greedy makes
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        model.generation_config.eos_token_id = None
+        _MODELS[key] = model
+    with torch.inference_mode():
+        logits = _MODELS[key](torch.tensor([prompt])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
 def engine_token_ids(engine, prompts: list, params) -> list[list[int]]:
     """Submit every prompt (ids or text) with ``params``, step the engine until all finish and
     return each request's generated token ids, in prompt order."""

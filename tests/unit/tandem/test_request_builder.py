@@ -90,3 +90,22 @@ def test_tokenize_request() -> None:
         tokenize_request()
     with pytest.raises(InvalidRequest):
         tokenize_request("a", messages=[{"role": "user", "content": "x"}])
+
+
+def test_structured_logit_bias_prompt_logprobs_and_tools() -> None:
+    req = generate_request(messages=[{"role": "user", "content": "hi"}],
+                           structured={"json_schema": {"type": "object"}},
+                           logit_bias={"5": -100, 7: 2}, prompt_logprobs=2,
+                           tools=[{"type": "function", "function": {"name": "f"}}],
+                           tool_choice="required", parallel_tool_calls=False)
+    s = req.sampling
+    assert s.structured.json_schema == '{"type": "object"}'
+    assert dict(s.logit_bias) == {5: -100.0, 7: 2.0} and s.prompt_logprobs == 2
+    assert '"name": "f"' in req.chat.tools_json and req.chat.tool_choice == "required"
+    assert req.chat.parallel_tool_calls is False
+    choice = generate_request("x", structured={"choice": ["a", "b"]}).sampling.structured
+    assert list(choice.choice.choices) == ["a", "b"]
+    with pytest.raises(InvalidRequest, match="exactly one"):
+        generate_request("x", structured={"regex": "a", "grammar": "b"})
+    with pytest.raises(InvalidRequest, match="need messages"):
+        generate_request("x", tools=[{"type": "function", "function": {"name": "f"}}])
