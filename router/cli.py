@@ -17,6 +17,7 @@ from router.config import PLACEMENTS, RouterConfig
 from router.security import RouterSecurity
 from router.server import BindError, RouterServer
 from router.tokenizer import RouterTokenizer, TokenizerLoadError
+from router.tools import PARSERS
 
 log = logging.getLogger("router")
 DEFAULT_HTTP_PORT = 8000
@@ -152,6 +153,10 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--tokenizer-threads", type=int, default=2, help="threads that tokenize")
     g.add_argument(
+        "--tool-call-parser", default="auto", choices=("auto", *sorted(PARSERS)),
+        help="how chat outputs are read for tool calls (auto: from the chat template)",
+    )
+    g.add_argument(
         "--max-inflight-per-connection",
         type=int,
         default=64,
@@ -224,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_inflight_per_connection=args.max_inflight_per_connection,
         max_inflight_per_key=args.max_inflight_per_key,
         http_read_timeout_s=args.http_read_timeout,
+        tool_call_parser=args.tool_call_parser,
     )
 
 

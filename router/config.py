@@ -69,6 +69,9 @@ class RouterConfig:
     max_inflight_per_connection: int = 64
     max_inflight_per_key: int = 0
     http_read_timeout_s: float = 75.0
+    # Which markup chat outputs with tools are parsed as (router/tools/select.py): "auto"
+    # picks it from the chat template.
+    tool_call_parser: str = "auto"
     # Where workers come from: "static" (flags + self-registration) or "kubernetes" (pods by
     # label, router/k8s_discovery.py); "" namespace means the router pod's own.
     discovery: str = "static"

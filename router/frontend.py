@@ -11,6 +11,7 @@ prompts queues or gets RESOURCE_EXHAUSTED instead of stalling the event loop for
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -25,13 +26,15 @@ from router import validation
 from router.admission import AdmissionGate
 from router.client_limits import ClientLimits
 from router.errors import DeadlineError, InvalidRequestError, OverloadedError
+from router.generation_defaults import GenerationDefaults
 from router.handoff.deadline import Deadline
 from router.handoff.ledger import Handoff, HandoffDeps
 from router.membership.worker_view import Role
 from router.metrics import RouterMetrics
-from router.request import Accepted, Prepared
+from router.request import Accepted, Chunk, Prepared
 from router.text_stream import TextStream
 from router.tokenizer import RouterTokenizer
+from router.tool_use import ToolOutput, ToolUse
 
 _A = TypeVar("_A")
 _T = TypeVar("_T")
@@ -40,10 +43,29 @@ _T = TypeVar("_T")
 # little later) says it passed: a cancellation this close to the deadline is the deadline.
 _DEADLINE_SLACK_S = 0.05
 
+log = logging.getLogger(__name__)
+
 
 def _skip_special_tokens(sampling: tandem_pb2.SamplingParams) -> bool:
     """Whether the output text leaves special tokens out (it does unless the request says)."""
     return sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
+
+
+def _without_tokens(chunk: Chunk) -> Chunk:
+    """A chunk of a prompt-scoring request (max_tokens 0), its generated token dropped."""
+    return Chunk([], finished=chunk.finished, finish_reason="length" if chunk.finished else "",
+                 prompt_logprobs=chunk.prompt_logprobs)
+
+
+def _attach_calls(response: tandem_pb2.GenerateResponse, calls: ToolOutput) -> None:
+    """The last message: the content the tool parser still held, and the parsed calls
+    (then the finish reason is OpenAI's ``tool_calls``)."""
+    rest, parsed = calls.finish()
+    response.text += rest
+    for call in parsed:
+        response.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
+    if parsed and response.finish_reason == "stop":
+        response.finish_reason = "tool_calls"
 
 
 def _deadline_passed(deadline: Deadline) -> bool:
@@ -85,6 +107,7 @@ class Frontend:
     ) -> None:
         self.deps = deps
         self.tokenizer = tokenizer
+        self.generation_defaults = GenerationDefaults.load(deps.config.tokenizer_dir)
         self.gate = gate
         self.metrics = metrics
         config = deps.config
@@ -132,6 +155,13 @@ class Frontend:
         kind = request.WhichOneof("prompt")
         if kind == "token_ids":  # by count first: a huge id list is refused before it is read
             validation.check_length(len(request.token_ids.ids), asked or 1, config.max_model_len)
+        tools = None
+        if kind == "chat":
+            tools = ToolUse.from_chat(
+                request.chat, self.tokenizer.chat_template, config.tool_call_parser
+            )
+            if tools is not None:
+                tools.constrain(request.sampling)  # before validation checks the schema's size
         validation.validate_request(
             request, config.model_name, self.tokenizer.vocab_size, self.limits
         )
@@ -141,7 +171,10 @@ class Frontend:
             )
         # The id every worker sees is ours; the client's is a label echoed back to it only.
         request_id = uuid.uuid4().hex
-        return Accepted(request, request_id, request.request_id or request_id, arrival)
+        if request.user:
+            log.debug("request %s (client id %r) for user %r", request_id,
+                      request.request_id, request.user)
+        return Accepted(request, request_id, request.request_id or request_id, arrival, tools)
 
     async def _prepare(self, accepted: Accepted) -> Prepared:
         """Tokenize an admitted request (in the pool) and settle its max_tokens."""
@@ -155,11 +188,17 @@ class Frontend:
             raise InvalidRequestError("prompt", "tokenizes to nothing")
         sampling = tandem_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
+        self.generation_defaults.apply(sampling)
+        room = config.max_model_len - len(ids)
         if sampling.HasField("max_tokens"):
             max_tokens = sampling.max_tokens
-        else:  # the engine's default, clamped to the room the context leaves
-            max_tokens = max(1, min(validation.DEFAULT_MAX_TOKENS, config.max_model_len - len(ids)))
+        elif request.WhichOneof("prompt") == "chat":  # a reply runs to its end (as vLLM)
+            max_tokens = max(1, room)
+        else:  # completions: OpenAI's default, clamped to the room the context leaves
+            max_tokens = max(1, min(validation.DEFAULT_MAX_TOKENS, room))
         validation.check_length(len(ids), max_tokens, config.max_model_len)
+        score_only = max_tokens == 0
+        max_tokens = max(max_tokens, 1)
         sampling.max_tokens = max_tokens
         return Prepared(
             request_id=accepted.request_id,
@@ -169,6 +208,7 @@ class Frontend:
             max_tokens=max_tokens,
             arrival=accepted.arrival,
             label=accepted.label,
+            score_only=score_only,
         )
 
     def _encode(self, request: tandem_pb2.GenerateRequest) -> list[int]:
@@ -218,20 +258,27 @@ class Frontend:
                 )
             )
             completion = 0
+            calls = accepted.tools.output() if accepted.tools is not None else None
             async with aclosing(handoff.stream()) as chunks:
                 async for chunk in chunks:
+                    if prepared.score_only:  # the one token the workers had to generate
+                        chunk = _without_tokens(chunk)
                     completion += len(chunk.token_ids)
+                    delta = text.delta(chunk)
                     response = tandem_pb2.GenerateResponse(
                         request_id=prepared.label or prepared.request_id,
                         token_ids=chunk.token_ids,
-                        text=text.delta(chunk),
+                        text=calls.feed(delta) if calls is not None else delta,
                         logprobs=chunk.logprobs,
                         finished=chunk.finished,
                         finish_reason=chunk.finish_reason,
+                        prompt_logprobs=chunk.prompt_logprobs,
                     )
                     self._observe(chunk.token_ids, clock)
                     if chunk.finished:
                         response.stop_reason = chunk.stop_reason or text.stop_reason or ""
+                        if calls is not None:
+                            _attach_calls(response, calls)
                         self._finish(response, prepared, handoff, completion, clock)
                     yield response
             counters.completed += 1
@@ -318,6 +365,13 @@ class Frontend:
         else:
             raise InvalidRequestError("input", "one of text or chat is required")
         return tandem_pb2.TokenizeResponse(token_ids=ids, count=len(ids))
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of token ids (decoded in the tokenizer pool; special tokens kept)."""
+        return await self._in_pool(self._decode, token_ids)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def _encode_text(self, request: tandem_pb2.TokenizeRequest) -> list[int]:
         return self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)

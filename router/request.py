@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from protos.tandem.v1 import tandem_pb2
+from router.tool_use import ToolUse
 
 
 @dataclass(slots=True)
@@ -25,6 +26,7 @@ class Accepted:
     request_id: str  # router-minted
     label: str  # what the client sees as the request's id
     arrival: float = field(default_factory=time.perf_counter)
+    tools: ToolUse | None = None  # a chat request's tools (router/tool_use.py)
 
 
 @dataclass(slots=True)
@@ -38,6 +40,8 @@ class Prepared:
     max_tokens: int
     arrival: float = field(default_factory=time.perf_counter)  # when the router got it
     label: str = ""  # the client's id for it ("" : request_id)
+    # max_tokens 0 (score the prompt only): the workers generate one token nobody is sent
+    score_only: bool = False
 
 
 @dataclass(slots=True)
@@ -51,6 +55,7 @@ class Chunk:
     finish_reason: str = ""
     stop_reason: str = ""
     leg_start: bool = False  # the first token of a leg (from a prefill reply)
+    prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # first only
 
     @classmethod
     def of(cls, message: tandem_pb2.GenerateResponse) -> Chunk:

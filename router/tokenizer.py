@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
+from router.tool_use import renders_tools, tools_prompt
 
 
 class TokenizerLoadError(RuntimeError):
@@ -62,14 +63,26 @@ class RouterTokenizer:
         # The template already wrote any special tokens it wants.
         return self.encode(self.render_chat(chat), add_special_tokens=False)
 
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's text (None when the model has none)."""
+        template = getattr(self._tok, "chat_template", None)
+        return template if isinstance(template, str) else None
+
     def render_chat(self, chat: tandem_pb2.ChatMessages) -> str:
         """The prompt text of chat messages (the template's output, encoded without adding
-        special tokens)."""
-        if not getattr(self._tok, "chat_template", None):
+        special tokens). Tools (``chat.tools_json``, already checked) go to the template, or
+        into a system message when the template does not render them (router/tool_use.py)."""
+        template = self.chat_template
+        if not template:
             raise InvalidRequestError("chat", "this model has no chat template")
-        messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+        messages = [_message(m) for m in chat.messages]
+        tools = json.loads(chat.tools_json) if chat.tools_json else None
+        if tools and not renders_tools(template):
+            messages = _with_tools_prompt(messages, tools_prompt(tools))
+            tools = None
         rendered = self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=(
+            messages, tools=tools, tokenize=False, add_generation_prompt=(
                 chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
             )
         )
@@ -78,6 +91,37 @@ class RouterTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``."""
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+
+def _message(m: tandem_pb2.ChatMessage) -> dict[str, Any]:
+    """A chat message as HF chat templates read it (tool calls' arguments as objects)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.name:
+        out["name"] = m.name
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            for c in m.tool_calls
+        ]
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _with_tools_prompt(messages: list[dict[str, Any]], prompt: str) -> list[dict[str, Any]]:
+    """The tools' description appended to the system message (or as the first one)."""
+    if messages and messages[0]["role"] == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
 
 
 # Normalizers that never shrink text, and the few that shrink it by a bounded factor: NFC and

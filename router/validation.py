@@ -12,16 +12,21 @@ fails it costs its sender a refusal and nobody else anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
 
-CHAT_ROLES = frozenset({"system", "user", "assistant"})
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+MAX_TOOL_CALLS = 128  # per assistant message in the history
 # The engine's defaults for the two fields the router needs to know (engine/sampling_params.py).
 DEFAULT_MAX_TOKENS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on biased tokens
+MAX_STRUCTURED_CHARS = 64 * 1024  # a schema, regex or grammar (the engine's limit too)
+MAX_CHOICES = 256
+MAX_USER_CHARS = 256  # the end-user label (logged only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,8 @@ def validate_request(
     if kind == "chat":
         validate_chat(request.chat)
     validate_sampling(request.sampling, vocab_size, limits)
+    if len(request.user) > MAX_USER_CHARS:
+        raise InvalidRequestError("user", f"at most {MAX_USER_CHARS} characters")
     if request.logprobs.top_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidRequestError("logprobs.top_logprobs", f"at most {MAX_TOP_LOGPROBS}")
 
@@ -82,7 +89,15 @@ def validate_chat(chat: tandem_pb2.ChatMessages) -> None:
                 f"chat.messages[{i}].role",
                 f"unknown role {message.role!r}; expected one of {sorted(CHAT_ROLES)}",
             )
-        if not message.content:
+        if len(message.tool_calls) > MAX_TOOL_CALLS:
+            raise InvalidRequestError(
+                f"chat.messages[{i}].tool_calls", f"at most {MAX_TOOL_CALLS} calls"
+            )
+        if message.tool_calls and message.role != "assistant":
+            raise InvalidRequestError(
+                f"chat.messages[{i}].tool_calls", "only assistant messages make tool calls"
+            )
+        if not message.content and not message.tool_calls:  # a call may come without text
             raise InvalidRequestError(f"chat.messages[{i}].content", "missing")
 
 
@@ -104,8 +119,11 @@ def validate_sampling(
     """The engine's sampling ranges, applied to the fields the client set, and ``limits``."""
     max_tokens = s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_TOKENS
     min_tokens = s.min_tokens if s.HasField("min_tokens") else 0
-    if max_tokens < 1:
-        raise InvalidRequestError("max_tokens", f"must be >= 1, got {max_tokens}")
+    scores_prompt = s.HasField("prompt_logprobs")
+    if max_tokens < (0 if scores_prompt else 1):  # 0: score the prompt, generate nothing
+        raise InvalidRequestError(
+            "max_tokens", f"must be >= 1 (0 only with prompt logprobs), got {max_tokens}"
+        )
     if min_tokens > max_tokens:
         raise InvalidRequestError("min_tokens", "must be <= max_tokens")
     if s.HasField("temperature"):
@@ -152,6 +170,45 @@ def validate_sampling(
             f"{len(s.stop_token_ids)} stop token ids; at most {limits.max_stop_token_ids}",
         )
     check_token_ids(s.stop_token_ids, vocab_size, "stop_token_ids", allow_empty=True)
+    validate_logit_bias(s.logit_bias, vocab_size)
+    if s.HasField("structured"):
+        validate_structured(s)
+    if s.HasField("prompt_logprobs") and s.prompt_logprobs > MAX_TOP_LOGPROBS:
+        raise InvalidRequestError("prompt_logprobs", f"at most {MAX_TOP_LOGPROBS}")
+
+
+def validate_logit_bias(bias: Mapping[int, float], vocab_size: int) -> None:
+    """At most MAX_LOGIT_BIAS tokens, each in the vocabulary, biased by -100..100."""
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise InvalidRequestError("logit_bias", f"{len(bias)} tokens; at most {MAX_LOGIT_BIAS}")
+    for token, value in bias.items():
+        if token >= vocab_size:
+            raise InvalidRequestError("logit_bias", f"token id {token} >= vocab size {vocab_size}")
+        _finite(value, "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise InvalidRequestError("logit_bias", f"bias {value} is outside [-100, 100]")
+
+
+def validate_structured(s: tandem_pb2.SamplingParams) -> None:
+    """Sizes of a structured output (compiling it is the worker's grammar engine's job),
+    and the settings a grammar cannot honour (its end is an EOS)."""
+    so = s.structured
+    kind = so.WhichOneof("kind")
+    if kind is None:
+        return
+    field = f"structured_outputs.{kind}"
+    if kind == "choice":
+        choices = so.choice.choices
+        if not choices or len(choices) > MAX_CHOICES or not all(choices):
+            raise InvalidRequestError(field, f"1 to {MAX_CHOICES} non-empty strings")
+        if sum(len(c) for c in choices) > MAX_STRUCTURED_CHARS:
+            raise InvalidRequestError(field, f"more than {MAX_STRUCTURED_CHARS} characters")
+    elif kind != "json_object" and len(getattr(so, kind)) > MAX_STRUCTURED_CHARS:
+        raise InvalidRequestError(field, f"more than {MAX_STRUCTURED_CHARS} characters")
+    if s.ignore_eos:
+        raise InvalidRequestError("ignore_eos", "cannot be combined with structured outputs")
+    if s.HasField("min_tokens") and s.min_tokens:
+        raise InvalidRequestError("min_tokens", "cannot be combined with structured outputs")
 
 
 def check_length(num_prompt: int, max_tokens: int, max_model_len: int) -> None:

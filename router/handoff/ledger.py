@@ -117,8 +117,10 @@ class Handoff:
             self._deps.registry.acquire(leg.endpoint)
             try:
                 leg, first = await self._prefill(leg)
+                prompt_logprobs = [] if self._sent else list(first.prompt_logprobs)
                 self._sent.append(first.first_token)
-                yield Chunk([first.first_token], self._first_logprob(first), leg_start=True)
+                yield Chunk([first.first_token], self._first_logprob(first), leg_start=True,
+                            prompt_logprobs=prompt_logprobs)
                 stream = legs.decode_stream(
                     self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining()
                 )

@@ -8,18 +8,20 @@ InvalidRequestError naming it, which the HTTP edge turns into a 400 with ``param
 Besides OpenAI's fields, the vLLM-style extras ``top_k``, ``min_p``, ``repetition_penalty``,
 ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``,
 ``include_stop_str_in_output`` and ``speculative`` (false: no speculative decoding for this
-request) are accepted (the ``openai`` client sends them via
-``extra_body``).
+request) are accepted (the ``openai`` client sends them via ``extra_body``), and so are
+structured outputs (router/http/structured.py) and ``logit_bias``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
+from router.http.chat_tools import parse_chat_tools, parse_message_tools
+from router.http.structured import parse_structured
 
 _UINT32 = 2**32 - 1
 
@@ -31,14 +33,33 @@ class Endpoint(Enum):
     CHAT = "chat"
 
 
+MAX_BATCH = 256  # prompts in one completions request
+MAX_N = 128  # OpenAI's limit on n
+MAX_BEST_OF = 20  # and on best_of
+
+
 @dataclass(slots=True)
 class ApiRequest:
-    """A parsed OpenAI request: the gRPC request plus how to deliver its answer."""
+    """A parsed OpenAI request: the gRPC request plus how to deliver its answer.
+
+    A completions batch (``prompt`` a list of prompts) is one request per prompt in
+    ``requests`` (``request`` is the first); ``echo`` puts each prompt before its choice's
+    text (and, with logprobs, its tokens' logprobs before the completion's). ``n`` choices
+    per prompt, the best ``n`` of ``best_of`` samples by cumulative logprob when ``best_of``
+    is larger (router/http/fanout.py runs them)."""
 
     endpoint: Endpoint
     request: tandem_pb2.GenerateRequest
     stream: bool = False
     include_usage: bool = False
+    echo: bool = False
+    requests: list[tandem_pb2.GenerateRequest] = field(default_factory=list)
+    n: int = 1
+    best_of: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            self.requests = [self.request]
 
 
 def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
@@ -49,47 +70,100 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
     model = _opt(body, "model", str)
     if model:
         request.model = model
+    prompts: list[str | list[int]] = []
     if endpoint is Endpoint.CHAT:
         _chat(body, request)
     else:
-        _completion(body, request)
+        prompts = _completion(body, request)
     _sampling(body, request.sampling)
+    parse_structured(body, request.sampling.structured)
+    user = _opt(body, "user", str)
+    if user:
+        request.user = user
     n = _opt(body, "n", int)
-    if n is not None and n != 1:
-        raise InvalidRequestError("n", f"only n=1 is supported, got {n}; send one request per sample")
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_N:
+        raise InvalidRequestError("n", f"must be in [1, {MAX_N}], got {n}")
+    best_of = _opt(body, "best_of", int) if endpoint is Endpoint.COMPLETIONS else None
+    if best_of is None:
+        best_of = n
+    elif not n <= best_of <= MAX_BEST_OF:
+        raise InvalidRequestError("best_of", f"must be in [n, {MAX_BEST_OF}], got {best_of}")
     stream = bool(_opt(body, "stream", bool))
     options = _opt(body, "stream_options", dict) or {}
     include_usage = _opt(options, "include_usage", bool, "stream_options.include_usage")
-    return ApiRequest(endpoint, request, stream, bool(stream and include_usage))
+    echo = endpoint is Endpoint.COMPLETIONS and bool(_opt(body, "echo", bool))
+    requests = [_with_prompt(request, p) for p in prompts] if len(prompts) > 1 else []
+    if requests and stream:
+        raise InvalidRequestError("stream", "a batch of prompts cannot be streamed; send one")
+    if stream and best_of > n:
+        raise InvalidRequestError("best_of", "cannot be streamed when larger than n")
+    return ApiRequest(endpoint, request, stream, bool(stream and include_usage), echo,
+                      requests, n, best_of)
 
 
-def _completion(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> None:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one is one prompt
+def _with_prompt(template: tandem_pb2.GenerateRequest, prompt: str | list[int]
+                 ) -> tandem_pb2.GenerateRequest:
+    request = tandem_pb2.GenerateRequest()
+    request.CopyFrom(template)
+    _set_prompt(request, prompt)
+    return request
+
+
+def _set_prompt(request: tandem_pb2.GenerateRequest, prompt: str | list[int]) -> None:
     if isinstance(prompt, str):
         request.text = prompt
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        if any(t < 0 or t > _UINT32 for t in prompt):
-            raise InvalidRequestError("prompt", "token ids must be non-negative")
-        request.token_ids.ids.extend(prompt)
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise InvalidRequestError("prompt", "batched prompts are not supported; send one each")
     else:
-        raise InvalidRequestError("prompt", "must be a string or a list of token ids")
-    if body.get("echo"):
-        raise InvalidRequestError("echo", "echo is not supported")
+        request.token_ids.ClearField("ids")
+        request.token_ids.ids.extend(prompt)
+
+
+def _completion(body: dict[str, Any], request: tandem_pb2.GenerateRequest
+                ) -> list[str | list[int]]:
+    """Fill ``request`` from a completions body; returns its prompts (a batch: several)."""
+    prompts = _prompts(body.get("prompt"))
+    _set_prompt(request, prompts[0])
+    _opt(body, "echo", bool)
     if body.get("suffix"):
         raise InvalidRequestError("suffix", "suffix is not supported")
-    best_of = _opt(body, "best_of", int)
-    if best_of is not None and best_of != 1:
-        raise InvalidRequestError("best_of", "only best_of=1 is supported")
-    _no_logit_bias(body)
     logprobs = _opt(body, "logprobs", int)
     if logprobs is not None:
         request.logprobs.enabled = True
         request.logprobs.top_logprobs = _non_negative(logprobs, "logprobs")
+        if body.get("echo"):  # the prompt's tokens come back with logprobs too
+            request.sampling.prompt_logprobs = request.logprobs.top_logprobs
+    prompt_logprobs = _opt(body, "prompt_logprobs", int)  # vLLM's extra
+    if prompt_logprobs is not None:
+        request.sampling.prompt_logprobs = _non_negative(prompt_logprobs, "prompt_logprobs")
     _opt_uint(body, ("max_tokens",), request.sampling, "max_tokens")
+    return prompts
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """A completions ``prompt``: a string, token ids, or a batch (a list of either)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return [_token_ids(prompt, "prompt")]
+    if isinstance(prompt, list) and prompt:
+        if len(prompt) > MAX_BATCH:
+            raise InvalidRequestError("prompt", f"at most {MAX_BATCH} prompts in a batch")
+        out: list[str | list[int]] = []
+        for i, p in enumerate(prompt):
+            if isinstance(p, str):
+                out.append(p)
+            elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+                out.append(_token_ids(p, f"prompt[{i}]"))
+            else:
+                raise InvalidRequestError(f"prompt[{i}]", "must be a string or token ids")
+        return out
+    raise InvalidRequestError("prompt", "must be a string or a list of token ids")
+
+
+def _token_ids(ids: list[int], field: str) -> list[int]:
+    if any(t < 0 or t > _UINT32 for t in ids):
+        raise InvalidRequestError(field, "token ids must be non-negative")
+    return ids
 
 
 def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> None:
@@ -103,17 +177,11 @@ def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> None:
         # OpenAI's newer name for the system prompt.
         role = "system" if role == "developer" else role
         content = _content(message.get("content"), f"messages[{i}].content")
-        request.chat.messages.add(role=role, content=content)
+        parse_message_tools(message, i, request.chat.messages.add(role=role, content=content))
     add_generation_prompt = _opt(body, "add_generation_prompt", bool)
     if add_generation_prompt is not None:
         request.chat.add_generation_prompt = add_generation_prompt
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise InvalidRequestError(name, f"{name} are not supported")
-    response_format = _opt(body, "response_format", dict)
-    if response_format and response_format.get("type", "text") != "text":
-        raise InvalidRequestError("response_format", "only type 'text' is supported")
-    _no_logit_bias(body)
+    parse_chat_tools(body, request.chat)
     top = _opt(body, "top_logprobs", int)
     if _opt(body, "logprobs", bool):
         request.logprobs.enabled = True
@@ -177,6 +245,7 @@ def _sampling(body: dict[str, Any], s: tandem_pb2.SamplingParams) -> None:
     speculative = _opt(body, "speculative", bool)
     if speculative is not None:
         s.speculative = speculative
+    _logit_bias(body, s)
 
 
 def _opt_uint(
@@ -190,9 +259,19 @@ def _opt_uint(
             return
 
 
-def _no_logit_bias(body: dict[str, Any]) -> None:
-    if body.get("logit_bias"):
-        raise InvalidRequestError("logit_bias", "logit_bias is not supported")
+def _logit_bias(body: dict[str, Any], s: tandem_pb2.SamplingParams) -> None:
+    """OpenAI's ``{"token id": bias}`` (keys are strings in JSON)."""
+    bias = _opt(body, "logit_bias", dict)
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id") from None
+        if not 0 <= token <= _UINT32:
+            raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id")
+        if not (_is_int(value) or isinstance(value, float)):
+            raise InvalidRequestError("logit_bias", f"bias of {key!r} must be a number")
+        s.logit_bias[token] = float(value)
 
 
 def _non_negative(value: int, field: str, limit: int = _UINT32) -> int:

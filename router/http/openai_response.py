@@ -3,6 +3,8 @@
     completions   {"object": "text_completion", choices: [{text, logprobs, finish_reason}]}
     chat          {"object": "chat.completion", choices: [{message, logprobs, finish_reason}]}
     chat stream   {"object": "chat.completion.chunk", choices: [{delta, ...}]}  (role first)
+    tool calls    message.tool_calls / the last chunk's delta.tool_calls (each call whole),
+                  finish_reason "tool_calls"
 
 Logprobs take each API's own shape: completions' parallel lists (``tokens``,
 ``token_logprobs``, ``top_logprobs`` as {token: logprob}, ``text_offset``), chat's
@@ -11,6 +13,7 @@ Logprobs take each API's own shape: completions' parallel lists (``tokens``,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,71 +22,141 @@ from protos.tandem.v1 import tandem_pb2
 from router.http.openai_request import ApiRequest, Endpoint
 
 TokenText = Callable[[int], str]
+Decode = Callable[[list[int]], str]
 
 
 class ResponseShaper:
     """Shapes one request's responses; keeps the little state streaming needs."""
 
-    def __init__(self, api: ApiRequest, model: str, request_id: str, token_text: TokenText) -> None:
+    def __init__(self, api: ApiRequest, model: str, request_id: str, token_text: TokenText,
+                 decode: Decode | None = None) -> None:
+        self._api = api
+        self._decode = decode
         self._chat = api.endpoint is Endpoint.CHAT
         self._model = model
         self._id = ("chatcmpl-" if self._chat else "cmpl-") + request_id
         self._created = int(time.time())
         self._token_text = token_text
-        self._offset = 0  # completions' text_offset runs across chunks
-        self._sent_role = False
+        self._offset = 0  # completions' text_offset runs across chunks (of one choice)
+        self._offsets: dict[int, int] = {}  # per choice while streaming several
+        self._started: set[int] = set()  # choices whose first chunk went out
 
     def whole(self, responses: Sequence[tandem_pb2.GenerateResponse]) -> dict[str, Any]:
         """The non-streaming response for all of a request's messages."""
-        text = "".join(r.text for r in responses)
-        logprobs = [lp for r in responses for lp in r.logprobs]
-        last = responses[-1]
-        choice: dict[str, Any] = {
-            "index": 0,
-            "logprobs": self._logprobs(logprobs) if logprobs else None,
-            "finish_reason": finish_reason(last.finish_reason),
-        }
-        if self._chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
+        return self.whole_batch([responses])
+
+    def whole_batch(
+        self, batch: Sequence[Sequence[tandem_pb2.GenerateResponse]]
+    ) -> dict[str, Any]:
+        """The non-streaming response of a batch: one choice per prompt, in order."""
+        choices = [self._choice(i, responses) for i, responses in enumerate(batch)]
         body = self._envelope("chat.completion" if self._chat else "text_completion")
-        body["choices"] = [choice]
-        body["usage"] = usage(last.usage)
+        body["choices"] = choices
+        body["usage"] = usage(_summed([responses[-1].usage for responses in batch], self._api.n))
         return body
 
-    def chunk(self, response: tandem_pb2.GenerateResponse, with_usage: bool) -> dict[str, Any]:
-        """One SSE event for one message (``usage: null`` when the client asked for usage)."""
+    def _choice(self, index: int, responses: Sequence[tandem_pb2.GenerateResponse]
+                ) -> dict[str, Any]:
+        text = "".join(r.text for r in responses)
+        logprobs = [lp for r in responses for lp in r.logprobs]
+        prompt_lp = [lp for r in responses for lp in r.prompt_logprobs]
+        last = responses[-1]
+        self._offset = 0
+        echo = self._api.echo
+        if echo:
+            text = self._prompt_text(self._api.requests[index // self._api.n]) + text
+        shaped = None
+        if echo and prompt_lp and self._api.request.logprobs.enabled:
+            shaped = self._logprobs(prompt_lp + logprobs, first_has_none=True)
+        elif logprobs:
+            shaped = self._logprobs(logprobs)
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": index,
+            "logprobs": shaped,
+            "finish_reason": finish_reason(last.finish_reason),
+        }
+        if prompt_lp and self._api.request.sampling.HasField("prompt_logprobs"):
+            choice["prompt_logprobs"] = self._prompt_logprobs(prompt_lp)
+        if self._chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if last.tool_calls:
+                message["content"] = text or None
+                message["tool_calls"] = [_call(c) for c in last.tool_calls]
+            choice["message"] = message
+        else:
+            choice["text"] = text
+        return choice
+
+    def _prompt_text(self, request: tandem_pb2.GenerateRequest) -> str:
+        if request.WhichOneof("prompt") == "text":
+            return request.text
+        ids = list(request.token_ids.ids)
+        return self._decode(ids) if self._decode is not None else ""
+
+    def _prompt_logprobs(self, entries: Sequence[tandem_pb2.TokenLogprob]
+                         ) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token {id: {logprob, decoded_token}} for it
+        and its top alternatives (None for the first token)."""
+        out: list[dict[str, Any] | None] = []
+        for lp in entries:
+            if math.isnan(lp.logprob):
+                out.append(None)
+                continue
+            entry = {str(lp.token_id): {"logprob": lp.logprob,
+                                        "decoded_token": self._token_text(lp.token_id)}}
+            for t in lp.top:
+                entry.setdefault(str(t.token_id), {"logprob": t.logprob,
+                                                   "decoded_token": self._token_text(t.token_id)})
+            out.append(entry)
+        return out
+
+    def chunk(self, response: tandem_pb2.GenerateResponse, with_usage: bool, index: int = 0
+              ) -> dict[str, Any]:
+        """One SSE event for one message of choice ``index`` (``usage: null`` when the
+        client asked for usage)."""
+        first = index not in self._started
+        self._started.add(index)
+        self._offset = self._offsets.get(index, 0)
+        choice: dict[str, Any] = {
+            "index": index,
             "logprobs": self._logprobs(response.logprobs) if response.logprobs else None,
             "finish_reason": finish_reason(response.finish_reason) if response.finished else None,
         }
         if self._chat:
             delta: dict[str, Any] = {"content": response.text}
-            if not self._sent_role:
+            if first:
                 delta = {"role": "assistant", **delta}
-                self._sent_role = True
+            if response.tool_calls:
+                delta["tool_calls"] = [
+                    {"index": i, **_call(c)} for i, c in enumerate(response.tool_calls)
+                ]
             choice["delta"] = delta
         else:
             choice["text"] = response.text
+            if self._api.echo and first:  # the prompt leads the first chunk
+                choice["text"] = self._prompt_text(self._api.request) + response.text
+        self._offsets[index] = self._offset
         body = self._envelope("chat.completion.chunk" if self._chat else "text_completion")
         body["choices"] = [choice]
         if with_usage:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, last: tandem_pb2.GenerateResponse) -> dict[str, Any]:
-        """The extra last event of ``stream_options.include_usage``: no choices, the usage."""
+    def usage_chunk(self, *lasts: tandem_pb2.GenerateResponse) -> dict[str, Any]:
+        """The extra last event of ``stream_options.include_usage``: no choices, the usage
+        (summed over the choices' last messages)."""
         body = self._envelope("chat.completion.chunk" if self._chat else "text_completion")
         body["choices"] = []
-        body["usage"] = usage(last.usage)
+        body["usage"] = usage(_summed([last.usage for last in lasts], self._api.n))
         return body
 
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {"id": self._id, "object": kind, "created": self._created, "model": self._model}
 
-    def _logprobs(self, logprobs: Sequence[tandem_pb2.TokenLogprob]) -> dict[str, Any]:
+    def _logprobs(self, logprobs: Sequence[tandem_pb2.TokenLogprob],
+                  first_has_none: bool = False) -> dict[str, Any]:
+        """Each API's logprobs shape; ``first_has_none``: echo's first prompt token, which
+        has no logprob (None, as OpenAI and vLLM send it)."""
         text = self._token_text
         if self._chat:
             return {"content": [
@@ -96,12 +169,31 @@ class ResponseShaper:
         for token in tokens:
             offsets.append(self._offset)
             self._offset += len(token)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{text(t.token_id): t.logprob for t in lp.top} for lp in logprobs],
-            "text_offset": offsets,
-        }
+        values: list[float | None] = [lp.logprob for lp in logprobs]
+        tops: list[dict[str, float] | None] = [
+            {text(t.token_id): t.logprob for t in lp.top} for lp in logprobs
+        ]
+        if first_has_none and logprobs and math.isnan(logprobs[0].logprob):
+            values[0] = tops[0] = None
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                "text_offset": offsets}
+
+
+def _summed(usages: Sequence[tandem_pb2.Usage], n: int) -> tandem_pb2.Usage:
+    """Several choices' usage as one: each prompt's tokens once (its first choice's figures,
+    ``n`` choices per prompt, as OpenAI counts them), every choice's completion tokens."""
+    firsts = usages[::n]
+    return tandem_pb2.Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in firsts),
+        completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_tokens=sum(u.cached_tokens for u in firsts),
+    )
+
+
+def _call(call: tandem_pb2.ToolCall) -> dict[str, Any]:
+    """One OpenAI ``tool_calls`` item."""
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _chat_entry(token: str, logprob: float) -> dict[str, Any]:

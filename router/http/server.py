@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import ssl
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
@@ -33,9 +34,11 @@ from router.auth import ApiKeys
 from router.client_limits import key_of
 from router.errors import InvalidRequestError, RouterError
 from router.frontend import Frontend
+from router.http import fanout
 from router.http.errors import HttpError, HttpRefusal, error_body, http_error
 from router.http.openai_request import ApiRequest, Endpoint, parse
 from router.http.openai_response import ResponseShaper, model_list
+from router.http.tokenize import detokenize_ids, tokenize_request
 from router.readiness import Readiness
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,8 @@ class HttpServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
@@ -143,6 +148,17 @@ class HttpServer:
     async def _models(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(model_list(self._frontend.list_models()))
 
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        tok = await self._frontend.tokenize(tokenize_request(await self._json_body(request)))
+        return web.json_response({"count": tok.count, "tokens": list(tok.token_ids),
+                                  "max_model_len": self._frontend.deps.config.max_model_len})
+
+    async def _detokenize(self, request: web.Request) -> web.StreamResponse:
+        frontend = self._frontend
+        ids = detokenize_ids(await self._json_body(request), frontend.tokenizer.vocab_size,
+                             4 * frontend.deps.config.max_model_len)
+        return web.json_response({"prompt": await frontend.detokenize(ids)})
+
     async def _health(self, request: web.Request) -> web.StreamResponse:
         if self._frontend.gate.closed:
             return web.json_response({"status": "draining"}, status=503)
@@ -168,11 +184,17 @@ class HttpServer:
             except (InvalidRequestError, HttpRefusal):
                 self._frontend.metrics.finished("invalid")  # as accept() counts its refusals
                 raise
+            budget = _budget(request)
+            if len(api.requests) > 1 or api.best_of > 1:
+                if api.stream:
+                    return await _stream_choices(request, api, self._shaper(api), self._frontend,
+                                                 budget)
+                results = await fanout.run_all(self._frontend, api, budget)
+                return web.json_response(self._shaper(api).whole_batch(results))
             accepted = self._frontend.accept(api.request)
-            shaper = ResponseShaper(
-                api, self._frontend.deps.config.model_name, accepted.label, self._token_text
-            )
-            responses = self._frontend.generate(accepted, _budget(request))
+            shaper = ResponseShaper(api, self._frontend.deps.config.model_name, accepted.label,
+                                    self._token_text, self._decode)
+            responses = self._frontend.generate(accepted, budget)
             async with aclosing(responses):
                 if not api.stream:
                     collected = [r async for r in responses]
@@ -180,6 +202,10 @@ class HttpServer:
                 # The first message before the headers: a refusal is still a proper status.
                 first = await anext(responses)
                 return await _stream(request, api, shaper, first, responses)
+
+    def _shaper(self, api: ApiRequest, label: str | None = None) -> ResponseShaper:
+        return ResponseShaper(api, self._frontend.deps.config.model_name,
+                              label or uuid.uuid4().hex, self._token_text, self._decode)
 
     async def _json_body(self, request: web.Request) -> Any:
         """The request's JSON body, bounded in size and in the time it may take to arrive."""
@@ -200,6 +226,9 @@ class HttpServer:
 
     def _token_text(self, token_id: int) -> str:
         return self._frontend.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self._frontend.tokenizer.decode(token_ids, skip_special_tokens=False)
 
 
 async def _stream(
@@ -224,6 +253,38 @@ async def _stream(
             await _event(response, shaper.usage_chunk(last))
     except RouterError as err:  # headers are gone: the error travels as an event
         await _event(response, http_error(err).body)
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _stream_choices(
+    request: web.Request, api: ApiRequest, shaper: ResponseShaper, frontend: Frontend,
+    budget: float | None,
+) -> web.StreamResponse:
+    """Server-sent events of ``n`` choices, interleaved as they come (``index`` tells them
+    apart); the first message before the headers, so a refusal is still a proper status."""
+    events = fanout.stream_all(frontend, api, budget)
+    async with aclosing(events):
+        first = await anext(events)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        lasts: dict[int, tandem_pb2.GenerateResponse] = {}
+        try:
+            i, message = first
+            while True:
+                lasts[i] = message
+                await _event(response, shaper.chunk(message, api.include_usage, i))
+                try:
+                    i, message = await anext(events)
+                except StopAsyncIteration:
+                    break
+            if api.include_usage:
+                await _event(response, shaper.usage_chunk(*(lasts[k] for k in sorted(lasts))))
+        except RouterError as err:  # headers are gone: the error travels as an event
+            await _event(response, http_error(err).body)
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response

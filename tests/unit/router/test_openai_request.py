@@ -80,12 +80,18 @@ def test_chat_maps_messages_parts_and_aliases() -> None:
     [
         (COMPLETIONS, [], "body"),
         (COMPLETIONS, {}, "prompt"),
-        (COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
+        (COMPLETIONS, {"prompt": ["a", 3]}, "prompt[1]"),
+        (COMPLETIONS, {"prompt": ["a"] * 257}, "prompt"),
+        (COMPLETIONS, {"prompt": ["a", "b"], "stream": True}, "stream"),
         (COMPLETIONS, {"prompt": [1, -2]}, "prompt"),
-        (COMPLETIONS, {"prompt": "x", "n": 2}, "n"),
-        (COMPLETIONS, {"prompt": "x", "echo": True}, "echo"),
-        (COMPLETIONS, {"prompt": "x", "best_of": 3}, "best_of"),
-        (COMPLETIONS, {"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+        (COMPLETIONS, {"prompt": "x", "n": 0}, "n"),
+        (COMPLETIONS, {"prompt": "x", "echo": "yes"}, "echo"),
+        (COMPLETIONS, {"prompt": "x", "n": 3, "best_of": 2}, "best_of"),
+        (COMPLETIONS, {"prompt": "x", "best_of": 21}, "best_of"),
+        (COMPLETIONS, {"prompt": "x", "best_of": 2, "stream": True}, "best_of"),
+        (COMPLETIONS, {"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
+        (COMPLETIONS, {"prompt": "x", "logit_bias": {"1": "5"}}, "logit_bias"),
+        (COMPLETIONS, {"prompt": "x", "logit_bias": [1]}, "logit_bias"),
         (COMPLETIONS, {"prompt": "x", "max_tokens": "5"}, "max_tokens"),
         (COMPLETIONS, {"prompt": "x", "max_tokens": -1}, "max_tokens"),
         (COMPLETIONS, {"prompt": "x", "max_tokens": True}, "max_tokens"),
@@ -99,11 +105,20 @@ def test_chat_maps_messages_parts_and_aliases() -> None:
         (CHAT, {"messages": ["hi"]}, "messages[0]"),
         (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "messages[0].content"),
-        (CHAT, {"messages": USER, "n": 3}, "n"),
+        (CHAT, {"messages": USER, "n": 129}, "n"),
         (CHAT, {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
-        (CHAT, {"messages": USER, "tools": [{"type": "function"}]}, "tools"),
-        (CHAT, {"messages": USER, "response_format": {"type": "json_object"}},
-         "response_format"),
+        (CHAT, {"messages": USER, "tools": [{"type": "function"}]}, "tools[0].function"),
+        (CHAT, {"messages": USER, "tool_choice": "required"}, "tool_choice"),
+        (CHAT, {"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]},
+         "messages[0].tool_calls[0]"),
+        (CHAT, {"messages": USER, "response_format": {"type": "xml"}}, "response_format.type"),
+        (CHAT, {"messages": USER, "response_format": {"type": "json_schema"}},
+         "response_format.json_schema"),
+        (CHAT, {"messages": USER, "response_format": {"type": "json_object"},
+                "guided_regex": "a+"}, "guided_regex"),
+        (CHAT, {"messages": USER, "guided_choice": []}, "guided_choice"),
+        (CHAT, {"messages": USER, "structured_outputs": {"regex": 3}}, "structured_outputs.regex"),
+        (CHAT, {"messages": USER, "guided_json": "{not json"}, "guided_json"),
         (CHAT, {"messages": USER, "stream": True, "stream_options": {"include_usage": 1}},
          "stream_options.include_usage"),
     ],
@@ -183,3 +198,33 @@ def test_shaper_whole_and_chunks() -> None:
         "top_logprobs": [{"token": "c", "logprob": -1.0, "bytes": [99]}]}
     tail = chat.usage_chunk(messages[1])
     assert tail["choices"] == [] and tail["usage"]["total_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind", "value"),
+    [
+        ({"response_format": {"type": "json_object"}}, "json_object", True),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "p", "strict": True, "schema": {"type": "object"}}}},
+         "json_schema", '{"type":"object"}'),
+        ({"guided_json": '{"type": "integer"}'}, "json_schema", '{"type":"integer"}'),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "[0-9]+"),
+        ({"guided_grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"'),
+        ({"response_format": {"type": "text"}}, None, None),
+    ],
+)
+def test_structured_outputs_map_onto_one_kind(
+    extra: dict[str, Any], kind: str | None, value: object
+) -> None:
+    so = parse(CHAT, {"messages": USER, **extra}).request.sampling.structured
+    assert so.WhichOneof("kind") == kind
+    if kind is not None:
+        assert getattr(so, kind) == value
+
+
+def test_choice_and_logit_bias_and_user_are_carried() -> None:
+    req = parse(COMPLETIONS, {"prompt": "x", "guided_choice": ["yes", "no"],
+                              "logit_bias": {"7": -100, "9": 2.5}, "user": "u-1"}).request
+    assert list(req.sampling.structured.choice.choices) == ["yes", "no"]
+    assert dict(req.sampling.logit_bias) == {7: -100.0, 9: 2.5}
+    assert req.user == "u-1"

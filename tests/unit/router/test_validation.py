@@ -16,6 +16,7 @@ from router.validation import (
     check_length,
     check_prompt_chars,
     validate_request,
+    validate_sampling,
 )
 from tests.unit.router.harness import MODEL, cluster
 
@@ -155,3 +156,29 @@ def test_bad_input_over_grpc_then_keeps_serving(tokenizer: RouterTokenizer) -> N
             assert ok[-1].finished and ok[-1].usage.completion_tokens == 2
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field"),
+    [
+        (tandem_pb2.SamplingParams(logit_bias={70000: 1.0}), "logit_bias"),
+        (tandem_pb2.SamplingParams(logit_bias={5: 100.5}), "logit_bias"),
+        (tandem_pb2.SamplingParams(logit_bias={i: 1.0 for i in range(301)}), "logit_bias"),
+        (tandem_pb2.SamplingParams(structured=tandem_pb2.StructuredOutput(regex="a" * 70000)),
+         "structured_outputs.regex"),
+        (tandem_pb2.SamplingParams(structured=tandem_pb2.StructuredOutput(
+            choice=tandem_pb2.ChoiceList(choices=["a", ""]))), "structured_outputs.choice"),
+        (tandem_pb2.SamplingParams(structured=tandem_pb2.StructuredOutput(json_object=True),
+                                   ignore_eos=True), "ignore_eos"),
+        (tandem_pb2.SamplingParams(max_tokens=0), "max_tokens"),
+        (tandem_pb2.SamplingParams(prompt_logprobs=21), "prompt_logprobs"),
+    ],
+)
+def test_new_sampling_fields_are_bounded(sampling, field) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        validate_sampling(sampling, vocab_size=50000)
+    assert err.value.field == field
+
+
+def test_max_tokens_zero_is_valid_only_when_scoring_the_prompt() -> None:
+    validate_sampling(tandem_pb2.SamplingParams(max_tokens=0, prompt_logprobs=1), 50000)

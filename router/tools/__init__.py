@@ -1,0 +1,81 @@
+"""OpenAI tool calling, router side: pure Python, no model or tokenizer in sight.
+
+A request's life::
+
+    body.tools / tool_choice --spec.parse_request_tools--> ToolRequest(tools, choice, ...)
+        |-- spec.to_template_tools(tools) --> chat template's tools=      (the prompt)
+        '-- constrained.choice_schema(...) --> JSON Schema | None        (the grammar engine)
+    output text
+        |-- choice required/named: constrained.parse_constrained ------> [ToolCall]
+        '-- choice auto: select.parser_for(...).parse / .streaming() --> ParsedOutput / deltas
+    --> message.content + message.tool_calls (ToolCall.to_dict) / delta.tool_calls (CallDelta)
+
+Files:
+
+- ``spec.py``: ``tools``/``functions``/``tool_choice``/``function_call`` checked into
+  ToolSpec, ToolChoice and ToolRequest; ``to_template_tools``.
+- ``call.py``: ToolCall, ParsedOutput, the streamed ContentDelta/CallDelta, call ids, and
+  the JSON reading and writing every parser shares.
+- ``constrained.py``: the schema forced calls must match, and reading them back.
+- ``parser.py``: the ToolParser interface and the block engine behind every format.
+- ``hermes.py``, ``llama3.py``, ``mistral.py``: one model family's markup each.
+- ``select.py``: PARSERS by name, and the parser a chat template implies.
+"""
+
+from router.tools.call import (
+    CallDelta,
+    ContentDelta,
+    ParsedOutput,
+    ToolCall,
+    ToolDelta,
+    collect,
+    new_call_id,
+)
+from router.tools.constrained import ToolParseError, choice_schema, parse_constrained
+from router.tools.hermes import HermesToolParser
+from router.tools.llama3 import Llama3JsonToolParser
+from router.tools.mistral import MistralToolParser
+from router.tools.parser import StreamingToolParser, ToolParser
+from router.tools.select import PARSERS, parser_for
+from router.tools.spec import (
+    MAX_TOOLS,
+    ToolChoice,
+    ToolRequest,
+    ToolSpec,
+    parse_function_call,
+    parse_functions,
+    parse_request_tools,
+    parse_tool_choice,
+    parse_tools,
+    to_template_tools,
+)
+
+__all__ = [
+    "MAX_TOOLS",
+    "PARSERS",
+    "CallDelta",
+    "ContentDelta",
+    "HermesToolParser",
+    "Llama3JsonToolParser",
+    "MistralToolParser",
+    "ParsedOutput",
+    "StreamingToolParser",
+    "ToolCall",
+    "ToolChoice",
+    "ToolDelta",
+    "ToolParseError",
+    "ToolParser",
+    "ToolRequest",
+    "ToolSpec",
+    "choice_schema",
+    "collect",
+    "new_call_id",
+    "parse_constrained",
+    "parse_function_call",
+    "parse_functions",
+    "parse_request_tools",
+    "parse_tool_choice",
+    "parse_tools",
+    "parser_for",
+    "to_template_tools",
+]
