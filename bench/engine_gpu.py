@@ -78,7 +78,7 @@ def _hf(path: Path, batch: int, prompt: int, out: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
     p.add_argument("--configs", default="smollm2,llama1b")
     p.add_argument("--batch", default="1,32,128")
     p.add_argument("--prompt", type=int, default=128)

@@ -85,7 +85,7 @@ async def measure(repeats: int) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out", type=Path, default=None, help="write kv_quant.json here")
     args = ap.parse_args()

@@ -476,7 +476,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0, help="GiB to move per run (>= 1)")
     parser.add_argument("--out", default=None, help="write kv_transfer.json/.png here")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per method")

@@ -207,7 +207,8 @@ def find_or_build(build_if_missing: bool, note: Note = _stderr) -> LlamaCpp | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                allow_abbrev=False, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--build", action="store_true", help="build the binaries when not found")
     args = p.parse_args(argv)
     found = find_or_build(args.build)

@@ -73,7 +73,7 @@ def _time(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
     ap.add_argument("--modes", default="decode,chunk")
     ap.add_argument("--repeats", type=int, default=5)

@@ -151,7 +151,7 @@ def step_costs(llm: Any, max_rows: int, rounds: int = 9) -> dict[int, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ks", default="4,6,8")
     ap.add_argument("--out", default=None, help="directory for ngram-replay.json")

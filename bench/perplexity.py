@@ -144,7 +144,7 @@ def agreement(ref: list[list[int]], other: list[list[int]]) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--tokens", type=int, default=0, help="use the first N tokens (0 = all)")

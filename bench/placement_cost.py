@@ -39,6 +39,7 @@ def _per_call_us(fn: object, number: int = 5000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.placement_cost", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None, help="write placement_cost.json here")
     args = p.parse_args(argv)

@@ -88,6 +88,7 @@ def conversation(procs: dict[str, Proc], turns: int, seed: int) -> list[dict[str
 def main(argv: list[str] | None = None) -> int:
     """Run both setups, print the per-turn table, write JSON when asked."""
     p = argparse.ArgumentParser(prog="python -m bench.prefix_delta", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--turns", type=int, default=5)

@@ -81,6 +81,7 @@ def progress_printer(label: str, total: int) -> Callable[[RequestResult], None]:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="router HOST:PORT")
     p.add_argument("--label", default="tandem", help="column title in the table")

@@ -264,7 +264,8 @@ def _machine() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                allow_abbrev=False, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads on both sides (default: every core this process may use)")
     p.add_argument("--quick", action="store_true", help="fewer tokens, one repeat (smoke run)")

@@ -7,4 +7,6 @@
     credential   the cluster credential (secret file, derived keys) every internal channel uses
     grpc_auth    the gRPC interceptors that put the credential on calls and check it
     grpc_keepalive  the keepalive options both ends of every gRPC channel set
+    arg_parser   every command's argparse parser: no abbreviations, values never echoed
+    config_file  ``--config FILE.yaml`` -> argv in front of the command line's (the CLI wins)
 """

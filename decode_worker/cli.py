@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from common.arg_parser import ArgParser
 from decode_worker.app import DecodeAppConfig, build_decode_app
 from worker.cli import add_worker_args, check_ports, run_worker, setup_logging, worker_config
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The decode worker's flags: its KV receiver and lease, then every worker's flags."""
-    p = argparse.ArgumentParser(prog="decode_worker", description="Tandem decode worker")
+    p = ArgParser(prog="decode_worker", description="Tandem decode worker", config_file=True)
     p.add_argument("--kv-port", type=int, required=True, help="KV receiver TCP port (0: free)")
     p.add_argument("--kv-host", default=None, help="KV listen address (default: --host)")
     p.add_argument("--default-lease-s", type=float, default=30.0)

@@ -6,12 +6,13 @@ import argparse
 import sys
 import time
 
+from common.arg_parser import ArgParser
 from engine.cli_args import add_engine_args, engine_config_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
     """CLI flags mirror EngineConfig's fields."""
-    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    p = ArgParser(prog="python -m engine", description=__doc__, config_file=True)
     add_engine_args(p)
     p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")

@@ -1,52 +1,109 @@
 """Command-line flags for an engine, shared by every process that hosts one.
 
 ``add_engine_args`` adds flags that mirror ``EngineConfig``'s fields; ``engine_config_from_args``
-builds the validated config back from the parsed namespace.
+builds the validated config back from the parsed namespace. A launcher (``tandem local``,
+``tandem up``) takes the same flags with ``add_forwarded_engine_args`` and hands what was given
+to its workers with ``forwarded_engine_argv``.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection
+from typing import Any
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.spec.config import SPEC_METHODS, SpeculativeConfig
 
 
+def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
+    """Every engine flag with its argparse keywords: the one definition ``add_engine_args``
+    and launchers that forward engine flags (``tandem local``/``tandem up``) both use."""
+    cache, sched = CacheConfig(), SchedulerConfig()  # slots classes: defaults live on instances
+    spec = SpeculativeConfig()
+    return [
+        ("--model", dict(default="smollm2", help="alias, HF directory or .gguf file")),
+        ("--dtype", dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"])),
+        ("--device", dict(default="cpu", help="cpu, cuda or cuda:N")),
+        ("--threads", dict(type=int, default=None, help="CPU threads for this engine")),
+        ("--max-model-len", dict(type=int, default=None)),
+        ("--seed", dict(type=int, default=0)),
+        ("--block-size", dict(type=int, default=cache.block_size)),
+        ("--num-blocks", dict(type=int, default=None, help="KV blocks (overrides memory)")),
+        ("--kv-cache-memory-gb", dict(type=float, default=cache.kv_cache_memory_gb)),
+        ("--no-prefix-caching", dict(action="store_true")),
+        ("--quantization", dict(
+            default="auto", choices=["auto", "none", "int8", "int4"],
+            help="weights: auto keeps the checkpoint's own format (a GGUF's Q4_0/Q4_1/Q8_0 "
+                 "blocks as stored), none dequantizes, int8/int4 requantize")),
+        ("--kv-cache-dtype", dict(
+            default="auto", choices=["auto", "int8"],
+            help="KV cache storage: the model dtype, or int8 with per-vector scales")),
+        ("--max-num-seqs", dict(type=int, default=sched.max_num_seqs)),
+        ("--max-num-batched-tokens", dict(type=int, default=sched.max_num_batched_tokens)),
+        ("--attention-backend", dict(default="auto", choices=["auto", "torch", "triton"])),
+        ("--no-cuda-graphs", dict(action="store_true")),
+        ("--no-native-kernels", dict(action="store_true",
+                                     help="CPU: run steps on torch ops (no fused native forward)")),
+        ("--speculative", dict(
+            default="none", choices=list(SPEC_METHODS),
+            help="speculative decoding proposer (per-request opt-out: speculative=False)")),
+        ("--num-speculative-tokens", dict(type=int, default=spec.num_speculative_tokens)),
+        ("--ngram-max", dict(type=int, default=spec.ngram_max)),
+        ("--ngram-min", dict(type=int, default=spec.ngram_min)),
+        ("--draft-model", dict(default=None, help="draft checkpoint (same tokenizer)")),
+        ("--draft-layers", dict(type=int, default=0,
+                                help="draft = the target's first N layers (when no "
+                                     "--draft-model)")),
+    ]
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``--model``, ``--dtype``, ``--threads``, cache and scheduler flags."""
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads for this engine")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    cache, sched = CacheConfig(), SchedulerConfig()  # slots classes: defaults live on instances
-    g.add_argument("--block-size", type=int, default=cache.block_size)
-    g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides memory)")
-    g.add_argument("--kv-cache-memory-gb", type=float, default=cache.kv_cache_memory_gb)
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
-                   help="weights: auto keeps the checkpoint's own format (a GGUF's Q4_0/Q4_1/"
-                        "Q8_0 blocks as stored), none dequantizes, int8/int4 requantize")
-    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
-                   help="KV cache storage: the model dtype, or int8 with per-vector scales")
-    g.add_argument("--max-num-seqs", type=int, default=sched.max_num_seqs)
-    g.add_argument("--max-num-batched-tokens", type=int, default=sched.max_num_batched_tokens)
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    g.add_argument("--no-cuda-graphs", action="store_true")
-    g.add_argument("--no-native-kernels", action="store_true",
-                   help="CPU: run steps on torch ops (no fused native forward)")
-    spec = SpeculativeConfig()
-    g.add_argument("--speculative", default="none", choices=list(SPEC_METHODS),
-                   help="speculative decoding proposer (per-request opt-out: speculative=False)")
-    g.add_argument("--num-speculative-tokens", type=int, default=spec.num_speculative_tokens)
-    g.add_argument("--ngram-max", type=int, default=spec.ngram_max)
-    g.add_argument("--ngram-min", type=int, default=spec.ngram_min)
-    g.add_argument("--draft-model", default=None, help="draft checkpoint (same tokenizer)")
-    g.add_argument("--draft-layers", type=int, default=0,
-                   help="draft = the target's first N layers (when no --draft-model)")
+    for flag, kwargs in _engine_flags():
+        g.add_argument(flag, **kwargs)
     return parser
+
+
+def add_forwarded_engine_args(
+    parser: argparse.ArgumentParser, *, skip: Collection[str] = (),
+) -> argparse.ArgumentParser:
+    """Add the engine flags (but those in ``skip``) to a launcher that passes them on to its
+    workers: same names, types and choices, every default None (a flag not given is not
+    forwarded, and the worker keeps its own default). Their values land under their own
+    names (``_forward_dest``), so a launcher's flag of the same name (its ``--model``) stays
+    apart; ``forwarded_engine_argv`` reads them."""
+    g = parser.add_argument_group("engine (passed to every worker; default: the worker's)")
+    for flag, kwargs in _engine_flags():
+        if flag in skip:
+            continue
+        kwargs = {**kwargs, "default": None, "dest": _forward_dest(flag)}
+        if "choices" not in kwargs and kwargs.get("action") != "store_true":
+            kwargs["metavar"] = flag[2:].upper().replace("-", "_")  # as add_engine_args shows
+        g.add_argument(flag, **kwargs)
+    return parser
+
+
+def forwarded_engine_argv(
+    args: argparse.Namespace, *, only: Collection[str] | None = None,
+) -> list[str]:
+    """The engine flags ``args`` sets (added by ``add_forwarded_engine_args``) as a worker's
+    argv, ``--flag=value`` each; ``only`` keeps just those flags."""
+    out: list[str] = []
+    for flag, kwargs in _engine_flags():
+        value = getattr(args, _forward_dest(flag), None)
+        if value is None or (only is not None and flag not in only):
+            continue
+        if kwargs.get("action") == "store_true":
+            out += [flag] if value else []
+        else:
+            out.append(f"{flag}={value}")
+    return out
+
+
+def _forward_dest(flag: str) -> str:
+    return "engine_" + flag[2:].replace("-", "_")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from common.arg_parser import ArgParser
 from prefill_worker.app import PrefillAppConfig, build_prefill_app
 from worker.cli import add_worker_args, check_ports, run_worker, setup_logging, worker_config
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The prefill worker's flags: its push timeout, then every worker's flags."""
-    p = argparse.ArgumentParser(prog="prefill_worker", description="Tandem prefill worker")
+    p = ArgParser(prog="prefill_worker", description="Tandem prefill worker", config_file=True)
     p.add_argument("--transfer-timeout-s", type=float, default=30.0)
     add_worker_args(p, host_help="gRPC listen address",
                     shm_help="push over TCP even on one host")

@@ -1,7 +1,8 @@
 """API keys on the router's public edges: the gRPC ``Tandem`` service and the HTTP API.
 
 Keys come from a file (``--api-key-file``): one key per line, ``#`` starts a comment, blank
-lines are skipped. A client presents one as ``authorization: Bearer <key>`` (gRPC metadata or
+lines are skipped; and from the command line or a config file (``--api-key KEY``, repeatable,
+vLLM's name). A client presents one as ``authorization: Bearer <key>`` (gRPC metadata or
 the HTTP header). Health checks stay open so load balancers and probes need no secret.
 
 Keys are kept only as SHA-256 digests and every stored digest is compared with
@@ -38,18 +39,18 @@ class ApiKeys:
     @classmethod
     def from_file(cls, path: str | Path) -> ApiKeys:
         """Keys of ``path`` (one per line, ``#`` comments); raises ApiKeyFileError."""
-        try:
-            text = Path(path).read_text()
-        except OSError as err:
-            raise ApiKeyFileError(f"cannot read the API key file {str(path)!r}: {err}") from err
-        keys = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-        keys = [k for k in keys if k]
-        if not keys:
-            raise ApiKeyFileError(f"the API key file {str(path)!r} holds no key")
-        for key in keys:
-            if any(c.isspace() for c in key):
-                raise ApiKeyFileError(f"the API key file {str(path)!r} has a key with spaces")
-        return cls(keys)
+        return cls(_read_key_file(path))
+
+    @classmethod
+    def load(cls, path: str | Path, inline: Sequence[str] = ()) -> ApiKeys | None:
+        """The keys of the file ``path`` (when not "") and the ``inline`` ones (``--api-key``);
+        None when there are none at all (an open API). Raises ApiKeyFileError, never quoting
+        a key."""
+        for key in inline:
+            if not key or any(c.isspace() for c in key):
+                raise ApiKeyFileError("an --api-key value is empty or has spaces")
+        keys = [*inline, *(_read_key_file(path) if path else ())]
+        return cls(keys) if keys else None
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -63,6 +64,21 @@ class ApiKeys:
         for digest in self._digests:  # all of them, always: constant time in the match
             ok |= hmac.compare_digest(candidate, digest)
         return ok
+
+
+def _read_key_file(path: str | Path) -> list[str]:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ApiKeyFileError(f"cannot read the API key file {str(path)!r}: {err}") from err
+    keys = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    keys = [k for k in keys if k]
+    if not keys:
+        raise ApiKeyFileError(f"the API key file {str(path)!r} holds no key")
+    for key in keys:
+        if any(c.isspace() for c in key):
+            raise ApiKeyFileError(f"the API key file {str(path)!r} has a key with spaces")
+    return keys
 
 
 def _digest(key: str) -> bytes:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.arg_parser import ArgParser
 from common.credential import add_credential_args
 from common.wire import ready_line
 from router.config import PLACEMENTS, RouterConfig
@@ -25,13 +26,14 @@ DEFAULT_HTTP_PORT = 8000
 
 def build_parser() -> argparse.ArgumentParser:
     """The router's flags."""
-    p = argparse.ArgumentParser(prog="python -m router", description="Tandem's router")
+    p = ArgParser(prog="python -m router", description="Tandem's router", config_file=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
     p.add_argument("--prefill", default="", help="prefill workers, HOST:PORT,...")
     p.add_argument("--decode", default="", help="decode workers, HOST:PORT,...")
     p.add_argument("--tokenizer", required=True, help="local model directory with a tokenizer")
-    p.add_argument("--model-name", default="", help="served model id (default: the dir name)")
+    p.add_argument("--model-name", "--served-model-name", dest="model_name", default="",
+                   help="served model id (default: the dir name)")
     p.add_argument(
         "--max-model-len",
         type=int,
@@ -132,6 +134,9 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
         "0 picks a free one; -1 disables)",
     )
     p.add_argument("--api-key-file", default="", help="accepted API keys, one per line")
+    p.add_argument("--api-key", dest="api_keys", action="append", default=[], metavar="KEY",
+                   help="an accepted API key (repeat for several; a command line is visible "
+                   "to other local users: prefer --api-key-file or --config)")
     p.add_argument("--tls-cert", default="", help="PEM certificate chain for gRPC and HTTP")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--worker-ca", default="", help="CA that signed the workers' certificates")
@@ -213,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         insecure=args.insecure,
         allow_unauthenticated=args.allow_unauthenticated,
         api_key_file=args.api_key_file,
+        api_keys=tuple(args.api_keys),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         worker_ca=args.worker_ca,

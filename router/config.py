@@ -88,6 +88,8 @@ class RouterConfig:
     # The public API on a non-loopback address needs API keys unless this is set.
     allow_unauthenticated: bool = False
     api_key_file: str = ""
+    # Keys given inline (--api-key): secrets, so left out of the repr (never logged).
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
     tls_cert: str = ""
     tls_key: str = ""
     worker_ca: str = ""

@@ -52,15 +52,16 @@ class RouterSecurity:
         """Read every file ``config`` names; raises CredentialError (none given, or an
         unusable file), ApiKeyFileError, TlsConfigError, or UnauthenticatedBindError (the
         public API on a non-loopback address without keys, unless allowed)."""
-        if not config.api_key_file and not config.allow_unauthenticated:
+        if not (config.api_key_file or config.api_keys) and not config.allow_unauthenticated:
             public = [h for h in _public_hosts(config) if not _is_loopback(h)]
             if public:
                 raise UnauthenticatedBindError(
                     f"the public API would listen on {public[0]!r} without API keys: pass "
-                    "--api-key-file, or --allow-unauthenticated if that network is trusted")
+                    "--api-key-file or --api-key, or --allow-unauthenticated if that network "
+                    "is trusted")
         return cls(
             credential_from_flags(config.cluster_secret_file or None, config.insecure, "router"),
-            ApiKeys.from_file(config.api_key_file) if config.api_key_file else None,
+            ApiKeys.load(config.api_key_file, config.api_keys),
             ServerTls.load(config.tls_cert, config.tls_key),
             WorkerTls.load(config.worker_ca, config.worker_cert, config.worker_key),
         )

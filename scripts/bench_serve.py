@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run every setup, print the side-by-side table, write JSON/PNG when asked; with
     ``--sweep``, the rate sweep instead (serve_sweep.{json,png})."""
     p = argparse.ArgumentParser(prog="python -m scripts.bench_serve", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--chunked", action="store_true", help="also run colocated-chunked")

@@ -9,7 +9,9 @@
     tandem status | tandem down                      (what `up` runs; stop it)
 
 Each subcommand is the same program as ``python -m router`` / ``prefill_worker`` /
-``decode_worker`` / ``engine``; modules are imported only when their command runs.
+``decode_worker`` / ``engine``; modules are imported only when their command runs. The
+serving commands (router, prefill, decode, local, offline, up) also take ``--config
+FILE.yaml``: keys are their long flag names, the command line wins.
 """
 
 from __future__ import annotations

@@ -17,18 +17,21 @@ import sys
 import threading
 from pathlib import Path
 
+from common.arg_parser import ArgParser
 from common.wire import ready_line
+from tandem.engine_flags import add_launcher_engine_args, router_engine_argv, worker_engine_argv
 from tandem.local_cluster import Cluster
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem local``."""
-    p = argparse.ArgumentParser(prog="tandem local", description=__doc__)
+    p = ArgParser(prog="tandem local", description=__doc__, config_file=True)
     p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
+    p.add_argument("--model-name", "--served-model-name", dest="model_name", default="",
+                   help="served model id (default: --model as given)")
     p.add_argument("--port", type=int, default=50051, help="router gRPC port")
     p.add_argument("--http-port", type=int, default=None,
                    help="router OpenAI HTTP port (default 8000; a free one when --port is 0)")
-    p.add_argument("--dtype", default="auto")
     prefill, decode = thread_split(len(os.sched_getaffinity(0)))
     p.add_argument("--prefill-threads", type=int, default=prefill,
                    help=f"prefill worker threads (default: every core, {prefill})")
@@ -39,7 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cluster credential to use (default: a new one, removed at exit)")
     p.add_argument("--insecure", action="store_true",
                    help="no credential: any local user can act on the cluster's ports")
+    p.add_argument("--worker-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for both workers (repeat; e.g. --worker-arg --no-kv-shm)")
+    p.add_argument("--router-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for the router (repeat)")
+    p.passthrough("--worker-arg", "--router-arg")
+    add_launcher_engine_args(p)
     return p
+
+
+def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]:
+    """Flags both workers get (the caller adds the role's ports): the model, threads, the
+    engine flags given, then ``--worker-arg``s (last, so they win)."""
+    return ["--model", model, "--threads", str(threads), *worker_engine_argv(args),
+            *args.worker_arg]
+
+
+def router_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
+    """The router's flags but its workers and ports: the tokenizer, the served name, the
+    engine flags it shares with the workers, then ``--router-arg``s."""
+    return ["--tokenizer", str(model_dir), "--model-name", args.model_name or args.model,
+            *router_engine_argv(args), *args.router_arg]
 
 
 def thread_split(cores: int) -> tuple[int, int]:
@@ -73,27 +96,26 @@ def main(argv: list[str] | None = None) -> int:
     # Workers get the model as the user named it (an alias or a .gguf keeps the file's own
     # quantized blocks: engine/quant "auto"); their resolve finds the conversion done above.
     spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
-    common = ["--model", spec, "--dtype", args.dtype]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         print("[tandem] starting decode worker ...", file=sys.stderr, flush=True)
-        decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0", *common,
-                               "--threads", str(args.decode_threads))
+        decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0",
+                               *worker_argv(args, spec, args.decode_threads))
         prefill_flags: list[str] = []
         if not args.no_prefill:
             print("[tandem] starting prefill worker ...", file=sys.stderr, flush=True)
-            prefill = cluster.start("prefill_worker", "--port", "0", *common,
-                                    "--threads", str(args.prefill_threads))
+            prefill = cluster.start("prefill_worker", "--port", "0",
+                                    *worker_argv(args, spec, args.prefill_threads))
             prefill_flags = ["--prefill", prefill.grpc]
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
-        router = cluster.start("router", "--port", str(args.port), "--tokenizer",
-                               str(model_dir), "--model-name", args.model,
-                               "--decode", decode.grpc, *prefill_flags,
-                               "--http-port", str(_http_port(args)))
+        router = cluster.start("router", "--port", str(args.port), "--decode", decode.grpc,
+                               *prefill_flags, "--http-port", str(_http_port(args)),
+                               *router_argv(args, model_dir))
         example = "tandem generate --chat --target " + shlex.quote(router.grpc)
         http = str(router.info.get("http", ""))
-        print(f"\nTandem is serving {args.model} on grpc://{router.grpc}", flush=True)
+        print(f"\nTandem is serving {args.model_name or args.model} on grpc://{router.grpc}",
+              flush=True)
         if http:
             print(f"OpenAI-compatible API: http://{http}/v1", flush=True)
         print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)

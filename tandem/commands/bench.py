@@ -24,13 +24,14 @@ from bench.serve_load import run_load
 from bench.serve_report import plot, table
 from bench.serve_stats import RequestResult, summarize
 from bench.serve_workload import MIXES, make_requests
+from common.arg_parser import ArgParser
 from tandem._channel import channel_credentials
 from tandem.commands.common import add_client_args, client_config_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tandem bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgParser(prog="tandem bench", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--label", default="tandem", help="column title in the table")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of latency CDFs here")
     p.add_argument("--json", type=Path, default=None, help="write summary + records here")

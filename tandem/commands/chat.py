@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from common.arg_parser import ArgParser
 from tandem.client import Client
 from tandem.commands.common import (
     add_client_args,
@@ -45,8 +46,8 @@ class Conversation:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tandem chat", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgParser(prog="tandem chat", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--system", default=None, help="system message")
     add_client_args(p)
     add_sampling_args(p, max_tokens=512)
@@ -95,11 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = client_config_from_args(args)
+        options = sampling_from_args(args)
     except (ValueError, OSError) as err:
         parser.error(str(err))
     with Client(config=config) as client:
         try:
-            return run(client, Conversation(args.system), sampling_from_args(args), sys.stdin,
+            return run(client, Conversation(args.system), options, sys.stdin,
                        sys.stdout, sys.stdin.isatty())
         except KeyboardInterrupt:
             sys.stdout.write("\n")

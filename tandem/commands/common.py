@@ -63,6 +63,16 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", default=None)
     g.add_argument("--model", default="", help="model id (default: the served one)")
+    s = g.add_mutually_exclusive_group()
+    s.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                   help="the output must match this JSON Schema (its text, or @FILE)")
+    s.add_argument("--json-object", action="store_true", default=None,
+                   help="the output must be a JSON object")
+    s.add_argument("--regex", default=None, help="the output must match this regex")
+    s.add_argument("--choice", action="append", default=None,
+                   help="the output must be one of these strings (repeatable)")
+    s.add_argument("--grammar", default=None, metavar="EBNF",
+                   help="the output must match this EBNF grammar (its text, or @FILE)")
 
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -75,7 +85,21 @@ def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
                                if getattr(args, n) is not None}
     if args.model:
         options["model"] = args.model
+    structured = _structured(args)
+    if structured is not None:
+        options["structured"] = structured
     return options
+
+
+def _structured(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The one structured-output flag given, as the SDK's ``structured=`` mapping."""
+    for name in ("json_schema", "regex", "choice", "grammar"):
+        value = getattr(args, name, None)
+        if value is not None:
+            if isinstance(value, str) and value.startswith("@"):
+                value = Path(value[1:]).read_text()
+            return {name: value}
+    return {"json_object": True} if getattr(args, "json_object", None) else None
 
 
 def fail(prog: str, err: TandemError | ValueError | OSError) -> int:

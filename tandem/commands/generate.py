@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from common.arg_parser import ArgParser
 from tandem.client import Client
 from tandem.commands.common import (
     add_client_args,
@@ -27,8 +28,8 @@ from tandem.results import StreamChunk
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tandem generate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgParser(prog="tandem generate", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", help="the prompt ('-' reads it from stdin)")
     p.add_argument("--chat", action="store_true", help="send as a chat message")
     p.add_argument("--system", default=None, help="system message (implies --chat)")
@@ -55,9 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         config = client_config_from_args(args)
+        options = sampling_from_args(args)  # reads an @FILE schema or grammar
     except (ValueError, OSError) as err:
         parser.error(str(err))
-    options = sampling_from_args(args)
     if args.chat or args.system is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": prompt})

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import grpc
 
+from common.arg_parser import ArgParser
 from common.credential import ClusterCredential, CredentialError
 from common.grpc_auth import sync_channel
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
@@ -156,8 +157,8 @@ def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tandem top", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgParser(prog="tandem top", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", required=True, help="worker gRPC endpoints, HOST:PORT,...")
     p.add_argument("--router-http", default=None,
                    help="router's HTTP HOST:PORT (or URL) for a router line from /metrics")

@@ -13,12 +13,13 @@ import json
 import sys
 from typing import Any
 
+from common.arg_parser import ArgParser
 from tandem.launcher.spec import NAMESPACE
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem down``."""
-    p = argparse.ArgumentParser(prog="tandem down", description=__doc__)
+    p = ArgParser(prog="tandem down", description=__doc__)
     p.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
     p.add_argument("--namespace", default=NAMESPACE)
     p.add_argument("--json", action="store_true", help="print what was stopped as JSON")

@@ -45,7 +45,6 @@ class LaunchSpec:
     router_cpus: float = 0.0
     resources: tuple[tuple[str, float], ...] = ()
     threads: int | None = None
-    dtype: str = "auto"
     worker_args: tuple[str, ...] = ()
     router_args: tuple[str, ...] = ()
     namespace: str = NAMESPACE

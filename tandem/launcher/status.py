@@ -13,13 +13,14 @@ import json
 import sys
 from typing import Any
 
+from common.arg_parser import ArgParser
 from tandem.launcher.spec import NAMESPACE
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem status``."""
-    p = argparse.ArgumentParser(prog="tandem status", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgParser(prog="tandem status", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
     p.add_argument("--namespace", default=NAMESPACE)
     p.add_argument("--json", action="store_true", help="machine-readable output")

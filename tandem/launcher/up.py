@@ -26,17 +26,19 @@ import threading
 from pathlib import Path
 
 from autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
+from common.arg_parser import ArgParser
 from common.credential import ClusterCredential, new_secret
 from common.wire import ready_line
+from tandem.engine_flags import add_launcher_engine_args, router_engine_argv, worker_engine_argv
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem up``."""
-    p = argparse.ArgumentParser(prog="tandem up", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgParser(prog="tandem up", description=__doc__, config_file=True,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
-    p.add_argument("--model-name", default="",
+    p.add_argument("--model-name", "--served-model-name", dest="model_name", default="",
                    help="served model id (default: the alias, or the directory's name)")
     p.add_argument("--prefill", type=int, default=1, help="prefill workers (0: colocated)")
     p.add_argument("--decode", type=int, default=1, help="decode workers")
@@ -74,11 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker engine (default on a local instance: the "
                         "machine's cores divided among the workers; on a cluster: torch's)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     g.add_argument("--worker-arg", action="append", default=[], metavar="FLAG",
-                   help="extra flag for every worker (repeat; e.g. --worker-arg=--num-blocks=512)")
+                   help="extra flag for every worker (repeat; e.g. --worker-arg --no-kv-shm)")
     g.add_argument("--router-arg", action="append", default=[], metavar="FLAG",
                    help="extra flag for the router (repeat)")
+    p.passthrough("--worker-arg", "--router-arg")
+    add_launcher_engine_args(p)
     g = p.add_argument_group("autoscaling")
     g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
                    help="autoscale policy file (deploy/autoscale/{slo,queue,fixed}.yaml)")
@@ -104,8 +107,10 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         cpus_per_worker=args.cpus_per_worker, router_cpus=args.router_cpus,
         resources=tuple(sorted((str(k), float(v)) for k, v in resources.items())),
-        threads=args.threads, dtype=args.dtype, worker_args=tuple(args.worker_arg),
-        router_args=tuple(args.router_arg), namespace=args.namespace, detach=args.detach,
+        threads=args.threads,
+        # Engine flags first, the escape hatches last: a --worker-arg given wins.
+        worker_args=(*worker_engine_argv(args), *args.worker_arg),
+        router_args=(*router_engine_argv(args), *args.router_arg), namespace=args.namespace, detach=args.detach,
         max_restarts=args.max_restarts, pack_pairs=not args.no_pack,
         signal_window_s=window, ready_timeout_s=args.ready_timeout, autoscale=autoscale,
         cluster_secret=_cluster_secret(args), insecure=args.insecure,
@@ -118,7 +123,7 @@ def _check_public_bind(spec: LaunchSpec) -> None:
     """Refuse, before anything starts, a router the router itself would refuse: a public API
     on a non-loopback address without API keys, unless allowed (``--router-arg=...``)."""
     flags = {a.split("=", 1)[0] for a in spec.router_args}
-    if flags & {"--api-key-file", "--allow-unauthenticated"}:
+    if flags & {"--api-key-file", "--api-key", "--allow-unauthenticated"}:
         return
     try:
         loopback = spec.host == "localhost" or ipaddress.ip_address(spec.host).is_loopback

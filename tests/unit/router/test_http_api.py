@@ -77,7 +77,7 @@ def test_errors_come_in_openai_shape(tokenizer: RouterTokenizer) -> None:
             cases = [
                 ("POST", "/v1/completions", {"prompt": "x", "temperature": -1}, 400,
                  "temperature"),
-                ("POST", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+                ("POST", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
                 ("POST", "/v1/chat/completions",
                  {"messages": [{"role": "wizard", "content": "x"}]}, 400,
                  "chat.messages[0].role"),

@@ -58,6 +58,21 @@ def test_flags_to_sampling_options() -> None:
                     "ignore_eos": True, "seed": 4, "model": "m"}
 
 
+def test_structured_output_flags(tmp_path) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}')
+    assert sampling_from_args(_parse("--json-schema", f"@{schema}"))["structured"] == {
+        "json_schema": '{"type": "object"}'}
+    assert sampling_from_args(_parse("--choice", "yes", "--choice", "no"))["structured"] == {
+        "choice": ["yes", "no"]}
+    assert sampling_from_args(_parse("--json-object"))["structured"] == {"json_object": True}
+    assert "structured" not in sampling_from_args(_parse())
+    with pytest.raises(SystemExit):  # one structured output at a time
+        _parse("--regex", "a+", "--grammar", "root ::= \"a\"")
+    with pytest.raises(OSError):
+        sampling_from_args(_parse("--grammar", f"@{tmp_path / 'missing.ebnf'}"))
+
+
 def test_conversation_keeps_turns_and_resets() -> None:
     c = Conversation(system="be brief")
     assert c.ask("hi") == [{"role": "system", "content": "be brief"},

@@ -1,0 +1,37 @@
+"""The engine flags ``tandem local`` and ``tandem up`` take and pass on to what they start.
+
+    tandem local --quantization int4 --max-model-len 4096
+        -> each worker:  --quantization=int4 --max-model-len=4096
+        -> the router:   --max-model-len=4096     (the flags whose meaning it shares)
+
+The definitions are the workers' own (engine/cli_args.py), so names, types and choices match;
+a flag not given is not passed, and each process keeps its own default.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.cli_args import add_forwarded_engine_args, forwarded_engine_argv
+
+# What the launchers define themselves: --model (resolved once, up front) and threads (split
+# among the workers of one machine).
+OWN_FLAGS = ("--model", "--threads")
+# Engine flags the router takes too, with the same meaning: the context length it validates
+# prompts against and the block size its prefix affinity hashes by.
+ROUTER_FLAGS = ("--max-model-len", "--block-size")
+
+
+def add_launcher_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The workers' engine flags, but ``OWN_FLAGS``, on a launcher's parser."""
+    add_forwarded_engine_args(parser, skip=OWN_FLAGS)
+
+
+def worker_engine_argv(args: argparse.Namespace) -> list[str]:
+    """The engine flags given to the launcher, as every worker's argv."""
+    return forwarded_engine_argv(args)
+
+
+def router_engine_argv(args: argparse.Namespace) -> list[str]:
+    """The given engine flags the router shares (``ROUTER_FLAGS``), as its argv."""
+    return forwarded_engine_argv(args, only=ROUTER_FLAGS)
