@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from common.arg_parser import ArgParser
 from engine.cli_args import add_forwarded_engine_args, forwarded_engine_argv
 
 # What the launchers define themselves: --model (resolved once, up front) and threads (split
@@ -21,10 +22,23 @@ OWN_FLAGS = ("--model", "--threads")
 # prompts against and the block size its prefix affinity hashes by.
 ROUTER_FLAGS = ("--max-model-len", "--block-size")
 
+_ArgGroup = argparse._ArgumentGroup  # what add_argument_group returns
+
 
 def add_launcher_engine_args(parser: argparse.ArgumentParser) -> None:
     """The workers' engine flags, but ``OWN_FLAGS``, on a launcher's parser."""
     add_forwarded_engine_args(parser, skip=OWN_FLAGS)
+
+
+def add_passthrough_args(parser: ArgParser, group: _ArgGroup | None = None) -> None:
+    """``--worker-arg`` and ``--router-arg`` (repeatable escape hatches for any flag of the
+    workers or the router; ``--worker-arg --x=y`` and ``--worker-arg=--x=y`` alike)."""
+    g = group if group is not None else parser
+    g.add_argument("--worker-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for every worker (repeat; e.g. --worker-arg --no-kv-shm)")
+    g.add_argument("--router-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for the router (repeat)")
+    parser.passthrough("--worker-arg", "--router-arg")
 
 
 def worker_engine_argv(args: argparse.Namespace) -> list[str]:

@@ -19,7 +19,12 @@ from pathlib import Path
 
 from common.arg_parser import ArgParser
 from common.wire import ready_line
-from tandem.engine_flags import add_launcher_engine_args, router_engine_argv, worker_engine_argv
+from tandem.engine_flags import (
+    add_launcher_engine_args,
+    add_passthrough_args,
+    router_engine_argv,
+    worker_engine_argv,
+)
 from tandem.local_cluster import Cluster
 
 
@@ -42,11 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cluster credential to use (default: a new one, removed at exit)")
     p.add_argument("--insecure", action="store_true",
                    help="no credential: any local user can act on the cluster's ports")
-    p.add_argument("--worker-arg", action="append", default=[], metavar="FLAG",
-                   help="extra flag for both workers (repeat; e.g. --worker-arg --no-kv-shm)")
-    p.add_argument("--router-arg", action="append", default=[], metavar="FLAG",
-                   help="extra flag for the router (repeat)")
-    p.passthrough("--worker-arg", "--router-arg")
+    add_passthrough_args(p)
     add_launcher_engine_args(p)
     return p
 

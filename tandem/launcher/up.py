@@ -29,7 +29,12 @@ from autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
 from common.arg_parser import ArgParser
 from common.credential import ClusterCredential, new_secret
 from common.wire import ready_line
-from tandem.engine_flags import add_launcher_engine_args, router_engine_argv, worker_engine_argv
+from tandem.engine_flags import (
+    add_launcher_engine_args,
+    add_passthrough_args,
+    router_engine_argv,
+    worker_engine_argv,
+)
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
 
 
@@ -76,11 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker engine (default on a local instance: the "
                         "machine's cores divided among the workers; on a cluster: torch's)")
-    g.add_argument("--worker-arg", action="append", default=[], metavar="FLAG",
-                   help="extra flag for every worker (repeat; e.g. --worker-arg --no-kv-shm)")
-    g.add_argument("--router-arg", action="append", default=[], metavar="FLAG",
-                   help="extra flag for the router (repeat)")
-    p.passthrough("--worker-arg", "--router-arg")
+    add_passthrough_args(p, g)
     add_launcher_engine_args(p)
     g = p.add_argument_group("autoscaling")
     g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
