@@ -192,8 +192,7 @@ class HttpServer:
                 results = await fanout.run_all(self._frontend, api, budget)
                 return web.json_response(self._shaper(api).whole_batch(results))
             accepted = self._frontend.accept(api.request)
-            shaper = ResponseShaper(api, self._frontend.deps.config.model_name, accepted.label,
-                                    self._token_text, self._decode)
+            shaper = self._shaper(api, accepted.label)
             responses = self._frontend.generate(accepted, budget)
             async with aclosing(responses):
                 if not api.stream:
