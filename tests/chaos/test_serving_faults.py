@@ -15,6 +15,7 @@ from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2
 from tandem.local_cluster import Cluster, Proc
 from tests import scrape
 from tests.data.make_long_prompt import long_prompt
+from tests.integration.served_model import start_all
 from tests.unit.engine._reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -35,12 +36,8 @@ def _router(c: Cluster, tok: Path, prefill: list[Proc], decode: list[Proc]) -> P
     )
 
 
-def _decode(c: Cluster) -> Proc:
-    return c.start("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE)
-
-
-def _prefill(c: Cluster, *extra: str) -> Proc:
-    return c.start("prefill_worker", "--port", "0", *ENGINE, *extra)
+DECODE = ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE)
+PREFILL = ("prefill_worker", "--port", "0", *ENGINE)
 
 
 def _stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
@@ -83,7 +80,7 @@ def test_prefill_killed_mid_push_falls_back(smollm2_dir) -> None:
     before the COMMIT: the request completes (local prefill) and no block stays held."""
     c = Cluster()
     try:
-        decode, prefill = _decode(c), _prefill(c)
+        decode, prefill = start_all(c, DECODE, PREFILL)
         router = _router(c, smollm2_dir, [prefill], [decode])
         # One long prefill step: its layers are pushed one by one while it computes, so there
         # is a window of seconds in which the decode worker holds part of the KV.
@@ -125,7 +122,7 @@ def test_decode_killed_mid_stream_migrates(smollm2_dir) -> None:
     new leg knows which tokens were output (penalties, min tokens, the RNG's position)."""
     c = Cluster()
     try:
-        d1, d2, prefill = _decode(c), _decode(c), _prefill(c)
+        d1, d2, prefill = start_all(c, DECODE, DECODE, PREFILL)
         router = _router(c, smollm2_dir, [prefill], [d1, d2])
         text = "Write a long poem about the sea and the ships upon it."
         sampling = tandem_pb2.SamplingParams(
@@ -168,7 +165,7 @@ def _migrations(router: Proc) -> float:
 def test_no_prefill_worker_prefills_locally(smollm2_dir) -> None:
     c = Cluster()
     try:
-        decode = _decode(c)
+        decode = c.start(*DECODE)
         router = _router(c, smollm2_dir, [], [decode])
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
         text = "The capital of France is"

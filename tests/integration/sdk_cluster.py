@@ -15,7 +15,7 @@ from pathlib import Path
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
 from tests import scrape
-from tests.integration.served_model import start_workers
+from tests.integration.served_model import TinyWorkers, start_workers
 
 MODEL_ID = "tiny"
 
@@ -76,6 +76,19 @@ def start_cluster(model: Path, *router_flags: str) -> LocalCluster:
     try:
         decode, prefill = start_workers(c, model)
         local = LocalCluster(c, model, prefill, decode)
+        local.router = local.start_router(*router_flags)
+        return local
+    except BaseException:
+        c.stop()
+        raise
+
+
+def start_router_on(workers: TinyWorkers, *router_flags: str) -> LocalCluster:
+    """A router of its own over the session's shared tiny workers (tests/integration/
+    conftest.py): ``cluster`` holds only the routers, so stopping it leaves the workers."""
+    c = Cluster(credential_flags=workers.cluster.credential_flags)
+    try:
+        local = LocalCluster(c, workers.model, workers.prefill, workers.decode)
         local.router = local.start_router(*router_flags)
         return local
     except BaseException:

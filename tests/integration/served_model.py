@@ -5,8 +5,10 @@ would in production while the workers start and run in a fraction of the time.""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.local_cluster import Cluster, Proc
@@ -30,15 +32,53 @@ def engine_flags(model: Path) -> list[str]:
     return ["--model", str(model), "--dtype", "float32", "--threads", "1", "--num-blocks", "128"]
 
 
+def start_all(cluster: Cluster, *commands: Sequence[str], timeout: float = 600.0
+              ) -> list[Proc]:
+    """Start every ``(module, *args)`` of ``commands`` side by side and wait until each is
+    ready (their imports and model loads overlap); the Procs come back in ``commands`` order.
+    If one fails, ``Cluster.start`` stops the cluster, so the others fail too: it raises."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        futures = [pool.submit(cluster.start, *command, timeout=timeout) for command in commands]
+        return [future.result() for future in futures]
+
+
 def start_workers(cluster: Cluster, model: Path, *extra: str,
                   decode_extra: Sequence[str] = (), prefill_extra: Sequence[str] = ()
                   ) -> tuple[Proc, Proc]:
     """A decode and a prefill worker on ``model``, started side by side (halves the wait);
     ``extra`` goes to both, ``decode_extra``/``prefill_extra`` to one."""
     flags = [*engine_flags(model), *extra]
-    with ThreadPoolExecutor(2) as pool:
-        decode = pool.submit(cluster.start, "decode_worker", "--port", "0", "--kv-port", "0",
-                             *flags, *decode_extra)
-        prefill = pool.submit(cluster.start, "prefill_worker", "--port", "0", *flags,
-                              *prefill_extra)
-        return decode.result(), prefill.result()
+    decode, prefill = start_all(
+        cluster,
+        ("decode_worker", "--port", "0", "--kv-port", "0", *flags, *decode_extra),
+        ("prefill_worker", "--port", "0", *flags, *prefill_extra))
+    return decode, prefill
+
+
+MODEL_ID = "tiny"
+
+
+@dataclass
+class TinyWorkers:
+    """The shared workers; ``cluster`` holds them (and the shared router) and their secret."""
+
+    cluster: Cluster
+    model: Path
+    decode: Proc
+    prefill: Proc
+    last_user: str = ""  # nodeid of the last collected test that needs these processes
+
+    def router_flags(self, *extra: str) -> tuple[str, ...]:
+        return ("--port", "0", "--tokenizer", str(self.model), "--model-name", MODEL_ID,
+                "--decode", self.decode.grpc, *extra)
+
+
+@contextmanager
+def shared_router(tiny_workers: TinyWorkers, *extra: str) -> Iterator[Proc]:
+    """A router of one module's own on the shared workers (same cluster secret), stopped on
+    leaving the block; ``extra`` follows the common flags."""
+    c = Cluster(credential_flags=tiny_workers.cluster.credential_flags)
+    try:
+        yield c.start("router", *tiny_workers.router_flags(*extra))
+    finally:
+        c.stop()

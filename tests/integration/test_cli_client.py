@@ -17,16 +17,17 @@ from tandem.commands import bench as bench_cmd
 from tandem.commands import generate as generate_cmd
 from tandem.commands import top as top_cmd
 from tandem.local_cluster import ROOT
-from tests.integration.sdk_cluster import LocalCluster, assert_idle, start_cluster
-from tests.integration.served_model import tiny_served_model
+from tests.integration.sdk_cluster import LocalCluster, assert_idle, start_router_on
+from tests.integration.served_model import TinyWorkers
 
 GREEDY_FLAGS = ["--temperature", "0", "--ignore-eos", "--max-tokens", "12"]
 GREEDY = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 12}
 
 
 @pytest.fixture(scope="module")
-def local(tiny_dir, smollm2_dir: Path) -> Iterator[LocalCluster]:
-    lc = start_cluster(tiny_served_model(tiny_dir, smollm2_dir))
+def local(tiny_workers: TinyWorkers) -> Iterator[LocalCluster]:
+    """A router of this module's own on the shared tiny workers (stopped with the module)."""
+    lc = start_router_on(tiny_workers)
     try:
         yield lc
     finally:

@@ -18,6 +18,7 @@ from kv_transfer import LayoutMismatchError, Receiver, ReceiverConfig, Sender, S
 from kv_transfer.transport import TcpTransport
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
+from tests.integration.served_model import start_all
 from worker.convert import kv_layout
 
 # The dequantized fp32 model: these tests compare outputs across paths (transformers,
@@ -34,9 +35,10 @@ SECRET = b"int8-kv-test-secret-0123456789"
 def cluster(smollm2_dir: Path) -> Iterator[dict[str, Proc]]:
     c = Cluster()
     try:
-        decode = c.start("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE, *INT8)
-        float_decode = c.start("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE)
-        prefill = c.start("prefill_worker", "--port", "0", *ENGINE, *INT8)
+        decode, float_decode, prefill = start_all(
+            c, ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE, *INT8),
+            ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE),
+            ("prefill_worker", "--port", "0", *ENGINE, *INT8))
         router = c.start(
             "router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
             "--prefill", prefill.grpc, "--decode", decode.grpc,

@@ -14,15 +14,15 @@ generated text exactly; one run sends a batch of prompts per request (lm-eval's
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tandem.local_cluster import Cluster
-from tests.integration.served_model import start_workers, tiny_served_model
+from tandem.local_cluster import Proc
+from tests.integration.served_model import TinyWorkers
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS_DIR = ROOT / "tests" / "data" / "lm_eval"  # the YAMLs name their data from ROOT
@@ -36,21 +36,14 @@ def _num_docs(task_file: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def model(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Path:
-    return tiny_served_model(tiny_dir, smollm2_dir)
+def model(tiny_workers: TinyWorkers) -> Path:
+    return tiny_workers.model
 
 
 @pytest.fixture(scope="module")
-def base_url(model: Path) -> Iterator[str]:
-    c = Cluster()
-    try:
-        decode, prefill = start_workers(c, model)
-        router = c.start("router", "--port", "0", "--tokenizer", str(model), "--model-name",
-                         MODEL, "--prefill", prefill.grpc, "--decode", decode.grpc,
-                         "--placement", "remote")
-        yield f"http://{router.info['http']}/v1/completions"
-    finally:
-        c.stop()
+def base_url(tiny_router: Proc) -> str:
+    """The shared router + prefill + decode on the tiny model (tests/integration/conftest.py)."""
+    return f"http://{tiny_router.info['http']}/v1/completions"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,7 +12,7 @@ import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
-from tests.integration.served_model import engine_flags, tiny_served_model
+from tests.integration.served_model import start_workers, tiny_served_model
 from tests.scrape import Samples, fetch, parse, value
 
 N_REQUESTS, MAX_TOKENS = 3, 8
@@ -24,10 +24,7 @@ def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[s
     model = tiny_served_model(tiny_dir, smollm2_dir)
     c = Cluster()
     try:
-        decode = c.start("decode_worker", "--port", "0", "--kv-port", "0", "--metrics-port",
-                         "0", *engine_flags(model))
-        prefill = c.start("prefill_worker", "--port", "0", "--metrics-port", "0",
-                          *engine_flags(model))
+        decode, prefill = start_workers(c, model, "--metrics-port", "0")
         router = c.start(
             "router", "--port", "0", "--http-port", "0", "--tokenizer", str(model),
             "--model-name", "tiny", "--prefill", prefill.grpc, "--decode", decode.grpc,

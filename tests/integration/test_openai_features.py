@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
-from tests.integration.served_model import start_workers, tiny_served_model
+from tandem.local_cluster import Proc
+from tests.integration.served_model import TinyWorkers, shared_router
 
 MODEL = "tiny"
 USER = [{"role": "user", "content": "Describe a person."}]
@@ -67,22 +67,16 @@ def _post(http: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
 
 
 @pytest.fixture(scope="module")
-def model(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Path:
-    return tiny_served_model(tiny_dir, smollm2_dir)
+def model(tiny_workers: TinyWorkers) -> Path:
+    return tiny_workers.model
 
 
 @pytest.fixture(scope="module")
-def cluster(model: Path) -> Iterator[dict[str, Proc]]:
-    c = Cluster()
-    try:
-        decode, prefill = start_workers(c, model)
-        common = ("--port", "0", "--tokenizer", str(model), "--model-name", MODEL,
-                  "--decode", decode.grpc)
-        router = c.start("router", *common, "--prefill", prefill.grpc, "--placement", "remote")
-        colocated = c.start("router", *common)
-        yield {"router": router, "colocated": colocated, "prefill": prefill}
-    finally:
-        c.stop()
+def cluster(tiny_workers: TinyWorkers, tiny_router: Proc) -> Iterator[dict[str, Proc]]:
+    """The shared router + prefill + decode (tests/integration/conftest.py), and a router of
+    this module's own that serves colocated on the same decode worker."""
+    with shared_router(tiny_workers) as colocated:
+        yield {"router": tiny_router, "colocated": colocated, "prefill": tiny_workers.prefill}
 
 
 def _client(proc: Proc) -> openai.OpenAI:

@@ -6,22 +6,21 @@ mid-stream frees the workers' blocks."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import grpc
 import openai
 import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.local_cluster import Proc
 from tests.integration.sdk_cluster import (
     RouterAccess,
     paused,
     requests_with_outcome,
     wait_until,
 )
-from tests.integration.served_model import start_workers, tiny_served_model
+from tests.integration.served_model import TinyWorkers, shared_router
 
 MODEL = "tiny"
 PROMPT = "The quick brown fox jumps over"
@@ -29,20 +28,15 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[str, Proc]]:
-    model = tiny_served_model(tiny_dir, smollm2_dir)
-    c = Cluster()
-    try:
-        decode, prefill = start_workers(c, model)
-        router = c.start(
-            "router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL,
-            "--prefill", prefill.grpc, "--decode", decode.grpc,
-            "--placement", "remote",  # the same path every run, not chosen by timing
-            "--max-inflight", "1", "--max-queue", "0",  # a second request at once is a 429
-        )
-        yield {"router": router, "prefill": prefill, "decode": decode}
-    finally:
-        c.stop()
+def cluster(tiny_workers: TinyWorkers) -> Iterator[dict[str, Proc]]:
+    """This module's own router (its admission limits) on the shared tiny prefill + decode
+    workers (tests/integration/conftest.py)."""
+    with shared_router(
+        tiny_workers, "--prefill", tiny_workers.prefill.grpc,
+        "--placement", "remote",  # the same path every run, not chosen by timing
+        "--max-inflight", "1", "--max-queue", "0",  # a second request at once is a 429
+    ) as router:
+        yield {"router": router, "prefill": tiny_workers.prefill, "decode": tiny_workers.decode}
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
 from tests.integration.sdk_cluster import wait_until, worker_stats
-from tests.integration.served_model import start_workers, tiny_served_model
+from tests.integration.served_model import start_all, start_workers, tiny_served_model
 from tests.scrape import fetch, parse
 
 MAX_TOKENS = 6
@@ -35,8 +35,9 @@ def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[s
         decode, prefill = start_workers(c, model)
         common = ["--port", "0", "--tokenizer", str(model), "--model-name", "tiny",
                   "--decode", decode.grpc]
-        adaptive = c.start("router", *common, "--http-port", "0", "--prefill", prefill.grpc)
-        colocated = c.start("router", *common)
+        adaptive, colocated = start_all(
+            c, ("router", *common, "--http-port", "0", "--prefill", prefill.grpc),
+            ("router", *common))
         yield {"adaptive": adaptive, "colocated": colocated, "decode": decode,
                "prefill": prefill}
     finally:

@@ -21,7 +21,7 @@ import pytest
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
 from tests.integration.sdk_cluster import wait_until, worker_stats
-from tests.integration.served_model import engine_flags, start_workers, tiny_served_model
+from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 
 BS = 16  # the workers' block size (the engine default)
 OUT = 6  # tokens per reply
@@ -32,13 +32,15 @@ def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[s
     model = tiny_served_model(tiny_dir, smollm2_dir)
     c = Cluster()
     try:
-        decode, prefill = start_workers(c, model)
-        reference = c.start("decode_worker", "--port", "0", "--kv-port", "0",
-                            *engine_flags(model))
+        worker = ("--port", "0", "--kv-port", "0", *engine_flags(model))
+        decode, prefill, reference = start_all(
+            c, ("decode_worker", *worker), ("prefill_worker", "--port", "0", *engine_flags(model)),
+            ("decode_worker", *worker))
         common = ["--port", "0", "--tokenizer", str(model), "--model-name", "tiny"]
-        remote = c.start("router", *common, "--decode", decode.grpc, "--prefill",
-                         prefill.grpc, "--placement", "remote")
-        colocated = c.start("router", *common, "--decode", reference.grpc)
+        remote, colocated = start_all(
+            c, ("router", *common, "--decode", decode.grpc, "--prefill", prefill.grpc,
+                "--placement", "remote"),
+            ("router", *common, "--decode", reference.grpc))
         yield {"remote": remote, "colocated": colocated, "decode": decode,
                "prefill": prefill, "reference": reference}
     finally:

@@ -29,10 +29,10 @@ from tests.integration.sdk_cluster import (
     LocalCluster,
     assert_idle,
     requests_with_outcome,
-    start_cluster,
+    start_router_on,
     wait_until,
 )
-from tests.integration.served_model import tiny_served_model
+from tests.integration.served_model import TinyWorkers
 from tests.integration.tls_certs import make_certs
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -40,8 +40,9 @@ LONG = 900  # tokens a stream would take to finish on its own: far more than any
 
 
 @pytest.fixture(scope="module")
-def local(tiny_dir, smollm2_dir: Path) -> Iterator[LocalCluster]:
-    lc = start_cluster(tiny_served_model(tiny_dir, smollm2_dir))
+def local(tiny_workers: TinyWorkers) -> Iterator[LocalCluster]:
+    """A router of this module's own on the shared tiny workers (stopped with the module)."""
+    lc = start_router_on(tiny_workers)
     try:
         yield lc
     finally:

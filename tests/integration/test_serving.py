@@ -18,6 +18,7 @@ import pytest
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
 from tests.integration.sdk_cluster import wait_until
+from tests.integration.served_model import start_all
 from tests.unit.engine._reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -33,8 +34,8 @@ ENGINE = ["--model", "smollm2", "--dtype", "float32", "--quantization", "none", 
 def cluster(smollm2_dir: Path) -> Iterator[dict[str, Proc]]:
     c = Cluster()
     try:
-        decode = c.start("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE)
-        prefill = c.start("prefill_worker", "--port", "0", *ENGINE)
+        decode, prefill = start_all(c, ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE),
+                                    ("prefill_worker", "--port", "0", *ENGINE))
         router = c.start(
             "router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
             "--prefill", prefill.grpc, "--decode", decode.grpc, "--max-inflight", "40",

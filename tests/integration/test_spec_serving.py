@@ -11,6 +11,7 @@ import pytest
 from engine.sampling_params import SamplingParams
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
+from tests.integration.served_model import start_all
 
 CHUNK = [3 + (i * 29) % 250 for i in range(13)]
 PROMPT = CHUNK * 3 + CHUNK[:5]  # repeats: prompt lookup has something to find
@@ -27,16 +28,17 @@ def workers(tiny_dir) -> Iterator[tuple[Proc, dict[str, Proc]]]:
     common = ["--model", model, "--block-size", "4", "--threads", "1", "--num-blocks", "128"]
     cluster = Cluster()
     try:
-        prefill = cluster.start("prefill_worker", "--port", "0", *common, timeout=180)
-        decodes = {
-            name: cluster.start("decode_worker", "--port", "0", "--kv-port", "0", *common,
-                                *flags, timeout=180)
-            for name, flags in (
-                ("ngram", ["--speculative", "ngram", "--num-speculative-tokens", "4"]),
-                ("draft", ["--speculative", "draft", "--draft-layers", "2",
-                           "--num-speculative-tokens", "3"]),
-            )
+        speculative = {
+            "ngram": ["--speculative", "ngram", "--num-speculative-tokens", "4"],
+            "draft": ["--speculative", "draft", "--draft-layers", "2",
+                      "--num-speculative-tokens", "3"],
         }
+        prefill, *started = start_all(
+            cluster, ("prefill_worker", "--port", "0", *common),
+            *(("decode_worker", "--port", "0", "--kv-port", "0", *common, *flags)
+              for flags in speculative.values()),
+            timeout=180)
+        decodes = dict(zip(speculative, started, strict=True))
         yield prefill, decodes
     finally:
         cluster.stop()
