@@ -65,37 +65,41 @@ from engine.loader import resolve_model
 from tandem.local_cluster import Cluster, Proc
 
 
-def _engine_flags(model_dir: Path, threads: int, extra: list[str]) -> list[str]:
-    return ["--model", str(model_dir), "--dtype", "float32", "--threads", str(threads), *extra]
+def _engine_flags(model: str, threads: int, extra: list[str]) -> list[str]:
+    # The model as the user names it, in its own format (a GGUF's blocks: what `make serve`
+    # runs); --engine-arg=--quantization=none benchmarks the dequantized weights instead.
+    return ["--model", model, "--threads", str(threads), *extra]
 
 
 def start_setup(
     cluster: Cluster, name: str, model_dir: Path, engine_extra: list[str],
-    router_extra: Sequence[str] = (), prefill_threads: int = 1,
+    router_extra: Sequence[str] = (), prefill_threads: int = 1, model: str = "",
 ) -> dict[str, Proc]:
     """Start one setup's processes; returns them by role. ``router_extra``: router flags
-    (the SLO the placement keeps, the same targets the benchmark scores against).
+    (the SLO the placement keeps, the same targets the benchmark scores against). ``model``:
+    what the workers load (default: ``model_dir``, which the router's tokenizer reads).
     ``prefill_threads`` > 1: the prefill worker runs that many threads on every core (the
     decode worker keeps core 1, which it then shares)."""
     pin = len(os.sched_getaffinity(0)) >= 2
+    model = model or str(model_dir)
     core0 = ("taskset", "-c", "0") if pin and prefill_threads == 1 else ()
     core1 = ("taskset", "-c", "1") if pin else ()
     procs: dict[str, Proc] = {}
     if name.startswith("disagg"):
         procs["decode"] = cluster.start(
             "decode_worker", "--port", "0", "--kv-port", "0",
-            *_engine_flags(model_dir, 1, engine_extra), wrap=core1,
+            *_engine_flags(model, 1, engine_extra), wrap=core1,
         )
         procs["prefill"] = cluster.start(
             "prefill_worker", "--port", "0",
-            *_engine_flags(model_dir, prefill_threads, engine_extra),
+            *_engine_flags(model, prefill_threads, engine_extra),
             wrap=core0,
         )
     else:
         budget = ["--max-num-batched-tokens", "256"] if name == "colocated-chunked" else []
         procs["decode"] = cluster.start(
             "decode_worker", "--port", "0", "--kv-port", "0",
-            *_engine_flags(model_dir, 2, engine_extra + budget),
+            *_engine_flags(model, 2, engine_extra + budget),
         )
     prefill = ["--prefill", procs["prefill"].grpc] if "prefill" in procs else []
     if name == "disagg-remote":
@@ -115,7 +119,8 @@ def start_warm(cluster: Cluster, name: str, model_dir: Path, args: argparse.Name
     (first-call allocations, JIT paths)."""
     print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
     slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
-    procs = start_setup(cluster, name, model_dir, args.engine_arg, slo, args.prefill_threads)
+    procs = start_setup(cluster, name, model_dir, args.engine_arg, slo, args.prefill_threads,
+                        args.model)
     asyncio.run(run_load(procs["router"].grpc, warmup))
     return procs
 

@@ -251,7 +251,10 @@ class Handoff:
                 if reply is not None:
                     deps.affinity.record(hashes, worker.endpoint)
                     deps.held.record(worker.endpoint, hashes)
-                    self._learn_overhead(worker, leg.endpoint, new, time.perf_counter() - t0)
+                    pushed = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
+                                                  deps.config.block_size)
+                    self._learn_overhead(worker, leg.endpoint, new, pushed,
+                                         time.perf_counter() - t0)
                     break
             if reply is None:
                 counters.local_prefill_fallbacks += 1
@@ -275,9 +278,10 @@ class Handoff:
         # The router's count of D's streams already includes this request (acquired with
         # its reservation); the model adds the new request's row itself.
         decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
+        pushed = policy.blocks_needed(n_tokens - cached.get(decode_endpoint, 0), cfg.block_size)
         return placement.decide(
             n_tokens, decode, ranked, Slo(cfg.slo_ttft_s, cfg.slo_tpot_s),
-            cached=cached, overhead_s=self._deps.overheads.current(),
+            cached=cached, overhead_s=self._deps.overheads.current(pushed),
             threshold=cfg.local_prefill_threshold,
         )
 
@@ -293,15 +297,16 @@ class Handoff:
         return cached
 
     def _learn_overhead(self, worker: WorkerView, decode_endpoint: str, new: int,
-                        measured_s: float) -> None:
-        """What this remote prefill of ``new`` uncached tokens took beyond the model's
-        compute prediction."""
+                        pushed_blocks: int, measured_s: float) -> None:
+        """What this remote prefill of ``new`` uncached tokens, pushing ``pushed_blocks``
+        blocks, took beyond the model's compute prediction."""
         decode = self._deps.registry.view(decode_endpoint)
         if decode is None:
             return
         predicted = placement.predict_remote(worker, decode, new)
         if predicted is not None:
-            self._deps.overheads.observe(worker.endpoint, measured_s, predicted.ttft_s)
+            self._deps.overheads.observe(worker.endpoint, measured_s, predicted.ttft_s,
+                                         pushed_blocks)
 
     async def _try_prefill(self, endpoint: str, leg: _Leg, new_tokens: int
                            ) -> worker_pb2.PrefillResponse | None:

@@ -13,7 +13,8 @@ and reports in Stats)::
 
     step(rows, tokens)  = base + per_row * rows + per_token * tokens
     remote TTFT on P    = steps(P.queued + new_P, C_P) * base_P + (P.queued + new_P) * per_token_P
-                          + overhead_P      (router-measured: transfer and RPC time the model misses)
+                          + overhead_P(pushed blocks)   (router-measured: the RPCs and the KV
+                                             push the model misses, fixed + per block)
     local TTFT on D     = steps(D.queued + new_D, C_D - rows_D) * (base_D + per_row_D * rows_D)
                           + (D.queued + new_D) * per_token_D
     D's token gap       = remote: step_D(rows_D + 1, 0)
@@ -201,23 +202,51 @@ def decide(
 
 class RemoteOverheads:
     """Per prefill worker, what a remote prefill takes beyond the model's compute prediction
-    (the RPCs, the KV push, the commit), as an exponential moving average of measurements.
+    (the RPCs, the KV push, the commit), fitted as ``fixed + per_block * pushed_blocks``.
+
+    A prefix-delta handoff pushes only the blocks after the decode worker's cached prefix,
+    so one flat figure would charge a short delta the cost of a whole-prompt push (or the
+    reverse). Each worker's two numbers are exponential moving averages over the pushes
+    seen: the mean overhead and mean block count, and their covariance over the blocks'
+    variance for the slope (a one-variable least-squares fit with forgetting). Until the
+    pushes vary in size the slope stays 0 and the mean stands for every size.
     """
 
     def __init__(self, weight: float = 0.2) -> None:
         self._weight = weight
-        self._ema: dict[str, float] = {}
+        self._fits: dict[str, list[float]] = {}  # endpoint -> [mean x, mean y, var x, cov xy]
 
-    def current(self) -> Mapping[str, float]:
-        """Seconds to add to each prefill worker's predicted TTFT."""
-        return self._ema
+    def current(self, pushed_blocks: int = 0) -> Mapping[str, float]:
+        """Seconds to add to each prefill worker's predicted TTFT for a push of
+        ``pushed_blocks`` blocks."""
+        return {endpoint: self._predict(fit, pushed_blocks)
+                for endpoint, fit in self._fits.items()}
 
-    def observe(self, endpoint: str, measured_s: float, predicted_s: float) -> None:
-        """Fold in one remote prefill: its measured time and the model's compute part."""
-        extra = max(measured_s - predicted_s, 0.0)
-        old = self._ema.get(endpoint)
-        self._ema[endpoint] = extra if old is None else old + self._weight * (extra - old)
+    @staticmethod
+    def _predict(fit: list[float], blocks: int) -> float:
+        mx, my, vx, cxy = fit
+        slope = max(cxy / vx, 0.0) if vx > 1e-9 else 0.0
+        return max(my + slope * (blocks - mx), 0.0)
+
+    def observe(self, endpoint: str, measured_s: float, predicted_s: float,
+                pushed_blocks: int = 0) -> None:
+        """Fold in one remote prefill: its measured time, the model's compute part and the
+        blocks it pushed."""
+        y, x = max(measured_s - predicted_s, 0.0), float(pushed_blocks)
+        fit = self._fits.get(endpoint)
+        if fit is None:
+            self._fits[endpoint] = [x, y, 0.0, 0.0]
+            return
+        w = self._weight
+        mx, my, vx, cxy = fit
+        dx, dy = x - mx, y - my
+        mx += w * dx
+        my += w * dy
+        # West's weighted update: (co)variances about the moving means.
+        vx = (1 - w) * (vx + w * dx * dx)
+        cxy = (1 - w) * (cxy + w * dx * dy)
+        self._fits[endpoint] = [mx, my, vx, cxy]
 
     def forget(self, endpoint: str) -> None:
         """A worker that left the pool (its replacement may sit elsewhere)."""
-        self._ema.pop(endpoint, None)
+        self._fits.pop(endpoint, None)

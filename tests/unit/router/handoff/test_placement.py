@@ -123,3 +123,33 @@ def test_the_routers_own_count_of_running_streams_is_used_when_larger() -> None:
     a, b = predict_local(reported, 60), predict_local(counted, 60)
     assert a is not None and b is not None
     assert b.decode_gap_s == pytest.approx(a.decode_gap_s + 28 * 0.002)
+
+
+def test_remote_overhead_grows_with_the_blocks_a_push_carries() -> None:
+    from router.handoff.placement import RemoteOverheads
+
+    o = RemoteOverheads(weight=0.2)
+    assert o.current(10) == {}
+    # Measured extra = 5 ms + 1 ms per pushed block, pushes of alternating sizes.
+    for i in range(200):
+        blocks = (2, 64)[i % 2]
+        o.observe("p", measured_s=1.0 + 0.005 + 0.001 * blocks, predicted_s=1.0,
+                  pushed_blocks=blocks)
+    assert o.current(2)["p"] == pytest.approx(0.007, abs=1e-4)
+    assert o.current(64)["p"] == pytest.approx(0.069, abs=1e-3)
+    assert o.current(0)["p"] == pytest.approx(0.005, abs=1e-3)
+    o.forget("p")
+    assert o.current(2) == {}
+
+
+def test_remote_overhead_of_same_sized_pushes_is_their_mean_and_never_negative() -> None:
+    from router.handoff.placement import RemoteOverheads
+
+    o = RemoteOverheads(weight=0.5)
+    o.observe("p", 0.3, 0.1, pushed_blocks=8)  # 0.2 s extra
+    assert o.current(8)["p"] == pytest.approx(0.2)
+    assert o.current(80)["p"] == pytest.approx(0.2)  # no slope from one size
+    o.observe("p", 0.1, 0.3, pushed_blocks=8)  # faster than predicted: 0 extra
+    assert o.current(8)["p"] == pytest.approx(0.1)
+    o.observe("p", 0.0, 0.0, pushed_blocks=100)
+    assert min(o.current(b)["p"] for b in (0, 8, 100, 1000)) >= 0.0
