@@ -24,23 +24,11 @@ import random
 from dataclasses import dataclass
 
 from bench.serve_workload import check_load, scale_range
+from planner.workload import CHAT_SHAPE, ChatShape  # one shape for the bench and the planner
 
 KIND = "multiturn"  # RequestResult.kind of every turn
 
 
-@dataclass(frozen=True, slots=True)
-class ChatShape:
-    """Lengths of a multi-turn workload: inclusive token ranges, drawn uniformly."""
-
-    system_prompts: int = 4  # distinct shared system prompts
-    system_tokens: tuple[int, int] = (192, 256)
-    turns: tuple[int, int] = (3, 4)  # turns per conversation
-    user_tokens: tuple[int, int] = (16, 48)  # new tokens per user turn
-    output_tokens: tuple[int, int] = (32, 64)  # reply length (greedy, EOS ignored)
-    think_s: float = 1.0  # mean pause between a reply and the next user turn
-
-
-CHAT_SHAPE = ChatShape()  # sized, like serve_workload's mixes, for SmolLM2 on 2 CPU cores
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,27 +16,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+# The request kinds and mixes are the planner's (one definition: the simulator replays the
+# same shapes the benchmark sends).
+from planner.workload import CHAT, MIXES, RAG, RequestKind
+from planner.workload import LengthMix as WorkloadMix
 
-@dataclass(frozen=True, slots=True)
-class RequestKind:
-    """One request shape: prompt and output lengths drawn uniformly from inclusive ranges."""
-
-    name: str
-    prompt_tokens: tuple[int, int]
-    output_tokens: tuple[int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadMix:
-    """Request kinds and the share of each (shares sum to 1)."""
-
-    name: str
-    kinds: tuple[tuple[RequestKind, float], ...]
-
-    def __post_init__(self) -> None:
-        total = sum(share for _, share in self.kinds)
-        if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"mix {self.name!r}: shares sum to {total}, not 1")
+__all__ = ["CHAT", "MIXES", "RAG", "RequestKind", "RequestSpec", "WorkloadMix", "make_requests",
+           "scaled", "scale_range", "check_load"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,17 +34,6 @@ class RequestSpec:
     kind: str
     prompt_ids: tuple[int, ...]
     max_tokens: int
-
-
-RAG = RequestKind("rag", prompt_tokens=(768, 1024), output_tokens=(16, 32))
-CHAT = RequestKind("chat", prompt_tokens=(32, 96), output_tokens=(64, 128))
-
-# Sized for a 2-core CPU box running SmolLM2-135M; scale with --scale on bigger machines.
-MIXES: dict[str, WorkloadMix] = {
-    "mixed": WorkloadMix("mixed", ((RAG, 0.3), (CHAT, 0.7))),
-    "chat": WorkloadMix("chat", ((CHAT, 1.0),)),
-    "rag": WorkloadMix("rag", ((RAG, 1.0),)),
-}
 
 
 def scale_range(r: tuple[int, int], scale: float) -> tuple[int, int]:

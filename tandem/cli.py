@@ -32,6 +32,8 @@ COMMANDS = {
     "chat": ("tandem.commands.chat", "an interactive chat with a router (reads stdin)"),
     "top": ("tandem.commands.top", "a live view of every worker: load, KV, latency, transfer"),
     "bench": ("tandem.commands.bench", "a serving benchmark against a router (bench/serve.py)"),
+    "profile": ("tandem.commands.profile", "measure a worker's step costs here (for tandem plan)"),
+    "plan": ("tandem.commands.plan", "size P:D pools for a workload and SLO (simulated)"),
 }
 
 

@@ -1,0 +1,91 @@
+"""Pools over time: workers start (and join after their start-up), drain, and die.
+
+    Scale(count) up:    start count - size workers; each joins after ``startup_s``
+    Scale(count) down:  the newest go first: a starting one is cancelled, a running one
+                        drains (no new work; gone once its last request is done)
+    Failure(index):     the index-th worker ever started in the pool dies now
+
+``size`` counts workers starting or routable: draining, dead and gone ones are no longer
+the pool's.
+"""
+
+from __future__ import annotations
+
+from planner.profile import Profile
+from planner.sim.cluster import Failure, Scale
+from planner.sim.decode import DecodeWorker
+from planner.sim.events import EventQueue
+from planner.sim.prefill import PrefillWorker
+from planner.sim.router import SimRouter
+from router.membership.worker_view import Role
+
+Worker = DecodeWorker | PrefillWorker
+
+
+class Pools:
+    """Starts workers for the router and applies Failure and Scale events."""
+
+    def __init__(self, router: SimRouter, events: EventQueue, decode_profile: Profile,
+                 prefill_profile: Profile, exact_steps: bool = False) -> None:
+        self._router = router
+        self._events = events
+        self._profiles = {Role.DECODE: decode_profile, Role.PREFILL: prefill_profile}
+        self._exact = exact_steps
+        self._starting: set[Worker] = set()
+
+    def _pool(self, role: Role) -> list[Worker]:
+        router = self._router
+        return list(router.decode) if role is Role.DECODE else list(router.prefill)
+
+    def size(self, role: Role) -> int:
+        """Workers of ``role`` starting or taking work."""
+        return sum(1 for w in self._pool(role) if w.routable or w in self._starting)
+
+    def start(self, role: Role, startup_s: float) -> Worker:
+        """A new worker of ``role``; it joins ``startup_s`` from now (0: at once)."""
+        router = self._router
+        profile = self._profiles[role]
+        worker: Worker
+        if role is Role.DECODE:
+            worker = DecodeWorker(len(router.decode), profile, self._events, router,
+                                  router.holders, self._exact)
+        else:
+            worker = PrefillWorker(len(router.prefill), profile, self._events, router)
+        router.add_worker(worker)
+        if startup_s <= 0:
+            router.join(worker)
+        else:
+            self._starting.add(worker)
+            self._events.push(self._events.now + startup_s, self._join, worker)
+        return worker
+
+    def _join(self, worker: Worker, _: object) -> None:
+        if worker in self._starting:  # not cancelled or killed while starting
+            self._starting.discard(worker)
+            self._router.join(worker)
+
+    def apply(self, event: Failure | Scale, _: object = None) -> None:
+        """Handle one cluster event (an event-queue handler)."""
+        if isinstance(event, Failure):
+            pool = self._pool(event.role)
+            if event.index < len(pool):
+                worker = pool[event.index]
+                if worker in self._starting:
+                    self._starting.discard(worker)
+                    worker.dead = True
+                elif worker.routable or worker.draining:
+                    self._router.kill(worker)
+            return
+        change = event.count - self.size(event.role)
+        for _ in range(change):
+            self.start(event.role, event.startup_s)
+        for worker in reversed(self._pool(event.role)):
+            if change >= 0:
+                break
+            if worker in self._starting:
+                self._starting.discard(worker)
+                worker.draining = False
+                change += 1
+            elif worker.routable:
+                self._router.drain(worker)
+                change += 1

@@ -1,0 +1,132 @@
+"""One leg's placement: router/handoff/ledger.py's ``_place`` over the simulated pools.
+
+The inputs are built as the ledger builds them: ``cached`` (the decode worker's Reserve
+answer, each prefill candidate's cached prefix), the remote overheads RemoteOverheads has
+learnt for a push of the blocks D lacks, the fixed threshold; then placement.decide (or
+"remote": CONFIGURED) answers.
+
+Two shortcuts keep a request's cost flat in the pool size, both exact:
+
+- One RemoteOverheads per prefill worker: ``current()`` maps every worker it has seen, and
+  a request needs only its candidates' figures (each worker's fit is its own either way);
+  a worker's figure for a push size is kept until its next observation changes the fit.
+- decide weighs its first MAX_CANDIDATES prefill workers. All of them share one step cost
+  (simulate takes one prefill profile), and predict_remote's TTFT only grows with queued +
+  new tokens and with the overhead, so a candidate that an earlier one matches or beats on
+  both can be neither the fastest remote option (decide's pick inside the targets: the
+  first of the lowest TTFT) nor the first whose TTFT is under the decode gap's share of
+  the targets (its pick outside them: the first of the smallest miss); it is left out.
+
+``full=True`` (simulate's ``full_rank``) skips both, for the tests to compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from planner.sim.cluster import ClusterSpec
+from planner.sim.prefill import PrefillWorker
+from planner.sim.request import SimRequest
+from router.handoff import placement
+from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads
+from router.handoff.policy import blocks_needed
+from router.membership.worker_view import WorkerView
+
+
+class Placer:
+    """Decides where each leg's prompt is prefilled, and learns remote overheads."""
+
+    def __init__(self, cluster: ClusterSpec, prefill: Mapping[str, PrefillWorker],
+                 block_size: int, full: bool = False) -> None:
+        self._cluster = cluster
+        self._prefill = prefill
+        self._bs = block_size
+        self._full = full
+        self._remote = cluster.placement == "remote" and cluster.local_prefill_threshold == 0
+        self._shared = RemoteOverheads()  # full mode: the ledger's single instance
+        # Per prefill worker: its prefix cache's entries, its current(pushed) by pushed
+        # blocks until its next observation (None: nothing observed), its own fit.
+        self._table: dict[str, list[Any]] = {}
+
+    def place(self, req: SimRequest, dview: WorkerView, ranked: Sequence[WorkerView]
+              ) -> Placement:
+        """Where ``req``'s leg, reserved on ``dview``'s worker, is prefilled."""
+        cluster = self._cluster
+        if ranked and self._remote:
+            return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
+        if not ranked or cluster.local_prefill_threshold > 0:
+            return placement.decide(req.tokens, dview, ranked, cluster.slo,
+                                    threshold=cluster.local_prefill_threshold)
+        tokens, pushed = req.tokens, blocks_needed(req.tokens - req.d_cached, self._bs)
+        cached = {dview.endpoint: req.d_cached}
+        head = ranked[:placement.MAX_CANDIDATES]
+        if self._full:
+            if req.group >= 0:
+                for view in head:
+                    held = self._prefill[view.endpoint].cached_tokens(req)
+                    if held:
+                        cached[view.endpoint] = held
+            return placement.decide(tokens, dview, ranked, cluster.slo, cached=cached,
+                                    overhead_s=self._shared.current(pushed))
+        # The candidates' inputs, and those no earlier candidate matches on both queued
+        # work and overhead (see the module docstring).
+        overhead: dict[str, float] = {}
+        kept: list[WorkerView] = []
+        marks: list[tuple[int, float]] = []
+        table, bs = self._table, self._bs
+        group = req.group
+        cap = req.prefix if req.prefix < tokens else tokens - 1  # PrefillWorker.cached_tokens
+        cap -= cap % bs
+        for view in head:
+            endpoint = view.endpoint
+            info = table.get(endpoint) or self._info(endpoint)
+            new = tokens
+            if group >= 0:
+                blocks = info[0].get(group)
+                if blocks:
+                    held = blocks * bs if blocks * bs < cap else cap
+                    if held:
+                        cached[endpoint] = held
+                        new = tokens - held
+            extra = 0.0
+            memo = info[1]
+            if memo is not None:
+                extra = memo.get(pushed, -1.0)
+                if extra == -1.0:
+                    extra = memo[pushed] = info[2].current(pushed)[endpoint]
+                overhead[endpoint] = extra
+                if extra < 0.0:
+                    extra = 0.0
+            work = view.queued_prefill_tokens + (new if new > 1 else 1)
+            for w, e in marks:
+                if w <= work and e <= extra:
+                    break
+            else:
+                kept.append(view)
+                marks.append((work, extra))
+        return placement.decide(tokens, dview, kept, cluster.slo, cached=cached,
+                                overhead_s=overhead)
+
+    def predicted(self, req: SimRequest, p: PrefillWorker, dview: WorkerView) -> float:
+        """predict_remote's TTFT on ``p`` (what the measured time is compared against)."""
+        new = max(req.tokens - p.cached_tokens(req), 1)
+        predicted = placement.predict_remote(p.view(), dview, new)
+        return predicted.ttft_s if predicted is not None else -1.0
+
+    def learn(self, endpoint: str, req: SimRequest, measured_s: float) -> None:
+        """Fold one remote prefill's measured time into ``endpoint``'s overhead fit."""
+        if req.predicted_s < 0:
+            return
+        pushed = blocks_needed(req.tokens - req.d_cached, self._bs)
+        if self._full:
+            self._shared.observe(endpoint, measured_s, req.predicted_s, pushed)
+            return
+        info = self._table.get(endpoint) or self._info(endpoint)
+        info[2].observe(endpoint, measured_s, req.predicted_s, pushed)
+        info[1] = {}
+
+    def _info(self, endpoint: str) -> list[Any]:
+        info = self._table[endpoint] = [self._prefill[endpoint].cache.entries, None,
+                                        RemoteOverheads()]
+        return info

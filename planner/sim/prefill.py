@@ -1,0 +1,192 @@
+"""A simulated prefill worker: one FIFO queue of prompts, computed in chunked steps.
+
+A request's life here (prefill_worker/ on a real one)::
+
+    queued (FIFO)  ->  chunks, several prompts packed per step, the last one cut at the
+                       step's token budget  ->  last chunk ends: first token, KV pushed to
+                       the decode worker's reservation (router: transfer timing)
+
+Each step takes up to ``chunk_tokens`` prompt tokens and lasts
+``step.step_s(0, tokens, prefill_pairs=pairs)``, pairs = sum over its chunks of
+``n x (tokens before the chunk) + n (n + 1) / 2`` (the query-key pairs of causal attention:
+planner/fit.prefill_context). A
+prompt's first chunk skips what this worker's prefix cache holds of its group; a finished
+prompt's shared prefix (and, for a conversation, what the next turn will share) enters the
+cache. One event per step: a step's shape changes with every chunk.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from planner.profile import Profile
+from planner.sim.cache import PrefixLru
+from planner.sim.events import EventQueue
+from planner.sim.request import SimRequest
+from router.membership.worker_view import Role, WorkerView
+
+
+class PrefillHooks(Protocol):
+    """What the router hears from a prefill worker."""
+
+    def prefill_done(self, req: SimRequest, worker: PrefillWorker, at_s: float) -> None:
+        """``req``'s last chunk ended on ``worker`` at ``at_s``."""
+
+
+class PrefillWorker:
+    """One prefill worker (see the module docstring). ``index`` orders workers the way the
+    router's policies break ties (by endpoint)."""
+
+    __slots__ = ("index", "endpoint", "profile", "transfer", "kv_bytes", "_events", "_hooks",
+                 "_base", "_per_token", "_per_pair", "_shape", "_chunk", "block_size", "cache",
+                 "_queue", "depth", "queued_tokens", "busy", "_version", "_chunks",
+                 "routable", "draining", "dead", "key", "_view", "busy_s")
+
+    def __init__(self, index: int, profile: Profile, events: EventQueue,
+                 hooks: PrefillHooks) -> None:
+        self.index = index
+        self.endpoint = f"p{index:05d}"
+        self.profile = profile
+        self.transfer = profile.transfer
+        self.kv_bytes = profile.kv_bytes_per_token
+        self._events = events
+        self._hooks = hooks
+        step = profile.step
+        self._base = step.base_s
+        self._per_token = step.per_prefill_token_s
+        self._per_pair = step.per_prefill_pair_s
+        self._shape = step.shape_s  # the step before attention (a curve, or linear)
+        self._chunk = profile.chunk_tokens
+        self.block_size = profile.block_size
+        self.cache = PrefixLru(profile.kv_capacity_blocks, profile.block_size)
+        self._queue: deque[tuple[SimRequest, int]] = deque()  # (request, its leg)
+        self.depth = 0  # live jobs queued or running
+        self.queued_tokens = 0  # prompt tokens still to compute
+        self.busy = False
+        self._version = 0
+        self._chunks: list[tuple[SimRequest, int, int]] = []  # the running step's
+        self.routable = False  # in the router's pool (started, not draining, alive)
+        self.draining = False
+        self.dead = False
+        self.key: tuple[int, ...] | None = None  # its place in the router's load index
+        self._view: WorkerView | None = None
+        self.busy_s = 0.0  # seconds spent stepping
+
+    def cached_tokens(self, req: SimRequest, touch: bool = False) -> int:
+        """Prompt tokens of ``req``'s leg this worker's prefix cache holds (the last token
+        always runs)."""
+        group = req.group
+        if group < 0 or group not in self.cache.entries:
+            return 0
+        held = self.cache.tokens(group) if touch else self.cache.peek(group)
+        cap = req.prefix if req.prefix < req.tokens else req.tokens - 1
+        cap -= cap % self.block_size
+        return held if held < cap else cap
+
+    def view(self) -> WorkerView:
+        """What the router's policies see (exact: the simulator has no stale heartbeat)."""
+        view = self._view
+        if view is None:
+            capacity = self.cache.capacity
+            view = self._view = WorkerView(
+                self.endpoint, Role.PREFILL, num_waiting=self.depth,
+                num_free_blocks=capacity, num_blocks=capacity, active=self.depth,
+                step_base_s=self._base, step_per_row_s=self.profile.step.per_row_s,
+                step_per_prefill_token_s=self._per_token,
+                queued_prefill_tokens=self.queued_tokens, max_batched_tokens=self._chunk)
+        return view
+
+    def enqueue(self, req: SimRequest, at_s: float) -> None:
+        """Queue ``req``'s current leg; starts a step now if the worker is idle."""
+        est = req.tokens - self.cached_tokens(req)
+        req.job_p, req.job_done, req.job_est = self, -1, est
+        self._queue.append((req, req.leg))
+        self.depth += 1
+        self.queued_tokens += est
+        self._view = None
+        if not self.busy:
+            self._start(at_s)
+
+    def cancel(self, req: SimRequest) -> None:
+        """Drop ``req``'s job (its leg moved on); a step already running keeps its length."""
+        left = req.job_est if req.job_done < 0 else req.tokens - req.job_done
+        req.job_p = None
+        self.depth -= 1
+        self.queued_tokens -= left
+        self._view = None
+
+    def kill(self) -> list[SimRequest]:
+        """The worker dies: its live jobs, in queue order, for the router to retry."""
+        self.dead, self.routable = True, False
+        self._version += 1  # the running step never ends
+        lost = [req for req, leg in self._queue if req.leg == leg and req.job_p is self]
+        for req in lost:
+            req.job_p = None
+        self._queue.clear()
+        self.depth = self.queued_tokens = 0
+        self.busy = False
+        return lost
+
+    def _start(self, at_s: float) -> None:
+        budget = self._chunk
+        chunks: list[tuple[SimRequest, int, int]] = []
+        tokens = 0
+        attention = 0.0
+        for req, leg in self._queue:
+            if req.leg != leg or req.job_p is not self:
+                continue
+            done = req.job_done
+            if done < 0:  # its first chunk: the cache is looked up now
+                done = req.job_done = self.cached_tokens(req, touch=True)
+                actual = req.tokens - done
+                self.queued_tokens += actual - req.job_est
+                req.job_est = actual
+                self._view = None
+            n = req.tokens - done
+            if n > budget:
+                n = budget
+            chunks.append((req, leg, n))
+            tokens += n
+            attention += n * done + n * (n + 1) / 2
+            budget -= n
+            if budget == 0:
+                break
+        if not chunks:
+            self.busy = False
+            return
+        self.busy = True
+        self._chunks = chunks
+        self._version += 1
+        step_s = self._shape(0, tokens) + self._per_pair * attention
+        self.busy_s += step_s
+        self._events.push(at_s + step_s, self._end, self._version)
+
+    def _end(self, version: int, _: object) -> None:
+        if version != self._version:
+            return
+        now = self._events.now
+        done: list[SimRequest] = []
+        for req, leg, n in self._chunks:
+            if req.leg != leg or req.job_p is not self:
+                continue  # cancelled mid-step: its tokens were already taken off
+            req.job_done += n
+            self.queued_tokens -= n
+            if req.job_done >= req.tokens:
+                done.append(req)
+        cache = self.cache
+        for req in done:
+            req.job_p = None
+            self.depth -= 1
+            cache.insert(req.group, req.prefix)
+            if req.next_group >= 0:
+                cache.insert(req.next_group, min(req.next_prefix, req.prompt))
+        queue = self._queue
+        while queue and (queue[0][0].leg != queue[0][1] or queue[0][0].job_p is not self):
+            queue.popleft()
+        self._view = None
+        self.busy = False
+        if self.depth > 0:
+            self._start(now)
+        for req in done:
+            self._hooks.prefill_done(req, self, now)

@@ -1,0 +1,48 @@
+"""bench/profile_engine.py and ``tandem profile``: a measured profile of a real (tiny) engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.profile_engine import ProfileOptions, profile_engine
+from planner.profile import Profile
+from tandem.commands.profile import main as profile_main
+
+
+def test_profile_of_a_tiny_engine_is_fitted_from_its_own_steps(make_engine, tiny_dir) -> None:
+    engine = make_engine(model=str(tiny_dir()), max_num_seqs=8, max_num_batched_tokens=256,
+                         num_blocks=64)
+    profile = profile_engine(engine, ProfileOptions(quick=True, transfer=False), label="tiny")
+    assert profile.source == "measured" and profile.model == "tiny"
+    assert profile.chunk_tokens == 256 and profile.max_num_seqs == 8
+    assert profile.kv_capacity_tokens == 64 * 16 and profile.block_size == 16
+    # 2 layers x (K + V) x 2 kv heads x 16 dims x 4 bytes (fp32)
+    assert profile.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    c = profile.step
+    assert min(c.base_s, c.per_row_s, c.per_prefill_token_s, c.per_context_token_s) >= 0
+    assert c.base_s + c.per_prefill_token_s > 0
+    steps = profile.samples["steps"]
+    assert len(steps) >= 10  # prefill, decode and mixed shapes, each timed
+    assert any(rows == 0 and tokens > 0 for rows, tokens, *_ in steps)
+    assert any(rows > 0 and tokens == 0 for rows, tokens, *_ in steps)
+    assert any(rows > 0 and tokens > 0 for rows, tokens, *_ in steps)
+    assert not engine.has_unfinished()
+
+
+def test_tandem_profile_writes_a_loadable_profile(tiny_dir, tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    rc = profile_main(["--model", str(tiny_dir()), "--quick", "--no-transfer", "--out", str(out),
+                       "--max-num-seqs", "4",
+                       "--max-num-batched-tokens", "128", "--num-blocks", "32"])
+    assert rc == 0
+    loaded = Profile.load(out)
+    assert loaded.chunk_tokens == 128 and loaded.kv_capacity_tokens == 32 * 16
+    assert json.loads(out.read_text())["schema"] == "tandem.profile/1"
+
+
+def test_tandem_profile_refuses_a_missing_model(tmp_path: Path, capsys) -> None:
+    rc = profile_main(["--model", str(tmp_path / "nope"), "--out", str(tmp_path / "p.json")])
+    assert rc == 2
+    assert "nope" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
