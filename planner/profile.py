@@ -119,6 +119,12 @@ class Profile:
     max_num_seqs: int = 256
     block_size: int = 16
     gpus_per_worker: int = 1
+    # What serving adds to the engine alone (0 until calibrated against a real run:
+    # bench/planner_validation.py --calibrate): seconds on every step of this worker (the
+    # worker loop, token streaming, and on a shared CPU the other processes' claim on its
+    # cores), and on every request's first token (the router's RPCs and the client hop).
+    serving_step_s: float = 0.0
+    serving_request_s: float = 0.0
     source: str = "measured"  # "measured" or "roofline"
     notes: str = ""
     # Raw measurements behind the fit (measured profiles): kept for review, not read here.
@@ -132,6 +138,8 @@ class Profile:
             raise ProfileError("a step must cost something (base_s or per_prefill_token_s > 0)")
         if self.transfer.bandwidth_bytes_per_s <= 0 or self.transfer.latency_s < 0:
             raise ProfileError("transfer bandwidth must be > 0 and latency >= 0")
+        if self.serving_step_s < 0 or self.serving_request_s < 0:
+            raise ProfileError("serving overheads must be >= 0")
         for name in ("kv_bytes_per_token", "kv_capacity_tokens", "chunk_tokens",
                      "max_num_seqs", "block_size", "gpus_per_worker"):
             if getattr(self, name) < 1:

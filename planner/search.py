@@ -122,9 +122,11 @@ def _grow(ev: _Evaluator, kind: str, p: int, d: int) -> tuple[int, int] | None:
     return None
 
 
-def _fewest(ok: Callable[[int], bool], lo: int, hi: int) -> int:
-    """The smallest n in [lo, hi] with ok(n), given ok(hi) and monotone ok."""
-    while lo < hi:
+def _fewest(ok: Callable[[int], bool], lo: int, hi: int, steps: int = 64) -> int:
+    """The smallest n in [lo, hi] with ok(n), given ok(hi) and monotone ok (within
+    ``steps`` bisection steps: then the smallest n known to pass)."""
+    while lo < hi and steps > 0:
+        steps -= 1
         mid = (lo + hi) // 2
         if ok(mid):
             hi = mid
@@ -206,15 +208,26 @@ def _search(inputs: PlanInputs, ev: _Evaluator, sizing: Sizing, rate: float,
     return winners
 
 
-def _scale_up(full: _Evaluator, cand: Candidate, k: float) -> Candidate:
-    """A cell's winner at k x its size, checked on the whole trace (grown while it misses:
-    pooling usually makes the bigger cluster do better, not worse)."""
+def _scale_up(full: _Evaluator, cand: Candidate, k: float, trim_steps: int) -> Candidate:
+    """A cell's winner at k x its size, checked on the whole trace: grown while it misses,
+    then, with ``trim_steps`` > 0, each pool trimmed by up to 20% (that many bisection steps,
+    a whole-trace simulation each) while it still meets the target: pooling usually makes
+    the whole cluster do better than its cells."""
     p = math.ceil(cand.prefill * k) if cand.kind == "disaggregated" else 0
     d = math.ceil(cand.decode * k)
     full.progress(f"{cand.kind}: the cell's P={cand.prefill} D={cand.decode} x{k:.2f} on the "
                   "whole trace")
-    grown = _grow(full, cand.kind, p, d) or (p, d)
-    big = full.run(cand.kind, *grown)
+    grown = _grow(full, cand.kind, p, d)
+    if grown is not None and trim_steps > 0:  # the cell is pessimistic: trim the whole pool
+        p, d = grown
+        d = _fewest(lambda n: full.run(cand.kind, p, n).feasible, math.floor(d * 0.8) or 1, d,
+                    trim_steps)
+        if cand.kind == "disaggregated":
+            p = _fewest(lambda n: full.run(cand.kind, n, d).feasible,
+                        math.floor(p * 0.8) or 1, p, trim_steps)
+    elif grown is not None:
+        p, d = grown
+    big = full.run(cand.kind, p, d)
     big.goodput_rps = None if cand.goodput_rps is None else cand.goodput_rps * k
     big.curve = [(r * k, a) for r, a in cand.curve]
     return big
@@ -222,12 +235,13 @@ def _scale_up(full: _Evaluator, cand: Candidate, k: float) -> Candidate:
 
 def plan(inputs: PlanInputs, progress: Callable[[str], None] = lambda _: None,
          curve_factors: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0),
-         max_cell_workers: int = 48) -> Plan:
+         max_cell_workers: int = 48, trim_steps: int = 0) -> Plan:
     """Search for the cheapest disaggregated and colocated configurations (module docstring).
 
     A deployment the sizing puts above ``max_cell_workers`` is searched on a cell: the
     trace thinned to 1/k of its requests (k = sized workers / max_cell_workers), the cell's
-    winners scaled by k and then simulated once on the whole trace, grown if they miss.
+    winners scaled by k, then simulated on the whole trace: grown if they miss (and with
+    ``trim_steps``, trimmed by up to 20% per pool if they have room).
     Goodput and curves are the cell's, times k. This is where the planner aggregates: the
     cell has the full cluster's per-worker load but fewer workers to balance it over, so it
     is, if anything, pessimistic.
@@ -250,7 +264,8 @@ def plan(inputs: PlanInputs, progress: Callable[[str], None] = lambda _: None,
                  f"{cell_mix.rate:.2f} req/s)")
         cell = _Evaluator(replace(inputs, trace=cell_trace), progress)
         found = _search(cell.inputs, cell, cell_sizing, cell_mix.rate, curve_factors)
-        winners = {kind: None if c is None else _scale_up(full, c, mix.rate / cell_mix.rate)
+        winners = {kind: None if c is None else
+                   _scale_up(full, c, mix.rate / cell_mix.rate, trim_steps)
                    for kind, c in found.items()}
         cell_sims = cell.simulations
     evaluated = sorted((c for key, c in full.cache.items() if key[3] == 1.0),

@@ -25,6 +25,7 @@ from tandem.engine_flags import (
     router_engine_argv,
     worker_engine_argv,
 )
+from tandem.invocation import tandem_command
 from tandem.local_cluster import Cluster
 
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         router = cluster.start("router", "--port", str(args.port), "--decode", decode.grpc,
                                *prefill_flags, "--http-port", str(_http_port(args)),
                                *router_argv(args, model_dir))
-        example = "tandem generate --chat --target " + shlex.quote(router.grpc)
+        example = f"{tandem_command()} generate --chat --target " + shlex.quote(router.grpc)
         http = str(router.info.get("http", ""))
         print(f"\nTandem is serving {args.model_name or args.model} on grpc://{router.grpc}",
               flush=True)

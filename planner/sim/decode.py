@@ -68,7 +68,12 @@ class DecodeWorker:
         self._base, self._per_row = step.base_s, step.per_row_s
         self._per_token, self._per_ctx = step.per_prefill_token_s, step.per_context_token_s
         self._per_pair = step.per_prefill_pair_s
-        self._shape = step.shape_s  # the step before attention (a curve, or linear)
+        serving = profile.serving_step_s  # the served loop's cost on top of the engine's
+
+        def shape(rows: int, tokens: int) -> float:  # the step before attention
+            return step.shape_s(rows, tokens) + serving
+
+        self._shape = shape
         self._chunk, self._cap = profile.chunk_tokens, profile.max_num_seqs
         self.block_size = profile.block_size
         self._rows: list[tuple[int, int, SimRequest]] = []  # (finish step, seq, request)

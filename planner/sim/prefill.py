@@ -56,7 +56,12 @@ class PrefillWorker:
         self._base = step.base_s
         self._per_token = step.per_prefill_token_s
         self._per_pair = step.per_prefill_pair_s
-        self._shape = step.shape_s  # the step before attention (a curve, or linear)
+        serving = profile.serving_step_s  # the served loop's cost on top of the engine's
+
+        def shape(rows: int, tokens: int) -> float:  # the step before attention
+            return step.shape_s(rows, tokens) + serving
+
+        self._shape = shape
         self._chunk = profile.chunk_tokens
         self.block_size = profile.block_size
         self.cache = PrefixLru(profile.kv_capacity_blocks, profile.block_size)

@@ -41,8 +41,9 @@ class SimRouter:
     """Places requests on the simulated pools and hears back from the workers."""
 
     def __init__(self, cluster: ClusterSpec, events: EventQueue, block_size: int,
-                 full_rank: bool = False) -> None:
+                 full_rank: bool = False, request_overhead_s: float = 0.0) -> None:
         self._cluster = cluster
+        self._request_overhead = request_overhead_s  # serving's extra on a first token
         self._events = events
         self._bs = block_size
         self._full = full_rank
@@ -245,7 +246,7 @@ class SimRouter:
     def first_token(self, req: SimRequest, at_s: float) -> None:
         """A leg's first token reached the router at ``at_s``."""
         if req.sent == 0:
-            req.first_token_s = at_s
+            req.first_token_s = at_s + self._request_overhead
         req.sent += 1
         req.leg_token_s = at_s
 

@@ -64,7 +64,8 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
     if p_profile.block_size != profile.block_size:
         raise ValueError("prefill and decode profiles must share a block size")
     queue = EventQueue()
-    router = SimRouter(cluster, queue, profile.block_size, full_rank)
+    router = SimRouter(cluster, queue, profile.block_size, full_rank,
+                       request_overhead_s=profile.serving_request_s)
     pools = Pools(router, queue, profile, p_profile, exact_steps)
     for _ in range(cluster.prefill_workers):
         pools.start(Role.PREFILL, 0.0)

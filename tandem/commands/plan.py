@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attainment", type=float, default=0.9,
                    help="share of requests inside both targets")
     s.add_argument("--placement", default="adaptive", choices=["adaptive", "remote"])
+    p.add_argument("--trim-steps", type=int, default=0,
+                   help="large plans: bisection steps trimming the scaled-up winner on the "
+                        "whole trace (each a whole-trace simulation; 0: keep the cell's)")
     p.add_argument("--out", type=Path, default=None, help="write plan.json/.png, values.yaml")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
@@ -144,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"prefill {prefill.model} on {prefill.device} ({prefill.source}), "
         f"decode {decode.device} ({decode.source})")
     inputs = PlanInputs(prefill, decode, colocated, trace, slo, args.attainment, args.placement)
-    result = plan(inputs, say)
+    result = plan(inputs, say, trim_steps=max(args.trim_steps, 0))
     print(table(result))
     print()
     print(verdict(result))

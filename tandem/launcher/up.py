@@ -35,6 +35,7 @@ from tandem.engine_flags import (
     router_engine_argv,
     worker_engine_argv,
 )
+from tandem.invocation import tandem_command
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
 
 
@@ -263,7 +264,8 @@ def _announce(spec: LaunchSpec, status: dict[str, object]) -> None:
     router = status["router"]
     assert isinstance(router, dict)
     grpc_ep, http_ep = router["grpc"], router.get("http")
-    example = f"tandem generate --chat --target {shlex.quote(grpc_ep)} \"Write a haiku about the sea\""
+    example = (f"{tandem_command()} generate --chat --target {shlex.quote(grpc_ep)} "
+               "\"Write a haiku about the sea\"")
     print(f"\nTandem is serving {spec.model} on Ray (namespace {spec.namespace})", flush=True)
     print(f"  gRPC:  {grpc_ep}", flush=True)
     if http_ep:

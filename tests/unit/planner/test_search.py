@@ -113,6 +113,9 @@ def test_gpus_count_every_worker_of_its_size(gpus: int) -> None:
 def test_a_large_deployment_is_searched_on_a_cell_and_checked_whole() -> None:
     inputs = _inputs(rate=40.0)
     result = plan(inputs, max_cell_workers=4)
+    trimmed = plan(inputs, max_cell_workers=4, trim_steps=3).best
+    assert trimmed is not None and trimmed.feasible
+    assert result.best is not None and trimmed.gpus <= result.best.gpus
     best = result.best
     assert best is not None and best.feasible
     # the winner was simulated on the whole trace, not only on the cell

@@ -84,3 +84,18 @@ def test_one_token_request_finishes_at_its_first_token() -> None:
     o = result.outcomes[0]
     assert o.completed and o.tpot_s == 0.0 and o.e2e_s == o.ttft_s
     assert_clean(result)
+
+
+def test_serving_overheads_add_to_every_step_and_to_the_first_token() -> None:
+    from dataclasses import replace
+
+    plain = profile()
+    served = replace(plain, serving_step_s=0.004, serving_request_s=0.05)
+    a = simulate(LOCAL, plain, [req(0.0, 100, 5)]).outcomes[0]
+    result = simulate(LOCAL, served, [req(0.0, 100, 5)])
+    assert_clean(result)
+    b = result.outcomes[0]
+    assert b.ttft_s == pytest.approx(a.ttft_s + 0.004 + 0.05, abs=1e-12)  # 1 step + request
+    # four decode steps, each 4 ms longer; the first token reached the client 50 ms late
+    assert b.e2e_s == pytest.approx(a.e2e_s + 5 * 0.004, abs=1e-12)
+    assert b.tpot_s == pytest.approx((b.e2e_s - b.ttft_s) / 4, abs=1e-12)
