@@ -41,6 +41,7 @@ COPY router router
 COPY tandem tandem
 COPY protos protos
 COPY autoscaler autoscaler
+COPY planner planner
 COPY bench bench
 COPY scripts scripts
 RUN pip install --no-cache-dir . "ray[default]==${RAY_VERSION}" \
