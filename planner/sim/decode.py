@@ -51,7 +51,7 @@ class DecodeWorker:
                  "block_size", "_rows", "rows", "_ctx", "_n0", "_t0", "ready", "_local",
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
                  "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s", "routable",
-                 "draining", "dead", "key")
+                 "draining", "dead", "key", "streamed", "_join_sum")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue, hooks: DecodeHooks,
                  holders: dict[int, set[Any]], exact: bool = False) -> None:
@@ -97,6 +97,8 @@ class DecodeWorker:
         self.row_s = 0.0
         self.routable = self.draining = self.dead = False
         self.key: tuple[int, ...] | None = None
+        self.streamed = 0  # tokens the rows that left the batch produced here
+        self._join_sum = 0  # the running rows' join steps, summed
 
     # -- what the router sees and does -------------------------------------------------
 
@@ -148,10 +150,13 @@ class DecodeWorker:
         if self._busy and self._chunks is None:
             k = steps_by(at_s - self._t0, *self._plain(), self._wake_n - self._n0)
         for finish, _, req in self._rows:
+            before = req.sent
             req.sent += self._n0 + k - req.join_step
             if finish <= self._n0 + k:  # its last step ended at ``at_s`` exactly
                 req.sent = req.output
                 req.finish_s = self._t0 + self._span(finish - self._n0)
+            self.streamed += req.sent - before
+        self._join_sum = 0
         lost = [r for r in self.requests.values() if r.sent < r.output]
         done = [r for r in self.requests.values() if r.sent >= r.output]
         for req in done:  # a one-token request's only token is out: nothing to migrate
@@ -165,6 +170,22 @@ class DecodeWorker:
         self._local.clear()
         self.blocks.forget_all()
         return lost, done
+
+    def tokens_streamed(self, at_s: float) -> int:
+        """Tokens this worker's batch has produced by ``at_s`` (``at_s`` >= the last
+        boundary handled): rows that left, plus the running rows' steps ended by then."""
+        k = 0
+        if self._busy and self._chunks is None and not self.dead:
+            k = steps_by(at_s - self._t0, *self._plain(), self._wake_n - self._n0)
+        return self.streamed + self.rows * (self._n0 + k) - self._join_sum
+
+    def token_gap_s(self) -> float | None:
+        """The running step's length (the gap between a row's tokens); None: no rows."""
+        if self.rows == 0:
+            return None
+        if self._chunks is not None:
+            return self._chunk_step_s
+        return self._plain()[0]
 
     # -- stepping ------------------------------------------------------------------------
 
@@ -248,6 +269,8 @@ class DecodeWorker:
                 i = bisect_left(idx, req.join_step)
                 if i < len(val) and val[i] > req.itl_max_s:
                     req.itl_max_s = val[i]
+                self.streamed += req.output - req.sent
+                self._join_sum -= req.join_step
                 req.sent = req.output
                 hooks.finished(req, self, now)
         if local_done is not None:
@@ -268,6 +291,7 @@ class DecodeWorker:
                 req = ready.popleft()
                 ctx = req.join_ctx = req.prompt + req.sent
                 req.join_step = n
+                self._join_sum += n
                 self._seq += 1
                 heapq.heappush(rows, (n + req.output - req.sent, self._seq, req))
                 self.rows += 1

@@ -41,6 +41,10 @@ class Pools:
         """Workers of ``role`` starting or taking work."""
         return sum(1 for w in self._pool(role) if w.routable or w in self._starting)
 
+    def members(self, role: Role) -> list[Worker]:
+        """The workers ``size`` counts, in start order."""
+        return [w for w in self._pool(role) if w.routable or w in self._starting]
+
     def start(self, role: Role, startup_s: float) -> Worker:
         """A new worker of ``role``; it joins ``startup_s`` from now (0: at once)."""
         router = self._router

@@ -41,7 +41,7 @@ class PrefillWorker:
     __slots__ = ("index", "endpoint", "profile", "transfer", "kv_bytes", "_events", "_hooks",
                  "_base", "_per_token", "_per_pair", "_shape", "_chunk", "block_size", "cache",
                  "_queue", "depth", "queued_tokens", "busy", "_version", "_chunks",
-                 "routable", "draining", "dead", "key", "_view", "busy_s")
+                 "routable", "draining", "dead", "key", "_view", "busy_s", "done_log")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue,
                  hooks: PrefillHooks) -> None:
@@ -77,6 +77,8 @@ class PrefillWorker:
         self.key: tuple[int, ...] | None = None  # its place in the router's load index
         self._view: WorkerView | None = None
         self.busy_s = 0.0  # seconds spent stepping
+        # (end, seconds since queued, prompt tokens) of every prefill done, in order
+        self.done_log: list[tuple[float, float, int]] = []
 
     def cached_tokens(self, req: SimRequest, touch: bool = False) -> int:
         """Prompt tokens of ``req``'s leg this worker's prefix cache holds (the last token
@@ -106,6 +108,7 @@ class PrefillWorker:
         """Queue ``req``'s current leg; starts a step now if the worker is idle."""
         est = req.tokens - self.cached_tokens(req)
         req.job_p, req.job_done, req.job_est = self, -1, est
+        req.job_queued_s = at_s
         self._queue.append((req, req.leg))
         self.depth += 1
         self.queued_tokens += est
@@ -180,9 +183,11 @@ class PrefillWorker:
             if req.job_done >= req.tokens:
                 done.append(req)
         cache = self.cache
+        log = self.done_log
         for req in done:
             req.job_p = None
             self.depth -= 1
+            log.append((now, now - req.job_queued_s, req.tokens))
             cache.insert(req.group, req.prefix)
             if req.next_group >= 0:
                 cache.insert(req.next_group, min(req.next_prefix, req.prompt))

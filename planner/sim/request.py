@@ -44,6 +44,7 @@ class SimRequest:
     job_p: PrefillWorker | None = None  # the prefill worker with this leg's job queued
     job_done: int = -1  # tokens of ``tokens`` computed (-1: the job has not started)
     job_est: int = 0  # tokens the job was expected to compute when queued
+    job_queued_s: float = 0.0  # when the job was queued on its prefill worker
     p_attempts: int = 0  # remote prefill attempts of this leg
     dispatch_s: float = 0.0
     predicted_s: float = -1.0  # placement.predict_remote's TTFT of the chosen prefill worker

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from planner.profile import Profile
 from planner.sim.cluster import ClusterSpec, Failure, Scale
@@ -51,13 +51,19 @@ def _outcome(r: SimRequest) -> RequestOutcome:
 
 def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceRequest], *,
              prefill_profile: Profile | None = None, events: Sequence[Failure | Scale] = (),
-             exact_steps: bool = False, full_rank: bool = False) -> SimResult:
+             exact_steps: bool = False, full_rank: bool = False,
+             on_tick: Callable[[float, SimRouter, Pools], None] | None = None,
+             tick_s: float = 0.0) -> SimResult:
     """Serve ``trace`` on ``cluster`` (decode workers on ``profile``, prefill workers on
     ``prefill_profile`` or the same) with ``events`` applied at their times.
 
     ``exact_steps`` wakes decode workers every step instead of at batch changes, and
     ``full_rank`` hands the router's policies every worker instead of the candidates that
     can win: both are slow references for the tests, with the same results.
+
+    ``on_tick(now, router, pools)`` (with ``tick_s`` > 0) is called at 0, ``tick_s``,
+    ``2 tick_s``, ... while arrivals or events are pending: a controller's hook that reads
+    the workers and may apply events at once (``pools.apply(Scale(now, ...))``).
     """
     started = time.perf_counter()
     p_profile = prefill_profile or profile
@@ -75,6 +81,17 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
         queue.push(event.at_s, pools.apply, event)
     reqs = _requests(trace, profile.block_size)
     order = sorted(reqs, key=lambda r: r.arrival_s)
+    if on_tick is not None:
+        if not tick_s > 0:
+            raise ValueError("tick_s must be > 0 with on_tick")
+        last_arrival = order[-1].arrival_s if order else 0.0
+
+        def tick(_a: object, _b: object) -> None:
+            on_tick(queue.now, router, pools)
+            if len(queue) > 0 or queue.now <= last_arrival:
+                queue.push(queue.now + tick_s, tick)
+
+        queue.push(0.0, tick)
 
     queue.run([r.arrival_s for r in order], lambda i: router.arrive(order[i]))
     leaked = sum(d.blocks.leaked() + len(d.requests) for d in router.decode if not d.dead)
