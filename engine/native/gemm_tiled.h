@@ -141,7 +141,12 @@ void linear_tiled_kind(const Lin& w, const float* x, int rows, float* y, int ldy
   {
     alignas(32) float rowbuf[PANEL_N * PANEL_K];  // 16 weight rows of one k window
     alignas(32) float panel[PANEL_K * PANEL_N];   // the same, transposed: [k][16]
-#pragma omp for schedule(static)
+    // Panels are handed out one at a time, not split up front: on a machine whose cores
+    // other processes share (a prefill worker beside a decode worker), a thread the kernel
+    // preempts then holds up one panel instead of half the layer while its partners wait at
+    // the barrier. Each panel is computed by one thread either way, so results do not depend
+    // on the schedule.
+#pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < panels; ++t) {
       const int n0 = t * PANEL_N, nr = std::min(PANEL_N, w.n - n0);
       for (int k0 = 0; k0 < k; k0 += PANEL_K) {

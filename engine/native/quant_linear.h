@@ -265,7 +265,10 @@ inline void dot_block(const Lin& w, int n, const float* xf, const QuantRows& x, 
 template <int Kind>
 void linear_kind(const Lin& w, const float* xf, const QuantRows& x, int rows, float* y, int ldy,
                  bool accumulate, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
+  // Output rows in chunks of ~1/8 of a thread's share, taken as threads free up (see
+  // linear_tiled_kind: a preempted thread delays one chunk, not its whole half).
+  const int chunk = std::max(8, w.n / (8 * std::max(1, threads)));
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk)
   for (int n = 0; n < w.n; ++n) {
     const float bias = w.bias ? w.bias[n] : 0.f;
     for (int r0 = 0; r0 < rows; r0 += MAX_ROW_BLOCK) {
