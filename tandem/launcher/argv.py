@@ -40,10 +40,11 @@ def credential_argv(cluster_secret: str) -> list[str]:
 def worker_argv(spec: LaunchSpec, role: str, model: str) -> list[str]:
     """Engine flags of ``tandem prefill|decode`` (the actor adds host, ports, router, id);
     ``spec.worker_args`` (the engine flags ``tandem up`` was given, then its ``--worker-arg``s)
-    come last, so a ``--device`` given wins over the one a GPU request implies."""
+    come after the implied ones, so a ``--device`` given wins over the one a GPU request
+    implies, and the role's own (``--prefill-arg`` / ``--decode-arg``) come last."""
     argv = ["--model", model]
     if spec.threads is not None:
         argv += ["--threads", str(spec.threads)]
     if spec.gpus(role) > 0:
         argv += ["--device", "cuda"]
-    return argv + list(spec.worker_args)
+    return argv + list(spec.worker_args) + list(spec.role_args(role))

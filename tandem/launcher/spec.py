@@ -29,7 +29,8 @@ class LaunchSpec:
 
     ``worker_args`` / ``router_args`` are extra flags passed verbatim to the standalone
     commands' parsers (``tandem prefill|decode`` and ``tandem router``), so every flag those
-    commands have works here too. ``resources`` are Ray custom resources every worker asks for.
+    commands have works here too; ``prefill_args`` / ``decode_args`` go to one role's workers
+    only, after ``worker_args``. ``resources`` are Ray custom resources every worker asks for.
     """
 
     model: str = "smollm2"
@@ -47,6 +48,8 @@ class LaunchSpec:
     threads: int | None = None
     worker_args: tuple[str, ...] = ()
     router_args: tuple[str, ...] = ()
+    prefill_args: tuple[str, ...] = ()
+    decode_args: tuple[str, ...] = ()
     namespace: str = NAMESPACE
     detach: bool = False
     max_restarts: int = 3
@@ -89,6 +92,10 @@ class LaunchSpec:
     def gpus(self, role: str) -> float:
         """GPUs one worker of ``role`` asks for."""
         return self.prefill_gpus if role == "prefill" else self.decode_gpus
+
+    def role_args(self, role: str) -> tuple[str, ...]:
+        """The extra flags of ``role``'s workers alone (``--prefill-arg`` / ``--decode-arg``)."""
+        return self.prefill_args if role == "prefill" else self.decode_args
 
     def bundle(self, role: str) -> dict[str, float]:
         """The Ray resource bundle of one worker of ``role`` (placement groups, autoscaler)."""

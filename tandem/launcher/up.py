@@ -2,7 +2,8 @@
 
     tandem up [--model smollm2] [--prefill 1] [--decode 1] [--port 50051] [--http-port 8000]
               [--address ADDR] [--prefill-gpus G] [--decode-gpus G] [--cpus-per-worker C]
-              [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T] ...
+              [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T]
+              [--worker-arg F] [--prefill-arg F] [--decode-arg F] [--router-arg F] ...
 
 Starts the router, prefill and decode workers as Ray actors (the same servers as the
 standalone commands, in-process), waits until every worker serves and is registered, prints
@@ -83,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads per worker engine (default on a local instance: the "
                         "machine's cores divided among the workers; on a cluster: torch's)")
     add_passthrough_args(p, g)
+    g.add_argument("--prefill-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for prefill workers only, after --worker-arg (repeat)")
+    g.add_argument("--decode-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for decode workers only, after --worker-arg (repeat)")
+    p.passthrough("--prefill-arg", "--decode-arg")
     add_launcher_engine_args(p)
     g = p.add_argument_group("autoscaling")
     g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
@@ -112,7 +118,9 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         threads=args.threads,
         # Engine flags first, the escape hatches last: a --worker-arg given wins.
         worker_args=(*worker_engine_argv(args), *args.worker_arg),
-        router_args=(*router_engine_argv(args), *args.router_arg), namespace=args.namespace, detach=args.detach,
+        router_args=(*router_engine_argv(args), *args.router_arg),
+        prefill_args=tuple(args.prefill_arg), decode_args=tuple(args.decode_arg),
+        namespace=args.namespace, detach=args.detach,
         max_restarts=args.max_restarts, pack_pairs=not args.no_pack,
         signal_window_s=window, ready_timeout_s=args.ready_timeout, autoscale=autoscale,
         cluster_secret=_cluster_secret(args), insecure=args.insecure,

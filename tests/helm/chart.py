@@ -3,8 +3,11 @@
 - ``render(values_file)``: helm-python-sdk (the Helm Go SDK through ctypes; no helm binary,
   no cluster) renders every template; the result is each template's text, by path.
 - ``golden_text``: the stable text a golden file holds (templates sorted, NOTES included; the
-  cluster credential the chart generates, random on every offline render, as a placeholder).
+  cluster credential the chart generates, random on every offline render, and the `helm test`
+  script, a file of the chart, as placeholders).
 - ``pod_specs`` / ``processes``: every pod template, and every Tandem command line, of a render.
+- ``launched``: every router and worker a render starts, with the flags it really gets (in
+  ray mode through ``tandem up``'s own code), parsed by its real parser.
 - ``validate(obj)``: core kinds with kubernetes-validate in strict mode; custom kinds with
   jsonschema against their CRD's openAPIV3Schema from ``tests/helm/crds`` (copies of ``../shared/k8s-crds``), made strict the
   way the API server is (an unknown field is an error, not silently pruned).
@@ -12,10 +15,14 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
+import contextlib
 import copy
 import functools
 import hashlib
+import importlib
+import io
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +84,25 @@ def golden_text(rendered: dict[str, str]) -> str:
         body = "\n".join(line.rstrip() for line in rendered[path].strip("\n").splitlines())
         if body.strip():
             parts.append(f"# Source: {path}\n{body}\n")
-    text = "---\n".join(parts)
+    text = "---\n".join(parts).replace(_hook_script_block(), f"{HOOK_INDENT}{HOOK_SCRIPT_TEXT}")
     secret = generated_credential(rendered)
     if secret is not None:  # offline, lookup finds no Secret: a new random one every render
         text = text.replace(base64.b64encode(secret.encode()).decode(), GENERATED_SECRET)
         text = text.replace(hashlib.sha256(secret.encode()).hexdigest(), GENERATED_CHECKSUM)
     return text
+
+
+# The `helm test` Pod runs this file, rendered into its command (checked there by a test); a
+# golden file holds a placeholder instead of a copy.
+HOOK_SCRIPT = CHART / "files" / "completion_check.py"
+HOOK_SCRIPT_TEXT = "<the text of files/completion_check.py>"
+HOOK_INDENT = " " * 10
+
+
+def _hook_script_block() -> str:
+    """The script as the test Pod's command holds it, lines stripped as golden files are."""
+    return "\n".join((HOOK_INDENT + line).rstrip()
+                     for line in HOOK_SCRIPT.read_text().splitlines())
 
 
 def generated_credential(rendered: dict[str, str]) -> str | None:
@@ -156,27 +176,76 @@ def processes(objs: list[dict[str, Any]]) -> list[Process]:
     return out
 
 
-def parse_command_lines(objs: list[dict[str, Any]]) -> int:
-    """Parse every Tandem command line with the real CLI that receives it (``tandem up``'s
-    --router-arg/--worker-arg with the router's and the workers'); an unknown flag raises
-    AssertionError. Returns how many command lines were parsed."""
-    from decode_worker.cli import build_parser as decode_parser
-    from prefill_worker.cli import build_parser as prefill_parser
-    from router.cli import build_parser as router_parser
-    from tandem.launcher.up import build_parser as up_parser
+def hook_pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one `helm test` Pod of a render."""
+    (pod,) = [o for o in objs if o["kind"] == "Pod"
+              and o["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    return pod
 
-    parsers = {"router": router_parser, "prefill": prefill_parser, "decode": decode_parser}
-    procs = processes(objs)
-    for proc in procs:
+
+def container_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The plain ``value`` environment of a Pod's first container."""
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+
+
+ROLE_PARSERS = {
+    "router": ("router.cli", []),
+    "prefill": ("prefill_worker.cli", ["--port", "0"]),
+    "decode": ("decode_worker.cli", ["--port", "0", "--kv-port", "0"]),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A process a render starts, as its own parser reads the flags it really gets:
+    ``role`` router|prefill|decode, ``kind`` the object that starts it (Deployment or
+    RayCluster), ``args`` the parsed flags."""
+
+    role: str
+    kind: str
+    args: argparse.Namespace
+
+
+def launched(objs: list[dict[str, Any]]) -> list[Launched]:
+    """Every router and worker the objects start, parsed by the real CLI of each. A Deployment's
+    container runs ``tandem <role>`` with its args; the Ray head runs ``tandem up``, parsed by
+    its own parser and turned into each process's flags by its own code (``spec_from_args``,
+    ``router_argv``, ``worker_argv``: what the actors receive). An unknown flag, or a ``tandem
+    up`` that would refuse to start, raises AssertionError."""
+    out = []
+    for proc in processes(objs):
         if proc.command == "up":
-            up = _parse(up_parser(), proc.argv)
-            _parse(router_parser(), ["--tokenizer", "t", *up.router_arg])
-            _parse(prefill_parser(), ["--port", "0", *up.worker_arg])
-            _parse(decode_parser(), ["--port", "0", "--kv-port", "0", *up.worker_arg])
+            out += _launched_by_up(proc.argv)
         else:
             assert proc.command == proc.component, proc
-            _parse(parsers[proc.component](), proc.argv)
-    return len(procs)
+            out.append(Launched(proc.component, proc.kind, _parse_role(proc.component, proc.argv)))
+    return out
+
+
+def _launched_by_up(argv: list[str]) -> list[Launched]:
+    from tandem.launcher.argv import router_argv, worker_argv
+    from tandem.launcher.up import _check_public_bind, build_parser, spec_from_args
+
+    args = _parse(build_parser(), argv)
+    # tandem up reads the credential file and hands each actor a copy of its own; what the
+    # processes are told apart from it is what is checked here.
+    args.cluster_secret_file, args.insecure = None, True
+    with contextlib.redirect_stderr(io.StringIO()):  # its --insecure warning
+        spec = spec_from_args(args, None)
+    try:
+        _check_public_bind(spec)
+    except ValueError as exc:
+        raise AssertionError(f"tandem up refuses to start: {exc}") from exc
+    out = [Launched("router", "RayCluster", _parse_role("router", router_argv(spec, "/model")))]
+    for role in ("prefill", "decode"):
+        out.append(Launched(role, "RayCluster",
+                            _parse_role(role, worker_argv(spec, role, spec.model))))
+    return out
+
+
+def _parse_role(role: str, argv: list[str]) -> argparse.Namespace:
+    module, required = ROLE_PARSERS[role]
+    return _parse(importlib.import_module(module).build_parser(), [*required, *argv])
 
 
 def _parse(parser: Any, argv: list[str]) -> Any:

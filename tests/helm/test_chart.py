@@ -27,9 +27,9 @@ from tests.helm.chart import (
     VALUES,
     by_kind,
     golden_text,
+    launched,
     load_values,
     objects,
-    parse_command_lines,
     pod_specs,
     render,
     render_file,
@@ -42,7 +42,7 @@ UPDATE = os.environ.get("TANDEM_UPDATE_GOLDEN") == "1"
 
 def test_examples_exist() -> None:
     names = {p.name for p in EXAMPLES.glob("*.yaml")}
-    assert {"cpu-demo.yaml", "gpu-single-node.yaml", "gpu-multinode-autoscale.yaml"} <= names
+    assert {"cpu-quickstart.yaml", "gpu-single-node.yaml", "gpu-multinode-autoscale.yaml"} <= names
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
@@ -139,7 +139,7 @@ def test_ray_mode_builds_a_raycluster_with_gpu_worker_groups() -> None:
     assert (groups["decode"]["minReplicas"], groups["decode"]["maxReplicas"]) == (2, 8)
     for group in groups.values():
         container = group["template"]["spec"]["containers"][0]
-        assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1  # one device a worker
         assert group["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
         assert group["template"]["spec"]["nodeSelector"]
     head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
@@ -169,12 +169,12 @@ def test_ray_autoscale_file_is_one_tandem_up_accepts(tmp_path: Path) -> None:
 
 def test_accelerator_resource_name_comes_from_values(tmp_path: Path) -> None:
     values = load_values(EXAMPLES / "gpu-single-node.yaml")
-    values["decode"]["accelerator"] = {"resourceName": "amd.com/gpu", "count": 2}
+    values["decode"]["accelerator"] = {"resourceName": "amd.com/gpu", "count": 1}
     (cluster,) = by_kind(objects(render(values)), "RayCluster")
     decode = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "decode"][0]
     resources = decode["template"]["spec"]["containers"][0]["resources"]
-    assert resources["limits"]["amd.com/gpu"] == 2 and "nvidia.com/gpu" not in resources["limits"]
-    assert decode["rayStartParams"]["num-gpus"] == "2"
+    assert resources["limits"]["amd.com/gpu"] == 1 and "nvidia.com/gpu" not in resources["limits"]
+    assert decode["rayStartParams"]["num-gpus"] == "1"
 
 
 def test_deployments_mode_discovers_workers_with_rbac() -> None:
@@ -223,16 +223,17 @@ def test_hpa_variant_and_secrets_from_values() -> None:
 
 
 def test_service_monitor_only_when_the_flag_says_so() -> None:
-    values = load_values(EXAMPLES / "cpu-demo.yaml")
+    values = load_values(EXAMPLES / "cpu-quickstart.yaml")
     assert by_kind(objects(render(values)), "ServiceMonitor") == []
     values["metrics"] = {"serviceMonitor": {"enabled": True}}
     assert len(by_kind(objects(render(values)), "ServiceMonitor")) == 3
 
 
 def test_notes_say_how_to_call_the_service() -> None:
-    notes = render_file(EXAMPLES / "cpu-demo.yaml")["tandem/templates/NOTES.txt"]
+    notes = render_file(EXAMPLES / "cpu-quickstart.yaml")["tandem/templates/NOTES.txt"]
     assert "port-forward svc/tandem 50051:50051 8000:8000" in notes
     assert "/v1/chat/completions" in notes and '"model": "smollm2"' in notes
+    assert "helm test tandem -n serving --logs" in notes
 
 
 @pytest.mark.parametrize(
@@ -261,12 +262,19 @@ def test_replicas_outside_min_max_fail_the_render() -> None:
 
 
 def test_chart_lints_clean() -> None:
-    report = helm.lint(CHART, load_values(EXAMPLES / "cpu-demo.yaml"), strict=True)
+    report = helm.lint(CHART, load_values(EXAMPLES / "cpu-quickstart.yaml"), strict=True)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert problems == [] and report["errors"] == [], report
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
 def test_rendered_command_lines_parse_with_the_real_clis(case: Path) -> None:
-    """Every flag the chart passes exists, in the process that receives it."""
-    assert parse_command_lines(objects(render_file(case))) >= 1
+    """Every flag the chart passes exists, in the process that receives it (in ray mode, what
+    tandem up hands the router and each worker role); the engine flags make a valid config."""
+    from engine.cli_args import engine_config_from_args
+
+    procs = launched(objects(render_file(case)))
+    assert sorted(p.role for p in procs) == ["decode", "prefill", "router"]
+    for proc in procs:
+        if proc.role != "router":
+            engine_config_from_args(proc.args)  # raises on values the engine refuses

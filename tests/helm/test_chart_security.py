@@ -27,16 +27,16 @@ from tests.helm.chart import (
     by_kind,
     generated_credential,
     golden_text,
+    launched,
     load_values,
     objects,
-    parse_command_lines,
     pod_specs,
     processes,
     render,
     render_file,
 )
 
-DEPLOYMENTS = EXAMPLES / "cpu-demo.yaml"
+DEPLOYMENTS = EXAMPLES / "cpu-quickstart.yaml"
 RAY = EXAMPLES / "gpu-single-node.yaml"
 SECRET_FILE = "/etc/tandem/cluster/cluster-secret"
 GENERATED_NAME = f"{RELEASE}-cluster-secret"
@@ -138,7 +138,7 @@ def test_insecure_is_an_explicit_opt_in_that_the_notes_warn_about(case: Path) ->
     assert procs
     for proc in procs:
         assert "--insecure" in proc.argv and not any("cluster-secret" in a for a in proc.argv)
-    parse_command_lines(objs)
+    assert len(launched(objs)) == 3
     notes = rendered["tandem/templates/NOTES.txt"]
     assert "WARNING: clusterSecret.insecure is set" in notes
     assert "--cluster-secret-file" not in notes
@@ -203,8 +203,8 @@ def test_tls_values_reach_the_actors_through_tandem_up_in_ray_mode() -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
 def test_every_file_a_flag_names_is_mounted_where_it_is_read(case: Path) -> None:
     """A flag's file exists in the pod of the process that opens it: a Deployment's own pod;
-    tandem up's and its router's on the head; the workers' (--worker-arg) on the Ray worker
-    pods, where the actors run."""
+    tandem up's and its router's on the head; the workers' (--worker-arg, --prefill-arg,
+    --decode-arg) on the Ray worker pods, where the actors run."""
     from tandem.launcher.up import build_parser
 
     objs = objects(render_file(case))
@@ -215,8 +215,10 @@ def test_every_file_a_flag_names_is_mounted_where_it_is_read(case: Path) -> None
         where = [(proc.argv, [proc.spec])]
         if proc.command == "up":
             args = build_parser().parse_args(proc.argv)
-            own = [a for a in proc.argv if not a.startswith(("--router-arg", "--worker-arg"))]
-            where = [(own + args.router_arg, [proc.spec]), (args.worker_arg, worker_pods)]
+            to_workers = ("--worker-arg", "--prefill-arg", "--decode-arg")
+            own = [a for a in proc.argv if not a.startswith(("--router-arg", *to_workers))]
+            where = [(own + args.router_arg, [proc.spec]),
+                     (args.worker_arg + args.prefill_arg + args.decode_arg, worker_pods)]
         for argv, specs in where:
             values = [a.split("=", 1)[1] if a.startswith("--") and "=" in a else a for a in argv]
             files = [v for v in values if v.startswith("/etc/tandem/")]
@@ -353,6 +355,25 @@ def test_router_and_metrics_sources_come_from_values() -> None:
     assert _reaches(policies, observability, pods["decode"], 8080)
     assert not _reaches(policies, PROMETHEUS, pods["decode"], 8080)
     assert not _reaches(policies, (observability[0], {"app": "x"}), pods["decode"], 8080)
+
+
+@pytest.mark.parametrize("case", [DEPLOYMENTS, RAY], ids=["deployments", "ray"])
+def test_helm_test_pod_reaches_the_router_however_narrow_router_from_is(case: Path) -> None:
+    ingress_ns = {"kubernetes.io/metadata.name": "ingress-nginx"}
+    values = _with(case, networkPolicy={
+        "router": {"from": [{"namespaceSelector": {"matchLabels": ingress_ns}}]}})
+    objs = objects(render(values))
+    policies = by_kind(objs, "NetworkPolicy")
+    (hook,) = [o for o in by_kind(objs, "Pod")
+               if o["metadata"]["annotations"]["helm.sh/hook"] == "test"]
+    router = next(meta["labels"] for obj in objs for c, meta, _ in pod_specs(obj)
+                  if c == "router")
+    assert _reaches(policies, (RELEASE_NS, hook["metadata"]["labels"]), router, 8000)
+    assert not _reaches(policies, OUTSIDER, router, 8000)
+    values["helmTest"] = {"enabled": False}  # no test Pod: no door left open for one
+    policies = by_kind(objects(render(values)), "NetworkPolicy")
+    if case == DEPLOYMENTS:  # (ray: release pods reach the head anyway)
+        assert not _reaches(policies, (RELEASE_NS, hook["metadata"]["labels"]), router, 8000)
 
 
 # -- the Ray dashboard --------------------------------------------------------------------

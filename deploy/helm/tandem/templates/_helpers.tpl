@@ -56,12 +56,27 @@ app.kubernetes.io/part-of: tandem
 {{- printf "%s:%s" $repo $tag -}}
 {{- end -}}
 
+{{/* A model named in values (model.name, a draft model) as the processes see it: under the
+PVC's mount with model.pvc.enabled. Call with (dict "ctx" $ "name" NAME). */}}
+{{- define "tandem.modelFile" -}}
+{{- if .ctx.Values.model.pvc.enabled -}}
+{{- printf "%s/%s" (trimSuffix "/" .ctx.Values.model.pvc.mountPath) (trimPrefix "/" .name) -}}
+{{- else -}}
+{{- .name -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Where the model is, as the processes see it. */}}
 {{- define "tandem.modelPath" -}}
-{{- if .Values.model.pvc.enabled -}}
-{{- printf "%s/%s" (trimSuffix "/" .Values.model.pvc.mountPath) (trimPrefix "/" .Values.model.name) -}}
+{{- include "tandem.modelFile" (dict "ctx" . "name" .Values.model.name) -}}
+{{- end -}}
+
+{{/* One word of a shell command line, quoted when it needs it (as Python's shlex.quote). */}}
+{{- define "tandem.shquote" -}}
+{{- if regexMatch "^[A-Za-z0-9_@%+=:,./-]+$" . -}}
+{{- . -}}
 {{- else -}}
-{{- .Values.model.name -}}
+{{- printf "'%s'" (replace "'" "'\"'\"'" .) -}}
 {{- end -}}
 {{- end -}}
 
@@ -324,17 +339,57 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{- end }}
 {{- end -}}
 
-{{/* Engine flags of a worker role; call with (dict "ctx" $ "role" .Values.prefill). */}}
-{{- define "tandem.engineArgs" -}}
-- --model={{ include "tandem.modelPath" .ctx }}
-- --device={{ .role.device }}
-- --dtype={{ .role.dtype }}
-{{- if gt (int .role.threads) 0 }}
-- --threads={{ .role.threads }}
-{{- end }}
-{{- if gt (int .ctx.Values.model.maxModelLen) 0 }}
-- --max-model-len={{ .ctx.Values.model.maxModelLen }}
-{{- end }}
+{{/*
+Engine flags both worker roles get, as a YAML list (--model apart: tandem up takes its own).
+A prefill worker's KV cache must match the decode worker's layout, so the dtype (prefill's;
+tandem.validate checks decode's equals it) and the KV cache dtype are one per release.
+*/}}
+{{- define "tandem.sharedEngineArgs" -}}
+{{- $v := .Values -}}
+{{- $args := list (printf "--dtype=%s" $v.prefill.dtype) -}}
+{{- if ne $v.engine.quantization "auto" -}}
+{{- $args = append $args (printf "--quantization=%s" $v.engine.quantization) -}}
+{{- end -}}
+{{- if ne $v.engine.kvCacheDtype "auto" -}}
+{{- $args = append $args (printf "--kv-cache-dtype=%s" $v.engine.kvCacheDtype) -}}
+{{- end -}}
+{{- if gt (int $v.model.maxModelLen) 0 -}}
+{{- $args = append $args (printf "--max-model-len=%d" (int $v.model.maxModelLen)) -}}
+{{- end -}}
+{{- toYaml $args -}}
+{{- end -}}
+
+{{/*
+Engine flags of one worker role alone, its extraArgs last (they win), as a YAML list: the
+Deployment's args, or tandem up's --prefill-arg / --decode-arg. Call with
+(dict "ctx" $ "name" "prefill").
+*/}}
+{{- define "tandem.roleEngineArgs" -}}
+{{- $w := index .ctx.Values .name -}}
+{{- $args := list (printf "--device=%s" $w.device) -}}
+{{- if gt (int $w.threads) 0 -}}
+{{- $args = append $args (printf "--threads=%d" (int $w.threads)) -}}
+{{- end -}}
+{{- if gt (int (default 0 $w.maxNumSeqs)) 0 -}}
+{{- $args = append $args (printf "--max-num-seqs=%d" (int $w.maxNumSeqs)) -}}
+{{- end -}}
+{{- if gt (float64 (default 0 $w.kvCacheMemoryGb)) 0.0 -}}
+{{- $args = append $args (printf "--kv-cache-memory-gb=%v" $w.kvCacheMemoryGb) -}}
+{{- end -}}
+{{- $spec := default (dict "method" "none") $w.speculative -}}
+{{- if ne $spec.method "none" -}}
+{{- $args = append $args (printf "--speculative=%s" $spec.method) -}}
+{{- if gt (int (default 0 $spec.numTokens)) 0 -}}
+{{- $args = append $args (printf "--num-speculative-tokens=%d" (int $spec.numTokens)) -}}
+{{- end -}}
+{{- if $spec.draftModel -}}
+{{- $args = append $args (printf "--draft-model=%s" (include "tandem.modelFile" (dict "ctx" .ctx "name" $spec.draftModel))) -}}
+{{- end -}}
+{{- if gt (int (default 0 $spec.draftLayers)) 0 -}}
+{{- $args = append $args (printf "--draft-layers=%d" (int $spec.draftLayers)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (concat $args (default (list) $w.extraArgs)) -}}
 {{- end -}}
 
 {{- define "tandem.podEnv" -}}
@@ -354,6 +409,27 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{- $w := index $.Values $name }}
 {{- if or (gt (int $w.minReplicas) (int $w.replicas)) (gt (int $w.replicas) (int $w.maxReplicas)) }}
 {{- fail (printf "%s: need minReplicas <= replicas <= maxReplicas (got %v <= %v <= %v)" $name $w.minReplicas $w.replicas $w.maxReplicas) }}
+{{- end }}
+{{- end }}
+{{- if ne .Values.prefill.dtype .Values.decode.dtype }}
+{{- fail (printf "prefill.dtype (%s) and decode.dtype (%s) must be equal: the KV cache a prefill worker ships must match the decode worker's layout" .Values.prefill.dtype .Values.decode.dtype) }}
+{{- end }}
+{{- range $name := list "prefill" "decode" }}
+{{- $w := index $.Values $name }}
+{{- $count := int $w.accelerator.count }}
+{{- if gt $count 1 }}
+{{- fail (printf "%s.accelerator.count: %d, but a worker runs on one device (there is no tensor parallelism): use 1 per pod and more replicas, or a model that fits one device" $name $count) }}
+{{- end }}
+{{- if and (hasPrefix "cuda" $w.device) (eq $count 0) }}
+{{- fail (printf "%s.device is %s but %s.accelerator.count is 0: the pod would get no GPU" $name $w.device $name) }}
+{{- end }}
+{{- if and (eq $w.device "cpu") (gt $count 0) }}
+{{- fail (printf "%s.device is cpu but %s.accelerator.count is %d: the pod would hold an accelerator it never uses" $name $name $count) }}
+{{- end }}
+{{- end }}
+{{- with .Values.decode.speculative }}
+{{- if and (eq .method "draft") (not .draftModel) (eq (int .draftLayers) 0) }}
+{{- fail "decode.speculative.method draft needs draftModel or draftLayers" }}
 {{- end }}
 {{- end }}
 {{- if and (eq .Values.mode "deployments") .Values.autoscaling.enabled (eq .Values.autoscaling.kind "hpa") }}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from decode_worker.cli import build_parser as decode_parser
+from engine.config import SchedulerConfig
+from prefill_worker.cli import build_parser as prefill_parser
 from router.cli import build_parser as router_parser
 from tandem.launcher.argv import router_argv, worker_argv
 from tandem.launcher.spec import LaunchSpec
@@ -58,3 +60,20 @@ def test_config_file_with_the_command_line_winning(tmp_path: Path) -> None:
 
 def test_an_inline_api_key_counts_as_keys_for_a_public_router() -> None:
     _check_public_bind(_spec("--insecure", "--host", "0.0.0.0", "--router-arg=--api-key=sk-1"))
+
+
+def test_role_args_reach_one_role_only_and_come_last() -> None:
+    spec = _spec("--insecure", "--threads", "4", "--worker-arg=--dtype=float32",
+                 "--prefill-arg", "--threads=8", "--decode-arg=--max-num-seqs=32",
+                 "--decode-arg", "--speculative=ngram", "--decode-arg=--dtype=bfloat16")
+    prefill = worker_argv(spec, "prefill", "smollm2")
+    decode = worker_argv(spec, "decode", "smollm2")
+    assert prefill == ["--model", "smollm2", "--threads", "4", "--dtype=float32", "--threads=8"]
+    assert decode[-3:] == ["--max-num-seqs=32", "--speculative=ngram", "--dtype=bfloat16"]
+    parsed = {"prefill": prefill_parser().parse_args(["--port", "0", *prefill]),
+              "decode": decode_parser().parse_args(["--port", "0", "--kv-port", "0", *decode])}
+    default_seqs = SchedulerConfig().max_num_seqs
+    assert (parsed["prefill"].threads, parsed["prefill"].max_num_seqs) == (8, default_seqs)
+    assert (parsed["prefill"].speculative, parsed["prefill"].dtype) == ("none", "float32")
+    assert (parsed["decode"].threads, parsed["decode"].max_num_seqs) == (4, 32)
+    assert (parsed["decode"].speculative, parsed["decode"].dtype) == ("ngram", "bfloat16")
