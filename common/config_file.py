@@ -37,7 +37,10 @@ def load_config_file(path: str | Path) -> dict[str, object]:
     except OSError as err:
         raise ConfigFileError(f"cannot read the config file {str(path)!r}: "
                               f"{err.strerror or err}") from err
-    import yaml  # here: a client command that never reads a file needs no pyyaml
+    try:
+        import yaml  # here: a client command that never reads a file needs no pyyaml
+    except ModuleNotFoundError as err:  # a lean client installation (tandem-client)
+        raise ConfigFileError("--config needs PyYAML: pip install pyyaml") from err
 
     try:
         data = yaml.safe_load(text)

@@ -1,8 +1,13 @@
 """Tandem: disaggregated LLM serving. What users import and run (SDK, CLI, launcher).
 
 ``import tandem`` gives the client SDK (grpcio and protobuf only; no torch, no ray):
-``tandem.Client``, ``tandem.AsyncClient``, ``tandem.ClientConfig`` and the typed errors. The
-names load on first use, so ``tandem <command>`` and the launcher do not pay for the SDK.
+``tandem.Client``, ``tandem.AsyncClient``, ``tandem.ClientConfig``, ``tandem.SamplingOptions``
+and the typed errors. The names load on first use, so ``tandem <command>`` and the launcher do
+not pay for the SDK.
+
+Two distributions carry this package (docs/client.md): ``tandem-serve`` (the repository's
+pyproject.toml: everything) and ``tandem-client`` (packaging/tandem-client: the SDK, the client
+commands and what they import, nothing that needs torch, ray or kubernetes).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ _EXPORTS = {
     "ClientConfig": "tandem.client_config",
     "TLSConfig": "tandem.client_config",
     "RetryPolicy": "tandem.retry",
+    "SamplingOptions": "tandem.sampling",
     "GenerateResult": "tandem.results",
     "ModelInfo": "tandem.results",
     "StreamChunk": "tandem.results",
@@ -53,6 +59,7 @@ __all__ = [
     "NotFound",
     "Overloaded",
     "RetryPolicy",
+    "SamplingOptions",
     "StreamChunk",
     "TLSConfig",
     "TandemError",
@@ -86,6 +93,7 @@ if TYPE_CHECKING:
         Usage,
     )
     from tandem.retry import RetryPolicy
+    from tandem.sampling import SamplingOptions
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,7 @@ from tandem.client_config import ClientConfig, call_timeout, resolve_config
 from tandem.errors import Internal, from_rpc_error
 from tandem.results import GenerateResult, ModelInfo, ResultBuilder, StreamChunk
 from tandem.retry import Deadline, RetryPolicy, acall_with_retry
+from tandem.sampling import SamplingOptions
 
 
 class AsyncChunkStream:
@@ -136,12 +137,13 @@ class AsyncClient:
         *,
         messages: Sequence[dict[str, str]] | None = None,
         token_ids: Sequence[int] | None = None,
+        sampling: SamplingOptions | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> GenerateResult:
         """See ``tandem.Client.generate``."""
         request = request_builder.generate_request(
-            prompt, messages=messages, token_ids=token_ids, **options
+            prompt, messages=messages, token_ids=token_ids, sampling=sampling, **options
         )
         stub, _ = self._stubs()
 
@@ -167,12 +169,13 @@ class AsyncClient:
         *,
         messages: Sequence[dict[str, str]] | None = None,
         token_ids: Sequence[int] | None = None,
+        sampling: SamplingOptions | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> AsyncChunkStream:
         """See ``tandem.Client.generate_stream``; iterate it with ``async for``."""
         request = request_builder.generate_request(
-            prompt, messages=messages, token_ids=token_ids, **options
+            prompt, messages=messages, token_ids=token_ids, sampling=sampling, **options
         )
         stub, _ = self._stubs()
         return AsyncChunkStream(

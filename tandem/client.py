@@ -28,6 +28,7 @@ from tandem.client_config import ClientConfig, call_timeout, resolve_config
 from tandem.errors import Internal, from_rpc_error
 from tandem.results import GenerateResult, ModelInfo, ResultBuilder, StreamChunk
 from tandem.retry import Deadline, RetryPolicy, call_with_retry
+from tandem.sampling import SamplingOptions
 
 
 class ChunkStream:
@@ -131,15 +132,18 @@ class Client:
         *,
         messages: Sequence[dict[str, str]] | None = None,
         token_ids: Sequence[int] | None = None,
+        sampling: SamplingOptions | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> GenerateResult:
         """Generate a completion of ``prompt`` (raw text), ``messages`` (chat) or
-        ``token_ids``. ``options``: sampling fields of the proto's SamplingParams
-        (max_tokens, temperature, top_p, top_k, seed, stop, ...), plus ``model``,
-        ``request_id``, ``logprobs``, ``top_logprobs``, ``add_generation_prompt``."""
+        ``token_ids``. Sampling: ``sampling=SamplingOptions(...)`` (typed) and/or the same
+        fields as keywords in ``options`` (max_tokens, temperature, top_p, top_k, seed, stop,
+        ...; never one field both ways). ``options`` also takes ``model``, ``request_id``,
+        ``logprobs``, ``top_logprobs``, ``add_generation_prompt``, ``tools``,
+        ``tool_choice``."""
         request = request_builder.generate_request(
-            prompt, messages=messages, token_ids=token_ids, **options
+            prompt, messages=messages, token_ids=token_ids, sampling=sampling, **options
         )
 
         def attempt(timeout_s: float | None) -> GenerateResult:
@@ -162,12 +166,13 @@ class Client:
         *,
         messages: Sequence[dict[str, str]] | None = None,
         token_ids: Sequence[int] | None = None,
+        sampling: SamplingOptions | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> ChunkStream:
         """Like ``generate`` but yields ``StreamChunk``s as tokens arrive."""
         request = request_builder.generate_request(
-            prompt, messages=messages, token_ids=token_ids, **options
+            prompt, messages=messages, token_ids=token_ids, sampling=sampling, **options
         )
         return ChunkStream(
             self._stub, request, self._metadata, self._deadline(timeout), self.config.retry,

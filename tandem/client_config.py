@@ -2,15 +2,29 @@
 
 Frozen and validated when built, so a typo in a path or a negative timeout fails at
 construction, not on the first call.
+
+Environment defaults (for clients only; server processes never read configuration from the
+environment): ``TANDEM_TARGET`` (the router's gRPC ``host:port``) and ``TANDEM_API_KEY``
+fill ``target`` and ``api_key`` when the caller gives neither a ``config`` nor that field.
+Explicit always wins, an explicit ``None`` included (``Client(api_key=None)`` sends no key
+whatever the environment says); a ``ClientConfig`` passed in is used as built (its defaults
+are constants, never the environment: ``ClientConfig.from_env()`` is the way to ask for
+them). The key is never shown: not in ``repr``, not in an error message.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.retry import RetryPolicy
+
+DEFAULT_TARGET = "127.0.0.1:50051"  # the router's default gRPC port, on loopback
+TARGET_ENV = "TANDEM_TARGET"
+API_KEY_ENV = "TANDEM_API_KEY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +66,9 @@ class ClientConfig:
     idle connection, so a dead peer is noticed (None: no pings). ``retry``: the backoff policy.
     """
 
-    target: str = "127.0.0.1:50051"
+    target: str = DEFAULT_TARGET
     tls: TLSConfig | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # a secret: never in a repr
     timeout_s: float | None = 600.0
     keepalive_s: float | None = 30.0
     keepalive_timeout_s: float = 10.0
@@ -83,18 +97,47 @@ class ClientConfig:
         if not isinstance(self.retry, RetryPolicy):
             raise ValueError("retry must be a RetryPolicy")
 
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **fields: object
+    ) -> ClientConfig:
+        """The defaults with ``TANDEM_TARGET`` / ``TANDEM_API_KEY`` applied (unset or empty:
+        not applied), then ``fields`` on top (explicit wins). ``environ``: os.environ."""
+        env = env_fields(os.environ if environ is None else environ, skip=fields)
+        return cls(**{**env, **fields})  # type: ignore[arg-type]
+
+
+def env_fields(environ: Mapping[str, str], skip: Collection[str] = ()) -> dict[str, str]:
+    """``target`` and ``api_key`` from the environment, except the fields in ``skip`` (given
+    explicitly: their variables are not even read). Checked here so a bad value names its
+    variable; a bad key's value is not repeated (it may be a near-miss of the real one)."""
+    out: dict[str, str] = {}
+    target = "" if "target" in skip else environ.get(TARGET_ENV, "").strip()
+    if target:
+        if any(c.isspace() for c in target):
+            raise ValueError(f"{TARGET_ENV} must be a host:port, got {target!r}")
+        out["target"] = target
+    key = "" if "api_key" in skip else environ.get(API_KEY_ENV, "").strip()
+    if key:
+        if not all(33 <= ord(c) <= 126 for c in key):
+            raise ValueError(f"{API_KEY_ENV} must be printable ASCII without spaces")
+        out["api_key"] = key
+    return out
+
 
 def resolve_config(
     target: str | None, config: ClientConfig | None, overrides: dict[str, object]
 ) -> ClientConfig:
-    """``config`` (or the defaults) with ``target`` and any field overrides applied."""
-    base = config if config is not None else ClientConfig()
+    """``config`` (or, without one, the defaults with the environment's ``TANDEM_TARGET``
+    and ``TANDEM_API_KEY``) with ``target`` and any field overrides applied on top."""
     if target is not None:
         overrides = {**overrides, "target": target}
     unknown = sorted(set(overrides) - set(ClientConfig.__dataclass_fields__))
     if unknown:
         raise TypeError(f"unknown client option(s): {', '.join(unknown)}")
-    return replace(base, **overrides) if overrides else base  # type: ignore[arg-type]
+    if config is None:
+        return ClientConfig.from_env(**overrides)
+    return replace(config, **overrides) if overrides else config  # type: ignore[arg-type]
 
 
 def call_timeout(config: ClientConfig, timeout: float | None) -> float | None:

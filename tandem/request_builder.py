@@ -11,6 +11,7 @@ from typing import Any
 
 from protos.tandem.v1 import tandem_pb2
 from tandem.errors import InvalidRequest
+from tandem.sampling import SamplingOptions, merge_sampling
 
 # SamplingParams fields by kind (protos/tandem/v1/tandem.proto).
 _SCALAR = {
@@ -113,12 +114,18 @@ def generate_request(
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | None = None,
     parallel_tool_calls: bool | None = None,
-    **sampling: Any,
+    sampling: SamplingOptions | None = None,
+    **options: Any,
 ) -> tandem_pb2.GenerateRequest:
     """A GenerateRequest from exactly one of ``prompt`` (raw text), ``messages`` (chat,
-    rendered by the server's chat template) or ``token_ids``, plus sampling options.
+    rendered by the server's chat template) or ``token_ids``, plus sampling options: typed in
+    ``sampling`` and/or as keywords (``max_tokens=...``), never the same field both ways.
     ``tools`` (OpenAI's list of functions), ``tool_choice`` (auto | none | required | a
     function's name) and ``parallel_tool_calls`` go with ``messages``."""
+    try:
+        merged = merge_sampling(sampling, options)
+    except (TypeError, ValueError) as err:
+        raise InvalidRequest(f"sampling: {err}") from err
     given = [n for n, v in (("prompt", prompt), ("messages", messages), ("token_ids", token_ids))
              if v is not None]
     if (tools or tool_choice) and messages is None:
@@ -129,7 +136,7 @@ def generate_request(
             + (f" (got {', '.join(given)})" if given else "")
         )
     req = tandem_pb2.GenerateRequest(
-        request_id=request_id, model=model, sampling=sampling_params(sampling)
+        request_id=request_id, model=model, sampling=sampling_params(merged)
     )
     if prompt is not None:
         if not isinstance(prompt, str):

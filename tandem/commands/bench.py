@@ -26,6 +26,7 @@ from bench.serve_stats import RequestResult, summarize
 from bench.serve_workload import MIXES, make_requests
 from common.arg_parser import ArgParser
 from tandem._channel import channel_credentials
+from tandem.cli import has_package, missing_package
 from tandem.commands.common import add_client_args, client_config_from_args
 
 
@@ -53,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     if args.num_requests < 1 or args.rate <= 0:
         parser.error("--num-requests must be >= 1 and --rate > 0")
+    if args.plot is not None and not has_package("matplotlib"):
+        parser.error(f"--plot {missing_package('matplotlib')}")
     specs = make_requests(MIXES[args.mix], args.rate, args.num_requests, seed=args.seed,
                           vocab=vocab, scale=args.scale)
     failures: list[str] = []

@@ -1,4 +1,9 @@
-"""Flags shared by the client commands: where the router is, how to authenticate, sampling."""
+"""Flags shared by the client commands: where the router is, how to authenticate, sampling.
+
+``--target`` and the API key fall back to ``TANDEM_TARGET`` and ``TANDEM_API_KEY`` (as the SDK
+does, ``tandem.client_config``); a flag given wins. Prefer the variable or ``--api-key-file``
+to ``--api-key``: a command line is visible to every user of the machine.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tandem.client_config import ClientConfig, TLSConfig
+from tandem.client_config import (
+    API_KEY_ENV,
+    DEFAULT_TARGET,
+    TARGET_ENV,
+    ClientConfig,
+    TLSConfig,
+)
 from tandem.errors import TandemError
 
 
@@ -15,8 +26,11 @@ def add_client_args(p: argparse.ArgumentParser, timeout: bool = True) -> None:
     """--target, API key and TLS flags (what ``ClientConfig`` holds); ``timeout=False`` leaves
     --timeout to a caller that defines its own."""
     g = p.add_argument_group("connection")
-    g.add_argument("--target", default="127.0.0.1:50051", help="router HOST:PORT")
-    g.add_argument("--api-key", default=None, help="API key (sent as a bearer token)")
+    g.add_argument("--target", default=None,
+                   help=f"router HOST:PORT (default: ${TARGET_ENV}, else {DEFAULT_TARGET})")
+    # The help names the variable, never its value (a secret).
+    g.add_argument("--api-key", default=None,
+                   help=f"API key, sent as a bearer token (default: ${API_KEY_ENV})")
     g.add_argument("--api-key-file", default=None, help="read the API key from this file")
     g.add_argument("--tls-ca", default=None, help="CA bundle to verify the router (enables TLS)")
     g.add_argument("--tls", action="store_true", help="TLS with the system's CA roots")
@@ -28,7 +42,8 @@ def add_client_args(p: argparse.ArgumentParser, timeout: bool = True) -> None:
 
 
 def api_key_from_args(args: argparse.Namespace) -> str | None:
-    """The key of --api-key, or the first non-comment line of --api-key-file."""
+    """The key of --api-key, or the first non-comment line of --api-key-file (None: neither
+    flag given, so the environment's key applies)."""
     if args.api_key_file:
         for line in Path(args.api_key_file).read_text().splitlines():
             key = line.split("#", 1)[0].strip()
@@ -39,13 +54,19 @@ def api_key_from_args(args: argparse.Namespace) -> str | None:
 
 
 def client_config_from_args(args: argparse.Namespace) -> ClientConfig:
-    """A validated ClientConfig; raises ValueError with the flag's problem."""
+    """A validated ClientConfig (flags first, then the environment's target and key);
+    raises ValueError with the flag's or the variable's problem."""
     tls = None
     if args.tls or args.tls_ca or args.tls_cert or args.tls_key or args.tls_server_name:
         tls = TLSConfig(ca_cert=args.tls_ca, client_cert=args.tls_cert,
                         client_key=args.tls_key, server_name=args.tls_server_name)
-    return ClientConfig(target=args.target, tls=tls, api_key=api_key_from_args(args),
-                        timeout_s=args.timeout)
+    explicit: dict[str, object] = {"tls": tls, "timeout_s": args.timeout}
+    if args.target is not None:
+        explicit["target"] = args.target
+    key = api_key_from_args(args)
+    if key is not None:
+        explicit["api_key"] = key
+    return ClientConfig.from_env(**explicit)
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:

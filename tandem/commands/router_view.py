@@ -13,8 +13,6 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 TTFT = "tandem_time_to_first_token_seconds"
 ITL = "tandem_inter_token_latency_seconds"
 
@@ -55,6 +53,10 @@ class RouterFigures:
 
 def parse_router_metrics(text: str) -> RouterFigures:
     """RouterFigures from the router's Prometheus text (missing metrics stay empty/NaN)."""
+    # Here, not at the top: `tandem top` without --router-http needs no prometheus-client
+    # (an optional package of the tandem-client distribution).
+    from prometheus_client.parser import text_string_to_metric_families
+
     buckets: dict[str, list[tuple[float, float]]] = {TTFT: [], ITL: []}
     outcomes: dict[str, float] = {}
     gauges = {"tandem_num_requests_running": 0.0, "tandem_num_requests_waiting": 0.0}

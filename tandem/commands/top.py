@@ -29,6 +29,7 @@ from common.arg_parser import ArgParser
 from common.credential import ClusterCredential, CredentialError
 from common.grpc_auth import sync_channel
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+from tandem.cli import has_package, missing_package
 from tandem.commands.router_view import fetch_metrics, parse_router_metrics, render_router
 from tandem.errors import from_rpc_error
 
@@ -182,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--workers names no endpoint")
     if args.interval <= 0:
         parser.error("--interval must be > 0")
+    if args.router_http is not None and not has_package("prometheus_client"):
+        parser.error(f"--router-http {missing_package('prometheus_client')}")
     try:
         cluster = (ClusterCredential.from_file(args.cluster_secret_file)
                    if args.cluster_secret_file else None)

@@ -333,6 +333,28 @@ def test_missing_or_wrong_api_key_is_auth_error_and_tls_works(edge_router) -> No
             plain.models()
 
 
+def test_environment_target_and_key_reach_the_router(
+    edge_router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TANDEM_TARGET and TANDEM_API_KEY stand in for the arguments (sync and async); an
+    explicit ``api_key=None`` still sends no key."""
+    proc, key, ca = edge_router
+    monkeypatch.setenv("TANDEM_TARGET", proc.grpc)
+    monkeypatch.setenv("TANDEM_API_KEY", key)
+    tls = tandem.TLSConfig(ca_cert=str(ca))
+    with tandem.Client(tls=tls) as client:
+        assert client.config.target == proc.grpc
+        assert [m.id for m in client.models()] == ["tiny"]
+
+    async def run() -> list[str]:
+        async with tandem.AsyncClient(tls=tls) as client:
+            return [m.id for m in await client.models()]
+
+    assert asyncio.run(run()) == ["tiny"]
+    with tandem.Client(tls=tls, api_key=None) as client, pytest.raises(tandem.AuthError):
+        client.models()
+
+
 # --------------------------------------------------------------- retries, real server
 
 

@@ -168,3 +168,27 @@ def test_router_line_from_prometheus_text() -> None:
     line = render_router("h:8000", f)
     assert line == ("router h:8000: running 3, waiting 0; requests: cancelled 1, ok 7; "
                     "TTFT p50/p90 55/91 ms, ITL p50/p90 -/- ms (since start)")
+
+
+def test_flags_fall_back_to_the_environment_and_win_over_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TANDEM_TARGET", "env-router:7")
+    monkeypatch.setenv("TANDEM_API_KEY", "sk-env")
+    cfg = client_config_from_args(_parse())
+    assert (cfg.target, cfg.api_key) == ("env-router:7", "sk-env")
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-file\n")
+    for flags, expected in ((("--target", "flag:1", "--api-key", "sk-flag"), "sk-flag"),
+                            (("--target", "flag:1", "--api-key-file", str(key_file)), "sk-file")):
+        cfg = client_config_from_args(_parse(*flags))
+        assert (cfg.target, cfg.api_key) == ("flag:1", expected)
+
+
+def test_help_names_the_variables_never_their_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANDEM_API_KEY", "sk-do-not-print")
+    p = argparse.ArgumentParser()
+    add_client_args(p)
+    text = p.format_help()
+    assert "$TANDEM_TARGET" in text and "$TANDEM_API_KEY" in text
+    assert "sk-do-not-print" not in text

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from tandem._channel import call_metadata, channel_credentials, channel_options
-from tandem.client_config import ClientConfig, TLSConfig, call_timeout, resolve_config
+from tandem.client_config import (
+    API_KEY_ENV,
+    DEFAULT_TARGET,
+    TARGET_ENV,
+    ClientConfig,
+    TLSConfig,
+    call_timeout,
+    resolve_config,
+)
 from tandem.retry import RetryPolicy
 
 
@@ -95,3 +103,56 @@ def test_call_timeout() -> None:
     assert call_timeout(ClientConfig(timeout_s=None), None) is None
     with pytest.raises(ValueError):
         call_timeout(cfg, 0)
+
+
+@pytest.fixture()
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No TANDEM_* variable from the developer's shell leaks into a test."""
+    monkeypatch.delenv(TARGET_ENV, raising=False)
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    return monkeypatch
+
+
+def test_environment_fills_target_and_key_when_not_given(env: pytest.MonkeyPatch) -> None:
+    assert resolve_config(None, None, {}) == ClientConfig()
+    env.setenv(TARGET_ENV, "router.example:6000")
+    env.setenv(API_KEY_ENV, " sk-env \n")  # surrounding whitespace is not part of a key
+    cfg = resolve_config(None, None, {})
+    assert (cfg.target, cfg.api_key) == ("router.example:6000", "sk-env")
+    assert call_metadata(cfg) == (("authorization", "Bearer sk-env"),)
+    env.setenv(TARGET_ENV, "")  # empty: unset
+    assert resolve_config(None, None, {}).target == DEFAULT_TARGET
+
+
+def test_explicit_arguments_win_over_the_environment(env: pytest.MonkeyPatch) -> None:
+    env.setenv(TARGET_ENV, "from-env:1")
+    env.setenv(API_KEY_ENV, "sk-env")
+    cfg = resolve_config("given:2", None, {"api_key": "sk-given"})
+    assert (cfg.target, cfg.api_key) == ("given:2", "sk-given")
+    # An explicit None sends no key, whatever the environment says.
+    assert resolve_config(None, None, {"api_key": None}).api_key is None
+    # A config passed in is used as built: its defaults are constants, not the environment.
+    assert resolve_config(None, ClientConfig(), {}) == ClientConfig()
+    assert ClientConfig.from_env(timeout_s=5.0).api_key == "sk-env"
+    # A bad variable that an explicit field replaces is not even read.
+    env.setenv(TARGET_ENV, "bad target")
+    assert resolve_config("ok:1", None, {}).target == "ok:1"
+
+
+def test_bad_environment_values_name_the_variable_not_the_key(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv(TARGET_ENV, "two words:1")
+    with pytest.raises(ValueError, match=TARGET_ENV):
+        resolve_config(None, None, {})
+    env.delenv(TARGET_ENV)
+    env.setenv(API_KEY_ENV, "sk-sécret")
+    with pytest.raises(ValueError, match=API_KEY_ENV) as info:
+        resolve_config(None, None, {})
+    assert "sécret" not in str(info.value)
+
+
+def test_the_key_is_never_in_a_repr(env: pytest.MonkeyPatch) -> None:
+    env.setenv(API_KEY_ENV, "sk-very-secret")
+    assert "sk-very-secret" not in repr(resolve_config(None, None, {}))
+    assert "sk-abc" not in repr(ClientConfig(api_key="sk-abc"))

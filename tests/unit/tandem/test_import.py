@@ -22,3 +22,19 @@ def test_import_tandem_pulls_in_no_server_or_ml_packages() -> None:
     loaded = set(json.loads(out.stdout))
     assert "grpc" in loaded and "google" in loaded
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_client_commands_pull_in_no_server_or_ml_packages() -> None:
+    """The server distribution's ``tandem generate/chat/bench/top`` load none of it either
+    (what lets tandem-client ship them without torch; bench alone needs aiohttp)."""
+    code = (
+        "import json, sys, tandem.cli\n"
+        "for name in tandem.cli.CLIENT_COMMANDS:\n"
+        "    __import__(tandem.cli.COMMANDS[name][0])\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    loaded = set(json.loads(out.stdout))
+    heavy = set(HEAVY) - {"aiohttp"} | {"kubernetes", "autoscaler", "yaml", "prometheus_client"}
+    assert not loaded & heavy, loaded & heavy

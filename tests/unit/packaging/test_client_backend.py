@@ -1,0 +1,169 @@
+"""packaging/tandem-client: the build backend ships exactly the client's modules, refuses an
+import of a server or ML package anywhere in them, and writes a wheel whose files are the
+repository's own bytes (so it and tandem-serve can share an environment), whose metadata
+requires grpcio and protobuf only, and which rebuilds identically from its sdist."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import hashlib
+import importlib.util
+import re
+import sys
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import tandem
+from tandem import cli
+
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGING = ROOT / "packaging" / "tandem-client"
+# What a client may import besides the standard library: its dependencies and extras.
+ALLOWED = {"grpc", "google", "grpc_health", "aiohttp", "tqdm", "prometheus_client",
+           "matplotlib", "yaml"}
+FORBIDDEN = {"torch", "ray", "kubernetes", "transformers", "engine", "router", "worker",
+             "kv_transfer", "prefill_worker", "decode_worker", "autoscaler"}
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[ModuleType]:
+    spec = importlib.util.spec_from_file_location(
+        "tandem_client_backend", PACKAGING / "tandem_client_backend.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    try:
+        try:
+            spec.loader.exec_module(module)
+        except ModuleNotFoundError as err:  # Python 3.10 without tomli (pip provides it there)
+            pytest.skip(f"the backend needs {err.name} here")
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def serve(backend: ModuleType) -> dict[str, Any]:
+    """The repository's pyproject.toml (tandem-serve), read as the backend reads its own."""
+    return backend.tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _third_party(path: Path) -> set[str]:
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            tops.add(node.module.partition(".")[0])
+    return tops - set(sys.stdlib_module_names)
+
+
+def test_ships_the_sdk_and_client_commands_and_nothing_heavy(backend: ModuleType) -> None:
+    modules = backend.shipped_modules(backend.load_project())
+    sdk = {tandem._EXPORTS[name] for name in tandem.__all__}
+    commands = {cli.COMMANDS[name][0] for name in cli.CLIENT_COMMANDS}
+    assert sdk | commands | {"tandem.cli", "protos.tandem.v1.tandem_pb2"} <= set(modules)
+    assert not {m.partition(".")[0] for m in modules} & FORBIDDEN
+    server_only = {"tandem.local", "tandem.launcher", "tandem.commands.plan", "bench.engine"}
+    assert not server_only & set(modules)
+    ours = {m.partition(".")[0] for m in modules}
+    imports = set().union(*(_third_party(p) for p in modules.values())) - ours
+    assert imports <= ALLOWED, imports - ALLOWED
+
+
+def test_a_refused_import_anywhere_stops_the_build(backend: ModuleType, tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    import torch.nn\n")  # a lazy import counts
+    project = backend.Project(project={"name": "x", "version": "1"}, source_root=tmp_path,
+                              roots=("pkg.a",), refused=frozenset({"torch"}), data=())
+    with pytest.raises(backend.BuildError, match=r"pkg\.b <- pkg\.a imports torch\.nn"):
+        backend.shipped_modules(project)
+    (pkg / "b.py").write_text("from . import c\n")  # relative imports are followed too
+    (pkg / "c.py").write_text("import os\n")
+    assert set(backend.shipped_modules(project)) == {"pkg", "pkg.a", "pkg.b", "pkg.c"}
+
+
+def _wheel_files(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+def test_wheel_is_the_repositorys_files_with_lean_metadata(
+    backend: ModuleType, serve: dict[str, Any], tmp_path: Path
+) -> None:
+    project = backend.load_project()
+    files = _wheel_files(backend.write_wheel(project, tmp_path))
+    info = "tandem_client-0.1.0.dist-info/"
+    sources = {n: d for n, d in files.items() if not n.startswith(info)}
+    assert sorted(sources) == backend.shipped_files(project)
+    for name, data in sources.items():  # byte-identical: installing both in any order is safe
+        assert (ROOT / name).read_bytes() == data, name
+    assert {"tandem/py.typed", "protos/py.typed", "protos/tandem/v1/tandem_pb2.pyi"} <= set(
+        sources)
+    # RECORD lists every other file with its sha256 and size.
+    record = files[info + "RECORD"].decode().splitlines()
+    assert len(record) == len(files)
+    for line in record:
+        name, digest, size = line.rsplit(",", 2)
+        if name == info + "RECORD":
+            continue
+        want = base64.urlsafe_b64encode(hashlib.sha256(files[name]).digest()).rstrip(b"=")
+        assert (digest, int(size)) == (f"sha256={want.decode()}", len(files[name]))
+    meta = files[info + "METADATA"].decode()
+    required = [line.split(": ", 1)[1] for line in meta.splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert required == ["grpcio>=1.85.1", "grpcio-health-checking>=1.85.1", "protobuf>=7.35.1"]
+    every = {re.split(r"[<>=;\[ ]", line.split(": ", 1)[1])[0]
+             for line in meta.splitlines() if line.startswith("Requires-Dist:")}
+    assert every == {"grpcio", "grpcio-health-checking", "protobuf", "aiohttp", "tqdm",
+                     "prometheus-client", "matplotlib", "pyyaml", "tandem-client"}
+    # Same version and the same `tandem` entry point as tandem-serve.
+    assert f"Version: {serve['project']['version']}" in meta
+    assert serve["project"]["version"] == tandem.__version__
+    scripts = serve["project"]["scripts"]
+    assert files[info + "entry_points.txt"].decode() == "[console_scripts]\n" + "".join(
+        f"{k} = {v}\n" for k, v in scripts.items())
+    # Reproducible: a second build is the same bytes.
+    again = tmp_path / "again"
+    again.mkdir()
+    assert _wheel_files(backend.write_wheel(project, again)) == files
+
+
+def test_sdist_rebuilds_the_same_wheel(backend: ModuleType, tmp_path: Path) -> None:
+    project = backend.load_project()
+    wheel = _wheel_files(backend.write_wheel(project, tmp_path))
+    sdist = backend.write_sdist(project, tmp_path)
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    unpacked = tmp_path / "x" / "tandem_client-0.1.0"
+    assert (unpacked / "PKG-INFO").is_file()
+    rebuilt_project = backend.load_project(unpacked)
+    assert rebuilt_project.source_root == unpacked
+    out = tmp_path / "from-sdist"
+    out.mkdir()
+    assert _wheel_files(backend.write_wheel(rebuilt_project, out, unpacked)) == wheel
+
+
+def test_tandem_serve_ships_every_client_file_too(
+    backend: ModuleType, serve: dict[str, Any]
+) -> None:
+    """tandem-serve is the superset: its packages and package data cover the client's files,
+    so an environment with both holds one copy of each, whichever came last."""
+    include = serve["tool"]["setuptools"]["packages"]["find"]["include"]
+    package_data = serve["tool"]["setuptools"]["package-data"]
+    for name in backend.shipped_files(backend.load_project()):
+        top, _, rest = name.partition("/")
+        assert any(fnmatch(top, pattern) for pattern in include), name
+        if not name.endswith(".py"):
+            assert any(fnmatch(rest, p) for p in package_data.get(top, ())), name
