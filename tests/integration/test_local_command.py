@@ -8,6 +8,7 @@ the decode worker, is checked at parse level (tests/unit/tandem/test_vllm_comman
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import openai
 import psutil
 import pytest
 
-from tandem.local_cluster import Cluster
+from tandem.local_cluster import ROOT, Cluster
 from tests.integration.served_model import tiny_served_model
 
 KEY = "sk-local-0123456789"
@@ -48,6 +49,13 @@ def test_tandem_local_serves_a_vllm_command_line(
         assert out.usage.completion_tokens == 4
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0).models.list()
+        # What it printed to try works when pasted (the key comes from the private file).
+        try_it = next(line for line in local.log if line.startswith("Try it:"))
+        assert KEY not in try_it and f"--api-key-file {key_file}" in try_it
+        pasted = subprocess.run(try_it.removeprefix("Try it:").strip() + " --max-tokens 4",
+                                shell=True, cwd=ROOT, capture_output=True, text=True,
+                                timeout=120)
+        assert pasted.returncode == 0, pasted.stderr
     finally:
         c.stop()
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children)
