@@ -4,7 +4,8 @@ Starts one decode worker, one prefill worker and the router as separate processe
 default model, waits until each is serving, prints the endpoint and a command to try, and on
 Ctrl-C (or SIGTERM) drains and stops all three. The three share a cluster credential made for
 this run (a 0600 file in a private folder, removed at exit): nothing else can call the
-workers or join the router.
+workers or join the router. API keys (``--api-key``, ``--api-key-file``) reach the router in
+another such file, never on its command line.
 """
 
 from __future__ import annotations

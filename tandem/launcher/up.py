@@ -2,7 +2,8 @@
 
     tandem up [--model smollm2] [--prefill 1] [--decode 1] [--port 50051] [--http-port 8000]
               [--address ADDR] [--prefill-gpus G] [--decode-gpus G] [--cpus-per-worker C]
-              [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T] ...
+              [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T]
+              [--served-model-name NAME] [--api-key KEY | --api-key-file FILE] ...
 
 Starts the router, prefill and decode workers as Ray actors (the same servers as the
 standalone commands, in-process), waits until every worker serves and is registered, prints

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.model_spec import ModelSpecError
+from protos.tandem.v1 import tandem_pb2
 from router.cli import build_parser, config_from_args
 from router.config import RouterConfig
 from router.model_files import router_model_dir
@@ -61,9 +62,7 @@ def test_a_gguf_alias_resolves_without_torch_to_the_engines_tokenizer(
     assert got["chat"] == chat
 
 
-def _chat(text: str):  # -> tandem_pb2.ChatMessages
-    from protos.tandem.v1 import tandem_pb2
-
+def _chat(text: str) -> tandem_pb2.ChatMessages:
     return tandem_pb2.ChatMessages(messages=[tandem_pb2.ChatMessage(role="user", content=text)])
 
 

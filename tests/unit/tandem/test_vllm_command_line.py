@@ -28,6 +28,7 @@ from engine.cli_args import engine_config_from_args
 from prefill_worker.cli import build_parser as prefill_parser
 from router.cli import build_parser as router_parser
 from router.cli import config_from_args
+from router.config import RouterConfig
 from router.security import RouterSecurity
 from tandem import local
 from tandem.launcher import up
@@ -55,7 +56,7 @@ def _line(tmp_path: Path, as_yaml: bool, flags: list[str], text: str) -> list[st
     return ["--config", str(cfg)]
 
 
-def _assert_served(config, security: RouterSecurity) -> None:  # type: ignore[no-untyped-def]
+def _assert_served(config: RouterConfig, security: RouterSecurity) -> None:
     assert (config.model_name, config.max_model_len) == ("my-model", 1024)
     assert security.keys is not None and security.keys.allows(f"Bearer {KEY}")
     assert not security.keys.allows("Bearer sk-other")
