@@ -13,8 +13,10 @@ from typing import Any
 
 from common.arg_parser import ArgParser
 from common.credential import add_credential_args
+from common.model_spec import served_name
 from common.wire import ready_line
 from router.config import PLACEMENTS, RouterConfig
+from router.model_files import router_model_dir
 from router.security import RouterSecurity
 from router.server import BindError, RouterServer
 from router.tokenizer import RouterTokenizer, TokenizerLoadError
@@ -31,9 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
     p.add_argument("--prefill", default="", help="prefill workers, HOST:PORT,...")
     p.add_argument("--decode", default="", help="decode workers, HOST:PORT,...")
-    p.add_argument("--tokenizer", required=True, help="local model directory with a tokenizer")
+    p.add_argument("--model", default="",
+                   help="alias (smollm2), checkpoint directory or .gguf file, found as the "
+                   "workers find it; the router reads its tokenizer and config only")
+    p.add_argument("--tokenizer", default="", metavar="DIR",
+                   help="read the tokenizer and config from this directory instead of "
+                   "--model's")
     p.add_argument("--model-name", "--served-model-name", dest="model_name", default="",
-                   help="served model id (default: the dir name)")
+                   help="served model id (default: the alias, the .gguf file's stem or the "
+                   "directory's name)")
+    p.add_argument("--quantization", default=None, metavar="METHOD",
+                   help="accepted so a vLLM command line works unchanged, and ignored: "
+                   "weights live on the workers (give it to them)")
     p.add_argument(
         "--max-model-len",
         type=int,
@@ -182,14 +193,15 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
-    """Flags -> RouterConfig; raises ValueError with a clear message."""
-    tok_dir = Path(args.tokenizer)
+    """Flags -> RouterConfig; raises ValueError with a clear message (or TokenizerLoadError:
+    a GGUF whose tokenizer cannot be read)."""
+    tok_dir, default_name = model_files(args.model, args.tokenizer)
     max_model_len = args.max_model_len or _config_max_len(tok_dir)
     if max_model_len <= 0:
         raise ValueError("--max-model-len is required (no max_position_embeddings in config.json)")
     return RouterConfig(
         tokenizer_dir=str(tok_dir),
-        model_name=args.model_name or tok_dir.resolve().name,
+        model_name=args.model_name or default_name,
         max_model_len=max_model_len,
         host=args.host,
         port=args.port,
@@ -237,6 +249,19 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         http_read_timeout_s=args.http_read_timeout,
         tool_call_parser=args.tool_call_parser,
     )
+
+
+def model_files(model: str, tokenizer: str) -> tuple[Path, str]:
+    """(the directory the router reads, the default served name) for ``--model`` and
+    ``--tokenizer``: ``--tokenizer`` wins for the files; the name is ``--model``'s (its alias,
+    file stem or directory name), else the ``--tokenizer`` directory's name."""
+    if tokenizer:
+        directory = Path(tokenizer)
+        return directory, served_name(model) if model else directory.resolve().name
+    if not model:
+        raise ValueError("--model is required: an alias (smollm2), a checkpoint directory or "
+                         "a .gguf file")
+    return router_model_dir(model), served_name(model)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,12 @@
-"""The router's tokenizer: a local transformers tokenizer (never fetched from a hub)."""
+"""The router's tokenizer: a local transformers tokenizer (never fetched from a hub).
+
+The directory's ``tokenizer.json`` is loaded as written (transformers' ``TokenizersBackend``,
+with ``tokenizer_config.json``'s special tokens and chat template), not through
+``AutoTokenizer``: transformers' auto classes import torch, which the router never loads.
+For a converted GGUF (router/model_files.py) that is the tokenizer the conversion saved; for
+a checkpoint directory, the pipeline its authors serialized (``AutoTokenizer`` may instead
+rebuild it from a model-specific class named in ``tokenizer_config.json``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
@@ -42,7 +51,7 @@ class RouterTokenizer:
         if not path.is_dir():
             raise TokenizerLoadError(f"tokenizer directory {str(path)!r} does not exist")
         try:
-            self._tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            self._tok: PreTrainedTokenizerBase = TokenizersBackend.from_pretrained(
                 str(path), local_files_only=True
             )
         except (OSError, ValueError) as err:

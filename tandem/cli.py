@@ -1,6 +1,6 @@
 """The ``tandem`` command: one entry point for every process role.
 
-    tandem router  --port 50051 --prefill H:P,... --decode H:P,... --tokenizer DIR
+    tandem router  --port 50051 --prefill H:P,... --decode H:P,... --model smollm2
     tandem prefill --port P [engine flags]
     tandem decode  --port P --kv-port Q [engine flags]
     tandem local   [--model smollm2]                 (all three on this machine, no Ray)

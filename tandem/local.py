@@ -4,7 +4,8 @@ Starts one decode worker, one prefill worker and the router as separate processe
 default model, waits until each is serving, prints the endpoint and a command to try, and on
 Ctrl-C (or SIGTERM) drains and stops all three. The three share a cluster credential made for
 this run (a 0600 file in a private folder, removed at exit): nothing else can call the
-workers or join the router.
+workers or join the router. API keys (``--api-key``, ``--api-key-file``) reach the router in
+another such file, never on its command line.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from common.arg_parser import ArgParser
+from common.model_spec import served_name
 from common.wire import ready_line
 from tandem.engine_flags import (
     add_launcher_engine_args,
@@ -26,6 +29,7 @@ from tandem.engine_flags import (
     worker_engine_argv,
 )
 from tandem.invocation import tandem_command
+from tandem.launcher.api_keys import add_api_key_args, key_file_text, write_key_file
 from tandem.local_cluster import Cluster
 
 
@@ -34,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgParser(prog="tandem local", description=__doc__, config_file=True)
     p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
     p.add_argument("--model-name", "--served-model-name", dest="model_name", default="",
-                   help="served model id (default: --model as given)")
+                   help="served model id (default: the alias, the .gguf file's stem or the "
+                   "directory's name)")
     p.add_argument("--port", type=int, default=50051, help="router gRPC port")
     p.add_argument("--http-port", type=int, default=None,
                    help="router OpenAI HTTP port (default 8000; a free one when --port is 0)")
@@ -48,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cluster credential to use (default: a new one, removed at exit)")
     p.add_argument("--insecure", action="store_true",
                    help="no credential: any local user can act on the cluster's ports")
+    add_api_key_args(p)
     add_passthrough_args(p)
     add_launcher_engine_args(p)
     return p
@@ -60,11 +66,13 @@ def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]
             *args.worker_arg]
 
 
-def router_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
-    """The router's flags but its workers and ports: the tokenizer, the served name, the
-    engine flags it shares with the workers, then ``--router-arg``s."""
-    return ["--tokenizer", str(model_dir), "--model-name", args.model_name or args.model,
-            *router_engine_argv(args), *args.router_arg]
+def router_argv(args: argparse.Namespace, model: str) -> list[str]:
+    """The router's flags but its workers, ports and keys: the model as the workers get it
+    (the router reads its tokenizer), the served name when given (else the router's default:
+    the alias or the checkpoint's name), the engine flags it shares with the workers, then
+    ``--router-arg``s."""
+    name = ["--model-name", args.model_name] if args.model_name else []
+    return ["--model", model, *name, *router_engine_argv(args), *args.router_arg]
 
 
 def thread_split(cores: int) -> tuple[int, int]:
@@ -86,18 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     from engine.loader import resolve_model
 
     try:
-        model_dir = resolve_model(args.model)  # converts a GGUF once, before workers start
-    except ModelLoadError as exc:
-        print(f"tandem local: {exc}", file=sys.stderr)
-        return 2
-    try:
+        keys = key_file_text(args)  # checked before anything starts; never printed
+        resolve_model(args.model)  # converts a GGUF once, before workers start
         cluster = Cluster(echo=True, credential_flags=_credential_flags(args))
-    except ValueError as exc:
+    except (ModelLoadError, ValueError) as exc:
         print(f"tandem local: {exc}", file=sys.stderr)
         return 2
-    # Workers get the model as the user named it (an alias or a .gguf keeps the file's own
-    # quantized blocks: engine/quant "auto"); their resolve finds the conversion done above.
+    # Every process gets the model as the user named it (an alias or a .gguf keeps the file's
+    # own quantized blocks: engine/quant "auto"); their resolve finds the conversion done
+    # above, and the router reads only its tokenizer.
     spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    key_file = write_key_file(keys) if keys else None
+    key_flags = ["--api-key-file", str(key_file)] if key_file else []
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -113,11 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
         router = cluster.start("router", "--port", str(args.port), "--decode", decode.grpc,
                                *prefill_flags, "--http-port", str(_http_port(args)),
-                               *router_argv(args, model_dir))
+                               *key_flags, *router_argv(args, spec))
         example = f"{tandem_command()} generate --chat --target " + shlex.quote(router.grpc)
+        if key_file is not None:  # the user's own file, else ours (it lives as long as we do)
+            example += " --api-key-file " + shlex.quote(args.api_key_file or str(key_file))
         http = str(router.info.get("http", ""))
-        print(f"\nTandem is serving {args.model_name or args.model} on grpc://{router.grpc}",
-              flush=True)
+        print(f"\nTandem is serving {args.model_name or served_name(args.model)} on "
+              f"grpc://{router.grpc}", flush=True)
         if http:
             print(f"OpenAI-compatible API: http://{http}/v1", flush=True)
         print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
@@ -133,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
         cluster.stop()
+        if key_file is not None:
+            shutil.rmtree(key_file.parent, ignore_errors=True)
     return 0
 
 

@@ -6,21 +6,19 @@ parsers, so ``tandem up`` serves exactly what those commands would with the same
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tandem.launcher.spec import LaunchSpec
 
 
-def router_argv(spec: LaunchSpec, model_dir: str) -> list[str]:
-    """Flags of ``tandem router`` (workers are not listed: they register themselves)."""
+def router_argv(spec: LaunchSpec, model: str) -> list[str]:
+    """Flags of ``tandem router`` (workers are not listed: they register themselves; API keys
+    travel apart, ``RouterActor`` writes them to a file): the model as the workers get it (the
+    router reads its tokenizer), the served id when given (else the router's default: the
+    alias or the checkpoint's name)."""
     from router.cli import build_parser
 
-    argv = ["--host", spec.host, "--port", str(spec.port), "--tokenizer", model_dir]
-    # The served id: --model-name, else an alias as given, else the router's default
-    # (the model directory's name), as the standalone commands do.
-    name = spec.model_name or ("" if Path(spec.model).exists() else spec.model)
-    if name:
-        argv += ["--model-name", name]
+    argv = ["--host", spec.host, "--port", str(spec.port), "--model", model]
+    if spec.model_name:
+        argv += ["--model-name", spec.model_name]
     known = build_parser()._option_string_actions  # the flags this router version has
     if spec.http_port is not None and "--http-port" in known:
         argv += ["--http-port", str(spec.http_port)]

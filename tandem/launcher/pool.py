@@ -50,15 +50,14 @@ class _Worker:
 class PoolActor:
     """Everything ``tandem up`` started (wrap with ``ray.remote``; one per namespace)."""
 
-    def __init__(self, spec: LaunchSpec, model_dir: str, worker_model: str,
-                 home_node: str | None = None) -> None:
-        """``home_node``: the Ray node id where ``tandem up`` ran; the router and controller
-        are pinned there so the printed endpoints (and a Kubernetes Service on the head pod)
-        reach them."""
+    def __init__(self, spec: LaunchSpec, model: str, home_node: str | None = None) -> None:
+        """``model``: the spec every process gets (the router reads its tokenizer, the workers
+        load it). ``home_node``: the Ray node id where ``tandem up`` ran; the router and
+        controller are pinned there so the printed endpoints (and a Kubernetes Service on the
+        head pod) reach them."""
         self.spec = spec
         self._home = home_node
-        self._model_dir = model_dir
-        self._worker_model = worker_model
+        self._model = model
         self._router: Any = None
         self._router_info: dict[str, Any] = {}
         self._router_up = asyncio.Event()
@@ -81,7 +80,7 @@ class PoolActor:
             name=ROUTER, namespace=spec.namespace, num_cpus=spec.router_cpus,
             max_restarts=spec.max_restarts, max_concurrency=64,
             scheduling_strategy=home_strategy(self._home),
-        ).remote(router_argv(spec, self._model_dir), spec.cluster_secret)
+        ).remote(router_argv(spec, self._model), spec.cluster_secret, spec.api_keys)
         self._router_info = await self._router.ready.remote()
         self._router_up.set()
         pairs = min(spec.prefill, spec.decode) if spec.pack_pairs else 0
@@ -214,7 +213,7 @@ class PoolActor:
             num_cpus=spec.cpus_per_worker, num_gpus=spec.gpus(role),
             resources=dict(spec.resources), max_restarts=spec.max_restarts,
             max_concurrency=64, scheduling_strategy=strategy,
-        ).remote(role, index, worker_argv(spec, role, self._worker_model), spec.namespace,
+        ).remote(role, index, worker_argv(spec, role, self._model), spec.namespace,
                  spec.signal_window_s, spec.cluster_secret, spec.worker_host)
         worker = _Worker(role, index, handle, pair)
         worker.watcher = asyncio.create_task(self._watch(worker))

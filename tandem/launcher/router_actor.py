@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from router.config import RouterConfig
+    from router.security import RouterSecurity
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +23,10 @@ log = logging.getLogger(__name__)
 class RouterActor:
     """The cluster's router (wrap with ``ray.remote``)."""
 
-    def __init__(self, argv: list[str], cluster_secret: str) -> None:
+    def __init__(self, argv: list[str], cluster_secret: str, api_keys: str = "") -> None:
         self._argv = list(argv)
         self._secret = cluster_secret  # hex; "" for an insecure cluster
+        self._api_keys = api_keys  # key-file text; "" for none (never on an argv)
         self._server: Any = None
         self._info: dict[str, Any] | None = None
         self._lock: asyncio.Lock | None = None
@@ -49,14 +54,11 @@ class RouterActor:
 
         import ray
 
-        from router.cli import build_parser, config_from_args
         from router.server import RouterServer
         from router.tokenizer import RouterTokenizer
-        from tandem.launcher.argv import credential_argv
 
-        argv = [*self._argv, *credential_argv(self._secret)]
-        config = config_from_args(build_parser().parse_args(argv))
-        server = RouterServer(config, RouterTokenizer(config.tokenizer_dir))
+        config, security = router_config(self._argv, self._secret, self._api_keys)
+        server = RouterServer(config, RouterTokenizer(config.tokenizer_dir), security)
         port = await server.start()
         self._server = server
         node = ray.util.get_node_ip_address()
@@ -70,3 +72,28 @@ class RouterActor:
             info["http"] = f"{host}:{server.http_port}"
         log.info("router serving on %s", info)
         return info
+
+
+def router_config(
+    argv: list[str], cluster_secret: str, api_keys: str = "",
+) -> tuple[RouterConfig, RouterSecurity]:
+    """(RouterConfig, RouterSecurity) for the router's ``argv``: the cluster secret and the
+    API keys each go through a private file on this node (never onto an argv anyone can
+    read); the keys' file is removed once read. A ``--api-key-file`` in ``argv`` (a
+    ``--router-arg``) wins over the keys given apart."""
+    import shutil
+
+    from router.cli import build_parser, config_from_args
+    from router.security import RouterSecurity
+    from tandem.launcher.api_keys import write_key_file
+    from tandem.launcher.argv import credential_argv
+
+    key_file = write_key_file(api_keys) if api_keys else None
+    try:
+        keys = ["--api-key-file", str(key_file)] if key_file is not None else []
+        config = config_from_args(build_parser().parse_args(
+            [*keys, *argv, *credential_argv(cluster_secret)]))
+        return config, RouterSecurity.from_config(config)
+    finally:
+        if key_file is not None:
+            shutil.rmtree(key_file.parent, ignore_errors=True)

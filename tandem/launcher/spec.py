@@ -62,6 +62,9 @@ class LaunchSpec:
     # node). "" with ``insecure``: none at all, asked for explicitly.
     cluster_secret: str = field(default="", repr=False)
     insecure: bool = False
+    # The router's API keys as key-file text (tandem/launcher/api_keys.py; "" for none): the
+    # router actor writes them to a private file on its node.
+    api_keys: str = field(default="", repr=False)
     worker_host: str = ""  # workers' listen address ("": their node's IP, for other nodes)
 
     def __post_init__(self) -> None:

@@ -3,6 +3,7 @@
     tandem up [--model smollm2] [--prefill 1] [--decode 1] [--port 50051] [--http-port 8000]
               [--address ADDR] [--prefill-gpus G] [--decode-gpus G] [--cpus-per-worker C]
               [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T]
+              [--served-model-name NAME] [--api-key KEY | --api-key-file FILE]
               [--worker-arg F] [--prefill-arg F] [--decode-arg F] [--router-arg F] ...
 
 Starts the router, prefill and decode workers as Ray actors (the same servers as the
@@ -29,6 +30,7 @@ from pathlib import Path
 from autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
 from common.arg_parser import ArgParser
 from common.credential import ClusterCredential, new_secret
+from common.model_spec import served_name
 from common.wire import ready_line
 from tandem.engine_flags import (
     add_launcher_engine_args,
@@ -37,6 +39,7 @@ from tandem.engine_flags import (
     worker_engine_argv,
 )
 from tandem.invocation import tandem_command
+from tandem.launcher.api_keys import add_api_key_args, key_file_text
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
 
 
@@ -46,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="alias, HF directory or .gguf file")
     p.add_argument("--model-name", "--served-model-name", dest="model_name", default="",
-                   help="served model id (default: the alias, or the directory's name)")
+                   help="served model id (default: the alias, the .gguf file's stem or the "
+                   "directory's name)")
     p.add_argument("--prefill", type=int, default=1, help="prefill workers (0: colocated)")
     p.add_argument("--decode", type=int, default=1, help="decode workers")
     p.add_argument("--host", default="127.0.0.1",
@@ -79,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--insecure", action="store_true",
                    help="no credential: anyone who reaches the internal ports can act on the "
                    "cluster")
+    add_api_key_args(p, p.add_argument_group(
+        "router API keys (a public --host needs some, or --router-arg=--allow-unauthenticated)"))
     g = p.add_argument_group("workers")
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker engine (default on a local instance: the "
@@ -124,6 +130,7 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         max_restarts=args.max_restarts, pack_pairs=not args.no_pack,
         signal_window_s=window, ready_timeout_s=args.ready_timeout, autoscale=autoscale,
         cluster_secret=_cluster_secret(args), insecure=args.insecure,
+        api_keys=key_file_text(args),
         # A local instance lives on this machine only: its workers listen on loopback.
         worker_host="127.0.0.1" if args.address is None else "",
     )
@@ -133,16 +140,16 @@ def _check_public_bind(spec: LaunchSpec) -> None:
     """Refuse, before anything starts, a router the router itself would refuse: a public API
     on a non-loopback address without API keys, unless allowed (``--router-arg=...``)."""
     flags = {a.split("=", 1)[0] for a in spec.router_args}
-    if flags & {"--api-key-file", "--api-key", "--allow-unauthenticated"}:
+    if spec.api_keys or flags & {"--api-key-file", "--api-key", "--allow-unauthenticated"}:
         return
     try:
         loopback = spec.host == "localhost" or ipaddress.ip_address(spec.host).is_loopback
     except ValueError:
         loopback = False
     if not loopback:
-        raise ValueError(f"--host {spec.host} without API keys: pass "
-                         "--router-arg=--api-key-file=FILE, or "
-                         "--router-arg=--allow-unauthenticated if that network is trusted")
+        raise ValueError(f"--host {spec.host} without API keys: pass --api-key-file FILE "
+                         "(or --api-key), or --router-arg=--allow-unauthenticated if that "
+                         "network is trusted")
 
 
 def _cluster_secret(args: argparse.Namespace) -> str:
@@ -177,18 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tandem up: {exc}", file=sys.stderr)
         return 2
     try:
-        model_dir = _resolve(spec.model)
+        _resolve(spec.model)
     except ValueError as exc:
         print(f"tandem up: {exc}", file=sys.stderr)
         return 2
     # A local instance shares this machine's files; on a cluster each node resolves the
     # model itself (a path must then exist on every node, an alias is converted per node).
-    # An alias or a .gguf goes to the workers as named, so they keep the file's own quantized
-    # blocks (engine/quant "auto"); their resolve finds the conversion done above.
-    if not Path(spec.model).is_dir():
-        worker_model = str(Path(spec.model).resolve()) if Path(spec.model).exists() else spec.model
-    else:
-        worker_model = model_dir
+    # Every process gets the model as named (an alias or a .gguf keeps the file's own
+    # quantized blocks: engine/quant "auto"; the router reads only its tokenizer), a path
+    # made absolute; their resolve finds the conversion done above.
+    model = str(Path(spec.model).resolve()) if Path(spec.model).exists() else spec.model
     if args.address is None and spec.threads is None:
         spec = dataclasses.replace(spec, threads=_local_threads(spec))
 
@@ -211,12 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     pool = ray.remote(PoolActor).options(
         name=REGISTRY, namespace=spec.namespace, num_cpus=0, max_concurrency=256,
         lifetime="detached" if spec.detach else None, scheduling_strategy=home_strategy(home),
-    ).remote(spec, model_dir, worker_model, home)
+    ).remote(spec, model, home)
     try:
         print(f"[tandem] starting router, {spec.prefill} prefill and {spec.decode} decode "
               "workers on Ray ...", file=sys.stderr, flush=True)
         status = ray.get(pool.start.remote())
-        _announce(spec, status)
+        _announce(spec, status, args.api_key_file)
         if spec.detach:
             return 0
         while not stop.wait(2.0):
@@ -255,31 +260,38 @@ def _local_cpus(args: argparse.Namespace, spec: LaunchSpec) -> int | None:
     return max(os.cpu_count() or 1, need)
 
 
-def _resolve(model: str) -> str:
-    """A local model directory for ``model``: converts an alias or GGUF once, up front."""
+def _resolve(model: str) -> None:
+    """Check ``model`` and convert an alias or GGUF once, up front (ValueError if it is none
+    of alias, .gguf file or checkpoint directory)."""
     if Path(model).is_dir():
-        return str(Path(model).resolve())  # nothing to convert: skip importing the engine
+        return  # nothing to convert: skip importing the engine
     from engine.errors import ModelLoadError
     from engine.loader import resolve_model
 
     try:
-        return str(resolve_model(model))
+        resolve_model(model)
     except ModelLoadError as exc:
         raise ValueError(str(exc)) from exc
 
 
-def _announce(spec: LaunchSpec, status: dict[str, object]) -> None:
+def _announce(spec: LaunchSpec, status: dict[str, object], api_key_file: str = "") -> None:
     router = status["router"]
     assert isinstance(router, dict)
     grpc_ep, http_ep = router["grpc"], router.get("http")
-    example = (f"{tandem_command()} generate --chat --target {shlex.quote(grpc_ep)} "
-               "\"Write a haiku about the sea\"")
-    print(f"\nTandem is serving {spec.model} on Ray (namespace {spec.namespace})", flush=True)
+    example = f"{tandem_command()} generate --chat --target {shlex.quote(grpc_ep)}"
+    if spec.api_keys:  # never the key itself: the user's file, else a placeholder
+        example += (f" --api-key-file {shlex.quote(api_key_file)}" if api_key_file
+                    else " --api-key KEY")
+    example += " \"Write a haiku about the sea\""
+    name = spec.model_name or served_name(spec.model)
+    print(f"\nTandem is serving {name} on Ray (namespace {spec.namespace})", flush=True)
     print(f"  gRPC:  {grpc_ep}", flush=True)
     if http_ep:
         print(f"  HTTP:  http://{http_ep}/v1", flush=True)
     print(f"  workers: {status['replicas']}  (tandem status --namespace {spec.namespace})")
     print(f"Try it:  {example}", flush=True)
+    if spec.api_keys and not api_key_file:
+        print("         (KEY: one of the --api-key values given)", flush=True)
     print("Stop:    " + ("tandem down" if spec.detach else "Ctrl-C drains and stops it"),
           flush=True)
     info = {"role": "up", "grpc": grpc_ep, "http": http_ep, "namespace": spec.namespace}

@@ -28,10 +28,9 @@ def test_bad_flag_value_exits_2(tok_dir: str) -> None:
     assert err.value.code == 2
 
 
-def test_missing_tokenizer_flag_exits_2() -> None:
-    with pytest.raises(SystemExit) as err:
-        main([])
-    assert err.value.code == 2
+def test_no_model_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "--model is required" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -32,14 +32,14 @@ def test_engine_flags_reach_both_workers_and_the_router_its_own() -> None:
               "--max-num-seqs=8"]
     assert worker_argv(args, "smollm2", 3) == [
         "--model", "smollm2", "--threads", "3", *engine, "--no-kv-shm"]
-    assert router_argv(args, Path("/m")) == [
-        "--tokenizer", "/m", "--model-name", "tiny", "--max-model-len=2048", "--max-inflight=9"]
+    assert router_argv(args, "smollm2") == [
+        "--model", "smollm2", "--model-name", "tiny", "--max-model-len=2048", "--max-inflight=9"]
 
 
 def test_unset_engine_flags_are_not_forwarded() -> None:
     args = build_parser().parse_args(["--model", "m"])
     assert worker_argv(args, "m", 1) == ["--model", "m", "--threads", "1"]
-    assert router_argv(args, Path("/m")) == ["--tokenizer", "/m", "--model-name", "m"]
+    assert router_argv(args, "/abs/m") == ["--model", "/abs/m"]  # the router names it
 
 
 def test_forwarded_flags_parse_as_the_workers_do() -> None:

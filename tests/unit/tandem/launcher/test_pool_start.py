@@ -47,7 +47,7 @@ class _Handle:
 
 
 def _pool(*readies: Callable[..., Awaitable[Any]]) -> PoolActor:
-    pool = PoolActor(LaunchSpec(insecure=True, dead_after_s=0.5), "model", "model")
+    pool = PoolActor(LaunchSpec(insecure=True, dead_after_s=0.5), "model")
     for i, ready in enumerate(readies):
         w = _Worker("decode", i, _Handle(ready), None)
         w.watcher = asyncio.create_task(pool._watch(w))

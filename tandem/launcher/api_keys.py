@@ -1,0 +1,60 @@
+"""The API keys a launcher (``tandem local``, ``tandem up``) hands its router, never on a
+command line.
+
+    tandem local|up --api-key K1 --api-key K2 --api-key-file F
+      launcher: checks them by the router's own rules (router/auth.py), joins them into one
+                key-file text (the inline keys, then F's lines)
+      router's machine: that text in a 0600 file in a fresh 0700 folder -> --api-key-file
+
+``tandem local`` writes the file itself and passes its path to the router process; ``tandem
+up`` ships the text to the router actor as it ships the cluster secret, and the actor writes
+the file on its node and removes it once the router has read it. A key is never logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+KEY_FILE = "api-keys"
+
+
+def add_api_key_args(
+    parser: argparse.ArgumentParser, group: argparse._ArgumentGroup | None = None,
+) -> None:
+    """``--api-key KEY`` (repeatable, vLLM's name) and ``--api-key-file FILE``."""
+    g: argparse._ActionsContainer = group if group is not None else parser
+    g.add_argument("--api-key", dest="api_keys", action="append", default=[], metavar="KEY",
+                   help="an API key the router accepts (repeat for several; the router gets it "
+                   "in a private file, but this command line is visible to other local "
+                   "users: prefer --api-key-file or --config)")
+    g.add_argument("--api-key-file", default="", metavar="FILE",
+                   help="API keys the router accepts, one per line (# comments)")
+
+
+def key_file_text(args: argparse.Namespace) -> str:
+    """The router's key-file text for ``--api-key``/``--api-key-file`` ("" when none given).
+    Raises ValueError (router.auth.ApiKeyFileError) for an empty or spaced key, or a file
+    that is unreadable or holds none, without quoting a key."""
+    from router.auth import ApiKeys
+
+    inline = list(args.api_keys)
+    if ApiKeys.load(args.api_key_file, inline) is None:
+        return ""
+    text = "".join(f"{key}\n" for key in inline)
+    if args.api_key_file:
+        text += Path(args.api_key_file).read_text()
+    return text
+
+
+def write_key_file(text: str) -> Path:
+    """``text`` in a new file only this user can read (a fresh 0700 folder); the caller
+    removes the folder (``path.parent``) when the router has read it."""
+    folder = Path(tempfile.mkdtemp(prefix="tandem-api-keys-"))
+    path = folder / KEY_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
