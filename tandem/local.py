@@ -1,8 +1,9 @@
 """``tandem local``: a whole cluster on this machine without Ray (what ``make serve`` runs).
 
 Starts one decode worker, one prefill worker and the router as separate processes on the
-default model, waits until each is serving, prints the endpoint and a command to try, and on
-Ctrl-C (or SIGTERM) drains and stops all three. The three share a cluster credential made for
+default model, waits until each is serving, prints the endpoints (the API, and each process's
+Prometheus /metrics) and a command to try, and on Ctrl-C (or SIGTERM) drains and stops all
+three. The three share a cluster credential made for
 this run (a 0600 file in a private folder, removed at exit): nothing else can call the
 workers or join the router.
 """
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from common.arg_parser import ArgParser
 from common.wire import ready_line
@@ -44,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-threads", type=int, default=decode,
                    help=f"decode worker threads (default: a quarter of the cores, {decode})")
     p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
+    p.add_argument("--worker-metrics-port", type=int, default=0,
+                   help="workers' Prometheus /metrics port on loopback (default 0: a free "
+                   "one each, printed; -1: none)")
     p.add_argument("--cluster-secret-file", default=None,
                    help="the cluster credential to use (default: a new one, removed at exit)")
     p.add_argument("--insecure", action="store_true",
@@ -53,17 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def served_name(args: argparse.Namespace) -> str:
+    """The model id clients send (and every process's metrics carry as ``model_name``)."""
+    return str(args.model_name or args.model)
+
+
 def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]:
     """Flags both workers get (the caller adds the role's ports): the model, threads, the
-    engine flags given, then ``--worker-arg``s (last, so they win)."""
-    return ["--model", model, "--threads", str(threads), *worker_engine_argv(args),
-            *args.worker_arg]
+    served name and metrics port, the engine flags given, then ``--worker-arg``s (last, so
+    they win)."""
+    return ["--model", model, "--threads", str(threads), "--served-model-name",
+            served_name(args), "--metrics-port", str(args.worker_metrics_port),
+            *worker_engine_argv(args), *args.worker_arg]
 
 
 def router_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
     """The router's flags but its workers and ports: the tokenizer, the served name, the
     engine flags it shares with the workers, then ``--router-arg``s."""
-    return ["--tokenizer", str(model_dir), "--model-name", args.model_name or args.model,
+    return ["--tokenizer", str(model_dir), "--model-name", served_name(args),
             *router_engine_argv(args), *args.router_arg]
 
 
@@ -105,11 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0",
                                *worker_argv(args, spec, args.decode_threads))
         prefill_flags: list[str] = []
+        workers = {"decode": decode}
         if not args.no_prefill:
             print("[tandem] starting prefill worker ...", file=sys.stderr, flush=True)
             prefill = cluster.start("prefill_worker", "--port", "0",
                                     *worker_argv(args, spec, args.prefill_threads))
             prefill_flags = ["--prefill", prefill.grpc]
+            workers["prefill"] = prefill
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
         router = cluster.start("router", "--port", str(args.port), "--decode", decode.grpc,
                                *prefill_flags, "--http-port", str(_http_port(args)),
@@ -120,9 +134,15 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         if http:
             print(f"OpenAI-compatible API: http://{http}/v1", flush=True)
+        metrics = metrics_endpoints(http, workers)
+        if metrics:
+            print("Prometheus /metrics: " + ", ".join(
+                f"{role} http://{address}/metrics" for role, address in metrics.items()),
+                flush=True)
         print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
         print("Ctrl-C drains and stops the cluster.", flush=True)
-        info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {})}
+        info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {}),
+                "metrics": metrics}
         print(ready_line(info), end="", flush=True)
         stop.wait()
     except KeyboardInterrupt:
@@ -134,6 +154,15 @@ def main(argv: list[str] | None = None) -> int:
         print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
         cluster.stop()
     return 0
+
+
+def metrics_endpoints(router_http: str, workers: dict[str, Any]) -> dict[str, str]:
+    """Where each process serves /metrics (role -> host:port): the router on its HTTP port,
+    each worker on its metrics port (none when it serves none)."""
+    out = {"router": router_http} if router_http else {}
+    out.update({role: str(p.info["metrics"]) for role, p in workers.items()
+                if p.info.get("metrics")})
+    return out
 
 
 def _credential_flags(args: argparse.Namespace) -> list[str] | None:

@@ -18,13 +18,23 @@ def router_argv(spec: LaunchSpec, model_dir: str) -> list[str]:
     argv = ["--host", spec.host, "--port", str(spec.port), "--tokenizer", model_dir]
     # The served id: --model-name, else an alias as given, else the router's default
     # (the model directory's name), as the standalone commands do.
-    name = spec.model_name or ("" if Path(spec.model).exists() else spec.model)
+    name = _given_name(spec)
     if name:
         argv += ["--model-name", name]
     known = build_parser()._option_string_actions  # the flags this router version has
     if spec.http_port is not None and "--http-port" in known:
         argv += ["--http-port", str(spec.http_port)]
     return argv + list(spec.router_args)
+
+
+def _given_name(spec: LaunchSpec) -> str:
+    return spec.model_name or ("" if Path(spec.model).exists() else spec.model)
+
+
+def served_name(spec: LaunchSpec, model_dir: str) -> str:
+    """The model id the router serves (``router_argv``'s rule: given, an alias, else the
+    model directory's name), which the workers' metrics carry as ``model_name`` too."""
+    return _given_name(spec) or Path(model_dir).name
 
 
 def credential_argv(cluster_secret: str) -> list[str]:
@@ -37,13 +47,17 @@ def credential_argv(cluster_secret: str) -> list[str]:
     return ["--cluster-secret-file", str(private_secret_file(cluster_secret))]
 
 
-def worker_argv(spec: LaunchSpec, role: str, model: str) -> list[str]:
-    """Engine flags of ``tandem prefill|decode`` (the actor adds host, ports, router, id);
-    ``spec.worker_args`` (the engine flags ``tandem up`` was given, then its ``--worker-arg``s)
-    come last, so a ``--device`` given wins over the one a GPU request implies."""
+def worker_argv(spec: LaunchSpec, role: str, model: str, served: str = "") -> list[str]:
+    """Engine flags of ``tandem prefill|decode`` (the actor adds host, ports, router, id),
+    the served model id (``served``, when given) and the metrics port; ``spec.worker_args``
+    (the engine flags ``tandem up`` was given, then its ``--worker-arg``s) come last, so a
+    ``--device`` given wins over the one a GPU request implies."""
     argv = ["--model", model]
     if spec.threads is not None:
         argv += ["--threads", str(spec.threads)]
     if spec.gpus(role) > 0:
         argv += ["--device", "cuda"]
+    if served:
+        argv += ["--served-model-name", served]
+    argv += ["--metrics-port", str(spec.worker_metrics_port)]
     return argv + list(spec.worker_args)

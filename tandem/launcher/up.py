@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker engine (default on a local instance: the "
                         "machine's cores divided among the workers; on a cluster: torch's)")
+    g.add_argument("--worker-metrics-port", type=int, default=0,
+                   help="each worker's Prometheus /metrics port, on its listen address "
+                   "(default 0: a free one, shown by tandem status; -1: none; a fixed port "
+                   "needs one worker per node)")
     add_passthrough_args(p, g)
     add_launcher_engine_args(p)
     g = p.add_argument_group("autoscaling")
@@ -118,6 +122,7 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         cluster_secret=_cluster_secret(args), insecure=args.insecure,
         # A local instance lives on this machine only: its workers listen on loopback.
         worker_host="127.0.0.1" if args.address is None else "",
+        worker_metrics_port=args.worker_metrics_port,
     )
 
 
