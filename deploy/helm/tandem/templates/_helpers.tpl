@@ -225,6 +225,7 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{- define "tandem.routerSecurityArgs" -}}
 {{- if .Values.apiKey.enabled }}
 - --api-key-file=/etc/tandem/api-keys/api-keys
+- --metrics-key-file=/etc/tandem/metrics-key/metrics-key
 {{- else }}
 {{- /* The router listens on the pod network; without keys that must be said (NOTES warns). */}}
 - --allow-unauthenticated
@@ -253,6 +254,13 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 - name: api-keys
   secret:
     secretName: {{ include "tandem.apiKeySecret" .ctx }}
+{{- end }}
+{{- if and (ne .role "worker") $v.apiKey.enabled }}
+- name: metrics-key
+  secret:
+    secretName: {{ include "tandem.metricsKeySecret" .ctx }}
+    items:
+      - {key: metrics-key, path: metrics-key}
 {{- end }}
 {{- if and (ne .role "worker") $v.tls.enabled }}
 - name: tls
@@ -297,6 +305,11 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
   mountPath: /etc/tandem/api-keys
   readOnly: true
 {{- end }}
+{{- if and (ne .role "worker") $v.apiKey.enabled }}
+- name: metrics-key
+  mountPath: /etc/tandem/metrics-key
+  readOnly: true
+{{- end }}
 {{- if and (ne .role "worker") $v.tls.enabled }}
 - name: tls
   mountPath: /etc/tandem/tls
@@ -324,9 +337,11 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{- end }}
 {{- end -}}
 
-{{/* Engine flags of a worker role; call with (dict "ctx" $ "role" .Values.prefill). */}}
+{{/* Engine flags of a worker role, and the served model id its metrics carry (model_name);
+call with (dict "ctx" $ "role" .Values.prefill). */}}
 {{- define "tandem.engineArgs" -}}
 - --model={{ include "tandem.modelPath" .ctx }}
+- --served-model-name={{ include "tandem.servedName" .ctx }}
 - --device={{ .role.device }}
 - --dtype={{ .role.dtype }}
 {{- if gt (int .role.threads) 0 }}
