@@ -16,6 +16,7 @@ import shlex
 import signal
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -113,17 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        print("[tandem] starting decode worker ...", file=sys.stderr, flush=True)
-        decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0",
-                               *worker_argv(args, spec, args.decode_threads))
-        prefill_flags: list[str] = []
-        workers = {"decode": decode}
-        if not args.no_prefill:
-            print("[tandem] starting prefill worker ...", file=sys.stderr, flush=True)
-            prefill = cluster.start("prefill_worker", "--port", "0",
-                                    *worker_argv(args, spec, args.prefill_threads))
-            prefill_flags = ["--prefill", prefill.grpc]
-            workers["prefill"] = prefill
+        workers = _start_workers(cluster, args, spec)
+        decode = workers["decode"]
+        prefill_flags = ["--prefill", workers["prefill"].grpc] if "prefill" in workers else []
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
         router = cluster.start("router", "--port", str(args.port), "--decode", decode.grpc,
                                *prefill_flags, "--http-port", str(_http_port(args)),
@@ -142,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
         print("Ctrl-C drains and stops the cluster.", flush=True)
         info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {}),
-                "metrics": metrics}
+                "metrics": metrics, "workers": {role: p.grpc for role, p in workers.items()}}
         print(ready_line(info), end="", flush=True)
         stop.wait()
     except KeyboardInterrupt:
@@ -154,6 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
         cluster.stop()
     return 0
+
+
+def _start_workers(cluster: Cluster, args: argparse.Namespace, spec: str) -> dict[str, Any]:
+    """Start the decode worker and (unless --no-prefill) the prefill worker side by side
+    (their imports and model loads overlap); role -> Proc once both serve. RuntimeError when
+    one fails (``Cluster.start`` has stopped everything then)."""
+    commands = {"decode": ("decode_worker", "--port", "0", "--kv-port", "0",
+                           *worker_argv(args, spec, args.decode_threads))}
+    if not args.no_prefill:
+        commands["prefill"] = ("prefill_worker", "--port", "0",
+                               *worker_argv(args, spec, args.prefill_threads))
+    print(f"[tandem] starting {' and '.join(commands)} workers ...", file=sys.stderr, flush=True)
+    with ThreadPoolExecutor(len(commands)) as pool:
+        futures = {role: pool.submit(cluster.start, *command)
+                   for role, command in commands.items()}
+        return {role: future.result() for role, future in futures.items()}
 
 
 def metrics_endpoints(router_http: str, workers: dict[str, Any]) -> dict[str, str]:
