@@ -9,4 +9,5 @@
     grpc_keepalive  the keepalive options both ends of every gRPC channel set
     arg_parser   every command's argparse parser: no abbreviations, values never echoed
     config_file  ``--config FILE.yaml`` -> argv in front of the command line's (the CLI wins)
+    metrics_export  what /metrics serves: model_name on every series, vLLM's names as aliases
 """

@@ -56,7 +56,7 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     """Load the engine, start the KV receiver on ``kv_port`` and the worker logic."""
     wc = config.worker
     engine = load_engine(wc.engine)
-    metrics = WorkerMetrics("decode")
+    metrics = WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat)
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_cache_spec())
     receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(

@@ -377,7 +377,15 @@ class LLMEngine:
             max_num_batched_tokens=self.scheduler.budget,
             cached_block_hashes=tuple(pool.cached_hashes(MAX_REPORTED_HASHES)),
             weights_format=self.weights_format,
+            num_stranded_blocks=self.kv.stranded_blocks(self._live_request_ids()),
         )
+
+    def _live_request_ids(self) -> list[str]:
+        """Every request that may hold KV blocks: scheduled (running, waiting) or pinned
+        (reserved for a push, held for one)."""
+        s = self.scheduler
+        return [*(r.request_id for r in s.running), *(r.request_id for r in s.waiting),
+                *self.remote.request_ids()]
 
 
 def _needs_host(p: SamplingParams) -> bool:

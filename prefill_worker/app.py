@@ -42,7 +42,7 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
     """Load the engine, make the KV sender, install the layer hook."""
     wc = config.worker
     engine = load_engine(wc.engine)
-    metrics = PrefillMetrics()
+    metrics = PrefillMetrics(model_name=wc.model_name, compat=wc.metrics_compat)
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_cache_spec())
     sender = Sender(engine.kv_cache, layout,

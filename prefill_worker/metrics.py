@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from common.metrics_export import COMPAT_VLLM
 from worker.metrics import WorkerMetrics
 
 
@@ -16,9 +17,10 @@ class PrefillMetrics(WorkerMetrics):
     """``WorkerMetrics`` for role "prefill", plus bytes pushed and failed pushes."""
 
     def __init__(
-        self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic, *,
+        model_name: str = "", compat: str = COMPAT_VLLM,
     ) -> None:
-        super().__init__("prefill", window_s, clock)
+        super().__init__("prefill", window_s, clock, model_name=model_name, compat=compat)
         self.bytes_pushed = 0
         self.failed_pushes = 0
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from common.arg_parser import ArgParser
 from common.credential import add_credential_args
+from common.metrics_export import add_metrics_compat_arg
 from common.model_spec import served_name
 from common.wire import ready_line
 from router.config import PLACEMENTS, RouterConfig
@@ -130,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_credential_args(p, "the Registry (workers joining) and every call to a worker")
     p.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve the public API on a non-loopback address without API keys")
+    add_metrics_compat_arg(p)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -148,6 +150,9 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", dest="api_keys", action="append", default=[], metavar="KEY",
                    help="an accepted API key (repeat for several; a command line is visible "
                    "to other local users: prefer --api-key-file or --config)")
+    p.add_argument("--metrics-key-file", default="",
+                   help="keys that open GET /metrics only, one per line (a Prometheus "
+                   "scraper's bearer token; API keys open it too)")
     p.add_argument("--tls-cert", default="", help="PEM certificate chain for gRPC and HTTP")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--worker-ca", default="", help="CA that signed the workers' certificates")
@@ -231,6 +236,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         allow_unauthenticated=args.allow_unauthenticated,
         api_key_file=args.api_key_file,
         api_keys=tuple(args.api_keys),
+        metrics_key_file=args.metrics_key_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         worker_ca=args.worker_ca,
@@ -248,6 +254,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_inflight_per_key=args.max_inflight_per_key,
         http_read_timeout_s=args.http_read_timeout,
         tool_call_parser=args.tool_call_parser,
+        metrics_compat=args.metrics_compat,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.metrics_export import COMPAT_CHOICES
+
 # The longest a worker call may be bounded by (a day): "no bound" is not a setting.
 _MAX_TIMEOUT_S = 86_400.0
 PLACEMENTS = ("adaptive", "remote")
@@ -72,6 +74,9 @@ class RouterConfig:
     # Which markup chat outputs with tools are parsed as (router/tools/select.py): "auto"
     # picks it from the chat template.
     tool_call_parser: str = "auto"
+    # /metrics: "vllm" also exports vLLM's names for the figures that mean the same
+    # (common/metrics_export.py); "none": tandem_* only.
+    metrics_compat: str = "vllm"
     # Where workers come from: "static" (flags + self-registration) or "kubernetes" (pods by
     # label, router/k8s_discovery.py); "" namespace means the router pod's own.
     discovery: str = "static"
@@ -90,6 +95,8 @@ class RouterConfig:
     api_key_file: str = ""
     # Keys given inline (--api-key): secrets, so left out of the repr (never logged).
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # Keys that open GET /metrics only (a scraper's credential; API keys open it too).
+    metrics_key_file: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     worker_ca: str = ""
@@ -124,6 +131,7 @@ class RouterConfig:
             "prefill_timeout_s": 0 < self.prefill_timeout_s <= _MAX_TIMEOUT_S,
         }
         checks["discovery"] = self.discovery in ("static", "kubernetes")
+        checks["metrics_compat"] = self.metrics_compat in COMPAT_CHOICES
         checks.update({
             "max_stop_strings": self.max_stop_strings >= 0,
             "max_stop_chars": self.max_stop_chars >= 1,

@@ -326,7 +326,7 @@ class Frontend:
     ) -> None:
         end = time.perf_counter()
         clock.ended = True
-        self.metrics.finished("ok")
+        self.metrics.succeeded(response.finish_reason)
         self.metrics.e2e.observe(end - clock.arrival)
         report = handoff.report
         response.usage.CopyFrom(

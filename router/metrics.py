@@ -2,13 +2,17 @@
 
 Two kinds of figures:
 
-    observed on the request path   requests by outcome, TTFT, ITL, E2E, queue time, tokens
-        (Frontend calls ``RouterMetrics`` at each phase boundary)
+    observed on the request path   requests by outcome and finish reason, TTFT, ITL, E2E,
+        (Frontend calls ``RouterMetrics`` queue time, tokens
+        at each phase boundary)
     read at scrape time            fallbacks and migrations (HandoffCounters), running and
         (a custom collector)       queued requests (AdmissionLedger), the worker pool (Registry)
 
-Each ``RouterMetrics`` owns its own ``CollectorRegistry`` (never the process-wide default), so
-several routers can live in one test process; ``/metrics`` renders ``metrics.registry``.
+Each ``RouterMetrics`` owns its own registries (never the process-wide default), so several
+routers can live in one test process. ``/metrics`` renders ``metrics.registry``: every family
+labelled ``model_name``, and with compat "vllm" the request-level figures also under vLLM's
+names (``VLLM_ALIASES``, common/metrics_export.py, docs/metrics.md). The engine-level ones
+(running/waiting batches, KV cache, prefix cache) are the workers' (worker/metrics.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.metrics_export import COMPAT_VLLM, Aliases, export_registry
 from router.admission import AdmissionLedger
 from router.errors import (
     DeadlineError,
@@ -36,14 +41,32 @@ from router.membership.worker_view import Role
 
 ROLE = "router"
 OUTCOMES = ("ok", "invalid", "overloaded", "unavailable", "deadline", "cancelled", "error")
+# How requests ended, as vLLM's ``finished_reason`` names it: "stop" (an EOS, stop string or
+# stop token; tool calls too), "length" (max_tokens or the context), "abort" (the client went).
+FINISH_REASONS = ("stop", "length", "abort")
 
-# Latency buckets in seconds, after vLLM's (TTFT, ITL and E2E of LLM requests).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+# Latency buckets in seconds, after vLLM's (TTFT, ITL and E2E of LLM requests); TTFT also has
+# 2.0, the default --slo-ttft-s, so an SLO alert can count requests inside it (le="2.0").
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+# Request-level figures whose meaning is vLLM's (docs/metrics.md): what a client sees, once per
+# request, measured where vLLM's API server measures it (arrival to first token sent, ...).
+VLLM_ALIASES: Aliases = {
+    "tandem_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+    # vLLM observes one gap per engine output, as this does per streamed chunk; it exported
+    # the same histogram as time_per_output_token_seconds before renaming it.
+    "tandem_inter_token_latency_seconds": ("vllm:inter_token_latency_seconds",
+                                           "vllm:time_per_output_token_seconds"),
+    "tandem_e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
+    "tandem_prompt_tokens": ("vllm:prompt_tokens",),
+    "tandem_generation_tokens": ("vllm:generation_tokens",),
+    "tandem_requests_finished": ("vllm:request_success",),
+}
 
 # HandoffCounters field -> the fallback ``kind`` label it is exported under.
 FALLBACK_KINDS = {
@@ -146,18 +169,27 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 class RouterMetrics:
-    """Every metric one router exports, in its own ``registry``."""
+    """Every metric one router exports: ``instruments`` (tandem_* names) and ``registry``
+    (what /metrics renders: ``model_name`` on every series, vLLM's aliases with compat
+    "vllm")."""
 
     def __init__(
-        self, counters: HandoffCounters, ledger: AdmissionLedger, registry: Registry
+        self, counters: HandoffCounters, ledger: AdmissionLedger, registry: Registry,
+        model_name: str = "", compat: str = COMPAT_VLLM,
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        reg = self.registry
+        self.instruments = CollectorRegistry(auto_describe=True)
+        reg = self.instruments
+        self.registry = export_registry(reg, model_name, compat, VLLM_ALIASES)
         self.requests = Counter(
             "tandem_requests", "Generate requests by how they ended", ["role", "outcome"],
             registry=reg)
         for outcome in OUTCOMES:  # every outcome exists from the start, at 0
             self.requests.labels(ROLE, outcome)
+        self.finish_reasons = Counter(
+            "tandem_requests_finished", "Requests that ended with a finish reason (stop, "
+            "length; abort: the client went away)", ["role", "finished_reason"], registry=reg)
+        for reason in FINISH_REASONS:
+            self.finish_reasons.labels(ROLE, reason)
         self.ttft = Histogram(
             "tandem_time_to_first_token_seconds", "Arrival to first token sent", ["role"],
             buckets=TTFT_BUCKETS, registry=reg).labels(ROLE)
@@ -179,8 +211,17 @@ class RouterMetrics:
         reg.register(_StateCollector(counters, ledger, registry))
 
     def finished(self, outcome: str) -> None:
-        """Count one request's end (``outcome`` is one of OUTCOMES)."""
+        """Count one request's end (``outcome`` is one of OUTCOMES); a cancelled one is also
+        an "abort" finish."""
         self.requests.labels(ROLE, outcome).inc()
+        if outcome == "cancelled":
+            self.finish_reasons.labels(ROLE, "abort").inc()
+
+    def succeeded(self, finish_reason: str) -> None:
+        """Count a request that finished normally, with the engine's (or OpenAI's) reason."""
+        self.requests.labels(ROLE, "ok").inc()
+        reason = "stop" if finish_reason in ("", "tool_calls") else finish_reason
+        self.finish_reasons.labels(ROLE, reason).inc()
 
     def failed(self, exc: BaseException) -> None:
         """Count a request that ended by raising ``exc``."""

@@ -40,12 +40,14 @@ def _is_loopback(host: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class RouterSecurity:
     """The cluster credential (Registry calls in, every worker call out), API keys (None:
-    open), public TLS (None: plaintext), worker mTLS (None: plaintext)."""
+    open), public TLS (None: plaintext), worker mTLS (None: plaintext), and the keys that
+    open /metrics only (None: /metrics follows the API keys)."""
 
     credential: ClusterCredential
     keys: ApiKeys | None = None
     server_tls: ServerTls | None = None
     worker_tls: WorkerTls | None = None
+    metrics_keys: ApiKeys | None = None
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> RouterSecurity:
@@ -64,4 +66,5 @@ class RouterSecurity:
             ApiKeys.load(config.api_key_file, config.api_keys),
             ServerTls.load(config.tls_cert, config.tls_key),
             WorkerTls.load(config.worker_ca, config.worker_cert, config.worker_key),
+            ApiKeys.load(config.metrics_key_file),
         )

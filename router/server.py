@@ -96,7 +96,8 @@ class RouterServer:
             AdmissionLedger(config.max_inflight, config.max_queue, config.retry_after_ms)
         )
         # Its own Prometheus registry (``self.metrics.registry``), served at HTTP /metrics.
-        self.metrics = RouterMetrics(counters, self.gate.ledger, self.registry)
+        self.metrics = RouterMetrics(counters, self.gate.ledger, self.registry,
+                                     config.model_name, config.metrics_compat)
         clients = ClientLimits(  # keys count only where API keys say who a client is
             config.max_inflight_per_connection,
             config.max_inflight_per_key if self.security.keys is not None else 0,
@@ -191,7 +192,8 @@ class RouterServer:
         """The OpenAI-compatible HTTP API on ``http_host:http_port``, sharing this loop."""
         tls = self.security.server_tls
         http = HttpServer(self.frontend, self.metrics.registry, self.security.keys,
-                          tls.ssl_context() if tls is not None else None)
+                          tls.ssl_context() if tls is not None else None,
+                          metrics_keys=self.security.metrics_keys)
         host = self.config.http_host or self.config.host
         try:
             self.http_port = await http.start(host, self.config.http_port)

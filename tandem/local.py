@@ -1,8 +1,9 @@
 """``tandem local``: a whole cluster on this machine without Ray (what ``make serve`` runs).
 
 Starts one decode worker, one prefill worker and the router as separate processes on the
-default model, waits until each is serving, prints the endpoint and a command to try, and on
-Ctrl-C (or SIGTERM) drains and stops all three. The three share a cluster credential made for
+default model, waits until each is serving, prints the endpoints (the API, and each process's
+Prometheus /metrics) and a command to try, and on Ctrl-C (or SIGTERM) drains and stops all
+three. The three share a cluster credential made for
 this run (a 0600 file in a private folder, removed at exit): nothing else can call the
 workers or join the router. API keys (``--api-key``, ``--api-key-file``) reach the router in
 another such file, never on its command line.
@@ -17,10 +18,12 @@ import shutil
 import signal
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from common.arg_parser import ArgParser
-from common.model_spec import served_name
+from common.model_spec import served_name as default_served_name
 from common.wire import ready_line
 from tandem.engine_flags import (
     add_launcher_engine_args,
@@ -49,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-threads", type=int, default=decode,
                    help=f"decode worker threads (default: a quarter of the cores, {decode})")
     p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
+    p.add_argument("--worker-metrics-port", type=int, default=0,
+                   help="workers' Prometheus /metrics port on loopback (default 0: a free "
+                   "one each, printed; -1: none)")
     p.add_argument("--cluster-secret-file", default=None,
                    help="the cluster credential to use (default: a new one, removed at exit)")
     p.add_argument("--insecure", action="store_true",
@@ -59,20 +65,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def served_name(args: argparse.Namespace) -> str:
+    """The model id clients send (and every process's metrics carry as ``model_name``):
+    ``--model-name``, else the alias or the checkpoint's name (common.model_spec's rule)."""
+    return str(args.model_name or default_served_name(args.model))
+
+
 def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]:
     """Flags both workers get (the caller adds the role's ports): the model, threads, the
-    engine flags given, then ``--worker-arg``s (last, so they win)."""
-    return ["--model", model, "--threads", str(threads), *worker_engine_argv(args),
-            *args.worker_arg]
+    served name and metrics port, the engine flags given, then ``--worker-arg``s (last, so
+    they win)."""
+    return ["--model", model, "--threads", str(threads), "--served-model-name",
+            served_name(args), "--metrics-port", str(args.worker_metrics_port),
+            *worker_engine_argv(args), *args.worker_arg]
 
 
 def router_argv(args: argparse.Namespace, model: str) -> list[str]:
     """The router's flags but its workers, ports and keys: the model as the workers get it
-    (the router reads its tokenizer), the served name when given (else the router's default:
-    the alias or the checkpoint's name), the engine flags it shares with the workers, then
-    ``--router-arg``s."""
-    name = ["--model-name", args.model_name] if args.model_name else []
-    return ["--model", model, *name, *router_engine_argv(args), *args.router_arg]
+    (the router reads its tokenizer), the served name, the engine flags it shares with the
+    workers, then ``--router-arg``s."""
+    return ["--model", model, "--model-name", served_name(args), *router_engine_argv(args),
+            *args.router_arg]
 
 
 def thread_split(cores: int) -> tuple[int, int]:
@@ -109,15 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        print("[tandem] starting decode worker ...", file=sys.stderr, flush=True)
-        decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0",
-                               *worker_argv(args, spec, args.decode_threads))
-        prefill_flags: list[str] = []
-        if not args.no_prefill:
-            print("[tandem] starting prefill worker ...", file=sys.stderr, flush=True)
-            prefill = cluster.start("prefill_worker", "--port", "0",
-                                    *worker_argv(args, spec, args.prefill_threads))
-            prefill_flags = ["--prefill", prefill.grpc]
+        workers = _start_workers(cluster, args, spec)
+        decode = workers["decode"]
+        prefill_flags = ["--prefill", workers["prefill"].grpc] if "prefill" in workers else []
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
         router = cluster.start("router", "--port", str(args.port), "--decode", decode.grpc,
                                *prefill_flags, "--http-port", str(_http_port(args)),
@@ -126,13 +133,19 @@ def main(argv: list[str] | None = None) -> int:
         if key_file is not None:  # the user's own file, else ours (it lives as long as we do)
             example += " --api-key-file " + shlex.quote(args.api_key_file or str(key_file))
         http = str(router.info.get("http", ""))
-        print(f"\nTandem is serving {args.model_name or served_name(args.model)} on "
+        print(f"\nTandem is serving {served_name(args)} on "
               f"grpc://{router.grpc}", flush=True)
         if http:
             print(f"OpenAI-compatible API: http://{http}/v1", flush=True)
+        metrics = metrics_endpoints(http, workers)
+        if metrics:
+            print("Prometheus /metrics: " + ", ".join(
+                f"{role} http://{address}/metrics" for role, address in metrics.items()),
+                flush=True)
         print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
         print("Ctrl-C drains and stops the cluster.", flush=True)
-        info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {})}
+        info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {}),
+                "metrics": metrics, "workers": {role: p.grpc for role, p in workers.items()}}
         print(ready_line(info), end="", flush=True)
         stop.wait()
     except KeyboardInterrupt:
@@ -146,6 +159,31 @@ def main(argv: list[str] | None = None) -> int:
         if key_file is not None:
             shutil.rmtree(key_file.parent, ignore_errors=True)
     return 0
+
+
+def _start_workers(cluster: Cluster, args: argparse.Namespace, spec: str) -> dict[str, Any]:
+    """Start the decode worker and (unless --no-prefill) the prefill worker side by side
+    (their imports and model loads overlap); role -> Proc once both serve. RuntimeError when
+    one fails (``Cluster.start`` has stopped everything then)."""
+    commands = {"decode": ("decode_worker", "--port", "0", "--kv-port", "0",
+                           *worker_argv(args, spec, args.decode_threads))}
+    if not args.no_prefill:
+        commands["prefill"] = ("prefill_worker", "--port", "0",
+                               *worker_argv(args, spec, args.prefill_threads))
+    print(f"[tandem] starting {' and '.join(commands)} workers ...", file=sys.stderr, flush=True)
+    with ThreadPoolExecutor(len(commands)) as pool:
+        futures = {role: pool.submit(cluster.start, *command)
+                   for role, command in commands.items()}
+        return {role: future.result() for role, future in futures.items()}
+
+
+def metrics_endpoints(router_http: str, workers: dict[str, Any]) -> dict[str, str]:
+    """Where each process serves /metrics (role -> host:port): the router on its HTTP port,
+    each worker on its metrics port (none when it serves none)."""
+    out = {"router": router_http} if router_http else {}
+    out.update({role: str(p.info["metrics"]) for role, p in workers.items()
+                if p.info.get("metrics")})
+    return out
 
 
 def _credential_flags(args: argparse.Namespace) -> list[str] | None:

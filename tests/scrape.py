@@ -1,5 +1,6 @@
 """Reading Prometheus text in tests: parse with the official parser, index the samples, check
-the naming rules of DESIGN.md section 5 (``tandem_`` prefix, a ``role`` label)."""
+the naming rules of DESIGN.md section 5 (``tandem_`` prefix, a ``role`` label; vLLM's names,
+``vllm:``, where a process exports them too: docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+PREFIXES = ("tandem_", "vllm:")
 
 
 def parse(text: str) -> Samples:
     """Every sample, keyed by (sample name, its labels); asserts the naming rules hold."""
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
-        assert family.name.startswith("tandem_"), family.name
+        assert family.name.startswith(PREFIXES), family.name
         for s in family.samples:
             assert "role" in s.labels, (s.name, s.labels)
             samples[(s.name, frozenset(s.labels.items()))] = s.value

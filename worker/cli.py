@@ -26,6 +26,7 @@ from common.credential import (
     add_credential_args,
     credential_from_flags,
 )
+from common.metrics_export import add_metrics_compat_arg
 from engine.cli_args import add_engine_args, engine_config_from_args
 from worker.app import WorkerApp
 from worker.config import ServeConfig, StartupError, WorkerConfig
@@ -61,6 +62,10 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics here (-1: off, 0: pick a free port)")
     p.add_argument("--metrics-host", default=None, help="metrics listen address (default: --host)")
+    p.add_argument("--served-model-name", "--model-name", dest="served_model_name", default="",
+                   help="the model id clients use (the router's --model-name), as /metrics' "
+                   "model_name label (default: the last part of --model)")
+    add_metrics_compat_arg(p)
     add_tls_args(p)
     add_engine_args(p)
 
@@ -96,6 +101,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     return WorkerConfig(
         serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
+        served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -55,6 +56,15 @@ class WorkerConfig:
     worker_id: str | None = None  # None: ``<role>-<hostname>-<pid>``
     kv_shm: bool = True  # same-host shared memory for KV, else TCP only
     kv_tls: TlsConfig | None = None  # TLS on KV over TCP (the credential authenticates anyway)
+    served_model_name: str = ""  # /metrics' model_name label ("": from the engine's model)
+    metrics_compat: str = "vllm"  # "vllm": /metrics also has vLLM's names (docs/metrics.md)
+
+    @property
+    def model_name(self) -> str:
+        """The served model id this worker's metrics carry: ``served_model_name``, else the
+        last part of ``--model`` (an alias as given, a directory's name), as the router's
+        default is its model directory's name."""
+        return self.served_model_name or Path(self.engine.model).name or self.engine.model
 
     @property
     def kv_secret(self) -> bytes:

@@ -8,7 +8,10 @@ the same set for both roles (the prefill role adds its push counters in its own 
 
 The engine and kv_transfer never import prometheus: the snapshot is built from their own
 ``stats()`` (``update``) right before each scrape (``metrics_http``) and rendered here.
-Each ``WorkerMetrics`` owns its ``CollectorRegistry``, so several workers fit in one process.
+Each ``WorkerMetrics`` owns its registries, so several workers fit in one process. /metrics
+renders ``registry``: ``model_name`` on every series and, with compat "vllm", the engine-level
+figures also under vLLM's names (``VLLM_ALIASES``; docs/metrics.md). Request-level figures
+(TTFT, ITL, E2E, tokens) are aliased by the router only, which sees each request once.
 """
 
 from __future__ import annotations
@@ -21,8 +24,23 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.metrics_export import COMPAT_VLLM, Aliases, export_registry
 from engine.outputs import EngineStats
 from worker.recent import RecentFigures, RecentWindow
+
+# Engine-level figures whose meaning is vLLM's, per engine as vLLM exports them (docs/metrics.md).
+VLLM_ALIASES: Aliases = {
+    "tandem_num_requests_running": ("vllm:num_requests_running",),
+    "tandem_num_requests_waiting": ("vllm:num_requests_waiting",),
+    # vLLM's name since 0.9, and the one it had before (older dashboards, KEDA examples)
+    "tandem_kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "tandem_prefix_cache_queries": ("vllm:prefix_cache_queries",),
+    "tandem_prefix_cache_hits": ("vllm:prefix_cache_hits",),
+    "tandem_num_preemptions": ("vllm:num_preemptions",),
+    "tandem_spec_decode_drafts": ("vllm:spec_decode_num_drafts",),
+    "tandem_spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
+    "tandem_spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
+}
 
 # Seconds. TTFT/ITL as vLLM buckets them; a step and a push are milliseconds to seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -54,14 +72,18 @@ class Snapshot:
 
 
 class WorkerMetrics:
-    """One worker's metrics, in its own ``registry``, labelled ``role`` (prefill or decode)."""
+    """One worker's metrics, labelled ``role`` (prefill or decode): ``instruments`` (tandem_*
+    names) and ``registry`` (what /metrics renders: ``model_name`` on every series, vLLM's
+    aliases with compat "vllm")."""
 
     def __init__(
-        self, role: str, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self, role: str, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+        *, model_name: str = "", compat: str = COMPAT_VLLM,
     ) -> None:
         self.role = role
-        self.registry = CollectorRegistry(auto_describe=True)
-        reg = self.registry
+        self.instruments = CollectorRegistry(auto_describe=True)
+        reg = self.instruments
+        self.registry = export_registry(reg, model_name, compat, VLLM_ALIASES)
         self._step = Histogram(
             "tandem_engine_step_seconds", "Wall time of one engine step (schedule, forward, "
             "sample)", ["role"], buckets=STEP_BUCKETS, registry=reg).labels(role)
@@ -162,3 +184,12 @@ class _SnapshotCollector(Collector):
                       "(aborted, failed or expired)", t.failures)
         yield gauge("tandem_kv_leased_blocks", "KV blocks leased to transfers in flight "
                     "(decode: reserved for a push; prefill: being pushed)", t.leased_blocks)
+        yield gauge("tandem_kv_stranded_blocks", "KV blocks in use that no running, waiting, "
+                    "reserved or held request accounts for (a leak: always 0)",
+                    e.num_stranded_blocks)
+        yield counter("tandem_spec_decode_drafts", "Speculative drafts verified (one per "
+                      "request and step)", e.spec_num_steps)
+        yield counter("tandem_spec_decode_draft_tokens", "Draft tokens proposed and verified",
+                      e.spec_proposed_tokens)
+        yield counter("tandem_spec_decode_accepted_tokens", "Draft tokens the target accepted",
+                      e.spec_accepted_tokens)

@@ -10,6 +10,7 @@ block a step needs is granted, or nothing changes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.block_hash import hash_block
@@ -44,6 +45,13 @@ class KVCacheManager:
     def holds(self, request_id: str) -> bool:
         """True when the request currently holds blocks."""
         return request_id in self._blocks
+
+    def stranded_blocks(self, live: Iterable[str]) -> int:
+        """Blocks in use that none of the ``live`` requests holds: a request that left without
+        ``free``, or a reference that outlived its owners. 0 unless something leaked (below 0:
+        a block freed while still held)."""
+        owned = {b.block_id for rid in live for b in self._blocks.get(rid, ())}
+        return self.pool.num_blocks - self.pool.num_free - len(owned)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""

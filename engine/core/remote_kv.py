@@ -86,6 +86,10 @@ class RemoteKV:
         """Finished requests whose blocks are kept for a push."""
         return len(self._by_request) - len(self._by_transfer)
 
+    def request_ids(self) -> list[str]:
+        """Every reserved or held request, by id."""
+        return list(self._by_request)
+
     def get(self, request_id: str) -> RemoteEntry | None:
         """The request's entry, if it has one."""
         return self._by_request.get(request_id)

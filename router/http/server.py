@@ -4,6 +4,9 @@
     GET  /v1/models             GET  /metrics (Prometheus)
     GET  /health (open: the process is up)    GET  /ready (open: it can serve now, else 503)
 
+With API keys every other route needs one; ``/metrics`` also takes a metrics key (a scraper's
+credential that opens nothing else), and needs one of either when only metrics keys are set.
+
 Requests go straight to ``Frontend`` (the same accept/generate the gRPC servicer calls):
 no gRPC hop and no second validator. A client that disconnects cancels its handler
 (``handler_cancellation``), which closes the generation and so both of its worker legs.
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "X-Tandem-Timeout"  # optional per-request budget in seconds (-> 504)
 _OPEN_PATHS = frozenset({"/health", "/ready"})
+METRICS_PATH = "/metrics"
 
 
 class HttpServer:
@@ -57,10 +61,12 @@ class HttpServer:
         registry: CollectorRegistry,
         keys: ApiKeys | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        metrics_keys: ApiKeys | None = None,
     ) -> None:
         self._frontend = frontend
         self._registry = registry
         self._keys = keys
+        self._metrics_keys = metrics_keys
         self._ssl = ssl_context
         self._readiness = Readiness(frontend.deps.registry, frontend.gate)
         config = frontend.deps.config
@@ -81,7 +87,7 @@ class HttpServer:
         app.router.add_post("/detokenize", self._detokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
-        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get(METRICS_PATH, self._metrics)
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -129,13 +135,20 @@ class HttpServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self._keys is not None and request.path not in _OPEN_PATHS:
-            if not self._keys.allows(request.headers.get("Authorization")):
-                body = error_body(401, "missing or invalid API key (Authorization: Bearer <key>)",
-                                  code="invalid_api_key")
-                return web.json_response(body, status=401,
-                                         headers={"WWW-Authenticate": "Bearer"})
+        if request.path not in _OPEN_PATHS and not self._allowed(request):
+            body = error_body(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                              code="invalid_api_key")
+            return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
+
+    def _allowed(self, request: web.Request) -> bool:
+        """Whether the request's credential opens its path (open paths aside)."""
+        header = request.headers.get("Authorization")
+        guards = [self._keys]
+        if request.path == METRICS_PATH:
+            guards.append(self._metrics_keys)
+        present = [g for g in guards if g is not None]
+        return not present or any(g.allows(header) for g in present)
 
     # -- routes --------------------------------------------------------------------------
 

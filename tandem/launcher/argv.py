@@ -6,6 +6,7 @@ parsers, so ``tandem up`` serves exactly what those commands would with the same
 
 from __future__ import annotations
 
+from common.model_spec import served_name as default_served_name
 from tandem.launcher.spec import LaunchSpec
 
 
@@ -25,6 +26,12 @@ def router_argv(spec: LaunchSpec, model: str) -> list[str]:
     return argv + list(spec.router_args)
 
 
+def served_name(spec: LaunchSpec) -> str:
+    """The model id the router serves (``--model-name``, else the alias or the checkpoint's
+    name: common.model_spec's rule), which the workers' metrics carry as ``model_name`` too."""
+    return spec.model_name or default_served_name(spec.model)
+
+
 def credential_argv(cluster_secret: str) -> list[str]:
     """The credential flags for a command run in an actor: the secret in a private file on
     this node (never on a command line), or ``--insecure`` when the cluster has none."""
@@ -35,14 +42,19 @@ def credential_argv(cluster_secret: str) -> list[str]:
     return ["--cluster-secret-file", str(private_secret_file(cluster_secret))]
 
 
-def worker_argv(spec: LaunchSpec, role: str, model: str) -> list[str]:
-    """Engine flags of ``tandem prefill|decode`` (the actor adds host, ports, router, id);
-    ``spec.worker_args`` (the engine flags ``tandem up`` was given, then its ``--worker-arg``s)
-    come after the implied ones, so a ``--device`` given wins over the one a GPU request
-    implies, and the role's own (``--prefill-arg`` / ``--decode-arg``) come last."""
+def worker_argv(spec: LaunchSpec, role: str, model: str, served: str = "") -> list[str]:
+    """Engine flags of ``tandem prefill|decode`` (the actor adds host, ports, router, id),
+    the served model id (``served``, when given: the workers' metrics carry it as
+    ``model_name``) and the metrics port; ``spec.worker_args`` (the engine flags ``tandem up``
+    was given, then its ``--worker-arg``s) come after the implied ones, so a ``--device``
+    given wins over the one a GPU request implies, and the role's own (``--prefill-arg`` /
+    ``--decode-arg``) come last."""
     argv = ["--model", model]
     if spec.threads is not None:
         argv += ["--threads", str(spec.threads)]
     if spec.gpus(role) > 0:
         argv += ["--device", "cuda"]
+    if served:
+        argv += ["--served-model-name", served]
+    argv += ["--metrics-port", str(spec.worker_metrics_port)]
     return argv + list(spec.worker_args) + list(spec.role_args(role))

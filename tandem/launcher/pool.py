@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.launcher.argv import router_argv, worker_argv
+from tandem.launcher.argv import router_argv, served_name, worker_argv
 from tandem.launcher.placement import home_strategy, pair_group, worker_strategy
 from tandem.launcher.spec import CONTROLLER, ROUTER, LaunchSpec, worker_name
 
@@ -208,13 +208,14 @@ class PoolActor:
         spec, index = self.spec, self._next[role]
         self._next[role] += 1
         strategy = worker_strategy(role, self._pgs[pair] if pair is not None else None)
+        argv = worker_argv(spec, role, self._model, served_name(spec))
         handle = ray.remote(WorkerActor).options(
             name=worker_name(role, index), namespace=spec.namespace,
             num_cpus=spec.cpus_per_worker, num_gpus=spec.gpus(role),
             resources=dict(spec.resources), max_restarts=spec.max_restarts,
             max_concurrency=64, scheduling_strategy=strategy,
-        ).remote(role, index, worker_argv(spec, role, self._model), spec.namespace,
-                 spec.signal_window_s, spec.cluster_secret, spec.worker_host)
+        ).remote(role, index, argv, spec.namespace, spec.signal_window_s, spec.cluster_secret,
+                 spec.worker_host)
         worker = _Worker(role, index, handle, pair)
         worker.watcher = asyncio.create_task(self._watch(worker))
         self._workers.append(worker)

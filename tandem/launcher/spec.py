@@ -66,6 +66,9 @@ class LaunchSpec:
     # router actor writes them to a private file on its node.
     api_keys: str = field(default="", repr=False)
     worker_host: str = ""  # workers' listen address ("": their node's IP, for other nodes)
+    # Each worker's Prometheus /metrics, on its listen address: 0 a free port (in ``tandem
+    # status``), -1 none; a fixed port needs one worker per node (a Kubernetes pod each).
+    worker_metrics_port: int = 0
 
     def __post_init__(self) -> None:
         checks = {
@@ -82,6 +85,7 @@ class LaunchSpec:
             "signal_window_s": self.signal_window_s > 0,
             "ready_timeout_s": self.ready_timeout_s > 0,
             "dead_after_s": self.dead_after_s > 0,
+            "worker_metrics_port": -1 <= self.worker_metrics_port <= 65535,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

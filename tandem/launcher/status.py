@@ -1,8 +1,8 @@
 """``tandem status``: what ``tandem up`` runs, where, its endpoints and health.
 
     router   grpc 10.0.0.5:50051  http 10.0.0.5:8000  node 10.0.0.5
-    prefill-0  serving  10.0.0.5:41234  node 10.0.0.5  registered  restarts 0
-    decode-0   serving  10.0.0.5:40111  node 10.0.0.5  registered  restarts 0
+    prefill-0  serving  10.0.0.5:41234  node 10.0.0.5  registered  restarts 0  metrics 10.0.0.5:9090
+    decode-0   serving  10.0.0.5:40111  node 10.0.0.5  registered  restarts 0  metrics 10.0.0.5:9091
     autoscaler slo: prefill 1 -> 1 (follow; ttft_p90_s=0.12) ...
 """
 
@@ -36,8 +36,9 @@ def format_status(status: dict[str, Any]) -> str:
         health = "registered" if w.get("registered") else "not registered"
         lines.append(f"{w['role'] + '-' + str(w['index']):<11} {w['state']:<10} "
                      f"{w.get('grpc', '-'):<22} node {w.get('node', '-')}  {health}  "
-                     f"restarts {w['restarts']}" + (f"  error: {w['error']}" if 'error' in w
-                                                    else ""))
+                     f"restarts {w['restarts']}"
+                     + (f"  metrics {w['metrics']}" if w.get("metrics") else "")
+                     + (f"  error: {w['error']}" if 'error' in w else ""))
     auto = status.get("autoscaler")
     if auto:
         for d in auto.get("decisions", []):

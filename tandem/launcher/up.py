@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker engine (default on a local instance: the "
                         "machine's cores divided among the workers; on a cluster: torch's)")
+    g.add_argument("--worker-metrics-port", type=int, default=0,
+                   help="each worker's Prometheus /metrics port, on its listen address "
+                   "(default 0: a free one, shown by tandem status; -1: none; a fixed port "
+                   "needs one worker per node)")
     add_passthrough_args(p, g)
     g.add_argument("--prefill-arg", action="append", default=[], metavar="FLAG",
                    help="extra flag for prefill workers only, after --worker-arg (repeat)")
@@ -133,6 +137,7 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         api_keys=key_file_text(args),
         # A local instance lives on this machine only: its workers listen on loopback.
         worker_host="127.0.0.1" if args.address is None else "",
+        worker_metrics_port=args.worker_metrics_port,
     )
 
 

@@ -69,6 +69,7 @@ def render(values: dict[str, Any]) -> dict[str, str]:
 # sha256 (the pods' checksum/cluster-secret annotation).
 GENERATED_SECRET = "<generated cluster credential>"
 GENERATED_CHECKSUM = "<sha256 of the generated cluster credential>"
+GENERATED_METRICS_KEY = "<generated scrape key>"
 
 
 @functools.cache
@@ -89,6 +90,9 @@ def golden_text(rendered: dict[str, str]) -> str:
     if secret is not None:  # offline, lookup finds no Secret: a new random one every render
         text = text.replace(base64.b64encode(secret.encode()).decode(), GENERATED_SECRET)
         text = text.replace(hashlib.sha256(secret.encode()).hexdigest(), GENERATED_CHECKSUM)
+    key = generated_metrics_key(rendered)
+    if key is not None:  # the router's scrape key: random offline too
+        text = text.replace(base64.b64encode(key.encode()).decode(), GENERATED_METRICS_KEY)
     return text
 
 
@@ -103,6 +107,16 @@ def _hook_script_block() -> str:
     """The script as the test Pod's command holds it, lines stripped as golden files are."""
     return "\n".join((HOOK_INDENT + line).rstrip()
                      for line in HOOK_SCRIPT.read_text().splitlines())
+
+
+def generated_metrics_key(rendered: dict[str, str]) -> str | None:
+    """The router's scrape key in the Secret the chart generated, or None if it made none."""
+    for path, text in rendered.items():
+        if path.endswith("/metrics-key-secret.yaml"):
+            for doc in yaml.safe_load_all(text):
+                if doc:
+                    return base64.b64decode(doc["data"]["metrics-key"]).decode()
+    return None
 
 
 def generated_credential(rendered: dict[str, str]) -> str | None:

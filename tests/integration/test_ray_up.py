@@ -36,6 +36,7 @@ from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
 from tandem.launcher.connect import runtime_env
 from tandem.launcher.status import format_status
 from tests.integration.served_model import tiny_served_model
+from tests.scrape import fetch, parse, value
 from tests.unit.engine._reference import hf_greedy
 
 ray = pytest.importorskip("ray")
@@ -308,11 +309,16 @@ def test_status_shows_what_runs_where(up: Up) -> None:
     assert roles == ["decode", "prefill"]
     for w in status["workers"]:
         assert w["state"] == "serving" and w["registered"] and w["grpc"], w
+        # Every worker actor serves /metrics (tandem up --worker-metrics-port, default 0).
+        samples = parse(fetch(w["metrics"]))
+        assert {dict(labels)["role"] for _, labels in samples} == {w["role"]}
+        assert value(samples, "tandem_kv_cache_blocks") > 0
     # The pair shares a placement group: one node, so KV moves over shared memory.
     assert {w["pair"] for w in status["workers"]} == {0}
     assert status["autoscaler"]["policy"] == "queue"
     table = format_status(status)
     assert "prefill-0" in table and "decode-0" in table and "registered" in table
+    assert "metrics " in table
 
 
 def test_burst_scales_prefill_up_then_idle_scales_down_without_failures(up: Up) -> None:

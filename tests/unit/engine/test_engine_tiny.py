@@ -48,6 +48,8 @@ def test_prefix_cache_hit_gives_same_tokens(tiny_dir, make_engine) -> None:
     outs = []
     while engine.has_unfinished():
         outs += [o for o in engine.step() if o.request_id == rid and o.finished]
+        # every block in use is a live request's, the shared cached prefix included
+        assert engine.stats().num_stranded_blocks == 0
     assert outs[0].num_cached_tokens == 64  # four full blocks of the shared prefix
     assert engine.stats().prefix_cache_hits - hits_before == 64
     assert outs[0].token_ids == hf_greedy(path, shared + [9, 10], GREEDY.max_tokens)

@@ -97,3 +97,40 @@ def test_registry_needs_the_credential_not_a_key(tokenizer: RouterTokenizer,
             assert reply.heartbeat_interval_s > 0
 
     asyncio.run(scenario())
+
+
+def test_a_metrics_key_opens_metrics_only(tokenizer: RouterTokenizer, tmp_path: Path) -> None:
+    """A scraper's key (``--metrics-key-file``) reads /metrics and nothing else; API keys still
+    read /metrics; with metrics keys alone the API stays open and /metrics needs one."""
+    scraper = "metrics-scraper-token"
+    metrics_file = tmp_path / "metrics-key"
+    metrics_file.write_text(f"{scraper}\n")
+
+    async def get(http: aiohttp.ClientSession, url: str, key: str | None) -> int:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with http.get(url, headers=headers) as r:
+            await r.read()
+            return r.status
+
+    async def scenario() -> None:
+        async with cluster(tokenizer, http_port=0, api_key_file=str(_key_file(tmp_path)),
+                           metrics_key_file=str(metrics_file)) as c, \
+                aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{c.router.http_port}"
+            assert await get(http, base + "/metrics", scraper) == 200
+            assert await get(http, base + "/metrics", KEY) == 200
+            assert await get(http, base + "/metrics", None) == 401
+            assert await get(http, base + "/metrics", "wrong") == 401
+            assert await get(http, base + "/v1/models", scraper) == 401
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.stub.ListModels(tandem_pb2.ListModelsRequest(),
+                                        metadata=(("authorization", f"Bearer {scraper}"),))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        async with cluster(tokenizer, http_port=0, metrics_key_file=str(metrics_file)) as c, \
+                aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{c.router.http_port}"
+            assert await get(http, base + "/v1/models", None) == 200
+            assert await get(http, base + "/metrics", None) == 401
+            assert await get(http, base + "/metrics", scraper) == 200
+
+    asyncio.run(scenario())

@@ -58,3 +58,15 @@ def test_worker_call_bounds_defaults_and_flags() -> None:
 def test_worker_call_bounds_out_of_range_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         RouterConfig(**BASE, **{field: value})
+
+
+def test_metrics_flags() -> None:
+    """vLLM's names are on by default; the scrape key's file is a path like the API keys'."""
+    config = RouterConfig(**BASE)
+    assert (config.metrics_compat, config.metrics_key_file) == ("vllm", "")
+    args = build_parser().parse_args(["--tokenizer", "x", "--max-model-len", "64",
+                                      "--metrics-compat", "none", "--metrics-key-file", "/k"])
+    flagged = config_from_args(args)
+    assert (flagged.metrics_compat, flagged.metrics_key_file) == ("none", "/k")
+    with pytest.raises(ValueError, match="metrics_compat"):
+        RouterConfig(**BASE, metrics_compat="sglang")

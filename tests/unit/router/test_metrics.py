@@ -175,3 +175,45 @@ def test_overload_and_no_worker_outcomes(tokenizer: RouterTokenizer) -> None:
             assert value(s, "tandem_requests_total", outcome="ok") == 0
 
     asyncio.run(scenario())
+
+
+def test_export_labels_the_model_and_aliases_vllm_names() -> None:
+    """/metrics' registry: model_name on every series; the request-level figures also under
+    vLLM's names (same values); compat "none" drops the aliases; finish reasons as vLLM's."""
+    counters, ledger = HandoffCounters(), AdmissionLedger(4, 8, 100)
+    registry = Registry(time.monotonic, 1.0)
+    metrics = RouterMetrics(counters, ledger, registry, model_name="tiny")
+    metrics.ttft.observe(0.3)
+    metrics.itl.observe(0.02)
+    metrics.e2e.observe(1.2)
+    metrics.prompt_tokens.inc(40)
+    metrics.generation_tokens.inc(8)
+    metrics.succeeded("stop")
+    metrics.succeeded("tool_calls")  # a tool call ends at a stop
+    metrics.succeeded("length")
+    metrics.finished("cancelled")  # the client went away: vLLM's "abort"
+    s = _scrape(metrics)
+    assert all(dict(labels).get("model_name") == "tiny" for _, labels in s)
+    pairs = {
+        "vllm:time_to_first_token_seconds_count": "tandem_time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_sum": "tandem_inter_token_latency_seconds_sum",
+        "vllm:time_per_output_token_seconds_count": "tandem_inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum": "tandem_e2e_request_latency_seconds_sum",
+        "vllm:prompt_tokens_total": "tandem_prompt_tokens_total",
+        "vllm:generation_tokens_total": "tandem_generation_tokens_total",
+    }
+    for vllm, tandem in pairs.items():
+        assert value(s, vllm) == value(s, tandem) > 0, vllm
+    assert value(s, "vllm:time_to_first_token_seconds_bucket", le="0.5") == 1
+    assert value(s, "tandem_time_to_first_token_seconds_bucket", le="2.0") == 1  # SLO bucket
+    for reason, n in (("stop", 2), ("length", 1), ("abort", 1)):
+        assert value(s, "vllm:request_success_total", finished_reason=reason) == n
+        assert value(s, "tandem_requests_finished_total", finished_reason=reason) == n
+    assert value(s, "tandem_requests_total", outcome="ok") == 3
+    # engine-level state is the workers' to alias (each engine's batch, like vLLM's)
+    assert not any(name == "vllm:num_requests_running" for name, _ in s)
+
+    plain = RouterMetrics(counters, ledger, registry, model_name="tiny", compat="none")
+    assert not any(name.startswith("vllm:") for name, _ in _scrape(plain))
+    with pytest.raises(ValueError, match="compat"):
+        RouterMetrics(counters, ledger, registry, compat="sglang")

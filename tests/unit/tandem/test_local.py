@@ -31,15 +31,17 @@ def test_engine_flags_reach_both_workers_and_the_router_its_own() -> None:
               "--no-prefix-caching", "--quantization=int4", "--kv-cache-dtype=int8",
               "--max-num-seqs=8"]
     assert worker_argv(args, "smollm2", 3) == [
-        "--model", "smollm2", "--threads", "3", *engine, "--no-kv-shm"]
+        "--model", "smollm2", "--threads", "3", "--served-model-name", "tiny",
+        "--metrics-port", "0", *engine, "--no-kv-shm"]
     assert router_argv(args, "smollm2") == [
         "--model", "smollm2", "--model-name", "tiny", "--max-model-len=2048", "--max-inflight=9"]
 
 
 def test_unset_engine_flags_are_not_forwarded() -> None:
     args = build_parser().parse_args(["--model", "m"])
-    assert worker_argv(args, "m", 1) == ["--model", "m", "--threads", "1"]
-    assert router_argv(args, "/abs/m") == ["--model", "/abs/m"]  # the router names it
+    assert worker_argv(args, "m", 1) == ["--model", "m", "--threads", "1",
+                                         "--served-model-name", "m", "--metrics-port", "0"]
+    assert router_argv(args, "/abs/m") == ["--model", "/abs/m", "--model-name", "m"]
 
 
 def test_forwarded_flags_parse_as_the_workers_do() -> None:
@@ -57,5 +59,31 @@ def test_config_file_and_command_line(tmp_path: Path) -> None:
                    "worker-arg: ['--no-kv-shm']\n")
     args = build_parser().parse_args(["--config", str(cfg), "--max-model-len", "512"])
     assert args.port == 0
-    assert worker_argv(args, "smollm2", 1)[4:] == [
+    assert worker_argv(args, "smollm2", 1)[8:] == [
         "--max-model-len=512", "--quantization=int4", "--no-kv-shm"]
+
+
+def test_workers_serve_metrics_under_the_served_name() -> None:
+    """Every worker serves /metrics (a free loopback port, announced) with the router's
+    model id; ``--worker-metrics-port -1`` turns it off, a --worker-arg still wins."""
+    from decode_worker.cli import build_parser as decode_parser
+    from decode_worker.cli import config_from_args
+    from tandem.local import metrics_endpoints
+
+    args = build_parser().parse_args(["--model", "/models/tiny", "--model-name", "t1"])
+    worker = config_from_args(decode_parser().parse_args(
+        ["--port", "0", "--kv-port", "0", "--insecure", *worker_argv(args, "/models/tiny", 1)]))
+    assert worker.worker.model_name == "t1" and worker.worker.serve.metrics_port == 0
+    off = build_parser().parse_args(["--worker-metrics-port", "-1",
+                                     "--worker-arg=--metrics-port=9100"])
+    argv = worker_argv(off, "m", 1)
+    assert decode_parser().parse_args(["--port", "0", "--kv-port", "0", *argv]).metrics_port == 9100
+    assert "-1" in argv
+
+    class _Proc:
+        def __init__(self, info: dict[str, str]) -> None:
+            self.info = info
+
+    assert metrics_endpoints("127.0.0.1:8000", {"decode": _Proc({"metrics": "127.0.0.1:5"}),
+                                                "prefill": _Proc({})}) == {
+        "router": "127.0.0.1:8000", "decode": "127.0.0.1:5"}

@@ -9,7 +9,8 @@ the whole line to one process, i.e. the router, the public front of the cluster)
 
     flag                  router                   prefill/decode        local, up
     --model               its tokenizer + config   loads it              converts, passes on
-    --served-model-name   the served id            refused (no API)      to the router
+    --served-model-name   the served id            model_name on their   to the router and
+                                                   metrics (no API)      the workers
     --api-key             accepted keys            refused (their calls  to the router, in a
                                                    need the cluster      0600 file, never on
                                                    credential instead)   a command line
@@ -83,7 +84,7 @@ def test_a_worker_takes_its_flags(tmp_path: Path, role: str, as_yaml: bool) -> N
     assert (model.model, model.max_model_len, model.quantization) == ("smollm2", 1024, "auto")
 
 
-@pytest.mark.parametrize("flag", ["--api-key", "--served-model-name"])
+@pytest.mark.parametrize("flag", ["--api-key"])
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_a_worker_refuses_the_routers_flags_without_echoing_them(
     role: str, flag: str, capsys: pytest.CaptureFixture[str],
@@ -100,7 +101,8 @@ def test_tandem_local_passes_each_process_its_part(tmp_path: Path, smollm2_dir: 
                                                    as_yaml: bool) -> None:
     args = local.build_parser().parse_args(_line(tmp_path, as_yaml, VLLM, VLLM_YAML))
     workers = local.worker_argv(args, "smollm2", 1)
-    assert workers == ["--model", "smollm2", "--threads", "1", "--max-model-len=1024",
+    assert workers == ["--model", "smollm2", "--threads", "1", "--served-model-name",
+                       "my-model", "--metrics-port", "0", "--max-model-len=1024",
                        "--quantization=auto"]
     router = local.router_argv(args, "smollm2")
     assert router == ["--model", "smollm2", "--model-name", "my-model", "--max-model-len=1024"]

@@ -212,3 +212,34 @@ def test_handoff_moves_worker_metrics_and_stats(engines) -> None:
             assert (await c.decode_stats()).num_leased_blocks == 0
 
     asyncio.run(main())
+
+
+def test_export_labels_the_model_and_aliases_engine_figures() -> None:
+    """Engine-level figures also under vLLM's names, per engine (role label kept), with
+    model_name; request-level ones (TTFT, ITL, tokens) are the router's to alias."""
+    metrics = WorkerMetrics("decode", model_name="tiny")
+    metrics.first_token(0.2)
+    metrics.update(
+        _stats(num_running=3, num_waiting=2, kv_cache_usage=0.25, prefix_cache_queries=96,
+               prefix_cache_hits=32, num_preemptions=4, spec_num_steps=5,
+               spec_proposed_tokens=20, spec_accepted_tokens=12, num_stranded_blocks=1),
+        TransferTotals())
+    s = _scrape(metrics)
+    assert all(dict(labels)["model_name"] == "tiny" and dict(labels)["role"] == "decode"
+               for _, labels in s)
+    expect = {
+        "vllm:num_requests_running": 3, "vllm:num_requests_waiting": 2,
+        "vllm:kv_cache_usage_perc": 0.25, "vllm:gpu_cache_usage_perc": 0.25,
+        "vllm:prefix_cache_queries_total": 96, "vllm:prefix_cache_hits_total": 32,
+        "vllm:num_preemptions_total": 4, "vllm:spec_decode_num_drafts_total": 5,
+        "vllm:spec_decode_num_draft_tokens_total": 20,
+        "vllm:spec_decode_num_accepted_tokens_total": 12, "tandem_kv_stranded_blocks": 1,
+    }
+    for name, want in expect.items():
+        assert value(s, name) == want, name
+    names = {name for name, _ in s}
+    assert "vllm:time_to_first_token_seconds_count" not in names
+    assert "vllm:generation_tokens_total" not in names
+    plain = WorkerMetrics("prefill", compat="none")
+    plain.update(_stats(), TransferTotals())
+    assert not any(name.startswith("vllm:") for name, _ in _scrape(plain))

@@ -240,6 +240,7 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{- define "tandem.routerSecurityArgs" -}}
 {{- if .Values.apiKey.enabled }}
 - --api-key-file=/etc/tandem/api-keys/api-keys
+- --metrics-key-file=/etc/tandem/metrics-key/metrics-key
 {{- else }}
 {{- /* The router listens on the pod network; without keys that must be said (NOTES warns). */}}
 - --allow-unauthenticated
@@ -268,6 +269,13 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 - name: api-keys
   secret:
     secretName: {{ include "tandem.apiKeySecret" .ctx }}
+{{- end }}
+{{- if and (ne .role "worker") $v.apiKey.enabled }}
+- name: metrics-key
+  secret:
+    secretName: {{ include "tandem.metricsKeySecret" .ctx }}
+    items:
+      - {key: metrics-key, path: metrics-key}
 {{- end }}
 {{- if and (ne .role "worker") $v.tls.enabled }}
 - name: tls
@@ -310,6 +318,11 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{- if and (ne .role "worker") $v.apiKey.enabled }}
 - name: api-keys
   mountPath: /etc/tandem/api-keys
+  readOnly: true
+{{- end }}
+{{- if and (ne .role "worker") $v.apiKey.enabled }}
+- name: metrics-key
+  mountPath: /etc/tandem/metrics-key
   readOnly: true
 {{- end }}
 {{- if and (ne .role "worker") $v.tls.enabled }}

@@ -204,3 +204,19 @@ def test_an_evicted_prefix_is_reserved_afresh(ledger: RemoteKV) -> None:
     got = ledger.reserve(turn2, "t2")
     assert got.cached_tokens == 0 and len(got.fill_block_ids) == 4
     assert ledger.end("t2") is turn2
+
+
+def test_stranded_blocks_counts_what_no_live_request_holds(ledger: RemoteKV) -> None:
+    """The leak gauge: blocks in use that none of the live requests (scheduled, reserved,
+    held) holds. A request the engine forgot without ``free`` strands its blocks."""
+    kv = ledger.kv
+    ledger.reserve(_req("r", 10), "t")  # 3 blocks, reserved
+    forgotten = _req("f", 6)
+    assert kv.allocate_slots(forgotten, 6)  # 2 blocks whose owner the engine no longer knows
+    assert kv.stranded_blocks(ledger.request_ids()) == 2
+    assert kv.stranded_blocks([*ledger.request_ids(), "f"]) == 0
+    assert kv.stranded_blocks([]) == 5
+    kv.free("f")
+    assert kv.stranded_blocks(ledger.request_ids()) == 0
+    ledger.end("t")
+    assert kv.stranded_blocks([]) == 0

@@ -26,8 +26,8 @@ def test_engine_flags_reach_the_workers_and_the_router() -> None:
     spec = _spec(*VLLM_LINE, "--prefill-gpus", "1", "--worker-arg", "--no-kv-shm")
     argv = worker_argv(spec, "prefill", "smollm2")
     # The GPU request implies --device cuda; the --device given comes later and wins.
-    assert argv[:4] == ["--model", "smollm2", "--device", "cuda"]
-    assert argv[4:] == ["--dtype=float32", "--device=cpu", "--max-model-len=2048",
+    assert argv[:6] == ["--model", "smollm2", "--device", "cuda", "--metrics-port", "0"]
+    assert argv[6:] == ["--dtype=float32", "--device=cpu", "--max-model-len=2048",
                         "--num-blocks=256", "--quantization=int4", "--kv-cache-dtype=int8",
                         "--max-num-seqs=8", "--no-kv-shm"]
     worker = decode_parser().parse_args(["--port", "0", "--kv-port", "0", *argv])
@@ -46,7 +46,7 @@ def test_worker_arg_takes_both_spellings() -> None:
 def test_nothing_is_forwarded_unless_given() -> None:
     spec = _spec("--insecure")
     assert spec.worker_args == () and spec.router_args == ()
-    assert worker_argv(spec, "decode", "smollm2") == ["--model", "smollm2"]
+    assert worker_argv(spec, "decode", "smollm2") == ["--model", "smollm2", "--metrics-port", "0"]
 
 
 def test_config_file_with_the_command_line_winning(tmp_path: Path) -> None:
@@ -68,7 +68,8 @@ def test_role_args_reach_one_role_only_and_come_last() -> None:
                  "--decode-arg", "--speculative=ngram", "--decode-arg=--dtype=bfloat16")
     prefill = worker_argv(spec, "prefill", "smollm2")
     decode = worker_argv(spec, "decode", "smollm2")
-    assert prefill == ["--model", "smollm2", "--threads", "4", "--dtype=float32", "--threads=8"]
+    assert prefill == ["--model", "smollm2", "--threads", "4", "--metrics-port", "0",
+                       "--dtype=float32", "--threads=8"]
     assert decode[-3:] == ["--max-num-seqs=32", "--speculative=ngram", "--dtype=bfloat16"]
     parsed = {"prefill": prefill_parser().parse_args(["--port", "0", *prefill]),
               "decode": decode_parser().parse_args(["--port", "0", "--kv-port", "0", *decode])}
@@ -77,3 +78,33 @@ def test_role_args_reach_one_role_only_and_come_last() -> None:
     assert (parsed["prefill"].speculative, parsed["prefill"].dtype) == ("none", "float32")
     assert (parsed["decode"].threads, parsed["decode"].max_num_seqs) == (4, 32)
     assert (parsed["decode"].speculative, parsed["decode"].dtype) == ("ngram", "bfloat16")
+
+
+def test_workers_serve_metrics_under_the_routers_model_id(tmp_path: Path) -> None:
+    """Every worker actor serves /metrics (a free port unless --worker-metrics-port says)
+    with the id the router serves: given, an alias, else the model directory's name."""
+    from tandem.launcher.argv import served_name
+
+    model = tmp_path / "tiny-model"
+    model.mkdir()
+    assert served_name(_spec("--insecure", "--model", str(model))) == "tiny-model"
+    assert served_name(_spec("--insecure")) == "smollm2"
+    assert served_name(_spec("--insecure", "--model-name", "m1")) == "m1"
+    spec = _spec("--insecure", "--worker-metrics-port", "9090")
+    worker = decode_parser().parse_args(
+        ["--port", "0", "--kv-port", "0", *worker_argv(spec, "decode", "smollm2", "m1")])
+    assert (worker.metrics_port, worker.served_model_name) == (9090, "m1")
+    assert worker_argv(_spec("--insecure", "--worker-metrics-port", "-1"), "decode", "m")[-1] == "-1"
+
+
+def test_status_lists_each_workers_metrics_endpoint() -> None:
+    from tandem.launcher.status import format_status
+
+    status = {"router": {"grpc": "h:1", "http": "h:2", "node": "h", "pid": 1},
+              "workers": [{"role": "decode", "index": 0, "state": "serving", "grpc": "h:3",
+                           "node": "h", "registered": True, "restarts": 0,
+                           "metrics": "h:9090"},
+                          {"role": "prefill", "index": 0, "state": "starting", "restarts": 0}],
+              "replicas": {"prefill": 1, "decode": 1}}
+    lines = format_status(status).splitlines()
+    assert lines[1].endswith("metrics h:9090") and "metrics" not in lines[2]
