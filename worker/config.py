@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
 from common.credential import ClusterCredential
+from common.model_spec import served_name
 from engine.config import EngineConfig
 from kv_transfer import TlsConfig
 from worker.tls import ServerTls
@@ -62,9 +62,9 @@ class WorkerConfig:
     @property
     def model_name(self) -> str:
         """The served model id this worker's metrics carry: ``served_model_name``, else the
-        last part of ``--model`` (an alias as given, a directory's name), as the router's
-        default is its model directory's name."""
-        return self.served_model_name or Path(self.engine.model).name or self.engine.model
+        router's default for the same ``--model`` (the alias, the GGUF's stem or the
+        directory's name: common.model_spec)."""
+        return self.served_model_name or served_name(self.engine.model.model)
 
     @property
     def kv_secret(self) -> bytes:
