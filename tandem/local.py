@@ -21,7 +21,9 @@ from common.arg_parser import ArgParser
 from common.wire import ready_line
 from tandem.engine_flags import (
     add_launcher_engine_args,
+    add_observability_args,
     add_passthrough_args,
+    observability_argv,
     router_engine_argv,
     worker_engine_argv,
 )
@@ -49,22 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="no credential: any local user can act on the cluster's ports")
     add_passthrough_args(p)
+    add_observability_args(p)
     add_launcher_engine_args(p)
     return p
 
 
 def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]:
     """Flags both workers get (the caller adds the role's ports): the model, threads, the
-    engine flags given, then ``--worker-arg``s (last, so they win)."""
+    engine, logging and tracing flags given, then ``--worker-arg``s (last, so they win)."""
     return ["--model", model, "--threads", str(threads), *worker_engine_argv(args),
-            *args.worker_arg]
+            *observability_argv(args), *args.worker_arg]
 
 
 def router_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
     """The router's flags but its workers and ports: the tokenizer, the served name, the
-    engine flags it shares with the workers, then ``--router-arg``s."""
+    engine flags it shares with the workers, the logging and tracing flags, then
+    ``--router-arg``s."""
     return ["--tokenizer", str(model_dir), "--model-name", args.model_name or args.model,
-            *router_engine_argv(args), *args.router_arg]
+            *router_engine_argv(args), *observability_argv(args), *args.router_arg]
 
 
 def thread_split(cores: int) -> tuple[int, int]:

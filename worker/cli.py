@@ -2,7 +2,7 @@
 
     role parser = role flags + add_worker_args(...)      (host, port, router, the cluster
                                                           credential, TLS, metrics, drain,
-                                                          engine flags)
+                                                          logging, tracing, engine flags)
     args ──role config_from_args──> RoleAppConfig(worker=worker_config(args), ...)
          ──run_worker──> serve(config.worker.serve, build_app(config)) until SIGTERM
 
@@ -26,6 +26,8 @@ from common.credential import (
     add_credential_args,
     credential_from_flags,
 )
+from common.log_format import add_log_args, setup_logging
+from common.tracing_setup import add_tracing_args, setup_tracing, tracing_config_from_args
 from engine.cli_args import add_engine_args, engine_config_from_args
 from worker.app import WorkerApp
 from worker.config import ServeConfig, StartupError, WorkerConfig
@@ -62,6 +64,8 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
                    help="serve Prometheus /metrics here (-1: off, 0: pick a free port)")
     p.add_argument("--metrics-host", default=None, help="metrics listen address (default: --host)")
     add_tls_args(p)
+    add_log_args(p)
+    add_tracing_args(p)
     add_engine_args(p)
 
 
@@ -99,10 +103,12 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     )
 
 
-def setup_logging() -> None:
-    """One log format for every worker process, on stderr (stdout carries the READY line)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def setup_observability(args: argparse.Namespace, role: str) -> None:
+    """A worker process's logging (--log-format, --log-level: on stderr, stdout carries the
+    READY line) and tracing (--otlp-endpoint, --trace-file) for ``role`` ("prefill" |
+    "decode"); raises TracingSetupError."""
+    setup_logging(args.log_format, args.log_level, service=role)
+    setup_tracing(tracing_config_from_args(args), f"tandem-{role}")
 
 
 def run_worker(

@@ -49,13 +49,15 @@ class RouterActor:
 
         import ray
 
-        from router.cli import build_parser, config_from_args
+        from router.cli import build_parser, config_from_args, setup_observability
         from router.server import RouterServer
         from router.tokenizer import RouterTokenizer
         from tandem.launcher.argv import credential_argv
 
         argv = [*self._argv, *credential_argv(self._secret)]
-        config = config_from_args(build_parser().parse_args(argv))
+        args = build_parser().parse_args(argv)
+        setup_observability(args)  # --log-format, tracing: as the standalone router does
+        config = config_from_args(args)
         server = RouterServer(config, RouterTokenizer(config.tokenizer_dir))
         port = await server.start()
         self._server = server

@@ -31,7 +31,9 @@ from common.credential import ClusterCredential, new_secret
 from common.wire import ready_line
 from tandem.engine_flags import (
     add_launcher_engine_args,
+    add_observability_args,
     add_passthrough_args,
+    observability_argv,
     router_engine_argv,
     worker_engine_argv,
 )
@@ -83,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads per worker engine (default on a local instance: the "
                         "machine's cores divided among the workers; on a cluster: torch's)")
     add_passthrough_args(p, g)
+    add_observability_args(p)
     add_launcher_engine_args(p)
     g = p.add_argument_group("autoscaling")
     g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
@@ -110,9 +113,11 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         cpus_per_worker=args.cpus_per_worker, router_cpus=args.router_cpus,
         resources=tuple(sorted((str(k), float(v)) for k, v in resources.items())),
         threads=args.threads,
-        # Engine flags first, the escape hatches last: a --worker-arg given wins.
-        worker_args=(*worker_engine_argv(args), *args.worker_arg),
-        router_args=(*router_engine_argv(args), *args.router_arg), namespace=args.namespace, detach=args.detach,
+        # Engine, logging and tracing flags first, the escape hatches last: a --worker-arg
+        # given wins.
+        worker_args=(*worker_engine_argv(args), *observability_argv(args), *args.worker_arg),
+        router_args=(*router_engine_argv(args), *observability_argv(args), *args.router_arg),
+        namespace=args.namespace, detach=args.detach,
         max_restarts=args.max_restarts, pack_pairs=not args.no_pack,
         signal_window_s=window, ready_timeout_s=args.ready_timeout, autoscale=autoscale,
         cluster_secret=_cluster_secret(args), insecure=args.insecure,
