@@ -81,6 +81,22 @@ class _TandemHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler ``setup_logging`` installs (so a second call replaces it, not adds one)."""
 
 
+class _StderrHandler(_TandemHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (as logging's last resort
+    does), not the stream it was when the handler was made."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
 def formatter(log_format: str, service: str = "") -> logging.Formatter:
     """The formatter of ``log_format`` ("text" | "json"); ValueError for anything else."""
     if log_format == "text":
@@ -97,7 +113,7 @@ def setup_logging(
     """Log every record at ``level`` or above to ``stream`` (stderr) in ``log_format``, with
     the request's ids; replaces the handler an earlier call installed, leaves others alone.
     Returns the handler."""
-    handler = _TandemHandler(stream if stream is not None else sys.stderr)
+    handler = _TandemHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(formatter(log_format, service))
     handler.addFilter(RequestContextFilter())
     root = logging.getLogger()

@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -16,20 +17,25 @@ from common import log_context
 from common.log_format import add_log_args, log_argv, setup_logging
 
 
-@pytest.fixture
-def capture() -> Iterator[tuple[io.StringIO, logging.Handler]]:
-    """Root logs in JSON into a buffer for the test (the handler setup_logging installs),
-    the root's level and handlers put back afterwards."""
+@contextmanager
+def restored_root() -> Iterator[logging.Logger]:
+    """The root logger, its level and handlers put back as they were afterwards (an earlier
+    test may have left a handler of setup_logging's, which a new call replaces)."""
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
-    out = io.StringIO()
-    handler = setup_logging("json", "DEBUG", service="router", stream=out)
     try:
-        yield out, handler
+        yield root
     finally:
-        root.removeHandler(handler)
+        root.handlers[:] = handlers
         root.setLevel(level)
-        assert root.handlers == handlers
+
+
+@pytest.fixture
+def capture() -> Iterator[tuple[io.StringIO, logging.Handler]]:
+    """Root logs in JSON into a buffer for the test (the handler setup_logging installs)."""
+    with restored_root():
+        out = io.StringIO()
+        yield out, setup_logging("json", "DEBUG", service="router", stream=out)
 
 
 def _lines(out: io.StringIO) -> list[dict[str, object]]:
@@ -77,10 +83,8 @@ def test_json_stays_one_line_with_hostile_text_and_tracebacks(capture) -> None:
 
 def test_text_format_puts_the_ids_in_a_bracket_and_the_traceback_below() -> None:
     out = io.StringIO()
-    root = logging.getLogger()
-    level = root.level
-    handler = setup_logging("text", "INFO", stream=out)
-    try:
+    with restored_root():
+        setup_logging("text", "INFO", stream=out)
         logging.getLogger("a").info("plain")
         with log_context.bound("rid1", "mine"):
             try:
@@ -88,9 +92,6 @@ def test_text_format_puts_the_ids_in_a_bracket_and_the_traceback_below() -> None
             except KeyError:
                 logging.getLogger("b").exception("failed")
         logging.getLogger("c").debug("below the level")
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
     lines = out.getvalue().splitlines()
     assert lines[0].endswith(" INFO a: plain")
     assert lines[1].endswith(" ERROR b: failed [request_id=rid1 client_request_id=mine]")
@@ -135,16 +136,14 @@ def test_a_thread_of_its_own_logs_without_the_request(capture) -> None:
 
 
 def test_setup_replaces_its_own_handler_only() -> None:
-    root = logging.getLogger()
-    level, before = root.level, list(root.handlers)
-    first = setup_logging("text", "INFO", stream=io.StringIO())
-    second = setup_logging("json", "WARNING", stream=io.StringIO())
-    try:
+    with restored_root() as root:
+        others = list(root.handlers)
+        first = setup_logging("text", "INFO", stream=io.StringIO())
+        second = setup_logging("json", "WARNING", stream=io.StringIO())
         assert first not in root.handlers and second in root.handlers
-        assert root.handlers == [*before, second] and root.level == logging.WARNING
-    finally:
-        root.removeHandler(second)
-        root.setLevel(level)
+        assert root.level == logging.WARNING
+        assert [h for h in root.handlers if h is not second] == [
+            h for h in others if not isinstance(h, type(second))]
 
 
 def test_flags_and_what_launchers_forward() -> None:

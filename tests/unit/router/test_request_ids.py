@@ -128,8 +128,8 @@ def test_router_log_lines_name_the_request(tokenizer: RouterTokenizer) -> None:
     both lines carry the router's id and the client's; lines outside a request carry none."""
     out = io.StringIO()
     root = logging.getLogger()
-    level = root.level
-    handler = setup_logging("json", "DEBUG", service="router", stream=out)
+    level, handlers = root.level, list(root.handlers)
+    setup_logging("json", "DEBUG", service="router", stream=out)
 
     async def scenario() -> str:
         async with cluster(tokenizer, http_port=0, placement="remote") as c, \
@@ -143,7 +143,7 @@ def test_router_log_lines_name_the_request(tokenizer: RouterTokenizer) -> None:
     try:
         minted = asyncio.run(scenario())
     finally:
-        root.removeHandler(handler)
+        root.handlers[:] = handlers
         root.setLevel(level)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     ours = [line for line in lines if line.get("request_id")]

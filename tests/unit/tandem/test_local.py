@@ -59,3 +59,21 @@ def test_config_file_and_command_line(tmp_path: Path) -> None:
     assert args.port == 0
     assert worker_argv(args, "smollm2", 1)[4:] == [
         "--max-model-len=512", "--quantization=int4", "--no-kv-shm"]
+
+
+def test_logging_and_tracing_flags_reach_every_process(tmp_path: Path) -> None:
+    from prefill_worker.cli import build_parser as prefill_parser
+    from router.cli import build_parser as router_parser
+
+    trace = tmp_path / "spans.jsonl"
+    args = build_parser().parse_args(["--log-format", "json", "--log-level", "debug",
+                                      "--trace-file", str(trace),
+                                      "--otlp-endpoint", "http://collector:4317"])
+    flags = ["--log-format=json", "--log-level=DEBUG", "--otlp-endpoint=http://collector:4317",
+             f"--trace-file={trace}"]
+    assert worker_argv(args, "m", 1)[4:] == flags
+    assert router_argv(args, Path("/m"))[4:] == flags
+    for parsed in (prefill_parser().parse_args(["--port", "0", *worker_argv(args, "m", 1)]),
+                   router_parser().parse_args(router_argv(args, Path("/m")))):
+        assert (parsed.log_format, parsed.log_level, parsed.trace_file,
+                parsed.otlp_endpoint) == ("json", "DEBUG", str(trace), "http://collector:4317")

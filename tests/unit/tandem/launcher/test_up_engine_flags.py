@@ -58,3 +58,17 @@ def test_config_file_with_the_command_line_winning(tmp_path: Path) -> None:
 
 def test_an_inline_api_key_counts_as_keys_for_a_public_router() -> None:
     _check_public_bind(_spec("--insecure", "--host", "0.0.0.0", "--router-arg=--api-key=sk-1"))
+
+
+def test_logging_and_tracing_flags_reach_the_router_and_every_worker() -> None:
+    spec = _spec("--insecure", "--log-format", "json", "--trace-file", "/tmp/t.jsonl",
+                 "--trace-sample-ratio", "0.25", "--worker-arg", "--no-kv-shm")
+    flags = ("--log-format=json", "--trace-file=/tmp/t.jsonl", "--trace-sample-ratio=0.25")
+    assert spec.worker_args == (*flags, "--no-kv-shm")  # the escape hatch still comes last
+    assert spec.router_args == flags
+    worker = decode_parser().parse_args(["--port", "0", "--kv-port", "0",
+                                         *worker_argv(spec, "decode", "smollm2")])
+    router = router_parser().parse_args(router_argv(spec, "/m"))
+    for parsed in (worker, router):
+        assert (parsed.log_format, parsed.trace_file, parsed.trace_sample_ratio) == (
+            "json", "/tmp/t.jsonl", 0.25)
