@@ -10,4 +10,8 @@
     arg_parser   every command's argparse parser: no abbreviations, values never echoed
     config_file  ``--config FILE.yaml`` -> argv in front of the command line's (the CLI wins)
     metrics_export  what /metrics serves: model_name on every series, vLLM's names as aliases
+    log_context  the request a log line belongs to (a context variable and a logging filter)
+    log_format   ``--log-format text|json`` and ``--log-level``: one logging setup for all
+    tracing      OpenTelemetry spans and W3C ``traceparent`` propagation over plain dicts
+    tracing_setup  ``--otlp-endpoint`` / ``--trace-file``: the SDK installed when asked
 """

@@ -2,6 +2,8 @@
 
     worker/router stdout:  TANDEM_READY {"role": "decode", "grpc": "127.0.0.1:50061", ...}
     gRPC trailing metadata on RESOURCE_EXHAUSTED:  retry-after-ms: "250"
+    a client's own request id:  HTTP header X-Request-Id / gRPC metadata x-request-id (in,
+        and echoed out with the router's id when the client sent none)
 
 Launchers and tests wait for the READY line (never a fixed sleep); clients read the retry
 hint to back off. Both ends import these names instead of spelling the strings.
@@ -14,6 +16,8 @@ from typing import Any
 
 READY_MARKER = "TANDEM_READY"
 RETRY_AFTER_KEY = "retry-after-ms"
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID_KEY = "x-request-id"  # gRPC metadata keys are lower case
 
 
 def ready_line(info: dict[str, Any]) -> str:

@@ -6,8 +6,15 @@ import argparse
 from collections.abc import Sequence
 
 from common.arg_parser import ArgParser
+from common.tracing_setup import TracingSetupError
 from decode_worker.app import DecodeAppConfig, build_decode_app
-from worker.cli import add_worker_args, check_ports, run_worker, setup_logging, worker_config
+from worker.cli import (
+    add_worker_args,
+    check_ports,
+    run_worker,
+    setup_observability,
+    worker_config,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a decode worker until SIGTERM; returns the exit status (2: bad flags/busy port)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging()
+    try:
+        setup_observability(args, "decode")
+    except TracingSetupError as exc:
+        parser.error(str(exc))
     check_ports(parser, args, "port", "kv_port")
     return run_worker("decode_worker", args, config_from_args, build_decode_app)

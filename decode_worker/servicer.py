@@ -1,7 +1,8 @@
 """``tandem.v1.DecodeService`` over gRPC: a thin typed wrapper over ``DecodeWorker``.
 
 Protos in, plain values to the worker, protos out; typed errors become status codes here
-(``worker.errors``).
+(``worker.errors``). Each call is a span under the router's, its log lines name the leg
+(``worker.rpc_context``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from worker.app import worker_stats
 from worker.convert import layout_to_proto, logprobs_to_proto, sampling_from_proto
 from worker.errors import abort_with_status
+from worker.rpc_context import serving
 
 Context = grpc.aio.ServicerContext
 
@@ -29,11 +31,15 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         self, request: worker_pb2.ReserveRequest, context: Context
     ) -> worker_pb2.ReserveResponse:
         try:
-            params = sampling_from_proto(request.sampling, request.logprobs)
-            res = await self._worker.reserve(
-                request.request_id, list(request.token_ids), params, request.lease_s,
-                prior_output_tokens=request.prior_output_tokens,
-            )
+            with serving(context, "DecodeService/Reserve", request.request_id) as span:
+                params = sampling_from_proto(request.sampling, request.logprobs)
+                res = await self._worker.reserve(
+                    request.request_id, list(request.token_ids), params, request.lease_s,
+                    prior_output_tokens=request.prior_output_tokens,
+                )
+                span.set_attributes({"tandem.prompt_tokens": len(request.token_ids),
+                                     "tandem.cached_tokens": res.cached_tokens,
+                                     "tandem.blocks": len(res.block_ids)})
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
@@ -46,8 +52,11 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         self, request: worker_pb2.DecodeRequest, context: Context
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         try:
-            async for msg in self._worker.decode(request.request_id):
-                yield msg
+            with serving(context, "DecodeService/Decode", request.request_id) as span:
+                async for msg in self._worker.decode(request.request_id):
+                    if msg.finished:
+                        span.end()  # the stream's work is done: its close is the router's
+                    yield msg
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
@@ -56,7 +65,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         self, request: worker_pb2.PrefillLocalRequest, context: Context
     ) -> worker_pb2.PrefillResponse:
         try:
-            first = await self._worker.prefill_local(request.request_id)
+            with serving(context, "DecodeService/PrefillLocal", request.request_id):
+                first = await self._worker.prefill_local(request.request_id)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
@@ -74,7 +84,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         self, request: worker_pb2.AbortRequest, context: Context
     ) -> worker_pb2.AbortResponse:
         try:
-            found = await self._worker.abort(request.request_id)
+            with serving(context, "DecodeService/Abort", request.request_id):
+                found = await self._worker.abort(request.request_id)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise

@@ -7,8 +7,15 @@ import argparse
 from collections.abc import Sequence
 
 from common.arg_parser import ArgParser
+from common.tracing_setup import TracingSetupError
 from prefill_worker.app import PrefillAppConfig, build_prefill_app
-from worker.cli import add_worker_args, check_ports, run_worker, setup_logging, worker_config
+from worker.cli import (
+    add_worker_args,
+    check_ports,
+    run_worker,
+    setup_observability,
+    worker_config,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a prefill worker until SIGTERM; returns the exit status (2: bad flags/busy port)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging()
+    try:
+        setup_observability(args, "prefill")
+    except TracingSetupError as exc:
+        parser.error(str(exc))
     check_ports(parser, args, "port")
     if not args.transfer_timeout_s > 0:
         parser.error("--transfer-timeout-s must be > 0")

@@ -7,6 +7,10 @@
                 (meanwhile, between engine steps, engine.release: blocks back to the pool,
                 still prefix-cached; the reply never waits for the engine's current step)
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
+
+Traced under the Prefill call's span (``PrefillSpec.trace``): ``prefill.engine`` (queued and
+computed up to the first token), ``kv.push`` (BEGIN to the COMMIT's ACK, the layers shipped
+meanwhile) and ``kv.commit`` below it (the last layers and COMMIT, after the first token).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from typing import Any
 import grpc
 import torch
 
+from common import tracing
 from engine.async_engine import AsyncEngine
 from engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
-from kv_transfer import ConfigError, Sender
+from kv_transfer import ConfigError, Endpoint, Sender
 from prefill_worker.errors import PushFailed
 from prefill_worker.metrics import PrefillMetrics
 from prefill_worker.push import LayerPush, parse_endpoint
@@ -57,6 +62,7 @@ class PrefillSpec:
     layout: worker_pb2.KVLayout
     prior_output_tokens: int = 0  # a migrated request's already-streamed tail of token_ids
     skip_tokens: int = 0  # the decode worker holds these leading tokens' KV: not pushed
+    trace: tracing.Span = tracing.NO_SPAN  # the call's span, the parent of the prefill's own
 
     def skip_blocks(self, block_size: int) -> int:
         """Leading blocks of the prompt that are not pushed."""
@@ -168,7 +174,7 @@ class PrefillWorker:
         spec.params.validate(self._vocab_size)
 
     async def _prefill(self, spec: PrefillSpec, deadline_s: float | None) -> PrefillResult:
-        rid, t0 = spec.request_id, time.monotonic()
+        t0 = time.monotonic()
         try:
             endpoint = parse_endpoint(spec.kv_endpoint)
         except ConfigError as exc:
@@ -181,6 +187,17 @@ class PrefillWorker:
         n_out = spec.prior_output_tokens + 1
         first = dataclasses.replace(spec.params, max_tokens=n_out,
                                     min_tokens=min(spec.params.min_tokens, n_out))
+        push_span = tracing.start_span("kv.push", spec.trace, attributes={
+            "tandem.transfer_id": spec.transfer_id, "tandem.blocks": len(spec.block_ids)})
+        with tracing.ended(push_span):
+            return await self._prefill_and_push(spec, first, endpoint, t0, timeout,
+                                                deadline_s, push_span)
+
+    async def _prefill_and_push(self, spec: PrefillSpec, first: SamplingParams,
+                                endpoint: Endpoint, t0: float, timeout: float,
+                                deadline_s: float | None, push_span: tracing.Span
+                                ) -> PrefillResult:
+        rid = spec.request_id
         push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout,
                          spec.skip_blocks(self.layout.block_size))
         self._pushes[rid] = push
@@ -188,23 +205,27 @@ class PrefillWorker:
         committed = False
         try:
             tokens, prior = spec.token_ids, spec.prior_output_tokens
-            await self._ae.prepare(first)
-            await self._ae.call(
-                lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True,
-                                        prior_output_tokens=prior),
-                stream=rid,
-            )
-            out = await self._first_output(rid)
+            with tracing.span("prefill.engine", spec.trace,
+                              attributes={"tandem.prompt_tokens": len(tokens)}) as engine_span:
+                await self._ae.prepare(first)
+                await self._ae.call(
+                    lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True,
+                                            prior_output_tokens=prior),
+                    stream=rid,
+                )
+                out = await self._first_output(rid)
+                engine_span.set_attribute("tandem.cached_tokens", out.num_cached_tokens)
             prefill_s = time.monotonic() - t0
             if not out.new_token_ids:
                 raise WrongState(f"prefill produced no token ({out.finish_reason})")
             self.metrics.first_token(prefill_s)
             lp = out.logprobs[0] if out.logprobs else None
             try:
-                transfer_s = await push.commit(
-                    out.new_token_ids[0], lp.logprob if lp is not None else 0.0,
-                    self.layout.num_layers,
-                )
+                with tracing.span("kv.commit", push_span):
+                    transfer_s = await push.commit(
+                        out.new_token_ids[0], lp.logprob if lp is not None else 0.0,
+                        self.layout.num_layers,
+                    )
             except PushFailed as exc:
                 raise _out_of_time(exc, t0 + timeout, deadline_s is not None
                                    and deadline_s <= self.config.transfer_timeout_s) from exc
@@ -215,6 +236,8 @@ class PrefillWorker:
                                  prompt_logprobs_to_proto(out.prompt_logprobs, tokens))
         finally:
             self._pushes.pop(rid, None)
+            push_span.set_attributes({"tandem.layers_pushed": push.layers_pushed,
+                                      "tandem.bytes": self._pushed_bytes(push, spec)})
             try:
                 if not committed:
                     await push.abort("prefill failed or was aborted")

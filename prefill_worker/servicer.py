@@ -1,4 +1,7 @@
-"""``tandem.v1.PrefillService`` over gRPC: a thin typed wrapper over ``PrefillWorker``."""
+"""``tandem.v1.PrefillService`` over gRPC: a thin typed wrapper over ``PrefillWorker``.
+
+Each call is a span under the router's, its log lines name the leg (``worker.rpc_context``);
+the prefill's own spans (engine, push, commit) go under it (prefill_worker/service.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from worker.app import worker_stats
 from worker.convert import logprobs_to_proto, sampling_from_proto
 from worker.errors import abort_with_status
+from worker.rpc_context import serving
 
 Context = grpc.aio.ServicerContext
 
@@ -23,18 +27,20 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
         self, request: worker_pb2.PrefillRequest, context: Context
     ) -> worker_pb2.PrefillResponse:
         try:
-            spec = PrefillSpec(
-                request_id=request.request_id,
-                token_ids=list(request.token_ids),
-                params=sampling_from_proto(request.sampling, request.logprobs),
-                transfer_id=request.transfer_id,
-                block_ids=list(request.block_ids),
-                kv_endpoint=request.kv_endpoint,
-                layout=request.layout,
-                prior_output_tokens=request.prior_output_tokens,
-                skip_tokens=request.skip_tokens,
-            )
-            res = await self._worker.prefill(spec, context.time_remaining())
+            with serving(context, "PrefillService/Prefill", request.request_id) as span:
+                spec = PrefillSpec(
+                    request_id=request.request_id,
+                    token_ids=list(request.token_ids),
+                    params=sampling_from_proto(request.sampling, request.logprobs),
+                    transfer_id=request.transfer_id,
+                    block_ids=list(request.block_ids),
+                    kv_endpoint=request.kv_endpoint,
+                    layout=request.layout,
+                    prior_output_tokens=request.prior_output_tokens,
+                    skip_tokens=request.skip_tokens,
+                    trace=span,
+                )
+                res = await self._worker.prefill(spec, context.time_remaining())
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
@@ -51,7 +57,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: Context
     ) -> worker_pb2.AbortResponse:
-        return worker_pb2.AbortResponse(found=await self._worker.abort(request.request_id))
+        with serving(context, "PrefillService/Abort", request.request_id):
+            return worker_pb2.AbortResponse(found=await self._worker.abort(request.request_id))
 
     async def Stats(  # noqa: N802
         self, request: worker_pb2.StatsRequest, context: Context

@@ -13,8 +13,15 @@ from typing import Any
 
 from common.arg_parser import ArgParser
 from common.credential import add_credential_args
+from common.log_format import add_log_args, setup_logging
 from common.metrics_export import add_metrics_compat_arg
 from common.model_spec import served_name
+from common.tracing_setup import (
+    TracingSetupError,
+    add_tracing_args,
+    setup_tracing,
+    tracing_config_from_args,
+)
 from common.wire import ready_line
 from router.config import PLACEMENTS, RouterConfig
 from router.model_files import router_model_dir
@@ -132,8 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve the public API on a non-loopback address without API keys")
     add_metrics_compat_arg(p)
-    p.add_argument("--log-level", default="INFO")
+    add_log_args(p)
+    add_tracing_args(p)
     return p
+
+
+def setup_observability(args: argparse.Namespace) -> None:
+    """The router process's logging (--log-format, --log-level) and tracing (--otlp-endpoint,
+    --trace-file); raises TracingSetupError."""
+    setup_logging(args.log_format, args.log_level, service="router")
+    setup_tracing(tracing_config_from_args(args), "tandem-router")
 
 
 def add_edge_args(p: argparse.ArgumentParser) -> None:
@@ -274,12 +289,12 @@ def model_files(model: str, tokenizer: str) -> tuple[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the router until SIGTERM/SIGINT; returns the process exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
+        setup_observability(args)
         config = config_from_args(args)
         security = RouterSecurity.from_config(config)  # key and TLS files: fail before binding
         tokenizer = RouterTokenizer(config.tokenizer_dir)
-    except (ValueError, TokenizerLoadError) as err:
+    except (ValueError, TokenizerLoadError, TracingSetupError) as err:
         print(f"router: error: {err}", file=sys.stderr)
         return 2
     try:

@@ -3,6 +3,11 @@
 GenerateRequest -> validate (no tokenizer) -> Accepted -> admission -> tokenize -> Prepared
                 -> Handoff chunks -> detokenize -> GenerateResponse* (the last with usage)
 
+A generation is one trace span (``request``, the child of the client's ``traceparent`` when
+it sent one) with ``admission`` and ``tokenize`` below it and the handoff's spans
+(router/handoff/ledger.py); every log line written meanwhile names the request
+(common/log_context.py): the router's id, and the client's own when it sent one.
+
 Only what costs nothing runs before admission; the tokenizer runs once the request holds a
 slot, in a bounded thread pool (the Rust tokenizer releases the GIL), so a flood of huge
 prompts queues or gets RESOURCE_EXHAUSTED instead of stalling the event loop for everyone.
@@ -20,6 +25,7 @@ from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
+from common import log_context, tracing
 from common.detokenizer import Detokenizer
 from protos.tandem.v1 import tandem_pb2
 from router import validation
@@ -139,16 +145,19 @@ class Frontend:
         finally:
             self.clients.leave(slot)
 
-    def accept(self, request: tandem_pb2.GenerateRequest) -> Accepted:
+    def accept(self, request: tandem_pb2.GenerateRequest,
+               trace_parent: tracing.Parent = None) -> Accepted:
         """Every check that needs no tokenizer, and the request's router-minted id; raises
-        InvalidRequestError naming the bad field."""
+        InvalidRequestError naming the bad field. ``trace_parent``: the client's trace context
+        (common/tracing.py ``extract``), which the request's span continues."""
         try:
-            return self._accept(request)
+            return self._accept(request, trace_parent)
         except InvalidRequestError:
             self.metrics.finished("invalid")
             raise
 
-    def _accept(self, request: tandem_pb2.GenerateRequest) -> Accepted:
+    def _accept(self, request: tandem_pb2.GenerateRequest,
+                trace_parent: tracing.Parent) -> Accepted:
         arrival = time.perf_counter()
         config = self.deps.config
         asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
@@ -174,16 +183,18 @@ class Frontend:
         if request.user:
             log.debug("request %s (client id %r) for user %r", request_id,
                       request.request_id, request.user)
-        return Accepted(request, request_id, request.request_id or request_id, arrival, tools)
+        return Accepted(request, request_id, request.request_id or request_id, arrival, tools,
+                        trace_parent)
 
-    async def _prepare(self, accepted: Accepted) -> Prepared:
+    async def _prepare(self, accepted: Accepted, span: tracing.Span) -> Prepared:
         """Tokenize an admitted request (in the pool) and settle its max_tokens."""
         request = accepted.request
         config = self.deps.config
         if request.WhichOneof("prompt") == "token_ids":
             ids = list(request.token_ids.ids)
         else:
-            ids = await self._in_pool(self._encode, request)
+            with tracing.span("tokenize", span):
+                ids = await self._in_pool(self._encode, request)
         if not ids:
             raise InvalidRequestError("prompt", "tokenizes to nothing")
         sampling = tandem_pb2.SamplingParams()
@@ -231,22 +242,36 @@ class Frontend:
         self, accepted: Accepted, budget_s: float | None
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         """Admit the request, tokenize it, run its handoff and stream its responses."""
+        arrived_ns = time.time_ns() - int((time.perf_counter() - accepted.arrival) * 1e9)
+        with tracing.span("request", accepted.trace_parent, kind=tracing.SERVER,
+                          start_ns=arrived_ns,
+                          attributes={"tandem.request_id": accepted.request_id}) as span, \
+                log_context.bound(accepted.request_id, accepted.label, tracing.ids(span)):
+            async with aclosing(self._generate(accepted, budget_s, span)) as responses:
+                async for response in responses:
+                    yield response
+
+    async def _generate(
+        self, accepted: Accepted, budget_s: float | None, span: tracing.Span
+    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         clock = _Clock(arrival=accepted.arrival, queued=time.perf_counter())
         deadline = Deadline(budget_s)
         counters = self.deps.counters
         counters.requests += 1
         metrics = self.metrics
         try:
-            await self.gate.enter()
+            with tracing.span("admission", span):
+                await self.gate.enter()
         except BaseException as exc:
             self._count_failure(exc, deadline)
             raise
         try:
             clock.admitted = time.perf_counter()
             metrics.queue_time.observe(clock.admitted - clock.queued)
-            prepared = await self._prepare(accepted)
+            prepared = await self._prepare(accepted, span)
             metrics.prompt_tokens.inc(len(prepared.prompt_ids))
-            handoff = Handoff(self.deps, prepared, deadline)
+            span.set_attribute("tandem.prompt_tokens", len(prepared.prompt_ids))
+            handoff = Handoff(self.deps, prepared, deadline, span)
             text = TextStream(
                 Detokenizer(
                     self.tokenizer.backend,
@@ -280,6 +305,8 @@ class Frontend:
                         if calls is not None:
                             _attach_calls(response, calls)
                         self._finish(response, prepared, handoff, completion, clock)
+                        span.set_attribute("tandem.completion_tokens", completion)
+                        span.set_attribute("tandem.finish_reason", response.finish_reason)
                     yield response
             counters.completed += 1
         except (asyncio.CancelledError, GeneratorExit) as exc:
@@ -326,6 +353,9 @@ class Frontend:
     ) -> None:
         end = time.perf_counter()
         clock.ended = True
+        log.debug("finished (%s): %d prompt + %d completion tokens in %.3f s",
+                  response.finish_reason, len(prepared.prompt_ids), completion,
+                  end - clock.arrival)
         self.metrics.succeeded(response.finish_reason)
         self.metrics.e2e.observe(end - clock.arrival)
         report = handoff.report

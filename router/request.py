@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from common.tracing import Parent
 from protos.tandem.v1 import tandem_pb2
 from router.tool_use import ToolUse
 
@@ -27,6 +28,7 @@ class Accepted:
     label: str  # what the client sees as the request's id
     arrival: float = field(default_factory=time.perf_counter)
     tools: ToolUse | None = None  # a chat request's tools (router/tool_use.py)
+    trace_parent: Parent = None  # the client's trace context its span continues
 
 
 @dataclass(slots=True)

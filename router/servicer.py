@@ -1,4 +1,11 @@
-"""The public ``tandem.v1.Tandem`` service: a thin grpc.aio wrapper over Frontend."""
+"""The public ``tandem.v1.Tandem`` service: a thin grpc.aio wrapper over Frontend.
+
+Request ids: a client may name its request in ``GenerateRequest.request_id`` or in the
+``x-request-id`` metadata (the field wins); either is checked (router/validation.py
+``check_request_label``) and is a label only. The call's initial metadata says
+``x-request-id``: the client's id, or the router's when it sent none. A ``traceparent`` in
+the metadata makes the request's trace a continuation of the client's.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,15 @@ from contextlib import aclosing
 
 import grpc
 
+from common import tracing
+from common.wire import REQUEST_ID_KEY
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
 from router.client_limits import key_of
 from router.errors import RouterError
 from router.frontend import Frontend
 from router.handoff.counters import HandoffCounters
 from router.status import abort_with
+from router.validation import check_request_label
 
 
 class TandemServicer(tandem_pb2_grpc.TandemServicer):
@@ -33,7 +43,13 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         """Stream one request's tokens."""
         try:
             with self._frontend.client_slot(context.peer(), _key(context)):
-                accepted = self._frontend.accept(request)
+                metadata = _metadata(context)
+                label = metadata.get(REQUEST_ID_KEY)
+                if label is not None and not request.request_id:
+                    check_request_label(label, REQUEST_ID_KEY)
+                    request.request_id = label
+                accepted = self._frontend.accept(request, tracing.extract(metadata))
+                await context.send_initial_metadata(((REQUEST_ID_KEY, accepted.label),))
                 async with aclosing(
                     self._frontend.generate(accepted, context.time_remaining())
                 ) as responses:
@@ -57,6 +73,12 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
     ) -> tandem_pb2.ListModelsResponse:
         """The served model."""
         return self._frontend.list_models()
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's text metadata as a dict (binary ``-bin`` values left out)."""
+    return {name: value for name, value in context.invocation_metadata() or ()
+            if isinstance(value, str)}
 
 
 def _key(context: grpc.aio.ServicerContext) -> str | None:

@@ -12,6 +12,7 @@ fails it costs its sender a refusal and nobody else anything.
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -27,6 +28,11 @@ MAX_LOGIT_BIAS = 300  # OpenAI's limit on biased tokens
 MAX_STRUCTURED_CHARS = 64 * 1024  # a schema, regex or grammar (the engine's limit too)
 MAX_CHOICES = 256
 MAX_USER_CHARS = 256  # the end-user label (logged only)
+# A client's own request id (X-Request-Id, x-request-id, GenerateRequest.request_id): a label
+# echoed back to it and written in the router's log lines, so short and of characters that
+# need no escaping anywhere (UUIDs, hex, base64, "req-42", "svc/7:abc" all fit).
+MAX_REQUEST_ID_CHARS = 128
+REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:/+=@~")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +77,21 @@ def validate_request(
     if kind == "chat":
         validate_chat(request.chat)
     validate_sampling(request.sampling, vocab_size, limits)
+    if request.request_id:
+        check_request_label(request.request_id, "request_id")
     if len(request.user) > MAX_USER_CHARS:
         raise InvalidRequestError("user", f"at most {MAX_USER_CHARS} characters")
     if request.logprobs.top_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidRequestError("logprobs.top_logprobs", f"at most {MAX_TOP_LOGPROBS}")
+
+
+def check_request_label(value: str, field: str) -> None:
+    """A client's request id: 1..MAX_REQUEST_ID_CHARS characters of REQUEST_ID_CHARS; raises
+    InvalidRequestError naming ``field`` (the value itself is never echoed: it may be hostile)."""
+    if not value or len(value) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequestError(field, f"must be 1..{MAX_REQUEST_ID_CHARS} characters")
+    if not REQUEST_ID_CHARS.issuperset(value):
+        raise InvalidRequestError(field, "may hold only letters, digits and - _ . : / + = @ ~")
 
 
 def validate_chat(chat: tandem_pb2.ChatMessages) -> None:

@@ -5,7 +5,9 @@
         -> the router:   --max-model-len=4096     (the flags whose meaning it shares)
 
 The definitions are the workers' own (engine/cli_args.py), so names, types and choices match;
-a flag not given is not passed, and each process keeps its own default.
+a flag not given is not passed, and each process keeps its own default. The logging and
+tracing flags (``--log-format``, ``--log-level``, ``--otlp-endpoint``, ``--trace-file`` ...:
+common/log_format.py, common/tracing_setup.py) go to every process, router included.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 
 from common.arg_parser import ArgParser
+from common.log_format import add_log_args, log_argv
+from common.tracing_setup import add_tracing_args, tracing_argv
 from engine.cli_args import add_forwarded_engine_args, forwarded_engine_argv
 
 # What the launchers define themselves: --model (resolved once, up front) and threads (split
@@ -49,3 +53,14 @@ def worker_engine_argv(args: argparse.Namespace) -> list[str]:
 def router_engine_argv(args: argparse.Namespace) -> list[str]:
     """The given engine flags the router shares (``ROUTER_FLAGS``), as its argv."""
     return forwarded_engine_argv(args, only=ROUTER_FLAGS)
+
+
+def add_observability_args(parser: argparse.ArgumentParser) -> None:
+    """The logging and tracing flags every started process takes, on a launcher's parser."""
+    add_log_args(parser)
+    add_tracing_args(parser)
+
+
+def observability_argv(args: argparse.Namespace) -> list[str]:
+    """The logging and tracing flags given to the launcher, as every process's argv."""
+    return [*log_argv(args), *tracing_argv(args)]

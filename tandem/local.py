@@ -27,7 +27,9 @@ from common.model_spec import served_name as default_served_name
 from common.wire import ready_line
 from tandem.engine_flags import (
     add_launcher_engine_args,
+    add_observability_args,
     add_passthrough_args,
+    observability_argv,
     router_engine_argv,
     worker_engine_argv,
 )
@@ -61,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no credential: any local user can act on the cluster's ports")
     add_api_key_args(p)
     add_passthrough_args(p)
+    add_observability_args(p)
     add_launcher_engine_args(p)
     return p
 
@@ -73,19 +76,19 @@ def served_name(args: argparse.Namespace) -> str:
 
 def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]:
     """Flags both workers get (the caller adds the role's ports): the model, threads, the
-    served name and metrics port, the engine flags given, then ``--worker-arg``s (last, so
-    they win)."""
+    served name and metrics port, the engine, logging and tracing flags given, then
+    ``--worker-arg``s (last, so they win)."""
     return ["--model", model, "--threads", str(threads), "--served-model-name",
             served_name(args), "--metrics-port", str(args.worker_metrics_port),
-            *worker_engine_argv(args), *args.worker_arg]
+            *worker_engine_argv(args), *observability_argv(args), *args.worker_arg]
 
 
 def router_argv(args: argparse.Namespace, model: str) -> list[str]:
     """The router's flags but its workers, ports and keys: the model as the workers get it
     (the router reads its tokenizer), the served name, the engine flags it shares with the
-    workers, then ``--router-arg``s."""
+    workers, the logging and tracing flags, then ``--router-arg``s."""
     return ["--model", model, "--model-name", served_name(args), *router_engine_argv(args),
-            *args.router_arg]
+            *observability_argv(args), *args.router_arg]
 
 
 def thread_split(cores: int) -> tuple[int, int]:

@@ -5,7 +5,8 @@
         (worker.registration), /metrics (worker.metrics, worker.metrics_http), drain on SIGTERM
     role app = worker.app.WorkerAppShell + the role's servicer
     role servicer ──worker.convert──> protos <-> engine values; typed errors ──worker.errors──>
-        gRPC status codes; TLS/mTLS on the gRPC port (worker.tls)
+        gRPC status codes; TLS/mTLS on the gRPC port (worker.tls); each RPC's span and log
+        context (worker.rpc_context)
 
 The two roles never import each other; what both need lives here.
 """

@@ -2,7 +2,7 @@
 
     role parser = role flags + add_worker_args(...)      (host, port, router, the cluster
                                                           credential, TLS, metrics, drain,
-                                                          engine flags)
+                                                          logging, tracing, engine flags)
     args ──role config_from_args──> RoleAppConfig(worker=worker_config(args), ...)
          ──run_worker──> serve(config.worker.serve, build_app(config)) until SIGTERM
 
@@ -26,7 +26,9 @@ from common.credential import (
     add_credential_args,
     credential_from_flags,
 )
+from common.log_format import add_log_args, setup_logging
 from common.metrics_export import add_metrics_compat_arg
+from common.tracing_setup import add_tracing_args, setup_tracing, tracing_config_from_args
 from engine.cli_args import add_engine_args, engine_config_from_args
 from worker.app import WorkerApp
 from worker.config import ServeConfig, StartupError, WorkerConfig
@@ -67,6 +69,8 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
                    "model_name label (default: the last part of --model)")
     add_metrics_compat_arg(p)
     add_tls_args(p)
+    add_log_args(p)
+    add_tracing_args(p)
     add_engine_args(p)
 
 
@@ -105,10 +109,12 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     )
 
 
-def setup_logging() -> None:
-    """One log format for every worker process, on stderr (stdout carries the READY line)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def setup_observability(args: argparse.Namespace, role: str) -> None:
+    """A worker process's logging (--log-format, --log-level: on stderr, stdout carries the
+    READY line) and tracing (--otlp-endpoint, --trace-file) for ``role`` ("prefill" |
+    "decode"); raises TracingSetupError."""
+    setup_logging(args.log_format, args.log_level, service=role)
+    setup_tracing(tracing_config_from_args(args), f"tandem-{role}")
 
 
 def run_worker(

@@ -20,6 +20,10 @@ Every worker call is bounded (legs.py: the client's deadline or the router's def
 cut when the health monitor takes the worker out of the pool); a call that runs out the
 router's bound or is cut fails like a worker that went away: Reserve tries the next decode
 worker, Prefill the next prefill worker, a decode stream migrates.
+
+Traced under the request's span: a ``placement`` span per prefill decision (its decision and
+reason as attributes) and a client span per worker call (legs.py), whose context the call
+carries to the worker.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from common import tracing
 from protos.tandem.v1 import tandem_pb2, worker_pb2
 from router.config import RouterConfig
 from router.errors import (
@@ -83,10 +88,13 @@ class _Leg:
 class Handoff:
     """Runs one request's legs and yields its tokens as Chunks (see the module docstring)."""
 
-    def __init__(self, deps: HandoffDeps, request: Prepared, deadline: Deadline) -> None:
+    def __init__(self, deps: HandoffDeps, request: Prepared, deadline: Deadline,
+                 span: tracing.Span = tracing.NO_SPAN) -> None:
+        """``span``: the request's, which every worker call's span goes under."""
         self._deps = deps
         self._req = request
         self._deadline = deadline
+        self._span = span
         config = deps.config
         self._calls = legs.LegCalls(
             deps.clients, deps.inflight, config.rpc_timeout_s, config.prefill_timeout_s
@@ -122,7 +130,7 @@ class Handoff:
                 yield Chunk([first.first_token], self._first_logprob(first), leg_start=True,
                             prompt_logprobs=prompt_logprobs)
                 stream = legs.decode_stream(
-                    self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining()
+                    self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining(), self._span
                 )
                 async with aclosing(stream):  # closed (RPC cancelled) however we leave
                     async for message in stream:
@@ -198,7 +206,7 @@ class Handoff:
             )
             try:
                 reply = await legs.reserve(
-                    self._calls, endpoint, request, self._deadline.remaining()
+                    self._calls, endpoint, request, self._deadline.remaining(), self._span
                 )
             except WorkerCallError as err:
                 legs.raise_if_fatal(err)
@@ -230,7 +238,11 @@ class Handoff:
         owners = deps.affinity.lookup(hashes) if workers else []
         ranked = policy.rank_prefill(workers, owners, deps.config.affinity_max_queue)
         cached = self._cached(owners, ranked, hashes, leg)
-        placed = self._place(len(tokens), leg.endpoint, ranked, cached)
+        with tracing.span("placement", self._span) as span:
+            placed = self._place(len(tokens), leg.endpoint, ranked, cached)
+            span.set_attributes({"tandem.decision": placed.decision.value,
+                                 "tandem.reason": placed.reason.value,
+                                 "tandem.prompt_tokens": len(tokens)})
         counters.decisions[(placed.decision.value, placed.reason.value)] += 1
         reply: worker_pb2.PrefillResponse | None = None
         if placed.decision is Decision.LOCAL:
@@ -331,7 +343,8 @@ class Handoff:
         deps.registry.acquire(endpoint)
         deps.registry.prefilling(endpoint, new_tokens)
         try:
-            reply = await legs.prefill(self._calls, endpoint, request, self._deadline.remaining())
+            reply = await legs.prefill(self._calls, endpoint, request, self._deadline.remaining(),
+                                       self._span)
         except WorkerCallError as err:
             legs.raise_if_fatal(err)  # the leg stays open: the caller's cleanup aborts it
             if err.code_name in legs.WORKER_GONE:
@@ -351,7 +364,7 @@ class Handoff:
         registry.prefilling(leg.endpoint, new_tokens)
         try:
             return await legs.prefill_local(
-                self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining()
+                self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining(), self._span
             )
         except WorkerCallError as err:
             legs.raise_if_fatal(err)
@@ -384,7 +397,7 @@ class Handoff:
 
     async def _abort(self, endpoint: str, leg_id: str, decode: bool) -> None:
         self._deps.counters.aborts_sent += 1
-        await legs.abort(self._calls, endpoint, leg_id, decode)
+        await legs.abort(self._calls, endpoint, leg_id, decode, self._span)
 
     async def _abort_open(self) -> None:
         """Tell every worker still holding a leg of this request to drop it."""

@@ -15,6 +15,10 @@ elsewhere or fails the request; the client's own deadline still ends the request
 cut the calls to a worker it took out of the pool (router/handoff/inflight.py); a cut call
 is a worker failure too. Errors leave as WorkerCallError (unary calls) or LegLostError (a
 decode stream that broke because its worker went away).
+
+Every call is a client span (``DecodeService/Reserve`` ...) under the request's span, and
+carries its W3C ``traceparent`` in the call's metadata: the worker's own span for the call is
+its child (common/tracing.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from common import tracing
 from common.wire import RETRY_AFTER_KEY
 from protos.tandem.v1 import tandem_pb2, worker_pb2
 from router.errors import DeadlineError, LegLostError, WorkerCallError, WorkerFailedError
@@ -66,6 +71,15 @@ def bound(remaining: float | None, default_s: float) -> tuple[float, bool]:
     if remaining is None or default_s < remaining:
         return default_s, True
     return remaining, False
+
+
+def _call_span(service: str, method: str, endpoint: str, leg_id: str,
+               parent: tracing.Parent) -> tracing.Ended:
+    """The client span of one worker call (ended, failed or not, when the block is left)."""
+    return tracing.span(f"{service}/{method}", parent, kind=tracing.CLIENT, attributes={
+        "rpc.system": "grpc", "rpc.service": f"tandem.v1.{service}", "rpc.method": method,
+        "server.address": endpoint, "tandem.leg_id": leg_id,
+    })
 
 
 def _typed(err: grpc.aio.AioRpcError, endpoint: str, method: str) -> WorkerCallError:
@@ -109,11 +123,16 @@ async def reserve(
     endpoint: str,
     request: worker_pb2.ReserveRequest,
     remaining: float | None,
+    parent: tracing.Parent = None,
 ) -> worker_pb2.ReserveResponse:
-    """DecodeService.Reserve, bounded by ``rpc_timeout_s``."""
+    """DecodeService.Reserve, bounded by ``rpc_timeout_s``; a span under ``parent``."""
     timeout, ours = bound(remaining, calls.rpc_timeout_s)
-    call = calls.clients.decode(endpoint).Reserve(request, timeout=timeout)
-    return await _unary(calls, endpoint, "Reserve", call, timeout, ours)
+    with _call_span("DecodeService", "Reserve", endpoint, request.request_id, parent) as span:
+        call = calls.clients.decode(endpoint).Reserve(request, timeout=timeout,
+                                                      metadata=tracing.metadata(span))
+        reply = await _unary(calls, endpoint, "Reserve", call, timeout, ours)
+        span.set_attribute("tandem.cached_tokens", reply.cached_tokens)
+        return reply
 
 
 async def prefill(
@@ -121,76 +140,94 @@ async def prefill(
     endpoint: str,
     request: worker_pb2.PrefillRequest,
     remaining: float | None,
+    parent: tracing.Parent = None,
 ) -> worker_pb2.PrefillResponse:
     """PrefillService.Prefill (computes, pushes the KV, commits on the decode worker),
-    bounded by ``prefill_timeout_s``."""
+    bounded by ``prefill_timeout_s``; a span under ``parent``."""
     timeout, ours = bound(remaining, calls.prefill_timeout_s)
-    call = calls.clients.prefill(endpoint).Prefill(request, timeout=timeout)
-    return await _unary(calls, endpoint, "Prefill", call, timeout, ours)
+    with _call_span("PrefillService", "Prefill", endpoint, request.request_id, parent) as span:
+        call = calls.clients.prefill(endpoint).Prefill(request, timeout=timeout,
+                                                       metadata=tracing.metadata(span))
+        return await _unary(calls, endpoint, "Prefill", call, timeout, ours)
 
 
 async def prefill_local(
-    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None,
+    parent: tracing.Parent = None,
 ) -> worker_pb2.PrefillResponse:
     """DecodeService.PrefillLocal: the decode worker prefills its own reservation (bounded
-    by ``prefill_timeout_s``)."""
+    by ``prefill_timeout_s``); a span under ``parent``."""
     timeout, ours = bound(remaining, calls.prefill_timeout_s)
     request = worker_pb2.PrefillLocalRequest(request_id=leg_id)
-    call = calls.clients.decode(endpoint).PrefillLocal(request, timeout=timeout)
-    return await _unary(calls, endpoint, "PrefillLocal", call, timeout, ours)
+    with _call_span("DecodeService", "PrefillLocal", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).PrefillLocal(request, timeout=timeout,
+                                                           metadata=tracing.metadata(span))
+        return await _unary(calls, endpoint, "PrefillLocal", call, timeout, ours)
 
 
 async def decode_stream(
-    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None,
+    parent: tracing.Parent = None,
 ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
-    """DecodeService.Decode, message by message, ending after the finished one.
+    """DecodeService.Decode, message by message, ending after the finished one; a span under
+    ``parent`` for the whole stream.
 
     A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
     without a finished message raises LegLostError; any other failure raises WorkerCallError.
     """
-    call = calls.clients.decode(endpoint).Decode(
-        worker_pb2.DecodeRequest(request_id=leg_id), timeout=remaining
-    )
-    try:
-        with calls.inflight.track(endpoint, call):
-            while True:
-                try:
-                    message = await call.read()
-                except grpc.aio.AioRpcError as err:
-                    if err.code().name in WORKER_GONE:
-                        raise LegLostError(
-                            endpoint, f"{err.code().name}: {err.details()}"
-                        ) from err
-                    raise _typed(err, endpoint, "Decode") from err
-                if message is grpc.aio.EOF:
-                    raise LegLostError(endpoint, "stream ended before the request finished")
-                yield message
-                if message.finished:
-                    return
-    except CallCutError as cut:
-        raise LegLostError(endpoint, cut.reason) from cut
-    finally:
-        call.cancel()
+    with _call_span("DecodeService", "Decode", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).Decode(
+            worker_pb2.DecodeRequest(request_id=leg_id), timeout=remaining,
+            metadata=tracing.metadata(span),
+        )
+        try:
+            with calls.inflight.track(endpoint, call):
+                while True:
+                    try:
+                        message = await call.read()
+                    except grpc.aio.AioRpcError as err:
+                        if err.code().name in WORKER_GONE:
+                            raise LegLostError(
+                                endpoint, f"{err.code().name}: {err.details()}"
+                            ) from err
+                        raise _typed(err, endpoint, "Decode") from err
+                    if message is grpc.aio.EOF:
+                        raise LegLostError(endpoint, "stream ended before the request finished")
+                    if message.finished:
+                        span.end()  # the stream's work is done: the rest is our consumer's
+                    yield message
+                    if message.finished:
+                        return
+        except CallCutError as cut:
+            raise LegLostError(endpoint, cut.reason) from cut
+        finally:
+            call.cancel()
 
 
-async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool) -> bool:
+async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
+                parent: tracing.Parent = None) -> bool:
     """Abort ``leg_id`` on a worker; False (logged) when the worker could not be told.
 
     Bounded by ``rpc_timeout_s`` and at most 2 s: an abort is cleanup that the client's
     answer waits for, and a worker that is not told frees the leg when its lease ends."""
     stub = calls.clients.decode(endpoint) if decode else calls.clients.prefill(endpoint)
     timeout = min(_ABORT_TIMEOUT_S, calls.rpc_timeout_s)
-    call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id), timeout=timeout)
-    try:
-        with calls.inflight.track(endpoint, call):
-            reply = await call
-    except grpc.aio.AioRpcError as err:
-        log.warning("Abort(%s) on %s failed: %s", leg_id, endpoint, err.code().name)
-        return False
-    except CallCutError as cut:
-        log.warning("Abort(%s) on %s cut: %s", leg_id, endpoint, cut.reason)
-        return False
-    return bool(reply.found)
+    service = "DecodeService" if decode else "PrefillService"
+    with _call_span(service, "Abort", endpoint, leg_id, parent) as span:
+        call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id), timeout=timeout,
+                          metadata=tracing.metadata(span))
+        try:
+            with calls.inflight.track(endpoint, call):
+                reply = await call
+        except grpc.aio.AioRpcError as err:
+            log.warning("Abort(%s) on %s failed: %s", leg_id, endpoint, err.code().name)
+            tracing.fail(span, err)
+            return False
+        except CallCutError as cut:
+            log.warning("Abort(%s) on %s cut: %s", leg_id, endpoint, cut.reason)
+            tracing.fail(span, cut)
+            return False
+        return bool(reply.found)
 
 
 def raise_if_fatal(err: WorkerCallError) -> None:

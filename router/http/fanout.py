@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
+from common.tracing import Parent
 from protos.tandem.v1 import tandem_pb2
 from router.frontend import Frontend
 from router.http.openai_request import ApiRequest
@@ -42,10 +43,11 @@ def expand(api: ApiRequest) -> list[tandem_pb2.GenerateRequest]:
     return out
 
 
-async def run_all(frontend: Frontend, api: ApiRequest, budget: float | None) -> list[Responses]:
+async def run_all(frontend: Frontend, api: ApiRequest, budget: float | None,
+                  parent: Parent = None) -> list[Responses]:
     """Every sample's messages, in ``expand`` order; the best ``n`` per prompt when
-    ``best_of`` is larger (then in rank order)."""
-    accepted = [frontend.accept(r) for r in expand(api)]  # one bad sample refuses them all
+    ``best_of`` is larger (then in rank order). ``parent``: the client's trace context."""
+    accepted = [frontend.accept(r, parent) for r in expand(api)]  # one bad sample refuses them all
     k = max(api.n, api.best_of)
     tasks: list[asyncio.Future[Responses]] = []
     for p in range(len(api.requests)):
@@ -67,10 +69,11 @@ async def run_all(frontend: Frontend, api: ApiRequest, budget: float | None) -> 
             for r in _best(results[p * k : (p + 1) * k], api.n, api.request.logprobs.enabled)]
 
 
-async def stream_all(frontend: Frontend, api: ApiRequest, budget: float | None
+async def stream_all(frontend: Frontend, api: ApiRequest, budget: float | None,
+                     parent: Parent = None
                      ) -> AsyncIterator[tuple[int, tandem_pb2.GenerateResponse]]:
     """The messages of ``n`` samples of one prompt as they come, tagged with their index."""
-    accepted = [frontend.accept(r) for r in expand(api)]
+    accepted = [frontend.accept(r, parent) for r in expand(api)]
     queue: asyncio.Queue[tuple[int, tandem_pb2.GenerateResponse | BaseException | None]] = (
         asyncio.Queue()
     )

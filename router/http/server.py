@@ -16,6 +16,12 @@ within ``http_read_timeout_s`` of the request's head (408), and the head itself 
 long of connecting or of the previous response (aiohttp's keep-alive timer closes a
 connection whose next request is not complete by then: a slow-loris is cut); requests in
 flight per connection and per API key (429, like admission's).
+
+Request ids: a client may name its request with an ``X-Request-Id`` header (checked:
+router/validation.py ``check_request_label``, a 400 when it does not pass); every response
+carries ``X-Request-Id``, the client's, or for a generation without one the router's id
+(a fan-out of n choices gets one id for all). A ``traceparent`` header makes the request's
+trace a continuation of the client's.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from common import tracing
+from common.wire import REQUEST_ID_HEADER
 from protos.tandem.v1 import tandem_pb2
 from router.auth import ApiKeys
 from router.client_limits import key_of
@@ -43,6 +51,7 @@ from router.http.openai_request import ApiRequest, Endpoint, parse
 from router.http.openai_response import ResponseShaper, model_list
 from router.http.tokenize import detokenize_ids, tokenize_request
 from router.readiness import Readiness
+from router.validation import check_request_label
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "X-Tandem-Timeout"  # optional per-request budget in seconds (-> 504)
 _OPEN_PATHS = frozenset({"/health", "/ready"})
 METRICS_PATH = "/metrics"
+# Request storage: the X-Request-Id a response carries (a typed key where aiohttp has them).
+_ECHO_ID: Any = (web.RequestKey("tandem_request_id", str) if hasattr(web, "RequestKey")
+                 else "tandem_request_id")
 
 
 class HttpServer:
@@ -78,8 +90,10 @@ class HttpServer:
     def app(self) -> web.Application:
         """The aiohttp application (routes and middlewares)."""
         app = web.Application(
-            middlewares=[self._errors, self._auth], client_max_size=self._max_body
+            middlewares=[self._errors, self._request_id, self._auth],
+            client_max_size=self._max_body,
         )
+        app.on_response_prepare.append(_echo_request_id)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -132,6 +146,14 @@ class HttpServer:
                 raise
             body = error_body(exc.status, f"{exc.reason}: {request.method} {request.path}")
             return web.json_response(body, status=exc.status)
+
+    @web.middleware
+    async def _request_id(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        value = request.headers.get(REQUEST_ID_HEADER)
+        if value is not None:
+            check_request_label(value, REQUEST_ID_HEADER)  # a 400 (_errors) when it fails
+            request[_ECHO_ID] = value
+        return await handler(request)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -198,13 +220,20 @@ class HttpServer:
                 self._frontend.metrics.finished("invalid")  # as accept() counts its refusals
                 raise
             budget = _budget(request)
+            parent = tracing.extract(request.headers)
+            label = request.get(_ECHO_ID, "")
             if len(api.requests) > 1 or api.best_of > 1:
+                label = request[_ECHO_ID] = label or uuid.uuid4().hex  # one id for the choices
+                for r in api.requests:
+                    r.request_id = label
                 if api.stream:
-                    return await _stream_choices(request, api, self._shaper(api), self._frontend,
-                                                 budget)
-                results = await fanout.run_all(self._frontend, api, budget)
-                return web.json_response(self._shaper(api).whole_batch(results))
-            accepted = self._frontend.accept(api.request)
+                    return await _stream_choices(request, api, self._shaper(api, label),
+                                                 self._frontend, budget, parent)
+                results = await fanout.run_all(self._frontend, api, budget, parent)
+                return web.json_response(self._shaper(api, label).whole_batch(results))
+            api.request.request_id = label
+            accepted = self._frontend.accept(api.request, parent)
+            request[_ECHO_ID] = accepted.label
             shaper = self._shaper(api, accepted.label)
             responses = self._frontend.generate(accepted, budget)
             async with aclosing(responses):
@@ -215,9 +244,9 @@ class HttpServer:
                 first = await anext(responses)
                 return await _stream(request, api, shaper, first, responses)
 
-    def _shaper(self, api: ApiRequest, label: str | None = None) -> ResponseShaper:
-        return ResponseShaper(api, self._frontend.deps.config.model_name,
-                              label or uuid.uuid4().hex, self._token_text, self._decode)
+    def _shaper(self, api: ApiRequest, label: str) -> ResponseShaper:
+        return ResponseShaper(api, self._frontend.deps.config.model_name, label,
+                              self._token_text, self._decode)
 
     async def _json_body(self, request: web.Request) -> Any:
         """The request's JSON body, bounded in size and in the time it may take to arrive."""
@@ -272,11 +301,11 @@ async def _stream(
 
 async def _stream_choices(
     request: web.Request, api: ApiRequest, shaper: ResponseShaper, frontend: Frontend,
-    budget: float | None,
+    budget: float | None, parent: tracing.Parent,
 ) -> web.StreamResponse:
     """Server-sent events of ``n`` choices, interleaved as they come (``index`` tells them
     apart); the first message before the headers, so a refusal is still a proper status."""
-    events = fanout.stream_all(frontend, api, budget)
+    events = fanout.stream_all(frontend, api, budget, parent)
     async with aclosing(events):
         first = await anext(events)
         response = web.StreamResponse(
@@ -304,6 +333,13 @@ async def _stream_choices(
 
 async def _event(response: web.StreamResponse, body: dict[str, Any]) -> None:
     await response.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response says the request's id (when it has one) before its headers go out."""
+    value = request.get(_ECHO_ID)
+    if value:
+        response.headers[REQUEST_ID_HEADER] = value
 
 
 def _connection(request: web.Request) -> str:

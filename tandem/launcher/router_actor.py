@@ -54,9 +54,13 @@ class RouterActor:
 
         import ray
 
+        from router.cli import build_parser, setup_observability
         from router.server import RouterServer
         from router.tokenizer import RouterTokenizer
 
+        # --log-format and tracing, as the standalone router sets them up (the flags alone:
+        # the credential and keys stay inside router_config).
+        setup_observability(build_parser().parse_args([*self._argv, "--insecure"]))
         config, security = router_config(self._argv, self._secret, self._api_keys)
         server = RouterServer(config, RouterTokenizer(config.tokenizer_dir), security)
         port = await server.start()

@@ -34,7 +34,9 @@ from common.model_spec import served_name
 from common.wire import ready_line
 from tandem.engine_flags import (
     add_launcher_engine_args,
+    add_observability_args,
     add_passthrough_args,
+    observability_argv,
     router_engine_argv,
     worker_engine_argv,
 )
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decode-arg", action="append", default=[], metavar="FLAG",
                    help="extra flag for decode workers only, after --worker-arg (repeat)")
     p.passthrough("--prefill-arg", "--decode-arg")
+    add_observability_args(p)
     add_launcher_engine_args(p)
     g = p.add_argument_group("autoscaling")
     g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
@@ -126,9 +129,10 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         cpus_per_worker=args.cpus_per_worker, router_cpus=args.router_cpus,
         resources=tuple(sorted((str(k), float(v)) for k, v in resources.items())),
         threads=args.threads,
-        # Engine flags first, the escape hatches last: a --worker-arg given wins.
-        worker_args=(*worker_engine_argv(args), *args.worker_arg),
-        router_args=(*router_engine_argv(args), *args.router_arg),
+        # Engine, logging and tracing flags first, the escape hatches last: a --worker-arg
+        # given wins (and a role's own --prefill-arg / --decode-arg after it).
+        worker_args=(*worker_engine_argv(args), *observability_argv(args), *args.worker_arg),
+        router_args=(*router_engine_argv(args), *observability_argv(args), *args.router_arg),
         prefill_args=tuple(args.prefill_arg), decode_args=tuple(args.decode_arg),
         namespace=args.namespace, detach=args.detach,
         max_restarts=args.max_restarts, pack_pairs=not args.no_pack,

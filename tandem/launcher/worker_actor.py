@@ -181,7 +181,11 @@ class WorkerActor:
         else:
             from prefill_worker import cli  # type: ignore[no-redef]
             from prefill_worker.app import build_prefill_app as build  # type: ignore[assignment]
-        config = cli.config_from_args(cli.build_parser().parse_args(argv))
+        args = cli.build_parser().parse_args(argv)
+        from worker.cli import setup_observability
+
+        setup_observability(args, self.role)  # --log-format, tracing: as standalone workers do
+        config = cli.config_from_args(args)
 
         async def build_app() -> Any:
             return _TimedApp(await build(config), self._recorder)  # type: ignore[arg-type]

@@ -24,14 +24,21 @@ _RUNNING: list[TinyWorkers] = []
 
 @pytest.fixture(scope="session")
 def tiny_workers(request: pytest.FixtureRequest, tiny_dir: Callable[..., Path],
-                 smollm2_dir: Path) -> Iterator[TinyWorkers]:
-    """A decode and a prefill worker on the tiny served model (``engine_flags``)."""
+                 smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[TinyWorkers]:
+    """A decode and a prefill worker on the tiny served model (``engine_flags``), tracing on:
+    each writes its spans to its own file (``trace_files``, tests/integration/test_tracing.py)."""
     model = tiny_served_model(tiny_dir, smollm2_dir)
     users = [item.nodeid for item in request.session.items if _FIXTURE in item.fixturenames]
+    traces = tmp_path_factory.mktemp("traces")
+    trace_files = {role: traces / f"{role}.jsonl" for role in ("decode", "prefill")}
     c = Cluster()
     try:
-        decode, prefill = start_workers(c, model)
-        shared = TinyWorkers(c, model, decode, prefill, users[-1] if users else "")
+        decode, prefill = start_workers(
+            c, model, decode_extra=("--trace-file", str(trace_files["decode"])),
+            prefill_extra=("--trace-file", str(trace_files["prefill"])))
+        shared = TinyWorkers(c, model, decode, prefill, users[-1] if users else "",
+                             trace_files)
         _RUNNING.append(shared)
         yield shared
     finally:

@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.local_cluster import Cluster, Proc
@@ -67,6 +67,7 @@ class TinyWorkers:
     decode: Proc
     prefill: Proc
     last_user: str = ""  # nodeid of the last collected test that needs these processes
+    trace_files: dict[str, Path] = field(default_factory=dict)  # role -> its --trace-file
 
     def router_flags(self, *extra: str) -> tuple[str, ...]:
         return ("--port", "0", "--tokenizer", str(self.model), "--model-name", MODEL_ID,

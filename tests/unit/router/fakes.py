@@ -69,6 +69,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         # Send text of its own, as the real worker does: texts over a stream concatenate to
         # text_of(first token + streamed tokens), the first token's text in the first message.
         self.text_of: Callable[[list[int]], str] | None = None
+        self.traceparents: dict[str, str] = {}  # method -> the last call's traceparent
 
     def commit(self, request_id: str, first: int) -> None:
         r = self.reservations[request_id]
@@ -77,6 +78,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
 
     async def Reserve(self, request, context):  # noqa: N802
         self.timeouts.setdefault("Reserve", []).append(context.time_remaining())
+        _record_traceparent(self.traceparents, "Reserve", context)
         self.reserve_started.set()
         if self.reserve_hang:
             await asyncio.Event().wait()
@@ -101,6 +103,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         return worker_pb2.PrefillResponse(first_token=first, prefill_s=0.001)
 
     async def Decode(self, request, context) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # noqa: N802
+        _record_traceparent(self.traceparents, "Decode", context)
         r = self.reservations[request.request_id]
         await r.committed.wait()
         seq = [*r.token_ids, r.first]
@@ -157,9 +160,11 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         self.aborted = asyncio.Event()
         self.started = asyncio.Event()
         self.stats: dict[str, Any] = {}  # extra WorkerStats fields, as on FakeDecode
+        self.traceparents: dict[str, str] = {}  # as on FakeDecode
 
     async def Prefill(self, request, context):  # noqa: N802
         self.calls.append(request.request_id)
+        _record_traceparent(self.traceparents, "Prefill", context)
         self.timeouts.append(context.time_remaining())
         self.started.set()
         if self.fail:
@@ -179,6 +184,12 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
 
     async def Stats(self, request, context):  # noqa: N802
         return worker_pb2.WorkerStats(role=worker_pb2.ROLE_PREFILL, **self.stats)
+
+
+def _record_traceparent(into: dict[str, str], method: str, context: Any) -> None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            into[method] = value
 
 
 # The test cluster's credential: fake workers refuse calls without it, as real ones do, and

@@ -102,3 +102,15 @@ def test_ready_line_and_sigterm_exit_0(tok_dir: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_an_otlp_endpoint_without_the_exporter_exits_2_saying_what_to_install(
+        tok_dir: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The exporter's module blocked: this holds whether or not the otlp extra is installed
+    # (and the failure comes before any tracer provider is installed in this process).
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+                        None)
+    assert main(["--tokenizer", tok_dir, "--port", "0", "--cluster-secret-file",
+                 str(SECRET_FILE), "--otlp-endpoint", "http://127.0.0.1:1"]) == 2
+    assert "pip install opentelemetry-exporter-otlp-proto-grpc" in capsys.readouterr().err

@@ -87,3 +87,21 @@ def test_workers_serve_metrics_under_the_served_name() -> None:
     assert metrics_endpoints("127.0.0.1:8000", {"decode": _Proc({"metrics": "127.0.0.1:5"}),
                                                 "prefill": _Proc({})}) == {
         "router": "127.0.0.1:8000", "decode": "127.0.0.1:5"}
+
+
+def test_logging_and_tracing_flags_reach_every_process(tmp_path: Path) -> None:
+    from prefill_worker.cli import build_parser as prefill_parser
+    from router.cli import build_parser as router_parser
+
+    trace = tmp_path / "spans.jsonl"
+    args = build_parser().parse_args(["--log-format", "json", "--log-level", "debug",
+                                      "--trace-file", str(trace),
+                                      "--otlp-endpoint", "http://collector:4317"])
+    flags = ["--log-format=json", "--log-level=DEBUG", "--otlp-endpoint=http://collector:4317",
+             f"--trace-file={trace}"]
+    assert worker_argv(args, "m", 1)[8:] == flags
+    assert router_argv(args, "/m")[4:] == flags
+    for parsed in (prefill_parser().parse_args(["--port", "0", *worker_argv(args, "m", 1)]),
+                   router_parser().parse_args(router_argv(args, "/m"))):
+        assert (parsed.log_format, parsed.log_level, parsed.trace_file,
+                parsed.otlp_endpoint) == ("json", "DEBUG", str(trace), "http://collector:4317")

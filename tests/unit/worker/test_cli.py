@@ -121,3 +121,18 @@ def test_flags_become_frozen_role_configs(tmp_path: Path) -> None:
 def test_default_flags_make_a_valid_engine_config(parser, argv) -> None:
     config = engine_config_from_args(parser().parse_args(argv))
     assert config.cache.block_size == 16 and config.cache.kv_cache_memory_gb > 0
+
+
+def test_an_otlp_endpoint_without_the_exporter_exits_2_before_the_model_loads(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The exporter's module blocked: this holds whether or not the otlp extra is installed
+    # (and the failure comes before any tracer provider is installed in this process).
+    import sys
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                        None)
+    with pytest.raises(SystemExit) as exc:
+        prefill_cli.main(["--port", "0", "--insecure", "--model", "/nonexistent",
+                          "--otlp-endpoint", "http://127.0.0.1:1", "--otlp-protocol", "http"])
+    assert exc.value.code == 2
+    assert "opentelemetry-exporter-otlp-proto-http" in capsys.readouterr().err

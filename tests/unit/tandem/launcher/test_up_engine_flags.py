@@ -108,3 +108,17 @@ def test_status_lists_each_workers_metrics_endpoint() -> None:
               "replicas": {"prefill": 1, "decode": 1}}
     lines = format_status(status).splitlines()
     assert lines[1].endswith("metrics h:9090") and "metrics" not in lines[2]
+
+
+def test_logging_and_tracing_flags_reach_the_router_and_every_worker() -> None:
+    spec = _spec("--insecure", "--log-format", "json", "--trace-file", "/tmp/t.jsonl",
+                 "--trace-sample-ratio", "0.25", "--worker-arg", "--no-kv-shm")
+    flags = ("--log-format=json", "--trace-file=/tmp/t.jsonl", "--trace-sample-ratio=0.25")
+    assert spec.worker_args == (*flags, "--no-kv-shm")  # the escape hatch still comes last
+    assert spec.router_args == flags
+    worker = decode_parser().parse_args(["--port", "0", "--kv-port", "0",
+                                         *worker_argv(spec, "decode", "smollm2")])
+    router = router_parser().parse_args(router_argv(spec, "/m"))
+    for parsed in (worker, router):
+        assert (parsed.log_format, parsed.trace_file, parsed.trace_sample_ratio) == (
+            "json", "/tmp/t.jsonl", 0.25)
