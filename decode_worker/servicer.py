@@ -13,7 +13,12 @@ import grpc
 from decode_worker.service import DecodeWorker
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from worker.app import worker_stats
-from worker.convert import layout_to_proto, logprobs_to_proto, sampling_from_proto
+from worker.convert import (
+    first_tokens_to_proto,
+    layout_to_proto,
+    logprobs_to_proto,
+    sampling_from_proto,
+)
 from worker.errors import abort_with_status
 
 Context = grpc.aio.ServicerContext
@@ -32,7 +37,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
             params = sampling_from_proto(request.sampling, request.logprobs)
             res = await self._worker.reserve(
                 request.request_id, list(request.token_ids), params, request.lease_s,
-                prior_output_tokens=request.prior_output_tokens,
+                prior_output_tokens=request.prior_output_tokens, n=request.n or 1,
             )
         except Exception as exc:
             await abort_with_status(context, exc)
@@ -46,7 +51,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         self, request: worker_pb2.DecodeRequest, context: Context
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         try:
-            async for msg in self._worker.decode(request.request_id):
+            async for msg in self._worker.decode(request.request_id, request.index):
                 yield msg
         except Exception as exc:
             await abort_with_status(context, exc)
@@ -68,13 +73,16 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
             reply.logprob = first.logprob.logprob
             reply.first_logprob.CopyFrom(logprobs_to_proto([first.logprob])[0])
         reply.prompt_logprobs.extend(first.prompt_logprobs)
+        reply.first_tokens.extend(first_tokens_to_proto(first.token_id, first.logprob,
+                                                        first.forked))
         return reply
 
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: Context
     ) -> worker_pb2.AbortResponse:
         try:
-            found = await self._worker.abort(request.request_id)
+            index = request.index if request.HasField("index") else None
+            found = await self._worker.abort(request.request_id, index)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
