@@ -141,15 +141,16 @@ async def prefill_local(
 
 
 async def decode_stream(
-    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None, index: int = 0
 ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
-    """DecodeService.Decode, message by message, ending after the finished one.
+    """DecodeService.Decode, message by message, ending after the finished one (``index``:
+    which sequence of a forked leg).
 
     A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
     without a finished message raises LegLostError; any other failure raises WorkerCallError.
     """
     call = calls.clients.decode(endpoint).Decode(
-        worker_pb2.DecodeRequest(request_id=leg_id), timeout=remaining
+        worker_pb2.DecodeRequest(request_id=leg_id, index=index), timeout=remaining
     )
     try:
         with calls.inflight.track(endpoint, call):
@@ -173,14 +174,16 @@ async def decode_stream(
         call.cancel()
 
 
-async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool) -> bool:
-    """Abort ``leg_id`` on a worker; False (logged) when the worker could not be told.
+async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
+                index: int | None = None) -> bool:
+    """Abort ``leg_id`` on a worker (``index``: only that sequence of a forked decode leg);
+    False (logged) when the worker could not be told.
 
     Bounded by ``rpc_timeout_s`` and at most 2 s: an abort is cleanup that the client's
     answer waits for, and a worker that is not told frees the leg when its lease ends."""
     stub = calls.clients.decode(endpoint) if decode else calls.clients.prefill(endpoint)
     timeout = min(_ABORT_TIMEOUT_S, calls.rpc_timeout_s)
-    call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id), timeout=timeout)
+    call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id, index=index), timeout=timeout)
     try:
         with calls.inflight.track(endpoint, call):
             reply = await call
