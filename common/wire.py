@@ -35,3 +35,7 @@ def parse_ready_line(line: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return info if isinstance(info, dict) else None
+
+# Sequences one request may fork into (OpenAI's limit on ``n``): the router refuses more, and
+# the engine and the KV COMMIT frame (one first token per sequence) bound theirs by it too.
+MAX_SEQUENCES = 128

@@ -29,3 +29,5 @@ class FirstToken:
     cached_tokens: int
     prefill_s: float
     prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # asked for
+    # a forked request's sequences 1..n-1: their first tokens (and logprobs when asked)
+    forked: list[tuple[int, TokenLogprob | None]] = field(default_factory=list)

@@ -14,7 +14,12 @@ import grpc
 from decode_worker.service import DecodeWorker
 from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from worker.app import worker_stats
-from worker.convert import layout_to_proto, logprobs_to_proto, sampling_from_proto
+from worker.convert import (
+    first_tokens_to_proto,
+    layout_to_proto,
+    logprobs_to_proto,
+    sampling_from_proto,
+)
 from worker.errors import abort_with_status
 from worker.rpc_context import serving
 
@@ -35,7 +40,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
                 params = sampling_from_proto(request.sampling, request.logprobs)
                 res = await self._worker.reserve(
                     request.request_id, list(request.token_ids), params, request.lease_s,
-                    prior_output_tokens=request.prior_output_tokens,
+                    prior_output_tokens=request.prior_output_tokens, n=request.n or 1,
                 )
                 span.set_attributes({"tandem.prompt_tokens": len(request.token_ids),
                                      "tandem.cached_tokens": res.cached_tokens,
@@ -53,7 +58,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         try:
             with serving(context, "DecodeService/Decode", request.request_id) as span:
-                async for msg in self._worker.decode(request.request_id):
+                async for msg in self._worker.decode(request.request_id, request.index):
                     if msg.finished:
                         span.end()  # the stream's work is done: its close is the router's
                     yield msg
@@ -78,6 +83,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
             reply.logprob = first.logprob.logprob
             reply.first_logprob.CopyFrom(logprobs_to_proto([first.logprob])[0])
         reply.prompt_logprobs.extend(first.prompt_logprobs)
+        reply.first_tokens.extend(first_tokens_to_proto(first.token_id, first.logprob,
+                                                        first.forked))
         return reply
 
     async def Abort(  # noqa: N802
@@ -85,7 +92,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
     ) -> worker_pb2.AbortResponse:
         try:
             with serving(context, "DecodeService/Abort", request.request_id):
-                found = await self._worker.abort(request.request_id)
+                index = request.index if request.HasField("index") else None
+                found = await self._worker.abort(request.request_id, index)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise

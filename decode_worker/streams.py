@@ -7,6 +7,8 @@
     external end (Abort, lease expiry, failed transfer): a final item, the pump stopped
 
 Exactly one final item is queued: an output with ``finished`` set, or a ``WorkerError``.
+A forked request has one stream per sequence (``index``; messages carry it), all under the
+request's id (``group_id``) and its one transfer.
 """
 
 from __future__ import annotations
@@ -35,14 +37,21 @@ class RequestStream:
         ae: AsyncEngine,
         on_end: Callable[[RequestStream], None],
         on_gap: Callable[[float], None] = lambda seconds: None,
+        index: int = 0,
+        group_id: str | None = None,
     ) -> None:
-        """``transfer_id``: the tag of the push that fills the request's reservation (minted at
-        Reserve; the engine's ledger knows it too). ``on_gap(seconds)``: the time between
-        successive token outputs (ITL metric)."""
+        """``request_id``: the engine's id of the sequence streamed (a forked request's
+        sequence ``index`` of ``group_id``; else the request's own). ``transfer_id``: the tag
+        of the push that fills the request's reservation (minted at Reserve; the engine's
+        ledger knows it too). ``on_gap(seconds)``: the time between successive token outputs
+        (ITL metric)."""
         self.request_id = request_id
         self.transfer_id = transfer_id
+        self.index = index
+        self.group_id = group_id if group_id is not None else request_id
         self.attached = False  # a Decode RPC is reading
         self.ended = False  # the final item is queued
+        self.started = False  # its first token is out (committed or prefilled here)
         self._ae = ae
         self._on_end = on_end
         self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
@@ -83,6 +92,7 @@ class RequestStream:
 
     def take_first(self, out: RequestOutput) -> None:
         """Account for the first token's output: keep its text; end if it was the last."""
+        self.started = True
         self._last_token_at = time.monotonic()
         self._text_prefix += out.new_text
         if out.finished:
@@ -116,6 +126,7 @@ class RequestStream:
             if isinstance(item, WorkerError):
                 raise item
             msg = response_from_output(item, self._text_prefix)
+            msg.index = self.index
             self._text_prefix = ""
             yield msg
             if item.finished:

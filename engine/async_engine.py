@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -61,25 +61,29 @@ class AsyncEngine:
         self._thread.start()
 
     # -- API for asyncio code ----------------------------------------------------------------
-    async def call(self, fn: Callable[[LLMEngine], T], stream: str | None = None) -> T:
+    async def call(
+        self, fn: Callable[[LLMEngine], T], stream: str | Sequence[str] | None = None
+    ) -> T:
         """Run ``fn(engine)`` on the engine thread between steps and return its result.
 
-        With ``stream``, an output stream for that request id is opened first, in the same
-        critical section (read it with ``outputs``).
+        With ``stream``, an output stream for that request id (or for each of several ids:
+        the sequences of a forked request) is opened first, in the same critical section
+        (read each with ``outputs``).
         """
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
+        names = [stream] if isinstance(stream, str) else list(stream or ())
 
         def job(engine: LLMEngine) -> Any:
-            if stream is not None:
-                self._streams[stream] = _Stream(loop, asyncio.Queue())
+            for name in names:
+                self._streams[name] = _Stream(loop, asyncio.Queue())
             try:
                 result = fn(engine)
             except BaseException:
-                if stream is not None:
-                    self._streams.pop(stream, None)
+                for name in names:
+                    self._streams.pop(name, None)
                 raise
             return result
 

@@ -13,6 +13,12 @@ KV hooks for disaggregation (DESIGN.md section 2; the ledger is engine/core/remo
                 into kv_cache, then exactly one of
                 commit_remote (admit with the first token), end_remote (the push failed) or
                 prefill_reserved_locally (compute the prompt here after all).
+
+Forked requests (``n`` > 1, engine/core/request.py): one prompt computed once, then n
+sequences sharing its blocks. Colocated, the step that computes the prompt forks it and
+samples n first tokens from its last row (sequence j with seed + j); disaggregated, the
+prefill worker does that and the decode worker's ``commit_forked`` forks the reservation
+with the n tokens it committed (one reservation, one push).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.output_processor import OutputProcessor
 from engine.core.remote_kv import RemoteKV, RemoteState, Reservation
-from engine.core.request import RequestStatus
+from engine.core.request import FORK_SEPARATOR, RequestStatus
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.core.step_costs import StepCostModel
 from engine.errors import InvalidRequestError
@@ -121,15 +127,18 @@ class LLMEngine:
         request_id: str | None = None,
         hold_kv: bool = False,
         prior_output_tokens: int = 0,
+        n: int = 1,
     ) -> str:
         """Validate and queue a request; returns its id. Raises InvalidRequestError.
 
         ``prior_output_tokens``: the last this-many prompt tokens were generated earlier (a
         request resumed on another worker); they count as output, see ``_new_live``.
+        ``n`` > 1: the request forks into n sequences once its prompt is computed; their
+        outputs come under ``sequence_id(request_id, j)`` (j = 0 is ``request_id``).
         """
         request_id = request_id or f"req-{next(self._ids)}"
         live = self._new_live(request_id, prompt, params or SamplingParams(), hold_kv,
-                              prior_output_tokens)
+                              prior_output_tokens, n)
         self._live[request_id] = live
         self.scheduler.add(live.request)
         return request_id
@@ -141,11 +150,15 @@ class LLMEngine:
         params: SamplingParams,
         hold_kv: bool,
         prior: int = 0,
+        n: int = 1,
     ) -> LiveRequest:
-        """A new request under an unused id (see engine/request_factory.py for ``prior``)."""
+        """A new request under an unused id (see engine/request_factory.py for ``prior``
+        and ``n``); ids with FORK_SEPARATOR are the engine's own (forked sequences)."""
+        if FORK_SEPARATOR in request_id:
+            raise InvalidRequestError("request_id", f"must not contain {FORK_SEPARATOR!r}")
         if request_id in self._live or request_id in self.remote:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
-        return self.requests.build(request_id, prompt, params, hold_kv, prior)
+        return self.requests.build(request_id, prompt, params, hold_kv, prior, n)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request wherever it is and free its blocks; unknown ids are ignored."""
@@ -185,11 +198,16 @@ class LLMEngine:
 
     def _run_step(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
         """Forward, sample and append for one scheduled batch."""
+        copies = self.kv.take_copies()  # copy-on-write of forked sequences' shared blocks
+        if copies:
+            self.runner.copy_blocks(copies)
+            self.spec.copy_blocks(copies)
         hook = self._make_layer_hook(scheduled)
         self.spec.propose(scheduled, self.kv)  # fills spec_token_ids (when speculating)
         logits, samplers, prompt = self.runner.execute(scheduled, self.kv, hook)  # [n, V]
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+        logits, samplers = self._fork_samplers(logits, samplers)
         for s, rows in prompt:  # prompt_logprobs: score this chunk's prompt tokens
             record_prompt_logprobs(s.request, s.start, rows)
         outputs = []
@@ -214,6 +232,38 @@ class LLMEngine:
                 self.scheduler.accept_speculation(s, len(res) - 1)
             outputs.append(self._append(self._live[s.request.request_id], res))
         return outputs
+
+    def _fork_samplers(
+        self, logits: torch.Tensor, samplers: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor, list[ScheduledRequest]]:
+        """Fork every request whose prompt this step computed into its n sequences: each new
+        sequence samples from its parent's row (logits ``[n, V]`` grows a row per sequence,
+        appended after the step's rows in ``samplers`` order)."""
+        rows: list[int] = []
+        forked: list[ScheduledRequest] = []
+        for i, s in enumerate(samplers):
+            if s.request.num_forks > 1:
+                for child in self._fork(self._live[s.request.request_id]):
+                    rows.append(i)
+                    forked.append(ScheduledRequest(child.request, s.num_new_tokens, s.start))
+        if not forked:
+            return logits, samplers
+        extra = logits[torch.tensor(rows, device=logits.device)]
+        return torch.cat([logits, extra]), samplers + forked
+
+    def _fork(self, live: LiveRequest) -> list[LiveRequest]:
+        """Sequences 1..n-1 of a running request whose prompt is computed: each shares its
+        blocks and joins the running batch (sequence 0 is the request itself)."""
+        parent = live.request
+        n, parent.num_forks = parent.num_forks, 1
+        children = []
+        for j in range(1, n):
+            child = self.requests.fork(parent, j)
+            self.kv.fork(parent.request_id, child.request.request_id)
+            self._live[child.request.request_id] = child
+            self.scheduler.admit_running(child.request)
+            children.append(child)
+        return children
 
     def _observe_step(self, scheduled: list[ScheduledRequest], seconds: float) -> None:
         """Feed the step-cost fit: a one-token query (plus drafts) is a decode row, anything
@@ -298,16 +348,19 @@ class LLMEngine:
         params: SamplingParams,
         prior_output_tokens: int = 0,
         transfer_id: str | None = None,
+        n: int = 1,
     ) -> Reservation:
         """Allocate blocks for a prompt whose KV another engine computes, starting from the
         prefix this engine caches; returns the blocks to fill and the cached token count.
 
         ``transfer_id``: the caller's opaque tag for the push that fills them (default: the
         request id); ``commit_remote`` and ``end_remote`` name the reservation by it.
-        ``prior_output_tokens`` as in ``add_request`` (a migrated request). Raises
+        ``prior_output_tokens`` and ``n`` as in ``add_request`` (a migrated request; a forked
+        one: the prompt is reserved and pushed once, ``commit_forked`` forks it). Raises
         InvalidRequestError or OutOfBlocksError, and then holds nothing."""
         live = self._new_live(
-            request_id, list(prompt_token_ids), params, hold_kv=False, prior=prior_output_tokens
+            request_id, list(prompt_token_ids), params, hold_kv=False, prior=prior_output_tokens,
+            n=n,
         )
         reservation = self.remote.reserve(live.request, transfer_id or request_id)
         self._live[request_id] = live
@@ -316,23 +369,48 @@ class LLMEngine:
     def commit_remote(
         self, transfer_id: str, first_token: int, logprob: float | None = None
     ) -> RequestOutput | None:
-        """The KV of a reservation has arrived: admit its request with its first sampled
-        token. None when the reservation already ended (aborted, expired, prefilled here).
-        Raises InvalidRequestError for a token outside the vocabulary, changing nothing."""
+        """The KV of a one-sequence reservation has arrived: admit its request with its first
+        sampled token (``commit_forked`` with one token)."""
+        outs = self.commit_forked(transfer_id, [first_token], [logprob])
+        return outs[0] if outs is not None else None
+
+    def commit_forked(
+        self,
+        transfer_id: str,
+        first_tokens: Sequence[int],
+        logprobs: Sequence[float | None] | None = None,
+    ) -> list[RequestOutput] | None:
+        """The KV of a reservation has arrived: admit its request with the first token of
+        each of its n sequences (``first_tokens[j]`` sampled elsewhere with seed + j), sequences
+        1..n-1 forked from it sharing the pushed blocks; returns their outputs in order.
+        None when the reservation already ended (aborted, expired, prefilled here). Raises
+        InvalidRequestError for a count other than n or a token outside the vocabulary or
+        the grammar, changing nothing."""
         entry = self.remote.reserved(transfer_id)
         if entry is None:
             return None
-        if not 0 <= first_token < self.arch.vocab_size:
-            raise InvalidRequestError("first_token", f"{first_token} is outside the vocabulary")
+        n = entry.request.num_forks
+        lps = list(logprobs) if logprobs is not None else [None] * len(first_tokens)
+        if len(first_tokens) != n or len(lps) != n:
+            raise InvalidRequestError(
+                "first_tokens", f"{len(first_tokens)} first tokens and {len(lps)} logprobs "
+                f"for a request of {n} sequences")
         constraint = self._live[entry.request_id].sampling.constraint
-        if constraint is not None and not constraint.allows(first_token):
-            raise InvalidRequestError("first_token", f"{first_token} breaks the request's grammar")
+        for token in first_tokens:
+            if isinstance(token, bool) or not 0 <= token < self.arch.vocab_size:
+                raise InvalidRequestError("first_token", f"{token} is outside the vocabulary")
+            if constraint is not None and not constraint.allows(token):
+                raise InvalidRequestError("first_token", f"{token} breaks the request's grammar")
         req = self.remote.commit(transfer_id)
         assert req is not None
         live = self._live[req.request_id]
-        skip_draw(live.sampling)  # the first token was drawn on the prefill worker
         self.scheduler.admit_running(req)
-        return self._append(live, [SampleResult(first_token, logprob, None)])
+        family = [live] + self._fork(live)
+        outs = []
+        for seq, token, lp in zip(family, first_tokens, lps, strict=True):
+            skip_draw(seq.sampling)  # the first token was drawn on the prefill worker
+            outs.append(self._append(seq, [SampleResult(token, lp, None)]))
+        return outs
 
     def end_remote(self, transfer_id: str) -> RequestOutput | None:
         """The push into a reservation failed (aborted, lease expired): free its blocks and

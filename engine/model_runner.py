@@ -92,6 +92,14 @@ class ModelRunner:
         return arch.num_layers * 2 * block_size * arch.num_kv_heads * width * elem
 
     @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write of forked sequences: block ``dst`` of every layer (K and V, int8
+        scales included) becomes a copy of block ``src``, for each (src, dst) pair. Runs
+        before the step's forward; the same cache tensor serves the torch, triton, native and
+        CUDA-graph paths."""
+        copy_kv_blocks(self.kv_cache, pairs)
+
+    @torch.inference_mode()
     def execute(
         self,
         scheduled: list[ScheduledRequest],
@@ -176,6 +184,16 @@ class ModelRunner:
             prompt.append((s, logits[at : at + m]))
             at += m
         return logits[:n], samplers, prompt
+
+
+def copy_kv_blocks(kv_cache: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+    """``kv_cache[:, :, dst] = kv_cache[:, :, src]`` for each (src, dst) pair (a paged cache
+    ``[layers, 2, blocks, ...]``); sources are read before any destination is written."""
+    if not pairs:
+        return
+    src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=kv_cache.device)
+    dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=kv_cache.device)
+    kv_cache[:, :, dst] = kv_cache[:, :, src]
 
 
 def _samples(s: ScheduledRequest) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from common.wire import MAX_SEQUENCES
 from kv_transfer.config import Limits
 from kv_transfer.errors import FrameTooLarge, MalformedFrame, UnknownFrameKind
 
@@ -43,6 +44,7 @@ Header = dict[str, Any]
 # Field checks per kind: name -> (type name, required). "ids" is a list of non-negative ints,
 # "int" a non-negative int. Fields not listed are ignored (forward compatibility).
 _INT, _IDS, _STR, _BIN, _FLOAT, _MAP = "int", "ids", "str", "bin", "float", "map"
+_FLOATS = "floats"  # a list of floats, NaN refused
 _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.HELLO: {"version": (_INT, False), "layout": (_MAP, False), "fingerprint": (_STR, False),
                  "nonce": (_BIN, False), "proof": (_BIN, False), "max_payload": (_INT, False),
@@ -51,7 +53,10 @@ _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.KV: {"transfer": (_STR, True), "layers": (_IDS, True), "blocks": (_IDS, True),
               "dtype": (_STR, True), "shape": (_IDS, True), "nbytes": (_INT, True),
               "slot": (_INT, False), "xxh": (_INT, False), "src_blocks": (_IDS, False)},
-    Kind.COMMIT: {"transfer": (_STR, True), "token": (_INT, True), "logprob": (_FLOAT, True)},
+    # a forked request (n sequences) also sends every sequence's first token: "tokens" and
+    # "logprobs" (n of each, [0] repeating token/logprob; see _check_commit)
+    Kind.COMMIT: {"transfer": (_STR, True), "token": (_INT, True), "logprob": (_FLOAT, True),
+                  "tokens": (_IDS, False), "logprobs": (_FLOATS, False)},
     Kind.ABORT: {"transfer": (_STR, True), "reason": (_STR, False)},
     Kind.ACK: {"ref": (_INT, True), "transfer": (_STR, False)},
     Kind.NACK: {"ref": (_INT, True), "transfer": (_STR, False), "code": (_STR, True),
@@ -85,6 +90,8 @@ def _check_field(kind: Kind, name: str, value: object, typ: str) -> None:
         ok = type(value) is bytes
     elif typ == _FLOAT:
         ok = type(value) is float and value == value  # NaN refused
+    elif typ == _FLOATS:
+        ok = type(value) is list and all(type(v) is float and v == v for v in value)
     else:
         ok = type(value) is dict
     if not ok:
@@ -133,8 +140,24 @@ class HeaderCodec:
                 _check_field(kind, name, header[name], typ)
             elif required:
                 raise MalformedFrame(f"{kind.name} lacks field {name!r}")
+        if kind == Kind.COMMIT:
+            _check_commit(header)
         header["kind"] = kind
         return header
+
+
+def _check_commit(header: Header) -> None:
+    """A forked COMMIT's first tokens: 2..MAX_SEQUENCES of them, as many logprobs, the first
+    one the frame's ``token`` (the receiver's engine checks the vocabulary)."""
+    tokens, logprobs = header.get("tokens"), header.get("logprobs")
+    if tokens is None and logprobs is None:
+        return
+    if tokens is None or logprobs is None or len(tokens) != len(logprobs):
+        raise MalformedFrame("COMMIT.tokens and COMMIT.logprobs come together, as many of each")
+    if not 2 <= len(tokens) <= MAX_SEQUENCES:
+        raise MalformedFrame(f"COMMIT.tokens: {len(tokens)} sequences, not 2..{MAX_SEQUENCES}")
+    if tokens[0] != header["token"] or logprobs[0] != header["logprob"]:
+        raise MalformedFrame("COMMIT.tokens[0] and logprobs[0] must repeat token and logprob")
 
 
 def ack(ref: Kind, transfer: str | None = None, **extra: Any) -> Header:

@@ -20,7 +20,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from kv_transfer.blocks import KvBlocks, SendSpan
@@ -230,18 +230,24 @@ class OutgoingTransfer:
 
     # -- ending -------------------------------------------------------------------------------
 
-    async def commit(self, first_token: int, logprob: float) -> None:
-        """Send COMMIT after every queued layer and wait for the receiver's ACK."""
+    async def commit(self, first_token: int, logprob: float,
+                     forked: Sequence[tuple[int, float]] = ()) -> None:
+        """Send COMMIT after every queued layer and wait for the receiver's ACK. ``forked``:
+        the first tokens (with logprobs) of sequences 1..n-1 of a forked request, whose n
+        sequences share the pushed KV (the frame then lists all n)."""
         await self.flush()
         if self._committed:
             return
         loop = asyncio.get_running_loop()
         self._ack = loop.create_future()
         self._ending = True
+        frame = {"kind": Kind.COMMIT, "transfer": self.transfer_id,
+                 "token": int(first_token), "logprob": float(logprob)}
+        if forked:
+            frame["tokens"] = [int(first_token)] + [int(t) for t, _ in forked]
+            frame["logprobs"] = [float(logprob)] + [float(lp) for _, lp in forked]
         try:
-            await self._bounded(self.conn.send({
-                "kind": Kind.COMMIT, "transfer": self.transfer_id,
-                "token": int(first_token), "logprob": float(logprob)}))
+            await self._bounded(self.conn.send(frame))
             await self._bounded(asyncio.shield(self._ack))
         except TransferFailed as exc:
             self._on_failed(exc, tell_receiver=True)

@@ -221,7 +221,7 @@ class Receiver:
 
     def _end(self, transfer_id: str, why: EndWhy, *, code: str, reason: str,
              by: Literal["sender", "receiver", "network"] = "receiver", token: int = 0,
-             logprob: float = 0.0) -> bool:
+             logprob: float = 0.0, forked: tuple[list[int], list[float]] = ([], [])) -> bool:
         """End a live reservation once: emit its event and, when the receiver ended it while a
         sender is bound, tell that sender."""
         res = self.table.end(transfer_id, why)
@@ -232,7 +232,8 @@ class Receiver:
             timer.cancel()
         if why == "committed":
             seconds = time.monotonic() - (res.first_kv_at or res.bound_at)
-            self.events.put_nowait(Committed(transfer_id, res.block_ids, token, logprob, seconds))
+            self.events.put_nowait(Committed(transfer_id, res.block_ids, token, logprob, seconds,
+                                             tuple(forked[0]), tuple(forked[1])))
         elif why == "aborted":
             self.events.put_nowait(Aborted(transfer_id, res.block_ids, code, reason, by))
         elif why == "expired":

@@ -261,8 +261,10 @@ class InboundConnection:
             rx._end(tid, "aborted", code="incomplete", reason=reason, by="sender")
             await self._nack(Kind.COMMIT, "incomplete", reason, tid)
             return
+        # a forked request's other first tokens (frames.py checked their count and shape)
+        forked = (header.get("tokens", [])[1:], header.get("logprobs", [])[1:])
         rx._end(tid, "committed", code="", reason="", token=header["token"],
-                logprob=header["logprob"])
+                logprob=header["logprob"], forked=forked)
         await self.ch.send(ack(Kind.COMMIT, tid))
 
     def _on_abort(self, header: Header) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from engine.outputs import TokenLogprob
 from kv_transfer import ConfigError, Endpoint, KvTransferError, OutgoingTransfer, Sender
 from prefill_worker.errors import PushFailed, push_failed
 
@@ -84,10 +85,13 @@ class LayerPush:
             self.transfer.push(layer, layer + 1)
             self.layers_pushed += 1
 
-    async def commit(self, first_token: int, logprob: float, num_layers: int) -> float:
-        """Finish the push and COMMIT the first token; returns the seconds from the first
-        layer to the COMMIT's ACK (the push, not the queueing before it). Raises
-        PushFailed or LayoutMismatch (a kv_transfer error, mapped by ``push_failed``)."""
+    async def commit(self, firsts: Sequence[tuple[int, TokenLogprob | None]], num_layers: int
+                     ) -> float:
+        """Finish the push and COMMIT the first token (a forked request's: every sequence's,
+        in order; a missing logprob is sent as 0); returns the seconds from the first layer
+        to the COMMIT's ACK (the push, not the queueing before it). Raises PushFailed or
+        LayoutMismatch (a kv_transfer error, mapped by ``push_failed``)."""
+        sent = [(t, lp.logprob if lp is not None else 0.0) for t, lp in firsts]
         self._queue.put_nowait(None)
         try:
             await asyncio.shield(self._task)  # a cancelled caller must not cancel an open mid-way
@@ -96,7 +100,7 @@ class LayerPush:
                     f"KV of {self.layers_pushed} of {num_layers} layers was computed",
                     grpc.StatusCode.ABORTED,
                 )
-            await self.transfer.commit(first_token, logprob)
+            await self.transfer.commit(*sent[0], forked=sent[1:])
         except KvTransferError as exc:
             raise push_failed(exc) from exc
         return time.monotonic() - self._first_layer_at

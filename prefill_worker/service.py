@@ -4,6 +4,8 @@
             ──> layer hook: LayerPush opens the transfer and ships each layer as it lands
                 (the blocks after ``skip_tokens``: the decode worker caches the ones before)
             ──> first token sampled ──> COMMIT (ACK) ──> reply first token and timings
+                (a forked request, ``n`` > 1: the prompt computed and pushed once, n first
+                tokens sampled from its last row, sequence j with seed + j; one COMMIT)
                 (meanwhile, between engine steps, engine.release: blocks back to the pool,
                 still prefix-cached; the reply never waits for the engine's current step)
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
@@ -26,7 +28,9 @@ import grpc
 import torch
 
 from common import tracing
+from common.wire import MAX_SEQUENCES
 from engine.async_engine import AsyncEngine
+from engine.core.request import sequence_id
 from engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 from kv_transfer import ConfigError, Endpoint, Sender
@@ -63,6 +67,7 @@ class PrefillSpec:
     prior_output_tokens: int = 0  # a migrated request's already-streamed tail of token_ids
     skip_tokens: int = 0  # the decode worker holds these leading tokens' KV: not pushed
     trace: tracing.Span = tracing.NO_SPAN  # the call's span, the parent of the prefill's own
+    n: int = 1  # sequences of a forked request: n first tokens, one push
 
     def skip_blocks(self, block_size: int) -> int:
         """Leading blocks of the prompt that are not pushed."""
@@ -79,6 +84,8 @@ class PrefillResult:
     prefill_s: float
     transfer_s: float
     prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # asked for
+    # a forked request's sequences 1..n-1: their first tokens (and logprobs when asked)
+    forked: list[tuple[int, TokenLogprob | None]] = field(default_factory=list)
 
 
 class PrefillWorker:
@@ -162,6 +169,8 @@ class PrefillWorker:
             raise LayoutMismatch(mismatch)
         if not spec.transfer_id:
             raise BadRequest("transfer_id", "must not be empty")
+        if not 1 <= spec.n <= MAX_SEQUENCES:
+            raise BadRequest("n", f"{spec.n} sequences, not 1..{MAX_SEQUENCES}")
         bs = self.layout.block_size
         if spec.skip_tokens % bs or not 0 <= spec.skip_tokens < len(spec.token_ids):
             raise BadRequest("skip_tokens", f"{spec.skip_tokens} is not a multiple of the block "
@@ -203,29 +212,29 @@ class PrefillWorker:
         self._pushes[rid] = push
         self.leased_blocks += len(spec.block_ids)
         committed = False
+        seqs = [sequence_id(rid, j) for j in range(spec.n)]
         try:
-            tokens, prior = spec.token_ids, spec.prior_output_tokens
+            tokens, prior, n = spec.token_ids, spec.prior_output_tokens, spec.n
             with tracing.span("prefill.engine", spec.trace,
                               attributes={"tandem.prompt_tokens": len(tokens)}) as engine_span:
                 await self._ae.prepare(first)
                 await self._ae.call(
                     lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True,
-                                            prior_output_tokens=prior),
-                    stream=rid,
+                                            prior_output_tokens=prior, n=n),
+                    stream=seqs,
                 )
-                out = await self._first_output(rid)
+                outs = [await self._first_output(sid) for sid in seqs]
+                out = outs[0]
                 engine_span.set_attribute("tandem.cached_tokens", out.num_cached_tokens)
             prefill_s = time.monotonic() - t0
-            if not out.new_token_ids:
+            if any(not o.new_token_ids for o in outs):
                 raise WrongState(f"prefill produced no token ({out.finish_reason})")
             self.metrics.first_token(prefill_s)
-            lp = out.logprobs[0] if out.logprobs else None
+            firsts = [(o.new_token_ids[0], o.logprobs[0] if o.logprobs else None) for o in outs]
+            lp = firsts[0][1]
             try:
                 with tracing.span("kv.commit", push_span):
-                    transfer_s = await push.commit(
-                        out.new_token_ids[0], lp.logprob if lp is not None else 0.0,
-                        self.layout.num_layers,
-                    )
+                    transfer_s = await push.commit(firsts, self.layout.num_layers)
             except PushFailed as exc:
                 raise _out_of_time(exc, t0 + timeout, deadline_s is not None
                                    and deadline_s <= self.config.transfer_timeout_s) from exc
@@ -233,7 +242,8 @@ class PrefillWorker:
             self.metrics.transfer_committed(self._pushed_bytes(push, spec), transfer_s)
             return PrefillResult(out.new_token_ids[0], lp, out.num_cached_tokens, prefill_s,
                                  transfer_s,
-                                 prompt_logprobs_to_proto(out.prompt_logprobs, tokens))
+                                 prompt_logprobs_to_proto(out.prompt_logprobs, tokens),
+                                 firsts[1:])
         finally:
             self._pushes.pop(rid, None)
             push_span.set_attributes({"tandem.layers_pushed": push.layers_pushed,
@@ -250,9 +260,10 @@ class PrefillWorker:
                 # cache) between steps, and its current step may be a long prefill of the
                 # next prompt, which the router's first token must not wait for.
                 self._release_later(rid)
-            elif self._ae.alive:  # aborts the request, freeing its blocks
-                await self._ae.call(lambda e: e.abort(rid))
-            self._ae.close_stream(rid)
+            elif self._ae.alive:  # aborts the request (every sequence), freeing its blocks
+                await self._ae.call(lambda e: [e.abort(sid) for sid in seqs])
+            for sid in seqs:
+                self._ae.close_stream(sid)
 
     def _release_later(self, request_id: str) -> None:
         """Free a committed request's held blocks on the engine without waiting for it; the

@@ -10,7 +10,7 @@ import grpc
 from prefill_worker.service import PrefillSpec, PrefillWorker
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from worker.app import worker_stats
-from worker.convert import logprobs_to_proto, sampling_from_proto
+from worker.convert import first_tokens_to_proto, logprobs_to_proto, sampling_from_proto
 from worker.errors import abort_with_status
 from worker.rpc_context import serving
 
@@ -38,6 +38,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
                     layout=request.layout,
                     prior_output_tokens=request.prior_output_tokens,
                     skip_tokens=request.skip_tokens,
+                    n=request.n or 1,
                     trace=span,
                 )
                 res = await self._worker.prefill(spec, context.time_remaining())
@@ -52,6 +53,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
             reply.logprob = res.logprob.logprob
             reply.first_logprob.CopyFrom(logprobs_to_proto([res.logprob])[0])
         reply.prompt_logprobs.extend(res.prompt_logprobs)
+        reply.first_tokens.extend(first_tokens_to_proto(res.first_token, res.logprob, res.forked))
         return reply
 
     async def Abort(  # noqa: N802

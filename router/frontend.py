@@ -8,6 +8,10 @@ it sent one) with ``admission`` and ``tokenize`` below it and the handoff's span
 (router/handoff/ledger.py); every log line written meanwhile names the request
 (common/log_context.py): the router's id, and the client's own when it sent one.
 
+A request accepted with ``n`` > 1 (the HTTP API's n / best_of) is one admitted request whose
+prompt the workers compute once and fork into n sequences; each sequence is shaped on its
+own (text, tool calls, usage on its last message) and its messages carry its ``index``.
+
 Only what costs nothing runs before admission; the tokenizer runs once the request holds a
 slot, in a bounded thread pool (the Rust tokenizer releases the GIL), so a flood of huge
 prompts queues or gets RESOURCE_EXHAUSTED instead of stalling the event loop for everyone.
@@ -27,6 +31,7 @@ from typing import TypeVar
 
 from common import log_context, tracing
 from common.detokenizer import Detokenizer
+from common.wire import MAX_SEQUENCES
 from protos.tandem.v1 import tandem_pb2
 from router import validation
 from router.admission import AdmissionGate
@@ -60,7 +65,7 @@ def _skip_special_tokens(sampling: tandem_pb2.SamplingParams) -> bool:
 def _without_tokens(chunk: Chunk) -> Chunk:
     """A chunk of a prompt-scoring request (max_tokens 0), its generated token dropped."""
     return Chunk([], finished=chunk.finished, finish_reason="length" if chunk.finished else "",
-                 prompt_logprobs=chunk.prompt_logprobs)
+                 prompt_logprobs=chunk.prompt_logprobs, index=chunk.index)
 
 
 def _attach_calls(response: tandem_pb2.GenerateResponse, calls: ToolOutput) -> None:
@@ -91,8 +96,18 @@ class _Clock:
     queued: float
     admitted: float = 0.0
     first: float = 0.0
-    last: float = 0.0  # the latest chunk with tokens
     ended: bool = False  # its outcome is counted
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """How one sequence's chunks become messages: its text, its tool calls, its counts."""
+
+    text: TextStream
+    calls: ToolOutput | None
+    completion: int = 0
+    last: float = 0.0  # its latest chunk with tokens (ITL is per sequence)
+    done: bool = False
 
 
 class Frontend:
@@ -145,16 +160,21 @@ class Frontend:
         finally:
             self.clients.leave(slot)
 
-    def accept(self, request: tandem_pb2.GenerateRequest,
+    def accept(self, request: tandem_pb2.GenerateRequest, n: int = 1,
                trace_parent: tracing.Parent = None) -> Accepted:
         """Every check that needs no tokenizer, and the request's router-minted id; raises
-        InvalidRequestError naming the bad field. ``trace_parent``: the client's trace context
+        InvalidRequestError naming the bad field. ``n``: sequences to fork the prompt into
+        (their messages carry an index). ``trace_parent``: the client's trace context
         (common/tracing.py ``extract``), which the request's span continues."""
         try:
-            return self._accept(request, trace_parent)
+            if not 1 <= n <= MAX_SEQUENCES:
+                raise InvalidRequestError("n", f"must be in [1, {MAX_SEQUENCES}], got {n}")
+            accepted = self._accept(request, trace_parent)
         except InvalidRequestError:
             self.metrics.finished("invalid")
             raise
+        accepted.n = n
+        return accepted
 
     def _accept(self, request: tandem_pb2.GenerateRequest,
                 trace_parent: tracing.Parent) -> Accepted:
@@ -220,6 +240,7 @@ class Frontend:
             arrival=accepted.arrival,
             label=accepted.label,
             score_only=score_only,
+            n=accepted.n,
         )
 
     def _encode(self, request: tandem_pb2.GenerateRequest) -> list[int]:
@@ -272,41 +293,36 @@ class Frontend:
             metrics.prompt_tokens.inc(len(prepared.prompt_ids))
             span.set_attribute("tandem.prompt_tokens", len(prepared.prompt_ids))
             handoff = Handoff(self.deps, prepared, deadline, span)
-            text = TextStream(
-                Detokenizer(
-                    self.tokenizer.backend,
-                    prepared.prompt_ids,
-                    skip_special_tokens=_skip_special_tokens(prepared.sampling),
-                    stop=prepared.sampling.stop,
-                    include_stop=prepared.sampling.include_stop_str_in_output,
-                    min_tokens=prepared.sampling.min_tokens,
-                )
-            )
-            completion = 0
-            calls = accepted.tools.output() if accepted.tools is not None else None
+            sequences = [self._sequence(prepared, accepted) for _ in range(prepared.n)]
             async with aclosing(handoff.stream()) as chunks:
                 async for chunk in chunks:
                     if prepared.score_only:  # the one token the workers had to generate
                         chunk = _without_tokens(chunk)
-                    completion += len(chunk.token_ids)
-                    delta = text.delta(chunk)
+                    seq = sequences[chunk.index]
+                    seq.completion += len(chunk.token_ids)
+                    delta = seq.text.delta(chunk)
                     response = tandem_pb2.GenerateResponse(
                         request_id=prepared.label or prepared.request_id,
                         token_ids=chunk.token_ids,
-                        text=calls.feed(delta) if calls is not None else delta,
+                        text=seq.calls.feed(delta) if seq.calls is not None else delta,
                         logprobs=chunk.logprobs,
                         finished=chunk.finished,
                         finish_reason=chunk.finish_reason,
                         prompt_logprobs=chunk.prompt_logprobs,
+                        index=chunk.index,
                     )
-                    self._observe(chunk.token_ids, clock)
+                    self._observe(chunk.token_ids, clock, seq)
                     if chunk.finished:
-                        response.stop_reason = chunk.stop_reason or text.stop_reason or ""
-                        if calls is not None:
-                            _attach_calls(response, calls)
-                        self._finish(response, prepared, handoff, completion, clock)
-                        span.set_attribute("tandem.completion_tokens", completion)
-                        span.set_attribute("tandem.finish_reason", response.finish_reason)
+                        response.stop_reason = chunk.stop_reason or seq.text.stop_reason or ""
+                        if seq.calls is not None:
+                            _attach_calls(response, seq.calls)
+                        seq.done = True
+                        last = all(s.done for s in sequences)
+                        self._finish(response, prepared, handoff, seq.completion, clock, last)
+                        if last:
+                            span.set_attribute("tandem.completion_tokens",
+                                               sum(s.completion for s in sequences))
+                            span.set_attribute("tandem.finish_reason", response.finish_reason)
                     yield response
             counters.completed += 1
         except (asyncio.CancelledError, GeneratorExit) as exc:
@@ -330,17 +346,31 @@ class Frontend:
         else:
             self.metrics.failed(exc)
 
-    def _observe(self, token_ids: Sequence[int], clock: _Clock) -> None:
-        """TTFT on the first chunk, ITL between chunks that carry tokens."""
+    def _sequence(self, prepared: Prepared, accepted: Accepted) -> _Sequence:
+        """A fresh sequence's text stream and tool-call parser."""
+        text = TextStream(
+            Detokenizer(
+                self.tokenizer.backend,
+                prepared.prompt_ids,
+                skip_special_tokens=_skip_special_tokens(prepared.sampling),
+                stop=prepared.sampling.stop,
+                include_stop=prepared.sampling.include_stop_str_in_output,
+                min_tokens=prepared.sampling.min_tokens,
+            )
+        )
+        return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None)
+
+    def _observe(self, token_ids: Sequence[int], clock: _Clock, seq: _Sequence) -> None:
+        """TTFT on the request's first chunk, ITL between a sequence's chunks with tokens."""
         now = time.perf_counter()
         metrics = self.metrics
         if not clock.first:
             clock.first = now
             metrics.ttft.observe(now - clock.arrival)
-        elif token_ids:
-            metrics.itl.observe(now - clock.last)
+        elif token_ids and seq.last:
+            metrics.itl.observe(now - seq.last)
         if token_ids:
-            clock.last = now
+            seq.last = now
             metrics.generation_tokens.inc(len(token_ids))
 
     def _finish(
@@ -350,14 +380,18 @@ class Frontend:
         handoff: Handoff,
         completion: int,
         clock: _Clock,
+        last: bool = True,
     ) -> None:
+        """A sequence's last message: its usage and timings; the request's outcome is
+        counted with its ``last`` sequence."""
         end = time.perf_counter()
-        clock.ended = True
         log.debug("finished (%s): %d prompt + %d completion tokens in %.3f s",
                   response.finish_reason, len(prepared.prompt_ids), completion,
                   end - clock.arrival)
-        self.metrics.succeeded(response.finish_reason)
-        self.metrics.e2e.observe(end - clock.arrival)
+        if last:
+            clock.ended = True
+            self.metrics.succeeded(response.finish_reason)
+            self.metrics.e2e.observe(end - clock.arrival)
         report = handoff.report
         response.usage.CopyFrom(
             tandem_pb2.Usage(

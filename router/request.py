@@ -29,6 +29,7 @@ class Accepted:
     arrival: float = field(default_factory=time.perf_counter)
     tools: ToolUse | None = None  # a chat request's tools (router/tool_use.py)
     trace_parent: Parent = None  # the client's trace context its span continues
+    n: int = 1  # sequences to fork the prompt into (the HTTP fan-out's n / best_of)
 
 
 @dataclass(slots=True)
@@ -44,6 +45,9 @@ class Prepared:
     label: str = ""  # the client's id for it ("" : request_id)
     # max_tokens 0 (score the prompt only): the workers generate one token nobody is sent
     score_only: bool = False
+    # sequences from this prompt (n / best_of): the workers compute and push the prompt once
+    # and fork it; chunks and responses carry each sequence's index
+    n: int = 1
 
 
 @dataclass(slots=True)
@@ -58,10 +62,11 @@ class Chunk:
     stop_reason: str = ""
     leg_start: bool = False  # the first token of a leg (from a prefill reply)
     prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # first only
+    index: int = 0  # the sequence of a forked request it belongs to
 
     @classmethod
-    def of(cls, message: tandem_pb2.GenerateResponse) -> Chunk:
-        """A decode worker's stream message as a Chunk."""
+    def of(cls, message: tandem_pb2.GenerateResponse, index: int = 0) -> Chunk:
+        """A decode worker's stream message as a Chunk (of sequence ``index``)."""
         return cls(
             list(message.token_ids),
             list(message.logprobs),
@@ -69,6 +74,7 @@ class Chunk:
             message.finished,
             message.finish_reason,
             message.stop_reason,
+            index=index,
         )
 
 

@@ -48,7 +48,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                 if label is not None and not request.request_id:
                     check_request_label(label, REQUEST_ID_KEY)
                     request.request_id = label
-                accepted = self._frontend.accept(request, tracing.extract(metadata))
+                accepted = self._frontend.accept(request, trace_parent=tracing.extract(metadata))
                 await context.send_initial_metadata(((REQUEST_ID_KEY, accepted.label),))
                 async with aclosing(
                     self._frontend.generate(accepted, context.time_remaining())

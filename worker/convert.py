@@ -67,6 +67,23 @@ def structured_from_proto(so: tandem_pb2.StructuredOutput) -> StructuredOutput |
     return StructuredOutput(kind, getattr(so, kind))
 
 
+def first_tokens_to_proto(
+    first_token: int, logprob: TokenLogprob | None,
+    forked: Sequence[tuple[int, TokenLogprob | None]],
+) -> list[tandem_pb2.TokenLogprob]:
+    """PrefillResponse.first_tokens: every sequence's first token of a forked request, with
+    its logprob (0 when none was asked for) and top alternatives; empty for one sequence."""
+    if not forked:
+        return []
+    return [
+        tandem_pb2.TokenLogprob(
+            token_id=token, logprob=lp.logprob if lp is not None else 0.0,
+            top=[tandem_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top] if lp else [],
+        )
+        for token, lp in [(first_token, logprob), *forked]
+    ]
+
+
 def logprobs_to_proto(logprobs: Sequence[TokenLogprob] | None) -> list[tandem_pb2.TokenLogprob]:
     """The engine's per-token logprobs as protos (empty when none were asked for)."""
     return [

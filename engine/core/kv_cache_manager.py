@@ -6,6 +6,14 @@
 A new request walks h0, h1, ... in the pool's index and reuses every block that matches, so
 its prefill starts after the shared prefix. Allocation is a check/commit pair: either every
 block a step needs is granted, or nothing changes.
+
+A forked request's sequences share its prompt's blocks (``fork``: one more reference each).
+Full blocks are never written again; the last, partial one is copied on write: the first
+time a sequence writes into a block it shares, it gets a block of its own and the engine
+copies the shared block's KV into it before the step runs (``take_copies``)::
+
+    seq 0: [ b0 | b1 | b2 (partial) ]      seq 0 writes first:  [ b0 | b1 | b3 := copy(b2) ]
+    seq 1: [ b0 | b1 | b2 (partial) ]      seq 1 (last owner):  [ b0 | b1 | b2 ] written in place
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self._blocks: dict[str, list[Block]] = {}
         self._hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks, in order
+        # copy-on-write copies the next step must make first: dst block id -> (src, owner)
+        self._copies: dict[int, tuple[int, str]] = {}
         self.stats = PrefixCacheStats()
 
     # -- queries ---------------------------------------------------------------------------
@@ -99,6 +109,8 @@ class KVCacheManager:
         if need > self._available(computed):
             return False
         blocks = self._blocks.setdefault(request.request_id, [])
+        for i in self._shared_written(request, num_new_tokens, computed):
+            self._copy_on_write(request.request_id, blocks, i)
         if computed:
             self.pool.touch(computed)
             blocks.extend(computed)
@@ -118,6 +130,24 @@ class KVCacheManager:
         for i in range(min(num_tokens // self.block_size, len(blocks), len(hashes))):
             self.pool.cache(blocks[i], hashes[i])
 
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """``child_id`` takes a reference on every block of ``parent_id``: a new sequence of
+        a forked request, sharing its computed prompt (copied on write, see the module
+        docstring). The child's id must hold nothing yet."""
+        if child_id in self._blocks:
+            raise RuntimeError(f"{child_id!r} already holds blocks")
+        blocks = self._blocks[parent_id]
+        self.pool.touch(blocks)
+        self._blocks[child_id] = list(blocks)
+        self._hashes[child_id] = list(self._hashes.get(parent_id, ()))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies copy-on-write granted since the last call: the engine
+        makes them before the step's forward writes anything."""
+        copies = [(src, dst) for dst, (src, _) in self._copies.items()]
+        self._copies.clear()
+        return copies
+
     def trim(self, request_id: str, num_tokens: int) -> None:
         """Free the request's trailing blocks beyond those holding ``num_tokens`` tokens
         (speculative rollback: rejected draft slots never reach a full, cached block)."""
@@ -135,6 +165,9 @@ class KVCacheManager:
         blocks = self._blocks.pop(request_id, None)
         self._hashes.pop(request_id, None)
         if blocks:
+            for b in blocks:  # a copy granted to a request preempted in the same schedule
+                if self._copies.get(b.block_id, (0, ""))[1] == request_id:
+                    del self._copies[b.block_id]
             self.pool.free(reversed(blocks))
 
     # -- internals ---------------------------------------------------------------------------
@@ -143,7 +176,30 @@ class KVCacheManager:
     ) -> int:
         held = len(self._blocks.get(request.request_id, ())) + len(computed or ())
         start = request.num_computed_tokens + len(computed or ()) * self.block_size
-        return max(0, self.blocks_needed(start + num_new_tokens) - held)
+        cow = len(self._shared_written(request, num_new_tokens, computed))
+        return max(0, self.blocks_needed(start + num_new_tokens) - held) + cow
+
+    def _shared_written(
+        self, request: Request, num_new_tokens: int, computed: list[Block] | None
+    ) -> list[int]:
+        """Indexes of the request's blocks that the next ``num_new_tokens`` tokens write and
+        that another sequence still references (a fork's partial block: copy on write). A
+        request given prefix hits holds nothing yet, and hits are never written."""
+        blocks = self._blocks.get(request.request_id)
+        if computed or not blocks or num_new_tokens <= 0:
+            return []
+        start = request.num_computed_tokens
+        end = min(len(blocks), self.blocks_needed(start + num_new_tokens))
+        return [i for i in range(start // self.block_size, end) if blocks[i].ref_cnt > 1]
+
+    def _copy_on_write(self, request_id: str, blocks: list[Block], i: int) -> None:
+        """Give the request a block of its own in place of shared ``blocks[i]``; the KV is
+        copied before the next forward (``take_copies``)."""
+        shared = blocks[i]
+        (own,) = self.pool.allocate(1)
+        self._copies[own.block_id] = (shared.block_id, request_id)
+        blocks[i] = own
+        self.pool.free([shared])  # others still hold it: never back in the free queue here
 
     def _available(self, computed: list[Block] | None) -> int:
         # Hits that sit idle in the free queue stop being allocatable once touched.

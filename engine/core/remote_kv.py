@@ -16,7 +16,9 @@ taken as they are, and only the blocks after them are left for the push to fill:
                       ^ ref taken, never written       ^ Reservation.fill_block_ids
 
 The cached blocks are referenced from reserve on, so nothing evicts them before the push
-lands; at least the block holding the last prompt token is always filled. kv_transfer's
+lands; at least the block holding the last prompt token is always filled. A forked request (n
+sequences, engine/core/request.py) reserves its prompt once: after ``commit`` the engine forks
+the request's blocks to its other sequences by reference count. kv_transfer's
 ``ReservationTable`` only tracks the transfer's progress on the receive path. Every transition
 takes an entry out exactly once, so of two ends racing (a commit and an abort) the first wins
 and the other sees None; the engine serializes them on its thread.

@@ -7,6 +7,16 @@
                                              ├─end───> FINISHED_ABORTED   (the push failed)
                                              └─local─> WAITING            (prefilled here after all)
 (the WAITING_FOR_REMOTE_KV transitions and held blocks are engine/core/remote_kv.py's)
+
+A request with ``num_forks`` n > 1 (OpenAI's ``n`` / ``best_of``) is one prompt and n
+sequences: it runs alone until its prompt is computed, then forks where the first tokens are
+sampled (or committed, on a decode worker). Sequence j > 0 is a request of its own from
+there on, named ``sequence_id(request_id, j)``, sharing the prompt's blocks by reference
+count (engine/core/kv_cache_manager.py copies the last partial block on first write)::
+
+    prompt computed ──fork──> sequence 0 (the request itself) ──> own tokens ...
+                        ├───> sequence 1 "<id>#1" (seed + 1)  ──> own tokens ...
+                        └───> sequence n-1
 """
 
 from __future__ import annotations
@@ -43,6 +53,21 @@ _FINISHED = {
 }
 
 
+FORK_SEPARATOR = "#"  # never in an id given from outside (the engine refuses it)
+
+
+def sequence_id(request_id: str, index: int) -> str:
+    """The engine's id of sequence ``index`` of a forked request: the request's own id for
+    0, ``<request_id>#<index>`` for the others."""
+    return request_id if index == 0 else f"{request_id}{FORK_SEPARATOR}{index}"
+
+
+def fork_seed(seed: int | None, index: int) -> int | None:
+    """Sequence ``index``'s seed: ``seed + index`` (mod 2**63), so sequence j of a seeded
+    request samples exactly what a single request with that seed samples."""
+    return None if seed is None else (seed + index) % 2**63
+
+
 @dataclass(slots=True)
 class Request:
     """One generation request: its tokens, progress and parameters."""
@@ -58,6 +83,7 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
+    num_forks: int = 1  # sequences this request becomes once its prompt is computed
     # prompt logprobs scored so far, entry i for prompt token i ([0] is None); None when not
     # asked for or once handed out (a resumed request's prompt was scored on its first leg)
     prompt_logprobs: list[TokenLogprob | None] | None = None

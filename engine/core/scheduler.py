@@ -8,7 +8,9 @@ Each step:
      the token budget, max_num_seqs and free blocks allow (nothing is admitted in a step that
      had to preempt).
 A prompt longer than the remaining budget is split into chunks (chunked prefill); a request
-samples only in the step that computes its last known token.
+samples only in the step that computes its last known token. A forked request (``num_forks``
+> 1) is admitted as that many rows; its sequences join ``running`` when it forks (the
+engine calls ``admit_running``) and are preempted, aborted and finished one by one.
 
 Speculative decoding: a running request in decode state (one token to compute) also gets
 ``num_lookahead`` extra slots for draft tokens, budget and blocks permitting (never preempting
@@ -133,9 +135,11 @@ class Scheduler:
             break  # req itself was preempted: nothing older is left to schedule
 
         while self.waiting and budget > 0 and not out.preempted:
-            if len(self.running) >= self.max_num_seqs:
-                break
             req = self.waiting[0]
+            # a forked request becomes num_forks rows once its prompt is computed; alone in
+            # the batch it goes in whatever its n, so it never waits forever
+            if self.running and len(self.running) + req.num_forks > self.max_num_seqs:
+                break
             if self.kv.blocks_needed(req.num_tokens + 1) > self.kv.pool.num_blocks:
                 self.waiting.popleft()
                 out.unschedulable.append(req)

@@ -21,6 +21,7 @@ from torch import nn
 from engine.attention import AttentionMetadata, get_backend
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledRequest
+from engine.model_runner import copy_kv_blocks
 from engine.models.arch import ModelArch
 from engine.runner_config import RunnerConfig
 from engine.sampler import SamplingState, _uniform
@@ -69,6 +70,11 @@ class DraftProposer:
         """Forget a request (its blocks, and so its draft KV, are the target's to free)."""
         self._states.pop(request_id, None)
         self._seeded.pop(request_id, None)
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """The target's copy-on-write, mirrored in the draft cache (same block ids)."""
+        copy_kv_blocks(self.kv_cache, pairs)
 
     @torch.inference_mode()
     def propose(self, batch: list[ScheduledRequest], kv: KVCacheManager) -> list[Proposal]:

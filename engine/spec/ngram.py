@@ -81,3 +81,6 @@ class NgramProposer:
 
     def release(self, request_id: str) -> None:
         """Stateless: nothing to forget."""
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """No cache: nothing to copy."""

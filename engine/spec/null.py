@@ -38,3 +38,6 @@ class NoSpecDecoder:
 
     def release(self, request_id: str) -> None:
         """Nothing is kept per request."""
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """No draft cache to copy blocks in."""

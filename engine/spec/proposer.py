@@ -39,3 +39,8 @@ class Proposer(Protocol):
     def release(self, request_id: str) -> None:
         """Forget a finished or aborted request's state."""
         ...
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy (src, dst) blocks in a cache indexed by the target's block tables (a forked
+        sequence's copy-on-write); a proposer without one does nothing."""
+        ...

@@ -77,6 +77,10 @@ class SpecDecoder:
         """Forget a finished or aborted request."""
         self.proposer.release(request_id)
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write of forked sequences, in the proposer's own cache if it keeps one."""
+        self.proposer.copy_blocks(pairs)
+
     def sample(
         self,
         logits: torch.Tensor,  # [rows, V]: 1 + len(spec_token_ids) consecutive rows each

@@ -10,6 +10,11 @@ One leg at a time, normally just one::
                       | placement says local (no P, or cheaper inside the SLO): PrefillLocal
     D dies mid-stream: Reserve on D' with prompt + tokens sent, prefill again, next token ...
 
+A forked request (``n`` > 1: the HTTP API's n / best_of) runs that first leg once with n:
+one Reserve, one prefill and push of the prompt, n first tokens; then its sequences stream
+side by side (router/handoff/fork.py). A sequence whose decode worker dies migrates alone, as
+a single request (``rid-j``, seed + j) carrying its tokens so far.
+
 Every reservation gets its own leg id (``rid``, ``rid.1``, ``rid.2`` ...), so a retry never
 depends on what a failed push left behind; ``rid`` is the id the router minted for the
 request (router/request.py), never the client's, so no two requests share a leg id. The client sees one stream: after a migration the
@@ -31,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -49,6 +54,7 @@ from router.handoff import legs, placement, policy
 from router.handoff.affinity import PrefixAffinity, prefix_hashes
 from router.handoff.counters import HandoffCounters
 from router.handoff.deadline import Deadline
+from router.handoff.fork import merge_sequences
 from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
 from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads, Slo
@@ -89,8 +95,10 @@ class Handoff:
     """Runs one request's legs and yields its tokens as Chunks (see the module docstring)."""
 
     def __init__(self, deps: HandoffDeps, request: Prepared, deadline: Deadline,
-                 span: tracing.Span = tracing.NO_SPAN) -> None:
-        """``span``: the request's, which every worker call's span goes under."""
+                 span: tracing.Span = tracing.NO_SPAN, sent: Sequence[int] = ()) -> None:
+        """``span``: the request's, which every worker call's span goes under. ``sent``:
+        tokens the client already has from an earlier leg (a forked request's sequence
+        migrating on its own); the first leg then resumes after them."""
         self._deps = deps
         self._req = request
         self._deadline = deadline
@@ -99,7 +107,7 @@ class Handoff:
         self._calls = legs.LegCalls(
             deps.clients, deps.inflight, config.rpc_timeout_s, config.prefill_timeout_s
         )
-        self._sent: list[int] = []
+        self._sent: list[int] = list(sent)
         self._n_legs = 0
         self._open: list[tuple[str, str, bool]] = []  # (endpoint, leg id, is decode) to abort
         self._lost = ""  # why the last decode leg was lost (said when no worker takes over)
@@ -125,12 +133,17 @@ class Handoff:
             self._deps.registry.acquire(leg.endpoint)
             try:
                 leg, first = await self._prefill(leg)
+                if self._forks():
+                    async for chunk in self._sequences(leg, first):
+                        yield chunk
+                    return
                 prompt_logprobs = [] if self._sent else list(first.prompt_logprobs)
                 self._sent.append(first.first_token)
                 yield Chunk([first.first_token], self._first_logprob(first), leg_start=True,
                             prompt_logprobs=prompt_logprobs)
                 stream = legs.decode_stream(
-                    self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining(), self._span
+                    self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining(),
+                    parent=self._span,
                 )
                 async with aclosing(stream):  # closed (RPC cancelled) however we leave
                     async for message in stream:
@@ -144,6 +157,59 @@ class Handoff:
                 await self._migrate(lost, leg, excluded)
             finally:
                 self._deps.registry.release(leg.endpoint)
+
+    def _forks(self) -> bool:
+        """Whether this leg is a forked request's one shared leg (nothing sent yet)."""
+        return self._req.n > 1 and not self._sent
+
+    async def _sequences(self, leg: _Leg, reply: worker_pb2.PrefillResponse
+                         ) -> AsyncIterator[Chunk]:
+        """The n sequences of the forked leg, merged (router/handoff/fork.py)."""
+        n = self._req.n
+        if len(reply.first_tokens) != n:
+            raise WorkerFailedError(f"{leg.endpoint} forked the request into "
+                                    f"{len(reply.first_tokens)} sequences, not {n}")
+        keep = self._req.logprobs.enabled
+        prompt_logprobs = list(reply.prompt_logprobs)
+        firsts = [Chunk([t.token_id], [t] if keep else [], leg_start=True,
+                        prompt_logprobs=prompt_logprobs, index=j)
+                  for j, t in enumerate(reply.first_tokens)]
+
+        def stream_of(j: int) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+            return legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
+                                      self._deadline.remaining(), index=j, parent=self._span)
+
+        async def migrate(j: int, sent: list[int], lost: LegLostError) -> AsyncIterator[Chunk]:
+            self._mark_down(lost.endpoint, str(lost))
+            await self._abort(leg.endpoint, leg.leg_id, decode=True, index=j)
+            self.report.migrations += 1
+            if self._deps.config.max_migrations < 1:
+                raise WorkerFailedError(f"{lost}; gave up after 0 migrations")
+            self._deps.counters.migrations += 1
+            alone = Handoff(self._deps, self._sequence(j), self._deadline, self._span, sent)
+            alone._lost = str(lost)
+            try:
+                async with aclosing(alone.stream()) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+            finally:
+                self.report.migrations += alone.report.migrations
+
+        async with aclosing(merge_sequences(firsts, stream_of, migrate)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+        self._open.remove((leg.endpoint, leg.leg_id, True))
+        self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
+
+    def _sequence(self, j: int) -> Prepared:
+        """Sequence ``j`` of this forked request as a single request of its own: seed + j
+        (what the decode worker's fork gave it), leg ids ``rid-j``, ``rid-j.1``, ..."""
+        sampling = tandem_pb2.SamplingParams()
+        sampling.CopyFrom(self._req.sampling)
+        if sampling.HasField("seed"):
+            sampling.seed = (sampling.seed + j) % 2**63
+        return dataclasses.replace(self._req, request_id=f"{self._req.request_id}-{j}",
+                                   sampling=sampling, n=1)
 
     async def _migrate(self, lost: LegLostError, leg: _Leg, excluded: set[str]) -> None:
         """Give up on a dead decode leg; the loop then opens the next one elsewhere."""
@@ -171,8 +237,9 @@ class Handoff:
         hashes = self._hashes(self._tokens())
         matched = {w.endpoint: deps.held.matched(w, hashes) for w in workers}
         ranked = policy.rank_decode(
-            workers,
-            len(self._req.prompt_ids) + self._req.max_tokens,
+            workers,  # a forked request's sequences share its prompt, not their outputs
+            len(self._req.prompt_ids) + self._req.max_tokens * (self._req.n if self._forks()
+                                                                 else 1),
             deps.config.block_size,
             excluded,
             matched,
@@ -203,6 +270,7 @@ class Handoff:
                 logprobs=self._req.logprobs,
                 lease_s=deps.config.lease_s,
                 prior_output_tokens=len(self._sent),
+                n=self._req.n if self._forks() else 1,
             )
             try:
                 reply = await legs.reserve(
@@ -337,6 +405,7 @@ class Handoff:
             layout=r.layout,
             prior_output_tokens=len(self._sent),
             skip_tokens=r.cached_tokens,  # D holds this much: only the rest is pushed
+            n=self._req.n if self._forks() else 1,
         )
         key = (endpoint, leg.leg_id, False)
         self._open.append(key)
@@ -395,9 +464,10 @@ class Handoff:
         self._open.remove((leg.endpoint, leg.leg_id, True))
         await self._abort(leg.endpoint, leg.leg_id, decode=True)
 
-    async def _abort(self, endpoint: str, leg_id: str, decode: bool) -> None:
+    async def _abort(self, endpoint: str, leg_id: str, decode: bool,
+                     index: int | None = None) -> None:
         self._deps.counters.aborts_sent += 1
-        await legs.abort(self._calls, endpoint, leg_id, decode, self._span)
+        await legs.abort(self._calls, endpoint, leg_id, decode, index, self._span)
 
     async def _abort_open(self) -> None:
         """Tell every worker still holding a leg of this request to drop it."""

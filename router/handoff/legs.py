@@ -166,18 +166,18 @@ async def prefill_local(
 
 
 async def decode_stream(
-    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None,
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None, index: int = 0,
     parent: tracing.Parent = None,
 ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
-    """DecodeService.Decode, message by message, ending after the finished one; a span under
-    ``parent`` for the whole stream.
+    """DecodeService.Decode, message by message, ending after the finished one (``index``:
+    which sequence of a forked leg); a span under ``parent`` for the whole stream.
 
     A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
     without a finished message raises LegLostError; any other failure raises WorkerCallError.
     """
     with _call_span("DecodeService", "Decode", endpoint, leg_id, parent) as span:
         call = calls.clients.decode(endpoint).Decode(
-            worker_pb2.DecodeRequest(request_id=leg_id), timeout=remaining,
+            worker_pb2.DecodeRequest(request_id=leg_id, index=index), timeout=remaining,
             metadata=tracing.metadata(span),
         )
         try:
@@ -205,8 +205,9 @@ async def decode_stream(
 
 
 async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
-                parent: tracing.Parent = None) -> bool:
-    """Abort ``leg_id`` on a worker; False (logged) when the worker could not be told.
+                index: int | None = None, parent: tracing.Parent = None) -> bool:
+    """Abort ``leg_id`` on a worker (``index``: only that sequence of a forked decode leg);
+    False (logged) when the worker could not be told.
 
     Bounded by ``rpc_timeout_s`` and at most 2 s: an abort is cleanup that the client's
     answer waits for, and a worker that is not told frees the leg when its lease ends."""
@@ -214,8 +215,8 @@ async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
     timeout = min(_ABORT_TIMEOUT_S, calls.rpc_timeout_s)
     service = "DecodeService" if decode else "PrefillService"
     with _call_span(service, "Abort", endpoint, leg_id, parent) as span:
-        call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id), timeout=timeout,
-                          metadata=tracing.metadata(span))
+        call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id, index=index),
+                          timeout=timeout, metadata=tracing.metadata(span))
         try:
             with calls.inflight.track(endpoint, call):
                 reply = await call

@@ -1,15 +1,14 @@
 """Several generations for one HTTP request: a completions batch, ``n`` choices, ``best_of``.
 
-    prompts x max(n, best_of) samples --expand--> one GenerateRequest each
-        sample j of a prompt: seed + j when the request is seeded (n distinct, reproducible
-        samples; sample j equals a single request with seed + j)
-    run: per prompt, sample 0 goes first; the rest start once it has its first token, so the
-        decode worker already holds the prompt's KV and their prefills reuse it (the prefix
-        cache: only the blocks after the cached prefix are computed and pushed)
-    best_of > n: the n samples with the highest cumulative logprob are the choices
+    prompts --expand--> one GenerateRequest each, accepted with k = max(n, best_of) sequences
+    per prompt: one request through the Frontend (admission, limits, metrics) that the workers
+        prefill and push once and fork into k sequences sharing the prompt's KV blocks
+        (router/handoff/fork.py); sequence j samples with seed + j when the request is seeded
+        (k distinct, reproducible samples; sequence j equals a single request with seed + j)
+    choice p * k + j: sequence j of prompt p (messages carry j as their index)
+    best_of > n: the n sequences with the highest cumulative logprob are the choices
 
-Every sample is a request of its own through the Frontend (admission, limits, metrics); one
-that fails stops the others, and the HTTP request fails as a whole.
+One prompt's request that fails stops the others, and the HTTP request fails as a whole.
 """
 
 from __future__ import annotations
@@ -28,78 +27,76 @@ Responses = list[tandem_pb2.GenerateResponse]
 
 
 def expand(api: ApiRequest) -> list[tandem_pb2.GenerateRequest]:
-    """One request per sample, prompt after prompt (``max(n, best_of)`` per prompt)."""
-    k = max(api.n, api.best_of)
+    """One request per prompt (each forked into ``max(n, best_of)`` sequences)."""
     out = []
     for request in api.requests:
-        for j in range(k):
-            sample = tandem_pb2.GenerateRequest()
-            sample.CopyFrom(request)
-            if j and request.sampling.HasField("seed"):
-                sample.sampling.seed = (request.sampling.seed + j) % 2**63
-            if api.best_of > api.n:  # ranked by cumulative logprob: every token's is needed
-                sample.logprobs.enabled = True
-            out.append(sample)
+        copy = tandem_pb2.GenerateRequest()
+        copy.CopyFrom(request)
+        if api.best_of > api.n:  # ranked by cumulative logprob: every token's is needed
+            copy.logprobs.enabled = True
+        out.append(copy)
     return out
+
+
+def sequences(api: ApiRequest) -> int:
+    """Sequences per prompt: ``max(n, best_of)``."""
+    return max(api.n, api.best_of)
+
+
+def accept_all(frontend: Frontend, api: ApiRequest, parent: Parent = None) -> list[Accepted]:
+    """Every prompt's request, accepted with its sequences (one bad prompt refuses them all);
+    ``parent``: the client's trace context."""
+    k = sequences(api)
+    return [frontend.accept(r, n=k, trace_parent=parent) for r in expand(api)]
 
 
 async def run_all(frontend: Frontend, api: ApiRequest, budget: float | None,
                   parent: Parent = None) -> list[Responses]:
-    """Every sample's messages, in ``expand`` order; the best ``n`` per prompt when
-    ``best_of`` is larger (then in rank order). ``parent``: the client's trace context."""
-    accepted = [frontend.accept(r, parent) for r in expand(api)]  # one bad sample refuses them all
-    k = max(api.n, api.best_of)
-    tasks: list[asyncio.Future[Responses]] = []
-    for p in range(len(api.requests)):
-        group = accepted[p * k : (p + 1) * k]
-        lead_started = asyncio.Event()
-        tasks.append(asyncio.ensure_future(_collect(frontend, group[0], budget, lead_started)))
-        tasks += [asyncio.ensure_future(_follow(frontend, a, budget, lead_started, tasks[-1]))
-                  for a in group[1:]]
+    """Every choice's messages, prompt after prompt (choice ``p * k + j`` is sequence j of
+    prompt p); the best ``n`` per prompt when ``best_of`` is larger (then in rank order)."""
+    k = sequences(api)
+    accepted = accept_all(frontend, api, parent)
+    tasks = [asyncio.ensure_future(_collect(frontend, a, budget, k)) for a in accepted]
     try:
-        results = list(await asyncio.gather(*tasks))
+        per_prompt = list(await asyncio.gather(*tasks))
     except BaseException:  # one failed (or the client left): the rest stop too
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     if api.best_of == api.n:
-        return results
-    return [r for p in range(len(api.requests))
-            for r in _best(results[p * k : (p + 1) * k], api.n, api.request.logprobs.enabled)]
+        return [seq for group in per_prompt for seq in group]
+    return [r for group in per_prompt
+            for r in _best(group, api.n, api.request.logprobs.enabled)]
 
 
 async def stream_all(frontend: Frontend, api: ApiRequest, budget: float | None,
                      parent: Parent = None
                      ) -> AsyncIterator[tuple[int, tandem_pb2.GenerateResponse]]:
-    """The messages of ``n`` samples of one prompt as they come, tagged with their index."""
-    accepted = [frontend.accept(r, parent) for r in expand(api)]
+    """Every choice's messages as they come, tagged with the choice's index."""
+    k = sequences(api)
+    accepted = accept_all(frontend, api, parent)
     queue: asyncio.Queue[tuple[int, tandem_pb2.GenerateResponse | BaseException | None]] = (
         asyncio.Queue()
     )
-    lead_started = asyncio.Event()
 
-    async def pump(i: int, a: Accepted) -> None:
+    async def pump(p: int, a: Accepted) -> None:
         try:
-            if i:
-                await _wait_for_lead(lead_started, tasks[0])
             async with aclosing(frontend.generate(a, budget)) as responses:
                 async for r in responses:
-                    lead_started.set()
-                    await queue.put((i, r))
-            await queue.put((i, None))
+                    await queue.put((p * k + r.index, r))
+            await queue.put((p, None))
         except BaseException as exc:
-            lead_started.set()
-            await queue.put((i, exc))
+            await queue.put((p, exc))
             raise
 
-    tasks = [asyncio.ensure_future(pump(i, a)) for i, a in enumerate(accepted)]
-    open_streams = len(tasks)
+    tasks = [asyncio.ensure_future(pump(p, a)) for p, a in enumerate(accepted)]
+    open_prompts = len(tasks)
     try:
-        while open_streams:
+        while open_prompts:
             i, item = await queue.get()
             if item is None:
-                open_streams -= 1
+                open_prompts -= 1
             elif isinstance(item, BaseException):
                 raise item
             else:
@@ -110,34 +107,14 @@ async def stream_all(frontend: Frontend, api: ApiRequest, budget: float | None,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _collect(frontend: Frontend, a: Accepted, budget: float | None,
-                   started: asyncio.Event | None = None) -> Responses:
-    out: Responses = []
-    try:
-        async with aclosing(frontend.generate(a, budget)) as responses:
-            async for r in responses:
-                out.append(r)
-                if started is not None:
-                    started.set()
-    finally:
-        if started is not None:
-            started.set()  # followers go on even if the leader failed (they then fail alike)
+async def _collect(frontend: Frontend, a: Accepted, budget: float | None, k: int
+                   ) -> list[Responses]:
+    """One prompt's messages, split by sequence."""
+    out: list[Responses] = [[] for _ in range(k)]
+    async with aclosing(frontend.generate(a, budget)) as responses:
+        async for r in responses:
+            out[r.index].append(r)
     return out
-
-
-async def _follow(frontend: Frontend, a: Accepted, budget: float | None,
-                  lead_started: asyncio.Event, lead: asyncio.Future[Responses]) -> Responses:
-    await _wait_for_lead(lead_started, lead)
-    return await _collect(frontend, a, budget)
-
-
-async def _wait_for_lead(started: asyncio.Event, lead: asyncio.Future[Responses]) -> None:
-    """Until the leading sample has its first token (or ended)."""
-    waiter = asyncio.ensure_future(started.wait())
-    try:
-        await asyncio.wait({waiter, lead}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
 
 
 def _best(samples: Sequence[Responses], n: int, keep_logprobs: bool) -> list[Responses]:

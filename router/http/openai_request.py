@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from common.wire import MAX_SEQUENCES
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
 from router.http.chat_tools import parse_chat_tools, parse_message_tools
@@ -34,7 +35,7 @@ class Endpoint(Enum):
 
 
 MAX_BATCH = 256  # prompts in one completions request
-MAX_N = 128  # OpenAI's limit on n
+MAX_N = MAX_SEQUENCES  # OpenAI's limit on n (128): the workers fork at most that many
 MAX_BEST_OF = 20  # and on best_of
 
 

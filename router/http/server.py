@@ -232,7 +232,7 @@ class HttpServer:
                 results = await fanout.run_all(self._frontend, api, budget, parent)
                 return web.json_response(self._shaper(api, label).whole_batch(results))
             api.request.request_id = label
-            accepted = self._frontend.accept(api.request, parent)
+            accepted = self._frontend.accept(api.request, trace_parent=parent)
             request[_ECHO_ID] = accepted.label
             shaper = self._shaper(api, accepted.label)
             responses = self._frontend.generate(accepted, budget)

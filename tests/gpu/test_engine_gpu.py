@@ -84,3 +84,21 @@ def test_cuda_sampling_seeded_and_handoff(tiny_dir, make_engine) -> None:
         for out in decode.step():
             tokens += out.new_token_ids
     assert tokens == expected
+
+
+def test_cuda_fork_copies_the_shared_block_on_the_device(tiny_dir, make_engine) -> None:
+    """A forked request on Triton attention + CUDA-graph decode: the partial prompt block is
+    copied on write in the device cache; each sequence equals its seeded single request."""
+    from dataclasses import replace
+
+    engine = make_engine(model=str(tiny_dir("llama", 2)), device="cuda", dtype="float32",
+                         attention_backend="triton", num_blocks=256, max_num_seqs=8)
+    prompt = _prompts([21])[0]  # one full block of 16 and a partial one
+    p = SamplingParams(temperature=1.0, top_k=20, seed=3, max_tokens=16, ignore_eos=True)
+    singles = [_run(engine, [prompt], replace(p, seed=3 + j))[0] for j in range(4)]
+    engine.add_request(prompt, p, request_id="f", n=4)
+    got: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert [got["f"]] + [got[f"f#{j}"] for j in range(1, 4)] == singles

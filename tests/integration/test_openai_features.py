@@ -19,8 +19,8 @@ import openai
 import pytest
 import torch
 
-from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Proc
+from tests.integration.sdk_cluster import wait_until, worker_stats
 from tests.integration.served_model import TinyWorkers, shared_router
 
 MODEL = "tiny"
@@ -76,7 +76,8 @@ def cluster(tiny_workers: TinyWorkers, tiny_router: Proc) -> Iterator[dict[str, 
     """The shared router + prefill + decode (tests/integration/conftest.py), and a router of
     this module's own that serves colocated on the same decode worker."""
     with shared_router(tiny_workers) as colocated:
-        yield {"router": tiny_router, "colocated": colocated, "prefill": tiny_workers.prefill}
+        yield {"router": tiny_router, "colocated": colocated, "prefill": tiny_workers.prefill,
+               "decode": tiny_workers.decode}
 
 
 def _client(proc: Proc) -> openai.OpenAI:
@@ -226,35 +227,45 @@ def test_chat_without_max_tokens_runs_to_its_end(client) -> None:
     assert usage.prompt_tokens + usage.completion_tokens == 1024  # the whole context
 
 
-def _pushed_bytes(prefill: Proc) -> int:
-    with prefill.channel() as channel:
-        stats = worker_pb2_grpc.PrefillServiceStub(channel).Stats(worker_pb2.StatsRequest(),
-                                                                  timeout=30)
-    return stats.kv_transfer_bytes
+def _held_nothing(cluster: dict[str, Proc]) -> bool:
+    """Both shared workers hold no request and no block (nothing leaked)."""
+    stats = [worker_stats(cluster[role], role) for role in ("prefill", "decode")]
+    return all(s.num_running == 0 and s.num_waiting == 0 and s.num_reserved == 0
+               and s.num_free_blocks == s.num_blocks and s.num_leased_blocks == 0
+               for s in stats)
 
 
-def test_n_seeded_samples_equal_single_requests_and_share_the_prompt_push(cluster, client
-                                                                          ) -> None:
+def test_n_is_one_fork_that_pushes_the_prompt_once_and_equals_seeded_singles(cluster, client
+                                                                             ) -> None:
+    """n = 4, disaggregated (--placement remote): one Reserve, one push of the prompt's
+    blocks (the prefill worker's and the decode worker's KV byte counters move by exactly one
+    40-token prompt's worth), four choices equal to four single requests seeded 7..10; the
+    colocated router's fork gives the same; no block is left held."""
     prompts = [list(range(1000, 1040)), list(range(2000, 2040))]  # 40 tokens, nothing shared
     kw = {"model": MODEL, "max_tokens": 8, "temperature": 1.0,
           "extra_body": {"ignore_eos": True}}
-    before = _pushed_bytes(cluster["prefill"])
-    single = client.completions.create(prompt=prompts[0], seed=100, **kw)
-    one_push = _pushed_bytes(cluster["prefill"]) - before
+    wait_until(lambda: _held_nothing(cluster))
+    pushed = lambda: worker_stats(cluster["prefill"], "prefill").kv_transfer_bytes  # noqa: E731
+    received = lambda: worker_stats(cluster["decode"], "decode").kv_transfer_bytes  # noqa: E731
+    before = pushed()
+    client.completions.create(prompt=prompts[0], seed=100, **kw)
+    one_push = pushed() - before
     assert one_push > 0
-    before = _pushed_bytes(cluster["prefill"])
+    before, before_rx = pushed(), received()
     four = client.completions.create(prompt=prompts[1], n=4, seed=7, **kw)
-    four_push = _pushed_bytes(cluster["prefill"]) - before
+    assert pushed() - before == one_push  # the prompt's three blocks, once
+    assert received() - before_rx == one_push
     assert [c.index for c in four.choices] == [0, 1, 2, 3]
     singles = [client.completions.create(prompt=prompts[1], seed=7 + j, **kw).choices[0].text
                for j in range(4)]
     assert [c.text for c in four.choices] == singles
-    assert len(set(singles)) > 1 and single.choices[0].text
-    # The prompt's full blocks go once; each later sample sends only its last, partial block.
-    blocks = -(-40 // 16)
-    assert four_push <= one_push + 3 * one_push // blocks
+    assert len(set(singles)) > 1
     assert four.usage is not None and four.usage.prompt_tokens == 40
     assert four.usage.completion_tokens == 32
+    with _client(cluster["colocated"]) as colocated:
+        local = colocated.completions.create(prompt=prompts[1], n=4, seed=7, **kw)
+    assert [c.text for c in local.choices] == singles
+    wait_until(lambda: _held_nothing(cluster))  # every sequence's blocks back, none leaked
 
 
 def test_n_streams_interleaved_and_best_of_picks_the_likeliest(client) -> None:

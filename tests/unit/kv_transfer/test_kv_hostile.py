@@ -172,6 +172,9 @@ def test_hostile_frames_after_a_valid_handshake(caplog: pytest.LogCaptureFixture
         await attack([{"kind": Kind.KV, **{k: v for k, v in kv_header("x", [1]).items()
                                              if k != "kind"}, "layers": [-1, 1]}])
         await attack([{"kind": Kind.COMMIT, "transfer": "x", "token": 1, "logprob": float("nan")}])
+        # a forked COMMIT with more first tokens than any request may have sequences
+        await attack([{"kind": Kind.COMMIT, "transfer": "x", "token": 1, "logprob": 0.0,
+                       "tokens": [1] * 1000, "logprobs": [0.0] * 1000}])
         await attack([{"kind": Kind.BEGIN, "transfer": "x" * 500, "blocks": [1]}])
         gate.set()
         await task

@@ -85,6 +85,25 @@ def test_many_concurrent_transfers_into_interleaved_blocks(kind: str,
     run(body())
 
 
+def test_forked_commit_carries_every_sequences_first_token() -> None:
+    """One push of a forked request's prompt; COMMIT names its n sequences' first tokens."""
+    async def body() -> None:
+        layout = tiny_layout("float32")
+        p = await make_pair("tcp", layout)
+        p.rx.reserve("fork", [0, 1], lease_s=30)
+        t = await p.tx.open("fork", p.endpoint, [4, 5], [0, 1], deadline())
+        t.push(0, layout.num_layers)
+        await t.commit(17, -1.25, forked=[(3, -0.5), (250, -4.0), (17, -1.25)])
+        event = await p.rx.events.get()
+        assert isinstance(event, Committed)
+        assert event.first_tokens == (17, 3, 250, 17)
+        assert event.first_logprobs == (-1.25, -0.5, -4.0, -1.25)
+        assert blocks_equal(p.src, [4, 5], p.dst, [0, 1])
+        await finish(p)
+
+    run(body())
+
+
 def test_send_pushes_everything_and_commits() -> None:
     async def body() -> None:
         layout = tiny_layout("float32", layers=5)

@@ -40,10 +40,38 @@ def test_header_round_trip_and_types() -> None:
         "reason"] == "x" * 512
 
 
+def _commit(tokens: list[int] | None, logprobs: list[float] | None) -> dict[str, object]:
+    header: dict[str, object] = {"kind": Kind.COMMIT, "transfer": "t", "token": 1,
+                                 "logprob": 0.0}
+    if tokens is not None:
+        header["tokens"] = tokens
+    if logprobs is not None:
+        header["logprobs"] = logprobs
+    return header
+
+
+def test_forked_commit_header() -> None:
+    decoded = HeaderCodec(Limits()).decode(encode_header(_commit([1, 9, 4], [0.0, -1.0, -2.5]))[4:])
+    assert decoded["tokens"] == [1, 9, 4] and decoded["logprobs"] == [0.0, -1.0, -2.5]
+    big = HeaderCodec(Limits()).decode(encode_header(_commit([1] * 128, [0.0] * 128))[4:])
+    assert len(big["tokens"]) == 128
+
+
 @pytest.mark.parametrize("bad, error", [
     ({"kind": Kind.COMMIT, "transfer": "t", "token": 7}, MalformedFrame),  # missing logprob
     ({"kind": Kind.COMMIT, "transfer": "t", "token": True, "logprob": 0.0}, MalformedFrame),
     ({"kind": Kind.COMMIT, "transfer": "t", "token": 1, "logprob": 1}, MalformedFrame),
+    # a forked COMMIT: n first tokens and logprobs, together, [0] repeating token/logprob
+    (_commit([1, 2], [0.0]), MalformedFrame),
+    (_commit([1, 2], None), MalformedFrame),
+    (_commit(None, [0.0, -1.0]), MalformedFrame),
+    (_commit([1], [0.0]), MalformedFrame),  # one sequence: token/logprob alone say it
+    (_commit([1] * 129, [0.0] * 129), MalformedFrame),  # over MAX_SEQUENCES
+    (_commit([5, 2], [0.0, -1.0]), MalformedFrame),  # tokens[0] != token
+    (_commit([1, 2], [-3.0, -1.0]), MalformedFrame),  # logprobs[0] != logprob
+    (_commit([1, -2], [0.0, -1.0]), MalformedFrame),
+    (_commit([1, 2], [0.0, float("nan")]), MalformedFrame),
+    (_commit([1, 2], [0.0, 1]), MalformedFrame),
     ({"kind": Kind.BEGIN, "transfer": "", "blocks": []}, MalformedFrame),
     ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [-1]}, MalformedFrame),
     ({"kind": Kind.BEGIN, "transfer": "t", "blocks": [1 << 31]}, MalformedFrame),

@@ -3,7 +3,9 @@
 The fakes speak the real protos over real grpc.aio servers on 127.0.0.1:0. Their "model" is a
 deterministic function of the sequence so far, so a migrated stream can be compared token for
 token with an uninterrupted one. A fake prefill worker "pushes KV" by committing the first
-token straight into the fake decode worker named by the reservation's kv_endpoint.
+token straight into the fake decode worker named by the reservation's kv_endpoint. A forked
+request (``n`` > 1) gets sequence j's first token from ``fork_token``, then goes on with the
+same model, so a sequence migrated alone continues exactly as it would have.
 """
 
 from __future__ import annotations
@@ -26,10 +28,16 @@ def next_token(seq: list[int]) -> int:
     return 1000 + (seq[-1] * 31 + len(seq)) % 4000
 
 
-def expected_output(prompt: list[int], n: int) -> list[int]:
-    """What an uninterrupted run produces for ``prompt`` and max_tokens ``n``."""
-    seq = list(prompt)
-    for _ in range(n):
+def fork_token(seq: list[int], j: int) -> int:
+    """The fake model's first token of sequence ``j`` of a forked request (j = 0: next_token)."""
+    return 1000 + (seq[-1] * 31 + len(seq) + 7 * j) % 4000
+
+
+def expected_output(prompt: list[int], n: int, index: int = 0) -> list[int]:
+    """What an uninterrupted run produces for ``prompt`` and max_tokens ``n`` (sequence
+    ``index`` of a forked request)."""
+    seq = [*prompt, fork_token(prompt, index)]
+    for _ in range(n - 1):
         seq.append(next_token(seq))
     return seq[len(prompt) :]
 
@@ -40,8 +48,9 @@ class Reservation:
     token_ids: list[int]
     sampling: tandem_pb2.SamplingParams
     prior: int = 0  # tokens of token_ids an earlier leg generated (count toward max_tokens)
+    n: int = 1  # sequences of a forked request
     committed: asyncio.Event = field(default_factory=asyncio.Event)
-    first: int = -1
+    firsts: list[int] = field(default_factory=list)  # each sequence's first token
 
 
 class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
@@ -61,6 +70,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
         self.aborts: list[str] = []
+        self.abort_indexes: list[tuple[str, int | None]] = []  # (request id, sequence or None)
+        self.decodes: list[tuple[str, int]] = []  # (request id, sequence) of each Decode
         # Extra WorkerStats fields Stats reports (step costs for the placement model).
         self.stats: dict[str, Any] = {}
         self.aborted = asyncio.Event()
@@ -71,9 +82,10 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.text_of: Callable[[list[int]], str] | None = None
         self.traceparents: dict[str, str] = {}  # method -> the last call's traceparent
 
-    def commit(self, request_id: str, first: int) -> None:
+    def commit(self, request_id: str, firsts: list[int]) -> None:
         r = self.reservations[request_id]
-        r.first = first
+        assert len(firsts) == r.n, "one first token per sequence"
+        r.firsts = firsts
         r.committed.set()
 
     async def Reserve(self, request, context):  # noqa: N802
@@ -88,7 +100,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no free blocks")
         self.reservations[request.request_id] = Reservation(
             request.request_id, list(request.token_ids), request.sampling,
-            request.prior_output_tokens,
+            request.prior_output_tokens, request.n or 1,
         )
         return worker_pb2.ReserveResponse(
             transfer_id=request.request_id, block_ids=[1, 2], kv_endpoint=self.kv_name
@@ -98,15 +110,16 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.local_prefills.append(request.request_id)
         self.timeouts.setdefault("PrefillLocal", []).append(context.time_remaining())
         r = self.reservations[request.request_id]
-        first = next_token(r.token_ids)
-        self.commit(request.request_id, first)
-        return worker_pb2.PrefillResponse(first_token=first, prefill_s=0.001)
+        firsts = [fork_token(r.token_ids, j) for j in range(r.n)]
+        self.commit(request.request_id, firsts)
+        return prefill_response(firsts, prefill_s=0.001)
 
     async def Decode(self, request, context) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # noqa: N802
         _record_traceparent(self.traceparents, "Decode", context)
+        self.decodes.append((request.request_id, request.index))
         r = self.reservations[request.request_id]
         await r.committed.wait()
-        seq = [*r.token_ids, r.first]
+        seq = [*r.token_ids, r.firsts[request.index]]
         made, sent, said = 1 + r.prior, 0, ""
         if made >= r.sampling.max_tokens:
             yield tandem_pb2.GenerateResponse(finished=True, finish_reason="length")
@@ -132,10 +145,13 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
                 text=text,
                 finished=done,
                 finish_reason="length" if done else "",
+                index=request.index,
             )
 
     async def Abort(self, request, context):  # noqa: N802
         self.aborts.append(request.request_id)
+        self.abort_indexes.append(
+            (request.request_id, request.index if request.HasField("index") else None))
         self.aborted.set()
         return worker_pb2.AbortResponse(found=request.request_id in self.reservations)
 
@@ -171,11 +187,9 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill worker down")
         if self.hang:
             await asyncio.Event().wait()
-        first = next_token(list(request.token_ids))
-        self._decoders[request.kv_endpoint].commit(request.transfer_id, first)
-        return worker_pb2.PrefillResponse(
-            first_token=first, cached_tokens=16, prefill_s=0.002, transfer_s=0.001
-        )
+        firsts = [fork_token(list(request.token_ids), j) for j in range(request.n or 1)]
+        self._decoders[request.kv_endpoint].commit(request.transfer_id, firsts)
+        return prefill_response(firsts, cached_tokens=16, prefill_s=0.002, transfer_s=0.001)
 
     async def Abort(self, request, context):  # noqa: N802
         self.aborts.append(request.request_id)
@@ -190,6 +204,15 @@ def _record_traceparent(into: dict[str, str], method: str, context: Any) -> None
     for key, value in context.invocation_metadata() or ():
         if key == "traceparent":
             into[method] = value
+
+
+def prefill_response(firsts: list[int], **kw: Any) -> worker_pb2.PrefillResponse:
+    """A prefill's reply, every sequence's first token listed when it forked."""
+    reply = worker_pb2.PrefillResponse(first_token=firsts[0], **kw)
+    if len(firsts) > 1:
+        reply.first_tokens.extend(tandem_pb2.TokenLogprob(token_id=t, logprob=-1.0 - j)
+                                  for j, t in enumerate(firsts))
+    return reply
 
 
 # The test cluster's credential: fake workers refuse calls without it, as real ones do, and
