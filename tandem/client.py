@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
 from tandem import request_builder
-from tandem._channel import call_metadata, sync_channel
+from tandem._channel import call_metadata, generate_metadata, sync_channel
 from tandem.client_config import ClientConfig, call_timeout, resolve_config
 from tandem.errors import Internal, from_rpc_error
 from tandem.results import GenerateResult, ModelInfo, ResultBuilder, StreamChunk
@@ -141,14 +141,21 @@ class Client:
         fields as keywords in ``options`` (max_tokens, temperature, top_p, top_k, seed, stop,
         ...; never one field both ways). ``options`` also takes ``model``, ``request_id``,
         ``logprobs``, ``top_logprobs``, ``add_generation_prompt``, ``tools``,
-        ``tool_choice``."""
+        ``tool_choice``.
+
+        ``request_id``: a name of the caller's for this request (1-128 letters, digits and
+        ``-_.:/+=@~``), sent in the request and as ``x-request-id`` metadata; the router logs
+        it as ``client_request_id`` and echoes it as the result's ``request_id``. Without
+        one the result's (and a failure's) ``request_id`` is the router's own id, the one
+        its log lines carry."""
         request = request_builder.generate_request(
             prompt, messages=messages, token_ids=token_ids, sampling=sampling, **options
         )
+        metadata = generate_metadata(self._metadata, request.request_id)
 
         def attempt(timeout_s: float | None) -> GenerateResult:
             builder = ResultBuilder()
-            call = self._stub.Generate(request, timeout=timeout_s, metadata=self._metadata)
+            call = self._stub.Generate(request, timeout=timeout_s, metadata=metadata)
             try:
                 for msg in call:
                     builder.add(StreamChunk.from_proto(msg))
@@ -175,8 +182,8 @@ class Client:
             prompt, messages=messages, token_ids=token_ids, sampling=sampling, **options
         )
         return ChunkStream(
-            self._stub, request, self._metadata, self._deadline(timeout), self.config.retry,
-            self._rng,
+            self._stub, request, generate_metadata(self._metadata, request.request_id),
+            self._deadline(timeout), self.config.retry, self._rng,
         )
 
     def tokenize(

@@ -5,9 +5,10 @@
         -> the router:   --max-model-len=4096     (the flags whose meaning it shares)
 
 The definitions are the workers' own (engine/cli_args.py), so names, types and choices match;
-a flag not given is not passed, and each process keeps its own default. The logging and
-tracing flags (``--log-format``, ``--log-level``, ``--otlp-endpoint``, ``--trace-file`` ...:
-common/log_format.py, common/tracing_setup.py) go to every process, router included.
+a flag not given is not passed, and each process keeps its own default. The logging, tracing
+and metric-name flags (``--log-format``, ``--log-level``, ``--otlp-endpoint``, ``--trace-file``
+..., ``--metrics-compat``: common/log_format.py, common/tracing_setup.py,
+common/metrics_export.py) go to every process, router included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 
 from common.arg_parser import ArgParser
 from common.log_format import add_log_args, log_argv
+from common.metrics_export import COMPAT_VLLM, add_metrics_compat_arg
 from common.tracing_setup import add_tracing_args, tracing_argv
 from engine.cli_args import add_forwarded_engine_args, forwarded_engine_argv
 
@@ -56,11 +58,16 @@ def router_engine_argv(args: argparse.Namespace) -> list[str]:
 
 
 def add_observability_args(parser: argparse.ArgumentParser) -> None:
-    """The logging and tracing flags every started process takes, on a launcher's parser."""
+    """The logging, tracing and metric-name flags every started process takes, on a
+    launcher's parser."""
     add_log_args(parser)
     add_tracing_args(parser)
+    add_metrics_compat_arg(parser)
 
 
 def observability_argv(args: argparse.Namespace) -> list[str]:
-    """The logging and tracing flags given to the launcher, as every process's argv."""
-    return [*log_argv(args), *tracing_argv(args)]
+    """The logging, tracing and metric-name flags given to the launcher, as every process's
+    argv (a flag left at its default is not passed)."""
+    compat = getattr(args, "metrics_compat", COMPAT_VLLM)
+    return [*log_argv(args), *tracing_argv(args),
+            *([f"--metrics-compat={compat}"] if compat != COMPAT_VLLM else [])]

@@ -12,6 +12,12 @@ Callers catch what they can act on (``Overloaded``: wait ``retry_after_s`` and t
     UNAUTHENTICATED, PERMISSION_DENIED                  -> AuthError
     NOT_FOUND                                           -> NotFound
     anything else                                       -> Internal
+
+A generation the router had accepted before it failed (overloaded in its queue, no worker, a
+deadline) names the request: ``request_id`` is the id the router echoed in the call's
+initial metadata (``x-request-id``: the caller's own id when it gave one, else the router's),
+the one its log lines carry. Errors the router raised before accepting the request (a bad
+argument, a missing key) or that never reached it have none.
 """
 
 from __future__ import annotations
@@ -21,13 +27,19 @@ from typing import Any
 
 import grpc
 
-from common.wire import RETRY_AFTER_KEY  # the trailer the router sets on RESOURCE_EXHAUSTED
+from common.wire import (
+    REQUEST_ID_KEY,  # the initial metadata naming an accepted generation
+    RETRY_AFTER_KEY,  # the trailer the router sets on RESOURCE_EXHAUSTED
+)
 
 
 class TandemError(Exception):
-    """Base class of every error the SDK raises; ``code`` is the gRPC status code name."""
+    """Base class of every error the SDK raises; ``code`` is the gRPC status code name,
+    ``request_id`` the router's name for the failed request ("" when it named none: see the
+    module notes)."""
 
     code: str = "UNKNOWN"
+    request_id: str = ""
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -36,7 +48,8 @@ class TandemError(Exception):
             self.code = code
 
     def __str__(self) -> str:
-        return f"{self.code}: {self.message}" if self.message else self.code
+        text = f"{self.code}: {self.message}" if self.message else self.code
+        return f"{text} (request_id={self.request_id})" if self.request_id else text
 
 
 class InvalidRequest(TandemError, ValueError):
@@ -108,26 +121,27 @@ _BY_CODE: dict[str, type[TandemError]] = {
 }
 
 
+def metadata_value(metadata: Iterable[Any] | None, key: str) -> str:
+    """The text value of ``key`` in call metadata ((key, value) pairs, sync or async), or ""
+    when absent."""
+    for item in metadata or ():
+        if item[0] == key:
+            value = item[1]
+            return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    return ""
+
+
 def retry_after_s(metadata: Iterable[Any] | None) -> float | None:
     """Seconds from the ``retry-after-ms`` trailer, or None when absent or unreadable.
 
     ``metadata`` is what ``call.trailing_metadata()`` returns: (key, value) pairs (sync) or
     ``grpc.aio.Metadata`` (async), whose iteration also yields pairs.
     """
-    if not metadata:
+    try:
+        ms = float(metadata_value(metadata, RETRY_AFTER_KEY))
+    except ValueError:  # absent ("") or not a number
         return None
-    for item in metadata:
-        key, value = item[0], item[1]
-        if key != RETRY_AFTER_KEY:
-            continue
-        if isinstance(value, bytes):
-            value = value.decode("ascii", "replace")
-        try:
-            ms = float(value)
-        except ValueError:
-            return None
-        return ms / 1000.0 if ms >= 0 else None
-    return None
+    return ms / 1000.0 if ms >= 0 else None
 
 
 def from_status(code: str, details: str, metadata: Iterable[Any] | None = None) -> TandemError:
@@ -148,5 +162,8 @@ def from_rpc_error(err: grpc.RpcError) -> TandemError:
     details = err.details() if hasattr(err, "details") else str(err)
     trailers = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
     typed = from_status(name, details or "", trailers)
+    # A finished call's initial metadata is at hand (sync calls do not block for it then).
+    initial = err.initial_metadata() if hasattr(err, "initial_metadata") else None
+    typed.request_id = metadata_value(initial, REQUEST_ID_KEY)
     typed.__cause__ = err
     return typed

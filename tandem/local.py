@@ -76,7 +76,7 @@ def served_name(args: argparse.Namespace) -> str:
 
 def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]:
     """Flags both workers get (the caller adds the role's ports): the model, threads, the
-    served name and metrics port, the engine, logging and tracing flags given, then
+    served name and metrics port, the engine, logging, tracing and metric-name flags given, then
     ``--worker-arg``s (last, so they win)."""
     return ["--model", model, "--threads", str(threads), "--served-model-name",
             served_name(args), "--metrics-port", str(args.worker_metrics_port),
@@ -86,7 +86,7 @@ def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]
 def router_argv(args: argparse.Namespace, model: str) -> list[str]:
     """The router's flags but its workers, ports and keys: the model as the workers get it
     (the router reads its tokenizer), the served name, the engine flags it shares with the
-    workers, the logging and tracing flags, then ``--router-arg``s."""
+    workers, the logging, tracing and metric-name flags, then ``--router-arg``s."""
     return ["--model", model, "--model-name", served_name(args), *router_engine_argv(args),
             *observability_argv(args), *args.router_arg]
 

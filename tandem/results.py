@@ -75,7 +75,8 @@ class ToolCall:
 class StreamChunk:
     """One streamed message: new tokens and their text. The last chunk has ``finished`` set
     and carries the finish reason (stop | length | abort | tool_calls), usage, timings and
-    the tool calls parsed from the output; the first carries the prompt logprobs when asked."""
+    the tool calls parsed from the output; the first carries the prompt logprobs when asked.
+    Every chunk carries ``request_id`` (as ``GenerateResult``'s)."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -108,7 +109,9 @@ class StreamChunk:
 
 @dataclass(frozen=True, slots=True)
 class GenerateResult:
-    """A whole generation: the text, its token ids, why it ended, usage and timings."""
+    """A whole generation: the text, its token ids, why it ended, usage and timings.
+    ``request_id`` is the router's echo: the caller's own id when it gave one, else the id
+    the router minted, which its log lines carry."""
 
     request_id: str
     text: str

@@ -237,7 +237,7 @@ def launched(objs: list[dict[str, Any]]) -> list[Launched]:
 
 
 def _launched_by_up(argv: list[str]) -> list[Launched]:
-    from tandem.launcher.argv import router_argv, worker_argv
+    from tandem.launcher.argv import router_argv, served_name, worker_argv
     from tandem.launcher.up import _check_public_bind, build_parser, spec_from_args
 
     args = _parse(build_parser(), argv)
@@ -250,10 +250,13 @@ def _launched_by_up(argv: list[str]) -> list[Launched]:
         _check_public_bind(spec)
     except ValueError as exc:
         raise AssertionError(f"tandem up refuses to start: {exc}") from exc
-    out = [Launched("router", "RayCluster", _parse_role("router", router_argv(spec, "/model")))]
+    # The model as tandem up's main hands it to its pool (a path in the pod is absolute
+    # already), and each actor's flags as the pool builds them (tandem/launcher/pool.py).
+    model = spec.model
+    out = [Launched("router", "RayCluster", _parse_role("router", router_argv(spec, model)))]
     for role in ("prefill", "decode"):
-        out.append(Launched(role, "RayCluster",
-                            _parse_role(role, worker_argv(spec, role, spec.model))))
+        out.append(Launched(role, "RayCluster", _parse_role(
+            role, worker_argv(spec, role, model, served_name(spec)))))
     return out
 
 

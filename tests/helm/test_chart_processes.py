@@ -1,6 +1,7 @@
 """What the chart's values make of the router and the workers, in both modes: each setting
 reaches the process it is for, parsed by that process's real CLI (in ray mode through
-``tandem up``'s own code), and values no process could serve fail the render."""
+``tandem up``'s own code), and values no process could serve fail the render. Engine values,
+then logging / tracing / metric names (every process), then the router's model."""
 
 from __future__ import annotations
 
@@ -11,9 +12,19 @@ from typing import Any
 import helm_python as helm
 import pytest
 
+from common.tracing_setup import TracingConfig, tracing_config_from_args
 from engine.cli_args import engine_config_from_args
 from engine.config import EngineConfig
-from tests.helm.chart import EXAMPLES, Launched, launched, load_values, objects, render
+from router.cli import model_files
+from tests.helm.chart import (
+    EXAMPLES,
+    Launched,
+    launched,
+    load_values,
+    objects,
+    pod_specs,
+    render,
+)
 
 QUICKSTART = EXAMPLES / "cpu-quickstart.yaml"
 ODD_PATH = "/opt/drafts/it's a draft"  # a value a shell line must quote
@@ -171,3 +182,152 @@ def test_engine_values_are_checked_by_the_schema() -> None:
         values[key] = {**values.get(key, {}), **value}
         with pytest.raises(helm.HelmValuesError, match=field):
             render(values)
+
+
+# ------------------------------------------------------------ logs, traces, metric names
+
+OBSERVABILITY = {"logFormat": "json", "logLevel": "debug",
+                 "tracing": {"otlpEndpoint": "http://otel-collector.monitoring:4317",
+                             "otlpProtocol": "http", "sampleRatio": 0.25}}
+
+
+@pytest.mark.parametrize("mode", ["deployments", "ray"])
+def test_logging_tracing_and_metric_names_reach_every_process(mode: str) -> None:
+    values = _values(mode, "cpu")
+    values["observability"] = copy.deepcopy(OBSERVABILITY)
+    values["metrics"] = {"compat": "none"}
+    procs = _by_role(values)
+    expected = TracingConfig(otlp_endpoint="http://otel-collector.monitoring:4317",
+                             otlp_protocol="http", sample_ratio=0.25)
+    for role, proc in procs.items():
+        args = proc.args
+        assert (args.log_format, args.log_level, args.metrics_compat) == (
+            "json", "DEBUG", "none"), role
+        # What the process builds its tracer from (no OTEL_* variables in the pod).
+        assert tracing_config_from_args(args, env={}) == expected, role
+    # The engine values still reach the workers next to them.
+    assert procs["decode"].args.max_num_seqs == 96
+
+
+@pytest.mark.parametrize("mode", ["deployments", "ray"])
+def test_observability_defaults_pass_no_flag(mode: str) -> None:
+    """Left at their defaults (text, INFO, no endpoint, vllm names), the values pass nothing:
+    every process parses as it would with no flag, tracing off."""
+    values = load_values(QUICKSTART)
+    values["mode"] = mode
+    for role, proc in _by_role(values).items():
+        args = proc.args
+        assert (args.log_format, args.log_level, args.metrics_compat) == (
+            "text", "INFO", "vllm"), role
+        assert (args.otlp_endpoint, args.otlp_protocol, args.trace_sample_ratio) == (
+            "", None, 1.0), role
+        assert not tracing_config_from_args(args, env={}).enabled, role
+
+
+def test_ray_mode_json_logs_reach_the_head_log_one_per_line() -> None:
+    """In ray mode the router and the workers are actors whose lines Ray prints in the head
+    pod's log: with json logs the head asks Ray for no colour codes and no folding of alike
+    lines (the names are Ray's own, read where it prints the actors' lines)."""
+    import inspect
+
+    from ray._private import ray_constants, worker
+
+    def head_env(log_format: str) -> dict[str, str]:
+        values = load_values(QUICKSTART)
+        values.update(mode="ray", observability={"logFormat": log_format})
+        (cluster,) = [o for o in objects(render(values)) if o["kind"] == "RayCluster"]
+        env = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+        return {e["name"]: e["value"] for e in env if "value" in e}
+
+    ray_env = {"RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0"}
+    assert ray_env.items() <= head_env("json").items()
+    assert not ray_env.keys() & head_env("text").keys()
+    assert '"RAY_COLOR_PREFIX"' in inspect.getsource(worker.print_worker_logs)
+    assert '"RAY_DEDUP_LOGS"' in inspect.getsource(ray_constants)
+
+
+def test_tracing_values_without_an_endpoint_turn_nothing_on() -> None:
+    values = load_values(QUICKSTART)
+    values["observability"] = {"tracing": {"otlpEndpoint": "", "otlpProtocol": "http",
+                                           "sampleRatio": 0.5}}
+    for role, proc in _by_role(values).items():
+        assert not tracing_config_from_args(proc.args, env={}).enabled, role
+        assert proc.args.trace_sample_ratio == 1.0, role
+
+
+@pytest.mark.parametrize(
+    ("observability", "field"),
+    [({"logFormat": "logfmt"}, "/observability/logFormat"),
+     ({"logLevel": "TRACE"}, "/observability/logLevel"),
+     ({"tracing": {"otlpEndpoint": "otel-collector:4317"}}, "/observability/tracing/otlpEndpoint"),
+     ({"tracing": {"otlpEndpoint": "http://otel:4317 --insecure"}},
+      "/observability/tracing/otlpEndpoint"),
+     ({"tracing": {"otlpProtocol": "http/protobuf"}}, "/observability/tracing/otlpProtocol"),
+     ({"tracing": {"sampleRatio": 1.5}}, "/observability/tracing/sampleRatio"),
+     ({"tracing": {"headers": {}}}, "/observability/tracing")],
+    ids=["format", "level", "no-scheme", "space", "protocol", "ratio", "unknown-key"],
+)
+def test_observability_values_are_checked_by_the_schema(
+        observability: dict[str, Any], field: str) -> None:
+    values = load_values(QUICKSTART)
+    values["observability"] = observability
+    with pytest.raises(helm.HelmValuesError, match=field):
+        render(values)
+    values = load_values(QUICKSTART)
+    values["metrics"] = {"compat": "prometheus"}
+    with pytest.raises(helm.HelmValuesError, match="/metrics/compat"):
+        render(values)
+
+
+# ------------------------------------------------------------ the router's model
+
+
+@pytest.mark.parametrize("pvc", [False, True], ids=["alias", "pvc"])
+@pytest.mark.parametrize("mode", ["deployments", "ray"])
+def test_the_router_reads_the_model_the_workers_serve(mode: str, pvc: bool) -> None:
+    """The router gets --model as the workers do and reads only its tokenizer itself
+    (router/model_files.py): no init container converts the model for it, no volume carries
+    tokenizer files to it."""
+    values = load_values(QUICKSTART)
+    values["mode"] = mode
+    if pvc:
+        values["model"]["pvc"] = {"enabled": True, "claimName": "models"}
+    procs = _by_role(values)
+    router = procs["router"].args
+    assert router.model == procs["prefill"].args.model == procs["decode"].args.model
+    assert router.model == ("/models/smollm2" if pvc else "smollm2")
+    assert router.tokenizer == ""
+    for obj in objects(render(values)):
+        for component, _, spec in pod_specs(obj):
+            assert "initContainers" not in spec
+            assert all("emptyDir" not in v for v in spec.get("volumes", []))
+            if component == "router":  # the router's pod (ray: the head) sees the model there
+                mounts = spec["containers"][0].get("volumeMounts", [])
+                assert any(m["mountPath"] == "/models" for m in mounts) == pvc
+
+
+@pytest.mark.parametrize("mode", ["deployments", "ray"])
+def test_a_tokenizer_directory_reaches_the_router_only(mode: str) -> None:
+    values = load_values(QUICKSTART)
+    values["mode"] = mode
+    values["model"]["tokenizer"] = "/opt/tokenizers/it's smol"
+    procs = _by_role(values)
+    assert procs["router"].args.tokenizer == "/opt/tokenizers/it's smol"
+    assert procs["router"].args.model == "smollm2"
+    for role in ("prefill", "decode"):
+        assert not hasattr(procs[role].args, "tokenizer") or not procs[role].args.tokenizer
+    # The router's own resolution: --tokenizer names the files, --model the default id.
+    directory, name = model_files(procs["router"].args.model, procs["router"].args.tokenizer)
+    assert (str(directory), name) == ("/opt/tokenizers/it's smol", "smollm2")
+
+
+def test_a_gguf_models_served_name_is_its_stem_as_the_processes_pick_it() -> None:
+    from common.model_spec import served_name
+
+    values = load_values(QUICKSTART)
+    values["model"] = {"name": "ggufs/qwen2.5-0.5b-instruct-q4_0.gguf",
+                       "pvc": {"enabled": True, "claimName": "models"}}
+    procs = _by_role(values)
+    assert procs["router"].args.model_name == served_name(procs["router"].args.model) == (
+        "qwen2.5-0.5b-instruct-q4_0")
+    assert procs["decode"].args.served_model_name == procs["router"].args.model_name

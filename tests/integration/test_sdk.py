@@ -4,12 +4,14 @@ model), and the retry rules against a real grpc.aio server that fails on purpose
 Proves: generate and streaming agree; stopping a stream early cancels the RPC and the
 workers end holding no KV block; each typed error on its status (bad request, tiny deadline,
 full router, dead target, missing API key, a stream cancelled under a reader); TLS with an
-API key; retries only where the rules allow them.
+API key; retries only where the rules allow them; a request's id both ways (the caller's sent
+in the request and as ``x-request-id`` metadata, the router's echo on results and failures).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import sys
 import threading
@@ -36,6 +38,7 @@ from tests.integration.served_model import TinyWorkers
 from tests.integration.tls_certs import make_certs
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
+ROUTER_ID = re.compile(r"[0-9a-f]{32}")  # the id the router mints when the caller names none
 LONG = 900  # tokens a stream would take to finish on its own: far more than any test reads
 
 
@@ -103,6 +106,30 @@ def test_sync_generate_stream_tokenize_models_health(local: LocalCluster) -> Non
         assert by_chat.usage.prompt_tokens == len(client.tokenize(messages=chat))
         assert client.generate(token_ids=client.tokenize(messages=chat), max_tokens=6,
                                **GREEDY).token_ids == by_chat.token_ids
+    assert_idle(local)
+
+
+def test_request_ids_are_echoed_on_results_and_chunks(local: LocalCluster) -> None:
+    """The caller's id comes back on the result and on every chunk; without one, the id the
+    router minted (the one its log lines carry), a new one per request."""
+    with tandem.Client(local.target) as client:
+        named = client.generate("Hi", max_tokens=2, request_id="sdk-it/7", **GREEDY)
+        assert named.request_id == "sdk-it/7"
+        chunks = list(client.generate_stream("Hi", max_tokens=2, request_id="sdk-it/8",
+                                             **GREEDY))
+        assert chunks and {c.request_id for c in chunks} == {"sdk-it/8"}
+        first, second = (client.generate("Hi", max_tokens=2, **GREEDY) for _ in range(2))
+        assert ROUTER_ID.fullmatch(first.request_id) and ROUTER_ID.fullmatch(second.request_id)
+        assert first.request_id != second.request_id
+
+    async def run() -> tuple[str, set[str]]:
+        async with tandem.AsyncClient(local.target) as client:
+            result = await client.generate("Hi", max_tokens=2, request_id="sdk-it/9", **GREEDY)
+            ids = {c.request_id async for c in client.generate_stream(
+                "Hi", max_tokens=2, request_id="sdk-it/10", **GREEDY)}
+            return result.request_id, ids
+
+    assert asyncio.run(run()) == ("sdk-it/9", {"sdk-it/10"})
     assert_idle(local)
 
 
@@ -214,13 +241,18 @@ def test_stream_closed_under_a_reader_ends_the_reader(local: LocalCluster) -> No
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": -1.0}, {"model": "no-such-model"}, {"top_p": 0.0}],
+    [{"temperature": -1.0}, {"model": "no-such-model"}, {"top_p": 0.0},
+     # Ids the router refuses; one gRPC metadata cannot carry travels in the request alone.
+     {"request_id": "two words"}, {"request_id": "caf\u00e9"}, {"request_id": "x" * 129}],
 )
 def test_bad_request_is_invalid_request(local: LocalCluster, kwargs) -> None:
     with tandem.Client(local.target) as client:
         with pytest.raises(tandem.InvalidRequest) as err:
             client.generate("hi", max_tokens=2, **kwargs)
         assert err.value.code == "INVALID_ARGUMENT"
+        assert err.value.request_id == ""  # refused before the router named the request
+        if "request_id" in kwargs:
+            assert "request_id" in err.value.message
         with pytest.raises(tandem.InvalidRequest):
             next(iter(client.generate_stream("hi", max_tokens=2, **kwargs)))
 
@@ -250,17 +282,26 @@ def test_full_router_is_overloaded_with_retry_after(local: LocalCluster, edge_ro
         holder = client.generate_stream("Hold the slot", max_tokens=LONG, **GREEDY)
         next(holder)  # admitted and streaming: the router's one slot is taken ...
         with local.paused_decode():  # ... and stays taken: the holder cannot finish now
+            # Refused in the router's admission, after it named the request: the failure
+            # says which request it was (the caller's id, else the router's).
             with pytest.raises(tandem.Overloaded) as err:
-                second.generate("one more", max_tokens=2)
+                second.generate("one more", max_tokens=2, request_id="sdk-busy-1")
             assert err.value.retry_after_s == pytest.approx(0.2)
-            with pytest.raises(tandem.Overloaded):
+            assert err.value.request_id == "sdk-busy-1"
+            assert str(err.value).endswith("(request_id=sdk-busy-1)")
+            with pytest.raises(tandem.Overloaded) as err:
                 next(iter(second.generate_stream("one more", max_tokens=2)))
+            assert ROUTER_ID.fullmatch(err.value.request_id)
 
             async def run() -> None:
                 async with tandem.AsyncClient(proc.grpc, retry=no_retry, **edge) as aclient:
                     with pytest.raises(tandem.Overloaded) as aerr:
-                        await aclient.generate("one more", max_tokens=2)
+                        await aclient.generate("one more", max_tokens=2, request_id="sdk-busy-2")
                     assert aerr.value.retry_after_s == pytest.approx(0.2)
+                    assert aerr.value.request_id == "sdk-busy-2"
+                    with pytest.raises(tandem.Overloaded) as aerr:
+                        await aclient.generate_stream("one more", max_tokens=2).__anext__()
+                    assert ROUTER_ID.fullmatch(aerr.value.request_id)
 
             asyncio.run(run())
         holder.close()
@@ -364,6 +405,7 @@ class FlakyTandem(tandem_pb2_grpc.TandemServicer):
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
         self.plan: dict[str, list[str]] = {}
+        self.generate_metadata: list[dict[str, str]] = []  # each Generate call's, in order
 
     def _next(self, method: str) -> str:
         n = self.calls.get(method, 0)
@@ -386,6 +428,7 @@ class FlakyTandem(tandem_pb2_grpc.TandemServicer):
 
     async def Generate(self, request, context) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # noqa: N802
         step = self._next("Generate")
+        self.generate_metadata.append(dict(context.invocation_metadata() or ()))
         if step == "unavailable":
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker yet")
         yield tandem_pb2.GenerateResponse(request_id="r", token_ids=[1], text="a")
@@ -487,6 +530,28 @@ def test_overloaded_retried_only_with_retry_info(flaky) -> None:
         assert err.value.retry_after_s is None
         assert servicer.calls["ListModels"] == 2
         assert [m.id for m in client.models()] == ["flaky"]
+
+
+def test_a_named_request_sends_its_id_as_metadata_on_every_attempt(flaky) -> None:
+    """The caller's id travels as ``x-request-id`` metadata (what a proxy in between sees) as
+    well as in the request, on retries too, next to the API key; no id, no metadata."""
+    servicer, target = flaky
+    servicer.plan = {"Generate": ["unavailable"]}
+    with tandem.Client(target, retry=FAST, api_key="k") as client:
+        assert client.generate("x", request_id="job-7/a").text == "ab"
+        assert "".join(c.text for c in client.generate_stream("x", request_id="job-7/b")) == "ab"
+        client.generate("x")
+
+    async def run() -> None:
+        async with tandem.AsyncClient(target, retry=FAST) as client:
+            await client.generate("x", request_id="job-7/c")
+            [c async for c in client.generate_stream("x", request_id="job-7/d")]
+
+    asyncio.run(run())
+    sent = [(m.get("x-request-id"), m.get("authorization")) for m in servicer.generate_metadata]
+    assert sent == [("job-7/a", "Bearer k"), ("job-7/a", "Bearer k"),  # attempt 1 failed
+                    ("job-7/b", "Bearer k"), (None, "Bearer k"),
+                    ("job-7/c", None), ("job-7/d", None)]
 
 
 def test_unauthenticated_is_auth_error_and_not_retried(flaky) -> None:

@@ -86,8 +86,9 @@ def test_overloaded_carries_retry_after_only_when_sent() -> None:
 class _CallError(grpc.RpcError):
     """What a failed grpc call raises: an RpcError that is also a Call."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, trailers=()) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, trailers=(), initial=None) -> None:
         self._code, self._details, self._trailers = code, details, trailers
+        self._initial = initial
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -97,6 +98,9 @@ class _CallError(grpc.RpcError):
 
     def trailing_metadata(self):
         return self._trailers
+
+    def initial_metadata(self):
+        return self._initial  # None: the call ended before any header came
 
 
 def test_from_rpc_error_reads_code_details_and_trailers() -> None:
@@ -108,3 +112,21 @@ def test_from_rpc_error_reads_code_details_and_trailers() -> None:
 
 def test_a_bare_rpc_error_is_unavailable() -> None:
     assert isinstance(from_rpc_error(grpc.RpcError("boom")), Unavailable)
+
+
+def test_a_failure_after_the_router_named_the_request_carries_its_id() -> None:
+    """The id comes from the call's initial metadata (x-request-id), as the router sends it
+    once it accepted the request, and shows in the message a log or a terminal prints."""
+    rpc = _CallError(grpc.StatusCode.UNAVAILABLE, "no decode worker",
+                     initial=(("content-type", "application/grpc"),
+                              ("x-request-id", b"checkout-42")))
+    err = from_rpc_error(rpc)
+    assert isinstance(err, Unavailable) and err.request_id == "checkout-42"
+    assert str(err) == "UNAVAILABLE: no decode worker (request_id=checkout-42)"
+
+
+@pytest.mark.parametrize("initial", [None, (), (("other", "1"),)])
+def test_a_failure_without_an_echoed_id_names_none(initial) -> None:
+    err = from_rpc_error(_CallError(grpc.StatusCode.INVALID_ARGUMENT, "bad", initial=initial))
+    assert err.request_id == "" and str(err) == "INVALID_ARGUMENT: bad"
+    assert from_status("INTERNAL", "x").request_id == ""

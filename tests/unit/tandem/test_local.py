@@ -105,3 +105,18 @@ def test_logging_and_tracing_flags_reach_every_process(tmp_path: Path) -> None:
                    router_parser().parse_args(router_argv(args, "/m"))):
         assert (parsed.log_format, parsed.log_level, parsed.trace_file,
                 parsed.otlp_endpoint) == ("json", "DEBUG", str(trace), "http://collector:4317")
+
+
+def test_metrics_compat_reaches_every_process() -> None:
+    from decode_worker.cli import build_parser as decode_parser
+    from router.cli import build_parser as router_parser
+
+    args = build_parser().parse_args(["--metrics-compat", "none"])
+    assert "--metrics-compat=none" in worker_argv(args, "m", 1)
+    worker = decode_parser().parse_args(["--port", "0", "--kv-port", "0",
+                                         *worker_argv(args, "m", 1)])
+    router = router_parser().parse_args(router_argv(args, "/m"))
+    assert worker.metrics_compat == router.metrics_compat == "none"
+    default = build_parser().parse_args([])
+    assert not any("metrics-compat" in a for a in (*worker_argv(default, "m", 1),
+                                                   *router_argv(default, "/m")))

@@ -80,24 +80,56 @@ PVC's mount with model.pvc.enabled. Call with (dict "ctx" $ "name" NAME). */}}
 {{- end -}}
 {{- end -}}
 
-{{/* True when the model is an alias (e.g. smollm2): only the engine can resolve it to files. */}}
-{{- define "tandem.modelIsAlias" -}}
-{{- if and (not .Values.model.pvc.enabled) (not .Values.model.tokenizer) (not (contains "/" .Values.model.name)) -}}true{{- end -}}
-{{- end -}}
-
-{{/* The router's tokenizer directory (an alias is resolved by an init container into it). */}}
-{{- define "tandem.tokenizerPath" -}}
-{{- if .Values.model.tokenizer -}}
-{{- .Values.model.tokenizer -}}
-{{- else if include "tandem.modelIsAlias" . -}}
-/tokenizer
-{{- else -}}
-{{- include "tandem.modelPath" . -}}
-{{- end -}}
-{{- end -}}
-
+{{/* The served model id: model.servedName, else the alias, the .gguf file's stem or the
+directory's name (common/model_spec.py's served_name, as the processes would pick it). */}}
 {{- define "tandem.servedName" -}}
-{{- default (base .Values.model.name) .Values.model.servedName -}}
+{{- default (trimSuffix ".gguf" (base .Values.model.name)) .Values.model.servedName -}}
+{{- end -}}
+
+{{/*
+The router's model flags in deployments mode, as a YAML list: --model as the workers get it
+(the router reads only its tokenizer and config.json, router/model_files.py: no torch, no
+conversion), --tokenizer when model.tokenizer says where else to read them. In ray mode
+tandem up gives the router its own --model; --tokenizer goes through --router-arg.
+*/}}
+{{- define "tandem.routerModelArgs" -}}
+{{- $args := list (printf "--model=%s" (include "tandem.modelPath" .)) -}}
+{{- with .Values.model.tokenizer -}}
+{{- $args = append $args (printf "--tokenizer=%s" .) -}}
+{{- end -}}
+{{- toYaml (append $args (printf "--model-name=%s" (include "tandem.servedName" .))) -}}
+{{- end -}}
+
+{{/*
+Logging, tracing and metric-name flags of every process, as YAML list items ("" when every
+value is at its default: each process keeps its own default). The router and both worker
+Deployments get them as args; in ray mode tandem up takes the same flags and passes them to the
+router and every worker actor (tandem/engine_flags.py observability_argv).
+*/}}
+{{- define "tandem.observabilityArgs" -}}
+{{- $o := .Values.observability -}}
+{{- $args := list -}}
+{{- if ne $o.logFormat "text" -}}
+{{- $args = append $args (printf "--log-format=%s" $o.logFormat) -}}
+{{- end -}}
+{{- if ne (upper $o.logLevel) "INFO" -}}
+{{- $args = append $args (printf "--log-level=%s" (upper $o.logLevel)) -}}
+{{- end -}}
+{{- with $o.tracing -}}
+{{- if .otlpEndpoint -}}
+{{- $args = append $args (printf "--otlp-endpoint=%s" .otlpEndpoint) -}}
+{{- $args = append $args (printf "--otlp-protocol=%s" .otlpProtocol) -}}
+{{- if ne (float64 .sampleRatio) 1.0 -}}
+{{- $args = append $args (printf "--trace-sample-ratio=%v" .sampleRatio) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if ne $.Values.metrics.compat "vllm" -}}
+{{- $args = append $args (printf "--metrics-compat=%s" $.Values.metrics.compat) -}}
+{{- end -}}
+{{- if $args -}}
+{{- toYaml $args -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Pod termination: preStop sleep + drain + 15 s to stop the server and close the engine. */}}

@@ -122,3 +122,16 @@ def test_logging_and_tracing_flags_reach_the_router_and_every_worker() -> None:
     for parsed in (worker, router):
         assert (parsed.log_format, parsed.trace_file, parsed.trace_sample_ratio) == (
             "json", "/tmp/t.jsonl", 0.25)
+
+
+def test_metrics_compat_reaches_the_router_and_every_worker() -> None:
+    """``tandem up --metrics-compat none`` (what the chart's metrics.compat renders in ray
+    mode) turns vLLM's names off everywhere; the default passes nothing."""
+    spec = _spec("--insecure", "--metrics-compat", "none")
+    assert spec.router_args == ("--metrics-compat=none",)
+    worker = decode_parser().parse_args(["--port", "0", "--kv-port", "0",
+                                         *worker_argv(spec, "decode", "smollm2")])
+    router = router_parser().parse_args(router_argv(spec, "/m"))
+    assert worker.metrics_compat == router.metrics_compat == "none"
+    default = _spec("--insecure")
+    assert not any("metrics-compat" in a for a in (*default.router_args, *default.worker_args))
