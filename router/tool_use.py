@@ -20,6 +20,7 @@ from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
 from router.tools import (
     PARSERS,
+    ConstrainedStream,
     StreamingToolParser,
     ToolCall,
     ToolChoice,
@@ -31,7 +32,6 @@ from router.tools import (
     to_template_tools,
 )
 from router.tools.call import CallDelta, ContentDelta, ToolDelta, collect
-from router.tools.constrained import ConstrainedStream
 
 _MODES = ("auto", "none", "required")
 # Parsers whose markers are special tokens: the text must keep them.
