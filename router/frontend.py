@@ -46,6 +46,7 @@ from router.request import Accepted, Chunk, Prepared
 from router.text_stream import TextStream
 from router.tokenizer import RouterTokenizer
 from router.tool_use import ToolOutput, ToolUse
+from router.tools.call import CallDelta
 
 _A = TypeVar("_A")
 _T = TypeVar("_T")
@@ -68,11 +69,18 @@ def _without_tokens(chunk: Chunk) -> Chunk:
                  prompt_logprobs=chunk.prompt_logprobs, index=chunk.index)
 
 
+def _add_call_deltas(response: tandem_pb2.GenerateResponse, deltas: list[CallDelta]) -> None:
+    for d in deltas:
+        response.tool_call_deltas.add(index=d.index, id=d.id or "", name=d.name or "",
+                                      arguments=d.arguments)
+
+
 def _attach_calls(response: tandem_pb2.GenerateResponse, calls: ToolOutput) -> None:
-    """The last message: the content the tool parser still held, and the parsed calls
-    (then the finish reason is OpenAI's ``tool_calls``)."""
-    rest, parsed = calls.finish()
+    """The last message: the content and call pieces the tool parser still held, and the
+    whole calls (then the finish reason is OpenAI's ``tool_calls``)."""
+    rest, deltas, parsed = calls.finish()
     response.text += rest
+    _add_call_deltas(response, deltas)
     for call in parsed:
         response.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
     if parsed and response.finish_reason == "stop":
@@ -300,17 +308,21 @@ class Frontend:
                         chunk = _without_tokens(chunk)
                     seq = sequences[chunk.index]
                     seq.completion += len(chunk.token_ids)
-                    delta = seq.text.delta(chunk)
+                    text = seq.text.delta(chunk)
+                    call_deltas: list[CallDelta] = []
+                    if seq.calls is not None:
+                        text, call_deltas = seq.calls.feed(text)
                     response = tandem_pb2.GenerateResponse(
                         request_id=prepared.label or prepared.request_id,
                         token_ids=chunk.token_ids,
-                        text=seq.calls.feed(delta) if seq.calls is not None else delta,
+                        text=text,
                         logprobs=chunk.logprobs,
                         finished=chunk.finished,
                         finish_reason=chunk.finish_reason,
                         prompt_logprobs=chunk.prompt_logprobs,
                         index=chunk.index,
                     )
+                    _add_call_deltas(response, call_deltas)
                     self._observe(chunk.token_ids, clock, seq)
                     if chunk.finished:
                         response.stop_reason = chunk.stop_reason or seq.text.stop_reason or ""

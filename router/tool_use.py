@@ -2,9 +2,10 @@
 
     ChatMessages.tools_json / tool_choice ──ToolUse.from_chat──> ToolUse (checked)
         ToolUse.constrain(sampling): required / a named tool -> the grammar engine's schema
-        ToolUse.output() -> ToolOutput: the request's text deltas in, content deltas out; at the
-            end the calls parsed from the output (constrained: the JSON the grammar forced;
-            auto: the model family's markup, through its parser)
+        ToolUse.output() -> ToolOutput: the request's text deltas in; content and call deltas
+            out as the output settles them (a call's name as soon as it is read, then its
+            arguments as they are written); at the end the whole calls (constrained: the JSON
+            the grammar forced; auto: the model family's markup, through its parser)
 
 A chat template that does not render tools gets them described in a system message instead,
 in the Hermes format its parser reads (``tools_prompt``), so ``auto`` works on any model.
@@ -19,14 +20,13 @@ from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
 from router.tools import (
     PARSERS,
+    ConstrainedStream,
     StreamingToolParser,
     ToolCall,
     ToolChoice,
-    ToolParseError,
     ToolParser,
     ToolRequest,
     choice_schema,
-    parse_constrained,
     parse_tools,
     parser_for,
     to_template_tools,
@@ -97,49 +97,51 @@ class ToolUse:
 
     def output(self) -> ToolOutput:
         """A fresh reader for this request's output."""
-        stream = self.parser.streaming() if self.parser is not None and self.active else None
-        return ToolOutput(self, stream)
+        request = self.request
+        stream: StreamingToolParser | None = None
+        if request.choice.constrained:
+            stream = ConstrainedStream(request.tools, request.choice)
+        elif self.parser is not None and self.active:
+            stream = self.parser.streaming()
+        return ToolOutput(stream, request.parallel_tool_calls)
 
 
 @dataclass(slots=True)
 class ToolOutput:
-    """Turns one request's text deltas into content deltas and, at the end, its calls."""
+    """Turns one request's text deltas into content and call deltas; at the end, its calls.
 
-    use: ToolUse
+    ``stream`` None: the text is all content (``tool_choice: none``, or a model whose call
+    markup is unknown). Without ``parallel`` calls after the first are dropped (OpenAI's
+    ``parallel_tool_calls: false``, and the legacy ``functions``: one call at most).
+    """
+
     stream: StreamingToolParser | None
-    _held: list[str] = field(default_factory=list)  # constrained: the whole JSON
-    _deltas: list[ToolDelta] = field(default_factory=list)
+    parallel: bool = True
+    _calls: list[CallDelta] = field(default_factory=list)  # every call delta sent
 
-    def feed(self, text: str) -> str:
-        """The content a text delta releases (calls are kept for ``finish``)."""
-        if not self.use.active:
-            return text
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        """The content and the call pieces a text delta settles."""
         if self.stream is None:
-            self._held.append(text)
-            return ""
-        return self._content(self.stream.feed(text))
+            return text, []
+        return self._split(self.stream.feed(text))
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """The content still held back, and every call the output made."""
-        if not self.use.active:
-            return "", []
+    def finish(self) -> tuple[str, list[CallDelta], list[ToolCall]]:
+        """The content and call pieces still held back, and every call the output made."""
         if self.stream is None:
-            text = "".join(self._held)
-            try:
-                return "", parse_constrained(text, self.use.request.tools, self.use.request.choice)
-            except ToolParseError:  # cut off by max_tokens: the client gets the text
-                return text, []
-        rest = self._content(self.stream.finish())
-        return rest, collect(self._deltas).calls
+            return "", [], []
+        content, calls = self._split(self.stream.finish())
+        return content, calls, collect(self._calls).calls
 
-    def _content(self, deltas: list[ToolDelta]) -> str:
-        out = []
+    def _split(self, deltas: list[ToolDelta]) -> tuple[str, list[CallDelta]]:
+        content: list[str] = []
+        calls: list[CallDelta] = []
         for d in deltas:
             if isinstance(d, ContentDelta):
-                out.append(d.content)
-            elif isinstance(d, CallDelta):
-                self._deltas.append(d)
-        return "".join(out)
+                content.append(d.content)
+            elif self.parallel or d.index == 0:
+                calls.append(d)
+        self._calls += calls
+        return "".join(content), calls
 
 
 def renders_tools(template: str) -> bool:

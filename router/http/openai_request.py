@@ -21,7 +21,7 @@ from typing import Any
 from common.wire import MAX_SEQUENCES
 from protos.tandem.v1 import tandem_pb2
 from router.errors import InvalidRequestError
-from router.http.chat_tools import parse_chat_tools, parse_message_tools
+from router.http.chat_tools import MessageTools, parse_chat_tools
 from router.http.structured import parse_structured
 
 _UINT32 = 2**32 - 1
@@ -47,7 +47,8 @@ class ApiRequest:
     ``requests`` (``request`` is the first); ``echo`` puts each prompt before its choice's
     text (and, with logprobs, its tokens' logprobs before the completion's). ``n`` choices
     per prompt, the best ``n`` of ``best_of`` samples by cumulative logprob when ``best_of``
-    is larger (router/http/fanout.py runs them)."""
+    is larger (router/http/fanout.py runs them). ``functions``: a chat request that came with
+    the legacy ``functions``, answered in the legacy ``function_call`` shape."""
 
     endpoint: Endpoint
     request: tandem_pb2.GenerateRequest
@@ -57,6 +58,7 @@ class ApiRequest:
     requests: list[tandem_pb2.GenerateRequest] = field(default_factory=list)
     n: int = 1
     best_of: int = 1
+    functions: bool = False
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -72,8 +74,9 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
     if model:
         request.model = model
     prompts: list[str | list[int]] = []
+    functions = False
     if endpoint is Endpoint.CHAT:
-        _chat(body, request)
+        functions = _chat(body, request)
     else:
         prompts = _completion(body, request)
     _sampling(body, request.sampling)
@@ -100,7 +103,7 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
     if stream and best_of > n:
         raise InvalidRequestError("best_of", "cannot be streamed when larger than n")
     return ApiRequest(endpoint, request, stream, bool(stream and include_usage), echo,
-                      requests, n, best_of)
+                      requests, n, best_of, functions)
 
 
 def _with_prompt(template: tandem_pb2.GenerateRequest, prompt: str | list[int]
@@ -167,10 +170,12 @@ def _token_ids(ids: list[int], field: str) -> list[int]:
     return ids
 
 
-def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> None:
+def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> bool:
+    """Fill ``request`` from a chat body; whether it came with the legacy ``functions``."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("messages", "must be a non-empty list")
+    history = MessageTools()
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequestError(f"messages[{i}]", "must be an object")
@@ -178,11 +183,11 @@ def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> None:
         # OpenAI's newer name for the system prompt.
         role = "system" if role == "developer" else role
         content = _content(message.get("content"), f"messages[{i}].content")
-        parse_message_tools(message, i, request.chat.messages.add(role=role, content=content))
+        history.add(message, i, request.chat.messages.add(role=role, content=content))
     add_generation_prompt = _opt(body, "add_generation_prompt", bool)
     if add_generation_prompt is not None:
         request.chat.add_generation_prompt = add_generation_prompt
-    parse_chat_tools(body, request.chat)
+    functions = parse_chat_tools(body, request.chat)
     top = _opt(body, "top_logprobs", int)
     if _opt(body, "logprobs", bool):
         request.logprobs.enabled = True
@@ -190,6 +195,7 @@ def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> None:
     elif top:
         raise InvalidRequestError("top_logprobs", "needs logprobs: true")
     _opt_uint(body, ("max_completion_tokens", "max_tokens"), request.sampling, "max_tokens")
+    return functions
 
 
 def _content(content: Any, field: str) -> str:

@@ -3,8 +3,10 @@
     completions   {"object": "text_completion", choices: [{text, logprobs, finish_reason}]}
     chat          {"object": "chat.completion", choices: [{message, logprobs, finish_reason}]}
     chat stream   {"object": "chat.completion.chunk", choices: [{delta, ...}]}  (role first)
-    tool calls    message.tool_calls / the last chunk's delta.tool_calls (each call whole),
-                  finish_reason "tool_calls"
+    tool calls    message.tool_calls / delta.tool_calls[i] as they stream (id, type and name
+                  first, then the arguments in pieces), finish_reason "tool_calls"
+    functions     the legacy shape, for a request that came with ``functions``:
+                  message.function_call / delta.function_call, finish_reason "function_call"
 
 Logprobs take each API's own shape: completions' parallel lists (``tokens``,
 ``token_logprobs``, ``top_logprobs`` as {token: logprob}, ``text_offset``), chat's
@@ -73,7 +75,7 @@ class ResponseShaper:
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": shaped,
-            "finish_reason": finish_reason(last.finish_reason),
+            "finish_reason": self._finish_reason(last.finish_reason),
         }
         if prompt_lp and self._api.request.sampling.HasField("prompt_logprobs"):
             choice["prompt_logprobs"] = self._prompt_logprobs(prompt_lp)
@@ -81,7 +83,11 @@ class ResponseShaper:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if last.tool_calls:
                 message["content"] = text or None
-                message["tool_calls"] = [_call(c) for c in last.tool_calls]
+                if self._api.functions:  # one call at most (the request allowed no more)
+                    call = last.tool_calls[0]
+                    message["function_call"] = {"name": call.name, "arguments": call.arguments}
+                else:
+                    message["tool_calls"] = [_call(c) for c in last.tool_calls]
             choice["message"] = message
         else:
             choice["text"] = text
@@ -120,16 +126,21 @@ class ResponseShaper:
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": self._logprobs(response.logprobs) if response.logprobs else None,
-            "finish_reason": finish_reason(response.finish_reason) if response.finished else None,
+            "finish_reason": (self._finish_reason(response.finish_reason) if response.finished
+                              else None),
         }
         if self._chat:
             delta: dict[str, Any] = {"content": response.text}
             if first:
                 delta = {"role": "assistant", **delta}
-            if response.tool_calls:
-                delta["tool_calls"] = [
-                    {"index": i, **_call(c)} for i, c in enumerate(response.tool_calls)
-                ]
+            if response.tool_call_deltas:  # the calls' pieces (the whole calls are not resent)
+                delta["content"] = response.text or None
+                pieces = _merged(response.tool_call_deltas)
+                if self._api.functions:
+                    if pieces and pieces[0]["index"] == 0:
+                        delta["function_call"] = pieces[0]["function"]
+                else:
+                    delta["tool_calls"] = pieces
             choice["delta"] = delta
         else:
             choice["text"] = response.text
@@ -149,6 +160,10 @@ class ResponseShaper:
         body["choices"] = []
         body["usage"] = usage(_summed([last.usage for last in lasts], self._api.n))
         return body
+
+    def _finish_reason(self, reason: str) -> str:
+        out = finish_reason(reason)
+        return "function_call" if out == "tool_calls" and self._api.functions else out
 
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {"id": self._id, "object": kind, "created": self._created, "model": self._model}
@@ -194,6 +209,22 @@ def _call(call: tandem_pb2.ToolCall) -> dict[str, Any]:
     """One OpenAI ``tool_calls`` item."""
     return {"id": call.id, "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _merged(deltas: Sequence[tandem_pb2.ToolCallDelta]) -> list[dict[str, Any]]:
+    """One message's call pieces as OpenAI ``delta.tool_calls`` items, one per call (a call's
+    head and its first argument text may settle together)."""
+    out: list[dict[str, Any]] = []
+    for d in deltas:
+        if not out or out[-1]["index"] != d.index:
+            item: dict[str, Any] = {"index": d.index}
+            if d.id:
+                item.update(id=d.id, type="function")
+            item["function"] = {"name": d.name} if d.name else {}
+            item["function"]["arguments"] = ""
+            out.append(item)
+        out[-1]["function"]["arguments"] += d.arguments
+    return out
 
 
 def _chat_entry(token: str, logprob: float) -> dict[str, Any]:

@@ -5,10 +5,11 @@ A request's life::
     body.tools / tool_choice --spec.parse_request_tools--> ToolRequest(tools, choice, ...)
         |-- spec.to_template_tools(tools) --> chat template's tools=      (the prompt)
         '-- constrained.choice_schema(...) --> JSON Schema | None        (the grammar engine)
-    output text
-        |-- choice required/named: constrained.parse_constrained ------> [ToolCall]
-        '-- choice auto: select.parser_for(...).parse / .streaming() --> ParsedOutput / deltas
-    --> message.content + message.tool_calls (ToolCall.to_dict) / delta.tool_calls (CallDelta)
+    output text, piece by piece
+        |-- choice required/named: constrained.ConstrainedStream ---------> deltas
+        '-- choice auto: select.parser_for(...).streaming() (.parse) -----> deltas (ParsedOutput)
+    --> content deltas, call deltas as calls are written (a call's id and name once its name is
+        read, then its arguments in pieces: json_stream), and at the end the whole calls
 
 Files:
 
@@ -16,7 +17,9 @@ Files:
   ToolSpec, ToolChoice and ToolRequest; ``to_template_tools``.
 - ``call.py``: ToolCall, ParsedOutput, the streamed ContentDelta/CallDelta, call ids, and
   the JSON reading and writing every parser shares.
-- ``constrained.py``: the schema forced calls must match, and reading them back.
+- ``constrained.py``: the schema forced calls must match, and reading them back as written.
+- ``json_stream.py``: a call's head (its name) and its arguments read as they are written:
+  the incremental JSON scanner that checks and minifies them.
 - ``parser.py``: the ToolParser interface and the block engine behind every format.
 - ``hermes.py``, ``llama3.py``, ``mistral.py``: one model family's markup each.
 - ``select.py``: PARSERS by name, and the parser a chat template implies.
@@ -31,7 +34,12 @@ from router.tools.call import (
     collect,
     new_call_id,
 )
-from router.tools.constrained import ToolParseError, choice_schema, parse_constrained
+from router.tools.constrained import (
+    ConstrainedStream,
+    ToolParseError,
+    choice_schema,
+    parse_constrained,
+)
 from router.tools.hermes import HermesToolParser
 from router.tools.llama3 import Llama3JsonToolParser
 from router.tools.mistral import MistralToolParser
@@ -54,6 +62,7 @@ __all__ = [
     "MAX_TOOLS",
     "PARSERS",
     "CallDelta",
+    "ConstrainedStream",
     "ContentDelta",
     "HermesToolParser",
     "Llama3JsonToolParser",

@@ -10,6 +10,11 @@ every model::
 A parameters schema without a ``type`` gets ``"type": "object"`` (arguments are an object),
 and ``$defs`` / ``definitions`` are hoisted to the root of the "required" schema, where their
 ``#/$defs/...`` references resolve once the schema is nested.
+
+The calls are read as they are written (``ConstrainedStream``, router/tools/json_stream.py):
+a named call goes out as soon as its ``{`` does, a required one once its name is read, then
+the arguments piece by piece. An output cut off (max_tokens) keeps the calls opened so far,
+the last one's arguments as far as they were written; one that opened no call is content.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from router.errors import InvalidRequestError
-from router.tools.call import JSON_DECODER, ToolCall, dump_arguments, new_call_id
+from router.tools.call import CallDelta, ContentDelta, ToolCall, ToolDelta, collect, new_call_id
+from router.tools.json_stream import DONE, OPEN, CallHead, Head, JsonScanner, read_call_head
+from router.tools.parser import StreamingToolParser
 from router.tools.spec import ToolChoice, ToolSpec
 
 _DEFS_KEYS = ("$defs", "definitions")
@@ -59,32 +66,116 @@ def choice_schema(
 
 
 def parse_constrained(text: str, tools: list[ToolSpec], choice: ToolChoice) -> list[ToolCall]:
-    """The calls in an output forced by ``choice_schema``; raises ToolParseError."""
-    value = _decode(text)
-    if choice.mode == "named":
-        if not isinstance(value, dict):
-            raise ToolParseError("the arguments are not a JSON object")
-        return [ToolCall(new_call_id(), _tool(tools, choice).name, dump_arguments(value))]
-    if choice.mode != "required":
-        raise ValueError(f"tool_choice {choice.mode!r} forces no output")
-    if not isinstance(value, list) or not value:
-        raise ToolParseError("the output is not a non-empty JSON array")
-    names = {tool.name for tool in tools}
-    calls = []
-    for item in value:
-        if not isinstance(item, dict) or item.get("name") not in names:
-            raise ToolParseError("an item does not name a declared tool")
-        if not isinstance(item.get("parameters"), dict):
-            raise ToolParseError("an item's parameters are not a JSON object")
-        calls.append(ToolCall(new_call_id(), item["name"], dump_arguments(item["parameters"])))
-    return calls
+    """The calls in an output forced by ``choice_schema``; raises ToolParseError when it
+    opened none."""
+    stream = ConstrainedStream(tools, choice)
+    parsed = collect(stream.feed(text) + stream.finish())
+    if not parsed.calls:
+        raise ToolParseError("the output is not the forced JSON")
+    return parsed.calls
 
 
-def _decode(text: str) -> Any:
-    try:
-        return JSON_DECODER.decode(text)
-    except ValueError as e:  # JSONDecodeError, or a NaN/Infinity constant
-        raise ToolParseError(f"the output is not valid JSON: {e}") from None
+class ConstrainedStream(StreamingToolParser):
+    """The calls of an output forced by ``choice_schema``, as they are written::
+
+        named:     {"city": "Paris"}                         the arguments themselves
+        required:  [{"name": "f", "parameters": {...}}, ...]  one call per item
+
+    Nothing but calls: an output that opened no call is all content, at ``finish``; what
+    follows a break in the forced shape (which the grammar rules out) is dropped.
+    """
+
+    def __init__(self, tools: list[ToolSpec], choice: ToolChoice) -> None:
+        if choice.mode == "named":
+            self._name: str | None = _tool(tools, choice).name
+        elif choice.mode == "required":
+            self._name = None
+        else:
+            raise ValueError(f"tool_choice {choice.mode!r} forces no output")
+        self._names = {tool.name for tool in tools}
+        self._text: list[str] = []  # the whole output, for when it opens no call
+        self._buf = ""  # not read yet
+        self._step = _START
+        self._index = 0  # calls opened
+        self._scanner: JsonScanner | None = None
+
+    def feed(self, delta: str) -> list[ToolDelta]:
+        self._text.append(delta)
+        self._buf += delta
+        return self._run(final=False)
+
+    def finish(self) -> list[ToolDelta]:
+        out = self._run(final=True)
+        if not self._index:
+            text = "".join(self._text)
+            return [ContentDelta(text)] if text else []
+        return out
+
+    def _run(self, final: bool) -> list[ToolDelta]:
+        out: list[ToolDelta] = []
+        while self._step != _END:
+            if self._step in (_ARGUMENTS, _REST):
+                if not self._scan(final, out):
+                    break
+                continue
+            buf = self._buf
+            i = _skip_ws(buf)
+            if i == len(buf):
+                if final:
+                    self._step = _END
+                break
+            if self._step == _START and self._name is not None:  # named: the arguments
+                if buf[i] != "{":
+                    self._step = _END
+                    continue
+                self._open(self._name, i, out)
+            elif self._step == _START:  # required: the list
+                self._step, self._buf = (_HEAD, buf[i + 1 :]) if buf[i] == "[" else (_END, "")
+            elif self._step == _HEAD:
+                head = read_call_head(buf, i, ('"parameters"',))
+                if head is Head.MORE and not final:
+                    break
+                if isinstance(head, CallHead) and head.name in self._names:
+                    self._open(head.name, head.start, out)
+                else:
+                    self._step = _END
+            else:  # _NEXT: after an item
+                self._step, self._buf = (_HEAD, buf[i + 1 :]) if buf[i] == "," else (_END, "")
+        return out
+
+    def _open(self, name: str, start: int, out: list[ToolDelta]) -> None:
+        out.append(CallDelta(self._index, new_call_id(), name, ""))
+        self._index += 1
+        self._buf = self._buf[start:]
+        self._scanner = JsonScanner()
+        self._step = _ARGUMENTS
+
+    def _scan(self, final: bool, out: list[ToolDelta]) -> bool:
+        """Read on in the arguments (sent) or the rest of the item (not); False: needs more."""
+        scanner = self._scanner
+        assert scanner is not None
+        self._buf = self._buf[scanner.feed(self._buf) :]
+        piece = scanner.take()
+        if piece and self._step == _ARGUMENTS:
+            out.append(CallDelta(self._index - 1, None, None, piece))
+        if scanner.state == OPEN:
+            if final:
+                self._step = _END
+            return final
+        if scanner.state != DONE or self._name is not None:
+            self._step = _END  # broken, or the one named call is complete
+        elif self._step == _ARGUMENTS:
+            self._step, self._scanner = _REST, JsonScanner(in_object=True)
+        else:
+            self._step = _NEXT
+        return True
+
+
+_START, _HEAD, _ARGUMENTS, _REST, _NEXT, _END = range(6)
+
+
+def _skip_ws(text: str) -> int:
+    return len(text) - len(text.lstrip(" \t\n\r"))
 
 
 def _tool(tools: list[ToolSpec], choice: ToolChoice) -> ToolSpec:

@@ -7,9 +7,12 @@
     <tool_call>
     ...
 
-The JSON object is decoded before the closing tag is looked for, so a ``</tool_call>`` inside
-a JSON string does not end the block. A final block whose closing tag was cut off (max_tokens)
-still counts when its JSON is complete.
+A block written as above (the name first, then an ``arguments`` or ``parameters`` object) is
+streamed: the call goes out with its name as soon as the name is read, then its arguments as
+they are written (router/tools/parser.py), and the closing tag, when it follows, ends the
+block. Any other block is read whole: its JSON object is decoded before the closing tag is
+looked for, so a ``</tool_call>`` inside a JSON string does not end the block, and a block that
+is not a call is content. A final block whose closing tag was cut off (max_tokens) still counts.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import re
 from json.decoder import scanstring
 
 from router.tools.call import call_from_object, decode_at
+from router.tools.json_stream import CallHead, Head, read_call_head
 from router.tools.parser import (
     MALFORMED,
     Block,
     BlockToolParser,
+    Opened,
     find_tag,
     skip_ws,
 )
@@ -39,12 +44,17 @@ class HermesToolParser(BlockToolParser):
     def find_open(self, text: str, at_start: bool, final: bool) -> tuple[int, int | None]:
         return find_tag(text, OPEN, final)
 
-    def decide(self, body: str, final: bool) -> Block | None:
+    def decide(self, body: str, final: bool) -> Block | Opened | None:
         i = skip_ws(body, 0)
         if i == len(body):
             return MALFORMED if final else None
         if body[i] != "{":
             return MALFORMED
+        head = read_call_head(body, i)
+        if isinstance(head, CallHead):
+            return Opened(head.name, head.start)
+        if head is Head.MORE and not final:
+            return None
         decoded = decode_at(body, i)
         if decoded is None:
             # Incomplete, or broken: broken for sure once a closing tag shows up outside
@@ -60,6 +70,14 @@ class HermesToolParser(BlockToolParser):
         if CLOSE.startswith(body[k:]):  # nothing, or part of the closing tag, so far
             return Block([call], len(body)) if final else None
         return MALFORMED
+
+    def after_call(self, rest: str, final: bool) -> Block | None:
+        k = skip_ws(rest, 0)
+        if rest.startswith(CLOSE, k):
+            return Block([], k + len(CLOSE))
+        if CLOSE.startswith(rest[k:]):  # nothing, or part of the closing tag, so far
+            return Block([], len(rest)) if final else None
+        return Block([], 0)  # no closing tag: what follows is content
 
 
 def _close_outside_string(text: str, start: int) -> bool:

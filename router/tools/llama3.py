@@ -7,13 +7,15 @@ Only an output that (after leading whitespace) starts with ``{`` or the tag is r
 anything else is all content. An object needs ``name`` and ``parameters`` (or ``arguments``):
 a model answering in plain JSON (``{"name": "Ada", "age": 36}``) is not calling a tool.
 Text after the last call is content. The tag is a special token: the output must be
-detokenized with it kept, or only the ``{`` form is recognized.
+detokenized with it kept, or only the ``{`` form is recognized. A call written name first is
+streamed as it is written (router/tools/parser.py); one written otherwise is read whole.
 """
 
 from __future__ import annotations
 
 from router.tools.call import call_from_object, decode_at
-from router.tools.parser import MALFORMED, Block, BlockToolParser, skip_ws
+from router.tools.json_stream import CallHead, Head, read_call_head
+from router.tools.parser import MALFORMED, Block, BlockToolParser, Opened, skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -36,7 +38,7 @@ class Llama3JsonToolParser(BlockToolParser):
             return w, None  # only whitespace (or part of the tag) so far: still at the start
         return len(text), None
 
-    def decide(self, body: str, final: bool) -> Block | None:
+    def decide(self, body: str, final: bool) -> Block | Opened | None:
         i = skip_ws(body, 0)
         if body.startswith(";", i):  # a call after the first one
             i = skip_ws(body, i + 1)
@@ -44,6 +46,11 @@ class Llama3JsonToolParser(BlockToolParser):
             return MALFORMED if final else None
         if body[i] != "{":
             return MALFORMED
+        head = read_call_head(body, i)
+        if isinstance(head, CallHead):
+            return Opened(head.name, head.start)
+        if head is Head.MORE and not final:
+            return None
         decoded = decode_at(body, i)
         if decoded is None:
             return MALFORMED if final else None
@@ -55,3 +62,9 @@ class Llama3JsonToolParser(BlockToolParser):
         if k == len(body):  # another call may follow
             return Block([call], end) if final else None
         return Block([call], end, more=body[k] == ";")
+
+    def after_call(self, rest: str, final: bool) -> Block | None:
+        k = skip_ws(rest, 0)
+        if k == len(rest):  # another call may follow
+            return Block([], 0) if final else None
+        return Block([], 0, more=rest[k] == ";")

@@ -6,7 +6,8 @@
 The first is the older tokenizers' (v3 and before; a lone object is accepted too), the second
 the newer ones' (v11+; its ``[CALL_ID]`` variant is not read). Text after the calls is content.
 ``[TOOL_CALLS]`` and ``[ARGS]`` are special tokens: the output must be detokenized with them
-kept.
+kept. The second shape streams each call's arguments as they are written
+(router/tools/parser.py); the first is read whole.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from router.tools.parser import (
     MALFORMED,
     Block,
     BlockToolParser,
+    Opened,
     find_tag,
     skip_ws,
 )
@@ -35,7 +37,7 @@ class MistralToolParser(BlockToolParser):
     def find_open(self, text: str, at_start: bool, final: bool) -> tuple[int, int | None]:
         return find_tag(text, TOOL_CALLS, final)
 
-    def decide(self, body: str, final: bool) -> Block | None:
+    def decide(self, body: str, final: bool) -> Block | Opened | None:
         i = skip_ws(body, 0)
         if i == len(body):
             return MALFORMED if final else None
@@ -53,12 +55,7 @@ class MistralToolParser(BlockToolParser):
             return MALFORMED if final else None
         if body[k] != "{":
             return MALFORMED
-        decoded = decode_at(body, k)
-        if decoded is None:
-            return MALFORMED if final else None
-        arguments, end = decoded
-        call = call_from_object({"name": name.group(), "arguments": arguments})
-        return MALFORMED if call is None else Block([call], end)
+        return Opened(name.group(), k, wrapped=False)
 
 
 def _json_calls(body: str, i: int, final: bool) -> Block | None:

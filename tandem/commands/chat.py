@@ -5,6 +5,11 @@ the model sees every earlier turn (rendered through its chat template). ``/reset
 conversation, ``/exit`` (or end of input) quits. Reads plain stdin, so it can be scripted:
 
     printf 'Hi!\\nWhat did I just say?\\n' | tandem chat --target 127.0.0.1:50051
+
+The generate flags for structured outputs, tools, logit bias and logprobs apply to every
+turn. Tool calls and logprobs print as JSON lines after a reply, and a reply that did not
+simply stop says why on stderr (``[length]``, ``[tool_calls]``). The chat cannot send a
+tool's result back: a reply that is only tool calls is not kept in the conversation.
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ from tandem.commands.common import (
     client_config_from_args,
     sampling_from_args,
 )
+from tandem.commands.generation_flags import (
+    add_logprob_args,
+    add_tool_args,
+    logprob_options,
+    tool_options,
+)
+from tandem.commands.reply_output import print_after_text
 from tandem.errors import TandemError
+from tandem.results import ResultBuilder
 
 
 class Conversation:
@@ -51,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message")
     add_client_args(p)
     add_sampling_args(p, max_tokens=512)
+    add_tool_args(p)
+    add_logprob_args(p)
     return p
 
 
@@ -73,11 +88,11 @@ def run(client: Client, conversation: Conversation, options: dict[str, object],
         if text == "/reset":
             conversation.reset()
             continue
-        parts: list[str] = []
+        reply = ResultBuilder()
         try:
             with client.generate_stream(messages=conversation.ask(text), **options) as stream:
                 for chunk in stream:
-                    parts.append(chunk.text)
+                    reply.add(chunk)
                     stdout.write(chunk.text)
                     stdout.flush()
         except TandemError as err:
@@ -86,7 +101,10 @@ def run(client: Client, conversation: Conversation, options: dict[str, object],
             status = 1
             continue  # the failed turn is not kept
         stdout.write("\n")
-        conversation.commit(text, "".join(parts))
+        result = reply.result()
+        print_after_text(result, stdout, sys.stderr)
+        if result.text:  # a reply of tool calls only has nothing to keep
+            conversation.commit(text, result.text)
     return status
 
 
@@ -97,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = client_config_from_args(args)
         options = sampling_from_args(args)
+        options.update(tool_options(args))
+        options.update(logprob_options(args))
     except (ValueError, OSError) as err:
         parser.error(str(err))
     with Client(config=config) as client:

@@ -19,6 +19,11 @@ from tandem.client_config import (
     ClientConfig,
     TLSConfig,
 )
+from tandem.commands.generation_flags import (
+    add_structured_args,
+    logit_bias_option,
+    structured_option,
+)
 from tandem.errors import TandemError
 
 
@@ -84,16 +89,7 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", default=None)
     g.add_argument("--model", default="", help="model id (default: the served one)")
-    s = g.add_mutually_exclusive_group()
-    s.add_argument("--json-schema", default=None, metavar="SCHEMA",
-                   help="the output must match this JSON Schema (its text, or @FILE)")
-    s.add_argument("--json-object", action="store_true", default=None,
-                   help="the output must be a JSON object")
-    s.add_argument("--regex", default=None, help="the output must match this regex")
-    s.add_argument("--choice", action="append", default=None,
-                   help="the output must be one of these strings (repeatable)")
-    s.add_argument("--grammar", default=None, metavar="EBNF",
-                   help="the output must match this EBNF grammar (its text, or @FILE)")
+    add_structured_args(g)
 
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -101,26 +97,19 @@ _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition
 
 
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword options for ``Client.generate`` that the flags set."""
+    """The keyword options for ``Client.generate`` that the flags set; raises FlagError (a
+    ValueError naming the flag) for a value that cannot be used."""
     options: dict[str, Any] = {n: getattr(args, n) for n in _SAMPLING
                                if getattr(args, n) is not None}
     if args.model:
         options["model"] = args.model
-    structured = _structured(args)
+    structured = structured_option(args)
     if structured is not None:
         options["structured"] = structured
+    bias = logit_bias_option(args)
+    if bias is not None:
+        options["logit_bias"] = bias
     return options
-
-
-def _structured(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The one structured-output flag given, as the SDK's ``structured=`` mapping."""
-    for name in ("json_schema", "regex", "choice", "grammar"):
-        value = getattr(args, name, None)
-        if value is not None:
-            if isinstance(value, str) and value.startswith("@"):
-                value = Path(value[1:]).read_text()
-            return {name: value}
-    return {"json_object": True} if getattr(args, "json_object", None) else None
 
 
 def fail(prog: str, err: TandemError | ValueError | OSError) -> int:

@@ -3,9 +3,15 @@
     tandem generate --target 127.0.0.1:50051 "Once upon a time" --max-tokens 64
     tandem generate --chat --system "Be brief." "What is KV caching?"
     echo "prompt from a pipe" | tandem generate -
+    tandem generate --json-schema person.json "Describe a person as JSON."
+    tandem generate --tools tools.json --tool-choice required "Weather in Paris?"
+    tandem generate --logprobs --top-logprobs 3 --logit-bias 198=-100 "Hello"
 
 ``--chat`` sends the prompt as a user message (rendered by the model's chat template);
-``--stats`` prints finish reason, token counts and timings to stderr after the text.
+``--system`` and ``--tools`` imply it. After the text come the tool calls the model made and
+(with ``--logprobs``) each token's logprob, as JSON lines; a reply that did not simply stop
+says why on stderr (``[length]``, ``[tool_calls]``). ``--stats`` prints finish reason, token
+counts and timings to stderr instead.
 """
 
 from __future__ import annotations
@@ -23,8 +29,15 @@ from tandem.commands.common import (
     fail,
     sampling_from_args,
 )
+from tandem.commands.generation_flags import (
+    add_logprob_args,
+    add_tool_args,
+    logprob_options,
+    tool_options,
+)
+from tandem.commands.reply_output import print_after_text
 from tandem.errors import TandemError
-from tandem.results import StreamChunk
+from tandem.results import ResultBuilder, StreamChunk
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true", help="print usage and timings to stderr")
     add_client_args(p)
     add_sampling_args(p)
+    add_tool_args(p)
+    add_logprob_args(p)
     return p
 
 
@@ -53,24 +68,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Stream the completion to stdout; 1 on a service error, 2 on bad flags."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         config = client_config_from_args(args)
-        options = sampling_from_args(args)  # reads an @FILE schema or grammar
+        options = sampling_from_args(args)  # reads a schema or grammar file
+        tools = tool_options(args)
+        options.update(tools)
+        options.update(logprob_options(args))
     except (ValueError, OSError) as err:
         parser.error(str(err))
-    if args.chat or args.system is not None:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.chat or args.system is not None or tools:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": prompt})
         request = {"messages": messages}
     else:
         request = {"prompt": prompt}
+    reply = ResultBuilder()
     last = None
     try:
         with Client(config=config) as client, client.generate_stream(**request, **options) as s:
             for chunk in s:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
+                reply.add(chunk)
                 last = chunk
     except TandemError as err:
         sys.stdout.write("\n" if last is not None else "")
@@ -79,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write("\n")
         return 130
     sys.stdout.write("\n")
+    print_after_text(reply.result(), sys.stdout, sys.stderr, note=not args.stats)
     if args.stats and last is not None:
         print(stats_line(last), file=sys.stderr)
     return 0

@@ -1,19 +1,23 @@
 """The client commands against a real local cluster (tiny model): ``tandem generate`` and
-``tandem chat`` print exactly what the SDK's greedy generate returns, ``tandem top --once``
-shows every worker's Stats, ``tandem bench`` runs a handful of requests end to end."""
+``tandem chat`` print exactly what the SDK's greedy generate returns, their structured-output,
+tool, logit-bias and logprobs flags work end to end, ``tandem top --once`` shows every
+worker's Stats, ``tandem bench`` runs a handful of requests end to end."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 import tandem
 from tandem.commands import bench as bench_cmd
+from tandem.commands import chat as chat_cmd
 from tandem.commands import generate as generate_cmd
 from tandem.commands import top as top_cmd
 from tandem.local_cluster import ROOT
@@ -86,6 +90,55 @@ def test_chat_keeps_the_conversation(local: LocalCluster) -> None:
                     stdin=f"{turns[0]}\n/reset\n{turns[1]}\n/exit\nnot sent\n")
     assert reset.returncode == 0, reset.stderr
     assert reset.stdout == replies[0] + "\n" + alone + "\n"
+    assert_idle(local)
+
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
+    "required": ["city"], "additionalProperties": False}}}
+
+
+def test_generation_flags_end_to_end(local: LocalCluster, tmp_path: Path, capsys,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """--json-schema FILE output validates; --tools + --tool-choice required prints a call
+    whose arguments validate; --logit-bias steers greedy decoding and --logprobs reports each
+    token; chat prints a turn's calls too."""
+    schema_file, tools_file = tmp_path / "person.json", tmp_path / "tools.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    tools_file.write_text(json.dumps([WEATHER]))
+    sampled = ["--target", local.target, "--temperature", "1", "--seed", "3",
+               "--max-tokens", "150"]
+    out = _tandem("generate", *sampled, "--json-schema", str(schema_file), "A person:")
+    assert out.returncode == 0, out.stderr
+    jsonschema.validate(json.loads(out.stdout), SCHEMA)
+    assert generate_cmd.main([*sampled, "--tools", str(tools_file), "--tool-choice",
+                              "required", "Weather in Paris?"]) == 0
+    captured = capsys.readouterr()
+    text, *call_lines = captured.out.splitlines()
+    assert text == "" and call_lines and captured.err == "[tool_calls]\n"
+    for line in call_lines:  # parallel calls allowed: one line each
+        call = json.loads(line)
+        assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["function"]["arguments"]),
+                            WEATHER["function"]["parameters"])
+    token = 1000
+    assert generate_cmd.main(["--target", local.target, *GREEDY_FLAGS[:3], "--max-tokens",
+                              "4", "--logit-bias", f"{token}=100", "--logprobs",
+                              "--top-logprobs", "2", "Hello"]) == 0
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()[1:]]
+    assert [lp["token_id"] for lp in lines] == [token] * 4
+    assert all(len(lp["top_logprobs"]) == 2 for lp in lines)
+    assert captured.err == "[length]\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("Weather in Oslo?\n"))
+    assert chat_cmd.main([*sampled, "--tools", json.dumps([WEATHER]),
+                          "--tool-choice", "get_weather"]) == 0
+    captured = capsys.readouterr()
+    call = json.loads(captured.out.splitlines()[-1])
+    assert call["function"]["name"] == "get_weather" and "[tool_calls]" in captured.err
     assert_idle(local)
 
 

@@ -147,13 +147,15 @@ def test_named_tool_choice_streams_the_same_call(client) -> None:
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
     assert whole.function.name == "get_weather"
     jsonschema.validate(json.loads(whole.function.arguments), WEATHER["function"]["parameters"])
-    name, args, finish = None, "", None
+    name, args, finish, pieces = None, "", None, 0
     for chunk in client.chat.completions.create(**kw, stream=True):
         for d in chunk.choices[0].delta.tool_calls or []:
             name = d.function.name or name
             args += d.function.arguments or ""
+            pieces += bool(d.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
     assert (name, args, finish) == ("get_weather", whole.function.arguments, "tool_calls")
+    assert pieces > 1  # the arguments stream as they are written, not whole at the end
 
 
 def test_tool_history_renders_and_auto_may_answer_in_text(client) -> None:

@@ -69,7 +69,7 @@ def test_structured_output_flags(tmp_path) -> None:
     assert "structured" not in sampling_from_args(_parse())
     with pytest.raises(SystemExit):  # one structured output at a time
         _parse("--regex", "a+", "--grammar", "root ::= \"a\"")
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="--grammar: cannot read"):
         sampling_from_args(_parse("--grammar", f"@{tmp_path / 'missing.ebnf'}"))
 
 

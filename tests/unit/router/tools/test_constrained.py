@@ -134,7 +134,8 @@ def test_required_output_is_one_call_per_item() -> None:
         [
             {"name": "get_weather", "parameters": {"city": "東京"}},
             {"name": "noop", "parameters": {}},
-        ]
+        ],
+        ensure_ascii=False,
     )
     calls = parse_constrained(text, TOOLS, REQUIRED)
     assert [(c.name, c.arguments) for c in calls] == [
@@ -142,18 +143,37 @@ def test_required_output_is_one_call_per_item() -> None:
         ("noop", "{}"),
     ]
     assert calls[0].id != calls[1].id
+    escaped = parse_constrained('[{"name": "noop", "parameters": {"s": "\\u6771"}}]', TOOLS,
+                                REQUIRED)
+    assert escaped[0].arguments == '{"s":"\\u6771"}'  # as written: minified, not re-encoded
+
+
+@pytest.mark.parametrize(
+    ("text", "choice", "arguments"),
+    [
+        ('{"city": "Par', ToolChoice("named", "get_weather"), ['{"city":"Par']),  # max_tokens
+        ('[{"name": "get_weather", "parameters": {"ci', REQUIRED, ['{"ci']),
+        ('[{"name": "noop", "parameters": {}}, {"name": "get_weather", "parameters": {', REQUIRED,
+         ["{}", "{"]),
+        ('[{"name": "noop", "parameters": {}}, {"name": "get_w', REQUIRED, ["{}"]),
+        ('{"city": NaN}', ToolChoice("named", "get_weather"), ['{"city":']),  # broken JSON
+        ('{"city": "Paris"} trailing', ToolChoice("named", "get_weather"), ['{"city":"Paris"}']),
+    ],
+)
+def test_an_output_cut_off_keeps_the_calls_it_opened(text: str, choice: ToolChoice,
+                                                      arguments: list[str]) -> None:
+    """Calls are streamed as they are written, so a call opened stands; its arguments are what
+    was written before the output ended (max_tokens) or broke."""
+    assert [c.arguments for c in parse_constrained(text, TOOLS, choice)] == arguments
 
 
 @pytest.mark.parametrize(
     ("text", "choice"),
     [
-        ('{"city": "Par', ToolChoice("named", "get_weather")),  # cut by max_tokens
         ("", ToolChoice("named", "get_weather")),
         ('["Paris"]', ToolChoice("named", "get_weather")),
-        ('{"city": NaN}', ToolChoice("named", "get_weather")),
-        ('{"city": "Paris"} trailing', ToolChoice("named", "get_weather")),
-        ('[{"name": "get_weather", "parameters": {"ci', REQUIRED),
         ("[]", REQUIRED),
+        ('[{"name": "get_w', REQUIRED),
         ('{"name": "noop", "parameters": {}}', REQUIRED),
         ('[{"name": "nope", "parameters": {}}]', REQUIRED),
         ('[{"name": "noop", "parameters": "{}"}]', REQUIRED),

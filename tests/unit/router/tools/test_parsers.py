@@ -108,13 +108,11 @@ def test_hermes_unclosed_final_block_still_counts() -> None:
     "block",
     [
         "<tool_call>\nnot json\n</tool_call>",
-        '<tool_call>\n{"name": "f", "arguments": {"a": 1</tool_call>',
         '<tool_call>\n{"arguments": {}}\n</tool_call>',
         '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',
-        '<tool_call>\n{"name": "f", "arguments": {"a": NaN}}\n</tool_call>',
-        '<tool_call>\n{"name": "f", "arguments": {}} extra\n</tool_call>',
+        '<tool_call>\n{"arguments": {}, "name": "f"} extra\n</tool_call>',
         '<tool_call>\n["f"]\n</tool_call>',
-        '<tool_call>\n{"name": "f", "arguments": {"a": "cut',
+        '<tool_call>\n{"name": "f"',
         "<tool_call>",
     ],
 )
@@ -122,6 +120,36 @@ def test_hermes_malformed_blocks_stay_content(block: str) -> None:
     out = HERMES.parse("Before. " + block)
     assert out.calls == []
     assert out.content == ("Before. " + block).strip()
+
+
+@pytest.mark.parametrize(
+    ("block", "arguments", "content"),
+    [
+        # cut off by max_tokens: the arguments as far as they were written
+        ('<tool_call>\n{"name": "f", "arguments": {"a": "cut', '{"a":"cut', "Before."),
+        # the JSON breaks at the closing tag, which still closes the block
+        ('<tool_call>\n{"name": "f", "arguments": {"a": 1</tool_call> after', '{"a":1',
+         "Before.  after"),
+        # it breaks elsewhere: what follows the break is content
+        ('<tool_call>\n{"name": "f", "arguments": {"a": NaN}}\n</tool_call>', '{"a":',
+         "Before. NaN}}\n</tool_call>"),
+        # complete arguments, but no closing tag after the call object
+        ('<tool_call>\n{"name": "f", "arguments": {}} extra\n</tool_call>', "{}",
+         "Before.  extra\n</tool_call>"),
+        # other keys after the arguments are read past, not sent
+        ('<tool_call>{"name": "f", "arguments": {"a": 1}, "id": [2]}</tool_call>', '{"a":1}',
+         "Before."),
+    ],
+)
+def test_hermes_a_call_stands_once_its_name_is_read(block: str, arguments: str,
+                                                    content: str) -> None:
+    """Name first, arguments second: the call is streamed as it is written, so it cannot be
+    taken back when its JSON later breaks or is cut off; the arguments are what was written up
+    to there (a client checks them: OpenAI's own arguments may be invalid JSON). Content is
+    the text outside the calls, joined, then stripped once."""
+    out = HERMES.parse("Before. " + block)
+    assert [(c.name, c.arguments) for c in out.calls] == [("f", arguments)]
+    assert out.content == content
 
 
 def test_hermes_good_calls_survive_a_malformed_neighbour() -> None:
@@ -162,13 +190,19 @@ def test_llama_text_after_the_calls_is_content() -> None:
         'The answer: {"name": "a", "parameters": {}}',
         '{"name": "Ada", "age": 36}',
         '{"answer": 42}',
-        '{"name": "a", "parameters": {"x": 1',
+        '{"parameters": {"x": 1}, "name": "a"',
         '<|python_tag|>brave_search.call(query="weather")',
         '{"name": "a", "parameters": [1]}',
     ],
 )
 def test_llama_anything_else_is_content(text: str) -> None:
     assert LLAMA.parse(text) == ParsedOutput(text, [])
+
+
+def test_llama_a_call_cut_off_keeps_what_was_written() -> None:
+    out = LLAMA.parse('{"name": "a", "parameters": {"x": 1')
+    assert [(c.name, c.arguments) for c in out.calls] == [("a", '{"x":1')]
+    assert out.content is None
 
 
 def test_llama_a_broken_call_after_a_good_one_is_content() -> None:
@@ -213,13 +247,18 @@ def test_mistral_name_args_form() -> None:
         "[TOOL_CALLS][]",
         '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"arguments": {}}]',
         "[TOOL_CALLS]get_weather",
-        '[TOOL_CALLS]get_weather[ARGS]{"city": ',
         "[TOOL_CALLS]get_weather[ARGS][1]",
         "[TOOL_CALLS]get weather[ARGS]{}",
     ],
 )
 def test_mistral_malformed_stays_content(text: str) -> None:
     assert MISTRAL.parse("Hi " + text) == ParsedOutput(("Hi " + text).strip(), [])
+
+
+def test_mistral_args_form_cut_off_keeps_what_was_written() -> None:
+    out = MISTRAL.parse('Hi [TOOL_CALLS]get_weather[ARGS]{"city": ')
+    assert [(c.name, c.arguments) for c in out.calls] == [("get_weather", '{"city":')]
+    assert out.content == "Hi"
 
 
 def test_mistral_text_after_the_calls_is_content() -> None:

@@ -8,8 +8,10 @@ import random
 import pytest
 
 from router.tools.call import CallDelta, ContentDelta, ToolDelta, collect
+from router.tools.constrained import ConstrainedStream
 from router.tools.parser import ToolParser
 from router.tools.select import PARSERS
+from router.tools.spec import ToolChoice, ToolSpec
 
 HERMES, LLAMA, MISTRAL = PARSERS["hermes"], PARSERS["llama3_json"], PARSERS["mistral"]
 
@@ -135,12 +137,35 @@ def test_content_streams_early_and_a_partial_tag_is_held() -> None:
     assert s.feed("Hello wor") == [ContentDelta("Hello wor")]
     assert s.feed("ld <tool_c") == [ContentDelta("ld")]  # " " and "<tool_c" undecided
     assert s.feed("all>\n") == []
-    assert s.feed('{"name": "f", "arguments": {"a": 1}}\n</tool_call') == []
-    first, rest = s.feed(">\n")
-    assert (first.index, first.name, first.arguments) == (0, "f", "")
-    assert rest == CallDelta(0, None, None, '{"a":1}')
+    assert s.feed('{"name": "f", "argu') == []  # the head is not complete yet
+    head, brace = s.feed('ments": {')
+    assert (head.index, head.name, head.arguments) == (0, "f", "")
+    assert head.id is not None and head.id.startswith("call_")
+    assert brace == CallDelta(0, None, None, "{")
+    assert s.feed('"a": 1') == [CallDelta(0, None, None, '"a":1')]
+    assert s.feed("}}\n</tool_call") == [CallDelta(0, None, None, "}")]
+    assert s.feed(">\n") == []
     assert s.feed("\nbye") == [ContentDelta(" \n\nbye")]  # held whitespace, then the text
     assert s.finish() == []
+
+
+def test_a_long_call_streams_its_arguments_in_many_pieces() -> None:
+    """Token-sized pieces in, argument pieces out as they come: the call's id and name first,
+    and no piece waits for the call to end."""
+    arguments = {"text": "a long argument " * 40, "list": list(range(50))}
+    text = "Sure.\n" + hermes("write", arguments)
+    chunks = [text[i : i + 4] for i in range(0, len(text), 4)]
+    s = HERMES.streaming()
+    per_chunk = [s.feed(chunk) for chunk in chunks] + [s.finish()]
+    pieces = [d for out in per_chunk for d in out if isinstance(d, CallDelta) and d.id is None]
+    assert len(pieces) > 100
+    first_piece = next(i for i, out in enumerate(per_chunk) if any(
+        isinstance(d, CallDelta) and d.id is None for d in out))
+    assert first_piece < len(chunks) // 10  # the arguments start while most is unwritten
+    (call,) = HERMES.parse(text).calls
+    assert "".join(d.arguments for d in pieces) == call.arguments
+    assert json.loads(call.arguments) == arguments
+    assert_openai_delta_shape([d for out in per_chunk for d in out])
 
 
 def test_a_near_tag_is_released_when_it_turns_out_to_be_text() -> None:
@@ -169,7 +194,62 @@ def test_a_broken_block_is_released_at_its_closing_tag() -> None:
     s = HERMES.streaming()
     out = s.feed('Hi <tool_call>{"name": f}</tool_call> more')
     assert collect(out).content == 'Hi <tool_call>{"name": f}</tool_call> more'
-    s = HERMES.streaming()  # a closing tag inside a JSON string settles nothing
-    assert s.feed('<tool_call>{"name": "f", "arguments": {"a": "</tool_call> ') == []
+    s = HERMES.streaming()  # a closing tag inside a JSON string is argument text
+    out = s.feed('<tool_call>{"name": "f", "arguments": {"a": "</tool_call> ')
+    assert [(d.name, d.arguments) for d in out] == [("f", ""), (None, '{"a":"</tool_call> ')]
     out = s.feed('"}}</tool_call>')
-    assert [(d.name, d.arguments) for d in out] == [("f", ""), (None, '{"a":"</tool_call> "}')]
+    assert [(d.name, d.arguments) for d in out] == [(None, '"}')]
+    assert s.finish() == []
+
+
+FORCED_TOOLS = [ToolSpec("get_weather"), ToolSpec("noop")]
+NAMED, REQUIRED = ToolChoice("named", "get_weather"), ToolChoice("required")
+FORCED: list[tuple[ToolChoice, str]] = [
+    (NAMED, '{"city": "Zürich \\"q\\"", "days": [1, 2.5e1], "x": {"y": null}}'),
+    (REQUIRED, json.dumps([{"name": "get_weather", "parameters": {"city": TRICKY}},
+                           {"name": "noop", "parameters": {}}], ensure_ascii=False)),
+    (REQUIRED, '[{"name": "noop", "parameters": {"a": "cut'),
+    (REQUIRED, "[]"),
+    (NAMED, "not json"),
+]
+
+
+def forced_stream(choice: ToolChoice, chunks: list[str]) -> list[ToolDelta]:
+    s = ConstrainedStream(FORCED_TOOLS, choice)
+    out: list[ToolDelta] = []
+    for chunk in chunks:
+        out += s.feed(chunk)
+    return out + s.finish()
+
+
+@pytest.mark.parametrize(("choice", "text"), FORCED)
+def test_forced_calls_stream_the_same_however_split(choice: ToolChoice, text: str) -> None:
+    expected = collect(forced_stream(choice, [text]))
+    splits = [[text[:cut], text[cut:]] for cut in range(len(text) + 1)] + [list(text)]
+    for chunks in splits:
+        deltas = forced_stream(choice, chunks)
+        got = collect(deltas)
+        assert got.content == expected.content, chunks
+        assert [(c.name, c.arguments) for c in got.calls] == [
+            (c.name, c.arguments) for c in expected.calls], chunks
+        assert_openai_delta_shape(deltas)
+    if expected.calls:
+        assert expected.content is None
+    else:  # no call opened: the output is content, verbatim
+        assert expected.content == text
+
+
+def test_a_long_forced_call_streams_its_arguments_in_many_pieces() -> None:
+    arguments = {"city": "x" * 300, "days": list(range(60))}
+    text = json.dumps([{"name": "get_weather", "parameters": arguments}])
+    s = ConstrainedStream(FORCED_TOOLS, REQUIRED)
+    per_chunk = [s.feed(text[i : i + 3]) for i in range(0, len(text), 3)] + [s.finish()]
+    deltas = [d for out in per_chunk for d in out]
+    head = deltas[0]
+    assert isinstance(head, CallDelta) and head.name == "get_weather"
+    assert sum(1 for out in per_chunk if any(isinstance(d, CallDelta) for d in out)) > 100
+    (call,) = collect(deltas).calls
+    assert json.loads(call.arguments) == arguments
+    s = ConstrainedStream(FORCED_TOOLS, NAMED)  # named: the call opens with its first "{"
+    assert s.feed(" ") == []
+    assert [(d.name, d.arguments) for d in s.feed('{"ci')] == [("get_weather", ""), (None, '{"ci')]
