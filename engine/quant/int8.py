@@ -16,6 +16,16 @@ from engine.models.linear import cpu_linear
 # Rows at or above which a CPU step dequantizes to fp32 and runs the fp32 GEMM instead of the
 # int8 kernel (measured on the 2-core AVX2 box: the kernel wins at 8 rows, loses at 64).
 DEQUANT_MIN_ROWS = 32
+# torch's int8 CPU kernel loads the weight with aligned AVX-512 loads where the CPU has them:
+# a weight at an odd address (a view into a safetensors file or a packed buffer) segfaults it.
+ALIGN_BYTES = 64
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and starting on an ``ALIGN_BYTES`` boundary (a copy only if needed:
+    torch's CPU allocator aligns every new tensor)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % ALIGN_BYTES == 0 else t.clone()
 
 
 class Int8Linear(nn.Module):
@@ -24,7 +34,7 @@ class Int8Linear(nn.Module):
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
-        self.register_buffer("qweight", qweight.contiguous())  # [N, K] int8
+        self.register_buffer("qweight", aligned(qweight))  # [N, K] int8
         self.register_buffer("scale", scale.float().contiguous())  # [N] fp32 (bf16-exact)
         self.register_buffer("scale_bf16", scale.to(torch.bfloat16).contiguous())  # [N]
         self.register_buffer("bias", None if bias is None else bias.detach().clone())

@@ -142,3 +142,18 @@ def test_cuda_forward_in_bf16(wx, kind: str) -> None:
     got = lin(xb)
     assert got.dtype == torch.bfloat16
     assert _rel(got, xb.float() @ lin.dequantize().t() + bias.cuda()) < 1e-2
+
+
+def test_int8_weight_at_an_odd_address_is_copied_aligned() -> None:
+    """A weight viewed into a larger buffer (as from a safetensors file) starts anywhere;
+    torch's AVX-512 int8 kernel segfaulted on one at 8 bytes past a 64-byte boundary."""
+    w = Int8Linear.from_float(torch.randn(N, K)).qweight
+    buf = torch.empty(N * K + 8, dtype=torch.int8)
+    buf[8:] = w.flatten()
+    odd = buf[8:].view(N, K)
+    assert odd.data_ptr() % int8_mod.ALIGN_BYTES != 0
+    lin = Int8Linear(odd, torch.ones(N), None)
+    assert lin.qweight.data_ptr() % int8_mod.ALIGN_BYTES == 0
+    assert torch.equal(lin.qweight, w)
+    x = torch.randn(3, K)  # few rows: torch's packed int8 kernel
+    assert _rel(lin(x), x @ w.float().T) < 1e-2  # bf16 activations' rounding
