@@ -64,19 +64,24 @@ def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
 
 
-@pytest.mark.parametrize("arch,dtype,kv_heads,tied", [
-    ("llama", "bfloat16", 2, False),  # GQA 4:2
-    ("llama", "bfloat16", 4, True),   # MHA, the embedding table shared with lm_head
-    ("qwen2", "bfloat16", 2, False),  # qkv bias (held in fp32)
-    ("qwen3", "bfloat16", 2, False),  # q/k norms, head_dim 32
-    ("llama", "float16", 2, False),
+@pytest.mark.parametrize("arch,dtype,kv_heads,tied,kv_dtype", [
+    ("llama", "bfloat16", 2, False, "auto"),  # GQA 4:2
+    ("llama", "bfloat16", 4, True, "auto"),   # MHA, the embedding table shared with lm_head
+    ("qwen2", "bfloat16", 2, False, "auto"),  # qkv bias (held in fp32)
+    ("qwen3", "bfloat16", 2, False, "auto"),  # q/k norms, head_dim 32
+    ("llama", "float16", 2, False, "auto"),
+    ("llama", "bfloat16", 2, False, "int8"),  # bf16 weights over the int8 cache
 ])
 def test_fused_16bit_matches_the_upcast_torch_path(make_engine, tiny_dir, arch, dtype, kv_heads,
-                                                   tied):
+                                                   tied, kv_dtype):
     engine = make_engine(model=str(tiny_dir(arch, kv_heads, tie_word_embeddings=tied)),
-                         dtype=dtype, num_blocks=40, block_size=4)
+                         dtype=dtype, num_blocks=40, block_size=4, kv_cache_dtype=kv_dtype)
     runner = engine.runner
-    assert runner.fused is not None and runner.kv_cache.dtype == DTYPES[dtype]
+    int8_kv = kv_dtype == "int8"
+    assert runner.fused is not None
+    assert runner.kv_cache.dtype == (torch.int8 if int8_kv else DTYPES[dtype])
+    # the int8 backend quantizes what it is given (fp32 here) and attends in the query's dtype
+    backend = runner.backend if int8_kv else _UpcastCacheBackend()
     bs = runner.block_size
     upcast = copy.deepcopy(runner.model).float()  # the same numbers, in fp32
     kv_nat, kv_ref, kv_torch = (torch.zeros_like(runner.kv_cache) for _ in range(3))
@@ -89,7 +94,7 @@ def test_fused_16bit_matches_the_upcast_torch_path(make_engine, tiny_dir, arch, 
     for i, ids in enumerate(steps):
         positions = list(range(pos, pos + len(ids)))
         nat = runner.fused(ids, positions, [0] * len(ids), [table], kv_nat, range(len(ids)))
-        ref = _forward(upcast, _UpcastCacheBackend(), ids, positions, table, kv_ref, bs)
+        ref = _forward(upcast, backend, ids, positions, table, kv_ref, bs)
         # fp32 summation order, and where it tips a K/V rounding one 16-bit ulp there
         assert _rel(nat, ref) < 1e-4, (i, _rel(nat, ref))
         assert torch.equal(nat.argmax(-1), ref.argmax(-1)), i
@@ -100,6 +105,11 @@ def test_fused_16bit_matches_the_upcast_torch_path(make_engine, tiny_dir, arch, 
     written = kv_ref.flatten(4).abs().sum(-1) > 0  # [L, 2, blocks, bs]: slots written
     assert written.sum() == 2 * runner.kv_cache.shape[0] * pos  # every row's K and V, each layer
     assert torch.equal(written, kv_nat.flatten(4).abs().sum(-1) > 0)
+    if int8_kv:  # the same rounding of nearly equal K/V: codes equal or off by one
+        hd = runner.kv_cache.shape[-1] - 4
+        diff = (kv_nat[..., :hd].int() - kv_ref[..., :hd].int()).abs()
+        assert diff.max().item() <= 1 and diff.float().mean().item() < 1e-3
+        return
     # the same rounding: codes equal, but for a few that summation order moved an ulp or two
     # (one in an earlier layer's K/V moves later layers' values a little)
     apart = _ulps_apart(kv_nat, kv_ref)
