@@ -1,12 +1,16 @@
 """Step time by query rows: the fused native forward against the torch path, same weights.
 
     python -m bench.native_rows [--rows 1,2,4,8,16,32,64] [--repeats 5] [--threads 2]
+                                [--weights auto|float32|bfloat16|float16]
 
-SmolLM2 with the default weights (``auto``: the GGUF's Q4_1 and Q8_0 blocks) on the native
+``--weights auto`` (the default): SmolLM2 with the GGUF's Q4_1 and Q8_0 blocks on the native
 side; the torch side is the same blocks as Int4Linear with the native kernels off (torch's
-int4 kernel below 64 rows, dequantized fp32 GEMM above). Two shapes per row count: ``decode``
-(``rows`` sequences at 256 cached tokens each, one row each: a batched decode step) and
-``chunk`` (one sequence, ``rows`` query rows after 256 cached tokens: a prefill chunk).
+int4 kernel below 64 rows, dequantized fp32 GEMM above). A dtype: the dense model in that dtype
+on both sides (the native side widens 16-bit weights in registers; torch runs its own bf16 /
+fp16 ops, with fp32 shadow weights for large steps where the CPU has no bf16 arithmetic).
+Two shapes per row count: ``decode`` (``rows`` sequences at 256 cached tokens each, one row
+each: a batched decode step) and ``chunk`` (one sequence, ``rows`` query rows after 256
+cached tokens: a prefill chunk).
 Prints ms per step, tokens/s and the ratio; the tiled path's threshold
 (engine/native/gemm_tiled.h ``TILED_MIN_ROWS``) is read off it.
 """
@@ -78,18 +82,29 @@ def main() -> None:
     ap.add_argument("--modes", default="decode,chunk")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default="auto",
+                    choices=["auto", "float32", "bfloat16", "float16"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     row_counts = [int(r) for r in args.rows.split(",")]
-    blocks = max(row_counts) * BLOCKS_PER_SEQ + 8
-    native = LLM("smollm2", progress=False, dtype="float32", num_blocks=blocks).engine.runner
-    plain = LLM("smollm2", progress=False, dtype="float32", quantization="int4", num_blocks=blocks,
-                use_native_kernels=False).engine.runner
+    modes = args.modes.split(",")
+    blocks = max(max(row_counts) * BLOCKS_PER_SEQ if "decode" in modes else 0,
+                 (CTX + max(row_counts)) // 16 + 2) + 8
+    if args.weights == "auto":
+        native_kw = {"dtype": "float32"}
+        plain_kw = {"dtype": "float32", "quantization": "int4"}
+    else:
+        native_kw = plain_kw = {"dtype": args.weights, "quantization": "none"}
+    native = LLM("smollm2", progress=False, num_blocks=blocks, **native_kw).engine.runner
+    plain = LLM("smollm2", progress=False, num_blocks=blocks, use_native_kernels=False,
+                **plain_kw).engine.runner
     if native.fused is None:
         raise SystemExit("the fused native forward is unavailable here")
+    print(f"weights {args.weights}: the fused forward reads {native.fused.weight_bytes() / 2**20:.0f}"
+          f" MiB a step; threads {args.threads}")
     print(f"{'shape':>7} {'rows':>5} {'native ms':>10} {'tok/s':>7} {'torch ms':>10} "
           f"{'torch/native':>13}")
-    for mode in args.modes.split(","):
+    for mode in modes:
         for rows in row_counts:
             step = _shape(rows, mode, native.block_size)
             samples = [i for i in range(rows) if mode == "decode" or i == rows - 1]

@@ -53,7 +53,10 @@ def load_checkpoint(
     if arch.sliding_window:  # we attend over the full context: stay where that is exact
         limit = min(limit, arch.sliding_window)
     max_model_len = min(mc.max_model_len or limit, limit)
-    model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch))
+    # the native fused forward widens bf16 weights itself: no fp32 copies for torch's GEMMs
+    # (the model runner makes them if that path refuses the model after all)
+    model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
+                             fp32_shadows=not (native and device.type == "cpu"))
     packed = native and device.type == "cpu" and dtype == torch.float32
     weights = quantize_model(model, mc.quantization, gguf_source(mc.model), packed)
     held = weight_bytes(model)

@@ -98,8 +98,8 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"  # torch | triton | auto (triton on CUDA)
     use_cuda_graphs: bool = True  # replay decode steps from CUDA graphs on CUDA devices
-    # CPU, fp32 model (quantized or not): every step takes the fused native forward and
-    # quantized layers are PackedLinear (engine/native); off, or without a compiler, torch ops.
+    # CPU (fp32, bf16 or fp16 model): every step takes the fused native forward and an fp32
+    # model's quantized layers are PackedLinear (engine/native); off, or no compiler: torch ops.
     use_native_kernels: bool = True
 
     def __post_init__(self) -> None:

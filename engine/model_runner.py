@@ -5,10 +5,11 @@
                               ──> logits of each sampling request's last row [n, V]
                                   (+ every prompt-scoring row, prompt_logprobs: [m, V])
 
-On the CPU an fp32 model (quantized or not) runs every step through engine/native's fused
-forward: one native call instead of ~450 torch ops, quantized matrix-vector products at memory
-speed for decodes, a tiled GEMM for batched decodes and prefill chunks, and the prefill role's
-layer hook called back between layers.
+On the CPU an fp32, bf16 or fp16 model (quantized or not) runs every step through
+engine/native's fused forward: one native call instead of ~450 torch ops, matrix-vector
+products at memory speed for decodes (16-bit weights read as they are), a tiled GEMM for
+batched decodes and prefill chunks, and the prefill role's layer hook called back between
+layers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledRequest
 from engine.cuda_graphs import DecodeGraphs
 from engine.models.arch import ModelArch
+from engine.models.linear import attach_fp32_shadows
 from engine.models.llama import LlamaForCausalLM
 from engine.prompt_logprobs import prompt_rows
 from engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
@@ -65,20 +67,19 @@ class ModelRunner:
                 -(-rc.max_model_len // rc.block_size), rc.block_size,
             )
         self.fused = None
-        if rc.native_kernels and rc.device.type == "cpu" and self.kv_cache.dtype in (
-            torch.float32, torch.int8
-        ):
+        if rc.native_kernels and rc.device.type == "cpu":
             from engine.native import FusedForward, unsupported_reason
 
-            reason = unsupported_reason(model)
+            reason = unsupported_reason(model, self.kv_cache.dtype)
             if reason is None:
                 from engine.native import huge_pages
 
                 huge_pages.gather(model)  # one 2 MiB-paged buffer: fewer TLB misses a step
                 self.fused = FusedForward(model)
                 log.info("fused native CPU forward on")
-            else:
+            else:  # torch ops serve it: a bf16 model gets fp32 copies for large steps
                 log.info("fused native CPU forward off: %s", reason)
+                attach_fp32_shadows(model)
 
     @staticmethod
     def kv_bytes_per_block(

@@ -20,4 +20,4 @@ class RunnerConfig:
     max_model_len: int
     kv_cache_dtype: str = "auto"  # "auto" (= dtype) | "int8" (+ a scale per head vector)
     cuda_graph_batch: int = 0  # largest decode batch captured in CUDA graphs (0: none)
-    native_kernels: bool = False  # CPU fp32: small steps through engine/native's fused forward
+    native_kernels: bool = False  # CPU: every step through engine/native's fused forward

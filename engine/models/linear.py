@@ -6,7 +6,8 @@ Two measured facts about the 2-core AMD EPYC (AVX2) dev box shape this file:
 - torch's bf16 GEMM without AVX512-BF16 runs at ~15 GFLOP/s against ~50-120 for fp32. A bf16
   GEMM accumulates in fp32 and rounds once, so for bf16 models we keep, next to the bf16
   weights (read by bandwidth-bound small-batch steps), an fp32 copy used for steps with at
-  least ``SHADOW_MIN_ROWS`` rows, where compute is the limit.
+  least ``SHADOW_MIN_ROWS`` rows, where compute is the limit. Where engine/native's fused
+  forward serves the model, nothing runs these layers' forward and no copy is made.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.platform import onednn_linear_available
+from engine.platform import cpu_has_native_bf16, onednn_linear_available
 
 SHADOW_MIN_ROWS = 8
 
@@ -40,10 +41,14 @@ class Linear(nn.Linear):
 
 
 def attach_fp32_shadows(model: nn.Module) -> int:
-    """Give every bf16 ``Linear`` of a CPU model an fp32 shadow; returns the bytes added."""
+    """Give every bf16 CPU ``Linear`` without one an fp32 shadow, when the CPU has no bf16
+    arithmetic; returns the bytes added."""
+    if cpu_has_native_bf16():
+        return 0
     added = 0
     for module in model.modules():
-        if isinstance(module, Linear) and module.weight.dtype == torch.bfloat16:
+        if (isinstance(module, Linear) and module.weight.dtype == torch.bfloat16
+                and module.weight.device.type == "cpu" and module.shadow_weight is None):
             module.shadow_weight = module.weight.detach().float()
             if module.bias is not None:
                 module.shadow_bias = module.bias.detach().float()

@@ -21,7 +21,6 @@ from engine.errors import ModelLoadError
 from engine.models.arch import ModelArch, rotary_tables
 from engine.models.linear import attach_fp32_shadows
 from engine.models.llama import LlamaForCausalLM
-from engine.platform import cpu_has_native_bf16
 from engine.quant.apply import set_module
 from engine.quant.prequantized import (
     PrequantizedFormat,
@@ -60,13 +59,16 @@ def load_model(
     max_positions: int,
     progress: bool = True,
     config: tuple[Any, ModelArch] | None = None,
+    fp32_shadows: bool = True,
 ) -> tuple[LlamaForCausalLM, ModelArch]:
     """Instantiate our model for the checkpoint at ``path`` and load its weights.
 
     A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors: engine/quant/prequantized) gets
     its quantized linears as Int4Linear / Int8Linear built from the stored values, with no
     float copy of them ever made; ``model.quant_format`` names the format ("none" if dense).
-    ``config`` is ``read_arch(path)``'s result when the caller already has it."""
+    ``config`` is ``read_arch(path)``'s result when the caller already has it.
+    ``fp32_shadows``: give a CPU bf16 model's linears their fp32 copies for the torch path
+    (engine/models/linear.py); off where the native fused forward will serve it."""
     hf_config, arch = config or read_arch(path)
     fmt = detect_format(path)
     tensors = _open_tensors(path)
@@ -91,7 +93,7 @@ def load_model(
         log.info("pre-quantized checkpoint %s: %d of %d linear layers quantized (%d decoder "
                  "layers, lm_head %s)", fmt.label, len(quantized), len(linears),
                  arch.num_layers, "quantized" if "lm_head" in quantized else "not quantized")
-    if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_native_bf16():
+    if fp32_shadows and device.type == "cpu" and dtype == torch.bfloat16:
         attach_fp32_shadows(model)
     return model, arch
 

@@ -1,5 +1,5 @@
-"""Native CPU kernels (AVX2): a fused whole-model forward for every CPU step of an fp32 model,
-and PackedLinear, the layout quantized weights are held in on the CPU.
+"""Native CPU kernels (AVX2): a fused whole-model forward for every CPU step of an fp32, bf16
+or fp16 model, and PackedLinear, the layout quantized weights are held in on the CPU.
 
 ``decode_step.cpp`` is compiled on first use (or by ``python -m engine.native``) and loaded
 with ctypes; without a compiler or AVX2 the engine runs its torch path unchanged.

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 def cpu_supported() -> bool:

@@ -10,14 +10,17 @@
 // Numerics follow engine/models/llama.py in fp32 with one difference: activations entering a
 // quantized linear are quantized to int16 in blocks of 32 (one fp32 scale per block), so the
 // inner products run on integers (_mm256_madd_epi16), as llama.cpp does with int8 ones.
-// Unquantized fp32 linears multiply fp32 activations.
+// Unquantized linears (fp32, or a bf16/fp16 model's own 16-bit weights, widened in registers)
+// multiply fp32 activations: a bf16 model runs here as its weights upcast to fp32 would, not
+// with the torch path's bf16 activations.
 //
 // Weight formats and the few-row loops: quant_linear.h; many rows (batched decodes, prefill
-// chunks): gemm_tiled.h. Attention: paged_attention.h. The embedding table may be a quantized
-// Lin (a GGUF's Q8_0 token_embd, shared with the tied lm_head): rows are dequantized on use.
-// KV cache: the engine's layout, fp32 [L, 2, num_blocks, block_size, Hkv, hd] or int8
-// [L, 2, num_blocks, block_size, Hkv, hd + 4] (each head vector's fp32 scale in its last 4
-// bytes; engine/quant/kv_int8.py), written and read with the same rounding as the torch path.
+// chunks): gemm_tiled.h. Attention: paged_attention.h. The embedding table may be a Lin of any
+// kind (a GGUF's Q8_0 token_embd shared with the tied lm_head, a bf16 model's own table):
+// rows are widened on use. KV cache: the engine's layout, fp32, bf16 or fp16
+// [L, 2, num_blocks, block_size, Hkv, hd] or int8 [L, 2, num_blocks, block_size, Hkv, hd + 4]
+// (each head vector's fp32 scale in its last 4 bytes; engine/quant/kv_int8.py), written and
+// read with the same rounding as the torch path.
 // Rows: row r is token ids[r] at position pos[r] of sequence seq[r]; it attends to positions
 // 0..pos[r] of its sequence (keys of all rows of this call are written before attending, so
 // several rows of one sequence, e.g. speculative drafts, are causal among themselves).
@@ -48,7 +51,7 @@ struct ModelDesc {
   int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, vocab;
   int32_t max_positions;
   float eps;
-  const float* embed;  // [vocab, hidden]
+  const float* embed;  // [vocab, hidden] fp32, or null: embed_lin
   const float* cos;    // [max_positions, head_dim]
   const float* sin;
   const float* final_norm;
@@ -88,8 +91,9 @@ struct Step {
   int32_t table_width;
   int32_t block_size;
   int32_t num_blocks;
-  void* kv;         // [L, 2, num_blocks, block_size, Hkv, hd (+ 4 for int8)]
-  int32_t kv_int8;  // 0: fp32 cache, 1: int8 cache with per-head-vector scales
+  void* kv;           // [L, 2, num_blocks, block_size, Hkv, hd (+ 4 for int8)]
+  int32_t kv_format;  // tnd::KVFormat: 0 fp32, 1 int8 with per-head-vector scales, 2 bf16,
+                      // 3 fp16
   // Called (on the calling thread) once layer l's K/V are in the cache; nonzero stops the
   // forward (it returns -2). May be null.
   int32_t (*layer_done)(int32_t layer);
@@ -109,7 +113,7 @@ inline void silu_mul(const float* g, const float* u, float* a, int n) {
 
 extern "C" {
 
-int tnd_abi_version() { return 3; }
+int tnd_abi_version() { return 4; }
 
 void* tnd_model_create(const ModelDesc* desc) {
   auto* m = new Model{*desc, std::vector<Layer>(desc->layers, desc->layers + desc->num_layers)};
@@ -140,7 +144,7 @@ int tnd_embed(const Lin* w, const int64_t* ids, int n, float* out) {
 
 namespace {
 
-template <bool Int8>
+template <int F>
 int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample_rows,
             int num_samples, float* logits, int threads) {
   const int H = md.hidden, nh = md.num_heads, nkv = md.num_kv_heads, hd = md.head_dim;
@@ -173,7 +177,7 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
       tnd::lin_row(md.embed_lin, st->ids[r], dst);
     }
   }
-  const int head_bytes = tnd::KVHead<Int8>::bytes(hd);
+  const int head_bytes = tnd::KVHead<F>::bytes(hd);
   const size_t slot_bytes = static_cast<size_t>(nkv) * head_bytes;
   const size_t kv_half = static_cast<size_t>(st->num_blocks) * bs * slot_bytes;  // bytes
   const size_t layer_stride = 2 * kv_half;
@@ -203,11 +207,11 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
       for (int i = 0; i < nh; ++i) rope(q + i * hd, c, s, hd);
       for (int i = 0; i < nkv; ++i) rope(k + i * hd, c, s, hd);
       for (int i = 0; i < nkv; ++i) {
-        tnd::store_head<Int8>(k + i * hd, hd, kc + slot[r] * slot_bytes + i * head_bytes);
-        tnd::store_head<Int8>(v + i * hd, hd, vc + slot[r] * slot_bytes + i * head_bytes);
+        tnd::store_head<F>(k + i * hd, hd, kc + slot[r] * slot_bytes + i * head_bytes);
+        tnd::store_head<F>(v + i * hd, hd, vc + slot[r] * slot_bytes + i * head_bytes);
       }
     }
-    tnd::paged_attention<Int8>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
+    tnd::paged_attention<F>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
                          att.data(), threads);
     tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
 #pragma omp parallel for num_threads(threads) if (par)
@@ -242,13 +246,18 @@ extern "C" {
 // rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 (with
 // nothing written) when a position is outside the RoPE table, a block a position needs is
 // missing from its table or outside the cache, a token id is outside the vocabulary, or a
-// sample row is not one of the rows; -2 when the layer callback asked to stop. The caller
-// checks that seq[r] indexes a table.
+// sample row is not one of the rows or the KV format is unknown; -2 when the layer callback
+// asked to stop. The caller checks that seq[r] indexes a table.
 int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
                 int num_samples, float* logits, int threads) {
   const ModelDesc& md = static_cast<Model*>(model)->desc;
-  return st->kv_int8 ? forward<true>(md, st, rows, sample_rows, num_samples, logits, threads)
-                     : forward<false>(md, st, rows, sample_rows, num_samples, logits, threads);
+  switch (st->kv_format) {
+    case tnd::KV_F32: return forward<tnd::KV_F32>(md, st, rows, sample_rows, num_samples, logits, threads);
+    case tnd::KV_I8: return forward<tnd::KV_I8>(md, st, rows, sample_rows, num_samples, logits, threads);
+    case tnd::KV_BF16: return forward<tnd::KV_BF16>(md, st, rows, sample_rows, num_samples, logits, threads);
+    case tnd::KV_F16: return forward<tnd::KV_F16>(md, st, rows, sample_rows, num_samples, logits, threads);
+    default: return -1;
+  }
 }
 
 }  // extern "C"

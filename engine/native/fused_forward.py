@@ -1,19 +1,25 @@
-"""The whole-model forward of ``decode_step.cpp`` for an fp32 Llama on the CPU.
+"""The whole-model forward of ``decode_step.cpp`` for a Llama on the CPU.
 
     FusedForward(model)         reads each PackedLinear (the CPU layout of quantized layers,
-                                engine/native/packed_linear.py) and fp32 linear in place; an
-                                Int4Linear/Int8Linear is packed once (a copy); hands the C side
-                                a table of pointers (tensors kept alive here)
+                                engine/native/packed_linear.py) and each fp32, bf16 or fp16
+                                linear and embedding table in place; an Int4Linear/Int8Linear
+                                of an fp32 model is packed once (a copy); norms are held in
+                                fp32 (a copy for a bf16/fp16 model: small); hands the C side a
+                                table of pointers (tensors kept alive here)
     fused(rows..., kv_cache)    one ctypes call per step (the GIL is released inside): embeds
-                                (a quantized table's rows dequantized on use), the layers, the
-                                final norm, lm_head for the sampling rows; a layer hook is
-                                called back between layers
+                                (a quantized or 16-bit table's rows widened on use), the
+                                layers, the final norm, lm_head for the sampling rows; a layer
+                                hook is called back between layers
 
-It serves every CPU step of an fp32 model, decodes and prefill chunks alike: few-row steps run
-the integer matrix-vector loops, many-row steps the tiled fp32 GEMM. The model runner keeps
-torch for what this path does not cover (bf16 or fp16 models, no compiler). The KV cache may
-be fp32 or int8 with per-head-vector scales (engine/quant/kv_int8.py), written with the torch
-path's rounding.
+It serves every CPU step of an fp32, bf16 or fp16 model, decodes and prefill chunks alike:
+few-row steps run the matrix-vector loops (integer ones for quantized weights), many-row steps
+the tiled fp32 GEMM. Activations are fp32 throughout: a bf16/fp16 model's weights are widened
+in registers, so it computes what the same weights upcast to fp32 compute (closer to fp32 than
+the torch path's bf16 activations), reading half the bytes. The model runner keeps torch for
+what this path does not cover (no compiler, a quantized layer of a bf16/fp16 model not in the
+kernels' layout). The KV cache may be fp32, bf16 or fp16 (a 16-bit model's own cache dtype,
+rounded to nearest even as torch rounds) or int8 with per-head-vector scales
+(engine/quant/kv_int8.py), written with the torch path's rounding.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from torch import nn
 
 from engine.models.llama import LlamaForCausalLM
 from engine.native.build import load
-from engine.native.packed_linear import KIND_F32, LinStruct, PackedEmbedding, PackedLinear
+from engine.native.packed_linear import FLOAT_KINDS, LinStruct, PackedEmbedding, PackedLinear
 from engine.quant.int4 import Int4Linear
 from engine.quant.int8 import Int8Linear
 from engine.quant.kv_int8 import storage_head_dim
@@ -38,6 +44,8 @@ QK = 32
 _F = ctypes.POINTER(ctypes.c_float)
 _U8 = ctypes.POINTER(ctypes.c_uint8)
 _LinTypes = (PackedLinear, Int4Linear, Int8Linear, nn.Linear)
+# KV cache dtype -> decode_step.cpp's Step::kv_format (tnd::KVFormat)
+KV_FORMATS = {torch.float32: 0, torch.int8: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
 _Lin = LinStruct
@@ -64,19 +72,24 @@ class _Step(ctypes.Structure):
     _fields_ = [("ids", ctypes.c_void_p), ("pos", ctypes.c_void_p), ("seq", ctypes.c_void_p),
                 ("block_tables", ctypes.c_void_p), ("table_width", ctypes.c_int32),
                 ("block_size", ctypes.c_int32), ("num_blocks", ctypes.c_int32),
-                ("kv", ctypes.c_void_p), ("kv_int8", ctypes.c_int32),
+                ("kv", ctypes.c_void_p), ("kv_format", ctypes.c_int32),
                 ("layer_done", _LAYER_DONE)]
 
 
 class NativeLinear:
     """A linear layer as the kernels see it: a :class:`PackedLinear` read in place, an
-    Int4Linear/Int8Linear packed into one (a copy: tests and benches), or an fp32 ``nn.Linear``
-    read in place (holds what it points at)."""
+    Int4Linear/Int8Linear packed into one (a copy: tests and benches), or an fp32, bf16 or fp16
+    ``nn.Linear`` (or ``nn.Embedding`` table, ``[V, H]`` as a linear of V outputs) read in place
+    (holds what it points at)."""
 
-    def __init__(self, layer: PackedLinear | Int4Linear | Int8Linear | nn.Linear) -> None:
-        if layer.in_features % QK:
-            raise ValueError(f"in_features {layer.in_features} is not a multiple of {QK}")
-        self.out_features, self.in_features = layer.out_features, layer.in_features
+    def __init__(self, layer: PackedLinear | Int4Linear | Int8Linear | nn.Linear | nn.Embedding,
+                 ) -> None:
+        if isinstance(layer, nn.Embedding):
+            self.out_features, self.in_features = layer.num_embeddings, layer.embedding_dim
+        else:
+            self.out_features, self.in_features = layer.out_features, layer.in_features
+        if self.in_features % QK:
+            raise ValueError(f"in_features {self.in_features} is not a multiple of {QK}")
         self.tensors: list[torch.Tensor] = []
         if isinstance(layer, Int4Linear):
             layer = PackedLinear.from_int4(layer)
@@ -87,20 +100,23 @@ class NativeLinear:
             self.kind = layer.kind
             self.tensors = [t for t in (layer.q, layer.d, layer.m, layer.bias) if t is not None]
             return
-        if layer.weight.dtype != torch.float32:
-            raise ValueError(f"unquantized weights must be fp32, not {layer.weight.dtype}")
-        w = layer.weight.detach().contiguous()
-        bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
+        kind = FLOAT_KINDS.get(layer.weight.dtype)
+        if kind is None:
+            raise ValueError(f"unquantized weights must be fp32, bf16 or fp16, not "
+                             f"{layer.weight.dtype}")
+        w = layer.weight.detach().contiguous()  # the model's own tensor: nothing is copied
+        lb = getattr(layer, "bias", None)
+        bias = None if lb is None else lb.detach().float().contiguous()
         self.tensors = [t for t in (w, bias) if t is not None]
-        self.kind = KIND_F32
-        self.struct = _Lin(KIND_F32, self.out_features, self.in_features,
+        self.kind = kind
+        self.struct = _Lin(kind, self.out_features, self.in_features,
                            ctypes.cast(w.data_ptr(), _U8), ctypes.cast(None, _F),
                            ctypes.cast(None, _F),
                            ctypes.cast(None if bias is None else bias.data_ptr(), _F))
 
     def __call__(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """``x`` ``[M, K]`` fp32 -> ``[M, N]`` through the kernel (int16 activations for
-        quantized weights on few rows, fp32 on many)."""
+        quantized weights on few rows, fp32 otherwise)."""
         lib = load()
         if lib is None:
             raise RuntimeError("native kernels are unavailable on this machine")
@@ -111,18 +127,27 @@ class NativeLinear:
         return y
 
 
-def unsupported_reason(model: LlamaForCausalLM) -> str | None:
-    """Why :class:`FusedForward` cannot run ``model`` (``None`` when it can)."""
+def unsupported_reason(model: LlamaForCausalLM, kv_dtype: torch.dtype | None = None,
+                       ) -> str | None:
+    """Why :class:`FusedForward` cannot run ``model`` (over a KV cache of ``kv_dtype``, when
+    given); ``None`` when it can."""
     if load() is None:
         return "native kernels unavailable"
+    if kv_dtype is not None and kv_dtype not in KV_FORMATS:
+        return f"a {kv_dtype} KV cache"
+    dtype = model.norm.weight.dtype  # the model's own float dtype (norms are never quantized)
+    if dtype not in FLOAT_KINDS:
+        return f"a {dtype} model"
     embed = model.embed_tokens
     if isinstance(embed, PackedEmbedding):
         if embed.table.q.device.type != "cpu":
             return "model is not on the CPU"
-    elif embed.weight.dtype != torch.float32:
-        return "activations are not fp32"
+    elif embed.weight.dtype not in FLOAT_KINDS:
+        return f"the embedding table holds {embed.weight.dtype}"
     elif embed.weight.device.type != "cpu":
         return "model is not on the CPU"
+    elif embed.embedding_dim % QK:
+        return f"hidden size {embed.embedding_dim} is not a multiple of {QK}"
     linears = [model.lm_head]
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -130,13 +155,17 @@ def unsupported_reason(model: LlamaForCausalLM) -> str | None:
     for lin in linears:
         if not isinstance(lin, _LinTypes) or lin.in_features % QK:
             return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
-        if isinstance(lin, nn.Linear) and lin.weight.dtype != torch.float32:
+        if isinstance(lin, nn.Linear) and lin.weight.dtype not in FLOAT_KINDS:
             return f"a linear layer holds {lin.weight.dtype} weights"
+        if isinstance(lin, Int4Linear | Int8Linear) and dtype != torch.float32:
+            # packing it would copy its weights next to the ones the model holds
+            return f"{type(lin).__name__} layers of a {dtype} model are not in the kernels' layout"
     return None
 
 
 class FusedForward:
-    """One-call forward of an fp32 model (quantized or not) over the paged fp32 KV cache."""
+    """One-call forward of an fp32, bf16 or fp16 model (quantized or not) over the paged KV
+    cache (fp32, bf16, fp16 or int8)."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         reason = unsupported_reason(model)
@@ -167,15 +196,19 @@ class FusedForward:
         norms = [p for n, p in model.named_parameters() if "norm" in n]
         self._weight_bytes = sum(t.numel() * t.element_size() for lin in [*self._keep]
                                  if isinstance(lin, NativeLinear) for t in lin.tensors)
-        self._weight_bytes += sum(p.numel() * p.element_size() for p in norms)
+        self._weight_bytes += sum(p.numel() * 4 for p in norms)  # held in fp32
         cos, sin = model.cos_table.float().contiguous(), model.sin_table.float().contiguous()
         embed = model.embed_tokens
         if isinstance(embed, PackedEmbedding):  # a quantized table, rows dequantized on use
             table = embed.table if embed.table is model.lm_head else NativeLinear(embed.table)
             embed_f, embed_lin = self._f(None), (head if table is model.lm_head else table).struct
             self._keep.append(table)
-        else:
+        elif embed.weight.dtype == torch.float32:
             embed_f, embed_lin = self._f(embed.weight), _Lin()
+        else:  # a bf16/fp16 table read in place (a tied lm_head's too), rows widened on use
+            table = NativeLinear(embed)
+            embed_f, embed_lin = self._f(None), table.struct
+            self._keep.append(table)
         desc = _ModelDesc(
             arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
             arch.intermediate_size, arch.vocab_size, cos.shape[0], arch.rms_norm_eps,
@@ -219,8 +252,9 @@ class FusedForward:
         ``layer_hook(l)`` runs on this thread once layer l's K/V are in the cache (the prefill
         role pushes them from there); an exception it raises ends the step and is re-raised."""
         int8_kv = kv_cache.dtype == torch.int8
-        if not (kv_cache.dtype == torch.float32 or int8_kv) or not kv_cache.is_contiguous():
-            raise ValueError("the fused forward needs a contiguous fp32 or int8 KV cache")
+        if kv_cache.dtype not in KV_FORMATS or not kv_cache.is_contiguous():
+            raise ValueError("the fused forward needs a contiguous fp32, bf16, fp16 or int8 KV "
+                             "cache")
         want = (self.num_layers, 2, self.num_kv_heads,
                 storage_head_dim(self.head_dim, "int8" if int8_kv else "auto"))
         shape = tuple(kv_cache.shape)
@@ -256,7 +290,7 @@ class FusedForward:
         callback = _LAYER_DONE(done) if layer_hook is not None else _LAYER_DONE()
         step = _Step(ids_t.data_ptr(), pos_t.data_ptr(), seq_t.data_ptr(), tables.data_ptr(),
                      width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr(),
-                     int(int8_kv), callback)
+                     KV_FORMATS[kv_cache.dtype], callback)
         rc = self._lib.tnd_forward(
             self._handle, ctypes.byref(step), rows, ctypes.c_void_p(rows_t.data_ptr()),
             len(sample_rows), ctypes.c_void_p(logits.data_ptr()),

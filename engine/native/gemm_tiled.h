@@ -22,18 +22,17 @@
 
 namespace tnd {
 
-
-// 8 fp16 values widened.
-inline __m256 load8_f16(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied).
+// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied; kinds 5 and 6: widened).
 template <int Kind>
 inline void dequant_groups(const Lin& w, int n, int g0, int g1, float* dst) {
   if constexpr (Kind == 3) {
     const float* src = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
     std::copy(src + g0 * QK, src + g1 * QK, dst);
+  } else if constexpr (Kind == 5 || Kind == 6) {
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(w.q) + static_cast<size_t>(n) * w.k;
+    for (int j = g0 * QK; j < g1 * QK; j += 8) {
+      _mm256_storeu_ps(dst + (j - g0 * QK), Kind == 5 ? load8_bf16(src + j) : load8_f16(src + j));
+    }
   } else {
     const int g = w.k / QK;
     const size_t row_groups = static_cast<size_t>(n) * g;
@@ -196,6 +195,8 @@ inline void linear_tiled(const Lin& w, const float* x, int rows, float* y, int l
     case 1: linear_tiled_kind<1>(w, x, rows, y, ldy, accumulate, threads); break;
     case 2: linear_tiled_kind<2>(w, x, rows, y, ldy, accumulate, threads); break;
     case 4: linear_tiled_kind<4>(w, x, rows, y, ldy, accumulate, threads); break;
+    case 5: linear_tiled_kind<5>(w, x, rows, y, ldy, accumulate, threads); break;
+    case 6: linear_tiled_kind<6>(w, x, rows, y, ldy, accumulate, threads); break;
     default: linear_tiled_kind<3>(w, x, rows, y, ldy, accumulate, threads); break;
   }
 }
@@ -208,6 +209,8 @@ inline void lin_row(const Lin& w, int64_t n, float* dst) {
     case 1: dequant_groups<1>(w, row, 0, g, dst); break;
     case 2: dequant_groups<2>(w, row, 0, g, dst); break;
     case 4: dequant_groups<4>(w, row, 0, g, dst); break;
+    case 5: dequant_groups<5>(w, row, 0, g, dst); break;
+    case 6: dequant_groups<6>(w, row, 0, g, dst); break;
     default: dequant_groups<3>(w, row, 0, g, dst); break;
   }
 }

@@ -27,6 +27,10 @@ from engine.quant.int8 import Int8Linear
 
 QK = 32
 KIND_Q4_F32, KIND_Q8_ROW, KIND_Q4_F16, KIND_F32, KIND_Q8_F16 = 0, 1, 2, 3, 4
+# A float model's own weights, read in place (fused_forward.NativeLinear): fp32, or bf16/fp16
+# rows widened to fp32 in registers (quant_linear.h kinds 5, 6); activations stay fp32.
+KIND_BF16, KIND_F16 = 5, 6
+FLOAT_KINDS = {torch.float32: KIND_F32, torch.bfloat16: KIND_BF16, torch.float16: KIND_F16}
 _F = ctypes.POINTER(ctypes.c_float)
 _U8 = ctypes.POINTER(ctypes.c_uint8)
 

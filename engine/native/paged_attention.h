@@ -1,6 +1,7 @@
-// Paged attention for a few query rows over the engine's KV cache (split-K, AVX2): fp32, or
-// int8 with one fp32 scale per head vector (engine/quant/kv_int8.py: hd int8 values, then the
-// scale's 4 bytes; k = q * scale).
+// Paged attention for a few query rows over the engine's KV cache (split-K, AVX2): fp32, bf16
+// or fp16 (a bf16/fp16 model's own cache dtype; values widened on load), or int8 with one fp32
+// scale per head vector (engine/quant/kv_int8.py: hd int8 values, then the scale's 4 bytes;
+// k = q * scale).
 //
 // Rows of one sequence that sit next to each other form a segment (a decode is a segment of
 // one row; speculative verification k+1 rows; a prefill chunk several of MAX_SEGMENT_ROWS). A segment's context is cut into chunks of
@@ -20,6 +21,8 @@
 #include <cstring>
 #include <vector>
 
+#include "half.h"
+
 namespace tnd {
 
 inline float hsum(__m256 v) {
@@ -37,7 +40,7 @@ inline __m256 load8(const int8_t* x) {
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
 }
 
-// sum_i a[i] * b[i], b fp32 or int8.
+// sum_i a[i] * b[i], b fp32, int8, bf16 or fp16.
 template <class T>
 inline float dot(const float* a, const T* b, int n) {
   if (n % 8 == 0) {
@@ -50,7 +53,7 @@ inline float dot(const float* a, const T* b, int n) {
   return s;
 }
 
-// y += w * x, x fp32 or int8.
+// y += w * x, x fp32, int8, bf16 or fp16.
 template <class T>
 inline void axpy(float w, const T* x, float* y, int n) {
   int i = 0;
@@ -90,17 +93,31 @@ inline __m256 reduce8(const __m256* acc) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// One head vector of a cache slot: fp32 values, or int8 values followed by their fp32 scale.
-template <bool Int8>
+// How the cache holds K/V (Step::kv_format in decode_step.cpp).
+enum KVFormat : int { KV_F32 = 0, KV_I8 = 1, KV_BF16 = 2, KV_F16 = 3 };
+
+template <int F> struct KVElem { using T = float; };
+template <> struct KVElem<KV_I8> { using T = int8_t; };
+template <> struct KVElem<KV_BF16> { using T = bf16; };
+template <> struct KVElem<KV_F16> { using T = f16; };
+
+// One head vector of a cache slot: fp32, bf16 or fp16 values, or int8 values followed by
+// their fp32 scale.
+template <int F>
 struct KVHead {
-  static constexpr int bytes(int hd) { return Int8 ? hd + 4 : hd * 4; }
+  using T = typename KVElem<F>::T;
+  static constexpr bool Int8 = F == KV_I8;
+  static constexpr int bytes(int hd) {
+    return Int8 ? hd + 4 : hd * static_cast<int>(sizeof(T));
+  }
+  static const T* vals(const uint8_t* p) { return reinterpret_cast<const T*>(p); }
   static float dot(const float* q, const uint8_t* k, int hd) {
     if constexpr (Int8) {
       float scale;
       std::memcpy(&scale, k + hd, sizeof(float));
-      return tnd::dot(q, reinterpret_cast<const int8_t*>(k), hd) * scale;
+      return tnd::dot(q, vals(k), hd) * scale;
     } else {
-      return tnd::dot(q, reinterpret_cast<const float*>(k), hd);
+      return tnd::dot(q, vals(k), hd);
     }
   }
   static float scale_of(const uint8_t* k, int hd) {
@@ -108,10 +125,7 @@ struct KVHead {
     if constexpr (Int8) std::memcpy(&scale, k + hd, sizeof(float));
     return scale;
   }
-  static __m256 load(const uint8_t* k, int d) {
-    if constexpr (Int8) return load8(reinterpret_cast<const int8_t*>(k) + d);
-    else return load8(reinterpret_cast<const float*>(k) + d);
-  }
+  static __m256 load(const uint8_t* k, int d) { return load8(vals(k) + d); }
   // q . k[j] for 8 head vectors (hd % 8 == 0), one lane each.
   static __m256 dot8(const float* q, const uint8_t* const* k, int hd) {
     __m256 acc[8];
@@ -132,18 +146,19 @@ struct KVHead {
     if constexpr (Int8) {
       float scale;
       std::memcpy(&scale, v + hd, sizeof(float));
-      tnd::axpy(w * scale, reinterpret_cast<const int8_t*>(v), y, hd);
+      tnd::axpy(w * scale, vals(v), y, hd);
     } else {
-      tnd::axpy(w, reinterpret_cast<const float*>(v), y, hd);
+      tnd::axpy(w, vals(v), y, hd);
     }
   }
 };
 
-// Store one head vector into a slot: fp32 as is; int8 exactly as engine/quant/kv_int8.py's
-// quantize_heads (scale = max(amax / 127, 1e-12), q = round-half-even(x / scale)).
-template <bool Int8>
+// Store one head vector into a slot: fp32 as is; bf16 and fp16 rounded as torch rounds (to
+// nearest even); int8 exactly as engine/quant/kv_int8.py's quantize_heads
+// (scale = max(amax / 127, 1e-12), q = round-half-even(x / scale)).
+template <int F>
 inline void store_head(const float* x, int hd, uint8_t* dst) {
-  if constexpr (Int8) {
+  if constexpr (F == KV_I8) {
     float amax = 0.f;
     for (int i = 0; i < hd; ++i) amax = std::fmax(amax, std::fabs(x[i]));
     const float scale = std::fmax(amax / 127.f, 1e-12f);
@@ -152,6 +167,11 @@ inline void store_head(const float* x, int hd, uint8_t* dst) {
       q[i] = static_cast<int8_t>(std::fmin(127.f, std::fmax(-127.f, std::nearbyint(x[i] / scale))));
     }
     std::memcpy(dst + hd, &scale, sizeof(float));
+  } else if constexpr (F == KV_BF16 || F == KV_F16) {
+    for (int i = 0; i < hd; ++i) {
+      const uint16_t h = F == KV_BF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+      std::memcpy(dst + 2 * i, &h, sizeof(h));
+    }
   } else {
     std::memcpy(dst, x, static_cast<size_t>(hd) * sizeof(float));
   }
@@ -169,11 +189,11 @@ struct AttnShape {
 // out[r] (num_heads * head_dim floats) for rows r in [0, rows): row r has query q[r] (rows are
 // q_stride floats apart), position pos[r] (it sees positions 0..pos[r]) and block table
 // tables[r]. k, v: one layer's caches; slot s holds num_kv_heads head vectors (KVHead).
-template <bool Int8>
+template <int F>
 inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, int rows,
                             const int64_t* pos, const int32_t* const* tables, const uint8_t* k,
                             const uint8_t* v, float* out, int threads) {
-  using KV = KVHead<Int8>;
+  using KV = KVHead<F>;
   const int nh = sh.num_heads, hd = sh.head_dim, bs = sh.block_size;
   const int head_bytes = KV::bytes(hd), group = nh / sh.num_kv_heads;
   const size_t slot_bytes = static_cast<size_t>(sh.num_kv_heads) * head_bytes;

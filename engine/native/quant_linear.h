@@ -1,4 +1,4 @@
-// Matrix-vector products for a few activation rows (AVX2): Q4 groups, Q8 rows, fp32 rows.
+// Matrix-vector products for a few activation rows (AVX2): Q4 groups, Q8 rows, float rows.
 //
 // Weight formats (a "Lin"):
 //   kind 0, Q4 groups of 32: q [N, K/32, 16] bytes, element j of a group in the low nibble of
@@ -8,6 +8,9 @@
 //           fewer bytes per weight than kind 0.
 //   kind 3, fp32 rows: q [N, K] float (the model's own weight); activations stay fp32.
 //   kind 4, Q8 groups of 32: q [N, K] int8, d [N, K/32] fp16; w = d * q (GGUF Q8_0 blocks).
+//   kind 5, bf16 rows: q [N, K] bf16 (a bf16 model's own weight), widened in registers (a
+//           16-bit shift); activations stay fp32, as for kind 3.
+//   kind 6, fp16 rows: q [N, K] fp16 (an fp16 model's own weight), widened with F16C.
 // These loops serve steps of a few rows (decodes); gemm_tiled.h serves many rows.
 // For kinds 0, 1, 2 and 4 activations are quantized to int16 in groups of 32 and the products run on
 // integers (_mm256_madd_epi16), accumulated in fp32 once per group.
@@ -21,7 +24,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "paged_attention.h"  // hsum
+#include "half.h"
+#include "paged_attention.h"  // hsum, load8
 
 namespace tnd {
 
@@ -29,7 +33,7 @@ constexpr int QK = 32;  // quantization group (weights and activations)
 
 struct Lin {
   int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows, 2 = Q4 groups with fp16 d and m, 3 = fp32,
-                 // 4 = Q8 groups with fp16 d
+                 // 4 = Q8 groups with fp16 d, 5 = bf16, 6 = fp16
   int32_t n, k;
   const uint8_t* q;
   const float* d;
@@ -207,13 +211,24 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
   }
 }
 
-// out[i] = w[n] . x[r0 + i] for i < R, fp32 weights and activations (rows ldx floats apart).
-// The K loop is unrolled U times so at least four FMA chains are in flight (one chain waits
-// out the FMA latency: 1 row ran at a quarter of the FMA throughput, 9 rows 2.3x one row).
-template <int R>
+// Kinds whose weights are floats (fp32, bf16, fp16): activations stay fp32, nothing is
+// quantized.
+constexpr bool float_kind(int kind) { return kind == 3 || kind == 5 || kind == 6; }
+
+// Weight type of a float kind.
+template <int Kind> struct FloatWeight { using T = float; };
+template <> struct FloatWeight<5> { using T = bf16; };
+template <> struct FloatWeight<6> { using T = f16; };
+
+// out[i] = w[n] . x[r0 + i] for i < R, float weights (fp32, or bf16/fp16 widened on load) and
+// fp32 activations (rows ldx floats apart). The K loop is unrolled U times so at least four
+// FMA chains are in flight (one chain waits out the FMA latency: 1 row ran at a quarter of
+// the FMA throughput, 9 rows 2.3x one row).
+template <int Kind, int R>
 inline void dot_rows_f32(const Lin& w, int n, const float* x, int ldx, int r0, float* out) {
+  using T = typename FloatWeight<Kind>::T;
   constexpr int U = R == 1 ? 4 : 2;
-  const float* wr = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
+  const T* wr = reinterpret_cast<const T*>(w.q) + static_cast<size_t>(n) * w.k;
   const float* xr[R];
   for (int i = 0; i < R; ++i) xr[i] = x + static_cast<size_t>(r0 + i) * ldx;
   __m256 acc[R][U];
@@ -224,14 +239,14 @@ inline void dot_rows_f32(const Lin& w, int n, const float* x, int ldx, int r0, f
   for (; j + 8 * U <= w.k; j += 8 * U) {
     _mm_prefetch(reinterpret_cast<const char*>(wr + j + 128), _MM_HINT_T0);
     for (int u = 0; u < U; ++u) {
-      const __m256 wv = _mm256_loadu_ps(wr + j + 8 * u);
+      const __m256 wv = load8(wr + j + 8 * u);
       for (int i = 0; i < R; ++i) {
         acc[i][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[i] + j + 8 * u), acc[i][u]);
       }
     }
   }
   for (; j < w.k; j += 8) {  // K % 32 == 0, so only when U does not divide K / 8
-    const __m256 wv = _mm256_loadu_ps(wr + j);
+    const __m256 wv = load8(wr + j);
     for (int i = 0; i < R; ++i) acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[i] + j), acc[i][0]);
   }
   for (int i = 0; i < R; ++i) {
@@ -244,12 +259,12 @@ inline void dot_rows_f32(const Lin& w, int n, const float* x, int ldx, int r0, f
 template <int Kind>
 inline void dot_block(const Lin& w, int n, const float* xf, const QuantRows& x, int r0, int cnt,
                       float* out) {
-  if constexpr (Kind == 3) {
+  if constexpr (float_kind(Kind)) {
     switch (cnt) {
-      case 1: dot_rows_f32<1>(w, n, xf, w.k, r0, out); break;
-      case 2: dot_rows_f32<2>(w, n, xf, w.k, r0, out); break;
-      case 3: dot_rows_f32<3>(w, n, xf, w.k, r0, out); break;
-      default: dot_rows_f32<4>(w, n, xf, w.k, r0, out); break;
+      case 1: dot_rows_f32<Kind, 1>(w, n, xf, w.k, r0, out); break;
+      case 2: dot_rows_f32<Kind, 2>(w, n, xf, w.k, r0, out); break;
+      case 3: dot_rows_f32<Kind, 3>(w, n, xf, w.k, r0, out); break;
+      default: dot_rows_f32<Kind, 4>(w, n, xf, w.k, r0, out); break;
     }
   } else {
     switch (cnt) {
@@ -284,15 +299,17 @@ void linear_kind(const Lin& w, const float* xf, const QuantRows& x, int rows, fl
 }
 
 // y [rows, N] (+)= x [rows, K] . w^T (+ bias) for a few rows; x is fp32, quantized into
-// `scratch` first unless the weights are fp32 too.
+// `scratch` first unless the weights are floats.
 inline void linear_rows(const Lin& w, const float* x, int rows, QuantRows& scratch, float* y,
                         int ldy, bool accumulate, int threads) {
-  if (w.kind != 3) scratch.quantize(x, rows, w.k);
+  if (!float_kind(w.kind)) scratch.quantize(x, rows, w.k);
   switch (w.kind) {
     case 0: linear_kind<0>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 1: linear_kind<1>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 2: linear_kind<2>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 4: linear_kind<4>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
+    case 5: linear_kind<5>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
+    case 6: linear_kind<6>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     default: linear_kind<3>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
   }
 }

@@ -1,9 +1,9 @@
 """The native linear kernels and their weight layouts against references.
 
-Every weight kind (Q4 with fp32 or fp16 scales, Q8 per row, Q8 groups, fp32) through every
-row-count class: 1 (decode), 2-7 (the integer loops' row blocks), 8-64 (the tiled path, one
-row block), above 64 (several row blocks), odd N (tile tails), against ``x @ W^T`` with ``W``
-the layer's own fp32 dequantization. The GGUF block layouts are checked against the ``gguf``
+Every weight kind (Q4 with fp32 or fp16 scales, Q8 per row, Q8 groups, fp32, bf16, fp16)
+through every row-count class: 1 (decode), 2-7 (the few-row loops' row blocks), 8-64 (the
+tiled path, one row block), above 64 (several row blocks), odd N (tile tails), against
+``x @ W^T`` with ``W`` the layer's own fp32 dequantization (a 16-bit weight upcast). The GGUF block layouts are checked against the ``gguf``
 package's reference dequantization (llama.cpp's own Python port).
 """
 
@@ -15,6 +15,8 @@ import torch
 
 from engine.native import NativeLinear, load
 from engine.native.packed_linear import (
+    KIND_BF16,
+    KIND_F16,
     KIND_F32,
     KIND_Q4_F16,
     KIND_Q4_F32,
@@ -51,14 +53,19 @@ def _layer(kind: int, n: int, k: int, g: torch.Generator) -> torch.nn.Module:
         return PackedLinear.from_int8(Int8Linear.from_float(w, bias))
     if kind == KIND_Q8_F16:
         return PackedLinear.from_q8_0(_gguf_blocks(w.numpy(), QT.Q8_0), bias)
-    lin = torch.nn.Linear(k, n)
+    dtype = {KIND_BF16: torch.bfloat16, KIND_F16: torch.float16}.get(kind, torch.float32)
+    lin = torch.nn.Linear(k, n, dtype=dtype)
     with torch.no_grad():
         lin.weight.copy_(w)
         lin.bias.copy_(bias)
     return lin
 
 
-@pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16, KIND_F32])
+FLOAT_KINDS = (KIND_F32, KIND_BF16, KIND_F16)
+
+
+@pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16, KIND_F32,
+                                  KIND_BF16, KIND_F16])
 @pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 32, 63, 64, 65, 130])
 def test_linear_matches_the_dequantized_matmul(kind: int, rows: int) -> None:
     g = torch.Generator().manual_seed(kind * 100 + rows)
@@ -66,11 +73,13 @@ def test_linear_matches_the_dequantized_matmul(kind: int, rows: int) -> None:
     layer = _layer(kind, n, k, g)
     native = NativeLinear(layer)
     assert native.kind == kind
-    w = layer.weight if kind == KIND_F32 else layer.dequantize()
+    w = layer.weight.float() if kind in FLOAT_KINDS else layer.dequantize()
     x = torch.randn(rows, k, generator=g) * torch.logspace(-2, 1, k)  # uneven magnitudes
     ref = x.double() @ w.double().T + layer.bias.double()
-    # few rows: int16 activations (~2e-5); many rows: fp32 throughout
-    tol = 1e-4 if rows < 8 and kind != KIND_F32 else 1e-6
+    # few rows of quantized weights: int16 activations (~2e-5); else fp32 summation order
+    tol = 1e-4 if rows < 8 and kind not in FLOAT_KINDS else 1e-6
+    if kind in (KIND_BF16, KIND_F16):  # read in place: the layer's own tensor, no copy
+        assert native.tensors[0].data_ptr() == layer.weight.data_ptr()
     assert _rel(native(x).double(), ref) < tol
     if isinstance(layer, PackedLinear):  # the module's own forward takes the same kernel
         assert torch.equal(layer(x), native(x))
