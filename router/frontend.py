@@ -328,6 +328,9 @@ class Frontend:
         clock.ended = True
         self.metrics.finished("ok")
         self.metrics.e2e.observe(end - clock.arrival)
+        self.metrics.request_generation_tokens.observe(completion)
+        if completion > 1:  # the request's own TPOT: what a TPOT target is met or missed on
+            self.metrics.tpot.observe((end - clock.first) / (completion - 1))
         report = handoff.report
         response.usage.CopyFrom(
             tandem_pb2.Usage(
