@@ -15,7 +15,7 @@
     fixed: {prefill: 1, decode: 1}
     coupled: {ttft_p90_s: 2.0, tpot_p90_s: 0.1, prefill_utilization: 0.7,
               decode_step_share: 0.8, kv_usage: 0.85, max_rows: 64, lead_s: 60,
-              trend_s: 120, max_gain: 4, prefill_token_s: 0, prefill_base_s: 0,
+              trend_s: 60, max_gain: 4, prefill_token_s: 0, prefill_base_s: 0,
               prefill_chunk_tokens: 2048, decode_base_s: 0, decode_row_s: 0}
     request_resources: true  # Ray: ask the cluster autoscaler for nodes ahead of demand
     metrics_port: 0          # >0: serve the decision metrics on this port
@@ -112,7 +112,7 @@ class CoupledTargets:
     kv_usage: float = 0.85  # decode KV usage the pool is sized for
     max_rows: int = 64  # decode rows per step at most (the workers' --max-num-seqs)
     lead_s: float = 60.0  # size for the demand this far ahead (a new worker's start-up)
-    trend_s: float = 120.0  # the demand's trend is fitted over this long
+    trend_s: float = 60.0  # the demand's trend is fitted over this long
     max_gain: float = 4.0  # how far latency feedback may raise the model's sizes
     prefill_token_s: float = 0.0  # priors: seconds per prompt token, per step, ...
     prefill_base_s: float = 0.0

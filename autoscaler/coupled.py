@@ -1,11 +1,18 @@
 """The ``coupled`` policy: both pools sized together from one model of the workload.
 
     demand (the router's counters: every prompt token admitted, wherever it is prefilled;
-            the tokens streamed, or while the decode pool is saturated (requests wait for
-            it, its KV is at target or TPOT misses: streaming is capped, admission is not)
-            requests admitted x the mean tokens of the requests finished, if more)
-                                              λp prompt tokens/s, λo output tokens/s
-      + trend over trend_s, looking lead_s ahead (a new worker's start-up): λ' = λ + max(0, dλ/dt) lead
+            the tokens streamed, or requests admitted x the mean tokens of the requests
+            finished if more, when that is measured on enough admissions or the decode pool
+            is saturated: streaming lags admission by half a stream and is capped by the
+            decode pool)                     λp prompt tokens/s, λo output tokens/s
+      + the prompt demand's trend (counted at admission: one series throughout) over
+        trend_s, projected ahead by lead_s (a new worker's start-up), half a window (a
+        window's rate is its middle's) and the up cooldown (the next chance to add more):
+        a parabola fitted to the trend window, followed while it rises and curves upward
+        (a morning ramp accelerates), else its tangent; never below λp, never past 2 λp.
+        Only a rise the window's noise cannot explain (a line's rise over the window above
+        twice its residuals) is projected; a falling trend is not anticipated. The output
+        demand grows alike: λo' = λo λp' / λp
     capacity (the workers' fitted step costs, autoscaler/capacity.py; priors until fitted)
       prefill  μp = C / (base + per_token C)            at full chunks of C tokens
       decode   B = rows whose step <= share x TPOT target;  μd = B / step(B)
@@ -40,6 +47,8 @@ from autoscaler.roles import ROLES, RoleName
 GAIN_STEP = 1.5  # the most one window's miss raises a gain
 GAIN_DECAY = 0.98  # per decision while latency is well inside its target
 OUTPUT_SMOOTHING = 0.2  # weight of a window's tokens-per-request in the running estimate
+# Admissions in a window for their rate to stand for demand (its noise ~ 1 / sqrt(n): 10%).
+STEADY_ADMISSIONS = 100
 
 
 class CoupledPolicy:
@@ -50,7 +59,7 @@ class CoupledPolicy:
         self.config = config
         self.gain: dict[RoleName, float] = {"prefill": 1.0, "decode": 1.0}
         self._raised_t: dict[RoleName, float] = {"prefill": -math.inf, "decode": -math.inf}
-        self._demand: deque[tuple[float, float, float]] = deque()  # (t, λp, λo)
+        self._demand: deque[tuple[float, float]] = deque()  # (t, λp)
         self._per_request: float | None = None  # output tokens per request, smoothed
 
     def __call__(self, stats: WindowStats, current: Mapping[RoleName, int]
@@ -101,8 +110,8 @@ class CoupledPolicy:
     def _now(self, stats: WindowStats, saturated: bool) -> tuple[float, float]:
         """Prompt and output tokens/s asked for now: the router's counters, else the workers'
         (which miss the prompts the decode workers prefilled themselves). Output: what was
-        streamed, unless the decode pool caps it (``saturated``): then what was admitted.
-        (Admissions over a window shorter than a stream are bursty: not used otherwise.)"""
+        streamed, or what was admitted if more (on enough admissions, or ``saturated``).
+        (A few admissions in a window shorter than a stream are bursty: not used then.)"""
         lp = stats.router_prompt_tokens_per_s
         lo = stats.router_output_tokens_per_s
         lp = stats.prompt_tokens_per_s if lp is None else lp
@@ -111,25 +120,36 @@ class CoupledPolicy:
         if per_request is not None:
             self._per_request = per_request if self._per_request is None else (
                 OUTPUT_SMOOTHING * per_request + (1 - OUTPUT_SMOOTHING) * self._per_request)
-        if (saturated and self._per_request is not None
-                and stats.router_requests_per_s is not None):
-            lo = max(lo, stats.router_requests_per_s * self._per_request)
+        admitted = stats.router_requests_per_s
+        if admitted is not None and self._per_request is not None and (
+                saturated or admitted * stats.span_s >= STEADY_ADMISSIONS):
+            lo = max(lo, admitted * self._per_request)
         return lp, lo
 
     def _ahead(self, t: float, lp: float, lo: float, measured: bool) -> tuple[float, float]:
-        """The demand ``lead_s`` ahead: the current rate plus its rising trend (a falling one
-        is not anticipated: the down-scale window and drains already lag behind it)."""
+        """The demand when workers asked for now serve (see the module docstring): a rising
+        trend projected, a falling one not (the down-scale window and drains lag behind it
+        anyway)."""
         c = self.config.coupled
+        half = self.config.window_s / 2
         history = self._demand
         if not measured:  # a window of one snapshot has no rate yet: not a point of the trend
             return lp, lo
-        history.append((t, lp, lo))
-        while history and t - history[0][0] > c.trend_s:
+        history.append((t - half, lp))  # a window's rate is its middle's
+        while history and history[-1][0] - history[0][0] > c.trend_s:
             history.popleft()
-        if len(history) < 3 or t - history[0][0] < c.trend_s / 4:
+        if len(history) < 4 or history[-1][0] - history[0][0] < c.trend_s / 4 or lp <= 0:
             return lp, lo
-        slope_p, slope_o = _slope(history, 1), _slope(history, 2)
-        return lp + max(0.0, slope_p) * c.lead_s, lo + max(0.0, slope_o) * c.lead_s
+        if not _rising(history):
+            return lp, lo
+        ahead = c.lead_s + half + self.config.cooldown.up_s  # from the newest point
+        value, slope, curve = _parabola(history)
+        if slope <= 0:  # the rise is over (a parabola past its top, or a step's shoulder)
+            return lp, lo
+        tangent = value + slope * ahead
+        bent = tangent + max(0.0, curve) * ahead * ahead
+        lp_ahead = min(max(lp, bent), 2 * lp)
+        return lp_ahead, lo * lp_ahead / lp
 
     # -- feedback ------------------------------------------------------------------------------
     def _adapt(self, role: RoleName, miss: float | None, t: float, starting: bool) -> None:
@@ -199,8 +219,8 @@ def decode_price(stats: WindowStats, config: AutoscaleConfig) -> DecodePrice | N
     def _now(self, stats: WindowStats, saturated: bool) -> tuple[float, float]:
         """Prompt and output tokens/s asked for now: the router's counters, else the workers'
         (which miss the prompts the decode workers prefilled themselves). Output: what was
-        streamed, unless the decode pool caps it (``saturated``): then what was admitted.
-        (Admissions over a window shorter than a stream are bursty: not used otherwise.)"""
+        streamed, or what was admitted if more (on enough admissions, or ``saturated``).
+        (A few admissions in a window shorter than a stream are bursty: not used then.)"""
         lp = stats.router_prompt_tokens_per_s
         lo = stats.router_output_tokens_per_s
         lp = stats.prompt_tokens_per_s if lp is None else lp
@@ -209,9 +229,10 @@ def decode_price(stats: WindowStats, config: AutoscaleConfig) -> DecodePrice | N
         if per_request is not None:
             self._per_request = per_request if self._per_request is None else (
                 OUTPUT_SMOOTHING * per_request + (1 - OUTPUT_SMOOTHING) * self._per_request)
-        if (saturated and self._per_request is not None
-                and stats.router_requests_per_s is not None):
-            lo = max(lo, stats.router_requests_per_s * self._per_request)
+        admitted = stats.router_requests_per_s
+        if admitted is not None and self._per_request is not None and (
+                saturated or admitted * stats.span_s >= STEADY_ADMISSIONS):
+            lo = max(lo, admitted * self._per_request)
         return lp, lo
 
 def _latency_only(serving: int, observed: float | None, target: float, signal: str
@@ -223,15 +244,42 @@ def _latency_only(serving: int, observed: float | None, target: float, signal: s
                     observed, target)
 
 
-def _slope(points: deque[tuple[float, float, float]], i: int) -> float:
-    """Least-squares slope of column ``i`` over time."""
+def _rising(points: deque[tuple[float, float]]) -> bool:
+    """Whether a least-squares line rises over the points by more than twice the scatter of
+    the points about it (noise alone rarely does)."""
     n = len(points)
-    mean_t = sum(p[0] for p in points) / n
-    mean_v = sum(p[i] for p in points) / n
-    var = sum((p[0] - mean_t) ** 2 for p in points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
     if var <= 0:
-        return 0.0
-    return sum((p[0] - mean_t) * (p[i] - mean_v) for p in points) / var
+        return False
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in points) / var
+    scatter = math.sqrt(sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in points) / n)
+    return slope > 0 and slope * (points[-1][0] - points[0][0]) > 2 * scatter
+
+
+def _parabola(points: deque[tuple[float, float]]) -> tuple[float, float, float]:
+    """Least-squares ``v = a + b x + c x^2`` with ``x`` the time since the newest point:
+    (a, b, c) = the fitted value, slope and half the second derivative there."""
+    newest = points[-1][0]
+    xs = [t - newest for t, _ in points]
+    moments = [sum(x ** k for x in xs) for k in range(5)]
+    normal = [[moments[i + j] for j in range(3)] for i in range(3)]
+    rhs = [sum(v * x ** i for x, (_, v) in zip(xs, points, strict=True)) for i in range(3)]
+    det = _det3(normal)
+    if abs(det) < 1e-12 * max(1.0, abs(normal[2][2]) ** 3):
+        return points[-1][1], 0.0, 0.0
+    coefs = []
+    for k in range(3):  # Cramer's rule
+        m = [[rhs[i] if j == k else normal[i][j] for j in range(3)] for i in range(3)]
+        coefs.append(_det3(m) / det)
+    return coefs[0], coefs[1], coefs[2]
+
+
+def _det3(m: list[list[float]]) -> float:
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
 
 
 def _worst(*ratios: float | None) -> float | None:
