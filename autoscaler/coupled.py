@@ -65,13 +65,7 @@ class CoupledPolicy:
     def __call__(self, stats: WindowStats, current: Mapping[RoleName, int]
                  ) -> dict[RoleName, Proposal]:
         c, tol = self.config.coupled, self.config.tolerance
-        c_kv, c_tpot = self.config.coupled.kv_usage, self.config.coupled.tpot_p90_s
-        tpot_now = stats.router_tpot_p90_s if stats.router_tpot_p90_s is not None \
-            else stats.itl_mean_s
-        saturated = (stats.router_waiting >= 1.0 or stats.kv_usage >= c_kv
-                     or (tpot_now is not None and tpot_now > c_tpot))
-        lp, lo = self._now(stats, saturated)
-        lp_ahead, lo_ahead = self._ahead(stats.t, lp, lo, stats.span_s > 0)
+        # The router's figures (what a client sees); the workers' own without a router.
         ttft = stats.router_ttft_p90_s if stats.router_ttft_p90_s is not None \
             else stats.ttft_p90_s
         tpot = stats.router_tpot_p90_s if stats.router_tpot_p90_s is not None \
@@ -80,6 +74,8 @@ class CoupledPolicy:
         tpot_r = None if tpot is None else tpot / c.tpot_p90_s
         # Requests waiting for decode room make TTFT the decode pool's miss.
         decode_bound = stats.router_waiting >= 1.0 or stats.kv_usage >= c.kv_usage
+        lp, lo = self._now(stats, saturated=decode_bound or (tpot_r or 0.0) > 1.0)
+        lp_ahead, lo_ahead = self._ahead(stats.t, lp, lo, stats.span_s > 0)
         miss: dict[RoleName, float | None] = {
             "prefill": None if decode_bound else ttft_r,
             "decode": _worst(tpot_r, ttft_r if decode_bound else None),
