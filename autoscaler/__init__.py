@@ -1,8 +1,10 @@
 """Autoscaling of the prefill and decode pools.
 
-Pure parts (no ray, kubernetes or torch): the metrics window (``metrics``), the YAML config
-(``config``), the policies (``policies``: ``slo``, ``queue``, ``fixed``), the stabilizer that
-adds min/max, cooldowns and hysteresis (``stabilizer``), decisions (``decision``) and their
-Prometheus export (``exporter``), and the control loop (``controller``). Actuators that change
-the world live in ``autoscaler.actuators`` and import ray or kubernetes lazily.
+Pure parts (no ray, kubernetes or torch): the metrics window (``metrics``; the router's
+figures read by ``router_scrape``), the YAML config (``config``), the policies (``policies``:
+``slo``, ``queue``, ``fixed``, and ``coupled`` in ``coupled`` with its per-worker capacity
+model in ``capacity``), the stabilizer that adds min/max, cooldowns and hysteresis
+(``stabilizer``), which workers a scale-down drains (``drains``), decisions (``decision``) and
+their Prometheus export (``exporter``), and the control loop (``controller``). Actuators that
+change the world live in ``autoscaler.actuators`` and import ray or kubernetes lazily.
 """

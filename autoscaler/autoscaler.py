@@ -1,7 +1,8 @@
 """The pure decision loop: snapshot in, one decision per role out.
 
     Snapshot ──> MetricsWindow ──> WindowStats ──> policy ──> Proposal per role
-             ──> Stabilizer ──> Decision per role
+             ──> Stabilizer (+ what may leave now: drains.py) ──> Decision per role
+                 (a decrease names the workers to drain)
 
 No clock, no I/O: time is the snapshot's ``t``, so synthetic traces drive it in tests exactly
 as the controller's scrapes do in a cluster.
@@ -10,9 +11,11 @@ as the controller's scrapes do in a cluster.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from autoscaler.config import AutoscaleConfig
 from autoscaler.decision import Decision
+from autoscaler.drains import drain_options, victims
 from autoscaler.metrics import MetricsWindow, Snapshot
 from autoscaler.policies import build_policy
 from autoscaler.roles import ROLES, RoleName
@@ -34,7 +37,14 @@ class Autoscaler:
         stats = self.window.stats()
         proposals = self._policy(stats, current)
         inputs = stats.as_dict()
-        return [
-            self._stabilizer.decide(snap.t, role, current[role], proposals[role], inputs)
-            for role in ROLES
-        ]
+        decisions = []
+        for role in ROLES:
+            options = drain_options(role, snap, current[role])
+            d = self._stabilizer.decide(snap.t, role, current[role], proposals[role], inputs,
+                                        options.removable)
+            if d.desired < d.current:
+                names = victims(options, snap, role, d.current, d.desired)
+                load = sum(w.queue_depth for w in snap.of(role) if w.worker_id in names)
+                d = replace(d, victims=names, victim_load=load)
+            decisions.append(d)
+        return decisions

@@ -1,6 +1,6 @@
 """Autoscaler configuration: frozen, validated dataclasses built from a YAML file.
 
-    policy: slo            # slo | queue | fixed
+    policy: slo            # slo | queue | fixed | coupled
     interval_s: 5          # scrape + decide period
     window_s: 30           # metrics window the policy sees
     tolerance: 0.1         # hysteresis band: |observed/target - 1| <= tolerance holds still
@@ -13,6 +13,10 @@
           prefill_tokens_per_s: 4000, decode_tokens_per_s: 400, utilization: 0.8}
     queue: {prefill_queue_depth: 4, prefill_queue_tokens: 4096, decode_queue_depth: 16}
     fixed: {prefill: 1, decode: 1}
+    coupled: {ttft_p90_s: 2.0, tpot_p90_s: 0.1, prefill_utilization: 0.7,
+              decode_step_share: 0.8, kv_usage: 0.85, max_rows: 64, lead_s: 60,
+              trend_s: 60, max_gain: 4, prefill_token_s: 0, prefill_base_s: 0,
+              prefill_chunk_tokens: 2048, decode_base_s: 0, decode_row_s: 0}
     request_resources: true  # Ray: ask the cluster autoscaler for nodes ahead of demand
     metrics_port: 0          # >0: serve the decision metrics on this port
 
@@ -28,7 +32,7 @@ from typing import Any
 
 import yaml
 
-POLICIES = ("slo", "queue", "fixed")
+POLICIES = ("slo", "queue", "fixed", "coupled")
 
 
 class AutoscaleConfigError(ValueError):
@@ -97,6 +101,27 @@ class FixedCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class CoupledTargets:
+    """The ``coupled`` policy's SLO (as the router measures it), its sizing model's headroom,
+    and step-cost priors for workers that have not fitted theirs yet (0: none)."""
+
+    ttft_p90_s: float = 2.0  # router: arrival to first token, p90 over the window
+    tpot_p90_s: float = 0.1  # router: per finished request, p90 over the window
+    prefill_utilization: float = 0.7  # busy share a prefill worker is sized for
+    decode_step_share: float = 0.8  # a decode batch's step may take this share of the TPOT
+    kv_usage: float = 0.85  # decode KV usage the pool is sized for
+    max_rows: int = 64  # decode rows per step at most (the workers' --max-num-seqs)
+    lead_s: float = 60.0  # size for the demand this far ahead (a new worker's start-up)
+    trend_s: float = 60.0  # the demand's trend is fitted over this long
+    max_gain: float = 4.0  # how far latency feedback may raise the model's sizes
+    prefill_token_s: float = 0.0  # priors: seconds per prompt token, per step, ...
+    prefill_base_s: float = 0.0
+    prefill_chunk_tokens: int = 2048
+    decode_base_s: float = 0.0
+    decode_row_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class AutoscaleConfig:
     """The whole autoscaler configuration (see the module docstring for the YAML)."""
 
@@ -112,6 +137,7 @@ class AutoscaleConfig:
     slo: SloTargets = field(default_factory=SloTargets)
     queue: QueueTargets = field(default_factory=QueueTargets)
     fixed: FixedCounts = field(default_factory=FixedCounts)
+    coupled: CoupledTargets = field(default_factory=CoupledTargets)
     request_resources: bool = True
     metrics_port: int = 0
 
@@ -129,11 +155,22 @@ class AutoscaleConfig:
             "queue.prefill_queue_tokens": self.queue.prefill_queue_tokens,
             "queue.decode_queue_depth": self.queue.decode_queue_depth,
             "max_step.up": self.max_step.up, "max_step.down": self.max_step.down,
+            "coupled.ttft_p90_s": self.coupled.ttft_p90_s,
+            "coupled.tpot_p90_s": self.coupled.tpot_p90_s,
+            "coupled.prefill_utilization": self.coupled.prefill_utilization,
+            "coupled.decode_step_share": self.coupled.decode_step_share,
+            "coupled.kv_usage": self.coupled.kv_usage, "coupled.max_rows": self.coupled.max_rows,
+            "coupled.trend_s": self.coupled.trend_s,
+            "coupled.prefill_chunk_tokens": self.coupled.prefill_chunk_tokens,
         }
         non_negative = {
             "tolerance": self.tolerance, "stabilization_s": self.stabilization_s,
             "cooldown.up_s": self.cooldown.up_s, "cooldown.down_s": self.cooldown.down_s,
-            "metrics_port": self.metrics_port,
+            "metrics_port": self.metrics_port, "coupled.lead_s": self.coupled.lead_s,
+            "coupled.prefill_token_s": self.coupled.prefill_token_s,
+            "coupled.prefill_base_s": self.coupled.prefill_base_s,
+            "coupled.decode_base_s": self.coupled.decode_base_s,
+            "coupled.decode_row_s": self.coupled.decode_row_s,
         }
         for key, value in positive.items():
             if not value > 0:
@@ -143,6 +180,12 @@ class AutoscaleConfig:
                 raise AutoscaleConfigError(f"{key}: must be >= 0, got {value}")
         if self.slo.kv_usage > 1 or self.slo.utilization > 1:
             raise AutoscaleConfigError("slo.kv_usage and slo.utilization: must be <= 1")
+        c = self.coupled
+        if max(c.prefill_utilization, c.decode_step_share, c.kv_usage) > 1:
+            raise AutoscaleConfigError("coupled.prefill_utilization, coupled.decode_step_share "
+                                       "and coupled.kv_usage: must be <= 1")
+        if c.max_gain < 1:
+            raise AutoscaleConfigError(f"coupled.max_gain: must be >= 1, got {c.max_gain}")
         if self.metrics_port > 65535:
             raise AutoscaleConfigError("metrics_port: must be <= 65535")
         for role in ("prefill", "decode"):
@@ -158,7 +201,7 @@ class AutoscaleConfig:
 
 _SECTIONS: dict[str, type] = {
     "cooldown": Cooldown, "max_step": MaxStep, "prefill": Bounds, "decode": Bounds,
-    "slo": SloTargets, "queue": QueueTargets, "fixed": FixedCounts,
+    "slo": SloTargets, "queue": QueueTargets, "fixed": FixedCounts, "coupled": CoupledTargets,
 }
 
 
@@ -167,7 +210,7 @@ def parse_config(data: Any) -> AutoscaleConfig:
     if not isinstance(data, dict):
         raise AutoscaleConfigError("the autoscale file must be a mapping of keys to values")
     if "policy" not in data:
-        raise AutoscaleConfigError("policy: missing (slo, queue or fixed)")
+        raise AutoscaleConfigError(f"policy: missing ({', '.join(POLICIES)})")
     kwargs: dict[str, Any] = {}
     for f in fields(AutoscaleConfig):
         if f.name not in data:

@@ -2,8 +2,9 @@
 
     every interval_s:
       targets() ──Stats RPC (+ extra latency figures)──> Snapshot
+      router() ──its /metrics text (TTFT, TPOT, token counters)──> Snapshot.router
       actuator.replicas() ──> current ──Autoscaler.step──> Decisions
-      log + export each decision; actuator.scale(role, desired) where it changed
+      log + export each decision; actuator.scale(role, desired, victims) where it changed
 
 Runs inside the launcher's controller actor on Ray, or anywhere an event loop runs (the
 Kubernetes actuator needs no Ray). A worker that does not answer a scrape is left out of that
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,8 +26,9 @@ from autoscaler.autoscaler import Autoscaler
 from autoscaler.config import AutoscaleConfig
 from autoscaler.decision import Decision
 from autoscaler.exporter import DecisionExporter
-from autoscaler.metrics import Snapshot, WorkerSample
+from autoscaler.metrics import RouterSample, Snapshot, WorkerSample
 from autoscaler.roles import ROLES, RoleName
+from autoscaler.router_scrape import router_sample
 from common.credential import ClusterCredential
 from common.grpc_auth import aio_interceptors
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
@@ -35,10 +37,15 @@ log = logging.getLogger(__name__)
 
 
 class Actuator(Protocol):
-    """Something that knows and changes how many replicas each role has."""
+    """Something that knows and changes how many replicas each role has.
+
+    ``scale`` with fewer replicas removes the ``victims`` (worker ids) and, for the rest of
+    the decrease, workers not serving yet before serving ones; an actuator that cannot
+    choose (Kubernetes) removes whichever it removes."""
 
     async def replicas(self) -> dict[RoleName, int]: ...
-    async def scale(self, role: RoleName, replicas: int) -> None: ...
+    async def scale(self, role: RoleName, replicas: int,
+                    victims: Sequence[str] = ()) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +68,11 @@ class Controller:
         clock: Callable[[], float] = time.monotonic,
         rpc_timeout_s: float = 2.0,
         credential: ClusterCredential | None = None,
+        router: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         """``credential``: the cluster credential the workers' Stats RPC needs (None: an
-        insecure cluster)."""
+        insecure cluster); ``router``: reads the router's Prometheus text (None: no router
+        figures, the policies fall back on the workers' own)."""
         self.config = config
         self.autoscaler = Autoscaler(config)
         self.exporter = DecisionExporter()
@@ -73,16 +82,27 @@ class Controller:
         self._targets = targets
         self._clock = clock
         self._timeout = rpc_timeout_s
+        self._router = router
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tokens = aio_interceptors(credential) if credential is not None else []
 
     async def scrape(self) -> Snapshot:
         """One Stats call per worker, concurrently."""
         targets = await self._targets()
-        samples = await asyncio.gather(*(self._sample(t) for t in targets))
+        samples, router = await asyncio.gather(
+            asyncio.gather(*(self._sample(t) for t in targets)), self._router_sample())
         for gone in set(self._channels) - {t.endpoint for t in targets}:
             await self._channels.pop(gone).close()
-        return Snapshot(self._clock(), tuple(s for s in samples if s is not None))
+        return Snapshot(self._clock(), tuple(s for s in samples if s is not None), router)
+
+    async def _router_sample(self) -> RouterSample | None:
+        if self._router is None:
+            return None
+        try:
+            return router_sample(await asyncio.wait_for(self._router(), self._timeout))
+        except Exception as exc:  # a router restarting, or an actor call failing: no figures
+            log.debug("router scrape failed: %r", exc)
+            return None
 
     async def step(self) -> list[Decision]:
         """Scrape, decide, act once; returns the decisions."""
@@ -93,7 +113,7 @@ class Controller:
             self.exporter.record(d, current[d.role])
             if d.changed:
                 log.info("%s", d.describe())
-                await self._actuator.scale(d.role, d.desired)
+                await self._actuator.scale(d.role, d.desired, d.victims)
             else:
                 log.debug("%s", d.describe())
         self.decisions = (self.decisions + decisions)[-64:]
@@ -153,4 +173,10 @@ def sample_of(role: RoleName, stats: worker_pb2.WorkerStats, extra: dict[str, An
         itl_mean_s=extra.get("itl_mean_s"),
         prompt_tokens_total=int(extra.get("prompt_tokens_total", 0)),
         output_tokens_total=int(extra.get("output_tokens_total", 0)),
+        leased_blocks=stats.num_leased_blocks,
+        step_base_s=stats.step_base_s if stats.HasField("step_base_s") else None,
+        step_per_row_s=stats.step_per_row_s if stats.HasField("step_per_row_s") else None,
+        step_per_prefill_token_s=(stats.step_per_prefill_token_s
+                                  if stats.HasField("step_per_prefill_token_s") else None),
+        max_batched_tokens=stats.max_batched_tokens,
     )

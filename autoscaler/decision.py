@@ -34,6 +34,8 @@ class Decision:
     proposal: Proposal
     reason: str  # "follow", "hold: cooldown", "hold: stabilization", "clamp: max", ...
     inputs: dict[str, float | None] = field(default_factory=dict)
+    victims: tuple[str, ...] = ()  # a decrease: the serving workers to drain (worker ids)
+    victim_load: int = 0  # requests the victims held (what their drains finish or migrate)
 
     @property
     def changed(self) -> bool:
@@ -53,8 +55,10 @@ class Decision:
         inputs = " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.inputs.items()
         )
+        drains = (f" draining {', '.join(self.victims)} ({self.victim_load} requests)"
+                  if self.victims else "")
         return (
             f"autoscale {self.role}: {self.current} -> {self.desired} ({self.direction}; "
             f"{self.reason}) signal {p.signal}={p.value:.4g} target={p.target:.4g} "
-            f"proposed={p.replicas} | {inputs}"
+            f"proposed={p.replicas}{drains} | {inputs}"
         )

@@ -6,6 +6,10 @@
     queue  prefill <- max(queue depth, queued prompt tokens) per replica over thresholds;
            decode <- queue depth per replica over its threshold
     fixed  the configured counts
+    coupled  both pools from one model: the router's prompt/output token rates (with their
+           trend, ahead by a worker's start-up) over what one worker carries inside the SLO
+           (its fitted step costs), corrected by the router-side TTFT/TPOT p90 against the
+           targets (autoscaler/coupled.py)
 
 Target-style signals scale proportionally (``ceil(current * observed / target)``, as
 Kubernetes' HPA does) outside a tolerance band around the target and hold inside it; that band
@@ -19,6 +23,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from autoscaler.config import AutoscaleConfig
+from autoscaler.coupled import CoupledPolicy
 from autoscaler.decision import Proposal
 from autoscaler.metrics import WindowStats
 from autoscaler.roles import RoleName
@@ -32,6 +37,8 @@ def build_policy(config: AutoscaleConfig) -> Policy:
         return lambda stats, current: slo_policy(config, stats, current)
     if config.policy == "queue":
         return lambda stats, current: queue_policy(config, stats, current)
+    if config.policy == "coupled":
+        return CoupledPolicy(config)
     return lambda stats, current: fixed_policy(config, stats, current)
 
 

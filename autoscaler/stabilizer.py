@@ -2,7 +2,9 @@
 
     proposal ──clamp [min, max]──> down? only to the highest proposal of the last
     stabilization_s (a dip must last that long) ──> cooldown since the last change
-    (up_s / down_s) ──> at most max_step.up / .down per decision ──> Decision
+    (up_s / down_s) ──> at most max_step.up / .down per decision ──> at most the workers
+    that may leave now (autoscaler/drains.py: never a prefill worker holding leased KV)
+    ──> Decision
 
 The down-scale window is what keeps oscillating load from flapping: a pool grown for the peaks
 stays grown while peaks keep coming, and shrinks only once a whole window has been quiet.
@@ -40,14 +42,20 @@ class Stabilizer:
         current: int,
         proposal: Proposal,
         inputs: dict[str, float | None] | None = None,
+        removable: int | None = None,
     ) -> Decision:
-        """The replica count ``role`` should have now, and why."""
+        """The replica count ``role`` should have now, and why. ``removable``: how many
+        workers a decrease may remove now (None: any)."""
         cfg, state = self.config, self._state[role]
         bounds = cfg.bounds(role)
         desired = bounds.clamp(proposal.replicas)
         reason = "follow"
         if desired != proposal.replicas:
             reason = "clamp: min" if proposal.replicas < bounds.min else "clamp: max"
+        if not state.history and cfg.stabilization_s > 0:
+            # The first decision: the count it finds is the window's standing proposal, so a
+            # dip must last stabilization_s from here too (not shrink on an empty window).
+            state.history.append((t, current))
         state.history.append((t, desired))
         while state.history and t - state.history[0][0] > cfg.stabilization_s:
             state.history.popleft()
@@ -67,6 +75,9 @@ class Stabilizer:
                 desired, reason = current, "hold: cooldown"
             elif desired < current - cfg.max_step.down:
                 desired, reason = current - cfg.max_step.down, "step: max down"
+            if removable is not None and desired < current - removable:
+                desired = current - removable
+                reason = "hold: leased KV" if removable == 0 else "step: leased KV"
         if not bounds.min <= desired <= bounds.max:  # current itself out of bounds: fix now
             desired, reason = bounds.clamp(desired), "bounds"
         if desired != current:

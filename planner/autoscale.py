@@ -14,16 +14,28 @@ What a simulated worker reports (the figures the Stats RPC and the worker's late
 give a live one):
 
 - prefill: ``num_running`` 1 while stepping, ``num_waiting`` the rest of its live jobs,
-  ``queued_prompt_tokens`` the prompt tokens still to compute, ``ttft_p90_s`` the p90
-  (nearest rank) of its prefills' queue-to-done seconds that ended in the last
-  ``window_s``, ``prompt_tokens_total`` the prompt tokens of every prefill done;
+  ``queued_prompt_tokens`` the prompt tokens still to compute, ``leased_blocks`` their KV
+  blocks (a live worker leases its pushes' destination blocks for each Prefill call in
+  progress), ``ttft_p90_s`` the p90 (nearest rank) of its prefills' queue-to-done seconds
+  that ended in the last ``window_s``, ``prompt_tokens_total`` the prompt tokens of every
+  prefill done; step costs: the profile's base and per-token cost, the latter plus the
+  attention of the prompts done in the window (per_prefill_pair x (mean prompt + 1) / 2),
+  what the engine's online linear fit converges to on that mix;
 - decode: ``num_running`` its batch rows, ``num_waiting`` its other reservations,
   ``kv_cache_usage`` 1 - free / blocks (evictable blocks are free, as the engine counts),
   ``itl_mean_s`` the running step's length (None with no rows), ``output_tokens_total``
-  the tokens its batch produced (running rows counted to the last step ended).
+  the tokens its batch produced (running rows counted to the last step ended); step costs:
+  the profile's base, and per row its per-row cost plus the rows' mean context's KV read
+  (per_context_token x context / rows), as an online fit over the current batch gives.
+
+The router (``Snapshot.router``) reports what its /metrics would: cumulative TTFT and
+per-request TPOT histograms in router/metrics.py's buckets, requests admitted and finished,
+prompt tokens admitted, tokens streamed (legs' first tokens plus every decode worker's, gone
+ones at their last count), requests waiting in its FIFO.
 
 Starting workers are not scraped (a live one does not answer yet); draining ones are, as
-live ones are. New workers join ``startup_s`` after the decision; removed ones drain.
+live ones are. New workers join ``startup_s`` after the decision; removed ones drain: the
+decision's victims (autoscaler/drains.py) after any still starting, as the Ray pool does.
 
 GPU-seconds integrate each worker from its start (0 or the decision that added it) to its
 end: the decision that cancelled it while starting, the later of the decision that drained
@@ -31,7 +43,7 @@ it and its last request's end, or the end of the run, times its profile's
 ``gpus_per_worker``.
 
 Exports: :func:`simulate_autoscaled`, :class:`AutoscaledResult`, :class:`ScaleRecord`,
-:func:`compare_policies`, :class:`PolicyRow`, :func:`format_rows`.
+:func:`compare_policies`, :class:`PolicyRow`, :func:`policy_row`, :func:`format_rows`.
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ from dataclasses import dataclass, field
 from autoscaler.autoscaler import Autoscaler
 from autoscaler.config import AutoscaleConfig
 from autoscaler.decision import Decision
-from autoscaler.metrics import Snapshot, WorkerSample
+from autoscaler.metrics import RouterSample, Snapshot, WorkerSample
 from autoscaler.roles import ROLES, RoleName
 from planner.profile import Profile
 from planner.sim.cluster import ClusterSpec, Scale
@@ -82,6 +94,12 @@ class AutoscaledResult:
     # draining) x their GPUs, integrated over the run
     decisions: int = 0  # decisions taken (one per role per tick), changed or not
     peak: dict[RoleName, int] = field(default_factory=dict)  # the largest pool size decided
+    # every worker's (role, start, end): the GPU-seconds' terms, for a held-over-time plot
+    spans: list[tuple[RoleName, float, float]] = field(default_factory=list)
+
+    def held(self, role: RoleName, t: float) -> int:
+        """Workers of ``role`` alive (starting, serving or draining) at ``t``."""
+        return sum(1 for r, start, end in self.spans if r == role and start <= t < end)
 
     @property
     def gpu_hours(self) -> float:
@@ -111,13 +129,14 @@ class _SimController:
         self.decisions = 0
         self.peak: dict[RoleName, int] = {}
         self._prompt_seen: dict[int, tuple[int, int]] = {}  # prefill index -> (log pos, sum)
+        self._streamed: dict[int, int] = {}  # decode index -> tokens, as last counted
 
     def __call__(self, now: float, router: SimRouter, pools: Pools) -> None:
         if not self.lives["prefill"] and not self.lives["decode"]:  # the first tick: t = 0
             for role in ROLES:
                 for w in pools.members(_ROLE[role]):
                     self.lives[role][w.index] = _Life(w, 0.0)
-        snap = Snapshot(now, tuple(self._samples(now, router)))
+        snap = Snapshot(now, tuple(self._samples(now, router)), self._router(now, router))
         current: dict[RoleName, int] = {role: pools.size(_ROLE[role]) for role in ROLES}
         for role in ROLES:
             self.peak.setdefault(role, current[role])
@@ -131,7 +150,7 @@ class _SimController:
         role = _ROLE[d.role]
         lives = self.lives[d.role]
         serving = {w.index: w.routable for w in pools.members(role)}  # False: starting
-        pools.apply(Scale(now, role, d.desired, self.startup_s))
+        pools.apply(Scale(now, role, d.desired, self.startup_s, d.victims))
         after = pools.members(role)
         for w in after:
             if w.index not in lives:
@@ -150,32 +169,61 @@ class _SimController:
                 continue
             log = p.done_log
             recent: list[float] = []
+            prompts = 0
             for i in range(len(log) - 1, -1, -1):
-                end, seconds, _ = log[i]
+                end, seconds, tokens = log[i]
                 if end < horizon:
                     break
                 recent.append(seconds)
+                prompts += tokens
             pos, total = self._prompt_seen.get(p.index, (0, 0))
             total += sum(tokens for _, _, tokens in log[pos:])
             self._prompt_seen[p.index] = (len(log), total)
             running = 1 if p.busy and p.depth > 0 else 0
+            step = p.profile.step
+            mean_prompt = prompts / len(recent) if recent else 0.0
             samples.append(WorkerSample(
                 role="prefill", worker_id=p.endpoint, num_running=running,
                 num_waiting=p.depth - running, draining=p.draining,
                 queued_prompt_tokens=p.queued_tokens,
                 ttft_p90_s=percentile(recent, 90) if recent else None,
-                prompt_tokens_total=total))
+                prompt_tokens_total=total,
+                leased_blocks=-(-p.queued_tokens // p.block_size) if p.depth else 0,
+                step_base_s=step.base_s + p.profile.serving_step_s,
+                step_per_prefill_token_s=(step.per_prefill_token_s
+                                          + step.per_prefill_pair_s * (mean_prompt + 1) / 2),
+                max_batched_tokens=p.profile.chunk_tokens))
         for d in router.decode:
             if d.dead or not (d.routable or d.draining):
                 continue
             blocks = d.blocks
             usage = 1.0 - blocks.free / blocks.num_blocks if blocks.num_blocks else 0.0
+            step = d.profile.step
+            context = d.context_tokens / d.rows if d.rows else 0.0
+            streamed = self._streamed[d.index] = d.tokens_streamed(now)
             samples.append(WorkerSample(
                 role="decode", worker_id=d.endpoint, num_running=d.rows,
                 num_waiting=len(d.requests) - d.rows, kv_cache_usage=usage,
                 draining=d.draining, itl_mean_s=d.token_gap_s(),
-                output_tokens_total=d.tokens_streamed(now)))
+                output_tokens_total=streamed,
+                step_base_s=step.base_s + d.profile.serving_step_s,
+                step_per_row_s=step.per_row_s + step.per_context_token_s * context,
+                step_per_prefill_token_s=step.per_prefill_token_s,
+                max_batched_tokens=d.profile.chunk_tokens))
         return samples
+
+    def _router(self, now: float, router: SimRouter) -> RouterSample:
+        """The router's figures: its tallies, and the decode workers' streamed tokens (a
+        gone worker's at its last count: _samples keeps them)."""
+        t = router.tallies
+        return RouterSample(
+            ttft=t.ttft.cumulative(), tpot=t.tpot.cumulative(),
+            prompt_tokens_total=float(t.prompt_tokens),
+            output_tokens_total=float(t.first_tokens + sum(self._streamed.values())),
+            admitted_total=float(t.admitted), finished_total=float(t.finished),
+            finished_tokens_total=float(t.finished_tokens),
+            waiting=float(router.waiting()),
+            running=float(sum(len(d.requests) for d in router.decode if not d.dead)))
 
 
 def _last_work(result: SimResult) -> dict[str, float]:
@@ -189,13 +237,12 @@ def _last_work(result: SimResult) -> dict[str, float]:
     return last
 
 
-def _gpu_seconds(control: _SimController, result: SimResult, gpus: dict[RoleName, int]
-                 ) -> dict[RoleName, float]:
+def _spans(control: _SimController, result: SimResult) -> list[tuple[RoleName, float, float]]:
+    """(role, start, end) of every worker (see the module docstring for the end)."""
     end_of_run = result.simulated_s
     last = _last_work(result)
-    totals: dict[RoleName, float] = {}
+    spans: list[tuple[RoleName, float, float]] = []
     for role in ROLES:
-        total = 0.0
         for life in control.lives[role].values():
             end = end_of_run
             if life.removed_s is not None:
@@ -207,9 +254,8 @@ def _gpu_seconds(control: _SimController, result: SimResult, gpus: dict[RoleName
                     else:
                         work = last.get(w.endpoint, -math.inf)
                     end = max(end, min(work, end_of_run))
-            total += (end - life.start_s) * gpus[role]
-        totals[role] = total
-    return totals
+            spans.append((role, life.start_s, end))
+    return spans
 
 
 def simulate_autoscaled(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceRequest],
@@ -228,8 +274,12 @@ def simulate_autoscaled(cluster: ClusterSpec, profile: Profile, trace: Sequence[
     p_profile = prefill_profile or profile
     gpus: dict[RoleName, int] = {"prefill": p_profile.gpus_per_worker,
                                  "decode": profile.gpus_per_worker}
-    return AutoscaledResult(result, control.records, _gpu_seconds(control, result, gpus),
-                            control.decisions, dict(control.peak))
+    spans = _spans(control, result)
+    gpu_seconds: dict[RoleName, float] = {
+        role: sum(end - start for r, start, end in spans if r == role) * gpus[role]
+        for role in ROLES}
+    return AutoscaledResult(result, control.records, gpu_seconds, control.decisions,
+                            dict(control.peak), spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,12 +314,16 @@ def compare_policies(cluster: ClusterSpec, profile: Profile, trace: Sequence[Tra
         run = simulate_autoscaled(cluster, profile, trace, dataclasses.replace(config, policy=name),
                                   prefill_profile=prefill_profile, interval_s=interval_s,
                                   startup_s=startup_s)
-        s = run.sim.summary(target)
-        rows.append(PolicyRow(name, s.slo_attainment, run.gpu_hours, len(run.scale_events),
-                              s.ttft_p90_s, s.tpot_p90_s, s.completed, s.requests,
-                              run.peak.get("prefill", 0), run.peak.get("decode", 0),
-                              run.sim.wall_s))
+        rows.append(policy_row(name, run, target))
     return rows, format_rows(rows)
+
+
+def policy_row(policy: str, run: AutoscaledResult, slo: Slo) -> PolicyRow:
+    """One run's line of the comparison, attainment against ``slo``."""
+    s = run.sim.summary(slo)
+    return PolicyRow(policy, s.slo_attainment, run.gpu_hours, len(run.scale_events),
+                     s.ttft_p90_s, s.tpot_p90_s, s.completed, s.requests,
+                     run.peak.get("prefill", 0), run.peak.get("decode", 0), run.sim.wall_s)
 
 
 def format_rows(rows: Sequence[PolicyRow]) -> str:

@@ -400,6 +400,9 @@ class Frontend:
         log.debug("finished (%s): %d prompt + %d completion tokens in %.3f s",
                   response.finish_reason, len(prepared.prompt_ids), completion,
                   end - clock.arrival)
+        self.metrics.request_generation_tokens.observe(completion)
+        if completion > 1:  # the sequence's own TPOT: what a TPOT target is met or missed on
+            self.metrics.tpot.observe((end - clock.first) / (completion - 1))
         if last:
             clock.ended = True
             self.metrics.succeeded(response.finish_reason)

@@ -60,7 +60,11 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     add_credential_args(p, "every RPC but health, registration and the KV port")
     p.add_argument("--router", default=None, help="router HOST:PORT to register with")
     p.add_argument("--worker-id", default=None)
-    p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    p.add_argument("--drain-timeout-s", type=float, default=60.0,
+                   help="on SIGTERM (or a scale-down), seconds running work may take to finish")
+    p.add_argument("--stop-grace-s", type=float, default=5.0,
+                   help="then, seconds calls still open get before they are cut (a decode "
+                   "stream cut this way migrates to another decode worker)")
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics here (-1: off, 0: pick a free port)")
     p.add_argument("--metrics-host", default=None, help="metrics listen address (default: --host)")
@@ -96,9 +100,12 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     """The shared config from the shared flags of ``role`` ("prefill" | "decode"); reads the
     credential and TLS files. Raises StartupError or ValueError (a bad engine flag, an
     unreadable file)."""
+    if not (args.drain_timeout_s >= 0 and args.stop_grace_s >= 0):
+        raise ValueError("--drain-timeout-s and --stop-grace-s must be >= 0")
     serve_config = ServeConfig(
         credential=load_credential(args), host=args.host, port=args.port, router=args.router,
-        drain_timeout_s=args.drain_timeout_s, metrics_port=args.metrics_port,
+        drain_timeout_s=args.drain_timeout_s, stop_grace_s=args.stop_grace_s,
+        metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, tls=server_tls_from_args(args),
         router_credentials=router_credentials_from_args(args),
     )

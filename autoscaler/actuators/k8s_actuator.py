@@ -14,6 +14,7 @@ The client is synchronous; calls run in a thread so the control loop never block
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from autoscaler.roles import ROLES, RoleName
@@ -49,8 +50,9 @@ class KubernetesActuator:
             out[role] = int(scale.spec.replicas or 0)
         return out
 
-    async def scale(self, role: RoleName, replicas: int) -> None:
-        """Set the role's Deployment to ``replicas``."""
+    async def scale(self, role: RoleName, replicas: int, victims: Sequence[str] = ()) -> None:
+        """Set the role's Deployment to ``replicas``. ``victims`` are not honoured: the
+        ReplicaSet controller picks the pods to remove (each drains on SIGTERM)."""
         if replicas < 0:
             raise KubernetesActuatorError(f"cannot scale {role} to {replicas}")
         name = await self._deployment(role)

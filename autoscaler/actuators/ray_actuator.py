@@ -1,8 +1,9 @@
 """Scale worker actors on Ray through the launcher's pool actor.
 
-    scale(role, n): request_resources(bundles for every replica wanted)  # nodes ahead of demand
-                    pool.scale(role, n)   # new actors (pending ones wake Ray's autoscaler);
-                                          # fewer: the newest drain, then exit
+    scale(role, n, victims): request_resources(bundles for every replica wanted)  # nodes
+                    pool.scale(role, n, victims)   # ahead of demand; new actors (pending ones
+                                  # wake Ray's autoscaler); fewer: the victims (else the
+                                  # newest) drain, then exit
 
 The pool actor (``tandem.launcher.pool``) owns the actors; this side only asks. Requesting
 resources first lets a KubeRay or VM cluster start nodes while the actors are being created,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from autoscaler.roles import ROLES, RoleName
@@ -34,14 +36,15 @@ class RayActuator:
         counts = await self._pool.replicas.remote()
         return {role: int(counts[role]) for role in ROLES}
 
-    async def scale(self, role: RoleName, replicas: int) -> None:
-        """Ask for the resources of the whole desired cluster, then resize ``role``."""
+    async def scale(self, role: RoleName, replicas: int, victims: Sequence[str] = ()) -> None:
+        """Ask for the resources of the whole desired cluster, then resize ``role`` (fewer:
+        drain ``victims``, worker ids, before any other)."""
         if self._request:
             counts = await self.replicas()
             counts[role] = replicas
             bundles = [self._bundles[r] for r in ROLES for _ in range(counts[r])]
             await asyncio.to_thread(request_bundles, bundles)
-        await self._pool.scale.remote(role, replicas)
+        await self._pool.scale.remote(role, replicas, list(victims))
 
 
 def request_bundles(bundles: list[dict[str, float]]) -> None:

@@ -16,6 +16,13 @@ The fit is recursive least squares with exponential forgetting (old steps fade w
 half-life of ``half_life_steps``), so it follows a worker whose load or thermal state drifts.
 A coefficient no step has exercised yet (a decode-only worker that never prefilled) is
 reported as unknown (None) rather than guessed.
+
+Forgetting divides the covariance by the forgetting factor every step, and a direction no
+step varies in (a decode worker whose batch stays at the same size, a prompt-token cost that
+rarely shows) is never shrunk back: unbounded, it grows past 1e100 within 20,000 steps and
+one noisy step then throws the estimate to 1e13 s or NaN. So the covariance is bounded by
+the prior's (its trace at most the prior's, and reset to the prior if rounding ever makes it
+non-finite or not positive): an unexcited direction keeps the prior's uncertainty, no more.
 """
 
 from __future__ import annotations
@@ -78,8 +85,18 @@ class StepCostModel:
         gain = [v / denom for v in px]
         err = seconds - sum(self._theta[i] * x[i] for i in range(3))
         self._theta = [self._theta[i] + gain[i] * err for i in range(3)]
-        # P <- (P - k x^T P) / lambda, kept symmetric.
-        self._p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
+        # P <- (P - k x^T P) / lambda, kept symmetric and bounded (the module docstring).
+        new = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
+        new = [[(new[i][j] + new[j][i]) / 2 for j in range(3)] for i in range(3)]
+        trace = new[0][0] + new[1][1] + new[2][2]
+        if not all(math.isfinite(v) for row in new for v in row) or min(
+                new[i][i] for i in range(3)) <= 0:
+            new = [[_PRIOR if i == j else 0.0 for j in range(3)] for i in range(3)]
+        elif trace > 3 * _PRIOR:
+            new = [[v * 3 * _PRIOR / trace for v in row] for row in new]
+        self._p = new
+        if not all(math.isfinite(v) for v in self._theta):
+            self._theta = [0.0, 0.0, 0.0]
         self._seen_rows |= rows > 0
         self._seen_tokens |= prefill_tokens > 0
         self._steps += 1

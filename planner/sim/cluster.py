@@ -77,12 +77,14 @@ class Failure:
 @dataclass(frozen=True, slots=True)
 class Scale:
     """At ``at_s`` ``role``'s pool is set to ``count`` workers: new ones take work after
-    ``startup_s``; removed ones (the newest first) drain: no new work, gone when empty."""
+    ``startup_s``; removed ones drain (no new work, gone when empty): those still starting
+    first, then the ``victims`` (endpoints, in order), then the newest."""
 
     at_s: float
     role: Role
     count: int
     startup_s: float = 0.0
+    victims: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", _role(self.role))

@@ -179,6 +179,11 @@ class DecodeWorker:
             k = steps_by(at_s - self._t0, *self._plain(), self._wake_n - self._n0)
         return self.streamed + self.rows * (self._n0 + k) - self._join_sum
 
+    @property
+    def context_tokens(self) -> int:
+        """KV positions the running rows attend to (as of the last step boundary)."""
+        return self._ctx
+
     def token_gap_s(self) -> float | None:
         """The running step's length (the gap between a row's tokens); None: no rows."""
         if self.rows == 0:

@@ -1,8 +1,9 @@
 """Pools over time: workers start (and join after their start-up), drain, and die.
 
     Scale(count) up:    start count - size workers; each joins after ``startup_s``
-    Scale(count) down:  the newest go first: a starting one is cancelled, a running one
-                        drains (no new work; gone once its last request is done)
+    Scale(count) down:  starting ones are cancelled (the newest first), then the named
+                        victims, then the newest running ones drain (no new work; gone
+                        once its last request is done)
     Failure(index):     the index-th worker ever started in the pool dies now
 
 ``size`` counts workers starting or routable: draining, dead and gone ones are no longer
@@ -83,13 +84,17 @@ class Pools:
         change = event.count - self.size(event.role)
         for _ in range(change):
             self.start(event.role, event.startup_s)
-        for worker in reversed(self._pool(event.role)):
-            if change >= 0:
-                break
+        if change >= 0:
+            return
+        pool = self._pool(event.role)
+        named = {endpoint: i for i, endpoint in enumerate(event.victims)}
+        starting = [w for w in reversed(pool) if w in self._starting]
+        serving = [w for w in pool if w.routable and w not in self._starting]
+        serving.sort(key=lambda w: (0, named[w.endpoint]) if w.endpoint in named
+                     else (1, -w.index))
+        for worker in (starting + serving)[:-change]:
             if worker in self._starting:
                 self._starting.discard(worker)
                 worker.draining = False
-                change += 1
-            elif worker.routable:
+            else:
                 self._router.drain(worker)
-                change += 1

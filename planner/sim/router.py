@@ -29,6 +29,7 @@ from planner.sim.index import (
 from planner.sim.placing import Placer
 from planner.sim.prefill import PrefillWorker
 from planner.sim.request import SimRequest
+from planner.sim.tallies import RouterTallies
 from router.handoff import placement, policy
 from router.handoff.placement import Decision, Reason
 from router.membership.worker_view import WorkerView
@@ -62,6 +63,7 @@ class SimRouter:
         self.max_blocks = 0  # the largest decode worker's blocks: longer requests can't run
         self.decisions: Counter[tuple[str, str]] = Counter()
         self.migrations = self.prefill_retries = self.local_fallbacks = 0
+        self.tallies = RouterTallies()  # what the real router's /metrics would show
 
     # -- pool membership -------------------------------------------------------------------
 
@@ -135,6 +137,8 @@ class SimRouter:
         if req.need_blocks > self.max_blocks:
             req.failed = "too_long"  # no decode worker could ever reserve it
             return
+        self.tallies.prompt_tokens += req.prompt
+        self.tallies.admitted += 1
         self._waiting.append(req)
         if len(self._waiting) == 1:
             self._pump()
@@ -247,6 +251,8 @@ class SimRouter:
         """A leg's first token reached the router at ``at_s``."""
         if req.sent == 0:
             req.first_token_s = at_s + self._request_overhead
+            self.tallies.ttft.observe(req.first_token_s - req.arrival_s)
+        self.tallies.first_tokens += 1
         req.sent += 1
         req.leg_token_s = at_s
 
@@ -280,6 +286,10 @@ class SimRouter:
     def finished(self, req: SimRequest, worker: DecodeWorker, at_s: float) -> None:
         """``req`` sent its last token: free its reservation, maybe admit the next."""
         req.finish_s, req.completed = at_s, True
+        self.tallies.finished += 1
+        self.tallies.finished_tokens += req.output
+        if req.output > 1:
+            self.tallies.tpot.observe((at_s - req.first_token_s) / (req.output - 1))
         worker.release(req)
         self._touch_d(worker)
         if self._waiting and worker.routable:

@@ -1,8 +1,7 @@
 """The router's line in ``tandem top``: read from its Prometheus ``/metrics`` endpoint.
 
 Latency percentiles come from the router's histograms (since the router started), estimated
-the way Prometheus' ``histogram_quantile`` does: linear interpolation inside the bucket that
-holds the rank.
+the way Prometheus' ``histogram_quantile`` does (common/histogram.py).
 """
 
 from __future__ import annotations
@@ -10,32 +9,12 @@ from __future__ import annotations
 import math
 import ssl
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from common.histogram import histogram_quantile
 
 TTFT = "tandem_time_to_first_token_seconds"
 ITL = "tandem_inter_token_latency_seconds"
-
-
-def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
-    """The ``q`` quantile (0..1) of a histogram given as (upper bound, cumulative count)
-    pairs; NaN when it holds no observation. The +Inf bucket answers with the last finite
-    bound (as Prometheus does)."""
-    ordered = sorted(buckets)
-    if not ordered or ordered[-1][1] <= 0:
-        return math.nan
-    rank = q * ordered[-1][1]
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in ordered:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower_bound
-            if count == lower_count:
-                return bound
-            share = (rank - lower_count) / (count - lower_count)
-            return lower_bound + (bound - lower_bound) * share
-        lower_bound, lower_count = bound, count
-    return lower_bound
 
 
 @dataclass(frozen=True, slots=True)

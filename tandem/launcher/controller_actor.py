@@ -1,7 +1,8 @@
 """The autoscaler's controller as a Ray actor (named ``tandem-controller``).
 
 Builds ``autoscaler.controller.Controller`` with a ``RayActuator`` over the pool actor and
-scrapes the pool's serving workers: their Stats RPC plus each worker actor's latency window.
+scrapes the pool's serving workers (their Stats RPC plus each worker actor's latency window)
+and the router actor's metrics (TTFT and TPOT as clients see them, token counters).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class ControllerActor:
         import ray
 
         from autoscaler.actuators.ray_actuator import RayActuator
-        from tandem.launcher.spec import REGISTRY
+        from tandem.launcher.spec import REGISTRY, ROUTER
 
         logging.basicConfig(level=logging.INFO)
         pool = ray.get_actor(REGISTRY, namespace=self._namespace)
@@ -50,9 +51,15 @@ class ControllerActor:
             return [ScrapeTarget(role, endpoint, handle.signals.remote)
                     for role, endpoint, handle in found]
 
+        router = ray.get_actor(ROUTER, namespace=self._namespace)  # a restart keeps the handle
+
+        async def router_metrics() -> str:
+            return str(await router.metrics_text.remote())
+
         credential = (ClusterCredential.from_hex(self._secret) if self._secret
                       else ClusterCredential.insecure_default())
-        self._controller = Controller(self._config, actuator, targets, credential=credential)
+        self._controller = Controller(self._config, actuator, targets, credential=credential,
+                                      router=router_metrics)
         if self._config.metrics_port:
             self._controller.exporter.serve(self._config.metrics_port)
         self._task = asyncio.create_task(self._controller.run(self._stop))

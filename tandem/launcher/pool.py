@@ -3,7 +3,8 @@
     start(): router actor ──> placement groups (one prefill + one decode per node) ──>
              worker actors ──> each ready (serving, registered) ──> controller (autoscale)
     router_endpoint(): how workers find the router (the "registry" in the name)
-    scale(role, n): add actors (spread over nodes) or retire the newest by draining them
+    scale(role, n, victims): add actors (spread over nodes) or retire some by draining them:
+             those not serving yet, then the named victims, then the newest
     status() / down(): what runs where; drain and stop everything this pool started
 
 A watcher per worker keeps it alive in the books: after a crash Ray restarts the actor
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,18 +113,29 @@ class PoolActor:
         """Workers per role that serve or will (draining and dead ones excluded)."""
         return {r: sum(1 for w in self._workers if w.role == r and w.counted) for r in ROLES}
 
-    async def scale(self, role: str, replicas: int) -> dict[str, int]:
+    async def scale(self, role: str, replicas: int, victims: Sequence[str] = ()
+                    ) -> dict[str, int]:
         """Grow ``role`` to ``replicas`` (new actors spread across nodes) or shrink it by
-        draining the newest workers; returns the new counts at once (drains go on behind)."""
+        draining workers: those not serving yet first, then ``victims`` (worker ids, in that
+        order: the autoscaler's choice, autoscaler/drains.py), then the newest. Returns the
+        new counts at once (drains go on behind)."""
         if role not in ROLES or replicas < (1 if role == "decode" else 0):
             raise ValueError(f"cannot scale {role!r} to {replicas}")
         if self._closing:
             return await self.replicas()
-        live = sorted((w for w in self._workers if w.role == role and w.counted),
-                      key=lambda w: w.index)
+        live = [w for w in self._workers if w.role == role and w.counted]
         for _ in range(replicas - len(live)):
             self._add(role, pair=None)
-        for victim in live[replicas:][::-1]:
+        named = {wid: i for i, wid in enumerate(victims)}
+
+        def retire_first(w: _Worker) -> tuple[int, int]:
+            if w.state != "serving":
+                return (0, -w.index)  # starting or restarting: the newest first
+            rank = named.get(str(w.info.get("worker_id", "")))
+            return (1, rank) if rank is not None else (2, -w.index)
+
+        live.sort(key=retire_first)
+        for victim in live[:max(0, len(live) - replicas)]:
             victim.state = "draining"
             task = asyncio.create_task(self._retire(victim))
             self._retiring.add(task)

@@ -40,6 +40,15 @@ class RouterActor:
                 self._info = await self._start()
         return self._info
 
+    async def metrics_text(self) -> str:
+        """The router's Prometheus exposition (what HTTP /metrics serves), for the
+        autoscaler: its TTFT and TPOT histograms and token counters."""
+        if self._server is None:
+            raise RuntimeError("the router is not serving")
+        from prometheus_client import generate_latest
+
+        return generate_latest(self._server.metrics.registry).decode()
+
     async def drain(self) -> bool:
         """Refuse new requests, wait for those in flight, close; False if the timeout cut it."""
         if self._server is None:

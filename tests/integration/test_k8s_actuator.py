@@ -192,7 +192,7 @@ def test_controller_drives_the_deployments() -> None:
     async def run() -> None:
         api = _two_releases()
         cfg = AutoscaleConfig(policy="fixed", interval_s=0.05, cooldown=Cooldown(0, 0),
-                              fixed=FixedCounts(prefill=3, decode=1))
+                              stabilization_s=0, fixed=FixedCounts(prefill=3, decode=1))
 
         async def no_workers() -> list[ScrapeTarget]:
             return []

@@ -260,11 +260,14 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
 
 @dataclass
 class Streamer:
-    """A client streaming one request after another; every reply must be complete."""
+    """A client streaming one request after another; every reply must be complete.
+    ``seed``: each request a new random prompt of ``prompt``'s length (no prefix affinity
+    pins them to one decode worker)."""
 
     target: str
     prompt: list[int]
     n: int = 12
+    seed: int | None = None
     done: int = 0
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -276,11 +279,14 @@ class Streamer:
         return self
 
     def _run(self) -> None:
+        rnd = random.Random(self.seed)
         with grpc.insecure_channel(self.target) as channel:
             stub = tandem_pb2_grpc.TandemStub(channel)
             while not self._stop.is_set():
+                prompt = self.prompt if self.seed is None else [
+                    rnd.randrange(100, 40000) for _ in self.prompt]
                 try:
-                    tokens = _generate(stub, self.prompt, self.n)
+                    tokens = _generate(stub, prompt, self.n)
                     if len(tokens) != self.n:
                         self.failures.append(f"truncated: {len(tokens)} of {self.n} tokens")
                     self.done += 1
@@ -390,6 +396,86 @@ def test_killed_worker_actor_restarts_and_reregisters(up: Up) -> None:
     # The status names the new process's endpoint (its port may by chance be the old one's).
     assert int(after["grpc"].rsplit(":", 1)[1]) in _listening_ports(after["pid"])
     assert streamer.failures == []
+
+
+COUPLED = """
+policy: coupled
+interval_s: 0.5
+window_s: 2
+tolerance: 0.1
+stabilization_s: 10
+cooldown: {up_s: 1, down_s: 1}
+max_step: {up: 1, down: 1}
+prefill: {min: 1, max: 1}
+decode: {min: 1, max: 2}
+coupled: {ttft_p90_s: 30, tpot_p90_s: 2, lead_s: 0}
+request_resources: false
+"""
+
+
+def test_coupled_policy_drains_a_decode_worker_while_streams_run(
+        up: Up, tmp_path: Path) -> None:
+    """A second cluster (its own namespace, the module's Ray instance) on the ``coupled``
+    policy: four clients stream 400-760-token replies across two decode workers, one worker's
+    worth of decode at the fitted step cost, so the policy drains one after its 10 s window
+    (the stabilizer holds the first decisions that long, while the clients start): the one
+    with the fewest streams. Its drain timeout is 0: the streams it still has are cut at
+    once and the router migrates them (re-prefill prompt + tokens sent). Every reply is
+    complete, none failed; with two streams or more on the drained worker (they cannot all
+    end in the ~0.1 s from the decision to the drain), at least one migrated."""
+    namespace = "tandem-test-coupled"
+    yaml = tmp_path / "coupled.yaml"
+    yaml.write_text(COUPLED)
+    proc = _tandem(
+        "up", "--address", up.address, "--namespace", namespace, "--detach",
+        "--model", str(up.model_dir), "--model-name", "tiny", "--port", "0",
+        "--http-port", "0", "--dtype", "float32", "--threads", "1", "--prefill", "1",
+        "--decode", "2", "--worker-arg=--num-blocks=1024",
+        "--worker-arg=--drain-timeout-s=0", "--worker-arg=--stop-grace-s=0",
+        "--router-arg=--heartbeat-interval=0.5", "--router-arg=--health-interval=0.5",
+        "--autoscale", str(yaml), "--signal-window", "2",
+    )
+    try:
+        ready = [ln for ln in proc.stdout.splitlines() if ln.startswith("TANDEM_READY ")]
+        assert proc.returncode == 0 and ready, proc.stdout + proc.stderr
+        target = json.loads(ready[0].removeprefix("TANDEM_READY "))["grpc"]
+        pool = ray.get_actor("tandem-registry", namespace=namespace)
+
+        def decode_workers() -> list[dict[str, Any]]:
+            status = ray.get(pool.status.remote(), timeout=60)
+            return [w for w in status["workers"] if w["role"] == "decode"]
+
+        # Replies of different lengths: streams that end together restart together, and
+        # the router's placement (reported load, refreshed by heartbeat) then sends them all
+        # to one worker, leaving the other idle: the one drained, with nothing to migrate.
+        streamers = [Streamer(target, [0] * 8, n=400 + 120 * i, seed=i) for i in range(4)]
+        try:
+            for s in streamers:
+                s.__enter__()
+            _wait(lambda: len(decode_workers()) == 1, 180, "the decode pool drained to one")
+            done_before = sum(s.done for s in streamers)
+            _wait(lambda: sum(s.done for s in streamers) > done_before + 2, 120,
+                  "the streams to go on")
+        finally:
+            for s in streamers:
+                if s._thread is not None:
+                    s.__exit__()
+        assert [f for s in streamers for f in s.failures] == []
+        assert all(s.done >= 1 for s in streamers)
+        controller = ray.get_actor("tandem-controller", namespace=namespace)
+        changes = ray.get(controller.decisions.remote(changes_only=True))
+        downs = [d for d in changes if d["role"] == "decode" and d["desired"] < d["current"]]
+        assert len(downs) == 1 and downs[0]["proposal"]["signal"] == "output_tokens_per_s"
+        assert len(downs[0]["victims"]) == 1  # the worker with the fewest streams, named
+        assert downs[0]["inputs"]["router_output_tokens_per_s"] > 0  # drained under load
+        router = ray.get_actor("tandem-router", namespace=namespace)
+        text = ray.get(router.metrics_text.remote())
+        migrated = [float(ln.split()[-1]) for ln in text.splitlines()
+                    if ln.startswith("tandem_migrations_total")]
+        if downs[0]["victim_load"] >= 2:
+            assert migrated and migrated[0] >= 1, (downs[0], migrated)  # cut, moved on
+    finally:
+        _tandem("down", "--address", up.address, "--namespace", namespace, timeout=120)
 
 
 def test_down_stops_everything_it_started(up: Up) -> None:

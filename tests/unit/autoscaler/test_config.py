@@ -12,7 +12,7 @@ from autoscaler.config import AutoscaleConfigError, load_config, parse_config
 EXAMPLES = Path(__file__).resolve().parents[3] / "deploy" / "autoscale"
 
 
-@pytest.mark.parametrize("name", ["slo", "queue", "fixed"])
+@pytest.mark.parametrize("name", ["slo", "queue", "fixed", "coupled"])
 def test_shipped_examples_parse(name: str) -> None:
     cfg = load_config(EXAMPLES / f"{name}.yaml")
     assert cfg.policy == name
@@ -45,6 +45,12 @@ def test_values_and_defaults(tmp_path: Path) -> None:
         ({"policy": "slo", "cooldown": 5}, "cooldown"),
         ({"policy": "slo", "request_resources": "yes"}, "request_resources"),
         ({"policy": "fixed", "fixed": {"prefill": 9}}, "fixed.prefill"),
+        ({"policy": "coupled", "coupled": {"ttft_p90_s": 0}}, "coupled.ttft_p90_s"),
+        ({"policy": "coupled", "coupled": {"kv_usage": 1.2}}, "coupled.kv_usage"),
+        ({"policy": "coupled", "coupled": {"max_gain": 0.5}}, "coupled.max_gain"),
+        ({"policy": "coupled", "coupled": {"lead_s": -1}}, "coupled.lead_s"),
+        ({"policy": "coupled", "coupled": {"max_rows": 2.5}}, "coupled.max_rows"),
+        ({"policy": "coupled", "coupled": {"tpot": 1}}, "coupled: unknown"),
         ([1, 2], "mapping"),
     ],
 )

@@ -207,3 +207,17 @@ def test_exported_metrics_follow_the_driving_signal() -> None:
     text = exporter.text()
     assert 'signal_value{role="prefill",signal="ttft_p90_s"}' not in text
     assert 'tandem_autoscaler_signal_value{role="prefill",signal="idle"} 0.0' in text
+
+
+def test_first_decision_does_not_shrink_before_a_whole_window() -> None:
+    """A controller that starts on an idle cluster (nothing measured yet) keeps its pools for
+    stabilization_s, as any dip must last that long (before the fix it shrank at once)."""
+    for policy in ("slo", "queue", "coupled"):
+        tr = Trace(replace(SLO, policy=policy))
+        tr.current = {"prefill": 3, "decode": 3}
+        for _ in range(int(SLO.stabilization_s)):
+            tr.tick()
+        assert all(h == {"prefill": 3, "decode": 3} for h in tr.history), policy
+        for _ in range(30):
+            tr.tick()
+        assert tr.current == {"prefill": 1, "decode": 1}, policy

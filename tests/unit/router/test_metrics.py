@@ -121,6 +121,11 @@ def test_traffic_moves_histograms_counters_and_outcomes(tokenizer: RouterTokeniz
             # Every chunk carries one token: a gap before each but the first of a request.
             assert value(s, "tandem_inter_token_latency_seconds_count") == sent - 2
             assert value(s, "tandem_time_to_first_token_seconds_sum") > 0
+            # One TPOT per finished request of two or more tokens (the autoscaler's signal).
+            assert value(s, "tandem_time_per_output_token_seconds_count") == 2
+            assert value(s, "tandem_time_per_output_token_seconds_sum") > 0
+            assert value(s, "tandem_request_generation_tokens_count") == 2
+            assert value(s, "tandem_request_generation_tokens_sum") == sent
             assert value(s, "tandem_prompt_tokens_total") == 2 * len(PROMPT)
             assert value(s, "tandem_generation_tokens_total") == sent >= 14
             assert value(s, "tandem_migrations_total") == 1

@@ -37,6 +37,8 @@ def test_bad_flags_exit_2(main, argv, capsys) -> None:
 def test_bad_engine_values_exit_2(capsys) -> None:
     assert prefill_cli.main(["--port", "0", "--insecure", "--block-size", "3"]) == 2
     assert "block_size must be a power of two" in capsys.readouterr().err
+    assert prefill_cli.main(["--port", "0", "--insecure", "--stop-grace-s", "-1"]) == 2
+    assert "--stop-grace-s must be >= 0" in capsys.readouterr().err
 
 
 def test_no_credential_no_worker(tmp_path: Path, capsys) -> None:
@@ -107,8 +109,11 @@ def test_flags_become_frozen_role_configs(tmp_path: Path) -> None:
     with pytest.raises(AttributeError):
         decode.kv_port = 9  # type: ignore[misc]
     prefill = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
-        ["--port", "0", "--transfer-timeout-s", "2.5", "--insecure"]))
+        ["--port", "0", "--transfer-timeout-s", "2.5", "--insecure", "--drain-timeout-s",
+         "0.5", "--stop-grace-s", "0.25"]))
     assert prefill.transfer_timeout_s == 2.5
+    assert (prefill.worker.serve.drain_timeout_s, prefill.worker.serve.stop_grace_s) == (
+        0.5, 0.25)
     assert prefill.worker.kv_secret == ClusterCredential.insecure_default().kv_secret
     assert prefill.worker.kv_shm and prefill.worker.resolved_worker_id("prefill").startswith(
         "prefill-")

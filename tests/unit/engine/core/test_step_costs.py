@@ -70,3 +70,19 @@ def test_ignores_bad_times(seconds: float) -> None:
 def test_rejects_bad_half_life() -> None:
     with pytest.raises(ValueError):
         StepCostModel(half_life_steps=0)
+
+
+def test_a_batch_that_never_changes_size_does_not_wind_up() -> None:
+    """A decode worker whose batch stays at two rows and rarely prefills: forgetting used to
+    inflate the covariance in the directions no step varies (past 1e100) until one noisy step
+    threw the fit to 1e13 s or NaN, which the router's placement and the autoscaler read."""
+    model = StepCostModel(half_life_steps=20)
+    rng = random.Random(0)
+    for _ in range(20_000):
+        rows = 2 if rng.random() < 0.995 else rng.choice([1, 3])
+        tokens = 8 if rng.random() < 0.002 else 0
+        model.observe(rows, tokens, 0.004 + 0.0006 * rows + rng.gauss(0, 0.002))
+        c = model.costs()
+        assert c.base_s is not None and 0 <= c.base_s < 0.05
+        assert c.per_row_s is not None and 0 <= c.per_row_s < 0.05
+    assert c.step_s(2, 0) == pytest.approx(0.0052, rel=0.5)  # the load it runs at: known
