@@ -21,8 +21,13 @@ import pytest
 from tests.unit.worker.harness import Cluster, cluster, greedy, reference, until
 
 PROMPT = [7 + (i * 29) % 230 for i in range(37)]  # three blocks of 16
-LEASE_S = 0.3  # the Reserve's lease: far shorter than the time the prefill is kept queued
+# The Reserve's lease: shorter than the time the prefill is kept queued (KEEPALIVES_PAST
+# keepalives), long enough that the push's BEGIN, which starts the renewals, reaches the
+# decode worker within it on a loaded machine (at 0.3 s a fresh-clone run under load let it
+# lapse before the transfer was bound).
+LEASE_S = 1.0
 PROGRESS_S = 0.4  # the receiver's progress timeout: a KEEPALIVE every 0.1 s
+KEEPALIVES_PAST = 15  # at least 1.5 s queued: past the lease, and past three progress timeouts
 
 
 class StepGate:
@@ -85,9 +90,8 @@ def test_prefill_queued_past_the_lease_completes(engines, gate: StepGate) -> Non
             res = await c.reserve("q", PROMPT, greedy(6), lease_s=LEASE_S)
             call = asyncio.ensure_future(c.prefill_into("q", PROMPT, greedy(6), res))
             await _queued(c)
-            # Eight keepalives take at least 0.8 s: past the lease, and past two progress
-            # timeouts, with the request still queued behind the gate.
-            stats = await c.receiver.wait_until(lambda s: s.keepalives >= 8)
+            # The request stays queued behind the gate meanwhile.
+            stats = await c.receiver.wait_until(lambda s: s.keepalives >= KEEPALIVES_PAST)
             assert (stats.reservations, stats.expired, stats.aborted) == (1, 0, 0)
             assert (await c.prefill_stats()).num_waiting == 1
             gate.open()
