@@ -41,6 +41,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         self, request: tandem_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         """Stream one request's tokens."""
+        named: str | None = None  # the id sent in the initial metadata, once sent
         try:
             with self._frontend.client_slot(context.peer(), _key(context)):
                 metadata = _metadata(context)
@@ -50,13 +51,14 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                     request.request_id = label
                 accepted = self._frontend.accept(request, trace_parent=tracing.extract(metadata))
                 await context.send_initial_metadata(((REQUEST_ID_KEY, accepted.label),))
+                named = accepted.label
                 async with aclosing(
                     self._frontend.generate(accepted, context.time_remaining())
                 ) as responses:
                     async for response in responses:
                         yield response
         except RouterError as err:
-            await abort_with(context, err)
+            await abort_with(context, err, request_id=named)
 
     async def Tokenize(  # noqa: N802
         self, request: tandem_pb2.TokenizeRequest, context: grpc.aio.ServicerContext

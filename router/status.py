@@ -6,7 +6,7 @@ from typing import NoReturn
 
 import grpc
 
-from common.wire import RETRY_AFTER_KEY
+from common.wire import REQUEST_ID_KEY, RETRY_AFTER_KEY
 from router.errors import (
     DeadlineError,
     DrainingError,
@@ -53,9 +53,17 @@ def _code(name: str) -> grpc.StatusCode:
     return code
 
 
-async def abort_with(context: grpc.aio.ServicerContext, err: RouterError) -> NoReturn:
-    """End the RPC with ``err``'s status (never returns)."""
+async def abort_with(
+    context: grpc.aio.ServicerContext, err: RouterError, request_id: str | None = None
+) -> NoReturn:
+    """End the RPC with ``err``'s status (never returns).
+
+    ``request_id``: the id the call was already named by (sent in its initial metadata), repeated
+    in the trailers: a client that sees the status before the initial metadata (a grpc.aio
+    stream failing at its first read may) still learns which request failed."""
     code, details, metadata = status_of(err)
+    if request_id:
+        metadata = (*metadata, (REQUEST_ID_KEY, request_id))
     if metadata:
         context.set_trailing_metadata(metadata)
     await context.abort(code, details)

@@ -15,8 +15,8 @@ Callers catch what they can act on (``Overloaded``: wait ``retry_after_s`` and t
 
 A generation the router had accepted before it failed (overloaded in its queue, no worker, a
 deadline) names the request: ``request_id`` is the id the router echoed in the call's
-initial metadata (``x-request-id``: the caller's own id when it gave one, else the router's),
-the one its log lines carry. Errors the router raised before accepting the request (a bad
+initial metadata and again in its trailers (``x-request-id``: the caller's own id when it gave
+one, else the router's), the one its log lines carry. Errors the router raised before accepting the request (a bad
 argument, a missing key) or that never reached it have none.
 """
 
@@ -164,6 +164,9 @@ def from_rpc_error(err: grpc.RpcError) -> TandemError:
     typed = from_status(name, details or "", trailers)
     # A finished call's initial metadata is at hand (sync calls do not block for it then).
     initial = err.initial_metadata() if hasattr(err, "initial_metadata") else None
-    typed.request_id = metadata_value(initial, REQUEST_ID_KEY)
+    # The trailers repeat it: a grpc.aio stream that fails at its first read may not have
+    # the initial metadata yet.
+    typed.request_id = (metadata_value(initial, REQUEST_ID_KEY)
+                        or metadata_value(trailers, REQUEST_ID_KEY))
     typed.__cause__ = err
     return typed

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
-from common.wire import RETRY_AFTER_KEY
+from common.wire import REQUEST_ID_KEY, RETRY_AFTER_KEY
 from router.errors import (
     DeadlineError,
     DrainingError,
@@ -15,7 +17,7 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from router.status import status_of
+from router.status import abort_with, status_of
 
 C = grpc.StatusCode
 
@@ -43,3 +45,30 @@ def test_overload_carries_retry_after() -> None:
     code, details, metadata = status_of(OverloadedError("full", 250))
     assert code == C.RESOURCE_EXHAUSTED and metadata == ((RETRY_AFTER_KEY, "250"),)
 
+
+
+class _Context:
+    """The two calls abort_with makes on a grpc.aio servicer context."""
+
+    def __init__(self) -> None:
+        self.trailers: tuple[tuple[str, str], ...] = ()
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailers = metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise grpc.aio.AbortError()
+
+
+@pytest.mark.parametrize("request_id", [None, "sdk-busy-2"])
+def test_abort_repeats_the_request_id_in_the_trailers(request_id: str | None) -> None:
+    """A request the router already named keeps its id on failure, in the trailers too."""
+    ctx = _Context()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(abort_with(ctx, OverloadedError("full", 200),  # type: ignore[arg-type]
+                               request_id=request_id))
+    assert ctx.aborted == (C.RESOURCE_EXHAUSTED, "full")
+    named = ((REQUEST_ID_KEY, request_id),) if request_id else ()
+    assert ctx.trailers == ((RETRY_AFTER_KEY, "200"), *named)

@@ -125,6 +125,17 @@ def test_a_failure_after_the_router_named_the_request_carries_its_id() -> None:
     assert str(err) == "UNAVAILABLE: no decode worker (request_id=checkout-42)"
 
 
+@pytest.mark.parametrize("initial", [None, ()])
+def test_the_id_in_the_trailers_names_a_failure_whose_initial_metadata_was_missed(initial) -> None:
+    """A grpc.aio stream failing at its first read may hold the status but not the headers
+    the router sent before it: the router repeats the id in the trailers."""
+    rpc = _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, "router overloaded",
+                     (("retry-after-ms", "200"), ("x-request-id", "sdk-busy-2")), initial)
+    err = from_rpc_error(rpc)
+    assert isinstance(err, Overloaded) and err.request_id == "sdk-busy-2"
+    assert err.retry_after_s == 0.2
+
+
 @pytest.mark.parametrize("initial", [None, (), (("other", "1"),)])
 def test_a_failure_without_an_echoed_id_names_none(initial) -> None:
     err = from_rpc_error(_CallError(grpc.StatusCode.INVALID_ARGUMENT, "bad", initial=initial))
