@@ -211,26 +211,6 @@ def decode_price(stats: WindowStats, config: AutoscaleConfig) -> DecodePrice | N
     return None
 
 
-    # -- demand --------------------------------------------------------------------------------
-    def _now(self, stats: WindowStats, saturated: bool) -> tuple[float, float]:
-        """Prompt and output tokens/s asked for now: the router's counters, else the workers'
-        (which miss the prompts the decode workers prefilled themselves). Output: what was
-        streamed, or what was admitted if more (on enough admissions, or ``saturated``).
-        (A few admissions in a window shorter than a stream are bursty: not used then.)"""
-        lp = stats.router_prompt_tokens_per_s
-        lo = stats.router_output_tokens_per_s
-        lp = stats.prompt_tokens_per_s if lp is None else lp
-        lo = stats.output_tokens_per_s if lo is None else lo
-        per_request = stats.router_output_per_request
-        if per_request is not None:
-            self._per_request = per_request if self._per_request is None else (
-                OUTPUT_SMOOTHING * per_request + (1 - OUTPUT_SMOOTHING) * self._per_request)
-        admitted = stats.router_requests_per_s
-        if admitted is not None and self._per_request is not None and (
-                saturated or admitted * stats.span_s >= STEADY_ADMISSIONS):
-            lo = max(lo, admitted * self._per_request)
-        return lp, lo
-
 def _latency_only(serving: int, observed: float | None, target: float, signal: str
                   ) -> Proposal:
     """Without a capacity model: grow by a miss, otherwise keep what serves."""
