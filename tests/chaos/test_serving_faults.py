@@ -117,22 +117,39 @@ def test_prefill_killed_mid_push_falls_back(smollm2_dir) -> None:
         c.stop()
 
 
-def test_decode_killed_mid_stream_migrates(smollm2_dir) -> None:
+# A schema whose output runs past the kill: the new leg replays the grammar from the tokens
+# the first leg streamed (its matcher state is not on the wire).
+POEM_SCHEMA = ('{"type": "object", "properties": {"title": {"type": "string", "maxLength": 40}, '
+               '"lines": {"type": "array", "items": {"type": "string", "maxLength": 60}}}, '
+               '"required": ["title", "lines"]}')
+
+
+@pytest.mark.parametrize("constrained", [False, True], ids=["penalties", "json-schema"])
+def test_decode_killed_mid_stream_migrates(smollm2_dir, constrained: bool) -> None:
     """Seeded sampling with penalties: the migrated stream equals an undisturbed one, so the
-    new leg knows which tokens were output (penalties, min tokens, the RNG's position)."""
+    new leg knows which tokens were output (penalties, min tokens, the RNG's position). With a
+    JSON schema as well, the new leg's grammar state is the old one's (issue 18: constrained
+    output identical on the migrated path)."""
     c = Cluster()
     try:
         d1, d2, prefill = start_all(c, DECODE, DECODE, PREFILL)
         router = _router(c, smollm2_dir, [prefill], [d1, d2])
         text = "Write a long poem about the sea and the ships upon it."
         sampling = tandem_pb2.SamplingParams(
-            max_tokens=40, min_tokens=40, temperature=0.9, top_p=0.95, seed=7,
-            frequency_penalty=0.5, presence_penalty=0.2,
+            max_tokens=40, min_tokens=0 if constrained else 40, temperature=0.9, top_p=0.95,
+            seed=7, frequency_penalty=0.5, presence_penalty=0.2,
         )
+        if constrained:
+            sampling.structured.json_schema = POEM_SCHEMA
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
         request = tandem_pb2.GenerateRequest(text=text, sampling=sampling)
-        undisturbed = [t for m in stub.Generate(request, timeout=600) for t in m.token_ids]
-        assert len(undisturbed) == 40
+        replies = list(stub.Generate(request, timeout=600))
+        undisturbed = [t for m in replies for t in m.token_ids]
+        if constrained:  # the grammar may close the object early, but not before the kill
+            assert len(undisturbed) > 12
+            assert "".join(m.text for m in replies).startswith('{"title"')
+        else:
+            assert len(undisturbed) == 40
         _wait_for(lambda: _idle(d1, "decode") and _idle(d2, "decode"))
         migrated_before = _migrations(router)
         tokens: list[int] = []
