@@ -13,8 +13,17 @@
 //   kind 6, fp16 rows: q [N, K] fp16 (an fp16 model's own weight), widened with F16C.
 // These loops serve steps of a few rows (decodes); gemm_tiled.h serves many rows.
 // For kinds 0, 1, 2 and 4 activations are quantized to int16 in groups of 32 and the products run on
-// integers (_mm256_madd_epi16), accumulated in fp32 once per group.
+// integers (_mm256_madd_epi16), accumulated in fp32 once per group. In the AVX-512 build
+// (TND_AVX512) a group fills one 512-bit register and _mm512_dpwssd_epi32 (VNNI) does the
+// multiply-adds: the same exact int32 products and pair sums, 16 lanes instead of 8, so only
+// the fp32 accumulation order differs.
 #pragma once
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TND_AVX512 1
+#else
+#define TND_AVX512 0
+#endif
 
 #include <immintrin.h>
 #include <omp.h>
@@ -211,6 +220,98 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
   }
 }
 
+#if TND_AVX512
+// Group b of a Q4 row as 32 int16 (low nibbles in lanes 0..15, high nibbles in 16..31): the
+// 16 bytes loaded into both halves, widened, the upper half shifted right by 4.
+inline __m512i q4_unpack512(const uint8_t* qs, int b, __m512i shift) {
+  const __m512i v = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16))));
+  return _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi16(0x0F));
+}
+
+// Group b of a Q8 row as 32 int16.
+inline __m512i q8_unpack512(const int8_t* wq, int b) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + b * QK)));
+}
+
+// sum_j w[j] * x[j] over one group, as 16 float lanes (each lane an exact pair sum).
+inline __m512 group_dot512(__m512i w, const int16_t* x) {
+  return _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x)));
+}
+
+// dot_rows with one group per 512-bit register (see dot_rows for the structure).
+template <int Kind, int R>
+inline void dot_rows512(const Lin& w, int n, const QuantRows& x, int r0, float* out) {
+  constexpr bool Q4 = Kind == 0 || Kind == 2, G8 = Kind == 4, F16 = Kind == 2 || Kind == 4;
+  const int g = w.k / QK;
+  const uint16_t* d16 = reinterpret_cast<const uint16_t*>(w.d);  // kinds 2 and 4
+  const uint8_t* qs = w.q + static_cast<size_t>(n) * g * 16;                           // Q4
+  const int8_t* wq = reinterpret_cast<const int8_t*>(w.q) + static_cast<size_t>(n) * w.k;  // Q8
+  const size_t row_groups = static_cast<size_t>(n) * g;
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const int16_t* xq[R];
+  const float* xd[R];
+  for (int i = 0; i < R; ++i) {
+    xq[i] = x.q.data() + static_cast<size_t>(r0 + i) * x.k;
+    xd[i] = x.d.data() + static_cast<size_t>(r0 + i) * g;
+  }
+  __m512 acc0[R], acc1[R];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
+  alignas(32) float sc[R][8];
+  for (int b = 0; b < g; b += 8) {
+    const int nb = std::min(8, g - b);
+    if (nb == 8) {
+      const __m256 dw =
+          F16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d16 + row_groups + b)))
+          : Kind == 0 ? _mm256_loadu_ps(w.d + row_groups + b) : _mm256_set1_ps(1.f);
+      for (int i = 0; i < R; ++i) _mm256_store_ps(sc[i], _mm256_mul_ps(dw, _mm256_loadu_ps(xd[i] + b)));
+    } else {
+      for (int j = 0; j < nb; ++j) {
+        const float dw = F16 ? _cvtsh_ss(d16[row_groups + b + j])
+                         : Kind == 0 ? w.d[row_groups + b + j] : 1.f;
+        for (int i = 0; i < R; ++i) sc[i][j] = dw * xd[i][b + j];
+      }
+    }
+    for (int j = 0; j < nb; j += 2) {
+      const int b0 = b + j;
+      __m512i w0;
+      if (Q4) {
+        _mm_prefetch(reinterpret_cast<const char*>(qs + b0 * 16 + PREFETCH_BYTES), _MM_HINT_T0);
+        w0 = q4_unpack512(qs, b0, shift);
+      } else {
+        _mm_prefetch(reinterpret_cast<const char*>(wq + b0 * QK + 2 * PREFETCH_BYTES), _MM_HINT_T0);
+        w0 = q8_unpack512(wq, b0);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        acc0[i] = _mm512_fmadd_ps(_mm512_set1_ps(sc[i][j]), group_dot512(w0, xq[i] + b0 * QK),
+                                  acc0[i]);
+      }
+      if (j + 1 < nb) {
+        const __m512i w1 = Q4 ? q4_unpack512(qs, b0 + 1, shift) : q8_unpack512(wq, b0 + 1);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) {
+          acc1[i] = _mm512_fmadd_ps(_mm512_set1_ps(sc[i][j + 1]),
+                                    group_dot512(w1, xq[i] + (b0 + 1) * QK), acc1[i]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    const float dot = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+    if (Q4) {  // + sum_b m[b] * sum_j x[j] (the zero points)
+      const float* m = Kind == 2 ? reinterpret_cast<const float*>(
+                                       reinterpret_cast<const uint16_t*>(w.m) + row_groups)
+                                 : w.m + row_groups;
+      out[i] = dot + zero_point_dot<Kind>(m, x.s.data() + static_cast<size_t>(r0 + i) * g, g);
+    } else {
+      out[i] = G8 ? dot : dot * w.d[n];
+    }
+  }
+}
+#endif  // TND_AVX512
+
 // Kinds whose weights are floats (fp32, bf16, fp16): activations stay fp32, nothing is
 // quantized.
 constexpr bool float_kind(int kind) { return kind == 3 || kind == 5 || kind == 6; }
@@ -267,12 +368,21 @@ inline void dot_block(const Lin& w, int n, const float* xf, const QuantRows& x, 
       default: dot_rows_f32<Kind, 4>(w, n, xf, w.k, r0, out); break;
     }
   } else {
+#if TND_AVX512
+    switch (cnt) {
+      case 1: dot_rows512<Kind, 1>(w, n, x, r0, out); break;
+      case 2: dot_rows512<Kind, 2>(w, n, x, r0, out); break;
+      case 3: dot_rows512<Kind, 3>(w, n, x, r0, out); break;
+      default: dot_rows512<Kind, 4>(w, n, x, r0, out); break;
+    }
+#else
     switch (cnt) {
       case 1: dot_rows<Kind, 1>(w, n, x, r0, out); break;
       case 2: dot_rows<Kind, 2>(w, n, x, r0, out); break;
       case 3: dot_rows<Kind, 3>(w, n, x, r0, out); break;
       default: dot_rows<Kind, 4>(w, n, x, r0, out); break;
     }
+#endif
   }
 }
 
