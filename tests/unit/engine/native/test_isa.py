@@ -120,7 +120,7 @@ def test_the_variants_agree(rows: int) -> None:
     gguf = pytest.importorskip("gguf")
     libs = {isa: _lib(isa) for isa in ("avx2", "avx512")}
     g = torch.Generator().manual_seed(rows)
-    n, k = 45, 320  # a partial 16-row panel, 10 groups (one partial 8-group scale block)
+    n, k = 45, 352  # a partial 16-row panel, 11 groups (a partial 8-group block, an odd one)
     w = torch.randn(n, k, generator=g).numpy()
     x = torch.randn(rows, k, generator=g) * torch.logspace(-2, 1, k)
     for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0):
