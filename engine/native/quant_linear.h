@@ -14,8 +14,9 @@
 // These loops serve steps of a few rows (decodes); gemm_tiled.h serves many rows.
 // For kinds 0, 1, 2 and 4 activations are quantized to int16 in groups of 32 and the products run on
 // integers (_mm256_madd_epi16), accumulated in fp32 once per group. In the AVX-512 build
-// (TND_AVX512) a group fills one 512-bit register and _mm512_dpwssd_epi32 (VNNI) does the
-// multiply-adds: the same exact int32 products and pair sums, 16 lanes instead of 8, so only
+// (TND_AVX512) _mm512_dpwssd_epi32 (VNNI) does the multiply-adds: the same exact int32
+// products and sums, over one Q8 group per 512-bit register (dot_rows512_groups) or two Q4
+// groups per pair of registers (dot_rows512_pairs, with QuantRows pair-interleaved), so only
 // the fp32 accumulation order differs.
 #pragma once
 
