@@ -20,7 +20,7 @@
 // the fp32 accumulation order differs.
 #pragma once
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define TND_AVX512 1
 #else
 #define TND_AVX512 0
