@@ -27,7 +27,8 @@ $(STAMP): $(PY) pyproject.toml $(CLIENT)/pyproject.toml
 	$(PIP) download -q -d $(CLIENT_WHEELS) ./$(CLIENT)
 	touch $(STAMP)
 
-# The native CPU kernels (engine/native, ~7 s with g++; a no-op once built for this source).
+# The native CPU kernels (engine/native, ~7 s with g++ per ISA variant the CPU runs: avx2, avx512;
+# a no-op once built for this source).
 install: $(STAMP)
 	$(PY) -m engine.native
 

@@ -1,6 +1,7 @@
 // A whole Llama-family forward over any number of query rows on an AVX2 CPU, in one call.
 //
-// Built by engine/native/build.py (g++ -O3 -mavx2 -mfma -mf16c -fopenmp; OpenMP resolves to
+// Built by engine/native/build.py (g++ -O3 -mavx2 -mfma -mf16c -fopenmp, and a second time
+// with the AVX-512/VNNI flags where the CPU has them: TND_AVX512 paths; OpenMP resolves to
 // the libgomp torch already loaded, so the two share one thread pool) and called through
 // ctypes from engine/native/fused_forward.py. It exists because a CPU decode step of a small
 // model is dominated by per-op overhead (~450 torch ops a step) and by torch's int4 kernel
@@ -113,7 +114,10 @@ inline void silu_mul(const float* g, const float* u, float* a, int n) {
 
 extern "C" {
 
-int tnd_abi_version() { return 4; }
+int tnd_abi_version() { return 5; }
+
+// Width of the hot loops this build compiled: 512 (the AVX-512/VNNI paths) or 256 (AVX2).
+int tnd_isa_width() { return TND_AVX512 ? 512 : 256; }
 
 void* tnd_model_create(const ModelDesc* desc) {
   auto* m = new Model{*desc, std::vector<Layer>(desc->layers, desc->layers + desc->num_layers)};

@@ -1,4 +1,5 @@
-// Linear layers for many activation rows (batched decodes, prefill chunks), AVX2 + FMA.
+// Linear layers for many activation rows (batched decodes, prefill chunks), AVX2 + FMA; the
+// AVX-512 build (TND_AVX512) runs a 12 x 16 micro-kernel on 512-bit registers instead.
 //
 //   threads split the weight rows into panels of 16; for each panel and window of 256 inputs:
 //     dequantize the 16 x 256 weights to fp32 and transpose them to [256][16] (16 KB: L1)
@@ -93,7 +94,11 @@ inline void transpose8(const float* src, int ld, float* dst, int ldd) {
 
 constexpr int PANEL_N = 16;   // weight rows per panel (two vectors of outputs)
 constexpr int PANEL_K = 256;  // inputs per panel: 16 KB of floats, in L1
+#if TND_AVX512
+constexpr int MICRO_M = 12;   // activation rows per micro-kernel call: 12 512-bit accumulators
+#else
 constexpr int MICRO_M = 6;    // activation rows per micro-kernel call: 12 accumulators
+#endif
 
 // c[i][0..16) (+)= sum_k x[i][k] * panel[k][0..16) for i < MR: one weight panel row (two
 // vectors) per k, broadcast activations; 12 FMAs per 8 loads.
@@ -132,6 +137,57 @@ inline void micro_panel(const float* x, int ldx, const float* panel, int kc, flo
   }
 }
 
+#if TND_AVX512
+// micro_panel with one 512-bit panel row per k (the 16 outputs in one register) and up to 12
+// rows: 12 FMAs per 13 loads, each 16 wide. Every output lane sums its products in the same
+// order as micro_panel's, so the two builds' tiled results are bit-identical.
+template <int MR>
+inline void micro_panel512(const float* x, int ldx, const float* panel, int kc, float* y,
+                           int ldy, int nr, bool add) {
+  __m512 acc[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int k = 0; k < kc; ++k) {
+    const __m512 b = _mm512_load_ps(panel + k * PANEL_N);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[static_cast<size_t>(i) * ldx + k]), b, acc[i]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>(nr >= PANEL_N ? 0xFFFF : (1u << nr) - 1);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    float* out = y + static_cast<size_t>(i) * ldy;
+    if (add) acc[i] = _mm512_add_ps(acc[i], _mm512_maskz_loadu_ps(mask, out));
+    _mm512_mask_storeu_ps(out, mask, acc[i]);
+  }
+}
+#endif
+
+// The micro-kernel of this build for MR rows.
+template <int MR>
+inline void micro(const float* x, int ldx, const float* panel, int kc, float* y, int ldy, int nr,
+                  bool add) {
+#if TND_AVX512
+  micro_panel512<MR>(x, ldx, panel, kc, y, ldy, nr, add);
+#else
+  micro_panel<MR>(x, ldx, panel, kc, y, ldy, nr, add);
+#endif
+}
+
+// The last rows % MICRO_M rows (rem < MR + 1) with the kernel for exactly that many.
+template <int MR>
+inline void micro_tail(int rem, const float* x, int ldx, const float* panel, int kc, float* y,
+                       int ldy, int nr, bool add) {
+  if constexpr (MR > 0) {
+    if (rem == MR) {
+      micro<MR>(x, ldx, panel, kc, y, ldy, nr, add);
+    } else {
+      micro_tail<MR - 1>(rem, x, ldx, panel, kc, y, ldy, nr, add);
+    }
+  }
+}
+
 template <int Kind>
 void linear_tiled_kind(const Lin& w, const float* x, int rows, float* y, int ldy, bool accumulate,
                        int threads) {
@@ -139,7 +195,7 @@ void linear_tiled_kind(const Lin& w, const float* x, int rows, float* y, int ldy
 #pragma omp parallel num_threads(threads)
   {
     alignas(32) float rowbuf[PANEL_N * PANEL_K];  // 16 weight rows of one k window
-    alignas(32) float panel[PANEL_K * PANEL_N];   // the same, transposed: [k][16]
+    alignas(64) float panel[PANEL_K * PANEL_N];   // the same, transposed: [k][16]
     // Panels are handed out one at a time, not split up front: on a machine whose cores
     // other processes share (a prefill worker beside a decode worker), a thread the kernel
     // preempts then holds up one panel instead of half the layer while its partners wait at
@@ -167,17 +223,11 @@ void linear_tiled_kind(const Lin& w, const float* x, int rows, float* y, int ldy
         float* yt = y + n0;
         int r = 0;
         for (; r + MICRO_M <= rows; r += MICRO_M) {
-          micro_panel<MICRO_M>(xk + static_cast<size_t>(r) * k, k, panel, kc,
-                               yt + static_cast<size_t>(r) * ldy, ldy, nr, add);
+          micro<MICRO_M>(xk + static_cast<size_t>(r) * k, k, panel, kc,
+                         yt + static_cast<size_t>(r) * ldy, ldy, nr, add);
         }
-        switch (rows - r) {
-          case 1: micro_panel<1>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
-          case 2: micro_panel<2>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
-          case 3: micro_panel<3>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
-          case 4: micro_panel<4>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
-          case 5: micro_panel<5>(xk + static_cast<size_t>(r) * k, k, panel, kc, yt + static_cast<size_t>(r) * ldy, ldy, nr, add); break;
-          default: break;
-        }
+        micro_tail<MICRO_M - 1>(rows - r, xk + static_cast<size_t>(r) * k, k, panel, kc,
+                                yt + static_cast<size_t>(r) * ldy, ldy, nr, add);
       }
       if (w.bias) {
         for (int r = 0; r < rows; ++r) {
