@@ -258,9 +258,12 @@ def _machine() -> dict:
                                 capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         commit = ""
+    from engine.native import isa
+
     return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)),
             "memory_gb": psutil.virtual_memory().total / 1e9, "python": platform.python_version(),
-            "torch": torch.__version__, "commit": commit or "unknown"}
+            "torch": torch.__version__, "commit": commit or "unknown",
+            "native_isa": isa() or "none (torch ops)"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,8 @@ def markdown(results: dict) -> str:
         f"Command: `{results['command']}`",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores visible, {m['memory_gb']:.0f} GB RAM; "
-        f"Python {m['python']}, torch {m['torch']}",
+        f"Python {m['python']}, torch {m['torch']}; Tandem's native kernels: "
+        f"{m.get('native_isa', 'not recorded')}",
         f"- Tandem commit: {m['commit']}",
         f"- Model: `{results['gguf']}`",
         f"- Threads: {results['threads']} on both sides (HTTP rows: both servers on the same "
