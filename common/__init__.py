@@ -14,4 +14,5 @@
     log_format   ``--log-format text|json`` and ``--log-level``: one logging setup for all
     tracing      OpenTelemetry spans and W3C ``traceparent`` propagation over plain dicts
     tracing_setup  ``--otlp-endpoint`` / ``--trace-file``: the SDK installed when asked
+    async_merge  several async streams as one, in arrival order (a request's fanned-out legs)
 """

@@ -18,10 +18,10 @@ is left); a consumer that stops reading cancels every sequence.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
+from common.async_merge import merge
 from protos.tandem.v1 import tandem_pb2
 from router.errors import LegLostError
 from router.request import Chunk
@@ -39,40 +39,20 @@ async def merge_sequences(
     the rest; see the module docstring. Ends once every sequence has finished."""
     for chunk in firsts:
         yield chunk
-    queue: asyncio.Queue[tuple[int, Chunk | BaseException | None]] = asyncio.Queue()
 
-    async def pump(j: int) -> None:
+    async def sequence(j: int) -> AsyncIterator[Chunk]:
         sent = list(firsts[j].token_ids)
         try:
-            try:
-                async with aclosing(stream_of(j)) as messages:
-                    async for message in messages:
-                        sent.extend(message.token_ids)
-                        queue.put_nowait((j, Chunk.of(message, j)))
-            except LegLostError as lost:
-                async with aclosing(migrate(j, sent, lost)) as chunks:
-                    async for chunk in chunks:
-                        chunk.index = j
-                        queue.put_nowait((j, chunk))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            queue.put_nowait((j, exc))
-            return
-        queue.put_nowait((j, None))
+            async with aclosing(stream_of(j)) as messages:
+                async for message in messages:
+                    sent.extend(message.token_ids)
+                    yield Chunk.of(message, j)
+        except LegLostError as lost:
+            async with aclosing(migrate(j, sent, lost)) as chunks:
+                async for chunk in chunks:
+                    chunk.index = j
+                    yield chunk
 
-    tasks = [asyncio.ensure_future(pump(j)) for j in range(len(firsts))]
-    try:
-        open_sequences = len(tasks)
-        while open_sequences:
-            _, item = await queue.get()
-            if item is None:
-                open_sequences -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async with aclosing(merge([sequence(j) for j in range(len(firsts))])) as merged:
+        async for _, chunk in merged:
+            yield chunk

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
+from common.async_merge import merge
 from common.tracing import Parent
 from protos.tandem.v1 import tandem_pb2
 from router.frontend import Frontend
@@ -76,35 +77,10 @@ async def stream_all(frontend: Frontend, api: ApiRequest, budget: float | None,
     """Every choice's messages as they come, tagged with the choice's index."""
     k = sequences(api)
     accepted = accept_all(frontend, api, parent)
-    queue: asyncio.Queue[tuple[int, tandem_pb2.GenerateResponse | BaseException | None]] = (
-        asyncio.Queue()
-    )
-
-    async def pump(p: int, a: Accepted) -> None:
-        try:
-            async with aclosing(frontend.generate(a, budget)) as responses:
-                async for r in responses:
-                    await queue.put((p * k + r.index, r))
-            await queue.put((p, None))
-        except BaseException as exc:
-            await queue.put((p, exc))
-            raise
-
-    tasks = [asyncio.ensure_future(pump(p, a)) for p, a in enumerate(accepted)]
-    open_prompts = len(tasks)
-    try:
-        while open_prompts:
-            i, item = await queue.get()
-            if item is None:
-                open_prompts -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    streams = [frontend.generate(a, budget) for a in accepted]
+    async with aclosing(merge(streams)) as merged:
+        async for p, r in merged:
+            yield p * k + r.index, r
 
 
 async def _collect(frontend: Frontend, a: Accepted, budget: float | None, k: int
