@@ -31,6 +31,11 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
         ("--block-size", dict(type=int, default=cache.block_size)),
         ("--num-blocks", dict(type=int, default=None, help="KV blocks (overrides memory)")),
         ("--kv-cache-memory-gb", dict(type=float, default=cache.kv_cache_memory_gb)),
+        ("--gpu-memory-utilization", dict(
+            type=float, default=None,
+            help="CUDA: the share of the device (0-1] for weights, activations and the KV "
+                 "cache, which gets what is left (vLLM's flag; default: "
+                 "--kv-cache-memory-gb)")),
         ("--no-prefix-caching", dict(action="store_true")),
         ("--quantization", dict(
             default="auto", choices=["auto", "none", "int8", "int4"],
@@ -122,6 +127,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             block_size=args.block_size,
             num_blocks=args.num_blocks,
             kv_cache_memory_gb=args.kv_cache_memory_gb,
+            gpu_memory_utilization=args.gpu_memory_utilization,
             enable_prefix_caching=not args.no_prefix_caching,
             kv_cache_dtype=args.kv_cache_dtype,
         ),

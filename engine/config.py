@@ -56,6 +56,9 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None  # explicit pool size; overrides kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0  # pool size in GiB when num_blocks is None
+    # CUDA: the pool is what this share of the device leaves after weights and activations
+    # (engine/kv_budget.py); overrides kv_cache_memory_gb, num_blocks overrides it
+    gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (+ a scale per head vector)
 
@@ -66,6 +69,9 @@ class CacheConfig:
             raise ValueError("num_blocks must be >= 1")
         if self.kv_cache_memory_gb <= 0:
             raise ValueError("kv_cache_memory_gb must be > 0")
+        u = self.gpu_memory_utilization
+        if u is not None and not 0 < u <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u}")
         if self.kv_cache_dtype not in ("auto", "int8"):
             raise ValueError(f"kv_cache_dtype must be auto or int8, got {self.kv_cache_dtype!r}")
 
@@ -105,6 +111,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.attention_backend not in ("torch", "triton", "auto"):
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
+        if self.cache.gpu_memory_utilization is not None and \
+                not self.model.device.startswith("cuda"):
+            raise ValueError(
+                "gpu_memory_utilization sizes the KV cache on CUDA devices; on "
+                f"{self.model.device!r} use kv_cache_memory_gb or num_blocks")
 
     def resolved_backend(self) -> str:
         """``auto`` picks triton on CUDA and torch elsewhere."""

@@ -102,3 +102,28 @@ def test_cuda_fork_copies_the_shared_block_on_the_device(tiny_dir, make_engine) 
         for out in engine.step():
             got.setdefault(out.request_id, []).extend(out.new_token_ids)
     assert [got["f"]] + [got[f"f#{j}"] for j in range(1, 4)] == singles
+
+
+def test_gpu_memory_utilization_sizes_the_kv_pool_from_what_the_device_has_left(
+        tiny_dir, make_engine) -> None:
+    """vLLM's --gpu-memory-utilization: the pool is what the share leaves after the weights,
+    everything else on the device and the activation reserve; it serves, and a share too small
+    for one block is refused naming the figures."""
+    from engine.kv_budget import activation_reserve
+
+    path = tiny_dir("llama", 2)
+    total = torch.cuda.mem_get_info()[1]
+    engine = make_engine(model=str(path), device="cuda", dtype="bfloat16",
+                         gpu_memory_utilization=0.1, max_num_seqs=8)
+    per_block = engine.runner.kv_bytes_per_block(engine.arch, engine.config.cache.block_size,
+                                                 engine.dtype, "auto")
+    blocks = engine.kv.pool.num_blocks
+    reserve = activation_reserve(engine.arch, engine.config.scheduler.max_num_batched_tokens,
+                                 8, 2)
+    assert blocks * per_block <= 0.1 * total - reserve
+    assert blocks * per_block >= 0.05 * total  # a tiny model's weights leave most of the share
+    prompts = _prompts([5, 40])
+    assert all(len(t) == GREEDY.max_tokens for t in _run(engine, prompts))
+    with pytest.raises(ValueError, match="leaves no room for the KV cache"):
+        make_engine(model=str(path), device="cuda", dtype="bfloat16",
+                    gpu_memory_utilization=1e-4)
