@@ -211,7 +211,8 @@ def load() -> ctypes.CDLL | None:
     ``None`` (logged once) when unavailable.
 
     ``TANDEM_NATIVE=0`` turns the native path off. An invalid ``TANDEM_NATIVE_ISA`` raises
-    :class:`NativeISAError` rather than quietly running another variant."""
+    :class:`NativeISAError` rather than quietly running another variant; without it, a best
+    variant that cannot be built or opened falls back to the next (avx512 -> avx2)."""
     if os.environ.get("TANDEM_NATIVE", "1") == "0":
         return None
     chosen = selected_isa()  # raises NativeISAError on a bad override
@@ -219,9 +220,14 @@ def load() -> ctypes.CDLL | None:
         log.warning("native CPU decode kernels unavailable, using torch ops: this CPU lacks "
                     "one of %s", REQUIRED_CPU_FLAGS)
         return None
-    lib = open_variant(chosen)
-    if lib is not None:
-        _LOADED_ISA[:] = [chosen]
-        log.info("native CPU kernels: the %s variant (%s=%s overrides)", chosen, ISA_ENV,
-                 "|".join(PREFERENCE[::-1]))
-    return lib
+    # Without an override, a variant that cannot be built here (an image built on a CPU
+    # without it, and no compiler where it runs) gives way to the next one the CPU runs.
+    candidates = [chosen] if os.environ.get(ISA_ENV) else supported_isas(cpu_flags())
+    for variant in candidates:
+        lib = open_variant(variant)
+        if lib is not None:
+            _LOADED_ISA[:] = [variant]
+            log.info("native CPU kernels: the %s variant (%s=%s overrides)", variant, ISA_ENV,
+                     "|".join(PREFERENCE[::-1]))
+            return lib
+    return None

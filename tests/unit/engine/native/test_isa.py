@@ -74,6 +74,32 @@ def test_load_raises_on_a_bad_override_instead_of_running_another_variant(
         native_build.load.__wrapped__()  # the uncached body: the cached load() is untouched
 
 
+def test_without_an_override_a_variant_that_cannot_open_gives_way_to_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image built where the CPU lacked AVX-512, run where it has it with no compiler:
+    avx512 cannot be built, so avx2 serves (an override would have been an error instead)."""
+    monkeypatch.delenv(ISA_ENV, raising=False)
+    monkeypatch.delenv("TANDEM_NATIVE", raising=False)
+    monkeypatch.setattr(native_build, "cpu_flags", lambda: frozenset(AVX512))
+    tried: list[str] = []
+    lib = object()
+
+    def open_variant(isa: str) -> object | None:
+        tried.append(isa)
+        return None if isa == "avx512" else lib
+
+    monkeypatch.setattr(native_build, "open_variant", open_variant)
+    saved = list(native_build._LOADED_ISA)
+    try:
+        assert native_build.load.__wrapped__() is lib
+        assert tried == ["avx512", "avx2"] and native_build._LOADED_ISA == ["avx2"]
+        tried.clear()
+        monkeypatch.setenv(ISA_ENV, "avx512")
+        assert native_build.load.__wrapped__() is None and tried == ["avx512"]
+    finally:
+        native_build._LOADED_ISA[:] = saved
+
+
 def test_each_variant_has_its_own_library_file(tmp_path: Path) -> None:
     paths = {isa: library_path(tmp_path, isa) for isa in VARIANTS}
     if None in paths.values():
