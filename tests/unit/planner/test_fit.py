@@ -97,3 +97,16 @@ def test_curve_points_are_validated_and_round_trip() -> None:
     c = StepCost(0.01, 0.0, 0.0, curve=[[1, 0.01], [8, 0.05]])
     assert c.curve == ((1.0, 0.01), (8.0, 0.05))
     assert c.shape_s(16) == pytest.approx(0.05 + 8 * 0.04 / 7)
+
+
+def test_costs_the_samples_cannot_tell_apart_do_not_break_the_fit() -> None:
+    """Prefill-only samples say nothing of decode rows or their context: those columns are
+    all zero, the normal equations singular. The fit gives them 0 and fits the rest (it
+    raised 'singular system' before; a profile run hit it when the active-set loop dropped
+    the column that separated two others)."""
+    samples = [StepSample(0, n, 0, 0.002 + 1e-5 * n, prefill_context(n))
+               for n in (16, 64, 256, 1024, 2048)]
+    fit = fit_step_cost(samples)
+    c = fit.cost
+    assert c.per_row_s == 0 and c.per_context_token_s == 0
+    assert fit.max_relative_error < 1e-3
