@@ -13,12 +13,18 @@ step's peak beside weights and KV, not a profiled figure: every step-sized activ
 layer keeps at once (hidden state, residual, normed input, q/k/v, gate, up and their product)
 for the step's token budget, the fp32 logits of a full batch twice (logits and the sampler's
 working copy), and a fixed margin for the allocator, CUDA graphs and library workspaces.
-Torch-free: the engine passes it torch's figures.
+Torch-free: the engine passes it torch's figures (``mem_info``).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Protocol
+
+from engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
 
 MARGIN_BYTES = 512 * 2**20  # allocator slack, CUDA graph pools, cuBLAS/Triton workspaces
 
@@ -56,3 +62,20 @@ def blocks_for_utilization(utilization: float, total: int, free: int, reserve: i
             f"{reserve / gib:.2f} GiB reserved for activations; raise it, or lower "
             "--max-num-batched-tokens / --max-num-seqs")
     return int(budget // per_block)
+
+
+def pool_blocks(config: EngineConfig, arch: _Shape, per_block: int, act_bytes: int,
+                mem_info: Callable[[], tuple[int, int]]) -> int:
+    """The KV pool's blocks when ``num_blocks`` is not set: from ``gpu_memory_utilization``
+    when given (``mem_info()`` -> the device's (free, total) bytes, asked only then), else
+    from ``kv_cache_memory_gb``."""
+    cc = config.cache
+    if cc.gpu_memory_utilization is None:
+        return max(1, int(cc.kv_cache_memory_gb * 2**30) // per_block)
+    free, total = mem_info()
+    reserve = activation_reserve(arch, config.scheduler.max_num_batched_tokens,
+                                 config.scheduler.max_num_seqs, act_bytes)
+    blocks = blocks_for_utilization(cc.gpu_memory_utilization, total, free, reserve, per_block)
+    log.info("KV cache: %d blocks (%.2f GiB) in %.2f of %.1f GiB", blocks,
+             blocks * per_block / 2**30, cc.gpu_memory_utilization, total / 2**30)
+    return blocks

@@ -24,7 +24,6 @@ with the n tokens it committed (one reservation, one push).
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -39,7 +38,7 @@ from engine.core.request import FORK_SEPARATOR, RequestStatus
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.core.step_costs import StepCostModel
 from engine.errors import InvalidRequestError
-from engine.kv_budget import activation_reserve, blocks_for_utilization
+from engine.kv_budget import pool_blocks
 from engine.model_runner import ModelRunner
 from engine.models.weights import torch_dtype
 from engine.outputs import (
@@ -56,8 +55,6 @@ from engine.sampler import Sampler, skip_draw
 from engine.sampling_params import SamplingParams
 from engine.spec.build import build_spec_decoder
 from engine.structured.grammar_engine import GrammarEngine
-
-log = logging.getLogger(__name__)
 
 # layer index, then (request_id, block_ids) of every request whose prefill completes this step
 KVLayerHook = Callable[[int, list[tuple[str, list[int]]]], None]
@@ -81,7 +78,9 @@ class LLMEngine:
         per_block = ModelRunner.kv_bytes_per_block(
             self.arch, cc.block_size, self.dtype, cc.kv_cache_dtype
         )
-        num_blocks = cc.num_blocks or self._pool_blocks(config, per_block)
+        num_blocks = cc.num_blocks or pool_blocks(
+            config, self.arch, per_block, self.dtype.itemsize,
+            lambda: torch.cuda.mem_get_info(self.device))
         rc = RunnerConfig(
             num_blocks, cc.block_size, self.dtype, self.device, config.resolved_backend(),
             self.max_model_len, cc.kv_cache_dtype,
@@ -114,21 +113,6 @@ class LLMEngine:
         self.num_steps = 0
 
     # -- requests --------------------------------------------------------------------------
-    def _pool_blocks(self, config: EngineConfig, per_block: int) -> int:
-        """KV blocks from --gpu-memory-utilization on CUDA (engine/kv_budget.py), else from
-        --kv-cache-memory-gb."""
-        cc = config.cache
-        if cc.gpu_memory_utilization is None:
-            return max(1, int(cc.kv_cache_memory_gb * 2**30) // per_block)
-        free, total = torch.cuda.mem_get_info(self.device)
-        reserve = activation_reserve(self.arch, config.scheduler.max_num_batched_tokens,
-                                     config.scheduler.max_num_seqs, self.dtype.itemsize)
-        blocks = blocks_for_utilization(cc.gpu_memory_utilization, total, free, reserve,
-                                        per_block)
-        log.info("KV cache: %d blocks (%.2f GiB) in %.2f of %.1f GiB", blocks,
-                 blocks * per_block / 2**30, cc.gpu_memory_utilization, total / 2**30)
-        return blocks
-
     @staticmethod
     def _native_ok(config: EngineConfig) -> bool:
         """Whether this engine's CPU steps will run the native kernels (their layout then

@@ -58,3 +58,20 @@ def test_the_vllm_flag_reaches_the_engine_config() -> None:
     assert engine_config_from_args(args).cache.gpu_memory_utilization == 0.85
     default = engine_config_from_args(parser.parse_args([]))
     assert default.cache.gpu_memory_utilization is None  # the pool: --kv-cache-memory-gb
+
+
+def test_the_pool_asks_the_device_only_when_the_share_is_set() -> None:
+    from engine.kv_budget import pool_blocks
+
+    per_block = 2**20
+
+    def no_device() -> tuple[int, int]:
+        raise AssertionError("the device's memory was read without --gpu-memory-utilization")
+
+    assert pool_blocks(EngineConfig(), LLAMA8B, per_block, 2, no_device) == 1024  # 1 GiB
+    cfg = EngineConfig(model=ModelConfig(device="cuda"),
+                       cache=CacheConfig(gpu_memory_utilization=0.5))
+    reserve = activation_reserve(LLAMA8B, cfg.scheduler.max_num_batched_tokens,
+                                 cfg.scheduler.max_num_seqs, 2)
+    got = pool_blocks(cfg, LLAMA8B, per_block, 2, lambda: (70 * GIB, 80 * GIB))
+    assert got == blocks_for_utilization(0.5, 80 * GIB, 70 * GIB, reserve, per_block)
