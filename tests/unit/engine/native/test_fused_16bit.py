@@ -59,9 +59,14 @@ def _forward(model, backend, ids, positions, table, kv, bs) -> torch.Tensor:  # 
         return model.compute_logits(hidden).float()
 
 
-def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """How many 16-bit codes apart two same-signed 16-bit tensors are, elementwise."""
-    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+def _ulps_at_scale(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How far apart two 16-bit tensors are, elementwise, in ulps of the largest magnitude of
+    each head vector (last dimension): fp32 summation order moves a result by a share of its
+    operands' size, so a value near zero that cancellation left (a code of 4e-5 in a vector
+    reaching 2.3) may move several of its own ulps while moving a tiny share of the vector's."""
+    scale = b.float().abs().amax(-1, keepdim=True).clamp_min(torch.finfo(b.dtype).tiny)
+    ulp = torch.finfo(b.dtype).eps * torch.exp2(torch.floor(torch.log2(scale)))
+    return (a.float() - b.float()).abs() / ulp
 
 
 @pytest.mark.parametrize("arch,dtype,kv_heads,tied,kv_dtype", [
@@ -110,10 +115,11 @@ def test_fused_16bit_matches_the_upcast_torch_path(make_engine, tiny_dir, arch, 
         diff = (kv_nat[..., :hd].int() - kv_ref[..., :hd].int()).abs()
         assert diff.max().item() <= 1 and diff.float().mean().item() < 1e-3
         return
-    # the same rounding: codes equal, but for a few that summation order moved an ulp or two
-    # (one in an earlier layer's K/V moves later layers' values a little)
-    apart = _ulps_apart(kv_nat, kv_ref)
-    assert apart.max().item() <= 2 and (apart == 0).float().mean().item() > 0.999
+    # the same rounding: codes equal, but for a few that summation order moved (one in an
+    # earlier layer's K/V moves later layers' values a little), by at most two ulps of their
+    # head vector's scale
+    assert (kv_nat != kv_ref).float().mean().item() < 1e-3
+    assert _ulps_at_scale(kv_nat, kv_ref).max().item() <= 2
 
 
 @pytest.mark.parametrize("kv_heads", [2, 4])
