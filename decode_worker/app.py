@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 
 import grpc
+import torch
 
 from decode_worker.service import DecodeConfig, DecodeWorker
 from decode_worker.servicer import DecodeServicer
 from engine.async_engine import AsyncEngine
+from engine.model_runner import ModelRunner
 from kv_transfer import Receiver, ReceiverConfig
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from worker.app import WorkerAppShell, load_engine
 from worker.config import StartupError, WorkerConfig
 from worker.convert import kv_layout
+from worker.core_lending import BorrowedThreads, CoreBorrower
 from worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,8 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     """Load the engine, start the KV receiver on ``kv_port`` and the worker logic."""
     wc = config.worker
     engine = load_engine(wc.engine)
+    if wc.core_share:
+        borrow_cores(engine.runner, wc.core_share, wc.core_share_min_rows)
     metrics = WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat)
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_cache_spec())
@@ -72,3 +81,21 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
         metrics)
     await worker.start()
     return DecodeApp(worker, receiver)
+
+
+def borrow_cores(runner: ModelRunner, path: str, min_rows: int) -> None:
+    """Let ``runner``'s fused steps of ``min_rows`` rows or more run on every core of this
+    process while the prefill worker sharing ``path`` is idle (worker/core_lending.py).
+    StartupError when the file cannot be read."""
+    own, every = torch.get_num_threads(), len(os.sched_getaffinity(0))
+    try:
+        policy = BorrowedThreads(CoreBorrower(path), own=own, borrowed=max(every, own),
+                                 min_rows=min_rows)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+    if runner.fused is None:
+        log.warning("--core-share has no effect: the fused native forward is off")
+        return
+    runner.step_threads = policy
+    log.info("borrowing %d threads (own %d) for steps of >= %d rows while the prefill worker "
+             "is idle", policy.borrowed, own, min_rows)

@@ -44,14 +44,18 @@ class AsyncEngine:
     """Owns an ``LLMEngine`` and the thread that drives it.
 
     ``on_step(seconds)`` is called on the engine thread after every step that ran the model
-    (the workers' step-time metric); it must be quick and thread-safe.
+    (the workers' step-time metric); ``on_busy(busy)`` there too, whenever the engine goes from
+    idle to having work (True) or back (False), first with False at start (a prefill worker
+    lending its idle cores: worker/core_lending.py). Both must be quick and thread-safe.
     """
 
     def __init__(
-        self, engine: LLMEngine, on_step: Callable[[float], None] | None = None
+        self, engine: LLMEngine, on_step: Callable[[float], None] | None = None,
+        on_busy: Callable[[bool], None] | None = None,
     ) -> None:
         self.engine = engine
         self._on_step = on_step if on_step is not None else _ignore_step
+        self._on_busy = on_busy
         self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Any] | None] = (
             queue.SimpleQueue()
         )
@@ -136,9 +140,13 @@ class AsyncEngine:
 
     # -- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
+        was_busy: bool | None = None
         try:
             while True:
                 busy = self.engine.has_unfinished()
+                if busy != was_busy and self._on_busy is not None:
+                    self._on_busy(busy)
+                was_busy = busy
                 try:
                     item = self._calls.get(block=not busy)
                 except queue.Empty:

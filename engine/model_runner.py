@@ -38,7 +38,11 @@ PromptLogits = list[tuple[ScheduledRequest, torch.Tensor]]
 
 
 class ModelRunner:
-    """Owns the model, the KV cache tensor and the attention backend."""
+    """Owns the model, the KV cache tensor and the attention backend.
+
+    ``step_threads(rows)``, when set, gives each fused native step its thread count (a decode
+    worker borrowing an idle prefill worker's cores: worker/core_lending.py); unset, a step
+    runs on torch's thread count."""
 
     def __init__(self, model: LlamaForCausalLM, arch: ModelArch, rc: RunnerConfig) -> None:
         self.model = model
@@ -67,6 +71,7 @@ class ModelRunner:
                 -(-rc.max_model_len // rc.block_size), rc.block_size,
             )
         self.fused = None
+        self.step_threads: Callable[[int], int] | None = None
         if rc.native_kernels and rc.device.type == "cpu":
             from engine.native import FusedForward, unsupported_reason
 
@@ -145,8 +150,9 @@ class ModelRunner:
         logit_rows = sample_rows + scored_rows
         if self.fused is not None:
             seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
+            threads = self.step_threads(len(ids)) if self.step_threads is not None else None
             logits = self.fused(ids, positions, seq_index, tables, self.kv_cache, logit_rows,
-                                layer_hook=layer_hook)
+                                threads=threads, layer_hook=layer_hook)
             return self._split(logits, len(sample_rows), scored, samplers)
         width = max(len(t) for t in tables)
         if (self.graphs is not None and not scored and len(ids) == len(order)

@@ -13,8 +13,9 @@ from prefill_worker.service import PrefillConfig, PrefillWorker
 from prefill_worker.servicer import PrefillServicer
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from worker.app import WorkerAppShell, load_engine
-from worker.config import WorkerConfig
+from worker.config import StartupError, WorkerConfig
 from worker.convert import kv_layout
+from worker.core_lending import CoreLender
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,12 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
     wc = config.worker
     engine = load_engine(wc.engine)
     metrics = PrefillMetrics(model_name=wc.model_name, compat=wc.metrics_compat)
-    ae = AsyncEngine(engine, on_step=metrics.observe_step)
+    try:  # lend this host's cores to its decode worker while idle (worker/core_lending.py)
+        lender = CoreLender(wc.core_share) if wc.core_share else None
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+    ae = AsyncEngine(engine, on_step=metrics.observe_step,
+                     on_busy=lender.set_busy if lender is not None else None)
     layout = kv_layout(engine.kv_cache_spec())
     sender = Sender(engine.kv_cache, layout,
                     SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls))

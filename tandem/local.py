@@ -17,6 +17,7 @@ import shlex
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +37,7 @@ from tandem.engine_flags import (
 from tandem.invocation import tandem_command
 from tandem.launcher.api_keys import add_api_key_args, key_file_text, write_key_file
 from tandem.local_cluster import Cluster
+from worker.core_lending import make_core_share_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,9 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     prefill, decode = thread_split(len(os.sched_getaffinity(0)))
     p.add_argument("--prefill-threads", type=int, default=prefill,
                    help=f"prefill worker threads (default: every core, {prefill})")
-    p.add_argument("--decode-threads", type=int, default=decode,
-                   help=f"decode worker threads (default: a quarter of the cores, {decode})")
+    p.add_argument("--decode-threads", type=int, default=None,
+                   help=f"decode worker threads (default: a quarter of the cores, {decode}, "
+                   "borrowing the prefill worker's while it is idle; every core with "
+                   "--no-prefill)")
     p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
+    p.add_argument("--no-core-share", action="store_true",
+                   help="the decode worker keeps to its own threads (by default it runs steps "
+                   "of 8 rows or more, --worker-arg=--core-share-min-rows=N, on every core "
+                   "while the prefill worker is idle)")
     p.add_argument("--worker-metrics-port", type=int, default=0,
                    help="workers' Prometheus /metrics port on loopback (default 0: a free "
                    "one each, printed; -1: none)")
@@ -103,6 +111,15 @@ def thread_split(cores: int) -> tuple[int, int]:
     return max(cores, 1), max(cores // 4, 1)
 
 
+def decode_threads(args: argparse.Namespace) -> int:
+    """The decode worker's own threads: ``--decode-threads``, else its share of
+    :func:`thread_split`, or every core when it is alone (``--no-prefill``: it prefills too)."""
+    if args.decode_threads is not None:
+        return int(args.decode_threads)
+    cores = len(os.sched_getaffinity(0))
+    return max(cores, 1) if args.no_prefill else thread_split(cores)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the local cluster until interrupted."""
     args = build_parser().parse_args(argv)
@@ -122,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     key_file = write_key_file(keys) if keys else None
     key_flags = ["--api-key-file", str(key_file)] if key_file else []
+    share_dir = None if args.no_prefill or args.no_core_share else Path(
+        tempfile.mkdtemp(prefix="tandem-local-"))
+    share = ["--core-share", str(make_core_share_file(share_dir))] if share_dir else []
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        workers = _start_workers(cluster, args, spec)
+        workers = _start_workers(cluster, args, spec, share)
         decode = workers["decode"]
         prefill_flags = ["--prefill", workers["prefill"].grpc] if "prefill" in workers else []
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
@@ -159,19 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
         cluster.stop()
-        if key_file is not None:
-            shutil.rmtree(key_file.parent, ignore_errors=True)
+        for folder in (key_file.parent if key_file else None, share_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
-def _start_workers(cluster: Cluster, args: argparse.Namespace, spec: str) -> dict[str, Any]:
+def _start_workers(cluster: Cluster, args: argparse.Namespace, spec: str,
+                   share: list[str]) -> dict[str, Any]:
     """Start the decode worker and (unless --no-prefill) the prefill worker side by side
-    (their imports and model loads overlap); role -> Proc once both serve. RuntimeError when
-    one fails (``Cluster.start`` has stopped everything then)."""
-    commands = {"decode": ("decode_worker", "--port", "0", "--kv-port", "0",
-                           *worker_argv(args, spec, args.decode_threads))}
+    (their imports and model loads overlap), both given the ``share`` flags (the core-share
+    file, worker/core_lending.py); role -> Proc once both serve. RuntimeError when one fails
+    (``Cluster.start`` has stopped everything then)."""
+    commands = {"decode": ("decode_worker", "--port", "0", "--kv-port", "0", *share,
+                           *worker_argv(args, spec, decode_threads(args)))}
     if not args.no_prefill:
-        commands["prefill"] = ("prefill_worker", "--port", "0",
+        commands["prefill"] = ("prefill_worker", "--port", "0", *share,
                                *worker_argv(args, spec, args.prefill_threads))
     print(f"[tandem] starting {' and '.join(commands)} workers ...", file=sys.stderr, flush=True)
     with ThreadPoolExecutor(len(commands)) as pool:

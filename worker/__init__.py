@@ -6,7 +6,8 @@
     role app = worker.app.WorkerAppShell + the role's servicer
     role servicer ──worker.convert──> protos <-> engine values; typed errors ──worker.errors──>
         gRPC status codes; TLS/mTLS on the gRPC port (worker.tls); each RPC's span and log
-        context (worker.rpc_context)
+        context (worker.rpc_context); one host's prefill worker lending its idle cores to
+        the decode worker (worker.core_lending)
 
 The two roles never import each other; what both need lives here.
 """

@@ -71,6 +71,13 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--served-model-name", "--model-name", dest="served_model_name", default="",
                    help="the model id clients use (the router's --model-name), as /metrics' "
                    "model_name label (default: the last part of --model)")
+    p.add_argument("--core-share", default=None, metavar="FILE",
+                   help="a core-share file this host's prefill and decode workers both name "
+                   "(tandem local makes one): the prefill worker lends its cores while idle, "
+                   "the decode worker runs big steps on every core then")
+    p.add_argument("--core-share-min-rows", type=int, default=8,
+                   help="decode worker: the fewest rows a step needs to borrow the cores "
+                   "(smaller steps leave a core to the router and clients)")
     add_metrics_compat_arg(p)
     add_tls_args(p)
     add_log_args(p)
@@ -113,6 +120,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
         serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
         served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
+        core_share=args.core_share, core_share_min_rows=args.core_share_min_rows,
     )
 
 

@@ -58,6 +58,12 @@ class WorkerConfig:
     kv_tls: TlsConfig | None = None  # TLS on KV over TCP (the credential authenticates anyway)
     served_model_name: str = ""  # /metrics' model_name label ("": from the engine's model)
     metrics_compat: str = "vllm"  # "vllm": /metrics also has vLLM's names (docs/metrics.md)
+    core_share: str | None = None  # a host's core-share file (worker/core_lending.py)
+    core_share_min_rows: int = 8  # decode: the fewest rows a step borrows the cores for
+
+    def __post_init__(self) -> None:
+        if self.core_share_min_rows < 1:
+            raise ValueError("--core-share-min-rows must be >= 1")
 
     @property
     def model_name(self) -> str:

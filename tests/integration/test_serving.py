@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -224,6 +225,14 @@ def test_make_serve_path_starts_serves_and_stops() -> None:
 
         wait_until(lambda: "Q4_1" in reported())
         assert reported() == "Q4_1 x120 + Q8_0 (embedding, lm_head) x1"
+        # the two workers share one core-share file (the prefill worker lends its idle cores)
+        lines = [p.cmdline() for p in psutil.Process(local.popen.pid).children()]
+        shares = [line[line.index("--core-share") + 1] for line in lines
+                  if "--core-share" in line]
+        assert len(shares) == 2 and len(set(shares)) == 1
+        share = Path(shares[0])
+        assert share.stat().st_mode & 0o777 == 0o600
     finally:
         c.stop()
     assert local.popen.returncode == 0
+    assert not share.parent.exists()  # removed with the cluster

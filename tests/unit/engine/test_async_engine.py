@@ -61,3 +61,24 @@ def test_abort_through_the_thread(tiny_dir, make_engine) -> None:
         return reason
 
     assert asyncio.run(main()) == "aborted"
+
+
+def test_on_busy_follows_the_engine_from_idle_to_work_and_back(tiny_dir, make_engine) -> None:
+    """What a prefill worker lending its idle cores publishes (worker/core_lending.py): idle
+    at start, busy once a request is in, idle when the last one finished."""
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
+    seen: list[bool] = []
+
+    async def main() -> None:
+        ae = AsyncEngine(engine, on_busy=seen.append)
+        for rid in ("a", "b"):
+            await ae.call(lambda e, rid=rid: e.add_request([5, 6, 7], GREEDY, request_id=rid),
+                          stream=rid)
+            async for out in ae.outputs(rid):
+                if out.finished:
+                    break
+            await ae.call(lambda e: None)  # the thread has looked again since the last step
+        await ae.shutdown()
+
+    asyncio.run(main())
+    assert seen == [False, True, False, True, False]

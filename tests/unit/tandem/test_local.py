@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from tandem.local import build_parser, router_argv, thread_split, worker_argv
+from tandem.local import build_parser, decode_threads, router_argv, thread_split, worker_argv
 
 
 def test_prefill_gets_every_core_decode_a_quarter() -> None:
@@ -17,7 +18,14 @@ def test_prefill_gets_every_core_decode_a_quarter() -> None:
 
 def test_flags_override_the_split() -> None:
     args = build_parser().parse_args(["--prefill-threads", "1", "--decode-threads", "3"])
-    assert (args.prefill_threads, args.decode_threads) == (1, 3)
+    assert (args.prefill_threads, decode_threads(args)) == (1, 3)
+    assert decode_threads(build_parser().parse_args(["--no-prefill", "--decode-threads", "1"])) == 1
+
+
+def test_a_lone_decode_worker_gets_every_core() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert decode_threads(build_parser().parse_args([])) == thread_split(cores)[1]
+    assert decode_threads(build_parser().parse_args(["--no-prefill"])) == cores
 
 
 def test_engine_flags_reach_both_workers_and_the_router_its_own() -> None:
@@ -120,3 +128,30 @@ def test_metrics_compat_reaches_every_process() -> None:
     default = build_parser().parse_args([])
     assert not any("metrics-compat" in a for a in (*worker_argv(default, "m", 1),
                                                    *router_argv(default, "/m")))
+
+
+class _Recorder:
+    """A Cluster that records what it was asked to start."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, ...]] = []
+
+    def start(self, *command: str) -> tuple[str, ...]:
+        self.started.append(command)
+        return command
+
+
+def test_both_workers_get_the_core_share_file_and_only_they() -> None:
+    from tandem.local import _start_workers
+
+    share = ["--core-share", "/run/x/core-share"]
+    cluster = _Recorder()
+    started = _start_workers(cluster, build_parser().parse_args([]), "smollm2", share)  # type: ignore[arg-type]
+    assert set(started) == {"decode", "prefill"}
+    for command in cluster.started:
+        at = command.index("--core-share")
+        assert command[at + 1] == "/run/x/core-share"
+    cluster = _Recorder()
+    _start_workers(cluster, build_parser().parse_args(["--no-prefill"]), "smollm2", [])  # type: ignore[arg-type]
+    assert [c[0] for c in cluster.started] == ["decode_worker"]
+    assert "--core-share" not in cluster.started[0]
