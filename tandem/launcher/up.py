@@ -22,8 +22,10 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -43,6 +45,7 @@ from tandem.engine_flags import (
 from tandem.invocation import tandem_command
 from tandem.launcher.api_keys import add_api_key_args, key_file_text
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
+from worker.core_lending import make_core_share_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,9 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     # quantized blocks: engine/quant "auto"; the router reads only its tokenizer), a path
     # made absolute; their resolve finds the conversion done above.
     model = str(Path(spec.model).resolve()) if Path(spec.model).exists() else spec.model
-    if args.address is None and spec.threads is None:
+    share_dir: Path | None = None
+    if args.address is None and spec.threads is None and _one_local_pair(spec):
+        share_dir = Path(tempfile.mkdtemp(prefix="tandem-up-"))
+        spec = lend_cores(spec, make_core_share_file(share_dir), len(os.sched_getaffinity(0)))
+    elif args.address is None and spec.threads is None:
         spec = dataclasses.replace(spec, threads=_local_threads(spec))
+    try:
+        return _serve(args, spec, model)
+    finally:
+        if share_dir is not None:
+            shutil.rmtree(share_dir, ignore_errors=True)
 
+
+def _serve(args: argparse.Namespace, spec: LaunchSpec, model: str) -> int:
+    """Start the pool on Ray and, in the foreground, serve until interrupted or stopped."""
     import ray
 
     from tandem.launcher.connect import connect, find_pool
@@ -246,6 +261,28 @@ def main(argv: list[str] | None = None) -> int:
     print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
     stop_pool(pool)
     return 0
+
+
+def _one_local_pair(spec: LaunchSpec) -> bool:
+    """One prefill and one decode worker, no autoscaling, no GPUs: ``make serve``'s cluster,
+    laid out as ``tandem local`` lays out its two workers (:func:`lend_cores`)."""
+    return (spec.prefill == 1 and spec.decode == 1 and spec.autoscale is None
+            and not spec.prefill_gpus and not spec.decode_gpus)
+
+
+def lend_cores(spec: LaunchSpec, share: Path, cores: int) -> LaunchSpec:
+    """``spec`` with ``tandem local``'s layout of one prefill and one decode worker on
+    ``cores``: the prefill worker every core, the decode worker a quarter, borrowing the
+    prefill worker's while it is idle through the core-share file ``share``
+    (worker/core_lending.py). The user's ``--prefill-arg``/``--decode-arg`` come after, so a
+    ``--threads`` given there wins."""
+    from tandem.local import thread_split
+
+    prefill, decode = thread_split(cores)
+    flags = ("--core-share", str(share))
+    return dataclasses.replace(
+        spec, prefill_args=("--threads", str(prefill), *flags, *spec.prefill_args),
+        decode_args=("--threads", str(decode), *flags, *spec.decode_args))
 
 
 def _local_threads(spec: LaunchSpec) -> int:

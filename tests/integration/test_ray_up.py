@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -200,8 +201,11 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
         tiny_dir: Callable[..., Path], smollm2_dir: Path) -> None:
     """``tandem up`` on a new local Ray instance, its router polled (/health, /ready) every
     0.2 s from the moment it starts: the start succeeds, a request is served, and every port
-    the cluster opened (Ray's and Tandem's) is on loopback. Ctrl-C's SIGTERM stops it all."""
+    the cluster opened (Ray's and Tandem's) is on loopback. Ctrl-C's SIGTERM stops it all.
+    Without ``--threads``, as ``make serve`` runs it: its two workers share cores through a
+    core-share file (worker/core_lending.py), removed at the stop."""
     model_dir = tiny_served_model(tiny_dir, smollm2_dir)
+    shares_before = set(Path(tempfile.gettempdir()).glob("tandem-up-*"))
     http = f"127.0.0.1:{_free_port()}"
     # Ray's workers at normal priority (see the module fixture); RayConfig reads RAY_<name>.
     env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_worker_niceness="0")
@@ -209,7 +213,7 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
     proc = subprocess.Popen(
         [sys.executable, "-m", "tandem.cli", "up", "--namespace", "tandem-poll",
          "--model", str(model_dir), "--model-name", "tiny", "--port", "0",
-         "--http-port", http.rsplit(":", 1)[1], "--dtype", "float32", "--threads", "1",
+         "--http-port", http.rsplit(":", 1)[1], "--dtype", "float32",
          "--num-cpus", "4", "--worker-arg=--num-blocks=256"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -245,9 +249,12 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
         assert int(http.rsplit(":", 1)[1]) in ports and int(info["grpc"].rsplit(":", 1)[1]) in ports
         public = [s for s in sockets if not _loopback(s[0])]
         assert public == [], f"listening beyond loopback: {public}"
+        shares = set(Path(tempfile.gettempdir()).glob("tandem-up-*")) - shares_before
+        assert len(shares) == 1 and (shares.pop() / "core-share").stat().st_mode & 0o777 == 0o600
         proc.send_signal(signal.SIGTERM)  # what Ctrl-C does: drain and stop
         assert proc.wait(timeout=180) == 0, "".join(lines[-40:])
         _wait(lambda: not any(_alive(p) for p in pids), 60, "no process of the cluster left")
+        assert set(Path(tempfile.gettempdir()).glob("tandem-up-*")) <= shares_before
     finally:
         if proc.poll() is None:
             proc.kill()

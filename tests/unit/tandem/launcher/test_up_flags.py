@@ -58,7 +58,7 @@ def test_up_exits_2_before_starting_anything(argv: list[str], message: str,
 
 
 @pytest.mark.parametrize("cores,argv,want", [
-    (2, [], 1),                                   # make serve on the 2-core box: a core each
+    (2, [], 1),                                   # (make serve's 1+1 pair gets lend_cores)
     (16, [], 8),
     (16, ["--prefill", "3", "--decode", "1"], 4),
     (1, ["--prefill", "2", "--decode", "2"], 1),  # never below one
@@ -109,3 +109,29 @@ def test_a_public_router_needs_keys_or_an_explicit_allow(capsys) -> None:
         spec = spec_from_args(build_parser().parse_args(["--host", "0.0.0.0", *extra]), None)
         _check_public_bind(spec)  # no error
     _check_public_bind(spec_from_args(build_parser().parse_args([]), None))  # loopback default
+
+
+def test_make_serves_pair_is_laid_out_as_tandem_local(tmp_path: Path) -> None:
+    """One prefill + one decode worker on a local instance: prefill every core, decode a
+    quarter and the core share (worker/core_lending.py); a role's own flags still win."""
+    from tandem.launcher import up
+    from tandem.launcher.argv import worker_argv
+
+    spec = spec_from_args(build_parser().parse_args(["--decode-arg=--threads=2"]), None)
+    assert up._one_local_pair(spec)
+    laid = up.lend_cores(spec, tmp_path / "core-share", cores=16)
+    prefill, decode = (worker_argv(laid, role, "m") for role in ("prefill", "decode"))
+    for argv in (prefill, decode):
+        assert argv[argv.index("--core-share") + 1] == str(tmp_path / "core-share")
+    assert [a for a in prefill if a.startswith("--threads")] == ["--threads"]
+    assert prefill[prefill.index("--threads") + 1] == "16"
+    # the quarter first, the user's --decode-arg last (the parser keeps the last)
+    assert decode[decode.index("--threads") + 1] == "4" and decode[-1] == "--threads=2"
+
+
+@pytest.mark.parametrize("argv", [["--prefill", "2"], ["--decode", "2"], ["--prefill", "0"],
+                                  ["--decode-gpus", "1"]])
+def test_other_layouts_share_no_cores(argv: list[str]) -> None:
+    from tandem.launcher import up
+
+    assert not up._one_local_pair(spec_from_args(build_parser().parse_args(argv), None))
