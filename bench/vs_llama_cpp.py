@@ -154,7 +154,9 @@ def _local_split(threads: int) -> str:
     from tandem.local import thread_split
 
     prefill, decode = thread_split(min(threads, len(os.sched_getaffinity(0))))
-    return f"prefill worker {prefill} threads, decode worker {decode}"
+    return (f"prefill worker {prefill} threads, decode worker {decode}, borrowing "
+            f"{max(prefill, decode)} for steps of 8 rows or more while the prefill worker "
+            "is idle")
 
 
 # -- the run -------------------------------------------------------------------------------------
