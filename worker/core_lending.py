@@ -47,8 +47,8 @@ class _SharedByte:
     def __init__(self, path: str | Path) -> None:
         try:
             with open(path, "r+b") as f:
-                if os.fstat(f.fileno()).st_size < 1:
-                    raise ValueError(f"core-share file {path} is empty")
+                if os.fstat(f.fileno()).st_size != 1:  # not some other file named by mistake
+                    raise ValueError(f"{path} is not a core-share file (one byte)")
                 self._map = mmap.mmap(f.fileno(), 1)
         except OSError as exc:
             raise ValueError(f"cannot open core-share file {path}: {exc.strerror}") from exc

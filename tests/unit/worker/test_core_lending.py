@@ -81,10 +81,15 @@ def test_a_bad_thread_rule_is_refused(tmp_path: Path, own: int, borrowed: int,
         BorrowedThreads(borrower, own=own, borrowed=borrowed, min_rows=min_rows)
 
 
-def test_a_missing_or_empty_file_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_missing_or_other_file_is_a_clear_error_and_left_alone(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot open core-share file .*nope"):
         CoreLender(tmp_path / "nope")
     empty = tmp_path / "empty"
     empty.touch()
-    with pytest.raises(ValueError, match="is empty"):
+    with pytest.raises(ValueError, match="is not a core-share file"):
         CoreBorrower(empty)
+    other = tmp_path / "notes.txt"  # a file named by mistake is not written to
+    other.write_text("keep me")
+    with pytest.raises(ValueError, match="is not a core-share file"):
+        CoreLender(other)
+    assert other.read_text() == "keep me"
