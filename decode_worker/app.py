@@ -63,9 +63,11 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     """Load the engine, start the KV receiver on ``kv_port`` and the worker logic."""
     wc = config.worker
     engine = load_engine(wc.engine)
-    if wc.core_share:
-        borrow_cores(engine.runner, wc.core_share, wc.core_share_min_rows)
+    lent = borrow_cores(engine.runner, wc.core_share, wc.core_share_min_rows) \
+        if wc.core_share else None
     metrics = WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat)
+    if lent is not None:
+        metrics.borrowed_steps = lambda: lent.borrowed_steps
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_cache_spec())
     receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(
@@ -83,10 +85,11 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     return DecodeApp(worker, receiver)
 
 
-def borrow_cores(runner: ModelRunner, path: str, min_rows: int) -> None:
+def borrow_cores(runner: ModelRunner, path: str, min_rows: int) -> BorrowedThreads | None:
     """Let ``runner``'s fused steps of ``min_rows`` rows or more run on every core of this
-    process while the prefill worker sharing ``path`` is idle (worker/core_lending.py).
-    StartupError when the file cannot be read."""
+    process while the prefill worker sharing ``path`` is idle (worker/core_lending.py); the
+    rule it installed (None without the fused forward). StartupError when the file cannot be
+    read."""
     own, every = torch.get_num_threads(), len(os.sched_getaffinity(0))
     try:
         policy = BorrowedThreads(CoreBorrower(path), own=own, borrowed=max(every, own),
@@ -95,7 +98,8 @@ def borrow_cores(runner: ModelRunner, path: str, min_rows: int) -> None:
         raise StartupError(str(exc)) from exc
     if runner.fused is None:
         log.warning("--core-share has no effect: the fused native forward is off")
-        return
+        return None
     runner.step_threads = policy
     log.info("borrowing %d threads (own %d) for steps of >= %d rows while the prefill worker "
              "is idle", policy.borrowed, own, min_rows)
+    return policy

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _BUSY, _IDLE = 1, 0
@@ -95,15 +95,18 @@ class CoreBorrower:
         self._byte.close()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BorrowedThreads:
     """A decode step's thread count (the model runner's ``step_threads``): ``borrowed`` for a
-    step of at least ``min_rows`` rows while the lender is idle, else ``own``."""
+    step of at least ``min_rows`` rows while the lender is idle, else ``own``.
+    ``borrowed_steps`` counts the steps that borrowed (the decode worker's
+    ``tandem_core_share_borrowed_steps_total``)."""
 
     borrower: CoreBorrower
     own: int
     borrowed: int
     min_rows: int = 8
+    borrowed_steps: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if self.own < 1 or self.borrowed < self.own or self.min_rows < 1:
@@ -112,5 +115,6 @@ class BorrowedThreads:
     def __call__(self, rows: int) -> int:
         """Threads for a step of ``rows`` query rows."""
         if rows >= self.min_rows and self.borrowed > self.own and self.borrower.lender_idle():
+            self.borrowed_steps += 1  # the engine thread's alone; a scrape reads a whole int
             return self.borrowed
         return self.own

@@ -100,6 +100,8 @@ class WorkerMetrics:
         self._recent_itl = RecentWindow(window_s, clock=clock)
         self._recent_bytes = RecentWindow(window_s, clock=clock)
         self.snapshot: Snapshot | None = None
+        # a decode worker borrowing its prefill worker's cores: steps that did (core_lending)
+        self.borrowed_steps: Callable[[], int] | None = None
         reg.register(_SnapshotCollector(self))
 
     # -- observed as they happen ------------------------------------------------------------
@@ -193,3 +195,7 @@ class _SnapshotCollector(Collector):
                       e.spec_proposed_tokens)
         yield counter("tandem_spec_decode_accepted_tokens", "Draft tokens the target accepted",
                       e.spec_accepted_tokens)
+        if self._metrics.borrowed_steps is not None:
+            yield counter("tandem_core_share_borrowed_steps", "Engine steps run on the cores "
+                          "the idle prefill worker on this host lent",
+                          self._metrics.borrowed_steps())

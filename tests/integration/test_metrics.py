@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from common.grpc_auth import sync_channel
+from engine.native import load as load_native
 from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.local_cluster import Cluster, Proc
 from tests.helm.chart import CHART, EXAMPLES, load_values, objects, render
@@ -104,6 +105,10 @@ def test_endpoints_are_announced_and_parse(local: Local) -> None:
                      "tandem_kv_leased_blocks", "tandem_prefix_cache_hits_total",
                      "tandem_num_preemptions_total", "tandem_kv_stranded_blocks"):
             assert value(s, name) >= 0, (role, name)
+    # tandem local's decode worker borrows the idle prefill worker's cores (fused path only)
+    borrowing = [n for n, _ in _scrape(local, "decode")
+                 if n == "tandem_core_share_borrowed_steps_total"]
+    assert borrowing == ([] if load_native() is None else ["tandem_core_share_borrowed_steps_total"])
 
 
 def test_traffic_moves_histograms_and_counters(local: Local) -> None:

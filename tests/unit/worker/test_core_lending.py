@@ -69,6 +69,7 @@ def test_a_step_borrows_only_when_big_enough_and_the_lender_is_idle(tmp_path: Pa
     assert [threads(rows) for rows in (1, 8, 512)] == [1, 1, 1]
     lender.set_busy(False)
     assert threads(8) == 4
+    assert threads.borrowed_steps == 3  # what the decode worker's metric counts
     same = BorrowedThreads(CoreBorrower(path), own=2, borrowed=2)
     assert same(64) == 2
 

@@ -86,6 +86,11 @@ def test_snapshot_renders_every_gauge_and_counter() -> None:
     }
     for name, want in expect.items():
         assert value(s, name, role="decode") == want, name
+    assert not any(name.startswith("tandem_core_share") for name, _ in s)  # no share, no series
+    borrowed = [0]
+    metrics.borrowed_steps = lambda: borrowed[0]
+    borrowed[0] = 7
+    assert value(_scrape(metrics), "tandem_core_share_borrowed_steps_total", role="decode") == 7
     metrics.first_token(0.5)
     metrics.inter_token(0.02)
     metrics.transfer_committed(1000, 0.01)

@@ -45,9 +45,8 @@ def test_the_decode_worker_borrows_through_the_share_file(make_engine, tiny_dir,
                                                           tmp_path: Path) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, num_threads=1)
     share = make_core_share_file(tmp_path)
-    borrow_cores(engine.runner, str(share), min_rows=4)
-    policy = engine.runner.step_threads
-    assert isinstance(policy, BorrowedThreads)
+    policy = borrow_cores(engine.runner, str(share), min_rows=4)
+    assert isinstance(policy, BorrowedThreads) and engine.runner.step_threads is policy
     assert (policy.own, policy.min_rows) == (1, 4)
     lender = CoreLender(share)
     lender.set_busy(True)
@@ -64,6 +63,7 @@ def test_without_the_fused_forward_the_share_is_ignored_and_said(
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64,
                          use_native_kernels=False)
     with caplog.at_level(logging.WARNING, logger="decode_worker.app"):
-        borrow_cores(engine.runner, str(make_core_share_file(tmp_path)), min_rows=8)
+        assert borrow_cores(engine.runner, str(make_core_share_file(tmp_path)), min_rows=8) \
+            is None
     assert engine.runner.step_threads is None
     assert "no effect" in caplog.text
