@@ -1,6 +1,10 @@
 """Joining a router: Register once, then Heartbeat with stats at the interval it returns.
 
     Register ──interval──> Heartbeat(stats) every interval ──known=false──> Register again
+        (a beat never waits on a long engine step for its stats: past half the interval it
+        carries the last stats read, and the read in flight serves a later beat; the router
+        forgets a worker silent for a few intervals, and a prefill step of 2,048 tokens on two
+        shared cores took longer than that)
         (every call carries the cluster credential: membership is proven, never claimed)
         └── router unreachable or erroring: retry with exponential backoff, never crash
         (the channel pings the router, common/grpc_keepalive.py: a router that went silent
@@ -53,6 +57,7 @@ class RegistryClient:
         self._stats = stats
         self.registrations = 0  # successful Register calls (re-registrations included)
         self.heartbeats = 0
+        self.stale_beats = 0  # beats sent with the previous stats (the engine was mid-step)
         self.failures = 0  # calls that failed (router unreachable or erroring)
 
     async def run(self) -> None:
@@ -86,12 +91,26 @@ class RegistryClient:
         worker_id = self._register().worker_id
         log.info("registered with router %s as %s (heartbeat every %.1fs)",
                  self.config.router, worker_id, interval)
-        while True:
-            await asyncio.sleep(interval)
-            beat = worker_pb2.HeartbeatRequest(worker_id=worker_id, stats=await self._stats())
-            ack = await stub.Heartbeat(beat, timeout=self.config.rpc_timeout_s)
-            self.heartbeats += 1
-            if not ack.known:
-                log.warning("router %s forgot %s: registering again", self.config.router,
-                            worker_id)
-                return
+        reading: asyncio.Future[worker_pb2.WorkerStats] | None = None
+        last: worker_pb2.WorkerStats | None = None
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                if reading is None:
+                    reading = asyncio.ensure_future(self._stats())
+                # the first beat waits for its stats; later ones go out on time with the last
+                await asyncio.wait({reading}, timeout=None if last is None else interval / 2)
+                if reading.done():
+                    last, reading = reading.result(), None
+                else:
+                    self.stale_beats += 1
+                beat = worker_pb2.HeartbeatRequest(worker_id=worker_id, stats=last)
+                ack = await stub.Heartbeat(beat, timeout=self.config.rpc_timeout_s)
+                self.heartbeats += 1
+                if not ack.known:
+                    log.warning("router %s forgot %s: registering again", self.config.router,
+                                worker_id)
+                    return
+        finally:
+            if reading is not None:
+                reading.cancel()

@@ -101,3 +101,45 @@ def test_unreachable_router_is_retried_until_it_appears() -> None:
         await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_a_slow_stats_read_does_not_delay_the_heartbeat() -> None:
+    """Stats come from the engine thread between steps; a long step (a 2,048-token prefill on
+    two shared cores takes seconds) must not hold the beat back past the router's lease: the
+    beat carries the last stats read, and the read in flight serves a later beat."""
+
+    async def main() -> None:
+        router = FakeRouter()
+        server, port = await _serve(router)
+        gate = asyncio.Event()
+        reads = 0
+
+        async def stats() -> worker_pb2.WorkerStats:
+            nonlocal reads
+            reads += 1
+            if reads == 2:  # the second read waits for a step that does not end
+                await gate.wait()
+            return worker_pb2.WorkerStats(worker_id="w1", num_free_blocks=reads)
+
+        client = RegistryClient(
+            RegistrationConfig(f"127.0.0.1:{port}"),
+            lambda: worker_pb2.RegisterRequest(role=worker_pb2.ROLE_DECODE, worker_id="w1",
+                                               endpoint="127.0.0.1:1"),
+            stats,
+        )
+        task = asyncio.create_task(client.run())
+
+        async def beats() -> int:
+            return len(router.beats)
+
+        await until(beats, lambda n: n >= 4)  # beats go on while read 2 hangs
+        assert [b.stats.num_free_blocks for b in router.beats[:4]] == [1, 1, 1, 1]
+        assert reads == 2 and client.stale_beats >= 3
+        gate.set()  # the step ends: the read in flight lands in the next beat
+        await until(beats, lambda n: n >= 6)
+        assert router.beats[-1].stats.num_free_blocks >= 2
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
+
+    asyncio.run(main())
