@@ -7,7 +7,7 @@ cores sit idle while a batch of decodes runs on one. With a core share, the deco
 every core for a step while the prefill worker is idle and the step is big enough to pay for the
 threads' barriers (``min_rows``); small steps keep a core free for the router, the client and
 the gRPC threads, whose work per token otherwise preempts a step's threads (measured: one
-stream through HTTP, one decode thread 13-15 ms per token, two 16-25 ms; 8-32 streams, two
+stream through HTTP, one decode thread 13-16 ms per token, two 15-25 ms; 8-32 streams, two
 threads 1.1-1.3x the tokens/s)::
 
     prefill worker: AsyncEngine(on_busy=CoreLender(file).set_busy)   writes 1 busy / 0 idle
