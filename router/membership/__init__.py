@@ -9,6 +9,8 @@ A worker's life in the pool::
                            until a probe passes; silent past its heartbeat lease: forgotten
     leave:  lease expired | pod not Ready or deleted
       -> registry.remove / expire, affinity forgotten, worker_clients channel closed
+         (a lease that expired on a worker that still answers its health check: its
+         calls in flight go on, the channel closes after them)
 
 - ``registry``: pool membership and load, keyed by endpoint (injected clock).
 - ``registry_service``: the ``tandem.v1.Registry`` gRPC service workers register with.

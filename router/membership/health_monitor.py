@@ -9,11 +9,18 @@ registered (again) while it ran says nothing about the registered worker and is 
 (Registry.set_healthy's ``since``): a worker that registers is routable at once.
 
 A worker the health check cannot reach (no answer, connection refused) ``CUT_AFTER``
-probes in a row, or whose lease expired, has the calls still in flight to it cut
-(``CutsCalls``: the handoff's in-flight tracker, wired in by router/server.py). A partitioned
-worker answers nothing and closes nothing, so without this its streams would wait for
-keepalive or their deadline. A worker that answers NOT_SERVING (draining) keeps its calls:
-a drain finishes what it has.
+probes in a row, or whose lease expired while this round's probe could not reach it, has
+the calls still in flight to it cut (``CutsCalls``: the handoff's in-flight tracker, wired in
+by router/server.py). A partitioned worker answers nothing and closes nothing, so without
+this its streams would wait for keepalive or their deadline. A worker that answers
+NOT_SERVING (draining) keeps its calls: a drain finishes what it has.
+
+A worker whose lease expired but whose health check this round answered is alive, only its
+heartbeats were late (a loaded host): it leaves the pool (no new requests, its affinity
+forgotten) until it registers again, which its next heartbeat does, and its calls in flight
+go on over the channel they use (``_lingering``: closed once they have ended, unless it
+registered again first; keepalive still bounds a call to a worker that dies meanwhile).
+Cutting them would end streams that were being served.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ class HealthMonitor:
         self._timeout_s = timeout_s
         self._calls: CutsCalls = calls if calls is not None else NoCalls()
         self._unreachable: dict[str, int] = {}  # endpoint -> failed health checks in a row
+        self._lingering: set[str] = set()  # forgotten but answering: channel kept for its calls
 
     async def run(self, stop: asyncio.Event) -> None:
         """Probe until ``stop`` is set."""
@@ -68,14 +76,32 @@ class HealthMonitor:
                 continue
 
     async def probe_all(self) -> None:
-        """One round: probe everyone, then forget the expired."""
+        """One round: probe everyone, then forget the expired (see the module docstring)."""
         await asyncio.gather(*(self.probe(e) for e in self._registry.endpoints()))
         for endpoint in self._registry.expire():
-            log.warning("worker %s missed its heartbeats; removed from the pool", endpoint)
-            self._unreachable.pop(endpoint, None)
-            self._cut(endpoint, "worker missed its heartbeats")
             self._affinity.forget(endpoint)
-            await self._clients.forget(endpoint)
+            if self._unreachable.pop(endpoint, 0):
+                log.warning("worker %s missed its heartbeats and cannot be reached; removed "
+                            "from the pool", endpoint)
+                self._cut(endpoint, "worker missed its heartbeats and cannot be reached")
+                self._lingering.discard(endpoint)
+                await self._clients.forget(endpoint)
+            else:
+                log.warning("worker %s missed its heartbeats but answers its health check: "
+                            "out of the pool until it registers again; its %d calls in flight "
+                            "go on", endpoint, self._calls.count(endpoint))
+                self._lingering.add(endpoint)
+        await self._close_lingering()
+
+    async def _close_lingering(self) -> None:
+        """Close the channel of each forgotten worker whose calls have all ended (one that
+        registered again keeps it: its channel is in use again)."""
+        for endpoint in list(self._lingering):
+            if self._registry.role_of(endpoint) is not None:
+                self._lingering.discard(endpoint)
+            elif self._calls.count(endpoint) == 0:
+                self._lingering.discard(endpoint)
+                await self._clients.forget(endpoint)
 
     async def probe(self, endpoint: str) -> bool:
         """Check one worker and record the result; returns whether it is healthy."""

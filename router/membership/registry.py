@@ -44,11 +44,18 @@ class CutsCalls(Protocol):
     def cancel(self, endpoint: str, reason: str) -> int:
         """Cut every call in flight to ``endpoint``; returns how many were cut."""
 
+    def count(self, endpoint: str) -> int:
+        """Calls in flight to ``endpoint``."""
+
 
 class NoCalls:
     """The null tracker: nothing to cut."""
 
     def cancel(self, endpoint: str, reason: str) -> int:
+        """Nothing is in flight here."""
+        return 0
+
+    def count(self, endpoint: str) -> int:
         """Nothing is in flight here."""
         return 0
 
@@ -101,6 +108,9 @@ class Registry:
         self._by_endpoint: dict[str, _Entry] = {}
         self._endpoint_of: dict[str, str] = {}  # worker_id -> endpoint
         self._generation = 0
+        # Requests still on workers forgotten by ``expire`` (their calls may go on): carried
+        # into the entry when the worker registers again, so ``release`` balances.
+        self._carried_active: dict[str, int] = {}
         self._watchers: list[Callable[[], None]] = []
 
     def watch(self, callback: Callable[[], None]) -> None:
@@ -135,7 +145,7 @@ class Registry:
             static=old.static if old is not None else False,
             last_seen=self._clock(),
             load=WorkerLoad(),
-            active=old.active if old is not None else 0,
+            active=old.active if old is not None else self._carried_active.pop(endpoint, 0),
             generation=self._generation,
         )
         self._by_endpoint[endpoint] = entry
@@ -187,7 +197,9 @@ class Registry:
         return True
 
     def expire(self) -> list[str]:
-        """Forget registered workers silent for too long; returns the forgotten endpoints."""
+        """Forget registered workers silent for too long; returns the forgotten endpoints.
+
+        The router's requests still counted on one carry over to its next registration."""
         now = self._clock()
         gone = [
             e.endpoint
@@ -197,6 +209,8 @@ class Registry:
         for endpoint in gone:
             entry = self._by_endpoint.pop(endpoint)
             self._endpoint_of.pop(entry.worker_id, None)
+            if entry.active:
+                self._carried_active[endpoint] = entry.active
         if gone:
             self._changed()
         return gone
@@ -221,6 +235,10 @@ class Registry:
         entry = self._by_endpoint.get(endpoint)
         if entry is not None and entry.active > 0:
             entry.active -= 1
+        elif entry is None and endpoint in self._carried_active:
+            self._carried_active[endpoint] -= 1
+            if not self._carried_active[endpoint]:
+                del self._carried_active[endpoint]
 
     def prefilling(self, endpoint: str, tokens: int) -> None:
         """This router's prefills on ``endpoint`` gained (``tokens`` > 0) or lost prompt

@@ -63,6 +63,10 @@ class WorkerClients:
         """grpc.health.v1 stub for ``endpoint``."""
         return health_pb2_grpc.HealthStub(self._channel(endpoint))
 
+    def endpoints(self) -> list[str]:
+        """Endpoints with a channel open now."""
+        return list(self._channels)
+
     async def forget(self, endpoint: str) -> None:
         """Close the channel to a worker that left the pool."""
         channel = self._channels.pop(endpoint, None)

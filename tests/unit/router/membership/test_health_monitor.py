@@ -127,10 +127,14 @@ class CutRecorder:
 
     def __init__(self) -> None:
         self.cuts: list[tuple[str, str]] = []
+        self.inflight: dict[str, int] = {}  # endpoint -> calls the test says are in flight
 
     def cancel(self, endpoint: str, reason: str) -> int:
         self.cuts.append((endpoint, reason))
         return 1
+
+    def count(self, endpoint: str) -> int:
+        return self.inflight.get(endpoint, 0)
 
 
 class NoAffinity:
@@ -170,6 +174,90 @@ def test_calls_to_an_unreachable_worker_are_cut_but_a_draining_ones_are_not() ->
             health.status = health_pb2.HealthCheckResponse.SERVING
             assert await monitor.probe(endpoint)
             assert len(registry.routable(Role.DECODE)) == 1
+        finally:
+            await clients.close()
+            await server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_late_heartbeat_forgets_the_worker_but_not_its_streams(
+    tokenizer: RouterTokenizer,
+) -> None:
+    """A worker whose lease expired while its health check still answers (its heartbeats
+    were late: a long engine step on a loaded host) leaves the pool, but the stream it is
+    serving goes on to its end; its channel closes after, and a fresh registration routes
+    to it again."""
+
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_prefill=0, n_decode=0) as c:
+            fake = FakeDecode("kv-late", {})
+            server, endpoint = await serve(fake, worker_pb2_grpc.add_DecodeServiceServicer_to_server)
+            registry, monitor = c.router.registry, c.router.monitor
+            now = [time.monotonic()]
+            registry._clock = lambda: now[0]  # the lease runs out when the test says
+            try:
+                await register(c, endpoint)
+                fake.hang_after = 1
+                stream = asyncio.ensure_future(c.generate(tandem_pb2.GenerateRequest(text="hi")))
+                await asyncio.wait_for(fake.hanging.wait(), 10)
+                now[0] += 3600.0
+                await monitor.probe_all()
+                assert registry.role_of(endpoint) is None  # forgotten: no new requests
+                assert c.router.inflight.count(endpoint) == 1 and c.router.inflight.cut == 0
+                assert endpoint in c.router.clients.endpoints()
+                fake.resume.set()
+                out = await asyncio.wait_for(stream, 10)
+                assert out[-1].finished and out[-1].finish_reason
+                await monitor.probe_all()  # its calls have ended: the channel goes
+                assert endpoint not in c.router.clients.endpoints()
+                await register(c, endpoint)
+                again = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
+                assert again[-1].finished
+                assert registry.view(endpoint).active == 0  # type: ignore[union-attr]
+            finally:
+                await server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_an_expired_lease_keeps_the_channel_of_a_worker_that_registers_again() -> None:
+    """Forgotten with a call in flight, then registered again before that call ends: the
+    channel is the registered worker's again and stays open; the router's count of its
+    requests carries over, so the call's end balances it."""
+
+    async def scenario() -> None:
+        health = HealthDouble()
+        server = grpc.aio.server(interceptors=[ClusterAuthInterceptor(CREDENTIAL)])
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        clients = WorkerClients(interceptors=aio_interceptors(CREDENTIAL))
+        now = [0.0]
+        registry = Registry(lambda: now[0], 1.0)
+        recorder = CutRecorder()
+        monitor = HealthMonitor(registry, clients, NoAffinity(), 3600.0, 1.0, recorder)
+        try:
+            registry.register(Role.DECODE, endpoint, "d1")
+            registry.acquire(endpoint)
+            recorder.inflight[endpoint] = 1
+            now[0] = 10.0
+            await monitor.probe_all()
+            assert registry.role_of(endpoint) is None and recorder.cuts == []
+            registry.register(Role.DECODE, endpoint, "d1")  # its next heartbeat
+            assert registry.view(endpoint).active == 1  # type: ignore[union-attr]
+            recorder.inflight[endpoint] = 0
+            registry.release(endpoint)
+            await monitor.probe_all()
+            assert endpoint in clients.endpoints()  # registered: its channel is in use
+            assert registry.view(endpoint).active == 0  # type: ignore[union-attr]
+            now[0] = 20.0
+            health.hang = True  # expired again, and this time it cannot be reached
+            recorder.inflight[endpoint] = 1
+            await monitor.probe_all()
+            assert [e for e, _ in recorder.cuts] == [endpoint]
+            assert "cannot be reached" in recorder.cuts[0][1]
+            assert endpoint not in clients.endpoints()
         finally:
             await clients.close()
             await server.stop(0)
