@@ -75,9 +75,10 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
                    help="a core-share file this host's prefill and decode workers both name "
                    "(tandem local makes one): the prefill worker lends its cores while idle, "
                    "the decode worker runs big steps on every core then")
-    p.add_argument("--core-share-min-rows", type=int, default=8,
+    p.add_argument("--core-share-min-rows", type=int, default=1,
                    help="decode worker: the fewest rows a step needs to borrow the cores "
-                   "(smaller steps leave a core to the router and clients)")
+                   "(default 1: every step while the prefill worker is idle; more leaves "
+                   "smaller steps' cores to the router and clients)")
     add_metrics_compat_arg(p)
     add_tls_args(p)
     add_log_args(p)

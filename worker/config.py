@@ -59,7 +59,7 @@ class WorkerConfig:
     served_model_name: str = ""  # /metrics' model_name label ("": from the engine's model)
     metrics_compat: str = "vllm"  # "vllm": /metrics also has vLLM's names (docs/metrics.md)
     core_share: str | None = None  # a host's core-share file (worker/core_lending.py)
-    core_share_min_rows: int = 8  # decode: the fewest rows a step borrows the cores for
+    core_share_min_rows: int = 1  # decode: the fewest rows a step borrows the cores for
 
     def __post_init__(self) -> None:
         if self.core_share_min_rows < 1:

@@ -4,11 +4,12 @@ while it has nothing to compute.
 ``tandem local`` runs both roles on one machine: the prefill worker gets every core (its bursts
 run at full speed) and the decode worker a quarter of them. Between bursts the prefill worker's
 cores sit idle while a batch of decodes runs on one. With a core share, the decode worker takes
-every core for a step while the prefill worker is idle and the step is big enough to pay for the
-threads' barriers (``min_rows``); small steps keep a core free for the router, the client and
-the gRPC threads, whose work per token otherwise preempts a step's threads (measured: one
-stream through HTTP, one decode thread 13-16 ms per token, two 15-25 ms; 8-32 streams, two
-threads 1.1-1.3x the tokens/s)::
+every core for a step while the prefill worker is idle (and the step has at least ``min_rows``
+rows: default 1, every step; a larger value keeps small steps' cores for the router, the
+client and the gRPC threads). Measured on 2 cores through HTTP, borrowing vs one thread: one
+stream 8-10 vs 11-12 ms per token, 2-8 streams 1.2-1.3x the tokens/s, 32 streams even (an
+earlier, noisier series had one stream at 15-25 ms on two threads; three alternating rounds
+since did not)::
 
     prefill worker: AsyncEngine(on_busy=CoreLender(file).set_busy)   writes 1 busy / 0 idle
                                         [ a 1-byte file, mapped by both ]
@@ -105,7 +106,7 @@ class BorrowedThreads:
     borrower: CoreBorrower
     own: int
     borrowed: int
-    min_rows: int = 8
+    min_rows: int = 1
     borrowed_steps: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
