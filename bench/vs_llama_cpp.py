@@ -155,8 +155,7 @@ def _local_split(threads: int) -> str:
 
     prefill, decode = thread_split(min(threads, len(os.sched_getaffinity(0))))
     return (f"prefill worker {prefill} threads, decode worker {decode}, borrowing "
-            f"{max(prefill, decode)} for steps of 8 rows or more while the prefill worker "
-            "is idle")
+            f"{max(prefill, decode)} for its steps while the prefill worker is idle")
 
 
 # -- the run -------------------------------------------------------------------------------------
