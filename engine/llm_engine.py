@@ -5,14 +5,9 @@
                        │                          spec.sample (the plain sampler when off)
                        └── OutputProcessor: append, detokenize, stop checks <┘
 
-KV hooks for disaggregation (DESIGN.md section 2; the ledger is engine/core/remote_kv.py):
-  prefill role: add_request(hold_kv=True, max_tokens=1), a layer hook fires as each layer's KV
-                lands, held_block_ids() to read them, release() when the push is done;
-  decode role:  reserve_remote(transfer_id=...) takes the cached prefix of a prompt computed
-                elsewhere and allocates blocks for the rest, the transfer layer writes those
-                into kv_cache, then exactly one of
-                commit_remote (admit with the first token), end_remote (the push failed) or
-                prefill_reserved_locally (compute the prompt here after all).
+KV hooks for disaggregation (DESIGN.md section 2): engine/remote_hooks.py (mixed in here);
+the prefill role adds requests with hold_kv=True and a layer hook (``set_layer_hook``) that
+fires as each layer's KV lands.
 
 Forked requests (``n`` > 1, engine/core/request.py): one prompt computed once, then n
 sequences sharing its blocks. Colocated, the step that computes the prompt forks it and
@@ -33,7 +28,7 @@ from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.output_processor import OutputProcessor
-from engine.core.remote_kv import RemoteKV, RemoteState, Reservation
+from engine.core.remote_kv import RemoteKV, RemoteState
 from engine.core.request import FORK_SEPARATOR, RequestStatus
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.core.step_costs import StepCostModel
@@ -44,14 +39,14 @@ from engine.models.weights import torch_dtype
 from engine.outputs import (
     MAX_REPORTED_HASHES,
     EngineStats,
-    KVCacheSpec,
     RequestOutput,
     SampleResult,
 )
 from engine.prompt_logprobs import record_prompt_logprobs
+from engine.remote_hooks import RemoteKVHooks
 from engine.request_factory import LiveRequest, RequestFactory
 from engine.runner_config import RunnerConfig
-from engine.sampler import Sampler, skip_draw
+from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.spec.build import build_spec_decoder
 from engine.structured.grammar_engine import GrammarEngine
@@ -60,7 +55,7 @@ from engine.structured.grammar_engine import GrammarEngine
 KVLayerHook = Callable[[int, list[tuple[str, list[int]]]], None]
 
 
-class LLMEngine:
+class LLMEngine(RemoteKVHooks):
     """A continuous-batching engine over one model and one paged KV cache."""
 
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
@@ -314,122 +309,6 @@ class LLMEngine:
             self.remote.hold(req)
         else:
             self.kv.free(req.request_id)
-
-    # -- KV hooks for disaggregation ----------------------------------------------------------
-    @property
-    def kv_cache(self) -> torch.Tensor:
-        """The cache tensor ``[layers, 2, num_blocks, block_size, kv_heads, row_width]``."""
-        return self.runner.kv_cache
-
-    def kv_cache_spec(self) -> KVCacheSpec:
-        """What the cache tensor holds (the workers build kv_transfer's layout from it)."""
-        cache, arch = self.kv_cache, self.arch
-        return KVCacheSpec(
-            model=self.model_path.name,
-            dtype=str(self.dtype).removeprefix("torch."),
-            kv_dtype=str(cache.dtype).removeprefix("torch."),
-            block_size=self.kv.block_size,
-            num_layers=arch.num_layers,
-            num_kv_heads=arch.num_kv_heads,
-            head_dim=arch.head_dim,
-            # an int8 cache carries a scale after each head vector (engine/quant/kv_int8.py)
-            scale_bytes=(cache.shape[-1] - arch.head_dim) * cache.element_size(),
-        )
-
-    def held_block_ids(self, request_id: str) -> list[int]:
-        """Blocks of a finished ``hold_kv`` request, in logical order."""
-        return self.remote.held_block_ids(request_id)
-
-    def release(self, request_id: str) -> None:
-        """Free a held request's blocks (they stay in the prefix cache). Idempotent."""
-        self.remote.release(request_id)
-
-    def reserve_remote(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        prior_output_tokens: int = 0,
-        transfer_id: str | None = None,
-        n: int = 1,
-    ) -> Reservation:
-        """Allocate blocks for a prompt whose KV another engine computes, starting from the
-        prefix this engine caches; returns the blocks to fill and the cached token count.
-
-        ``transfer_id``: the caller's opaque tag for the push that fills them (default: the
-        request id); ``commit_remote`` and ``end_remote`` name the reservation by it.
-        ``prior_output_tokens`` and ``n`` as in ``add_request`` (a migrated request; a forked
-        one: the prompt is reserved and pushed once, ``commit_forked`` forks it). Raises
-        InvalidRequestError or OutOfBlocksError, and then holds nothing."""
-        live = self._new_live(
-            request_id, list(prompt_token_ids), params, hold_kv=False, prior=prior_output_tokens,
-            n=n,
-        )
-        reservation = self.remote.reserve(live.request, transfer_id or request_id)
-        self._live[request_id] = live
-        return reservation
-
-    def commit_remote(
-        self, transfer_id: str, first_token: int, logprob: float | None = None
-    ) -> RequestOutput | None:
-        """The KV of a one-sequence reservation has arrived: admit its request with its first
-        sampled token (``commit_forked`` with one token)."""
-        outs = self.commit_forked(transfer_id, [first_token], [logprob])
-        return outs[0] if outs is not None else None
-
-    def commit_forked(
-        self,
-        transfer_id: str,
-        first_tokens: Sequence[int],
-        logprobs: Sequence[float | None] | None = None,
-    ) -> list[RequestOutput] | None:
-        """The KV of a reservation has arrived: admit its request with the first token of
-        each of its n sequences (``first_tokens[j]`` sampled elsewhere with seed + j), sequences
-        1..n-1 forked from it sharing the pushed blocks; returns their outputs in order.
-        None when the reservation already ended (aborted, expired, prefilled here). Raises
-        InvalidRequestError for a count other than n or a token outside the vocabulary or
-        the grammar, changing nothing."""
-        entry = self.remote.reserved(transfer_id)
-        if entry is None:
-            return None
-        n = entry.request.num_forks
-        lps = list(logprobs) if logprobs is not None else [None] * len(first_tokens)
-        if len(first_tokens) != n or len(lps) != n:
-            raise InvalidRequestError(
-                "first_tokens", f"{len(first_tokens)} first tokens and {len(lps)} logprobs "
-                f"for a request of {n} sequences")
-        constraint = self._live[entry.request_id].sampling.constraint
-        for token in first_tokens:
-            if isinstance(token, bool) or not 0 <= token < self.arch.vocab_size:
-                raise InvalidRequestError("first_token", f"{token} is outside the vocabulary")
-            if constraint is not None and not constraint.allows(token):
-                raise InvalidRequestError("first_token", f"{token} breaks the request's grammar")
-        req = self.remote.commit(transfer_id)
-        assert req is not None
-        live = self._live[req.request_id]
-        self.scheduler.admit_running(req)
-        family = [live] + self._fork(live)
-        outs = []
-        for seq, token, lp in zip(family, first_tokens, lps, strict=True):
-            skip_draw(seq.sampling)  # the first token was drawn on the prefill worker
-            outs.append(self._append(seq, [SampleResult(token, lp, None)]))
-        return outs
-
-    def end_remote(self, transfer_id: str) -> RequestOutput | None:
-        """The push into a reservation failed (aborted, lease expired): free its blocks and
-        return its request's final "abort" output. None when it already ended."""
-        req = self.remote.end(transfer_id)
-        if req is None:
-            return None
-        live = self._live.pop(req.request_id)
-        return self.outputs.finish(req, live.detok, RequestStatus.FINISHED_ABORTED)
-
-    def prefill_reserved_locally(self, request_id: str) -> None:
-        """Compute a reserved prompt here after all (the colocated fallback): the reservation
-        ends, its blocks are freed and the request is queued as if just added, with the
-        prompt, params and prior tokens given at reserve time. Raises UnknownRequestError
-        when the request has no pending reservation."""
-        self.scheduler.add(self.remote.unreserve(request_id))
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> EngineStats:
