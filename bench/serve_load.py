@@ -173,6 +173,7 @@ async def _openai_one(
         body["model"] = model
     usage: dict[str, int] = {}
     finish = ""
+    stream_error: str | None = None
     sent = time.perf_counter()
     result.sent_at = sent - t0
     try:
@@ -186,14 +187,19 @@ async def _openai_one(
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[5:])
+                if "error" in chunk:  # the server failed the stream after its headers
+                    event = chunk["error"]
+                    stream_error = str(event.get("message", event) if isinstance(event, dict)
+                                       else event)
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or ():
                     if choice.get("text"):
                         result.token_times.append(time.perf_counter() - sent)
                     finish = choice.get("finish_reason") or finish
-        result.ok = finish in ("length", "stop")
+        result.ok = finish in ("length", "stop") and stream_error is None
         if not result.ok:
-            result.error = f"finish_reason={finish or 'none'}"
+            result.error = (f"error event: {stream_error}" if stream_error is not None
+                            else f"finish_reason={finish or 'none'}")
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as err:
         result.error = f"{type(err).__name__}: {err}"
     _finish(result)

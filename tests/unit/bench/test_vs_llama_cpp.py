@@ -22,7 +22,9 @@ from bench.vs_llama_cpp_theirs import LlamaCppError, batched_bench, llama_bench
 
 def _sse_app(seen: list[dict]) -> web.Application:
     """/v1/completions streaming one chunk per token (one empty, as held-back text), then a
-    usage chunk and [DONE]; a prompt of token id 0 gets a 400."""
+    usage chunk and [DONE]; a prompt of token id 0 gets a 400; one of token id 1 fails after
+    its first token with an error event (as our server reports a failure once the headers
+    are out)."""
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -32,6 +34,12 @@ def _sse_app(seen: list[dict]) -> web.Application:
         reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await reply.prepare(request)
         n = body["max_tokens"]
+        if body["prompt"][0] == 1:
+            chunk = {"choices": [{"index": 0, "text": "t0", "finish_reason": None}]}
+            error = {"error": {"message": "worker lost", "type": "server_error", "code": 503}}
+            await reply.write(f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(error)}\n\n"
+                              "data: [DONE]\n\n".encode())
+            return reply
         for i in range(n):
             text = "" if i == 1 else f"t{i}"
             finish = "length" if i == n - 1 else None
@@ -64,13 +72,15 @@ def test_openai_client_streams_fixed_length_greedy_requests() -> None:
     seen: list[dict] = []
     specs = [RequestSpec(i, 0.0, "bench", (5 + i, 6, 7), 6) for i in range(3)]
     specs.append(RequestSpec(3, 0.0, "bench", (0, 1), 4))
+    specs.append(RequestSpec(4, 0.0, "bench", (1, 2), 4))
     results, wall = asyncio.run(_serve_and_load(specs, seen))
-    assert wall > 0 and [r.index for r in results] == [0, 1, 2, 3]
+    assert wall > 0 and [r.index for r in results] == [0, 1, 2, 3, 4]
     for r in results[:3]:
         assert r.ok and r.output_tokens == 6  # the server's usage, not the 5 non-empty chunks
         assert len(r.token_times) == 5 and 0 < r.ttft <= r.e2e
         assert r.tpot == pytest.approx((r.e2e - r.ttft) / 5)
     assert not results[3].ok and results[3].error.startswith("HTTP 400")
+    assert not results[4].ok and results[4].error == "error event: worker lost"
     body = next(b for b in seen if b["prompt"] == [5, 6, 7])
     assert body["ignore_eos"] is True and body["temperature"] == 0.0 and body["stream"] is True
     assert body["max_tokens"] == 6 and "model" not in body
