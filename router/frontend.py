@@ -12,6 +12,9 @@ A request accepted with ``n`` > 1 (the HTTP API's n / best_of) is one admitted r
 prompt the workers compute once and fork into n sequences; each sequence is shaped on its
 own (text, tool calls, usage on its last message) and its messages carry its ``index``.
 
+What the metrics record of each request (its clock, TTFT, ITL, TPOT, outcome) is
+router/request_accounting.py.
+
 Only what costs nothing runs before admission; the tokenizer runs once the request holds a
 slot, in a bounded thread pool (the Rust tokenizer releases the GIL), so a flood of huge
 prompts queues or gets RESOURCE_EXHAUSTED instead of stalling the event loop for everyone.
@@ -23,7 +26,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
@@ -36,13 +39,14 @@ from protos.tandem.v1 import tandem_pb2
 from router import validation
 from router.admission import AdmissionGate
 from router.client_limits import ClientLimits
-from router.errors import DeadlineError, InvalidRequestError, OverloadedError
+from router.errors import InvalidRequestError, OverloadedError
 from router.generation_defaults import GenerationDefaults
 from router.handoff.deadline import Deadline
 from router.handoff.ledger import Handoff, HandoffDeps
 from router.membership.worker_view import Role
 from router.metrics import RouterMetrics
 from router.request import Accepted, Chunk, Prepared
+from router.request_accounting import RequestAccounting, RequestClock
 from router.text_stream import TextStream
 from router.tokenizer import RouterTokenizer
 from router.tool_use import ToolOutput, ToolUse
@@ -50,10 +54,6 @@ from router.tools.call import CallDelta
 
 _A = TypeVar("_A")
 _T = TypeVar("_T")
-
-# gRPC cancels a call right at its deadline, a hair before the router's own clock (started a
-# little later) says it passed: a cancellation this close to the deadline is the deadline.
-_DEADLINE_SLACK_S = 0.05
 
 log = logging.getLogger(__name__)
 
@@ -85,26 +85,6 @@ def _attach_calls(response: tandem_pb2.GenerateResponse, calls: ToolOutput) -> N
         response.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
     if parsed and response.finish_reason == "stop":
         response.finish_reason = "tool_calls"
-
-
-def _deadline_passed(deadline: Deadline) -> bool:
-    """Whether a cancelled request was cut off by its deadline rather than by its client."""
-    try:
-        left = deadline.remaining()
-    except DeadlineError:
-        return True
-    return left is not None and left <= _DEADLINE_SLACK_S
-
-
-@dataclass(slots=True)
-class _Clock:
-    """Phase boundaries of one request (perf_counter seconds)."""
-
-    arrival: float
-    queued: float
-    admitted: float = 0.0
-    first: float = 0.0
-    ended: bool = False  # its outcome is counted
 
 
 @dataclass(slots=True)
@@ -139,6 +119,7 @@ class Frontend:
         self.generation_defaults = GenerationDefaults.load(deps.config.tokenizer_dir)
         self.gate = gate
         self.metrics = metrics
+        self.accounting = RequestAccounting(metrics)
         config = deps.config
         self.clients = clients or ClientLimits(
             config.max_inflight_per_connection, 0, config.retry_after_ms
@@ -283,7 +264,7 @@ class Frontend:
     async def _generate(
         self, accepted: Accepted, budget_s: float | None, span: tracing.Span
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
-        clock = _Clock(arrival=accepted.arrival, queued=time.perf_counter())
+        clock = RequestClock(arrival=accepted.arrival, queued=time.perf_counter())
         deadline = Deadline(budget_s)
         counters = self.deps.counters
         counters.requests += 1
@@ -292,7 +273,7 @@ class Frontend:
             with tracing.span("admission", span):
                 await self.gate.enter()
         except BaseException as exc:
-            self._count_failure(exc, deadline)
+            self.accounting.failed(exc, deadline)
             raise
         try:
             clock.admitted = time.perf_counter()
@@ -323,14 +304,15 @@ class Frontend:
                         index=chunk.index,
                     )
                     _add_call_deltas(response, call_deltas)
-                    self._observe(chunk.token_ids, clock, seq)
+                    seq.last = self.accounting.chunk(chunk.token_ids, clock, seq.last)
                     if chunk.finished:
                         response.stop_reason = chunk.stop_reason or seq.text.stop_reason or ""
                         if seq.calls is not None:
                             _attach_calls(response, seq.calls)
                         seq.done = True
                         last = all(s.done for s in sequences)
-                        self._finish(response, prepared, handoff, seq.completion, clock, last)
+                        self.accounting.finish(response, len(prepared.prompt_ids),
+                                               handoff.report, seq.completion, clock, last)
                         if last:
                             span.set_attribute("tandem.completion_tokens",
                                                sum(s.completion for s in sequences))
@@ -340,23 +322,15 @@ class Frontend:
         except (asyncio.CancelledError, GeneratorExit) as exc:
             counters.cancelled += 1
             if not clock.ended:
-                self._count_failure(exc, deadline)
+                self.accounting.failed(exc, deadline)
             raise
         except BaseException as exc:
             counters.failed += 1
             if not clock.ended:
-                self._count_failure(exc, deadline)
+                self.accounting.failed(exc, deadline)
             raise
         finally:
             self.gate.leave()
-
-    def _count_failure(self, exc: BaseException, deadline: Deadline) -> None:
-        """A request that ended by raising ``exc``; a cancellation at its deadline is the
-        deadline's doing (gRPC cancels the call then), any other the client's."""
-        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) and _deadline_passed(deadline):
-            self.metrics.finished("deadline")
-        else:
-            self.metrics.failed(exc)
 
     def _sequence(self, prepared: Prepared, accepted: Accepted) -> _Sequence:
         """A fresh sequence's text stream and tool-call parser."""
@@ -371,60 +345,6 @@ class Frontend:
             )
         )
         return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None)
-
-    def _observe(self, token_ids: Sequence[int], clock: _Clock, seq: _Sequence) -> None:
-        """TTFT on the request's first chunk, ITL between a sequence's chunks with tokens."""
-        now = time.perf_counter()
-        metrics = self.metrics
-        if not clock.first:
-            clock.first = now
-            metrics.ttft.observe(now - clock.arrival)
-        elif token_ids and seq.last:
-            metrics.itl.observe(now - seq.last)
-        if token_ids:
-            seq.last = now
-            metrics.generation_tokens.inc(len(token_ids))
-
-    def _finish(
-        self,
-        response: tandem_pb2.GenerateResponse,
-        prepared: Prepared,
-        handoff: Handoff,
-        completion: int,
-        clock: _Clock,
-        last: bool = True,
-    ) -> None:
-        """A sequence's last message: its usage and timings; the request's outcome is
-        counted with its ``last`` sequence."""
-        end = time.perf_counter()
-        log.debug("finished (%s): %d prompt + %d completion tokens in %.3f s",
-                  response.finish_reason, len(prepared.prompt_ids), completion,
-                  end - clock.arrival)
-        self.metrics.request_generation_tokens.observe(completion)
-        if completion > 1:  # the sequence's own TPOT: what a TPOT target is met or missed on
-            self.metrics.tpot.observe((end - clock.first) / (completion - 1))
-        if last:
-            clock.ended = True
-            self.metrics.succeeded(response.finish_reason)
-            self.metrics.e2e.observe(end - clock.arrival)
-        report = handoff.report
-        response.usage.CopyFrom(
-            tandem_pb2.Usage(
-                prompt_tokens=len(prepared.prompt_ids),
-                completion_tokens=completion,
-                cached_tokens=report.cached_tokens,
-            )
-        )
-        response.timings.CopyFrom(
-            tandem_pb2.Timings(
-                queue_s=clock.admitted - clock.queued,
-                prefill_s=report.prefill_s,
-                transfer_s=report.transfer_s,
-                first_token_s=clock.first - clock.arrival,
-                decode_s=end - clock.first,
-                total_s=end - clock.arrival,
-            )
-        )
 
     async def tokenize(self, request: tandem_pb2.TokenizeRequest) -> tandem_pb2.TokenizeResponse:
         """Token ids of a text or chat input, as Generate would see them (tokenized in the

@@ -124,7 +124,7 @@ def test_grpc_request_ids_in_metadata_and_field(tokenizer: RouterTokenizer) -> N
 
 
 def test_router_log_lines_name_the_request(tokenizer: RouterTokenizer) -> None:
-    """A failing prefill worker is logged by the handoff, the request's end by the frontend:
+    """A failing prefill worker is logged by the handoff, the request's end by its accounting:
     both lines carry the router's id and the client's; lines outside a request carry none."""
     out = io.StringIO()
     root = logging.getLogger()
@@ -147,7 +147,7 @@ def test_router_log_lines_name_the_request(tokenizer: RouterTokenizer) -> None:
         root.setLevel(level)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     ours = [line for line in lines if line.get("request_id")]
-    assert {line["logger"] for line in ours} >= {"router.handoff.ledger", "router.frontend"}
+    assert {line["logger"] for line in ours} >= {"router.handoff.ledger", "router.request_accounting"}
     assert all(line["request_id"] == minted and line["client_request_id"] == "client-7"
                for line in ours), ours
     assert any("left the pool" in line["message"] for line in ours)
