@@ -74,7 +74,7 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--core-share", default=None, metavar="FILE",
                    help="a core-share file this host's prefill and decode workers both name "
                    "(tandem local makes one): the prefill worker lends its cores while idle, "
-                   "the decode worker runs big steps on every core then")
+                   "the decode worker runs its steps on every core then")
     p.add_argument("--core-share-min-rows", type=int, default=1,
                    help="decode worker: the fewest rows a step needs to borrow the cores "
                    "(default 1: every step while the prefill worker is idle; more leaves "
