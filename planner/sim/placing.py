@@ -1,4 +1,4 @@
-"""One leg's placement: router/handoff/ledger.py's ``_place`` over the simulated pools.
+"""One leg's placement: router/handoff/prefill_placement.py's ``place`` over the simulated pools.
 
 The inputs are built as the ledger builds them: ``cached`` (the decode worker's Reserve
 answer, each prefill candidate's cached prefix), the remote overheads RemoteOverheads has

@@ -50,17 +50,17 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from router.handoff import legs, placement, policy
+from router.handoff import legs, policy, prefill_placement
 from router.handoff.affinity import PrefixAffinity, prefix_hashes
 from router.handoff.counters import HandoffCounters
 from router.handoff.deadline import Deadline
 from router.handoff.fork import merge_sequences
 from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
-from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads, Slo
+from router.handoff.placement import Decision, Reason, RemoteOverheads
 from router.membership.registry import Registry
 from router.membership.worker_clients import WorkerClients
-from router.membership.worker_view import Role, WorkerView
+from router.membership.worker_view import Role
 from router.request import Chunk, HandoffReport, Prepared
 
 log = logging.getLogger(__name__)
@@ -305,9 +305,12 @@ class Handoff:
         hashes = self._hashes(tokens)
         owners = deps.affinity.lookup(hashes) if workers else []
         ranked = policy.rank_prefill(workers, owners, deps.config.affinity_max_queue)
-        cached = self._cached(owners, ranked, hashes, leg)
+        cached = prefill_placement.cached_tokens(
+            deps.config.block_size, deps.held, owners, ranked, hashes, leg.endpoint,
+            leg.reservation.cached_tokens)
         with tracing.span("placement", self._span) as span:
-            placed = self._place(len(tokens), leg.endpoint, ranked, cached)
+            placed = prefill_placement.place(deps.config, deps.registry, deps.overheads,
+                                             len(tokens), leg.endpoint, ranked, cached)
             span.set_attributes({"tandem.decision": placed.decision.value,
                                  "tandem.reason": placed.reason.value,
                                  "tandem.prompt_tokens": len(tokens)})
@@ -333,8 +336,9 @@ class Handoff:
                     deps.held.record(worker.endpoint, hashes)
                     pushed = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
                                                   deps.config.block_size)
-                    self._learn_overhead(worker, leg.endpoint, new, pushed,
-                                         time.perf_counter() - t0)
+                    prefill_placement.learn_overhead(deps.registry, deps.overheads, worker,
+                                                     leg.endpoint, new, pushed,
+                                                     time.perf_counter() - t0)
                     break
             if reply is None:
                 counters.local_prefill_fallbacks += 1
@@ -346,47 +350,6 @@ class Handoff:
             self.report.cached_tokens = reply.cached_tokens
             self.report.transfer_s = reply.transfer_s
         return leg, reply
-
-    def _place(self, n_tokens: int, decode_endpoint: str, ranked: list[WorkerView],
-               cached: dict[str, int]) -> Placement:
-        """Where this prompt is prefilled (router/handoff/placement.py)."""
-        cfg = self._deps.config
-        if ranked and cfg.placement == "remote" and cfg.local_prefill_threshold == 0:
-            return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
-        decode = (self._deps.registry.view(decode_endpoint)
-                  or WorkerView(decode_endpoint, Role.DECODE))
-        # The router's count of D's streams already includes this request (acquired with
-        # its reservation); the model adds the new request's row itself.
-        decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
-        pushed = policy.blocks_needed(n_tokens - cached.get(decode_endpoint, 0), cfg.block_size)
-        return placement.decide(
-            n_tokens, decode, ranked, Slo(cfg.slo_ttft_s, cfg.slo_tpot_s),
-            cached=cached, overhead_s=self._deps.overheads.current(pushed),
-            threshold=cfg.local_prefill_threshold,
-        )
-
-    def _cached(self, owners: list[tuple[str, int]], prefill: list[WorkerView],
-                hashes: list[int], leg: _Leg) -> dict[str, int]:
-        """Prompt tokens each worker holds already: the decode worker's reservation says
-        exactly; for prefill workers, the affinity map or their reports, whichever says more."""
-        bs, held = self._deps.config.block_size, self._deps.held
-        cached = {endpoint: depth * bs for endpoint, depth in owners}
-        for w in prefill:
-            cached[w.endpoint] = max(cached.get(w.endpoint, 0), held.matched(w, hashes) * bs)
-        cached[leg.endpoint] = leg.reservation.cached_tokens
-        return cached
-
-    def _learn_overhead(self, worker: WorkerView, decode_endpoint: str, new: int,
-                        pushed_blocks: int, measured_s: float) -> None:
-        """What this remote prefill of ``new`` uncached tokens, pushing ``pushed_blocks``
-        blocks, took beyond the model's compute prediction."""
-        decode = self._deps.registry.view(decode_endpoint)
-        if decode is None:
-            return
-        predicted = placement.predict_remote(worker, decode, new)
-        if predicted is not None:
-            self._deps.overheads.observe(worker.endpoint, measured_s, predicted.ttft_s,
-                                         pushed_blocks)
 
     async def _try_prefill(self, endpoint: str, leg: _Leg, new_tokens: int
                            ) -> worker_pb2.PrefillResponse | None:

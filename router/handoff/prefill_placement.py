@@ -1,0 +1,65 @@
+"""Where a leg's prompt is prefilled, from what the router knows: the inputs
+placement.decide takes, and what a finished remote prefill teaches it.
+
+    cached_tokens   prompt tokens each worker holds already (the decode worker's Reserve
+                    answer; prefill workers: the affinity map or their reports)
+    place           "remote" as configured, else placement.decide with the decode worker's
+                    view, the SLO, the remote overhead learnt for this push, the threshold
+    learn_overhead  a remote prefill's measured time beyond the model's prediction
+
+router/handoff/ledger.py calls these per leg; planner/sim/placing.py does the same over the
+simulated pools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from router.config import RouterConfig
+from router.handoff import placement, policy
+from router.handoff.held_blocks import HeldBlocks
+from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads, Slo
+from router.membership.registry import Registry
+from router.membership.worker_view import Role, WorkerView
+
+
+def cached_tokens(block_size: int, held: HeldBlocks, owners: list[tuple[str, int]],
+                  prefill: list[WorkerView], hashes: list[int], decode_endpoint: str,
+                  decode_cached: int) -> dict[str, int]:
+    """Prompt tokens each worker holds already: the decode worker's reservation says exactly
+    (``decode_cached``); for prefill workers, the affinity map (``owners``: endpoint, depth
+    in blocks) or their reports, whichever says more."""
+    cached = {endpoint: depth * block_size for endpoint, depth in owners}
+    for w in prefill:
+        cached[w.endpoint] = max(cached.get(w.endpoint, 0), held.matched(w, hashes) * block_size)
+    cached[decode_endpoint] = decode_cached
+    return cached
+
+
+def place(config: RouterConfig, registry: Registry, overheads: RemoteOverheads, n_tokens: int,
+          decode_endpoint: str, ranked: list[WorkerView], cached: dict[str, int]) -> Placement:
+    """Where this prompt of ``n_tokens`` is prefilled (router/handoff/placement.py)."""
+    if ranked and config.placement == "remote" and config.local_prefill_threshold == 0:
+        return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
+    decode = registry.view(decode_endpoint) or WorkerView(decode_endpoint, Role.DECODE)
+    # The router's count of D's streams already includes this request (acquired with its
+    # reservation); the model adds the new request's row itself.
+    decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
+    pushed = policy.blocks_needed(n_tokens - cached.get(decode_endpoint, 0), config.block_size)
+    return placement.decide(
+        n_tokens, decode, ranked, Slo(config.slo_ttft_s, config.slo_tpot_s),
+        cached=cached, overhead_s=overheads.current(pushed),
+        threshold=config.local_prefill_threshold,
+    )
+
+
+def learn_overhead(registry: Registry, overheads: RemoteOverheads, worker: WorkerView,
+                   decode_endpoint: str, new: int, pushed_blocks: int, measured_s: float) -> None:
+    """What a remote prefill of ``new`` uncached tokens on ``worker``, pushing
+    ``pushed_blocks`` blocks, took beyond the model's compute prediction."""
+    decode = registry.view(decode_endpoint)
+    if decode is None:
+        return
+    predicted = placement.predict_remote(worker, decode, new)
+    if predicted is not None:
+        overheads.observe(worker.endpoint, measured_s, predicted.ttft_s, pushed_blocks)
