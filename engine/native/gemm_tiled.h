@@ -2,7 +2,7 @@
 // AVX-512 build (TND_AVX512) runs a 12 x 16 micro-kernel on 512-bit registers instead.
 //
 //   threads split the weight rows into panels of 16; for each panel and window of 256 inputs:
-//     dequantize the 16 x 256 weights to fp32 and transpose them to [256][16] (16 KB: L1)
+//     the 16 x 256 weights as fp32, laid out [256][16] (16 KB: L1; panel_dequant.h)
 //     for every 6 activation rows: 6 x 16 outputs in 12 accumulators, one panel row (two
 //       vectors) and six broadcast activations per input: 12 FMAs per 8 loads
 //
@@ -19,81 +19,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "quant_linear.h"
+#include "panel_dequant.h"
 
 namespace tnd {
 
-// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied; kinds 5 and 6: widened).
-template <int Kind>
-inline void dequant_groups(const Lin& w, int n, int g0, int g1, float* dst) {
-  if constexpr (Kind == 3) {
-    const float* src = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
-    std::copy(src + g0 * QK, src + g1 * QK, dst);
-  } else if constexpr (Kind == 5 || Kind == 6) {
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(w.q) + static_cast<size_t>(n) * w.k;
-    for (int j = g0 * QK; j < g1 * QK; j += 8) {
-      _mm256_storeu_ps(dst + (j - g0 * QK), Kind == 5 ? load8_bf16(src + j) : load8_f16(src + j));
-    }
-  } else {
-    const int g = w.k / QK;
-    const size_t row_groups = static_cast<size_t>(n) * g;
-    for (int b = g0; b < g1; ++b) {
-      float* o = dst + (b - g0) * QK;
-      if constexpr (Kind == 0 || Kind == 2) {
-        const uint8_t* qs = w.q + row_groups * 16;
-        const __m256 d = _mm256_set1_ps(q4_param<Kind>(w.d, row_groups + b));
-        const __m256 m = _mm256_set1_ps(q4_param<Kind>(w.m, row_groups + b));
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
-        const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F));
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(
-            d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m));
-        _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m));
-        _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(
-            d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m));
-      } else {
-        const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + static_cast<size_t>(n) * w.k;
-        const uint16_t* d16 = reinterpret_cast<const uint16_t*>(w.d);
-        const __m256 d = _mm256_set1_ps(Kind == 1 ? w.d[n] : _cvtsh_ss(d16[row_groups + b]));
-        for (int j = 0; j < QK; j += 8) {
-          const __m256i v = _mm256_cvtepi8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + b * QK + j)));
-          _mm256_storeu_ps(o + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
-        }
-      }
-    }
-  }
-}
-
-// 8x8 transpose: rows r[0..8) (8 floats each, `ld` apart) -> columns, written to dst rows
-// (`ldd` apart).
-inline void transpose8(const float* src, int ld, float* dst, int ldd) {
-  __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + static_cast<size_t>(i) * ld);
-  __m256 t[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  __m256 u[8];
-  u[0] = _mm256_shuffle_ps(t[0], t[2], 0x44);
-  u[1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
-  u[2] = _mm256_shuffle_ps(t[1], t[3], 0x44);
-  u[3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
-  u[4] = _mm256_shuffle_ps(t[4], t[6], 0x44);
-  u[5] = _mm256_shuffle_ps(t[4], t[6], 0xEE);
-  u[6] = _mm256_shuffle_ps(t[5], t[7], 0x44);
-  u[7] = _mm256_shuffle_ps(t[5], t[7], 0xEE);
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + static_cast<size_t>(i) * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps(dst + static_cast<size_t>(i + 4) * ldd,
-                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-  }
-}
-
-constexpr int PANEL_N = 16;   // weight rows per panel (two vectors of outputs)
-constexpr int PANEL_K = 256;  // inputs per panel: 16 KB of floats, in L1
 #if TND_AVX512
 constexpr int MICRO_M = 12;   // activation rows per micro-kernel call: 12 512-bit accumulators
 #else
@@ -206,18 +135,7 @@ void linear_tiled_kind(const Lin& w, const float* x, int rows, float* y, int ldy
       const int n0 = t * PANEL_N, nr = std::min(PANEL_N, w.n - n0);
       for (int k0 = 0; k0 < k; k0 += PANEL_K) {
         const int kc = std::min(PANEL_K, k - k0);
-        for (int j = 0; j < PANEL_N; ++j) {
-          float* dst = rowbuf + j * PANEL_K;
-          if (j < nr) {
-            dequant_groups<Kind>(w, n0 + j, k0 / QK, (k0 + kc) / QK, dst);
-          } else {
-            std::fill(dst, dst + kc, 0.f);
-          }
-        }
-        for (int kk = 0; kk < kc; kk += 8) {
-          transpose8(rowbuf + kk, PANEL_K, panel + kk * PANEL_N, PANEL_N);
-          transpose8(rowbuf + 8 * PANEL_K + kk, PANEL_K, panel + kk * PANEL_N + 8, PANEL_N);
-        }
+        fill_panel<Kind>(w, n0, nr, k0, kc, rowbuf, panel);
         const bool add = accumulate || k0 > 0;
         const float* xk = x + k0;
         float* yt = y + n0;

@@ -85,6 +85,22 @@ def test_linear_matches_the_dequantized_matmul(kind: int, rows: int) -> None:
         assert torch.equal(layer(x), native(x))
 
 
+@pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16, KIND_F32])
+@pytest.mark.parametrize("n", [48, 37])
+def test_tiled_panels_hold_the_exact_weights(kind: int, n: int) -> None:
+    """The tiled path against the identity: row i of x = e_i gives column i of W (one
+    product, no rounding) plus the bias, so every weight its panels hold is checked exactly.
+    K = 11 groups: a full window of 256 inputs, then one of 96 (three groups: a Q4 pair
+    dequantized straight into the panel and an odd group by rows); N = 48 is whole panels
+    of 16 (the direct path), 37 ends in a partial one."""
+    g = torch.Generator().manual_seed(kind * 10 + n)
+    k = 352
+    layer = _layer(kind, n, k, g)
+    w = layer.weight.float() if kind in FLOAT_KINDS else layer.dequantize()
+    y = NativeLinear(layer)(torch.eye(k))
+    assert torch.equal(y, w.T + layer.bias.float())
+
+
 @pytest.mark.parametrize("qtype,build", [(QT.Q4_0, PackedLinear.from_q4_0),
                                          (QT.Q4_1, PackedLinear.from_q4_1),
                                          (QT.Q8_0, PackedLinear.from_q8_0)])
