@@ -18,6 +18,11 @@ p50/p90 and output tokens/s, and whether each is within ``--tolerance`` (15%). M
 points are skipped: their turns are sent when the previous reply ends (a closed loop), which
 the simulator's open-loop traces do not model.
 
+Host sharing (``--host-sharing DECODE,PREFILL``, e.g. ``2.1,1.8``; default none): the real
+disaggregated setups run both workers on one machine's cores, so each one's steps run
+slower while the other computes (planner/sim/host.py); the factors are measured by
+``python -m bench.host_contention``. The colocated setup has one worker: not affected.
+
 Calibration (``--calibrate chat@0.3``, the default; ``none`` turns it off): a profile times
 the engine alone, while a served worker also runs its loop, streams tokens and, on a shared
 CPU, shares its cores with the other processes. Per setup, the one named point fixes the
@@ -38,6 +43,7 @@ from typing import Any
 from bench.serve_workload import MIXES, make_requests
 from planner.profile import Profile
 from planner.sim import ClusterSpec, simulate
+from planner.sim.host import HostSharing
 from planner.trace import TraceRequest
 from router.handoff.placement import Slo
 
@@ -54,10 +60,10 @@ def trace_of(point: dict[str, Any], vocab: tuple[int, int], scale: float) -> lis
 
 
 def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefill: Profile,
-            decode: Profile, slo: Slo) -> dict[str, Any]:
+            decode: Profile, slo: Slo, sharing: HostSharing | None = None) -> dict[str, Any]:
     """Simulate one point and set its figures beside the real ones."""
     pools, placement = SETUPS[setup]
-    spec = ClusterSpec(pools, 1, placement=placement, slo=slo)
+    spec = ClusterSpec(pools, 1, placement=placement, slo=slo, host_sharing=sharing)
     if pools:
         result = simulate(spec, decode, trace, prefill_profile=prefill)
     else:
@@ -77,18 +83,19 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
 
 
 def calibrate(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefill: Profile,
-              decode: Profile, slo: Slo, rounds: int = 2) -> tuple[Profile, Profile]:
+              decode: Profile, slo: Slo, sharing: HostSharing | None = None,
+              rounds: int = 2) -> tuple[Profile, Profile]:
     """(prefill, decode) profiles with serving overheads fitted at ``point`` (see above):
     the colocated setup's worker is ``prefill`` (both cores), a disaggregated one's
     streaming worker is ``decode``."""
     for _ in range(rounds):
-        row = compare(setup, point, trace, prefill, decode, slo)
+        row = compare(setup, point, trace, prefill, decode, slo, sharing)
         worker = prefill if SETUPS[setup][0] == 0 else decode
         step = worker.serving_step_s + max(row["tpot_p50"]["real"] - row["tpot_p50"]["sim"],
                                            -worker.serving_step_s)
         worker = replace(worker, serving_step_s=step)
         prefill, decode = (worker, decode) if SETUPS[setup][0] == 0 else (prefill, worker)
-        row = compare(setup, point, trace, prefill, decode, slo)
+        row = compare(setup, point, trace, prefill, decode, slo, sharing)
         worker = prefill if SETUPS[setup][0] == 0 else decode
         request = worker.serving_request_s + max(
             row["ttft_p50"]["real"] - row["ttft_p50"]["sim"], -worker.serving_request_s)
@@ -134,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=0.15)
     p.add_argument("--calibrate", default="chat@0.3",
                    help="MIX@RATE point that fixes the serving overheads, or none")
+    p.add_argument("--host-sharing", type=HostSharing.parse, default=None,
+                   metavar="DECODE,PREFILL",
+                   help="slowdowns of the disaggregated setups' co-located workers")
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
@@ -154,12 +164,13 @@ def main(argv: list[str] | None = None) -> int:
                    None)
         if cal is not None:
             prefill, decode = calibrate(setup, cal, trace_of(cal, vocab, scale), prefill,
-                                        decode, slo)
+                                        decode, slo, args.host_sharing)
         worker = prefill if SETUPS[setup][0] == 0 else decode
         for point in points.values():
             if point["mix"] not in MIXES:  # multiturn: closed loop, see the docstring
                 continue
-            row = compare(setup, point, trace_of(point, vocab, scale), prefill, decode, slo)
+            row = compare(setup, point, trace_of(point, vocab, scale), prefill, decode, slo,
+                          args.host_sharing)
             row["calibration"] = point is cal
             row["serving_step_s"] = worker.serving_step_s
             row["serving_request_s"] = worker.serving_request_s
@@ -169,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),
                                                       str(args.decode_profile)],
-               "tolerance": args.tolerance, "rows": rows}
+               "tolerance": args.tolerance, "rows": rows,
+               "host_sharing": None if args.host_sharing is None else {
+                   "decode_slowdown": args.host_sharing.decode_slowdown,
+                   "prefill_slowdown": args.host_sharing.prefill_slowdown}}
         (args.out / "planner_validation.json").write_text(json.dumps(out, indent=2))
     return 0
 

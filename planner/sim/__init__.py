@@ -43,13 +43,17 @@ Simplifications (what the real system does that this does not):
   worker finishes its requests (no migration). Arrival times are open loop, even for
   conversation turns (the trace's estimate, not the simulated reply's end).
 - Requests needing more KV than a decode worker has are refused at once ("too_long").
+- Hardware is each worker's own, unless ``ClusterSpec.host_sharing`` pairs the i-th prefill
+  and decode workers on one host (host.py): two slowdown factors, each applied while the
+  peer computes; nothing else on a host (a router, a load client) takes its cores.
 
 Exports: :func:`simulate`, :func:`attainment_curve`, :class:`ClusterSpec`,
-:class:`Failure`, :class:`Scale`, :class:`SimResult`, :class:`RequestOutcome`,
-:class:`Summary`, :func:`percentile`.
+:class:`Failure`, :class:`Scale`, :class:`HostSharing`, :class:`SimResult`,
+:class:`RequestOutcome`, :class:`Summary`, :func:`percentile`.
 """
 
 from planner.sim.cluster import ClusterError, ClusterSpec, Failure, Scale
+from planner.sim.host import HostSharing
 from planner.sim.results import RequestOutcome, SimResult, Summary, percentile
 from planner.sim.simulate import attainment_curve, simulate
 
@@ -57,6 +61,7 @@ __all__ = [
     "ClusterError",
     "ClusterSpec",
     "Failure",
+    "HostSharing",
     "RequestOutcome",
     "Scale",
     "SimResult",

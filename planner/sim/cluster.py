@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.sim.host import HostSharing
 from router.handoff.placement import Slo
 from router.membership.worker_view import Role
 
@@ -25,7 +26,9 @@ class ClusterSpec:
     ``local_prefill_threshold`` > 0 is the router's fixed override: prompts shorter than it
     are prefilled locally, the rest remotely, whatever ``placement`` says (but "local").
     ``affinity_max_queue``, ``decode_affinity_slack``, ``prefill_attempts`` and
-    ``max_migrations`` are the router's knobs of the same names.
+    ``max_migrations`` are the router's knobs of the same names. ``host_sharing``: the
+    i-th prefill and the i-th decode worker share a host and slow each other down
+    (planner/sim/host.py); None (the default): every worker has its own hardware.
     """
 
     prefill_workers: int
@@ -37,6 +40,7 @@ class ClusterSpec:
     decode_affinity_slack: int = 4
     prefill_attempts: int = 2
     max_migrations: int = 2
+    host_sharing: HostSharing | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 0 or self.decode_workers < 0:

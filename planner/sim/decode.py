@@ -16,6 +16,10 @@ batch, the worker sleeps until its next finish (a heap of finish step numbers), 
 between summed in closed form (planner/sim/steps.py); a row arriving meanwhile wakes it at
 the first step boundary after it. ``exact=True`` wakes it every step instead: the reference
 the macro steps are tested against.
+
+Host sharing (planner/sim/host.py): while the prefill worker sharing its host computes, every
+step lasts ``decode_slowdown`` times its profile length; the peer's start or stop is taken
+up at the next step boundary (the macro steps are cut there, like a row's arrival).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Protocol
 from planner.profile import Profile
 from planner.sim.cache import DecodeBlocks
 from planner.sim.events import EventQueue
+from planner.sim.host import HostPeer
 from planner.sim.request import SimRequest
 from planner.sim.steps import boundary_after, span, steps_by
 from router.membership.worker_view import Role, WorkerView
@@ -51,7 +56,8 @@ class DecodeWorker:
                  "block_size", "_rows", "rows", "_ctx", "_n0", "_t0", "ready", "_local",
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
                  "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s", "routable",
-                 "draining", "dead", "key", "streamed", "_join_sum")
+                 "draining", "dead", "key", "streamed", "_join_sum", "peer", "_host_slow",
+                 "_slow", "_slow_next")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue, hooks: DecodeHooks,
                  holders: dict[int, set[Any]], exact: bool = False) -> None:
@@ -99,6 +105,10 @@ class DecodeWorker:
         self.key: tuple[int, ...] | None = None
         self.streamed = 0  # tokens the rows that left the batch produced here
         self._join_sum = 0  # the running rows' join steps, summed
+        self.peer: HostPeer | None = None  # the prefill worker sharing its host (host.py)
+        self._host_slow = 1.0  # the steps' factor while that peer computes
+        self._slow = 1.0  # the factor of the steps planned from the last boundary
+        self._slow_next = 1.0  # the factor the host asks for from the next boundary
 
     # -- what the router sees and does -------------------------------------------------
 
@@ -162,7 +172,10 @@ class DecodeWorker:
         for req in done:  # a one-token request's only token is out: nothing to migrate
             if req.finish_s != req.finish_s:
                 req.finish_s = req.leg_token_s
+        was_busy = self._busy
         self.dead, self.routable, self._busy = True, False, False
+        if was_busy and self.peer is not None:
+            self.peer.peer_busy(False, at_s)
         self._version += 1
         self.requests.clear()
         self._rows.clear()
@@ -184,6 +197,37 @@ class DecodeWorker:
         """KV positions the running rows attend to (as of the last step boundary)."""
         return self._ctx
 
+    @property
+    def stepping(self) -> bool:
+        """Whether the worker is computing (rows or local prefill work)."""
+        return self._busy
+
+    def share_host(self, peer: HostPeer, slowdown: float, at_s: float) -> None:
+        """From ``at_s`` on, ``peer`` (a prefill worker) shares this worker's host: its steps
+        last ``slowdown`` times longer while ``peer`` computes."""
+        self.peer, self._host_slow = peer, slowdown
+        self.peer_busy(peer.stepping, at_s)
+
+    def peer_busy(self, busy: bool, at_s: float) -> None:
+        """The host's prefill worker started (``busy``) or stopped computing at ``at_s``:
+        the steps from the next boundary on take the matching factor."""
+        slow = self._slow_next = self._host_slow if busy else 1.0
+        if self.dead:
+            return
+        if not self._busy:
+            self._slow = slow
+            return
+        if slow == self._slow or self._exact or self._chunks is not None or self._in_wake:
+            return  # the next wake takes it up
+        k = boundary_after(at_s - self._t0, *self._plain())
+        if k is not None and self._n0 + k < self._wake_n:
+            self._schedule(k, self._span(k))
+
+    def _set_idle(self, at_s: float) -> None:
+        was_busy, self._busy = self._busy, False
+        if was_busy and self.peer is not None:
+            self.peer.peer_busy(False, at_s)
+
     def token_gap_s(self) -> float | None:
         """The running step's length (the gap between a row's tokens); None: no rows."""
         if self.rows == 0:
@@ -196,8 +240,8 @@ class DecodeWorker:
 
     def _plain(self) -> tuple[float, float]:
         """The next plain step's length and how much each one after grows (steps.py)."""
-        r = self.rows
-        return self._shape(r, 0) + self._per_ctx * self._ctx, self._per_ctx * r
+        r, slow = self.rows, self._slow
+        return slow * (self._shape(r, 0) + self._per_ctx * self._ctx), slow * self._per_ctx * r
 
     def _span(self, k: int) -> float:
         """Seconds of the next ``k`` plain decode steps from the last boundary."""
@@ -208,6 +252,7 @@ class DecodeWorker:
             return  # the boundary being handled plans with the new work
         if not self._busy:
             self._t0 = at_s
+            self._slow = self._slow_next
             self._in_wake = True
             self._admit_and_plan(self._n0, at_s)
             self._in_wake = False
@@ -221,7 +266,10 @@ class DecodeWorker:
             self._schedule(k, self._span(k))
 
     def _schedule(self, k: int, span_s: float) -> None:
-        self._busy = True
+        if not self._busy:
+            self._busy = True
+            if self.peer is not None:
+                self.peer.peer_busy(True, self._t0)
         self._version += 1
         self._wake_n = self._n0 + k
         self._events.push(self._t0 + span_s, self._wake, self._version)
@@ -251,7 +299,7 @@ class DecodeWorker:
             self._ctx += r
         else:
             k = n - self._n0
-            last = self._shape(r, 0) + self._per_ctx * (self._ctx + r * (k - 1))
+            last = self._slow * (self._shape(r, 0) + self._per_ctx * (self._ctx + r * (k - 1)))
             self._ctx += r * k
         self._n0, self._t0 = n, now
         idx, val = self._itl_idx, self._itl_val  # suffix maxima of step lengths
@@ -284,6 +332,7 @@ class DecodeWorker:
                 if req.sent >= req.output:
                     self._hooks.finished(req, self, now)
             self.ready.extendleft(reversed([q for q in local_done if q.sent < q.output]))
+        self._slow = self._slow_next
         self._admit_and_plan(n, now)
         self._in_wake = False
 
@@ -317,18 +366,18 @@ class DecodeWorker:
                 if budget == 0:
                     break
             self._chunks = chunks
-            first = self._chunk_step_s = (
+            first = self._chunk_step_s = self._slow * (
                 self._shape(self.rows, tokens) + self._per_ctx * self._ctx
                 + self._per_pair * attention)
             self._schedule(1, first)
         elif self.rows > 0:
-            first = self._shape(self.rows, 0) + self._per_ctx * self._ctx
+            first = self._plain()[0]
             if self._exact:
                 self._schedule(1, first)
             else:
                 self._schedule(rows[0][0] - n, self._span(rows[0][0] - n))
         else:
-            self._busy = False
+            self._set_idle(now)
             return
         if joined:
             end = now + first

@@ -5,6 +5,8 @@
                         victims, then the newest running ones drain (no new work; gone
                         once its last request is done)
     Failure(index):     the index-th worker ever started in the pool dies now
+    host sharing:       the i-th prefill and i-th decode worker started share a host
+                        (planner/sim/host.py), paired when the second of them starts
 
 ``size`` counts workers starting or routable: draining, dead and gone ones are no longer
 the pool's.
@@ -16,6 +18,7 @@ from planner.profile import Profile
 from planner.sim.cluster import Failure, Scale
 from planner.sim.decode import DecodeWorker
 from planner.sim.events import EventQueue
+from planner.sim.host import HostSharing
 from planner.sim.prefill import PrefillWorker
 from planner.sim.router import SimRouter
 from router.membership.worker_view import Role
@@ -27,8 +30,10 @@ class Pools:
     """Starts workers for the router and applies Failure and Scale events."""
 
     def __init__(self, router: SimRouter, events: EventQueue, decode_profile: Profile,
-                 prefill_profile: Profile, exact_steps: bool = False) -> None:
+                 prefill_profile: Profile, exact_steps: bool = False,
+                 host_sharing: HostSharing | None = None) -> None:
         self._router = router
+        self._sharing = host_sharing
         self._events = events
         self._profiles = {Role.DECODE: decode_profile, Role.PREFILL: prefill_profile}
         self._exact = exact_steps
@@ -57,12 +62,30 @@ class Pools:
         else:
             worker = PrefillWorker(len(router.prefill), profile, self._events, router)
         router.add_worker(worker)
+        self._share_host(worker)
         if startup_s <= 0:
             router.join(worker)
         else:
             self._starting.add(worker)
             self._events.push(self._events.now + startup_s, self._join, worker)
         return worker
+
+    def _share_host(self, worker: Worker) -> None:
+        sharing, router = self._sharing, self._router
+        if sharing is None:
+            return
+        i = worker.index
+        if isinstance(worker, DecodeWorker):
+            if i >= len(router.prefill):
+                return
+            prefill, decode = router.prefill[i], worker
+        else:
+            if i >= len(router.decode):
+                return
+            prefill, decode = worker, router.decode[i]
+        now = self._events.now
+        prefill.share_host(decode, sharing.prefill_slowdown, now)
+        decode.share_host(prefill, sharing.decode_slowdown, now)
 
     def _join(self, worker: Worker, _: object) -> None:
         if worker in self._starting:  # not cancelled or killed while starting

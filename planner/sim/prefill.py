@@ -13,6 +13,10 @@ planner/fit.prefill_context). A
 prompt's first chunk skips what this worker's prefix cache holds of its group; a finished
 prompt's shared prefix (and, for a conversation, what the next turn will share) enters the
 cache. One event per step: a step's shape changes with every chunk.
+
+Host sharing (planner/sim/host.py): while the decode worker sharing its host steps, a step
+runs ``prefill_slowdown`` times slower; a change mid-step keeps the work left and moves the
+step's end.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Protocol
 from planner.profile import Profile
 from planner.sim.cache import PrefixLru
 from planner.sim.events import EventQueue
+from planner.sim.host import HostPeer
 from planner.sim.request import SimRequest
 from router.membership.worker_view import Role, WorkerView
 
@@ -41,7 +46,8 @@ class PrefillWorker:
     __slots__ = ("index", "endpoint", "profile", "transfer", "kv_bytes", "_events", "_hooks",
                  "_base", "_per_token", "_per_pair", "_shape", "_chunk", "block_size", "cache",
                  "_queue", "depth", "queued_tokens", "busy", "_version", "_chunks",
-                 "routable", "draining", "dead", "key", "_view", "busy_s", "done_log")
+                 "routable", "draining", "dead", "key", "_view", "busy_s", "done_log", "peer",
+                 "_host_slow", "_slow", "_left", "_mark", "_began")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue,
                  hooks: PrefillHooks) -> None:
@@ -79,6 +85,36 @@ class PrefillWorker:
         self.busy_s = 0.0  # seconds spent stepping
         # (end, seconds since queued, prompt tokens) of every prefill done, in order
         self.done_log: list[tuple[float, float, int]] = []
+        self.peer: HostPeer | None = None  # the decode worker sharing its host (host.py)
+        self._host_slow = 1.0  # the steps' slowdown while that peer steps
+        self._slow = 1.0  # the slowdown now
+        self._left = 0.0  # the running step: profile seconds left at _mark; its start
+        self._mark = 0.0
+        self._began = 0.0
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the worker is computing a step."""
+        return self.busy
+
+    def share_host(self, peer: HostPeer, slowdown: float, at_s: float) -> None:
+        """From ``at_s`` on, ``peer`` (a decode worker) shares this worker's host: its steps
+        run ``slowdown`` times slower while ``peer`` steps."""
+        self.peer, self._host_slow = peer, slowdown
+        self.peer_busy(peer.stepping, at_s)
+
+    def peer_busy(self, busy: bool, at_s: float) -> None:
+        """The host's decode worker started (``busy``) or stopped stepping at ``at_s``: the
+        running step's work left runs at the new speed."""
+        slow = self._host_slow if busy else 1.0
+        if slow == self._slow:
+            return
+        if self.busy:
+            self._left -= (at_s - self._mark) / self._slow
+            self._mark = at_s
+            self._version += 1
+            self._events.push(at_s + max(self._left, 0.0) * slow, self._end, self._version)
+        self._slow = slow
 
     def cached_tokens(self, req: SimRequest, touch: bool = False) -> int:
         """Prompt tokens of ``req``'s leg this worker's prefix cache holds (the last token
@@ -115,6 +151,8 @@ class PrefillWorker:
         self._view = None
         if not self.busy:
             self._start(at_s)
+            if self.busy and self.peer is not None:
+                self.peer.peer_busy(True, at_s)
 
     def cancel(self, req: SimRequest) -> None:
         """Drop ``req``'s job (its leg moved on); a step already running keeps its length."""
@@ -133,6 +171,10 @@ class PrefillWorker:
             req.job_p = None
         self._queue.clear()
         self.depth = self.queued_tokens = 0
+        if self.busy:
+            self.busy_s += self._events.now - self._began
+            if self.peer is not None:
+                self.peer.peer_busy(False, self._events.now)
         self.busy = False
         return lost
 
@@ -167,13 +209,14 @@ class PrefillWorker:
         self._chunks = chunks
         self._version += 1
         step_s = self._shape(0, tokens) + self._per_pair * attention
-        self.busy_s += step_s
-        self._events.push(at_s + step_s, self._end, self._version)
+        self._left, self._mark, self._began = step_s, at_s, at_s
+        self._events.push(at_s + step_s * self._slow, self._end, self._version)
 
     def _end(self, version: int, _: object) -> None:
         if version != self._version:
             return
         now = self._events.now
+        self.busy_s += now - self._began
         done: list[SimRequest] = []
         for req, leg, n in self._chunks:
             if req.leg != leg or req.job_p is not self:
@@ -198,5 +241,7 @@ class PrefillWorker:
         self.busy = False
         if self.depth > 0:
             self._start(now)
+        if not self.busy and self.peer is not None:
+            self.peer.peer_busy(False, now)
         for req in done:
             self._hooks.prefill_done(req, self, now)

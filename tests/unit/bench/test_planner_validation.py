@@ -8,6 +8,7 @@ from pathlib import Path
 from bench.planner_validation import compare, main, trace_of
 from bench.serve_workload import MIXES, make_requests
 from planner.profile import Profile, StepCost, Transfer
+from planner.sim.host import HostSharing
 from router.handoff.placement import Slo
 
 POINT = {"mix": "mixed", "rate": 0.5, "requests": 12, "seed": 1003, "attainment": 0.5,
@@ -53,3 +54,15 @@ def test_main_reads_a_sweep_and_writes_its_table(tmp_path: Path, capsys) -> None
     assert "colocated" in out and "within 15%" in out
     rows = json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
     assert [(r["setup"], r["mix"]) for r in rows] == [("colocated", "mixed"), ("disagg", "mixed")]
+
+
+def test_host_sharing_slows_the_disaggregated_setups_only(tmp_path: Path) -> None:
+    p = Profile.load(_profile(tmp_path / "p.json"))
+    trace, slo = trace_of(POINT, (1000, 30000), 1.0), Slo(4, 0.25)
+    sharing = HostSharing(2.0, 1.5)
+    for setup in ("disagg", "disagg-remote"):
+        alone = compare(setup, POINT, trace, p, p, slo)
+        shared = compare(setup, POINT, trace, p, p, slo, sharing)
+        assert shared["tpot_p50"]["sim"] > alone["tpot_p50"]["sim"]
+    assert compare("colocated", POINT, trace, p, p, slo, sharing) == \
+        compare("colocated", POINT, trace, p, p, slo)

@@ -1,0 +1,30 @@
+"""bench/host_contention.py: the phases' medians and the slowdowns read off them."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.host_contention import analyse
+
+
+def test_phases_are_split_by_time_and_straddling_steps_left_out() -> None:
+    s = 4.0
+    # decode: 10 ms steps alone until s, 25 ms while the prefill runs (s .. 3s)
+    decode = [(0.3 + 0.01 * i, 0.01) for i in range(300)]  # ends 0.30 .. 3.29
+    decode += [(s + 0.1, 0.2)]  # straddles the phase start: left out
+    decode += [(s + 0.5 + 0.025 * i, 0.025) for i in range(200)]
+    # prefill: 1.5 s with decode (the one started at 2s + 3.5 ends past 3s: left out), then
+    # 1 s alone
+    prefill = [(s, 1.5), (s + 1.5, 1.5), (s + 3.0, 1.5), (2 * s + 3.5, 1.5),
+               (3 * s + 0.5, 1.0), (3 * s + 1.5, 1.0)]
+    out = analyse(decode, prefill, s)
+    assert out["decode_step_s"]["alone"] == pytest.approx(0.01)
+    assert out["decode_step_s"]["with_prefill"] == pytest.approx(0.025)
+    assert out["decode_slowdown"] == pytest.approx(2.5)
+    assert out["prefill_s"]["prompts"] == [2, 3]
+    assert out["prefill_slowdown"] == pytest.approx(1.5)
+
+
+def test_a_phase_without_a_complete_step_is_an_error() -> None:
+    with pytest.raises(ValueError, match="--seconds"):
+        analyse([(1.0, 0.01)], [(9.0, 1.0)], 2.0)

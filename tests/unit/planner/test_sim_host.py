@@ -1,0 +1,103 @@
+"""The host-sharing model (planner/sim/host.py): co-located prefill and decode workers slow
+each other down, by hand-computed timings and against the one-step-at-a-time reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.sim import ClusterSpec, simulate
+from planner.sim.host import HostSharing, HostSharingError
+from planner.workload import LengthMix, RequestKind, poisson
+from tests.unit.planner.test_sim_reference import EVENTS, MIX, _same
+from tests.unit.planner.test_sim_support import BASE, PER_ROW, PER_TOKEN, assert_clean, profile, req
+
+SHARING = HostSharing(decode_slowdown=2.0, prefill_slowdown=1.5)
+
+
+def _remote(sharing: HostSharing | None = SHARING, p: int = 1, d: int = 1) -> ClusterSpec:
+    return ClusterSpec(p, d, placement="remote", host_sharing=sharing)
+
+
+def test_a_prefill_beside_a_stepping_decode_worker_runs_slower() -> None:
+    """A streams (its decode worker steps throughout); B's prompt, queued meanwhile, takes
+    prefill_slowdown times its step. A's own prompt ran beside an idle decode worker."""
+    prof = profile()
+    trace = [req(0.0, 16, 1000), req(0.5, 100, 1)]
+    shared = simulate(_remote(), prof, trace)
+    alone = simulate(_remote(None), prof, trace)
+    assert_clean(shared)
+    a, b = shared.outcomes
+    assert a.ttft_s == pytest.approx(alone.outcomes[0].ttft_s, abs=1e-12)
+    assert b.ttft_s == pytest.approx(1.5 * (BASE + PER_TOKEN * 100), abs=1e-12)
+
+
+def test_decode_steps_stretch_from_the_boundary_after_the_prefill_starts() -> None:
+    """A's one-row steps last s alone; B's prefill (one step, slowed 1.5x by A's steps)
+    makes A's steps 2s from the first boundary at or after it starts until the first
+    boundary at or after it ends. A's finish, walked step by step, is the reference."""
+    prof = profile()
+    s, prefill_b = BASE + PER_ROW, 1.5 * (BASE + PER_TOKEN * 100)
+    result = simulate(_remote(), prof, [req(0.0, 16, 200), req(0.3037, 100, 1)])
+    assert_clean(result)
+    a = result.outcomes[0]
+    first = BASE + PER_TOKEN * 16  # A's prefill: the decode worker was idle
+    t = first + 16 * 1000 / 1e9  # A's KV lands: its decode steps start
+    begin, end = 0.3037, 0.3037 + prefill_b
+    slow = False
+    for _ in range(199):  # tokens 2..200, one step each; the factor switches at boundaries
+        t += 2 * s if slow else s
+        if not slow and begin <= t < end:
+            slow = True
+        elif slow and t >= end:
+            slow = False
+    assert a.ttft_s == pytest.approx(first, abs=1e-12)
+    assert a.e2e_s == pytest.approx(t, abs=1e-9)
+    assert a.itl_max_s == pytest.approx(2 * s, abs=1e-12)
+
+
+def test_a_change_mid_step_keeps_the_prefill_work_left() -> None:
+    """B's long prompt starts beside an idle decode worker; A's KV lands just after and its
+    decode steps (slowed 2x by B's prefill) make the rest of B's step run 1.5x slower, and
+    full speed again once A is done."""
+    prof = profile(chunk=4096)
+    p_a, p_b = BASE + PER_TOKEN * 16, BASE + PER_TOKEN * 2000
+    transfer = 16 * 1000 / 1e9  # A's KV: 16 tokens of 1,000 bytes at 1 GB/s
+    s = BASE + PER_ROW
+    # A's prompt runs first; B (queued meanwhile) starts at p_a, A decodes from p_a + transfer.
+    result = simulate(_remote(), prof, [req(0.0, 16, 3), req(1e-9, 2000, 1)])
+    assert_clean(result)
+    a, b = result.outcomes
+    a_done = p_a + transfer + 2 * (2 * s)  # A's two decode steps, both beside B's prefill
+    work_left = p_b - transfer - (a_done - p_a - transfer) / 1.5
+    assert a.e2e_s == pytest.approx(a_done, abs=1e-9)
+    assert b.arrival_s + b.ttft_s == pytest.approx(a_done + work_left, abs=1e-9)
+
+
+@pytest.mark.parametrize("placement", ["adaptive", "remote"])
+def test_macro_steps_match_one_step_at_a_time_with_host_sharing(placement: str) -> None:
+    prof = profile(2e-7, capacity=20_000, seqs=8)
+    trace = poisson(60, 8, MIX, seed=1)
+    cluster = ClusterSpec(2, 4, placement=placement, host_sharing=SHARING)
+    fast = simulate(cluster, prof, trace, events=EVENTS)
+    slow = simulate(cluster, prof, trace, events=EVENTS, exact_steps=True)
+    _same(fast, slow)
+    assert_clean(fast)
+    plain = simulate(ClusterSpec(2, 4, placement=placement), prof, trace, events=EVENTS)
+    assert sum(o.e2e_s for o in fast.outcomes) > sum(o.e2e_s for o in plain.outcomes)
+
+
+def test_unit_slowdowns_change_nothing() -> None:
+    kind = RequestKind("k", prompt_tokens=(20, 900), output_tokens=(1, 120))
+    trace = poisson(50, 6, LengthMix("m", ((kind, 1.0),)), seed=4)
+    prof = profile(1e-7)
+    cluster = ClusterSpec(2, 2)
+    same = simulate(ClusterSpec(2, 2, host_sharing=HostSharing(1.0, 1.0)), prof, trace)
+    _same(simulate(cluster, prof, trace), same)
+
+
+def test_slowdowns_are_checked_and_parsed() -> None:
+    assert HostSharing.parse("2.1,1.8") == HostSharing(2.1, 1.8)
+    with pytest.raises(HostSharingError):
+        HostSharing(0.5, 1.0)
+    with pytest.raises(HostSharingError):
+        HostSharing.parse("2")
