@@ -1,8 +1,9 @@
 """Does the simulator predict real runs? planner/sim against bench/serve's sweep, point by point.
 
-    python -m bench.planner_validation --sweep docs/bench/serve_sweep.json \\
-        --prefill-profile docs/bench/profile_smollm2_cpu2.json \\
-        --decode-profile docs/bench/profile_smollm2_cpu1.json --out docs/bench
+    python -m bench.planner_validation --sweep docs/bench/serve_sweep_run10.json \\
+        --prefill-profile docs/bench/profile_smollm2_cpu2_run10.json \\
+        --decode-profile docs/bench/profile_smollm2_cpu1_run10.json \\
+        --host-sharing 2.17,1.76 --out docs/bench
 
 For every (setup, mix, rate) point of a sweep that ``scripts/bench_serve --sweep`` ran, the
 same requests (bench/serve_workload.make_requests with the point's seed: the same arrival
