@@ -1,10 +1,10 @@
 """How much do a prefill and a decode engine on one host slow each other down?
 
-    python -m bench.host_contention [--rows 1,8] [--out docs/bench/host_contention.json]
+    python -m bench.host_contention [--rows 1,2,4,8,16,32] [--out docs/bench/host_contention.json]
 
 The simulator's host-sharing model (planner/sim/host.py) needs two factors: a decode step's
-length while the co-located prefill worker computes, over its length alone; and the same for
-a prefill while the decode worker steps. This runs the two real engines in two processes in
+length while the co-located prefill worker computes, over its length alone (at each batch
+size); and the same for a prefill while the decode worker steps. This runs the two real engines in two processes in
 ``scripts/bench_serve``'s disaggregated layout (decode: 1 thread pinned to the last core;
 prefill: 2 threads, unpinned) over four phases of ``--seconds`` S each::
 
@@ -13,8 +13,9 @@ prefill: 2 threads, unpinned) over four phases of ``--seconds`` S each::
     3S .. 4S    the prefill engine alone (the decode process has stopped)
 
 and prints the median step and prefill times of each phase, their ratios, and the
-``--host-sharing DECODE,PREFILL`` flag for bench.planner_validation (each factor the mean
-over the row counts). Both processes load and warm up first, then start together on a
+``--host-sharing DECODE,PREFILL`` flag for bench.planner_validation: the decode factor by
+batch size (``1:2.4/8:1.9``, linear in between) where several row counts ran, the prefill
+factor the mean over them. Both processes load and warm up first, then start together on a
 signal; steps that straddle a phase boundary are left out.
 """
 
@@ -30,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from planner.sim.host import HostSharing
 
 EDGE_S = 0.25  # margin left out after each phase starts
 
@@ -104,6 +107,16 @@ def analyse(decode: list[tuple[float, float]], prefill: list[tuple[float, float]
             "prefill_slowdown": med(p_both) / med(p_alone)}
 
 
+def sharing(runs: list[dict[str, Any]]) -> HostSharing:
+    """The host model of a set of runs: the decode factor by rows (one run: one factor), the
+    prefill factor their mean; a factor under 1 (noise) counts as 1."""
+    by_rows = sorted((r["rows"], max(r["decode_slowdown"], 1.0)) for r in runs)
+    prefill = max(statistics.mean(r["prefill_slowdown"] for r in runs), 1.0)
+    if len(by_rows) == 1:
+        return HostSharing(by_rows[0][1], prefill)
+    return HostSharing(tuple(by_rows), prefill)
+
+
 def _child(role: str, args: argparse.Namespace) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "bench.host_contention", "--role", role,
             "--rows", str(args.rows), "--model", args.model, "--seconds", str(args.seconds),
@@ -122,7 +135,11 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     try:
         for role, proc in procs.items():
             assert proc.stdout is not None and proc.stdin is not None
-            if proc.stdout.readline().strip() != "ready":
+            for line in proc.stdout:  # the loader may print first (a first load converts)
+                if line.strip() == "ready":
+                    break
+                print(line, end="", file=sys.stderr, flush=True)
+            else:
                 raise RuntimeError(f"the {role} process failed to start")
         t0 = time.time() + 0.5
         for proc in procs.values():
@@ -142,7 +159,8 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default="1,8", help="decode batch sizes, comma-separated")
+    p.add_argument("--rows", default="1,2,4,8,16,32",
+                   help="decode batch sizes, comma-separated")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     p.add_argument("--prompt", type=int, default=512, help="prefill prompt tokens")
@@ -167,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{1e3 * d['with_prefill']:.1f} ms with prefill ({run['decode_slowdown']:.2f}x); "
               f"prefill {args.prompt} {pf['alone']:.2f} s alone, {pf['with_decode']:.2f} s "
               f"with decode ({run['prefill_slowdown']:.2f}x)", flush=True)
-    decode = statistics.mean(r["decode_slowdown"] for r in runs)
-    prefill = statistics.mean(r["prefill_slowdown"] for r in runs)
-    flag = f"{max(decode, 1.0):.2f},{max(prefill, 1.0):.2f}"
+    flag = sharing(runs).flag()
     print(f"--host-sharing {flag}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

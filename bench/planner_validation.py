@@ -3,7 +3,7 @@
     python -m bench.planner_validation --sweep docs/bench/serve_sweep_run10.json \\
         --prefill-profile docs/bench/profile_smollm2_cpu2_run10.json \\
         --decode-profile docs/bench/profile_smollm2_cpu1_run10.json \\
-        --host-sharing 2.17,1.76 --out docs/bench
+        --host-sharing 1:2.28/2:2.08/4:2.16/8:1.83/16:1.77/32:1.78,1.76 --out docs/bench
 
 For every (setup, mix, rate) point of a sweep that ``scripts/bench_serve --sweep`` ran, the
 same requests (bench/serve_workload.make_requests with the point's seed: the same arrival
@@ -19,10 +19,19 @@ p50/p90 and output tokens/s, and whether each is within ``--tolerance`` (15%). M
 points are skipped: their turns are sent when the previous reply ends (a closed loop), which
 the simulator's open-loop traces do not model.
 
-Host sharing (``--host-sharing DECODE,PREFILL``, e.g. ``2.1,1.8``; default none): the real
-disaggregated setups run both workers on one machine's cores, so each one's steps run
-slower while the other computes (planner/sim/host.py); the factors are measured by
-``python -m bench.host_contention``. The colocated setup has one worker: not affected.
+Host sharing (``--host-sharing DECODE,PREFILL``, e.g. ``2.1,1.8``, or the decode factor by
+batch size, ``1:2.3/8:1.8,1.8``; default none): the real disaggregated setups run both
+workers on one machine's cores, so each one's steps run slower while the other computes
+(planner/sim/host.py); the factors are measured by ``python -m bench.host_contention``. The
+colocated setup has one worker: not affected.
+
+Sensitivity (``--sensitivity 0.05``; default off): how far the predictions move with the
+measured decode factors' error. Each disaggregated point is simulated again with every
+decode factor times 1 - F and 1 + F, and every figure gets the range of its ratio over the
+three runs; the table's last line counts the figures that fall within the tolerance
+somewhere in that range. The count at the measured factors stays the result. (Near a
+decode worker's capacity its TPOT moves more than the factor: up to about 2x as much in
+run 10.)
 
 Calibration (``--calibrate chat@0.3``, the default; ``none`` turns it off): a profile times
 the engine alone, while a served worker also runs its loop, streams tokens and, on a shared
@@ -51,6 +60,7 @@ from router.handoff.placement import Slo
 METRICS = (("ttft_p50", "ttft", "p50", "ttft_p50_s"), ("ttft_p90", "ttft", "p90", "ttft_p90_s"),
            ("tpot_p50", "tpot", "p50", "tpot_p50_s"), ("tpot_p90", "tpot", "p90", "tpot_p90_s"))
 SETUPS = {"disagg": (1, "adaptive"), "disagg-remote": (1, "remote"), "colocated": (0, "local")}
+KEYS = [m[0] for m in METRICS] + ["output_tok_s"]  # the figures compared
 
 
 def trace_of(point: dict[str, Any], vocab: tuple[int, int], scale: float) -> list[TraceRequest]:
@@ -77,7 +87,7 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
         row[name] = {"real": point[group][pct], "sim": getattr(sim, attr)}
     row["output_tok_s"] = {"real": point["output_tok_s"], "sim": sim.output_tokens_per_s}
     row["attainment"] = {"real": point["attainment"], "sim": sim.slo_attainment}
-    for key in [m[0] for m in METRICS] + ["output_tok_s"]:
+    for key in KEYS:
         v = row[key]
         v["ratio"] = v["sim"] / v["real"] if v["real"] > 0 else float("inf")
     return row
@@ -105,9 +115,26 @@ def calibrate(setup: str, point: dict[str, Any], trace: list[TraceRequest], pref
     return prefill, decode
 
 
+def add_sensitivity(row: dict[str, Any], point: dict[str, Any], trace: list[TraceRequest],
+                    prefill: Profile, decode: Profile, slo: Slo, sharing: HostSharing,
+                    spread: float) -> None:
+    """Give each of ``row``'s figures its ratio's range over the decode factors times
+    1 - ``spread``, 1 and 1 + ``spread`` (``row`` is ``compare``'s at 1)."""
+    others = [compare(row["setup"], point, trace, prefill, decode, slo,
+                      sharing.decode_scaled(k)) for k in (1 - spread, 1 + spread)]
+    for key in KEYS:
+        ratios = [row[key]["ratio"]] + [o[key]["ratio"] for o in others]
+        row[key]["range"] = [min(ratios), max(ratios)]
+
+
+def _within_range(v: dict[str, Any], tolerance: float) -> bool:
+    lo, hi = v.get("range", (v["ratio"], v["ratio"]))
+    return lo <= 1 + tolerance and hi >= 1 - tolerance
+
+
 def table(rows: list[dict[str, Any]], tolerance: float) -> str:
     """sim/real per metric, a * where outside the tolerance."""
-    keys = [m[0] for m in METRICS] + ["output_tok_s"]
+    keys = KEYS
     head = f"{'setup':14s} {'mix':6s} {'rate':>5s} " + " ".join(f"{k:>13s}" for k in keys) \
         + f" {'attain real/sim':>16s}"
     lines = [head]
@@ -128,6 +155,10 @@ def table(rows: list[dict[str, Any]], tolerance: float) -> str:
     within = sum(abs(r[k]["ratio"] - 1) <= tolerance for r in tested for k in keys)
     lines.append(f"within {tolerance:.0%}: {within} of {len(tested) * len(keys)} figures "
                  "(* marks the others; ratio = simulated / measured)")
+    if any("range" in r[k] for r in tested for k in keys):
+        spread = sum(_within_range(r[k], tolerance) for r in tested for k in keys)
+        lines.append(f"within {tolerance:.0%} for a decode factor in the sensitivity range: "
+                     f"{spread} of {len(tested) * len(keys)}")
     return "\n".join(lines)
 
 
@@ -144,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="MIX@RATE point that fixes the serving overheads, or none")
     p.add_argument("--host-sharing", type=HostSharing.parse, default=None,
                    metavar="DECODE,PREFILL",
-                   help="slowdowns of the disaggregated setups' co-located workers")
+                   help="slowdowns of the disaggregated setups' co-located workers; DECODE "
+                        "one factor or ROWS:FACTOR pairs joined by / (bench.host_contention)")
+    p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
+                   help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
@@ -170,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         for point in points.values():
             if point["mix"] not in MIXES:  # multiturn: closed loop, see the docstring
                 continue
-            row = compare(setup, point, trace_of(point, vocab, scale), prefill, decode, slo,
-                          args.host_sharing)
+            trace = trace_of(point, vocab, scale)
+            row = compare(setup, point, trace, prefill, decode, slo, args.host_sharing)
+            if args.sensitivity and args.host_sharing is not None and SETUPS[setup][0]:
+                add_sensitivity(row, point, trace, prefill, decode, slo, args.host_sharing,
+                                args.sensitivity)
             row["calibration"] = point is cal
             row["serving_step_s"] = worker.serving_step_s
             row["serving_request_s"] = worker.serving_request_s
@@ -181,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),
                                                       str(args.decode_profile)],
-               "tolerance": args.tolerance, "rows": rows,
+               "tolerance": args.tolerance, "sensitivity": args.sensitivity, "rows": rows,
                "host_sharing": None if args.host_sharing is None else {
+                   "flag": args.host_sharing.flag(),
                    "decode_slowdown": args.host_sharing.decode_slowdown,
                    "prefill_slowdown": args.host_sharing.prefill_slowdown}}
         (args.out / "planner_validation.json").write_text(json.dumps(out, indent=2))

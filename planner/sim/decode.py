@@ -18,8 +18,9 @@ the first step boundary after it. ``exact=True`` wakes it every step instead: th
 the macro steps are tested against.
 
 Host sharing (planner/sim/host.py): while the prefill worker sharing its host computes, every
-step lasts ``decode_slowdown`` times its profile length; the peer's start or stop is taken
-up at the next step boundary (the macro steps are cut there, like a row's arrival).
+step lasts ``HostSharing.decode_factor(rows)`` times its profile length; the peer's start or
+stop is taken up at the next step boundary (the macro steps are cut there, like a row's
+arrival), and a batch's new size at the boundary where it changes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from planner.profile import Profile
@@ -57,7 +59,7 @@ class DecodeWorker:
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
                  "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s", "routable",
                  "draining", "dead", "key", "streamed", "_join_sum", "peer", "_host_slow",
-                 "_slow", "_slow_next")
+                 "_slow", "_peer_on")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue, hooks: DecodeHooks,
                  holders: dict[int, set[Any]], exact: bool = False) -> None:
@@ -106,9 +108,9 @@ class DecodeWorker:
         self.streamed = 0  # tokens the rows that left the batch produced here
         self._join_sum = 0  # the running rows' join steps, summed
         self.peer: HostPeer | None = None  # the prefill worker sharing its host (host.py)
-        self._host_slow = 1.0  # the steps' factor while that peer computes
+        self._host_slow: Callable[[int], float] | None = None  # rows -> factor, peer busy
         self._slow = 1.0  # the factor of the steps planned from the last boundary
-        self._slow_next = 1.0  # the factor the host asks for from the next boundary
+        self._peer_on = False  # the peer computes (as of its last news)
 
     # -- what the router sees and does -------------------------------------------------
 
@@ -202,23 +204,29 @@ class DecodeWorker:
         """Whether the worker is computing (rows or local prefill work)."""
         return self._busy
 
-    def share_host(self, peer: HostPeer, slowdown: float, at_s: float) -> None:
-        """From ``at_s`` on, ``peer`` (a prefill worker) shares this worker's host: its steps
-        last ``slowdown`` times longer while ``peer`` computes."""
+    def share_host(self, peer: HostPeer, slowdown: Callable[[int], float],
+                   at_s: float) -> None:
+        """From ``at_s`` on, ``peer`` (a prefill worker) shares this worker's host: a step
+        of R rows lasts ``slowdown(R)`` times longer while ``peer`` computes."""
         self.peer, self._host_slow = peer, slowdown
         self.peer_busy(peer.stepping, at_s)
+
+    def _factor(self) -> float:
+        """The host factor for steps of the current batch from the next boundary on."""
+        if not self._peer_on or self._host_slow is None:
+            return 1.0
+        return self._host_slow(max(self.rows, 1))
 
     def peer_busy(self, busy: bool, at_s: float) -> None:
         """The host's prefill worker started (``busy``) or stopped computing at ``at_s``:
         the steps from the next boundary on take the matching factor."""
-        slow = self._slow_next = self._host_slow if busy else 1.0
-        if self.dead:
-            return
-        if not self._busy:
-            self._slow = slow
-            return
-        if slow == self._slow or self._exact or self._chunks is not None or self._in_wake:
+        self._peer_on = busy
+        if self.dead or not self._busy:
+            return  # an idle worker plans its next steps with the news
+        if self._exact or self._chunks is not None or self._in_wake:
             return  # the next wake takes it up
+        if self._factor() == self._slow:
+            return
         k = boundary_after(at_s - self._t0, *self._plain())
         if k is not None and self._n0 + k < self._wake_n:
             self._schedule(k, self._span(k))
@@ -252,7 +260,6 @@ class DecodeWorker:
             return  # the boundary being handled plans with the new work
         if not self._busy:
             self._t0 = at_s
-            self._slow = self._slow_next
             self._in_wake = True
             self._admit_and_plan(self._n0, at_s)
             self._in_wake = False
@@ -332,7 +339,6 @@ class DecodeWorker:
                 if req.sent >= req.output:
                     self._hooks.finished(req, self, now)
             self.ready.extendleft(reversed([q for q in local_done if q.sent < q.output]))
-        self._slow = self._slow_next
         self._admit_and_plan(n, now)
         self._in_wake = False
 
@@ -351,6 +357,7 @@ class DecodeWorker:
                 self.rows += 1
                 self._ctx += ctx
                 joined.append(req)
+        self._slow = self._factor() if self._peer_on else 1.0
         if self._local:
             chunks, budget = [], max(self._chunk - self.rows, 1)
             tokens, attention = 0, 0.0

@@ -85,7 +85,7 @@ class Pools:
             prefill, decode = worker, router.decode[i]
         now = self._events.now
         prefill.share_host(decode, sharing.prefill_slowdown, now)
-        decode.share_host(prefill, sharing.decode_slowdown, now)
+        decode.share_host(prefill, sharing.decode_factor, now)
 
     def _join(self, worker: Worker, _: object) -> None:
         if worker in self._starting:  # not cancelled or killed while starting

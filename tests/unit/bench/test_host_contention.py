@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.host_contention import analyse
+from bench.host_contention import analyse, sharing
+from planner.sim.host import HostSharing
 
 
 def test_phases_are_split_by_time_and_straddling_steps_left_out() -> None:
@@ -28,3 +29,14 @@ def test_phases_are_split_by_time_and_straddling_steps_left_out() -> None:
 def test_a_phase_without_a_complete_step_is_an_error() -> None:
     with pytest.raises(ValueError, match="--seconds"):
         analyse([(1.0, 0.01)], [(9.0, 1.0)], 2.0)
+
+
+def test_the_flag_holds_the_decode_factor_by_rows_and_the_mean_prefill_factor() -> None:
+    runs = [{"rows": 8, "decode_slowdown": 1.9, "prefill_slowdown": 1.7},
+            {"rows": 1, "decode_slowdown": 2.4, "prefill_slowdown": 1.9},
+            {"rows": 32, "decode_slowdown": 0.97, "prefill_slowdown": 1.6}]  # noise: 1
+    model = sharing(runs)
+    assert model.decode_slowdown == ((1, 2.4), (8, 1.9), (32, 1.0))
+    assert model.prefill_slowdown == pytest.approx(1.6 + 0.4 / 3)
+    assert model.flag() == "1:2.40/8:1.90/32:1.00,1.73"
+    assert sharing(runs[:1]) == HostSharing(1.9, 1.7)

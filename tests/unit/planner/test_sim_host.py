@@ -12,6 +12,8 @@ from tests.unit.planner.test_sim_reference import EVENTS, MIX, _same
 from tests.unit.planner.test_sim_support import BASE, PER_ROW, PER_TOKEN, assert_clean, profile, req
 
 SHARING = HostSharing(decode_slowdown=2.0, prefill_slowdown=1.5)
+# the same at one row, less for bigger batches (as measured: docs/planner.md)
+BY_ROWS = HostSharing(decode_slowdown=((1, 2.0), (4, 1.6), (8, 1.3)), prefill_slowdown=1.5)
 
 
 def _remote(sharing: HostSharing | None = SHARING, p: int = 1, d: int = 1) -> ClusterSpec:
@@ -31,13 +33,16 @@ def test_a_prefill_beside_a_stepping_decode_worker_runs_slower() -> None:
     assert b.ttft_s == pytest.approx(1.5 * (BASE + PER_TOKEN * 100), abs=1e-12)
 
 
-def test_decode_steps_stretch_from_the_boundary_after_the_prefill_starts() -> None:
+@pytest.mark.parametrize("sharing", [SHARING, BY_ROWS], ids=["one-factor", "by-rows"])
+def test_decode_steps_stretch_from_the_boundary_after_the_prefill_starts(
+        sharing: HostSharing) -> None:
     """A's one-row steps last s alone; B's prefill (one step, slowed 1.5x by A's steps)
-    makes A's steps 2s from the first boundary at or after it starts until the first
-    boundary at or after it ends. A's finish, walked step by step, is the reference."""
+    makes A's steps 2s (the one-row factor) from the first boundary at or after it starts
+    until the first boundary at or after it ends. A's finish, walked step by step, is the
+    reference."""
     prof = profile()
     s, prefill_b = BASE + PER_ROW, 1.5 * (BASE + PER_TOKEN * 100)
-    result = simulate(_remote(), prof, [req(0.0, 16, 200), req(0.3037, 100, 1)])
+    result = simulate(_remote(sharing), prof, [req(0.0, 16, 200), req(0.3037, 100, 1)])
     assert_clean(result)
     a = result.outcomes[0]
     first = BASE + PER_TOKEN * 16  # A's prefill: the decode worker was idle
@@ -73,11 +78,13 @@ def test_a_change_mid_step_keeps_the_prefill_work_left() -> None:
     assert b.arrival_s + b.ttft_s == pytest.approx(a_done + work_left, abs=1e-9)
 
 
+@pytest.mark.parametrize("sharing", [SHARING, BY_ROWS], ids=["one-factor", "by-rows"])
 @pytest.mark.parametrize("placement", ["adaptive", "remote"])
-def test_macro_steps_match_one_step_at_a_time_with_host_sharing(placement: str) -> None:
+def test_macro_steps_match_one_step_at_a_time_with_host_sharing(
+        placement: str, sharing: HostSharing) -> None:
     prof = profile(2e-7, capacity=20_000, seqs=8)
     trace = poisson(60, 8, MIX, seed=1)
-    cluster = ClusterSpec(2, 4, placement=placement, host_sharing=SHARING)
+    cluster = ClusterSpec(2, 4, placement=placement, host_sharing=sharing)
     fast = simulate(cluster, prof, trace, events=EVENTS)
     slow = simulate(cluster, prof, trace, events=EVENTS, exact_steps=True)
     _same(fast, slow)
@@ -95,9 +102,59 @@ def test_unit_slowdowns_change_nothing() -> None:
     _same(simulate(cluster, prof, trace), same)
 
 
+def test_a_smaller_factor_for_bigger_batches_shortens_the_loaded_steps() -> None:
+    """With the one-row factor the same, a table that slows big batches less finishes the
+    same trace sooner than the one factor, and never sooner than no sharing at all."""
+    prof = profile(2e-7, capacity=20_000, seqs=8)
+    trace = poisson(60, 8, MIX, seed=1)
+
+    def total(sharing: HostSharing | None) -> float:
+        result = simulate(ClusterSpec(2, 4, placement="remote", host_sharing=sharing), prof,
+                          trace, events=EVENTS)
+        assert_clean(result)
+        return sum(o.e2e_s for o in result.outcomes)
+
+    assert total(None) < total(BY_ROWS) < total(SHARING)
+
+
+def test_a_one_point_table_is_one_factor() -> None:
+    prof = profile(2e-7, capacity=20_000, seqs=8)
+    trace = poisson(60, 8, MIX, seed=1)
+    table = HostSharing(((3, 2.0),), 1.5)
+    _same(simulate(_remote(table, 2, 4), prof, trace, events=EVENTS),
+          simulate(_remote(SHARING, 2, 4), prof, trace, events=EVENTS))
+
+
+def test_the_decode_factor_is_linear_between_the_measured_batches() -> None:
+    assert [BY_ROWS.decode_factor(r) for r in (1, 2, 4, 6, 8, 32)] == pytest.approx(
+        [2.0, 2.0 - 0.4 / 3, 1.6, 1.45, 1.3, 1.3])
+    assert HostSharing(((4, 1.8), (8, 1.2)), 1.0).decode_factor(1) == 1.8
+    assert SHARING.decode_factor(17) == 2.0
+
+
+def test_decode_factors_scale_but_stay_at_least_one() -> None:
+    assert SHARING.decode_scaled(1.1) == HostSharing(2.2, 1.5)
+    scaled = BY_ROWS.decode_scaled(0.8).decode_slowdown
+    assert isinstance(scaled, tuple)
+    assert [r for r, _ in scaled] == [1, 4, 8]
+    assert [f for _, f in scaled] == pytest.approx([1.6, 1.28, 1.04])
+    assert HostSharing(((1, 1.1), (4, 1.5)), 1.2).decode_scaled(0.5) == \
+        HostSharing(((1, 1.0), (4, 1.0)), 1.2)
+
+
 def test_slowdowns_are_checked_and_parsed() -> None:
     assert HostSharing.parse("2.1,1.8") == HostSharing(2.1, 1.8)
+    assert HostSharing.parse("1:2/4:1.6/8:1.3,1.5") == BY_ROWS
+    for sharing in (SHARING, BY_ROWS):
+        assert HostSharing.parse(sharing.flag()) == sharing
     with pytest.raises(HostSharingError):
         HostSharing(0.5, 1.0)
     with pytest.raises(HostSharingError):
-        HostSharing.parse("2")
+        HostSharing(((1, 2.0), (8, 0.9)), 1.0)
+    with pytest.raises(HostSharingError, match="rise"):
+        HostSharing(((8, 2.0), (4, 1.5)), 1.0)
+    with pytest.raises(HostSharingError, match="rise"):
+        HostSharing((), 1.0)
+    for bad in ("2", "1:2/x:1,1.5", "1:2:3,1.5"):
+        with pytest.raises(HostSharingError):
+            HostSharing.parse(bad)
