@@ -90,6 +90,18 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
     for key in KEYS:
         v = row[key]
         v["ratio"] = v["sim"] / v["real"] if v["real"] > 0 else float("inf")
+    workers = point.get("workers", {})  # sweeps since run 12 read the workers' /metrics
+    if "decode" in workers:
+        row["workers"] = {
+            "decode_busy": {"real": workers["decode"]["busy"], "sim": result.decode_busy},
+            "decode_step_s": {"real": workers["decode"]["mean_step_s"],
+                              "sim": result.decode_mean_step_s},
+            # real: tokens sampled a step (a local prompt's first token counts too)
+            "decode_rows": {"real": workers["decode"]["tokens_per_step"],
+                            "sim": result.decode_rows_per_step}}
+        if pools and "prefill" in workers:
+            row["workers"]["prefill_busy"] = {"real": workers["prefill"]["busy"],
+                                              "sim": result.prefill_busy}
     return row
 
 
@@ -162,6 +174,26 @@ def table(rows: list[dict[str, Any]], tolerance: float) -> str:
     return "\n".join(lines)
 
 
+def worker_table(rows: list[dict[str, Any]]) -> str:
+    """How busy the workers were, real / simulated, where the sweep recorded it: the decode
+    worker's share of time stepping, its mean step and rows a step, the prefill worker's
+    share."""
+    lines = [f"{'setup':14s} {'mix':6s} {'rate':>5s} {'decode busy':>13s} "
+             f"{'decode step ms':>16s} {'rows a step':>13s} {'prefill busy':>13s}"]
+    for r in rows:
+        w = r.get("workers")
+        if w is None:
+            continue
+        busy, step, rows = w["decode_busy"], w["decode_step_s"], w["decode_rows"]
+        pre = w.get("prefill_busy")
+        lines.append(f"{r['setup']:14s} {r['mix']:6s} {r['rate']:5.2f} "
+                     f"{busy['real']:5.0%} / {busy['sim']:4.0%} "
+                     f"{1e3 * step['real']:7.1f} / {1e3 * step['sim']:6.1f} "
+                     f"{rows['real']:5.1f} / {rows['sim']:5.1f} "
+                     + (f"{pre['real']:5.0%} / {pre['sim']:4.0%}" if pre else f"{'-':>13s}"))
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             row["serving_request_s"] = worker.serving_request_s
             rows.append(row)
     print(table(rows, args.tolerance))
+    workers = worker_table(rows)
+    if workers:
+        print("\nworkers, real / simulated:\n" + workers)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),

@@ -138,3 +138,35 @@ def summarize(
     if any(r.conversation >= 0 for r in results):
         summary["by_turn"] = by_turn(results)
     return summary
+
+
+# A worker's cumulative counters on its /metrics that say how busy it was (names as scraped).
+WORKER_COUNTERS = {"steps": "tandem_engine_steps_total",
+                   "step_s": "tandem_engine_step_seconds_sum",
+                   "tokens": "tandem_generation_tokens_total"}
+
+
+def worker_counters(metrics_text: str) -> dict[str, float]:
+    """``WORKER_COUNTERS`` read off a worker's /metrics text (summed over label sets)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {v: k for k, v in WORKER_COUNTERS.items()}
+    out = dict.fromkeys(WORKER_COUNTERS, 0.0)
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in names:
+                out[names[sample.name]] += sample.value
+    return out
+
+
+def worker_activity(before: dict[str, float], after: dict[str, float],
+                    duration_s: float) -> dict[str, float]:
+    """What one worker did between two reads of its ``WORKER_COUNTERS``: steps, seconds
+    stepping, tokens sampled; the share of ``duration_s`` it stepped (``busy``), its mean
+    step, and its tokens per step (a decode worker's mean batch: each row samples one token
+    a step)."""
+    d = {k: after[k] - before.get(k, 0.0) for k in WORKER_COUNTERS}
+    steps = d["steps"]
+    return {**d, "busy": d["step_s"] / duration_s if duration_s > 0 else 0.0,
+            "mean_step_s": d["step_s"] / steps if steps else 0.0,
+            "tokens_per_step": d["tokens"] / steps if steps else 0.0}

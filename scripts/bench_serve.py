@@ -50,7 +50,15 @@ from prometheus_client.samples import Sample
 from bench.serve import add_load_args, parse_vocab, progress_printer
 from bench.serve_load import run_direct, run_load
 from bench.serve_report import Curves, plot, plot_sweep, sweep_table, table, turn_table
-from bench.serve_stats import RequestResult, attainment, by_turn, percentile, summarize
+from bench.serve_stats import (
+    RequestResult,
+    attainment,
+    by_turn,
+    percentile,
+    summarize,
+    worker_activity,
+    worker_counters,
+)
 from bench.serve_sweep import (
     MULTITURN,
     max_rate,
@@ -63,6 +71,8 @@ from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
 from common.credential import ClusterCredential
 from engine.loader import resolve_model
 from tandem.local_cluster import Cluster, Proc
+
+METRICS = ("--metrics-port", "0")  # each worker's /metrics: how busy it was at each point
 
 
 def _engine_flags(model: str, threads: int, extra: list[str]) -> list[str]:
@@ -87,18 +97,18 @@ def start_setup(
     procs: dict[str, Proc] = {}
     if name.startswith("disagg"):
         procs["decode"] = cluster.start(
-            "decode_worker", "--port", "0", "--kv-port", "0",
+            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS,
             *_engine_flags(model, 1, engine_extra), wrap=core1,
         )
         procs["prefill"] = cluster.start(
-            "prefill_worker", "--port", "0",
+            "prefill_worker", "--port", "0", *METRICS,
             *_engine_flags(model, prefill_threads, engine_extra),
             wrap=core0,
         )
     else:
         budget = ["--max-num-batched-tokens", "256"] if name == "colocated-chunked" else []
         procs["decode"] = cluster.start(
-            "decode_worker", "--port", "0", "--kv-port", "0",
+            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS,
             *_engine_flags(model, 2, engine_extra + budget),
         )
     prefill = ["--prefill", procs["prefill"].grpc] if "prefill" in procs else []
@@ -139,6 +149,19 @@ def placement_decisions(router: Proc) -> dict[str, float]:
     }
 
 
+def worker_reads(procs: dict[str, Proc]) -> dict[str, dict[str, float]]:
+    """Each worker's busy counters now (bench/serve_stats.WORKER_COUNTERS), by role."""
+    out = {}
+    for role in ("prefill", "decode"):
+        proc = procs.get(role)
+        if proc is None or "metrics" not in proc.info:
+            continue
+        url = f"http://{proc.info['metrics']}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            out[role] = worker_counters(reply.read().decode())
+    return out
+
+
 def wait_idle(router: Proc, timeout_s: float = 120.0) -> None:
     """Return once the router has no request running or queued (or after ``timeout_s``)."""
     busy = ("tandem_num_requests_running", "tandem_num_requests_waiting")
@@ -171,6 +194,7 @@ def run_sweep(
             for point in points:
                 label = f"{name} {point.label}"
                 before = placement_decisions(router)
+                busy_before = worker_reads(procs)
                 results, duration = asyncio.run(run_point(
                     router.grpc, point, args.num_requests, vocab=vocab, scale=args.scale,
                     timeout_s=args.timeout, progress=progress_printer(label, args.num_requests),
@@ -183,7 +207,10 @@ def run_sweep(
                 after = placement_decisions(router)
                 summary |= {"mix": point.mix, "rate": point.rate, "seed": point.seed,
                             "attainment": share,
-                            "decisions": {k: v - before.get(k, 0.0) for k, v in after.items()}}
+                            "decisions": {k: v - before.get(k, 0.0) for k, v in after.items()},
+                            "workers": {role: worker_activity(busy_before.get(role, {}), now,
+                                                              duration)
+                                        for role, now in worker_reads(procs).items()}}
                 summaries[name][point.label] = summary
                 records[name][point.label] = [asdict(r) for r in results]
                 curves[name].setdefault(point.mix, []).append((point.rate, share))

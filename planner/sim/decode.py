@@ -57,7 +57,7 @@ class DecodeWorker:
                  "_chunk", "_cap",
                  "block_size", "_rows", "rows", "_ctx", "_n0", "_t0", "ready", "_local",
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
-                 "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s", "routable",
+                 "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s", "row_steps", "routable",
                  "draining", "dead", "key", "streamed", "_join_sum", "peer", "_host_slow",
                  "_slow", "_peer_on")
 
@@ -103,6 +103,7 @@ class DecodeWorker:
         self._chunk_step_s = 0.0  # the running prefill step's length
         self.busy_s = 0.0  # seconds spent stepping, and rows x seconds (mean batch)
         self.row_s = 0.0
+        self.row_steps = 0  # rows x steps (mean rows a step: over the steps run)
         self.routable = self.draining = self.dead = False
         self.key: tuple[int, ...] | None = None
         self.streamed = 0  # tokens the rows that left the batch produced here
@@ -169,6 +170,12 @@ class DecodeWorker:
                 req.finish_s = self._t0 + self._span(finish - self._n0)
             self.streamed += req.sent - before
         self._join_sum = 0
+        if k:  # the whole steps of the macro step in flight count as work done
+            span_s = self._span(k)
+            self.busy_s += span_s
+            self.row_s += self.rows * span_s
+            self.row_steps += self.rows * k
+            self._n0 += k
         lost = [r for r in self.requests.values() if r.sent < r.output]
         done = [r for r in self.requests.values() if r.sent >= r.output]
         for req in done:  # a one-token request's only token is out: nothing to migrate
@@ -198,6 +205,11 @@ class DecodeWorker:
     def context_tokens(self) -> int:
         """KV positions the running rows attend to (as of the last step boundary)."""
         return self._ctx
+
+    @property
+    def steps(self) -> int:
+        """Steps run so far (as of the last step boundary handled)."""
+        return self._n0
 
     @property
     def stepping(self) -> bool:
@@ -289,6 +301,7 @@ class DecodeWorker:
         r = self.rows
         self.busy_s += now - self._t0
         self.row_s += r * (now - self._t0)
+        self.row_steps += r * (n - self._n0)
         local_done: list[SimRequest] | None = None
         chunks = self._chunks
         if chunks is not None:  # one prefill step ended

@@ -111,6 +111,8 @@ class SimResult:
     prefill_busy: float = 0.0
     decode_busy: float = 0.0
     decode_mean_rows: float = 0.0
+    decode_mean_step_s: float = 0.0  # seconds stepping over steps run, all decode workers
+    decode_rows_per_step: float = 0.0  # rows over steps run (not weighted by step length)
 
     def summary(self, slo: Slo, warmup_s: float = 0.0) -> Summary:
         """TTFT/TPOT/E2E percentiles, throughput, SLO attainment and goodput."""

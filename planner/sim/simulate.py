@@ -98,6 +98,7 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
     span = queue.now if queue.now > 0 else 1.0
     p_busy = sum(p.busy_s for p in router.prefill)
     d_busy = sum(d.busy_s for d in router.decode)
+    d_steps = sum(d.steps for d in router.decode)
     return SimResult(
         outcomes=[_outcome(r) for r in reqs], decisions=dict(router.decisions),
         leaked_blocks=leaked, wall_s=time.perf_counter() - started, simulated_s=queue.now,
@@ -106,7 +107,10 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
         stranded=router.waiting(),
         prefill_busy=p_busy / (span * len(router.prefill)) if router.prefill else 0.0,
         decode_busy=d_busy / (span * len(router.decode)) if router.decode else 0.0,
-        decode_mean_rows=sum(d.row_s for d in router.decode) / d_busy if d_busy else 0.0)
+        decode_mean_rows=sum(d.row_s for d in router.decode) / d_busy if d_busy else 0.0,
+        decode_mean_step_s=d_busy / d_steps if d_steps else 0.0,
+        decode_rows_per_step=sum(d.row_steps for d in router.decode) / d_steps if d_steps
+        else 0.0)
 
 
 def attainment_curve(cluster: ClusterSpec, profile: Profile, base_trace: Sequence[TraceRequest],

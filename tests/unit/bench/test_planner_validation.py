@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.planner_validation import KEYS, add_sensitivity, compare, main, table, trace_of
+from bench.planner_validation import (
+    KEYS,
+    add_sensitivity,
+    compare,
+    main,
+    table,
+    trace_of,
+    worker_table,
+)
 from bench.serve_workload import MIXES, make_requests
 from planner.profile import Profile, StepCost, Transfer
 from planner.sim.host import HostSharing
@@ -114,3 +122,24 @@ def test_run_10_keeps_the_figures_it_predicted_within_15_percent(tmp_path: Path)
     colocated_chat = {(s, m, rate, k) for s, m, rate, k in within
                       if s == "colocated" and m == "chat"}
     assert len(colocated_chat) >= 8
+
+
+def test_the_workers_activity_is_compared_where_the_sweep_recorded_it(tmp_path: Path) -> None:
+    p = Profile.load(_profile(tmp_path / "p.json"))
+    trace, slo = trace_of(POINT, (1000, 30000), 1.0), Slo(4, 0.25)
+    assert "workers" not in compare("disagg", POINT, trace, p, p, slo)
+    point = {**POINT, "workers": {
+        "decode": {"busy": 0.5, "mean_step_s": 0.02, "tokens_per_step": 1.5},
+        "prefill": {"busy": 0.25, "mean_step_s": 0.3}}}
+    row = compare("disagg", point, trace, p, p, slo)
+    w = row["workers"]
+    assert (w["decode_busy"]["real"], w["decode_step_s"]["real"], w["prefill_busy"]["real"]) \
+        == (0.5, 0.02, 0.25)
+    assert 0 < w["decode_busy"]["sim"] < 1 and 0 < w["prefill_busy"]["sim"] < 1
+    assert w["decode_step_s"]["sim"] > 0.01  # at least a one-row step of the profile
+    assert w["decode_rows"]["real"] == 1.5 and w["decode_rows"]["sim"] >= 1.0
+    assert "prefill_busy" not in compare("colocated", point, trace, p, p, slo)["workers"]
+    lines = worker_table([row]).splitlines()
+    assert len(lines) == 2 and lines[1].startswith("disagg") and "20.0 /" in lines[1]
+    assert "  1.5 /" in lines[1]
+    assert worker_table([compare("disagg", POINT, trace, p, p, slo)]) == ""

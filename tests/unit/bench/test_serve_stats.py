@@ -62,3 +62,30 @@ def test_tpot_itl_and_goodput() -> None:
     assert s["output_tok_s"] == pytest.approx(0.9)
     assert s["ttft"]["p50"] == pytest.approx(0.5)
     assert "| TPOT p99 (ms) |" in table({"x": s})
+
+
+def test_a_worker_s_activity_comes_from_its_own_metrics_text() -> None:
+    """The counters are read off what a worker's /metrics renders (the names must match)."""
+    from prometheus_client import generate_latest
+
+    from bench.serve_stats import worker_activity, worker_counters
+    from engine.outputs import EngineStats
+    from worker.metrics import TransferTotals, WorkerMetrics
+
+    def scrape(steps: int, tokens: int, step_s: list[float], m: WorkerMetrics) -> dict:
+        for s in step_s:
+            m.observe_step(s)
+        m.update(EngineStats(num_running=0, num_waiting=0, num_waiting_for_remote_kv=0,
+                             num_held=0, num_blocks=8, num_free_blocks=8, kv_cache_usage=0.0,
+                             prefix_cache_queries=0, prefix_cache_hits=0, num_preemptions=0,
+                             num_steps=steps, num_generated_tokens=tokens), TransferTotals())
+        return worker_counters(generate_latest(m.registry).decode())
+
+    m = WorkerMetrics("decode", model_name="bench")
+    before = scrape(3, 5, [0.25], m)
+    assert before == {"steps": 3, "step_s": 0.25, "tokens": 5}
+    after = scrape(7, 17, [0.5, 0.25, 0.25, 0.5], m)
+    act = worker_activity(before, after, duration_s=4.0)
+    assert act == {"steps": 4, "step_s": 1.5, "tokens": 12, "busy": 0.375,
+                   "mean_step_s": 0.375, "tokens_per_step": 3.0}
+    assert worker_activity(after, after, 0.0)["busy"] == 0.0

@@ -41,6 +41,9 @@ def _same(a: SimResult, b: SimResult) -> None:
         for name in ("ttft_s", "tpot_s", "e2e_s", "itl_max_s"):
             u, v = getattr(x, name), getattr(y, name)
             assert (math.isnan(u) and math.isnan(v)) or u == pytest.approx(v, abs=1e-9), name
+    for name in ("prefill_busy", "decode_busy", "decode_mean_rows", "decode_mean_step_s",
+                 "decode_rows_per_step"):
+        assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9), name
 
 
 @pytest.mark.parametrize("placement", ["adaptive", "remote", "local"])
