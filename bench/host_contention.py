@@ -1,12 +1,14 @@
 """How much do a prefill and a decode engine on one host slow each other down?
 
-    python -m bench.host_contention [--rows 1,2,4,8,16,32] [--out docs/bench/host_contention.json]
+    python -m bench.host_contention [--rows 1,2,4,8,16,32] \\
+        [--out docs/bench/host_contention.json]
 
 The simulator's host-sharing model (planner/sim/host.py) needs two factors: a decode step's
 length while the co-located prefill worker computes, over its length alone (at each batch
-size); and the same for a prefill while the decode worker steps. This runs the two real engines in two processes in
-``scripts/bench_serve``'s disaggregated layout (decode: 1 thread pinned to the last core;
-prefill: 2 threads, unpinned) over four phases of ``--seconds`` S each::
+size); and the same for a prefill while the decode worker steps. This runs the two real
+engines in two processes in ``scripts/bench_serve``'s disaggregated layout (decode: 1
+thread pinned to the last core; prefill: 2 threads, unpinned) over four phases of
+``--seconds`` S each, for each batch size::
 
     0 .. S      decode steps alone (R rows, greedy, never finishing)
     S .. 3S     decode steps while the prefill engine runs prompts back to back

@@ -184,12 +184,12 @@ def worker_table(rows: list[dict[str, Any]]) -> str:
         w = r.get("workers")
         if w is None:
             continue
-        busy, step, rows = w["decode_busy"], w["decode_step_s"], w["decode_rows"]
+        busy, step, batch = w["decode_busy"], w["decode_step_s"], w["decode_rows"]
         pre = w.get("prefill_busy")
         lines.append(f"{r['setup']:14s} {r['mix']:6s} {r['rate']:5.2f} "
                      f"{busy['real']:5.0%} / {busy['sim']:4.0%} "
                      f"{1e3 * step['real']:7.1f} / {1e3 * step['sim']:6.1f} "
-                     f"{rows['real']:5.1f} / {rows['sim']:5.1f} "
+                     f"{batch['real']:5.1f} / {batch['sim']:5.1f} "
                      + (f"{pre['real']:5.0%} / {pre['sim']:4.0%}" if pre else f"{'-':>13s}"))
     return "\n".join(lines) if len(lines) > 1 else ""
 

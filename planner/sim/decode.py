@@ -57,9 +57,9 @@ class DecodeWorker:
                  "_chunk", "_cap",
                  "block_size", "_rows", "rows", "_ctx", "_n0", "_t0", "ready", "_local",
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
-                 "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s", "row_steps", "routable",
-                 "draining", "dead", "key", "streamed", "_join_sum", "peer", "_host_slow",
-                 "_slow", "_peer_on")
+                 "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s",
+                 "row_steps", "routable", "draining", "dead", "key", "streamed", "_join_sum",
+                 "peer", "_host_slow", "_slow", "_peer_on")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue, hooks: DecodeHooks,
                  holders: dict[int, set[Any]], exact: bool = False) -> None:
@@ -370,7 +370,7 @@ class DecodeWorker:
                 self.rows += 1
                 self._ctx += ctx
                 joined.append(req)
-        self._slow = self._factor() if self._peer_on else 1.0
+        self._slow = self._factor() if self._peer_on else 1.0  # (checked here: every plan)
         if self._local:
             chunks, budget = [], max(self._chunk - self.rows, 1)
             tokens, attention = 0, 0.0

@@ -3,9 +3,10 @@
 A profile times one engine alone. Where a prefill and a decode worker run on the same CPUs
 (the local validation's disaggregated setups, ``make serve`` on one machine), each one's
 steps run longer while the other computes: on a 2-core VM a one-row decode step took
-2.0-2.6x its time alone while the prefill engine computed, an 8-row step 1.9-2.1x, a
-512-token prefill 1.6-2.0x while the decode engine stepped (docs/planner.md). GPUs do not
-share this way, so the model is off unless a :class:`HostSharing` is given.
+1.6-2.6x its time alone while the prefill engine computed, an 8-row step 1.6-2.1x (the
+factors move from hour to hour there), a 512-token prefill 1.6-2.0x while the decode engine
+stepped (docs/planner.md). GPUs do not share this way, so the model is off unless a
+:class:`HostSharing` is given.
 
 With one, the i-th prefill worker and the i-th decode worker (in start order) share a host:
 
@@ -27,7 +28,8 @@ from typing import Protocol
 
 
 class HostSharingError(ValueError):
-    """A slowdown below 1 (a neighbour cannot make a worker faster)."""
+    """A slowdown below 1 (a neighbour cannot make a worker faster), or a decode table whose
+    rows do not rise."""
 
 
 DecodeSlowdown = float | tuple[tuple[int, float], ...]
