@@ -135,9 +135,14 @@ def start_warm(cluster: Cluster, name: str, model_dir: Path, args: argparse.Name
     return procs
 
 
+def _metrics_text(address: str) -> str:
+    """A process's /metrics page at ``address`` (HOST:PORT)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as reply:
+        return reply.read().decode()
+
+
 def _samples(router: Proc) -> list[Sample]:
-    with urllib.request.urlopen(f"http://{router.info['http']}/metrics", timeout=30) as reply:
-        text = reply.read().decode()
+    text = _metrics_text(router.info["http"])
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
@@ -156,9 +161,7 @@ def worker_reads(procs: dict[str, Proc]) -> dict[str, dict[str, float]]:
         proc = procs.get(role)
         if proc is None or "metrics" not in proc.info:
             continue
-        url = f"http://{proc.info['metrics']}/metrics"
-        with urllib.request.urlopen(url, timeout=30) as reply:
-            out[role] = worker_counters(reply.read().decode())
+        out[role] = worker_counters(_metrics_text(proc.info["metrics"]))
     return out
 
 

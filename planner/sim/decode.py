@@ -40,6 +40,11 @@ from planner.sim.steps import boundary_after, span, steps_by
 from router.membership.worker_view import Role, WorkerView
 
 
+def _unshared(rows: int) -> float:
+    """The host factor of a worker that shares its host with no one."""
+    return 1.0
+
+
 class DecodeHooks(Protocol):
     """What the router hears from a decode worker: a local prefill's first token, and a
     request's last token (it is still reserved on ``worker`` then)."""
@@ -109,7 +114,7 @@ class DecodeWorker:
         self.streamed = 0  # tokens the rows that left the batch produced here
         self._join_sum = 0  # the running rows' join steps, summed
         self.peer: HostPeer | None = None  # the prefill worker sharing its host (host.py)
-        self._host_slow: Callable[[int], float] | None = None  # rows -> factor, peer busy
+        self._host_slow: Callable[[int], float] = _unshared  # rows -> factor, peer busy
         self._slow = 1.0  # the factor of the steps planned from the last boundary
         self._peer_on = False  # the peer computes (as of its last news)
 
@@ -225,9 +230,7 @@ class DecodeWorker:
 
     def _factor(self) -> float:
         """The host factor for steps of the current batch from the next boundary on."""
-        if not self._peer_on or self._host_slow is None:
-            return 1.0
-        return self._host_slow(max(self.rows, 1))
+        return self._host_slow(max(self.rows, 1)) if self._peer_on else 1.0
 
     def peer_busy(self, busy: bool, at_s: float) -> None:
         """The host's prefill worker started (``busy``) or stopped computing at ``at_s``:
@@ -370,7 +373,7 @@ class DecodeWorker:
                 self.rows += 1
                 self._ctx += ctx
                 joined.append(req)
-        self._slow = self._factor() if self._peer_on else 1.0  # (checked here: every plan)
+        self._slow = self._factor()
         if self._local:
             chunks, budget = [], max(self._chunk - self.rows, 1)
             tokens, attention = 0, 0.0
