@@ -12,8 +12,13 @@ budget) on steps of known shape and fits planner/profile.py's step-cost model to
     transfer  kv_transfer's own TCP transport over loopback (bench/kv_transfer.py's sender
               and receiver child), 2,048-token SmolLM2-shaped requests
 
-Each shape is timed ``repeats`` times; the fit's relative error is printed and stored with
-the raw samples, so a reader can judge the model before trusting a plan built on it.
+Each shape is timed once per round, ``repeats`` rounds, every round going through all the
+shapes (odd rounds in reverse order), and each timed step's median over the rounds is what
+is fitted: this VM's speed drifts by up to 2x from hour to hour, and one burst per shape let
+a slow spell land on a few shapes only (the 1-thread 32-row step measured 71 ms in one
+profile and 119 ms in another). The spread between rounds is reported and stored, the fit's
+relative error too, with the samples, so a reader can judge the model before trusting a plan
+built on it.
 """
 
 from __future__ import annotations
@@ -22,10 +27,17 @@ import asyncio
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.fit import StepSample, fit_step_cost, fit_token_curve, prefill_context
+from planner.fit import (
+    StepSample,
+    fit_step_cost,
+    fit_token_curve,
+    median_of_rounds,
+    prefill_context,
+    round_spread,
+)
 from planner.profile import Profile, Transfer
 
 PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024, 2048)
@@ -38,8 +50,8 @@ DECODE_STEPS = 8  # timed decode steps per (rows, prompt) shape
 class ProfileOptions:
     """What to measure, and how thoroughly."""
 
-    repeats: int = 3
-    quick: bool = False  # fewer shapes (tests, smoke runs)
+    repeats: int = 3  # rounds over every shape (the median of each timed step is fitted)
+    quick: bool = False  # fewer shapes, fewer decode steps (tests, smoke runs)
     transfer: bool = True  # measure the KV transport (spawns a receiver child)
 
 
@@ -150,6 +162,27 @@ def measure_transfer() -> Transfer:
     return Transfer(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
 
 
+def measure_rounds(shapes: Sequence[tuple[str, Callable[[], list[StepSample]]]], rounds: int
+                   ) -> tuple[list[list[StepSample]], list[str]]:
+    """Every shape's timed steps, once per round: round r goes through ``shapes`` (name,
+    timing function) in order, reversed when r is odd so no shape always runs first or
+    last. Each round's samples come back in ``shapes`` order, so round lists line up step
+    for step; with them, the shape name of each step (the first round's)."""
+    out: list[list[StepSample]] = []
+    labels: list[str] = []
+    for r in range(rounds):
+        order = list(range(len(shapes)))[:: -1 if r % 2 else 1]
+        got: dict[int, list[StepSample]] = {}
+        t0 = time.perf_counter()
+        for i in order:
+            got[i] = shapes[i][1]()
+        _say(f"profile: round {r + 1}/{rounds} ({time.perf_counter() - t0:.0f} s)")
+        out.append([s for i in range(len(shapes)) for s in got[i]])
+        if not labels:
+            labels = [shapes[i][0] for i in range(len(shapes)) for _ in got[i]]
+    return out, labels
+
+
 def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
                    label: str = "", device: str = "cpu") -> Profile:
     """Time ``engine`` (an engine.LLMEngine) on the shapes above and fit its profile."""
@@ -165,19 +198,39 @@ def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
     rows = [b for b in DECODE_ROWS if b <= sched.max_num_seqs][: 3 if quick else None]
     prompts = DECODE_PROMPTS[:1] if quick else DECODE_PROMPTS
     steps = 3 if quick else DECODE_STEPS
-    reps = 1 if quick else options.repeats
-    _say(f"profile: warm-up and prefill of {pre} tokens x{reps}")
-    measure_prefill(engine, params, pre[:1], 1)  # warm-up: first-call costs stay out
-    samples = measure_prefill(engine, params, pre, reps)
+    reps = options.repeats
     after = [(o, n) for o, n in ((512, 128), (1536, 128), (512, 512), (1536, 512))
              if o + n <= budget and o + n <= engine.max_model_len][: 2 if quick else None]
-    _say(f"profile: prompt chunks after cached tokens (offset, tokens): {after}")
-    samples += measure_prefill_after(engine, params, after, reps)
-    _say(f"profile: decode steps of {rows} rows, prompts {list(prompts)}, {steps} steps each")
-    samples += measure_decode(engine, params, rows, prompts, steps)
-    _say("profile: mixed steps (a prompt joining decoding rows)")
     joinable = [b for b in rows if b < sched.max_num_seqs][-2:]  # room for the arrival's row
-    samples += measure_decode(engine, params, joinable, prompts[:1], 1, arrival=min(256, budget))
+    arrival = min(256, budget)
+    shapes: list[tuple[str, Callable[[], list[StepSample]]]] = []
+    for n in pre:
+        shapes.append((f"prefill {n}", lambda n=n: measure_prefill(engine, params, [n], 1)))
+    for o, n in after:
+        shapes.append((f"prefill {n} after {o}",
+                       lambda o=o, n=n: measure_prefill_after(engine, params, [(o, n)], 1)))
+    for length in prompts:
+        for b in rows:
+            shapes.append((f"decode {b}x{length}", lambda b=b, length=length: measure_decode(
+                engine, params, [b], [length], steps)))
+    for b in joinable:
+        shapes.append((f"mixed {b}+{arrival}", lambda b=b: measure_decode(
+            engine, params, [b], prompts[:1], 1, arrival=arrival)))
+    _say(f"profile: {len(shapes)} shapes x {reps} rounds: prefill of {pre} tokens, prompt "
+         f"chunks after cached tokens {after}, decode steps of {rows} rows at prompts "
+         f"{list(prompts)} ({steps} steps each), a {arrival}-token prompt joining {joinable} rows")
+    measure_prefill(engine, params, pre[:1], 1)  # warm-up: first-call costs stay out
+    rounds, labels = measure_rounds(shapes, reps)
+    try:
+        samples = median_of_rounds(rounds)
+        spread = round_spread(rounds)
+    except ValueError as err:  # the engine scheduled a shape differently in another round
+        _say(f"profile: {err}: fitting every round's steps as they are")
+        samples, spread = [s for r in rounds for s in r], [1.0] * len(rounds[0])
+    if reps > 1:
+        worst = max(range(len(spread)), key=spread.__getitem__)
+        _say(f"profile: slowest round / fastest, per timed step: median "
+             f"{statistics.median(spread):.2f}x, max {spread[worst]:.2f}x ({labels[worst]})")
     linear = fit_step_cost(samples)
     c = linear.cost
     _say(f"profile: linear fit (what the router sees): {c.base_s * 1e3:.2f} ms + "
@@ -214,13 +267,15 @@ def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
         max_num_seqs=sched.max_num_seqs,
         block_size=engine.kv.block_size,
         source="measured",
-        notes=(f"{engine.weights_format}; threads={threads}; "
+        notes=(f"{engine.weights_format}; threads={threads}; median of {reps} rounds; "
                f"fit rms {fit.rms_relative_error:.3f} max {fit.max_relative_error:.3f}; "
                f"transfer {'measured' if options.transfer else 'not measured (1 GB/s)'}"),
         samples={
             "fit_rms_relative_error": fit.rms_relative_error,
             "fit_max_relative_error": fit.max_relative_error,
             "linear_fit_rms_relative_error": linear.rms_relative_error,
+            "rounds": reps,
+            "round_spread": [round(x, 4) for x in spread],
             "steps": [[s.rows, s.prefill_tokens, s.context_tokens, s.prefill_pairs,
                        round(s.seconds, 6)] for s in samples],
             "median_prefill_tok_s": {

@@ -13,6 +13,7 @@ five unknowns it ends within five rounds). Pure Python: a 5x5 solve needs no num
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,6 +44,36 @@ class Fit:
     cost: StepCost
     rms_relative_error: float  # sqrt(mean(((predicted - measured) / measured)^2))
     max_relative_error: float
+
+
+def median_of_rounds(rounds: Sequence[Sequence[StepSample]]) -> list[StepSample]:
+    """One sample per timed step from several rounds of the same steps: the median seconds
+    over the rounds (the shape is the first round's). ``tandem profile`` times every shape
+    once per round, so a slow spell of a shared machine lands on one round of each shape,
+    not on all timings of a few shapes; the median drops it. Rounds must time the same
+    steps in the same order (ValueError otherwise)."""
+    if not rounds:
+        return []
+    first = rounds[0]
+    for r in rounds[1:]:
+        same = len(r) == len(first) and all(
+            (a.rows, a.prefill_tokens, a.context_tokens, a.prefill_pairs)
+            == (b.rows, b.prefill_tokens, b.context_tokens, b.prefill_pairs)
+            for a, b in zip(r, first, strict=True))
+        if not same:
+            raise ValueError("rounds timed different steps; cannot take medians")
+    return [StepSample(s.rows, s.prefill_tokens, s.context_tokens,
+                       statistics.median(r[i].seconds for r in rounds), s.prefill_pairs)
+            for i, s in enumerate(first)]
+
+
+def round_spread(rounds: Sequence[Sequence[StepSample]]) -> list[float]:
+    """Per timed step, the slowest round's seconds over the fastest's (1.0 = no spread):
+    how much the machine drifted while the profile ran."""
+    if len(rounds) < 2:
+        return [1.0] * (len(rounds[0]) if rounds else 0)
+    return [max(r[i].seconds for r in rounds) / min(r[i].seconds for r in rounds)
+            for i in range(len(rounds[0]))]
 
 
 def prefill_context(tokens: int, offset: int = 0) -> int:

@@ -13,7 +13,8 @@ from tandem.commands.profile import main as profile_main
 def test_profile_of_a_tiny_engine_is_fitted_from_its_own_steps(make_engine, tiny_dir) -> None:
     engine = make_engine(model=str(tiny_dir()), max_num_seqs=8, max_num_batched_tokens=256,
                          num_blocks=64)
-    profile = profile_engine(engine, ProfileOptions(quick=True, transfer=False), label="tiny")
+    profile = profile_engine(engine, ProfileOptions(repeats=1, quick=True, transfer=False),
+                             label="tiny")
     assert profile.source == "measured" and profile.model == "tiny"
     assert profile.chunk_tokens == 256 and profile.max_num_seqs == 8
     assert profile.kv_capacity_tokens == 64 * 16 and profile.block_size == 16
@@ -27,6 +28,22 @@ def test_profile_of_a_tiny_engine_is_fitted_from_its_own_steps(make_engine, tiny
     assert any(rows == 0 and tokens > 0 for rows, tokens, *_ in steps)
     assert any(rows > 0 and tokens == 0 for rows, tokens, *_ in steps)
     assert any(rows > 0 and tokens > 0 for rows, tokens, *_ in steps)
+    assert not engine.has_unfinished()
+
+
+def test_rounds_are_fitted_by_their_median_step(make_engine, tiny_dir) -> None:
+    """Two rounds over the same shapes: one sample per timed step (the median of its two
+    timings), the spread between the rounds stored beside them."""
+    engine = make_engine(model=str(tiny_dir()), max_num_seqs=8, max_num_batched_tokens=256,
+                         num_blocks=64)
+    one = profile_engine(engine, ProfileOptions(repeats=1, quick=True, transfer=False))
+    two = profile_engine(engine, ProfileOptions(repeats=2, quick=True, transfer=False))
+    shape = [step[:4] for step in one.samples["steps"]]
+    assert [step[:4] for step in two.samples["steps"]] == shape
+    assert two.samples["rounds"] == 2 and len(two.samples["round_spread"]) == len(shape)
+    assert all(x >= 1.0 for x in two.samples["round_spread"])
+    assert one.samples["round_spread"] == [1.0] * len(shape)
+    assert "median of 2 rounds" in two.notes
     assert not engine.has_unfinished()
 
 

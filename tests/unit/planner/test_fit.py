@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from planner.fit import StepSample, fit_step_cost, prefill_context
+from planner.fit import (
+    StepSample,
+    fit_step_cost,
+    median_of_rounds,
+    prefill_context,
+    round_spread,
+)
 from planner.profile import StepCost
 
 
@@ -110,3 +116,30 @@ def test_costs_the_samples_cannot_tell_apart_do_not_break_the_fit() -> None:
     c = fit.cost
     assert c.per_row_s == 0 and c.per_context_token_s == 0
     assert fit.max_relative_error < 1e-3
+
+
+def test_a_slow_round_of_each_shape_does_not_move_the_fit() -> None:
+    """Three rounds of every shape, each shape slowed 1.6x in one round (a different round
+    for different shapes, as a machine's slow spell lands): the medians are the true times,
+    so the fit recovers the costs; fitting the raw timings does not."""
+    truth = StepCost(8e-3, 5e-5, 2e-5, 3e-9, 4e-10)
+    base = _samples(truth)
+    rounds = [[StepSample(s.rows, s.prefill_tokens, s.context_tokens,
+                          s.seconds * (1.6 if i % 3 == r else 1.0), s.prefill_pairs)
+               for i, s in enumerate(base)] for r in range(3)]
+    medians = median_of_rounds(rounds)
+    assert [m.seconds for m in medians] == [s.seconds for s in base]
+    assert fit_step_cost(medians).max_relative_error < 1e-9
+    assert fit_step_cost([s for r in rounds for s in r]).max_relative_error > 0.1
+    assert round_spread(rounds) == pytest.approx([1.6] * len(base))
+
+
+def test_rounds_of_different_steps_are_refused() -> None:
+    a = [StepSample(1, 0, 32, 0.01), StepSample(2, 0, 64, 0.02)]
+    b = [StepSample(1, 0, 32, 0.01), StepSample(2, 0, 66, 0.02)]
+    with pytest.raises(ValueError, match="different steps"):
+        median_of_rounds([a, b])
+    with pytest.raises(ValueError, match="different steps"):
+        median_of_rounds([a, a[:1]])
+    assert median_of_rounds([a]) == a and median_of_rounds([]) == []
+    assert round_spread([a]) == [1.0, 1.0]
