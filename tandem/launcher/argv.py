@@ -6,6 +6,10 @@ parsers, so ``tandem up`` serves exactly what those commands would with the same
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+from collections.abc import Iterator
+
 from common.model_spec import served_name as default_served_name
 from tandem.launcher.spec import LaunchSpec
 
@@ -32,14 +36,22 @@ def served_name(spec: LaunchSpec) -> str:
     return spec.model_name or default_served_name(spec.model)
 
 
-def credential_argv(cluster_secret: str) -> list[str]:
-    """The credential flags for a command run in an actor: the secret in a private file on
-    this node (never on a command line), or ``--insecure`` when the cluster has none."""
+@contextlib.contextmanager
+def credential_argv(cluster_secret: str) -> Iterator[list[str]]:
+    """The credential flags for a command run in an actor, for as long as the ``with`` block
+    parses them: the secret in a private file on this node (never on a command line),
+    removed with its folder when the block ends (the router's and workers' configs read the
+    credential as they are built); ``--insecure`` when the cluster has none."""
     if not cluster_secret:
-        return ["--insecure"]
+        yield ["--insecure"]
+        return
     from common.credential import private_secret_file
 
-    return ["--cluster-secret-file", str(private_secret_file(cluster_secret))]
+    path = private_secret_file(cluster_secret)
+    try:
+        yield ["--cluster-secret-file", str(path)]
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def worker_argv(spec: LaunchSpec, role: str, model: str, served: str = "") -> list[str]:

@@ -104,9 +104,9 @@ def router_config(
     key_file = write_key_file(api_keys) if api_keys else None
     try:
         keys = ["--api-key-file", str(key_file)] if key_file is not None else []
-        config = config_from_args(build_parser().parse_args(
-            [*keys, *argv, *credential_argv(cluster_secret)]))
-        return config, RouterSecurity.from_config(config)
+        with credential_argv(cluster_secret) as credential:
+            config = config_from_args(build_parser().parse_args([*keys, *argv, *credential]))
+            return config, RouterSecurity.from_config(config)
     finally:
         if key_file is not None:
             shutil.rmtree(key_file.parent, ignore_errors=True)

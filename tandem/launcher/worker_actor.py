@@ -171,21 +171,24 @@ class WorkerActor:
         registry = ray.get_actor(REGISTRY, namespace=self._namespace)
         self._router = await registry.router_endpoint.remote()
         host = self._host or ray.util.get_node_ip_address()
-        argv = ["--host", host, "--port", "0", *self._argv, *credential_argv(self._secret),
-                "--router", self._router, "--worker-id", self.worker_id]
         if self.role == "decode":
             from decode_worker import cli
             from decode_worker.app import build_decode_app as build
 
-            argv = ["--kv-port", "0", *argv]
+            first = ["--kv-port", "0"]
         else:
             from prefill_worker import cli  # type: ignore[no-redef]
             from prefill_worker.app import build_prefill_app as build  # type: ignore[assignment]
-        args = cli.build_parser().parse_args(argv)
+
+            first = []
         from worker.cli import setup_observability
 
-        setup_observability(args, self.role)  # --log-format, tracing: as standalone workers do
-        config = cli.config_from_args(args)
+        with credential_argv(self._secret) as credential:  # read while the config is built
+            args = cli.build_parser().parse_args(
+                [*first, "--host", host, "--port", "0", *self._argv, *credential,
+                 "--router", self._router, "--worker-id", self.worker_id])
+            setup_observability(args, self.role)  # --log-format, tracing: as standalone workers do
+            config = cli.config_from_args(args)
 
         async def build_app() -> Any:
             return _TimedApp(await build(config), self._recorder)  # type: ignore[arg-type]

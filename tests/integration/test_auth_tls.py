@@ -9,8 +9,10 @@ workers, in front of a prefill and a decode worker that require client certifica
 from __future__ import annotations
 
 import asyncio
+import atexit
 import http.client
 import json
+import shutil
 import ssl
 import urllib.error
 import urllib.request
@@ -35,6 +37,7 @@ BAD = (("authorization", "Bearer sk-wrong"),)
 
 # The module's cluster credential (the processes and the in-process router share it).
 SECRET = private_secret_file(new_secret())
+atexit.register(shutil.rmtree, SECRET.parent, True)  # its private folder goes with the run
 CREDENTIAL = ClusterCredential.from_file(SECRET)
 
 

@@ -7,8 +7,10 @@ whatever order they run in."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 READY = "TANDEM_READY"
 # The module's cluster credential: every worker here is started with it, every stub calls with it.
 SECRET = private_secret_file(new_secret())
+atexit.register(shutil.rmtree, SECRET.parent, True)  # its private folder goes with the run
 CREDENTIAL = ClusterCredential.from_file(SECRET)
 PROMPT = [3 + (i * 29) % 250 for i in range(37)]
 HELD = [5 + (i * 31) % 250 for i in range(21)]  # shares no prefix with PROMPT
@@ -221,7 +224,7 @@ def test_every_worker_method_refuses_callers_without_the_credential(cluster: Clu
     follows gets the whole pool)."""
     res = cluster.reserve("victim", PROMPT, 4)
     good = cluster.prefill_request("victim", PROMPT, 4, res)
-    stranger = ClusterCredential.from_file(private_secret_file(new_secret()))
+    stranger = ClusterCredential.from_hex(new_secret())
     for make in (lambda a: grpc.insecure_channel(a),
                  lambda a: sync_channel(grpc.insecure_channel(a), stranger)):
         with make(cluster.decode_address) as d_ch, make(cluster.prefill_address) as p_ch:

@@ -11,6 +11,8 @@ same model, so a sequence migrated alone continues exactly as it would have.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +220,7 @@ def prefill_response(firsts: list[int], **kw: Any) -> worker_pb2.PrefillResponse
 # The test cluster's credential: fake workers refuse calls without it, as real ones do, and
 # the harness's router holds it (its file: ``SECRET_FILE``).
 SECRET_FILE = private_secret_file(new_secret())
+atexit.register(shutil.rmtree, SECRET_FILE.parent, True)  # its private folder goes with the run
 CREDENTIAL = ClusterCredential.from_file(SECRET_FILE)
 
 

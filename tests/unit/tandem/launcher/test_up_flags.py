@@ -101,6 +101,30 @@ def test_every_cluster_gets_a_credential(tmp_path: Path) -> None:
         LaunchSpec()  # neither a secret nor insecure
 
 
+def test_an_actors_credential_file_lives_only_while_its_flags_are_read() -> None:
+    """The router and worker actors hand the secret to their parsers through a private file
+    (never an argv); it and its folder are gone once the block that reads them ends, so
+    clusters started and stopped leave no secrets behind in the temp folder."""
+    from common.credential import ClusterCredential, new_secret
+    from tandem.launcher.argv import credential_argv
+    from tandem.launcher.router_actor import router_config
+
+    secret = new_secret()
+    with credential_argv(secret) as flags:
+        assert flags[0] == "--cluster-secret-file" and secret not in flags
+        path = Path(flags[1])
+        assert ClusterCredential.from_file(path).kv_secret == ClusterCredential.from_hex(secret).kv_secret
+        assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    assert not path.parent.exists()
+    with credential_argv("") as flags:
+        assert flags == ["--insecure"]
+    before = set(Path(path.parent.parent).glob("tandem-credential-*"))
+    config, security = router_config(["--model", "smollm2"], secret)
+    assert security.credential.kv_secret == ClusterCredential.from_hex(secret).kv_secret
+    assert set(Path(path.parent.parent).glob("tandem-credential-*")) == before
+    assert not Path(config.cluster_secret_file).exists()
+
+
 def test_a_public_router_needs_keys_or_an_explicit_allow(capsys) -> None:
     assert main(["--host", "0.0.0.0"]) == 2
     assert "without API keys" in capsys.readouterr().err
