@@ -226,8 +226,8 @@ def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
         spread = round_spread(rounds)
     except ValueError as err:  # the engine scheduled a shape differently in another round
         _say(f"profile: {err}: fitting every round's steps as they are")
-        samples, spread = [s for r in rounds for s in r], [1.0] * len(rounds[0])
-    if reps > 1:
+        samples, spread = [s for r in rounds for s in r], []
+    if reps > 1 and spread:
         worst = max(range(len(spread)), key=spread.__getitem__)
         _say(f"profile: slowest round / fastest, per timed step: median "
              f"{statistics.median(spread):.2f}x, max {spread[worst]:.2f}x ({labels[worst]})")
