@@ -7,7 +7,8 @@ The simulator's host-sharing model (planner/sim/host.py) needs two factors: a de
 length while the co-located prefill worker computes, over its length alone (at each batch
 size); and the same for a prefill while the decode worker steps. This runs the two real
 engines in two processes in ``scripts/bench_serve``'s disaggregated layout (decode: 1
-thread pinned to the last core; prefill: 2 threads, unpinned) over four phases of
+thread pinned to the last core; prefill: ``--prefill-threads`` threads, unpinned, or with
+one thread pinned to the first core, a core each) over four phases of
 ``--seconds`` S each, for each batch size::
 
     0 .. S      decode steps alone (R rows, greedy, never finishing)
@@ -127,6 +128,8 @@ def _child(role: str, args: argparse.Namespace) -> subprocess.Popen[str]:
     cpus = sorted(os.sched_getaffinity(0))
     if role == "decode" and len(cpus) >= 2:
         argv = ["taskset", "-c", str(cpus[-1]), *argv]
+    elif role == "prefill" and len(cpus) >= 2 and args.prefill_threads == 1:
+        argv = ["taskset", "-c", str(cpus[0]), *argv]  # a core of its own, as bench_serve's
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 

@@ -23,7 +23,12 @@ Host sharing (``--host-sharing DECODE,PREFILL``, e.g. ``2.1,1.8``, or the decode
 batch size, ``1:2.3/8:1.8,1.8``; default none): the real disaggregated setups run both
 workers on one machine's cores, so each one's steps run slower while the other computes
 (planner/sim/host.py); the factors are measured by ``python -m bench.host_contention``. The
-colocated setup has one worker: not affected.
+colocated setup has one worker: not affected. ``--host-sharing served`` takes the factors
+the sweep itself measured: ``scripts/bench_serve`` logs both workers' steps
+(``--step-log``) and lays them side by side per point (bench/step_overlap.py), and every
+point's decode steps under prefill steps and alone are compared by batch size; the points'
+factors are pooled by their median. Whenever the sweep has them, the table of those served
+factors is printed after the comparison.
 
 Sensitivity (``--sensitivity 0.05``; default off): how far the predictions move with the
 measured decode factors' error. Each disaggregated point is simulated again with every
@@ -51,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serve_workload import MIXES, make_requests
+from bench.step_overlap import overlap_table, served_sharing
 from planner.profile import Profile
 from planner.sim import ClusterSpec, simulate
 from planner.sim.host import HostSharing
@@ -194,6 +200,29 @@ def worker_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
+def served_overlaps(sweep: dict[str, Any]) -> list[tuple[str, str, float, dict[str, Any]]]:
+    """(setup, mix, rate, host_overlap) of every sweep point whose step logs were laid side
+    by side (scripts/bench_serve: disaggregated setups)."""
+    return [(setup, pt["mix"], pt["rate"], pt["host_overlap"])
+            for setup, points in sweep["summaries"].items() for pt in points.values()
+            if "host_overlap" in pt]
+
+
+def host_sharing_of(text: str | None,
+                    served: list[tuple[str, str, float, dict[str, Any]]]) -> HostSharing | None:
+    """The ``--host-sharing`` value: None, parsed factors, or ``served``: pooled from the
+    sweep's step logs (ValueError when it has none to pool)."""
+    if text is None:
+        return None
+    if text != "served":
+        return HostSharing.parse(text)
+    pooled = served_sharing([o for *_, o in served])
+    if pooled is None:
+        raise ValueError("--host-sharing served: the sweep has no step-log factors "
+                         "(scripts/bench_serve records them for the disaggregated setups)")
+    return pooled
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -205,15 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=0.15)
     p.add_argument("--calibrate", default="chat@0.3",
                    help="MIX@RATE point that fixes the serving overheads, or none")
-    p.add_argument("--host-sharing", type=HostSharing.parse, default=None,
-                   metavar="DECODE,PREFILL",
+    p.add_argument("--host-sharing", default=None, metavar="DECODE,PREFILL",
                    help="slowdowns of the disaggregated setups' co-located workers; DECODE "
-                        "one factor or ROWS:FACTOR pairs joined by / (bench.host_contention)")
+                        "one factor or ROWS:FACTOR pairs joined by / (bench.host_contention); "
+                        "'served': the factors the sweep's own step logs measured")
     p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
+    served = served_overlaps(sweep)
+    try:
+        args.host_sharing = host_sharing_of(args.host_sharing, served)
+    except ValueError as exc:
+        p.error(str(exc))
     # a sweep's own file has its "config"; docs/bench/serve_sweep.json merges "runs"
     run_args = sweep["config"] if "config" in sweep else next(iter(sweep["runs"].values()))
     vocab = tuple(int(x) for x in run_args["vocab"].split(","))
@@ -249,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     workers = worker_table(rows)
     if workers:
         print("\nworkers, real / simulated:\n" + workers)
+    if served:
+        pooled = served_sharing([o for *_, o in served])
+        print("\nunder serving (the workers' step logs): the share of each one's stepping "
+              "time under the other's steps; decode step shared / alone by batch size; "
+              "prefill per token\n" + overlap_table(served)
+              + (f"\npooled: --host-sharing {pooled.flag()}" if pooled else ""))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),

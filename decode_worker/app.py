@@ -15,7 +15,7 @@ from engine.async_engine import AsyncEngine
 from engine.model_runner import ModelRunner
 from kv_transfer import Receiver, ReceiverConfig
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
-from worker.app import WorkerAppShell, load_engine
+from worker.app import WorkerAppShell, attach_step_log, load_engine
 from worker.config import StartupError, WorkerConfig
 from worker.convert import kv_layout
 from worker.core_lending import BorrowedThreads, CoreBorrower
@@ -63,6 +63,7 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     """Load the engine, start the KV receiver on ``kv_port`` and the worker logic."""
     wc = config.worker
     engine = load_engine(wc.engine)
+    attach_step_log(engine, wc.step_log)
     lent = borrow_cores(engine.runner, wc.core_share, wc.core_share_min_rows) \
         if wc.core_share else None
     metrics = WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat)

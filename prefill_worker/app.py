@@ -12,7 +12,7 @@ from prefill_worker.metrics import PrefillMetrics
 from prefill_worker.service import PrefillConfig, PrefillWorker
 from prefill_worker.servicer import PrefillServicer
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
-from worker.app import WorkerAppShell, load_engine
+from worker.app import WorkerAppShell, attach_step_log, load_engine
 from worker.config import StartupError, WorkerConfig
 from worker.convert import kv_layout
 from worker.core_lending import CoreLender
@@ -43,6 +43,7 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
     """Load the engine, make the KV sender, install the layer hook."""
     wc = config.worker
     engine = load_engine(wc.engine)
+    attach_step_log(engine, wc.step_log)
     metrics = PrefillMetrics(model_name=wc.model_name, compat=wc.metrics_compat)
     try:  # lend this host's cores to its decode worker while idle (worker/core_lending.py)
         lender = CoreLender(wc.core_share) if wc.core_share else None

@@ -37,7 +37,9 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -68,9 +70,11 @@ from bench.serve_sweep import (
     sweep_points,
 )
 from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
+from bench.step_overlap import host_overlap
 from common.credential import ClusterCredential
 from engine.loader import resolve_model
 from tandem.local_cluster import Cluster, Proc
+from worker.step_log import read_step_log
 
 METRICS = ("--metrics-port", "0")  # each worker's /metrics: how busy it was at each point
 
@@ -84,31 +88,37 @@ def _engine_flags(model: str, threads: int, extra: list[str]) -> list[str]:
 def start_setup(
     cluster: Cluster, name: str, model_dir: Path, engine_extra: list[str],
     router_extra: Sequence[str] = (), prefill_threads: int = 1, model: str = "",
+    step_logs: Path | None = None,
 ) -> dict[str, Proc]:
     """Start one setup's processes; returns them by role. ``router_extra``: router flags
     (the SLO the placement keeps, the same targets the benchmark scores against). ``model``:
     what the workers load (default: ``model_dir``, which the router's tokenizer reads).
     ``prefill_threads`` > 1: the prefill worker runs that many threads on every core (the
-    decode worker keeps core 1, which it then shares)."""
+    decode worker keeps core 1, which it then shares). ``step_logs``: a folder where each
+    worker logs its steps (``--step-log ROLE.jsonl``: step_log_path)."""
     pin = len(os.sched_getaffinity(0)) >= 2
     model = model or str(model_dir)
     core0 = ("taskset", "-c", "0") if pin and prefill_threads == 1 else ()
     core1 = ("taskset", "-c", "1") if pin else ()
     procs: dict[str, Proc] = {}
+
+    def log(role: str) -> list[str]:
+        return [] if step_logs is None else ["--step-log", str(step_log_path(step_logs, role))]
+
     if name.startswith("disagg"):
         procs["decode"] = cluster.start(
-            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS,
+            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
             *_engine_flags(model, 1, engine_extra), wrap=core1,
         )
         procs["prefill"] = cluster.start(
-            "prefill_worker", "--port", "0", *METRICS,
+            "prefill_worker", "--port", "0", *METRICS, *log("prefill"),
             *_engine_flags(model, prefill_threads, engine_extra),
             wrap=core0,
         )
     else:
         budget = ["--max-num-batched-tokens", "256"] if name == "colocated-chunked" else []
         procs["decode"] = cluster.start(
-            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS,
+            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
             *_engine_flags(model, 2, engine_extra + budget),
         )
     prefill = ["--prefill", procs["prefill"].grpc] if "prefill" in procs else []
@@ -122,15 +132,29 @@ def start_setup(
     return procs
 
 
+def step_log_path(folder: Path, role: str) -> Path:
+    """Where a setup's ``role`` worker logs its steps in ``folder``."""
+    return folder / f"{role}.jsonl"
+
+
+def host_overlap_of(folder: Path, since: float, until: float) -> dict | None:
+    """How the decode worker's steps between ``since`` and ``until`` (wall clock) fared beside
+    the prefill worker's (bench/step_overlap.py); None for a setup without both logs."""
+    decode, prefill = (step_log_path(folder, role) for role in ("decode", "prefill"))
+    if not (decode.exists() and prefill.exists()):
+        return None
+    return host_overlap(read_step_log(decode, since, until), read_step_log(prefill, since, until))
+
+
 def start_warm(cluster: Cluster, name: str, model_dir: Path, args: argparse.Namespace,
-               warmup: list[RequestSpec]) -> dict[str, Proc]:
+               warmup: list[RequestSpec], step_logs: Path | None = None) -> dict[str, Proc]:
     """Start a setup with the scored SLO on its router, then send one throwaway request (not
     one of the measured ones: no prefix-cache head start) that warms every process
-    (first-call allocations, JIT paths)."""
+    (first-call allocations, JIT paths). ``step_logs``: start_setup's."""
     print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
     slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
     procs = start_setup(cluster, name, model_dir, args.engine_arg, slo, args.prefill_threads,
-                        args.model)
+                        args.model, step_logs)
     asyncio.run(run_load(procs["router"].grpc, warmup))
     return procs
 
@@ -191,19 +215,22 @@ def run_sweep(
         curves[name], summaries[name], records[name] = {}, {}, {}
         multiturn: list[RequestResult] = []
         cluster = Cluster()
+        step_logs = Path(tempfile.mkdtemp(prefix="tandem-bench-steps-"))
         try:
-            procs = start_warm(cluster, name, model_dir, args, warmup)
+            procs = start_warm(cluster, name, model_dir, args, warmup, step_logs)
             router = procs["router"]
             for point in points:
                 label = f"{name} {point.label}"
                 before = placement_decisions(router)
                 busy_before = worker_reads(procs)
+                began = time.time()
                 results, duration = asyncio.run(run_point(
                     router.grpc, point, args.num_requests, vocab=vocab, scale=args.scale,
                     timeout_s=args.timeout, progress=progress_printer(label, args.num_requests),
                     system_seed=args.seed,
                 ))
                 wait_idle(router)
+                overlap = host_overlap_of(step_logs, began, time.time())
                 summary = summarize(results, duration, slo_ttft_s=args.slo_ttft,
                                     slo_tpot_s=args.slo_tpot)
                 share = attainment(results, args.slo_ttft, args.slo_tpot)
@@ -214,6 +241,8 @@ def run_sweep(
                             "workers": {role: worker_activity(busy_before.get(role, {}), now,
                                                               duration)
                                         for role, now in worker_reads(procs).items()}}
+                if overlap is not None:
+                    summary["host_overlap"] = overlap
                 summaries[name][point.label] = summary
                 records[name][point.label] = [asdict(r) for r in results]
                 curves[name].setdefault(point.mix, []).append((point.rate, share))
@@ -223,6 +252,7 @@ def run_sweep(
                       flush=True)
         finally:
             cluster.stop()
+            shutil.rmtree(step_logs, ignore_errors=True)
         if multiturn:
             turns[name] = by_turn(multiturn)
     return {

@@ -24,6 +24,7 @@ from protos.tandem.v1 import worker_pb2
 from worker.config import StartupError
 from worker.convert import layout_to_proto, stats_to_proto
 from worker.metrics import TransferTotals, WorkerMetrics
+from worker.step_log import StepLog
 
 
 class WorkerApp(Protocol):
@@ -83,6 +84,19 @@ def load_engine(config: EngineConfig) -> LLMEngine:
         return LLMEngine(config, progress=False)
     except (ModelLoadError, OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {config.model.model!r}: {exc}") from exc
+
+
+def attach_step_log(engine: LLMEngine, path: str | None) -> StepLog | None:
+    """Log ``engine``'s steps to ``path`` (``--step-log``); None (no log) when ``path`` is None
+    or empty. Raises StartupError when the file cannot be opened."""
+    if not path:
+        return None
+    try:
+        log = StepLog(path)
+    except OSError as exc:
+        raise StartupError(f"cannot open --step-log {path}: {exc}") from exc
+    engine.step_observer = log.record
+    return log
 
 
 class WorkerAppShell:

@@ -79,6 +79,10 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
                    help="decode worker: the fewest rows a step needs to borrow the cores "
                    "(default 1: every step while the prefill worker is idle; more leaves "
                    "smaller steps' cores to the router and clients)")
+    p.add_argument("--step-log", default=None, metavar="FILE",
+                   help="append a line per model step to FILE (wall-clock start, seconds, "
+                   "decode rows, prompt tokens; worker/step_log.py): for measuring step costs "
+                   "under serving (default: off)")
     add_metrics_compat_arg(p)
     add_tls_args(p)
     add_log_args(p)
@@ -122,6 +126,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
         served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
         core_share=args.core_share, core_share_min_rows=args.core_share_min_rows,
+        step_log=args.step_log,
     )
 
 

@@ -60,6 +60,7 @@ class WorkerConfig:
     metrics_compat: str = "vllm"  # "vllm": /metrics also has vLLM's names (docs/metrics.md)
     core_share: str | None = None  # a host's core-share file (worker/core_lending.py)
     core_share_min_rows: int = 1  # decode: the fewest rows a step borrows the cores for
+    step_log: str | None = None  # a line per model step appended here (worker/step_log.py)
 
     def __post_init__(self) -> None:
         if self.core_share_min_rows < 1:

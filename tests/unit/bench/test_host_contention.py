@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 import pytest
 
+from bench import host_contention
 from bench.host_contention import analyse, sharing
 from planner.sim.host import HostSharing
 
@@ -40,3 +44,22 @@ def test_the_flag_holds_the_decode_factor_by_rows_and_the_mean_prefill_factor() 
     assert model.prefill_slowdown == pytest.approx(1.6 + 0.4 / 3)
     assert model.flag() == "1:2.40/8:1.90/32:1.00,1.73"
     assert sharing(runs[:1]) == HostSharing(1.9, 1.7)
+
+
+def test_each_role_is_pinned_as_bench_serve_pins_it(monkeypatch) -> None:
+    started: list[list[str]] = []
+
+    def popen(argv: list[str], **_: object) -> list[str]:
+        started.append(argv)
+        return argv
+
+    monkeypatch.setattr(host_contention.subprocess, "Popen", popen)
+    monkeypatch.setattr(host_contention.os, "sched_getaffinity", lambda _: {0, 1})
+    args = argparse.Namespace(rows=2, model="m", seconds=1.0, prompt=64, decode_threads=1,
+                              prefill_threads=2)
+    host_contention._child("decode", args)
+    host_contention._child("prefill", args)  # two threads: on every core
+    host_contention._child("prefill", argparse.Namespace(**{**vars(args), "prefill_threads": 1}))
+    assert [argv[:3] for argv in started] == [
+        ["taskset", "-c", "1"], [sys.executable, "-m", "bench.host_contention"],
+        ["taskset", "-c", "0"]]

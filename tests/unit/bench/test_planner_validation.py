@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.planner_validation import (
     KEYS,
     add_sensitivity,
     compare,
+    host_sharing_of,
     main,
+    served_overlaps,
     table,
     trace_of,
     worker_table,
 )
 from bench.serve_workload import MIXES, make_requests
+from bench.step_overlap import overlap_table
 from planner.profile import Profile, StepCost, Transfer
 from planner.sim.host import HostSharing
 from router.handoff.placement import Slo
@@ -143,3 +148,44 @@ def test_the_workers_activity_is_compared_where_the_sweep_recorded_it(tmp_path: 
     assert len(lines) == 2 and lines[1].startswith("disagg") and "20.0 /" in lines[1]
     assert "  1.5 /" in lines[1]
     assert worker_table([compare("disagg", POINT, trace, p, p, slo)]) == ""
+
+
+def _overlap(factor_1: float, factor_2: float | None, prefill: float) -> dict:
+    def band(factor: float | None, steps: int = 20) -> dict:
+        return {"alone": steps, "alone_s": 0.01, "shared": steps if factor else 0,
+                "shared_s": 0.01 * factor if factor else None, "factor": factor}
+    return {"decode_shared": 0.4, "prefill_shared": 0.3,
+            "bands": {"1": band(factor_1), "2": band(factor_2), "5-8": band(3.0, steps=3)},
+            "prefill": {"alone": 9, "alone_token_s": 0.001, "shared": 9,
+                        "shared_token_s": 0.001 * prefill, "factor": prefill}}
+
+
+def test_served_factors_are_pooled_from_the_sweep_s_step_logs(tmp_path: Path, capsys) -> None:
+    points = {"mixed 0.3/s": {**POINT, "rate": 0.3, "host_overlap": _overlap(1.2, 1.5, 1.1)},
+              "mixed 0.5/s": {**POINT, "host_overlap": _overlap(1.4, None, 1.3)},
+              "mixed 0.8/s": {**POINT, "rate": 0.8, "host_overlap": _overlap(0.9, 1.7, 1.2)}}
+    served = served_overlaps({"summaries": {"colocated": {"mixed 0.5/s": POINT},
+                                            "disagg": points}})
+    assert [(s, m, r) for s, m, r, _ in served] == [
+        ("disagg", "mixed", 0.3), ("disagg", "mixed", 0.5), ("disagg", "mixed", 0.8)]
+    # per band the median of the points' factors; a band with too few steps is left out
+    sharing = host_sharing_of("served", served)
+    assert sharing == HostSharing(((1, 1.2), (2, 1.6)), 1.2)
+    assert host_sharing_of(None, served) is None
+    assert host_sharing_of("2.0,1.5", served) == HostSharing(2.0, 1.5)
+    with pytest.raises(ValueError, match="no step-log factors"):
+        host_sharing_of("served", [])
+    text = overlap_table(served).splitlines()
+    assert len(text) == 4 and text[1].split()[3:] == [
+        "40%", "/", "30%", "1.20", "1.50", "-", "-", "-", "-", "-", "1.10"]
+
+    sweep = {"config": {"vocab": "1000,30000", "slo_ttft": 4.0, "slo_tpot": 0.25},
+             "summaries": {"disagg": {"mixed 0.5/s": points["mixed 0.5/s"]}}}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    prof = _profile(tmp_path / "p.json")
+    assert main(["--sweep", str(path), "--prefill-profile", str(prof), "--decode-profile",
+                 str(prof), "--host-sharing", "served", "--out", str(tmp_path)]) == 0
+    assert "pooled: --host-sharing 1:1.40,1.30" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "planner_validation.json").read_text())["host_sharing"]
+    assert saved["flag"] == "1:1.40,1.30"

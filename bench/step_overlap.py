@@ -1,0 +1,153 @@
+"""How much a co-located prefill worker slowed the decode worker's steps, measured under
+serving from the two workers' step logs (worker/step_log.py).
+
+    decode steps ─┐  each decode step's share of its time during prefill steps (overlap)
+    prefill steps ┴─> by decode batch size: median step alone (overlap < 5%) and shared
+                      (overlap > 95%), their ratio: the host factor as serving saw it
+
+The simulator's host model (planner/sim/host.py) applies a decode factor while the prefill
+worker computes; ``bench.host_contention`` measures it with both engines stepping flat out.
+Under serving the decode worker idles between steps and the prefill worker computes in
+bursts, and the scheduler shares the cores differently then; this is the same factor read
+from a real run. Steps of the same batch size but different contexts are pooled, so the ratio
+carries some of the context's spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from planner.sim.host import HostSharing
+from worker.step_log import StepRecord
+
+# Decode batch sizes pooled for the factor: (lowest, highest) rows.
+ROW_BANDS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 1 << 30))
+ALONE, SHARED = 0.05, 0.95  # overlap below / above which a step counts as alone / shared
+
+
+def overlaps(steps: Sequence[StepRecord], others: Sequence[StepRecord]) -> list[float]:
+    """For each of ``steps``, the share of its duration during any of ``others`` (0..1).
+    Both in start order; ``others`` must not overlap one another (one worker's steps)."""
+    out, j = [], 0
+    for step in steps:
+        while j < len(others) and others[j].end <= step.start:
+            j += 1
+        covered, k = 0.0, j
+        while k < len(others) and others[k].start < step.end:
+            covered += max(0.0, min(step.end, others[k].end) - max(step.start, others[k].start))
+            k += 1
+        out.append(min(covered / step.seconds, 1.0) if step.seconds > 0 else 0.0)
+    return out
+
+
+def _name(lo: int, hi: int) -> str:
+    if lo == hi:
+        return str(lo)
+    return f"{lo}-{hi}" if hi < ROW_BANDS[-1][1] else f"{lo}+"
+
+
+def _band(rows: int) -> str:
+    """The name of the band ``rows`` falls in ("1", "3-4", "33+")."""
+    for lo, hi in ROW_BANDS:
+        if lo <= rows <= hi:
+            return _name(lo, hi)
+    raise ValueError(f"no band for {rows} rows")
+
+
+def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) -> dict[str, Any]:
+    """The decode worker's steps beside the prefill worker's, JSON-ready:
+
+    ``decode_shared``   the share of the decode worker's stepping time during prefill steps
+    ``prefill_shared``  the share of the prefill worker's stepping time during decode steps
+    ``bands``           per decode batch-size band, over the decode worker's pure decode
+                        steps (no prompt tokens: a local prefill's steps are left out):
+                        steps alone and shared, their median seconds, and ``factor``
+                        (shared / alone median; None without both)
+    ``prefill``         the prefill steps alone and shared (under decode steps), their
+                        median seconds per prompt token, and ``factor`` the same way
+    """
+    decode = sorted(decode, key=lambda s: s.start)
+    prefill = sorted((s for s in prefill if s.tokens > 0), key=lambda s: s.start)
+    d_over, p_over = overlaps(decode, prefill), overlaps(prefill, decode)
+    groups: dict[str, tuple[list[float], list[float]]] = {}
+    for step, share in zip(decode, d_over, strict=True):
+        if step.rows == 0 or step.tokens > 0:
+            continue
+        alone, shared = groups.setdefault(_band(step.rows), ([], []))
+        if share < ALONE:
+            alone.append(step.seconds)
+        elif share > SHARED:
+            shared.append(step.seconds)
+    bands = {name: _compared(*groups[name], "s")
+             for name in (_name(lo, hi) for lo, hi in ROW_BANDS) if name in groups}
+    per_token = ([s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f < ALONE],
+                 [s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f > SHARED])
+    return {"decode_shared": _weighted(decode, d_over),
+            "prefill_shared": _weighted(prefill, p_over), "bands": bands,
+            "prefill": _compared(*per_token, "token_s")}
+
+
+def _compared(alone: list[float], shared: list[float], unit: str) -> dict[str, Any]:
+    """Counts, medians and their ratio (None without both)."""
+    a = statistics.median(alone) if alone else None
+    s = statistics.median(shared) if shared else None
+    return {"alone": len(alone), f"alone_{unit}": a, "shared": len(shared),
+            f"shared_{unit}": s, "factor": s / a if a and s else None}
+
+
+def _weighted(steps: Sequence[StepRecord], shares: Sequence[float]) -> float:
+    total = sum(s.seconds for s in steps)
+    return sum(s.seconds * f for s, f in zip(steps, shares, strict=True)) / total if total else 0.0
+
+
+# A band's batch size in a host-sharing table (planner/sim/host.py interpolates between).
+BAND_ROWS = {"1": 1, "2": 2, "3-4": 3, "5-8": 6, "9-16": 12, "17-32": 23, "33+": 33}
+MIN_STEPS = 8  # steps alone and shared a band needs at a point to give a factor
+
+
+def _usable(compared: dict[str, Any]) -> bool:
+    """Whether a band (or the prefill entry) has a factor from enough steps."""
+    return bool(compared["factor"]) and min(compared["alone"], compared["shared"]) >= MIN_STEPS
+
+
+def served_sharing(points: Sequence[dict[str, Any]]) -> HostSharing | None:
+    """A host model from the ``host_overlap`` of several served points: per band, the median
+    of the points' factors (each from at least MIN_STEPS steps alone and shared); the prefill
+    factor the median of theirs. None when no band has one. Factors under 1 (noise) count
+    as 1."""
+    by_band: dict[str, list[float]] = {}
+    prefill = []
+    for point in points:
+        for name, band in point["bands"].items():
+            if _usable(band):
+                by_band.setdefault(name, []).append(band["factor"])
+        if _usable(point["prefill"]):
+            prefill.append(point["prefill"]["factor"])
+    if not by_band:
+        return None
+    table = tuple(sorted((BAND_ROWS[name], max(statistics.median(f), 1.0))
+                         for name, f in by_band.items()))
+    return HostSharing(table, max(statistics.median(prefill), 1.0) if prefill else 1.0)
+
+
+def overlap_table(rows: Sequence[tuple[str, str, float, dict[str, Any]]]) -> str:
+    """(setup, mix, rate, host_overlap) rows as text: the shares of each worker's stepping
+    time under the other's steps, the decode factor by band and the prefill factor (``-``
+    where a point has too few steps alone or shared)."""
+    names = list(BAND_ROWS)
+    lines = [f"{'setup':14s} {'mix':6s} {'rate':>5s} {'decode/prefill shared':>22s} "
+             + " ".join(f"{n + ' rows':>10s}" for n in names) + f" {'prefill':>8s}"]
+
+    def cell(c: dict[str, Any] | None, width: int) -> str:
+        if c is None or not _usable(c):
+            return "-".rjust(width)
+        return f"{c['factor']:{width}.2f}"
+
+    for setup, mix, rate, o in rows:
+        lines.append(f"{setup:14s} {mix:6s} {rate:5.2f} "
+                     f"{o['decode_shared']:10.0%} / {o['prefill_shared']:4.0%}     "
+                     + " ".join(cell(o["bands"].get(n), 10) for n in names)
+                     + f" {cell(o['prefill'], 8)}")
+    return "\n".join(lines)

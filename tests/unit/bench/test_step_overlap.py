@@ -1,0 +1,68 @@
+"""bench/step_overlap.py: decode steps laid beside the prefill worker's, from step logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.step_overlap import host_overlap, overlaps
+from worker.step_log import StepRecord
+
+
+def _d(start: float, seconds: float, rows: int) -> StepRecord:
+    return StepRecord(start, seconds, rows, 0)
+
+
+def _p(start: float, seconds: float) -> StepRecord:
+    return StepRecord(start, seconds, 0, 256)
+
+
+def test_each_steps_share_of_time_under_the_others() -> None:
+    prefill = [_p(1.0, 1.0), _p(2.5, 0.5)]
+    decode = [_d(0.0, 0.5, 1), _d(0.5, 1.0, 1), _d(1.5, 1.0, 1), _d(3.5, 0.1, 1), _d(2.6, 0.2, 2)]
+    assert overlaps(decode[:4], prefill) == pytest.approx([0.0, 0.5, 0.5 + 0.0, 0.0])
+    assert overlaps(sorted(decode, key=lambda s: s.start), prefill) == pytest.approx(
+        [0.0, 0.5, 0.5, 1.0, 0.0])
+    # a step spanning two of the others, and one with no others at all
+    assert overlaps([_d(0.5, 3.0, 1)], prefill) == pytest.approx([0.5])
+    assert overlaps([_d(0.0, 1.0, 1)], []) == [0.0]
+
+
+def test_the_factor_by_batch_size_is_shared_over_alone_medians() -> None:
+    prefill = [_p(10.0, 10.0)]
+    decode = ([_d(float(t), 0.02, 1) for t in range(5)]  # 1 row alone: 20 ms
+              + [_d(10.0 + t, 0.05, 1) for t in range(5)]  # 1 row under the prefill: 50 ms
+              + [_d(30.0 + t, 0.04, 3) for t in range(3)]  # 3 rows: alone only
+              + [_d(9.98, 0.04, 1)])  # half under: neither alone nor shared
+    out = host_overlap(decode, prefill)
+    one = out["bands"]["1"]
+    assert (one["alone"], one["shared"]) == (5, 5)
+    assert one["factor"] == pytest.approx(2.5)
+    three = out["bands"]["3-4"]
+    assert (three["alone"], three["shared"], three["factor"]) == (3, 0, None)
+    assert set(out["bands"]) == {"1", "3-4"}
+    decode_s = 5 * 0.02 + 5 * 0.05 + 3 * 0.04 + 0.04
+    assert out["decode_shared"] == pytest.approx((5 * 0.05 + 0.02) / decode_s)
+    assert out["prefill_shared"] == pytest.approx((5 * 0.05 + 0.02) / 10.0)
+    # the one prefill step was under decode steps for 3% of its time: alone
+    assert (out["prefill"]["alone"], out["prefill"]["shared"]) == (1, 0)
+    assert out["prefill"]["alone_token_s"] == pytest.approx(10.0 / 256)
+
+
+def test_the_prefill_factor_is_per_prompt_token() -> None:
+    prefill = [_p(0.0, 1.0), StepRecord(2.0, 1.0, 0, 128), _p(4.0, 3.0)]
+    decode = [_d(4.0, 3.0, 2)]
+    out = host_overlap(decode, prefill)["prefill"]
+    assert (out["alone"], out["shared"]) == (2, 1)
+    # alone: 1/256 and 1/128 s a token (median 3/512); shared: 3/256
+    assert out["factor"] == pytest.approx((3 / 256) / (3 / 512))
+
+
+def test_only_pure_decode_steps_give_factors_but_every_step_counts_as_busy() -> None:
+    # the decode worker's local prefill (prompt tokens, with or without rows) is busy time
+    # but not a decode step; a prefill worker's step without prompt tokens is not its work
+    local, mixed = _p(0.0, 1.0), StepRecord(1.0, 1.0, 2, 64)
+    out = host_overlap([local, mixed, _d(2.0, 0.1, 4)],
+                       [_d(0.5, 0.1, 1), _p(0.5, 0.5), _p(2.0, 0.1)])
+    assert set(out["bands"]) == {"3-4"} and out["bands"]["3-4"]["shared"] == 1
+    assert out["decode_shared"] == pytest.approx(0.6 / 2.1)
+    assert out["prefill_shared"] == pytest.approx(1.0)
