@@ -70,9 +70,9 @@ class LLMEngine(RemoteKVHooks):
         self.weights_format, self.weight_bytes = ckpt.weights.format, ckpt.weight_bytes
         self.max_model_len = ckpt.max_model_len
         self.step_costs = StepCostModel()  # what a step costs here (router placement reads it)
-        # Called after every step that ran the model with (decode rows, prompt tokens,
-        # seconds), on the thread that steps; a worker's --step-log (worker/step_log.py).
-        self.step_observer: Callable[[int, int, float], None] | None = None
+        # Called after every step that ran the model with (decode rows, prompt tokens, context
+        # tokens, seconds), on the thread that steps; a worker's --step-log (worker/step_log.py).
+        self.step_observer: Callable[[int, int, int, float], None] | None = None
         per_block = ModelRunner.kv_bytes_per_block(
             self.arch, cc.block_size, self.dtype, cc.kv_cache_dtype
         )
@@ -273,8 +273,9 @@ class LLMEngine(RemoteKVHooks):
         rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
         tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
         self.step_costs.observe(rows, tokens, seconds)
-        if self.step_observer is not None:
-            self.step_observer(rows, tokens, seconds)
+        if self.step_observer is not None:  # context: the tokens the step's queries attend to
+            context = sum(s.request.num_computed_tokens for s in scheduled)
+            self.step_observer(rows, tokens, context, seconds)
 
     def _make_layer_hook(self, scheduled: list[ScheduledRequest]) -> Callable[[int], None] | None:
         if self._layer_hook is None:

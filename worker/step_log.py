@@ -3,7 +3,8 @@ steps cost under serving.
 
     engine thread ──LLMEngine.step_observer(rows, tokens, seconds)──> StepLog.record
         ──> FILE, one JSON object a line, appended:
-            {"start": wall-clock seconds, "s": seconds, "rows": decode rows, "tokens": prompt tokens}
+            {"start": wall-clock seconds, "s": seconds, "rows": decode rows,
+             "tokens": prompt tokens, "context": tokens attended (every query's own context)}
 
 /metrics sums steps (how many, seconds stepping); the log keeps each one with its wall-clock
 start, so two workers' logs on one host can be laid side by side: which decode steps ran while
@@ -26,12 +27,15 @@ from typing import NamedTuple
 
 class StepRecord(NamedTuple):
     """One model step: its wall-clock start (``time.time()`` seconds), how long it ran, its
-    decode rows (one-token queries) and its prompt tokens (chunks of more than one token)."""
+    decode rows (one-token queries), its prompt tokens (chunks of more than one token) and
+    its context: the tokens in the KV cache its queries attend to, summed over its requests
+    (a row's context is its sequence's length)."""
 
     start: float
     seconds: float
     rows: int
     tokens: int
+    context: int = 0
 
     @property
     def end(self) -> float:
@@ -47,13 +51,13 @@ class StepLog:
         self.path = Path(path)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
-    def record(self, rows: int, tokens: int, seconds: float) -> None:
-        """A step of ``rows`` decode rows and ``tokens`` prompt tokens just ended after
-        ``seconds`` (the signature of ``LLMEngine.step_observer``)."""
+    def record(self, rows: int, tokens: int, context: int, seconds: float) -> None:
+        """A step of ``rows`` decode rows and ``tokens`` prompt tokens over ``context``
+        tokens just ended after ``seconds`` (the signature of ``LLMEngine.step_observer``)."""
         if self._fd is None:
             return
         line = json.dumps({"start": round(time.time() - seconds, 6), "s": round(seconds, 6),
-                           "rows": rows, "tokens": tokens})
+                           "rows": rows, "tokens": tokens, "context": context})
         os.write(self._fd, (line + "\n").encode())
 
     def close(self) -> None:
@@ -73,7 +77,8 @@ def read_step_log(path: str | Path, since: float = -math.inf,
     for number, line in enumerate(lines[:-1], 1):  # the text after the last newline: unfinished
         try:
             d = json.loads(line)
-            rec = StepRecord(float(d["start"]), float(d["s"]), int(d["rows"]), int(d["tokens"]))
+            rec = StepRecord(float(d["start"]), float(d["s"]), int(d["rows"]), int(d["tokens"]),
+                             int(d["context"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{number}: not a step record: {line[:80]!r}") from exc
         if rec.start >= since and rec.end <= until:

@@ -32,8 +32,9 @@ def test_an_engine_logs_each_step_with_its_rows_and_prompt_tokens(
     after = time.time()
     steps = read_step_log(path)
     assert len(steps) == engine.num_steps
-    # the first step prefills both prompts (7 tokens); then one decode row per running sequence
-    assert [(s.rows, s.tokens) for s in steps] == [(0, 7), (2, 0), (1, 0)]
+    # the first step prefills both prompts (7 tokens); then one decode row per running
+    # sequence, over its whole length so far
+    assert [(s.rows, s.tokens, s.context) for s in steps] == [(0, 7, 7), (2, 0, 6 + 3), (1, 0, 7)]
     assert all(before <= s.start <= s.end <= after and s.seconds > 0 for s in steps)
     assert [s.start for s in steps] == sorted(s.start for s in steps)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -42,20 +43,21 @@ def test_an_engine_logs_each_step_with_its_rows_and_prompt_tokens(
 def test_reading_keeps_the_window_and_skips_a_line_being_written(tmp_path: Path) -> None:
     path = tmp_path / "steps.jsonl"
     log = StepLog(path)
-    log.record(1, 0, 0.01)
+    log.record(1, 0, 30, 0.01)
     log.close()
-    log.record(2, 0, 0.01)  # after close: dropped
+    log.record(2, 0, 60, 0.01)  # after close: dropped
     (first,) = read_step_log(path)
-    assert (first.rows, first.tokens, first.seconds) == (1, 0, 0.01)
+    assert (first.rows, first.tokens, first.context, first.seconds) == (1, 0, 30, 0.01)
     lines = [
-        '{"start": 100.0, "s": 1.0, "rows": 0, "tokens": 64}',
-        '{"start": 101.0, "s": 0.5, "rows": 3, "tokens": 0}',
-        '{"start": 102.0, "s": 2.0, "rows": 4, "tokens": 0}',
+        '{"start": 100.0, "s": 1.0, "rows": 0, "tokens": 64, "context": 64}',
+        '{"start": 101.0, "s": 0.5, "rows": 3, "tokens": 0, "context": 300}',
+        '{"start": 102.0, "s": 2.0, "rows": 4, "tokens": 0, "context": 404}',
     ]
     path.write_text("\n".join(lines) + '\n{"start": 105.0, "s"')
-    assert read_step_log(path) == [StepRecord(100.0, 1.0, 0, 64), StepRecord(101.0, 0.5, 3, 0),
-                                   StepRecord(102.0, 2.0, 4, 0)]
-    assert read_step_log(path, since=100.5, until=103.0) == [StepRecord(101.0, 0.5, 3, 0)]
+    assert read_step_log(path) == [StepRecord(100.0, 1.0, 0, 64, 64),
+                                   StepRecord(101.0, 0.5, 3, 0, 300),
+                                   StepRecord(102.0, 2.0, 4, 0, 404)]
+    assert read_step_log(path, since=100.5, until=103.0) == [StepRecord(101.0, 0.5, 3, 0, 300)]
     path.write_text(lines[0] + '\n{"start": 101.0}\n')
     with pytest.raises(ValueError, match=r"steps.jsonl:2: not a step record"):
         read_step_log(path)
