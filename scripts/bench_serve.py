@@ -29,6 +29,10 @@ cache's share of each multiturn turn's prompt; writes serve_sweep.{json,png}. No
 overhead run. Time on 2 cores (SmolLM2): a point takes about num_requests / rate seconds of
 arrivals plus 20-60 s to drain (longer past capacity), so 30 requests at 0.2, 0.4 and 0.6/s
 is ~6 minutes per mix, ~18 per setup, ~1 hour (up to ~1.5 h when overloaded) for 3 setups.
+Each point also records each worker's activity from its /metrics and, for the disaggregated
+setups, its ``host_overlap`` (bench/step_overlap.py): the workers run with ``--step-log``
+(kept in ``OUT/steps-<setup>/`` with ``--out``) and each decode step is compared alone and
+under prefill steps.
 """
 
 from __future__ import annotations
@@ -215,7 +219,10 @@ def run_sweep(
         curves[name], summaries[name], records[name] = {}, {}, {}
         multiturn: list[RequestResult] = []
         cluster = Cluster()
-        step_logs = Path(tempfile.mkdtemp(prefix="tandem-bench-steps-"))
+        # the workers' step logs: kept beside the results with --out, else removed at the end
+        step_logs = (Path(tempfile.mkdtemp(prefix="tandem-bench-steps-")) if args.out is None
+                     else args.out / f"steps-{name}")
+        step_logs.mkdir(parents=True, exist_ok=True)
         try:
             procs = start_warm(cluster, name, model_dir, args, warmup, step_logs)
             router = procs["router"]
@@ -252,7 +259,8 @@ def run_sweep(
                       flush=True)
         finally:
             cluster.stop()
-            shutil.rmtree(step_logs, ignore_errors=True)
+            if args.out is None:
+                shutil.rmtree(step_logs, ignore_errors=True)
         if multiturn:
             turns[name] = by_turn(multiturn)
     return {
