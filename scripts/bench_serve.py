@@ -249,7 +249,7 @@ def run_sweep(
                                                               duration)
                                         for role, now in worker_reads(procs).items()}}
                 if overlap is not None:
-                    summary["host_overlap"] = overlap
+                    summary["host_overlap"] = overlap | {"window": [began, time.time()]}
                 summaries[name][point.label] = summary
                 records[name][point.label] = [asdict(r) for r in results]
                 curves[name].setdefault(point.mix, []).append((point.rate, share))
