@@ -237,7 +237,8 @@ def run_sweep(
                     system_seed=args.seed,
                 ))
                 wait_idle(router)
-                overlap = host_overlap_of(step_logs, began, time.time())
+                ended = time.time()
+                overlap = host_overlap_of(step_logs, began, ended)
                 summary = summarize(results, duration, slo_ttft_s=args.slo_ttft,
                                     slo_tpot_s=args.slo_tpot)
                 share = attainment(results, args.slo_ttft, args.slo_tpot)
@@ -249,7 +250,7 @@ def run_sweep(
                                                               duration)
                                         for role, now in worker_reads(procs).items()}}
                 if overlap is not None:
-                    summary["host_overlap"] = overlap | {"window": [began, time.time()]}
+                    summary["host_overlap"] = overlap | {"window": [began, ended]}
                 summaries[name][point.label] = summary
                 records[name][point.label] = [asdict(r) for r in results]
                 curves[name].setdefault(point.mix, []).append((point.rate, share))
