@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serve_workload import MIXES, make_requests
-from bench.step_overlap import overlap_table, served_sharing
+from bench.step_overlap import BAND_ROWS, MIN_STEPS, overlap_table, served_sharing
 from planner.profile import Profile
 from planner.sim import ClusterSpec, simulate
 from planner.sim.host import HostSharing
@@ -208,6 +208,25 @@ def served_overlaps(sweep: dict[str, Any]) -> list[tuple[str, str, float, dict[s
             if "host_overlap" in pt]
 
 
+def profile_table(served: list[tuple[str, str, float, dict[str, Any]]], profile: Profile) -> str:
+    """The decode worker's served steps alone (no prefill step beside them) against
+    ``profile`` (the engine alone, before calibration): per point and batch-size band, the
+    steps' mean seconds over the profile's step at their mean rows and context."""
+    names = list(BAND_ROWS)
+    lines = [f"{'setup':14s} {'mix':6s} {'rate':>5s} " + " ".join(f"{n + ' rows':>10s}"
+                                                                 for n in names)]
+    for setup, mix, rate, o in served:
+        cells = []
+        for name in names:
+            mean = o["bands"].get(name, {}).get("alone_mean")
+            if mean is None or o["bands"][name]["alone"] < MIN_STEPS:
+                cells.append(f"{'-':>10s}")
+                continue
+            cells.append(f"{mean['s'] / profile.step.step_s(mean['rows'], 0, mean['context']):10.2f}")
+        lines.append(f"{setup:14s} {mix:6s} {rate:5.2f} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def host_sharing_of(text: str | None,
                     served: list[tuple[str, str, float, dict[str, Any]]]) -> HostSharing | None:
     """The ``--host-sharing`` value: None, parsed factors, or ``served``: pooled from the
@@ -289,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
               "time under the other's steps; decode step shared / alone by batch size; "
               "prefill per token\n" + overlap_table(served)
               + (f"\npooled: --host-sharing {pooled.flag()}" if pooled else ""))
+        print("\ndecode steps alone (no prefill step beside them), served / the decode "
+              "profile's step at their mean rows and context:\n"
+              + profile_table(served, base[1]))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),

@@ -15,12 +15,15 @@ carries some of the context's spread.
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from planner.sim.host import HostSharing
-from worker.step_log import StepRecord
+from worker.step_log import StepRecord, read_step_log
 
 # Decode batch sizes pooled for the factor: (lowest, highest) rows.
 ROW_BANDS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 1 << 30))
@@ -64,24 +67,35 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
     ``bands``           per decode batch-size band, over the decode worker's pure decode
                         steps (no prompt tokens: a local prefill's steps are left out):
                         steps alone and shared, their median seconds, and ``factor``
-                        (shared / alone median; None without both)
+                        (shared / alone median; None without both); ``alone_mean``: the
+                        steps alone's mean rows, context tokens and seconds (to set beside
+                        a profile's step at that shape)
     ``prefill``         the prefill steps alone and shared (under decode steps), their
                         median seconds per prompt token, and ``factor`` the same way
     """
     decode = sorted(decode, key=lambda s: s.start)
     prefill = sorted((s for s in prefill if s.tokens > 0), key=lambda s: s.start)
     d_over, p_over = overlaps(decode, prefill), overlaps(prefill, decode)
-    groups: dict[str, tuple[list[float], list[float]]] = {}
+    groups: dict[str, tuple[list[StepRecord], list[StepRecord]]] = {}
     for step, share in zip(decode, d_over, strict=True):
         if step.rows == 0 or step.tokens > 0:
             continue
         alone, shared = groups.setdefault(_band(step.rows), ([], []))
         if share < ALONE:
-            alone.append(step.seconds)
+            alone.append(step)
         elif share > SHARED:
-            shared.append(step.seconds)
-    bands = {name: _compared(*groups[name], "s")
-             for name in (_name(lo, hi) for lo, hi in ROW_BANDS) if name in groups}
+            shared.append(step)
+    bands = {}
+    for name in (_name(lo, hi) for lo, hi in ROW_BANDS):
+        if name not in groups:
+            continue
+        alone, shared = groups[name]
+        bands[name] = _compared([s.seconds for s in alone], [s.seconds for s in shared], "s")
+        if alone:
+            bands[name]["alone_mean"] = {
+                "rows": statistics.fmean(s.rows for s in alone),
+                "context": statistics.fmean(s.context for s in alone),
+                "s": statistics.fmean(s.seconds for s in alone)}
     per_token = ([s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f < ALONE],
                  [s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f > SHARED])
     return {"decode_shared": _weighted(decode, d_over),
@@ -151,3 +165,34 @@ def overlap_table(rows: Sequence[tuple[str, str, float, dict[str, Any]]]) -> str
                      + " ".join(cell(o["bands"].get(n), 10) for n in names)
                      + f" {cell(o['prefill'], 8)}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Recompute the ``host_overlap`` of every point of a sweep from the step logs it kept
+    (``scripts/bench_serve --sweep ... --out DIR``: DIR/steps-<setup>/), e.g. after this
+    module learnt a new figure; writes the sweep file back."""
+    p = argparse.ArgumentParser(prog="python -m bench.step_overlap", description=main.__doc__)
+    p.add_argument("sweep", type=Path, help="serve_sweep.json")
+    p.add_argument("--steps", type=Path, default=None,
+                   help="the folder holding steps-<setup>/ (default: the sweep file's)")
+    args = p.parse_args(argv)
+    folder = args.steps or args.sweep.parent
+    sweep = json.loads(args.sweep.read_text())
+    redone = 0
+    for setup, points in sweep["summaries"].items():
+        logs = folder / f"steps-{setup}"
+        for point in points.values():
+            if "host_overlap" not in point:
+                continue
+            since, until = point["host_overlap"]["window"]
+            point["host_overlap"] = host_overlap(
+                read_step_log(logs / "decode.jsonl", since, until),
+                read_step_log(logs / "prefill.jsonl", since, until)) | {"window": [since, until]}
+            redone += 1
+    args.sweep.write_text(json.dumps(sweep, indent=1))
+    print(f"{redone} points' host_overlap recomputed from {folder}/steps-*/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

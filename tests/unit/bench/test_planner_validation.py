@@ -13,6 +13,7 @@ from bench.planner_validation import (
     compare,
     host_sharing_of,
     main,
+    profile_table,
     served_overlaps,
     table,
     trace_of,
@@ -175,6 +176,10 @@ def test_served_factors_are_pooled_from_the_sweep_s_step_logs(tmp_path: Path, ca
     assert host_sharing_of("2.0,1.5", served) == HostSharing(2.0, 1.5)
     with pytest.raises(ValueError, match="no step-log factors"):
         host_sharing_of("served", [])
+    served[0][3]["bands"]["1"]["alone_mean"] = {"rows": 1.0, "context": 100.0, "s": 0.02402}
+    lines = profile_table(served, Profile.load(_profile(tmp_path / "p.json"))).splitlines()
+    # the test profile's one-row step at 100 tokens of context: 10 + 2 + 0.01 ms
+    assert len(lines) == 4 and lines[1].split()[3:] == ["2.00", "-", "-", "-", "-", "-", "-"]
     text = overlap_table(served).splitlines()
     assert len(text) == 4 and text[1].split()[3:] == [
         "40%", "/", "30%", "1.20", "1.50", "-", "-", "-", "-", "-", "1.10"]
@@ -186,6 +191,7 @@ def test_served_factors_are_pooled_from_the_sweep_s_step_logs(tmp_path: Path, ca
     prof = _profile(tmp_path / "p.json")
     assert main(["--sweep", str(path), "--prefill-profile", str(prof), "--decode-profile",
                  str(prof), "--host-sharing", "served", "--out", str(tmp_path)]) == 0
-    assert "pooled: --host-sharing 1:1.40,1.30" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "pooled: --host-sharing 1:1.40,1.30" in out and "served / the decode profile" in out
     saved = json.loads((tmp_path / "planner_validation.json").read_text())["host_sharing"]
     assert saved["flag"] == "1:1.40,1.30"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from bench.step_overlap import host_overlap, overlaps
+from bench.step_overlap import host_overlap, main, overlaps
 from worker.step_log import StepRecord
 
 
-def _d(start: float, seconds: float, rows: int) -> StepRecord:
-    return StepRecord(start, seconds, rows, 0)
+def _d(start: float, seconds: float, rows: int, context: int = 0) -> StepRecord:
+    return StepRecord(start, seconds, rows, 0, context)
 
 
 def _p(start: float, seconds: float) -> StepRecord:
@@ -31,7 +34,7 @@ def test_the_factor_by_batch_size_is_shared_over_alone_medians() -> None:
     prefill = [_p(10.0, 10.0)]
     decode = ([_d(float(t), 0.02, 1) for t in range(5)]  # 1 row alone: 20 ms
               + [_d(10.0 + t, 0.05, 1) for t in range(5)]  # 1 row under the prefill: 50 ms
-              + [_d(30.0 + t, 0.04, 3) for t in range(3)]  # 3 rows: alone only
+              + [_d(30.0 + t, 0.03 + 0.01 * t, 3, 300 + 30 * t) for t in range(3)]  # alone only
               + [_d(9.98, 0.04, 1)])  # half under: neither alone nor shared
     out = host_overlap(decode, prefill)
     one = out["bands"]["1"]
@@ -39,6 +42,7 @@ def test_the_factor_by_batch_size_is_shared_over_alone_medians() -> None:
     assert one["factor"] == pytest.approx(2.5)
     three = out["bands"]["3-4"]
     assert (three["alone"], three["shared"], three["factor"]) == (3, 0, None)
+    assert three["alone_mean"] == pytest.approx({"rows": 3, "context": 330, "s": 0.04})
     assert set(out["bands"]) == {"1", "3-4"}
     decode_s = 5 * 0.02 + 5 * 0.05 + 3 * 0.04 + 0.04
     assert out["decode_shared"] == pytest.approx((5 * 0.05 + 0.02) / decode_s)
@@ -66,3 +70,22 @@ def test_only_pure_decode_steps_give_factors_but_every_step_counts_as_busy() -> 
     assert set(out["bands"]) == {"3-4"} and out["bands"]["3-4"]["shared"] == 1
     assert out["decode_shared"] == pytest.approx(0.6 / 2.1)
     assert out["prefill_shared"] == pytest.approx(1.0)
+
+
+def test_a_sweep_s_points_are_recomputed_from_the_logs_it_kept(tmp_path: Path) -> None:
+    logs = tmp_path / "steps-disagg"
+    logs.mkdir()
+    (logs / "decode.jsonl").write_text(
+        '{"start": 10.0, "s": 0.01, "rows": 1, "tokens": 0, "context": 40}\n')
+    (logs / "prefill.jsonl").write_text(
+        '{"start": 11.0, "s": 0.2, "rows": 0, "tokens": 256, "context": 256}\n')
+    sweep = {"summaries": {
+        "disagg": {"chat 0.3/s": {"host_overlap": {"bands": {}, "window": [0.0, 1e12]}}},
+        "colocated": {"chat 0.3/s": {"ttft": {}}}}}
+    path = tmp_path / "serve_sweep.json"
+    path.write_text(json.dumps(sweep))
+    assert main([str(path)]) == 0
+    out = json.loads(path.read_text())["summaries"]
+    o = out["disagg"]["chat 0.3/s"]["host_overlap"]
+    assert o["window"] == [0.0, 1e12] and o["bands"]["1"]["alone_mean"]["context"] == 40
+    assert out["colocated"] == sweep["summaries"]["colocated"]
