@@ -38,6 +38,16 @@ somewhere in that range. The count at the measured factors stays the result. (Ne
 decode worker's capacity its TPOT moves more than the factor: up to about 2x as much in
 run 10.)
 
+Served steps (``--serving served``; default off): the workers' steps under serving, with no
+step of the other worker beside them, are slower than their profiles' at the same shape
+(runs 14-15: decode 1.02-1.11x, prefill 1.13-1.30x plus 15-28 ms a step: the worker's loop
+and its gRPC and streaming threads, the router and the client on the same cores). From the
+sweep's own step logs (bench/step_overlap.py: the decode steps alone's mean shape per batch
+size, every prefill step alone's shape) ``served = scale x profiled + overhead`` is fitted
+per worker, and the disaggregated setups simulate each worker's profile with its step costs
+times ``scale`` and ``overhead`` as its ``serving_step_s``; calibration then fits what is
+left. Like ``--host-sharing served``, these are measured on the run being predicted.
+
 Calibration (``--calibrate chat@0.3``, the default; ``none`` turns it off): a profile times
 the engine alone, while a served worker also runs its loop, streams tokens and, on a shared
 CPU, shares its cores with the other processes. Per setup, the one named point fixes the
@@ -56,7 +66,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.serve_workload import MIXES, make_requests
-from bench.step_overlap import BAND_ROWS, MIN_STEPS, overlap_table, served_sharing
+from bench.step_overlap import (
+    BAND_ROWS,
+    ServedFit,
+    alone_ratios,
+    overlap_table,
+    served_fits,
+    served_sharing,
+)
 from planner.profile import Profile
 from planner.sim import ClusterSpec, simulate
 from planner.sim.host import HostSharing
@@ -216,14 +233,9 @@ def profile_table(served: list[tuple[str, str, float, dict[str, Any]]], profile:
     lines = [f"{'setup':14s} {'mix':6s} {'rate':>5s} " + " ".join(f"{n + ' rows':>10s}"
                                                                  for n in names)]
     for setup, mix, rate, o in served:
-        cells = []
-        for name in names:
-            mean = o["bands"].get(name, {}).get("alone_mean")
-            if mean is None or o["bands"][name]["alone"] < MIN_STEPS:
-                cells.append(f"{'-':>10s}")
-                continue
-            cells.append(f"{mean['s'] / profile.step.step_s(mean['rows'], 0, mean['context']):10.2f}")
-        lines.append(f"{setup:14s} {mix:6s} {rate:5.2f} " + " ".join(cells))
+        ratios = alone_ratios(o, profile.step)
+        lines.append(f"{setup:14s} {mix:6s} {rate:5.2f} " + " ".join(
+            f"{ratios[n]:10.2f}" if n in ratios else f"{'-':>10s}" for n in names))
     return "\n".join(lines)
 
 
@@ -242,6 +254,25 @@ def host_sharing_of(text: str | None,
     return pooled
 
 
+def served_profiles(served: list[tuple[str, str, float, dict[str, Any]]], prefill: Profile,
+                    decode: Profile) -> tuple[Profile, Profile, dict[str, ServedFit | None]]:
+    """``--serving served``: (prefill, decode) with each worker's steps as its served steps
+    alone ran against the profile (bench/step_overlap.served_fits: step costs x scale, plus
+    the overhead as ``serving_step_s``), and the fits. A worker without a fit keeps its
+    profile; ValueError when neither has one."""
+    fits = served_fits([o for *_, o in served], decode.step, prefill.step)
+    if not any(fits.values()):
+        raise ValueError("--serving served: the sweep's step logs have no steps alone with "
+                         "their shapes (scripts/bench_serve records them)")
+
+    def fitted(profile: Profile, fit: ServedFit | None) -> Profile:
+        if fit is None:
+            return profile
+        return replace(profile, step=profile.step.scaled(fit.scale), serving_step_s=fit.overhead_s)
+
+    return fitted(prefill, fits["prefill"]), fitted(decode, fits["decode"]), fits
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,28 +288,38 @@ def main(argv: list[str] | None = None) -> int:
                    help="slowdowns of the disaggregated setups' co-located workers; DECODE "
                         "one factor or ROWS:FACTOR pairs joined by / (bench.host_contention); "
                         "'served': the factors the sweep's own step logs measured")
+    p.add_argument("--serving", default=None, choices=["served"],
+                   help="the disaggregated workers' profiles fitted to the sweep's own step "
+                        "logs (each worker's steps with no step of the other beside them)")
     p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
     served = served_overlaps(sweep)
+    base = Profile.load(args.prefill_profile), Profile.load(args.decode_profile)
+    shared: tuple[Profile, Profile] = base
+    fits: dict[str, ServedFit | None] = {}
     try:
         args.host_sharing = host_sharing_of(args.host_sharing, served)
+        if args.serving == "served":
+            pre, dec, fits = served_profiles(served, *base)
+            shared = pre, dec
     except ValueError as exc:
         p.error(str(exc))
+    for role, fit in fits.items():
+        print(f"served {role} steps alone = profile {fit.flag() if fit else '(no fit)'}")
     # a sweep's own file has its "config"; docs/bench/serve_sweep.json merges "runs"
     run_args = sweep["config"] if "config" in sweep else next(iter(sweep["runs"].values()))
     vocab = tuple(int(x) for x in run_args["vocab"].split(","))
     slo = Slo(run_args["slo_ttft"], run_args["slo_tpot"])
-    base = Profile.load(args.prefill_profile), Profile.load(args.decode_profile)
     scale = run_args.get("scale", 1.0)
     cal_mix, _, cal_rate = args.calibrate.partition("@")
     rows = []
     for setup, points in sweep["summaries"].items():
         if setup not in SETUPS:
             continue
-        prefill, decode = base
+        prefill, decode = base if SETUPS[setup][0] == 0 else shared
         cal = next((pt for pt in points.values() if args.calibrate != "none"
                     and pt["mix"] == cal_mix and abs(pt["rate"] - float(cal_rate)) < 1e-9),
                    None)
@@ -315,7 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),
                                                       str(args.decode_profile)],
-               "tolerance": args.tolerance, "sensitivity": args.sensitivity, "rows": rows,
+               "tolerance": args.tolerance, "sensitivity": args.sensitivity,
+               "serving": {role: None if fit is None else {
+                   "scale": fit.scale, "overhead_s": fit.overhead_s, "steps": fit.steps}
+                   for role, fit in fits.items()}, "rows": rows,
                "host_sharing": None if args.host_sharing is None else {
                    "flag": args.host_sharing.flag(),
                    "decode_slowdown": args.host_sharing.decode_slowdown,

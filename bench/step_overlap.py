@@ -11,6 +11,11 @@ Under serving the decode worker idles between steps and the prefill worker compu
 bursts, and the scheduler shares the cores differently then; this is the same factor read
 from a real run. Steps of the same batch size but different contexts are pooled, so the ratio
 carries some of the context's spread.
+
+The steps alone also say how far serving itself moves a worker from its profile (the engine
+timed alone): ``served_fits`` sets each decode band's and each prefill step's served seconds
+beside the profile's step of the same shape and fits ``served = scale x profiled +
+overhead`` per worker (bench/planner_validation.py --serving served).
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import argparse
 import json
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.profile import StepCost
 from planner.sim.host import HostSharing
 from worker.step_log import StepRecord, read_step_log
 
@@ -71,7 +78,8 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
                         steps alone's mean rows, context tokens and seconds (to set beside
                         a profile's step at that shape)
     ``prefill``         the prefill steps alone and shared (under decode steps), their
-                        median seconds per prompt token, and ``factor`` the same way
+                        median seconds per prompt token, and ``factor`` the same way;
+                        ``alone_steps``: [prompt tokens, context, seconds] of each step alone
     """
     decode = sorted(decode, key=lambda s: s.start)
     prefill = sorted((s for s in prefill if s.tokens > 0), key=lambda s: s.start)
@@ -98,9 +106,12 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
                 "s": statistics.fmean(s.seconds for s in alone)}
     per_token = ([s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f < ALONE],
                  [s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f > SHARED])
+    # the prefill steps alone, each one's shape (a step's cost is not linear in its tokens)
+    alone_steps = [[s.tokens, s.context, round(s.seconds, 6)]
+                   for s, f in zip(prefill, p_over, strict=True) if f < ALONE]
     return {"decode_shared": _weighted(decode, d_over),
             "prefill_shared": _weighted(prefill, p_over), "bands": bands,
-            "prefill": _compared(*per_token, "token_s")}
+            "prefill": _compared(*per_token, "token_s") | {"alone_steps": alone_steps}}
 
 
 def _compared(alone: list[float], shared: list[float], unit: str) -> dict[str, Any]:
@@ -144,6 +155,82 @@ def served_sharing(points: Sequence[dict[str, Any]]) -> HostSharing | None:
     table = tuple(sorted((BAND_ROWS[name], max(statistics.median(f), 1.0))
                          for name, f in by_band.items()))
     return HostSharing(table, max(statistics.median(prefill), 1.0) if prefill else 1.0)
+
+
+def alone_ratios(overlap: dict[str, Any], step: StepCost) -> dict[str, float]:
+    """Per band of one point's ``host_overlap``: the decode steps alone's mean seconds over
+    ``step`` (a profile's, the engine alone) at their mean rows and context; bands with
+    fewer than MIN_STEPS steps alone are left out."""
+    out = {}
+    for name, band in overlap["bands"].items():
+        mean = band.get("alone_mean")
+        if mean is not None and band["alone"] >= MIN_STEPS:
+            # the step's cost is linear between measured shapes: its mean shape is exact
+            out[name] = mean["s"] / step.step_s(mean["rows"], 0, mean["context"])
+    return out
+
+
+def decode_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
+    """(profiled, served mean seconds, steps) of one point's decode steps alone, a triple per
+    band with MIN_STEPS or more steps alone (alone_ratios' parts)."""
+    out = []
+    for band in overlap["bands"].values():
+        mean = band.get("alone_mean")
+        if mean is not None and band["alone"] >= MIN_STEPS:
+            out.append((step.step_s(mean["rows"], 0, mean["context"]), mean["s"], band["alone"]))
+    return out
+
+
+def prefill_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
+    """(profiled, served seconds, 1) of one point's prefill steps alone; the profiled step is
+    the simulator's (planner/sim/prefill.py): its prompt tokens after ``context - tokens``
+    computed ones, causal pairs included."""
+    out = []
+    for tokens, context, seconds in overlap["prefill"].get("alone_steps", ()):
+        done = max(context - tokens, 0)
+        pairs = tokens * done + tokens * (tokens + 1) // 2
+        out.append((step.step_s(0, tokens, 0, pairs), seconds, 1))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServedFit:
+    """A worker's served steps against its profile's: ``served = scale x profiled +
+    overhead_s``, fitted over ``steps`` steps."""
+
+    scale: float
+    overhead_s: float
+    steps: int
+
+    def flag(self) -> str:
+        return f"x{self.scale:.3f} + {self.overhead_s * 1e3:.1f} ms ({self.steps} steps)"
+
+
+def fit_served(pairs: Sequence[tuple[float, float, int]]) -> ServedFit | None:
+    """Least squares of served on profiled seconds, each pair weighted by its steps; the
+    overhead kept >= 0 (refitted through the origin otherwise). None without two distinct
+    profiled lengths."""
+    w = sum(n for *_, n in pairs)
+    if len({round(x, 9) for x, _, _ in pairs}) < 2 or w <= 0:
+        return None
+    mx = sum(x * n for x, _, n in pairs) / w
+    my = sum(y * n for _, y, n in pairs) / w
+    sxx = sum(n * (x - mx) ** 2 for x, _, n in pairs)
+    sxy = sum(n * (x - mx) * (y - my) for x, y, n in pairs)
+    scale = sxy / sxx
+    overhead = my - scale * mx
+    if overhead < 0 or scale <= 0:
+        scale = sum(n * x * y for x, y, n in pairs) / sum(n * x * x for x, _, n in pairs)
+        overhead = 0.0
+    return ServedFit(scale, overhead, int(w))
+
+
+def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
+                prefill: StepCost) -> dict[str, ServedFit | None]:
+    """The decode and prefill workers' ``fit_served`` pooled over several points'
+    ``host_overlap`` (their steps with no step of the other worker beside them)."""
+    return {"decode": fit_served([p for o in points for p in decode_alone_pairs(o, decode)]),
+            "prefill": fit_served([p for o in points for p in prefill_alone_pairs(o, prefill)])}
 
 
 def overlap_table(rows: Sequence[tuple[str, str, float, dict[str, Any]]]) -> str:

@@ -81,6 +81,17 @@ class StepCost:
         (n0, t0), (n1, t1) = c[i - 1], c[i]
         return max(t0 + (t1 - t0) * (n - n0) / (n1 - n0), 0.0) + extra
 
+    def scaled(self, factor: float) -> StepCost:
+        """Every cost of this step times ``factor`` (> 0): the same engine running that much
+        slower, e.g. a served worker's steps against its profile."""
+        if factor <= 0:
+            raise ProfileError(f"a step scale must be > 0, not {factor}")
+        return StepCost(self.base_s * factor, self.per_row_s * factor,
+                        self.per_prefill_token_s * factor, self.per_context_token_s * factor,
+                        self.per_prefill_pair_s * factor,
+                        tuple((n, t * factor) for n, t in self.curve),
+                        self.curve_per_row_s * factor)
+
     def step_s(self, rows: int, prefill_tokens: int = 0, context_tokens: int = 0,
                prefill_pairs: int = 0) -> float:
         """Predicted wall time of a step of this shape."""

@@ -15,6 +15,7 @@ from bench.planner_validation import (
     main,
     profile_table,
     served_overlaps,
+    served_profiles,
     table,
     trace_of,
     worker_table,
@@ -195,3 +196,70 @@ def test_served_factors_are_pooled_from_the_sweep_s_step_logs(tmp_path: Path, ca
     assert "pooled: --host-sharing 1:1.40,1.30" in out and "served / the decode profile" in out
     saved = json.loads((tmp_path / "planner_validation.json").read_text())["host_sharing"]
     assert saved["flag"] == "1:1.40,1.30"
+
+
+def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
+                                                                capsys) -> None:
+    prof = _profile(tmp_path / "p.json")
+    step = Profile.load(prof).step
+    overlap = _overlap(1.2, None, 1.1)
+    # decode alone: 1 row at 100 tokens of context profiles at 12.01 ms, 2 rows at 200 at
+    # 14.02 ms; served 1.5x both
+    overlap["bands"]["1"]["alone_mean"] = {"rows": 1.0, "context": 100.0, "s": 0.018015}
+    overlap["bands"]["2"]["alone_mean"] = {"rows": 2.0, "context": 200.0, "s": 0.02103}
+    # prefill alone: 100 and 400 fresh tokens profile at 110.005 and 410.08 ms; served
+    # 1.2x plus 30 ms
+    overlap["prefill"]["alone_steps"] = [[100, 100, 0.162006], [400, 400, 0.522096]]
+    served = [("disagg", "mixed", 0.5, overlap)]
+    base = Profile.load(prof)
+    prefill, decode, fits = served_profiles(served, base, base)
+    assert fits["decode"].scale == pytest.approx(1.5, rel=1e-3)
+    assert fits["decode"].overhead_s == pytest.approx(0.0, abs=1e-5)
+    assert fits["prefill"].scale == pytest.approx(1.2, rel=1e-3)
+    assert fits["prefill"].overhead_s == pytest.approx(0.03, rel=1e-3)
+    assert decode.step.step_s(4, 0, 900) == pytest.approx(1.5 * step.step_s(4, 0, 900), rel=1e-3)
+    assert prefill.serving_step_s == pytest.approx(0.03, rel=1e-3)
+    with pytest.raises(ValueError, match="no steps alone"):
+        served_profiles([("disagg", "mixed", 0.5, _overlap(1.2, None, 1.1))], base, base)
+
+    point = {**POINT, "host_overlap": overlap}
+    sweep = {"config": {"vocab": "1000,30000", "slo_ttft": 4.0, "slo_tpot": 0.25},
+             "summaries": {"disagg": {"mixed 0.5/s": point}, "colocated": {"mixed 0.5/s": POINT}}}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    figures = {}
+    for serving in (None, "served"):
+        out = tmp_path / str(serving)
+        args = ["--sweep", str(path), "--prefill-profile", str(prof), "--decode-profile",
+                str(prof), "--calibrate", "none", "--out", str(out)]
+        assert main(args + (["--serving", serving] if serving else [])) == 0
+        figures[serving] = json.loads((out / "planner_validation.json").read_text())
+    assert "served decode steps alone = profile x1.500 + 0.0 ms (40 steps)" in \
+        capsys.readouterr().out
+    assert figures[None]["serving"] == {}
+    assert figures["served"]["serving"]["prefill"]["steps"] == 2
+    by_setup = {k: {r["setup"]: r for r in figures[k]["rows"]} for k in figures}
+    # the decode worker's steps are longer: so is every token gap it serves; the colocated
+    # worker has no step logs and keeps its profile
+    assert by_setup["served"]["disagg"]["tpot_p50"]["sim"] > \
+        1.3 * by_setup[None]["disagg"]["tpot_p50"]["sim"]
+    assert by_setup["served"]["colocated"]["tpot_p50"]["sim"] == \
+        by_setup[None]["colocated"]["tpot_p50"]["sim"]
+
+
+@pytest.mark.parametrize(("run", "prefill", "least"), [(14, "cpu1_run14", 37),
+                                                       (15, "cpu2_run15", 23)])
+def test_runs_14_and_15_keep_their_figures_with_served_steps(tmp_path: Path, run: int,
+                                                             prefill: str, least: int) -> None:
+    """Runs 14 (a core per worker) and 15 (the 2-thread prefill worker sharing the decode
+    worker's core), with the host factors and served steps their own step logs measured
+    (docs/planner.md): at least as many figures within 15% as when recorded."""
+    assert main(["--sweep", str(DOCS / f"serve_sweep_run{run}.json"),
+                 "--prefill-profile", str(DOCS / f"profile_smollm2_{prefill}.json"),
+                 "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
+                 "--host-sharing", "served", "--serving", "served",
+                 "--out", str(tmp_path)]) == 0
+    rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
+            if not r["calibration"]]
+    assert len(rows) == 10
+    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least

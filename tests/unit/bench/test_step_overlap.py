@@ -7,7 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.step_overlap import host_overlap, main, overlaps
+from bench.step_overlap import (
+    MIN_STEPS,
+    alone_ratios,
+    decode_alone_pairs,
+    fit_served,
+    host_overlap,
+    main,
+    overlaps,
+    prefill_alone_pairs,
+    served_fits,
+)
+from planner.profile import StepCost
 from worker.step_log import StepRecord
 
 
@@ -89,3 +100,54 @@ def test_a_sweep_s_points_are_recomputed_from_the_logs_it_kept(tmp_path: Path) -
     o = out["disagg"]["chat 0.3/s"]["host_overlap"]
     assert o["window"] == [0.0, 1e12] and o["bands"]["1"]["alone_mean"]["context"] == 40
     assert out["colocated"] == sweep["summaries"]["colocated"]
+
+
+def test_steps_alone_are_set_beside_the_profile_s_step_at_their_mean_shape() -> None:
+    # the profile: 10 ms + 2 ms a row + 1 us a context token
+    step = StepCost(0.01, 0.002, 0.001, 1e-6)
+
+    def band(alone: int, rows: float, context: float, s: float) -> dict:
+        return {"alone": alone, "alone_mean": {"rows": rows, "context": context, "s": s}}
+
+    one = {"bands": {"1": band(40, 1, 1000, 0.0143),        # 13 ms profiled: 1.1x
+                     "3-4": band(20, 3.5, 2000, 0.02375),   # 19 ms: 1.25x
+                     "5-8": band(MIN_STEPS - 1, 6, 0, 1.0),  # too few steps alone
+                     "2": {"alone": 0, "alone_s": None}},    # no step alone at all
+           "prefill": {"alone": 0}}
+    assert alone_ratios(one, step) == pytest.approx({"1": 1.1, "3-4": 1.25})
+    pairs = decode_alone_pairs(one, step)
+    assert [p[2] for p in pairs] == [40, 20]
+    assert [v for p in pairs for v in p[:2]] == pytest.approx([0.013, 0.0143, 0.019, 0.02375])
+    assert prefill_alone_pairs(one, step) == []
+
+
+def test_a_prefill_step_alone_is_set_beside_the_simulator_s_step() -> None:
+    step = StepCost(0.01, 0.0, 0.001, 1e-6, 1e-7)
+    overlap = {"bands": {}, "prefill": {"alone_steps": [[100, 100, 0.2], [50, 150, 0.1]]}}
+    # fresh: 10 + 100 ms + 5050 pairs; after 100 cached tokens: 10 + 50 + (5000 + 1275) pairs
+    pairs = prefill_alone_pairs(overlap, step)
+    assert [v for p in pairs for v in p] == pytest.approx(
+        [0.11 + 5050e-7, 0.2, 1, 0.06 + 6275e-7, 0.1, 1])
+
+
+def test_served_steps_are_fitted_as_a_scale_and_an_overhead() -> None:
+    exact = [(x, 1.3 * x + 0.02, n) for x, n in ((0.1, 3), (0.5, 1), (2.0, 2))]
+    fit = fit_served(exact)
+    assert (fit.scale, fit.overhead_s, fit.steps) == pytest.approx((1.3, 0.02, 6))
+    assert fit.flag() == "x1.300 + 20.0 ms (6 steps)"
+    # a negative intercept is not an overhead: refitted through the origin
+    fit = fit_served([(0.01, 0.009, 10), (0.02, 0.022, 10)])
+    assert fit.overhead_s == 0.0
+    assert fit.scale == pytest.approx((0.01 * 0.009 + 0.02 * 0.022) / (0.01**2 + 0.02**2))
+    # the weights count: the many short steps set the line
+    weighted = fit_served([(0.01, 0.011, 100), (0.02, 0.022, 100), (1.0, 3.0, 1)])
+    assert weighted.scale < fit_served([(0.01, 0.011, 1), (0.02, 0.022, 1), (1.0, 3.0, 1)]).scale
+    assert fit_served([(0.01, 0.011, 5)]) is None and fit_served([]) is None
+    points = [{"bands": {"1": {"alone": 10, "alone_mean": {"rows": 1, "context": 0,
+                                                            "s": 0.024}},
+                         "2": {"alone": 10, "alone_mean": {"rows": 2, "context": 0,
+                                                            "s": 0.028}}},
+               "prefill": {"alone_steps": []}}]
+    fits = served_fits(points, StepCost(0.01, 0.002, 0.001), StepCost(0.01, 0.002, 0.001))
+    # profiled 12 and 14 ms, served 24 and 28: twice as long
+    assert fits["decode"].scale == pytest.approx(2.0) and fits["prefill"] is None

@@ -70,3 +70,15 @@ def test_unreadable_file_is_a_profile_error(tmp_path: Path) -> None:
         Profile.load(path)
     with pytest.raises(ProfileError, match="JSON object"):
         Profile.from_json([1, 2])  # type: ignore[arg-type]
+
+
+def test_a_scaled_step_costs_the_factor_times_at_every_shape() -> None:
+    step = StepCost(0.01, 0.002, 0.001, 1e-6, 1e-9, ((1, 0.012), (8, 0.03), (64, 0.2)), 4e-4)
+    slower = step.scaled(1.25)
+    for shape in ((1, 0, 0), (3, 0, 900), (8, 120, 4000, 7000), (100, 0, 0)):
+        assert slower.step_s(*shape) == pytest.approx(1.25 * step.step_s(*shape))
+    linear = StepCost(0.01, 0.002, 0.001, 1e-6, 1e-9)
+    assert linear.scaled(0.5).step_s(4, 64, 100, 2000) == pytest.approx(
+        0.5 * linear.step_s(4, 64, 100, 2000))
+    with pytest.raises(ProfileError, match="> 0"):
+        step.scaled(0.0)
