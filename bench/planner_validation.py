@@ -46,7 +46,9 @@ sweep's own step logs (bench/step_overlap.py: the decode steps alone's mean shap
 size, every prefill step alone's shape) ``served = scale x profiled + overhead`` is fitted
 per worker, and the disaggregated setups simulate each worker's profile with its step costs
 times ``scale`` and ``overhead`` as its ``serving_step_s``; calibration then fits what is
-left. Like ``--host-sharing served``, these are measured on the run being predicted.
+left. Like ``--host-sharing served``, these are measured on the run being predicted;
+``--served-from 0.3`` takes both from the points at that rate only, so that the other
+points are predicted from what the lowest rate measured.
 
 Calibration (``--calibrate chat@0.3``, the default; ``none`` turns it off): a profile times
 the engine alone, while a served worker also runs its loop, streams tokens and, on a shared
@@ -291,19 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serving", default=None, choices=["served"],
                    help="the disaggregated workers' profiles fitted to the sweep's own step "
                         "logs (each worker's steps with no step of the other beside them)")
+    p.add_argument("--served-from", type=float, default=None, metavar="RATE",
+                   help="take the served factors and fits from the points at this rate only "
+                        "(and predict the others from them); default: every point")
     p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
     served = served_overlaps(sweep)
+    source = [o for o in served if args.served_from is None
+              or abs(o[2] - args.served_from) < 1e-9]
     base = Profile.load(args.prefill_profile), Profile.load(args.decode_profile)
     shared: tuple[Profile, Profile] = base
     fits: dict[str, ServedFit | None] = {}
     try:
-        args.host_sharing = host_sharing_of(args.host_sharing, served)
+        args.host_sharing = host_sharing_of(args.host_sharing, source)
         if args.serving == "served":
-            pre, dec, fits = served_profiles(served, *base)
+            pre, dec, fits = served_profiles(source, *base)
             shared = pre, dec
     except ValueError as exc:
         p.error(str(exc))
@@ -357,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),
                                                       str(args.decode_profile)],
                "tolerance": args.tolerance, "sensitivity": args.sensitivity,
+               "served_from": args.served_from,
                "serving": {role: None if fit is None else {
                    "scale": fit.scale, "overhead_s": fit.overhead_s, "steps": fit.steps}
                    for role, fit in fits.items()}, "rows": rows,

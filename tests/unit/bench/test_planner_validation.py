@@ -245,6 +245,14 @@ def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
         1.3 * by_setup[None]["disagg"]["tpot_p50"]["sim"]
     assert by_setup["served"]["colocated"]["tpot_p50"]["sim"] == \
         by_setup[None]["colocated"]["tpot_p50"]["sim"]
+    # --served-from: the factors and fits from the points at one rate only
+    out = tmp_path / "from"
+    assert main(args[:-2] + ["--out", str(out), "--serving", "served", "--host-sharing",
+                             "served", "--served-from", "0.5"]) == 0
+    saved = json.loads((out / "planner_validation.json").read_text())
+    assert saved["served_from"] == 0.5 and saved["serving"] == figures["served"]["serving"]
+    with pytest.raises(SystemExit):  # no point at 0.9 req/s: nothing to take them from
+        main(args + ["--serving", "served", "--served-from", "0.9"])
 
 
 @pytest.mark.parametrize(("run", "prefill", "least"), [(14, "cpu1_run14", 37),
