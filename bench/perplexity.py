@@ -48,13 +48,16 @@ from engine.model_runner import ModelRunner
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "ppl_text.txt"
 MAX_NEW = 24
 
+F32_KV = {"kv_cache_dtype": "float32"}  # weight rows: the KV cache as the reference's
 ROWS: dict[str, dict[str, str]] = {
-    "fp32": {"dtype": "float32", "quantization": "none"},
+    "fp32": {"dtype": "float32", "quantization": "none", **F32_KV},
     "bf16": {"dtype": "bfloat16", "quantization": "none"},
-    "auto": {"dtype": "float32"},  # the default: the GGUF's Q4_1 + Q8_0 blocks as stored
-    "int8": {"dtype": "float32", "quantization": "int8"},
-    "int4-q4_1": {"dtype": "float32", "quantization": "int4"},
-    "int4-requant": {"dtype": "float32", "quantization": "int4", "dequantized": "1"},
+    # the default: the GGUF's Q4_1 + Q8_0 blocks as stored, the float16 KV cache
+    "auto": {"dtype": "float32"},
+    "int8": {"dtype": "float32", "quantization": "int8", **F32_KV},
+    "int4-q4_1": {"dtype": "float32", "quantization": "int4", **F32_KV},
+    "int4-requant": {"dtype": "float32", "quantization": "int4", "dequantized": "1", **F32_KV},
+    "fp16-kv": {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "float16"},
     "int8-kv": {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "int8"},
     "bf16+int8-kv": {"dtype": "bfloat16", "quantization": "none", "kv_cache_dtype": "int8"},
 }

@@ -12,7 +12,13 @@ import argparse
 from collections.abc import Collection
 from typing import Any
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.config import (
+    KV_CACHE_DTYPES,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
 from engine.spec.config import SPEC_METHODS, SpeculativeConfig
 
 
@@ -42,8 +48,9 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
             help="weights: auto keeps the checkpoint's own format (a GGUF's Q4_0/Q4_1/Q8_0 "
                  "blocks as stored), none dequantizes, int8/int4 requantize")),
         ("--kv-cache-dtype", dict(
-            default="auto", choices=["auto", "int8"],
-            help="KV cache storage: the model dtype, or int8 with per-vector scales")),
+            default="auto", choices=list(KV_CACHE_DTYPES),
+            help="KV cache storage: auto is float16 for a float32 model on the CPU's native "
+                 "path and the model dtype elsewhere; int8 keeps a scale per head vector")),
         ("--max-num-seqs", dict(type=int, default=sched.max_num_seqs)),
         ("--max-num-batched-tokens", dict(type=int, default=sched.max_num_batched_tokens)),
         ("--attention-backend", dict(default="auto", choices=["auto", "torch", "triton"])),

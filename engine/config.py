@@ -13,6 +13,7 @@ from typing import Any
 from engine.spec.config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,9 @@ class CacheConfig:
     # (engine/kv_budget.py); overrides kv_cache_memory_gb, num_blocks overrides it
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (+ a scale per head vector)
+    # auto (EngineConfig.resolved_kv_cache_dtype) | float32 | bfloat16 | float16 | int8 (+ a
+    # scale per head vector, engine/quant/kv_int8.py)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -72,8 +75,9 @@ class CacheConfig:
         u = self.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u}")
-        if self.kv_cache_dtype not in ("auto", "int8"):
-            raise ValueError(f"kv_cache_dtype must be auto or int8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
+                             f"got {self.kv_cache_dtype!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,25 @@ class EngineConfig:
             raise ValueError(
                 "gpu_memory_utilization sizes the KV cache on CUDA devices; on "
                 f"{self.model.device!r} use kv_cache_memory_gb or num_blocks")
+        kv, dtype = self.cache.kv_cache_dtype, self.model.resolved_dtype()
+        if self.model.device.startswith("cuda") and kv not in ("auto", "int8", dtype):
+            raise ValueError(f"on CUDA the KV cache holds the model dtype ({dtype}) or int8, "
+                             f"not {kv}")
+
+    def resolved_kv_cache_dtype(self, native: bool | None = None) -> str:
+        """What the KV cache stores: ``auto`` is float16 for a float32 model on the CPU's
+        fused native path (every decode step reads the whole context's K and V: half the
+        bytes, as llama.cpp's default f16 cache; perplexity in docs/bench/quantization.md),
+        and the model dtype everywhere else. ``native``: whether the native kernels will run
+        (the engine knows once it tried to load them); default ``use_native_kernels``."""
+        kv = self.cache.kv_cache_dtype
+        if kv != "auto":
+            return kv
+        dtype = self.model.resolved_dtype()
+        native = self.use_native_kernels if native is None else native
+        if dtype == "float32" and self.model.device == "cpu" and native:
+            return "float16"
+        return dtype
 
     def resolved_backend(self) -> str:
         """``auto`` picks triton on CUDA and torch elsewhere."""

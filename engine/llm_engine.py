@@ -73,15 +73,16 @@ class LLMEngine(RemoteKVHooks):
         # Called after every step that ran the model with (decode rows, prompt tokens, context
         # tokens, seconds), on the thread that steps; a worker's --step-log (worker/step_log.py).
         self.step_observer: Callable[[int, int, int, float], None] | None = None
+        self.kv_cache_dtype = config.resolved_kv_cache_dtype(self._native_ok(config))
         per_block = ModelRunner.kv_bytes_per_block(
-            self.arch, cc.block_size, self.dtype, cc.kv_cache_dtype
+            self.arch, cc.block_size, self.dtype, self.kv_cache_dtype
         )
         num_blocks = cc.num_blocks or pool_blocks(
             config, self.arch, per_block, self.dtype.itemsize,
             lambda: torch.cuda.mem_get_info(self.device))
         rc = RunnerConfig(
             num_blocks, cc.block_size, self.dtype, self.device, config.resolved_backend(),
-            self.max_model_len, cc.kv_cache_dtype,
+            self.max_model_len, self.kv_cache_dtype,
             cuda_graph_batch=config.scheduler.max_num_seqs if config.use_cuda_graphs else 0,
             native_kernels=config.use_native_kernels,
         )

@@ -26,6 +26,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.models.arch import ModelArch
 from engine.models.linear import attach_fp32_shadows
 from engine.models.llama import LlamaForCausalLM
+from engine.models.weights import torch_dtype
 from engine.prompt_logprobs import prompt_rows
 from engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from engine.runner_config import RunnerConfig
@@ -56,7 +57,7 @@ class ModelRunner:
         # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b].
         shape = (arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads,
                  storage_head_dim(arch.head_dim, rc.kv_cache_dtype))
-        kv_dtype = torch.int8 if int8_kv else rc.dtype
+        kv_dtype = kv_storage_dtype(rc.dtype, rc.kv_cache_dtype)
         if rc.native_kernels and rc.device.type == "cpu":  # steps read blocks all over it
             from engine.native import huge_pages
 
@@ -81,7 +82,8 @@ class ModelRunner:
 
                 huge_pages.gather(model)  # one 2 MiB-paged buffer: fewer TLB misses a step
                 self.fused = FusedForward(model)
-                log.info("fused native CPU forward on")
+                log.info("fused native CPU forward on (KV cache %s)",
+                         str(self.kv_cache.dtype).removeprefix("torch."))
             else:  # torch ops serve it: a bf16 model gets fp32 copies for large steps
                 log.info("fused native CPU forward off: %s", reason)
                 attach_fp32_shadows(model)
@@ -91,10 +93,8 @@ class ModelRunner:
         arch: ModelArch, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
     ) -> int:
         """Bytes one block occupies across all layers, K and V."""
-        if kv_cache_dtype == "int8":
-            elem, width = 1, storage_head_dim(arch.head_dim, kv_cache_dtype)
-        else:
-            elem, width = torch.empty((), dtype=dtype).element_size(), arch.head_dim
+        elem = kv_storage_dtype(dtype, kv_cache_dtype).itemsize
+        width = storage_head_dim(arch.head_dim, kv_cache_dtype)
         return arch.num_layers * 2 * block_size * arch.num_kv_heads * width * elem
 
     @torch.inference_mode()
@@ -191,6 +191,13 @@ class ModelRunner:
             prompt.append((s, logits[at : at + m]))
             at += m
         return logits[:n], samplers, prompt
+
+
+def kv_storage_dtype(dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
+    """The KV cache tensor's dtype for a model computing in ``dtype``."""
+    if kv_cache_dtype == "int8":
+        return torch.int8
+    return dtype if kv_cache_dtype == "auto" else torch_dtype(kv_cache_dtype)
 
 
 def copy_kv_blocks(kv_cache: torch.Tensor, pairs: list[tuple[int, int]]) -> None:

@@ -18,6 +18,7 @@ class RunnerConfig:
     device: torch.device
     backend: str  # attention backend name (engine/attention): "torch" | "triton"
     max_model_len: int
-    kv_cache_dtype: str = "auto"  # "auto" (= dtype) | "int8" (+ a scale per head vector)
+    # "auto" (= dtype) | "float32" | "bfloat16" | "float16" | "int8" (+ a scale per head vector)
+    kv_cache_dtype: str = "auto"
     cuda_graph_batch: int = 0  # largest decode batch captured in CUDA graphs (0: none)
     native_kernels: bool = False  # CPU: every step through engine/native's fused forward

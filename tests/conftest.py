@@ -42,13 +42,28 @@ def _no_block_leaks() -> Iterator[None]:
         assert_no_leaks(engine)
 
 
+def reference_kv(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the float32 KV cache where the engine's default would be float16 (a
+    float32 model on the CPU's native path: engine/config.py resolved_kv_cache_dtype) and
+    the caller named none: tests of the engine's math hold it to transformers' float32
+    attention exactly. Name ``kv_cache_dtype`` (``"auto"`` included) to get another."""
+    from engine import EngineConfig
+
+    if "kv_cache_dtype" in kwargs:
+        return kwargs
+    if EngineConfig.from_kwargs(**kwargs).resolved_kv_cache_dtype() != "float16":
+        return kwargs
+    return {**kwargs, "kv_cache_dtype": "float32"}
+
+
 @pytest.fixture(scope="session")
 def make_engine() -> Callable[..., Any]:
-    """Build an ``LLMEngine`` from flat options; it is leak-checked after every test."""
+    """Build an ``LLMEngine`` from flat options (``reference_kv``: the float32 KV cache unless
+    the test names one); it is leak-checked after every test."""
     from engine import EngineConfig, LLMEngine
 
     def build(**kwargs: Any) -> Any:
-        engine = LLMEngine(EngineConfig.from_kwargs(**kwargs), progress=False)
+        engine = LLMEngine(EngineConfig.from_kwargs(**reference_kv(kwargs)), progress=False)
         _ENGINES.append(engine)
         return engine
 

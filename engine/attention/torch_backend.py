@@ -113,6 +113,8 @@ def _sdpa(
     without bf16 arithmetic runs in fp32 (3x faster there, and no less exact)."""
     gqa = q.shape[1] != k.shape[1]
     dtype = q.dtype
+    if k.dtype != dtype:  # a cache stored narrower than the model computes (fp16 KV, fp32 model)
+        k, v = k.to(dtype), v.to(dtype)
     if cpu_emulates_bf16(q):
         q, k, v = q.float(), k.float(), v.float()
     out = F.scaled_dot_product_attention(

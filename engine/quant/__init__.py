@@ -21,10 +21,9 @@ from __future__ import annotations
 from engine.quant.apply import QUANT_METHODS, QuantSummary, quantize_model, weight_bytes
 from engine.quant.int4 import Int4Linear
 from engine.quant.int8 import Int8Linear
-from engine.quant.kv_int8 import KV_CACHE_DTYPES, Int8KVBackend
+from engine.quant.kv_int8 import Int8KVBackend
 
 __all__ = [
-    "KV_CACHE_DTYPES",
     "QUANT_METHODS",
     "Int4Linear",
     "Int8KVBackend",

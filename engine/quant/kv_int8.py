@@ -24,7 +24,6 @@ import torch
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.platform import cpu_emulates_bf16
 
-KV_CACHE_DTYPES = ("auto", "int8")
 SCALE_BYTES = 4  # one fp32 scale after each head vector
 
 

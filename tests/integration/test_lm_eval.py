@@ -113,7 +113,9 @@ def _assert_same_as_reference(out: dict[str, Any], reference: dict[str, Any]) ->
     for got, want in zip(samples, expected, strict=True):
         logprobs = [lp for lp, _ in got["filtered_resps"]]
         assert len(logprobs) == 4 and all(math.isfinite(lp) for lp in logprobs), got
-        assert logprobs == pytest.approx([lp for lp, _ in want["filtered_resps"]], abs=1e-4)
+        # the workers' default float16 KV cache: K and V rounded to ~3 significant digits,
+        # ~5e-4 from transformers' float32 attention here (1e-4 with --kv-cache-dtype float32)
+        assert logprobs == pytest.approx([lp for lp, _ in want["filtered_resps"]], abs=2e-3)
         assert (got["acc"], got["acc_norm"]) == (want["acc"], want["acc_norm"]), got["doc_id"]
     samples, expected = _by_doc(out, GEN), _by_doc(reference, GEN)
     assert len(samples) == _num_docs("arithmetic.jsonl")

@@ -215,7 +215,8 @@ def test_prefill_role_reports_them_and_decode_role_does_not(tiny_dir, make_engin
 def test_offline_llm_returns_them(tiny_dir) -> None:
     path = tiny_dir("llama", 2)
     prompt = _prompt(10, seed=13)
-    (done,) = LLM(model=str(path), progress=False, num_blocks=32).generate(
+    (done,) = LLM(model=str(path), progress=False, num_blocks=32,
+                  kv_cache_dtype="float32").generate(  # transformers: float32 attention
         [prompt], _scored(max_tokens=0))
     assert done.token_ids == [] and done.finish_reason == "length"
     _assert_matches(done.prompt_logprobs, hf_prompt_logprobs(path, prompt), prompt)

@@ -1,7 +1,8 @@
 """Quantized SmolLM2 loads, generates, and keeps its perplexity within the bounds that
 bench/perplexity.py established (docs/bench/quantization.md): int8 within 1% of bf16, int4
 taken straight from the GGUF's Q4_1 blocks within 0.5% of the dequantized fp32 model, and the
-default (``auto``: the GGUF's Q4_1 and Q8_0 blocks as stored, embedding included) the same.
+default (``auto``: the GGUF's Q4_1 and Q8_0 blocks as stored, embedding included) the same,
+and with its float16 KV cache within 0.05% of the float32 cache.
 
 Perplexity here runs over the first 512 tokens of tests/data/ppl_text.txt (the benchmark uses
 all ~2,500), in 128-token chunks, so the paged multi-chunk path is part of it."""
@@ -28,6 +29,9 @@ ROWS = {
     "auto": {"dtype": "float32"},
     "int8": {"dtype": "float32", "quantization": "int8"},
     "int4": {"dtype": "float32", "quantization": "int4"},
+    # what LLM("smollm2") runs: "auto" and the float16 KV cache (the others: float32 KV,
+    # tests/conftest.py reference_kv)
+    "default": {"kv_cache_dtype": "auto"},
 }
 
 
@@ -137,6 +141,21 @@ def test_int4_native_perplexity_equals_the_dequantized_model(engines, ppl) -> No
     ids = engines["fp32"].tokenizer.encode(TEXT.read_text())[:512]
     native = perplexity(engines["int4"].runner, ids, chunk=16, fused=True)
     assert abs(native / ppl["fp32"] - 1) < 0.001, (native, ppl)
+
+
+def test_the_default_float16_cache_keeps_the_float32_cache_s_text(engines, ppl) -> None:
+    """The default engine stores K and V in float16 (half the bytes each decode step reads)
+    and keeps the float32 cache's perplexity within 0.05% (bench/perplexity.py on the full
+    text: +0.004%) and its greedy text."""
+    default, ref = engines["default"], engines["auto"]
+    if default.runner.fused is None:
+        pytest.skip("no native kernels: the cache stays float32")
+    assert default.kv_cache.dtype == torch.float16 and ref.kv_cache.dtype == torch.float32
+    assert default.kv_cache_spec().kv_dtype == "float16"
+    ids = ref.tokenizer.encode(TEXT.read_text())[:512]
+    native = perplexity(default.runner, ids, chunk=128, fused=True)
+    assert abs(native / ppl["auto"] - 1) < 0.0005, (native, ppl["auto"])
+    assert _greedy(default, PROMPTS) == _greedy(ref, PROMPTS)
 
 
 def test_int4_ngram_speculation_equals_plain(make_engine, engines) -> None:
