@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,28 +157,27 @@ def served_sharing(points: Sequence[dict[str, Any]]) -> HostSharing | None:
     return HostSharing(table, max(statistics.median(prefill), 1.0) if prefill else 1.0)
 
 
-def alone_ratios(overlap: dict[str, Any], step: StepCost) -> dict[str, float]:
-    """Per band of one point's ``host_overlap``: the decode steps alone's mean seconds over
-    ``step`` (a profile's, the engine alone) at their mean rows and context; bands with
-    fewer than MIN_STEPS steps alone are left out."""
-    out = {}
+def _alone_bands(overlap: dict[str, Any], step: StepCost
+                 ) -> Iterator[tuple[str, float, float, int]]:
+    """(band, the profile's step at the steps alone's mean rows and context, their mean
+    seconds, their count) of one point's bands with MIN_STEPS or more decode steps alone. The
+    profile's step is linear between its measured shapes, so at the mean shape it is the mean
+    of the steps' own."""
     for name, band in overlap["bands"].items():
         mean = band.get("alone_mean")
         if mean is not None and band["alone"] >= MIN_STEPS:
-            # the step's cost is linear between measured shapes: its mean shape is exact
-            out[name] = mean["s"] / step.step_s(mean["rows"], 0, mean["context"])
-    return out
+            yield name, step.step_s(mean["rows"], 0, mean["context"]), mean["s"], band["alone"]
+
+
+def alone_ratios(overlap: dict[str, Any], step: StepCost) -> dict[str, float]:
+    """Per band of one point's ``host_overlap``: the decode steps alone's mean seconds over
+    ``step`` (a profile's, the engine alone) at their mean rows and context."""
+    return {name: served / profiled for name, profiled, served, _ in _alone_bands(overlap, step)}
 
 
 def decode_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
-    """(profiled, served mean seconds, steps) of one point's decode steps alone, a triple per
-    band with MIN_STEPS or more steps alone (alone_ratios' parts)."""
-    out = []
-    for band in overlap["bands"].values():
-        mean = band.get("alone_mean")
-        if mean is not None and band["alone"] >= MIN_STEPS:
-            out.append((step.step_s(mean["rows"], 0, mean["context"]), mean["s"], band["alone"]))
-    return out
+    """(profiled, served mean seconds, steps) of one point's decode steps alone, per band."""
+    return [(profiled, served, n) for _, profiled, served, n in _alone_bands(overlap, step)]
 
 
 def prefill_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
