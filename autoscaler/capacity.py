@@ -1,6 +1,6 @@
 """What one worker can carry inside the SLO, from its fitted step cost (pure arithmetic).
 
-Every worker fits its engine step online (engine/core/step_costs.py) and reports it in its
+Every worker fits its engine step online (common/step_costs.py) and reports it in its
 Stats: ``step seconds = base + per_row * decode rows + per_prefill_token * prompt tokens``.
 From that::
 

@@ -17,7 +17,7 @@ Two kinds of latency figure:
 Token totals are cumulative counters: rates come from differences between the oldest and newest
 snapshot of the window, per worker, so a worker that joins, leaves or restarts mid-window does
 not produce a negative or inflated rate. Each worker also reports its fitted step costs
-(engine/core/step_costs.py, through the Stats RPC): the window gives the pool's median of the
+(common/step_costs.py, through the Stats RPC): the window gives the pool's median of the
 newest snapshot that has them, the per-token and per-row prices a capacity model needs.
 """
 

@@ -79,6 +79,7 @@ from bench.step_overlap import (
 from planner.profile import Profile
 from planner.sim import ClusterSpec, simulate
 from planner.sim.host import HostSharing
+from planner.sim.signals import SIGNALS
 from planner.trace import TraceRequest
 from router.handoff.placement import Slo
 
@@ -96,10 +97,12 @@ def trace_of(point: dict[str, Any], vocab: tuple[int, int], scale: float) -> lis
 
 
 def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefill: Profile,
-            decode: Profile, slo: Slo, sharing: HostSharing | None = None) -> dict[str, Any]:
+            decode: Profile, slo: Slo, sharing: HostSharing | None = None,
+            signals: str = "fitted") -> dict[str, Any]:
     """Simulate one point and set its figures beside the real ones."""
     pools, placement = SETUPS[setup]
-    spec = ClusterSpec(pools, 1, placement=placement, slo=slo, host_sharing=sharing)
+    spec = ClusterSpec(pools, 1, placement=placement, slo=slo, host_sharing=sharing,
+                       signals=signals)
     if pools:
         result = simulate(spec, decode, trace, prefill_profile=prefill)
     else:
@@ -132,18 +135,18 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
 
 def calibrate(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefill: Profile,
               decode: Profile, slo: Slo, sharing: HostSharing | None = None,
-              rounds: int = 2) -> tuple[Profile, Profile]:
+              rounds: int = 2, signals: str = "fitted") -> tuple[Profile, Profile]:
     """(prefill, decode) profiles with serving overheads fitted at ``point`` (see above):
     the colocated setup's worker is ``prefill`` (both cores), a disaggregated one's
     streaming worker is ``decode``."""
     for _ in range(rounds):
-        row = compare(setup, point, trace, prefill, decode, slo, sharing)
+        row = compare(setup, point, trace, prefill, decode, slo, sharing, signals)
         worker = prefill if SETUPS[setup][0] == 0 else decode
         step = worker.serving_step_s + max(row["tpot_p50"]["real"] - row["tpot_p50"]["sim"],
                                            -worker.serving_step_s)
         worker = replace(worker, serving_step_s=step)
         prefill, decode = (worker, decode) if SETUPS[setup][0] == 0 else (prefill, worker)
-        row = compare(setup, point, trace, prefill, decode, slo, sharing)
+        row = compare(setup, point, trace, prefill, decode, slo, sharing, signals)
         worker = prefill if SETUPS[setup][0] == 0 else decode
         request = worker.serving_request_s + max(
             row["ttft_p50"]["real"] - row["ttft_p50"]["sim"], -worker.serving_request_s)
@@ -154,11 +157,11 @@ def calibrate(setup: str, point: dict[str, Any], trace: list[TraceRequest], pref
 
 def add_sensitivity(row: dict[str, Any], point: dict[str, Any], trace: list[TraceRequest],
                     prefill: Profile, decode: Profile, slo: Slo, sharing: HostSharing,
-                    spread: float) -> None:
+                    spread: float, signals: str = "fitted") -> None:
     """Give each of ``row``'s figures its ratio's range over the decode factors times
     1 - ``spread``, 1 and 1 + ``spread`` (``row`` is ``compare``'s at 1)."""
     others = [compare(row["setup"], point, trace, prefill, decode, slo,
-                      sharing.decode_scaled(k)) for k in (1 - spread, 1 + spread)]
+                      sharing.decode_scaled(k), signals) for k in (1 - spread, 1 + spread)]
     for key in KEYS:
         ratios = [row[key]["ratio"]] + [o[key]["ratio"] for o in others]
         row[key]["range"] = [min(ratios), max(ratios)]
@@ -298,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(and predict the others from them); default: every point")
     p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
+    p.add_argument("--signals", default="fitted", choices=list(SIGNALS),
+                   help="the step costs the simulated workers report to the router: their own "
+                        "online fit (as real workers) or the profile's (planner/sim/signals.py)")
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
@@ -332,16 +338,17 @@ def main(argv: list[str] | None = None) -> int:
                    None)
         if cal is not None:
             prefill, decode = calibrate(setup, cal, trace_of(cal, vocab, scale), prefill,
-                                        decode, slo, args.host_sharing)
+                                        decode, slo, args.host_sharing, signals=args.signals)
         worker = prefill if SETUPS[setup][0] == 0 else decode
         for point in points.values():
             if point["mix"] not in MIXES:  # multiturn: closed loop, see the docstring
                 continue
             trace = trace_of(point, vocab, scale)
-            row = compare(setup, point, trace, prefill, decode, slo, args.host_sharing)
+            row = compare(setup, point, trace, prefill, decode, slo, args.host_sharing,
+                          args.signals)
             if args.sensitivity and args.host_sharing is not None and SETUPS[setup][0]:
                 add_sensitivity(row, point, trace, prefill, decode, slo, args.host_sharing,
-                                args.sensitivity)
+                                args.sensitivity, args.signals)
             row["calibration"] = point is cal
             row["serving_step_s"] = worker.serving_step_s
             row["serving_request_s"] = worker.serving_request_s
@@ -364,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),
                                                       str(args.decode_profile)],
                "tolerance": args.tolerance, "sensitivity": args.sensitivity,
-               "served_from": args.served_from,
+               "served_from": args.served_from, "signals": args.signals,
                "serving": {role: None if fit is None else {
                    "scale": fit.scale, "overhead_s": fit.overhead_s, "steps": fit.steps}
                    for role, fit in fits.items()}, "rows": rows,

@@ -31,7 +31,7 @@ from engine.core.output_processor import OutputProcessor
 from engine.core.remote_kv import RemoteKV, RemoteState
 from engine.core.request import FORK_SEPARATOR, RequestStatus
 from engine.core.scheduler import ScheduledRequest, Scheduler
-from engine.core.step_costs import StepCostModel
+from common.step_costs import StepCostModel
 from engine.errors import InvalidRequestError
 from engine.kv_budget import pool_blocks
 from engine.model_runner import ModelRunner

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.step_costs import StepCosts
+from common.step_costs import StepCosts
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """What one worker of a model on a device costs: the numbers the simulator and planner run on.
 
-A profile is the engine's own step-cost model (engine/core/step_costs.py: what every worker
+A profile is the engine's own step-cost model (common/step_costs.py: what every worker
 fits online and the router's placement reads), extended by the attention term the router
 leaves out, plus what bounds a worker besides time::
 
@@ -23,7 +23,7 @@ piecewise linear between the points, plus ``curve_per_row_s`` for each decode ro
 costs more than a prompt token: its own attention launch, sampling, bookkeeping): these then
 replace ``base + per_row * rows + per_prefill_token * prefill_tokens``, and the linear
 coefficients stay as what the router's placement sees (workers report a linear fit;
-engine/core/step_costs.py).
+common/step_costs.py).
 
 A profile comes from ``tandem profile`` (measured on the real engine, ``source="measured"``)
 or from planner/roofline.py (datasheet figures, ``source="roofline"``). It is plain JSON

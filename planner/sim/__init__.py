@@ -25,8 +25,10 @@ Exact shortcuts keep 1,000 workers fast; each has a slow reference the tests com
 
 Simplifications (what the real system does that this does not):
 
-- Worker stats are exact and current (no heartbeat lag); step costs are the profile's
-  (no online fit), a decode worker's prefill cost included; a prefill worker's cached
+- Worker stats are exact and current (no heartbeat lag). The step costs a worker reports
+  are its own online fit of the steps it ran (common/step_costs.py, as a real worker's;
+  warm-up steps from its profile to start: signals.py), or with
+  ``ClusterSpec(signals="profile")`` the profile's exact costs. A prefill worker's cached
   prefix is known exactly (the router's affinity map and held-block reports are hints).
 - TTFT: remote = the last chunk's end + transfer latency; local = the last chunk's end.
 - Prefix caches are per prefix group (planner/trace.py), not per block hash: a request

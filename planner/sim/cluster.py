@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.sim.host import HostSharing
+from planner.sim.signals import SIGNALS
 from router.handoff.placement import Slo
 from router.membership.worker_view import Role
 
@@ -29,6 +30,9 @@ class ClusterSpec:
     ``max_migrations`` are the router's knobs of the same names. ``host_sharing``: the
     i-th prefill and the i-th decode worker share a host and slow each other down
     (planner/sim/host.py); None (the default): every worker has its own hardware.
+    ``signals``: what step costs the workers report to the router's policies, "fitted"
+    (each its own online fit of the steps it ran, as real workers: planner/sim/signals.py)
+    or "profile" (the profile's exact costs).
     """
 
     prefill_workers: int
@@ -41,12 +45,15 @@ class ClusterSpec:
     prefill_attempts: int = 2
     max_migrations: int = 2
     host_sharing: HostSharing | None = None
+    signals: str = "fitted"
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 0 or self.decode_workers < 0:
             raise ClusterError("pool sizes must be >= 0")
         if self.placement not in PLACEMENTS:
             raise ClusterError(f"placement must be one of {PLACEMENTS}, not {self.placement!r}")
+        if self.signals not in SIGNALS:
+            raise ClusterError(f"signals must be one of {SIGNALS}, not {self.signals!r}")
         if self.local_prefill_threshold < 0 or self.prefill_attempts < 1:
             raise ClusterError("local_prefill_threshold >= 0 and prefill_attempts >= 1")
         if self.max_migrations < 0 or self.affinity_max_queue < 0:

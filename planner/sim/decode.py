@@ -17,6 +17,9 @@ between summed in closed form (planner/sim/steps.py); a row arriving meanwhile w
 the first step boundary after it. ``exact=True`` wakes it every step instead: the reference
 the macro steps are tested against.
 
+Its step-cost report (``view()``): the profile's costs, or with ``signals`` its own online fit
+of the steps it ran (planner/sim/signals.py), as a real worker reports.
+
 Host sharing (planner/sim/host.py): while the prefill worker sharing its host computes, every
 step lasts ``HostSharing.decode_factor(rows)`` times its profile length; the peer's start or
 stop is taken up at the next step boundary (the macro steps are cut there, like a row's
@@ -36,6 +39,7 @@ from planner.sim.cache import DecodeBlocks
 from planner.sim.events import EventQueue
 from planner.sim.host import HostPeer
 from planner.sim.request import SimRequest
+from planner.sim.signals import FittedSignals
 from planner.sim.steps import boundary_after, span, steps_by
 from router.membership.worker_view import Role, WorkerView
 
@@ -64,10 +68,11 @@ class DecodeWorker:
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
                  "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s",
                  "row_steps", "routable", "draining", "dead", "key", "streamed", "_join_sum",
-                 "peer", "_host_slow", "_slow", "_peer_on")
+                 "peer", "_host_slow", "_slow", "_peer_on", "signals")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue, hooks: DecodeHooks,
-                 holders: dict[int, set[Any]], exact: bool = False) -> None:
+                 holders: dict[int, set[Any]], exact: bool = False,
+                 signals: FittedSignals | None = None) -> None:
         self.index = index
         self.endpoint = f"d{index:05d}"
         self.profile = profile
@@ -117,17 +122,21 @@ class DecodeWorker:
         self._host_slow: Callable[[int], float] = _unshared  # rows -> factor, peer busy
         self._slow = 1.0  # the factor of the steps planned from the last boundary
         self._peer_on = False  # the peer computes (as of its last news)
+        self.signals = signals  # its own step-cost fit (signals.py); None: the profile's
 
     # -- what the router sees and does -------------------------------------------------
 
     def view(self) -> WorkerView:
         """The load snapshot the router's policies read (exact, never a heartbeat old)."""
         n = len(self.requests)
+        base, per_row, per_token = self._base, self._per_row, self._per_token
+        if self.signals is not None:
+            fit = self.signals.costs()
+            base, per_row, per_token = fit.base_s, fit.per_row_s, fit.per_prefill_token_s
         return WorkerView(
             self.endpoint, Role.DECODE, num_running=self.rows, num_waiting=n - self.rows,
             num_free_blocks=self.blocks.free, num_blocks=self.blocks.num_blocks, active=n,
-            step_base_s=self._base, step_per_row_s=self._per_row,
-            step_per_prefill_token_s=self._per_token,
+            step_base_s=base, step_per_row_s=per_row, step_per_prefill_token_s=per_token,
             queued_prefill_tokens=self.local_tokens, max_batched_tokens=self._chunk)
 
     def reserve(self, req: SimRequest, matched: int) -> bool:
@@ -309,6 +318,8 @@ class DecodeWorker:
         chunks = self._chunks
         if chunks is not None:  # one prefill step ended
             last = self._chunk_step_s
+            if self.signals is not None:
+                self.signals.step(r, sum(tokens for _, tokens in chunks), last)
             local = self._local
             for req, tokens in chunks:
                 req.job_done += tokens
@@ -323,6 +334,8 @@ class DecodeWorker:
         else:
             k = n - self._n0
             last = self._slow * (self._shape(r, 0) + self._per_ctx * (self._ctx + r * (k - 1)))
+            if self.signals is not None:
+                self.signals.run(r, *self._plain(), k)
             self._ctx += r * k
         self._n0, self._t0 = n, now
         idx, val = self._itl_idx, self._itl_val  # suffix maxima of step lengths

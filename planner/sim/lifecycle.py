@@ -21,6 +21,7 @@ from planner.sim.events import EventQueue
 from planner.sim.host import HostSharing
 from planner.sim.prefill import PrefillWorker
 from planner.sim.router import SimRouter
+from planner.sim.signals import FittedSignals
 from router.membership.worker_view import Role
 
 Worker = DecodeWorker | PrefillWorker
@@ -31,8 +32,9 @@ class Pools:
 
     def __init__(self, router: SimRouter, events: EventQueue, decode_profile: Profile,
                  prefill_profile: Profile, exact_steps: bool = False,
-                 host_sharing: HostSharing | None = None) -> None:
+                 host_sharing: HostSharing | None = None, fitted: bool = False) -> None:
         self._router = router
+        self._fitted = fitted  # each worker reports its own step-cost fit (signals.py)
         self._sharing = host_sharing
         self._events = events
         self._profiles = {Role.DECODE: decode_profile, Role.PREFILL: prefill_profile}
@@ -56,11 +58,13 @@ class Pools:
         router = self._router
         profile = self._profiles[role]
         worker: Worker
-        if role is Role.DECODE:
+        decode = role is Role.DECODE
+        signals = FittedSignals(profile, decode) if self._fitted else None
+        if decode:
             worker = DecodeWorker(len(router.decode), profile, self._events, router,
-                                  router.holders, self._exact)
+                                  router.holders, self._exact, signals)
         else:
-            worker = PrefillWorker(len(router.prefill), profile, self._events, router)
+            worker = PrefillWorker(len(router.prefill), profile, self._events, router, signals)
         router.add_worker(worker)
         self._share_host(worker)
         if startup_s <= 0:

@@ -10,12 +10,14 @@ Two shortcuts keep a request's cost flat in the pool size, both exact:
 - One RemoteOverheads per prefill worker: ``current()`` maps every worker it has seen, and
   a request needs only its candidates' figures (each worker's fit is its own either way);
   a worker's figure for a push size is kept until its next observation changes the fit.
-- decide weighs its first MAX_CANDIDATES prefill workers. All of them share one step cost
-  (simulate takes one prefill profile), and predict_remote's TTFT only grows with queued +
-  new tokens and with the overhead, so a candidate that an earlier one matches or beats on
-  both can be neither the fastest remote option (decide's pick inside the targets: the
-  first of the lowest TTFT) nor the first whose TTFT is under the decode gap's share of
-  the targets (its pick outside them: the first of the smallest miss); it is left out.
+- decide weighs its first MAX_CANDIDATES prefill workers. predict_remote's TTFT only grows
+  with queued + new tokens, the overhead and the worker's reported step base and per-token
+  cost (one chunk budget for all: simulate takes one prefill profile), so a candidate that
+  an earlier one matches or beats on all four can be neither the fastest remote option
+  (decide's pick inside the targets: the first of the lowest TTFT) nor the first whose TTFT
+  is under the decode gap's share of the targets (its pick outside them: the first of the
+  smallest miss); it is left out. (With the profile's costs, signals="profile", the last two
+  are the same for every worker.)
 
 ``full=True`` (simulate's ``full_rank``) skips both, for the tests to compare.
 """
@@ -73,7 +75,7 @@ class Placer:
         # work and overhead (see the module docstring).
         overhead: dict[str, float] = {}
         kept: list[WorkerView] = []
-        marks: list[tuple[int, float]] = []
+        marks: list[tuple[int, float, float, float]] = []
         table, bs = self._table, self._bs
         group = req.group
         cap = req.prefix if req.prefix < tokens else tokens - 1  # PrefillWorker.cached_tokens
@@ -99,12 +101,15 @@ class Placer:
                 if extra < 0.0:
                     extra = 0.0
             work = view.queued_prefill_tokens + (new if new > 1 else 1)
-            for w, e in marks:
-                if w <= work and e <= extra:
+            base = view.step_base_s if view.step_base_s is not None else -1.0
+            per_token = (view.step_per_prefill_token_s
+                         if view.step_per_prefill_token_s is not None else -1.0)
+            for w, e, b, t in marks:
+                if w <= work and e <= extra and 0.0 <= b <= base and 0.0 <= t <= per_token:
                     break
             else:
                 kept.append(view)
-                marks.append((work, extra))
+                marks.append((work, extra, base, per_token))
         return placement.decide(tokens, dview, kept, cluster.slo, cached=cached,
                                 overhead_s=overhead)
 

@@ -29,6 +29,7 @@ from planner.sim.cache import PrefixLru
 from planner.sim.events import EventQueue
 from planner.sim.host import HostPeer
 from planner.sim.request import SimRequest
+from planner.sim.signals import FittedSignals
 from router.membership.worker_view import Role, WorkerView
 
 
@@ -47,10 +48,10 @@ class PrefillWorker:
                  "_base", "_per_token", "_per_pair", "_shape", "_chunk", "block_size", "cache",
                  "_queue", "depth", "queued_tokens", "busy", "_version", "_chunks",
                  "routable", "draining", "dead", "key", "_view", "busy_s", "done_log", "peer",
-                 "_host_slow", "_slow", "_left", "_mark", "_began")
+                 "_host_slow", "_slow", "_left", "_mark", "_began", "signals", "_tokens")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue,
-                 hooks: PrefillHooks) -> None:
+                 hooks: PrefillHooks, signals: FittedSignals | None = None) -> None:
         self.index = index
         self.endpoint = f"p{index:05d}"
         self.profile = profile
@@ -88,6 +89,8 @@ class PrefillWorker:
         self.peer: HostPeer | None = None  # the decode worker sharing its host (host.py)
         self._host_slow = 1.0  # the steps' slowdown while that peer steps
         self._slow = 1.0  # the slowdown now
+        self.signals = signals  # its own step-cost fit (signals.py); None: the profile's
+        self._tokens = 0  # the running step's prompt tokens
         self._left = 0.0  # the running step: profile seconds left at _mark; its start
         self._mark = 0.0
         self._began = 0.0
@@ -132,11 +135,14 @@ class PrefillWorker:
         view = self._view
         if view is None:
             capacity = self.cache.capacity
+            base, per_row, per_token = self._base, self.profile.step.per_row_s, self._per_token
+            if self.signals is not None:
+                fit = self.signals.costs()
+                base, per_row, per_token = fit.base_s, fit.per_row_s, fit.per_prefill_token_s
             view = self._view = WorkerView(
                 self.endpoint, Role.PREFILL, num_waiting=self.depth,
                 num_free_blocks=capacity, num_blocks=capacity, active=self.depth,
-                step_base_s=self._base, step_per_row_s=self.profile.step.per_row_s,
-                step_per_prefill_token_s=self._per_token,
+                step_base_s=base, step_per_row_s=per_row, step_per_prefill_token_s=per_token,
                 queued_prefill_tokens=self.queued_tokens, max_batched_tokens=self._chunk)
         return view
 
@@ -209,6 +215,7 @@ class PrefillWorker:
         self._chunks = chunks
         self._version += 1
         step_s = self._shape(0, tokens) + self._per_pair * attention
+        self._tokens = tokens
         self._left, self._mark, self._began = step_s, at_s, at_s
         self._events.push(at_s + step_s * self._slow, self._end, self._version)
 
@@ -217,6 +224,8 @@ class PrefillWorker:
             return
         now = self._events.now
         self.busy_s += now - self._began
+        if self.signals is not None:
+            self.signals.step(0, self._tokens, now - self._began)
         done: list[SimRequest] = []
         for req, leg, n in self._chunks:
             if req.leg != leg or req.job_p is not self:

@@ -72,7 +72,8 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
     queue = EventQueue()
     router = SimRouter(cluster, queue, profile.block_size, full_rank,
                        request_overhead_s=profile.serving_request_s)
-    pools = Pools(router, queue, profile, p_profile, exact_steps, cluster.host_sharing)
+    pools = Pools(router, queue, profile, p_profile, exact_steps, cluster.host_sharing,
+                  fitted=cluster.signals == "fitted")
     for _ in range(cluster.prefill_workers):
         pools.start(Role.PREFILL, 0.0)
     for _ in range(cluster.decode_workers):

@@ -8,7 +8,7 @@ worker, then picks (``decide``)::
     feasible      -> the one with the lowest TTFT (remote on a tie: it leaves D's compute free)
     none feasible -> the one that misses its targets by the smallest factor ("cheapest")
 
-The cost model (numbers every worker fits from its own step times, engine/core/step_costs.py,
+The cost model (numbers every worker fits from its own step times, common/step_costs.py,
 and reports in Stats)::
 
     step(rows, tokens)  = base + per_row * rows + per_token * tokens

@@ -29,7 +29,7 @@ class WorkerView:
     num_free_blocks: int = 0
     num_blocks: int = 0
     active: int = 0
-    # The worker's fitted step cost (engine/core/step_costs.py; None: not observed yet) and
+    # The worker's fitted step cost (common/step_costs.py; None: not observed yet) and
     # the prompt tokens queued ahead of a new prefill; read by router/handoff/placement.py.
     step_base_s: float | None = None
     step_per_row_s: float | None = None

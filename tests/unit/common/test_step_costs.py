@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.core.step_costs import StepCostModel, StepCosts
+from common.step_costs import StepCostModel, StepCosts
 
 
 def _feed(model: StepCostModel, n: int, base: float, row: float, tok: float, seed: int = 0,
@@ -86,3 +86,59 @@ def test_a_batch_that_never_changes_size_does_not_wind_up() -> None:
         assert c.base_s is not None and 0 <= c.base_s < 0.05
         assert c.per_row_s is not None and 0 <= c.per_row_s < 0.05
     assert c.step_s(2, 0) == pytest.approx(0.0052, rel=0.5)  # the load it runs at: known
+
+
+def _run_shapes() -> list[tuple[int, int, float, float, int]]:
+    """(rows, tokens, first, growth, count): decode runs of growing steps, a few prefills."""
+    rng = random.Random(5)
+    shapes = []
+    for _ in range(60):
+        if rng.random() < 0.2:
+            shapes.append((rng.randint(0, 3), rng.randint(50, 2000), 0.2 * rng.random(), 0.0, 1))
+        else:
+            rows = rng.randint(1, 8)
+            shapes.append((rows, 0, 0.01 + 0.003 * rows, 1e-5 * rows, rng.randint(1, 60)))
+    return shapes
+
+
+def _fed(shapes: list[tuple[int, int, float, float, int]], runs: bool) -> StepCosts:
+    model = StepCostModel()
+    for rows, tokens, first, growth, count in shapes:
+        if runs:
+            model.observe_run(rows, tokens, first, growth, count)
+        else:
+            for i in range(count):
+                model.observe(rows, tokens, first + i * growth)
+    return model.costs()
+
+
+def test_a_run_of_steps_is_the_same_fit_as_its_steps_one_by_one() -> None:
+    """observe_run (the simulator's macro steps) in closed form: exactly the fit of observing
+    each step while the covariance bound does not bind."""
+    step_by_step, folded = _fed(_run_shapes(), False), _fed(_run_shapes(), True)
+    assert folded.steps == step_by_step.steps
+    for name in ("base_s", "per_row_s", "per_prefill_token_s"):
+        assert getattr(folded, name) == pytest.approx(getattr(step_by_step, name), rel=1e-9)
+
+
+def test_long_runs_stay_close_where_the_covariance_bound_binds() -> None:
+    """Thousands of steps at one shape (the prompt-token direction unexcited, so the bound
+    binds every step): the bound applied per piece of RUN_PIECE steps keeps the fit within
+    0.5% of step by step."""
+    shapes = [(1, 512, 1.0, 0.0, 1)] + [(r, 0, 0.01 + 0.003 * r, 2e-6 * r, 800)
+                                         for r in (1, 2, 3, 2, 1, 4)]
+    shapes += [(2, 300, 0.6, 0.0, 1), (3, 0, 0.02, 0.0, 3000)]
+    step_by_step, folded = _fed(shapes, False), _fed(shapes, True)
+    for name in ("base_s", "per_row_s", "per_prefill_token_s"):
+        assert getattr(folded, name) == pytest.approx(getattr(step_by_step, name), rel=5e-3)
+
+
+def test_a_run_ignores_what_observe_ignores() -> None:
+    model = StepCostModel()
+    model.observe_run(0, 0, 0.01, 0.0, 10)  # empty steps
+    model.observe_run(2, 0, math.nan, 0.0, 10)
+    model.observe_run(2, 0, 0.01, -0.001, 20)  # would end below zero
+    model.observe_run(2, 0, 0.01, 0.0, 0)
+    assert model.costs() == StepCosts()
+    model.observe_run(2, 0, 0.01, 0.0, 1)  # one step: observe
+    assert model.costs().steps == 1

@@ -1,0 +1,67 @@
+"""Simulated workers report their own online step-cost fit, as real workers (signals.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.sim import ClusterError, ClusterSpec, simulate
+from planner.sim.signals import WARMUP_PROMPTS, WARMUP_ROWS, FittedSignals
+from planner.workload import LengthMix, RequestKind, poisson
+from router.handoff.placement import Slo
+from tests.unit.planner.test_sim_support import BASE, PER_ROW, assert_clean, profile
+
+KIND = RequestKind("k", prompt_tokens=(200, 900), output_tokens=(20, 120))
+TRACE = poisson(8, 20, LengthMix("m", ((KIND, 1.0),)), seed=2)
+SLO = Slo(2.0, 0.1)
+
+
+def test_the_warm_up_fit_of_a_linear_profile_is_the_profile() -> None:
+    """A profile with no context or attention cost is linear: the fit of its warm-up steps
+    predicts the profile's steps within 1% (the fit's weak prior at zero pulls a little);
+    what no warm-up step exercised stays unknown."""
+    prof = profile()
+    decode = FittedSignals(prof, decode=True).costs()
+    for rows in WARMUP_ROWS:
+        assert decode.step_s(rows, 0) == pytest.approx(prof.step.step_s(rows), rel=0.01)
+    assert decode.per_prefill_token_s is None  # never prefilled: the router borrows P's
+    prefill = FittedSignals(prof, decode=False).costs()
+    for tokens in WARMUP_PROMPTS:
+        assert prefill.step_s(0, tokens) == pytest.approx(prof.step.step_s(0, tokens), rel=0.01)
+    assert prefill.per_row_s is None
+
+
+def test_the_fit_follows_the_steps_the_worker_runs() -> None:
+    signals = FittedSignals(profile(), decode=True)
+    for _ in range(50):  # steps twice as long as the profile's (a busy host, say)
+        signals.run(3, 2 * (BASE + 3 * PER_ROW), 0.0, 40)
+        signals.run(6, 2 * (BASE + 6 * PER_ROW), 0.0, 40)
+    costs = signals.costs()
+    assert costs.step_s(4, 0) == pytest.approx(2 * (BASE + 4 * PER_ROW), rel=0.01)
+
+
+def test_with_linear_costs_the_fit_decides_as_the_profile() -> None:
+    """The fit recovers a linear profile's costs, so placement decides the same from both."""
+    prof = profile(0.0, per_pair=0.0)
+    fitted = simulate(ClusterSpec(1, 2, slo=SLO), prof, TRACE)
+    exact = simulate(ClusterSpec(1, 2, slo=SLO, signals="profile"), prof, TRACE)
+    assert [o.decision for o in fitted.outcomes] == [o.decision for o in exact.outcomes]
+    assert fitted.decisions == exact.decisions
+    assert_clean(fitted)
+
+
+def test_the_context_cost_reaches_placement_through_the_fit() -> None:
+    """Decode steps that cost 20 us per context token a row: the profile's signals leave that
+    out (they are the linear part), the fitted ones fold it into the step they report, so the
+    router sees slower local prefills and token gaps and sends more prompts remote."""
+    prof = profile(2e-5, per_pair=0.0)
+    fitted = simulate(ClusterSpec(1, 2, slo=SLO), prof, TRACE)
+    exact = simulate(ClusterSpec(1, 2, slo=SLO, signals="profile"), prof, TRACE)
+    local = {name: sum(n for (d, _), n in r.decisions.items() if d == "local")
+             for name, r in (("fitted", fitted), ("exact", exact))}
+    assert local["fitted"] < local["exact"] / 2, local
+    assert_clean(fitted)
+
+
+def test_unknown_signals_are_refused() -> None:
+    with pytest.raises(ClusterError):
+        ClusterSpec(1, 1, signals="heartbeat")
