@@ -38,7 +38,10 @@ Simplifications (what the real system does that this does not):
   overlaps the prefill and cannot fail once the last chunk ended.
 - Failures: a dead prefill worker's jobs go to the best prefill worker ranked anew
   (the ledger uses its original ranking) up to ``prefill_attempts``, then local; a
-  retried prefill restarts from scratch. A decode worker's death migrates its requests to
+  retried prefill restarts from scratch. So does a remote prefill whose push would end
+  past ``transfer_timeout_s`` after it reached the prefill worker (the worker answers
+  RESOURCE_EXHAUSTED at that deadline or at the prefill's end, whichever is later), on
+  another prefill worker than the one that timed out. A decode worker's death migrates its requests to
   the router queue's front: reserve elsewhere, prefill prompt + tokens sent.
 - Decode: a row joins at the first step boundary after its KV lands; ``max_num_seqs``
   caps decode rows only (local prefill jobs ride along whatever the cap). A drained

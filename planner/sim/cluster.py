@@ -30,6 +30,10 @@ class ClusterSpec:
     ``max_migrations`` are the router's knobs of the same names. ``host_sharing``: the
     i-th prefill and the i-th decode worker share a host and slow each other down
     (planner/sim/host.py); None (the default): every worker has its own hardware.
+    ``transfer_timeout_s``: the prefill workers' ``--transfer-timeout-s``: a remote prefill
+    whose KV push ends later than this after the prompt reached the prefill worker fails
+    (RESOURCE_EXHAUSTED: it queued too long), and the router tries the next prefill worker
+    or prefills on the decode worker.
     ``signals``: what step costs the workers report to the router's policies, "fitted"
     (each its own online fit of the steps it ran, as real workers: planner/sim/signals.py)
     or "profile" (the profile's exact costs).
@@ -45,6 +49,7 @@ class ClusterSpec:
     prefill_attempts: int = 2
     max_migrations: int = 2
     host_sharing: HostSharing | None = None
+    transfer_timeout_s: float = 30.0
     signals: str = "fitted"
 
     def __post_init__(self) -> None:
@@ -52,6 +57,8 @@ class ClusterSpec:
             raise ClusterError("pool sizes must be >= 0")
         if self.placement not in PLACEMENTS:
             raise ClusterError(f"placement must be one of {PLACEMENTS}, not {self.placement!r}")
+        if not self.transfer_timeout_s > 0:
+            raise ClusterError("transfer_timeout_s must be > 0")
         if self.signals not in SIGNALS:
             raise ClusterError(f"signals must be one of {SIGNALS}, not {self.signals!r}")
         if self.local_prefill_threshold < 0 or self.prefill_attempts < 1:

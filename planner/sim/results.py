@@ -105,6 +105,7 @@ class SimResult:
     migrations: int = 0
     prefill_retries: int = 0
     local_fallbacks: int = 0
+    prefill_timeouts: int = 0  # remote prefills past the transfer timeout (retried)
     stranded: int = 0  # requests still waiting at the router when nothing was left to run
     # Shares of the simulated time the pools spent stepping (busy seconds over workers ever
     # started x simulated seconds) and the decode batch's mean rows while stepping.

