@@ -86,16 +86,20 @@ class StepCostModel:
         """Fold one measured step into the fit (a non-finite or negative time is ignored)."""
         if not math.isfinite(seconds) or seconds < 0 or (rows <= 0 and prefill_tokens <= 0):
             return
-        x = [1.0, rows / _ROW_SCALE, prefill_tokens / _TOKEN_SCALE]
-        p, lam = self._p, self._forget
-        px = [sum(p[i][j] * x[j] for j in range(3)) for i in range(3)]
-        denom = lam + sum(x[i] * px[i] for i in range(3))
-        gain = [v / denom for v in px]
-        err = seconds - sum(self._theta[i] * x[i] for i in range(3))
-        self._theta = [self._theta[i] + gain[i] * err for i in range(3)]
+        x0, x1, x2 = 1.0, rows / _ROW_SCALE, prefill_tokens / _TOKEN_SCALE
+        (p00, p01, p02), (p10, p11, p12), (p20, p21, p22) = self._p
+        lam = self._forget
+        px = (p00 * x0 + p01 * x1 + p02 * x2, p10 * x0 + p11 * x1 + p12 * x2,
+              p20 * x0 + p21 * x1 + p22 * x2)
+        denom = lam + (x0 * px[0] + x1 * px[1] + x2 * px[2])
+        gain = (px[0] / denom, px[1] / denom, px[2] / denom)
+        t0, t1, t2 = self._theta
+        err = seconds - (t0 * x0 + t1 * x1 + t2 * x2)
+        self._theta = [t0 + gain[0] * err, t1 + gain[1] * err, t2 + gain[2] * err]
         # P <- (P - k x^T P) / lambda, kept symmetric and bounded (the module docstring).
-        new = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
-        self._p = _bounded(new)
+        p = self._p
+        self._p = _bounded([[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)]
+                            for i in range(3)])
         if not all(math.isfinite(v) for v in self._theta):
             self._theta = [0.0, 0.0, 0.0]
         self._seen_rows |= rows > 0
@@ -138,13 +142,16 @@ class StepCostModel:
         s = (1.0 - lam_n) / (1.0 - lam)  # sum of lam^i, i < n
         sj = lam * (1.0 - n * lam ** (n - 1) + (n - 1) * lam_n) / (1.0 - lam) ** 2
         weighted_y = first_s * s + growth_s * ((n - 1) * s - sj)  # sum lam^(n-1-i) y_i
-        b = [sum(a[i][j] * self._theta[j] for j in range(3)) for i in range(3)]
-        a = [[lam_n * a[i][j] + s * x[i] * x[j] for j in range(3)] for i in range(3)]
-        b = [lam_n * b[i] + x[i] * weighted_y for i in range(3)]
-        p = _inverse3(a)
+        t0, t1, t2 = self._theta
+        x0, x1, x2 = x
+        b = [lam_n * (row[0] * t0 + row[1] * t1 + row[2] * t2) + xi * weighted_y
+             for row, xi in zip(a, x)]
+        sx = (s * x0, s * x1, s * x2)
+        p = _inverse3([[lam_n * a[i][0] + sx[i] * x0, lam_n * a[i][1] + sx[i] * x1,
+                        lam_n * a[i][2] + sx[i] * x2] for i in range(3)])
         if p is None:
             return False
-        theta = [sum(p[i][j] * b[j] for j in range(3)) for i in range(3)]
+        theta = [row[0] * b[0] + row[1] * b[1] + row[2] * b[2] for row in p]
         self._theta = theta if all(math.isfinite(v) for v in theta) else [0.0, 0.0, 0.0]
         self._p = _bounded(p)
         self._steps += n
@@ -165,13 +172,16 @@ class StepCostModel:
 
 def _bounded(p: list[list[float]]) -> list[list[float]]:
     """``p`` made symmetric, its trace at most the prior's, the prior where it is broken."""
-    p = [[(p[i][j] + p[j][i]) / 2 for j in range(3)] for i in range(3)]
-    trace = p[0][0] + p[1][1] + p[2][2]
-    if not all(math.isfinite(v) for row in p for v in row) or min(p[i][i] for i in range(3)) <= 0:
+    (p00, p01, p02), (p10, p11, p12), (p20, p21, p22) = p
+    a01, a02, a12 = (p01 + p10) / 2, (p02 + p20) / 2, (p12 + p21) / 2
+    # (v + v) / 2 == v for a finite diagonal entry: the symmetric matrix's own diagonal
+    q = [[(p00 + p00) / 2, a01, a02], [a01, (p11 + p11) / 2, a12], [a02, a12, (p22 + p22) / 2]]
+    trace = q[0][0] + q[1][1] + q[2][2]
+    if not math.isfinite(trace + a01 + a02 + a12) or min(q[0][0], q[1][1], q[2][2]) <= 0:
         return [[_PRIOR if i == j else 0.0 for j in range(3)] for i in range(3)]
     if trace > 3 * _PRIOR:
-        return [[v * 3 * _PRIOR / trace for v in row] for row in p]
-    return p
+        return [[v * 3 * _PRIOR / trace for v in row] for row in q]
+    return q
 
 
 def _inverse3(m: list[list[float]]) -> list[list[float]] | None:
