@@ -145,7 +145,7 @@ class StepCostModel:
         t0, t1, t2 = self._theta
         x0, x1, x2 = x
         b = [lam_n * (row[0] * t0 + row[1] * t1 + row[2] * t2) + xi * weighted_y
-             for row, xi in zip(a, x)]
+             for row, xi in zip(a, x, strict=True)]
         sx = (s * x0, s * x1, s * x2)
         p = _inverse3([[lam_n * a[i][0] + sx[i] * x0, lam_n * a[i][1] + sx[i] * x1,
                         lam_n * a[i][2] + sx[i] * x2] for i in range(3)])
