@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from common.step_costs import StepCostModel
 from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
@@ -31,7 +32,6 @@ from engine.core.output_processor import OutputProcessor
 from engine.core.remote_kv import RemoteKV, RemoteState
 from engine.core.request import FORK_SEPARATOR, RequestStatus
 from engine.core.scheduler import ScheduledRequest, Scheduler
-from common.step_costs import StepCostModel
 from engine.errors import InvalidRequestError
 from engine.kv_budget import pool_blocks
 from engine.model_runner import ModelRunner
