@@ -9,15 +9,12 @@ and prints both results for each case.
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 from pathlib import Path
 
 import pytest
 
-native_build = importlib.import_module("engine.native.build")  # the package re-exports a build()
-
-HEADER_DIR = native_build.SOURCE.parent
+from tests.unit.engine.native.header_program import compile_program
 
 PROGRAM = r"""
 #include <cstdio>
@@ -63,17 +60,7 @@ int main() {
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cxx = native_build._compiler()
-    if cxx is None:
-        pytest.skip("no C++ compiler here")
-    if not native_build.cpu_supported():
-        pytest.skip("this CPU lacks AVX2/FMA/F16C")
-    work = tmp_path_factory.mktemp("attn_helpers")
-    src, exe = work / "max_of.cpp", work / "max_of"
-    src.write_text(PROGRAM)
-    subprocess.run([cxx, "-O3", "-fopenmp", "-std=c++17", "-mavx2", "-mfma", "-mf16c",
-                    f"-I{HEADER_DIR}", str(src), "-o", str(exe)], check=True, timeout=120)
-    return exe
+    return compile_program(tmp_path_factory.mktemp("attn_helpers"), "max_of", PROGRAM)
 
 
 def test_max_of_is_the_scalar_fmax_loop_bit_for_bit(program: Path) -> None:

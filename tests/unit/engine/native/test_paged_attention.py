@@ -11,15 +11,12 @@ values. The program prints the worst relative error per case; the test bounds it
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 from pathlib import Path
 
 import pytest
 
-native_build = importlib.import_module("engine.native.build")  # the package re-exports a build()
-
-HEADER_DIR = native_build.SOURCE.parent
+from tests.unit.engine.native.header_program import compile_program, variants
 
 PROGRAM = r"""
 #include <cmath>
@@ -146,27 +143,13 @@ int main() {
 """
 
 
-def _variants() -> list[str]:
-    return [isa for isa in native_build.supported_isas(native_build.cpu_flags())]
-
-
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    cxx = native_build._compiler()
-    if cxx is None:
-        pytest.skip("no C++ compiler here")
-    if not native_build.cpu_supported():
+    isas = variants()
+    if not isas:
         pytest.skip("this CPU lacks AVX2/FMA/F16C")
     work = tmp_path_factory.mktemp("paged_attention")
-    src = work / "attention.cpp"
-    src.write_text(PROGRAM)
-    built = {}
-    for isa in _variants():
-        exe = work / f"attention_{isa}"
-        subprocess.run([cxx, "-O2", "-fopenmp", "-std=c++17", *native_build.VARIANTS[isa][0],
-                        f"-I{HEADER_DIR}", str(src), "-o", str(exe)], check=True, timeout=180)
-        built[isa] = exe
-    return built
+    return {isa: compile_program(work, f"attention_{isa}", PROGRAM, isa) for isa in isas}
 
 
 def test_paged_attention_matches_a_scalar_softmax_for_every_gqa_group(
