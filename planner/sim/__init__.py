@@ -41,8 +41,8 @@ Simplifications (what the real system does that this does not):
   retried prefill restarts from scratch. So does a remote prefill whose push would end
   past ``transfer_timeout_s`` after it reached the prefill worker (the worker answers
   RESOURCE_EXHAUSTED at that deadline or at the prefill's end, whichever is later), on
-  another prefill worker than the one that timed out. A decode worker's death migrates its requests to
-  the router queue's front: reserve elsewhere, prefill prompt + tokens sent.
+  another prefill worker than the one that timed out. A decode worker's death migrates its
+  requests to the router queue's front: reserve elsewhere, prefill prompt + tokens sent.
 - Decode: a row joins at the first step boundary after its KV lands; ``max_num_seqs``
   caps decode rows only (local prefill jobs ride along whatever the cap). A drained
   worker finishes its requests (no migration). Arrival times are open loop, even for
