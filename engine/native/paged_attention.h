@@ -472,7 +472,9 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
       constexpr int PB = 16;
       for (int p = tk.p0; p < tk.p1; p += PB) {
         const int nb = std::min(PB, tk.p1 - p);
+        const uint8_t* vslot[PB];  // the positions' slots, for every row and head
         const uint8_t* vb[PB];
+        for (int j = 0; j < nb; ++j) vslot[j] = v + slot_of(p + j);
         for (int i = 0; i < sg.count; ++i) {
           const float* row_w = &sc[static_cast<size_t>(i) * nh * n + (p - tk.p0)];
           float* row_o = &po[(tk.part + static_cast<size_t>(i) * nh) * hd];
@@ -481,14 +483,14 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
               const int kvh = (h / group) * head_bytes;
               for (int j = 0; j < nb; ++j) {
                 const float w = row_w[static_cast<size_t>(h) * n + j];
-                if (w != 0.f) KV::axpy(w, v + slot_of(p + j) + kvh, row_o + h * hd, hd);
+                if (w != 0.f) KV::axpy(w, vslot[j] + kvh, row_o + h * hd, hd);
               }
             }
             continue;
           }
           for_head_groups(group, nkv, [&](int kv, int h0, auto gc) {
             constexpr int G = decltype(gc)::value;
-            for (int j = 0; j < nb; ++j) vb[j] = v + slot_of(p + j) + kv * head_bytes;
+            for (int j = 0; j < nb; ++j) vb[j] = vslot[j] + kv * head_bytes;
             const float* wg[G];
             float* og[G];
             for (int g = 0; g < G; ++g) {
