@@ -76,7 +76,7 @@ def test_cuda_sampling_seeded_and_handoff(tiny_dir, make_engine) -> None:
         for out in prefill.step():
             first = out.token_ids[0]
     src = prefill.held_block_ids(rid)
-    dst = decode.reserve_remote("h", prompt, GREEDY)
+    dst = decode.reserve_remote("h", prompt, GREEDY).fill_block_ids
     copy_blocks(prefill, src, decode, dst)
     prefill.release(rid)
     tokens = list(decode.commit_remote("h", first).new_token_ids)
