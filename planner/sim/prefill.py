@@ -48,7 +48,7 @@ class PrefillWorker:
                  "_base", "_per_token", "_per_pair", "_shape", "_chunk", "block_size", "cache",
                  "_queue", "depth", "queued_tokens", "busy", "_version", "_chunks",
                  "routable", "draining", "dead", "key", "_view", "busy_s", "done_log", "peer",
-                 "_host_slow", "_slow", "_left", "_mark", "_began", "signals", "_tokens")
+                 "_host_slow", "_slow", "_left", "_mark", "_began", "signals")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue,
                  hooks: PrefillHooks, signals: FittedSignals | None = None) -> None:
@@ -90,7 +90,6 @@ class PrefillWorker:
         self._host_slow = 1.0  # the steps' slowdown while that peer steps
         self._slow = 1.0  # the slowdown now
         self.signals = signals  # its own step-cost fit (signals.py); None: the profile's
-        self._tokens = 0  # the running step's prompt tokens
         self._left = 0.0  # the running step: profile seconds left at _mark; its start
         self._mark = 0.0
         self._began = 0.0
@@ -215,7 +214,6 @@ class PrefillWorker:
         self._chunks = chunks
         self._version += 1
         step_s = self._shape(0, tokens) + self._per_pair * attention
-        self._tokens = tokens
         self._left, self._mark, self._began = step_s, at_s, at_s
         self._events.push(at_s + step_s * self._slow, self._end, self._version)
 
@@ -225,7 +223,7 @@ class PrefillWorker:
         now = self._events.now
         self.busy_s += now - self._began
         if self.signals is not None:
-            self.signals.step(0, self._tokens, now - self._began)
+            self.signals.step(0, sum(n for _, _, n in self._chunks), now - self._began)
         done: list[SimRequest] = []
         for req, leg, n in self._chunks:
             if req.leg != leg or req.job_p is not self:

@@ -265,7 +265,8 @@ class SimRouter:
         transfer = worker.transfer
         pushed = (req.tokens - req.d_cached) * worker.kv_bytes
         deadline = req.job_queued_s + self._cluster.transfer_timeout_s
-        if at_s + transfer.seconds(pushed) > deadline:
+        push_s = transfer.seconds(pushed)
+        if at_s + push_s > deadline:
             self.prefill_timeouts += 1
             self._events.push(max(at_s, deadline), self._timed_out, req, (req.leg, worker))
             return
@@ -279,7 +280,7 @@ class SimRouter:
             self._affinity[req.next_group] = (worker, min(req.next_prefix, req.prompt) // bs)
         if self._adaptive:
             self._placer.learn(worker.endpoint, req, at_router - req.dispatch_s)
-        self._events.push(at_s + transfer.seconds(pushed), self._kv_arrived, req, req.leg)
+        self._events.push(at_s + push_s, self._kv_arrived, req, req.leg)
 
     def _timed_out(self, req: SimRequest, attempt: tuple[int, PrefillWorker]) -> None:
         leg, worker = attempt
