@@ -7,7 +7,10 @@ and SIGKILL after a grace period.
 
 The processes are one cluster: the router and the workers (``MEMBERS``) each get the
 cluster credential's flags (by default a new secret in a private file, removed by ``stop``),
-and ``credential`` lets the caller talk to the workers as a member does.
+and ``credential`` lets the caller talk to the workers as a member does. Each process's
+temporary files (the KV receivers' shared-memory sockets) go to a private folder of the
+cluster's (``TMPDIR``), removed by ``stop`` once every process has ended: a worker killed
+with SIGKILL cannot unlink its socket itself.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -72,6 +76,7 @@ class Cluster:
     # removed when the Cluster object goes away (or the interpreter exits).
     credential_flags: list[str] | None = None
     credential: ClusterCredential = field(init=False)
+    _scratch: Path | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.credential_flags is None:
@@ -91,7 +96,7 @@ class Cluster:
 
         ``wrap`` prefixes the command line, e.g. ``("taskset", "-c", "0")`` to pin a worker.
         """
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(self.scratch))
         given = {"--cluster-secret-file", "--insecure"} & {a.split("=", 1)[0] for a in args}
         member = list(self.credential_flags or ()) if module in MEMBERS and not given else []
         popen = subprocess.Popen(
@@ -118,12 +123,21 @@ class Cluster:
                 )
         return proc
 
+    @property
+    def scratch(self) -> Path:
+        """The processes' private temporary folder (mode 0700; made on first use)."""
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="tandem-cluster-"))
+            weakref.finalize(self, shutil.rmtree, self._scratch, True)
+        return self._scratch
+
     def channel(self, target: str) -> grpc.Channel:
         """A channel to ``target`` (one of this cluster's processes) that calls as a member."""
         return sync_channel(grpc.insecure_channel(target), self.credential)
 
     def stop(self) -> None:
-        """SIGTERM everything still running, then SIGKILL what outlives the grace period."""
+        """SIGTERM everything still running, then SIGKILL what outlives the grace period;
+        then remove the processes' temporary folder (a later ``start`` makes a new one)."""
         for proc in self.procs:
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM)
@@ -134,6 +148,9 @@ class Cluster:
                 proc.popen.kill()
                 proc.popen.wait(timeout=30)
         self.procs.clear()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
 
 def _read(proc: Proc, module: str, echo: bool, ready: threading.Event) -> None:
