@@ -48,7 +48,13 @@ per worker, and the disaggregated setups simulate each worker's profile with its
 times ``scale`` and ``overhead`` as its ``serving_step_s``; calibration then fits what is
 left. Like ``--host-sharing served``, these are measured on the run being predicted;
 ``--served-from 0.3`` takes both from the points at that rate only, so that the other
-points are predicted from what the lowest rate measured.
+points are predicted from what the lowest rate measured, and ``--served-sweep OTHER.json``
+from another run's sweep (its kept step-log figures), so that a whole run is predicted from
+what an earlier one on the same host measured. ``--host-sharing served-by-length`` makes the
+served prefill factor a table by prompt length (bench/step_overlap.prefill_length_table:
+each prefill step beside decode steps against what the same step takes alone under
+serving, pooled by prompt band), where the single factor is a ratio of per-token medians
+that short prompts dominate.
 
 Calibration (``--calibrate chat@0.3``, the default; ``none`` turns it off): a profile times
 the engine alone, while a served worker also runs its loop, streams tokens and, on a shared
@@ -72,7 +78,10 @@ from bench.step_overlap import (
     BAND_ROWS,
     ServedFit,
     alone_ratios,
+    fit_served,
     overlap_table,
+    prefill_alone_pairs,
+    prefill_length_table,
     served_fits,
     served_sharing,
 )
@@ -244,18 +253,28 @@ def profile_table(served: list[tuple[str, str, float, dict[str, Any]]], profile:
     return "\n".join(lines)
 
 
-def host_sharing_of(text: str | None,
-                    served: list[tuple[str, str, float, dict[str, Any]]]) -> HostSharing | None:
+def host_sharing_of(text: str | None, served: list[tuple[str, str, float, dict[str, Any]]],
+                    prefill: Profile | None = None) -> HostSharing | None:
     """The ``--host-sharing`` value: None, parsed factors, or ``served``: pooled from the
-    sweep's step logs (ValueError when it has none to pool)."""
+    sweep's step logs (ValueError when it has none to pool); ``served-by-length``: the same
+    with the prefill factor by prompt length (``prefill_length_table`` against ``prefill``'s
+    steps as served alone; the single factor where the logs have too few shared steps)."""
     if text is None:
         return None
-    if text != "served":
+    if text not in ("served", "served-by-length"):
         return HostSharing.parse(text)
-    pooled = served_sharing([o for *_, o in served])
+    points = [o for *_, o in served]
+    pooled = served_sharing(points)
     if pooled is None:
-        raise ValueError("--host-sharing served: the sweep has no step-log factors "
+        raise ValueError(f"--host-sharing {text}: the sweep has no step-log factors "
                          "(scripts/bench_serve records them for the disaggregated setups)")
+    if text == "served-by-length":
+        if prefill is None:
+            raise ValueError("--host-sharing served-by-length needs the prefill profile")
+        fit = fit_served([p for o in points for p in prefill_alone_pairs(o, prefill.step)])
+        table = prefill_length_table(points, prefill.step, fit)
+        if table is not None:
+            pooled = HostSharing(pooled.decode_slowdown, table)
     return pooled
 
 
@@ -292,13 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-sharing", default=None, metavar="DECODE,PREFILL",
                    help="slowdowns of the disaggregated setups' co-located workers; DECODE "
                         "one factor or ROWS:FACTOR pairs joined by / (bench.host_contention); "
-                        "'served': the factors the sweep's own step logs measured")
+                        "'served': the factors the sweep's own step logs measured; "
+                        "'served-by-length': the same with the prefill factor by prompt "
+                        "length")
     p.add_argument("--serving", default=None, choices=["served"],
                    help="the disaggregated workers' profiles fitted to the sweep's own step "
                         "logs (each worker's steps with no step of the other beside them)")
     p.add_argument("--served-from", type=float, default=None, metavar="RATE",
                    help="take the served factors and fits from the points at this rate only "
                         "(and predict the others from them); default: every point")
+    p.add_argument("--served-sweep", type=Path, default=None, metavar="SWEEP",
+                   help="take the served factors and fits from another run's sweep file (a "
+                        "run on the same host); default: the sweep being predicted")
     p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--signals", default="fitted", choices=list(SIGNALS),
@@ -308,13 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
     served = served_overlaps(sweep)
+    if args.served_sweep is not None:
+        served = served_overlaps(json.loads(args.served_sweep.read_text()))
     source = [o for o in served if args.served_from is None
               or abs(o[2] - args.served_from) < 1e-9]
     base = Profile.load(args.prefill_profile), Profile.load(args.decode_profile)
     shared: tuple[Profile, Profile] = base
     fits: dict[str, ServedFit | None] = {}
     try:
-        args.host_sharing = host_sharing_of(args.host_sharing, source)
+        args.host_sharing = host_sharing_of(args.host_sharing, source, base[0])
         if args.serving == "served":
             pre, dec, fits = served_profiles(source, *base)
             shared = pre, dec
@@ -362,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nunder serving (the workers' step logs): the share of each one's stepping "
               "time under the other's steps; decode step shared / alone by batch size; "
               "prefill per token\n" + overlap_table(served)
-              + (f"\npooled: --host-sharing {pooled.flag()}" if pooled else ""))
+              + (f"\npooled: --host-sharing {pooled.flag()}" if pooled else "")
+              + (f"\nsimulated with: --host-sharing {args.host_sharing.flag()}"
+                 if args.host_sharing is not None else ""))
         print("\ndecode steps alone (no prefill step beside them), served / the decode "
               "profile's step at their mean rows and context:\n"
               + profile_table(served, base[1]))
@@ -372,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       str(args.decode_profile)],
                "tolerance": args.tolerance, "sensitivity": args.sensitivity,
                "served_from": args.served_from, "signals": args.signals,
+               "served_sweep": None if args.served_sweep is None else str(args.served_sweep),
                "serving": {role: None if fit is None else {
                    "scale": fit.scale, "overhead_s": fit.overhead_s, "steps": fit.steps}
                    for role, fit in fits.items()}, "rows": rows,

@@ -79,7 +79,8 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
                         a profile's step at that shape)
     ``prefill``         the prefill steps alone and shared (under decode steps), their
                         median seconds per prompt token, and ``factor`` the same way;
-                        ``alone_steps``: [prompt tokens, context, seconds] of each step alone
+                        ``alone_steps`` and ``shared_steps``: [prompt tokens, context,
+                        seconds] of each step alone and shared
     """
     decode = sorted(decode, key=lambda s: s.start)
     prefill = sorted((s for s in prefill if s.tokens > 0), key=lambda s: s.start)
@@ -109,9 +110,12 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
     # the prefill steps alone, each one's shape (a step's cost is not linear in its tokens)
     alone_steps = [[s.tokens, s.context, round(s.seconds, 6)]
                    for s, f in zip(prefill, p_over, strict=True) if f < ALONE]
+    shared_steps = [[s.tokens, s.context, round(s.seconds, 6)]
+                    for s, f in zip(prefill, p_over, strict=True) if f > SHARED]
     return {"decode_shared": _weighted(decode, d_over),
             "prefill_shared": _weighted(prefill, p_over), "bands": bands,
-            "prefill": _compared(*per_token, "token_s") | {"alone_steps": alone_steps}}
+            "prefill": _compared(*per_token, "token_s") | {"alone_steps": alone_steps,
+                                                          "shared_steps": shared_steps}}
 
 
 def _compared(alone: list[float], shared: list[float], unit: str) -> dict[str, Any]:
@@ -180,16 +184,48 @@ def decode_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[fl
     return [(profiled, served, n) for _, profiled, served, n in _alone_bands(overlap, step)]
 
 
+def _prefill_step_s(step: StepCost, tokens: int, context: int) -> float:
+    """The simulator's step (planner/sim/prefill.py) for a logged prefill step: its prompt
+    tokens after ``context - tokens`` computed ones, causal pairs included."""
+    done = max(context - tokens, 0)
+    return step.step_s(0, tokens, 0, tokens * done + tokens * (tokens + 1) // 2)
+
+
 def prefill_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
-    """(profiled, served seconds, 1) of one point's prefill steps alone; the profiled step is
-    the simulator's (planner/sim/prefill.py): its prompt tokens after ``context - tokens``
-    computed ones, causal pairs included."""
-    out = []
-    for tokens, context, seconds in overlap["prefill"].get("alone_steps", ()):
-        done = max(context - tokens, 0)
-        pairs = tokens * done + tokens * (tokens + 1) // 2
-        out.append((step.step_s(0, tokens, 0, pairs), seconds, 1))
-    return out
+    """(profiled, served seconds, 1) of one point's prefill steps alone (the profiled step
+    is the simulator's, ``_prefill_step_s``)."""
+    return [(_prefill_step_s(step, tokens, context), seconds, 1)
+            for tokens, context, seconds in overlap["prefill"].get("alone_steps", ())]
+
+
+# Prompt tokens of a prefill step pooled for a factor by length: (fewest, most).
+PROMPT_BANDS = ((1, 64), (65, 256), (257, 1024), (1025, 1 << 30))
+MIN_BAND_STEPS = 4  # shared prefill steps a prompt band needs (over all points) for a factor
+
+
+def prefill_length_table(points: Sequence[dict[str, Any]], step: StepCost,
+                         fit: ServedFit | None) -> tuple[tuple[int, float], ...] | None:
+    """The prefill factor by prompt length from several points' ``host_overlap``: each
+    shared step's served seconds over what the same step takes alone under serving (``fit``
+    of the steps alone against the profile's ``step``; the profile's itself without one),
+    pooled by PROMPT_BANDS: ``((the band's median tokens, the median factor), ...)`` for the
+    bands with MIN_BAND_STEPS or more steps (factors under 1 count as 1); None for none.
+
+    The single served factor (``served_sharing``) is a ratio of per-token medians, which
+    short chat prompts dominate; a long prompt's step beside decode steps is slowed less
+    (docs/planner.md, run 16)."""
+    bands: dict[int, list[tuple[int, float]]] = {}
+    for point in points:
+        for tokens, context, seconds in point["prefill"].get("shared_steps", ()):
+            alone = _prefill_step_s(step, tokens, context)
+            if fit is not None:
+                alone = fit.scale * alone + fit.overhead_s
+            band = next(i for i, (lo, hi) in enumerate(PROMPT_BANDS) if lo <= tokens <= hi)
+            bands.setdefault(band, []).append((tokens, seconds / alone))
+    table = [(int(statistics.median(t for t, _ in steps)),
+              max(statistics.median(f for _, f in steps), 1.0))
+             for _, steps in sorted(bands.items()) if len(steps) >= MIN_BAND_STEPS]
+    return tuple(table) or None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,12 @@ stepped (docs/planner.md). GPUs do not share this way, so the model is off unles
 
 With one, the i-th prefill worker and the i-th decode worker (in start order) share a host:
 
-- a prefill step runs at ``1 / prefill_slowdown`` of its speed while its decode peer is
-  busy (has rows or local prefill work), at full speed otherwise; a change of the peer's
-  state mid-step stretches or shrinks the rest of the step (the work left is kept);
+- a prefill step runs at ``1 / prefill_factor(tokens)`` of its speed while its decode peer
+  is busy (has rows or local prefill work), at full speed otherwise; a change of the peer's
+  state mid-step stretches or shrinks the rest of the step (the work left is kept). One
+  factor for every step, or a table by the step's prompt tokens (measured under serving: a
+  short prompt's step beside decode steps is slowed more than a long one's, see
+  bench/step_overlap.py), linear in between, the end values beyond;
 - a decode step lasts ``decode_factor(rows)`` times its profile length while its prefill
   peer computes a step: one factor for every batch, or a table by rows (measured at a few
   batch sizes, linear in between, the end values beyond). A change reaches the decode worker
@@ -28,12 +31,50 @@ from typing import Protocol
 
 
 class HostSharingError(ValueError):
-    """A slowdown below 1 (a neighbour cannot make a worker faster), or a decode table whose
-    rows do not rise."""
+    """A slowdown below 1 (a neighbour cannot make a worker faster), or a table (decode rows,
+    prefill tokens) whose keys do not rise."""
 
 
 DecodeSlowdown = float | tuple[tuple[int, float], ...]
 """One factor for every decode batch, or ``((rows, factor), ...)`` by batch size."""
+
+PrefillSlowdown = float | tuple[tuple[int, float], ...]
+"""One factor for every prefill step, or ``((prompt tokens, factor), ...)`` by its tokens."""
+
+
+def _factors(table: DecodeSlowdown | PrefillSlowdown, what: str) -> list[float]:
+    """The factors of a slowdown; raises HostSharingError for a table whose keys do not
+    rise from 1 or more."""
+    if not isinstance(table, tuple):
+        return [table]
+    keys = [k for k, _ in table]
+    if not table or keys != sorted(set(keys)) or keys[0] < 1:
+        raise HostSharingError(f"{what} must rise from >= 1, got {table}")
+    return [f for _, f in table]
+
+
+def _lookup(table: DecodeSlowdown | PrefillSlowdown, x: int) -> float:
+    """The factor at ``x``: linear between a table's points, its end values beyond."""
+    if not isinstance(table, tuple):
+        return table
+    i = bisect_right(table, x, key=lambda point: point[0])
+    if i == 0:
+        return table[0][1]
+    if i == len(table):
+        return table[-1][1]
+    (x0, f0), (x1, f1) = table[i - 1], table[i]
+    return f0 + (f1 - f0) * (x - x0) / (x1 - x0)
+
+
+def _table_text(table: DecodeSlowdown | PrefillSlowdown) -> str:
+    return (f"{table:.2f}" if not isinstance(table, tuple)
+            else "/".join(f"{k}:{f:.2f}" for k, f in table))
+
+
+def _parse_table(text: str) -> DecodeSlowdown:
+    if ":" in text:
+        return tuple((int(k), float(f)) for k, f in (pair.split(":") for pair in text.split("/")))
+    return float(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,35 +82,25 @@ class HostSharing:
     """Slowdowns of co-located prefill and decode workers (see the module docstring):
     ``decode_slowdown`` multiplies a decode step while the peer prefill worker computes (one
     factor, or a table of ``(rows, factor)`` with rows rising), ``prefill_slowdown`` a
-    prefill step while the peer decode worker steps."""
+    prefill step while the peer decode worker steps (one factor, or a table of ``(prompt
+    tokens, factor)``)."""
 
     decode_slowdown: DecodeSlowdown = 1.0
-    prefill_slowdown: float = 1.0
+    prefill_slowdown: PrefillSlowdown = 1.0
 
     def __post_init__(self) -> None:
-        table = self.decode_slowdown
-        if isinstance(table, tuple):
-            rows = [r for r, _ in table]
-            if not table or rows != sorted(set(rows)) or rows[0] < 1:
-                raise HostSharingError(f"decode rows must rise from >= 1, got {table}")
-            factors = [f for _, f in table]
-        else:
-            factors = [table]
-        if not (min(factors) >= 1.0 and self.prefill_slowdown >= 1.0):
+        factors = (_factors(self.decode_slowdown, "decode rows")
+                   + _factors(self.prefill_slowdown, "prefill tokens"))
+        if not min(factors) >= 1.0:
             raise HostSharingError(f"slowdowns must be >= 1, got {self}")
 
     def decode_factor(self, rows: int) -> float:
         """A decode step's factor at ``rows`` rows while the prefill peer computes."""
-        table = self.decode_slowdown
-        if not isinstance(table, tuple):
-            return table
-        i = bisect_right(table, rows, key=lambda point: point[0])
-        if i == 0:
-            return table[0][1]
-        if i == len(table):
-            return table[-1][1]
-        (r0, f0), (r1, f1) = table[i - 1], table[i]
-        return f0 + (f1 - f0) * (rows - r0) / (r1 - r0)
+        return _lookup(self.decode_slowdown, rows)
+
+    def prefill_factor(self, tokens: int) -> float:
+        """A prefill step's factor at ``tokens`` prompt tokens while the decode peer steps."""
+        return _lookup(self.prefill_slowdown, tokens)
 
     def decode_scaled(self, k: float) -> HostSharing:
         """The same model with every decode factor times ``k`` (at least 1): how much a
@@ -81,27 +112,20 @@ class HostSharing:
 
     @classmethod
     def parse(cls, text: str) -> HostSharing:
-        """``"DECODE,PREFILL"``: ``"2.1,1.8"``, or with the decode factor by batch size,
-        ``"1:2.4/8:1.9/32:1.5,1.8"`` (rows:factor pairs joined by ``/``)."""
+        """``"DECODE,PREFILL"``: ``"2.1,1.8"``, or with a factor by batch size (decode) or by
+        prompt tokens (prefill), ``"1:2.4/8:1.9/32:1.5,64:1.8/1024:1.3"`` (key:factor pairs
+        joined by ``/``)."""
         try:
             decode_text, prefill_text = text.split(",")
-            decode: DecodeSlowdown
-            if ":" in decode_text:
-                decode = tuple((int(r), float(f)) for r, f in
-                               (pair.split(":") for pair in decode_text.split("/")))
-            else:
-                decode = float(decode_text)
-            prefill = float(prefill_text)
+            return cls(_parse_table(decode_text), _parse_table(prefill_text))
         except ValueError as exc:
+            if isinstance(exc, HostSharingError):
+                raise
             raise HostSharingError(f"expected DECODE,PREFILL slowdowns, got {text!r}") from exc
-        return cls(decode, prefill)
 
     def flag(self) -> str:
         """The ``--host-sharing`` text :meth:`parse` reads back."""
-        table = self.decode_slowdown
-        decode = (f"{table:.2f}" if not isinstance(table, tuple)
-                  else "/".join(f"{r}:{f:.2f}" for r, f in table))
-        return f"{decode},{self.prefill_slowdown:.2f}"
+        return f"{_table_text(self.decode_slowdown)},{_table_text(self.prefill_slowdown)}"
 
 
 class HostPeer(Protocol):

@@ -88,7 +88,7 @@ class Pools:
                 return
             prefill, decode = worker, router.decode[i]
         now = self._events.now
-        prefill.share_host(decode, sharing.prefill_slowdown, now)
+        prefill.share_host(decode, sharing, now)
         decode.share_host(prefill, sharing.decode_factor, now)
 
     def _join(self, worker: Worker, _: object) -> None:

@@ -15,8 +15,8 @@ prompt's shared prefix (and, for a conversation, what the next turn will share) 
 cache. One event per step: a step's shape changes with every chunk.
 
 Host sharing (planner/sim/host.py): while the decode worker sharing its host steps, a step
-runs ``prefill_slowdown`` times slower; a change mid-step keeps the work left and moves the
-step's end.
+of n prompt tokens runs ``prefill_factor(n)`` times slower; a change mid-step keeps the work
+left and moves the step's end.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Protocol
 from planner.profile import Profile
 from planner.sim.cache import PrefixLru
 from planner.sim.events import EventQueue
-from planner.sim.host import HostPeer
+from planner.sim.host import HostPeer, HostSharing
 from planner.sim.request import SimRequest
 from planner.sim.signals import FittedSignals
 from router.membership.worker_view import Role, WorkerView
@@ -48,7 +48,7 @@ class PrefillWorker:
                  "_base", "_per_token", "_per_pair", "_shape", "_chunk", "block_size", "cache",
                  "_queue", "depth", "queued_tokens", "busy", "_version", "_chunks",
                  "routable", "draining", "dead", "key", "_view", "busy_s", "done_log", "peer",
-                 "_host_slow", "_slow", "_left", "_mark", "_began", "signals")
+                 "_host", "_peer_busy", "_step_slow", "_slow", "_left", "_mark", "_began", "signals")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue,
                  hooks: PrefillHooks, signals: FittedSignals | None = None) -> None:
@@ -87,7 +87,9 @@ class PrefillWorker:
         # (end, seconds since queued, prompt tokens) of every prefill done, in order
         self.done_log: list[tuple[float, float, int]] = []
         self.peer: HostPeer | None = None  # the decode worker sharing its host (host.py)
-        self._host_slow = 1.0  # the steps' slowdown while that peer steps
+        self._host: HostSharing | None = None  # the slowdowns while that peer steps
+        self._peer_busy = False
+        self._step_slow = 1.0  # the running step's slowdown while the peer steps
         self._slow = 1.0  # the slowdown now
         self.signals = signals  # its own step-cost fit (signals.py); None: the profile's
         self._left = 0.0  # the running step: profile seconds left at _mark; its start
@@ -99,16 +101,18 @@ class PrefillWorker:
         """Whether the worker is computing a step."""
         return self.busy
 
-    def share_host(self, peer: HostPeer, slowdown: float, at_s: float) -> None:
-        """From ``at_s`` on, ``peer`` (a decode worker) shares this worker's host: its steps
-        run ``slowdown`` times slower while ``peer`` steps."""
-        self.peer, self._host_slow = peer, slowdown
+    def share_host(self, peer: HostPeer, sharing: HostSharing, at_s: float) -> None:
+        """From ``at_s`` on, ``peer`` (a decode worker) shares this worker's host: a step of
+        n prompt tokens runs ``sharing.prefill_factor(n)`` times slower while ``peer``
+        steps."""
+        self.peer, self._host = peer, sharing
         self.peer_busy(peer.stepping, at_s)
 
     def peer_busy(self, busy: bool, at_s: float) -> None:
         """The host's decode worker started (``busy``) or stopped stepping at ``at_s``: the
         running step's work left runs at the new speed."""
-        slow = self._host_slow if busy else 1.0
+        self._peer_busy = busy
+        slow = self._step_slow if busy else 1.0
         if slow == self._slow:
             return
         if self.busy:
@@ -213,6 +217,9 @@ class PrefillWorker:
         self.busy = True
         self._chunks = chunks
         self._version += 1
+        if self._host is not None:
+            self._step_slow = self._host.prefill_factor(tokens)
+            self._slow = self._step_slow if self._peer_busy else 1.0
         step_s = self._shape(0, tokens) + self._per_pair * attention
         self._left, self._mark, self._began = step_s, at_s, at_s
         self._events.push(at_s + step_s * self._slow, self._end, self._version)

@@ -177,6 +177,24 @@ def test_served_factors_are_pooled_from_the_sweep_s_step_logs(tmp_path: Path, ca
     assert host_sharing_of("2.0,1.5", served) == HostSharing(2.0, 1.5)
     with pytest.raises(ValueError, match="no step-log factors"):
         host_sharing_of("served", [])
+    # by length: without shared prefill steps kept, the single factor stays
+    prof = Profile.load(_profile(tmp_path / "p.json"))
+    assert host_sharing_of("served-by-length", served, prof) == sharing
+    # with them: the factor by prompt band, against the steps alone under serving
+    step = prof.step
+    for i, (_, _, _, overlap) in enumerate(served):
+        alone = [[t, t, step.step_s(0, t, 0, t * (t + 1) // 2)] for t in (40 + i, 900 + i)]
+        overlap["prefill"]["alone_steps"] = alone
+        overlap["prefill"]["shared_steps"] = (
+            [[t, c, 2.0 * s] for t, c, s in alone[:1]] * 2
+            + [[t, c, 1.25 * s] for t, c, s in alone[1:]] * 2)
+    by_length = host_sharing_of("served-by-length", served, prof)
+    assert by_length is not None and by_length.decode_slowdown == sharing.decode_slowdown
+    table = by_length.prefill_slowdown
+    assert isinstance(table, tuple) and [t for t, _ in table] == [41, 901]
+    assert [f for _, f in table] == pytest.approx([2.0, 1.25])
+    with pytest.raises(ValueError, match="prefill profile"):
+        host_sharing_of("served-by-length", served)
     served[0][3]["bands"]["1"]["alone_mean"] = {"rows": 1.0, "context": 100.0, "s": 0.02402}
     lines = profile_table(served, Profile.load(_profile(tmp_path / "p.json"))).splitlines()
     # the test profile's one-row step at 100 tokens of context: 10 + 2 + 0.01 ms
@@ -253,22 +271,40 @@ def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
     assert saved["served_from"] == 0.5 and saved["serving"] == figures["served"]["serving"]
     with pytest.raises(SystemExit):  # no point at 0.9 req/s: nothing to take them from
         main(args + ["--serving", "served", "--served-from", "0.9"])
+    # --served-sweep: the factors and fits from another run's sweep, here one whose decode
+    # steps alone ran 2x their profile: the same points, predicted from it
+    other = json.loads(json.dumps(sweep))
+    bands = other["summaries"]["disagg"]["mixed 0.5/s"]["host_overlap"]["bands"]
+    bands["1"]["alone_mean"]["s"] = 0.02402
+    bands["2"]["alone_mean"]["s"] = 0.02804
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    out = tmp_path / "other"
+    assert main(args[:-2] + ["--out", str(out), "--serving", "served",
+                             "--served-sweep", str(tmp_path / "other.json")]) == 0
+    saved = json.loads((out / "planner_validation.json").read_text())
+    assert saved["served_sweep"] == str(tmp_path / "other.json")
+    assert saved["serving"]["decode"]["scale"] == pytest.approx(2.0, rel=1e-3)
+    rows = {r["setup"]: r for r in saved["rows"]}
+    assert rows["disagg"]["tpot_p50"]["sim"] > by_setup["served"]["disagg"]["tpot_p50"]["sim"]
 
 
-@pytest.mark.parametrize(("run", "prefill", "least"), [(14, "cpu1_run14", 36),
-                                                       (15, "cpu2_run15", 24)])
-def test_runs_14_and_15_keep_their_figures_with_served_steps(tmp_path: Path, run: int,
-                                                             prefill: str, least: int) -> None:
-    """Runs 14 (a core per worker) and 15 (the 2-thread prefill worker sharing the decode
-    worker's core), with the host factors and served steps their own step logs measured
-    (docs/planner.md): at least as many figures within 15% as recorded with the simulator's
-    fitted signals and transfer timeout (run 14 had 37 before the timeout: its always-remote
-    mixed load at 1.4 req/s now falls back to local prefill 8 times where the real router
-    did 3, and that point's TTFT p90 goes from 1.11x to 1.37x)."""
+@pytest.mark.parametrize(("run", "prefill", "sharing", "least"), [
+    (14, "cpu1_run14", "served", 36), (15, "cpu2_run15", "served", 24),
+    (16, "cpu2_run16", "served-by-length", 32)])
+def test_runs_14_to_16_keep_their_figures_with_served_steps(
+        tmp_path: Path, run: int, prefill: str, sharing: str, least: int) -> None:
+    """Runs 14 (a core per worker), 15 and 16 (the 2-thread prefill worker sharing the
+    decode worker's core), with the host factors and served steps their own step logs
+    measured (docs/planner.md): at least as many figures within 15% as recorded with the
+    simulator's fitted signals and transfer timeout (run 14 had 37 before the timeout: its
+    always-remote mixed load at 1.4 req/s now falls back to local prefill 8 times where the
+    real router did 3, and that point's TTFT p90 goes from 1.11x to 1.37x). Run 16 kept its
+    shared prefill steps' shapes: its prefill factor is by prompt length (28 with the one
+    factor)."""
     assert main(["--sweep", str(DOCS / f"serve_sweep_run{run}.json"),
                  "--prefill-profile", str(DOCS / f"profile_smollm2_{prefill}.json"),
                  "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
-                 "--host-sharing", "served", "--serving", "served",
+                 "--host-sharing", sharing, "--serving", "served",
                  "--out", str(tmp_path)]) == 0
     rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
             if not r["calibration"]]

@@ -9,6 +9,7 @@ import pytest
 
 from bench.step_overlap import (
     MIN_STEPS,
+    ServedFit,
     alone_ratios,
     decode_alone_pairs,
     fit_served,
@@ -16,6 +17,7 @@ from bench.step_overlap import (
     main,
     overlaps,
     prefill_alone_pairs,
+    prefill_length_table,
     served_fits,
 )
 from planner.profile import StepCost
@@ -70,6 +72,9 @@ def test_the_prefill_factor_is_per_prompt_token() -> None:
     assert (out["alone"], out["shared"]) == (2, 1)
     # alone: 1/256 and 1/128 s a token (median 3/512); shared: 3/256
     assert out["factor"] == pytest.approx((3 / 256) / (3 / 512))
+    # each step's shape is kept: the alone ones, and the shared one
+    assert out["alone_steps"] == [[256, 0, 1.0], [128, 0, 1.0]]
+    assert out["shared_steps"] == [[256, 0, 3.0]]
 
 
 def test_only_pure_decode_steps_give_factors_but_every_step_counts_as_busy() -> None:
@@ -151,3 +156,31 @@ def test_served_steps_are_fitted_as_a_scale_and_an_overhead() -> None:
     fits = served_fits(points, StepCost(0.01, 0.002, 0.001), StepCost(0.01, 0.002, 0.001))
     # profiled 12 and 14 ms, served 24 and 28: twice as long
     assert fits["decode"].scale == pytest.approx(2.0) and fits["prefill"] is None
+
+
+def test_the_prefill_factor_by_length_is_against_the_steps_alone_under_serving() -> None:
+    """Each shared step over the alone model at its shape, pooled by prompt band: short
+    prompts slowed 2x, mid ones 1.5x, long ones 1.1x; a band with too few steps gives none,
+    and a factor under 1 counts as 1."""
+    step = StepCost(0.01, 0.0, 0.001)  # no attention cost: a step is 10 ms + 1 ms a token
+    fit = ServedFit(1.2, 0.005, 100)
+
+    def alone(tokens: int) -> float:
+        return 1.2 * (0.01 + 0.001 * tokens) + 0.005
+
+    short = [[t, t, 2.0 * alone(t)] for t in (20, 30, 40, 50)]
+    mid = [[t, t, 1.5 * alone(t)] for t in (100, 200, 150, 120, 250)]
+    long = [[t, t, 1.1 * alone(t)] for t in (1500, 1800, 2000, 1200)]
+    fast = [[600, 600, 0.9 * alone(600)] for _ in range(4)]
+    few = [[300, 300, 3.0 * alone(300)]]  # with `fast`: the 257-1024 band's median is 0.9
+    points = [{"prefill": {"shared_steps": short + mid[:2]}},
+              {"prefill": {"shared_steps": mid[2:] + long + fast + few}},
+              {"prefill": {}}]  # a point from before the steps were kept
+    table = prefill_length_table(points, step, fit)
+    assert table is not None
+    assert [t for t, _ in table] == [35, 150, 600, 1650]
+    assert [f for _, f in table] == pytest.approx([2.0, 1.5, 1.0, 1.1])
+    # without a fit the steps are set against the profile's own step
+    bare = prefill_length_table(points, step, None)
+    assert bare is not None and bare[0][1] == pytest.approx(2.0 * alone(35) / 0.045, rel=0.05)
+    assert prefill_length_table([{"prefill": {"shared_steps": short[:3]}}], step, fit) is None

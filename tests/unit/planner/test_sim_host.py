@@ -14,6 +14,8 @@ from tests.unit.planner.test_sim_support import BASE, PER_ROW, PER_TOKEN, assert
 SHARING = HostSharing(decode_slowdown=2.0, prefill_slowdown=1.5)
 # the same at one row, less for bigger batches (as measured: docs/planner.md)
 BY_ROWS = HostSharing(decode_slowdown=((1, 2.0), (4, 1.6), (8, 1.3)), prefill_slowdown=1.5)
+# a short prompt's step slowed more than a long one's (as served: bench/step_overlap.py)
+BY_TOKENS = HostSharing(decode_slowdown=2.0, prefill_slowdown=((64, 2.0), (1024, 1.2)))
 
 
 def _remote(sharing: HostSharing | None = SHARING, p: int = 1, d: int = 1) -> ClusterSpec:
@@ -31,6 +33,28 @@ def test_a_prefill_beside_a_stepping_decode_worker_runs_slower() -> None:
     a, b = shared.outcomes
     assert a.ttft_s == pytest.approx(alone.outcomes[0].ttft_s, abs=1e-12)
     assert b.ttft_s == pytest.approx(1.5 * (BASE + PER_TOKEN * 100), abs=1e-12)
+
+
+@pytest.mark.parametrize("tokens", [16, 100, 600, 3000])
+def test_a_prefill_step_takes_the_factor_of_its_prompt_tokens(tokens: int) -> None:
+    """As above with the prefill factor by prompt tokens: B's one-step prompt takes the
+    table's factor at its length (linear between 64 and 1,024 tokens, the ends beyond; one
+    step whatever its length)."""
+    prof = profile(chunk=4096)
+    shared = simulate(_remote(BY_TOKENS), prof, [req(0.0, 16, 1000), req(0.5, tokens, 1)])
+    assert_clean(shared)
+    factor = BY_TOKENS.prefill_factor(tokens)
+    expected = {16: 2.0, 100: 2.0 - 0.8 * 36 / 960, 600: 2.0 - 0.8 * 536 / 960, 3000: 1.2}
+    assert factor == pytest.approx(expected[tokens])
+    step = BASE + PER_TOKEN * tokens
+    assert shared.outcomes[1].ttft_s == pytest.approx(factor * step, abs=1e-12)
+
+
+def test_a_one_point_prefill_table_is_one_factor() -> None:
+    prof = profile(2e-7, capacity=20_000, seqs=8)
+    trace = poisson(60, 8, MIX, seed=1)
+    _same(simulate(_remote(HostSharing(2.0, ((256, 1.5),)), 2, 4), prof, trace, events=EVENTS),
+          simulate(_remote(SHARING, 2, 4), prof, trace, events=EVENTS))
 
 
 @pytest.mark.parametrize("sharing", [SHARING, BY_ROWS], ids=["one-factor", "by-rows"])
@@ -145,7 +169,8 @@ def test_decode_factors_scale_but_stay_at_least_one() -> None:
 def test_slowdowns_are_checked_and_parsed() -> None:
     assert HostSharing.parse("2.1,1.8") == HostSharing(2.1, 1.8)
     assert HostSharing.parse("1:2/4:1.6/8:1.3,1.5") == BY_ROWS
-    for sharing in (SHARING, BY_ROWS):
+    assert HostSharing.parse("2,64:2/1024:1.2") == BY_TOKENS
+    for sharing in (SHARING, BY_ROWS, BY_TOKENS):
         assert HostSharing.parse(sharing.flag()) == sharing
     with pytest.raises(HostSharingError):
         HostSharing(0.5, 1.0)
@@ -155,6 +180,10 @@ def test_slowdowns_are_checked_and_parsed() -> None:
         HostSharing(((8, 2.0), (4, 1.5)), 1.0)
     with pytest.raises(HostSharingError, match="rise"):
         HostSharing((), 1.0)
+    with pytest.raises(HostSharingError, match="prefill tokens must rise"):
+        HostSharing(1.0, ((512, 1.2), (64, 1.5)))
+    with pytest.raises(HostSharingError):
+        HostSharing(1.0, ((64, 1.5), (512, 0.9)))
     for bad in ("2", "1:2/x:1,1.5", "1:2:3,1.5"):
         with pytest.raises(HostSharingError):
             HostSharing.parse(bad)
