@@ -212,8 +212,9 @@ def prefill_length_table(points: Sequence[dict[str, Any]], step: StepCost,
     bands with MIN_BAND_STEPS or more steps (factors under 1 count as 1); None for none.
 
     The single served factor (``served_sharing``) is a ratio of per-token medians, which
-    short chat prompts dominate; a long prompt's step beside decode steps is slowed less
-    (docs/planner.md, run 16)."""
+    short chat prompts dominate; against the steps alone, run 16's short prompts' steps
+    beside decode steps took ~1.0x, 65-256 tokens 1.2x, longer ones 1.3-1.5x
+    (docs/planner.md)."""
     bands: dict[int, list[tuple[int, float]]] = {}
     for point in points:
         for tokens, context, seconds in point["prefill"].get("shared_steps", ()):

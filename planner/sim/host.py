@@ -13,9 +13,9 @@ With one, the i-th prefill worker and the i-th decode worker (in start order) sh
 - a prefill step runs at ``1 / prefill_factor(tokens)`` of its speed while its decode peer
   is busy (has rows or local prefill work), at full speed otherwise; a change of the peer's
   state mid-step stretches or shrinks the rest of the step (the work left is kept). One
-  factor for every step, or a table by the step's prompt tokens (measured under serving: a
-  short prompt's step beside decode steps is slowed more than a long one's, see
-  bench/step_overlap.py), linear in between, the end values beyond;
+  factor for every step, or a table by the step's prompt tokens (measured under serving, it
+  depends on the length: bench/step_overlap.prefill_length_table), linear in between, the
+  end values beyond;
 - a decode step lasts ``decode_factor(rows)`` times its profile length while its prefill
   peer computes a step: one factor for every batch, or a table by rows (measured at a few
   batch sizes, linear in between, the end values beyond). A change reaches the decode worker

@@ -14,7 +14,7 @@ from tests.unit.planner.test_sim_support import BASE, PER_ROW, PER_TOKEN, assert
 SHARING = HostSharing(decode_slowdown=2.0, prefill_slowdown=1.5)
 # the same at one row, less for bigger batches (as measured: docs/planner.md)
 BY_ROWS = HostSharing(decode_slowdown=((1, 2.0), (4, 1.6), (8, 1.3)), prefill_slowdown=1.5)
-# a short prompt's step slowed more than a long one's (as served: bench/step_overlap.py)
+# the prefill factor by prompt tokens (bench/step_overlap.prefill_length_table)
 BY_TOKENS = HostSharing(decode_slowdown=2.0, prefill_slowdown=((64, 2.0), (1024, 1.2)))
 
 
