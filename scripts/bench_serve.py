@@ -33,6 +33,13 @@ Each point also records each worker's activity from its /metrics and, for the di
 setups, its ``host_overlap`` (bench/step_overlap.py): the workers run with ``--step-log``
 (kept in ``OUT/steps-<setup>/`` with ``--out``) and each decode step is compared alone and
 under prefill steps.
+
+``--fresh-workers`` starts each setup's processes again for every point (about 20 s each):
+a point then starts from freshly started workers, as the simulator's points do
+(bench/planner_validation.py), instead of inheriting what the previous points left: the
+workers' fitted step costs, which the router's placement reads (run 16's adaptive setup
+placed every chat prompt locally after the mixed load had taught the prefill worker's fit
+3 ms a token), the prefix caches, the router's learned remote overhead.
 """
 
 from __future__ import annotations
@@ -207,7 +214,8 @@ def wait_idle(router: Proc, timeout_s: float = 120.0) -> None:
 def run_sweep(
     args: argparse.Namespace, model_dir: Path, setups: list[str], warmup: list[RequestSpec]
 ) -> dict[str, object]:
-    """Every setup started once, every (mix, rate) point run on it in turn; JSON-ready."""
+    """Every setup started once, every (mix, rate) point run on it in turn (with
+    ``args.fresh_workers``: started again for every point); JSON-ready."""
     points = sweep_points(parse_mixes(args.mixes or args.mix), parse_rates(args.sweep),
                           args.seed)
     vocab = parse_vocab(args.vocab)
@@ -224,9 +232,12 @@ def run_sweep(
                      else args.out / f"steps-{name}")
         step_logs.mkdir(parents=True, exist_ok=True)
         try:
-            procs = start_warm(cluster, name, model_dir, args, warmup, step_logs)
-            router = procs["router"]
+            procs: dict[str, Proc] = {}
             for point in points:
+                if not procs or args.fresh_workers:
+                    cluster.stop()  # nothing to stop the first time
+                    procs = start_warm(cluster, name, model_dir, args, warmup, step_logs)
+                    router = procs["router"]
                 label = f"{name} {point.label}"
                 before = placement_decisions(router)
                 busy_before = worker_reads(procs)
@@ -334,10 +345,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma list of rates: run a rate sweep instead of one --rate")
     p.add_argument("--mixes", default=None, help="with --sweep: comma list of mixes "
                    "(default: --mix), from mixed, chat, rag, multiturn")
+    p.add_argument("--fresh-workers", action="store_true",
+                   help="with --sweep: start each setup's processes again for every point")
     add_load_args(p)
     args = p.parse_args(argv)
     if args.mixes is not None and args.sweep is None:
         p.error("--mixes needs --sweep")
+    if args.fresh_workers and args.sweep is None:
+        p.error("--fresh-workers needs --sweep")
     if args.sweep is not None:
         try:
             parse_rates(args.sweep)
