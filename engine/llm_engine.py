@@ -70,6 +70,9 @@ class LLMEngine(RemoteKVHooks):
         self.weights_format, self.weight_bytes = ckpt.weights.format, ckpt.weight_bytes
         self.max_model_len = ckpt.max_model_len
         self.step_costs = StepCostModel()  # what a step costs here (router placement reads it)
+        # The kinds of step (prompt tokens or not) the fit has seen once: the first of each
+        # kind is cold and stays out of it (_observe_step).
+        self._cold_kinds_seen: set[bool] = set()
         # Called after every step that ran the model with (decode rows, prompt tokens, context
         # tokens, seconds), on the thread that steps; a worker's --step-log (worker/step_log.py).
         self.step_observer: Callable[[int, int, int, float], None] | None = None
@@ -270,10 +273,21 @@ class LLMEngine(RemoteKVHooks):
     def _observe_step(self, scheduled: list[ScheduledRequest], seconds: float) -> None:
         """Feed the step-cost fit: a one-token query (plus drafts) is a decode row, anything
         longer is prompt tokens. On a GPU a step that samples is timed to its end (sampling
-        reads the logits); a chunk step that samples nothing is timed at its launch."""
+        reads the logits); a chunk step that samples nothing is timed at its launch.
+
+        The engine's first step with prompt tokens and its first without are left out of the
+        fit (the step observer still gets them): they pay first-call costs (thread pools,
+        allocations, page faults; on a 2-core CPU a prefill worker's first 40-token step took
+        0.9-1.1 s against ~0.1 s after), and one such step made a fresh prefill worker's fit
+        report a 0.4-0.6 s base for as long as few prompts reached it, so the router placed
+        every short prompt locally (docs/planner.md, run 17)."""
         rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
         tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
-        self.step_costs.observe(rows, tokens, seconds)
+        kind = tokens > 0
+        if kind in self._cold_kinds_seen:
+            self.step_costs.observe(rows, tokens, seconds)
+        else:
+            self._cold_kinds_seen.add(kind)
         if self.step_observer is not None:  # context: the tokens the step's queries attend to
             context = sum(s.request.num_computed_tokens for s in scheduled)
             self.step_observer(rows, tokens, context, seconds)
