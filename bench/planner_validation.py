@@ -78,10 +78,9 @@ from bench.step_overlap import (
     BAND_ROWS,
     ServedFit,
     alone_ratios,
-    fit_served,
     overlap_table,
-    prefill_alone_pairs,
     prefill_length_table,
+    prefill_served_fit,
     served_fits,
     served_sharing,
 )
@@ -271,8 +270,8 @@ def host_sharing_of(text: str | None, served: list[tuple[str, str, float, dict[s
     if text == "served-by-length":
         if prefill is None:
             raise ValueError("--host-sharing served-by-length needs the prefill profile")
-        fit = fit_served([p for o in points for p in prefill_alone_pairs(o, prefill.step)])
-        table = prefill_length_table(points, prefill.step, fit)
+        table = prefill_length_table(points, prefill.step,
+                                     prefill_served_fit(points, prefill.step))
         if table is not None:
             pooled = HostSharing(pooled.decode_slowdown, table)
     return pooled

@@ -261,12 +261,18 @@ def fit_served(pairs: Sequence[tuple[float, float, int]]) -> ServedFit | None:
     return ServedFit(scale, overhead, int(w))
 
 
+def prefill_served_fit(points: Sequence[dict[str, Any]], prefill: StepCost) -> ServedFit | None:
+    """The prefill worker's ``fit_served`` pooled over several points' ``host_overlap`` (its
+    steps with no decode step beside them)."""
+    return fit_served([p for o in points for p in prefill_alone_pairs(o, prefill)])
+
+
 def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
                 prefill: StepCost) -> dict[str, ServedFit | None]:
     """The decode and prefill workers' ``fit_served`` pooled over several points'
     ``host_overlap`` (their steps with no step of the other worker beside them)."""
     return {"decode": fit_served([p for o in points for p in decode_alone_pairs(o, decode)]),
-            "prefill": fit_served([p for o in points for p in prefill_alone_pairs(o, prefill)])}
+            "prefill": prefill_served_fit(points, prefill)}
 
 
 def overlap_table(rows: Sequence[tuple[str, str, float, dict[str, Any]]]) -> str:

@@ -117,11 +117,10 @@ class HostSharing:
         joined by ``/``)."""
         try:
             decode_text, prefill_text = text.split(",")
-            return cls(_parse_table(decode_text), _parse_table(prefill_text))
+            decode, prefill = _parse_table(decode_text), _parse_table(prefill_text)
         except ValueError as exc:
-            if isinstance(exc, HostSharingError):
-                raise
             raise HostSharingError(f"expected DECODE,PREFILL slowdowns, got {text!r}") from exc
+        return cls(decode, prefill)
 
     def flag(self) -> str:
         """The ``--host-sharing`` text :meth:`parse` reads back."""
