@@ -62,7 +62,7 @@ class DecodeApp(WorkerAppShell):
 async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     """Load the engine, start the KV receiver on ``kv_port`` and the worker logic."""
     wc = config.worker
-    engine = load_engine(wc.engine)
+    engine = load_engine(wc.engine, wc.warmup)
     attach_step_log(engine, wc.step_log)
     lent = borrow_cores(engine.runner, wc.core_share, wc.core_share_min_rows) \
         if wc.core_share else None

@@ -27,7 +27,7 @@ import torch
 from common.step_costs import StepCostModel
 from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
-from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from engine.core.output_processor import OutputProcessor
 from engine.core.remote_kv import RemoteKV, RemoteState
 from engine.core.request import FORK_SEPARATOR, RequestStatus
@@ -49,6 +49,7 @@ from engine.runner_config import RunnerConfig
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.spec.build import build_spec_decoder
+from engine.spec.verifier import SpecStats
 from engine.structured.grammar_engine import GrammarEngine
 
 # layer index, then (request_id, block_ids) of every request whose prefill completes this step
@@ -360,6 +361,16 @@ class LLMEngine(RemoteKVHooks):
             weights_format=self.weights_format,
             num_stranded_blocks=self.kv.stranded_blocks(self._live_request_ids()),
         )
+
+    def reset_counters(self) -> None:
+        """Restart the counters :meth:`stats` reports (steps, generated tokens, prefix-cache
+        lookups, preemptions, speculation) at zero; the step-cost fit is kept. The start-up
+        warm-up (engine/warmup.py) calls it so a worker's metrics count served traffic only."""
+        self.num_steps = 0
+        self.outputs.num_generated_tokens = 0
+        self.kv.stats = PrefixCacheStats()
+        self.scheduler.num_preemptions = 0
+        self.spec.stats = SpecStats()
 
     def _live_request_ids(self) -> list[str]:
         """Every request that may hold KV blocks: scheduled (running, waiting) or pinned

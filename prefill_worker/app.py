@@ -42,7 +42,7 @@ class PrefillApp(WorkerAppShell):
 async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
     """Load the engine, make the KV sender, install the layer hook."""
     wc = config.worker
-    engine = load_engine(wc.engine)
+    engine = load_engine(wc.engine, wc.warmup)
     attach_step_log(engine, wc.step_log)
     metrics = PrefillMetrics(model_name=wc.model_name, compat=wc.metrics_compat)
     try:  # lend this host's cores to its decode worker while idle (worker/core_lending.py)

@@ -158,9 +158,14 @@ class RouterServer:
         self._server, self.port = server, port
         if self.config.http_enabled:
             await self._start_http()
+        # One probe round before the router says it is up: a request sent at once then finds
+        # the workers' loads and step costs (placement has no signal without them). Bounded by
+        # the probe timeouts; a worker that is not up yet is probed again next round.
+        await self.monitor.probe_all()
         await self._publish_health()
         self._health_task = asyncio.create_task(self._follow_readiness())
-        self._monitor_task = asyncio.create_task(self.monitor.run(self._stop_monitor))
+        self._monitor_task = asyncio.create_task(self.monitor.run(self._stop_monitor,
+                                                                  probed=True))
         return port
 
     async def _follow_readiness(self) -> None:

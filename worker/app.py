@@ -11,6 +11,7 @@ READY line and registration add (the decode role's KV endpoint). The role's logi
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar, Protocol
 
 import grpc
@@ -19,12 +20,15 @@ from engine.config import EngineConfig
 from engine.errors import ModelLoadError
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats
+from engine.warmup import warm_up
 from kv_transfer import KvLayout
 from protos.tandem.v1 import worker_pb2
 from worker.config import StartupError
 from worker.convert import layout_to_proto, stats_to_proto
 from worker.metrics import TransferTotals, WorkerMetrics
 from worker.step_log import StepLog
+
+log = logging.getLogger(__name__)
 
 
 class WorkerApp(Protocol):
@@ -78,12 +82,17 @@ async def worker_stats(
                           worker.transfer_totals(), worker.metrics.recent())
 
 
-def load_engine(config: EngineConfig) -> LLMEngine:
-    """Load the model; a missing or unreadable checkpoint is a StartupError."""
+def load_engine(config: EngineConfig, warmup: bool = True) -> LLMEngine:
+    """Load the model and, unless ``warmup`` is False, warm it up (engine/warmup.py: its
+    first-call costs paid and a step-cost fit in place before the first request); a missing
+    or unreadable checkpoint is a StartupError."""
     try:
-        return LLMEngine(config, progress=False)
+        engine = LLMEngine(config, progress=False)
     except (ModelLoadError, OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {config.model.model!r}: {exc}") from exc
+    if warmup:
+        log.info("%s", warm_up(engine).describe())
+    return engine
 
 
 def attach_step_log(engine: LLMEngine, path: str | None) -> StepLog | None:

@@ -83,6 +83,10 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
                    help="append a line per model step to FILE (wall-clock start, seconds, "
                    "decode rows, prompt tokens; worker/step_log.py): for measuring step costs "
                    "under serving (default: off)")
+    p.add_argument("--skip-warmup", action="store_true",
+                   help="serve without the start-up warm-up (a few synthetic steps that pay "
+                   "first-call costs and give the router's placement a step-cost fit before "
+                   "the first request; engine/warmup.py)")
     add_metrics_compat_arg(p)
     add_tls_args(p)
     add_log_args(p)
@@ -126,7 +130,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
         served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
         core_share=args.core_share, core_share_min_rows=args.core_share_min_rows,
-        step_log=args.step_log,
+        step_log=args.step_log, warmup=not args.skip_warmup,
     )
 
 

@@ -61,6 +61,7 @@ class WorkerConfig:
     core_share: str | None = None  # a host's core-share file (worker/core_lending.py)
     core_share_min_rows: int = 1  # decode: the fewest rows a step borrows the cores for
     step_log: str | None = None  # a line per model step appended here (worker/step_log.py)
+    warmup: bool = True  # a few synthetic steps before serving (engine/warmup.py)
 
     def __post_init__(self) -> None:
         if self.core_share_min_rows < 1:

@@ -1,6 +1,7 @@
-"""Joining a router: Register once, then Heartbeat with stats at the interval it returns.
+"""Joining a router: Register once, then Heartbeat with stats at once and at the interval
+it returns (the first beat brings the router the worker's load and step costs right away).
 
-    Register ──interval──> Heartbeat(stats) every interval ──known=false──> Register again
+    Register ──> Heartbeat(stats) at once, then every interval ──known=false──> Register again
         (a beat never waits on a long engine step for its stats: past half the interval it
         carries the last stats read, and the read in flight serves a later beat; the router
         forgets a worker silent for a few intervals, and a prefill step of 2,048 tokens on two
@@ -94,8 +95,11 @@ class RegistryClient:
         reading: asyncio.Future[worker_pb2.WorkerStats] | None = None
         last: worker_pb2.WorkerStats | None = None
         try:
+            first = True
             while True:
-                await asyncio.sleep(interval)
+                if not first:  # the first beat goes at once: the router has the worker's
+                    await asyncio.sleep(interval)  # load and step costs from the start
+                first = False
                 if reading is None:
                     reading = asyncio.ensure_future(self._stats())
                 # the first beat waits for its stats; later ones go out on time with the last

@@ -59,7 +59,7 @@ class Pools:
         profile = self._profiles[role]
         worker: Worker
         decode = role is Role.DECODE
-        signals = FittedSignals(profile, decode) if self._fitted else None
+        signals = FittedSignals(profile) if self._fitted else None
         if decode:
             worker = DecodeWorker(len(router.decode), profile, self._events, router,
                                   router.holders, self._exact, signals)

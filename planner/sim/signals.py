@@ -11,43 +11,32 @@ than from the profile's exact costs.
 ``ClusterSpec(signals="fitted")`` (the default) gives every simulated worker a
 :class:`FittedSignals`: it observes the steps the worker runs (a decode macro step is one
 ``observe_run``; a prefill step or a decode step with local prefill one ``observe``), after
-warm-up steps from the worker's profile, the shapes of a few short requests (a real
-worker's first requests or a benchmark's warm-up). ``"profile"``: the profile's costs, exact
-(the simulator before this; the macro-step reference tests compare with it too).
+the steps a real worker's start-up warm-up runs (common/warmup_plan.py, the same for both
+roles, its two cold steps left out as the engine leaves them out) at the profile's costs.
+``"profile"``: the profile's costs, exact (the simulator before this; the macro-step
+reference tests compare with it too).
 """
 
 from __future__ import annotations
 
 from common.step_costs import StepCostModel, StepCosts
+from common.warmup_plan import WarmupStep, warmup_phases, warmup_steps
 from planner.profile import Profile
 
 SIGNALS = ("fitted", "profile")
-
-# Warm-up steps each worker's fit starts from: decode rows at WARMUP_CONTEXT tokens of
-# context each, prompt sizes for a prefill worker, WARMUP_REPEATS steps of each shape.
-WARMUP_ROWS = (1, 2, 4, 8)
-WARMUP_CONTEXT = 256
-WARMUP_PROMPTS = (64, 256, 1024)
-WARMUP_REPEATS = 4
-
 
 class FittedSignals:
     """One worker's online step-cost fit and what it reports (:meth:`costs`)."""
 
     __slots__ = ("_model", "_costs")
 
-    def __init__(self, profile: Profile, decode: bool) -> None:
+    def __init__(self, profile: Profile) -> None:
         self._model = StepCostModel()
-        step, serving = profile.step, profile.serving_step_s
-        for _ in range(WARMUP_REPEATS):
-            if decode:
-                for rows in WARMUP_ROWS:
-                    self._model.observe(rows, 0, step.step_s(rows, 0, rows * WARMUP_CONTEXT)
-                                        + serving)
-            else:
-                for tokens in WARMUP_PROMPTS:
-                    self._model.observe(0, tokens, step.step_s(
-                        0, tokens, prefill_pairs=tokens * (tokens + 1) // 2) + serving)
+        for s in profile_warmup_steps(profile):
+            if not s.cold:  # a prefill step's prompts start from no context (their pairs)
+                context = s.context_tokens if s.rows else 0
+                self._model.observe(s.rows, s.prompt_tokens, profile.step.step_s(
+                    s.rows, s.prompt_tokens, context, s.prefill_pairs))
         self._costs: StepCosts | None = None
 
     def step(self, rows: int, prefill_tokens: int, seconds: float) -> None:
@@ -65,3 +54,10 @@ class FittedSignals:
         if self._costs is None:
             self._costs = self._model.costs()
         return self._costs
+
+
+def profile_warmup_steps(profile: Profile) -> list[WarmupStep]:
+    """The start-up warm-up's steps on a worker with ``profile``'s limits (its KV capacity
+    stands for the context length, which a profile does not record)."""
+    return warmup_steps(warmup_phases(profile.kv_capacity_tokens, profile.kv_capacity_tokens,
+                                      profile.max_num_seqs, profile.chunk_tokens))

@@ -66,10 +66,14 @@ class HealthMonitor:
         self._unreachable: dict[str, int] = {}  # endpoint -> failed health checks in a row
         self._lingering: set[str] = set()  # forgotten but answering: channel kept for its calls
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Probe until ``stop`` is set."""
+    async def run(self, stop: asyncio.Event, probed: bool = False) -> None:
+        """Probe until ``stop`` is set; ``probed``: a round just ran (the router's start awaits
+        one, so that the first request finds the static workers' loads and step costs), the
+        first one here waits an interval."""
         while not stop.is_set():
-            await self.probe_all()
+            if not probed:
+                await self.probe_all()
+            probed = False
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
             except asyncio.TimeoutError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.sim import ClusterError, ClusterSpec, simulate
-from planner.sim.signals import WARMUP_PROMPTS, WARMUP_ROWS, FittedSignals
+from planner.sim.signals import FittedSignals, profile_warmup_steps
 from planner.workload import LengthMix, RequestKind, poisson
 from router.handoff.placement import Slo
 from tests.unit.planner.test_sim_support import BASE, PER_ROW, assert_clean, profile
@@ -16,22 +16,28 @@ SLO = Slo(2.0, 0.1)
 
 
 def test_the_warm_up_fit_of_a_linear_profile_is_the_profile() -> None:
-    """A profile with no context or attention cost is linear: the fit of its warm-up steps
-    predicts the profile's steps within 1% (the fit's weak prior at zero pulls a little);
-    what no warm-up step exercised stays unknown."""
+    """A profile with no context or attention cost is linear: the fit of the start-up
+    warm-up's steps (common/warmup_plan.py; both roles run the same) predicts the profile's
+    steps within 1% at every warm-up shape (the fit's weak prior at zero pulls a little)."""
     prof = profile()
-    decode = FittedSignals(prof, decode=True).costs()
-    for rows in WARMUP_ROWS:
-        assert decode.step_s(rows, 0) == pytest.approx(prof.step.step_s(rows), rel=0.01)
-    assert decode.per_prefill_token_s is None  # never prefilled: the router borrows P's
-    prefill = FittedSignals(prof, decode=False).costs()
-    for tokens in WARMUP_PROMPTS:
-        assert prefill.step_s(0, tokens) == pytest.approx(prof.step.step_s(0, tokens), rel=0.01)
-    assert prefill.per_row_s is None
+    costs = FittedSignals(prof).costs()
+    steps = profile_warmup_steps(prof)
+    assert {s.rows for s in steps} >= {1, 8} and len({s.prompt_tokens for s in steps}) >= 4
+    for s in steps:
+        assert costs.step_s(s.rows, s.prompt_tokens) == pytest.approx(
+            prof.step.step_s(s.rows, s.prompt_tokens), rel=0.01)
+
+
+def test_the_warm_up_leaves_its_cold_steps_out() -> None:
+    """The engine keeps the first prefill and the first decode step out of its fit; so does
+    the simulated worker: the fit counts the others only."""
+    steps = profile_warmup_steps(profile())
+    assert sum(s.cold for s in steps) == 2
+    assert FittedSignals(profile()).costs().steps == len(steps) - 2
 
 
 def test_the_fit_follows_the_steps_the_worker_runs() -> None:
-    signals = FittedSignals(profile(), decode=True)
+    signals = FittedSignals(profile())
     for _ in range(50):  # steps twice as long as the profile's (a busy host, say)
         signals.run(3, 2 * (BASE + 3 * PER_ROW), 0.0, 40)
         signals.run(6, 2 * (BASE + 6 * PER_ROW), 0.0, 40)
@@ -40,12 +46,17 @@ def test_the_fit_follows_the_steps_the_worker_runs() -> None:
 
 
 def test_with_linear_costs_the_fit_decides_as_the_profile() -> None:
-    """The fit recovers a linear profile's costs, so placement decides the same from both."""
+    """The fit recovers a linear profile's costs within ~1% (its weak prior at zero pulls a
+    little on the warm-up's 14 steps), so placement decides as from the profile but for a
+    few near ties (3 of 149 here)."""
     prof = profile(0.0, per_pair=0.0)
     fitted = simulate(ClusterSpec(1, 2, slo=SLO), prof, TRACE)
     exact = simulate(ClusterSpec(1, 2, slo=SLO, signals="profile"), prof, TRACE)
-    assert [o.decision for o in fitted.outcomes] == [o.decision for o in exact.outcomes]
-    assert fitted.decisions == exact.decisions
+    pairs = list(zip([o.decision for o in fitted.outcomes], [o.decision for o in exact.outcomes],
+                     strict=True))
+    assert sum(a != b for a, b in pairs) <= len(pairs) // 30
+    for key, n in exact.decisions.items():
+        assert abs(fitted.decisions.get(key, 0) - n) <= 2
     assert_clean(fitted)
 
 

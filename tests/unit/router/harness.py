@@ -123,28 +123,12 @@ async def cluster(
 
 
 async def _start(router: RouterServer) -> int:
-    """Start ``router``; return its port once the health monitor's first round is over.
-
-    That round runs concurrently with whatever the test does first, and it changes routing:
-    the decode policy ranks a worker whose Stats are in (it reported free blocks) above an
-    idle one that has not reported yet, and a late probe marks healthy again a worker the
-    test has seen fail. Waiting for it means every static worker's load is known and the
-    monitor is quiet (its interval is an hour) before a test's first step, so among equally
-    idle workers the policy's choice is forced: the lowest endpoint.
+    """Start ``router``; return its port. Its start awaits the health monitor's first round
+    (router/server.py), so every static worker's load is known and the monitor is quiet (its
+    interval is an hour) before a test's first step: among equally idle workers the policy's
+    choice is forced, the lowest endpoint. The assertion below keeps that promise tested.
     """
-    first_round = asyncio.Event()
-    probe_all = router.monitor.probe_all
-
-    async def probe_all_then_signal() -> None:
-        await probe_all()
-        first_round.set()
-
-    router.monitor.probe_all = probe_all_then_signal  # type: ignore[method-assign]
-    try:
-        port = await router.start()
-        await asyncio.wait_for(first_round.wait(), 60)
-    finally:
-        del router.monitor.probe_all  # later calls (the tests' own) reach the real method
+    port = await router.start()
     for endpoint in router.config.decode_endpoints:
         view = router.registry.view(endpoint)
         assert view is not None and view.num_blocks > 0, f"no Stats from {endpoint} yet"

@@ -15,14 +15,15 @@ from worker.registration import RegistrationConfig, RegistryClient
 class FakeRouter(worker_pb2_grpc.RegistryServicer):
     """Remembers registrations; forgets a worker once when told to."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
         self.registered: list[worker_pb2.RegisterRequest] = []
         self.beats: list[worker_pb2.HeartbeatRequest] = []
         self.forget_next = False
 
     async def Register(self, request, context):  # noqa: N802
         self.registered.append(request)
-        return worker_pb2.RegisterResponse(heartbeat_interval_s=0.02)
+        return worker_pb2.RegisterResponse(heartbeat_interval_s=self.interval_s)
 
     async def Heartbeat(self, request, context):  # noqa: N802
         self.beats.append(request)
@@ -55,6 +56,27 @@ def _client(port: int) -> RegistryClient:
                                            endpoint="127.0.0.1:1"),
         stats,
     )
+
+
+def test_the_first_heartbeat_brings_the_stats_at_once() -> None:
+    """The router learns a new worker's load and step costs right after it registers, not an
+    interval later (placement has no signal until then)."""
+
+    async def main() -> None:
+        router = FakeRouter(interval_s=3600.0)
+        server, port = await _serve(router)
+        task = asyncio.create_task(_client(port).run())
+
+        async def count() -> int:
+            return len(router.beats)
+
+        await until(count, lambda n: n == 1)
+        assert router.beats[0].stats.num_free_blocks == 7
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
+
+    asyncio.run(main())
 
 
 def test_register_heartbeat_and_reregister() -> None:
