@@ -85,13 +85,18 @@ async def worker_stats(
 def load_engine(config: EngineConfig, warmup: bool = True) -> LLMEngine:
     """Load the model and, unless ``warmup`` is False, warm it up (engine/warmup.py: its
     first-call costs paid and a step-cost fit in place before the first request); a missing
-    or unreadable checkpoint is a StartupError."""
+    or unreadable checkpoint, or a warm-up that fails, is a StartupError."""
     try:
         engine = LLMEngine(config, progress=False)
     except (ModelLoadError, OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {config.model.model!r}: {exc}") from exc
     if warmup:
-        log.info("%s", warm_up(engine).describe())
+        try:
+            report = warm_up(engine)
+        except Exception as exc:  # an engine that cannot run a step must not start serving
+            raise StartupError(f"the start-up warm-up failed (--skip-warmup skips it): "
+                               f"{type(exc).__name__}: {exc}") from exc
+        log.info("%s", report.describe())
     return engine
 
 

@@ -25,6 +25,7 @@ from planner.profile import Profile
 
 SIGNALS = ("fitted", "profile")
 
+
 class FittedSignals:
     """One worker's online step-cost fit and what it reports (:meth:`costs`)."""
 

@@ -110,9 +110,11 @@ def test_flags_become_frozen_role_configs(tmp_path: Path) -> None:
         decode.kv_port = 9  # type: ignore[misc]
     prefill = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
         ["--port", "0", "--transfer-timeout-s", "2.5", "--insecure", "--drain-timeout-s",
-         "0.5", "--stop-grace-s", "0.25", "--step-log", str(tmp_path / "steps.jsonl")]))
+         "0.5", "--stop-grace-s", "0.25", "--step-log", str(tmp_path / "steps.jsonl"),
+         "--skip-warmup"]))
     assert prefill.transfer_timeout_s == 2.5
     assert (prefill.worker.step_log, wc.step_log) == (str(tmp_path / "steps.jsonl"), None)
+    assert (prefill.worker.warmup, wc.warmup) == (False, True)
     assert (prefill.worker.serve.drain_timeout_s, prefill.worker.serve.stop_grace_s) == (
         0.5, 0.25)
     assert prefill.worker.kv_secret == ClusterCredential.insecure_default().kv_secret
