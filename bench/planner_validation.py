@@ -69,10 +69,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.placement_inputs import placement_inputs, placement_table
 from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import (
     BAND_ROWS,
@@ -111,14 +113,19 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
     pools, placement = SETUPS[setup]
     spec = ClusterSpec(pools, 1, placement=placement, slo=slo, host_sharing=sharing,
                        signals=signals)
+    placements: list[dict[str, Any]] = []  # the simulated router's --placement-log
     if pools:
-        result = simulate(spec, decode, trace, prefill_profile=prefill)
+        result = simulate(spec, decode, trace, prefill_profile=prefill,
+                          placement_log=placements)
     else:
         result = simulate(spec, prefill, trace)  # the colocated worker owns both cores
     sim = result.summary(slo)
     row: dict[str, Any] = {"setup": setup, "mix": point["mix"], "rate": point["rate"],
                            "requests": len(trace), "sim_decisions": sim.decisions,
                            "real_decisions": point.get("decisions", {})}
+    seen = placement_inputs(placements)
+    if seen is not None or "placement_inputs" in point:  # sweeps since run 19 log the real one
+        row["placement_inputs"] = {"real": point.get("placement_inputs"), "sim": seen}
     for name, group, pct, attr in METRICS:
         row[name] = {"real": point[group][pct], "sim": getattr(sim, attr)}
     row["output_tok_s"] = {"real": point["output_tok_s"], "sim": sim.output_tokens_per_s}
@@ -296,6 +303,39 @@ def served_profiles(served: list[tuple[str, str, float, dict[str, Any]]], prefil
     return fitted(prefill, fits["prefill"]), fitted(decode, fits["decode"]), fits
 
 
+def handoff_gap(sweep: dict[str, Any], prefill: Profile, decode: Profile,
+                vocab: tuple[int, int], scale: float, slo: Slo, sharing: HostSharing | None,
+                signals: str) -> float | None:
+    """Seconds the real router's learnt remote overhead exceeds the simulated one's: the
+    median over the adaptive setup's chat-load points with a placement log (sweeps since
+    run 20) of their medians (bench/placement_inputs.py), real minus simulated; None without
+    such a point. The chat load only: in the mixed load a short prompt's overhead also
+    holds its wait behind long prompts, which the host model prices differently (run 20). The simulated overhead is the profile's transfer latency and
+    whatever the host model adds; the real one is every RPC of the handoff on a loaded host
+    (the profile measures the KV transport alone), so ``--handoff served`` adds this gap to
+    the prefill profile's transfer latency."""
+    gaps = []
+    for setup, points in sweep["summaries"].items():
+        if setup not in SETUPS or SETUPS[setup][1] != "adaptive":
+            continue
+        for point in points.values():
+            real = ((point.get("placement_inputs") or {}).get("chat") or {}).get("overhead_s")
+            if real is None or point["mix"] != "chat":
+                continue
+            row = compare(setup, point, trace_of(point, vocab, scale), prefill, decode, slo,
+                          sharing, signals)
+            sim = ((row.get("placement_inputs") or {}).get("sim") or {}).get("chat") or {}
+            if sim.get("overhead_s") is not None:
+                gaps.append(real - sim["overhead_s"])
+    return statistics.median(gaps) if gaps else None
+
+
+def with_handoff(profile: Profile, extra_s: float) -> Profile:
+    """``profile`` with ``extra_s`` more on every handoff (its transfer latency; >= 0)."""
+    latency = max(profile.transfer.latency_s + extra_s, 0.0)
+    return replace(profile, transfer=replace(profile.transfer, latency_s=latency))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -322,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--served-sweep", type=Path, default=None, metavar="SWEEP",
                    help="take the served factors and fits from another run's sweep file (a "
                         "run on the same host); default: the sweep being predicted")
+    p.add_argument("--handoff", default=None, metavar="served|SECONDS",
+                   help="add to the prefill profile's transfer latency (the handoff's fixed "
+                        "cost): 'served', the gap between the real router's learnt remote "
+                        "overhead and the simulated one's (the sweep's placement logs, "
+                        "chat-sized prompts); a number, that many seconds (e.g. another "
+                        "run's gap)")
     p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--signals", default="fitted", choices=list(SIGNALS),
@@ -353,6 +399,19 @@ def main(argv: list[str] | None = None) -> int:
     slo = Slo(run_args["slo_ttft"], run_args["slo_tpot"])
     scale = run_args.get("scale", 1.0)
     cal_mix, _, cal_rate = args.calibrate.partition("@")
+    if args.handoff is not None:
+        if args.handoff == "served":
+            gap = handoff_gap(sweep, *shared, vocab, scale, slo, args.host_sharing, args.signals)
+            if gap is None:
+                p.error("--handoff served: the sweep has no placement log (sweeps since run 20)")
+        else:
+            try:
+                gap = float(args.handoff)
+            except ValueError:
+                p.error(f"--handoff: 'served' or seconds, not {args.handoff!r}")
+        shared = with_handoff(shared[0], gap), shared[1]
+        print(f"handoff: +{gap * 1e3:.1f} ms on the prefill profile's transfer latency "
+              f"(now {shared[0].transfer.latency_s * 1e3:.1f} ms)")
     rows = []
     for setup, points in sweep["summaries"].items():
         if setup not in SETUPS:
@@ -382,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     workers = worker_table(rows)
     if workers:
         print("\nworkers, real / simulated:\n" + workers)
+    inputs = placement_table(rows)
+    if inputs:
+        print("\nwhat the placement model saw for chat-sized prompts (medians over its "
+              "decisions, real / simulated; seconds in ms):\n" + inputs)
     if served:
         pooled = served_sharing([o for *_, o in served])
         print("\nunder serving (the workers' step logs): the share of each one's stepping "
@@ -400,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                "tolerance": args.tolerance, "sensitivity": args.sensitivity,
                "served_from": args.served_from, "signals": args.signals,
                "served_sweep": None if args.served_sweep is None else str(args.served_sweep),
+               "handoff": args.handoff,
+               "prefill_transfer_latency_s": shared[0].transfer.latency_s,
                "serving": {role: None if fit is None else {
                    "scale": fit.scale, "overhead_s": fit.overhead_s, "steps": fit.steps}
                    for role, fit in fits.items()}, "rows": rows,

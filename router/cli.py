@@ -24,6 +24,7 @@ from common.tracing_setup import (
 )
 from common.wire import ready_line
 from router.config import PLACEMENTS, RouterConfig
+from router.handoff.placement_log import PlacementLog
 from router.model_files import router_model_dir
 from router.security import RouterSecurity
 from router.server import BindError, RouterServer
@@ -61,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-inflight", type=int, default=256)
     p.add_argument("--max-queue", type=int, default=512)
+    p.add_argument(
+        "--placement-log", default=None, metavar="FILE",
+        help="append a line per placement decision to FILE: the prompt, the decision and its "
+        "reason, both options' predicted TTFT and the inputs behind them (the workers' "
+        "step-cost fits, queues, learnt remote overheads; router/handoff/placement_log.py; "
+        "default: off)",
+    )
     p.add_argument(
         "--local-prefill-threshold",
         type=int,
@@ -230,6 +238,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_inflight=args.max_inflight,
         max_queue=args.max_queue,
         local_prefill_threshold=args.local_prefill_threshold,
+        placement_log=args.placement_log,
         placement=args.placement,
         slo_ttft_s=args.slo_ttft_s,
         slo_tpot_s=args.slo_tpot_s,
@@ -293,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_observability(args)
         config = config_from_args(args)
         security = RouterSecurity.from_config(config)  # key and TLS files: fail before binding
+        check_placement_log(config.placement_log)
         tokenizer = RouterTokenizer(config.tokenizer_dir)
     except (ValueError, TokenizerLoadError, TracingSetupError) as err:
         print(f"router: error: {err}", file=sys.stderr)
@@ -302,6 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     except BindError as err:
         print(f"router: error: {err}", file=sys.stderr)
         return 1
+
+
+def check_placement_log(path: str | None) -> None:
+    """ValueError unless ``--placement-log``'s file (when given) can be opened to append."""
+    if path:
+        try:
+            PlacementLog(path).close()
+        except OSError as exc:
+            raise ValueError(f"cannot open --placement-log {path}: {exc}") from exc
 
 
 async def _serve(

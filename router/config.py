@@ -37,6 +37,7 @@ class RouterConfig:
     retry_after_ms: int = 200
     local_prefill_threshold: int = 0
     placement: str = "adaptive"
+    placement_log: str | None = None  # a line per placement decision (handoff/placement_log.py)
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.1
     block_size: int = 16

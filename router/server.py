@@ -34,6 +34,7 @@ from router.handoff.counters import HandoffCounters
 from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
 from router.handoff.ledger import HandoffDeps
+from router.handoff.placement_log import PlacementLog
 from router.http import HttpServer
 from router.membership.health_monitor import HealthMonitor
 from router.membership.registry import Registry
@@ -89,8 +90,10 @@ class RouterServer:
         # Prompt blocks this router just placed on a worker, until its reports catch up.
         held = HeldBlocks(time.monotonic,
                           2 * config.heartbeat_interval_s + config.health_interval_s)
+        self.placement_log = PlacementLog(config.placement_log) if config.placement_log \
+            else None
         self.deps = HandoffDeps(config, self.registry, self.clients, affinity, counters,
-                                self.inflight, held=held)
+                                self.inflight, held=held, placement_log=self.placement_log)
         deps = self.deps
         self.gate = AdmissionGate(
             AdmissionLedger(config.max_inflight, config.max_queue, config.retry_after_ms)
@@ -238,3 +241,5 @@ class RouterServer:
             await self._server.stop(grace_s)
         await self.clients.close()
         self.frontend.close()
+        if self.placement_log is not None:
+            self.placement_log.close()

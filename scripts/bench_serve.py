@@ -60,6 +60,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from bench.placement_inputs import placement_inputs
 from bench.serve import add_load_args, parse_vocab, progress_printer
 from bench.serve_load import run_direct, run_load
 from bench.serve_report import Curves, plot, plot_sweep, sweep_table, table, turn_table
@@ -84,6 +85,7 @@ from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
 from bench.step_overlap import host_overlap
 from common.credential import ClusterCredential
 from engine.loader import resolve_model
+from router.handoff.placement_log import read_placement_log
 from tandem.local_cluster import Cluster, Proc
 from worker.step_log import read_step_log
 
@@ -135,12 +137,29 @@ def start_setup(
     prefill = ["--prefill", procs["prefill"].grpc] if "prefill" in procs else []
     if name == "disagg-remote":
         prefill += ["--placement", "remote"]
+    placements = [] if step_logs is None else ["--placement-log",
+                                               str(placement_log_path(step_logs))]
     procs["router"] = cluster.start(
         "router", "--port", "0", "--http-port", "0", "--tokenizer", str(model_dir),
         "--model-name", "bench",
-        "--decode", procs["decode"].grpc, *prefill, *router_extra,
+        "--decode", procs["decode"].grpc, *prefill, *router_extra, *placements,
     )
     return procs
+
+
+def placement_log_path(folder: Path) -> Path:
+    """Where a setup's router logs its placement decisions in ``folder``."""
+    return folder / "router_placements.jsonl"
+
+
+def placements_of(folder: Path, since: float, until: float) -> dict | None:
+    """What the router's placement model saw between ``since`` and ``until`` (wall clock):
+    bench/placement_inputs.placement_inputs of its log's records; None without a log or a
+    model decision in the window."""
+    path = placement_log_path(folder)
+    if not path.exists():
+        return None
+    return placement_inputs([r for r in read_placement_log(path) if since <= r["t"] <= until])
 
 
 def step_log_path(folder: Path, role: str) -> Path:
@@ -262,6 +281,9 @@ def run_sweep(
                                         for role, now in worker_reads(procs).items()}}
                 if overlap is not None:
                     summary["host_overlap"] = overlap | {"window": [began, ended]}
+                seen = placements_of(step_logs, began, ended)
+                if seen is not None:
+                    summary["placement_inputs"] = seen
                 summaries[name][point.label] = summary
                 records[name][point.label] = [asdict(r) for r in results]
                 curves[name].setdefault(point.mix, []).append((point.rate, share))

@@ -24,7 +24,7 @@ Two shortcuts keep a request's cost flat in the pool size, both exact:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from planner.sim.cluster import ClusterSpec
@@ -32,6 +32,7 @@ from planner.sim.prefill import PrefillWorker
 from planner.sim.request import SimRequest
 from router.handoff import placement
 from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads
+from router.handoff.placement_log import placement_record
 from router.handoff.policy import blocks_needed
 from router.membership.worker_view import WorkerView
 
@@ -50,6 +51,10 @@ class Placer:
         # Per prefill worker: its prefix cache's entries, its current(pushed) by pushed
         # blocks until its next observation (None: nothing observed), its own fit.
         self._table: dict[str, list[Any]] = {}
+        # The router's --placement-log, simulated: a record per decision the model made
+        # (router/handoff/placement_log.py), stamped with ``clock()`` (simulated seconds).
+        self.log: list[dict[str, Any]] | None = None
+        self.clock: Callable[[], float] = lambda: 0.0
 
     def place(self, req: SimRequest, dview: WorkerView, ranked: Sequence[WorkerView]
               ) -> Placement:
@@ -110,8 +115,12 @@ class Placer:
             else:
                 kept.append(view)
                 marks.append((work, extra, base, per_token))
-        return placement.decide(tokens, dview, kept, cluster.slo, cached=cached,
-                                overhead_s=overhead)
+        placed = placement.decide(tokens, dview, kept, cluster.slo, cached=cached,
+                                  overhead_s=overhead)
+        if self.log is not None:
+            self.log.append(placement_record(self.clock(), tokens, dview, kept, cached,
+                                             overhead, placed))
+        return placed
 
     def predicted(self, req: SimRequest, p: PrefillWorker, dview: WorkerView) -> float:
         """predict_remote's TTFT on ``p`` (what the measured time is compared against)."""

@@ -15,6 +15,8 @@ their answers. RemoteOverheads learns each prefill worker's extra seconds as the
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
 
 from planner.sim.cluster import ClusterSpec
 from planner.sim.decode import DecodeWorker
@@ -189,6 +191,12 @@ class SimRouter:
             if d.reserve(req, matched.get(view.endpoint, 0)):
                 return d, view
         return None
+
+    def log_placements(self, log: list[dict[str, Any]] | None, clock: Callable[[], float]
+                       ) -> None:
+        """Append a placement record per model decision to ``log`` (None: none), stamped
+        with ``clock()``."""
+        self._placer.log, self._placer.clock = log, clock
 
     def _place(self, req: SimRequest, d: DecodeWorker, dview: WorkerView) -> None:
         """ledger.Handoff._prefill for a leg reserved on ``d``: decide, then send."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from planner.profile import Profile
 from planner.sim.cluster import ClusterSpec, Failure, Scale
@@ -53,13 +54,17 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
              prefill_profile: Profile | None = None, events: Sequence[Failure | Scale] = (),
              exact_steps: bool = False, full_rank: bool = False,
              on_tick: Callable[[float, SimRouter, Pools], None] | None = None,
-             tick_s: float = 0.0) -> SimResult:
+             tick_s: float = 0.0, placement_log: list[dict[str, Any]] | None = None
+             ) -> SimResult:
     """Serve ``trace`` on ``cluster`` (decode workers on ``profile``, prefill workers on
     ``prefill_profile`` or the same) with ``events`` applied at their times.
 
     ``exact_steps`` wakes decode workers every step instead of at batch changes, and
     ``full_rank`` hands the router's policies every worker instead of the candidates that
     can win: both are slow references for the tests, with the same results.
+
+    ``placement_log``: gets a record per decision the placement model made (the router's
+    ``--placement-log`` records, router/handoff/placement_log.py; time in simulated seconds).
 
     ``on_tick(now, router, pools)`` (with ``tick_s`` > 0) is called at 0, ``tick_s``,
     ``2 tick_s``, ... while arrivals or events are pending: a controller's hook that reads
@@ -72,6 +77,7 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
     queue = EventQueue()
     router = SimRouter(cluster, queue, profile.block_size, full_rank,
                        request_overhead_s=profile.serving_request_s)
+    router.log_placements(placement_log, lambda: queue.now)
     pools = Pools(router, queue, profile, p_profile, exact_steps, cluster.host_sharing,
                   fitted=cluster.signals == "fitted")
     for _ in range(cluster.prefill_workers):

@@ -58,6 +58,7 @@ from router.handoff.fork import merge_sequences
 from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
 from router.handoff.placement import Decision, Reason, RemoteOverheads
+from router.handoff.placement_log import PlacementLog
 from router.membership.registry import Registry
 from router.membership.worker_clients import WorkerClients
 from router.membership.worker_view import Role
@@ -80,6 +81,7 @@ class HandoffDeps:
     inflight: InflightCalls = field(default_factory=InflightCalls)
     overheads: RemoteOverheads = field(default_factory=RemoteOverheads)
     held: HeldBlocks = field(default_factory=lambda: HeldBlocks(time.monotonic, 6.0))
+    placement_log: PlacementLog | None = None  # --placement-log
 
 
 @dataclass(slots=True)
@@ -310,7 +312,8 @@ class Handoff:
             leg.reservation.cached_tokens)
         with tracing.span("placement", self._span) as span:
             placed = prefill_placement.place(deps.config, deps.registry, deps.overheads,
-                                             len(tokens), leg.endpoint, ranked, cached)
+                                             len(tokens), leg.endpoint, ranked, cached,
+                                             deps.placement_log)
             span.set_attributes({"tandem.decision": placed.decision.value,
                                  "tandem.reason": placed.reason.value,
                                  "tandem.prompt_tokens": len(tokens)})

@@ -14,11 +14,13 @@ simulated pools.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from router.config import RouterConfig
 from router.handoff import placement, policy
 from router.handoff.held_blocks import HeldBlocks
 from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads, Slo
+from router.handoff.placement_log import PlacementLog, placement_record
 from router.membership.registry import Registry
 from router.membership.worker_view import Role, WorkerView
 
@@ -37,8 +39,10 @@ def cached_tokens(block_size: int, held: HeldBlocks, owners: list[tuple[str, int
 
 
 def place(config: RouterConfig, registry: Registry, overheads: RemoteOverheads, n_tokens: int,
-          decode_endpoint: str, ranked: list[WorkerView], cached: dict[str, int]) -> Placement:
-    """Where this prompt of ``n_tokens`` is prefilled (router/handoff/placement.py)."""
+          decode_endpoint: str, ranked: list[WorkerView], cached: dict[str, int],
+          log: PlacementLog | None = None) -> Placement:
+    """Where this prompt of ``n_tokens`` is prefilled (router/handoff/placement.py); ``log``
+    (``--placement-log``) gets the decision with its inputs."""
     if ranked and config.placement == "remote" and config.local_prefill_threshold == 0:
         return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
     decode = registry.view(decode_endpoint) or WorkerView(decode_endpoint, Role.DECODE)
@@ -46,11 +50,15 @@ def place(config: RouterConfig, registry: Registry, overheads: RemoteOverheads, 
     # reservation); the model adds the new request's row itself.
     decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
     pushed = policy.blocks_needed(n_tokens - cached.get(decode_endpoint, 0), config.block_size)
-    return placement.decide(
+    overhead_s = overheads.current(pushed)
+    placed = placement.decide(
         n_tokens, decode, ranked, Slo(config.slo_ttft_s, config.slo_tpot_s),
-        cached=cached, overhead_s=overheads.current(pushed),
-        threshold=config.local_prefill_threshold,
+        cached=cached, overhead_s=overhead_s, threshold=config.local_prefill_threshold,
     )
+    if log is not None:
+        log.write(placement_record(time.time(), n_tokens, decode, ranked, cached, overhead_s,
+                                   placed))
+    return placed
 
 
 def learn_overhead(registry: Registry, overheads: RemoteOverheads, worker: WorkerView,

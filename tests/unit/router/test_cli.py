@@ -45,6 +45,13 @@ def test_bad_config_exits_2(
     assert "router: error:" in capsys.readouterr().err
 
 
+def test_an_unwritable_placement_log_exits_2(tok_dir: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tokenizer", tok_dir, "--cluster-secret-file", str(SECRET_FILE),
+                 "--placement-log", str(tmp_path / "no" / "such" / "dir.jsonl")]) == 2
+    assert "cannot open --placement-log" in capsys.readouterr().err
+
+
 def test_missing_tokenizer_dir_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--tokenizer", str(tmp_path / "nope"), "--max-model-len", "64",
                  "--cluster-secret-file", str(SECRET_FILE)]) == 2

@@ -7,6 +7,7 @@ import asyncio
 from prometheus_client import generate_latest
 
 from protos.tandem.v1 import tandem_pb2
+from router.handoff.placement_log import read_placement_log
 from router.tokenizer import RouterTokenizer
 from tests.scrape import parse
 from tests.unit.router.fakes import expected_output
@@ -97,5 +98,34 @@ def test_remote_overhead_is_learned(tokenizer: RouterTokenizer) -> None:
             await c.generate(_request(LONG))
             overheads = c.router.deps.overheads.current()
             assert list(overheads) == [c.prefill_endpoints[0]] and overheads[c.prefill_endpoints[0]] >= 0.0
+
+    asyncio.run(scenario())
+
+
+def test_the_placement_log_keeps_each_decision_with_its_inputs(
+        tokenizer: RouterTokenizer, tmp_path) -> None:
+    """--placement-log: one record per decision, with both options' predictions (the ones
+    placement.decide compared) and the fits, queues and overheads behind them."""
+    path = tmp_path / "placements.jsonl"
+
+    async def scenario() -> None:
+        async with cluster(tokenizer, placement_log=str(path)) as c:
+            await _with_costs(c)
+            await c.generate(_request(SHORT))
+            await c.generate(_request(LONG))
+        records = read_placement_log(path)
+        assert [(r["tokens"], r["decision"], r["reason"]) for r in records] == [
+            (len(SHORT), "local", "slo"), (len(LONG), "remote", "slo")]
+        short, long = records
+        # the chat turn: local is predicted faster than a prefill worker 3,000 tokens behind
+        remote = short["prefill"][0]
+        assert short["local"]["ttft_s"] < remote["ttft_s"]
+        assert remote["queued"] == 3000 and remote["per_token_s"] == 0.0004
+        assert short["decode"]["base_s"] == 0.03 and short["decode"]["running"] == 8
+        assert long["endpoint"] == remote["endpoint"] == c.prefill_endpoints[0]
+        # the RAG prompt: local would be sooner, but its chunks would stall D's 8 streams
+        # past the TPOT target (0.1 s); remote keeps their gap at a plain step's
+        assert long["local"]["gap_s"] > 0.1 >= long["prefill"][0]["gap_s"]
+        assert path.stat().st_mode & 0o777 == 0o600
 
     asyncio.run(scenario())
