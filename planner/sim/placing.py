@@ -51,8 +51,9 @@ class Placer:
         # Per prefill worker: its prefix cache's entries, its current(pushed) by pushed
         # blocks until its next observation (None: nothing observed), its own fit.
         self._table: dict[str, list[Any]] = {}
-        # The router's --placement-log, simulated: a record per decision the model made
-        # (router/handoff/placement_log.py), stamped with ``clock()`` (simulated seconds).
+        # The router's --placement-log, simulated: a record per decision of the adaptive
+        # path (router/handoff/placement_log.py; the threshold, colocated and full-rank
+        # paths are not logged), stamped with ``clock()`` (simulated seconds).
         self.log: list[dict[str, Any]] | None = None
         self.clock: Callable[[], float] = lambda: 0.0
 
