@@ -124,7 +124,7 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
                            "requests": len(trace), "sim_decisions": sim.decisions,
                            "real_decisions": point.get("decisions", {})}
     seen = placement_inputs(placements)
-    if seen is not None or "placement_inputs" in point:  # sweeps since run 19 log the real one
+    if seen is not None or "placement_inputs" in point:  # sweeps since run 20 log the real one
         row["placement_inputs"] = {"real": point.get("placement_inputs"), "sim": seen}
     for name, group, pct, attr in METRICS:
         row[name] = {"real": point[group][pct], "sim": getattr(sim, attr)}
@@ -310,10 +310,11 @@ def handoff_gap(sweep: dict[str, Any], prefill: Profile, decode: Profile,
     median over the adaptive setup's chat-load points with a placement log (sweeps since
     run 20) of their medians (bench/placement_inputs.py), real minus simulated; None without
     such a point. The chat load only: in the mixed load a short prompt's overhead also
-    holds its wait behind long prompts, which the host model prices differently (run 20). The simulated overhead is the profile's transfer latency and
-    whatever the host model adds; the real one is every RPC of the handoff on a loaded host
-    (the profile measures the KV transport alone), so ``--handoff served`` adds this gap to
-    the prefill profile's transfer latency."""
+    holds its wait behind long prompts, which the host model prices differently (run 20).
+    The simulated overhead is the profile's transfer latency and whatever the host model
+    adds; the real one is every RPC of the handoff on a loaded host (the profile measures
+    the KV transport alone), so ``--handoff served`` adds this gap to the prefill profile's
+    transfer latency."""
     gaps = []
     for setup, points in sweep["summaries"].items():
         if setup not in SETUPS or SETUPS[setup][1] != "adaptive":
@@ -365,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--handoff", default=None, metavar="served|SECONDS",
                    help="add to the prefill profile's transfer latency (the handoff's fixed "
                         "cost): 'served', the gap between the real router's learnt remote "
-                        "overhead and the simulated one's (the sweep's placement logs, "
-                        "chat-sized prompts); a number, that many seconds (e.g. another "
-                        "run's gap)")
+                        "overhead and the simulated one's (the placement logs of the "
+                        "sweep's chat-load points); a number, that many seconds (e.g. "
+                        "another run's gap)")
     p.add_argument("--sensitivity", type=float, default=0.0, metavar="F",
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--signals", default="fitted", choices=list(SIGNALS),

@@ -1,6 +1,7 @@
-"""The start-up warm-up (engine/warmup.py): it leaves a step-cost fit with every coefficient
-known, no block referenced or cached, exactly the steps common/warmup_plan.py predicts, the engine's counters at zero, and a later request's
-output exactly as without it; it fits engines too small for its default shapes."""
+"""The start-up warm-up (engine/warmup.py): it runs exactly the steps common/warmup_plan.py
+predicts and leaves a step-cost fit with every coefficient known, no block referenced or
+cached, the engine's counters at zero, and a later request's output exactly as without it;
+it fits engines too small for its default shapes."""
 
 from __future__ import annotations
 
