@@ -26,9 +26,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from bench.serve_load import run_load
+from bench.serve_stats import decision_counts
 from bench.serve_workload import RequestSpec
 from tandem.local_cluster import Cluster, Proc
 
@@ -49,10 +48,7 @@ class Start:
 
 def _decisions(router: Proc) -> dict[str, float]:
     with urllib.request.urlopen(f"http://{router.info['http']}/metrics", timeout=30) as reply:
-        text = reply.read().decode()
-    return {f"{s.labels['decision']}/{s.labels['reason']}": s.value
-            for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name == "tandem_disagg_decision_total"}
+        return decision_counts(reply.read().decode())
 
 
 def one_start(model_dir: Path, mode: str, round_no: int) -> Start:

@@ -159,6 +159,16 @@ def worker_counters(metrics_text: str) -> dict[str, float]:
     return out
 
 
+def decision_counts(metrics_text: str) -> dict[str, float]:
+    """``decision/reason`` -> count, from a router's /metrics text
+    (``tandem_disagg_decision_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f"{s.labels['decision']}/{s.labels['reason']}": s.value
+            for family in text_string_to_metric_families(metrics_text) for s in family.samples
+            if s.name == "tandem_disagg_decision_total"}
+
+
 def worker_activity(before: dict[str, float], after: dict[str, float],
                     duration_s: float) -> dict[str, float]:
     """What one worker did between two reads of its ``WORKER_COUNTERS``: steps, seconds

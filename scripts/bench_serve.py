@@ -68,6 +68,7 @@ from bench.serve_stats import (
     RequestResult,
     attainment,
     by_turn,
+    decision_counts,
     percentile,
     summarize,
     worker_activity,
@@ -202,10 +203,7 @@ def _samples(router: Proc) -> list[Sample]:
 
 def placement_decisions(router: Proc) -> dict[str, float]:
     """``decision/reason`` -> count, from the router's tandem_disagg_decision_total."""
-    return {
-        f"{s.labels['decision']}/{s.labels['reason']}": s.value
-        for s in _samples(router) if s.name == "tandem_disagg_decision_total"
-    }
+    return decision_counts(_metrics_text(router.info["http"]))
 
 
 def worker_reads(procs: dict[str, Proc]) -> dict[str, dict[str, float]]:

@@ -147,6 +147,24 @@ def _rows(d: WorkerView) -> int:
     return max(d.num_running, d.active)
 
 
+def weigh(prompt_tokens: int, decode: WorkerView, prefill: Sequence[WorkerView],
+          cached: Mapping[str, int], overhead_s: Mapping[str, float]
+          ) -> tuple[list[tuple[WorkerView, Prediction | None]], Prediction | None]:
+    """The options :func:`decide` compares for a prompt of ``prompt_tokens``: each of the
+    first ``MAX_CANDIDATES`` prefill workers with its remote prediction, and the local one
+    (None where a side has no fitted costs). A decode worker that never prefilled borrows the
+    first prefill worker's cost per token that is known (same model)."""
+
+    def new(endpoint: str) -> int:
+        return max(prompt_tokens - cached.get(endpoint, 0), 1)  # the last token always runs
+
+    remote = [(p, predict_remote(p, decode, new(p.endpoint), overhead_s.get(p.endpoint, 0.0)))
+              for p in prefill[:MAX_CANDIDATES]]
+    borrowed = next((p.step_per_prefill_token_s for p in prefill
+                     if p.step_per_prefill_token_s is not None), None)
+    return remote, predict_local(decode, new(decode.endpoint), borrowed)
+
+
 def decide(
     prompt_tokens: int,
     decode: WorkerView,
@@ -170,20 +188,8 @@ def decide(
         if prompt_tokens < threshold:
             return Placement(Decision.LOCAL, Reason.THRESHOLD)
         return Placement(Decision.REMOTE, Reason.THRESHOLD, prefill[0].endpoint)
-    cached = cached or {}
-    overhead_s = overhead_s or {}
-
-    def new(endpoint: str) -> int:
-        return max(prompt_tokens - cached.get(endpoint, 0), 1)  # the last token always runs
-
-    options: list[Prediction] = []
-    for p in prefill[:MAX_CANDIDATES]:
-        pred = predict_remote(p, decode, new(p.endpoint), overhead_s.get(p.endpoint, 0.0))
-        if pred is not None:
-            options.append(pred)
-    borrowed = next((p.step_per_prefill_token_s for p in prefill
-                     if p.step_per_prefill_token_s is not None), None)
-    local = predict_local(decode, new(decode.endpoint), borrowed)
+    remote, local = weigh(prompt_tokens, decode, prefill, cached or {}, overhead_s or {})
+    options = [pred for _, pred in remote if pred is not None]
     if local is not None:
         options.append(local)
     if not options or local is None or len(options) == 1:

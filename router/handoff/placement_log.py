@@ -38,15 +38,11 @@ def placement_record(t: float, prompt_tokens: int, decode: WorkerView,
                      prefill: Sequence[WorkerView], cached: Mapping[str, int],
                      overhead_s: Mapping[str, float], placed: Placement) -> dict[str, Any]:
     """One decision and its inputs as a JSON-able dict (the module docstring's fields);
-    ``t``: when (wall clock, or simulated seconds)."""
-
-    def new(endpoint: str) -> int:  # as placement.decide counts a prompt's uncached tokens
-        return max(prompt_tokens - cached.get(endpoint, 0), 1)
-
+    ``t``: when (wall clock, or simulated seconds). The predictions are the ones
+    placement.decide compared (placement.weigh)."""
+    remote, local = placement.weigh(prompt_tokens, decode, prefill, cached, overhead_s)
     candidates = []
-    for p in prefill[:placement.MAX_CANDIDATES]:
-        pred = placement.predict_remote(p, decode, new(p.endpoint),
-                                        overhead_s.get(p.endpoint, 0.0))
+    for p, pred in remote:
         candidates.append({
             "endpoint": p.endpoint, "base_s": p.step_base_s,
             "per_token_s": p.step_per_prefill_token_s, "queued": p.queued_prefill_tokens,
@@ -54,9 +50,6 @@ def placement_record(t: float, prompt_tokens: int, decode: WorkerView,
             "ttft_s": None if pred is None else pred.ttft_s,
             "gap_s": None if pred is None else pred.decode_gap_s,
         })
-    borrowed = next((p.step_per_prefill_token_s for p in prefill
-                     if p.step_per_prefill_token_s is not None), None)
-    local = placement.predict_local(decode, new(decode.endpoint), borrowed)
     return {
         "t": round(t, 6), "tokens": prompt_tokens, "decision": placed.decision.value,
         "reason": placed.reason.value, "endpoint": placed.endpoint,
