@@ -10,7 +10,7 @@ A request's life is a chain of queues (each module opens with its own part)::
               token a step -> released (its prefix stays cached) -> the router's next
 
 The router's own pure code places every request: router/handoff/policy.py (rank_decode,
-rank_prefill), router/handoff/placement.py (decide, predict_remote, RemoteOverheads) over
+rank_prefill), router/handoff/placement.py (decide, predict_remote, PrefillOverheads) over
 router/membership/worker_view.py snapshots, in router/handoff/ledger.py's order.
 
 Exact shortcuts keep 1,000 workers fast; each has a slow reference the tests compare with:
@@ -19,7 +19,7 @@ Exact shortcuts keep 1,000 workers fast; each has a slow reference the tests com
   ``simulate(exact_steps=True)`` steps one at a time.
 - The policies see the workers that can come first, from pools kept sorted by their own
   keys (index.py); decide sees the prefill candidates an earlier one does not beat on
-  both queued work and overhead, and RemoteOverheads is kept per worker (placing.py);
+  both queued work and overhead, and PrefillOverheads is kept per worker (placing.py);
   rank_decode is not asked to order a single candidate. ``simulate(full_rank=True)``
   hands them every worker, as the ledger does.
 

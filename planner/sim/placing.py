@@ -1,13 +1,14 @@
 """One leg's placement: router/handoff/prefill_placement.py's ``place`` over the simulated pools.
 
 The inputs are built as the ledger builds them: ``cached`` (the decode worker's Reserve
-answer, each prefill candidate's cached prefix), the remote overheads RemoteOverheads has
-learnt for a push of the blocks D lacks, the fixed threshold; then placement.decide (or
+answer, each prefill candidate's cached prefix), the overheads PrefillOverheads has learnt
+for a prompt of the blocks D lacks (each prefill worker's remote prefills, the decode
+worker's local ones), the fixed threshold; then placement.decide (or
 "remote": CONFIGURED) answers.
 
 Two shortcuts keep a request's cost flat in the pool size, both exact:
 
-- One RemoteOverheads per prefill worker: ``current()`` maps every worker it has seen, and
+- One PrefillOverheads per worker: ``current()`` maps every worker it has seen, and
   a request needs only its candidates' figures (each worker's fit is its own either way);
   a worker's figure for a push size is kept until its next observation changes the fit.
 - decide weighs its first MAX_CANDIDATES prefill workers. predict_remote's TTFT only grows
@@ -31,14 +32,14 @@ from planner.sim.cluster import ClusterSpec
 from planner.sim.prefill import PrefillWorker
 from planner.sim.request import SimRequest
 from router.handoff import placement
-from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads
+from router.handoff.placement import Decision, Placement, PrefillOverheads, Reason
 from router.handoff.placement_log import placement_record
 from router.handoff.policy import blocks_needed
 from router.membership.worker_view import WorkerView
 
 
 class Placer:
-    """Decides where each leg's prompt is prefilled, and learns remote overheads."""
+    """Decides where each leg's prompt is prefilled, and learns the overheads."""
 
     def __init__(self, cluster: ClusterSpec, prefill: Mapping[str, PrefillWorker],
                  block_size: int, full: bool = False) -> None:
@@ -47,7 +48,8 @@ class Placer:
         self._bs = block_size
         self._full = full
         self._remote = cluster.placement == "remote" and cluster.local_prefill_threshold == 0
-        self._shared = RemoteOverheads()  # full mode: the ledger's single instance
+        self._shared = PrefillOverheads()  # full mode: the ledger's single instance
+        self._local: dict[str, PrefillOverheads] = {}  # per decode worker, its local prefills
         # Per prefill worker: its prefix cache's entries, its current(pushed) by pushed
         # blocks until its next observation (None: nothing observed), its own fit.
         self._table: dict[str, list[Any]] = {}
@@ -116,6 +118,9 @@ class Placer:
             else:
                 kept.append(view)
                 marks.append((work, extra, base, per_token))
+        local = self._local.get(dview.endpoint)
+        if local is not None:
+            overhead[dview.endpoint] = local.current(pushed)[dview.endpoint]
         placed = placement.decide(tokens, dview, kept, cluster.slo, cached=cached,
                                   overhead_s=overhead)
         if self.log is not None:
@@ -129,19 +134,28 @@ class Placer:
         predicted = placement.predict_remote(p.view(), dview, new)
         return predicted.ttft_s if predicted is not None else -1.0
 
-    def learn(self, endpoint: str, req: SimRequest, measured_s: float) -> None:
-        """Fold one remote prefill's measured time into ``endpoint``'s overhead fit."""
-        if req.predicted_s < 0:
+    def learn(self, endpoint: str, req: SimRequest, measured_s: float, predicted_s: float
+              ) -> None:
+        """Fold one prefill's measured time into ``endpoint``'s overhead fit: a remote one
+        on a prefill worker, or a local one on the decode worker (``predicted_s``: the
+        model's compute part at the decision; < 0: nothing to learn)."""
+        if predicted_s < 0:
             return
         pushed = blocks_needed(req.tokens - req.d_cached, self._bs)
         if self._full:
-            self._shared.observe(endpoint, measured_s, req.predicted_s, pushed)
+            self._shared.observe(endpoint, measured_s, predicted_s, pushed)
+            return
+        if endpoint not in self._prefill:  # a decode worker's local prefill
+            fit = self._local.get(endpoint)
+            if fit is None:
+                fit = self._local[endpoint] = PrefillOverheads()
+            fit.observe(endpoint, measured_s, predicted_s, pushed)
             return
         info = self._table.get(endpoint) or self._info(endpoint)
-        info[2].observe(endpoint, measured_s, req.predicted_s, pushed)
+        info[2].observe(endpoint, measured_s, predicted_s, pushed)
         info[1] = {}
 
     def _info(self, endpoint: str) -> list[Any]:
         info = self._table[endpoint] = [self._prefill[endpoint].cache.entries, None,
-                                        RemoteOverheads()]
+                                        PrefillOverheads()]
         return info

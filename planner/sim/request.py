@@ -48,6 +48,9 @@ class SimRequest:
     p_attempts: int = 0  # remote prefill attempts of this leg
     dispatch_s: float = 0.0
     predicted_s: float = -1.0  # placement.predict_remote's TTFT of the chosen prefill worker
+    # A local prefill the model placed: its predicted compute (Prediction.compute_s), to
+    # learn from when its first token comes (-1: nothing to learn, as for a fallback).
+    local_predicted_s: float = -1.0
     first_token_s: float = NAN
     leg_token_s: float = NAN  # when this leg's first token reached the router
     finish_s: float = NAN

@@ -9,7 +9,7 @@
 
 The policies and the placement model are the router's own functions, imported; this module
 only builds their inputs (planner/sim/index.py says which workers it hands them) and acts on
-their answers. RemoteOverheads learns each prefill worker's extra seconds as the ledger does.
+their answers. PrefillOverheads learns each worker's extra seconds as the ledger does.
 """
 
 from __future__ import annotations
@@ -206,6 +206,8 @@ class SimRouter:
         if not req.decision:
             req.decision, req.reason = key
         if placed.decision is Decision.LOCAL:
+            if self._adaptive and placed.predicted is not None:
+                req.local_predicted_s = placed.predicted.compute_s
             d.add_local(req, self._events.now)
         else:
             self._send(req, self._pmap[placed.endpoint], dview)
@@ -234,7 +236,7 @@ class SimRouter:
     def _send(self, req: SimRequest, p: PrefillWorker, dview: WorkerView) -> None:
         req.p_attempts += 1
         req.prefill_endpoint = p.endpoint
-        if self._adaptive:  # what RemoteOverheads compares the measured time against
+        if self._adaptive:  # what PrefillOverheads compares the measured time against
             req.predicted_s = self._placer.predicted(req, p, dview)
         p.enqueue(req, self._events.now)
         self._touch_p(p)
@@ -259,6 +261,11 @@ class SimRouter:
 
     def first_token(self, req: SimRequest, at_s: float) -> None:
         """A leg's first token reached the router at ``at_s``."""
+        if req.local_predicted_s >= 0:  # a placed local prefill: what it took, as the ledger
+            assert req.decode is not None
+            self._placer.learn(req.decode.endpoint, req, at_s - req.dispatch_s,
+                               req.local_predicted_s)
+            req.local_predicted_s = -1.0
         if req.sent == 0:
             req.first_token_s = at_s + self._request_overhead
             self.tallies.ttft.observe(req.first_token_s - req.arrival_s)
@@ -287,7 +294,8 @@ class SimRouter:
         if req.next_group >= 0:
             self._affinity[req.next_group] = (worker, min(req.next_prefix, req.prompt) // bs)
         if self._adaptive:
-            self._placer.learn(worker.endpoint, req, at_router - req.dispatch_s)
+            self._placer.learn(worker.endpoint, req, at_router - req.dispatch_s,
+                               req.predicted_s)
         self._events.push(at_s + push_s, self._kv_arrived, req, req.leg)
 
     def _timed_out(self, req: SimRequest, attempt: tuple[int, PrefillWorker]) -> None:

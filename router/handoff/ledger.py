@@ -57,7 +57,7 @@ from router.handoff.deadline import Deadline
 from router.handoff.fork import merge_sequences
 from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
-from router.handoff.placement import Decision, Reason, RemoteOverheads
+from router.handoff.placement import Decision, PrefillOverheads, Reason
 from router.handoff.placement_log import PlacementLog
 from router.membership.registry import Registry
 from router.membership.worker_clients import WorkerClients
@@ -79,7 +79,7 @@ class HandoffDeps:
     affinity: PrefixAffinity
     counters: HandoffCounters
     inflight: InflightCalls = field(default_factory=InflightCalls)
-    overheads: RemoteOverheads = field(default_factory=RemoteOverheads)
+    overheads: PrefillOverheads = field(default_factory=PrefillOverheads)
     held: HeldBlocks = field(default_factory=lambda: HeldBlocks(time.monotonic, 6.0))
     placement_log: PlacementLog | None = None  # --placement-log
 
@@ -318,6 +318,9 @@ class Handoff:
                                  "tandem.reason": placed.reason.value,
                                  "tandem.prompt_tokens": len(tokens)})
         counters.decisions[(placed.decision.value, placed.reason.value)] += 1
+        # The KV blocks D lacks: what a remote prefill pushes, the size the overheads fit by.
+        blocks = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
+                                      deps.config.block_size)
         reply: worker_pb2.PrefillResponse | None = None
         if placed.decision is Decision.LOCAL:
             if placed.reason is Reason.COLOCATED:
@@ -337,17 +340,20 @@ class Handoff:
                 if reply is not None:
                     deps.affinity.record(hashes, worker.endpoint)
                     deps.held.record(worker.endpoint, hashes)
-                    pushed = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
-                                                  deps.config.block_size)
-                    prefill_placement.learn_overhead(deps.registry, deps.overheads, worker,
-                                                     leg.endpoint, new, pushed,
+                    predicted = placed.predicted if i == 0 else prefill_placement.predict_remote(
+                        deps.registry, worker, leg.endpoint, new)
+                    prefill_placement.learn_overhead(deps.overheads, predicted, blocks,
                                                      time.perf_counter() - t0)
                     break
             if reply is None:
                 counters.local_prefill_fallbacks += 1
                 leg = await self._renew(leg)
         if reply is None:
+            t0 = time.perf_counter()
             reply = await self._prefill_local(leg, len(tokens) - leg.reservation.cached_tokens)
+            if placed.decision is Decision.LOCAL:  # a fallback's time was not predicted
+                prefill_placement.learn_overhead(deps.overheads, placed.predicted, blocks,
+                                                 time.perf_counter() - t0)
         self.report.prefill_s += time.perf_counter() - started
         if not self._sent:  # the first leg's figures describe the client's prompt
             self.report.cached_tokens = reply.cached_tokens

@@ -13,16 +13,20 @@ and reports in Stats)::
 
     step(rows, tokens)  = base + per_row * rows + per_token * tokens
     remote TTFT on P    = steps(P.queued + new_P, C_P) * base_P + (P.queued + new_P) * per_token_P
-                          + overhead_P(pushed blocks)   (router-measured: the RPCs and the KV
-                                             push the model misses, fixed + per block)
+                          + overhead_P(blocks)   (router-measured: the RPCs and the KV push
+                                                  the model misses, and its error on P)
     local TTFT on D     = steps(D.queued + new_D, C_D - rows_D) * (base_D + per_row_D * rows_D)
                           + (D.queued + new_D) * per_token_D
+                          + overhead_D(blocks)   (router-measured: the model's error on D)
     D's token gap       = remote: step_D(rows_D + 1, 0)
                           local:  step_D(rows_D + 1, min(C_D - rows_D, D.queued + new_D))
 
 ``new_X`` is the prompt less the prefix X already caches; ``C_X`` the tokens one step may
 take (its chunk budget); ``steps(n, c) = ceil(n / c)``; ``rows_D`` the streams running on D
-(the larger of its report and the router's own count). A decode worker that never prefilled
+(the larger of its report and the router's own count); ``blocks`` the KV blocks of the
+prompt D lacks (what a remote prefill pushes). Both overheads are learnt the same way
+(:class:`PrefillOverheads`), from each finished prefill's measured time against its
+prediction at the decision, so neither option carries an error the other is spared. A decode worker that never prefilled
 borrows the prefill worker's per-token cost (same model); without any fitted cost the
 decision is the one before this model existed: remote whenever a prefill worker exists.
 Everything here is pure: no I/O, no clock; the router calls it once per request.
@@ -78,6 +82,12 @@ class Prediction:
     endpoint: str  # the prefill worker (remote) or the decode worker (local)
     ttft_s: float
     decode_gap_s: float  # the token gap running streams on the decode worker see meanwhile
+    overhead_s: float = 0.0  # the learnt part of ttft_s (PrefillOverheads); the rest is compute
+
+    @property
+    def compute_s(self) -> float:
+        """The model's part of ``ttft_s``: what a measured prefill is compared against."""
+        return self.ttft_s - self.overhead_s
 
     def miss(self, slo: Slo) -> float:
         """How far outside the targets: max of predicted / target (<= 1: inside both)."""
@@ -112,14 +122,15 @@ def predict_remote(
     if gap is None:
         return None
     work = p.queued_prefill_tokens + new_tokens
-    ttft = (_steps(work, _chunk(p)) * p.step_base_s + work * p.step_per_prefill_token_s
-            + max(overhead_s, 0.0))
-    return Prediction(Decision.REMOTE, p.endpoint, ttft, gap)
+    extra = max(overhead_s, 0.0)
+    ttft = _steps(work, _chunk(p)) * p.step_base_s + work * p.step_per_prefill_token_s + extra
+    return Prediction(Decision.REMOTE, p.endpoint, ttft, gap, extra)
 
 
-def predict_local(d: WorkerView, new_tokens: int, borrowed_per_token_s: float | None = None
-                  ) -> Prediction | None:
-    """Local (chunked) prefill on ``d``; None without fitted costs."""
+def predict_local(d: WorkerView, new_tokens: int, borrowed_per_token_s: float | None = None,
+                  overhead_s: float = 0.0) -> Prediction | None:
+    """Local (chunked) prefill on ``d``, plus the router's learnt ``overhead_s`` for it; None
+    without fitted costs."""
     per_token = d.step_per_prefill_token_s
     if per_token is None:
         per_token = borrowed_per_token_s
@@ -130,9 +141,10 @@ def predict_local(d: WorkerView, new_tokens: int, borrowed_per_token_s: float | 
     budget = max(_chunk(d) - rows, 1)
     work = d.queued_prefill_tokens + new_tokens
     steps = _steps(work, budget)
-    ttft = steps * (d.step_base_s + per_row * rows) + work * per_token
+    extra = max(overhead_s, 0.0)
+    ttft = steps * (d.step_base_s + per_row * rows) + work * per_token + extra
     gap = d.step_base_s + per_row * (rows + 1) + per_token * min(budget, work)
-    return Prediction(Decision.LOCAL, d.endpoint, ttft, gap)
+    return Prediction(Decision.LOCAL, d.endpoint, ttft, gap, extra)
 
 
 def _decode_gap(d: WorkerView) -> float | None:
@@ -153,7 +165,8 @@ def weigh(prompt_tokens: int, decode: WorkerView, prefill: Sequence[WorkerView],
     """The options :func:`decide` compares for a prompt of ``prompt_tokens``: each of the
     first ``MAX_CANDIDATES`` prefill workers with its remote prediction, and the local one
     (None where a side has no fitted costs). A decode worker that never prefilled borrows the
-    first prefill worker's cost per token that is known (same model)."""
+    first prefill worker's cost per token that is known (same model). ``overhead_s``: the
+    learnt overheads by endpoint (the prefill workers' and the decode worker's)."""
 
     def new(endpoint: str) -> int:
         return max(prompt_tokens - cached.get(endpoint, 0), 1)  # the last token always runs
@@ -162,7 +175,8 @@ def weigh(prompt_tokens: int, decode: WorkerView, prefill: Sequence[WorkerView],
               for p in prefill[:MAX_CANDIDATES]]
     borrowed = next((p.step_per_prefill_token_s for p in prefill
                      if p.step_per_prefill_token_s is not None), None)
-    return remote, predict_local(decode, new(decode.endpoint), borrowed)
+    return remote, predict_local(decode, new(decode.endpoint), borrowed,
+                                 overhead_s.get(decode.endpoint, 0.0))
 
 
 def decide(
@@ -179,7 +193,8 @@ def decide(
     ``prefill``: candidate prefill workers, best first (policy.rank_prefill; the first
     ``MAX_CANDIDATES`` are weighed). ``cached``:
     prompt tokens each endpoint is known to hold already (prefix cache). ``overhead_s``: the
-    router's measured extra seconds per remote prefill worker. ``threshold`` > 0: the fixed
+    router's measured extra seconds per endpoint (a prefill worker's remote prefills, the
+    decode worker's local ones; :class:`PrefillOverheads`). ``threshold`` > 0: the fixed
     override, prompts shorter than it go local and the rest remote, no model consulted.
     """
     if not prefill:
@@ -206,16 +221,27 @@ def decide(
     return Placement(best.decision, reason, endpoint, best)
 
 
-class RemoteOverheads:
-    """Per prefill worker, what a remote prefill takes beyond the model's compute prediction
-    (the RPCs, the KV push, the commit), fitted as ``fixed + per_block * pushed_blocks``.
+class PrefillOverheads:
+    """Per worker that prefilled, what its prefills took beyond the model's prediction at the
+    decision, fitted as ``fixed + per_block * blocks`` (``blocks``: the prompt's KV blocks
+    the decode worker lacked, what a remote prefill pushes).
+
+    For a prefill worker that is its remote prefills' extra: the Prefill RPC, the KV push and
+    the commit, plus wherever its served steps run longer or shorter than its reported fit.
+    For a decode worker it is its local prefills' extra over the same kind of prediction. Both
+    are learnt, so the comparison in :func:`decide` is between two corrected predictions; with
+    only the remote side corrected, the fit's error on a host that slows every served step
+    (measured: 1.1-1.3x on this project's 2-core box) counted against remote alone.
 
     A prefix-delta handoff pushes only the blocks after the decode worker's cached prefix,
     so one flat figure would charge a short delta the cost of a whole-prompt push (or the
-    reverse). Each worker's two numbers are exponential moving averages over the pushes
-    seen: the mean overhead and mean block count, and their covariance over the blocks'
+    reverse). Each worker's two numbers are exponential moving averages over the prefills
+    seen: the mean extra and mean block count, and their covariance over the blocks'
     variance for the slope (a one-variable least-squares fit with forgetting). Until the
-    pushes vary in size the slope stays 0 and the mean stands for every size.
+    sizes vary the slope stays 0 and the mean stands for every size. Every measured extra
+    goes in as it is, a negative one (faster than predicted) too: clipping each at 0 would
+    turn the noise of single prefills into a standing penalty. :meth:`current` never
+    answers below 0, so a correction only ever adds.
     """
 
     def __init__(self, weight: float = 0.2) -> None:
@@ -223,8 +249,8 @@ class RemoteOverheads:
         self._fits: dict[str, list[float]] = {}  # endpoint -> [mean x, mean y, var x, cov xy]
 
     def current(self, pushed_blocks: int = 0) -> Mapping[str, float]:
-        """Seconds to add to each prefill worker's predicted TTFT for a push of
-        ``pushed_blocks`` blocks."""
+        """Seconds to add to each worker's predicted TTFT for a prompt of which the decode
+        worker lacks ``pushed_blocks`` blocks."""
         return {endpoint: self._predict(fit, pushed_blocks)
                 for endpoint, fit in self._fits.items()}
 
@@ -236,9 +262,9 @@ class RemoteOverheads:
 
     def observe(self, endpoint: str, measured_s: float, predicted_s: float,
                 pushed_blocks: int = 0) -> None:
-        """Fold in one remote prefill: its measured time, the model's compute part and the
-        blocks it pushed."""
-        y, x = max(measured_s - predicted_s, 0.0), float(pushed_blocks)
+        """Fold in one prefill on ``endpoint``: its measured time, the model's compute part
+        predicted at the decision (:attr:`Prediction.compute_s`) and its blocks."""
+        y, x = measured_s - predicted_s, float(pushed_blocks)
         fit = self._fits.get(endpoint)
         if fit is None:
             self._fits[endpoint] = [x, y, 0.0, 0.0]

@@ -5,15 +5,16 @@ the inputs it was made from, for explaining where prompts went.
         ──> FILE, one JSON object a line, appended:
             {"t": wall-clock seconds, "tokens": prompt tokens, "decision", "reason",
              "endpoint": the chosen prefill worker ("" when local),
-             "local": {"ttft_s", "gap_s"} or null, the local option's prediction,
+             "local": {"ttft_s", "gap_s", "overhead_s"} or null, the local option's
+                      prediction (``overhead_s``: the decode worker's learnt extra in it),
              "decode": {"endpoint", "running" (reported), "active" (the router's count),
                         "base_s", "per_row_s", "per_token_s", "queued", "cached"},
              "prefill": [{"endpoint", "base_s", "per_token_s", "queued", "cached",
                           "overhead_s", "ttft_s", "gap_s"}, ...]  (the weighed candidates)}
 
 ``tandem_disagg_decision_total`` counts decisions; the log keeps each one's inputs (the
-workers' reported step-cost fits, their queues, the remote overhead the router has learnt,
-the cached prefixes) and both options' predicted TTFT and decode token gap, so a placement
+workers' reported step-cost fits, their queues, the overheads the router has learnt, the
+cached prefixes) and both options' predicted TTFT and decode token gap, so a placement
 that surprises (a whole load kept local, say: docs/planner.md, runs 16-19) can be traced to
 the numbers behind it. The simulator's router builds the same records (planner/sim/placing.py)
 for the same comparison. Off by default; one ``write`` per decision, line-sized and appended
@@ -54,7 +55,8 @@ def placement_record(t: float, prompt_tokens: int, decode: WorkerView,
         "t": round(t, 6), "tokens": prompt_tokens, "decision": placed.decision.value,
         "reason": placed.reason.value, "endpoint": placed.endpoint,
         "local": None if local is None else {"ttft_s": local.ttft_s,
-                                             "gap_s": local.decode_gap_s},
+                                             "gap_s": local.decode_gap_s,
+                                             "overhead_s": local.overhead_s},
         "decode": {"endpoint": decode.endpoint, "running": decode.num_running,
                    "active": decode.active,
                    "base_s": decode.step_base_s, "per_row_s": decode.step_per_row_s,
@@ -106,6 +108,7 @@ _FIGURES: dict[str, Callable[[Mapping[str, Any]], float | None]] = {
     "local_ttft_s": lambda r: (r["local"] or {}).get("ttft_s"),
     "remote_ttft_s": lambda r: r["prefill"][0]["ttft_s"] if r["prefill"] else None,
     "overhead_s": lambda r: r["prefill"][0]["overhead_s"] if r["prefill"] else None,
+    "local_overhead_s": lambda r: (r["local"] or {}).get("overhead_s"),
     "decode_base_s": lambda r: r["decode"]["base_s"],
     "decode_per_token_s": lambda r: r["decode"]["per_token_s"],
     "prefill_base_s": lambda r: r["prefill"][0]["base_s"] if r["prefill"] else None,
@@ -120,8 +123,8 @@ def summarize_placements(records: Sequence[Mapping[str, Any]],
     """What a run's placement model saw, in medians over the decisions it made (reason
     ``slo`` or ``cheapest``; of prompts of at most ``max_tokens`` tokens when given):
     ``decisions``, ``local_share`` and each of :data:`FIGURES` (the local and first remote
-    option's predicted TTFT, the learnt overhead, the two workers' reported fits, the prefill
-    queue). None where no record had a value."""
+    option's predicted TTFT, the learnt overheads (remote, local), the two workers' reported
+    fits, the prefill queue). None where no record had a value."""
     rows = [r for r in records if r["reason"] in MODEL_REASONS
             and (max_tokens is None or r["tokens"] <= max_tokens)]
     out: dict[str, float | None] = {

@@ -5,7 +5,10 @@ placement.decide takes, and what a finished remote prefill teaches it.
                     answer; prefill workers: the affinity map or their reports)
     place           "remote" as configured, else placement.decide with the decode worker's
                     view, the SLO, the remote overhead learnt for this push, the threshold
-    learn_overhead  a remote prefill's measured time beyond the model's prediction
+    predict_remote  the remote prediction for a prefill worker the decision did not pick (a
+                    retry after the chosen one failed)
+    learn_overhead  a finished prefill's measured time beyond the model's prediction (remote
+                    on a prefill worker, or local on the decode worker)
 
 router/handoff/ledger.py calls these per leg; planner/sim/placing.py does the same over the
 simulated pools.
@@ -19,7 +22,7 @@ import time
 from router.config import RouterConfig
 from router.handoff import placement, policy
 from router.handoff.held_blocks import HeldBlocks
-from router.handoff.placement import Decision, Placement, Reason, RemoteOverheads, Slo
+from router.handoff.placement import Decision, Placement, Prediction, PrefillOverheads, Reason, Slo
 from router.handoff.placement_log import PlacementLog, placement_record
 from router.membership.registry import Registry
 from router.membership.worker_view import Role, WorkerView
@@ -38,7 +41,7 @@ def cached_tokens(block_size: int, held: HeldBlocks, owners: list[tuple[str, int
     return cached
 
 
-def place(config: RouterConfig, registry: Registry, overheads: RemoteOverheads, n_tokens: int,
+def place(config: RouterConfig, registry: Registry, overheads: PrefillOverheads, n_tokens: int,
           decode_endpoint: str, ranked: list[WorkerView], cached: dict[str, int],
           log: PlacementLog | None = None) -> Placement:
     """Where this prompt of ``n_tokens`` is prefilled (router/handoff/placement.py); ``log``
@@ -61,13 +64,18 @@ def place(config: RouterConfig, registry: Registry, overheads: RemoteOverheads, 
     return placed
 
 
-def learn_overhead(registry: Registry, overheads: RemoteOverheads, worker: WorkerView,
-                   decode_endpoint: str, new: int, pushed_blocks: int, measured_s: float) -> None:
-    """What a remote prefill of ``new`` uncached tokens on ``worker``, pushing
-    ``pushed_blocks`` blocks, took beyond the model's compute prediction."""
+def predict_remote(registry: Registry, worker: WorkerView, decode_endpoint: str, new: int
+                   ) -> Prediction | None:
+    """The model's remote prediction for ``new`` uncached tokens on ``worker`` now, without
+    an overhead (for an attempt the decision did not weigh); None without fitted costs."""
     decode = registry.view(decode_endpoint)
-    if decode is None:
-        return
-    predicted = placement.predict_remote(worker, decode, new)
+    return None if decode is None else placement.predict_remote(worker, decode, new)
+
+
+def learn_overhead(overheads: PrefillOverheads, predicted: Prediction | None, blocks: int,
+                   measured_s: float) -> None:
+    """What a prefill predicted as ``predicted`` (at its decision: remote on a prefill
+    worker, or local on the decode worker) took beyond the model's compute part;
+    ``blocks``: the prompt's KV blocks the decode worker lacked."""
     if predicted is not None:
-        overheads.observe(worker.endpoint, measured_s, predicted.ttft_s, pushed_blocks)
+        overheads.observe(predicted.endpoint, measured_s, predicted.compute_s, blocks)

@@ -291,7 +291,7 @@ def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
 
 @pytest.mark.parametrize(("run", "prefill", "sharing", "least"), [
     (14, "cpu1_run14", "served", 38), (15, "cpu2_run15", "served", 25),
-    (16, "cpu2_run16", "served-by-length", 34)])
+    (16, "cpu2_run16", "served-by-length", 32)])
 def test_runs_14_to_16_keep_their_figures_with_served_steps(
         tmp_path: Path, run: int, prefill: str, sharing: str, least: int) -> None:
     """Runs 14 (a core per worker), 15 and 16 (the 2-thread prefill worker sharing the
@@ -302,7 +302,10 @@ def test_runs_14_to_16_keep_their_figures_with_served_steps(
     real router did 3, and that point's TTFT p90 goes from 1.11x to 1.37x). Run 16 kept its
     shared prefill steps' shapes: its prefill factor is by prompt length (28 with the one
     factor). Since the simulated workers' fits start from the engine's start-up warm-up
-    (common/warmup_plan.py): 38, 25 and 34 (36, 24 and 32 before)."""
+    (common/warmup_plan.py): 38, 25 and 34 (36, 24 and 32 before); since the router also
+    learns the decode worker's local overhead (router/handoff/placement.py,
+    PrefillOverheads), run 16's 32 (its simulated chat load then goes remote a little more
+    often: 8 against 13 local of 60 at 1.4 req/s with the one factor)."""
     assert main(["--sweep", str(DOCS / f"serve_sweep_run{run}.json"),
                  "--prefill-profile", str(DOCS / f"profile_smollm2_{prefill}.json"),
                  "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),

@@ -71,6 +71,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.die_after: int | None = None  # abort the stream UNAVAILABLE after N messages
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
+        self.local_prefill_s = 0.0  # how long PrefillLocal takes (its engine's compute)
         self.aborts: list[str] = []
         self.abort_indexes: list[tuple[str, int | None]] = []  # (request id, sequence or None)
         self.decodes: list[tuple[str, int]] = []  # (request id, sequence) of each Decode
@@ -111,6 +112,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
     async def PrefillLocal(self, request, context):  # noqa: N802
         self.local_prefills.append(request.request_id)
         self.timeouts.setdefault("PrefillLocal", []).append(context.time_remaining())
+        if self.local_prefill_s:
+            await asyncio.sleep(self.local_prefill_s)
         r = self.reservations[request.request_id]
         firsts = [fork_token(r.token_ids, j) for j in range(r.n)]
         self.commit(request.request_id, firsts)

@@ -61,6 +61,28 @@ def test_long_prompt_that_would_stall_decoders_goes_remote() -> None:
     assert placed.predicted is not None and placed.predicted.decision is Decision.REMOTE
 
 
+def test_each_side_carries_its_own_learnt_overhead() -> None:
+    """The decode worker's learnt local overhead goes into the local option as a prefill
+    worker's does into its remote one: with only remote corrected, a fit that is low on
+    every worker of a slow host would count against remote alone."""
+    d, p = decode(running=2), prefill(queued=300)
+    plain = decide(100, d, [p], SLO)
+    assert plain.decision is Decision.LOCAL and plain.predicted is not None
+    assert plain.predicted.overhead_s == 0.0
+    assert plain.predicted.compute_s == plain.predicted.ttft_s
+    # Remote is 0.01 + 400 * 0.0004 = 0.17 s, local 0.034 + 100 * 0.0004 = 0.074 s: a local
+    # overhead of 0.12 s tips it; the same figure on the prefill worker does not.
+    assert decide(100, d, [p], SLO, overhead_s={"p0": 0.12}).decision is Decision.LOCAL
+    placed = decide(100, d, [p], SLO, overhead_s={"d0": 0.12})
+    assert placed.decision is Decision.REMOTE
+    local = predict_local(d, 100, overhead_s=0.12)
+    assert local is not None and local.ttft_s == pytest.approx(0.074 + 0.12)
+    assert local.compute_s == pytest.approx(0.074) and local.overhead_s == 0.12
+    # A learnt figure is never negative in a prediction.
+    low = predict_local(d, 100, overhead_s=-0.05)
+    assert low is not None and low.ttft_s == pytest.approx(0.074) and low.overhead_s == 0.0
+
+
 def test_remote_wins_a_tie() -> None:
     d = WorkerView("d0", Role.DECODE, step_base_s=0.0, step_per_row_s=0.0,
                    step_per_prefill_token_s=0.001, max_batched_tokens=2048)
@@ -126,9 +148,9 @@ def test_the_routers_own_count_of_running_streams_is_used_when_larger() -> None:
 
 
 def test_remote_overhead_grows_with_the_blocks_a_push_carries() -> None:
-    from router.handoff.placement import RemoteOverheads
+    from router.handoff.placement import PrefillOverheads
 
-    o = RemoteOverheads(weight=0.2)
+    o = PrefillOverheads(weight=0.2)
     assert o.current(10) == {}
     # Measured extra = 5 ms + 1 ms per pushed block, pushes of alternating sizes.
     for i in range(200):
@@ -142,14 +164,20 @@ def test_remote_overhead_grows_with_the_blocks_a_push_carries() -> None:
     assert o.current(2) == {}
 
 
-def test_remote_overhead_of_same_sized_pushes_is_their_mean_and_never_negative() -> None:
-    from router.handoff.placement import RemoteOverheads
+def test_overhead_of_same_sized_prefills_is_their_mean_and_never_answers_negative() -> None:
+    from router.handoff.placement import PrefillOverheads
 
-    o = RemoteOverheads(weight=0.5)
+    o = PrefillOverheads(weight=0.5)
     o.observe("p", 0.3, 0.1, pushed_blocks=8)  # 0.2 s extra
     assert o.current(8)["p"] == pytest.approx(0.2)
     assert o.current(80)["p"] == pytest.approx(0.2)  # no slope from one size
-    o.observe("p", 0.1, 0.3, pushed_blocks=8)  # faster than predicted: 0 extra
-    assert o.current(8)["p"] == pytest.approx(0.1)
+    # Faster than predicted: -0.2 s goes into the mean as it is (clipped at 0 it would
+    # leave 0.1 s of standing penalty from one fast and one slow prefill).
+    o.observe("p", 0.1, 0.3, pushed_blocks=8)
+    assert o.current(8)["p"] == pytest.approx(0.0)
+    o.observe("p", 0.1, 0.3, pushed_blocks=8)  # the mean is now below 0: answered as 0
+    assert o.current(8)["p"] == 0.0
+    o.observe("p", 0.5, 0.3, pushed_blocks=8)  # -0.1 + 0.5 * (0.2 - -0.1)
+    assert o.current(8)["p"] == pytest.approx(0.05)
     o.observe("p", 0.0, 0.0, pushed_blocks=100)
     assert min(o.current(b)["p"] for b in (0, 8, 100, 1000)) >= 0.0

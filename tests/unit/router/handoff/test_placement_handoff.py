@@ -102,6 +102,31 @@ def test_remote_overhead_is_learned(tokenizer: RouterTokenizer) -> None:
     asyncio.run(scenario())
 
 
+def test_local_overhead_is_learned_against_the_decisions_prediction(
+        tokenizer: RouterTokenizer) -> None:
+    """A placed local prefill teaches the decode worker's overhead: what PrefillLocal took
+    beyond the local option's compute as predicted at the decision; the next chat turn of
+    the same size then weighs local with it, and goes remote."""
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            c.decode[0].stats = dict(DECODE_COSTS)
+            # 500 tokens queued: remote 0.01 + 540 * 0.0004 = 0.226 s for a chat turn, local
+            # 0.03 + 8 * 0.002 + 40 * 0.0004 = 0.062 s.
+            c.prefill[0].stats = dict(PREFILL_COSTS, pending_prefill_tokens=500)
+            await c.router.monitor.probe_all()
+            d = c.decode_endpoints[0]
+            c.decode[0].local_prefill_s = 0.5  # the local prefill takes at least 0.5 s
+            await c.generate(_request(SHORT))
+            assert len(c.decode[0].local_prefills) == 1 and not c.prefill[0].calls
+            learnt = c.router.deps.overheads.current()[d]
+            assert 0.5 - 0.062 <= learnt < 0.5 - 0.062 + 5.0
+            await c.generate(_request(list(range(5000, 5040))))
+            assert len(c.decode[0].local_prefills) == 1 and len(c.prefill[0].calls) == 1
+            assert _decisions(c) == {("local", "slo"): 1, ("remote", "slo"): 1}
+
+    asyncio.run(scenario())
+
+
 def test_the_placement_log_keeps_each_decision_with_its_inputs(
         tokenizer: RouterTokenizer, tmp_path) -> None:
     """--placement-log: one record per decision, with both options' predictions (the ones
