@@ -313,8 +313,10 @@ def handoff_gap(sweep: dict[str, Any], prefill: Profile, decode: Profile,
     holds its wait behind long prompts, which the host model prices differently (run 20).
     The simulated overhead is the profile's transfer latency and whatever the host model
     adds; the real one is every RPC of the handoff on a loaded host (the profile measures
-    the KV transport alone), so ``--handoff served`` adds this gap to the prefill profile's
-    transfer latency."""
+    the KV transport alone) and the real prefill worker's fit error, so ``--handoff served``
+    adds this gap to the prefill profile's transfer latency. Run 21 split the real one
+    (bench/prefill_residuals.py): the handoff was 8-10 ms of it, the rest the fit's error;
+    with the router learning both options' overheads the gap is no longer needed there."""
     gaps = []
     for setup, points in sweep["summaries"].items():
         if setup not in SETUPS or SETUPS[setup][1] != "adaptive":

@@ -32,14 +32,16 @@ is ~6 minutes per mix, ~18 per setup, ~1 hour (up to ~1.5 h when overloaded) for
 Each point also records each worker's activity from its /metrics and, for the disaggregated
 setups, its ``host_overlap`` (bench/step_overlap.py): the workers run with ``--step-log``
 (kept in ``OUT/steps-<setup>/`` with ``--out``) and each decode step is compared alone and
-under prefill steps.
+under prefill steps; the router keeps its placement log there too, summarized per point as
+``placement_inputs`` (bench/placement_inputs.py) and ``prefill_residuals`` (where each placed
+prefill's time went against its prediction: bench/prefill_residuals.py).
 
 ``--fresh-workers`` starts each setup's processes again for every point (about 20 s each):
 a point then starts from freshly started workers, as the simulator's points do
 (bench/planner_validation.py), instead of inheriting what the previous points left: the
 workers' fitted step costs, which the router's placement reads (run 16's adaptive setup
 placed every chat prompt locally after the mixed load had taught the prefill worker's fit
-3 ms a token), the prefix caches, the router's learned remote overhead.
+3 ms a token), the prefix caches, the overheads the router has learnt.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from bench.placement_inputs import placement_inputs
+from bench.prefill_residuals import point_residuals
 from bench.serve import add_load_args, parse_vocab, progress_printer
 from bench.serve_load import run_direct, run_load
 from bench.serve_report import Curves, plot, plot_sweep, sweep_table, table, turn_table
@@ -161,6 +164,19 @@ def placements_of(folder: Path, since: float, until: float) -> dict | None:
     if not path.exists():
         return None
     return placement_inputs([r for r in read_placement_log(path) if since <= r["t"] <= until])
+
+
+def residuals_of(folder: Path, since: float, until: float, records: list[dict]) -> dict | None:
+    """Where the placed prefills' time went between ``since`` and ``until`` (wall clock):
+    bench/prefill_residuals.point_residuals of the requests' ``records`` against the router's
+    placement log and both workers' step logs; None for a setup without all three, or when
+    the decisions do not match the requests."""
+    paths = [placement_log_path(folder), *(step_log_path(folder, r) for r in ("prefill", "decode"))]
+    if not all(path.exists() for path in paths):
+        return None
+    placements = [r for r in read_placement_log(paths[0]) if since <= r["t"] <= until]
+    return point_residuals(records, placements, read_step_log(paths[1], since, until),
+                           read_step_log(paths[2], since, until))
 
 
 def step_log_path(folder: Path, role: str) -> Path:
@@ -282,8 +298,12 @@ def run_sweep(
                 seen = placements_of(step_logs, began, ended)
                 if seen is not None:
                     summary["placement_inputs"] = seen
+                point_records = [asdict(r) for r in results]
+                residuals = residuals_of(step_logs, began, ended, point_records)
+                if residuals is not None:
+                    summary["prefill_residuals"] = residuals
                 summaries[name][point.label] = summary
-                records[name][point.label] = [asdict(r) for r in results]
+                records[name][point.label] = point_records
                 curves[name].setdefault(point.mix, []).append((point.rate, share))
                 if point.mix == MULTITURN:
                     multiturn += results

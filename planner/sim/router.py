@@ -201,6 +201,7 @@ class SimRouter:
     def _place(self, req: SimRequest, d: DecodeWorker, dview: WorkerView) -> None:
         """ledger.Handoff._prefill for a leg reserved on ``d``: decide, then send."""
         placed = self._placer.place(req, dview, self._rank_prefill(req))
+        req.local_predicted_s = -1.0  # a leg before this one (migrated) may have left one
         key = _LABELS[placed.decision, placed.reason]
         self.decisions[key] += 1
         if not req.decision:

@@ -26,9 +26,10 @@ take (its chunk budget); ``steps(n, c) = ceil(n / c)``; ``rows_D`` the streams r
 (the larger of its report and the router's own count); ``blocks`` the KV blocks of the
 prompt D lacks (what a remote prefill pushes). Both overheads are learnt the same way
 (:class:`PrefillOverheads`), from each finished prefill's measured time against its
-prediction at the decision, so neither option carries an error the other is spared. A decode worker that never prefilled
-borrows the prefill worker's per-token cost (same model); without any fitted cost the
-decision is the one before this model existed: remote whenever a prefill worker exists.
+prediction at the decision, so neither option carries an error the other is spared. A
+decode worker that never prefilled borrows the prefill worker's per-token cost (same
+model); without any fitted cost the decision is the one before this model existed: remote
+whenever a prefill worker exists.
 Everything here is pure: no I/O, no clock; the router calls it once per request.
 """
 
