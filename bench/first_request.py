@@ -51,10 +51,12 @@ def _decisions(router: Proc) -> dict[str, float]:
         return decision_counts(reply.read().decode())
 
 
-def one_start(model_dir: Path, mode: str, round_no: int) -> Start:
-    """Start a fresh cluster in ``mode``, send the first requests, stop it."""
+def one_start(model: str, model_dir: Path, mode: str, round_no: int) -> Start:
+    """Start a fresh cluster in ``mode``, send the first requests, stop it. The workers load
+    ``model`` as the user names it (a GGUF alias keeps its quantized blocks, as `make serve`
+    does; ``model_dir``, its dequantized copy, only gives the router its tokenizer)."""
     pin = len(os.sched_getaffinity(0)) >= 2
-    engine = ["--model", str(model_dir), "--threads", "1"]
+    engine = ["--model", model, "--threads", "1"]
     if mode == "skip":
         engine.append("--skip-warmup")
     cluster = Cluster()
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for mode in (MODES if r % 2 == 0 else MODES[::-1]):
             print(f"[bench] round {r + 1}/{args.rounds}: {mode}", file=sys.stderr, flush=True)
-            starts.append(one_start(model_dir, mode, r))
+            starts.append(one_start(args.model, model_dir, mode, r))
             s = starts[-1]
             print(f"[bench]   ready {s.ready_s:.1f} s, TTFT "
                   + ", ".join(f"{t * 1e3:.0f} ms" for t in s.ttft_s) + f"; {s.decisions}",

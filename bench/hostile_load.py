@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.loader import resolve_model
 
-    model_dir = resolve_model(args.model)
-    engine = ["--model", str(model_dir), "--threads", "1"]
+    model_dir = resolve_model(args.model)  # the router's tokenizer
+    engine = ["--model", args.model, "--threads", "1"]  # as named: a GGUF keeps its blocks
     cluster = Cluster()
     try:
         print("[bench] starting workers and router ...", file=sys.stderr, flush=True)
