@@ -10,7 +10,8 @@ Two shortcuts keep a request's cost flat in the pool size, both exact:
 
 - One PrefillOverheads per worker: ``current()`` maps every worker it has seen, and
   a request needs only its candidates' figures (each worker's fit is its own either way);
-  a worker's figure for a push size is kept until its next observation changes the fit.
+  a worker's figure for a push size is kept until its next observation changes the fit
+  (faded to the request's time on each use).
 - decide weighs its first MAX_CANDIDATES prefill workers. predict_remote's TTFT only grows
   with queued + new tokens, the overhead and the worker's reported step base and per-token
   cost (one chunk budget for all: simulate takes one prefill profile), so a candidate that
@@ -59,9 +60,10 @@ class Placer:
         self.log: list[dict[str, Any]] | None = None
         self.clock: Callable[[], float] = lambda: 0.0
 
-    def place(self, req: SimRequest, dview: WorkerView, ranked: Sequence[WorkerView]
-              ) -> Placement:
-        """Where ``req``'s leg, reserved on ``dview``'s worker, is prefilled."""
+    def place(self, req: SimRequest, dview: WorkerView, ranked: Sequence[WorkerView],
+              now: float) -> Placement:
+        """Where ``req``'s leg, reserved on ``dview``'s worker, is prefilled at ``now``
+        (simulated seconds: the learnt overheads fade with it, as the ledger's do)."""
         cluster = self._cluster
         if ranked and self._remote:
             return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
@@ -78,7 +80,7 @@ class Placer:
                     if held:
                         cached[view.endpoint] = held
             return placement.decide(tokens, dview, ranked, cluster.slo, cached=cached,
-                                    overhead_s=self._shared.current(pushed))
+                                    overhead_s=self._shared.current(pushed, now))
         # The candidates' inputs, and those no earlier candidate matches on both queued
         # work and overhead (see the module docstring).
         overhead: dict[str, float] = {}
@@ -105,6 +107,7 @@ class Placer:
                 extra = memo.get(pushed, -1.0)
                 if extra == -1.0:
                     extra = memo[pushed] = info[2].current(pushed)[endpoint]
+                extra *= info[2].fading(endpoint, now)
                 overhead[endpoint] = extra
                 if extra < 0.0:
                     extra = 0.0
@@ -120,7 +123,7 @@ class Placer:
                 marks.append((work, extra, base, per_token))
         local = self._local.get(dview.endpoint)
         if local is not None:
-            overhead[dview.endpoint] = local.current(pushed)[dview.endpoint]
+            overhead[dview.endpoint] = local.current(pushed, now)[dview.endpoint]
         placed = placement.decide(tokens, dview, kept, cluster.slo, cached=cached,
                                   overhead_s=overhead)
         if self.log is not None:
@@ -134,25 +137,25 @@ class Placer:
         predicted = placement.predict_remote(p.view(), dview, new)
         return predicted.ttft_s if predicted is not None else -1.0
 
-    def learn(self, endpoint: str, req: SimRequest, measured_s: float, predicted_s: float
-              ) -> None:
-        """Fold one prefill's measured time into ``endpoint``'s overhead fit: a remote one
-        on a prefill worker, or a local one on the decode worker (``predicted_s``: the
-        model's compute part at the decision; < 0: nothing to learn)."""
+    def learn(self, endpoint: str, req: SimRequest, measured_s: float, predicted_s: float,
+              now: float) -> None:
+        """Fold one prefill's measured time, ended at ``now``, into ``endpoint``'s overhead
+        fit: a remote one on a prefill worker, or a local one on the decode worker
+        (``predicted_s``: the model's compute part at the decision; < 0: nothing to learn)."""
         if predicted_s < 0:
             return
         pushed = blocks_needed(req.tokens - req.d_cached, self._bs)
         if self._full:
-            self._shared.observe(endpoint, measured_s, predicted_s, pushed)
+            self._shared.observe(endpoint, measured_s, predicted_s, pushed, now)
             return
         if endpoint not in self._prefill:  # a decode worker's local prefill
             fit = self._local.get(endpoint)
             if fit is None:
                 fit = self._local[endpoint] = PrefillOverheads()
-            fit.observe(endpoint, measured_s, predicted_s, pushed)
+            fit.observe(endpoint, measured_s, predicted_s, pushed, now)
             return
         info = self._table.get(endpoint) or self._info(endpoint)
-        info[2].observe(endpoint, measured_s, predicted_s, pushed)
+        info[2].observe(endpoint, measured_s, predicted_s, pushed, now)
         info[1] = {}
 
     def _info(self, endpoint: str) -> list[Any]:

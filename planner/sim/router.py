@@ -200,7 +200,7 @@ class SimRouter:
 
     def _place(self, req: SimRequest, d: DecodeWorker, dview: WorkerView) -> None:
         """ledger.Handoff._prefill for a leg reserved on ``d``: decide, then send."""
-        placed = self._placer.place(req, dview, self._rank_prefill(req))
+        placed = self._placer.place(req, dview, self._rank_prefill(req), self._events.now)
         req.local_predicted_s = -1.0  # a leg before this one (migrated) may have left one
         key = _LABELS[placed.decision, placed.reason]
         self.decisions[key] += 1
@@ -265,7 +265,7 @@ class SimRouter:
         if req.local_predicted_s >= 0:  # a placed local prefill: what it took, as the ledger
             assert req.decode is not None
             self._placer.learn(req.decode.endpoint, req, at_s - req.dispatch_s,
-                               req.local_predicted_s)
+                               req.local_predicted_s, at_s)
             req.local_predicted_s = -1.0
         if req.sent == 0:
             req.first_token_s = at_s + self._request_overhead
@@ -296,7 +296,7 @@ class SimRouter:
             self._affinity[req.next_group] = (worker, min(req.next_prefix, req.prompt) // bs)
         if self._adaptive:
             self._placer.learn(worker.endpoint, req, at_router - req.dispatch_s,
-                               req.predicted_s)
+                               req.predicted_s, at_router)
         self._events.push(at_s + push_s, self._kv_arrived, req, req.leg)
 
     def _timed_out(self, req: SimRequest, attempt: tuple[int, PrefillWorker]) -> None:

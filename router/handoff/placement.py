@@ -47,6 +47,8 @@ DEFAULT_CHUNK_TOKENS = 2048
 # Prefill workers the model weighs per request: the policy's best few (the decision stays
 # well under 100 us; a worker further down the ranking would not be chosen anyway).
 MAX_CANDIDATES = 8
+# A learnt overhead halves for every this many seconds without a new observation.
+OVERHEAD_HALF_LIFE_S = 60.0
 
 
 class Decision(str, Enum):
@@ -243,17 +245,33 @@ class PrefillOverheads:
     goes in as it is, a negative one (faster than predicted) too: clipping each at 0 would
     turn the noise of single prefills into a standing penalty. :meth:`current` never
     answers below 0, so a correction only ever adds.
+
+    A figure no prefill has renewed fades: given the time (``now``, seconds on the caller's
+    clock), :meth:`current` halves it every ``half_life_s`` since that worker's last
+    observation. Otherwise one bad spell could keep an option out for good: an option placed
+    nowhere teaches nothing, so its penalty would never come down (at light load the other
+    option, chosen every time, costs too little to force a change).
     """
 
-    def __init__(self, weight: float = 0.2) -> None:
+    def __init__(self, weight: float = 0.2, half_life_s: float = OVERHEAD_HALF_LIFE_S) -> None:
         self._weight = weight
+        self._half_life_s = half_life_s
         self._fits: dict[str, list[float]] = {}  # endpoint -> [mean x, mean y, var x, cov xy]
+        self._seen: dict[str, float] = {}  # endpoint -> the ``now`` of its last observation
 
-    def current(self, pushed_blocks: int = 0) -> Mapping[str, float]:
+    def current(self, pushed_blocks: int = 0, now: float | None = None) -> Mapping[str, float]:
         """Seconds to add to each worker's predicted TTFT for a prompt of which the decode
-        worker lacks ``pushed_blocks`` blocks."""
-        return {endpoint: self._predict(fit, pushed_blocks)
+        worker lacks ``pushed_blocks`` blocks (faded to ``now`` when given)."""
+        return {endpoint: self._predict(fit, pushed_blocks) * self.fading(endpoint, now)
                 for endpoint, fit in self._fits.items()}
+
+    def fading(self, endpoint: str, now: float | None) -> float:
+        """The factor :meth:`current` applies to ``endpoint``'s figure at ``now`` (1 without
+        a time on either side)."""
+        seen = self._seen.get(endpoint)
+        if now is None or seen is None or now <= seen:
+            return 1.0
+        return 0.5 ** ((now - seen) / self._half_life_s)
 
     @staticmethod
     def _predict(fit: list[float], blocks: int) -> float:
@@ -262,10 +280,13 @@ class PrefillOverheads:
         return max(my + slope * (blocks - mx), 0.0)
 
     def observe(self, endpoint: str, measured_s: float, predicted_s: float,
-                pushed_blocks: int = 0) -> None:
+                pushed_blocks: int = 0, now: float | None = None) -> None:
         """Fold in one prefill on ``endpoint``: its measured time, the model's compute part
-        predicted at the decision (:attr:`Prediction.compute_s`) and its blocks."""
+        predicted at the decision (:attr:`Prediction.compute_s`) and its blocks; ``now``: when
+        (the clock :meth:`current` is given)."""
         y, x = measured_s - predicted_s, float(pushed_blocks)
+        if now is not None:
+            self._seen[endpoint] = now
         fit = self._fits.get(endpoint)
         if fit is None:
             self._fits[endpoint] = [x, y, 0.0, 0.0]
@@ -283,3 +304,4 @@ class PrefillOverheads:
     def forget(self, endpoint: str) -> None:
         """A worker that left the pool (its replacement may sit elsewhere)."""
         self._fits.pop(endpoint, None)
+        self._seen.pop(endpoint, None)

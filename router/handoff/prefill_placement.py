@@ -53,7 +53,7 @@ def place(config: RouterConfig, registry: Registry, overheads: PrefillOverheads,
     # reservation); the model adds the new request's row itself.
     decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
     pushed = policy.blocks_needed(n_tokens - cached.get(decode_endpoint, 0), config.block_size)
-    overhead_s = overheads.current(pushed)
+    overhead_s = overheads.current(pushed, time.monotonic())
     placed = placement.decide(
         n_tokens, decode, ranked, Slo(config.slo_ttft_s, config.slo_tpot_s),
         cached=cached, overhead_s=overhead_s, threshold=config.local_prefill_threshold,
@@ -78,4 +78,5 @@ def learn_overhead(overheads: PrefillOverheads, predicted: Prediction | None, bl
     worker, or local on the decode worker) took beyond the model's compute part;
     ``blocks``: the prompt's KV blocks the decode worker lacked."""
     if predicted is not None:
-        overheads.observe(predicted.endpoint, measured_s, predicted.compute_s, blocks)
+        overheads.observe(predicted.endpoint, measured_s, predicted.compute_s, blocks,
+                          time.monotonic())

@@ -328,8 +328,9 @@ def test_run_20_s_handoff_gap_brings_the_chat_placement_in_line(tmp_path: Path) 
     kept most chat prompts local (37 / 55 / 29 of 60) where the simulated one kept 19 / 22 /
     9. ``--handoff served`` adds the gap to the prefill profile's transfer latency (+38 ms):
     the simulated chat placement then follows the real one within 12 prompts of 60 at every
-    rate (48 / 46 / 32; docs/planner.md, run 20). Run 21 found most of that gap was the
-    prefill worker's fit error, which the router now corrects on both options alike."""
+    rate (48 / 46 / 32; docs/planner.md, run 20); 13 since the learnt overheads fade without
+    new observations (PrefillOverheads; 42 at 0.8 req/s). Run 21 found most of that gap was
+    the prefill worker's fit error, which the router now corrects on both options alike."""
     args = ["--sweep", str(DOCS / "serve_sweep_run20.json"),
             "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
             "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
@@ -347,7 +348,7 @@ def test_run_20_s_handoff_gap_brings_the_chat_placement_in_line(tmp_path: Path) 
 
     assert max(gap(row) for row in rows["without"].values()) > 30  # the gap it closes
     for rate, row in rows["with"].items():
-        assert gap(row) <= 12, rate
+        assert gap(row) <= 13, rate
         seen = row["placement_inputs"]
         assert seen["real"]["chat"]["overhead_s"] > 0.04 and seen["sim"]["chat"] is not None
 
@@ -371,9 +372,10 @@ def test_run_21_keeps_its_figures_with_both_sides_overheads_learnt(tmp_path: Pat
     """Run 21: the real and the simulated router learn the decode worker's local overhead as
     they learn a prefill worker's remote one (router/handoff/placement.py, PrefillOverheads),
     so neither option carries its worker's fit error alone. With the served factors 16 of 25
-    figures within 15% (run 20: 9), and the chat load's placement at 0.8 req/s follows the
-    real router's without ``--handoff`` (local 24 real, 23 simulated, of 60; run 20: 55 and
-    18; docs/planner.md, run 21)."""
+    figures within 15% (run 20: 9), 15 since the learnt overheads fade without new
+    observations, and the chat load's placement at 0.8 req/s follows the real router's
+    without ``--handoff`` (local 24 real, 24 simulated, of 60; run 20: 55 and 18;
+    docs/planner.md, run 21)."""
     assert main(["--sweep", str(DOCS / "serve_sweep_run21.json"),
                  "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
                  "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
@@ -382,7 +384,7 @@ def test_run_21_keeps_its_figures_with_both_sides_overheads_learnt(tmp_path: Pat
     rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
             if not r["calibration"]]
     assert len(rows) == 5
-    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 16
+    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 15
     chat = {r["rate"]: r for r in rows if r["mix"] == "chat"}
     assert abs(_local(chat[0.8], "sim") - _local(chat[0.8], "real")) <= 5
     seen = chat[0.8]["placement_inputs"]

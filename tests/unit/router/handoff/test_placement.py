@@ -181,3 +181,22 @@ def test_overhead_of_same_sized_prefills_is_their_mean_and_never_answers_negativ
     assert o.current(8)["p"] == pytest.approx(0.05)
     o.observe("p", 0.0, 0.0, pushed_blocks=100)
     assert min(o.current(b)["p"] for b in (0, 8, 100, 1000)) >= 0.0
+
+
+def test_a_learnt_overhead_fades_without_new_observations() -> None:
+    """An option the router stopped choosing teaches it nothing, so its figure fades (half
+    every OVERHEAD_HALF_LIFE_S) until the option is tried again: one bad spell cannot keep
+    it out for good."""
+    from router.handoff.placement import OVERHEAD_HALF_LIFE_S, PrefillOverheads
+
+    o = PrefillOverheads(weight=0.5)
+    o.observe("d0", 0.5, 0.1, pushed_blocks=4, now=100.0)  # 0.4 s beyond its prediction
+    assert o.current(4)["d0"] == pytest.approx(0.4)  # no time given: as learnt
+    assert o.current(4, now=100.0)["d0"] == pytest.approx(0.4)
+    assert o.current(4, now=100.0 + OVERHEAD_HALF_LIFE_S)["d0"] == pytest.approx(0.2)
+    assert o.current(4, now=100.0 + 3 * OVERHEAD_HALF_LIFE_S)["d0"] == pytest.approx(0.05)
+    # a new observation renews it: the fit's mean, from then on
+    o.observe("d0", 0.1, 0.1, pushed_blocks=4, now=400.0)
+    assert o.current(4, now=400.0)["d0"] == pytest.approx(0.2)
+    o.forget("d0")
+    assert o.current(4, now=500.0) == {}
