@@ -22,7 +22,8 @@ One request's life here, from the front door's Prepared to the Chunks it streams
 - ``placement``: the per-request P/D decision: predicted TTFT and decode token gap of each
   option against the SLO (pure).
 - ``prefill_placement``: that decision's inputs from the router's state (cached tokens per
-  worker, the learnt remote overhead) and the overhead learnt back from a remote prefill.
+  worker, the learnt overheads) and the overhead learnt back from each placed prefill
+  (remote on a prefill worker, local on the decode worker).
 - ``inflight``: every worker call in flight, by endpoint, so the health monitor can cut them.
 - ``affinity``: prefix-hash chains and the bounded LRU of which P served which prefix.
 - ``held_blocks``: which prompt blocks each worker holds (its reports + what was just sent).

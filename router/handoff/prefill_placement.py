@@ -1,10 +1,10 @@
 """Where a leg's prompt is prefilled, from what the router knows: the inputs
-placement.decide takes, and what a finished remote prefill teaches it.
+placement.decide takes, and what a finished prefill teaches it.
 
     cached_tokens   prompt tokens each worker holds already (the decode worker's Reserve
                     answer; prefill workers: the affinity map or their reports)
     place           "remote" as configured, else placement.decide with the decode worker's
-                    view, the SLO, the remote overhead learnt for this push, the threshold
+                    view, the SLO, the overheads learnt (faded to now), the threshold
     predict_remote  the remote prediction for a prefill worker the decision did not pick (a
                     retry after the chosen one failed)
     learn_overhead  a finished prefill's measured time beyond the model's prediction (remote
