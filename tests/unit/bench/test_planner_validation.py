@@ -389,3 +389,21 @@ def test_run_21_keeps_its_figures_with_both_sides_overheads_learnt(tmp_path: Pat
     assert abs(_local(chat[0.8], "sim") - _local(chat[0.8], "real")) <= 5
     seen = chat[0.8]["placement_inputs"]
     assert seen["real"]["chat"]["local_overhead_s"] > 0.0
+
+
+def test_run_22_with_fading_overheads_keeps_the_chat_placement(tmp_path: Path) -> None:
+    """Run 22: run 21 again with the learnt overheads fading (the real router as it is now):
+    15 of 25 figures within 15% with the served factors, and the chat load's local
+    placements within 5 of 60 of the real router's at 0.8 and 1.4 req/s (20 / 20 and 16 /
+    12; docs/planner.md, run 22)."""
+    assert main(["--sweep", str(DOCS / "serve_sweep_run22.json"),
+                 "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
+                 "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
+                 "--host-sharing", "served", "--serving", "served",
+                 "--out", str(tmp_path)]) == 0
+    rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
+            if not r["calibration"]]
+    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 15
+    for row in rows:
+        if row["mix"] == "chat":
+            assert abs(_local(row, "sim") - _local(row, "real")) <= 5, row["rate"]
