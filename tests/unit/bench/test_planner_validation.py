@@ -368,6 +368,18 @@ def test_handoff_takes_seconds_or_needs_a_placement_log(tmp_path: Path) -> None:
     assert saved["prefill_transfer_latency_s"] == pytest.approx(latency + 0.05)
 
 
+def _served_rows(tmp_path: Path, run: int) -> list[dict]:
+    """An adaptive-only run (19 on) simulated with run 16's profiles and the served
+    factors: its non-calibration rows."""
+    assert main(["--sweep", str(DOCS / f"serve_sweep_run{run}.json"),
+                 "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
+                 "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
+                 "--host-sharing", "served", "--serving", "served",
+                 "--out", str(tmp_path)]) == 0
+    return [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
+            if not r["calibration"]]
+
+
 def test_run_21_keeps_its_figures_with_both_sides_overheads_learnt(tmp_path: Path) -> None:
     """Run 21: the real and the simulated router learn the decode worker's local overhead as
     they learn a prefill worker's remote one (router/handoff/placement.py, PrefillOverheads),
@@ -376,13 +388,7 @@ def test_run_21_keeps_its_figures_with_both_sides_overheads_learnt(tmp_path: Pat
     observations, and the chat load's placement at 0.8 req/s follows the real router's
     without ``--handoff`` (local 24 real, 24 simulated, of 60; run 20: 55 and 18;
     docs/planner.md, run 21)."""
-    assert main(["--sweep", str(DOCS / "serve_sweep_run21.json"),
-                 "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
-                 "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
-                 "--host-sharing", "served", "--serving", "served",
-                 "--out", str(tmp_path)]) == 0
-    rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
-            if not r["calibration"]]
+    rows = _served_rows(tmp_path, 21)
     assert len(rows) == 5
     assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 15
     chat = {r["rate"]: r for r in rows if r["mix"] == "chat"}
@@ -396,13 +402,7 @@ def test_run_22_with_fading_overheads_keeps_the_chat_placement(tmp_path: Path) -
     15 of 25 figures within 15% with the served factors, and the chat load's local
     placements within 5 of 60 of the real router's at 0.8 and 1.4 req/s (20 / 20 and 16 /
     12; docs/planner.md, run 22)."""
-    assert main(["--sweep", str(DOCS / "serve_sweep_run22.json"),
-                 "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
-                 "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
-                 "--host-sharing", "served", "--serving", "served",
-                 "--out", str(tmp_path)]) == 0
-    rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
-            if not r["calibration"]]
+    rows = _served_rows(tmp_path, 22)
     assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 15
     for row in rows:
         if row["mix"] == "chat":
