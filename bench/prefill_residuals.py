@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.placement_inputs import CHAT_TOKENS
-from router.handoff.placement_log import MODEL_REASONS, read_placement_log
-from worker.step_log import StepRecord, read_step_log
+from bench.serve_logs import read_point_logs, steps_dir
+from router.handoff.placement_log import MODEL_REASONS
+from worker.step_log import StepRecord
 
 SIDES = ("remote", "local")
 FIGURES = ("residual_s", "wait_s", "step_s", "step_over_fit", "after_s")
@@ -150,19 +151,18 @@ def sweep_residuals(folder: Path, setup: str = "disagg", max_tokens: int | None 
     sweep = json.loads((folder / "serve_sweep.json").read_text())
     if "records" not in sweep:
         raise ValueError(f"{folder}/serve_sweep.json has no per-request records")
-    steps = folder / f"steps-{setup}"  # scripts/bench_serve's layout
-    placements = read_placement_log(steps / "router_placements.jsonl")
+    steps = steps_dir(folder, setup)
     out: dict[str, dict[str, Any] | None] = {}
     for label, summary in sweep["summaries"][setup].items():
         window = (summary.get("host_overlap") or {}).get("window")
         if window is None:
             out[label] = None
             continue
-        began, ended = window
-        out[label] = point_residuals(
-            sweep["records"][setup][label], [p for p in placements if began <= p["t"] <= ended],
-            read_step_log(steps / "prefill.jsonl", began, ended),
-            read_step_log(steps / "decode.jsonl", began, ended), max_tokens)
+        logs = read_point_logs(steps, *window)
+        if logs.prefill is None or logs.decode is None or logs.placements is None:
+            raise FileNotFoundError(f"{steps}: a step log or the placement log is missing")
+        out[label] = point_residuals(sweep["records"][setup][label], logs.placements,
+                                     logs.prefill, logs.decode, max_tokens)
     return out
 
 

@@ -66,6 +66,13 @@ from bench.placement_inputs import placement_inputs
 from bench.prefill_residuals import point_residuals
 from bench.serve import add_load_args, parse_vocab, progress_printer
 from bench.serve_load import run_direct, run_load
+from bench.serve_logs import (
+    PointLogs,
+    placement_log_path,
+    read_point_logs,
+    step_log_path,
+    steps_dir,
+)
 from bench.serve_report import Curves, plot, plot_sweep, sweep_table, table, turn_table
 from bench.serve_stats import (
     RequestResult,
@@ -89,9 +96,7 @@ from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
 from bench.step_overlap import host_overlap
 from common.credential import ClusterCredential
 from engine.loader import resolve_model
-from router.handoff.placement_log import read_placement_log
 from tandem.local_cluster import Cluster, Proc
-from worker.step_log import read_step_log
 
 METRICS = ("--metrics-port", "0")  # each worker's /metrics: how busy it was at each point
 
@@ -151,46 +156,22 @@ def start_setup(
     return procs
 
 
-def placement_log_path(folder: Path) -> Path:
-    """Where a setup's router logs its placement decisions in ``folder``."""
-    return folder / "router_placements.jsonl"
-
-
-def placements_of(folder: Path, since: float, until: float) -> dict | None:
-    """What the router's placement model saw between ``since`` and ``until`` (wall clock):
-    bench/placement_inputs.placement_inputs of its log's records; None without a log or a
-    model decision in the window."""
-    path = placement_log_path(folder)
-    if not path.exists():
-        return None
-    return placement_inputs([r for r in read_placement_log(path) if since <= r["t"] <= until])
-
-
-def residuals_of(folder: Path, since: float, until: float, records: list[dict]) -> dict | None:
-    """Where the placed prefills' time went between ``since`` and ``until`` (wall clock):
-    bench/prefill_residuals.point_residuals of the requests' ``records`` against the router's
-    placement log and both workers' step logs; None for a setup without all three, or when
-    the decisions do not match the requests."""
-    paths = [placement_log_path(folder), *(step_log_path(folder, r) for r in ("prefill", "decode"))]
-    if not all(path.exists() for path in paths):
-        return None
-    placements = [r for r in read_placement_log(paths[0]) if since <= r["t"] <= until]
-    return point_residuals(records, placements, read_step_log(paths[1], since, until),
-                           read_step_log(paths[2], since, until))
-
-
-def step_log_path(folder: Path, role: str) -> Path:
-    """Where a setup's ``role`` worker logs its steps in ``folder``."""
-    return folder / f"{role}.jsonl"
-
-
-def host_overlap_of(folder: Path, since: float, until: float) -> dict | None:
-    """How the decode worker's steps between ``since`` and ``until`` (wall clock) fared beside
-    the prefill worker's (bench/step_overlap.py); None for a setup without both logs."""
-    decode, prefill = (step_log_path(folder, role) for role in ("decode", "prefill"))
-    if not (decode.exists() and prefill.exists()):
-        return None
-    return host_overlap(read_step_log(decode, since, until), read_step_log(prefill, since, until))
+def log_summaries(logs: PointLogs, window: tuple[float, float], records: list[dict]
+                  ) -> dict:
+    """What a point's logs (``window``: its wall-clock span) add to its summary:
+    ``host_overlap`` (both workers' step logs: how the decode steps fared beside the prefill
+    steps, bench/step_overlap.py), ``placement_inputs`` (the router's placement log, when its
+    model decided: bench/placement_inputs.py) and ``prefill_residuals`` (all three, when the
+    decisions match the requests ``records``: bench/prefill_residuals.py)."""
+    prefill, decode, placements = logs
+    out: dict[str, dict | None] = {}
+    if prefill is not None and decode is not None:
+        out["host_overlap"] = host_overlap(decode, prefill) | {"window": list(window)}
+    if placements is not None:
+        out["placement_inputs"] = placement_inputs(placements)
+        if prefill is not None and decode is not None:
+            out["prefill_residuals"] = point_residuals(records, placements, prefill, decode)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def start_warm(cluster: Cluster, name: str, model_dir: Path, args: argparse.Namespace,
@@ -262,7 +243,7 @@ def run_sweep(
         cluster = Cluster()
         # the workers' step logs: kept beside the results with --out, else removed at the end
         step_logs = (Path(tempfile.mkdtemp(prefix="tandem-bench-steps-")) if args.out is None
-                     else args.out / f"steps-{name}")
+                     else steps_dir(args.out, name))
         step_logs.mkdir(parents=True, exist_ok=True)
         try:
             procs: dict[str, Proc] = {}
@@ -282,7 +263,6 @@ def run_sweep(
                 ))
                 wait_idle(router)
                 ended = time.time()
-                overlap = host_overlap_of(step_logs, began, ended)
                 summary = summarize(results, duration, slo_ttft_s=args.slo_ttft,
                                     slo_tpot_s=args.slo_tpot)
                 share = attainment(results, args.slo_ttft, args.slo_tpot)
@@ -293,15 +273,9 @@ def run_sweep(
                             "workers": {role: worker_activity(busy_before.get(role, {}), now,
                                                               duration)
                                         for role, now in worker_reads(procs).items()}}
-                if overlap is not None:
-                    summary["host_overlap"] = overlap | {"window": [began, ended]}
-                seen = placements_of(step_logs, began, ended)
-                if seen is not None:
-                    summary["placement_inputs"] = seen
                 point_records = [asdict(r) for r in results]
-                residuals = residuals_of(step_logs, began, ended, point_records)
-                if residuals is not None:
-                    summary["prefill_residuals"] = residuals
+                summary |= log_summaries(read_point_logs(step_logs, began, ended),
+                                         (began, ended), point_records)
                 summaries[name][point.label] = summary
                 records[name][point.label] = point_records
                 curves[name].setdefault(point.mix, []).append((point.rate, share))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from router.handoff.placement import Decision, Placement, Reason
+
 
 @dataclass(slots=True)
 class HandoffCounters:
@@ -24,3 +26,15 @@ class HandoffCounters:
     aborts_sent: int = 0
     # (decision, reason) of every placement (router/handoff/placement.py)
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def count_placement(self, placed: Placement) -> None:
+        """One placement decision: its (decision, reason), and for a local one why."""
+        self.decisions[(placed.decision.value, placed.reason.value)] += 1
+        if placed.decision is not Decision.LOCAL:
+            return
+        if placed.reason is Reason.COLOCATED:
+            self.local_prefill_colocated += 1
+        elif placed.reason is Reason.THRESHOLD:
+            self.local_prefill_short += 1
+        else:
+            self.local_prefill_placed += 1

@@ -57,7 +57,7 @@ from router.handoff.deadline import Deadline
 from router.handoff.fork import merge_sequences
 from router.handoff.held_blocks import HeldBlocks
 from router.handoff.inflight import InflightCalls
-from router.handoff.placement import Decision, PrefillOverheads, Reason
+from router.handoff.placement import Decision, PrefillOverheads
 from router.handoff.placement_log import PlacementLog
 from router.membership.registry import Registry
 from router.membership.worker_clients import WorkerClients
@@ -317,19 +317,12 @@ class Handoff:
             span.set_attributes({"tandem.decision": placed.decision.value,
                                  "tandem.reason": placed.reason.value,
                                  "tandem.prompt_tokens": len(tokens)})
-        counters.decisions[(placed.decision.value, placed.reason.value)] += 1
+        counters.count_placement(placed)
         # The KV blocks D lacks: what a remote prefill pushes, the size the overheads fit by.
         blocks = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
                                       deps.config.block_size)
         reply: worker_pb2.PrefillResponse | None = None
-        if placed.decision is Decision.LOCAL:
-            if placed.reason is Reason.COLOCATED:
-                counters.local_prefill_colocated += 1
-            elif placed.reason is Reason.THRESHOLD:
-                counters.local_prefill_short += 1
-            else:
-                counters.local_prefill_placed += 1
-        else:
+        if placed.decision is Decision.REMOTE:
             ranked.sort(key=lambda w: w.endpoint != placed.endpoint)  # the chosen one first
             for i, worker in enumerate(ranked[: deps.config.prefill_attempts]):
                 if i:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.serve_logs import PointLogs
 from bench.serve_stats import RequestResult
 from scripts import bench_serve
 
@@ -42,7 +43,8 @@ def test_workers_start_once_per_setup_or_once_per_point(
     monkeypatch.setattr(bench_serve, "wait_idle", lambda router: None)
     monkeypatch.setattr(bench_serve, "placement_decisions", lambda router: {})
     monkeypatch.setattr(bench_serve, "worker_reads", lambda procs: {})
-    monkeypatch.setattr(bench_serve, "host_overlap_of", lambda folder, since, until: None)
+    monkeypatch.setattr(bench_serve, "read_point_logs",
+                        lambda folder, since, until: PointLogs(None, None, None))
     args = argparse.Namespace(mixes="chat", mix="chat", sweep="0.3,0.8,1.4", seed=0,
                               vocab="1000,30000", num_requests=1, scale=1.0, timeout=60.0,
                               out=tmp_path, slo_ttft=4.0, slo_tpot=0.25, fresh_workers=fresh)

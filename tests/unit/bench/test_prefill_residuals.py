@@ -117,11 +117,16 @@ def test_a_sweep_without_records_is_refused(tmp_path: Path, capsys) -> None:
 def test_bench_serve_stores_each_point_s_residuals_from_its_logs(tmp_path: Path) -> None:
     """scripts/bench_serve reads the same logs per point (its window) into the summary's
     ``prefill_residuals``; a setup without the logs has none."""
+    from bench.serve_logs import read_point_logs
     from scripts import bench_serve
 
     steps = _sweep_folder(tmp_path) / "steps-disagg"
     records = [_request(0.0, 100, 0.16)]
-    got = bench_serve.residuals_of(steps, T0 - 1, T0 + 10, records)
+    window = (T0 - 1, T0 + 10)
+    got = bench_serve.log_summaries(read_point_logs(steps, *window), window,
+                                    records)["prefill_residuals"]
     assert got is not None and got["remote"]["residual_s"] == pytest.approx(0.05)
     assert got["remote"]["step_over_fit"] == pytest.approx(0.15 / 0.11)
-    assert bench_serve.residuals_of(tmp_path / "none", T0 - 1, T0 + 10, records) is None
+    none = bench_serve.log_summaries(read_point_logs(tmp_path / "none", *window), window,
+                                     records)
+    assert "prefill_residuals" not in none
