@@ -402,6 +402,8 @@ class Handoff:
             )
         except WorkerCallError as err:
             legs.raise_if_fatal(err)
+            if err.code_name in legs.WORKER_GONE:  # D itself went (a drain, a crash): migrate
+                raise LegLostError(leg.endpoint, f"PrefillLocal failed: {err}") from err
             raise WorkerFailedError(f"no prefill succeeded; last: {err}") from err
         finally:
             registry.prefilling(leg.endpoint, -new_tokens)

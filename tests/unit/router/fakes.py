@@ -72,6 +72,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
         self.local_prefill_s = 0.0  # how long PrefillLocal takes (its engine's compute)
+        self.local_prefill_dies = False  # PrefillLocal ends UNAVAILABLE (the worker going away)
         self.aborts: list[str] = []
         self.abort_indexes: list[tuple[str, int | None]] = []  # (request id, sequence or None)
         self.decodes: list[tuple[str, int]] = []  # (request id, sequence) of each Decode
@@ -114,6 +115,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.timeouts.setdefault("PrefillLocal", []).append(context.time_remaining())
         if self.local_prefill_s:
             await asyncio.sleep(self.local_prefill_s)
+        if self.local_prefill_dies:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker shutting down")
         r = self.reservations[request.request_id]
         firsts = [fork_token(r.token_ids, j) for j in range(r.n)]
         self.commit(request.request_id, firsts)

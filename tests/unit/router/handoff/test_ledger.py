@@ -116,6 +116,22 @@ def test_short_prompt_prefills_on_decode_worker(tokenizer: RouterTokenizer) -> N
     asyncio.run(scenario())
 
 
+def test_decode_gone_during_local_prefill_migrates(tokenizer: RouterTokenizer) -> None:
+    """A decode worker that goes away while it prefills the prompt locally (a drain with no
+    grace, a crash) loses the leg as a dying decode stream does: the request moves to
+    another decode worker, not fails (tests/integration/test_ray_up.py's drain met this)."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2, local_prefill_threshold=64) as c:
+            first = c.first_decode(len(PROMPT) + 6)
+            c.decode[first].local_prefill_dies = True
+            _check_complete(c, await c.generate(_request()), 6, tokenizer)
+            assert c.counters.migrations == 1
+            assert len(c.decode[first].local_prefills) == 1
+            assert len(c.decode[1 - first].local_prefills) == 1
+
+    asyncio.run(scenario())
+
+
 def test_decode_death_migrates_without_loss_or_repeat(tokenizer: RouterTokenizer) -> None:
     async def scenario() -> None:
         async with cluster(tokenizer, n_decode=2) as c:
