@@ -271,8 +271,9 @@ class DecodeWorker:
             await asyncio.wait([task])
 
     async def stats(self) -> EngineStats:
-        """The engine's counters right now."""
-        return await self._ae.call(lambda e: e.stats())
+        """The engine's counters right now (as of its current step's start while one runs:
+        AsyncEngine.stats)."""
+        return await self._ae.stats()
 
     def transfer_totals(self) -> TransferTotals:
         """KV received, transfers that failed (aborted or expired), blocks leased right now."""

@@ -9,6 +9,13 @@ alternates between running queued calls and taking steps:
 
 A request's stream is opened inside the same engine-thread call that creates the request, so
 no output can be produced before someone can receive it; outputs are buffered until read.
+
+``stats()`` does not wait for a step: while one runs it answers with the counters the engine
+thread took at that step's start (at most ``SNAPSHOT_EVERY_S`` apart). A prefill worker's
+step of a long prompt runs seconds; its Stats used to wait for the step's end, the router's
+probe gave up after a second and kept the worker's old step-cost fit, and with steps back to
+back the probes fell mid-step every time: run 22's router placed on a 1.2 ms-a-token fit for
+20 s while the worker's steps ran 2.8-3.3 ms a token (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+SNAPSHOT_EVERY_S = 0.1  # the engine thread's stats snapshots, taken at step starts, this apart
 
 
 class EngineDeadError(RuntimeError):
@@ -61,6 +70,9 @@ class AsyncEngine:
         )
         self._streams: dict[str, _Stream] = {}
         self._dead: BaseException | None = None
+        self._stepping = False  # the engine thread is inside a step
+        self._snapshot: EngineStats | None = None  # stats() while it is (module docstring)
+        self._snapshot_at = -SNAPSHOT_EVERY_S
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -93,6 +105,15 @@ class AsyncEngine:
 
         self._calls.put((job, (loop, fut)))
         return await fut
+
+    async def stats(self) -> EngineStats:
+        """The engine's counters: between steps, from the engine thread after the calls queued
+        before this one; while a step runs, as of its start (or up to ``SNAPSHOT_EVERY_S``
+        before it) rather than at its end (module docstring)."""
+        snapshot = self._snapshot
+        if self._stepping and snapshot is not None:
+            return snapshot
+        return await self.call(lambda e: e.stats())
 
     async def outputs(self, request_id: str) -> AsyncIterator[RequestOutput]:
         """Yield a request's outputs until its finished one (the stream must be open)."""
@@ -157,7 +178,13 @@ class AsyncEngine:
                     self._run_call(*item)
                     continue  # drain every queued call before the next step
                 steps, started = self.engine.num_steps, time.perf_counter()
-                outputs = self.engine.step()
+                if started - self._snapshot_at >= SNAPSHOT_EVERY_S:
+                    self._snapshot, self._snapshot_at = self.engine.stats(), started
+                self._stepping = True
+                try:
+                    outputs = self.engine.step()
+                finally:
+                    self._stepping = False
                 if self.engine.num_steps != steps:
                     self._on_step(time.perf_counter() - started)
                 self._dispatch(outputs)

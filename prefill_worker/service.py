@@ -298,8 +298,9 @@ class PrefillWorker:
         return True
 
     async def stats(self) -> EngineStats:
-        """The engine's counters right now."""
-        return await self._ae.call(lambda e: e.stats())
+        """The engine's counters right now (as of its current step's start while one runs:
+        AsyncEngine.stats)."""
+        return await self._ae.stats()
 
     def transfer_totals(self) -> TransferTotals:
         """KV pushed, pushes that failed, destination blocks being pushed right now."""

@@ -3,8 +3,9 @@
 A worker that fails the health check leaves the pool until a later probe passes; registered
 workers silent past their heartbeat lease are forgotten (and their channels and affinity
 dropped). A Stats call that fails while the health check passed leaves the worker in the
-pool with its last known load: a worker's Stats waits for its engine's current step, and a
-long prefill step must not look like a dead worker. A probe that fails after the worker
+pool with its last known load: a loaded host can answer late, and a slow answer must not
+look like a dead worker (a worker's Stats does not wait for its engine's current step:
+engine/async_engine.py). A probe that fails after the worker
 registered (again) while it ran says nothing about the registered worker and is dropped
 (Registry.set_healthy's ``since``): a worker that registers is routable at once.
 

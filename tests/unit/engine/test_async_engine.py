@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -82,3 +83,40 @@ def test_on_busy_follows_the_engine_from_idle_to_work_and_back(tiny_dir, make_en
 
     asyncio.run(main())
     assert seen == [False, True, False, True, False]
+
+
+def test_stats_while_a_step_runs_does_not_wait_for_its_end(tiny_dir, make_engine) -> None:
+    """A prefill worker's step of a long prompt runs seconds; its Stats answers with the
+    counters as of the step's start instead of waiting (the router's probe gives up after a
+    second and kept a stale step-cost fit: engine/async_engine.py)."""
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
+    entered, release = threading.Event(), threading.Event()
+
+    def observer(rows: int, tokens: int, context: int, seconds: float) -> None:
+        if not entered.is_set():  # hold the first step (the prompt's) until released
+            entered.set()
+            release.wait()
+
+    engine.step_observer = observer
+
+    async def main() -> None:
+        ae = AsyncEngine(engine)
+        one = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        await ae.call(lambda e: e.add_request([5, 6, 7], one, request_id="a"), stream="a")
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, entered.wait, 60)
+        try:  # the step cannot end before release: waiting for it would time out here
+            during = await asyncio.wait_for(ae.stats(), 60)
+        finally:
+            release.set()
+        assert during.num_waiting + during.num_running == 1  # the request, as the step began
+        assert during.num_steps == 0
+        async for out in ae.outputs("a"):
+            if out.finished:
+                break
+        await ae.call(lambda e: None)  # the thread has looked again since the last step
+        after = await ae.stats()  # idle: from the engine thread, fresh
+        assert after.num_running == after.num_waiting == 0 and after.num_steps == 2
+        await ae.shutdown()
+
+    asyncio.run(main())

@@ -56,7 +56,7 @@ def test_health_probe_removes_a_dead_prefill_worker(tokenizer: RouterTokenizer) 
 
 
 def test_a_worker_busy_in_a_long_step_stays_in_the_pool(tokenizer: RouterTokenizer) -> None:
-    """Stats waits for the worker's engine step; a slow answer is not a dead worker."""
+    """A slow Stats answer (a loaded host) is not a dead worker."""
 
     async def scenario() -> None:
         # The stuck Stats always runs out this timeout; the health check before it must
