@@ -260,9 +260,12 @@ def profile_table(served: list[tuple[str, str, float, dict[str, Any]]], profile:
 
 
 def host_sharing_of(text: str | None, served: list[tuple[str, str, float, dict[str, Any]]],
-                    prefill: Profile | None = None) -> HostSharing | None:
+                    prefill: Profile | None = None, decode: Profile | None = None
+                    ) -> HostSharing | None:
     """The ``--host-sharing`` value: None, parsed factors, or ``served``: pooled from the
-    sweep's step logs (ValueError when it has none to pool); ``served-by-length``: the same
+    sweep's step logs (ValueError when it has none to pool; the decode factors as ratios of
+    means against ``decode``'s steps where the logs have them, bench/step_overlap.mean_factor);
+    ``served-by-length``: the same
     with the prefill factor by prompt length (``prefill_length_table`` against ``prefill``'s
     steps as served alone; the single factor where the logs have too few shared steps)."""
     if text is None:
@@ -270,7 +273,7 @@ def host_sharing_of(text: str | None, served: list[tuple[str, str, float, dict[s
     if text not in ("served", "served-by-length"):
         return HostSharing.parse(text)
     points = [o for *_, o in served]
-    pooled = served_sharing(points)
+    pooled = served_sharing(points, decode.step if decode is not None else None)
     if pooled is None:
         raise ValueError(f"--host-sharing {text}: the sweep has no step-log factors "
                          "(scripts/bench_serve records them for the disaggregated setups)")
@@ -388,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     shared: tuple[Profile, Profile] = base
     fits: dict[str, ServedFit | None] = {}
     try:
-        args.host_sharing = host_sharing_of(args.host_sharing, source, base[0])
+        args.host_sharing = host_sharing_of(args.host_sharing, source, *base)
         if args.serving == "served":
             pre, dec, fits = served_profiles(source, *base)
             shared = pre, dec
@@ -449,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nwhat the placement model saw for chat-sized prompts (medians over its "
               "decisions, real / simulated; seconds in ms):\n" + inputs)
     if served:
-        pooled = served_sharing([o for *_, o in served])
+        pooled = served_sharing([o for *_, o in served], base[1].step)
         print("\nunder serving (the workers' step logs): the share of each one's stepping "
               "time under the other's steps; decode step shared / alone by batch size; "
               "prefill per token\n" + overlap_table(served)

@@ -74,9 +74,12 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
     ``bands``           per decode batch-size band, over the decode worker's pure decode
                         steps (no prompt tokens: a local prefill's steps are left out):
                         steps alone and shared, their median seconds, and ``factor``
-                        (shared / alone median; None without both); ``alone_mean``: the
-                        steps alone's mean rows, context tokens and seconds (to set beside
-                        a profile's step at that shape)
+                        (shared / alone median; None without both); ``alone_mean`` and
+                        ``shared_mean``: each group's mean rows, context tokens and seconds
+                        (to set beside a profile's step at that shape: ``mean_factor``)
+    ``local_alone_steps``  [rows, prompt tokens, context, seconds] of each of the decode
+                        worker's steps with a local prefill's chunk and no prefill step
+                        beside it (its served fit: ``decode_local_pairs``)
     ``prefill``         the prefill steps alone and shared (under decode steps), their
                         median seconds per prompt token, and ``factor`` the same way;
                         ``alone_steps`` and ``shared_steps``: [prompt tokens, context,
@@ -86,7 +89,10 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
     prefill = sorted((s for s in prefill if s.tokens > 0), key=lambda s: s.start)
     d_over, p_over = overlaps(decode, prefill), overlaps(prefill, decode)
     groups: dict[str, tuple[list[StepRecord], list[StepRecord]]] = {}
+    local_alone = []
     for step, share in zip(decode, d_over, strict=True):
+        if step.tokens > 0 and share < ALONE:
+            local_alone.append([step.rows, step.tokens, step.context, round(step.seconds, 6)])
         if step.rows == 0 or step.tokens > 0:
             continue
         alone, shared = groups.setdefault(_band(step.rows), ([], []))
@@ -100,11 +106,9 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
             continue
         alone, shared = groups[name]
         bands[name] = _compared([s.seconds for s in alone], [s.seconds for s in shared], "s")
-        if alone:
-            bands[name]["alone_mean"] = {
-                "rows": statistics.fmean(s.rows for s in alone),
-                "context": statistics.fmean(s.context for s in alone),
-                "s": statistics.fmean(s.seconds for s in alone)}
+        for key, steps in (("alone_mean", alone), ("shared_mean", shared)):
+            if steps:
+                bands[name][key] = _mean_shape(steps)
     per_token = ([s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f < ALONE],
                  [s.seconds / s.tokens for s, f in zip(prefill, p_over, strict=True) if f > SHARED])
     # the prefill steps alone, each one's shape (a step's cost is not linear in its tokens)
@@ -114,6 +118,7 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
                     for s, f in zip(prefill, p_over, strict=True) if f > SHARED]
     return {"decode_shared": _weighted(decode, d_over),
             "prefill_shared": _weighted(prefill, p_over), "bands": bands,
+            "local_alone_steps": local_alone,
             "prefill": _compared(*per_token, "token_s") | {"alone_steps": alone_steps,
                                                           "shared_steps": shared_steps}}
 
@@ -124,6 +129,13 @@ def _compared(alone: list[float], shared: list[float], unit: str) -> dict[str, A
     s = statistics.median(shared) if shared else None
     return {"alone": len(alone), f"alone_{unit}": a, "shared": len(shared),
             f"shared_{unit}": s, "factor": s / a if a and s else None}
+
+
+def _mean_shape(steps: Sequence[StepRecord]) -> dict[str, float]:
+    """The steps' mean rows, context tokens and seconds."""
+    return {"rows": statistics.fmean(s.rows for s in steps),
+            "context": statistics.fmean(s.context for s in steps),
+            "s": statistics.fmean(s.seconds for s in steps)}
 
 
 def _weighted(steps: Sequence[StepRecord], shares: Sequence[float]) -> float:
@@ -141,17 +153,38 @@ def _usable(compared: dict[str, Any]) -> bool:
     return bool(compared["factor"]) and min(compared["alone"], compared["shared"]) >= MIN_STEPS
 
 
-def served_sharing(points: Sequence[dict[str, Any]]) -> HostSharing | None:
+def mean_factor(band: dict[str, Any], step: StepCost) -> float | None:
+    """A band's decode steps shared over alone as means, each group's mean seconds over
+    ``step`` (the profile's) at its mean rows and context; None without both means (sweeps
+    from before run 23 whose step logs were not kept logged medians only).
+
+    A request's token gaps add its steps up, so the factor that reproduces them is a ratio of
+    means: runs 20-22's shared steps had a tail the median leaves out (about once per long
+    prompt a 100-470 ms step beside its prefill, the decode thread's own CPU time, not
+    preemption); pooled by batch size, run 22's means said 1.19-1.27x the steps alone where
+    the medians said 1.05-1.20x (docs/planner.md, run 23)."""
+    alone, shared = band.get("alone_mean"), band.get("shared_mean")
+    if alone is None or shared is None:
+        return None
+    a = alone["s"] / step.step_s(alone["rows"], 0, alone["context"])
+    s = shared["s"] / step.step_s(shared["rows"], 0, shared["context"])
+    return s / a
+
+
+def served_sharing(points: Sequence[dict[str, Any]], step: StepCost | None = None
+                   ) -> HostSharing | None:
     """A host model from the ``host_overlap`` of several served points: per band, the median
-    of the points' factors (each from at least MIN_STEPS steps alone and shared); the prefill
-    factor the median of theirs. None when no band has one. Factors under 1 (noise) count
-    as 1."""
+    of the points' factors (each from at least MIN_STEPS steps alone and shared; with the
+    decode profile's ``step``, the ratio of means where the points logged them:
+    ``mean_factor``); the prefill factor the median of theirs. None when no band has one.
+    Factors under 1 (noise) count as 1."""
     by_band: dict[str, list[float]] = {}
     prefill = []
     for point in points:
         for name, band in point["bands"].items():
             if _usable(band):
-                by_band.setdefault(name, []).append(band["factor"])
+                mean = mean_factor(band, step) if step is not None else None
+                by_band.setdefault(name, []).append(band["factor"] if mean is None else mean)
         if _usable(point["prefill"]):
             prefill.append(point["prefill"]["factor"])
     if not by_band:
@@ -182,6 +215,16 @@ def alone_ratios(overlap: dict[str, Any], step: StepCost) -> dict[str, float]:
 def decode_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
     """(profiled, served mean seconds, steps) of one point's decode steps alone, per band."""
     return [(profiled, served, n) for _, profiled, served, n in _alone_bands(overlap, step)]
+
+
+def decode_local_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
+    """(profiled, served seconds, 1) of one point's decode steps with a local prefill's chunk
+    and no prefill step beside them: the simulator's step (planner/sim/decode.py) for the
+    logged rows and prompt tokens, taking the chunk as a whole prompt (the chat prompts a
+    decode worker prefills fit one step) so the rows' context is the rest of the logged one."""
+    return [(step.step_s(rows, tokens, max(context - tokens, 0), tokens * (tokens + 1) // 2),
+             seconds, 1)
+            for rows, tokens, context, seconds in overlap.get("local_alone_steps", ())]
 
 
 def _prefill_step_s(step: StepCost, tokens: int, context: int) -> float:
@@ -270,9 +313,15 @@ def prefill_served_fit(points: Sequence[dict[str, Any]], prefill: StepCost) -> S
 def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
                 prefill: StepCost) -> dict[str, ServedFit | None]:
     """The decode and prefill workers' ``fit_served`` pooled over several points'
-    ``host_overlap`` (their steps with no step of the other worker beside them)."""
-    return {"decode": fit_served([p for o in points for p in decode_alone_pairs(o, decode)]),
-            "prefill": prefill_served_fit(points, prefill)}
+    ``host_overlap`` (their steps with no step of the other worker beside them; the decode
+    worker's with local prefill chunks too where the points logged them (sweeps since run
+    23; runs 16-22 recomputed from their kept logs): its decode steps alone fix the
+    overhead, the longer prefill steps the scale. Fitted on decode steps only, the scale
+    (x0.94) had its local prefills 1.1-1.2x too slow, and the fit it reported with them, so
+    the simulated router kept fewer prompts local)."""
+    pairs = [p for o in points
+             for p in decode_alone_pairs(o, decode) + decode_local_pairs(o, decode)]
+    return {"decode": fit_served(pairs), "prefill": prefill_served_fit(points, prefill)}
 
 
 def overlap_table(rows: Sequence[tuple[str, str, float, dict[str, Any]]]) -> str:

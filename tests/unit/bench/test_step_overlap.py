@@ -12,13 +12,16 @@ from bench.step_overlap import (
     ServedFit,
     alone_ratios,
     decode_alone_pairs,
+    decode_local_pairs,
     fit_served,
     host_overlap,
     main,
+    mean_factor,
     overlaps,
     prefill_alone_pairs,
     prefill_length_table,
     served_fits,
+    served_sharing,
 )
 from planner.profile import StepCost
 from worker.step_log import StepRecord
@@ -63,6 +66,25 @@ def test_the_factor_by_batch_size_is_shared_over_alone_medians() -> None:
     # the one prefill step was under decode steps for 3% of its time: alone
     assert (out["prefill"]["alone"], out["prefill"]["shared"]) == (1, 0)
     assert out["prefill"]["alone_token_s"] == pytest.approx(10.0 / 256)
+
+
+def test_the_mean_factor_keeps_the_tail_the_median_leaves_out() -> None:
+    """A request's token gaps add its steps up: a factor of means reproduces the sum, one of
+    medians misses the rare slow step (runs 20-22: 100-470 ms steps beside long prefills)."""
+    prefill = [_p(100.0, 100.0)]
+    alone = [_d(float(t), 0.02, 1, 100) for t in range(10)]
+    shared = [_d(100.0 + t, 0.02, 1, 100) for t in range(9)] + [_d(120.0, 0.22, 1, 100)]
+    band = host_overlap(alone + shared, prefill)["bands"]["1"]
+    assert band["factor"] == pytest.approx(1.0)  # the median: as if nothing happened
+    assert band["shared_mean"] == pytest.approx({"rows": 1, "context": 100, "s": 0.04})
+    step = StepCost(0.01, 0.01, 0.001)  # 20 ms at one row, context ignored
+    assert mean_factor(band, step) == pytest.approx(2.0)  # 10 steps took 0.4 s, not 0.2
+    assert served_sharing([{"bands": {"1": band}, "prefill": host_overlap([], [])["prefill"]}],
+                          step).decode_factor(1) == pytest.approx(2.0)
+    assert served_sharing([{"bands": {"1": band}, "prefill": host_overlap([], [])["prefill"]}]
+                          ).decode_factor(1) == pytest.approx(1.0)  # no profile: the medians
+    del band["shared_mean"]  # a sweep before run 23 logged no means
+    assert mean_factor(band, step) is None
 
 
 def test_the_prefill_factor_is_per_prompt_token() -> None:
@@ -156,6 +178,27 @@ def test_served_steps_are_fitted_as_a_scale_and_an_overhead() -> None:
     fits = served_fits(points, StepCost(0.01, 0.002, 0.001), StepCost(0.01, 0.002, 0.001))
     # profiled 12 and 14 ms, served 24 and 28: twice as long
     assert fits["decode"].scale == pytest.approx(2.0) and fits["prefill"] is None
+
+
+def test_the_decode_worker_s_local_prefills_alone_join_its_served_fit() -> None:
+    """Its decode steps alone set the overhead, its steps with a local prompt (longer, so
+    they weigh on the slope) the scale: run 23 found them ~0.9x the profile where the decode
+    steps alone ran 1.05x, so a fit of the decode steps alone made them slower."""
+    step = StepCost(0.01, 0.002, 0.001)
+    prefill = [_p(10.0, 1.0)]
+    decode = ([_d(float(t) / 10, 0.024, 1) for t in range(20)]  # 2x the profile's 12 ms
+              + [StepRecord(20.0, 0.112, 1, 100, 130),  # 1 row + a 100-token prompt, alone
+                 StepRecord(10.2, 0.5, 1, 100, 130)])  # the same beside a prefill: left out
+    overlap = host_overlap(decode, prefill)
+    assert overlap["local_alone_steps"] == [[1, 100, 130, 0.112]]
+    # profiled 12 + 100 (its tokens) = 112 ms, served 112: the same
+    assert decode_local_pairs(overlap, step) == [(pytest.approx(0.112), 0.112, 1)]
+    fits = served_fits([overlap], step, step)
+    only = fit_served(decode_alone_pairs(overlap, step))
+    assert only is None  # one band alone has no slope to fit
+    # the line through both kinds: 12 -> 24 ms and 112 -> 112 ms
+    assert fits["decode"].scale == pytest.approx(0.88)
+    assert fits["decode"].overhead_s == pytest.approx(0.024 - 0.88 * 0.012)
 
 
 def test_the_prefill_factor_by_length_is_against_the_steps_alone_under_serving() -> None:
