@@ -35,6 +35,7 @@ from worker.step_log import StepRecord, read_step_log
 # Decode batch sizes pooled for the factor: (lowest, highest) rows.
 ROW_BANDS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 1 << 30))
 ALONE, SHARED = 0.05, 0.95  # overlap below / above which a step counts as alone / shared
+PARTLY = 0.5  # a prefill step at least this much under decode steps still gives a factor
 
 
 def overlaps(steps: Sequence[StepRecord], others: Sequence[StepRecord]) -> list[float]:
@@ -83,7 +84,9 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
     ``prefill``         the prefill steps alone and shared (under decode steps), their
                         median seconds per prompt token, and ``factor`` the same way;
                         ``alone_steps`` and ``shared_steps``: [prompt tokens, context,
-                        seconds] of each step alone and shared
+                        seconds] of each step alone and shared; ``partly_steps``: the
+                        same and its share under decode steps, for each between PARTLY
+                        and SHARED
     """
     decode = sorted(decode, key=lambda s: s.start)
     prefill = sorted((s for s in prefill if s.tokens > 0), key=lambda s: s.start)
@@ -116,11 +119,14 @@ def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) ->
                    for s, f in zip(prefill, p_over, strict=True) if f < ALONE]
     shared_steps = [[s.tokens, s.context, round(s.seconds, 6)]
                     for s, f in zip(prefill, p_over, strict=True) if f > SHARED]
+    partly_steps = [[s.tokens, s.context, round(s.seconds, 6), round(f, 4)]
+                    for s, f in zip(prefill, p_over, strict=True) if PARTLY <= f <= SHARED]
     return {"decode_shared": _weighted(decode, d_over),
             "prefill_shared": _weighted(prefill, p_over), "bands": bands,
             "local_alone_steps": local_alone,
             "prefill": _compared(*per_token, "token_s") | {"alone_steps": alone_steps,
-                                                          "shared_steps": shared_steps}}
+                                                          "shared_steps": shared_steps,
+                                                          "partly_steps": partly_steps}}
 
 
 def _compared(alone: list[float], shared: list[float], unit: str) -> dict[str, Any]:
@@ -246,6 +252,16 @@ PROMPT_BANDS = ((1, 64), (65, 256), (257, 1024), (1025, 1 << 30))
 MIN_BAND_STEPS = 4  # shared prefill steps a prompt band needs (over all points) for a factor
 
 
+def partly_factor(ratio: float, share: float) -> float | None:
+    """The slowdown a prefill step ``ratio`` times its time alone implies when ``share`` of
+    its served time ran under decode steps, in the simulator's model (planner/sim/host.py:
+    the step's work goes at 1 / factor while its peer steps): ``1/ratio = 1 - share +
+    share/factor``. None when no factor explains it (noise: slower than all-shared at
+    any factor would allow)."""
+    rest = share - 1.0 + 1.0 / ratio
+    return share / rest if rest > 0 else None
+
+
 def prefill_length_table(points: Sequence[dict[str, Any]], step: StepCost,
                          fit: ServedFit | None) -> tuple[tuple[int, float], ...] | None:
     """The prefill factor by prompt length from several points' ``host_overlap``: each
@@ -253,19 +269,32 @@ def prefill_length_table(points: Sequence[dict[str, Any]], step: StepCost,
     of the steps alone against the profile's ``step``; the profile's itself without one),
     pooled by PROMPT_BANDS: ``((the band's median tokens, the median factor), ...)`` for the
     bands with MIN_BAND_STEPS or more steps (factors under 1 count as 1); None for none.
+    A step partly under decode steps (``partly_steps``, sweeps since run 23) gives the
+    factor its ratio implies (``partly_factor``): a long prefill is seldom more than 95%
+    under decode steps, the gaps between them alone leave 3-5% uncovered, and run 23's
+    steps of 513-1,200 tokens had 1 such step against 21 between half and 95% (the two
+    agreed where both were many: 1.63 and 1.63 in run 20, 1.47 and 1.53 in run 22).
 
     The single served factor (``served_sharing``) is a ratio of per-token medians, which
     short chat prompts dominate; against the steps alone, run 16's short prompts' steps
     beside decode steps took ~1.0x, 65-256 tokens 1.2x, longer ones 1.3-1.5x
     (docs/planner.md)."""
     bands: dict[int, list[tuple[int, float]]] = {}
+
+    def add(tokens: int, context: int, seconds: float, share: float) -> None:
+        alone = _prefill_step_s(step, tokens, context)
+        if fit is not None:
+            alone = fit.scale * alone + fit.overhead_s
+        factor = partly_factor(seconds / alone, share)
+        if factor is not None:
+            band = next(i for i, (lo, hi) in enumerate(PROMPT_BANDS) if lo <= tokens <= hi)
+            bands.setdefault(band, []).append((tokens, factor))
+
     for point in points:
         for tokens, context, seconds in point["prefill"].get("shared_steps", ()):
-            alone = _prefill_step_s(step, tokens, context)
-            if fit is not None:
-                alone = fit.scale * alone + fit.overhead_s
-            band = next(i for i, (lo, hi) in enumerate(PROMPT_BANDS) if lo <= tokens <= hi)
-            bands.setdefault(band, []).append((tokens, seconds / alone))
+            add(tokens, context, seconds, 1.0)
+        for tokens, context, seconds, share in point["prefill"].get("partly_steps", ()):
+            add(tokens, context, seconds, share)
     table = [(int(statistics.median(t for t, _ in steps)),
               max(statistics.median(f for _, f in steps), 1.0))
              for _, steps in sorted(bands.items()) if len(steps) >= MIN_BAND_STEPS]

@@ -416,9 +416,10 @@ def test_run_23_with_workers_that_answer_stats_mid_step(tmp_path: Path) -> None:
     """Run 23: the workers answer Stats while a step runs (engine/async_engine.py), so the
     real router reads the prefill worker's fit within a probe of its first long prefill
     (3.3 ms a token 2 s after it; run 22 kept 1.2 for 20 s). With the decode factors as
-    ratios of means and the decode worker's local prefills in its served fit (both
-    bench/step_overlap.py), 15 of 25 figures within 15% by prompt length
-    (docs/planner.md, run 23)."""
+    ratios of means, the decode worker's local prefills in its served fit and the prefill
+    factor by length from the steps partly under decode steps too (all
+    bench/step_overlap.py), 17 of 25 figures within 15% by prompt length (docs/planner.md,
+    run 23)."""
     assert main(["--sweep", str(DOCS / "serve_sweep_run23.json"),
                  "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
                  "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
@@ -426,7 +427,7 @@ def test_run_23_with_workers_that_answer_stats_mid_step(tmp_path: Path) -> None:
                  "--out", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "planner_validation.json").read_text())
     rows = [r for r in saved["rows"] if not r["calibration"]]
-    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 15
+    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 17
     mixed = {r["rate"]: r for r in rows if r["mix"] == "mixed"}
     # what the real router read of the prefill worker at the mixed load: its served cost
     assert mixed[0.8]["placement_inputs"]["real"]["all"]["prefill_per_token_s"] > 0.003

@@ -18,6 +18,7 @@ from bench.step_overlap import (
     main,
     mean_factor,
     overlaps,
+    partly_factor,
     prefill_alone_pairs,
     prefill_length_table,
     served_fits,
@@ -227,3 +228,25 @@ def test_the_prefill_factor_by_length_is_against_the_steps_alone_under_serving()
     bare = prefill_length_table(points, step, None)
     assert bare is not None and bare[0][1] == pytest.approx(2.0 * alone(35) / 0.045, rel=0.05)
     assert prefill_length_table([{"prefill": {"shared_steps": short[:3]}}], step, fit) is None
+
+
+def test_a_step_partly_under_decode_steps_gives_the_factor_its_time_implies() -> None:
+    """The simulator slows a prefill step's work by the factor while its peer steps, so a
+    step ``ratio`` times its time alone with ``share`` of it shared implies one factor:
+    1/ratio = 1 - share + share/factor."""
+    assert partly_factor(1.5, 1.0) == pytest.approx(1.5)
+    # half of a 1.25x step's served time shared: 0.8 = 0.5 + 0.5/f, f = 5/3
+    assert partly_factor(1.25, 0.5) == pytest.approx(5 / 3)
+    assert partly_factor(2.5, 0.5) is None  # twice its time alone at most with half shared
+    step = StepCost(0.01, 0.0, 0.001)
+    fit = ServedFit(1.0, 0.0, 100)
+    alone = 0.01 + 0.001 * 900
+    partly = [[900, 900, 1.25 * alone, 0.5] for _ in range(4)]
+    table = prefill_length_table([{"prefill": {"shared_steps": [], "partly_steps": partly}}],
+                                 step, fit)
+    assert table is not None and len(table) == 1
+    assert table[0][0] == 900 and table[0][1] == pytest.approx(5 / 3)
+    # the log keeps a step between half and 95% shared with its share
+    prefill = [StepRecord(0.0, 1.0, 0, 900)]
+    decode = [_d(0.0, 0.3, 1), _d(0.3, 0.3, 1)]  # 60% of it
+    assert host_overlap(decode, prefill)["prefill"]["partly_steps"] == [[900, 0, 1.0, 0.6]]
