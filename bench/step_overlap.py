@@ -345,9 +345,10 @@ def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
     ``host_overlap`` (their steps with no step of the other worker beside them; the decode
     worker's with local prefill chunks too where the points logged them (sweeps since run
     23; runs 16-22 recomputed from their kept logs): its decode steps alone fix the
-    overhead, the longer prefill steps the scale. Fitted on decode steps only, the scale
-    (x0.94) had its local prefills 1.1-1.2x too slow, and the fit it reported with them, so
-    the simulated router kept fewer prompts local)."""
+    overhead, the longer prefill steps the scale. Fitted on decode steps only (x0.94 in
+    run 22, where its local prefills ran 0.8-1.0x the profile), the simulated decode worker
+    reported 2.5-3.0 ms a prompt token against the real one's 2.0-2.8, and the simulated
+    router kept fewer prompts local)."""
     pairs = [p for o in points
              for p in decode_alone_pairs(o, decode) + decode_local_pairs(o, decode)]
     return {"decode": fit_served(pairs), "prefill": prefill_served_fit(points, prefill)}

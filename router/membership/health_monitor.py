@@ -5,9 +5,9 @@ workers silent past their heartbeat lease are forgotten (and their channels and 
 dropped). A Stats call that fails while the health check passed leaves the worker in the
 pool with its last known load: a loaded host can answer late, and a slow answer must not
 look like a dead worker (a worker's Stats does not wait for its engine's current step:
-engine/async_engine.py). A probe that fails after the worker
-registered (again) while it ran says nothing about the registered worker and is dropped
-(Registry.set_healthy's ``since``): a worker that registers is routable at once.
+engine/async_engine.py). A probe that fails after the worker registered (again) while it
+ran says nothing about the registered worker and is dropped (Registry.set_healthy's
+``since``): a worker that registers is routable at once.
 
 A worker the health check cannot reach (no answer, connection refused) ``CUT_AFTER``
 probes in a row, or whose lease expired while this round's probe could not reach it, has
