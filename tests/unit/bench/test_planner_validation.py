@@ -431,3 +431,19 @@ def test_run_23_with_workers_that_answer_stats_mid_step(tmp_path: Path) -> None:
     mixed = {r["rate"]: r for r in rows if r["mix"] == "mixed"}
     # what the real router read of the prefill worker at the mixed load: its served cost
     assert mixed[0.8]["placement_inputs"]["real"]["all"]["prefill_per_token_s"] > 0.003
+
+
+def test_run_24_predicted_from_run_23(tmp_path: Path) -> None:
+    """Run 24: run 23's code and commands an hour later. With its own served factors 16 of
+    25 figures within 15% by prompt length; predicted from run 23's (``--served-sweep``),
+    14 (docs/planner.md, run 23)."""
+    args = ["--sweep", str(DOCS / "serve_sweep_run24.json"),
+            "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
+            "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
+            "--host-sharing", "served-by-length", "--serving", "served"]
+    for name, extra, least in (("own", [], 16), ("from 23", [
+            "--served-sweep", str(DOCS / "serve_sweep_run23.json")], 14)):
+        assert main([*args, *extra, "--out", str(tmp_path / name)]) == 0
+        saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
+        rows = [r for r in saved["rows"] if not r["calibration"]]
+        assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
