@@ -8,20 +8,17 @@ from pathlib import Path
 import pytest
 
 from bench.planner_validation import (
-    KEYS,
     add_sensitivity,
     compare,
     host_sharing_of,
     main,
-    profile_table,
     served_overlaps,
     served_profiles,
-    table,
     trace_of,
-    worker_table,
 )
 from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import overlap_table
+from bench.validation_tables import KEYS, profile_table, table, worker_table
 from planner.profile import Profile, StepCost, Transfer
 from planner.sim.host import HostSharing
 from router.handoff.placement import Slo
