@@ -172,9 +172,18 @@ def mean_factor(band: dict[str, Any], step: StepCost) -> float | None:
     alone, shared = band.get("alone_mean"), band.get("shared_mean")
     if alone is None or shared is None:
         return None
-    a = alone["s"] / step.step_s(alone["rows"], 0, alone["context"])
-    s = shared["s"] / step.step_s(shared["rows"], 0, shared["context"])
-    return s / a
+    return _over_profile(shared, step) / _over_profile(alone, step)
+
+
+def _over_profile(mean: dict[str, float], step: StepCost) -> float:
+    """A group's mean seconds over ``step`` at its mean rows and context (``_mean_shape``)."""
+    return mean["s"] / _profiled(mean, step)
+
+
+def _profiled(mean: dict[str, float], step: StepCost) -> float:
+    """The profile's decode step at a group's mean shape: ``step`` is linear between its
+    measured shapes, so there it is the mean of the steps' own."""
+    return step.step_s(mean["rows"], 0, mean["context"])
 
 
 def served_sharing(points: Sequence[dict[str, Any]], step: StepCost | None = None
@@ -202,14 +211,13 @@ def served_sharing(points: Sequence[dict[str, Any]], step: StepCost | None = Non
 
 def _alone_bands(overlap: dict[str, Any], step: StepCost
                  ) -> Iterator[tuple[str, float, float, int]]:
-    """(band, the profile's step at the steps alone's mean rows and context, their mean
-    seconds, their count) of one point's bands with MIN_STEPS or more decode steps alone. The
-    profile's step is linear between its measured shapes, so at the mean shape it is the mean
-    of the steps' own."""
+    """(band, the profile's step at the steps alone's mean rows and context (``_profiled``),
+    their mean seconds, their count) of one point's bands with MIN_STEPS or more decode
+    steps alone."""
     for name, band in overlap["bands"].items():
         mean = band.get("alone_mean")
         if mean is not None and band["alone"] >= MIN_STEPS:
-            yield name, step.step_s(mean["rows"], 0, mean["context"]), mean["s"], band["alone"]
+            yield name, _profiled(mean, step), mean["s"], band["alone"]
 
 
 def alone_ratios(overlap: dict[str, Any], step: StepCost) -> dict[str, float]:
