@@ -17,7 +17,8 @@
 // (TND_AVX512) _mm512_dpwssd_epi32 (VNNI) does the multiply-adds: the same exact int32
 // products and sums, over one Q8 group per 512-bit register (dot_rows512_groups) or two Q4
 // groups per pair of registers (dot_rows512_pairs, with QuantRows pair-interleaved), so only
-// the fp32 accumulation order differs.
+// the fp32 accumulation order differs. A one-row step (a lone decode) takes dot_1row in both
+// builds: four weight rows at a time, the 256-bit loop.
 #pragma once
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -33,6 +34,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -58,14 +60,44 @@ struct Lin {
 // int16 keeps activation rounding (~2e-5 relative) far below the weights' own; int8 ones
 // (llama.cpp's choice) cost SmolLM2 +0.6% perplexity on the fixed text, measured.
 // Layout of a row's values: groups in order, 32 each; for the Q4 kinds in the 512-bit build
-// (paired_kind) each pair of groups (2p, 2p + 1) instead interleaves its halves, [2p: 0..15,
-// 2p+1: 0..15, 2p: 16..31, 2p+1: 16..31], so one register meets both groups' low (or high)
-// nibbles (a last unpaired group stays as it is).
+// (paired_kind), in steps of two or more rows, each pair of groups (2p, 2p + 1) instead
+// interleaves its halves, [2p: 0..15, 2p+1: 0..15, 2p: 16..31, 2p+1: 16..31], so one register
+// meets both groups' low (or high) nibbles (a last unpaired group stays as it is).
 constexpr bool paired_kind(int kind) { return TND_FEW_ROWS_512 && (kind == 0 || kind == 2); }
 
 inline int quant_slot(int b, int j, int g, bool paired) {
   if (paired && (b | 1) < g) return (b & ~1) * QK + (j / 16) * 32 + (b & 1) * 16 + j % 16;
   return b * QK + j;
+}
+
+// One group of 32 activations to int16: lo gets elements 0..15, hi 16..31; d the scale
+// (max |x| / 32767), s the scale times the sum of the codes. Rounds to nearest even (the
+// MXCSR default, as std::nearbyint did in the scalar loop this replaces: the same codes).
+inline void quantize_group(const float* xb, int16_t* lo, int16_t* hi, float& d, float& s) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+  const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float scale = _mm_cvtss_f32(h) / 32767.f;
+  // a scale below the normal range (|x| < 4e-34) would make 1 / scale infinite: codes 0
+  const __m256 inv = _mm256_set1_ps(scale >= FLT_MIN ? 1.f / scale : 0.f);
+  __m256i c[4];
+  for (int i = 0; i < 4; ++i) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+  // packs interleaves 128-bit lanes; the permute puts the 16 codes back in order
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi32(c[0], c[1]), 0xD8));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi32(c[2], c[3]), 0xD8));
+  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+  __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+  u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4E));
+  u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0xB1));
+  d = scale;
+  s = scale * static_cast<float>(_mm_cvtsi128_si32(u));
 }
 
 struct QuantRows {
@@ -79,34 +111,28 @@ struct QuantRows {
     d.resize(static_cast<size_t>(rows) * g);
     s.resize(static_cast<size_t>(rows) * g);
     for (int r = 0; r < rows; ++r) {
+      int16_t* qr = q.data() + static_cast<size_t>(r) * k;
       for (int b = 0; b < g; ++b) {
-        const float* xb = x + static_cast<size_t>(r) * k + b * QK;
-        float amax = 0.f;
-        for (int j = 0; j < QK; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
-        const float scale = amax / 32767.f;
-        const float inv = scale > 0.f ? 1.f / scale : 0.f;
-        int16_t* qr = q.data() + static_cast<size_t>(r) * k;
-        int sum = 0;
-        for (int j = 0; j < QK; ++j) {
-          const int v = static_cast<int>(std::nearbyint(xb[j] * inv));
-          qr[quant_slot(b, j, g, paired)] = static_cast<int16_t>(v);
-          sum += v;
-        }
-        d[static_cast<size_t>(r) * g + b] = scale;
-        s[static_cast<size_t>(r) * g + b] = scale * static_cast<float>(sum);
+        const size_t i = static_cast<size_t>(r) * g + b;
+        quantize_group(x + static_cast<size_t>(r) * k + b * QK, qr + quant_slot(b, 0, g, paired),
+                       qr + quant_slot(b, 16, g, paired), d[i], s[i]);
       }
     }
   }
 };
 
-// Weights are read once per step, so these loops run at memory speed for a decode: one weight
-// row at a time (its stream stays sequential for the prefetcher), two groups per iteration.
-// Up to four activation rows share each loaded and unpacked weight group; their arithmetic
-// remains (~4 ms per extra row for SmolLM2 int4 here). Measured on the 2-core Zen 3 box: 80 MB
-// of Q4 in 5.7 ms for one row (14 GB/s; the read bandwidth is ~15), against 9.7 ms for four
-// weight rows interleaved. Overflow: |x| <= 32767 and |w| <= 127, so the 8 int32 lanes of a
-// group (4 products each) stay below 2^24.
+// Weights are read once per step, so these loops run at memory speed for a decode. Steps of
+// 2-7 rows (dot_rows): one weight row at a time, two groups per iteration, up to four
+// activation rows sharing each loaded and unpacked weight group; their arithmetic remains
+// (~4 ms per extra row for SmolLM2 int4 on the 2-core Zen 3 box). One-row steps (dot_1row):
+// ONE_ROW_BLOCK weight rows at a time against the one activation row, the next block's bytes
+// prefetched meanwhile. Measured on the 2-core Sapphire Rapids VM (SmolLM2's 120 Q4_1 linears
+// and its Q8_0 lm_head, 96 MB, one row, 2 threads, AVX2 build): 4.7-5.2 ms one weight row at a
+// time, 3.3-3.8 ms four (1.4-1.5x); four rows without the far prefetch were slower than one
+// (5.9 ms; on the Zen 3 box 9.7 against 5.7 ms). Overflow: |x| <= 32767 and |w| <= 127, so the
+// 8 int32 lanes of a group (4 products each) stay below 2^24.
 constexpr int MAX_ROW_BLOCK = 4;
+constexpr int ONE_ROW_BLOCK = 4;  // 2: 1.1x slower, 8: 1.3x (accumulators spill)
 // How far ahead of the Q4 stream a weight row is prefetched (Q8: twice as far); 1024
 // measured no better on the 2-core EPYC box (the hardware prefetcher follows the rows).
 constexpr int PREFETCH_BYTES = 256;
@@ -241,6 +267,101 @@ inline void dot_rows(const Lin& w, int n, const QuantRows& x, int r0, float* out
     } else {
       out[i] = G8 ? dot : dot * w.d[n];
     }
+  }
+}
+
+// One activation row against NR weight rows n .. n + NR - 1 (a one-row step's linears, in
+// both builds; QuantRows in group order): each loaded activation group serves NR weight
+// groups, and NR independent FMA chains hide the latency of the one or two chains of
+// dot_rows<Kind, 1> (a conversion and an FMA per group on each). The zero points' share (Q4
+// kinds) is an FMA per 8 groups beside the group scales, summed with the products at the end.
+template <int Kind, int NR>
+inline void dot_1row(const Lin& w, int n, const QuantRows& x, float* out) {
+  constexpr bool Q4 = Kind == 0 || Kind == 2, F16 = Kind == 2 || Kind == 4;
+  const int g = w.k / QK;
+  const uint16_t* d16 = reinterpret_cast<const uint16_t*>(w.d);  // kinds 2 and 4
+  const uint16_t* m16 = reinterpret_cast<const uint16_t*>(w.m);  // kind 2
+  size_t rg[NR];
+  for (int r = 0; r < NR; ++r) rg[r] = static_cast<size_t>(n + r) * g;
+  const int16_t* xq = x.q.data();
+  const float* xd = x.d.data();
+  const float* xs = x.s.data();
+  __m256 acc[NR], zacc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = zacc[r] = _mm256_setzero_ps();
+  alignas(32) float sc[NR][8];
+  auto unpack = [&](int r, int b, __m256i& lo, __m256i& hi) {
+    if (Q4) {
+      q4_unpack(w.q + rg[r] * 16, b, lo, hi);
+    } else {
+      q8_unpack(reinterpret_cast<const int8_t*>(w.q) + rg[r] * QK, b, lo, hi);
+    }
+  };
+  // The next NR rows' weights (contiguous: NR x g groups of gb bytes) are prefetched while
+  // these are read, NR * gb bytes per group read, so all of them are asked for meanwhile; the
+  // hardware prefetcher alone left the interleaved rows slower than one row at a time.
+  constexpr int gb = Q4 ? 16 : QK;  // bytes of a weight group
+  const char* next = reinterpret_cast<const char*>(w.q) + (rg[0] + NR * g) * gb;
+  auto prefetch_next = [&](int b) {
+#pragma GCC unroll 4
+    for (int off = 0; off < NR * gb; off += 64) _mm_prefetch(next + b * NR * gb + off, _MM_HINT_T0);
+  };
+  int b = 0;
+  for (; b + 8 <= g; b += 8) {
+    const __m256 xdv = _mm256_loadu_ps(xd + b);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 dw =
+          F16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d16 + rg[r] + b)))
+          : Kind == 0 ? _mm256_loadu_ps(w.d + rg[r] + b) : _mm256_set1_ps(1.f);
+      _mm256_store_ps(sc[r], _mm256_mul_ps(dw, xdv));
+      if (Q4) {
+        const __m256 mw =
+            Kind == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m16 + rg[r] + b)))
+                      : _mm256_loadu_ps(w.m + rg[r] + b);
+        zacc[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xs + b), zacc[r]);
+      }
+    }
+    if (F16 || Kind == 0) {  // the next NR rows' scales (and zero points) for this block
+      const size_t i = rg[0] + NR * g + b;
+      _mm_prefetch(Kind == 0 ? reinterpret_cast<const char*>(w.d + i)
+                             : reinterpret_cast<const char*>(d16 + i), _MM_HINT_T0);
+      if (Q4) {
+        _mm_prefetch(Kind == 0 ? reinterpret_cast<const char*>(w.m + i)
+                               : reinterpret_cast<const char*>(m16 + i), _MM_HINT_T0);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      prefetch_next(b + j);
+      const int16_t* xb = xq + (b + j) * QK;
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
+      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        __m256i lo, hi;
+        unpack(r, b + j, lo, hi);
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, xl), _mm256_madd_epi16(hi, xh));
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[r][j]), _mm256_cvtepi32_ps(p), acc[r]);
+      }
+    }
+  }
+  float tail[NR] = {};
+  for (; b < g; ++b) {  // the last g % 8 groups
+    prefetch_next(b);
+    const int16_t* xb = xq + b * QK;
+    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
+    for (int r = 0; r < NR; ++r) {
+      __m256i lo, hi;
+      unpack(r, b, lo, hi);
+      const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, xl), _mm256_madd_epi16(hi, xh));
+      const float dw = F16 ? _cvtsh_ss(d16[rg[r] + b]) : Kind == 0 ? w.d[rg[r] + b] : 1.f;
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(p), acc[r]);
+      if (Q4) tail[r] += (Kind == 2 ? _cvtsh_ss(m16[rg[r] + b]) : w.m[rg[r] + b]) * xs[b];
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const float dot = hsum(_mm256_add_ps(acc[r], zacc[r])) + tail[r];
+    out[r] = Kind == 1 ? dot * w.d[n + r] : dot;
   }
 }
 
@@ -535,6 +656,27 @@ void linear_kind(const Lin& w, const float* xf, const QuantRows& x, int rows, fl
   // Output rows in chunks of ~1/8 of a thread's share, taken as threads free up (see
   // linear_tiled_kind: a preempted thread delays one chunk, not its whole half).
   const int chunk = std::max(8, w.n / (8 * std::max(1, threads)));
+  if constexpr (!float_kind(Kind)) {
+    if (rows == 1) {  // NR1 weight rows per iteration (dot_1row), in chunks of whole blocks
+      constexpr int NR1 = ONE_ROW_BLOCK;
+      const int blocks = w.n / NR1;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, std::max(2, chunk / NR1))
+      for (int bi = 0; bi <= blocks; ++bi) {
+        const int n0 = bi * NR1, cnt = std::min(NR1, w.n - n0);
+        float v[NR1];
+        if (cnt == NR1) {
+          dot_1row<Kind, NR1>(w, n0, x, v);
+        } else {
+          for (int i = 0; i < cnt; ++i) dot_1row<Kind, 1>(w, n0 + i, x, v + i);
+        }
+        for (int i = 0; i < cnt; ++i) {
+          const float bias = w.bias ? w.bias[n0 + i] : 0.f;
+          y[n0 + i] = accumulate ? y[n0 + i] + v[i] + bias : v[i] + bias;
+        }
+      }
+      return;
+    }
+  }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, chunk)
   for (int n = 0; n < w.n; ++n) {
     const float bias = w.bias ? w.bias[n] : 0.f;
@@ -554,7 +696,7 @@ void linear_kind(const Lin& w, const float* xf, const QuantRows& x, int rows, fl
 // `scratch` first unless the weights are floats.
 inline void linear_rows(const Lin& w, const float* x, int rows, QuantRows& scratch, float* y,
                         int ldy, bool accumulate, int threads) {
-  if (!float_kind(w.kind)) scratch.quantize(x, rows, w.k, paired_kind(w.kind));
+  if (!float_kind(w.kind)) scratch.quantize(x, rows, w.k, paired_kind(w.kind) && rows > 1);
   switch (w.kind) {
     case 0: linear_kind<0>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 1: linear_kind<1>(w, x, scratch, rows, y, ldy, accumulate, threads); break;

@@ -105,7 +105,13 @@ def test_fused_forward_matches_torch(make_engine, tiny_dir, exact_torch_path, ar
 
 
 def test_batched_sequences_match_each_alone(make_engine, tiny_dir) -> None:
-    """Two sequences in one call (a decode row and a 3-row segment) equal separate calls."""
+    """Two sequences in one call (a decode row and a 3-row segment) equal separate calls.
+
+    The 3-row segment alone runs the same few-row loops as the 4-row call, so its rows match
+    to rounding; the decode row alone is a one-row step (quant_linear.h ``dot_1row``: four
+    weight rows at a time, another fp32 summation order), so it matches to that order's
+    rounding (~2e-5 relative here).
+    """
     engine = make_engine(model=str(tiny_dir("llama")), dtype="float32", quantization="int4",
                          num_blocks=32, block_size=4)
     fused, kv = engine.runner.fused, engine.runner.kv_cache
@@ -117,7 +123,8 @@ def test_batched_sequences_match_each_alone(make_engine, tiny_dir) -> None:
     kv.copy_(snapshot)
     alone_a = fused([7], [10], [0], [ta], kv, [0])
     alone_b = fused([8, 9, 10], [12, 13, 14], [0, 0, 0], [tb], kv, [0, 1, 2])
-    assert _rel(both, torch.cat([alone_a, alone_b])) < 1e-5
+    assert _rel(both[1:], alone_b) < 1e-5
+    assert _rel(both[:1], alone_a) < 1e-4
 
 
 def test_out_of_range_steps_are_refused(make_engine, tiny_dir) -> None:

@@ -85,6 +85,26 @@ def test_linear_matches_the_dequantized_matmul(kind: int, rows: int) -> None:
         assert torch.equal(layer(x), native(x))
 
 
+@pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16])
+@pytest.mark.parametrize("n", [64, 37])
+def test_one_row_blocks_match_the_dequantized_matmul(kind: int, n: int) -> None:
+    """A one-row step's loop (quant_linear.h ``dot_1row``): four weight rows at a time over
+    blocks of 8 groups and a tail. K = 19 groups: two whole blocks and 3 groups more (the
+    160-input test above has only a tail); N = 64 is whole blocks of four rows, 37 ends in
+    one row alone."""
+    g = torch.Generator().manual_seed(kind * 7 + n)
+    k = 19 * 32
+    layer = _layer(kind, n, k, g)
+    w = layer.dequantize()
+    x = torch.randn(1, k, generator=g) * torch.logspace(-2, 1, k)
+    ref = x.double() @ w.double().T + layer.bias.double()
+    out = NativeLinear(layer)(x).double()
+    assert _rel(out, ref) < 1e-4
+    # every output row, not only the whole vector's norm (against the largest output: a row
+    # that cancels to near zero keeps the activations' absolute rounding)
+    assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-4
+
+
 @pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16, KIND_F32])
 @pytest.mark.parametrize("n", [48, 37])
 def test_tiled_panels_hold_the_exact_weights(kind: int, n: int) -> None:
