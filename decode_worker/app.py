@@ -13,6 +13,7 @@ from decode_worker.service import DecodeConfig, DecodeWorker
 from decode_worker.servicer import DecodeServicer
 from engine.async_engine import AsyncEngine
 from engine.model_runner import ModelRunner
+from engine.omp_pools import release_this_threads_pool
 from kv_transfer import Receiver, ReceiverConfig
 from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
 from worker.app import WorkerAppShell, attach_step_log, load_engine
@@ -69,6 +70,7 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     metrics = WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat)
     if lent is not None:
         metrics.borrowed_steps = lambda: lent.borrowed_steps
+    release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_cache_spec())
     receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(
