@@ -126,11 +126,12 @@ struct QuantRows {
 // activation rows sharing each loaded and unpacked weight group; their arithmetic remains
 // (~4 ms per extra row for SmolLM2 int4 on the 2-core Zen 3 box). One-row steps (dot_1row):
 // ONE_ROW_BLOCK weight rows at a time against the one activation row, the next block's bytes
-// prefetched meanwhile. Measured on the 2-core Sapphire Rapids VM (SmolLM2's 120 Q4_1 linears
-// and its Q8_0 lm_head, 96 MB, one row, 2 threads, AVX2 build): 4.7-5.2 ms one weight row at a
-// time, 3.3-3.8 ms four (1.4-1.5x); four rows without the far prefetch were slower than one
-// (5.9 ms; on the Zen 3 box 9.7 against 5.7 ms). Overflow: |x| <= 32767 and |w| <= 127, so the
-// 8 int32 lanes of a group (4 products each) stay below 2^24.
+// prefetched meanwhile. Measured on the 2-core Sapphire Rapids VM (one row, 2 threads, AVX2
+// build): SmolLM2's 120 Q4_1 linears (66 MB) 4.7-5.2 ms one weight row at a time, 3.3-3.8 ms
+// four, its Q8_0 lm_head (30 MB) 1.5-1.8 -> 0.95-1.2 ms; four rows without the far prefetch
+// were slower than one (5.9-6.0 ms for the Q4 linears; on the Zen 3 box 9.7 against 5.7).
+// Overflow: |x| <= 32767 and |w| <= 127, so the 8 int32 lanes of a group (4 products each)
+// stay below 2^24.
 constexpr int MAX_ROW_BLOCK = 4;
 constexpr int ONE_ROW_BLOCK = 4;  // 2: 1.1x slower, 8: 1.3x (accumulators spill)
 // How far ahead of the Q4 stream a weight row is prefetched (Q8: twice as far); 1024
