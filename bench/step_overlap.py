@@ -172,12 +172,7 @@ def mean_factor(band: dict[str, Any], step: StepCost) -> float | None:
     alone, shared = band.get("alone_mean"), band.get("shared_mean")
     if alone is None or shared is None:
         return None
-    return _over_profile(shared, step) / _over_profile(alone, step)
-
-
-def _over_profile(mean: dict[str, float], step: StepCost) -> float:
-    """A group's mean seconds over ``step`` at its mean rows and context (``_mean_shape``)."""
-    return mean["s"] / _profiled(mean, step)
+    return (shared["s"] / _profiled(shared, step)) / (alone["s"] / _profiled(alone, step))
 
 
 def _profiled(mean: dict[str, float], step: StepCost) -> float:
