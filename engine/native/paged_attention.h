@@ -14,6 +14,9 @@
 // build does those loops on 512-bit registers. A SmolLM2 layer (9 heads on 3 KV heads, one
 // thread, 1-32 rows, 37-1,000 positions) took, against one head at a time: fp16 cache
 // 0.84-1.03x (AVX2; same outputs bit for bit) and 0.75-0.89x (AVX-512), fp32 cache 0.87-1.11x.
+// A segment of TILE_MIN_ROWS or more rows (a prefill chunk) widens its task's K and V to fp32
+// once and runs scores and weighted V as register tiles (attention_tiles.h): 1.5-1.6x these
+// loops on a 512- or 2,048-row chunk (AVX2, SmolLM2's shapes, fp16 cache, 1 and 2 threads).
 // tests/unit/engine/native/test_paged_attention.py checks every group shape and cache format
 // against a scalar softmax.
 #pragma once
@@ -28,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_tiles.h"
 #include "half.h"
 
 namespace tnd {
@@ -328,6 +332,45 @@ inline void store_head(const float* x, int hd, uint8_t* dst) {
   }
 }
 
+// A task's K and V for the tiles (attention_tiles.h), widened to fp32 (int8 times its
+// scale): kt, per KV head, (n + 15) / 16 panels of [hd][16] (positions past n zero); vt, per
+// KV head, [n][hd]. slot(j) is position p0 + j's slot. False if a V value is not finite: a
+// masked weight of 0 would not hide it there, so the task keeps the row-at-a-time loops.
+template <int F, class Slot>
+inline bool widen_for_tiles(const uint8_t* k, const uint8_t* v, Slot&& slot, int n, int nkv,
+                            int hd, float* kt, float* vt) {
+  using KV = KVHead<F>;
+  const int head_bytes = KV::bytes(hd), panels = (n + TILE_POS - 1) / TILE_POS;
+  const size_t per_head_k = static_cast<size_t>(panels) * hd * TILE_POS;
+  __m256 bad = _mm256_setzero_ps();
+  for (int j = 0; j < n; ++j) {
+    const size_t off = slot(j);
+    for (int h = 0; h < nkv; ++h) {
+      const uint8_t* kh = k + off + static_cast<size_t>(h) * head_bytes;
+      const uint8_t* vh = v + off + static_cast<size_t>(h) * head_bytes;
+      const __m256 ks = _mm256_set1_ps(KV::scale_of(kh, hd)), vs = _mm256_set1_ps(KV::scale_of(vh, hd));
+      float* kp = kt + h * per_head_k + static_cast<size_t>(j / TILE_POS) * hd * TILE_POS + j % TILE_POS;
+      float* vp = vt + (static_cast<size_t>(h) * n + j) * hd;
+      for (int d = 0; d < hd; d += 8) {
+        alignas(32) float x[8];
+        _mm256_store_ps(x, KV::Int8 ? _mm256_mul_ps(KV::load(kh, d), ks) : KV::load(kh, d));
+        for (int e = 0; e < 8; ++e) kp[(d + e) * TILE_POS] = x[e];
+        const __m256 y = KV::Int8 ? _mm256_mul_ps(KV::load(vh, d), vs) : KV::load(vh, d);
+        _mm256_storeu_ps(vp + d, y);
+        // finite y: y - y == 0; inf or NaN: NaN, unordered
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(y, y), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+      }
+    }
+  }
+  for (int j = n; j < panels * TILE_POS; ++j) {  // the last panel's tail
+    for (int h = 0; h < nkv; ++h) {
+      float* kp = kt + h * per_head_k + static_cast<size_t>(j / TILE_POS) * hd * TILE_POS + j % TILE_POS;
+      for (int d = 0; d < hd; ++d) kp[d * TILE_POS] = 0.f;
+    }
+  }
+  return _mm256_movemask_ps(bad) == 0;
+}
+
 // Rows per segment at most: a prefill chunk's rows are cut into segments of this many, so its
 // tasks' score buffers stay small (rows x heads x chunk floats) and the threads share them.
 constexpr int MAX_SEGMENT_ROWS = 32;
@@ -391,10 +434,18 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
     }
   }
   // Partial results per (task, row of its segment, head): max, sum, weighted V.
-  std::vector<float> pm(parts), pl(parts), po(parts * hd);
+  // (kept by the calling thread between calls, as the tasks' scratch below; references, as
+  // inside the parallel region a thread_local name is each pool thread's own)
+  static thread_local std::vector<float> kept[3];
+  std::vector<float>&pm = kept[0], &pl = kept[1], &po = kept[2];
+  if (pm.size() < parts) pm.resize(parts), pl.resize(parts);
+  if (po.size() < parts * hd) po.resize(parts * hd);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> sc;
+    // Scratch kept by each pool thread from call to call (a prefill chunk's buffers are
+    // megabytes: allocated anew per layer, their pages were faulted in and zeroed each time).
+    static thread_local std::vector<float> sc, kt, vt;
+    static thread_local std::vector<LaneTile> tiles;
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < static_cast<int>(tasks.size()); ++t) {
       const Task& tk = tasks[t];
@@ -405,44 +456,62 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
       auto slot_of = [&](int p) {
         return (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
       };
-      // Scores, 8 positions at a time: their K rows stay in L1 for every row and head of
-      // the segment. The query heads that share a KV head (GQA) take each K vector from one
-      // load, 4 positions at a time, and 4 dot products end in one reduction.
-      const uint8_t* kb[8];
-      for (int p = tk.p0; p < tk.p1; p += 8) {
-        const int nb = std::min(8, tk.p1 - p);
-        for (int j = 0; j < 8; ++j) kb[j] = k + slot_of(p + std::min(j, nb - 1));
-        for (int i = 0; i < sg.count; ++i) {
-          const int r = sg.first + i;
-          if (p > pos[r]) continue;  // causal among the segment's rows
-          const float* qr = q + static_cast<size_t>(r) * q_stride;
-          float* row_sc = &sc[static_cast<size_t>(i) * nh * n + (p - tk.p0)];
-          if (hd % 8 != 0) {
-            for (int h = 0; h < nh; ++h) {
-              const int kvh = (h / group) * head_bytes;
-              for (int j = 0; j < nb && p + j <= pos[r]; ++j) {
-                row_sc[static_cast<size_t>(h) * n + j] = KV::dot(qr + h * hd, kb[j] + kvh, hd) * sh.scale;
+      // A prefill segment's K and V widened once for its rows' tiles (attention_tiles.h).
+      const int panels = (n + TILE_POS - 1) / TILE_POS;
+      bool tiled = false;
+      if (sg.count >= TILE_MIN_ROWS && hd % TILE_POS == 0) {
+        kt.resize(static_cast<size_t>(nkv) * panels * hd * TILE_POS);
+        vt.resize(static_cast<size_t>(nkv) * n * hd);
+        tiled = widen_for_tiles<F>(k, v, [&](int j) { return slot_of(tk.p0 + j); }, n, nkv, hd,
+                                   kt.data(), vt.data());
+      }
+      if (tiled) {
+        for (int kv = 0; kv < nkv; ++kv) {
+          lane_tiles(pos + sg.first, sg.count, group, kv, tiles);
+          qk_tiles(tiles, q + static_cast<size_t>(sg.first) * q_stride, q_stride, pos + sg.first, nh,
+                   hd, kt.data() + static_cast<size_t>(kv) * panels * hd * TILE_POS, tk.p0, n,
+                   sh.scale, sc.data());
+        }
+      } else {
+        // Scores, 8 positions at a time: their K rows stay in L1 for every row and head of
+        // the segment. The query heads that share a KV head (GQA) take each K vector from one
+        // load, 4 positions at a time, and 4 dot products end in one reduction.
+        const uint8_t* kb[8];
+        for (int p = tk.p0; p < tk.p1; p += 8) {
+          const int nb = std::min(8, tk.p1 - p);
+          for (int j = 0; j < 8; ++j) kb[j] = k + slot_of(p + std::min(j, nb - 1));
+          for (int i = 0; i < sg.count; ++i) {
+            const int r = sg.first + i;
+            if (p > pos[r]) continue;  // causal among the segment's rows
+            const float* qr = q + static_cast<size_t>(r) * q_stride;
+            float* row_sc = &sc[static_cast<size_t>(i) * nh * n + (p - tk.p0)];
+            if (hd % 8 != 0) {
+              for (int h = 0; h < nh; ++h) {
+                const int kvh = (h / group) * head_bytes;
+                for (int j = 0; j < nb && p + j <= pos[r]; ++j) {
+                  row_sc[static_cast<size_t>(h) * n + j] = KV::dot(qr + h * hd, kb[j] + kvh, hd) * sh.scale;
+                }
               }
+              continue;
             }
-            continue;
+            for_head_groups(group, nkv, [&](int kv, int h0, auto gc) {
+              constexpr int G = decltype(gc)::value;
+              const float* qg[G];
+              for (int g = 0; g < G; ++g) qg[g] = qr + (h0 + g) * hd;
+              for (int half = 0; half < nb && p + half <= pos[r]; half += 4) {
+                const uint8_t* kh[4];
+                for (int j = 0; j < 4; ++j) kh[j] = kb[half + j] + kv * head_bytes;
+                __m128 s4[G];
+                KV::template dot4_shared<G>(qg, kh, hd, s4);
+                for (int g = 0; g < G; ++g) {
+                  alignas(16) float v4[4];
+                  _mm_store_ps(v4, _mm_mul_ps(s4[g], _mm_set1_ps(sh.scale)));
+                  float* dst = row_sc + static_cast<size_t>(h0 + g) * n + half;
+                  for (int j = 0; j < 4 && half + j < nb && p + half + j <= pos[r]; ++j) dst[j] = v4[j];
+                }
+              }
+            });
           }
-          for_head_groups(group, nkv, [&](int kv, int h0, auto gc) {
-            constexpr int G = decltype(gc)::value;
-            const float* qg[G];
-            for (int g = 0; g < G; ++g) qg[g] = qr + (h0 + g) * hd;
-            for (int half = 0; half < nb && p + half <= pos[r]; half += 4) {
-              const uint8_t* kh[4];
-              for (int j = 0; j < 4; ++j) kh[j] = kb[half + j] + kv * head_bytes;
-              __m128 s4[G];
-              KV::template dot4_shared<G>(qg, kh, hd, s4);
-              for (int g = 0; g < G; ++g) {
-                alignas(16) float v4[4];
-                _mm_store_ps(v4, _mm_mul_ps(s4[g], _mm_set1_ps(sh.scale)));
-                float* dst = row_sc + static_cast<size_t>(h0 + g) * n + half;
-                for (int j = 0; j < 4 && half + j < nb && p + half + j <= pos[r]; ++j) dst[j] = v4[j];
-              }
-            }
-          });
         }
       }
       for (int lane = 0; lane < lanes; ++lane) {
@@ -465,6 +534,14 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
         pm[tk.part + lane] = mx;
         pl[tk.part + lane] = sum;
         std::memset(&po[(tk.part + lane) * hd], 0, hd * sizeof(float));
+      }
+      if (tiled) {
+        for (int kv = 0; kv < nkv; ++kv) {
+          lane_tiles(pos + sg.first, sg.count, group, kv, tiles);
+          pv_tiles(tiles, sc.data(), nh, hd, vt.data() + static_cast<size_t>(kv) * n * hd, tk.p0, n,
+                   &po[tk.part * hd]);
+        }
+        continue;
       }
       // Weighted V, 16 positions at a time: their V rows stay in L1 while the outputs of the
       // query heads sharing a KV head (32 floats at a time) accumulate in registers, each V

@@ -4,8 +4,9 @@ The kernel shares each K and V vector among the query heads of a GQA group, in r
 three heads (a group of 8 is 3 + 3 + 2), and has separate paths for head sizes that are not
 a multiple of 32 or of 8. A small C++ program fills a paged cache (fp32, bf16, fp16 or int8;
 every slot no row may see holds NaN, so a masked position that leaks shows), runs the kernel
-for rows of several sequences (decode rows and multi-row segments, scattered blocks) on 1
-and 2 threads, and compares each output with a double-precision softmax over the same stored
+for rows of several sequences (decode rows, multi-row segments, prefill segments of 8-40 rows
+that take the register tiles, one with an infinite V only its last row sees; scattered
+blocks) on 1 and 2 threads, and compares each output with a double-precision softmax over the same stored
 values. The program prints the worst relative error per case; the test bounds it.
 """
 
@@ -41,7 +42,11 @@ double run_case(int nh, int nkv, int hd, int threads, std::mt19937& gen) {
   const int bs = 4, head_bytes = KV::bytes(hd);
   const size_t slot_bytes = static_cast<size_t>(nkv) * head_bytes;
   // Sequences: (rows in this step, context length); a sequence's rows are its last positions.
-  const int seqs[][2] = {{1, 1}, {3, 5}, {1, 37}, {2, 100}, {1, 8}, {4, 4}};
+  // Segments of 8 or more rows take the register tiles (attention_tiles.h): {8, 8}, {20, 70},
+  // {40, 45} (32 + 8 rows); the last sequence's final position holds an infinite V, which
+  // only its last row sees (its other rows must not: a masked weight of 0 times inf is NaN).
+  const int seqs[][2] = {{1, 1}, {3, 5}, {1, 37}, {2, 100}, {1, 8}, {4, 4}, {8, 8}, {20, 70},
+                         {40, 45}, {12, 30}};
   const int num_seqs = sizeof(seqs) / sizeof(seqs[0]);
   int blocks = 0;
   for (auto& s : seqs) blocks += (s[1] + bs - 1) / bs + 1;
@@ -69,7 +74,7 @@ double run_case(int nh, int nkv, int hd, int threads, std::mt19937& gen) {
       for (int h = 0; h < nkv; ++h) {
         for (auto& e : x) e = 2.f * normal(gen);
         store_head<F>(x.data(), hd, &k[slot + h * head_bytes]);
-        for (auto& e : x) e = normal(gen);
+        for (auto& e : x) e = s == num_seqs - 1 && p == len - 1 ? INFINITY : normal(gen);
         store_head<F>(x.data(), hd, &v[slot + h * head_bytes]);
       }
     }
@@ -106,6 +111,9 @@ double run_case(int nh, int nkv, int hd, int threads, std::mt19937& gen) {
         total += w;
         for (int d = 0; d < hd; ++d) ref[d] += w * stored<F>(&v[slot + (h / group) * head_bytes], hd, d);
       }
+      bool seen_inf = false;
+      for (int d = 0; d < hd; ++d) seen_inf = seen_inf || !std::isfinite(ref[d] / total);
+      if (seen_inf) continue;  // the row that sees the infinite V
       double err = 0., norm = 0.;
       for (int d = 0; d < hd; ++d) {
         const double got = out[(static_cast<size_t>(r) * nh + h) * hd + d], want = ref[d] / total;
