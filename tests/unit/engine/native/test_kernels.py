@@ -66,7 +66,7 @@ FLOAT_KINDS = (KIND_F32, KIND_BF16, KIND_F16)
 
 @pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16, KIND_F32,
                                   KIND_BF16, KIND_F16])
-@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 32, 63, 64, 65, 130])
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 32, 63, 64, 65, 130, 513])  # 513: passes 256+256+1
 def test_linear_matches_the_dequantized_matmul(kind: int, rows: int) -> None:
     g = torch.Generator().manual_seed(kind * 100 + rows)
     n, k = 37, 160  # N odd (a partial tile), K = 5 groups
