@@ -444,3 +444,20 @@ def test_run_24_predicted_from_run_23(tmp_path: Path) -> None:
         saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
         rows = [r for r in saved["rows"] if not r["calibration"]]
         assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
+
+
+def test_run_25_on_profiles_of_the_faster_kernels(tmp_path: Path) -> None:
+    """Run 25: run 24's commands on new profiles of both workers (the one-row decode loop of
+    stop 39, stop 40's prefill attention tiles and row passes). With its own served factors
+    21 of 25 figures within 15% by prompt length; predicted from run 24's, 19
+    (docs/planner.md, run 25)."""
+    args = ["--sweep", str(DOCS / "serve_sweep_run25.json"),
+            "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run25.json"),
+            "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run25.json"),
+            "--host-sharing", "served-by-length", "--serving", "served"]
+    for name, extra, least in (("own", [], 21), ("from 24", [
+            "--served-sweep", str(DOCS / "serve_sweep_run24.json")], 19)):
+        assert main([*args, *extra, "--out", str(tmp_path / name)]) == 0
+        saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
+        rows = [r for r in saved["rows"] if not r["calibration"]]
+        assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
