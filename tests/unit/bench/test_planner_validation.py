@@ -461,3 +461,19 @@ def test_run_25_on_profiles_of_the_faster_kernels(tmp_path: Path) -> None:
         saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
         rows = [r for r in saved["rows"] if not r["calibration"]]
         assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
+
+
+def test_run_26_repeats_run_25(tmp_path: Path) -> None:
+    """Run 26: run 25's sweep half an hour later on the same profiles: 21 of 25 figures within
+    15% by prompt length with its own served factors again; 18 predicted from run 25's
+    (docs/planner.md, run 25)."""
+    args = ["--sweep", str(DOCS / "serve_sweep_run26.json"),
+            "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run25.json"),
+            "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run25.json"),
+            "--host-sharing", "served-by-length", "--serving", "served"]
+    for name, extra, least in (("own", [], 21), ("from 25", [
+            "--served-sweep", str(DOCS / "serve_sweep_run25.json")], 18)):
+        assert main([*args, *extra, "--out", str(tmp_path / name)]) == 0
+        saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
+        rows = [r for r in saved["rows"] if not r["calibration"]]
+        assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
