@@ -430,20 +430,28 @@ def test_run_23_with_workers_that_answer_stats_mid_step(tmp_path: Path) -> None:
     assert mixed[0.8]["placement_inputs"]["real"]["all"]["prefill_per_token_s"] > 0.003
 
 
-def test_run_24_predicted_from_run_23(tmp_path: Path) -> None:
-    """Run 24: run 23's code and commands an hour later. With its own served factors 16 of
-    25 figures within 15% by prompt length; predicted from run 23's (``--served-sweep``),
-    14 (docs/planner.md, run 23)."""
-    args = ["--sweep", str(DOCS / "serve_sweep_run24.json"),
-            "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run16.json"),
-            "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run14.json"),
+def _own_and_predicted(tmp_path: Path, run: int, profiles: tuple[str, str], previous: int,
+                       least_own: int, least_predicted: int) -> None:
+    """Run ``run``'s sweep by prompt length with served steps: at least ``least_own`` of 25
+    figures within 15% with its own served factors, ``least_predicted`` with ``previous``'s
+    (``--served-sweep``). profiles: the prefill and decode profiles' run labels."""
+    args = ["--sweep", str(DOCS / f"serve_sweep_run{run}.json"),
+            "--prefill-profile", str(DOCS / f"profile_smollm2_cpu2_run{profiles[0]}.json"),
+            "--decode-profile", str(DOCS / f"profile_smollm2_cpu1_run{profiles[1]}.json"),
             "--host-sharing", "served-by-length", "--serving", "served"]
-    for name, extra, least in (("own", [], 16), ("from 23", [
-            "--served-sweep", str(DOCS / "serve_sweep_run23.json")], 14)):
+    for name, extra, least in (("own", [], least_own), (f"from {previous}", [
+            "--served-sweep", str(DOCS / f"serve_sweep_run{previous}.json")], least_predicted)):
         assert main([*args, *extra, "--out", str(tmp_path / name)]) == 0
         saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
         rows = [r for r in saved["rows"] if not r["calibration"]]
         assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
+
+
+def test_run_24_predicted_from_run_23(tmp_path: Path) -> None:
+    """Run 24: run 23's code and commands an hour later. With its own served factors 16 of
+    25 figures within 15% by prompt length; predicted from run 23's (``--served-sweep``),
+    14 (docs/planner.md, run 23)."""
+    _own_and_predicted(tmp_path, 24, ("16", "14"), 23, 16, 14)
 
 
 def test_run_25_on_profiles_of_the_faster_kernels(tmp_path: Path) -> None:
@@ -451,29 +459,11 @@ def test_run_25_on_profiles_of_the_faster_kernels(tmp_path: Path) -> None:
     stop 39, stop 40's prefill attention tiles and row passes). With its own served factors
     21 of 25 figures within 15% by prompt length; predicted from run 24's, 19
     (docs/planner.md, run 25)."""
-    args = ["--sweep", str(DOCS / "serve_sweep_run25.json"),
-            "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run25.json"),
-            "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run25.json"),
-            "--host-sharing", "served-by-length", "--serving", "served"]
-    for name, extra, least in (("own", [], 21), ("from 24", [
-            "--served-sweep", str(DOCS / "serve_sweep_run24.json")], 19)):
-        assert main([*args, *extra, "--out", str(tmp_path / name)]) == 0
-        saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
-        rows = [r for r in saved["rows"] if not r["calibration"]]
-        assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
+    _own_and_predicted(tmp_path, 25, ("25", "25"), 24, 21, 19)
 
 
 def test_run_26_repeats_run_25(tmp_path: Path) -> None:
     """Run 26: run 25's sweep half an hour later on the same profiles: 21 of 25 figures within
     15% by prompt length with its own served factors again; 18 predicted from run 25's
     (docs/planner.md, run 25)."""
-    args = ["--sweep", str(DOCS / "serve_sweep_run26.json"),
-            "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run25.json"),
-            "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run25.json"),
-            "--host-sharing", "served-by-length", "--serving", "served"]
-    for name, extra, least in (("own", [], 21), ("from 25", [
-            "--served-sweep", str(DOCS / "serve_sweep_run25.json")], 18)):
-        assert main([*args, *extra, "--out", str(tmp_path / name)]) == 0
-        saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
-        rows = [r for r in saved["rows"] if not r["calibration"]]
-        assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
+    _own_and_predicted(tmp_path, 26, ("25", "25"), 25, 21, 18)
