@@ -115,26 +115,38 @@ def measure_prefill_after(engine, params, chunks: Sequence[tuple[int, int]], rep
 def measure_decode(engine, params, rows: Sequence[int], prompts: Sequence[int], steps: int,
                    arrival: int = 0) -> list[StepSample]:
     """Decode steps of B rows (each ``prompts`` long); with ``arrival`` > 0, also the step
-    in which a prompt of that length joins the B decoding rows."""
+    in which a prompt of that length joins the B decoding rows.
+
+    A timed step's sample has the rows that ran in it (those with a token out of it) and
+    their context. The B prompts take several steps to prefill when they exceed the step's
+    token budget, and the first ones decode meanwhile: each request's token allowance
+    covers those steps too, so that none finishes inside the timed steps (until stop 41 the
+    allowance did not, and B = 32 and 64 rows of 512-token prompts were recorded as such
+    while their rows finished: 11-13 steps of each of run 25's profiles ran 17-41 rows as
+    "32" or "64", which pulled the fitted cost per context token from ~5 us to 1)."""
     vocab = engine.arch.vocab_size
     cache = engine.kv_cache
     capacity = cache.shape[2] * cache.shape[3]  # tokens: [layers, 2, blocks, block_size, ..]
+    budget = max(engine.config.scheduler.max_num_batched_tokens, 1)
     samples = []
     for length in prompts:
         for b in rows:
             if (b + 1) * (length + steps + 8) > 0.9 * capacity:
                 continue  # the batch would not fit (requests would wait, the shape be wrong)
             engine.kv.pool.reset_prefix_cache()
+            filling = -(-b * length // budget)  # steps the prompts take: the first decode on
             ids = [engine.add_request(_prompt(vocab, length, 7 * b + i + length), params(
-                steps + 4 + (1 if arrival else 0))) for i in range(b)]
+                steps + 4 + filling + (1 if arrival else 0))) for i in range(b)]
             generated = dict.fromkeys(ids, 0)
             while min(generated.values()) < 1:  # prefill them all (possibly several steps)
                 for o in engine.step():
                     generated[o.request_id] = len(o.token_ids)
             for _ in range(steps):
-                context = sum(length + g for g in generated.values())
+                before = dict(generated)
                 seconds, outs = _timed_step(engine)
-                samples.append(StepSample(b, 0, context, seconds))
+                ran = [o.request_id for o in outs if o.request_id in before]
+                samples.append(StepSample(len(ran), 0, sum(length + before[r] for r in ran),
+                                          seconds))
                 for o in outs:
                     generated[o.request_id] = len(o.token_ids)
             if arrival:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.profile_engine import ProfileOptions, profile_engine
+from bench.profile_engine import ProfileOptions, measure_decode, profile_engine
 from planner.profile import Profile
 from tandem.commands.profile import main as profile_main
 
@@ -28,6 +28,25 @@ def test_profile_of_a_tiny_engine_is_fitted_from_its_own_steps(make_engine, tiny
     assert any(rows == 0 and tokens > 0 for rows, tokens, *_ in steps)
     assert any(rows > 0 and tokens == 0 for rows, tokens, *_ in steps)
     assert any(rows > 0 and tokens > 0 for rows, tokens, *_ in steps)
+    assert not engine.has_unfinished()
+
+
+def test_decode_samples_have_the_rows_that_ran(make_engine, tiny_dir) -> None:
+    """Eight 16-token prompts take eight 16-token steps to prefill, and the first ones decode
+    meanwhile: each timed step must still run all eight rows (none finished early) and say
+    so, with their context growing by a token a row."""
+    from engine import SamplingParams
+
+    engine = make_engine(model=str(tiny_dir()), max_num_seqs=8, max_num_batched_tokens=16,
+                         num_blocks=64)
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+    samples = measure_decode(engine, params, [8], [16], 3)
+    assert [s.rows for s in samples] == [8, 8, 8]
+    contexts = [s.context_tokens for s in samples]
+    assert [b - a for a, b in zip(contexts, contexts[1:], strict=False)] == [8, 8]
     assert not engine.has_unfinished()
 
 
