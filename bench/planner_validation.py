@@ -230,7 +230,10 @@ def served_profiles(served: list[tuple[str, str, float, dict[str, Any]]], prefil
             return profile
         return replace(profile, step=profile.step.scaled(fit.scale), serving_step_s=fit.overhead_s)
 
-    return fitted(prefill, fits["prefill"]), fitted(decode, fits["decode"]), fits
+    decode = fitted(decode, fits["decode"])
+    if fits["prompt"] is not None:
+        decode = replace(decode, serving_prompt_scale=fits["prompt"].scale)
+    return fitted(prefill, fits["prefill"]), decode, fits
 
 
 def handoff_gap(sweep: dict[str, Any], prefill: Profile, decode: Profile,

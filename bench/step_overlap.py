@@ -342,19 +342,48 @@ def prefill_served_fit(points: Sequence[dict[str, Any]], prefill: StepCost) -> S
     return fit_served([p for o in points for p in prefill_alone_pairs(o, prefill)])
 
 
+def scale_fit(pairs: Sequence[tuple[float, float, int]]) -> ServedFit | None:
+    """Least squares of served on profiled seconds through the origin, each pair weighted by
+    its steps: a scale, no overhead. None without pairs of positive length."""
+    sxx = sum(n * x * x for x, _, n in pairs)
+    if sxx <= 0:
+        return None
+    return ServedFit(sum(n * x * y for x, y, n in pairs) / sxx, 0.0, sum(n for *_, n in pairs))
+
+
+def prompt_scale_fit(pairs: Sequence[tuple[float, float, int]], decode: ServedFit
+                     ) -> ServedFit | None:
+    """The decode worker's steps with a local prompt chunk (``decode_local_pairs``) against
+    what its decode steps' fit gives the same steps (``decode``: scale x profiled +
+    overhead), as a ``scale_fit``: its scale is the profile's ``serving_prompt_scale``.
+    None without such steps."""
+    return scale_fit([(decode.scale * x + decode.overhead_s, y, n) for x, y, n in pairs])
+
+
 def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
                 prefill: StepCost) -> dict[str, ServedFit | None]:
-    """The decode and prefill workers' ``fit_served`` pooled over several points'
-    ``host_overlap`` (their steps with no step of the other worker beside them; the decode
-    worker's with local prefill chunks too where the points logged them (sweeps since run
-    23; runs 16-22 recomputed from their kept logs): its decode steps alone fix the
-    overhead, the longer prefill steps the scale. Fitted on decode steps only (x0.94 in
-    run 22, where its local prefills ran 0.8-1.0x the profile), the simulated decode worker
-    reported 2.5-3.0 ms a prompt token against the real one's 2.0-2.8, and the simulated
-    router kept fewer prompts local)."""
-    pairs = [p for o in points
-             for p in decode_alone_pairs(o, decode) + decode_local_pairs(o, decode)]
-    return {"decode": fit_served(pairs), "prefill": prefill_served_fit(points, prefill)}
+    """The workers' ``fit_served`` pooled over several points' ``host_overlap`` (their steps
+    with no step of the other worker beside them): ``decode`` of the decode worker's decode
+    steps, ``prompt`` of its steps with a local prompt chunk against that fit
+    (``prompt_scale_fit``; sweeps since run 23 log them, runs 16-22 recomputed from their
+    kept logs), ``prefill`` of the prefill worker's steps.
+
+    Two fits for the decode worker because its two kinds of step stray from the one-thread
+    profile in opposite directions: in run 25 its decode steps ran 0.96x the profile and its
+    prompt steps 1.28x (1.1x at 32 tokens, 1.3-1.4x at 48-95). One fit over both (runs
+    23-26 until stop 41: x1.07) priced the simulated decode steps 1.12x too dear and the
+    local prefills 1.19x too cheap, so the simulated router kept more prompts local (the
+    mixed load at 0.8 req/s: 91% of chat-sized prompts against 58%) and its TPOT ran high
+    (1.40x). Fitted on decode steps alone and the profile's prompt costs as they were (run
+    22), the error ran the other way."""
+    alone = [p for o in points for p in decode_alone_pairs(o, decode)]
+    local = [p for o in points for p in decode_local_pairs(o, decode)]
+    fit = fit_served(alone) or scale_fit(alone)  # one batch size alone: a scale only
+    if fit is None:  # no decode steps alone: its prompt steps are all there is
+        fit, local = fit_served(local) or scale_fit(local), []
+    return {"decode": fit,
+            "prompt": prompt_scale_fit(local, fit) if fit is not None and local else None,
+            "prefill": prefill_served_fit(points, prefill)}
 
 
 def overlap_table(rows: Sequence[tuple[str, str, float, dict[str, Any]]]) -> str:

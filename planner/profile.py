@@ -136,6 +136,11 @@ class Profile:
     # cores), and on every request's first token (the router's RPCs and the client hop).
     serving_step_s: float = 0.0
     serving_request_s: float = 0.0
+    # A served step that carries prompt tokens (a decode worker's local prefill chunk) takes
+    # this times what the rest of the model gives it (1 until fitted to a run's step logs:
+    # bench/step_overlap.served_fits; run 25's decode worker ran its decode steps at 0.96x
+    # its one-thread profile and its local prefill steps at 1.28x).
+    serving_prompt_scale: float = 1.0
     source: str = "measured"  # "measured" or "roofline"
     notes: str = ""
     # Raw measurements behind the fit (measured profiles): kept for review, not read here.
@@ -151,6 +156,8 @@ class Profile:
             raise ProfileError("transfer bandwidth must be > 0 and latency >= 0")
         if self.serving_step_s < 0 or self.serving_request_s < 0:
             raise ProfileError("serving overheads must be >= 0")
+        if not self.serving_prompt_scale > 0:
+            raise ProfileError("serving_prompt_scale must be > 0")
         for name in ("kv_bytes_per_token", "kv_capacity_tokens", "chunk_tokens",
                      "max_num_seqs", "block_size", "gpus_per_worker"):
             if getattr(self, name) < 1:

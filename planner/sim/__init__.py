@@ -25,7 +25,10 @@ Exact shortcuts keep 1,000 workers fast; each has a slow reference the tests com
 
 Simplifications (what the real system does that this does not):
 
-- Worker stats are exact and current (no heartbeat lag). The step costs a worker reports
+- Worker stats are exact and current (no heartbeat lag), but for the prompt tokens queued
+  on a worker: the router reads those from its last report (every
+  ``ClusterSpec.report_interval_s``, 2 s: the health probe's Stats) or its own count,
+  whichever is larger (reports.py), as the real router does. The step costs a worker reports
   are its own online fit of the steps it ran (common/step_costs.py, as a real worker's;
   warm-up steps from its profile to start: signals.py), or with
   ``ClusterSpec(signals="profile")`` the profile's exact costs. A prefill worker's cached

@@ -37,6 +37,12 @@ class ClusterSpec:
     ``signals``: what step costs the workers report to the router's policies, "fitted"
     (each its own online fit of the steps it ran, as real workers: planner/sim/signals.py)
     or "profile" (the profile's exact costs).
+    ``report_interval_s``: how often a worker's load reaches the router, which reads the
+    prompt tokens queued on a worker as the last report's figure or its own exact count,
+    the larger (planner/sim/reports.py): 2 s, the health probe's Stats
+    (``--health-interval``), all that workers given to the router by address get
+    (``tandem local``, ``make serve``, scripts/bench_serve); workers that register also
+    heartbeat every 2 s, about 1 s between reports; 0: the router knows every queue exactly.
     """
 
     prefill_workers: int
@@ -51,6 +57,7 @@ class ClusterSpec:
     host_sharing: HostSharing | None = None
     transfer_timeout_s: float = 30.0
     signals: str = "fitted"
+    report_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 0 or self.decode_workers < 0:
@@ -59,6 +66,8 @@ class ClusterSpec:
             raise ClusterError(f"placement must be one of {PLACEMENTS}, not {self.placement!r}")
         if not self.transfer_timeout_s > 0:
             raise ClusterError("transfer_timeout_s must be > 0")
+        if not self.report_interval_s >= 0:
+            raise ClusterError("report_interval_s must be >= 0")
         if self.signals not in SIGNALS:
             raise ClusterError(f"signals must be one of {SIGNALS}, not {self.signals!r}")
         if self.local_prefill_threshold < 0 or self.prefill_attempts < 1:

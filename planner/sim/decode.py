@@ -8,8 +8,9 @@ A request's life here (decode_worker/ on a real one)::
 
 Every step runs all rows (at most ``max_num_seqs``) plus up to ``chunk_tokens - rows``
 tokens of local prefill and lasts ``step.step_s(rows, prefill, context, pairs)``, context =
-the rows' lengths, pairs = the chunks' query-key pairs (planner/sim/prefill.py). Rows join and
-leave at step boundaries; a local prompt's first token comes at the end of its last chunk.
+the rows' lengths, pairs = the chunks' query-key pairs (planner/sim/prefill.py); a step with
+prefill tokens, times the profile's ``serving_prompt_scale``. Rows join and leave at step
+boundaries; a local prompt's first token comes at the end of its last chunk.
 
 Macro steps: while neither a row's arrival, a finish nor local prefill work changes the
 batch, the worker sleeps until its next finish (a heap of finish step numbers), the steps in
@@ -38,6 +39,7 @@ from planner.profile import Profile
 from planner.sim.cache import DecodeBlocks
 from planner.sim.events import EventQueue
 from planner.sim.host import HostPeer
+from planner.sim.reports import ReportedQueue
 from planner.sim.request import SimRequest
 from planner.sim.signals import FittedSignals
 from planner.sim.steps import boundary_after, span, steps_by
@@ -63,16 +65,16 @@ class DecodeWorker:
 
     __slots__ = ("index", "endpoint", "profile", "blocks", "requests", "_events", "_hooks",
                  "_exact", "_base", "_per_row", "_per_token", "_per_ctx", "_per_pair", "_shape",
-                 "_chunk", "_cap",
+                 "_prompt_scale", "_chunk", "_cap",
                  "block_size", "_rows", "rows", "_ctx", "_n0", "_t0", "ready", "_local",
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
                  "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s",
                  "row_steps", "routable", "draining", "dead", "key", "streamed", "_join_sum",
-                 "peer", "_host_slow", "_slow", "_peer_on", "signals")
+                 "peer", "_host_slow", "_slow", "_peer_on", "signals", "_reports")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue, hooks: DecodeHooks,
                  holders: dict[int, set[Any]], exact: bool = False,
-                 signals: FittedSignals | None = None) -> None:
+                 signals: FittedSignals | None = None, report_interval_s: float = 0.0) -> None:
         self.index = index
         self.endpoint = f"d{index:05d}"
         self.profile = profile
@@ -86,6 +88,7 @@ class DecodeWorker:
         self._base, self._per_row = step.base_s, step.per_row_s
         self._per_token, self._per_ctx = step.per_prefill_token_s, step.per_context_token_s
         self._per_pair = step.per_prefill_pair_s
+        self._prompt_scale = profile.serving_prompt_scale  # a step with a prompt chunk
         serving = profile.serving_step_s  # the served loop's cost on top of the engine's
 
         def shape(rows: int, tokens: int) -> float:  # the step before attention
@@ -123,11 +126,15 @@ class DecodeWorker:
         self._slow = 1.0  # the factor of the steps planned from the last boundary
         self._peer_on = False  # the peer computes (as of its last news)
         self.signals = signals  # its own step-cost fit (signals.py); None: the profile's
+        self._reports = ReportedQueue(report_interval_s)  # local_tokens as reported
 
     # -- what the router sees and does -------------------------------------------------
 
     def view(self) -> WorkerView:
-        """The load snapshot the router's policies read (exact, never a heartbeat old)."""
+        """The load snapshot the router's policies read: its local prefill queue as the
+        router knows it (the last report or the exact one, the larger:
+        planner/sim/reports.py), the rest exact (the router's own count of its streams,
+        ``active``, is what the placement takes over the reported rows)."""
         n = len(self.requests)
         base, per_row, per_token = self._base, self._per_row, self._per_token
         if self.signals is not None:
@@ -137,7 +144,8 @@ class DecodeWorker:
             self.endpoint, Role.DECODE, num_running=self.rows, num_waiting=n - self.rows,
             num_free_blocks=self.blocks.free, num_blocks=self.blocks.num_blocks, active=n,
             step_base_s=base, step_per_row_s=per_row, step_per_prefill_token_s=per_token,
-            queued_prefill_tokens=self.local_tokens, max_batched_tokens=self._chunk)
+            queued_prefill_tokens=self._reports.seen(self.local_tokens, self._events.now),
+            max_batched_tokens=self._chunk)
 
     def reserve(self, req: SimRequest, matched: int) -> bool:
         """Hold ``req``'s blocks, reusing ``matched`` cached prefix blocks (Reserve)."""
@@ -167,6 +175,7 @@ class DecodeWorker:
         """Prefill ``req``'s leg here (PrefillLocal), from the prefix its Reserve reused."""
         req.job_done = req.d_cached
         self._local.append(req)
+        self._reports.before_change(self.local_tokens, at_s)
         self.local_tokens += req.tokens - req.d_cached
         self._poke(at_s)
 
@@ -321,6 +330,7 @@ class DecodeWorker:
             if self.signals is not None:
                 self.signals.step(r, sum(tokens for _, tokens in chunks), last)
             local = self._local
+            self._reports.before_change(self.local_tokens, now)
             for req, tokens in chunks:
                 req.job_done += tokens
                 self.local_tokens -= tokens
@@ -402,7 +412,7 @@ class DecodeWorker:
                 if budget == 0:
                     break
             self._chunks = chunks
-            first = self._chunk_step_s = self._slow * (
+            first = self._chunk_step_s = self._slow * self._prompt_scale * (
                 self._shape(self.rows, tokens) + self._per_ctx * self._ctx
                 + self._per_pair * attention)
             self._schedule(1, first)

@@ -32,8 +32,10 @@ class Pools:
 
     def __init__(self, router: SimRouter, events: EventQueue, decode_profile: Profile,
                  prefill_profile: Profile, exact_steps: bool = False,
-                 host_sharing: HostSharing | None = None, fitted: bool = False) -> None:
+                 host_sharing: HostSharing | None = None, fitted: bool = False,
+                 report_interval_s: float = 0.0) -> None:
         self._router = router
+        self._report_s = report_interval_s  # how often a worker's queue reaches the router
         self._fitted = fitted  # each worker reports its own step-cost fit (signals.py)
         self._sharing = host_sharing
         self._events = events
@@ -62,9 +64,10 @@ class Pools:
         signals = FittedSignals(profile) if self._fitted else None
         if decode:
             worker = DecodeWorker(len(router.decode), profile, self._events, router,
-                                  router.holders, self._exact, signals)
+                                  router.holders, self._exact, signals, self._report_s)
         else:
-            worker = PrefillWorker(len(router.prefill), profile, self._events, router, signals)
+            worker = PrefillWorker(len(router.prefill), profile, self._events, router, signals,
+                                   self._report_s)
         router.add_worker(worker)
         self._share_host(worker)
         if startup_s <= 0:

@@ -7,7 +7,8 @@ A request's life here (prefill_worker/ on a real one)::
                        the decode worker's reservation (router: transfer timing)
 
 Each step takes up to ``chunk_tokens`` prompt tokens and lasts
-``step.step_s(0, tokens, prefill_pairs=pairs)``, pairs = sum over its chunks of
+``step.step_s(0, tokens, prefill_pairs=pairs)`` (times the profile's
+``serving_prompt_scale``), pairs = sum over its chunks of
 ``n x (tokens before the chunk) + n (n + 1) / 2`` (the query-key pairs of causal attention:
 planner/fit.prefill_context). A
 prompt's first chunk skips what this worker's prefix cache holds of its group; a finished
@@ -28,6 +29,7 @@ from planner.profile import Profile
 from planner.sim.cache import PrefixLru
 from planner.sim.events import EventQueue
 from planner.sim.host import HostPeer, HostSharing
+from planner.sim.reports import ReportedQueue
 from planner.sim.request import SimRequest
 from planner.sim.signals import FittedSignals
 from router.membership.worker_view import Role, WorkerView
@@ -45,13 +47,15 @@ class PrefillWorker:
     router's policies break ties (by endpoint)."""
 
     __slots__ = ("index", "endpoint", "profile", "transfer", "kv_bytes", "_events", "_hooks",
-                 "_base", "_per_token", "_per_pair", "_shape", "_chunk", "block_size", "cache",
-                 "_queue", "depth", "queued_tokens", "busy", "_version", "_chunks",
-                 "routable", "draining", "dead", "key", "_view", "busy_s", "done_log", "peer",
-                 "_host", "_peer_busy", "_step_slow", "_slow", "_left", "_mark", "_began", "signals")
+                 "_base", "_per_token", "_per_pair", "_prompt_scale", "_shape", "_chunk",
+                 "block_size", "cache", "_queue", "depth", "queued_tokens", "busy", "_version",
+                 "_chunks", "routable", "draining", "dead", "key", "_view", "busy_s", "done_log",
+                 "peer", "_host", "_peer_busy", "_step_slow", "_slow", "_left", "_mark",
+                 "_began", "signals", "_reports")
 
     def __init__(self, index: int, profile: Profile, events: EventQueue,
-                 hooks: PrefillHooks, signals: FittedSignals | None = None) -> None:
+                 hooks: PrefillHooks, signals: FittedSignals | None = None,
+                 report_interval_s: float = 0.0) -> None:
         self.index = index
         self.endpoint = f"p{index:05d}"
         self.profile = profile
@@ -63,6 +67,7 @@ class PrefillWorker:
         self._base = step.base_s
         self._per_token = step.per_prefill_token_s
         self._per_pair = step.per_prefill_pair_s
+        self._prompt_scale = profile.serving_prompt_scale  # every step here carries a prompt
         serving = profile.serving_step_s  # the served loop's cost on top of the engine's
 
         def shape(rows: int, tokens: int) -> float:  # the step before attention
@@ -92,6 +97,7 @@ class PrefillWorker:
         self._step_slow = 1.0  # the running step's slowdown while the peer steps
         self._slow = 1.0  # the slowdown now
         self.signals = signals  # its own step-cost fit (signals.py); None: the profile's
+        self._reports = ReportedQueue(report_interval_s)  # queued_tokens as reported
         self._left = 0.0  # the running step: profile seconds left at _mark; its start
         self._mark = 0.0
         self._began = 0.0
@@ -134,9 +140,11 @@ class PrefillWorker:
         return held if held < cap else cap
 
     def view(self) -> WorkerView:
-        """What the router's policies see (exact: the simulator has no stale heartbeat)."""
+        """What the router's policies see: the queue as the router knows it (its last
+        report or the exact one, the larger: planner/sim/reports.py), the rest exact."""
         view = self._view
-        if view is None:
+        queued = self._reports.seen(self.queued_tokens, self._events.now)
+        if view is None or view.queued_prefill_tokens != queued:
             capacity = self.cache.capacity
             base, per_row, per_token = self._base, self.profile.step.per_row_s, self._per_token
             if self.signals is not None:
@@ -146,7 +154,7 @@ class PrefillWorker:
                 self.endpoint, Role.PREFILL, num_waiting=self.depth,
                 num_free_blocks=capacity, num_blocks=capacity, active=self.depth,
                 step_base_s=base, step_per_row_s=per_row, step_per_prefill_token_s=per_token,
-                queued_prefill_tokens=self.queued_tokens, max_batched_tokens=self._chunk)
+                queued_prefill_tokens=queued, max_batched_tokens=self._chunk)
         return view
 
     def enqueue(self, req: SimRequest, at_s: float) -> None:
@@ -156,6 +164,7 @@ class PrefillWorker:
         req.job_queued_s = at_s
         self._queue.append((req, req.leg))
         self.depth += 1
+        self._reports.before_change(self.queued_tokens, at_s)
         self.queued_tokens += est
         self._view = None
         if not self.busy:
@@ -168,6 +177,7 @@ class PrefillWorker:
         left = req.job_est if req.job_done < 0 else req.tokens - req.job_done
         req.job_p = None
         self.depth -= 1
+        self._reports.before_change(self.queued_tokens, self._events.now)
         self.queued_tokens -= left
         self._view = None
 
@@ -179,6 +189,7 @@ class PrefillWorker:
         for req in lost:
             req.job_p = None
         self._queue.clear()
+        self._reports.before_change(self.queued_tokens, self._events.now)
         self.depth = self.queued_tokens = 0
         if self.busy:
             self.busy_s += self._events.now - self._began
@@ -199,6 +210,7 @@ class PrefillWorker:
             if done < 0:  # its first chunk: the cache is looked up now
                 done = req.job_done = self.cached_tokens(req, touch=True)
                 actual = req.tokens - done
+                self._reports.before_change(self.queued_tokens, at_s)
                 self.queued_tokens += actual - req.job_est
                 req.job_est = actual
                 self._view = None
@@ -220,7 +232,7 @@ class PrefillWorker:
         if self._host is not None:
             self._step_slow = self._host.prefill_factor(tokens)
             self._slow = self._step_slow if self._peer_busy else 1.0
-        step_s = self._shape(0, tokens) + self._per_pair * attention
+        step_s = self._prompt_scale * (self._shape(0, tokens) + self._per_pair * attention)
         self._left, self._mark, self._began = step_s, at_s, at_s
         self._events.push(at_s + step_s * self._slow, self._end, self._version)
 
@@ -232,6 +244,7 @@ class PrefillWorker:
         if self.signals is not None:
             self.signals.step(0, sum(n for _, _, n in self._chunks), now - self._began)
         done: list[SimRequest] = []
+        self._reports.before_change(self.queued_tokens, now)
         for req, leg, n in self._chunks:
             if req.leg != leg or req.job_p is not self:
                 continue  # cancelled mid-step: its tokens were already taken off

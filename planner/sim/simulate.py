@@ -79,7 +79,8 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
                        request_overhead_s=profile.serving_request_s)
     router.log_placements(placement_log, lambda: queue.now)
     pools = Pools(router, queue, profile, p_profile, exact_steps, cluster.host_sharing,
-                  fitted=cluster.signals == "fitted")
+                  fitted=cluster.signals == "fitted",
+                  report_interval_s=cluster.report_interval_s)
     for _ in range(cluster.prefill_workers):
         pools.start(Role.PREFILL, 0.0)
     for _ in range(cluster.decode_workers):

@@ -181,10 +181,11 @@ def test_served_steps_are_fitted_as_a_scale_and_an_overhead() -> None:
     assert fits["decode"].scale == pytest.approx(2.0) and fits["prefill"] is None
 
 
-def test_the_decode_worker_s_local_prefills_alone_join_its_served_fit() -> None:
-    """Its decode steps alone set the overhead, its steps with a local prompt (longer, so
-    they weigh on the slope) the scale: run 23 found them ~0.9x the profile where the decode
-    steps alone ran 1.05x, so a fit of the decode steps alone made them slower."""
+def test_the_decode_worker_s_local_prefills_alone_get_their_own_scale() -> None:
+    """Its decode steps alone set its served fit, its steps with a local prompt a scale of
+    their own on top (``serving_prompt_scale``): the two kinds stray from the profile apart
+    (run 23: prompt steps ~0.9x the profile, decode steps 1.05x; run 25: 1.28x and 0.96x),
+    and one line through both priced each kind wrong."""
     step = StepCost(0.01, 0.002, 0.001)
     prefill = [_p(10.0, 1.0)]
     decode = ([_d(float(t) / 10, 0.024, 1) for t in range(20)]  # 2x the profile's 12 ms
@@ -195,11 +196,15 @@ def test_the_decode_worker_s_local_prefills_alone_join_its_served_fit() -> None:
     # profiled 12 + 100 (its tokens) = 112 ms, served 112: the same
     assert decode_local_pairs(overlap, step) == [(pytest.approx(0.112), 0.112, 1)]
     fits = served_fits([overlap], step, step)
-    only = fit_served(decode_alone_pairs(overlap, step))
-    assert only is None  # one band alone has no slope to fit
-    # the line through both kinds: 12 -> 24 ms and 112 -> 112 ms
-    assert fits["decode"].scale == pytest.approx(0.88)
-    assert fits["decode"].overhead_s == pytest.approx(0.024 - 0.88 * 0.012)
+    assert fit_served(decode_alone_pairs(overlap, step)) is None  # one band: no slope
+    # so its decode steps give a scale alone: 12 -> 24 ms; its prompt step then runs at
+    # half of what that scale gives it (112 against 2 x 112 ms)
+    assert (fits["decode"].scale, fits["decode"].overhead_s) == pytest.approx((2.0, 0.0))
+    assert (fits["prompt"].scale, fits["prompt"].steps) == pytest.approx((0.5, 1))
+    # with no decode step alone the prompt steps are all the fit has
+    only_local = {**overlap, "bands": {}}
+    assert served_fits([only_local], step, step)["decode"].scale == pytest.approx(1.0)
+    assert served_fits([only_local], step, step)["prompt"] is None
 
 
 def test_the_prefill_factor_by_length_is_against_the_steps_alone_under_serving() -> None:

@@ -61,6 +61,13 @@ def test_missing_field_and_bad_values_refused() -> None:
     data["source"] = "guessed"
     with pytest.raises(ProfileError, match="source"):
         Profile.from_json(data)
+    data = _profile().to_json()
+    data["serving_prompt_scale"] = 0.0
+    with pytest.raises(ProfileError, match="serving_prompt_scale"):
+        Profile.from_json(data)
+    data = _profile().to_json()
+    del data["serving_prompt_scale"]  # a profile written before the field: 1
+    assert Profile.from_json(data).serving_prompt_scale == 1.0
 
 
 def test_unreadable_file_is_a_profile_error(tmp_path: Path) -> None:

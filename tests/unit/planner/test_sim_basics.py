@@ -99,3 +99,26 @@ def test_serving_overheads_add_to_every_step_and_to_the_first_token() -> None:
     # four decode steps, each 4 ms longer; the first token reached the client 50 ms late
     assert b.e2e_s == pytest.approx(a.e2e_s + 5 * 0.004, abs=1e-12)
     assert b.tpot_s == pytest.approx((b.e2e_s - b.ttft_s) / 4, abs=1e-12)
+
+
+def test_steps_with_prompt_tokens_take_the_serving_prompt_scale() -> None:
+    """A step that carries prompt tokens lasts ``serving_prompt_scale`` times what the rest
+    of the model gives it (serving overhead included); decode-only steps keep their length.
+    Locally: the prompt's own step, then a mixed step beside a running row; remotely: every
+    prefill worker step."""
+    from dataclasses import replace
+
+    plain = profile()
+    scaled = replace(plain, serving_prompt_scale=1.5, serving_step_s=0.002)
+    base = replace(plain, serving_step_s=0.002)
+    trace = [req(0.0, 100, 5)]
+    a = simulate(LOCAL, base, trace).outcomes[0]
+    result = simulate(LOCAL, scaled, trace)
+    assert_clean(result)
+    b = result.outcomes[0]
+    step = BASE + PER_TOKEN * 100 + 0.002
+    assert (a.ttft_s, b.ttft_s) == pytest.approx((step, 1.5 * step), abs=1e-12)
+    assert b.tpot_s == pytest.approx(a.tpot_s, abs=1e-12)  # four decode steps: unscaled
+    remote = simulate(REMOTE, base, trace, prefill_profile=scaled)
+    assert_clean(remote)
+    assert remote.outcomes[0].ttft_s == pytest.approx(1.5 * step, abs=1e-12)

@@ -48,15 +48,24 @@ def test_the_fit_follows_the_steps_the_worker_runs() -> None:
 def test_with_linear_costs_the_fit_decides_as_the_profile() -> None:
     """The fit recovers a linear profile's costs within ~1% (its weak prior at zero pulls a
     little on the warm-up's 14 steps), so placement decides as from the profile but for a
-    few near ties (3 of 149 here)."""
+    few near ties (2 of 149 here) where the router knows the queues exactly. With queues
+    read from reports 2 s old (the default, planner/sim/reports.py) one decision that
+    differs changes what later reports show, and 20 of 149 differ; the totals still agree
+    within 3."""
     prof = profile(0.0, per_pair=0.0)
-    fitted = simulate(ClusterSpec(1, 2, slo=SLO), prof, TRACE)
-    exact = simulate(ClusterSpec(1, 2, slo=SLO, signals="profile"), prof, TRACE)
+    fitted = simulate(ClusterSpec(1, 2, slo=SLO, report_interval_s=0.0), prof, TRACE)
+    exact = simulate(ClusterSpec(1, 2, slo=SLO, signals="profile", report_interval_s=0.0),
+                     prof, TRACE)
     pairs = list(zip([o.decision for o in fitted.outcomes], [o.decision for o in exact.outcomes],
                      strict=True))
     assert sum(a != b for a, b in pairs) <= len(pairs) // 30
     for key, n in exact.decisions.items():
         assert abs(fitted.decisions.get(key, 0) - n) <= 2
+    assert_clean(fitted)
+    fitted = simulate(ClusterSpec(1, 2, slo=SLO), prof, TRACE)
+    exact = simulate(ClusterSpec(1, 2, slo=SLO, signals="profile"), prof, TRACE)
+    for key, n in exact.decisions.items():
+        assert abs(fitted.decisions.get(key, 0) - n) <= 3
     assert_clean(fitted)
 
 
