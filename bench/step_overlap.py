@@ -370,7 +370,7 @@ def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
 
     Two fits for the decode worker because its two kinds of step stray from the one-thread
     profile in opposite directions: in run 25 its decode steps ran 0.96x the profile and its
-    prompt steps 1.28x (1.1x at 32 tokens, 1.3-1.4x at 48-95). One fit over both (runs
+    prompt steps 1.28x (1.1x at 32-47 tokens, 1.26-1.36x at 48-95). One fit over both (runs
     23-26 until stop 41: x1.07) priced the simulated decode steps 1.12x too dear and the
     local prefills 1.19x too cheap, so the simulated router kept more prompts local (the
     mixed load at 0.8 req/s: 91% of chat-sized prompts against 58%) and its TPOT ran high

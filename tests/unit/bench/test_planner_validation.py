@@ -476,3 +476,13 @@ def test_run_26_repeats_run_25(tmp_path: Path) -> None:
     25's served fits say, which the one decode fit's 1.07x (its decode steps priced 12% too
     dear) had covered."""
     _own_and_predicted(tmp_path, 26, ("25", "25"), 25, 19, 14)
+
+
+def test_run_27_on_profiles_with_the_rows_that_ran(tmp_path: Path) -> None:
+    """Run 27: new profiles of both workers from the fixed profiler (its decode samples
+    count the rows that ran: the decode worker's cost per context token 5.1 us where run
+    25's profile had 1.0) and run 25's sweep on them, with the simulated router reading
+    queues a report old and the decode worker's prompt steps scaled apart (stop 41): 22 of
+    25 figures within 15% by prompt length with its own served factors, 18 with run 26's
+    step logs set against these profiles (docs/planner.md, run 27)."""
+    _own_and_predicted(tmp_path, 27, ("27", "27"), 26, 22, 18)
