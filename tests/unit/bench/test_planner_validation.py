@@ -486,3 +486,17 @@ def test_run_27_on_profiles_with_the_rows_that_ran(tmp_path: Path) -> None:
     25 figures within 15% by prompt length with its own served factors, 18 with run 26's
     step logs set against these profiles (docs/planner.md, run 27)."""
     _own_and_predicted(tmp_path, 27, ("27", "27"), 26, 22, 18)
+
+
+def test_run_28_colocated_on_current_kernels(tmp_path: Path) -> None:
+    """Run 28: the colocated setup (one worker, two threads, prefilling its own prompts) on a
+    fresh two-thread profile, its first validation since runs 10-13: 13 of 25 figures within
+    15%, calibrated at the chat load's 0.3 req/s as those were (docs/planner.md, run 28)."""
+    assert main(["--sweep", str(DOCS / "serve_sweep_run28.json"),
+                 "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run28.json"),
+                 "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run27.json"),
+                 "--out", str(tmp_path)]) == 0
+    rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
+            if not r["calibration"]]
+    assert {r["setup"] for r in rows} == {"colocated"} and len(rows) == 5
+    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 13
