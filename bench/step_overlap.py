@@ -317,6 +317,15 @@ class ServedFit:
         return f"x{self.scale:.3f} + {self.overhead_s * 1e3:.1f} ms ({self.steps} steps)"
 
 
+def scale_fit(pairs: Sequence[tuple[float, float, int]]) -> ServedFit | None:
+    """Least squares of served on profiled seconds through the origin, each pair weighted by
+    its steps: a scale, no overhead. None without pairs of positive length."""
+    sxx = sum(n * x * x for x, _, n in pairs)
+    if sxx <= 0:
+        return None
+    return ServedFit(sum(n * x * y for x, y, n in pairs) / sxx, 0.0, sum(n for *_, n in pairs))
+
+
 def fit_served(pairs: Sequence[tuple[float, float, int]]) -> ServedFit | None:
     """Least squares of served on profiled seconds, each pair weighted by its steps; the
     overhead kept >= 0 (refitted through the origin otherwise). None without two distinct
@@ -331,8 +340,7 @@ def fit_served(pairs: Sequence[tuple[float, float, int]]) -> ServedFit | None:
     scale = sxy / sxx
     overhead = my - scale * mx
     if overhead < 0 or scale <= 0:
-        scale = sum(n * x * y for x, y, n in pairs) / sum(n * x * x for x, _, n in pairs)
-        overhead = 0.0
+        return scale_fit(pairs)
     return ServedFit(scale, overhead, int(w))
 
 
@@ -340,15 +348,6 @@ def prefill_served_fit(points: Sequence[dict[str, Any]], prefill: StepCost) -> S
     """The prefill worker's ``fit_served`` pooled over several points' ``host_overlap`` (its
     steps with no decode step beside them)."""
     return fit_served([p for o in points for p in prefill_alone_pairs(o, prefill)])
-
-
-def scale_fit(pairs: Sequence[tuple[float, float, int]]) -> ServedFit | None:
-    """Least squares of served on profiled seconds through the origin, each pair weighted by
-    its steps: a scale, no overhead. None without pairs of positive length."""
-    sxx = sum(n * x * x for x, _, n in pairs)
-    if sxx <= 0:
-        return None
-    return ServedFit(sum(n * x * y for x, y, n in pairs) / sxx, 0.0, sum(n for *_, n in pairs))
 
 
 def prompt_scale_fit(pairs: Sequence[tuple[float, float, int]], decode: ServedFit
@@ -382,7 +381,7 @@ def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
     if fit is None:  # no decode steps alone: its prompt steps are all there is
         fit, local = fit_served(local) or scale_fit(local), []
     return {"decode": fit,
-            "prompt": prompt_scale_fit(local, fit) if fit is not None and local else None,
+            "prompt": prompt_scale_fit(local, fit) if fit is not None else None,
             "prefill": prefill_served_fit(points, prefill)}
 
 
