@@ -424,9 +424,11 @@ def main(argv: list[str] | None = None) -> int:
             if "host_overlap" not in point:
                 continue
             since, until = point["host_overlap"]["window"]
+            prefill = logs / "prefill.jsonl"  # none for a colocated setup: all steps alone
             point["host_overlap"] = host_overlap(
                 read_step_log(logs / "decode.jsonl", since, until),
-                read_step_log(logs / "prefill.jsonl", since, until)) | {"window": [since, until]}
+                read_step_log(prefill, since, until) if prefill.exists() else ()
+            ) | {"window": [since, until]}
             redone += 1
     args.sweep.write_text(json.dumps(sweep, indent=1))
     print(f"{redone} points' host_overlap recomputed from {folder}/steps-*/")

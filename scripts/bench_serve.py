@@ -29,10 +29,10 @@ cache's share of each multiturn turn's prompt; writes serve_sweep.{json,png}. No
 overhead run. Time on 2 cores (SmolLM2): a point takes about num_requests / rate seconds of
 arrivals plus 20-60 s to drain (longer past capacity), so 30 requests at 0.2, 0.4 and 0.6/s
 is ~6 minutes per mix, ~18 per setup, ~1 hour (up to ~1.5 h when overloaded) for 3 setups.
-Each point also records each worker's activity from its /metrics and, for the disaggregated
-setups, its ``host_overlap`` (bench/step_overlap.py): the workers run with ``--step-log``
-(kept in ``OUT/steps-<setup>/`` with ``--out``) and each decode step is compared alone and
-under prefill steps; the router keeps its placement log there too, summarized per point as
+Each point also records each worker's activity from its /metrics and its ``host_overlap``
+(bench/step_overlap.py): the workers run with ``--step-log`` (kept in ``OUT/steps-<setup>/``
+with ``--out``) and each decode step is compared alone and under prefill steps (a colocated
+setup's steps are all alone: what its served fits read); the router keeps its placement log there too, summarized per point as
 ``placement_inputs`` (bench/placement_inputs.py) and ``prefill_residuals`` (where each placed
 prefill's time went against its prediction: bench/prefill_residuals.py).
 
@@ -159,14 +159,16 @@ def start_setup(
 def log_summaries(logs: PointLogs, window: tuple[float, float], records: list[dict]
                   ) -> dict:
     """What a point's logs (``window``: its wall-clock span) add to its summary:
-    ``host_overlap`` (both workers' step logs: how the decode steps fared beside the prefill
-    steps, bench/step_overlap.py), ``placement_inputs`` (the router's placement log, when its
-    model decided: bench/placement_inputs.py) and ``prefill_residuals`` (all three, when the
-    decisions match the requests ``records``: bench/prefill_residuals.py)."""
+    ``host_overlap`` (the step logs: how the decode steps fared beside the prefill steps,
+    bench/step_overlap.py; a colocated setup's one worker has no steps beside its own, so
+    all of them count as alone: its served fits), ``placement_inputs`` (the router's
+    placement log, when its model decided: bench/placement_inputs.py) and
+    ``prefill_residuals`` (all three, when the decisions match the requests ``records``:
+    bench/prefill_residuals.py)."""
     prefill, decode, placements = logs
     out: dict[str, dict | None] = {}
-    if prefill is not None and decode is not None:
-        out["host_overlap"] = host_overlap(decode, prefill) | {"window": list(window)}
+    if decode is not None:
+        out["host_overlap"] = host_overlap(decode, prefill or ()) | {"window": list(window)}
     if placements is not None:
         out["placement_inputs"] = placement_inputs(placements)
         if prefill is not None and decode is not None:

@@ -118,16 +118,46 @@ def test_a_sweep_s_points_are_recomputed_from_the_logs_it_kept(tmp_path: Path) -
         '{"start": 10.0, "s": 0.01, "rows": 1, "tokens": 0, "context": 40}\n')
     (logs / "prefill.jsonl").write_text(
         '{"start": 11.0, "s": 0.2, "rows": 0, "tokens": 256, "context": 256}\n')
+    # a colocated setup logs one worker's steps: all of them alone
+    (tmp_path / "steps-colocated").mkdir()
+    (tmp_path / "steps-colocated" / "decode.jsonl").write_text(
+        '{"start": 10.0, "s": 0.01, "rows": 1, "tokens": 0, "context": 40}\n'
+        '{"start": 10.1, "s": 0.1, "rows": 1, "tokens": 80, "context": 121}\n')
     sweep = {"summaries": {
         "disagg": {"chat 0.3/s": {"host_overlap": {"bands": {}, "window": [0.0, 1e12]}}},
-        "colocated": {"chat 0.3/s": {"ttft": {}}}}}
+        "colocated": {"chat 0.3/s": {"host_overlap": {"bands": {}, "window": [0.0, 1e12]}},
+                      "chat 0.8/s": {"ttft": {}}}}}  # sweeps before run 29: no window
     path = tmp_path / "serve_sweep.json"
     path.write_text(json.dumps(sweep))
     assert main([str(path)]) == 0
     out = json.loads(path.read_text())["summaries"]
     o = out["disagg"]["chat 0.3/s"]["host_overlap"]
     assert o["window"] == [0.0, 1e12] and o["bands"]["1"]["alone_mean"]["context"] == 40
-    assert out["colocated"] == sweep["summaries"]["colocated"]
+    c = out["colocated"]["chat 0.3/s"]["host_overlap"]
+    assert c["bands"]["1"]["alone"] == 1 and c["local_alone_steps"] == [[1, 80, 121, 0.1]]
+    assert c["decode_shared"] == 0.0 and c["prefill"]["alone_steps"] == []
+    assert out["colocated"]["chat 0.8/s"] == {"ttft": {}}
+
+
+def test_bench_serve_gives_a_colocated_point_its_steps_alone(tmp_path: Path) -> None:
+    """A colocated setup's one worker logs its steps and no prefill worker's: its point
+    still gets a ``host_overlap``, every step alone (its served fits read them)."""
+    from bench.serve_logs import read_point_logs
+    from scripts import bench_serve
+
+    (tmp_path / "decode.jsonl").write_text(
+        '{"start": 10.0, "s": 0.01, "rows": 2, "tokens": 0, "context": 90}\n'
+        '{"start": 10.1, "s": 0.1, "rows": 0, "tokens": 64, "context": 64}\n'
+        '{"start": 99.0, "s": 0.01, "rows": 1, "tokens": 0, "context": 40}\n')  # not its window
+    window = (9.0, 11.0)
+    got = bench_serve.log_summaries(read_point_logs(tmp_path, *window), window, [])
+    overlap = got["host_overlap"]
+    assert overlap["window"] == [9.0, 11.0] and list(overlap["bands"]) == ["2"]
+    assert overlap["bands"]["2"]["alone"] == 1 and overlap["bands"]["2"]["shared"] == 0
+    assert overlap["local_alone_steps"] == [[0, 64, 64, 0.1]]
+    assert "prefill_residuals" not in got and "placement_inputs" not in got
+    assert bench_serve.log_summaries(read_point_logs(tmp_path / "none", *window), window,
+                                     []) == {}
 
 
 def test_steps_alone_are_set_beside_the_profile_s_step_at_their_mean_shape() -> None:
