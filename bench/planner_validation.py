@@ -45,8 +45,10 @@ and its gRPC and streaming threads, the router and the client on the same cores)
 sweep's own step logs (bench/step_overlap.py: the decode steps alone's mean shape per batch
 size, every prefill step alone's shape) ``served = scale x profiled + overhead`` is fitted
 per worker, and the disaggregated setups simulate each worker's profile with its step costs
-times ``scale`` and ``overhead`` as its ``serving_step_s``; calibration then fits what is
-left. Like ``--host-sharing served``, these are measured on the run being predicted;
+times ``scale`` and ``overhead`` as its ``serving_step_s`` (the decode worker's steps with a
+local prompt chunk a scale of their own on top); calibration then fits what is left. The
+colocated worker's steps are all alone (it has no peer): where the sweep kept them (since
+run 29) its two-thread profile is fitted the same way (bench/validation_inputs.py). Like ``--host-sharing served``, these are measured on the run being predicted;
 ``--served-from 0.3`` takes both from the points at that rate only, so that the other
 points are predicted from what the lowest rate measured, and ``--served-sweep OTHER.json``
 from another run's sweep (its kept step-log figures), so that a whole run is predicted from
@@ -76,13 +78,12 @@ from typing import Any
 
 from bench.placement_inputs import placement_inputs, placement_table
 from bench.serve_workload import MIXES, make_requests
-from bench.step_overlap import (
-    ServedFit,
-    overlap_table,
-    prefill_length_table,
-    prefill_served_fit,
-    served_fits,
-    served_sharing,
+from bench.step_overlap import ServedFit, overlap_table, served_sharing
+from bench.validation_inputs import (
+    colocated_served,
+    host_sharing_of,
+    served_overlaps,
+    served_profiles,
 )
 from bench.validation_tables import KEYS, METRICS, profile_table, table, worker_table
 from planner.profile import Profile
@@ -93,6 +94,8 @@ from planner.trace import TraceRequest
 from router.handoff.placement import Slo
 
 SETUPS = {"disagg": (1, "adaptive"), "disagg-remote": (1, "remote"), "colocated": (0, "local")}
+TWO_WORKERS = tuple(name for name, (pools, _) in SETUPS.items() if pools)
+ONE_WORKER = tuple(name for name, (pools, _) in SETUPS.items() if not pools)
 
 
 def trace_of(point: dict[str, Any], vocab: tuple[int, int], scale: float) -> list[TraceRequest]:
@@ -178,64 +181,6 @@ def add_sensitivity(row: dict[str, Any], point: dict[str, Any], trace: list[Trac
         row[key]["range"] = [min(ratios), max(ratios)]
 
 
-def served_overlaps(sweep: dict[str, Any]) -> list[tuple[str, str, float, dict[str, Any]]]:
-    """(setup, mix, rate, host_overlap) of every sweep point whose step logs were laid side
-    by side (scripts/bench_serve: disaggregated setups)."""
-    return [(setup, pt["mix"], pt["rate"], pt["host_overlap"])
-            for setup, points in sweep["summaries"].items() for pt in points.values()
-            if "host_overlap" in pt]
-
-
-def host_sharing_of(text: str | None, served: list[tuple[str, str, float, dict[str, Any]]],
-                    prefill: Profile | None = None, decode: Profile | None = None
-                    ) -> HostSharing | None:
-    """The ``--host-sharing`` value: None, parsed factors, or ``served``: pooled from the
-    sweep's step logs (ValueError when it has none to pool; the decode factors as ratios of
-    means against ``decode``'s steps where the logs have them, bench/step_overlap.mean_factor);
-    ``served-by-length``: the same
-    with the prefill factor by prompt length (``prefill_length_table`` against ``prefill``'s
-    steps as served alone; the single factor where the logs have too few shared steps)."""
-    if text is None:
-        return None
-    if text not in ("served", "served-by-length"):
-        return HostSharing.parse(text)
-    points = [o for *_, o in served]
-    pooled = served_sharing(points, decode.step if decode is not None else None)
-    if pooled is None:
-        raise ValueError(f"--host-sharing {text}: the sweep has no step-log factors "
-                         "(scripts/bench_serve records them for the disaggregated setups)")
-    if text == "served-by-length":
-        if prefill is None:
-            raise ValueError("--host-sharing served-by-length needs the prefill profile")
-        table = prefill_length_table(points, prefill.step,
-                                     prefill_served_fit(points, prefill.step))
-        if table is not None:
-            pooled = HostSharing(pooled.decode_slowdown, table)
-    return pooled
-
-
-def served_profiles(served: list[tuple[str, str, float, dict[str, Any]]], prefill: Profile,
-                    decode: Profile) -> tuple[Profile, Profile, dict[str, ServedFit | None]]:
-    """``--serving served``: (prefill, decode) with each worker's steps as its served steps
-    alone ran against the profile (bench/step_overlap.served_fits: step costs x scale, plus
-    the overhead as ``serving_step_s``), and the fits. A worker without a fit keeps its
-    profile; ValueError when neither has one."""
-    fits = served_fits([o for *_, o in served], decode.step, prefill.step)
-    if not any(fits.values()):
-        raise ValueError("--serving served: the sweep's step logs have no steps alone with "
-                         "their shapes (scripts/bench_serve records them)")
-
-    def fitted(profile: Profile, fit: ServedFit | None) -> Profile:
-        if fit is None:
-            return profile
-        return replace(profile, step=profile.step.scaled(fit.scale), serving_step_s=fit.overhead_s)
-
-    decode = fitted(decode, fits["decode"])
-    if fits["prompt"] is not None:
-        decode = replace(decode, serving_prompt_scale=fits["prompt"].scale)
-    return fitted(prefill, fits["prefill"]), decode, fits
-
-
 def handoff_gap(sweep: dict[str, Any], prefill: Profile, decode: Profile,
                 vocab: tuple[int, int], scale: float, slo: Slo, sharing: HostSharing | None,
                 signals: str) -> float | None:
@@ -290,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                         "'served-by-length': the same with the prefill factor by prompt "
                         "length")
     p.add_argument("--serving", default=None, choices=["served"],
-                   help="the disaggregated workers' profiles fitted to the sweep's own step "
-                        "logs (each worker's steps with no step of the other beside them)")
+                   help="the workers' profiles fitted to the sweep's own step logs (each "
+                        "disaggregated worker's steps with no step of the other beside "
+                        "them; the colocated worker's steps)")
     p.add_argument("--served-from", type=float, default=None, metavar="RATE",
                    help="take the served factors and fits from the points at this rate only "
                         "(and predict the others from them); default: every point")
@@ -312,19 +258,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())
-    served = served_overlaps(sweep)
-    if args.served_sweep is not None:
-        served = served_overlaps(json.loads(args.served_sweep.read_text()))
-    source = [o for o in served if args.served_from is None
-              or abs(o[2] - args.served_from) < 1e-9]
+    logged = sweep if args.served_sweep is None else json.loads(args.served_sweep.read_text())
+    served, alone = served_overlaps(logged, TWO_WORKERS), served_overlaps(logged, ONE_WORKER)
+
+    def chosen(points: list[tuple[str, str, float, dict[str, Any]]]) -> list[Any]:
+        return [o for o in points if args.served_from is None
+                or abs(o[2] - args.served_from) < 1e-9]
+
+    source, alone_source = chosen(served), chosen(alone)
     base = Profile.load(args.prefill_profile), Profile.load(args.decode_profile)
     shared: tuple[Profile, Profile] = base
+    colocated = base[0]  # the colocated worker runs on the two-thread profile
     fits: dict[str, ServedFit | None] = {}
     try:
         args.host_sharing = host_sharing_of(args.host_sharing, source, *base)
         if args.serving == "served":
-            pre, dec, fits = served_profiles(source, *base)
-            shared = pre, dec
+            if not source and not alone_source:
+                raise ValueError("--serving served: the sweep kept no step logs to fit "
+                                 "(scripts/bench_serve --out keeps them)")
+            if source:
+                pre, dec, fits = served_profiles(source, *base)
+                shared = pre, dec
+            if alone_source:
+                colocated, colocated_fits = colocated_served(alone_source, base[0])
+                fits |= colocated_fits
     except ValueError as exc:
         p.error(str(exc))
     for role, fit in fits.items():
@@ -352,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     for setup, points in sweep["summaries"].items():
         if setup not in SETUPS:
             continue
-        prefill, decode = base if SETUPS[setup][0] == 0 else shared
+        prefill, decode = (colocated, base[1]) if SETUPS[setup][0] == 0 else shared
         cal = next((pt for pt in points.values() if args.calibrate != "none"
                     and pt["mix"] == cal_mix and abs(pt["rate"] - float(cal_rate)) < 1e-9),
                    None)
@@ -392,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\ndecode steps alone (no prefill step beside them), served / the decode "
               "profile's step at their mean rows and context:\n"
               + profile_table(served, base[1]))
+    if alone:
+        print("\nthe colocated worker's decode steps, served / its profile's step at their "
+              "mean rows and context:\n" + profile_table(alone, base[0]))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"sweep": str(args.sweep), "profiles": [str(args.prefill_profile),

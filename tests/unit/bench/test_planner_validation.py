@@ -7,17 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.planner_validation import (
-    add_sensitivity,
-    compare,
-    host_sharing_of,
-    main,
-    served_overlaps,
-    served_profiles,
-    trace_of,
-)
+from bench.planner_validation import TWO_WORKERS, add_sensitivity, compare, main, trace_of
 from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import overlap_table
+from bench.validation_inputs import host_sharing_of, served_overlaps, served_profiles
 from bench.validation_tables import KEYS, profile_table, table, worker_table
 from planner.profile import Profile, StepCost, Transfer
 from planner.sim.host import HostSharing
@@ -165,7 +158,7 @@ def test_served_factors_are_pooled_from_the_sweep_s_step_logs(tmp_path: Path, ca
               "mixed 0.5/s": {**POINT, "host_overlap": _overlap(1.4, None, 1.3)},
               "mixed 0.8/s": {**POINT, "rate": 0.8, "host_overlap": _overlap(0.9, 1.7, 1.2)}}
     served = served_overlaps({"summaries": {"colocated": {"mixed 0.5/s": POINT},
-                                            "disagg": points}})
+                                            "disagg": points}}, TWO_WORKERS)
     assert [(s, m, r) for s, m, r, _ in served] == [
         ("disagg", "mixed", 0.3), ("disagg", "mixed", 0.5), ("disagg", "mixed", 0.8)]
     # per band the median of the points' factors; a band with too few steps is left out
@@ -284,6 +277,56 @@ def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
     assert saved["serving"]["decode"]["scale"] == pytest.approx(2.0, rel=1e-3)
     rows = {r["setup"]: r for r in saved["rows"]}
     assert rows["disagg"]["tpot_p50"]["sim"] > by_setup["served"]["disagg"]["tpot_p50"]["sim"]
+
+
+def test_served_steps_refit_the_colocated_worker_s_profile(tmp_path: Path, capsys) -> None:
+    """A colocated point's steps (all alone: one worker) fit its two-thread profile as the
+    disaggregated decode worker's fit its one: decode steps a scale and an overhead, prompt
+    steps a scale of their own; the disaggregated setups keep theirs."""
+    pre, dec = _profile(tmp_path / "pre.json"), tmp_path / "dec.json"
+    Profile(
+        "m", "cpu: test", StepCost(0.02, 0.004, 0.002, 2e-7, 2e-9), Transfer(1e9, 0.002),
+        kv_bytes_per_token=40_000, kv_capacity_tokens=20_000, chunk_tokens=2048,
+        max_num_seqs=64).save(dec)
+    step = Profile.load(pre).step
+    overlap = {"decode_shared": 0.0, "prefill_shared": 0.0, "bands": {
+        "1": {"alone": 30, "alone_mean": {"rows": 1.0, "context": 100.0,
+                                          "s": 1.5 * step.step_s(1, 0, 100)}},
+        "2": {"alone": 10, "alone_mean": {"rows": 2.0, "context": 300.0,
+                                          "s": 1.5 * step.step_s(2, 0, 300)}}},
+        # one 80-token prompt alone: 1.5 x 1.2 its profiled step
+        "local_alone_steps": [[0, 80, 80, 1.8 * step.step_s(0, 80, 0, 80 * 81 // 2)]],
+        "prefill": {"alone": 0, "shared": 0, "factor": None, "alone_steps": []}}
+    chat = {**POINT, "mix": "chat", "decisions": {"local/colocated": 12}}
+    sweep = {"config": {"vocab": "1000,30000", "slo_ttft": 4.0, "slo_tpot": 0.25},
+             "summaries": {"colocated": {"chat 0.5/s": {**chat, "host_overlap": overlap}},
+                           "disagg": {"chat 0.5/s": chat}}}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    figures = {}
+    for serving in (None, "served"):
+        out = tmp_path / str(serving)
+        args = ["--sweep", str(path), "--prefill-profile", str(pre), "--decode-profile",
+                str(dec), "--calibrate", "none", "--out", str(out)]
+        assert main(args + (["--serving", serving] if serving else [])) == 0
+        figures[serving] = json.loads((out / "planner_validation.json").read_text())
+    printed = capsys.readouterr().out
+    assert "served colocated steps alone = profile x1.500 + 0.0 ms (40 steps)" in printed
+    assert "the colocated worker's decode steps" in printed
+    fits = figures["served"]["serving"]
+    assert set(fits) == {"colocated", "colocated_prompt"}  # no disaggregated step logs
+    assert fits["colocated_prompt"]["scale"] == pytest.approx(1.2, rel=1e-3)
+    by_setup = {k: {r["setup"]: r for r in figures[k]["rows"]} for k in figures}
+    assert by_setup["served"]["colocated"]["tpot_p50"]["sim"] > \
+        1.3 * by_setup[None]["colocated"]["tpot_p50"]["sim"]
+    assert by_setup["served"]["colocated"]["ttft_p50"]["sim"] > \
+        1.6 * by_setup[None]["colocated"]["ttft_p50"]["sim"]
+    assert by_setup["served"]["disagg"]["tpot_p50"] == by_setup[None]["disagg"]["tpot_p50"]
+    # a sweep that kept no step logs has nothing to fit
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({**sweep, "summaries": {"colocated": {"chat 0.5/s": chat}}}))
+    with pytest.raises(SystemExit):
+        main([*args[:1], str(bare), *args[2:], "--serving", "served"])
 
 
 @pytest.mark.parametrize(("run", "prefill", "sharing", "least"), [
@@ -491,12 +534,17 @@ def test_run_27_on_profiles_with_the_rows_that_ran(tmp_path: Path) -> None:
 def test_run_28_colocated_on_current_kernels(tmp_path: Path) -> None:
     """Run 28: the colocated setup (one worker, two threads, prefilling its own prompts) on a
     fresh two-thread profile, its first validation since runs 10-13: 13 of 25 figures within
-    15%, calibrated at the chat load's 0.3 req/s as those were (docs/planner.md, run 28)."""
-    assert main(["--sweep", str(DOCS / "serve_sweep_run28.json"),
-                 "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run28.json"),
-                 "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run27.json"),
-                 "--out", str(tmp_path)]) == 0
-    rows = [r for r in json.loads((tmp_path / "planner_validation.json").read_text())["rows"]
-            if not r["calibration"]]
-    assert {r["setup"] for r in rows} == {"colocated"} and len(rows) == 5
-    assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= 13
+    15% on its profile as measured, calibrated at the chat load's 0.3 req/s as those were;
+    20 with its served fits (its kept step log's steps over windows recovered from the
+    router's placement log: decode steps 1.07x the profile, prompt steps 1.01x that;
+    docs/planner.md, run 28)."""
+    args = ["--sweep", str(DOCS / "serve_sweep_run28.json"),
+            "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run28.json"),
+            "--decode-profile", str(DOCS / "profile_smollm2_cpu1_run27.json")]
+    for name, extra, least in (("measured", [], 13), ("served", ["--serving", "served"], 20)):
+        assert main([*args, *extra, "--out", str(tmp_path / name)]) == 0
+        saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
+        rows = [r for r in saved["rows"] if not r["calibration"]]
+        assert {r["setup"] for r in rows} == {"colocated"} and len(rows) == 5
+        assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
+    assert saved["serving"]["colocated"]["scale"] == pytest.approx(1.069, abs=0.001)
