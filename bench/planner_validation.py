@@ -48,11 +48,12 @@ per worker, and the disaggregated setups simulate each worker's profile with its
 times ``scale`` and ``overhead`` as its ``serving_step_s`` (the decode worker's steps with a
 local prompt chunk a scale of their own on top); calibration then fits what is left. The
 colocated worker's steps are all alone (it has no peer): where the sweep kept them (since
-run 29) its two-thread profile is fitted the same way (bench/validation_inputs.py). Like ``--host-sharing served``, these are measured on the run being predicted;
-``--served-from 0.3`` takes both from the points at that rate only, so that the other
-points are predicted from what the lowest rate measured, and ``--served-sweep OTHER.json``
-from another run's sweep (its kept step-log figures), so that a whole run is predicted from
-what an earlier one on the same host measured. ``--host-sharing served-by-length`` makes the
+run 29; run 28's recovered) its two-thread profile is fitted the same way
+(bench/validation_inputs.py). Like ``--host-sharing served``, these are measured on the run
+being predicted; ``--served-from 0.3`` takes both from the points at that rate only, so
+that the other points are predicted from what the lowest rate measured, and
+``--served-sweep OTHER.json`` from another run's sweep (its kept step-log figures), so that
+a whole run is predicted from what an earlier one on the same host measured. ``--host-sharing served-by-length`` makes the
 served prefill factor a table by prompt length (bench/step_overlap.prefill_length_table:
 each prefill step beside decode steps against what the same step takes alone under
 serving, pooled by prompt band), where the single factor is a ratio of per-token medians
@@ -80,6 +81,7 @@ from bench.placement_inputs import placement_inputs, placement_table
 from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import ServedFit, overlap_table, served_sharing
 from bench.validation_inputs import (
+    Served,
     colocated_served,
     host_sharing_of,
     served_overlaps,
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     logged = sweep if args.served_sweep is None else json.loads(args.served_sweep.read_text())
     served, alone = served_overlaps(logged, TWO_WORKERS), served_overlaps(logged, ONE_WORKER)
 
-    def chosen(points: list[tuple[str, str, float, dict[str, Any]]]) -> list[Any]:
+    def chosen(points: Served) -> Served:
         return [o for o in points if args.served_from is None
                 or abs(o[2] - args.served_from) < 1e-9]
 
