@@ -207,6 +207,23 @@ def test_served_factors_are_pooled_from_the_sweep_s_step_logs(tmp_path: Path, ca
     assert saved["flag"] == "1:1.40,1.30"
 
 
+def _without_and_with_serving(tmp_path: Path, sweep: dict, prefill: Path, decode: Path
+                              ) -> tuple[dict, list[str]]:
+    """``sweep`` validated uncalibrated without and with ``--serving served``: each one's
+    planner_validation.json by that flag's value (None, "served"), and the last arguments
+    (``--out`` last)."""
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    figures = {}
+    for serving in (None, "served"):
+        out = tmp_path / str(serving)
+        args = ["--sweep", str(path), "--prefill-profile", str(prefill), "--decode-profile",
+                str(decode), "--calibrate", "none", "--out", str(out)]
+        assert main(args + (["--serving", serving] if serving else [])) == 0
+        figures[serving] = json.loads((out / "planner_validation.json").read_text())
+    return figures, args
+
+
 def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
                                                                 capsys) -> None:
     prof = _profile(tmp_path / "p.json")
@@ -234,15 +251,7 @@ def test_served_steps_refit_the_disaggregated_workers_profiles(tmp_path: Path,
     point = {**POINT, "host_overlap": overlap}
     sweep = {"config": {"vocab": "1000,30000", "slo_ttft": 4.0, "slo_tpot": 0.25},
              "summaries": {"disagg": {"mixed 0.5/s": point}, "colocated": {"mixed 0.5/s": POINT}}}
-    path = tmp_path / "sweep.json"
-    path.write_text(json.dumps(sweep))
-    figures = {}
-    for serving in (None, "served"):
-        out = tmp_path / str(serving)
-        args = ["--sweep", str(path), "--prefill-profile", str(prof), "--decode-profile",
-                str(prof), "--calibrate", "none", "--out", str(out)]
-        assert main(args + (["--serving", serving] if serving else [])) == 0
-        figures[serving] = json.loads((out / "planner_validation.json").read_text())
+    figures, args = _without_and_with_serving(tmp_path, sweep, prof, prof)
     assert "served decode steps alone = profile x1.500 + 0.0 ms (40 steps)" in \
         capsys.readouterr().out
     assert figures[None]["serving"] == {}
@@ -301,15 +310,7 @@ def test_served_steps_refit_the_colocated_worker_s_profile(tmp_path: Path, capsy
     sweep = {"config": {"vocab": "1000,30000", "slo_ttft": 4.0, "slo_tpot": 0.25},
              "summaries": {"colocated": {"chat 0.5/s": {**chat, "host_overlap": overlap}},
                            "disagg": {"chat 0.5/s": chat}}}
-    path = tmp_path / "sweep.json"
-    path.write_text(json.dumps(sweep))
-    figures = {}
-    for serving in (None, "served"):
-        out = tmp_path / str(serving)
-        args = ["--sweep", str(path), "--prefill-profile", str(pre), "--decode-profile",
-                str(dec), "--calibrate", "none", "--out", str(out)]
-        assert main(args + (["--serving", serving] if serving else [])) == 0
-        figures[serving] = json.loads((out / "planner_validation.json").read_text())
+    figures, args = _without_and_with_serving(tmp_path, sweep, pre, dec)
     printed = capsys.readouterr().out
     assert "served colocated steps alone = profile x1.500 + 0.0 ms (40 steps)" in printed
     assert "the colocated worker's decode steps" in printed
