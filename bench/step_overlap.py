@@ -68,7 +68,8 @@ def _band(rows: int) -> str:
 
 
 def host_overlap(decode: Sequence[StepRecord], prefill: Sequence[StepRecord]) -> dict[str, Any]:
-    """The decode worker's steps beside the prefill worker's, JSON-ready:
+    """The decode worker's steps beside the prefill worker's (none for a colocated worker:
+    every step alone), JSON-ready:
 
     ``decode_shared``   the share of the decode worker's stepping time during prefill steps
     ``prefill_shared``  the share of the prefill worker's stepping time during decode steps

@@ -32,9 +32,10 @@ is ~6 minutes per mix, ~18 per setup, ~1 hour (up to ~1.5 h when overloaded) for
 Each point also records each worker's activity from its /metrics and its ``host_overlap``
 (bench/step_overlap.py): the workers run with ``--step-log`` (kept in ``OUT/steps-<setup>/``
 with ``--out``) and each decode step is compared alone and under prefill steps (a colocated
-setup's steps are all alone: what its served fits read); the router keeps its placement log there too, summarized per point as
-``placement_inputs`` (bench/placement_inputs.py) and ``prefill_residuals`` (where each placed
-prefill's time went against its prediction: bench/prefill_residuals.py).
+setup's steps are all alone: what its served fits read); the router keeps its placement
+log there too, summarized per point as ``placement_inputs`` (bench/placement_inputs.py) and
+``prefill_residuals`` (where each placed prefill's time went against its prediction:
+bench/prefill_residuals.py).
 
 ``--fresh-workers`` starts each setup's processes again for every point (about 20 s each):
 a point then starts from freshly started workers, as the simulator's points do
