@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.validation_tables import KEYS, METRICS
+from bench.validation_tables import KEYS, METRICS, within
 
 
 def _figures(point: dict[str, Any]) -> dict[str, float]:
@@ -48,11 +48,6 @@ def repeat_rows(first: dict[str, Any], second: dict[str, Any], skip: str | None 
                             "ratio": b[key] / a[key] if a[key] > 0 else float("inf")}
             rows.append(row)
     return rows
-
-
-def within(rows: list[dict[str, Any]], tolerance: float) -> int:
-    """How many of ``rows``' figures the repeat reproduced within ``tolerance``."""
-    return sum(abs(r[k]["ratio"] - 1) <= tolerance for r in rows for k in KEYS)
 
 
 def repeat_table(rows: list[dict[str, Any]], tolerance: float) -> str:

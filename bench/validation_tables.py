@@ -15,6 +15,12 @@ METRICS = (("ttft_p50", "ttft", "p50", "ttft_p50_s"), ("ttft_p90", "ttft", "p90"
 KEYS = [m[0] for m in METRICS] + ["output_tok_s"]  # the figures compared
 
 
+def within(rows: list[dict[str, Any]], tolerance: float) -> int:
+    """How many of ``rows``' figures (``row[key]["ratio"]`` for each of KEYS) are within
+    ``tolerance`` of 1."""
+    return sum(abs(r[k]["ratio"] - 1) <= tolerance for r in rows for k in KEYS)
+
+
 def _within_range(v: dict[str, Any], tolerance: float) -> bool:
     lo, hi = v.get("range", (v["ratio"], v["ratio"]))
     return lo <= 1 + tolerance and hi >= 1 - tolerance
@@ -40,8 +46,8 @@ def table(rows: list[dict[str, Any]], tolerance: float) -> str:
         lines.append(f"{r['setup']:14s} {r['mix']:6s} {r['rate']:5.2f} " + " ".join(cells)
                      + f" {a['real']:7.0%} / {a['sim']:4.0%}")
     tested = [r for r in rows if not r.get("calibration")]
-    within = sum(abs(r[k]["ratio"] - 1) <= tolerance for r in tested for k in keys)
-    lines.append(f"within {tolerance:.0%}: {within} of {len(tested) * len(keys)} figures "
+    lines.append(f"within {tolerance:.0%}: {within(tested, tolerance)} of "
+                 f"{len(tested) * len(keys)} figures "
                  "(* marks the others; ratio = simulated / measured)")
     if any("range" in r[k] for r in tested for k in keys):
         spread = sum(_within_range(r[k], tolerance) for r in tested for k in keys)

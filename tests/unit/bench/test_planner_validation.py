@@ -11,7 +11,7 @@ from bench.planner_validation import TWO_WORKERS, add_sensitivity, compare, main
 from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import overlap_table
 from bench.validation_inputs import host_sharing_of, served_overlaps, served_profiles
-from bench.validation_tables import KEYS, profile_table, table, worker_table
+from bench.validation_tables import KEYS, profile_table, table, within, worker_table
 from planner.profile import Profile, StepCost, Transfer
 from planner.sim.host import HostSharing
 from router.handoff.placement import Slo
@@ -547,7 +547,7 @@ def test_run_28_colocated_on_current_kernels(tmp_path: Path) -> None:
         saved = json.loads((tmp_path / name / "planner_validation.json").read_text())
         rows = [r for r in saved["rows"] if not r["calibration"]]
         assert {r["setup"] for r in rows} == {"colocated"} and len(rows) == 5
-        assert sum(abs(r[k]["ratio"] - 1) <= 0.15 for r in rows for k in KEYS) >= least, name
+        assert within(rows, 0.15) >= least, name
     assert saved["serving"]["colocated"]["scale"] == pytest.approx(1.069, abs=0.001)
 
 
@@ -556,8 +556,7 @@ def _within_by_setup(out: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in json.loads((out / "planner_validation.json").read_text())["rows"]:
         if not r["calibration"]:
-            counts[r["setup"]] = counts.get(r["setup"], 0) + sum(
-                abs(r[k]["ratio"] - 1) <= 0.15 for k in KEYS)
+            counts[r["setup"]] = counts.get(r["setup"], 0) + within([r], 0.15)
     return counts
 
 

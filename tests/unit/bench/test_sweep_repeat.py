@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sweep_repeat import main, repeat_rows, within
+from bench.sweep_repeat import main, repeat_rows
+from bench.validation_tables import within
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "bench"
 
