@@ -15,7 +15,7 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG RAY_VERSION=2.60.0
 ARG SMOLLM2_VERSION=0.1.2
 
-# g++: engine/native is compiled here, at build time, not on the serving nodes. wget: KubeRay's
+# g++: tandem/engine/native is compiled here, at build time, not on the serving nodes. wget: KubeRay's
 # default probes on the Ray worker containers (the chart sets none there) run it.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ wget \
@@ -31,19 +31,7 @@ WORKDIR /opt/tandem/src
 # Torch first and pinned from the chosen index (as the Makefile does), then the project.
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
-COPY common common
-COPY engine engine
-COPY kv_transfer kv_transfer
-COPY worker worker
-COPY prefill_worker prefill_worker
-COPY decode_worker decode_worker
-COPY router router
 COPY tandem tandem
-COPY protos protos
-COPY autoscaler autoscaler
-COPY planner planner
-COPY bench bench
-COPY scripts scripts
 # The otlp extra: the OTLP span exporters (grpc and http) the chart's
 # observability.tracing values turn on; without them a process given --otlp-endpoint stops.
 RUN pip install --no-cache-dir ".[otlp]" "ray[default]==${RAY_VERSION}" \
@@ -52,8 +40,8 @@ RUN pip install --no-cache-dir ".[otlp]" "ray[default]==${RAY_VERSION}" \
 # Build the kernels and convert the default model now, so a pod starts without a compiler run
 # or a GGUF conversion. The cache stays writable for uid 1000 and group 0 (a random uid, as
 # OpenShift assigns, is in group 0): other .gguf models are converted into it at start.
-RUN python -m engine.native \
-    && python -c "from engine.loader import resolve_model; print(resolve_model('smollm2'))" \
+RUN python -m tandem.engine.native \
+    && python -c "from tandem.engine.loader import resolve_model; print(resolve_model('smollm2'))" \
     && chown -R 1000:0 /opt/tandem/cache && chmod -R g=u /opt/tandem/cache
 
 USER 1000

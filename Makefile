@@ -27,10 +27,10 @@ $(STAMP): $(PY) pyproject.toml $(CLIENT)/pyproject.toml
 	$(PIP) download -q -d $(CLIENT_WHEELS) ./$(CLIENT)
 	touch $(STAMP)
 
-# The native CPU kernels (engine/native, ~7 s with g++ per ISA variant the CPU runs: avx2, avx512;
+# The native CPU kernels (tandem/engine/native, ~7 s with g++ per ISA variant the CPU runs: avx2, avx512;
 # a no-op once built for this source).
 install: $(STAMP)
-	$(PY) -m engine.native
+	$(PY) -m tandem.engine.native
 
 test: install
 	$(PY) -m pytest tests -q --durations=15

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.attention.triton_backend import TritonAttentionBackend
-from engine.attention.triton_kernels.testing import PagedCase, make_paged_case
+from tandem.engine.attention.torch_backend import TorchAttentionBackend
+from tandem.engine.attention.triton_backend import TritonAttentionBackend
+from tandem.engine.attention.triton_kernels.testing import PagedCase, make_paged_case
 
 MODELS = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}  # Hq, Hkv, D
 BLOCK_SIZE = 16

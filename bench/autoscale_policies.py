@@ -2,21 +2,21 @@
 
     python -m bench.autoscale_policies --out docs/bench/autoscale_policies
 
-Every policy (``fixed``, ``queue``, ``slo``, ``coupled``) runs inside planner/sim through
-planner/autoscale.py (the autoscaler's own window, policies, stabilizer and drain choice; the
+Every policy (``fixed``, ``queue``, ``slo``, ``coupled``) runs inside tandem/planner/sim through
+tandem/planner/autoscale.py (the autoscaler's own window, policies, stabilizer and drain choice; the
 router's own placement code) on the same traces, profile, SLO, bounds and stabilizer
 settings; only ``policy`` differs. Reported per policy and trace: SLO attainment (requests
 inside both the TTFT and the TPOT target), GPU-hours (every worker from its start to its
 drain's end, starting and draining ones included), scale events, TTFT/TPOT p90, peak pools.
 
-    model      Llama-3.1-70B, 2 x H200 per worker (TP=2), planner/roofline.py estimates
+    model      Llama-3.1-70B, 2 x H200 per worker (TP=2), tandem/planner/roofline.py estimates
     workload   the bench's mixed lengths x 8 (30% RAG: 6-8k-token prompts, 128-256 out;
                70% chat: 256-768 in, 512-1,024 out)
     traces     diurnal: mean --rate, peak/trough 4, one period over --duration (the trough
                at t = 0, the peak at half-time); bursty: a two-state MMPP at 0.5x and 1.5x
                --rate, 60 s mean dwell
     SLO        TTFT 2 s, TPOT 50 ms (per request, as the simulator's summary measures)
-    fixed      planner/sizing.py's first guess for the trace's peak rate, from t = 0
+    fixed      tandem/planner/sizing.py's first guess for the trace's peak rate, from t = 0
     autoscaled start at the first guess for the rate at t = 0; new workers join after
                --startup-s (a 70B worker loading its weights); pools 8..400 workers each
 
@@ -44,7 +44,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from autoscaler.config import (
+from bench.serve_workload import scaled
+from tandem.autoscaler.config import (
     AutoscaleConfig,
     Bounds,
     Cooldown,
@@ -53,23 +54,22 @@ from autoscaler.config import (
     MaxStep,
     SloTargets,
 )
-from bench.serve_workload import scaled
-from planner import workload
-from planner.autoscale import (
+from tandem.planner import workload
+from tandem.planner.autoscale import (
     AutoscaledResult,
     PolicyRow,
     format_rows,
     policy_row,
     simulate_autoscaled,
 )
-from planner.devices import get_device
-from planner.models import get_model
-from planner.profile import Profile
-from planner.roofline import roofline_profile
-from planner.sim import ClusterSpec
-from planner.sizing import Sizing, size_pools, token_mix
-from planner.trace import TraceRequest
-from router.handoff.placement import Slo
+from tandem.planner.devices import get_device
+from tandem.planner.models import get_model
+from tandem.planner.profile import Profile
+from tandem.planner.roofline import roofline_profile
+from tandem.planner.sim import ClusterSpec
+from tandem.planner.sizing import Sizing, size_pools, token_mix
+from tandem.planner.trace import TraceRequest
+from tandem.router.handoff.placement import Slo
 
 POLICIES = ("fixed", "queue", "slo", "coupled")
 TRACES = ("diurnal", "bursty")
@@ -110,7 +110,7 @@ def peak_and_start(kind: str, rate: float) -> tuple[float, float]:
 
 
 def sizing_at(trace: Sequence[TraceRequest], rate: float, profile: Profile) -> Sizing:
-    """planner/sizing.py's first guess for ``trace``'s request mix at ``rate`` req/s."""
+    """tandem/planner/sizing.py's first guess for ``trace``'s request mix at ``rate`` req/s."""
     mix = token_mix(trace)
     k = rate / mix.rate
     at = dataclasses.replace(mix, rate=rate, prompt_tokens_s=mix.prompt_tokens_s * k,

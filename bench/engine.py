@@ -51,7 +51,7 @@ def _median(fn: Callable[..., float], repeats: int, *args: object) -> float:
 
 def _ours(llm, wl: Workload) -> float:
     """Seconds for our engine to finish the whole workload."""
-    from engine import SamplingParams
+    from tandem.engine import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in wl.outputs]
     llm.engine.kv.pool.reset_prefix_cache()  # repeats must not reuse the last run's KV
@@ -65,7 +65,7 @@ def _ours(llm, wl: Workload) -> float:
 def run(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from engine import LLM
+    from tandem.engine import LLM
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -41,7 +41,7 @@ def _checkpoint(name: str, root: Path) -> Path:
 
 
 def _ours(path: Path, batch: int, prompt: int, out: int, graphs: bool) -> float:
-    from engine import LLM, SamplingParams
+    from tandem.engine import LLM, SamplingParams
 
     llm = LLM(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=batch,
               use_cuda_graphs=graphs, kv_cache_memory_gb=8.0, progress=False)

@@ -72,7 +72,7 @@ def lookup_prompts(tokenizer: Any, tasks: list[str] = TASKS) -> list[list[int]]:
 
 def _ours(llm: Any, prompts: list[list[int]], max_tokens: int, speculative: bool
           ) -> tuple[float, list[list[int]]]:
-    from engine import SamplingParams
+    from tandem.engine import SamplingParams
 
     p = SamplingParams(temperature=0.0, max_tokens=max_tokens, speculative=speculative)
     llm.engine.kv.pool.reset_prefix_cache()
@@ -100,7 +100,7 @@ def _hf(model: Any, prompts: list[list[int]], max_tokens: int, lookup: int, ngra
 def run_lookup(model: str, dtype: str, hf: Any, max_tokens: int, k: int, ngram_max: int,
                ngram_min: int, draft_layers: int, draft_k: int, repeats: int) -> dict[str, Any]:
     """Tokens/s of each variant (best of ``repeats``), speedups, identity checks, spec stats."""
-    from engine import LLM
+    from tandem.engine import LLM
 
     ngram = LLM(model=model, dtype=dtype, progress=False, speculative_method="ngram",
                 num_speculative_tokens=k, ngram_max=ngram_max, ngram_min=ngram_min)

@@ -6,7 +6,7 @@ One engine per row, same prompt (16 tokens) and 128 greedy output tokens at batc
   fp32, bf16             dense weights (the baselines)
   int8, int4             fp32 activations, weight-only int8 / int4 (int4 straight from the
                          GGUF's Q4_1 blocks when the model is a Q4_1 GGUF; lm_head int8),
-                         decode steps through the fused native forward (engine/native)
+                         decode steps through the fused native forward (tandem/engine/native)
   int8-torch, int4-torch the same weights on torch ops (--no-native-kernels): the baseline
   int4-bf16              int4 weights with bf16 activations everywhere (torch ops)
   int4-kv8, -kv8-torch   int4 with the int8 KV cache (per-head-vector scales), native / torch
@@ -22,7 +22,7 @@ import time
 import torch
 
 from bench.engine_workloads import single_workload
-from engine.quant import Int4Linear, Int8Linear
+from tandem.engine.quant import Int4Linear, Int8Linear
 
 ROWS: dict[str, dict[str, str]] = {
     "fp32": {"dtype": "float32"},
@@ -72,7 +72,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _decode_seconds(llm, prompt: list[int], out: int) -> float:
     """Seconds from the first output token to the last (prefill excluded)."""
-    from engine import SamplingParams
+    from tandem.engine import SamplingParams
 
     engine = llm.engine
     engine.kv.pool.reset_prefix_cache()
@@ -91,7 +91,7 @@ def _decode_seconds(llm, prompt: list[int], out: int) -> float:
 
 def run_quant(model: str, rows: list[str], repeats: int, out: int, bandwidth: float) -> dict:
     """One row per weight format; see the module docstring."""
-    from engine import LLM
+    from tandem.engine import LLM
 
     results: dict[str, dict[str, float]] = {}
     for row in rows:

@@ -1,9 +1,9 @@
 """What a freshly started cluster's first requests cost, with and without the workers'
-start-up warm-up (engine/warmup.py), side by side in one run.
+start-up warm-up (tandem/engine/warmup.py), side by side in one run.
 
     python -m bench.first_request [--model smollm2] [--rounds 3] [--out docs/bench]
 
-Each round starts a router with one prefill and one decode worker (``tandem.local_cluster``,
+Each round starts a router with one prefill and one decode worker (``tandem.launcher.local_cluster``,
 one core each), twice: once as they start by default (warm-up on) and once with
 ``--skip-warmup``, alternating which goes first. Each time it measures how long the workers
 took to become ready, then sends three requests one after another (a 40-token prompt, a
@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.serve_load import run_load
 from bench.serve_stats import decision_counts
 from bench.serve_workload import RequestSpec
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
 
 PROMPTS = (40, 300, 40)  # the first requests' prompt tokens, sent one after another
 MAX_TOKENS = 8
@@ -62,12 +62,12 @@ def one_start(model: str, model_dir: Path, mode: str, round_no: int) -> Start:
     cluster = Cluster()
     try:
         t0 = time.perf_counter()
-        decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0", *engine,
+        decode = cluster.start("tandem.worker.decode", "--port", "0", "--kv-port", "0", *engine,
                                wrap=("taskset", "-c", "1") if pin else ())
-        prefill = cluster.start("prefill_worker", "--port", "0", *engine,
+        prefill = cluster.start("tandem.worker.prefill", "--port", "0", *engine,
                                 wrap=("taskset", "-c", "0") if pin else ())
         start = Start(mode, time.perf_counter() - t0)
-        router = cluster.start("router", "--port", "0", "--http-port", "0", "--tokenizer",
+        router = cluster.start("tandem.router", "--port", "0", "--http-port", "0", "--tokenizer",
                                str(model_dir), "--model-name", "bench",
                                "--decode", decode.grpc, "--prefill", prefill.grpc)
         for i, n in enumerate(PROMPTS):  # distinct ids: no prefix-cache hits between them
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write first_request.json here")
     args = p.parse_args(argv)
 
-    from engine.loader import resolve_model
+    from tandem.engine.loader import resolve_model
 
     model_dir = resolve_model(args.model)
     starts: list[Start] = []

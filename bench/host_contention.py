@@ -3,7 +3,7 @@
     python -m bench.host_contention [--rows 1,2,4,8,16,32] \\
         [--out docs/bench/host_contention.json]
 
-The simulator's host-sharing model (planner/sim/host.py) needs two factors: a decode step's
+The simulator's host-sharing model (tandem/planner/sim/host.py) needs two factors: a decode step's
 length while the co-located prefill worker computes, over its length alone (at each batch
 size); and the same for a prefill while the decode worker steps. This runs the two real
 engines in two processes in ``scripts/bench_serve``'s disaggregated layout (decode: 1
@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner.sim.host import HostSharing
+from tandem.planner.sim.host import HostSharing
 
 EDGE_S = 0.25  # margin left out after each phase starts
 
 
 def _decode(args: argparse.Namespace) -> list[tuple[float, float]]:
-    from engine import LLM, SamplingParams
+    from tandem.engine import LLM, SamplingParams
 
     llm = LLM(args.model, progress=False, num_threads=args.decode_threads)
     eng, rng = llm.engine, random.Random(1)
@@ -60,7 +60,7 @@ def _decode(args: argparse.Namespace) -> list[tuple[float, float]]:
 
 
 def _prefill(args: argparse.Namespace) -> list[tuple[float, float]]:
-    from engine import LLM, SamplingParams
+    from tandem.engine import LLM, SamplingParams
 
     llm = LLM(args.model, progress=False, num_threads=args.prefill_threads)
     eng, rng = llm.engine, random.Random(2)

@@ -2,7 +2,7 @@
 
     python -m bench.hostile_load [--model smollm2] [--rounds 3] [--out docs/bench]
 
-Starts a router with one prefill and one decode worker (``tandem.local_cluster``), then for
+Starts a router with one prefill and one decode worker (``tandem.launcher.local_cluster``), then for
 each round runs one normal greedy stream twice, side by side in the same run:
 
     alone           nothing else on the router
@@ -39,8 +39,8 @@ import grpc
 import psutil
 
 from bench.serve_stats import percentile
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
-from tandem.local_cluster import Cluster
+from tandem.launcher.local_cluster import Cluster
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 
 HUGE_PROMPT = "lorem ipsum dolor sit amet " * (3_500_000 // 27)
 MANY_STOPS = ["x" * 999 + str(i % 10) for i in range(2_000)]
@@ -175,16 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write hostile_load.json here")
     args = p.parse_args(argv)
 
-    from engine.loader import resolve_model
+    from tandem.engine.loader import resolve_model
 
     model_dir = resolve_model(args.model)  # the router's tokenizer
     engine = ["--model", args.model, "--threads", "1"]  # as named: a GGUF keeps its blocks
     cluster = Cluster()
     try:
         print("[bench] starting workers and router ...", file=sys.stderr, flush=True)
-        decode = cluster.start("decode_worker", "--port", "0", "--kv-port", "0", *engine)
-        prefill = cluster.start("prefill_worker", "--port", "0", *engine)
-        router = cluster.start("router", "--port", "0", "--http-port", "0", "--tokenizer",
+        decode = cluster.start("tandem.worker.decode", "--port", "0", "--kv-port", "0", *engine)
+        prefill = cluster.start("tandem.worker.prefill", "--port", "0", *engine)
+        router = cluster.start("tandem.router", "--port", "0", "--http-port", "0", "--tokenizer",
                                str(model_dir), "--model-name", "bench",
                                "--decode", decode.grpc, "--prefill", prefill.grpc)
         target, http = router.grpc, str(router.info["http"])

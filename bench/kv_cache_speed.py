@@ -30,7 +30,7 @@ from bench.vs_llama_cpp_ours import (
     stream,
     warm,
 )
-from engine import LLM
+from tandem.engine import LLM
 
 DTYPES = ("float32", "float16", "int8")
 SHAPES = ((32, 128, 128), (16, 1000, 48), (4, 2000, 48))  # (sequences, prompt, output)

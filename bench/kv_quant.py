@@ -4,7 +4,7 @@
 
 SmolLM2-135M's cache shape (30 layers, 3 kv heads, head dim 64, block size 16): a 2,048-token
 prompt is 128 blocks. For each KV dtype (bf16, fp32, and int8 = int8 values plus one fp32
-scale per head vector, engine/quant/kv_int8.py) it prints the bytes per token and per prompt,
+scale per head vector, tandem/engine/quant/kv_int8.py) it prints the bytes per token and per prompt,
 and the median time to ship the prompt's blocks over our real TCP transport (loopback,
 checksums on, as in production): open, push all layers, COMMIT, until the receiver reports
 the transfer committed. Sender and receiver share this process and its event loop (the same
@@ -21,9 +21,9 @@ import statistics
 import time
 from pathlib import Path
 
-from kv_transfer import KvLayout, Receiver, ReceiverConfig, Sender, SenderConfig
-from kv_transfer.testing import random_cache, zero_cache
-from kv_transfer.transport import TcpTransport
+from tandem.kv_transfer import KvLayout, Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer.testing import random_cache, zero_cache
+from tandem.kv_transfer.transport import TcpTransport
 
 SECRET = b"bench-kv-quant-0123456789abcdef"
 PROMPT_TOKENS = 2048

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from kv_transfer import KvLayout, Receiver, ReceiverConfig, Sender, SenderConfig
-from kv_transfer.endpoint import Endpoint
-from kv_transfer.transport import ShmTransport, TcpTransport
+from tandem.kv_transfer import KvLayout, Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer.endpoint import Endpoint
+from tandem.kv_transfer.transport import ShmTransport, TcpTransport
 
 SECRET = b"bench-secret-0123456789abcdef"
 LAYOUT = KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", block_size=16, num_layers=30,

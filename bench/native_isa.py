@@ -5,7 +5,7 @@
 
 Builds the model once (``engine.LLM``, ``--quantization auto``: SmolLM2's GGUF Q4_1 linears
 and Q8_0 embedding as stored) and one fused forward per variant this CPU runs
-(engine/native/build.py ``open_variant``), sharing the weights and the KV cache. Shapes:
+(tandem/engine/native/build.py ``open_variant``), sharing the weights and the KV cache. Shapes:
 ``decode1`` (one sequence at 256 cached tokens, one row: a single-stream decode step),
 ``decode32`` (32 such sequences, one row each: a batched decode step), ``prefill512`` (one
 512-token chunk from position 0). Each repeat times every variant once (the order alternating
@@ -22,9 +22,9 @@ from unittest import mock
 
 import torch
 
-from engine import LLM
-from engine.native import fused_forward
-from engine.native.build import cpu_flags, open_variant, selected_isa, supported_isas
+from tandem.engine import LLM
+from tandem.engine.native import fused_forward
+from tandem.engine.native.build import cpu_flags, open_variant, selected_isa, supported_isas
 
 CTX = 256
 BLOCKS_PER_SEQ = 24

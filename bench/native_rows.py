@@ -12,7 +12,7 @@ Two shapes per row count: ``decode`` (``rows`` sequences at 256 cached tokens ea
 each: a batched decode step) and ``chunk`` (one sequence, ``rows`` query rows after 256
 cached tokens: a prefill chunk).
 Prints ms per step, tokens/s and the ratio; the tiled path's threshold
-(engine/native/gemm_tiled.h ``TILED_MIN_ROWS``) is read off it.
+(tandem/engine/native/gemm_tiled.h ``TILED_MIN_ROWS``) is read off it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from engine import LLM
-from engine.attention import AttentionMetadata
+from tandem.engine import LLM
+from tandem.engine.attention import AttentionMetadata
 
 CTX = 256
 BLOCKS_PER_SEQ = 24

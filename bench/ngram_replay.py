@@ -12,7 +12,7 @@ the same outputs, side by side, without running each rule:
 
 Rules: ``earliest``: k tokens after the earliest match (transformers' prompt lookup, Tandem's
 rule before); ``latest``: k tokens after the latest match; ``latest-halving``: the engine's rule
-(engine/spec/ngram.py), k after a match of ``n_max`` tokens, half as many per token shorter.
+(tandem/engine/spec/ngram.py), k after a match of ``n_max`` tokens, half as many per token shorter.
 Two prompt sets: the lookup benchmark's (bench/engine_lookup.TASKS) and HELD_OUT below, other
 documents and edits. The engine's rule was picked because it led on both; the benchmark's
 defaults (k=6, n-grams of 1..4) were picked on the held-out set alone. A 135M model copies
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.engine_lookup import TASKS, lookup_prompts
-from engine.spec.ngram import ngram_matches, proposal_length
+from tandem.engine.spec.ngram import ngram_matches, proposal_length
 
 _EMAIL = (
     "Hi Maria,\n\nThanks for sending the quarterly report. I read it this morning and the "
@@ -158,7 +158,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from engine import LLM, SamplingParams
+    from tandem.engine import LLM, SamplingParams
 
     torch.set_num_threads(2)
     llm = LLM("smollm2", progress=False, dtype="float32", num_blocks=64)

@@ -16,7 +16,7 @@ Perplexity runs the text (tests/data/ppl_text.txt) as one sequence in prefill ch
 included), with the engine's attention backend (so int8 KV is in the measurement). Chunks of
 fewer rows than the quantized layers' dequant threshold take the decode kernels (bf16
 activations); larger chunks measure the quantized weights exactly in fp32. ``fused=True`` runs
-every chunk through the runner's fused native forward instead (engine/native: int16
+every chunk through the runner's fused native forward instead (tandem/engine/native: int16
 activations), the path CPU decode steps take.
 
     perplexity = exp(mean over t of -log p(x[t+1] | x[..t]))
@@ -38,12 +38,12 @@ from pathlib import Path
 
 import torch
 
-from engine import SamplingParams
-from engine.attention import AttentionMetadata
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.loader import resolve_model
-from engine.model_runner import ModelRunner
+from tandem.engine import SamplingParams
+from tandem.engine.attention import AttentionMetadata
+from tandem.engine.config import EngineConfig
+from tandem.engine.llm_engine import LLMEngine
+from tandem.engine.loader import resolve_model
+from tandem.engine.model_runner import ModelRunner
 
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "ppl_text.txt"
 MAX_NEW = 24

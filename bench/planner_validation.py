@@ -1,4 +1,4 @@
-"""Does the simulator predict real runs? planner/sim against bench/serve's sweep, point by point.
+"""Does the simulator predict real runs? tandem/planner/sim against bench/serve's sweep, point by point.
 
     python -m bench.planner_validation --sweep docs/bench/serve_sweep_run10.json \\
         --prefill-profile docs/bench/profile_smollm2_cpu2_run10.json \\
@@ -22,7 +22,7 @@ the simulator's open-loop traces do not model.
 Host sharing (``--host-sharing DECODE,PREFILL``, e.g. ``2.1,1.8``, or the decode factor by
 batch size, ``1:2.3/8:1.8,1.8``; default none): the real disaggregated setups run both
 workers on one machine's cores, so each one's steps run slower while the other computes
-(planner/sim/host.py); the factors are measured by ``python -m bench.host_contention``. The
+(tandem/planner/sim/host.py); the factors are measured by ``python -m bench.host_contention``. The
 colocated setup has one worker: not affected. ``--host-sharing served`` takes the factors
 the sweep itself measured: ``scripts/bench_serve`` logs both workers' steps
 (``--step-log``) and lays them side by side per point (bench/step_overlap.py), and every
@@ -62,7 +62,7 @@ that short prompts dominate.
 Calibration (``--calibrate chat@0.3``, the default; ``none`` turns it off): a profile times
 the engine alone, while a served worker also runs its loop, streams tokens and, on a shared
 CPU, shares its cores with the other processes. Per setup, the one named point fixes the
-profile's two serving overheads (planner/profile.py): ``serving_step_s`` from the TPOT p50 gap
+profile's two serving overheads (tandem/planner/profile.py): ``serving_step_s`` from the TPOT p50 gap
 and ``serving_request_s`` from the TTFT p50 gap (two rounds of sim, compare, adjust). Every
 other point then tests the calibrated profile: the calibration point is marked ``cal`` and
 left out of the count.
@@ -88,12 +88,12 @@ from bench.validation_inputs import (
     served_profiles,
 )
 from bench.validation_tables import KEYS, METRICS, profile_table, table, worker_table
-from planner.profile import Profile
-from planner.sim import ClusterSpec, simulate
-from planner.sim.host import HostSharing
-from planner.sim.signals import SIGNALS
-from planner.trace import TraceRequest
-from router.handoff.placement import Slo
+from tandem.planner.profile import Profile
+from tandem.planner.sim import ClusterSpec, simulate
+from tandem.planner.sim.host import HostSharing
+from tandem.planner.sim.signals import SIGNALS
+from tandem.planner.trace import TraceRequest
+from tandem.router.handoff.placement import Slo
 
 SETUPS = {"disagg": (1, "adaptive"), "disagg-remote": (1, "remote"), "colocated": (0, "local")}
 TWO_WORKERS = tuple(name for name, (pools, _) in SETUPS.items() if pools)
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also simulate the shared setups with the decode factors x (1 +- F)")
     p.add_argument("--signals", default="fitted", choices=list(SIGNALS),
                    help="the step costs the simulated workers report to the router: their own "
-                        "online fit (as real workers) or the profile's (planner/sim/signals.py)")
+                        "online fit (as real workers) or the profile's (tandem/planner/sim/signals.py)")
     p.add_argument("--out", type=Path, default=None, help="write planner_validation.json here")
     args = p.parse_args(argv)
     sweep = json.loads(args.sweep.read_text())

@@ -8,7 +8,7 @@ logs and the router's placement log). For each point, over the prompts the place
 placed (reason ``slo`` or ``cheapest``; chat-sized ones unless ``--all-prompts``), medians of:
 
     residual   measured TTFT from the decision - the model's compute prediction at the
-               decision (what router/handoff/placement.PrefillOverheads learns)
+               decision (what tandem/router/handoff/placement.PrefillOverheads learns)
     wait       decision -> the worker's step with the prompt starts
     step       that step's length, and step / fit: against the worker's reported fit for it
                (base + new tokens x per token; beside decode rows on the decode worker)
@@ -34,8 +34,8 @@ from typing import Any
 
 from bench.placement_inputs import CHAT_TOKENS
 from bench.serve_logs import read_point_logs, steps_dir
-from router.handoff.placement_log import MODEL_REASONS
-from worker.step_log import StepRecord
+from tandem.router.handoff.placement_log import MODEL_REASONS
+from tandem.worker.step_log import StepRecord
 
 SIDES = ("remote", "local")
 FIGURES = ("residual_s", "wait_s", "step_s", "step_over_fit", "after_s")
@@ -43,7 +43,7 @@ SEARCH_S = 60.0  # how far after its decision a prompt's step is looked for
 
 
 class _Steps:
-    """A worker's step log (worker/step_log.py records), searchable by start time."""
+    """A worker's step log (tandem/worker/step_log.py records), searchable by start time."""
 
     def __init__(self, steps: Sequence[StepRecord]) -> None:
         self.steps = sorted(steps, key=lambda s: s.start)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import grpc
 
-from engine.loader import resolve_model
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.engine.loader import resolve_model
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
 def _flags(model: Path, extra: list[str]) -> list[str]:
@@ -36,14 +36,14 @@ def _flags(model: Path, extra: list[str]) -> list[str]:
 def _start(cluster: Cluster, model: Path, decode_extra: list[str]) -> dict[str, Proc]:
     pin = len(os.sched_getaffinity(0)) >= 2
     procs = {
-        "decode": cluster.start("decode_worker", "--port", "0", "--kv-port", "0",
+        "decode": cluster.start("tandem.worker.decode", "--port", "0", "--kv-port", "0",
                                 *_flags(model, decode_extra),
                                 wrap=("taskset", "-c", "1") if pin else ()),
-        "prefill": cluster.start("prefill_worker", "--port", "0", *_flags(model, []),
+        "prefill": cluster.start("tandem.worker.prefill", "--port", "0", *_flags(model, []),
                                  wrap=("taskset", "-c", "0") if pin else ()),
     }
     procs["router"] = cluster.start(
-        "router", "--port", "0", "--tokenizer", str(model), "--model-name", "bench",
+        "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", "bench",
         "--decode", procs["decode"].grpc, "--prefill", procs["prefill"].grpc,
         "--placement", "remote")
     return procs

@@ -1,7 +1,7 @@
 """Measure a worker's cost profile on the real engine (what ``tandem profile`` writes).
 
 Runs the engine the workers run (same flags: model, dtype, quantization, threads, chunk
-budget) on steps of known shape and fits planner/profile.py's step-cost model to them:
+budget) on steps of known shape and fits tandem/planner/profile.py's step-cost model to them:
 
     prefill   one prompt of N tokens alone (one step, no decode rows), N up to the chunk
               budget; the prefix cache is reset before each, so every token is computed
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.fit import (
+from tandem.planner.fit import (
     StepSample,
     fit_step_cost,
     fit_token_curve,
@@ -38,7 +38,7 @@ from planner.fit import (
     prefill_context,
     round_spread,
 )
-from planner.profile import Profile, Transfer
+from tandem.planner.profile import Profile, Transfer
 
 PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024, 2048)
 DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -198,7 +198,7 @@ def measure_rounds(shapes: Sequence[tuple[str, Callable[[], list[StepSample]]]],
 def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
                    label: str = "", device: str = "cpu") -> Profile:
     """Time ``engine`` (an engine.LLMEngine) on the shapes above and fit its profile."""
-    from engine import SamplingParams
+    from tandem.engine import SamplingParams
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)

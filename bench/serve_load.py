@@ -28,9 +28,9 @@ import grpc
 from bench.serve_multiturn import KIND, Conversation, next_prompt
 from bench.serve_stats import RequestResult
 from bench.serve_workload import RequestSpec
-from common.credential import ClusterCredential
-from common.grpc_auth import aio_interceptors
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tandem.common.security.credential import ClusterCredential
+from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 Progress = Callable[[RequestResult], None]
 

@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from router.handoff.placement_log import read_placement_log
-from worker.step_log import StepRecord, read_step_log
+from tandem.router.handoff.placement_log import read_placement_log
+from tandem.worker.step_log import StepRecord, read_step_log
 
 
 def steps_dir(out: Path, setup: str) -> Path:

@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass
 
 from bench.serve_workload import check_load, scale_range
-from planner.workload import CHAT_SHAPE, ChatShape  # one shape for the bench and the planner
+from tandem.planner.workload import CHAT_SHAPE, ChatShape  # one shape for the bench and the planner
 
 KIND = "multiturn"  # RequestResult.kind of every turn
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 # The request kinds and mixes are the planner's (one definition: the simulator replays the
 # same shapes the benchmark sends).
-from planner.workload import CHAT, MIXES, RAG, RequestKind
-from planner.workload import LengthMix as WorkloadMix
+from tandem.planner.workload import CHAT, MIXES, RAG, RequestKind
+from tandem.planner.workload import LengthMix as WorkloadMix
 
 __all__ = ["CHAT", "MIXES", "RAG", "RequestKind", "RequestSpec", "WorkloadMix", "make_requests",
            "scaled", "scale_range", "check_load"]

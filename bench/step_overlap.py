@@ -1,11 +1,11 @@
 """How much a co-located prefill worker slowed the decode worker's steps, measured under
-serving from the two workers' step logs (worker/step_log.py).
+serving from the two workers' step logs (tandem/worker/step_log.py).
 
     decode steps ─┐  each decode step's share of its time during prefill steps (overlap)
     prefill steps ┴─> by decode batch size: median step alone (overlap < 5%) and shared
                       (overlap > 95%), their ratio: the host factor as serving saw it
 
-The simulator's host model (planner/sim/host.py) applies a decode factor while the prefill
+The simulator's host model (tandem/planner/sim/host.py) applies a decode factor while the prefill
 worker computes; ``bench.host_contention`` measures it with both engines stepping flat out.
 Under serving the decode worker idles between steps and the prefill worker computes in
 bursts, and the scheduler shares the cores differently then; this is the same factor read
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.profile import StepCost
-from planner.sim.host import HostSharing
-from worker.step_log import StepRecord, read_step_log
+from tandem.planner.profile import StepCost
+from tandem.planner.sim.host import HostSharing
+from tandem.worker.step_log import StepRecord, read_step_log
 
 # Decode batch sizes pooled for the factor: (lowest, highest) rows.
 ROW_BANDS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 1 << 30))
@@ -150,7 +150,7 @@ def _weighted(steps: Sequence[StepRecord], shares: Sequence[float]) -> float:
     return sum(s.seconds * f for s, f in zip(steps, shares, strict=True)) / total if total else 0.0
 
 
-# A band's batch size in a host-sharing table (planner/sim/host.py interpolates between).
+# A band's batch size in a host-sharing table (tandem/planner/sim/host.py interpolates between).
 BAND_ROWS = {"1": 1, "2": 2, "3-4": 3, "5-8": 6, "9-16": 12, "17-32": 23, "33+": 33}
 MIN_STEPS = 8  # steps alone and shared a band needs at a point to give a factor
 
@@ -229,7 +229,7 @@ def decode_alone_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[fl
 
 def decode_local_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[float, float, int]]:
     """(profiled, served seconds, 1) of one point's decode steps with a local prefill's chunk
-    and no prefill step beside them: the simulator's step (planner/sim/decode.py) for the
+    and no prefill step beside them: the simulator's step (tandem/planner/sim/decode.py) for the
     logged rows and prompt tokens, taking the chunk as a whole prompt (the chat prompts a
     decode worker prefills fit one step) so the rows' context is the rest of the logged one."""
     return [(step.step_s(rows, tokens, max(context - tokens, 0), tokens * (tokens + 1) // 2),
@@ -238,7 +238,7 @@ def decode_local_pairs(overlap: dict[str, Any], step: StepCost) -> list[tuple[fl
 
 
 def _prefill_step_s(step: StepCost, tokens: int, context: int) -> float:
-    """The simulator's step (planner/sim/prefill.py) for a logged prefill step: its prompt
+    """The simulator's step (tandem/planner/sim/prefill.py) for a logged prefill step: its prompt
     tokens after ``context - tokens`` computed ones, causal pairs included."""
     done = max(context - tokens, 0)
     return step.step_s(0, tokens, 0, tokens * done + tokens * (tokens + 1) // 2)
@@ -258,7 +258,7 @@ MIN_BAND_STEPS = 4  # shared prefill steps a prompt band needs (over all points)
 
 def partly_factor(ratio: float, share: float) -> float | None:
     """The slowdown a prefill step ``ratio`` times its time alone implies when ``share`` of
-    its served time ran under decode steps, in the simulator's model (planner/sim/host.py:
+    its served time ran under decode steps, in the simulator's model (tandem/planner/sim/host.py:
     the step's work goes at 1 / factor while its peer steps): ``1/ratio = 1 - share +
     share/factor``. None when no factor explains it (noise: slower than all-shared at
     any factor would allow)."""

@@ -21,8 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.structured.spec import StructuredOutput
+from tandem.engine import EngineConfig, LLMEngine, SamplingParams
+from tandem.engine.structured.spec import StructuredOutput
 
 ROWS = 32
 TOKENS = 16

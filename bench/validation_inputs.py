@@ -27,8 +27,8 @@ from bench.step_overlap import (
     served_fits,
     served_sharing,
 )
-from planner.profile import Profile
-from planner.sim.host import HostSharing
+from tandem.planner.profile import Profile
+from tandem.planner.sim.host import HostSharing
 
 Served = list[tuple[str, str, float, dict[str, Any]]]  # (setup, mix, rate, host_overlap)
 

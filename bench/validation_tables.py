@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.step_overlap import BAND_ROWS, alone_ratios
-from planner.profile import Profile
+from tandem.planner.profile import Profile
 
 # (figure, the sweep's group, its percentile, the simulator's Summary field)
 METRICS = (("ttft_p50", "ttft", "p50", "ttft_p50_s"), ("ttft_p90", "ttft", "p90", "ttft_p90_s"),

@@ -138,11 +138,11 @@ def _pin(threads: int) -> tuple[str, ...]:
 def tandem_local(wrap: Sequence[str]) -> Iterator[str]:
     """``tandem local`` with its defaults on free ports until the block ends; its HTTP base URL,
     once the router answers /ready (both workers registered)."""
-    from tandem.local_cluster import Cluster
+    from tandem.launcher.local_cluster import Cluster
 
     cluster = Cluster()
     try:
-        proc = cluster.start("tandem.local", "--port", "0", wrap=wrap)
+        proc = cluster.start("tandem.launcher.local", "--port", "0", wrap=wrap)
         base = f"http://{proc.info['http']}"
         wait_http_ok(f"{base}/ready", lambda: proc.popen.poll() is None, 120.0, "tandem local")
         yield base
@@ -151,7 +151,7 @@ def tandem_local(wrap: Sequence[str]) -> Iterator[str]:
 
 
 def _local_split(threads: int) -> str:
-    from tandem.local import thread_split
+    from tandem.launcher.local import thread_split
 
     prefill, decode = thread_split(min(threads, len(os.sched_getaffinity(0))))
     return (f"prefill worker {prefill} threads, decode worker {decode}, borrowing "
@@ -259,7 +259,7 @@ def _machine() -> dict:
                                 capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         commit = ""
-    from engine.native import isa
+    from tandem.engine.native import isa
 
     return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)),
             "memory_gb": psutil.virtual_memory().total / 1e9, "python": platform.python_version(),
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     # SIGTERM unwinds like Ctrl-C, so every server started here is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from engine.loader import _alias_path
+    from tandem.engine.loader import _alias_path
 
     gguf = _alias_path("smollm2")
     lc = find_or_build(args.build, note)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import LLM, SamplingParams
+from tandem.engine import LLM, SamplingParams
 
 # Plain text, so a greedy continuation is ordinary prose (random ids make the model loop).
 DECODE_PROMPT = "The history of the lighthouse begins with"

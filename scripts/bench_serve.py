@@ -95,9 +95,9 @@ from bench.serve_sweep import (
 )
 from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
 from bench.step_overlap import host_overlap
-from common.credential import ClusterCredential
-from engine.loader import resolve_model
-from tandem.local_cluster import Cluster, Proc
+from tandem.common.security.credential import ClusterCredential
+from tandem.engine.loader import resolve_model
+from tandem.launcher.local_cluster import Cluster, Proc
 
 METRICS = ("--metrics-port", "0")  # each worker's /metrics: how busy it was at each point
 
@@ -130,18 +130,18 @@ def start_setup(
 
     if name.startswith("disagg"):
         procs["decode"] = cluster.start(
-            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
+            "tandem.worker.decode", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
             *_engine_flags(model, 1, engine_extra), wrap=core1,
         )
         procs["prefill"] = cluster.start(
-            "prefill_worker", "--port", "0", *METRICS, *log("prefill"),
+            "tandem.worker.prefill", "--port", "0", *METRICS, *log("prefill"),
             *_engine_flags(model, prefill_threads, engine_extra),
             wrap=core0,
         )
     else:
         budget = ["--max-num-batched-tokens", "256"] if name == "colocated-chunked" else []
         procs["decode"] = cluster.start(
-            "decode_worker", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
+            "tandem.worker.decode", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
             *_engine_flags(model, 2, engine_extra + budget),
         )
     prefill = ["--prefill", procs["prefill"].grpc] if "prefill" in procs else []
@@ -150,7 +150,7 @@ def start_setup(
     placements = [] if step_logs is None else ["--placement-log",
                                                str(placement_log_path(step_logs))]
     procs["router"] = cluster.start(
-        "router", "--port", "0", "--http-port", "0", "--tokenizer", str(model_dir),
+        "tandem.router", "--port", "0", "--http-port", "0", "--tokenizer", str(model_dir),
         "--model-name", "bench",
         "--decode", procs["decode"].grpc, *prefill, *router_extra, *placements,
     )

@@ -1,7 +1,7 @@
-"""Regenerate the Python modules for protos/tandem/v1/*.proto (run from the repo root).
+"""Regenerate the Python modules for tandem/protos/v1/*.proto (run from the repo root).
 
-Generated modules import each other by the .proto path (``protos.tandem.v1...``), so they are
-compiled from the repository root with the include path rooted at ``protos/``'s parent.
+Generated modules import each other by the .proto path (``tandem.protos.v1...``), so they are
+compiled from the repository root (the include path is the root, where ``tandem/`` lives).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOS = sorted((ROOT / "protos" / "tandem" / "v1").glob("*.proto"))
+PROTOS = sorted((ROOT / "tandem" / "protos" / "v1").glob("*.proto"))
 
 
 def generate(out_dir: Path) -> None:

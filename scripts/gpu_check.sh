@@ -16,10 +16,10 @@ timeout 120 python3 -m bench.attention 2>&1 | tee "$OUT/bench_attention.log" || 
 # whole script took 308 s then); 240 s keeps it under 8 minutes (not yet run on a device).
 timeout 240 python3 -m bench.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/bench_engine_gpu.log" || status=1
 # A measured H200 profile of a SmolLM2-shaped random bf16 model, for tandem plan's roofline
-# (planner/roofline.py) to be checked against.
+# (tandem/planner/roofline.py) to be checked against.
 timeout 90 python3 -c "from pathlib import Path; from bench.engine_gpu import _checkpoint; print(_checkpoint('smollm2', Path('/tmp/gpu_profile')))" \
     > "$OUT/profile.log" 2>&1 || status=1
-timeout 200 python3 -c "import sys; from tandem.cli import main; sys.exit(main())" profile \
+timeout 200 python3 -c "import sys; from tandem.cli.main import main; sys.exit(main())" profile \
     --model /tmp/gpu_profile/smollm2 --device cuda --dtype bfloat16 \
     --out "$OUT/profile_h200_smollm2.json" >> "$OUT/profile.log" 2>&1 || status=1
 echo "gpu_check exit status: $status" | tee -a "$OUT/gpu.txt"

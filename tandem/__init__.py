@@ -18,29 +18,29 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "AsyncChunkStream": "tandem.async_client",
-    "AsyncClient": "tandem.async_client",
-    "ChunkStream": "tandem.client",
-    "Client": "tandem.client",
-    "ClientConfig": "tandem.client_config",
-    "TLSConfig": "tandem.client_config",
-    "RetryPolicy": "tandem.retry",
-    "SamplingOptions": "tandem.sampling",
-    "GenerateResult": "tandem.results",
-    "ModelInfo": "tandem.results",
-    "StreamChunk": "tandem.results",
-    "Timings": "tandem.results",
-    "TokenLogprob": "tandem.results",
-    "Usage": "tandem.results",
-    "AuthError": "tandem.errors",
-    "Cancelled": "tandem.errors",
-    "DeadlineExceeded": "tandem.errors",
-    "Internal": "tandem.errors",
-    "InvalidRequest": "tandem.errors",
-    "NotFound": "tandem.errors",
-    "Overloaded": "tandem.errors",
-    "TandemError": "tandem.errors",
-    "Unavailable": "tandem.errors",
+    "AsyncChunkStream": "tandem.sdk.async_client",
+    "AsyncClient": "tandem.sdk.async_client",
+    "ChunkStream": "tandem.sdk.client",
+    "Client": "tandem.sdk.client",
+    "ClientConfig": "tandem.sdk.client_config",
+    "TLSConfig": "tandem.sdk.client_config",
+    "RetryPolicy": "tandem.sdk.retry",
+    "SamplingOptions": "tandem.sdk.sampling",
+    "GenerateResult": "tandem.sdk.results",
+    "ModelInfo": "tandem.sdk.results",
+    "StreamChunk": "tandem.sdk.results",
+    "Timings": "tandem.sdk.results",
+    "TokenLogprob": "tandem.sdk.results",
+    "Usage": "tandem.sdk.results",
+    "AuthError": "tandem.sdk.errors",
+    "Cancelled": "tandem.sdk.errors",
+    "DeadlineExceeded": "tandem.sdk.errors",
+    "Internal": "tandem.sdk.errors",
+    "InvalidRequest": "tandem.sdk.errors",
+    "NotFound": "tandem.sdk.errors",
+    "Overloaded": "tandem.sdk.errors",
+    "TandemError": "tandem.sdk.errors",
+    "Unavailable": "tandem.sdk.errors",
 }
 
 __all__ = [
@@ -70,10 +70,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from tandem.async_client import AsyncChunkStream, AsyncClient
-    from tandem.client import ChunkStream, Client
-    from tandem.client_config import ClientConfig, TLSConfig
-    from tandem.errors import (
+    from tandem.sdk.async_client import AsyncChunkStream, AsyncClient
+    from tandem.sdk.client import ChunkStream, Client
+    from tandem.sdk.client_config import ClientConfig, TLSConfig
+    from tandem.sdk.errors import (
         AuthError,
         Cancelled,
         DeadlineExceeded,
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
         TandemError,
         Unavailable,
     )
-    from tandem.results import (
+    from tandem.sdk.results import (
         GenerateResult,
         ModelInfo,
         StreamChunk,
@@ -92,8 +92,8 @@ if TYPE_CHECKING:
         TokenLogprob,
         Usage,
     )
-    from tandem.retry import RetryPolicy
-    from tandem.sampling import SamplingOptions
+    from tandem.sdk.retry import RetryPolicy
+    from tandem.sdk.sampling import SamplingOptions
 
 
 def __getattr__(name: str) -> Any:

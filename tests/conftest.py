@@ -44,10 +44,10 @@ def _no_block_leaks() -> Iterator[None]:
 
 def reference_kv(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with the float32 KV cache where the engine's default would be float16 (a
-    float32 model on the CPU's native path: engine/config.py resolved_kv_cache_dtype) and
+    float32 model on the CPU's native path: tandem/engine/config.py resolved_kv_cache_dtype) and
     the caller named none: tests of the engine's math hold it to transformers' float32
     attention exactly. Name ``kv_cache_dtype`` (``"auto"`` included) to get another."""
-    from engine import EngineConfig
+    from tandem.engine import EngineConfig
 
     if "kv_cache_dtype" in kwargs:
         return kwargs
@@ -60,7 +60,7 @@ def reference_kv(kwargs: dict[str, Any]) -> dict[str, Any]:
 def make_engine() -> Callable[..., Any]:
     """Build an ``LLMEngine`` from flat options (``reference_kv``: the float32 KV cache unless
     the test names one); it is leak-checked after every test."""
-    from engine import EngineConfig, LLMEngine
+    from tandem.engine import EngineConfig, LLMEngine
 
     def build(**kwargs: Any) -> Any:
         engine = LLMEngine(EngineConfig.from_kwargs(**reference_kv(kwargs)), progress=False)
@@ -73,7 +73,7 @@ def make_engine() -> Callable[..., Any]:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Tiny random checkpoints by (arch, kv heads), written once per session."""
-    from engine.testing import make_tiny_checkpoint
+    from tandem.engine.testing import make_tiny_checkpoint
 
     made: dict[tuple[Any, ...], Path] = {}
 
@@ -90,6 +90,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct converted to safetensors (cached under ~/.cache/tandem)."""
-    from engine.loader import resolve_model
+    from tandem.engine.loader import resolve_model
 
     return resolve_model("smollm2")

@@ -1,7 +1,7 @@
 """The PEP 517 build backend of ``tandem-client``: a wheel of the client's modules only.
 
-Why a backend of our own: the client's sources are the repository's (tandem/, protos/,
-common/, bench/, planner/), where they sit next to the server's modules in the same packages.
+Why a backend of our own: the client's sources are the repository's (tandem/, tandem/protos/,
+tandem/common/, bench/, tandem/planner/), where they sit next to the server's modules in the same packages.
 A setuptools project can only ship whole packages from below its own directory; this ships
 exactly the modules the client imports, found by reading them:
 

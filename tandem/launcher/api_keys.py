@@ -2,7 +2,7 @@
 command line.
 
     tandem local|up --api-key K1 --api-key K2 --api-key-file F
-      launcher: checks them by the router's own rules (router/auth.py), joins them into one
+      launcher: checks them by the router's own rules (tandem/router/auth.py), joins them into one
                 key-file text (the inline keys, then F's lines)
       router's machine: that text in a 0600 file in a fresh 0700 folder -> --api-key-file
 
@@ -36,9 +36,9 @@ def add_api_key_args(
 
 def key_file_text(args: argparse.Namespace) -> str:
     """The router's key-file text for ``--api-key``/``--api-key-file`` ("" when none given).
-    Raises ValueError (router.auth.ApiKeyFileError) for an empty or spaced key, or a file
+    Raises ValueError (tandem.router.auth.ApiKeyFileError) for an empty or spaced key, or a file
     that is unreadable or holds none, without quoting a key."""
-    from router.auth import ApiKeys
+    from tandem.router.auth import ApiKeys
 
     inline = list(args.api_keys)
     if ApiKeys.load(args.api_key_file, inline) is None:

@@ -1,6 +1,6 @@
 """The standalone commands' flags for the router and worker actors.
 
-The actors parse these with ``router.cli`` / ``prefill_worker.cli`` / ``decode_worker.cli``
+The actors parse these with ``tandem.router.cli`` / ``tandem.worker.prefill.cli`` / ``tandem.worker.decode.cli``
 parsers, so ``tandem up`` serves exactly what those commands would with the same flags.
 """
 
@@ -10,7 +10,7 @@ import contextlib
 import shutil
 from collections.abc import Iterator
 
-from common.model_spec import served_name as default_served_name
+from tandem.common.model_spec import served_name as default_served_name
 from tandem.launcher.spec import LaunchSpec
 
 
@@ -19,7 +19,7 @@ def router_argv(spec: LaunchSpec, model: str) -> list[str]:
     travel apart, ``RouterActor`` writes them to a file): the model as the workers get it (the
     router reads its tokenizer), the served id when given (else the router's default: the
     alias or the checkpoint's name)."""
-    from router.cli import build_parser
+    from tandem.router.cli import build_parser
 
     argv = ["--host", spec.host, "--port", str(spec.port), "--model", model]
     if spec.model_name:
@@ -32,7 +32,7 @@ def router_argv(spec: LaunchSpec, model: str) -> list[str]:
 
 def served_name(spec: LaunchSpec) -> str:
     """The model id the router serves (``--model-name``, else the alias or the checkpoint's
-    name: common.model_spec's rule), which the workers' metrics carry as ``model_name`` too."""
+    name: tandem.common.model_spec's rule), which the workers' metrics carry as ``model_name`` too."""
     return spec.model_name or default_served_name(spec.model)
 
 
@@ -45,7 +45,7 @@ def credential_argv(cluster_secret: str) -> Iterator[list[str]]:
     if not cluster_secret:
         yield ["--insecure"]
         return
-    from common.credential import private_secret_file
+    from tandem.common.security.credential import private_secret_file
 
     path = private_secret_file(cluster_secret)
     try:

@@ -1,6 +1,6 @@
 """The autoscaler's controller as a Ray actor (named ``tandem-controller``).
 
-Builds ``autoscaler.controller.Controller`` with a ``RayActuator`` over the pool actor and
+Builds ``tandem.autoscaler.controller.Controller`` with a ``RayActuator`` over the pool actor and
 scrapes the pool's serving workers (their Stats RPC plus each worker actor's latency window)
 and the router actor's metrics (TTFT and TPOT as clients see them, token counters).
 """
@@ -13,9 +13,9 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from autoscaler.config import AutoscaleConfig
-from autoscaler.controller import Controller, ScrapeTarget
-from common.credential import ClusterCredential
+from tandem.autoscaler.config import AutoscaleConfig
+from tandem.autoscaler.controller import Controller, ScrapeTarget
+from tandem.common.security.credential import ClusterCredential
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class ControllerActor:
             return
         import ray
 
-        from autoscaler.actuators.ray_actuator import RayActuator
+        from tandem.autoscaler.actuators.ray_actuator import RayActuator
         from tandem.launcher.spec import REGISTRY, ROUTER
 
         logging.basicConfig(level=logging.INFO)
@@ -92,6 +92,6 @@ class ControllerActor:
         if self._controller is not None:
             await self._controller.close()
         if self._config.request_resources:  # withdraw the standing request for nodes
-            from autoscaler.actuators.ray_actuator import request_bundles
+            from tandem.autoscaler.actuators.ray_actuator import request_bundles
 
             await asyncio.to_thread(request_bundles, [])

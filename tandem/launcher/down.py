@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from common.arg_parser import ArgParser
+from tandem.common.arg_parser import ArgParser
 from tandem.launcher.spec import NAMESPACE
 
 

@@ -117,7 +117,7 @@ class PoolActor:
                     ) -> dict[str, int]:
         """Grow ``role`` to ``replicas`` (new actors spread across nodes) or shrink it by
         draining workers: those not serving yet first, then ``victims`` (worker ids, in that
-        order: the autoscaler's choice, autoscaler/drains.py), then the newest. Returns the
+        order: the autoscaler's choice, tandem/autoscaler/drains.py), then the newest. Returns the
         new counts at once (drains go on behind)."""
         if role not in ROLES or replicas < (1 if role == "decode" else 0):
             raise ValueError(f"cannot scale {role!r} to {replicas}")

@@ -1,6 +1,6 @@
 """The router as a Ray actor: the standalone router's ``RouterServer``, in-process.
 
-Flags go through ``router.cli``'s own parser, so the actor serves exactly what ``tandem
+Flags go through ``tandem.router.cli``'s own parser, so the actor serves exactly what ``tandem
 router`` would (gRPC, the OpenAI HTTP API when the router has one, the worker Registry).
 Workers are not listed: they register themselves. Started lazily by the first call, so a
 restarted actor serves again on the same ports and workers re-register on their next
@@ -14,8 +14,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from router.config import RouterConfig
-    from router.security import RouterSecurity
+    from tandem.router.config import RouterConfig
+    from tandem.router.security import RouterSecurity
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,9 @@ class RouterActor:
 
         import ray
 
-        from router.cli import build_parser, setup_observability
-        from router.server import RouterServer
-        from router.tokenizer import RouterTokenizer
+        from tandem.router.cli import build_parser, setup_observability
+        from tandem.router.server import RouterServer
+        from tandem.router.tokenizer import RouterTokenizer
 
         # --log-format and tracing, as the standalone router sets them up (the flags alone:
         # the credential and keys stay inside router_config).
@@ -96,10 +96,10 @@ def router_config(
     ``--router-arg``) wins over the keys given apart."""
     import shutil
 
-    from router.cli import build_parser, config_from_args
-    from router.security import RouterSecurity
     from tandem.launcher.api_keys import write_key_file
     from tandem.launcher.argv import credential_argv
+    from tandem.router.cli import build_parser, config_from_args
+    from tandem.router.security import RouterSecurity
 
     key_file = write_key_file(api_keys) if api_keys else None
     try:

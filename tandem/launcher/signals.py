@@ -54,7 +54,7 @@ class SignalRecorder:
             self._gaps.append((self._clock(), gap_s / n_tokens))
 
     def snapshot(self) -> dict[str, Any]:
-        """Window figures for ``autoscaler.controller.sample_of``."""
+        """Window figures for ``tandem.autoscaler.controller.sample_of``."""
         now = self._clock()
         for q in (self._prefills, self._gaps):
             while q and now - q[0][0] > self.window_s:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoscaler.config import AutoscaleConfig
+from tandem.autoscaler.config import AutoscaleConfig
 
 NAMESPACE = "tandem"
 REGISTRY = "tandem-registry"

@@ -29,12 +29,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
-from common.arg_parser import ArgParser
-from common.credential import ClusterCredential, new_secret
-from common.model_spec import served_name
-from common.wire import ready_line
-from tandem.engine_flags import (
+from tandem.autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
+from tandem.cli.invocation import tandem_command
+from tandem.common.arg_parser import ArgParser
+from tandem.common.model_spec import served_name
+from tandem.common.security.credential import ClusterCredential, new_secret
+from tandem.common.wire import ready_line
+from tandem.launcher.api_keys import add_api_key_args, key_file_text
+from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
     add_observability_args,
     add_passthrough_args,
@@ -42,10 +44,8 @@ from tandem.engine_flags import (
     router_engine_argv,
     worker_engine_argv,
 )
-from tandem.invocation import tandem_command
-from tandem.launcher.api_keys import add_api_key_args, key_file_text
 from tandem.launcher.spec import NAMESPACE, REGISTRY, LaunchSpec
-from worker.core_lending import make_core_share_file
+from tandem.worker.core_lending import make_core_share_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     # A local instance shares this machine's files; on a cluster each node resolves the
     # model itself (a path must then exist on every node, an alias is converted per node).
     # Every process gets the model as named (an alias or a .gguf keeps the file's own
-    # quantized blocks: engine/quant "auto"; the router reads only its tokenizer), a path
+    # quantized blocks: tandem/engine/quant "auto"; the router reads only its tokenizer), a path
     # made absolute; their resolve finds the conversion done above.
     model = str(Path(spec.model).resolve()) if Path(spec.model).exists() else spec.model
     share_dir: Path | None = None
@@ -274,9 +274,9 @@ def lend_cores(spec: LaunchSpec, share: Path, cores: int) -> LaunchSpec:
     """``spec`` with ``tandem local``'s layout of one prefill and one decode worker on
     ``cores``: the prefill worker every core, the decode worker a quarter, borrowing the
     prefill worker's while it is idle through the core-share file ``share``
-    (worker/core_lending.py). The user's ``--prefill-arg``/``--decode-arg`` come after, so a
+    (tandem/worker/core_lending.py). The user's ``--prefill-arg``/``--decode-arg`` come after, so a
     ``--threads`` given there wins."""
-    from tandem.local import thread_split
+    from tandem.launcher.local import thread_split
 
     prefill, decode = thread_split(cores)
     flags = ("--core-share", str(share))
@@ -311,8 +311,8 @@ def _resolve(model: str) -> None:
     of alias, .gguf file or checkpoint directory)."""
     if Path(model).is_dir():
         return  # nothing to convert: skip importing the engine
-    from engine.errors import ModelLoadError
-    from engine.loader import resolve_model
+    from tandem.engine.errors import ModelLoadError
+    from tandem.engine.loader import resolve_model
 
     try:
         resolve_model(model)

@@ -1,7 +1,7 @@
 """A prefill or decode worker as a Ray actor: the standalone worker's server, in-process.
 
     first call (any method) ──> ask the registry actor where the router is
-    ──> parse the standalone command's flags ──> worker.process.serve(stop=event)
+    ──> parse the standalone command's flags ──> tandem.worker.process.serve(stop=event)
         (same engine, KV endpoint, gRPC service, health, registration and heartbeats)
     ──> READY captured from serve's announcement ──> wait until the router knows us
     drain() ──> event set: no new work, running work finishes ──> server closed
@@ -22,12 +22,12 @@ from typing import Any
 
 import grpc
 
-from common.credential import ClusterCredential
-from common.grpc_auth import aio_interceptors
-from common.wire import parse_ready_line
-from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+from tandem.common.security.credential import ClusterCredential
+from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.common.wire import parse_ready_line
 from tandem.launcher.signals import SignalRecorder, TimingServer
 from tandem.launcher.spec import REGISTRY
+from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -166,22 +166,22 @@ class WorkerActor:
         import ray
 
         from tandem.launcher.argv import credential_argv
-        from worker.process import serve
+        from tandem.worker.process import serve
 
         registry = ray.get_actor(REGISTRY, namespace=self._namespace)
         self._router = await registry.router_endpoint.remote()
         host = self._host or ray.util.get_node_ip_address()
         if self.role == "decode":
-            from decode_worker import cli
-            from decode_worker.app import build_decode_app as build
+            from tandem.worker.decode import cli
+            from tandem.worker.decode.app import build_decode_app as build
 
             first = ["--kv-port", "0"]
         else:
-            from prefill_worker import cli  # type: ignore[no-redef]
-            from prefill_worker.app import build_prefill_app as build  # type: ignore[assignment]
+            from tandem.worker.prefill import cli  # type: ignore[no-redef]
+            from tandem.worker.prefill.app import build_prefill_app as build  # type: ignore[assignment]
 
             first = []
-        from worker.cli import setup_observability
+        from tandem.worker.cli import setup_observability
 
         with credential_argv(self._secret) as credential:  # read while the config is built
             args = cli.build_parser().parse_args(

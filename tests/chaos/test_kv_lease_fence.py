@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kv_transfer import Committed, Expired, Receiver, ReceiverConfig
-from kv_transfer.testing import (
+from tandem.kv_transfer import Committed, Expired, Receiver, ReceiverConfig
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     blocks_equal,
     random_cache,
@@ -37,9 +37,9 @@ LAYOUT = tiny_layout("bfloat16", layers=4)
 
 QUEUED_SENDER = """
 import asyncio, sys, time
-from kv_transfer import Endpoint, Sender, SenderConfig
-from kv_transfer.testing import TEST_SECRET, random_cache, tiny_layout
-from kv_transfer.transport import ShmTransport, TcpTransport
+from tandem.kv_transfer import Endpoint, Sender, SenderConfig
+from tandem.kv_transfer.testing import TEST_SECRET, random_cache, tiny_layout
+from tandem.kv_transfer.transport import ShmTransport, TcpTransport
 
 async def main():
     layout = tiny_layout("bfloat16", layers=4)
@@ -69,10 +69,10 @@ asyncio.run(main())
 LATE_SENDER = """
 import asyncio, sys
 import torch
-from kv_transfer import Endpoint, Limits
-from kv_transfer.frames import Kind
-from kv_transfer.testing import HandSender, tiny_layout
-from kv_transfer.transport import ShmTransport, TcpTransport
+from tandem.kv_transfer import Endpoint, Limits
+from tandem.kv_transfer.frames import Kind
+from tandem.kv_transfer.testing import HandSender, tiny_layout
+from tandem.kv_transfer.transport import ShmTransport, TcpTransport
 
 def payload(layout, layers, blocks, seed):
     n = layout.payload_bytes(layers, blocks)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_transfer import (
+from tandem.kv_transfer import (
     Aborted,
     ConnectionLost,
     Endpoint,
@@ -18,7 +18,7 @@ from kv_transfer import (
     Sender,
     SenderConfig,
 )
-from kv_transfer.testing import (
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     deadline,
     random_cache,
@@ -27,15 +27,15 @@ from kv_transfer.testing import (
     tiny_layout,
     zero_cache,
 )
-from kv_transfer.transport import ShmTransport, TcpTransport
+from tandem.kv_transfer.transport import ShmTransport, TcpTransport
 
 LAYOUT = tiny_layout("bfloat16", layers=4)
 
 SENDER = """
 import asyncio, sys, time
-from kv_transfer import Endpoint, Sender, SenderConfig
-from kv_transfer.testing import TEST_SECRET, random_cache, tiny_layout
-from kv_transfer.transport import ShmTransport, TcpTransport
+from tandem.kv_transfer import Endpoint, Sender, SenderConfig
+from tandem.kv_transfer.testing import TEST_SECRET, random_cache, tiny_layout
+from tandem.kv_transfer.transport import ShmTransport, TcpTransport
 
 async def main():
     layout = tiny_layout("bfloat16", layers=4)
@@ -53,8 +53,8 @@ asyncio.run(main())
 
 RECEIVER = """
 import asyncio, json, sys
-from kv_transfer import Receiver, ReceiverConfig
-from kv_transfer.testing import TEST_SECRET, tiny_layout, zero_cache
+from tandem.kv_transfer import Receiver, ReceiverConfig
+from tandem.kv_transfer.testing import TEST_SECRET, tiny_layout, zero_cache
 
 async def main():
     layout = tiny_layout("bfloat16", layers=4)

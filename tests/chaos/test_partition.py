@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tests import scrape
 from tests.integration.sdk_cluster import MODEL_ID, RouterAccess, wait_routed, wait_until
 from tests.integration.sdk_cluster import worker_stats as _stats
@@ -142,10 +142,10 @@ def test_partition_mid_stream_fails_fast_and_frees_every_block(
     c = Cluster()
     proxy: PartitionProxy | None = None
     try:
-        decode = c.start("decode_worker", "--port", "0", "--kv-port", "0", *engine_flags(model))
+        decode = c.start("tandem.worker.decode", "--port", "0", "--kv-port", "0", *engine_flags(model))
         proxy = PartitionProxy(decode.grpc)
         router = RouterAccess(c.start(
-            "router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL_ID,
+            "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL_ID,
             "--decode", proxy.address, *FINDERS[finder],
         ))
         wait_routed([router], "decode")

@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests import scrape
 from tests.data.make_long_prompt import long_prompt
 from tests.integration.served_model import start_all
@@ -29,15 +29,15 @@ ENGINE = ["--model", "smollm2", "--dtype", "float32", "--quantization", "none", 
 
 def _router(c: Cluster, tok: Path, prefill: list[Proc], decode: list[Proc]) -> Proc:
     return c.start(
-        "router", "--port", "0", "--tokenizer", str(tok), "--model-name", "smollm2",
+        "tandem.router", "--port", "0", "--tokenizer", str(tok), "--model-name", "smollm2",
         "--prefill", ",".join(p.grpc for p in prefill),
         "--decode", ",".join(d.grpc for d in decode),
         "--placement", "remote",  # every prompt on a prefill worker: the faults are there
     )
 
 
-DECODE = ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE)
-PREFILL = ("prefill_worker", "--port", "0", *ENGINE)
+DECODE = ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *ENGINE)
+PREFILL = ("tandem.worker.prefill", "--port", "0", *ENGINE)
 
 
 def _stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import SamplingParams
+from tandem.engine import SamplingParams
 from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
@@ -109,7 +109,7 @@ def test_gpu_memory_utilization_sizes_the_kv_pool_from_what_the_device_has_left(
     """vLLM's --gpu-memory-utilization: the pool is what the share leaves after the weights,
     everything else on the device and the activation reserve; it serves, and a share too small
     for one block is refused naming the figures."""
-    from engine.kv_budget import activation_reserve
+    from tandem.engine.kv_budget import activation_reserve
 
     path = tiny_dir("llama", 2)
     total = torch.cuda.mem_get_info()[1]

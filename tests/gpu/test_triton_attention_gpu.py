@@ -16,9 +16,9 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from engine.attention.triton_kernels.testing import PagedCase, make_paged_case  # noqa: E402
+from tandem.engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from tandem.engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from tandem.engine.attention.triton_kernels.testing import PagedCase, make_paged_case  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

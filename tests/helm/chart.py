@@ -203,9 +203,9 @@ def container_env(pod: dict[str, Any]) -> dict[str, str]:
 
 
 ROLE_PARSERS = {
-    "router": ("router.cli", []),
-    "prefill": ("prefill_worker.cli", ["--port", "0"]),
-    "decode": ("decode_worker.cli", ["--port", "0", "--kv-port", "0"]),
+    "router": ("tandem.router.cli", []),
+    "prefill": ("tandem.worker.prefill.cli", ["--port", "0"]),
+    "decode": ("tandem.worker.decode.cli", ["--port", "0", "--kv-port", "0"]),
 }
 
 

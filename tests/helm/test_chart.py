@@ -156,7 +156,7 @@ def test_ray_mode_builds_a_raycluster_with_gpu_worker_groups() -> None:
 
 
 def test_ray_autoscale_file_is_one_tandem_up_accepts(tmp_path: Path) -> None:
-    from autoscaler.config import load_config
+    from tandem.autoscaler.config import load_config
 
     objs = objects(render_file(EXAMPLES / "gpu-multinode-autoscale.yaml"))
     (config,) = by_kind(objs, "ConfigMap")
@@ -271,7 +271,7 @@ def test_chart_lints_clean() -> None:
 def test_rendered_command_lines_parse_with_the_real_clis(case: Path) -> None:
     """Every flag the chart passes exists, in the process that receives it (in ray mode, what
     tandem up hands the router and each worker role); the engine flags make a valid config."""
-    from engine.cli_args import engine_config_from_args
+    from tandem.engine.cli_args import engine_config_from_args
 
     procs = launched(objects(render_file(case)))
     assert sorted(p.role for p in procs) == ["decode", "prefill", "router"]

@@ -18,13 +18,14 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from engine.outputs import EngineStats
-from prefill_worker.metrics import PrefillMetrics
-from router.admission import AdmissionLedger
-from router.cli import build_parser as router_parser
-from router.handoff.counters import HandoffCounters
-from router.membership.registry import Registry
-from router.metrics import ITL_BUCKETS, TTFT_BUCKETS, RouterMetrics
+from tandem.engine.outputs import EngineStats
+from tandem.router.admission import AdmissionLedger
+from tandem.router.cli import build_parser as router_parser
+from tandem.router.handoff.counters import HandoffCounters
+from tandem.router.membership.registry import Registry
+from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS, RouterMetrics
+from tandem.worker.metrics import TransferTotals, WorkerMetrics
+from tandem.worker.prefill.metrics import PrefillMetrics
 from tests.helm.chart import (
     CHART,
     EXAMPLES,
@@ -39,7 +40,6 @@ from tests.helm.chart import (
 )
 from tests.helm.test_chart_security import PROMETHEUS, _network, _reaches
 from tests.promql import dashboard_queries, metric_names, rule_queries
-from worker.metrics import TransferTotals, WorkerMetrics
 
 DASHBOARD = CHART / "files" / "grafana" / "tandem.json"
 DEPLOYMENTS_KEYED = VALUES / "deployments-hpa.yaml"  # API keys, TLS, a ServiceMonitor

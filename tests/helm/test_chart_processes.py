@@ -12,10 +12,10 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from common.tracing_setup import TracingConfig, tracing_config_from_args
-from engine.cli_args import engine_config_from_args
-from engine.config import EngineConfig
-from router.cli import model_files
+from tandem.common.obs.tracing_setup import TracingConfig, tracing_config_from_args
+from tandem.engine.cli_args import engine_config_from_args
+from tandem.engine.config import EngineConfig
+from tandem.router.cli import model_files
 from tests.helm.chart import (
     EXAMPLES,
     Launched,
@@ -107,8 +107,8 @@ def test_defaults_leave_the_engine_its_own() -> None:
 
 
 def _fresh_worker_args(role: str, model: str) -> Any:
-    from decode_worker.cli import build_parser as decode_parser
-    from prefill_worker.cli import build_parser as prefill_parser
+    from tandem.worker.decode.cli import build_parser as decode_parser
+    from tandem.worker.prefill.cli import build_parser as prefill_parser
 
     if role == "decode":
         return decode_parser().parse_args(["--port", "0", "--kv-port", "0", "--model", model])
@@ -286,7 +286,7 @@ def test_observability_values_are_checked_by_the_schema(
 @pytest.mark.parametrize("mode", ["deployments", "ray"])
 def test_the_router_reads_the_model_the_workers_serve(mode: str, pvc: bool) -> None:
     """The router gets --model as the workers do and reads only its tokenizer itself
-    (router/model_files.py): no init container converts the model for it, no volume carries
+    (tandem/router/model_files.py): no init container converts the model for it, no volume carries
     tokenizer files to it."""
     values = load_values(QUICKSTART)
     values["mode"] = mode
@@ -322,7 +322,7 @@ def test_a_tokenizer_directory_reaches_the_router_only(mode: str) -> None:
 
 
 def test_a_gguf_models_served_name_is_its_stem_as_the_processes_pick_it() -> None:
-    from common.model_spec import served_name
+    from tandem.common.model_spec import served_name
 
     values = load_values(QUICKSTART)
     values["model"] = {"name": "ggufs/qwen2.5-0.5b-instruct-q4_0.gguf",

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from common.credential import ClusterCredential
+from tandem.common.security.credential import ClusterCredential
 from tests.helm.chart import (
     CASES,
     EXAMPLES,

@@ -40,10 +40,10 @@ def test_every_shipped_package_is_copied_and_built() -> None:
     include = re.search(r"^include = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
     assert include, "pyproject.toml: [tool.setuptools.packages.find] include missing"
     packages = [p.strip(' "*') for p in include.group(1).split(",")]
-    assert "engine" in packages and "router" in packages
+    assert packages == ["tandem"], packages  # one namespace: the wheel installs `tandem` alone
     copied = set(re.findall(r"^COPY (\S+) \1$", DOCKERFILE, re.M))
     assert set(packages) <= copied, set(packages) - copied
-    for step in ("python -m engine.native", "resolve_model('smollm2')", "ray[default]=="):
+    for step in ("python -m tandem.engine.native", "resolve_model('smollm2')", "ray[default]=="):
         assert step in DOCKERFILE
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert not set(packages) & set(ignored)
@@ -52,7 +52,7 @@ def test_every_shipped_package_is_copied_and_built() -> None:
 def test_the_image_exports_traces_over_every_protocol_the_chart_offers() -> None:
     """observability.tracing.otlpProtocol's choices each need their exporter package, which
     the otlp extra holds and the image installs (else the pods would stop at start)."""
-    from common.tracing_setup import _EXPORTERS
+    from tandem.common.obs.tracing_setup import _EXPORTERS
 
     schema = json.loads((ROOT / "deploy/helm/tandem/values.schema.json").read_text())
     tracing = schema["properties"]["observability"]["properties"]["tracing"]["properties"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
 from tests.integration.served_model import TinyWorkers, start_workers, tiny_served_model
 
 _FIXTURE = "tiny_workers"
@@ -50,7 +50,7 @@ def tiny_workers(request: pytest.FixtureRequest, tiny_dir: Callable[..., Path],
 def tiny_router(tiny_workers: TinyWorkers) -> Proc:
     """A router over the shared pair: every prompt prefilled remotely (``--placement remote``)."""
     return tiny_workers.cluster.start(
-        "router", *tiny_workers.router_flags("--prefill", tiny_workers.prefill.grpc,
+        "tandem.router", *tiny_workers.router_flags("--prefill", tiny_workers.prefill.grpc,
                                              "--placement", "remote"))
 
 

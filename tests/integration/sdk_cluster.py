@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tests import scrape
 from tests.integration.served_model import TinyWorkers, start_workers
 
@@ -49,7 +49,7 @@ class LocalCluster:
         """A router over this cluster's workers (more than one may run, e.g. with auth);
         ``ca`` and ``api_key``: what reading its metrics takes when ``flags`` secure its edge."""
         proc = self.cluster.start(
-            "router", "--port", "0", "--tokenizer", str(self.model), "--model-name", MODEL_ID,
+            "tandem.router", "--port", "0", "--tokenizer", str(self.model), "--model-name", MODEL_ID,
             "--prefill", self.prefill.grpc, "--decode", self.decode.grpc,
             "--placement", "remote",  # the disaggregated path every time, not by timing
             *flags,

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json")
@@ -50,8 +50,8 @@ def start_workers(cluster: Cluster, model: Path, *extra: str,
     flags = [*engine_flags(model), *extra]
     decode, prefill = start_all(
         cluster,
-        ("decode_worker", "--port", "0", "--kv-port", "0", *flags, *decode_extra),
-        ("prefill_worker", "--port", "0", *flags, *prefill_extra))
+        ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags, *decode_extra),
+        ("tandem.worker.prefill", "--port", "0", *flags, *prefill_extra))
     return decode, prefill
 
 
@@ -80,6 +80,6 @@ def shared_router(tiny_workers: TinyWorkers, *extra: str) -> Iterator[Proc]:
     leaving the block; ``extra`` follows the common flags."""
     c = Cluster(credential_flags=tiny_workers.cluster.credential_flags)
     try:
-        yield c.start("router", *tiny_workers.router_flags(*extra))
+        yield c.start("tandem.router", *tiny_workers.router_flags(*extra))
     finally:
         c.stop()

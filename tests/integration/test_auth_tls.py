@@ -24,10 +24,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.credential import ClusterCredential, new_secret, private_secret_file
-from common.grpc_auth import sync_channel
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
+from tandem.common.security.grpc_auth import sync_channel
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.served_model import start_workers, tiny_served_model
 from tests.integration.tls_certs import Certs, make_certs
 
@@ -65,7 +65,7 @@ def cluster(model: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory
                           "--kv-tls-key", str(certs.server_key)],
             prefill_extra=["--kv-tls-ca", str(certs.ca)])
         router = c.start(
-            "router", "--port", "0", "--tokenizer", str(model), "--model-name", "tiny",
+            "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", "tiny",
             "--prefill", prefill.grpc, "--decode", decode.grpc, "--api-key-file", str(keys),
             "--placement", "remote",  # the KV channel (TLS) carries every prompt
             "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
@@ -187,9 +187,9 @@ async def _router_without_client_cert_is_refused(
     cluster: dict[str, Proc], certs: Certs, model: Path
 ) -> None:
     """A real router (in this process) that trusts the workers' CA but has no client cert."""
-    from router.config import RouterConfig
-    from router.server import RouterServer
-    from router.tokenizer import RouterTokenizer
+    from tandem.router.config import RouterConfig
+    from tandem.router.server import RouterServer
+    from tandem.router.tokenizer import RouterTokenizer
 
     config = RouterConfig(
         tokenizer_dir=str(model), model_name="tiny", max_model_len=1024, port=0,

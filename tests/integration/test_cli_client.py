@@ -16,11 +16,11 @@ import jsonschema
 import pytest
 
 import tandem
-from tandem.commands import bench as bench_cmd
-from tandem.commands import chat as chat_cmd
-from tandem.commands import generate as generate_cmd
-from tandem.commands import top as top_cmd
-from tandem.local_cluster import ROOT
+from tandem.cli import bench as bench_cmd
+from tandem.cli import chat as chat_cmd
+from tandem.cli import generate as generate_cmd
+from tandem.cli import top as top_cmd
+from tandem.launcher.local_cluster import ROOT
 from tests.integration.sdk_cluster import LocalCluster, assert_idle, start_router_on
 from tests.integration.served_model import TinyWorkers
 
@@ -40,7 +40,7 @@ def local(tiny_workers: TinyWorkers) -> Iterator[LocalCluster]:
 
 def _tandem(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     """The installed entry point, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "tandem.cli", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "tandem.cli.main", *args], input=stdin,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 

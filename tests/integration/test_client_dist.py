@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import tandem
-from tandem.local_cluster import ROOT, Proc
+from tandem.launcher.local_cluster import ROOT, Proc
 from tests.integration.sdk_cluster import LocalCluster, assert_idle
 from tests.integration.served_model import TinyWorkers
 

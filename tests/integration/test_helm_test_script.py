@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.local_cluster import Proc
+from tandem.launcher.local_cluster import Proc
 from tests.helm.chart import VALUES, container_env, hook_pod, objects, render_file
 from tests.integration.served_model import MODEL_ID, TinyWorkers, shared_router
 from tests.integration.tls_certs import Certs, make_certs

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from autoscaler.actuators.k8s_actuator import KubernetesActuator, KubernetesActuatorError
-from autoscaler.config import AutoscaleConfig, Cooldown, FixedCounts
-from autoscaler.controller import Controller, ScrapeTarget
+from tandem.autoscaler.actuators.k8s_actuator import KubernetesActuator, KubernetesActuatorError
+from tandem.autoscaler.config import AutoscaleConfig, Cooldown, FixedCounts
+from tandem.autoscaler.controller import Controller, ScrapeTarget
 
 NS = "serving"
 PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")

@@ -13,13 +13,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine import SamplingParams
-from kv_transfer import LayoutMismatchError, Receiver, ReceiverConfig, Sender, SenderConfig
-from kv_transfer.transport import TcpTransport
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.engine import SamplingParams
+from tandem.kv_transfer import LayoutMismatchError, Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer.transport import TcpTransport
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tandem.worker.convert import kv_layout
 from tests.integration.served_model import start_all
-from worker.convert import kv_layout
 
 # The dequantized fp32 model: these tests compare outputs across paths (transformers,
 # colocated, a migrated leg that recomputes the prompt), and the quantized default's
@@ -36,11 +36,11 @@ def cluster(smollm2_dir: Path) -> Iterator[dict[str, Proc]]:
     c = Cluster()
     try:
         decode, float_decode, prefill = start_all(
-            c, ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE, *INT8),
-            ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE),
-            ("prefill_worker", "--port", "0", *ENGINE, *INT8))
+            c, ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *ENGINE, *INT8),
+            ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *ENGINE),
+            ("tandem.worker.prefill", "--port", "0", *ENGINE, *INT8))
         router = c.start(
-            "router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
+            "tandem.router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
             "--prefill", prefill.grpc, "--decode", decode.grpc,
             "--placement", "remote",  # every prompt's KV crosses the wire, int8
         )

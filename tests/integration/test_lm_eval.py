@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from tandem.local_cluster import Proc
+from tandem.launcher.local_cluster import Proc
 from tests.integration.served_model import TinyWorkers
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import openai
 import psutil
 import pytest
 
-from tandem.local_cluster import ROOT, Cluster
+from tandem.launcher.local_cluster import ROOT, Cluster
 from tests.integration.served_model import tiny_served_model
 
 KEY = "sk-local-0123456789"
@@ -29,13 +29,13 @@ def test_tandem_local_serves_a_vllm_command_line(
     c = Cluster()
     try:
         local = c.start(
-            "tandem.local", "--model", str(model), "--served-model-name", "my-model",
+            "tandem.launcher.local", "--model", str(model), "--served-model-name", "my-model",
             "--api-key", KEY, "--max-model-len", "512", "--quantization", "auto",
             "--port", "0", "--prefill-threads", "1", "--decode-threads", "1",
             "--dtype", "float32", "--num-blocks", "128", "--no-prefill")
         children = psutil.Process(local.popen.pid).children(recursive=True)
         assert len(children) == 2  # decode (colocated: the line is the subject), router
-        router = next(p for p in children if "router" in p.cmdline())
+        router = next(p for p in children if "tandem.router" in p.cmdline())
         key_file = Path(router.cmdline()[router.cmdline().index("--api-key-file") + 1])
         assert not any(KEY in arg for p in children for arg in p.cmdline())
         assert key_file.stat().st_mode & 0o777 == 0o600

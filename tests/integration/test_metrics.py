@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from common.grpc_auth import sync_channel
-from engine.native import load as load_native
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.common.security.grpc_auth import sync_channel
+from tandem.engine.native import load as load_native
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.helm.chart import CHART, EXAMPLES, load_values, objects, render
 from tests.integration.served_model import MODEL_ID, tiny_served_model
 from tests.promql import dashboard_queries, metric_names, rule_queries
@@ -52,7 +52,7 @@ def local(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[Local]:
     c = Cluster()  # its credential, handed to tandem local, lets the test call the workers
     try:
         proc = c.start(
-            "tandem.local", "--model", str(model), "--model-name", MODEL_ID, "--port", "0",
+            "tandem.launcher.local", "--model", str(model), "--model-name", MODEL_ID, "--port", "0",
             "--prefill-threads", "1", "--decode-threads", "1", "--dtype", "float32",
             "--num-blocks", "128", *(c.credential_flags or ()),
             "--router-arg=--placement=remote",  # one KV transfer per request, counted below

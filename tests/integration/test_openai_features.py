@@ -19,7 +19,7 @@ import openai
 import pytest
 import torch
 
-from tandem.local_cluster import Proc
+from tandem.launcher.local_cluster import Proc
 from tests.integration.sdk_cluster import wait_until, worker_stats
 from tests.integration.served_model import TinyWorkers, shared_router
 

@@ -12,8 +12,8 @@ import grpc
 import openai
 import pytest
 
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Proc
+from tandem.launcher.local_cluster import Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.sdk_cluster import (
     RouterAccess,
     paused,

@@ -1,6 +1,6 @@
 """Adaptive placement (the default) on real processes: whatever it picks, output is the same.
 
-Router A places each prompt per request (router/handoff/placement.py, from the step costs the
+Router A places each prompt per request (tandem/router/handoff/placement.py, from the step costs the
 workers fit and report in Stats); router B over the same decode worker has no prefill worker
 (colocated: every prompt prefilled locally). Greedy output through A equals output through B
 for short and long prompts, every decision is counted in ``tandem_disagg_decision_total``,
@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tests.integration.sdk_cluster import wait_until, worker_stats
 from tests.integration.served_model import start_all, start_workers, tiny_served_model
 from tests.scrape import fetch, parse
@@ -36,8 +36,8 @@ def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[s
         common = ["--port", "0", "--tokenizer", str(model), "--model-name", "tiny",
                   "--decode", decode.grpc]
         adaptive, colocated = start_all(
-            c, ("router", *common, "--http-port", "0", "--prefill", prefill.grpc),
-            ("router", *common))
+            c, ("tandem.router", *common, "--http-port", "0", "--prefill", prefill.grpc),
+            ("tandem.router", *common))
         yield {"adaptive": adaptive, "colocated": colocated, "decode": decode,
                "prefill": prefill}
     finally:

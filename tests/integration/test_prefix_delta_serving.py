@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tests.integration.sdk_cluster import wait_until, worker_stats
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 
@@ -34,13 +34,13 @@ def cluster(tiny_dir: Callable[..., Path], smollm2_dir: Path) -> Iterator[dict[s
     try:
         worker = ("--port", "0", "--kv-port", "0", *engine_flags(model))
         decode, prefill, reference = start_all(
-            c, ("decode_worker", *worker), ("prefill_worker", "--port", "0", *engine_flags(model)),
-            ("decode_worker", *worker))
+            c, ("tandem.worker.decode", *worker), ("tandem.worker.prefill", "--port", "0", *engine_flags(model)),
+            ("tandem.worker.decode", *worker))
         common = ["--port", "0", "--tokenizer", str(model), "--model-name", "tiny"]
         remote, colocated = start_all(
-            c, ("router", *common, "--decode", decode.grpc, "--prefill", prefill.grpc,
+            c, ("tandem.router", *common, "--decode", decode.grpc, "--prefill", prefill.grpc,
                 "--placement", "remote"),
-            ("router", *common, "--decode", reference.grpc))
+            ("tandem.router", *common, "--decode", reference.grpc))
         yield {"remote": remote, "colocated": colocated, "decode": decode,
                "prefill": prefill, "reference": reference}
     finally:

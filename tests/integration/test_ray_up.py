@@ -32,10 +32,10 @@ import grpc
 import psutil
 import pytest
 
-from common.wire import parse_ready_line
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.common.wire import parse_ready_line
 from tandem.launcher.connect import runtime_env
 from tandem.launcher.status import format_status
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tests.integration.served_model import tiny_served_model
 from tests.scrape import fetch, parse, value
 from tests.unit.engine._reference import hf_greedy
@@ -61,7 +61,7 @@ request_resources: true
 
 def _tandem(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "tandem.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "tandem.cli.main", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -203,7 +203,7 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
     0.2 s from the moment it starts: the start succeeds, a request is served, and every port
     the cluster opened (Ray's and Tandem's) is on loopback. Ctrl-C's SIGTERM stops it all.
     Without ``--threads``, as ``make serve`` runs it: its two workers share cores through a
-    core-share file (worker/core_lending.py), removed at the stop."""
+    core-share file (tandem/worker/core_lending.py), removed at the stop."""
     model_dir = tiny_served_model(tiny_dir, smollm2_dir)
     shares_before = set(Path(tempfile.gettempdir()).glob("tandem-up-*"))
     http = f"127.0.0.1:{_free_port()}"
@@ -211,7 +211,7 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
     env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_worker_niceness="0")
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem.cli", "up", "--namespace", "tandem-poll",
+        [sys.executable, "-m", "tandem.cli.main", "up", "--namespace", "tandem-poll",
          "--model", str(model_dir), "--model-name", "tiny", "--port", "0",
          "--http-port", http.rsplit(":", 1)[1], "--dtype", "float32",
          "--num-cpus", "4", "--worker-arg=--num-blocks=256"],

@@ -25,8 +25,8 @@ import grpc
 import pytest
 
 import tandem
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
-from tandem.local_cluster import Proc
+from tandem.launcher.local_cluster import Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tests.integration.sdk_cluster import (
     LocalCluster,
     assert_idle,

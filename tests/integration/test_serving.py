@@ -16,8 +16,8 @@ import grpc
 import psutil
 import pytest
 
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.sdk_cluster import wait_until
 from tests.integration.served_model import start_all
 from tests.unit.engine._reference import hf_greedy
@@ -35,10 +35,10 @@ ENGINE = ["--model", "smollm2", "--dtype", "float32", "--quantization", "none", 
 def cluster(smollm2_dir: Path) -> Iterator[dict[str, Proc]]:
     c = Cluster()
     try:
-        decode, prefill = start_all(c, ("decode_worker", "--port", "0", "--kv-port", "0", *ENGINE),
-                                    ("prefill_worker", "--port", "0", *ENGINE))
+        decode, prefill = start_all(c, ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *ENGINE),
+                                    ("tandem.worker.prefill", "--port", "0", *ENGINE))
         router = c.start(
-            "router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
+            "tandem.router", "--port", "0", "--tokenizer", str(smollm2_dir), "--model-name", "smollm2",
             "--prefill", prefill.grpc, "--decode", decode.grpc, "--max-inflight", "40",
             "--max-queue", "8",
             "--placement", "remote",  # the disaggregated path every time, not by timing
@@ -208,9 +208,9 @@ def test_make_serve_path_starts_serves_and_stops() -> None:
 
     c = Cluster()
     try:
-        local = c.start("tandem.local", "--port", "0", "--dtype", "float32")
+        local = c.start("tandem.launcher.local", "--port", "0", "--dtype", "float32")
         out = subprocess.run(
-            [sys.executable, "-m", "tandem.cli", "generate", "--chat", "--target", local.grpc,
+            [sys.executable, "-m", "tandem.cli.main", "generate", "--chat", "--target", local.grpc,
              "--max-tokens", "8", "--temperature", "0", "What is the capital of France?"],
             capture_output=True, text=True, timeout=300,
         )

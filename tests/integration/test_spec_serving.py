@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.sampling_params import SamplingParams
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
-from tandem.local_cluster import Cluster, Proc
+from tandem.engine.sampling_params import SamplingParams
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from tests.integration.served_model import start_all
 
 CHUNK = [3 + (i * 29) % 250 for i in range(13)]
@@ -34,8 +34,8 @@ def workers(tiny_dir) -> Iterator[tuple[Proc, dict[str, Proc]]]:
                       "--num-speculative-tokens", "3"],
         }
         prefill, *started = start_all(
-            cluster, ("prefill_worker", "--port", "0", *common),
-            *(("decode_worker", "--port", "0", "--kv-port", "0", *common, *flags)
+            cluster, ("tandem.worker.prefill", "--port", "0", *common),
+            *(("tandem.worker.decode", "--port", "0", "--kv-port", "0", *common, *flags)
               for flags in speculative.values()),
             timeout=180)
         decodes = dict(zip(speculative, started, strict=True))

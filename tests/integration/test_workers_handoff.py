@@ -25,10 +25,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.credential import ClusterCredential, new_secret, private_secret_file
-from common.grpc_auth import sync_channel
-from engine.sampling_params import SamplingParams
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
+from tandem.common.security.grpc_auth import sync_channel
+from tandem.engine.sampling_params import SamplingParams
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = "TANDEM_READY"
@@ -145,7 +145,7 @@ class Cluster:
 
 
 class FakeRouter(worker_pb2_grpc.RegistryServicer):
-    """Records registrations and heartbeats (the real router lives in router/)."""
+    """Records registrations and heartbeats (the real router lives in tandem/router/)."""
 
     def __init__(self) -> None:
         self.registered: dict[int, worker_pb2.RegisterRequest] = {}
@@ -179,9 +179,9 @@ def cluster(tiny_dir, tmp_path_factory, router) -> Iterator[Cluster]:
     model = str(tiny_dir("llama", 2))
     logs = tmp_path_factory.mktemp("worker-logs")
     engine = ["--model", model, "--block-size", "16", "--threads", "1", "--router", router[1]]
-    decode = Worker("decode_worker", ["--port", "0", "--kv-port", "0", "--num-blocks", "64",
+    decode = Worker("tandem.worker.decode", ["--port", "0", "--kv-port", "0", "--num-blocks", "64",
                                       *engine], logs / "decode.log")
-    prefill = Worker("prefill_worker", ["--port", "0", "--num-blocks", "64", *engine],
+    prefill = Worker("tandem.worker.prefill", ["--port", "0", "--num-blocks", "64", *engine],
                      logs / "prefill.log")
     c = None
     try:
@@ -311,7 +311,7 @@ def test_full_decode_pool_is_resource_exhausted(cluster: Cluster) -> None:
 
 
 def test_prefill_killed_mid_push_releases_the_lease(cluster: Cluster, tmp_path: Path) -> None:
-    victim = Worker("prefill_worker", ["--port", "0", "--model", cluster.model, "--block-size",
+    victim = Worker("tandem.worker.prefill", ["--port", "0", "--model", cluster.model, "--block-size",
                                        "16", "--threads", "1", "--max-num-batched-tokens", "16"],
                     tmp_path / "victim.log")
     try:
@@ -337,7 +337,7 @@ def test_prefill_killed_mid_push_releases_the_lease(cluster: Cluster, tmp_path: 
 
 def test_busy_port_exits_nonzero(cluster: Cluster, tmp_path: Path) -> None:
     port = cluster.decode_address.rsplit(":", 1)[1]
-    w = Worker("decode_worker", ["--port", port, "--kv-port", "0",
+    w = Worker("tandem.worker.decode", ["--port", port, "--kv-port", "0",
                                  "--model", cluster.model], tmp_path / "busy.log")
     try:
         rc = w.proc.wait(300)
@@ -351,7 +351,7 @@ def test_sigterm_drains_running_streams(cluster: Cluster, tmp_path: Path) -> Non
     already has goes on: a stream mid-decode runs to its end, and a reservation still waiting
     for its KV is kept. That reservation, which only the test ends, holds the drain open until
     the checks are done however fast the stream finishes; then the worker exits 0."""
-    worker = Worker("decode_worker", ["--port", "0", "--kv-port", "0", "--num-blocks", "64",
+    worker = Worker("tandem.worker.decode", ["--port", "0", "--kv-port", "0", "--num-blocks", "64",
                                       "--model", cluster.model, "--block-size", "16",
                                       "--threads", "1", "--drain-timeout-s", "600"],
                     tmp_path / "drain.log")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.config import AutoscaleConfigError, load_config, parse_config
+from tandem.autoscaler.config import AutoscaleConfigError, load_config, parse_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "deploy" / "autoscale"
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoscaler.autoscaler import Autoscaler
-from autoscaler.config import AutoscaleConfig, Bounds, Cooldown, MaxStep, QueueTargets, SloTargets
-from autoscaler.decision import Decision
-from autoscaler.metrics import Snapshot, WorkerSample
+from tandem.autoscaler.autoscaler import Autoscaler
+from tandem.autoscaler.config import (
+    AutoscaleConfig,
+    Bounds,
+    Cooldown,
+    MaxStep,
+    QueueTargets,
+    SloTargets,
+)
+from tandem.autoscaler.decision import Decision
+from tandem.autoscaler.metrics import Snapshot, WorkerSample
 
 SLO = AutoscaleConfig(
     policy="slo", interval_s=1, window_s=3, tolerance=0.1, stabilization_s=10,
@@ -187,7 +194,7 @@ def test_decision_log_line_names_signal_and_inputs() -> None:
 
 
 def test_exported_metrics_follow_the_driving_signal() -> None:
-    from autoscaler.exporter import DecisionExporter
+    from tandem.autoscaler.exporter import DecisionExporter
 
     tr = Trace(SLO)
     exporter = DecisionExporter()

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from autoscaler.metrics import MetricsWindow, RouterSample, Snapshot, WorkerSample
-from autoscaler.router_scrape import RouterScrapeError, router_sample
+from tandem.autoscaler.metrics import MetricsWindow, RouterSample, Snapshot, WorkerSample
+from tandem.autoscaler.router_scrape import RouterScrapeError, router_sample
 
 TEXT = "\n".join([
     "# TYPE tandem_time_to_first_token_seconds histogram",

@@ -9,7 +9,7 @@ import pytest
 
 from bench import host_contention
 from bench.host_contention import analyse, sharing
-from planner.sim.host import HostSharing
+from tandem.planner.sim.host import HostSharing
 
 
 def test_phases_are_split_by_time_and_straddling_steps_left_out() -> None:

@@ -12,9 +12,9 @@ from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import overlap_table
 from bench.validation_inputs import host_sharing_of, served_overlaps, served_profiles
 from bench.validation_tables import KEYS, profile_table, table, within, worker_table
-from planner.profile import Profile, StepCost, Transfer
-from planner.sim.host import HostSharing
-from router.handoff.placement import Slo
+from tandem.planner.profile import Profile, StepCost, Transfer
+from tandem.planner.sim.host import HostSharing
+from tandem.router.handoff.placement import Slo
 
 POINT = {"mix": "mixed", "rate": 0.5, "requests": 12, "seed": 1003, "attainment": 0.5,
          "ttft": {"p50": 1.0, "p90": 2.0}, "tpot": {"p50": 0.05, "p90": 0.08},
@@ -105,7 +105,7 @@ def test_run_10_keeps_the_figures_it_predicted_within_15_percent(tmp_path: Path)
     within 15% as it did when they were recorded (45 of 75; 8 of the colocated setup's 10
     chat figures), so a change to the simulator that loses agreement with real runs fails
     here. 44 since the simulated workers' fits start from the engine's start-up warm-up
-    (common/warmup_plan.py; runs 14-16 gained 1-2 figures each with it)."""
+    (tandem/common/warmup_plan.py; runs 14-16 gained 1-2 figures each with it)."""
     flag = json.loads((DOCS / "host_contention.json").read_text())["host_sharing"]
     assert main(["--sweep", str(DOCS / "serve_sweep_run10.json"),
                  "--prefill-profile", str(DOCS / "profile_smollm2_cpu2_run10.json"),
@@ -343,13 +343,13 @@ def test_runs_14_to_16_keep_their_figures_with_served_steps(
     real router did 3, and that point's TTFT p90 goes from 1.11x to 1.37x). Run 16 kept its
     shared prefill steps' shapes: its prefill factor is by prompt length (28 with the one
     factor). Since the simulated workers' fits start from the engine's start-up warm-up
-    (common/warmup_plan.py): 38, 25 and 34 (36, 24 and 32 before); since the router also
-    learns the decode worker's local overhead (router/handoff/placement.py,
+    (tandem/common/warmup_plan.py): 38, 25 and 34 (36, 24 and 32 before); since the router also
+    learns the decode worker's local overhead (tandem/router/handoff/placement.py,
     PrefillOverheads), run 16's 32 (its simulated chat load then goes remote a little more
     often: 8 against 13 local of 60 at 1.4 req/s with the one factor); since the decode
     factors are ratios of means and the decode worker's served fit takes in its local
     prefills (bench/step_overlap.py, run 23), 30 (36 with the first alone); since the
-    simulated router reads the workers' queues a report old (planner/sim/reports.py) and the
+    simulated router reads the workers' queues a report old (tandem/planner/sim/reports.py) and the
     decode worker's prompt steps have a served scale of their own (stop 41), 36, 24 and 36."""
     assert main(["--sweep", str(DOCS / f"serve_sweep_run{run}.json"),
                  "--prefill-profile", str(DOCS / f"profile_smollm2_{prefill}.json"),
@@ -430,7 +430,7 @@ def _served_rows(tmp_path: Path, run: int) -> list[dict]:
 
 def test_run_21_keeps_its_figures_with_both_sides_overheads_learnt(tmp_path: Path) -> None:
     """Run 21: the real and the simulated router learn the decode worker's local overhead as
-    they learn a prefill worker's remote one (router/handoff/placement.py, PrefillOverheads),
+    they learn a prefill worker's remote one (tandem/router/handoff/placement.py, PrefillOverheads),
     so neither option carries its worker's fit error alone. With the served factors 16 of 25
     figures within 15% (run 20: 9), 15 since the learnt overheads fade without new
     observations, 14 since stop 41 (queues a report old, a served prompt-step scale), and
@@ -459,7 +459,7 @@ def test_run_22_with_fading_overheads_keeps_the_chat_placement(tmp_path: Path) -
 
 
 def test_run_23_with_workers_that_answer_stats_mid_step(tmp_path: Path) -> None:
-    """Run 23: the workers answer Stats while a step runs (engine/async_engine.py), so the
+    """Run 23: the workers answer Stats while a step runs (tandem/engine/async_engine.py), so the
     real router reads the prefill worker's fit within a probe of its first long prefill
     (3.3 ms a token 2 s after it; run 22 kept 1.2 for 20 s). With the decode factors as
     ratios of means, the decode worker's local prefills in its served fit and the prefill

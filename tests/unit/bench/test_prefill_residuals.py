@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.prefill_residuals import main, match_decisions, point_residuals, sweep_residuals
-from worker.step_log import StepRecord
+from tandem.worker.step_log import StepRecord
 
 T0 = 1_000.0  # the router's clock at the point's start; the client's sent_at counts from it
 

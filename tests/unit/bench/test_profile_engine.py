@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from bench.profile_engine import ProfileOptions, measure_decode, profile_engine
-from planner.profile import Profile
-from tandem.commands.profile import main as profile_main
+from tandem.cli.profile import main as profile_main
+from tandem.planner.profile import Profile
 
 
 def test_profile_of_a_tiny_engine_is_fitted_from_its_own_steps(make_engine, tiny_dir) -> None:
@@ -35,7 +35,7 @@ def test_decode_samples_have_the_rows_that_ran(make_engine, tiny_dir) -> None:
     """Eight 16-token prompts take eight 16-token steps to prefill, and the first ones decode
     meanwhile: each timed step must still run all eight rows (none finished early) and say
     so, with their context growing by a token a row."""
-    from engine import SamplingParams
+    from tandem.engine import SamplingParams
 
     engine = make_engine(model=str(tiny_dir()), max_num_seqs=8, max_num_batched_tokens=16,
                          num_blocks=64)

@@ -10,7 +10,7 @@ import pytest
 from bench.serve_load import run_conversations
 from bench.serve_multiturn import ChatShape, make_conversations, next_prompt
 from bench.serve_stats import by_turn, summarize
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 
 
 def test_conversations_are_reproducible_and_shaped() -> None:

@@ -69,8 +69,8 @@ def test_a_worker_s_activity_comes_from_its_own_metrics_text() -> None:
     from prometheus_client import generate_latest
 
     from bench.serve_stats import worker_activity, worker_counters
-    from engine.outputs import EngineStats
-    from worker.metrics import TransferTotals, WorkerMetrics
+    from tandem.engine.outputs import EngineStats
+    from tandem.worker.metrics import TransferTotals, WorkerMetrics
 
     def scrape(steps: int, tokens: int, step_s: list[float], m: WorkerMetrics) -> dict:
         for s in step_s:

@@ -24,8 +24,8 @@ from bench.step_overlap import (
     served_fits,
     served_sharing,
 )
-from planner.profile import StepCost
-from worker.step_log import StepRecord
+from tandem.planner.profile import StepCost
+from tandem.worker.step_log import StepRecord
 
 
 def _d(start: float, seconds: float, rows: int, context: int = 0) -> StepRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.arg_parser import ArgParser, redact
+from tandem.common.arg_parser import ArgParser, redact
 
 
 def _parser() -> ArgParser:

@@ -1,4 +1,4 @@
-"""common.async_merge: several async streams as one, in arrival order, failing and closing as
+"""tandem.router.async_merge: several async streams as one, in arrival order, failing and closing as
 one."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 import pytest
 
-from common.async_merge import merge
+from tandem.router.async_merge import merge
 
 
 async def _source(name: str, gates: list[asyncio.Event], closed: list[str],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.block_hash import block_hashes, hash_block, pack, unpack
+from tandem.common.block_hash import block_hashes, hash_block, pack, unpack
 
 
 def test_the_chain_names_a_block_and_everything_before_it() -> None:

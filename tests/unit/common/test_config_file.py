@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common.arg_parser import ArgParser
-from common.config_file import ConfigFileError, config_argv, load_config_file
+from tandem.common.arg_parser import ArgParser
+from tandem.common.config_file import ConfigFileError, config_argv, load_config_file
 
 
 def _parser() -> ArgParser:

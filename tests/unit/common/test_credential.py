@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.credential import (
+from tandem.common.security.credential import (
     MAX_SKEW_S,
     ClusterCredential,
     CredentialError,

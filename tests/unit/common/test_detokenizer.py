@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models
 
-from common.detokenizer import Detokenizer
+from tandem.common.text.detokenizer import Detokenizer
 
 FFFD = "\ufffd"
 # Each id decodes to these bytes; 4 + 5 is "€" split in two, 10 is a lone continuation byte.

@@ -1,4 +1,4 @@
-"""common/gguf_metadata.py reads what the ``gguf`` package (llama.cpp's own writer) writes:
+"""tandem/common/gguf_metadata.py reads what the ``gguf`` package (llama.cpp's own writer) writes:
 every value type, string and numeric arrays; a file that is not a GGUF or is cut short is a
 typed error."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.gguf_metadata import GgufMetadataError, read_gguf_metadata
+from tandem.common.gguf_metadata import GgufMetadataError, read_gguf_metadata
 
 
 def _write(path: Path) -> None:

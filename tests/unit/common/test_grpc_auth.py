@@ -11,9 +11,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from common.credential import ClusterCredential
-from common.grpc_auth import ClusterAuthInterceptor, aio_interceptors, sync_channel
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.common.security.credential import ClusterCredential
+from tandem.common.security.grpc_auth import ClusterAuthInterceptor, aio_interceptors, sync_channel
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 CRED = ClusterCredential(b"k" * 32)
 

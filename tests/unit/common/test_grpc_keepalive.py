@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from common import grpc_keepalive as ka
+from tandem.common import grpc_keepalive as ka
 
 
 def test_clients_ping_no_faster_than_servers_accept() -> None:
@@ -25,13 +25,13 @@ def test_clients_ping_no_faster_than_servers_accept() -> None:
 
 
 def test_every_internal_channel_uses_them() -> None:
-    from router.membership import worker_clients
-    from worker import process, registration
+    from tandem.router.membership import worker_clients
+    from tandem.worker import process, registration
 
     assert set(ka.CLIENT_OPTIONS) <= set(worker_clients._CHANNEL_OPTIONS)
     assert "CLIENT_OPTIONS" in inspect.getsource(registration)
     assert "SERVER_OPTIONS" in inspect.getsource(process)
-    from router import server
+    from tandem.router import server
 
     assert "SERVER_OPTIONS" in inspect.getsource(server)
 

@@ -1,10 +1,10 @@
-"""Cumulative histograms (common/histogram.py): differences between two readings."""
+"""Cumulative histograms (tandem/common/obs/histogram.py): differences between two readings."""
 
 from __future__ import annotations
 
 import math
 
-from common.histogram import histogram_delta
+from tandem.common.obs.histogram import histogram_delta
 
 
 def test_histogram_delta_subtracts_readings_and_survives_a_reset() -> None:

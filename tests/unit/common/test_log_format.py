@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from common import log_context
-from common.log_format import add_log_args, log_argv, setup_logging
+from tandem.common.obs import log_context
+from tandem.common.obs.log_format import add_log_args, log_argv, setup_logging
 
 
 @contextmanager
@@ -46,9 +46,9 @@ def _lines(out: io.StringIO) -> list[dict[str, object]]:
 
 def test_json_lines_carry_the_request_from_any_module_only_inside_it(capture) -> None:
     out, _ = capture
-    logging.getLogger("router.handoff.ledger").info("before")
+    logging.getLogger("tandem.router.handoff.ledger").info("before")
     with log_context.bound("abc123", "client-7", ("0" * 31 + "1", "0" * 15 + "2")):
-        logging.getLogger("router.frontend").warning("inside %s", "x")
+        logging.getLogger("tandem.router.frontend").warning("inside %s", "x")
         logging.getLogger("grpc._cython").debug("a library's line")  # not one of ours
     logging.getLogger("router").error("after")
     before, inside, library, after = _lines(out)
@@ -57,7 +57,7 @@ def test_json_lines_carry_the_request_from_any_module_only_inside_it(capture) ->
     for line in (inside, library):
         assert line["request_id"] == "abc123" and line["client_request_id"] == "client-7"
         assert line["trace_id"] == "0" * 31 + "1" and line["span_id"] == "0" * 15 + "2"
-    assert inside == {**inside, "level": "WARNING", "logger": "router.frontend",
+    assert inside == {**inside, "level": "WARNING", "logger": "tandem.router.frontend",
                       "message": "inside x", "service": "router"}
     assert inside["timestamp"].endswith("Z") and "T" in inside["timestamp"]
 
@@ -101,7 +101,7 @@ def test_text_format_puts_the_ids_in_a_bracket_and_the_traceback_below() -> None
 
 def test_concurrent_requests_never_see_each_others_ids(capture) -> None:
     out, _ = capture
-    log = logging.getLogger("router.frontend")
+    log = logging.getLogger("tandem.router.frontend")
 
     async def request(rid: str, turn: asyncio.Event, next_turn: asyncio.Event) -> None:
         with log_context.bound(rid):
@@ -121,7 +121,7 @@ def test_concurrent_requests_never_see_each_others_ids(capture) -> None:
 
     asyncio.run(main())
     seen = [(line["message"], line.get("request_id")) for line in _lines(out)
-            if line["logger"] == "router.frontend"]
+            if line["logger"] == "tandem.router.frontend"]
     assert len(seen) == 6 and all(str(msg).endswith(str(rid)) for msg, rid in seen), seen
 
 

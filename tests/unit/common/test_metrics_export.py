@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.metrics_export import (
+from tandem.common.obs.metrics_export import (
     COMPAT_VLLM,
     ExportView,
     add_metrics_compat_arg,

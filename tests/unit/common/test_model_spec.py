@@ -1,4 +1,4 @@
-"""What a model spec names (common/model_spec.py): the GGUF behind an alias or a path, the
+"""What a model spec names (tandem/common/model_spec.py): the GGUF behind an alias or a path, the
 checkpoint directory, the converted directory's cache key, and the default served name."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common import model_spec
-from common.model_spec import (
+from tandem.common import model_spec
+from tandem.common.model_spec import (
     ModelSpecError,
     checkpoint_dir,
     converted_dir,

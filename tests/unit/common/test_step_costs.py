@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from common.step_costs import StepCostModel, StepCosts
+from tandem.common.step_costs import StepCostModel, StepCosts
 
 
 def _feed(model: StepCostModel, n: int, base: float, row: float, tok: float, seed: int = 0,

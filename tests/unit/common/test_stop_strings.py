@@ -8,7 +8,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.stop_strings import StopStrings
+from tandem.common.text.stop_strings import StopStrings
 
 
 def _feed(chunks: Sequence[str], stops: Sequence[str], include: bool = False) -> StopStrings:

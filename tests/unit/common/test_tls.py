@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.tls import TlsConfigError, read_pem
+from tandem.common.security.tls import TlsConfigError, read_pem
 
 
 def test_read_pem(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from common import tracing
-from common.tracing_setup import (
+from tandem.common.obs import tracing
+from tandem.common.obs.tracing_setup import (
     JsonLinesSpanExporter,
     TracingConfig,
     TracingSetupError,
@@ -37,7 +37,7 @@ def test_off_by_default_costs_no_sdk_and_sends_nothing_of_its_own() -> None:
     client's own trace context passed through unchanged (W3C pass-through)."""
     code = (
         "import sys\n"
-        "from common import tracing\n"
+        "from tandem.common.obs import tracing\n"
         "tp = sys.argv[1]\n"
         "s = tracing.start_span('x')\n"
         "assert not s.is_recording() and tracing.metadata(s) == () and tracing.ids(s) is None\n"

@@ -1,11 +1,11 @@
-"""The start-up warm-up's plan (common/warmup_plan.py): its phases stay inside an engine's
+"""The start-up warm-up's plan (tandem/common/warmup_plan.py): its phases stay inside an engine's
 limits, and its steps mark the first prefill and the first decode step cold."""
 
 from __future__ import annotations
 
 import pytest
 
-from common.warmup_plan import WarmupPhase, warmup_phases, warmup_steps
+from tandem.common.warmup_plan import WarmupPhase, warmup_phases, warmup_steps
 
 
 @pytest.mark.parametrize(("max_model_len", "capacity", "seqs", "budget"), [

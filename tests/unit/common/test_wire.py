@@ -1,8 +1,8 @@
-"""The READY line both ends spell through ``common.wire``."""
+"""The READY line both ends spell through ``tandem.common.wire``."""
 
 from __future__ import annotations
 
-from common.wire import READY_MARKER, parse_ready_line, ready_line
+from tandem.common.wire import READY_MARKER, parse_ready_line, ready_line
 
 
 def test_ready_line_round_trips() -> None:

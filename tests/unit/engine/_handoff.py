@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kv_transfer.blocks import KvBlocks
-from worker.convert import kv_layout
+from tandem.kv_transfer.blocks import KvBlocks
+from tandem.worker.convert import kv_layout
 
 
 def copy_blocks(

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
-from engine.async_engine import AsyncEngine, EngineDeadError
+from tandem.engine import InvalidRequestError, SamplingParams
+from tandem.engine.async_engine import AsyncEngine, EngineDeadError
 from tests.unit.engine._reference import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -65,7 +65,7 @@ def test_abort_through_the_thread(tiny_dir, make_engine) -> None:
 
 
 def test_on_busy_follows_the_engine_from_idle_to_work_and_back(tiny_dir, make_engine) -> None:
-    """What a prefill worker lending its idle cores publishes (worker/core_lending.py): idle
+    """What a prefill worker lending its idle cores publishes (tandem/worker/core_lending.py): idle
     at start, busy once a request is in, idle when the last one finished."""
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
     seen: list[bool] = []
@@ -88,7 +88,7 @@ def test_on_busy_follows_the_engine_from_idle_to_work_and_back(tiny_dir, make_en
 def test_stats_while_a_step_runs_does_not_wait_for_its_end(tiny_dir, make_engine) -> None:
     """A prefill worker's step of a long prompt runs seconds; its Stats answers with the
     counters as of the step's start instead of waiting (the router's probe gives up after a
-    second and kept a stale step-cost fit: engine/async_engine.py)."""
+    second and kept a stale step-cost fit: tandem/engine/async_engine.py)."""
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
     entered, release = threading.Event(), threading.Event()
 

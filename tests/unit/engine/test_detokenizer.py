@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.sampling_params import SamplingParams
+from tandem.engine.detokenizer import IncrementalDetokenizer
+from tandem.engine.sampling_params import SamplingParams
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FFFD = "\ufffd"

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from engine import LLM, InvalidRequestError, SamplingParams
-from engine.errors import OutOfBlocksError
+from tandem.engine import LLM, InvalidRequestError, SamplingParams
+from tandem.engine.errors import OutOfBlocksError
+from tandem.worker.convert import kv_layout
 from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
-from worker.convert import kv_layout
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import InvalidRequestError, SamplingParams
-from engine.core.request import sequence_id
-from engine.native import load
+from tandem.engine import InvalidRequestError, SamplingParams
+from tandem.engine.core.request import sequence_id
+from tandem.engine.native import load
 from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine._reference import hf_greedy
 

@@ -1,4 +1,4 @@
-"""--gpu-memory-utilization: the KV pool a share of the device leaves (engine/kv_budget.py),
+"""--gpu-memory-utilization: the KV pool a share of the device leaves (tandem/engine/kv_budget.py),
 and where the flag is refused (pure: no device needed)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.cli_args import add_engine_args, engine_config_from_args
-from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.kv_budget import MARGIN_BYTES, activation_reserve, blocks_for_utilization
+from tandem.engine.cli_args import add_engine_args, engine_config_from_args
+from tandem.engine.config import CacheConfig, EngineConfig, ModelConfig
+from tandem.engine.kv_budget import MARGIN_BYTES, activation_reserve, blocks_for_utilization
 
 GIB = 2**30
 # Llama-3-8B's shape
@@ -61,7 +61,7 @@ def test_the_vllm_flag_reaches_the_engine_config() -> None:
 
 
 def test_the_pool_asks_the_device_only_when_the_share_is_set() -> None:
-    from engine.kv_budget import pool_blocks
+    from tandem.engine.kv_budget import pool_blocks
 
     per_block = 2**20
 

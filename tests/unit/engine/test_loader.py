@@ -1,4 +1,4 @@
-"""engine/loader.py's resolve_model: the spec kinds it takes, and ModelLoadError (never the
+"""tandem/engine/loader.py's resolve_model: the spec kinds it takes, and ModelLoadError (never the
 torch-free ModelSpecError underneath) for what it cannot use."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ModelLoadError
-from engine.loader import resolve_model
+from tandem.engine.errors import ModelLoadError
+from tandem.engine.loader import resolve_model
 
 
 def test_a_spec_that_is_nothing_is_a_model_load_error(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""engine/omp_pools.py: the calling thread's OpenMP pool ends, other threads keep theirs.
+"""tandem/engine/omp_pools.py: the calling thread's OpenMP pool ends, other threads keep theirs.
 
 Each case runs in a fresh interpreter: a pool is per-thread, process-wide state, and the test
 process's own main thread must keep its torch threads.
@@ -13,7 +13,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import os, threading, time
     import torch
-    from engine.omp_pools import release_this_threads_pool
+    from tandem.engine.omp_pools import release_this_threads_pool
 
     def tasks():
         return len(os.listdir("/proc/self/task"))

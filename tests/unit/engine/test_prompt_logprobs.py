@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.errors import InvalidRequestError
-from engine.native import load
-from engine.outputs import RequestOutput, TokenLogprob
+from tandem.engine import LLM, SamplingParams
+from tandem.engine.errors import InvalidRequestError
+from tandem.engine.native import load
+from tandem.engine.outputs import RequestOutput, TokenLogprob
 from tests.unit.engine._reference import hf_greedy, hf_prompt_logprobs
 
 K = 5

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
+from tandem.engine import InvalidRequestError, SamplingParams
 from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine.test_engine_tiny import _prompts
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.sampler import Sampler, SamplingState, _apply_penalties, _top_p_cut
-from engine.sampling_params import SamplingParams
+from tandem.engine.sampler import Sampler, SamplingState, _apply_penalties, _top_p_cut
+from tandem.engine.sampling_params import SamplingParams
 
 EOS = 2
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine.errors import InvalidRequestError
-from engine.sampling_params import SamplingParams
+from tandem.engine.errors import InvalidRequestError
+from tandem.engine.sampling_params import SamplingParams
 
 VOCAB = 1000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
+from tandem.engine import SamplingParams
 from tests.data.make_long_prompt import long_prompt
 from tests.unit.engine._reference import hf_greedy
 
@@ -120,7 +120,7 @@ def test_offline_cli_prints_a_completion() -> None:
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "engine", "--model", "smollm2", "--dtype", "float32",
+        [sys.executable, "-m", "tandem.engine", "--model", "smollm2", "--dtype", "float32",
          "--prompt", "The capital of France is", "--max-tokens", "8", "--threads", "1"],
         capture_output=True, text=True, timeout=300,
     )

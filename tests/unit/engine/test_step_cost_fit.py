@@ -1,10 +1,10 @@
-"""The engine's step-cost fit (common/step_costs.py, what the router's placement reads): the
+"""The engine's step-cost fit (tandem/common/step_costs.py, what the router's placement reads): the
 first step with prompt tokens and the first without are cold and stay out of it; the step
 observer (a worker's --step-log) still sees every step."""
 
 from __future__ import annotations
 
-from engine import SamplingParams
+from tandem.engine import SamplingParams
 
 
 def _finish(engine, prompt: list[int], tokens: int) -> None:

@@ -1,4 +1,4 @@
-"""The start-up warm-up (engine/warmup.py): it runs exactly the steps common/warmup_plan.py
+"""The start-up warm-up (tandem/engine/warmup.py): it runs exactly the steps tandem/common/warmup_plan.py
 predicts and leaves a step-cost fit with every coefficient known, no block referenced or
 cached, the engine's counters at zero, and a later request's output exactly as without it;
 it fits engines too small for its default shapes."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.warmup_plan import warmup_phases, warmup_steps
-from engine import SamplingParams
-from engine.warmup import warm_up
+from tandem.common.warmup_plan import warmup_phases, warmup_steps
+from tandem.engine import SamplingParams
+from tandem.engine.warmup import warm_up
 
 
 def _greedy(engine, prompt: list[int], tokens: int) -> list[int]:
@@ -29,7 +29,7 @@ def test_warm_up_fits_every_step_cost_and_leaves_nothing_behind(tiny_dir, make_e
     engine.step_observer = lambda rows, tokens, context, seconds: seen.append(
         (rows, tokens, context))
     report = warm_up(engine)
-    # the steps common/warmup_plan.py says it makes (what the simulated workers fit)
+    # the steps tandem/common/warmup_plan.py says it makes (what the simulated workers fit)
     phases = warmup_phases(engine.max_model_len, 128 * 16, engine.config.scheduler.max_num_seqs,
                            engine.scheduler.budget)
     assert seen == [(s.rows, s.prompt_tokens, s.context_tokens) for s in warmup_steps(phases)]

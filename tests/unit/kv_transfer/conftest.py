@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_transfer import TlsConfig
+from tandem.kv_transfer import TlsConfig
 
 
 @pytest.fixture(scope="session")

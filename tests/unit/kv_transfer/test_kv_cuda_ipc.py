@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from kv_transfer import Committed, Endpoint, Receiver, ReceiverConfig, Sender, SenderConfig
-from kv_transfer.testing import (
+from tandem.kv_transfer import Committed, Endpoint, Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     blocks_digest,
     blocks_equal,
@@ -23,7 +23,7 @@ from kv_transfer.testing import (
     tiny_layout,
     zero_cache,
 )
-from kv_transfer.transport import TcpTransport
+from tandem.kv_transfer.transport import TcpTransport
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,8 +33,8 @@ pytestmark = [
 RECEIVER = """
 import asyncio, json, sys
 import torch
-from kv_transfer import Receiver, ReceiverConfig
-from kv_transfer.testing import TEST_SECRET, blocks_digest, tiny_layout, zero_cache
+from tandem.kv_transfer import Receiver, ReceiverConfig
+from tandem.kv_transfer.testing import TEST_SECRET, blocks_digest, tiny_layout, zero_cache
 
 async def main():
     layout = tiny_layout(sys.argv[1], layers=4)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kv_transfer import (
+from tandem.kv_transfer import (
     Aborted,
     AuthenticationError,
     ChecksumMismatch,
@@ -29,7 +29,7 @@ from kv_transfer import (
     TransferFailed,
     TransferRejected,
 )
-from kv_transfer.testing import (
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     deadline,
     finish,
@@ -273,7 +273,7 @@ def test_layout_mismatch_is_refused_on_both_sides(caplog: pytest.LogCaptureFixtu
     async def body() -> None:
         p = await make_pair("tcp", LAYOUT)
         other = tiny_layout("float16", layers=4, head_dim=16)
-        from kv_transfer.transport import TcpTransport
+        from tandem.kv_transfer.transport import TcpTransport
 
         cfg = SenderConfig(TEST_SECRET)
         tx = Sender(random_cache(other, 4), other, cfg, [TcpTransport(cfg.limits)])
@@ -292,7 +292,7 @@ def test_layout_mismatch_is_refused_on_both_sides(caplog: pytest.LogCaptureFixtu
 def test_wrong_secret_is_refused() -> None:
     async def body() -> None:
         p = await make_pair("fake", LAYOUT)
-        from kv_transfer.transport import FakeTransport
+        from tandem.kv_transfer.transport import FakeTransport
 
         assert p.network is not None
         tx = Sender(random_cache(LAYOUT, 4), LAYOUT, SenderConfig(b"x" * 32),

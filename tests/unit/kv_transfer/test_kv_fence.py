@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kv_transfer import Aborted, Committed, Expired, Limits, ReceiverConfig, TlsConfig
-from kv_transfer.frames import Header, Kind
-from kv_transfer.testing import (
+from tandem.kv_transfer import Aborted, Committed, Expired, Limits, ReceiverConfig, TlsConfig
+from tandem.kv_transfer.frames import Header, Kind
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     HandSender,
     Pair,
@@ -23,7 +23,7 @@ from kv_transfer.testing import (
     run,
     tiny_layout,
 )
-from kv_transfer.transport import FakeTransport, ShmTransport, TcpTransport, Transport
+from tandem.kv_transfer.transport import FakeTransport, ShmTransport, TcpTransport, Transport
 
 LAYOUT = tiny_layout("float16", layers=2)
 VICTIM, NEXT = [3, 4], [9]

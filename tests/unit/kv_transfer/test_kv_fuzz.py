@@ -12,11 +12,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kv_transfer import ChannelClosed, Committed, Limits, ReceiverConfig, Sender, SenderConfig
-from kv_transfer.endpoint import split_host_port
-from kv_transfer.errors import ProtocolError
-from kv_transfer.frames import _SCHEMA, PREFIX, HeaderCodec, Kind, encode_header
-from kv_transfer.testing import (
+from tandem.kv_transfer import (
+    ChannelClosed,
+    Committed,
+    Limits,
+    ReceiverConfig,
+    Sender,
+    SenderConfig,
+)
+from tandem.kv_transfer.endpoint import split_host_port
+from tandem.kv_transfer.errors import ProtocolError
+from tandem.kv_transfer.frames import _SCHEMA, PREFIX, HeaderCodec, Kind, encode_header
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     RawPeer,
     ReceiverThread,
@@ -27,7 +34,7 @@ from kv_transfer.testing import (
     tiny_layout,
     zero_cache,
 )
-from kv_transfer.transport import TcpTransport
+from tandem.kv_transfer.transport import TcpTransport
 
 LAYOUT = tiny_layout("float16", layers=2)
 FUZZ = settings(max_examples=40, deadline=None,

@@ -18,9 +18,9 @@ import pytest
 import torch
 import xxhash
 
-from kv_transfer import Aborted, ChannelClosed, Committed, ReceiverConfig
-from kv_transfer.frames import PREFIX, TRAILER, Kind, encode_header
-from kv_transfer.testing import (
+from tandem.kv_transfer import Aborted, ChannelClosed, Committed, ReceiverConfig
+from tandem.kv_transfer.frames import PREFIX, TRAILER, Kind, encode_header
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     Pair,
     RawPeer,

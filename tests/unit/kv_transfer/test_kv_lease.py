@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from kv_transfer import (
+from tandem.kv_transfer import (
     Committed,
     Expired,
     Limits,
@@ -22,9 +22,9 @@ from kv_transfer import (
     TransferAborted,
     TransferSpecError,
 )
-from kv_transfer.frames import Header, Kind
-from kv_transfer.reservations import ReservationTable
-from kv_transfer.testing import (
+from tandem.kv_transfer.frames import Header, Kind
+from tandem.kv_transfer.reservations import ReservationTable
+from tandem.kv_transfer.testing import (
     TEST_SECRET,
     HandSender,
     blocks_equal,
@@ -34,7 +34,7 @@ from kv_transfer.testing import (
     run,
     tiny_layout,
 )
-from kv_transfer.transport import TcpTransport
+from tandem.kv_transfer.transport import TcpTransport
 
 LAYOUT = tiny_layout("float16", layers=3)
 SRC, DST = [1, 2], [5, 6]

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from kv_transfer import Committed, Endpoint, ReceiverConfig, SenderConfig, TlsConfig
-from kv_transfer.testing import (
+from tandem.kv_transfer import Committed, Endpoint, ReceiverConfig, SenderConfig, TlsConfig
+from tandem.kv_transfer.testing import (
     PAIR_KINDS,
     TEST_SECRET,
     blocks_equal,
@@ -126,8 +126,8 @@ def test_sender_falls_back_to_tcp_when_shm_is_unreachable(tmp_path: object) -> N
         tcp = p.endpoint.address("tcp")
         assert tcp is not None
         broken = Endpoint(p.endpoint.host_id, (("shm", "/nonexistent/kv.sock"), ("tcp", tcp)))
-        from kv_transfer import Sender
-        from kv_transfer.transport import ShmTransport, TcpTransport
+        from tandem.kv_transfer import Sender
+        from tandem.kv_transfer.transport import ShmTransport, TcpTransport
 
         cfg = SenderConfig(TEST_SECRET)
         tx = Sender(p.src, layout, cfg, [ShmTransport(cfg.limits), TcpTransport(cfg.limits)])
@@ -142,8 +142,8 @@ def test_sender_falls_back_to_tcp_when_shm_is_unreachable(tmp_path: object) -> N
 
 def test_default_transports_pick_shm_on_the_same_host() -> None:
     async def body() -> None:
-        from kv_transfer import Receiver, Sender
-        from kv_transfer.testing import random_cache, settle_and_check, zero_cache
+        from tandem.kv_transfer import Receiver, Sender
+        from tandem.kv_transfer.testing import random_cache, settle_and_check, zero_cache
 
         layout = tiny_layout("bfloat16")
         rx = Receiver(zero_cache(layout, 8), layout, ReceiverConfig(TEST_SECRET))

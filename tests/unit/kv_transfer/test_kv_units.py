@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kv_transfer import ConfigError, Endpoint, KvLayout, Limits, ReceiverConfig, SenderConfig
-from kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan, coalesce
-from kv_transfer.errors import (
+from tandem.kv_transfer import ConfigError, Endpoint, KvLayout, Limits, ReceiverConfig, SenderConfig
+from tandem.kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan, coalesce
+from tandem.kv_transfer.errors import (
     FrameTooLarge,
     LayoutMismatchError,
     MalformedFrame,
@@ -17,10 +17,10 @@ from kv_transfer.errors import (
     TransferSpecError,
     UnknownFrameKind,
 )
-from kv_transfer.frames import PREFIX, HeaderCodec, Kind, encode_header, nack
-from kv_transfer.reservations import ReservationTable
-from kv_transfer.testing import random_cache, tiny_layout, zero_cache
-from kv_transfer.transport.byte_channel import IoVec, batches
+from tandem.kv_transfer.frames import PREFIX, HeaderCodec, Kind, encode_header, nack
+from tandem.kv_transfer.reservations import ReservationTable
+from tandem.kv_transfer.testing import random_cache, tiny_layout, zero_cache
+from tandem.kv_transfer.transport.byte_channel import IoVec, batches
 
 SMOLLM2 = KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 16, 30, 3, 64)
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import tandem
-from tandem import cli
+from tandem.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGING = ROOT / "packaging" / "tandem-client"
@@ -70,9 +70,9 @@ def test_ships_the_sdk_and_client_commands_and_nothing_heavy(backend: ModuleType
     modules = backend.shipped_modules(backend.load_project())
     sdk = {tandem._EXPORTS[name] for name in tandem.__all__}
     commands = {cli.COMMANDS[name][0] for name in cli.CLIENT_COMMANDS}
-    assert sdk | commands | {"tandem.cli", "protos.tandem.v1.tandem_pb2"} <= set(modules)
+    assert sdk | commands | {"tandem.cli.main", "tandem.protos.v1.tandem_pb2"} <= set(modules)
     assert not {m.partition(".")[0] for m in modules} & FORBIDDEN
-    server_only = {"tandem.local", "tandem.launcher", "tandem.commands.plan", "bench.engine"}
+    server_only = {"tandem.launcher.local", "tandem.launcher", "tandem.cli.plan", "bench.engine"}
     assert not server_only & set(modules)
     ours = {m.partition(".")[0] for m in modules}
     imports = set().union(*(_third_party(p) for p in modules.values())) - ours
@@ -109,7 +109,7 @@ def test_wheel_is_the_repositorys_files_with_lean_metadata(
     assert sorted(sources) == backend.shipped_files(project)
     for name, data in sources.items():  # byte-identical: installing both in any order is safe
         assert (ROOT / name).read_bytes() == data, name
-    assert {"tandem/py.typed", "protos/py.typed", "protos/tandem/v1/tandem_pb2.pyi"} <= set(
+    assert {"tandem/py.typed", "tandem/protos/py.typed", "tandem/protos/v1/tandem_pb2.pyi"} <= set(
         sources)
     # RECORD lists every other file with its sha256 and size.
     record = files[info + "RECORD"].decode().splitlines()

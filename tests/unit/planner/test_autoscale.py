@@ -1,4 +1,4 @@
-"""The autoscaler's policies inside the simulator (planner/autoscale.py): hand-checkable runs."""
+"""The autoscaler's policies inside the simulator (tandem/planner/autoscale.py): hand-checkable runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from autoscaler.config import (
+from tandem.autoscaler.config import (
     AutoscaleConfig,
     Bounds,
     Cooldown,
@@ -14,11 +14,11 @@ from autoscaler.config import (
     FixedCounts,
     QueueTargets,
 )
-from common.histogram import histogram_quantile
-from planner.autoscale import AutoscaledResult, compare_policies, simulate_autoscaled
-from planner.sim import ClusterSpec, Scale, simulate
-from planner.sim.router import SimRouter
-from router.metrics import TTFT_BUCKETS
+from tandem.common.obs.histogram import histogram_quantile
+from tandem.planner.autoscale import AutoscaledResult, compare_policies, simulate_autoscaled
+from tandem.planner.sim import ClusterSpec, Scale, simulate
+from tandem.planner.sim.router import SimRouter
+from tandem.router.metrics import TTFT_BUCKETS
 from tests.unit.planner.test_sim_support import assert_clean, profile, req
 
 REMOTE = ClusterSpec(1, 1, placement="remote")
@@ -144,7 +144,7 @@ def test_compare_policies_rows_and_table() -> None:
 
 
 def test_simulated_router_counts_what_the_real_one_exports() -> None:
-    """planner/sim/tallies.py: TTFT and TPOT histograms, admissions, tokens, as the router's
+    """tandem/planner/sim/tallies.py: TTFT and TPOT histograms, admissions, tokens, as the router's
     /metrics has them, agree with the run's own outcomes."""
     seen: list[SimRouter] = []
     trace = [req(i * 0.1, 200 + 10 * i, 1 + i % 7) for i in range(60)]

@@ -1,4 +1,4 @@
-"""planner/fit.py: the step-cost fit recovers known costs and keeps every cost >= 0."""
+"""tandem/planner/fit.py: the step-cost fit recovers known costs and keeps every cost >= 0."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from planner.fit import (
+from tandem.planner.fit import (
     StepSample,
     fit_step_cost,
     median_of_rounds,
     prefill_context,
     round_spread,
 )
-from planner.profile import StepCost
+from tandem.planner.profile import StepCost
 
 
 def _samples(cost: StepCost, noise: float = 0.0, seed: int = 0) -> list[StepSample]:
@@ -71,7 +71,7 @@ def test_prefill_context_counts_causal_positions() -> None:
 
 
 def test_token_curve_recovers_a_kinked_step_cost() -> None:
-    from planner.fit import fit_token_curve
+    from tandem.planner.fit import fit_token_curve
 
     # A CPU-like engine: 5 ms a token up to 8 tokens, then 2 ms a token; attention extra.
     def shape(n: int) -> float:
@@ -96,7 +96,7 @@ def test_token_curve_recovers_a_kinked_step_cost() -> None:
 
 
 def test_curve_points_are_validated_and_round_trip() -> None:
-    from planner.profile import ProfileError
+    from tandem.planner.profile import ProfileError
 
     with pytest.raises(ProfileError, match="ascending"):
         StepCost(0.01, 0.0, 0.0, curve=((8, 0.1), (4, 0.05)))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.devices import get_device
-from planner.models import get_model
-from planner.profile import SCHEMA, Profile, ProfileError, StepCost, Transfer
-from planner.roofline import roofline_profile
+from tandem.planner.devices import get_device
+from tandem.planner.models import get_model
+from tandem.planner.profile import SCHEMA, Profile, ProfileError, StepCost, Transfer
+from tandem.planner.roofline import roofline_profile
 
 
 def _profile() -> Profile:

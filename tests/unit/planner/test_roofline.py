@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from planner.devices import DEVICES, get_device
-from planner.models import MODELS, ModelError, ModelShape, from_hf_config, get_model
-from planner.profile import ProfileError
-from planner.roofline import (
+from tandem.planner.devices import DEVICES, get_device
+from tandem.planner.models import MODELS, ModelError, ModelShape, from_hf_config, get_model
+from tandem.planner.profile import ProfileError
+from tandem.planner.roofline import (
     LAUNCH_OVERHEAD_S,
     MAX_GPUS_PER_WORKER,
     activation_reserve_bytes,

@@ -1,4 +1,4 @@
-"""planner/search.py and planner/report.py: the plan is the cheapest configuration that the
+"""tandem/planner/search.py and tandem/planner/report.py: the plan is the cheapest configuration that the
 simulator says meets the SLO, and the search's neighbours one worker smaller do not."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from planner.profile import Profile, StepCost, Transfer
-from planner.report import helm_values, table, to_json, up_flags, verdict
-from planner.search import PlanInputs, plan
-from planner.sim import ClusterSpec, simulate
-from planner.workload import MIXES, poisson
-from router.handoff.placement import Slo
+from tandem.planner.profile import Profile, StepCost, Transfer
+from tandem.planner.report import helm_values, table, to_json, up_flags, verdict
+from tandem.planner.search import PlanInputs, plan
+from tandem.planner.sim import ClusterSpec, simulate
+from tandem.planner.workload import MIXES, poisson
+from tandem.router.handoff.placement import Slo
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.05)
 
@@ -125,8 +125,8 @@ def test_a_large_deployment_is_searched_on_a_cell_and_checked_whole() -> None:
 
 
 def test_thinning_keeps_whole_conversations() -> None:
-    from planner.search import thin
-    from planner.workload import multiturn
+    from tandem.planner.search import thin
+    from tandem.planner.workload import multiturn
 
     trace = multiturn(2.0, 60.0, seed=3)
     kept = thin(trace, 0.5)

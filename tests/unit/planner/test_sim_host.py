@@ -1,13 +1,13 @@
-"""The host-sharing model (planner/sim/host.py): co-located prefill and decode workers slow
+"""The host-sharing model (tandem/planner/sim/host.py): co-located prefill and decode workers slow
 each other down, by hand-computed timings and against the one-step-at-a-time reference."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.sim import ClusterSpec, simulate
-from planner.sim.host import HostSharing, HostSharingError
-from planner.workload import LengthMix, RequestKind, poisson
+from tandem.planner.sim import ClusterSpec, simulate
+from tandem.planner.sim.host import HostSharing, HostSharingError
+from tandem.planner.workload import LengthMix, RequestKind, poisson
 from tests.unit.planner.test_sim_reference import EVENTS, MIX, _same
 from tests.unit.planner.test_sim_support import BASE, PER_ROW, PER_TOKEN, assert_clean, profile, req
 

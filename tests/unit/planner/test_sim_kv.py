@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sim import ClusterSpec, simulate
+from tandem.planner.sim import ClusterSpec, simulate
 from tests.unit.planner.test_sim_support import BASE, PER_TOKEN, assert_clean, profile, req
 
 REMOTE = ClusterSpec(1, 1, placement="remote")

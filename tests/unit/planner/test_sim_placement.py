@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sim import ClusterSpec, simulate
-from router.handoff.placement import Decision, Reason, Slo, decide
-from router.membership.worker_view import Role, WorkerView
+from tandem.planner.sim import ClusterSpec, simulate
+from tandem.router.handoff.placement import Decision, Reason, Slo, decide
+from tandem.router.membership.worker_view import Role, WorkerView
 from tests.unit.planner.test_sim_support import BASE, PER_ROW, assert_clean, profile, req
 
 SLO = Slo(2.0, 0.1)

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from planner.sim import (
+from tandem.planner.sim import (
     ClusterSpec,
     Failure,
     RequestOutcome,
@@ -21,8 +21,8 @@ from planner.sim import (
     percentile,
     simulate,
 )
-from planner.workload import LengthMix, RequestKind, multiturn, poisson
-from router.handoff.placement import Slo
+from tandem.planner.workload import LengthMix, RequestKind, multiturn, poisson
+from tandem.router.handoff.placement import Slo
 from tests.unit.planner.test_sim_support import assert_clean, profile
 
 KIND = RequestKind("k", prompt_tokens=(20, 900), output_tokens=(1, 120), prefix_groups=3,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sim import ClusterError, ClusterSpec, simulate
-from planner.sim.signals import FittedSignals, profile_warmup_steps
-from planner.workload import LengthMix, RequestKind, poisson
-from router.handoff.placement import Slo
+from tandem.planner.sim import ClusterError, ClusterSpec, simulate
+from tandem.planner.sim.signals import FittedSignals, profile_warmup_steps
+from tandem.planner.workload import LengthMix, RequestKind, poisson
+from tandem.router.handoff.placement import Slo
 from tests.unit.planner.test_sim_support import BASE, PER_ROW, assert_clean, profile
 
 KIND = RequestKind("k", prompt_tokens=(200, 900), output_tokens=(20, 120))
@@ -17,7 +17,7 @@ SLO = Slo(2.0, 0.1)
 
 def test_the_warm_up_fit_of_a_linear_profile_is_the_profile() -> None:
     """A profile with no context or attention cost is linear: the fit of the start-up
-    warm-up's steps (common/warmup_plan.py; both roles run the same) predicts the profile's
+    warm-up's steps (tandem/common/warmup_plan.py; both roles run the same) predicts the profile's
     steps within 1% at every warm-up shape (the fit's weak prior at zero pulls a little)."""
     prof = profile()
     costs = FittedSignals(prof).costs()
@@ -49,7 +49,7 @@ def test_with_linear_costs_the_fit_decides_as_the_profile() -> None:
     """The fit recovers a linear profile's costs within ~1% (its weak prior at zero pulls a
     little on the warm-up's 14 steps), so placement decides as from the profile but for a
     few near ties (2 of 149 here) where the router knows the queues exactly. With queues
-    read from reports 2 s old (the default, planner/sim/reports.py) one decision that
+    read from reports 2 s old (the default, tandem/planner/sim/reports.py) one decision that
     differs changes what later reports show, and 20 of 149 differ; the totals still agree
     within 3."""
     prof = profile(0.0, per_pair=0.0)

@@ -1,10 +1,10 @@
-"""Shared factories for the simulator tests (planner/sim/): profiles, requests, checks."""
+"""Shared factories for the simulator tests (tandem/planner/sim/): profiles, requests, checks."""
 
 from __future__ import annotations
 
-from planner.profile import Profile, StepCost, Transfer
-from planner.sim import SimResult
-from planner.trace import TraceRequest
+from tandem.planner.profile import Profile, StepCost, Transfer
+from tandem.planner.sim import SimResult
+from tandem.planner.trace import TraceRequest
 
 BASE, PER_ROW, PER_TOKEN = 0.01, 0.001, 0.0001
 

@@ -2,14 +2,14 @@
 
 The prefill worker's ``--transfer-timeout-s`` bounds the time from a prompt's arrival there
 to its push's commit; a prompt that queued too long fails with RESOURCE_EXHAUSTED and the
-router tries the next prefill worker, then the decode worker (router/handoff/ledger.py).
+router tries the next prefill worker, then the decode worker (tandem/router/handoff/ledger.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from planner.sim import ClusterError, ClusterSpec, simulate
+from tandem.planner.sim import ClusterError, ClusterSpec, simulate
 from tests.unit.planner.test_sim_support import assert_clean, profile, req
 
 # A burst of 40 prompts of 400 tokens: 50 ms a prompt (10 ms + 0.1 ms a token), so the

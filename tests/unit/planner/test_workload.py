@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.trace import TraceRequest, read_jsonl, write_jsonl
-from planner.workload import (
+from tandem.planner.trace import TraceRequest, read_jsonl, write_jsonl
+from tandem.planner.workload import (
     CHAT,
     CHAT_SHAPE,
     MIXES,

@@ -18,7 +18,7 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 
 
 def test_generated_modules_import_by_proto_path() -> None:
-    from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+    from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
     req = worker_pb2.ReserveRequest(request_id="r", token_ids=[1, 2])
     req.sampling.CopyFrom(tandem_pb2.SamplingParams(max_tokens=4))

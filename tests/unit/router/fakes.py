@@ -19,10 +19,10 @@ from typing import Any
 
 import grpc
 
-from common.credential import ClusterCredential, new_secret, private_secret_file
-from common.grpc_auth import ClusterAuthInterceptor
-from common.wire import RETRY_AFTER_KEY
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
+from tandem.common.security.grpc_auth import ClusterAuthInterceptor
+from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 
 def next_token(seq: list[int]) -> int:

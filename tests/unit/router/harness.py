@@ -11,13 +11,13 @@ from typing import Any
 
 import grpc
 
-from common.grpc_auth import aio_interceptors
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2_grpc
-from router.config import RouterConfig
-from router.handoff.policy import rank_decode, rank_prefill
-from router.membership.worker_view import Role
-from router.server import RouterServer
-from router.tokenizer import RouterTokenizer
+from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2_grpc
+from tandem.router.config import RouterConfig
+from tandem.router.handoff.policy import rank_decode, rank_prefill
+from tandem.router.membership.worker_view import Role
+from tandem.router.server import RouterServer
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import CREDENTIAL, SECRET_FILE, FakeDecode, FakePrefill, serve
 
 MODEL = "smollm2"
@@ -124,7 +124,7 @@ async def cluster(
 
 async def _start(router: RouterServer) -> int:
     """Start ``router``; return its port. Its start awaits the health monitor's first round
-    (router/server.py), so every static worker's load is known and the monitor is quiet (its
+    (tandem/router/server.py), so every static worker's load is known and the monitor is quiet (its
     interval is an hour) before a test's first step: among equally idle workers the policy's
     choice is forced, the lowest endpoint. The assertion below keeps that promise tested.
     """

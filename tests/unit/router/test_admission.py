@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from router.admission import AdmissionGate, AdmissionLedger, Decision
-from router.errors import DrainingError, OverloadedError
+from tandem.router.admission import AdmissionGate, AdmissionLedger, Decision
+from tandem.router.errors import DrainingError, OverloadedError
 
 
 def test_ledger_run_wait_reject() -> None:

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from protos.tandem.v1 import tandem_pb2, worker_pb2
-from router.auth import ApiKeyFileError, ApiKeys
-from router.tokenizer import RouterTokenizer
+from tandem.protos.v1 import tandem_pb2, worker_pb2
+from tandem.router.auth import ApiKeyFileError, ApiKeys
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.harness import cluster
 
 KEY = "sk-test-0123456789"
@@ -86,7 +86,7 @@ def test_grpc_and_http_refuse_without_a_key(tokenizer: RouterTokenizer, tmp_path
 def test_registry_needs_the_credential_not_a_key(tokenizer: RouterTokenizer,
                                                  tmp_path: Path) -> None:
     """Workers register with the cluster credential, not an API key (they are not clients)."""
-    from protos.tandem.v1 import worker_pb2_grpc
+    from tandem.protos.v1 import worker_pb2_grpc
 
     async def scenario() -> None:
         async with cluster(tokenizer, n_prefill=0, n_decode=0,

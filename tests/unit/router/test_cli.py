@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from common.wire import parse_ready_line
-from router.cli import main
+from tandem.common.wire import parse_ready_line
+from tandem.router.cli import main
 from tests.unit.router.fakes import SECRET_FILE
 
 
 @pytest.fixture(scope="module")
 def tok_dir() -> str:
-    from engine.loader import resolve_model
+    from tandem.engine.loader import resolve_model
 
     return str(resolve_model("smollm2"))
 
@@ -79,7 +79,7 @@ def test_ready_line_and_sigterm_exit_0(tok_dir: str) -> None:
         [
             sys.executable,
             "-m",
-            "router",
+            "tandem.router",
             "--port",
             "0",
             "--tokenizer",

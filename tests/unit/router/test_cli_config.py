@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from router.auth import ApiKeyFileError, ApiKeys
-from router.cli import build_parser, config_from_args, main
-from router.config import RouterConfig
-from router.security import RouterSecurity
+from tandem.router.auth import ApiKeyFileError, ApiKeys
+from tandem.router.cli import build_parser, config_from_args, main
+from tandem.router.config import RouterConfig
+from tandem.router.security import RouterSecurity
 
 KEY = "sk-inline-0123456789"
 

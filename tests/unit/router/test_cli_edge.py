@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from router.cli import build_parser, config_from_args, main
-from router.security import RouterSecurity
+from tandem.router.cli import build_parser, config_from_args, main
+from tandem.router.security import RouterSecurity
 from tests.unit.router.fakes import SECRET_FILE
 
 
 @pytest.fixture(scope="module")
 def tok_dir() -> str:
-    from engine.loader import resolve_model
+    from tandem.engine.loader import resolve_model
 
     return str(resolve_model("smollm2"))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.client_limits import ClientLimits, key_of
-from router.errors import OverloadedError
+from tandem.router.client_limits import ClientLimits, key_of
+from tandem.router.errors import OverloadedError
 
 
 def test_a_connection_at_its_bound_is_refused_and_others_are_not() -> None:

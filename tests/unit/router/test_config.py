@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.cli import build_parser, config_from_args
-from router.config import RouterConfig
+from tandem.router.cli import build_parser, config_from_args
+from tandem.router.config import RouterConfig
 
 BASE = {"tokenizer_dir": "x", "model_name": "m", "max_model_len": 64}
 

@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
-from common.wire import RETRY_AFTER_KEY
-from protos.tandem.v1 import tandem_pb2, tandem_pb2_grpc
-from router.tokenizer import RouterTokenizer
+from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import Cluster, cluster, until
 

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from protos.tandem.v1 import tandem_pb2
-from router.tokenizer import RouterTokenizer
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.harness import MODEL, cluster, until
 
 # A request deadline long enough that the request reaches its decode leg well before it on a

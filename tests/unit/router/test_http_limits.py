@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from router.tokenizer import RouterTokenizer
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.harness import MODEL, Cluster, cluster
 from tests.unit.router.test_frontend import _finish, _hanging
 

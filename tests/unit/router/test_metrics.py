@@ -10,9 +10,9 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from protos.tandem.v1 import tandem_pb2
-from router.admission import AdmissionLedger
-from router.errors import (
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.admission import AdmissionLedger
+from tandem.router.errors import (
     DeadlineError,
     DrainingError,
     InvalidRequestError,
@@ -21,11 +21,11 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from router.handoff.counters import HandoffCounters
-from router.membership.registry import Registry
-from router.membership.worker_view import Role
-from router.metrics import OUTCOMES, RouterMetrics, outcome_of
-from router.tokenizer import RouterTokenizer
+from tandem.router.handoff.counters import HandoffCounters
+from tandem.router.membership.registry import Registry
+from tandem.router.membership.worker_view import Role
+from tandem.router.metrics import OUTCOMES, RouterMetrics, outcome_of
+from tandem.router.tokenizer import RouterTokenizer
 from tests.scrape import Samples, parse, value
 from tests.unit.router.harness import Cluster, cluster, until
 

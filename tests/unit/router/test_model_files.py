@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from common.model_spec import ModelSpecError
-from protos.tandem.v1 import tandem_pb2
-from router.cli import build_parser, config_from_args
-from router.config import RouterConfig
-from router.model_files import router_model_dir
-from router.tokenizer import RouterTokenizer
+from tandem.common.model_spec import ModelSpecError
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.cli import build_parser, config_from_args
+from tandem.router.config import RouterConfig
+from tandem.router.model_files import router_model_dir
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import SECRET_FILE
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[3]
 # and reports which modules the process holds.
 _PROBE = """
 import json, sys
-from router.cli import build_parser, config_from_args
-from router.tokenizer import RouterTokenizer
-from protos.tandem.v1 import tandem_pb2
+from tandem.router.cli import build_parser, config_from_args
+from tandem.router.tokenizer import RouterTokenizer
+from tandem.protos.v1 import tandem_pb2
 config = config_from_args(build_parser().parse_args(["--model", "smollm2", "--insecure"]))
 tok = RouterTokenizer(config.tokenizer_dir)
 chat = tandem_pb2.ChatMessages(messages=[tandem_pb2.ChatMessage(role="user", content="Hi")])
@@ -98,7 +98,7 @@ def test_an_unknown_model_is_refused_with_what_a_model_may_be(
 ) -> None:
     with pytest.raises(ModelSpecError):
         router_model_dir(str(tmp_path / "nope"))
-    from router.cli import main
+    from tandem.router.cli import main
 
     assert main(["--model", str(tmp_path / "nope"), "--cluster-secret-file",
                  str(SECRET_FILE)]) == 2

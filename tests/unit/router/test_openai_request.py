@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from protos.tandem.v1 import tandem_pb2
-from router.errors import (
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.errors import (
     DeadlineError,
     DrainingError,
     InvalidRequestError,
@@ -15,9 +15,9 @@ from router.errors import (
     OverloadedError,
     WorkerFailedError,
 )
-from router.http.errors import http_error
-from router.http.openai_request import Endpoint, parse
-from router.http.openai_response import ResponseShaper
+from tandem.router.http.errors import http_error
+from tandem.router.http.openai_request import Endpoint, parse
+from tandem.router.http.openai_response import ResponseShaper
 
 CHAT = Endpoint.CHAT
 COMPLETIONS = Endpoint.COMPLETIONS
@@ -130,7 +130,7 @@ def test_bad_shapes_name_the_param(endpoint: Endpoint, body: Any, param: str) ->
 
 
 def test_ranges_are_left_to_the_shared_validator() -> None:
-    # Shape is fine, range is not: parse passes it on; router/validation.py rejects it later.
+    # Shape is fine, range is not: parse passes it on; tandem/router/validation.py rejects it later.
     api = parse(COMPLETIONS, {"prompt": "x", "temperature": -1, "top_p": 0, "max_tokens": 0})
     assert api.request.sampling.temperature == -1.0 and api.request.sampling.max_tokens == 0
 

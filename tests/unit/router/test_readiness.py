@@ -10,10 +10,10 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.grpc_auth import aio_interceptors
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
-from router.readiness import LIVENESS_SERVICE
-from router.tokenizer import RouterTokenizer
+from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.router.readiness import LIVENESS_SERVICE
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import CREDENTIAL, FakeDecode, serve
 from tests.unit.router.harness import Cluster, cluster
 

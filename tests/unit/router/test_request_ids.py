@@ -14,9 +14,9 @@ import aiohttp
 import grpc
 import pytest
 
-from common.log_format import setup_logging
-from protos.tandem.v1 import tandem_pb2
-from router.tokenizer import RouterTokenizer
+from tandem.common.obs.log_format import setup_logging
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.harness import MODEL, cluster
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")
@@ -147,7 +147,7 @@ def test_router_log_lines_name_the_request(tokenizer: RouterTokenizer) -> None:
         root.setLevel(level)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     ours = [line for line in lines if line.get("request_id")]
-    assert {line["logger"] for line in ours} >= {"router.handoff.ledger", "router.request_accounting"}
+    assert {line["logger"] for line in ours} >= {"tandem.router.handoff.ledger", "tandem.router.request_accounting"}
     assert all(line["request_id"] == minted and line["client_request_id"] == "client-7"
                for line in ours), ours
     assert any("left the pool" in line["message"] for line in ours)

@@ -11,8 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from protos.tandem.v1 import tandem_pb2
-from router.tokenizer import RouterTokenizer
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import MODEL, cluster
 

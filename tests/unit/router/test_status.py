@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 
-from common.wire import REQUEST_ID_KEY, RETRY_AFTER_KEY
-from router.errors import (
+from tandem.common.wire import REQUEST_ID_KEY, RETRY_AFTER_KEY
+from tandem.router.errors import (
     DeadlineError,
     DrainingError,
     InvalidRequestError,
@@ -17,7 +17,7 @@ from router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from router.status import abort_with, status_of
+from tandem.router.status import abort_with, status_of
 
 C = grpc.StatusCode
 

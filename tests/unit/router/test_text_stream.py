@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, decoders, models
 
-from common.detokenizer import Detokenizer
-from router.request import Chunk
-from router.text_stream import TextStream
+from tandem.common.text.detokenizer import Detokenizer
+from tandem.router.request import Chunk
+from tandem.router.text_stream import TextStream
 
 # Ids 1..5 decode to "A", "b", "c", "d", "e", glued together with no spaces.
 TOKENIZER = Tokenizer(

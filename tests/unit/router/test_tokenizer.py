@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
-from router.tokenizer import RouterTokenizer, max_token_chars
+from tandem.router.tokenizer import RouterTokenizer, max_token_chars
 
 TOY_VOCAB = {"a": 0, "b": 1, "ab": 2, "abc": 3, "c": 4, "[UNK]": 5}
 

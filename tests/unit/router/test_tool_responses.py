@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from protos.tandem.v1 import tandem_pb2
-from router.frontend import _add_call_deltas, _attach_calls
-from router.http.openai_request import Endpoint, parse
-from router.http.openai_response import ResponseShaper
-from router.tool_use import ToolOutput, ToolUse
-from router.tools import PARSERS, ToolChoice, ToolRequest, ToolSpec
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.frontend import _add_call_deltas, _attach_calls
+from tandem.router.http.openai_request import Endpoint, parse
+from tandem.router.http.openai_response import ResponseShaper
+from tandem.router.tool_use import ToolOutput, ToolUse
+from tandem.router.tools import PARSERS, ToolChoice, ToolRequest, ToolSpec
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -197,7 +197,7 @@ def test_the_legacy_history_renders_as_tool_calls_and_tool_messages() -> None:
 ])
 def test_bad_legacy_history_is_refused_naming_the_field(message: dict[str, Any],
                                                         field: str) -> None:
-    from router.errors import InvalidRequestError
+    from tandem.router.errors import InvalidRequestError
 
     with pytest.raises(InvalidRequestError) as err:
         parse(Endpoint.CHAT, {"messages": [*USER, message]})

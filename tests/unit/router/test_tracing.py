@@ -10,8 +10,8 @@ import aiohttp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from protos.tandem.v1 import tandem_pb2
-from router.tokenizer import RouterTokenizer
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.tokenizer import RouterTokenizer
 from tests.spans import by_name, spans  # noqa: F401  (the fixture)
 from tests.unit.router.harness import MODEL, cluster
 

@@ -8,10 +8,10 @@ import math
 import grpc
 import pytest
 
-from protos.tandem.v1 import tandem_pb2
-from router.errors import InvalidRequestError
-from router.tokenizer import RouterTokenizer
-from router.validation import (
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.errors import InvalidRequestError
+from tandem.router.tokenizer import RouterTokenizer
+from tandem.router.validation import (
     InputLimits,
     check_length,
     check_prompt_chars,

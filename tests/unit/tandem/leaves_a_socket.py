@@ -8,7 +8,7 @@ import signal
 import socket
 import tempfile
 
-from common.wire import ready_line
+from tandem.common.wire import ready_line
 
 
 def main() -> None:

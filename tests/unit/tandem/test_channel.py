@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.wire import REQUEST_ID_KEY
-from tandem._channel import call_metadata, generate_metadata
-from tandem.client_config import ClientConfig
+from tandem.common.wire import REQUEST_ID_KEY
+from tandem.sdk._channel import call_metadata, generate_metadata
+from tandem.sdk.client_config import ClientConfig
 
 KEYED = call_metadata(ClientConfig(api_key="sk-1"))
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tandem import cli
+from tandem.cli import main as cli
 
 
 def test_every_command_is_installed_in_the_full_distribution(capsys) -> None:
@@ -23,8 +23,8 @@ def test_every_command_is_installed_in_the_full_distribution(capsys) -> None:
 def test_a_server_command_without_its_package_names_tandem_serve(
     monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    monkeypatch.delitem(sys.modules, "router.cli", raising=False)  # loaded by another test
-    monkeypatch.setitem(sys.modules, "router", None)  # as in a client-only environment
+    monkeypatch.delitem(sys.modules, "tandem.router.cli", raising=False)  # loaded by another test
+    monkeypatch.setitem(sys.modules, "tandem.router", None)  # as in a client-only environment
     assert not cli.installed("router")
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -36,7 +36,7 @@ def test_a_server_command_without_its_package_names_tandem_serve(
 def test_a_missing_optional_package_names_its_extra(
     monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    monkeypatch.delitem(sys.modules, "tandem.commands.bench", raising=False)
+    monkeypatch.delitem(sys.modules, "tandem.cli.bench", raising=False)
     monkeypatch.setitem(sys.modules, "tqdm", None)
     assert cli.main(["bench", "--help"]) == 1
     assert "pip install tqdm (with tandem-client: pip install 'tandem-client[bench]')" in (
@@ -46,7 +46,7 @@ def test_a_missing_optional_package_names_its_extra(
 
 def test_a_missing_package_of_ours_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only the known optional packages get the friendly line; anything else is a real bug.
-    monkeypatch.delitem(sys.modules, "tandem.commands.generate", raising=False)
-    monkeypatch.setitem(sys.modules, "common.arg_parser", None)
+    monkeypatch.delitem(sys.modules, "tandem.cli.generate", raising=False)
+    monkeypatch.setitem(sys.modules, "tandem.common.arg_parser", None)
     with pytest.raises(ModuleNotFoundError):
         cli.main(["generate", "--help"])

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from protos.tandem.v1 import worker_pb2
-from tandem.commands import top
-from tandem.commands.chat import Conversation
-from tandem.commands.common import (
+from tandem.cli import top
+from tandem.cli.chat import Conversation
+from tandem.cli.common import (
     add_client_args,
     add_sampling_args,
     client_config_from_args,
     sampling_from_args,
 )
-from tandem.commands.generate import stats_line
-from tandem.results import StreamChunk, Timings, Usage
+from tandem.cli.generate import stats_line
+from tandem.protos.v1 import worker_pb2
+from tandem.sdk.results import StreamChunk, Timings, Usage
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -85,7 +85,7 @@ def test_conversation_keeps_turns_and_resets() -> None:
 
 
 def test_chat_loop_handles_commands_without_a_server() -> None:
-    from tandem.commands.chat import run
+    from tandem.cli.chat import run
 
     out = io.StringIO()
     # Only commands and blank lines: the loop never calls the client.
@@ -132,7 +132,7 @@ def test_top_frame() -> None:
 
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:
-    from tandem.commands.router_view import histogram_quantile
+    from tandem.cli.router_view import histogram_quantile
 
     buckets = [(0.1, 2.0), (0.2, 6.0), (0.5, 10.0), (float("inf"), 10.0)]
     assert histogram_quantile(buckets, 0.5) == pytest.approx(0.175)  # rank 5 of (2, 6] in 0.1-0.2
@@ -144,7 +144,7 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
 
 
 def test_router_line_from_prometheus_text() -> None:
-    from tandem.commands.router_view import parse_router_metrics, render_router
+    from tandem.cli.router_view import parse_router_metrics, render_router
 
     text = "\n".join([
         "# TYPE tandem_requests_total counter",

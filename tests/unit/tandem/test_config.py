@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem._channel import call_metadata, channel_credentials, channel_options
-from tandem.client_config import (
+from tandem.sdk._channel import call_metadata, channel_credentials, channel_options
+from tandem.sdk.client_config import (
     API_KEY_ENV,
     DEFAULT_TARGET,
     TARGET_ENV,
@@ -16,7 +16,7 @@ from tandem.client_config import (
     call_timeout,
     resolve_config,
 )
-from tandem.retry import RetryPolicy
+from tandem.sdk.retry import RetryPolicy
 
 
 def test_defaults_are_valid_and_frozen() -> None:

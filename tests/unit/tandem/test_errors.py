@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tandem.errors import (
+from tandem.sdk.errors import (
     AuthError,
     Cancelled,
     DeadlineExceeded,

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from tandem.commands import chat, generate
-from tandem.commands.common import sampling_from_args
-from tandem.commands.generation_flags import logprob_options, tool_options
-from tandem.commands.reply_output import extra_lines, finish_note, print_after_text
-from tandem.results import GenerateResult, TokenLogprob, ToolCall
+from tandem.cli import chat, generate
+from tandem.cli.common import sampling_from_args
+from tandem.cli.generation_flags import logprob_options, tool_options
+from tandem.cli.reply_output import extra_lines, finish_note, print_after_text
+from tandem.sdk.results import GenerateResult, TokenLogprob, ToolCall
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

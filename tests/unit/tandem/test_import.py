@@ -28,9 +28,9 @@ def test_client_commands_pull_in_no_server_or_ml_packages() -> None:
     """The server distribution's ``tandem generate/chat/bench/top`` load none of it either
     (what lets tandem-client ship them without torch; bench alone needs aiohttp)."""
     code = (
-        "import json, sys, tandem.cli\n"
-        "for name in tandem.cli.CLIENT_COMMANDS:\n"
-        "    __import__(tandem.cli.COMMANDS[name][0])\n"
+        "import json, sys, tandem.cli.main\n"
+        "for name in tandem.cli.main.CLIENT_COMMANDS:\n"
+        "    __import__(tandem.cli.main.COMMANDS[name][0])\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

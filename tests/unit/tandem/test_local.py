@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tandem.local import build_parser, decode_threads, router_argv, thread_split, worker_argv
+from tandem.launcher.local import (
+    build_parser,
+    decode_threads,
+    router_argv,
+    thread_split,
+    worker_argv,
+)
 
 
 def test_prefill_gets_every_core_decode_a_quarter() -> None:
@@ -53,7 +59,7 @@ def test_unset_engine_flags_are_not_forwarded() -> None:
 
 
 def test_forwarded_flags_parse_as_the_workers_do() -> None:
-    from decode_worker.cli import build_parser as decode_parser
+    from tandem.worker.decode.cli import build_parser as decode_parser
 
     args = build_parser().parse_args(["--quantization", "int8", "--max-num-seqs", "5"])
     worker = decode_parser().parse_args(
@@ -74,9 +80,9 @@ def test_config_file_and_command_line(tmp_path: Path) -> None:
 def test_workers_serve_metrics_under_the_served_name() -> None:
     """Every worker serves /metrics (a free loopback port, announced) with the router's
     model id; ``--worker-metrics-port -1`` turns it off, a --worker-arg still wins."""
-    from decode_worker.cli import build_parser as decode_parser
-    from decode_worker.cli import config_from_args
-    from tandem.local import metrics_endpoints
+    from tandem.launcher.local import metrics_endpoints
+    from tandem.worker.decode.cli import build_parser as decode_parser
+    from tandem.worker.decode.cli import config_from_args
 
     args = build_parser().parse_args(["--model", "/models/tiny", "--model-name", "t1"])
     worker = config_from_args(decode_parser().parse_args(
@@ -98,8 +104,8 @@ def test_workers_serve_metrics_under_the_served_name() -> None:
 
 
 def test_logging_and_tracing_flags_reach_every_process(tmp_path: Path) -> None:
-    from prefill_worker.cli import build_parser as prefill_parser
-    from router.cli import build_parser as router_parser
+    from tandem.router.cli import build_parser as router_parser
+    from tandem.worker.prefill.cli import build_parser as prefill_parser
 
     trace = tmp_path / "spans.jsonl"
     args = build_parser().parse_args(["--log-format", "json", "--log-level", "debug",
@@ -116,8 +122,8 @@ def test_logging_and_tracing_flags_reach_every_process(tmp_path: Path) -> None:
 
 
 def test_metrics_compat_reaches_every_process() -> None:
-    from decode_worker.cli import build_parser as decode_parser
-    from router.cli import build_parser as router_parser
+    from tandem.router.cli import build_parser as router_parser
+    from tandem.worker.decode.cli import build_parser as decode_parser
 
     args = build_parser().parse_args(["--metrics-compat", "none"])
     assert "--metrics-compat=none" in worker_argv(args, "m", 1)
@@ -142,7 +148,7 @@ class _Recorder:
 
 
 def test_both_workers_get_the_core_share_file_and_only_they() -> None:
-    from tandem.local import _start_workers
+    from tandem.launcher.local import _start_workers
 
     share = ["--core-share", "/run/x/core-share"]
     cluster = _Recorder()
@@ -153,5 +159,5 @@ def test_both_workers_get_the_core_share_file_and_only_they() -> None:
         assert command[at + 1] == "/run/x/core-share"
     cluster = _Recorder()
     _start_workers(cluster, build_parser().parse_args(["--no-prefill"]), "smollm2", [])  # type: ignore[arg-type]
-    assert [c[0] for c in cluster.started] == ["decode_worker"]
+    assert [c[0] for c in cluster.started] == ["tandem.worker.decode"]
     assert "--core-share" not in cluster.started[0]

@@ -1,4 +1,4 @@
-"""tandem/local_cluster.py: the cluster's processes keep their temporary files in a private
+"""tandem/launcher/local_cluster.py: the cluster's processes keep their temporary files in a private
 folder that ``stop`` removes, so a worker killed with SIGKILL leaves no socket behind."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from tandem.local_cluster import Cluster
+from tandem.launcher.local_cluster import Cluster
 
 
 def test_a_killed_process_leaves_no_socket_after_stop() -> None:

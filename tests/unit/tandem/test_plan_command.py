@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from planner.profile import Profile, StepCost, Transfer
-from planner.trace import TraceRequest, write_jsonl
-from tandem.commands.plan import main
+from tandem.cli.plan import main
+from tandem.planner.profile import Profile, StepCost, Transfer
+from tandem.planner.trace import TraceRequest, write_jsonl
 
 
 def _profile_file(tmp_path: Path) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from protos.tandem.v1 import tandem_pb2
-from tandem.errors import InvalidRequest
-from tandem.request_builder import (
+from tandem.protos.v1 import tandem_pb2
+from tandem.sdk.errors import InvalidRequest
+from tandem.sdk.request_builder import (
     SAMPLING_FIELDS,
     generate_request,
     sampling_params,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protos.tandem.v1 import tandem_pb2
-from tandem.results import GenerateResult, ResultBuilder, StreamChunk, Timings, Usage
+from tandem.protos.v1 import tandem_pb2
+from tandem.sdk.results import GenerateResult, ResultBuilder, StreamChunk, Timings, Usage
 
 
 def _msgs() -> list[tandem_pb2.GenerateResponse]:

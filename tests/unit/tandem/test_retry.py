@@ -9,14 +9,14 @@ import random
 import grpc
 import pytest
 
-from tandem.errors import (
+from tandem.sdk.errors import (
     DeadlineExceeded,
     Internal,
     InvalidRequest,
     Overloaded,
     Unavailable,
 )
-from tandem.retry import (
+from tandem.sdk.retry import (
     Deadline,
     RetryPolicy,
     acall_with_retry,

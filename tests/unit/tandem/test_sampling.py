@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 import tandem
-from tandem.errors import InvalidRequest
-from tandem.request_builder import SAMPLING_FIELDS, generate_request
-from tandem.sampling import SamplingOptions
+from tandem.sdk.errors import InvalidRequest
+from tandem.sdk.request_builder import SAMPLING_FIELDS, generate_request
+from tandem.sdk.sampling import SamplingOptions
 
 
 def test_fields_are_exactly_the_sampling_fields() -> None:

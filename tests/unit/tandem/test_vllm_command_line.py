@@ -24,18 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from decode_worker.cli import build_parser as decode_parser
-from engine.cli_args import engine_config_from_args
-from prefill_worker.cli import build_parser as prefill_parser
-from router.cli import build_parser as router_parser
-from router.cli import config_from_args
-from router.config import RouterConfig
-from router.security import RouterSecurity
-from tandem import local
-from tandem.launcher import up
+from tandem.engine.cli_args import engine_config_from_args
+from tandem.launcher import local, up
 from tandem.launcher.api_keys import key_file_text, write_key_file
 from tandem.launcher.argv import router_argv
 from tandem.launcher.router_actor import router_config
+from tandem.router.cli import build_parser as router_parser
+from tandem.router.cli import config_from_args
+from tandem.router.config import RouterConfig
+from tandem.router.security import RouterSecurity
+from tandem.worker.decode.cli import build_parser as decode_parser
+from tandem.worker.prefill.cli import build_parser as prefill_parser
 
 KEY = "sk-x"
 VLLM = ["--model", "smollm2", "--served-model-name", "my-model", "--api-key", KEY,

@@ -12,16 +12,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from decode_worker.service import DecodeConfig, DecodeWorker
-from decode_worker.servicer import DecodeServicer
-from engine.async_engine import AsyncEngine
-from engine.sampling_params import SamplingParams
-from kv_transfer import Receiver, ReceiverConfig, Sender, SenderConfig
-from kv_transfer.testing import TEST_SECRET
-from prefill_worker.service import PrefillConfig, PrefillWorker
-from prefill_worker.servicer import PrefillServicer
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
-from worker.convert import kv_layout
+from tandem.engine.async_engine import AsyncEngine
+from tandem.engine.sampling_params import SamplingParams
+from tandem.kv_transfer import Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer.testing import TEST_SECRET
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.worker.convert import kv_layout
+from tandem.worker.decode.service import DecodeConfig, DecodeWorker
+from tandem.worker.decode.servicer import DecodeServicer
+from tandem.worker.prefill.service import PrefillConfig, PrefillWorker
+from tandem.worker.prefill.servicer import PrefillServicer
 
 T = TypeVar("T")
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from common.credential import ClusterCredential, generate_secret_file
-from common.wire import READY_MARKER, parse_ready_line
-from decode_worker import cli as decode_cli
-from engine.cli_args import engine_config_from_args
-from prefill_worker import cli as prefill_cli
-from worker.cli import load_credential
-from worker.config import ServeConfig, StartupError
-from worker.process import announce, serve
+from tandem.common.security.credential import ClusterCredential, generate_secret_file
+from tandem.common.wire import READY_MARKER, parse_ready_line
+from tandem.engine.cli_args import engine_config_from_args
+from tandem.worker.cli import load_credential
+from tandem.worker.config import ServeConfig, StartupError
+from tandem.worker.decode import cli as decode_cli
+from tandem.worker.prefill import cli as prefill_cli
+from tandem.worker.process import announce, serve
 
 
 @pytest.mark.parametrize("main,argv", [

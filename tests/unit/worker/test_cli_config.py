@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from decode_worker import cli as decode_cli
-from engine.cli_args import engine_config_from_args
-from prefill_worker import cli as prefill_cli
+from tandem.engine.cli_args import engine_config_from_args
+from tandem.worker.decode import cli as decode_cli
+from tandem.worker.prefill import cli as prefill_cli
 
 YAML = """\
 port: 7001

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from engine.config import EngineConfig
-from worker.config import WorkerConfig
+from tandem.engine.config import EngineConfig
+from tandem.worker.config import WorkerConfig
 
 
 def _config(model: str, served: str = "") -> WorkerConfig:

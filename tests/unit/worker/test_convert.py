@@ -5,20 +5,20 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from engine.async_engine import EngineDeadError
-from engine.errors import InvalidRequestError, OutOfBlocksError
-from engine.outputs import KVCacheSpec, RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
-from kv_transfer import ConnectionLost, LayoutMismatchError, TransferAborted
-from protos.tandem.v1 import tandem_pb2
-from worker.convert import (
+from tandem.engine.async_engine import EngineDeadError
+from tandem.engine.errors import InvalidRequestError, OutOfBlocksError
+from tandem.engine.outputs import KVCacheSpec, RequestOutput, TokenLogprob
+from tandem.engine.sampling_params import SamplingParams
+from tandem.kv_transfer import ConnectionLost, LayoutMismatchError, TransferAborted
+from tandem.protos.v1 import tandem_pb2
+from tandem.worker.convert import (
     kv_layout,
     layout_mismatch,
     layout_to_proto,
     response_from_output,
     sampling_from_proto,
 )
-from worker.errors import Draining, grpc_status
+from tandem.worker.errors import Draining, grpc_status
 
 
 def test_unset_fields_keep_engine_defaults() -> None:

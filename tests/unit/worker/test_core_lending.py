@@ -1,4 +1,4 @@
-"""worker/core_lending: the prefill worker's busy flag as the decode worker reads it, the
+"""tandem/worker/core_lending: the prefill worker's busy flag as the decode worker reads it, the
 decode step's thread rule, and the files' failure modes."""
 
 from __future__ import annotations
@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from worker.core_lending import BorrowedThreads, CoreBorrower, CoreLender, make_core_share_file
+from tandem.worker.core_lending import (
+    BorrowedThreads,
+    CoreBorrower,
+    CoreLender,
+    make_core_share_file,
+)
 
 
 def test_the_file_is_private_and_starts_idle(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ import asyncio
 import grpc
 import pytest
 
-from engine.core.request import sequence_id
-from engine.sampling_params import SamplingParams
-from protos.tandem.v1 import tandem_pb2, worker_pb2
+from tandem.engine.core.request import sequence_id
+from tandem.engine.sampling_params import SamplingParams
+from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tests.unit.worker.harness import cluster
 
 PROMPT = [5 + (i * 37) % 240 for i in range(41)]  # three blocks of 16, the last one partial

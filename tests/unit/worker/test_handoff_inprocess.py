@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from protos.tandem.v1 import tandem_pb2, worker_pb2
+from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tests.unit.worker.harness import cluster, greedy, reference
 
 PROMPT = [5 + (i * 37) % 240 for i in range(41)]  # three blocks of 16, the last one partial

@@ -1,13 +1,13 @@
-"""worker.app.load_engine: the model loads and warms up (engine/warmup.py) before a worker
+"""tandem.worker.app.load_engine: the model loads and warms up (tandem/engine/warmup.py) before a worker
 serves; a warm-up that fails stops the start with a StartupError naming it."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import EngineConfig
-from worker import app
-from worker.config import StartupError
+from tandem.engine import EngineConfig
+from tandem.worker import app
+from tandem.worker.config import StartupError
 
 
 def test_the_engine_comes_warm(tiny_dir) -> None:

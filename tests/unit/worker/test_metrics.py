@@ -9,16 +9,16 @@ import urllib.error
 import pytest
 from prometheus_client import generate_latest
 
-from decode_worker import cli as decode_cli
-from engine.async_engine import AsyncEngine
-from engine.outputs import EngineStats
-from engine.sampling_params import SamplingParams
-from prefill_worker import cli as prefill_cli
+from tandem.engine.async_engine import AsyncEngine
+from tandem.engine.outputs import EngineStats
+from tandem.engine.sampling_params import SamplingParams
+from tandem.worker.decode import cli as decode_cli
+from tandem.worker.metrics import TransferTotals, WorkerMetrics
+from tandem.worker.metrics_http import MetricsBindError, MetricsServer
+from tandem.worker.prefill import cli as prefill_cli
+from tandem.worker.recent import RecentWindow
 from tests.scrape import Samples, fetch, parse, value
 from tests.unit.worker.harness import cluster, greedy, until
-from worker.metrics import TransferTotals, WorkerMetrics
-from worker.metrics_http import MetricsBindError, MetricsServer
-from worker.recent import RecentWindow
 
 PROMPT = [5 + (i * 37) % 240 for i in range(41)]  # three blocks of 16, the last one partial
 

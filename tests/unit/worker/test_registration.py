@@ -7,9 +7,9 @@ import socket
 
 import grpc
 
-from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
+from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
+from tandem.worker.registration import RegistrationConfig, RegistryClient
 from tests.unit.worker.harness import until
-from worker.registration import RegistrationConfig, RegistryClient
 
 
 class FakeRouter(worker_pb2_grpc.RegistryServicer):

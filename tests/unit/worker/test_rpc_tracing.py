@@ -1,5 +1,5 @@
 """The workers' side of a trace: each RPC a span under the caller's ``traceparent``, the
-prefill's engine/push/commit spans under its call, and the leg id on the call's log lines."""
+prefill's tandem/engine/push/commit spans under its call, and the leg id on the call's log lines."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from common import log_context, tracing
-from protos.tandem.v1 import worker_pb2
+from tandem.common.obs import log_context, tracing
+from tandem.protos.v1 import worker_pb2
+from tandem.worker.rpc_context import serving
 from tests.spans import by_name, spans  # noqa: F401  (the fixture)
 from tests.unit.worker.harness import cluster, greedy
-from worker.rpc_context import serving
 
 PROMPT = list(range(20, 60))
 TRACE = "5b8efff798038103d269b633813fc60c"

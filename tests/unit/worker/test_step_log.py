@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import SamplingParams
-from worker.app import attach_step_log
-from worker.config import StartupError
-from worker.step_log import StepLog, StepRecord, read_step_log
+from tandem.engine import SamplingParams
+from tandem.worker.app import attach_step_log
+from tandem.worker.config import StartupError
+from tandem.worker.step_log import StepLog, StepRecord, read_step_log
 
 
 def test_an_engine_logs_each_step_with_its_rows_and_prompt_tokens(

@@ -10,18 +10,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from decode_worker.cli import build_parser
-from protos.tandem.v1 import worker_pb2, worker_pb2_grpc
-from tests.integration.tls_certs import make_certs
-from tests.unit.worker.harness import until
-from tests.unit.worker.test_registration import FakeRouter
-from worker.registration import RegistrationConfig, RegistryClient
-from worker.tls import (
+from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
+from tandem.worker.decode.cli import build_parser
+from tandem.worker.registration import RegistrationConfig, RegistryClient
+from tandem.worker.tls import (
     TlsConfigError,
     kv_tls_from_args,
     router_credentials_from_args,
     server_tls_from_args,
 )
+from tests.integration.tls_certs import make_certs
+from tests.unit.worker.harness import until
+from tests.unit.worker.test_registration import FakeRouter
 
 
 def _args(*flags: str):  # noqa: ANN202 - argparse.Namespace

@@ -28,7 +28,7 @@ PEM_CERT = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----"
 
 
 def first_key(path: str) -> str:
-    """The first key of a key file, read as the router reads it (router/auth.py)."""
+    """The first key of a key file, read as the router reads it (tandem/router/auth.py)."""
     with open(path, encoding="utf-8") as f:
         for line in f:
             key = line.split("#", 1)[0].strip()

@@ -81,14 +81,14 @@ PVC's mount with model.pvc.enabled. Call with (dict "ctx" $ "name" NAME). */}}
 {{- end -}}
 
 {{/* The served model id: model.servedName, else the alias, the .gguf file's stem or the
-directory's name (common/model_spec.py's served_name, as the processes would pick it). */}}
+directory's name (tandem/common/model_spec.py's served_name, as the processes would pick it). */}}
 {{- define "tandem.servedName" -}}
 {{- default (trimSuffix ".gguf" (base .Values.model.name)) .Values.model.servedName -}}
 {{- end -}}
 
 {{/*
 The router's model flags in deployments mode, as a YAML list: --model as the workers get it
-(the router reads only its tokenizer and config.json, router/model_files.py: no torch, no
+(the router reads only its tokenizer and config.json, tandem/router/model_files.py: no torch, no
 conversion), --tokenizer when model.tokenizer says where else to read them. In ray mode
 tandem up gives the router its own --model; --tokenizer goes through --router-arg.
 */}}
@@ -104,7 +104,7 @@ tandem up gives the router its own --model; --tokenizer goes through --router-ar
 Logging, tracing and metric-name flags of every process, as YAML list items ("" when every
 value is at its default: each process keeps its own default). The router and both worker
 Deployments get them as args; in ray mode tandem up takes the same flags and passes them to the
-router and every worker actor (tandem/engine_flags.py observability_argv).
+router and every worker actor (tandem/launcher/engine_flags.py observability_argv).
 */}}
 {{- define "tandem.observabilityArgs" -}}
 {{- $o := .Values.observability -}}

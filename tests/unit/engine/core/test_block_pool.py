@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from common.block_hash import hash_block
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.request import Request
-from engine.sampling_params import SamplingParams
+from tandem.common.block_hash import hash_block
+from tandem.engine.core.block_pool import BlockPool
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request
+from tandem.engine.sampling_params import SamplingParams
 
 
 def _req(rid: str, tokens: list[int]) -> Request:
@@ -120,8 +120,8 @@ def test_bookkeeping_imports_without_torch() -> None:
     import sys
 
     code = (
-        "import sys; import engine.core.scheduler, engine.core.kv_cache_manager, "
-        "engine.core.remote_kv, engine.core.output_processor; "
-        "assert 'torch' not in sys.modules, 'engine.core pulled in torch'"
+        "import sys; import tandem.engine.core.scheduler, tandem.engine.core.kv_cache_manager, "
+        "tandem.engine.core.remote_kv, tandem.engine.core.output_processor; "
+        "assert 'torch' not in sys.modules, 'tandem.engine.core pulled in torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

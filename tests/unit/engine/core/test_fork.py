@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import SchedulerConfig
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.request import Request, RequestStatus, fork_seed, sequence_id
-from engine.core.scheduler import Scheduler
-from engine.sampling_params import SamplingParams
+from tandem.engine.config import SchedulerConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request, RequestStatus, fork_seed, sequence_id
+from tandem.engine.core.scheduler import Scheduler
+from tandem.engine.sampling_params import SamplingParams
 
 
 def _computed(rid: str, tokens: list[int], kv: KVCacheManager) -> Request:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.core.output_processor import OutputProcessor
-from engine.core.request import Request, RequestStatus
-from engine.outputs import SampleResult
-from engine.sampling_params import SamplingParams
+from tandem.engine.core.output_processor import OutputProcessor
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.outputs import SampleResult
+from tandem.engine.sampling_params import SamplingParams
 
 EOS = 2
 

@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.remote_kv import RemoteKV, RemoteState
-from engine.core.request import Request, RequestStatus
-from engine.errors import InvalidRequestError, OutOfBlocksError, UnknownRequestError
-from engine.sampling_params import SamplingParams
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.remote_kv import RemoteKV, RemoteState
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.errors import InvalidRequestError, OutOfBlocksError, UnknownRequestError
+from tandem.engine.sampling_params import SamplingParams
 
 BS = 4
 

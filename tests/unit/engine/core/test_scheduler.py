@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from engine.config import SchedulerConfig
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
-from engine.sampling_params import SamplingParams
+from tandem.engine.config import SchedulerConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.core.scheduler import Scheduler
+from tandem.engine.sampling_params import SamplingParams
 
 
 def _setup(num_blocks: int = 64, budget: int = 32, seqs: int = 8, bs: int = 4):

@@ -1,4 +1,4 @@
-"""Compile a small C++ program against engine/native's headers, for the tests of one header."""
+"""Compile a small C++ program against tandem/engine/native's headers, for the tests of one header."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-native_build = importlib.import_module("engine.native.build")  # the package re-exports a build()
+native_build = importlib.import_module("tandem.engine.native.build")  # the package re-exports a build()
 
 
 def compile_program(work: Path, name: str, source: str, isa: str = "avx2") -> Path:
-    """``source`` built with ``isa``'s flags (engine/native/build.py's VARIANTS) into
+    """``source`` built with ``isa``'s flags (tandem/engine/native/build.py's VARIANTS) into
     ``work/name``; skips the test where there is no compiler or the CPU cannot run it."""
     cxx = native_build._compiler()
     if cxx is None:

@@ -1,4 +1,4 @@
-"""bf16 and fp16 models on the fused native CPU forward (engine/native).
+"""bf16 and fp16 models on the fused native CPU forward (tandem/engine/native).
 
 The kernels widen 16-bit weights to fp32 in registers and keep activations in fp32, so the
 exact reference is the torch path over the same weights upcast to fp32, with the K/V rounded
@@ -18,13 +18,13 @@ import pytest
 import torch
 from torch import nn
 
-import engine.models.linear as linear_mod
-from engine import SamplingParams
-from engine.attention import AttentionMetadata
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.models.linear import Linear
-from engine.native import NativeLinear, load
-from engine.native.packed_linear import KIND_BF16, KIND_F16
+import tandem.engine.models.linear as linear_mod
+from tandem.engine import SamplingParams
+from tandem.engine.attention import AttentionMetadata
+from tandem.engine.attention.torch_backend import TorchAttentionBackend
+from tandem.engine.models.linear import Linear
+from tandem.engine.native import NativeLinear, load
+from tandem.engine.native.packed_linear import KIND_BF16, KIND_F16
 from tests.unit.engine._reference import engine_token_ids
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")

@@ -1,4 +1,4 @@
-"""The fused native CPU forward (engine/native) against the torch path on the same weights.
+"""The fused native CPU forward (tandem/engine/native) against the torch path on the same weights.
 
 The reference is the torch forward with every quantized layer multiplying by its exact fp32
 dequantized weight (``DEQUANT_MIN_ROWS`` forced to 0), so the only difference left is the
@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.quant.int4 as int4_mod
-import engine.quant.int8 as int8_mod
-from engine import SamplingParams
-from engine.attention import AttentionMetadata
-from engine.native import NativeLinear, load
-from engine.quant import Int4Linear, Int8Linear
-from engine.quant.kv_int8 import dequantize_heads
+import tandem.engine.quant.int4 as int4_mod
+import tandem.engine.quant.int8 as int8_mod
+from tandem.engine import SamplingParams
+from tandem.engine.attention import AttentionMetadata
+from tandem.engine.native import NativeLinear, load
+from tandem.engine.quant import Int4Linear, Int8Linear
+from tandem.engine.quant.kv_int8 import dequantize_heads
 from tests.unit.engine._reference import engine_token_ids
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")

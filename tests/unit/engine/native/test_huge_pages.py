@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.native import huge_pages
-from engine.native.packed_linear import PackedLinear
-from engine.quant import Int4Linear
+from tandem.engine.native import huge_pages
+from tandem.engine.native.packed_linear import PackedLinear
+from tandem.engine.quant import Int4Linear
 
 
 def test_gather_moves_every_weight_and_keeps_ties() -> None:

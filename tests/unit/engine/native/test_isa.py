@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.native.build import (
+from tandem.engine.native.build import (
     ISA_ENV,
     VARIANTS,
     NativeISAError,
@@ -27,8 +27,8 @@ from engine.native.build import (
     supported_isas,
 )
 
-# the module (``engine.native.build`` as an attribute is the package's build() function)
-native_build = importlib.import_module("engine.native.build")
+# the module (``tandem.engine.native.build`` as an attribute is the package's build() function)
+native_build = importlib.import_module("tandem.engine.native.build")
 
 AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512cd"}
@@ -140,8 +140,8 @@ def test_the_variants_agree(rows: int) -> None:
     """The tiled path (8+ rows) sums each output in the same order in both builds: identical
     bits. The few-row integer loops have the same exact integer products per group; only the
     fp32 accumulation order across groups and lanes differs."""
-    from engine.native.fused_forward import NativeLinear
-    from engine.native.packed_linear import PackedLinear
+    from tandem.engine.native.fused_forward import NativeLinear
+    from tandem.engine.native.packed_linear import PackedLinear
 
     gguf = pytest.importorskip("gguf")
     libs = {isa: _lib(isa) for isa in ("avx2", "avx512")}

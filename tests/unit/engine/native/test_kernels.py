@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.native import NativeLinear, load
-from engine.native.packed_linear import (
+from tandem.engine.native import NativeLinear, load
+from tandem.engine.native.packed_linear import (
     KIND_BF16,
     KIND_F16,
     KIND_F32,
@@ -25,8 +25,8 @@ from engine.native.packed_linear import (
     PackedEmbedding,
     PackedLinear,
 )
-from engine.quant import Int4Linear, Int8Linear
-from engine.sampling_params import SamplingParams
+from tandem.engine.quant import Int4Linear, Int8Linear
+from tandem.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
 gguf = pytest.importorskip("gguf")

@@ -1,5 +1,5 @@
 """The model runner's ``step_threads``: each fused step asks it for a thread count (a decode
-worker borrowing an idle prefill worker's cores, worker/core_lending.py), and the tokens do not
+worker borrowing an idle prefill worker's cores, tandem/worker/core_lending.py), and the tokens do not
 depend on the answer. Also the decode worker's wiring of it (``borrow_cores``)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from decode_worker.app import borrow_cores
-from engine import SamplingParams
-from engine.native import load
+from tandem.engine import SamplingParams
+from tandem.engine.native import load
+from tandem.worker.config import StartupError
+from tandem.worker.core_lending import BorrowedThreads, CoreLender, make_core_share_file
+from tandem.worker.decode.app import borrow_cores
 from tests.unit.engine._reference import engine_token_ids
-from worker.config import StartupError
-from worker.core_lending import BorrowedThreads, CoreLender, make_core_share_file
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
 
@@ -62,7 +62,7 @@ def test_without_the_fused_forward_the_share_is_ignored_and_said(
 ) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64,
                          use_native_kernels=False)
-    with caplog.at_level(logging.WARNING, logger="decode_worker.app"):
+    with caplog.at_level(logging.WARNING, logger="tandem.worker.decode.app"):
         assert borrow_cores(engine.runner, str(make_core_share_file(tmp_path)), min_rows=8) \
             is None
     assert engine.runner.step_threads is None

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from bench.perplexity import token_nlls
-from engine import EngineConfig, SamplingParams
-from engine.model_runner import ModelRunner
-from engine.native import load
+from tandem.engine import EngineConfig, SamplingParams
+from tandem.engine.model_runner import ModelRunner
+from tandem.engine.native import load
+from tandem.worker.convert import kv_layout
 from tests.unit.engine._handoff import copy_blocks
-from worker.convert import kv_layout
 
 PROMPT = [3 + (i * 37) % 250 for i in range(45)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

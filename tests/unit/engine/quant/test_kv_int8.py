@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from bench.perplexity import token_nlls
-from engine import SamplingParams
-from engine.quant.kv_int8 import dequantize_heads, quantize_heads
+from tandem.engine import SamplingParams
+from tandem.engine.quant.kv_int8 import dequantize_heads, quantize_heads
+from tandem.worker.convert import kv_layout
 from tests.unit.engine._handoff import copy_blocks
-from worker.convert import kv_layout
 
 PROMPT = [3 + (i * 37) % 250 for i in range(45)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

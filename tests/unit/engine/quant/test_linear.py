@@ -17,10 +17,10 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from engine.quant import int4 as int4_mod  # noqa: E402
-from engine.quant import int8 as int8_mod  # noqa: E402
-from engine.quant.int4 import Int4Linear  # noqa: E402
-from engine.quant.int8 import Int8Linear  # noqa: E402
+from tandem.engine.quant import int4 as int4_mod  # noqa: E402
+from tandem.engine.quant import int8 as int8_mod  # noqa: E402
+from tandem.engine.quant.int4 import Int4Linear  # noqa: E402
+from tandem.engine.quant.int8 import Int8Linear  # noqa: E402
 
 N, K = 96, 128
 
@@ -110,7 +110,7 @@ def test_q4_1_blocks_load_exactly(n: int) -> None:
 def _triton_ready() -> bool:
     if torch.cuda.is_available():
         return True
-    from engine.attention.triton_kernels.common import is_interpreting
+    from tandem.engine.attention.triton_kernels.common import is_interpreting
 
     return is_interpreting()
 
@@ -118,7 +118,7 @@ def _triton_ready() -> bool:
 @pytest.mark.skipif(not _triton_ready(), reason="Triton kernels imported compiled, no CUDA")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_triton_kernel_matches_dequantized_weights(wx, kind: str) -> None:
-    from engine.quant.triton_matmul import int4_matmul, int8_matmul
+    from tandem.engine.quant.triton_matmul import int4_matmul, int8_matmul
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     w, _, x = wx

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from bench.perplexity import perplexity
-from engine import SamplingParams
-from engine.loader import _alias_path
-from engine.native import load
-from engine.native.packed_linear import PackedEmbedding, PackedLinear
-from engine.quant import Int4Linear, Int8Linear
+from tandem.engine import SamplingParams
+from tandem.engine.loader import _alias_path
+from tandem.engine.native import load
+from tandem.engine.native.packed_linear import PackedEmbedding, PackedLinear
+from tandem.engine.quant import Int4Linear, Int8Linear
 from tests.unit.engine._reference import engine_token_ids
 
 TEXT = Path(__file__).resolve().parents[3] / "data" / "ppl_text.txt"

@@ -1,6 +1,6 @@
 """Pre-quantized checkpoints (AWQ, GPTQ, compressed-tensors) load exactly.
 
-Checkpoints are written by engine/testing/prequantized.py, whose packers follow each format's
+Checkpoints are written by tandem/engine/testing/prequantized.py, whose packers follow each format's
 layout independently of the loader; every loaded layer must dequantize to the format's
 reference ``(q - zero_point) * scale`` bit for bit, and the model must compute what a float
 model holding those reference weights computes. Unsupported variants are refused by name.
@@ -16,12 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.attention import AttentionMetadata, get_backend
-from engine.errors import ModelLoadError
-from engine.models.llama import LlamaForCausalLM
-from engine.models.weights import load_model
-from engine.quant import Int4Linear, Int8Linear
-from engine.quant.prequantized import (
+from tandem.engine.attention import AttentionMetadata, get_backend
+from tandem.engine.errors import ModelLoadError
+from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.weights import load_model
+from tandem.engine.quant import Int4Linear, Int8Linear
+from tandem.engine.quant.prequantized import (
     AwqFormat,
     CompressedTensorsFormat,
     GptqFormat,
@@ -29,9 +29,9 @@ from engine.quant.prequantized import (
     format_from_config,
     read_quantization_config,
 )
-from engine.sampling_params import SamplingParams
-from engine.testing import make_tiny_checkpoint
-from engine.testing.prequantized import (
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.testing import make_tiny_checkpoint
+from tandem.engine.testing.prequantized import (
     QuantSpec,
     quantization_config,
     write_dense,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
-from engine.errors import ModelLoadError
+from tandem.engine import SamplingParams
+from tandem.engine.errors import ModelLoadError
 from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine.spec.helpers import prompts, run
 

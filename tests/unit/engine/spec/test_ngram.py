@@ -4,12 +4,12 @@ opt out, under preemption, with stops and logprobs)."""
 
 from __future__ import annotations
 
-from engine import SamplingParams
-from engine.config import SchedulerConfig
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.request import Request
-from engine.core.scheduler import Scheduler
-from engine.spec.ngram import ngram_lookup, proposal_length
+from tandem.engine import SamplingParams
+from tandem.engine.config import SchedulerConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request
+from tandem.engine.core.scheduler import Scheduler
+from tandem.engine.spec.ngram import ngram_lookup, proposal_length
 from tests.unit.engine._reference import hf_greedy
 from tests.unit.engine.spec.helpers import prompts, run
 

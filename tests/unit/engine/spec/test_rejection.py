@@ -9,10 +9,10 @@ from collections import Counter
 
 import torch
 
-from engine import SamplingParams
-from engine.sampler import _uniform
-from engine.spec.probs import draw
-from engine.spec.rejection import rejection_sample
+from tandem.engine import SamplingParams
+from tandem.engine.sampler import _uniform
+from tandem.engine.spec.probs import draw
+from tandem.engine.spec.rejection import rejection_sample
 
 
 def _tv(counts: Counter, n: int, p: torch.Tensor) -> float:

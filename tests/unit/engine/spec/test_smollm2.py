@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.engine_lookup import MOVING_AVERAGE as DOC
-from engine import SamplingParams
+from tandem.engine import SamplingParams
 from tests.unit.engine._reference import hf_greedy
 
 pytestmark = pytest.mark.slow

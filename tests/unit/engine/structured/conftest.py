@@ -14,7 +14,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 
 @pytest.fixture(scope="session")
 def tiny_vocab_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
-    from engine.testing import make_tiny_checkpoint
+    from tandem.engine.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-vocab"), vocab_size=49152)
     for name in _TOKENIZER_FILES:

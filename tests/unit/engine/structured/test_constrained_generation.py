@@ -10,8 +10,8 @@ import json
 import jsonschema
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
-from engine.structured.spec import StructuredOutput
+from tandem.engine import InvalidRequestError, SamplingParams
+from tandem.engine.structured.spec import StructuredOutput
 from tests.unit.engine._handoff import copy_blocks
 
 SCHEMA = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import InvalidRequestError
-from engine.structured.grammar_engine import GrammarEngine, choice_grammar
-from engine.structured.spec import MAX_SPEC_CHARS, StructuredOutput
+from tandem.engine.errors import InvalidRequestError
+from tandem.engine.structured.grammar_engine import GrammarEngine, choice_grammar
+from tandem.engine.structured.spec import MAX_SPEC_CHARS, StructuredOutput
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_bounded_json_strings_refuse_raw_control_characters(grammars) -> None:
     that rule (if a new version prints it differently, this fails instead of going quiet)."""
     import xgrammar as xgr
 
-    from engine.structured.grammar_engine import _LOOSE_CHARS, json_schema_grammar
+    from tandem.engine.structured.grammar_engine import _LOOSE_CHARS, json_schema_grammar
 
     schema = '{"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}}, "required": ["a"]}'
     assert _LOOSE_CHARS in str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.errors import DeadlineError
-from router.handoff.deadline import Deadline
+from tandem.router.errors import DeadlineError
+from tandem.router.handoff.deadline import Deadline
 
 
 def test_deadline_counts_down_on_its_clock() -> None:

@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from protos.tandem.v1 import tandem_pb2
-from router.errors import InvalidRequestError, LegLostError
-from router.handoff.fork import merge_sequences
-from router.request import Chunk
-from router.tokenizer import RouterTokenizer
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.errors import InvalidRequestError, LegLostError
+from tandem.router.handoff.fork import merge_sequences
+from tandem.router.request import Chunk
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import MODEL, Cluster, cluster
 

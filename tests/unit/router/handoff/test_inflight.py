@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from router.handoff.inflight import CallCutError, InflightCalls
+from tandem.router.handoff.inflight import CallCutError, InflightCalls
 
 
 class FakeCall:

@@ -7,9 +7,9 @@ import asyncio
 import grpc
 import pytest
 
-from common.wire import RETRY_AFTER_KEY
-from protos.tandem.v1 import tandem_pb2
-from router.tokenizer import RouterTokenizer
+from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import Cluster, cluster
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.handoff.placement import (
+from tandem.router.handoff.placement import (
     Decision,
     Reason,
     Slo,
@@ -12,7 +12,7 @@ from router.handoff.placement import (
     predict_local,
     predict_remote,
 )
-from router.membership.worker_view import Role, WorkerView
+from tandem.router.membership.worker_view import Role, WorkerView
 
 SLO = Slo(ttft_s=2.0, tpot_s=0.1)
 
@@ -148,7 +148,7 @@ def test_the_routers_own_count_of_running_streams_is_used_when_larger() -> None:
 
 
 def test_remote_overhead_grows_with_the_blocks_a_push_carries() -> None:
-    from router.handoff.placement import PrefillOverheads
+    from tandem.router.handoff.placement import PrefillOverheads
 
     o = PrefillOverheads(weight=0.2)
     assert o.current(10) == {}
@@ -165,7 +165,7 @@ def test_remote_overhead_grows_with_the_blocks_a_push_carries() -> None:
 
 
 def test_overhead_of_same_sized_prefills_is_their_mean_and_never_answers_negative() -> None:
-    from router.handoff.placement import PrefillOverheads
+    from tandem.router.handoff.placement import PrefillOverheads
 
     o = PrefillOverheads(weight=0.5)
     o.observe("p", 0.3, 0.1, pushed_blocks=8)  # 0.2 s extra
@@ -187,7 +187,7 @@ def test_a_learnt_overhead_fades_without_new_observations() -> None:
     """An option the router stopped choosing teaches it nothing, so its figure fades (half
     every OVERHEAD_HALF_LIFE_S) until the option is tried again: one bad spell cannot keep
     it out for good."""
-    from router.handoff.placement import OVERHEAD_HALF_LIFE_S, PrefillOverheads
+    from tandem.router.handoff.placement import OVERHEAD_HALF_LIFE_S, PrefillOverheads
 
     o = PrefillOverheads(weight=0.5)
     o.observe("d0", 0.5, 0.1, pushed_blocks=4, now=100.0)  # 0.4 s beyond its prediction

@@ -6,9 +6,9 @@ import asyncio
 
 from prometheus_client import generate_latest
 
-from protos.tandem.v1 import tandem_pb2
-from router.handoff.placement_log import read_placement_log
-from router.tokenizer import RouterTokenizer
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.handoff.placement_log import read_placement_log
+from tandem.router.tokenizer import RouterTokenizer
 from tests.scrape import parse
 from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import Cluster, cluster

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from router.handoff.affinity import PrefixAffinity, prefix_hashes
-from router.handoff.policy import blocks_needed, rank_decode, rank_prefill
-from router.membership.worker_view import Role, WorkerView
+from tandem.router.handoff.affinity import PrefixAffinity, prefix_hashes
+from tandem.router.handoff.policy import blocks_needed, rank_decode, rank_prefill
+from tandem.router.membership.worker_view import Role, WorkerView
 
 
 def _d(

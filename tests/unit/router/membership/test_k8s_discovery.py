@@ -20,19 +20,19 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from common.wire import parse_ready_line
-from router.cli import build_parser, config_from_args
-from router.handoff.affinity import PrefixAffinity
-from router.membership.k8s_discovery import (
+from tandem.common.wire import parse_ready_line
+from tandem.router.cli import build_parser, config_from_args
+from tandem.router.handoff.affinity import PrefixAffinity
+from tandem.router.membership.k8s_discovery import (
     DEFAULT_SELECTOR,
     DiscoveryConfig,
     KubernetesDiscovery,
     RegistrySink,
 )
-from router.membership.k8s_pods import Membership, PodTracker, pod_state
-from router.membership.registry import Registry
-from router.membership.worker_clients import WorkerClients
-from router.membership.worker_view import Role
+from tandem.router.membership.k8s_pods import Membership, PodTracker, pod_state
+from tandem.router.membership.registry import Registry
+from tandem.router.membership.worker_clients import WorkerClients
+from tandem.router.membership.worker_view import Role
 from tests.unit.router.fakes import SECRET_FILE
 from tests.unit.router.kube_api import KubeApiDouble, make_pod
 
@@ -210,9 +210,9 @@ def test_router_flags_select_kubernetes_discovery(tmp_path: pytest.TempPathFacto
 
 
 def test_router_process_watches_pods_and_drains(api: KubeApiDouble, tmp_path: Path) -> None:
-    """``python -m router --discovery kubernetes``: reaches the API through a kubeconfig,
+    """``python -m tandem.router --discovery kubernetes``: reaches the API through a kubeconfig,
     lists and watches worker pods with its selector, and still exits 0 on SIGTERM."""
-    from engine.loader import resolve_model
+    from tandem.engine.loader import resolve_model
 
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({
@@ -224,7 +224,7 @@ def test_router_process_watches_pods_and_drains(api: KubeApiDouble, tmp_path: Pa
     api.put(make_pod("decode-0", "decode", ip="127.0.0.1", ready=True, port=1))
     selector = "app.kubernetes.io/instance=tandem,app.kubernetes.io/component in (prefill,decode)"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "--port", "0", "--http-port", "0",
+        [sys.executable, "-m", "tandem.router", "--port", "0", "--http-port", "0",
          "--tokenizer", str(resolve_model("smollm2")), "--log-level", "WARNING",
          "--discovery", "kubernetes", "--k8s-namespace", "tandem", "--k8s-selector", selector,
          "--cluster-secret-file", str(SECRET_FILE)],

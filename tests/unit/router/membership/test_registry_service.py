@@ -7,10 +7,10 @@ import asyncio
 import grpc
 import pytest
 
-from common.credential import ClusterCredential
-from common.grpc_auth import aio_interceptors
-from protos.tandem.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
-from router.tokenizer import RouterTokenizer
+from tandem.common.security.credential import ClusterCredential
+from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import FakeDecode, serve
 from tests.unit.router.harness import cluster
 

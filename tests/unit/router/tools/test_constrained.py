@@ -9,10 +9,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from router.errors import InvalidRequestError
-from router.tools.call import ToolCall, new_call_id
-from router.tools.constrained import ToolParseError, choice_schema, parse_constrained
-from router.tools.spec import ToolChoice, ToolSpec
+from tandem.router.errors import InvalidRequestError
+from tandem.router.tools.call import ToolCall, new_call_id
+from tandem.router.tools.constrained import ToolParseError, choice_schema, parse_constrained
+from tandem.router.tools.spec import ToolChoice, ToolSpec
 
 WEATHER = ToolSpec(
     "get_weather",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from router.tools.json_stream import (
+from tandem.router.tools.json_stream import (
     BROKEN,
     DONE,
     OPEN,

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from router.tools.call import JSON_DECODER, ParsedOutput, decode_at
-from router.tools.hermes import HermesToolParser
-from router.tools.llama3 import Llama3JsonToolParser
-from router.tools.mistral import MistralToolParser
-from router.tools.select import PARSERS, parser_for
+from tandem.router.tools.call import JSON_DECODER, ParsedOutput, decode_at
+from tandem.router.tools.hermes import HermesToolParser
+from tandem.router.tools.llama3 import Llama3JsonToolParser
+from tandem.router.tools.mistral import MistralToolParser
+from tandem.router.tools.select import PARSERS, parser_for
 
 HERMES = HermesToolParser()
 LLAMA = Llama3JsonToolParser()

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from router.errors import InvalidRequestError
-from router.tools.spec import (
+from tandem.router.errors import InvalidRequestError
+from tandem.router.tools.spec import (
     MAX_TOOLS,
     ToolChoice,
     ToolSpec,

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from router.tools.call import CallDelta, ContentDelta, ToolDelta, collect
-from router.tools.constrained import ConstrainedStream
-from router.tools.parser import ToolParser
-from router.tools.select import PARSERS
-from router.tools.spec import ToolChoice, ToolSpec
+from tandem.router.tools.call import CallDelta, ContentDelta, ToolDelta, collect
+from tandem.router.tools.constrained import ConstrainedStream
+from tandem.router.tools.parser import ToolParser
+from tandem.router.tools.select import PARSERS
+from tandem.router.tools.spec import ToolChoice, ToolSpec
 
 HERMES, LLAMA, MISTRAL = PARSERS["hermes"], PARSERS["llama3_json"], PARSERS["mistral"]
 

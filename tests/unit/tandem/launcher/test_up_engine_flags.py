@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from decode_worker.cli import build_parser as decode_parser
-from engine.config import SchedulerConfig
-from prefill_worker.cli import build_parser as prefill_parser
-from router.cli import build_parser as router_parser
+from tandem.engine.config import SchedulerConfig
 from tandem.launcher.argv import router_argv, worker_argv
 from tandem.launcher.spec import LaunchSpec
 from tandem.launcher.up import _check_public_bind, build_parser, spec_from_args
+from tandem.router.cli import build_parser as router_parser
+from tandem.worker.decode.cli import build_parser as decode_parser
+from tandem.worker.prefill.cli import build_parser as prefill_parser
 
 VLLM_LINE = ["--model", "smollm2", "--served-model-name", "tiny", "--max-model-len", "2048",
              "--quantization", "int4", "--kv-cache-dtype", "int8", "--max-num-seqs", "8",

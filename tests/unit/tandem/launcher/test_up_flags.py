@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.config import load_config
-from common.credential import generate_secret_file
+from tandem.autoscaler.config import load_config
+from tandem.common.security.credential import generate_secret_file
 from tandem.launcher.spec import LaunchSpec
 from tandem.launcher.up import _check_public_bind, build_parser, main, spec_from_args
 
@@ -105,7 +105,7 @@ def test_an_actors_credential_file_lives_only_while_its_flags_are_read() -> None
     """The router and worker actors hand the secret to their parsers through a private file
     (never an argv); it and its folder are gone once the block that reads them ends, so
     clusters started and stopped leave no secrets behind in the temp folder."""
-    from common.credential import ClusterCredential, new_secret
+    from tandem.common.security.credential import ClusterCredential, new_secret
     from tandem.launcher.argv import credential_argv
     from tandem.launcher.router_actor import router_config
 
@@ -137,7 +137,7 @@ def test_a_public_router_needs_keys_or_an_explicit_allow(capsys) -> None:
 
 def test_make_serves_pair_is_laid_out_as_tandem_local(tmp_path: Path) -> None:
     """One prefill + one decode worker on a local instance: prefill every core, decode a
-    quarter and the core share (worker/core_lending.py); a role's own flags still win."""
+    quarter and the core share (tandem/worker/core_lending.py); a role's own flags still win."""
     from tandem.launcher import up
     from tandem.launcher.argv import worker_argv
 

@@ -1,7 +1,0 @@
-"""``python -m decode_worker``."""
-
-import sys
-
-from decode_worker.cli import main
-
-sys.exit(main())

@@ -1,6 +1,0 @@
-"""Model definitions: our own forward for the Llama family over the paged KV cache."""
-
-from engine.models.arch import ModelArch
-from engine.models.llama import LlamaForCausalLM
-
-__all__ = ["LlamaForCausalLM", "ModelArch"]

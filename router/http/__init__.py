@@ -1,5 +1,0 @@
-"""The router's OpenAI-compatible HTTP API (aiohttp, in the router's own event loop)."""
-
-from router.http.server import HttpServer
-
-__all__ = ["HttpServer"]

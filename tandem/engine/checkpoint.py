@@ -1,0 +1,76 @@
+"""What an engine runs, loaded: the model, its arch, its tokenizer and its context length.
+
+    ModelConfig.model --resolve_model (tandem/engine/loader.py)--> checkpoint directory
+                      --read_arch, load_model (tandem/engine/models/weights.py)--> LlamaForCausalLM
+                      --quantize_model (tandem/engine/quant)--> layers in the checkpoint's own format
+                                                         (auto) or requantized
+                      --AutoTokenizer, when the checkpoint has one--> tokenizer
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tandem.engine.config import ModelConfig
+from tandem.engine.loader import resolve_model
+from tandem.engine.models.arch import ModelArch
+from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.weights import load_model, read_arch
+from tandem.engine.quant import QuantSummary, quantize_model, weight_bytes
+from tandem.engine.quant.gguf_blocks import gguf_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """A loaded model and what the engine needs to know about it."""
+
+    path: Path
+    model: LlamaForCausalLM
+    arch: ModelArch
+    tokenizer: Any  # PreTrainedTokenizerBase, or None for tokenizer-less (random test) ones
+    max_model_len: int  # the context the engine serves: min(asked, what the model does exactly)
+    weights: QuantSummary  # the format the weights are held in
+    weight_bytes: int  # what they occupy
+
+
+def load_checkpoint(
+    mc: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True,
+    native: bool = False,
+) -> Checkpoint:
+    """Resolve, load and quantize ``mc.model`` (``mc.quantization``; ``native``: into the
+    native CPU kernels' layout). Raises ModelLoadError."""
+    path = resolve_model(mc.model, mc.cache_dir)
+    tokenizer = _load_tokenizer(path)
+    hf_config, arch = read_arch(path)
+    limit = arch.max_position_embeddings
+    if arch.sliding_window:  # we attend over the full context: stay where that is exact
+        limit = min(limit, arch.sliding_window)
+    max_model_len = min(mc.max_model_len or limit, limit)
+    # the native fused forward widens bf16 weights itself: no fp32 copies for torch's GEMMs
+    # (the model runner makes them if that path refuses the model after all)
+    model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
+                             fp32_shadows=not (native and device.type == "cpu"))
+    packed = native and device.type == "cpu" and dtype == torch.float32
+    weights = quantize_model(model, mc.quantization, gguf_source(mc.model), packed)
+    held = weight_bytes(model)
+    log.info("loaded %s: weights %s, %.1f MiB", mc.model, weights.format, held / 2**20)
+    if progress:
+        print(f"[tandem] {mc.model}: weights {weights.format} ({held / 2**20:.0f} MiB)",
+              flush=True)
+    return Checkpoint(path, model, arch, tokenizer, max_model_len, weights, held)
+
+
+def _load_tokenizer(path: Path) -> Any:  # -> PreTrainedTokenizerBase | None
+    """The checkpoint's tokenizer, or None for tokenizer-less (random test) checkpoints."""
+    if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -1,0 +1,156 @@
+"""Command-line flags for an engine, shared by every process that hosts one.
+
+``add_engine_args`` adds flags that mirror ``EngineConfig``'s fields; ``engine_config_from_args``
+builds the validated config back from the parsed namespace. A launcher (``tandem local``,
+``tandem up``) takes the same flags with ``add_forwarded_engine_args`` and hands what was given
+to its workers with ``forwarded_engine_argv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Collection
+from typing import Any
+
+from tandem.engine.config import (
+    KV_CACHE_DTYPES,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
+from tandem.engine.spec.config import SPEC_METHODS, SpeculativeConfig
+
+
+def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
+    """Every engine flag with its argparse keywords: the one definition ``add_engine_args``
+    and launchers that forward engine flags (``tandem local``/``tandem up``) both use."""
+    cache, sched = CacheConfig(), SchedulerConfig()  # slots classes: defaults live on instances
+    spec = SpeculativeConfig()
+    return [
+        ("--model", dict(default="smollm2", help="alias, HF directory or .gguf file")),
+        ("--dtype", dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"])),
+        ("--device", dict(default="cpu", help="cpu, cuda or cuda:N")),
+        ("--threads", dict(type=int, default=None, help="CPU threads for this engine")),
+        ("--max-model-len", dict(type=int, default=None)),
+        ("--seed", dict(type=int, default=0)),
+        ("--block-size", dict(type=int, default=cache.block_size)),
+        ("--num-blocks", dict(type=int, default=None, help="KV blocks (overrides memory)")),
+        ("--kv-cache-memory-gb", dict(type=float, default=cache.kv_cache_memory_gb)),
+        ("--gpu-memory-utilization", dict(
+            type=float, default=None,
+            help="CUDA: the share of the device (0-1] for weights, activations and the KV "
+                 "cache, which gets what is left (vLLM's flag; default: "
+                 "--kv-cache-memory-gb)")),
+        ("--no-prefix-caching", dict(action="store_true")),
+        ("--quantization", dict(
+            default="auto", choices=["auto", "none", "int8", "int4"],
+            help="weights: auto keeps the checkpoint's own format (a GGUF's Q4_0/Q4_1/Q8_0 "
+                 "blocks as stored), none dequantizes, int8/int4 requantize")),
+        ("--kv-cache-dtype", dict(
+            default="auto", choices=list(KV_CACHE_DTYPES),
+            help="KV cache storage: auto is float16 for a float32 model on the CPU's native "
+                 "path and the model dtype elsewhere; int8 keeps a scale per head vector")),
+        ("--max-num-seqs", dict(type=int, default=sched.max_num_seqs)),
+        ("--max-num-batched-tokens", dict(type=int, default=sched.max_num_batched_tokens)),
+        ("--attention-backend", dict(default="auto", choices=["auto", "torch", "triton"])),
+        ("--no-cuda-graphs", dict(action="store_true")),
+        ("--no-native-kernels", dict(action="store_true",
+                                     help="CPU: run steps on torch ops (no fused native forward)")),
+        ("--speculative", dict(
+            default="none", choices=list(SPEC_METHODS),
+            help="speculative decoding proposer (per-request opt-out: speculative=False)")),
+        ("--num-speculative-tokens", dict(type=int, default=spec.num_speculative_tokens)),
+        ("--ngram-max", dict(type=int, default=spec.ngram_max)),
+        ("--ngram-min", dict(type=int, default=spec.ngram_min)),
+        ("--draft-model", dict(default=None, help="draft checkpoint (same tokenizer)")),
+        ("--draft-layers", dict(type=int, default=0,
+                                help="draft = the target's first N layers (when no "
+                                     "--draft-model)")),
+    ]
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--model``, ``--dtype``, ``--threads``, cache and scheduler flags."""
+    g = parser.add_argument_group("engine")
+    for flag, kwargs in _engine_flags():
+        g.add_argument(flag, **kwargs)
+    return parser
+
+
+def add_forwarded_engine_args(
+    parser: argparse.ArgumentParser, *, skip: Collection[str] = (),
+) -> argparse.ArgumentParser:
+    """Add the engine flags (but those in ``skip``) to a launcher that passes them on to its
+    workers: same names, types and choices, every default None (a flag not given is not
+    forwarded, and the worker keeps its own default). Their values land under their own
+    names (``_forward_dest``), so a launcher's flag of the same name (its ``--model``) stays
+    apart; ``forwarded_engine_argv`` reads them."""
+    g = parser.add_argument_group("engine (passed to every worker; default: the worker's)")
+    for flag, kwargs in _engine_flags():
+        if flag in skip:
+            continue
+        kwargs = {**kwargs, "default": None, "dest": _forward_dest(flag)}
+        if "choices" not in kwargs and kwargs.get("action") != "store_true":
+            kwargs["metavar"] = flag[2:].upper().replace("-", "_")  # as add_engine_args shows
+        g.add_argument(flag, **kwargs)
+    return parser
+
+
+def forwarded_engine_argv(
+    args: argparse.Namespace, *, only: Collection[str] | None = None,
+) -> list[str]:
+    """The engine flags ``args`` sets (added by ``add_forwarded_engine_args``) as a worker's
+    argv, ``--flag=value`` each; ``only`` keeps just those flags."""
+    out: list[str] = []
+    for flag, kwargs in _engine_flags():
+        value = getattr(args, _forward_dest(flag), None)
+        if value is None or (only is not None and flag not in only):
+            continue
+        if kwargs.get("action") == "store_true":
+            out += [flag] if value else []
+        else:
+            out.append(f"{flag}={value}")
+    return out
+
+
+def _forward_dest(flag: str) -> str:
+    return "engine_" + flag[2:].replace("-", "_")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The validated EngineConfig for parsed flags (raises ValueError on bad values)."""
+    return EngineConfig(
+        model=ModelConfig(
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            num_threads=args.threads,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            quantization=args.quantization,
+        ),
+        cache=CacheConfig(
+            block_size=args.block_size,
+            num_blocks=args.num_blocks,
+            kv_cache_memory_gb=args.kv_cache_memory_gb,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enable_prefix_caching=not args.no_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        ),
+        speculative=SpeculativeConfig(
+            speculative_method=args.speculative,
+            num_speculative_tokens=args.num_speculative_tokens,
+            ngram_max=args.ngram_max,
+            ngram_min=args.ngram_min,
+            draft_model=args.draft_model,
+            draft_layers=args.draft_layers,
+        ),
+        attention_backend=args.attention_backend,
+        use_cuda_graphs=not args.no_cuda_graphs,
+        use_native_kernels=not args.no_native_kernels,
+    )

@@ -1,0 +1,216 @@
+"""Which blocks each request holds, and prefix-cache lookups over hash-chained blocks.
+
+    request tokens:  [ t0 .. t15 | t16 .. t31 | t32 .. t40 ]     block_size = 16
+    block hashes:      h0 = H(-, b0)  h1 = H(h0, b1)   (partial: no hash)
+
+A new request walks h0, h1, ... in the pool's index and reuses every block that matches, so
+its prefill starts after the shared prefix. Allocation is a check/commit pair: either every
+block a step needs is granted, or nothing changes.
+
+A forked request's sequences share its prompt's blocks (``fork``: one more reference each).
+Full blocks are never written again; the last, partial one is copied on write: the first
+time a sequence writes into a block it shares, it gets a block of its own and the engine
+copies the shared block's KV into it before the step runs (``take_copies``)::
+
+    seq 0: [ b0 | b1 | b2 (partial) ]      seq 0 writes first:  [ b0 | b1 | b3 := copy(b2) ]
+    seq 1: [ b0 | b1 | b2 (partial) ]      seq 1 (last owner):  [ b0 | b1 | b2 ] written in place
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tandem.common.block_hash import hash_block
+from tandem.engine.core.block_pool import Block, BlockPool
+from tandem.engine.core.request import Request
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Counters of prefix-cache lookups, in tokens."""
+
+    queries: int = 0
+    hits: int = 0
+
+
+class KVCacheManager:
+    """Maps requests to blocks of one ``BlockPool``."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self._blocks: dict[str, list[Block]] = {}
+        self._hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks, in order
+        # copy-on-write copies the next step must make first: dst block id -> (src, owner)
+        self._copies: dict[int, tuple[int, str]] = {}
+        self.stats = PrefixCacheStats()
+
+    # -- queries ---------------------------------------------------------------------------
+    def block_ids(self, request_id: str) -> list[int]:
+        """Physical block ids of a request, in logical order."""
+        return [b.block_id for b in self._blocks.get(request_id, ())]
+
+    def holds(self, request_id: str) -> bool:
+        """True when the request currently holds blocks."""
+        return request_id in self._blocks
+
+    def stranded_blocks(self, live: Iterable[str]) -> int:
+        """Blocks in use that none of the ``live`` requests holds: a request that left without
+        ``free``, or a reference that outlived its owners. 0 unless something leaked (below 0:
+        a block freed while still held)."""
+        owned = {b.block_id for rid in live for b in self._blocks.get(rid, ())}
+        return self.pool.num_blocks - self.pool.num_free - len(owned)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
+        """Longest cached prefix of full blocks, leaving at least one token to compute."""
+        if not self.enable_caching:
+            return [], 0
+        hashes = self._request_hashes(request)
+        # The last token must be computed to produce logits, so never hit on all of them.
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[Block] = []
+        for h in hashes[:max_blocks]:
+            block = self.pool.get_cached(h)
+            if block is None:
+                break
+            hits.append(block)
+        self.stats.queries += request.num_tokens
+        self.stats.hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    # -- check / commit ----------------------------------------------------------------------
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, computed: list[Block] | None = None
+    ) -> bool:
+        """Would ``allocate_slots`` succeed? Changes nothing."""
+        return self._new_blocks_needed(request, num_new_tokens, computed) <= self._available(
+            computed
+        )
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed: list[Block] | None = None,
+        cache_tokens: bool = True,
+    ) -> bool:
+        """Grant the blocks for ``num_new_tokens`` more tokens, or return False and change nothing.
+
+        ``computed`` are prefix-cache hits from ``get_computed_blocks`` (first scheduling only).
+        With ``cache_tokens`` the full blocks covered after this step are indexed for reuse.
+        """
+        need = self._new_blocks_needed(request, num_new_tokens, computed)
+        if need > self._available(computed):
+            return False
+        blocks = self._blocks.setdefault(request.request_id, [])
+        for i in self._shared_written(request, num_new_tokens, computed):
+            self._copy_on_write(request.request_id, blocks, i)
+        if computed:
+            self.pool.touch(computed)
+            blocks.extend(computed)
+        if need > 0:
+            blocks.extend(self.pool.allocate(need))
+        if cache_tokens:
+            done = len(computed or ()) * self.block_size + request.num_computed_tokens
+            self.cache_full_blocks(request, min(done + num_new_tokens, request.num_tokens))
+        return True
+
+    def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Index the request's blocks fully covered by its first ``num_tokens`` tokens."""
+        if not self.enable_caching:
+            return
+        blocks = self._blocks.get(request.request_id, [])
+        hashes = self._request_hashes(request)
+        for i in range(min(num_tokens // self.block_size, len(blocks), len(hashes))):
+            self.pool.cache(blocks[i], hashes[i])
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """``child_id`` takes a reference on every block of ``parent_id``: a new sequence of
+        a forked request, sharing its computed prompt (copied on write, see the module
+        docstring). The child's id must hold nothing yet."""
+        if child_id in self._blocks:
+            raise RuntimeError(f"{child_id!r} already holds blocks")
+        blocks = self._blocks[parent_id]
+        self.pool.touch(blocks)
+        self._blocks[child_id] = list(blocks)
+        self._hashes[child_id] = list(self._hashes.get(parent_id, ()))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies copy-on-write granted since the last call: the engine
+        makes them before the step's forward writes anything."""
+        copies = [(src, dst) for dst, (src, _) in self._copies.items()]
+        self._copies.clear()
+        return copies
+
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Free the request's trailing blocks beyond those holding ``num_tokens`` tokens
+        (speculative rollback: rejected draft slots never reach a full, cached block)."""
+        blocks = self._blocks.get(request_id)
+        if not blocks:
+            return
+        keep = self.blocks_needed(num_tokens)
+        if len(blocks) > keep:
+            tail = blocks[keep:]
+            del blocks[keep:]
+            self.pool.free(reversed(tail))
+
+    def free(self, request_id: str) -> None:
+        """Release every block of a request (tail first, so the prefix stays cached longest)."""
+        blocks = self._blocks.pop(request_id, None)
+        self._hashes.pop(request_id, None)
+        if blocks:
+            for b in blocks:  # a copy granted to a request preempted in the same schedule
+                if self._copies.get(b.block_id, (0, ""))[1] == request_id:
+                    del self._copies[b.block_id]
+            self.pool.free(reversed(blocks))
+
+    # -- internals ---------------------------------------------------------------------------
+    def _new_blocks_needed(
+        self, request: Request, num_new_tokens: int, computed: list[Block] | None
+    ) -> int:
+        held = len(self._blocks.get(request.request_id, ())) + len(computed or ())
+        start = request.num_computed_tokens + len(computed or ()) * self.block_size
+        cow = len(self._shared_written(request, num_new_tokens, computed))
+        return max(0, self.blocks_needed(start + num_new_tokens) - held) + cow
+
+    def _shared_written(
+        self, request: Request, num_new_tokens: int, computed: list[Block] | None
+    ) -> list[int]:
+        """Indexes of the request's blocks that the next ``num_new_tokens`` tokens write and
+        that another sequence still references (a fork's partial block: copy on write). A
+        request given prefix hits holds nothing yet, and hits are never written."""
+        blocks = self._blocks.get(request.request_id)
+        if computed or not blocks or num_new_tokens <= 0:
+            return []
+        start = request.num_computed_tokens
+        end = min(len(blocks), self.blocks_needed(start + num_new_tokens))
+        return [i for i in range(start // self.block_size, end) if blocks[i].ref_cnt > 1]
+
+    def _copy_on_write(self, request_id: str, blocks: list[Block], i: int) -> None:
+        """Give the request a block of its own in place of shared ``blocks[i]``; the KV is
+        copied before the next forward (``take_copies``)."""
+        shared = blocks[i]
+        (own,) = self.pool.allocate(1)
+        self._copies[own.block_id] = (shared.block_id, request_id)
+        blocks[i] = own
+        self.pool.free([shared])  # others still hold it: never back in the free queue here
+
+    def _available(self, computed: list[Block] | None) -> int:
+        # Hits that sit idle in the free queue stop being allocatable once touched.
+        idle_hits = sum(1 for b in computed or () if b.ref_cnt == 0)
+        return self.pool.num_free - idle_hits
+
+    def _request_hashes(self, request: Request) -> list[int]:
+        """Hashes of the request's full blocks, extended incrementally as tokens arrive."""
+        hashes = self._hashes.setdefault(request.request_id, [])
+        tokens = request.all_token_ids
+        bs = self.block_size
+        for i in range(len(hashes), len(tokens) // bs):
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
+        return hashes

@@ -1,0 +1,81 @@
+"""How many KV blocks fit a device when the pool is sized as a share of its memory
+(``--gpu-memory-utilization``, vLLM's flag and meaning: the fraction of the whole device this
+engine may hold, weights, activations and KV cache together).
+
+With the weights already on the device::
+
+    budget = utilization x total - (total - free) - activation reserve
+    blocks = budget // bytes per block
+
+``total - free`` counts everything the device holds now (this engine's weights, other
+processes, the CUDA context), as vLLM counts it. The activation reserve is an estimate of a
+step's peak beside weights and KV, not a profiled figure: every step-sized activation a
+layer keeps at once (hidden state, residual, normed input, q/k/v, gate, up and their product)
+for the step's token budget, the fp32 logits of a full batch twice (logits and the sampler's
+working copy), and a fixed margin for the allocator, CUDA graphs and library workspaces.
+Torch-free: the engine passes it torch's figures (``mem_info``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from tandem.engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+MARGIN_BYTES = 512 * 2**20  # allocator slack, CUDA graph pools, cuBLAS/Triton workspaces
+
+
+class _Shape(Protocol):
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+
+def activation_reserve(arch: _Shape, max_num_batched_tokens: int, max_num_seqs: int,
+                       act_bytes: int) -> int:
+    """Bytes kept free for one step's activations (see the module docstring)."""
+    qkv = (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
+    per_token = act_bytes * (3 * arch.hidden_size + qkv + 3 * arch.intermediate_size)
+    logits = 2 * max_num_seqs * arch.vocab_size * 4
+    return max_num_batched_tokens * per_token + logits + MARGIN_BYTES
+
+
+def blocks_for_utilization(utilization: float, total: int, free: int, reserve: int,
+                           per_block: int) -> int:
+    """KV blocks that fit ``utilization`` of a device of ``total`` bytes with ``free`` left
+    now; raises ValueError (saying what it would take) when not even one does."""
+    in_use = total - free
+    budget = utilization * total - in_use - reserve
+    if budget < per_block:
+        gib = 2**30
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization:g} leaves no room for the KV cache: "
+            f"{utilization:g} x {total / gib:.1f} GiB = {utilization * total / gib:.2f} GiB, "
+            f"{in_use / gib:.2f} GiB already in use on the device (weights, other processes), "
+            f"{reserve / gib:.2f} GiB reserved for activations; raise it, or lower "
+            "--max-num-batched-tokens / --max-num-seqs")
+    return int(budget // per_block)
+
+
+def pool_blocks(config: EngineConfig, arch: _Shape, per_block: int, act_bytes: int,
+                mem_info: Callable[[], tuple[int, int]]) -> int:
+    """The KV pool's blocks when ``num_blocks`` is not set: from ``gpu_memory_utilization``
+    when given (``mem_info()`` -> the device's (free, total) bytes, asked only then), else
+    from ``kv_cache_memory_gb``."""
+    cc = config.cache
+    if cc.gpu_memory_utilization is None:
+        return max(1, int(cc.kv_cache_memory_gb * 2**30) // per_block)
+    free, total = mem_info()
+    reserve = activation_reserve(arch, config.scheduler.max_num_batched_tokens,
+                                 config.scheduler.max_num_seqs, act_bytes)
+    blocks = blocks_for_utilization(cc.gpu_memory_utilization, total, free, reserve, per_block)
+    log.info("KV cache: %d blocks (%.2f GiB) in %.2f of %.1f GiB", blocks,
+             blocks * per_block / 2**30, cc.gpu_memory_utilization, total / 2**30)
+    return blocks

@@ -1,0 +1,394 @@
+"""The step-level engine that both worker roles drive.
+
+    add_request ─> Scheduler ─> spec.propose ─> ModelRunner (forward over the paged cache)
+                       ^                                      │
+                       │                          spec.sample (the plain sampler when off)
+                       └── OutputProcessor: append, detokenize, stop checks <┘
+
+KV hooks for disaggregation (DESIGN.md section 2): tandem/engine/remote_hooks.py (mixed in here);
+the prefill role adds requests with hold_kv=True and a layer hook (``set_layer_hook``) that
+fires as each layer's KV lands.
+
+Forked requests (``n`` > 1, tandem/engine/core/request.py): one prompt computed once, then n
+sequences sharing its blocks. Colocated, the step that computes the prompt forks it and
+samples n first tokens from its last row (sequence j with seed + j); disaggregated, the
+prefill worker does that and the decode worker's ``commit_forked`` forks the reservation
+with the n tokens it committed (one reservation, one push).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from tandem.common.step_costs import StepCostModel
+from tandem.engine.checkpoint import load_checkpoint
+from tandem.engine.config import EngineConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from tandem.engine.core.output_processor import OutputProcessor
+from tandem.engine.core.remote_kv import RemoteKV, RemoteState
+from tandem.engine.core.request import FORK_SEPARATOR, RequestStatus
+from tandem.engine.core.scheduler import ScheduledRequest, Scheduler
+from tandem.engine.errors import InvalidRequestError
+from tandem.engine.kv_budget import pool_blocks
+from tandem.engine.model_runner import ModelRunner
+from tandem.engine.models.weights import torch_dtype
+from tandem.engine.outputs import (
+    MAX_REPORTED_HASHES,
+    EngineStats,
+    RequestOutput,
+    SampleResult,
+)
+from tandem.engine.prompt_logprobs import record_prompt_logprobs
+from tandem.engine.remote_hooks import RemoteKVHooks
+from tandem.engine.request_factory import LiveRequest, RequestFactory
+from tandem.engine.runner_config import RunnerConfig
+from tandem.engine.sampler import Sampler
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.spec.build import build_spec_decoder
+from tandem.engine.spec.verifier import SpecStats
+from tandem.engine.structured.grammar_engine import GrammarEngine
+
+# layer index, then (request_id, block_ids) of every request whose prefill completes this step
+KVLayerHook = Callable[[int, list[tuple[str, list[int]]]], None]
+
+
+class LLMEngine(RemoteKVHooks):
+    """A continuous-batching engine over one model and one paged KV cache."""
+
+    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+        self.config = config
+        mc, cc, sc = config.model, config.cache, config.speculative
+        if mc.num_threads is not None:
+            torch.set_num_threads(mc.num_threads)
+        self.device = torch.device(mc.device)
+        self.dtype = torch_dtype(mc.resolved_dtype())
+        ckpt = load_checkpoint(mc, self.dtype, self.device, progress, self._native_ok(config))
+        self.model_path, self.tokenizer, self.arch = ckpt.path, ckpt.tokenizer, ckpt.arch
+        self.weights_format, self.weight_bytes = ckpt.weights.format, ckpt.weight_bytes
+        self.max_model_len = ckpt.max_model_len
+        self.step_costs = StepCostModel()  # what a step costs here (router placement reads it)
+        # The kinds of step (prompt tokens or not) the fit has seen once: the first of each
+        # kind is cold and stays out of it (_observe_step).
+        self._cold_kinds_seen: set[bool] = set()
+        # Called after every step that ran the model with (decode rows, prompt tokens, context
+        # tokens, seconds), on the thread that steps; a worker's --step-log (tandem/worker/step_log.py).
+        self.step_observer: Callable[[int, int, int, float], None] | None = None
+        self.kv_cache_dtype = config.resolved_kv_cache_dtype(self._native_ok(config))
+        per_block = ModelRunner.kv_bytes_per_block(
+            self.arch, cc.block_size, self.dtype, self.kv_cache_dtype
+        )
+        num_blocks = cc.num_blocks or pool_blocks(
+            config, self.arch, per_block, self.dtype.itemsize,
+            lambda: torch.cuda.mem_get_info(self.device))
+        rc = RunnerConfig(
+            num_blocks, cc.block_size, self.dtype, self.device, config.resolved_backend(),
+            self.max_model_len, self.kv_cache_dtype,
+            cuda_graph_batch=config.scheduler.max_num_seqs if config.use_cuda_graphs else 0,
+            native_kernels=config.use_native_kernels,
+        )
+        self.runner = ModelRunner(ckpt.model, self.arch, rc)
+        self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+        self.remote = RemoteKV(self.kv)  # reserved (decode role) and held (prefill role)
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, sc.num_speculative_tokens if sc.enabled else 0,
+            self.max_model_len,
+        )
+        self.sampler = Sampler(seed=mc.seed)
+        self.spec = build_spec_decoder(  # a no-op decoder when speculation is off
+            sc, ckpt.model, self.arch, rc, self.sampler, mc.seed, mc.cache_dir
+        )
+        self.eos_token_ids = frozenset(self.arch.eos_token_ids)
+        self.grammars = (
+            GrammarEngine(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
+            if self.tokenizer is not None else None
+        )
+        self.requests = RequestFactory(self.tokenizer, self.arch.vocab_size,
+                                       self.eos_token_ids, self.max_model_len, self.kv,
+                                       self.grammars)
+        self.outputs = OutputProcessor(self.eos_token_ids, self.max_model_len)
+        self._live: dict[str, LiveRequest] = {}  # waiting, running and reserved requests
+        self._ids = itertools.count()
+        self._layer_hook: KVLayerHook | None = None
+        self.num_steps = 0
+
+    # -- requests --------------------------------------------------------------------------
+    @staticmethod
+    def _native_ok(config: EngineConfig) -> bool:
+        """Whether this engine's CPU steps will run the native kernels (their layout then
+        holds the quantized weights)."""
+        if not config.use_native_kernels or config.model.device != "cpu":
+            return False
+        from tandem.engine.native import load
+
+        return load() is not None
+
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        hold_kv: bool = False,
+        prior_output_tokens: int = 0,
+        n: int = 1,
+    ) -> str:
+        """Validate and queue a request; returns its id. Raises InvalidRequestError.
+
+        ``prior_output_tokens``: the last this-many prompt tokens were generated earlier (a
+        request resumed on another worker); they count as output, see ``_new_live``.
+        ``n`` > 1: the request forks into n sequences once its prompt is computed; their
+        outputs come under ``sequence_id(request_id, j)`` (j = 0 is ``request_id``).
+        """
+        request_id = request_id or f"req-{next(self._ids)}"
+        live = self._new_live(request_id, prompt, params or SamplingParams(), hold_kv,
+                              prior_output_tokens, n)
+        self._live[request_id] = live
+        self.scheduler.add(live.request)
+        return request_id
+
+    def _new_live(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        hold_kv: bool,
+        prior: int = 0,
+        n: int = 1,
+    ) -> LiveRequest:
+        """A new request under an unused id (see tandem/engine/request_factory.py for ``prior``
+        and ``n``); ids with FORK_SEPARATOR are the engine's own (forked sequences)."""
+        if FORK_SEPARATOR in request_id:
+            raise InvalidRequestError("request_id", f"must not contain {FORK_SEPARATOR!r}")
+        if request_id in self._live or request_id in self.remote:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
+        return self.requests.build(request_id, prompt, params, hold_kv, prior, n)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request wherever it is and free its blocks; unknown ids are ignored."""
+        entry = self.remote.get(request_id)
+        if entry is not None and entry.state is RemoteState.HELD:
+            self.remote.release(request_id)
+            return None
+        if entry is not None and entry.transfer_id is not None:
+            return self.end_remote(entry.transfer_id)
+        live = self._live.get(request_id)
+        if live is None:
+            return None
+        out = self.outputs.finish(live.request, live.detok, RequestStatus.FINISHED_ABORTED)
+        self._retire(live)
+        return out
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running (remote reservations excluded)."""
+        return self.scheduler.num_unfinished() > 0
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, sample, and report every request that progressed."""
+        sched = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        for req in sched.unschedulable:  # its context outgrew the whole pool
+            live = self._live[req.request_id]
+            outputs.append(self.outputs.finish(req, live.detok, RequestStatus.FINISHED_LENGTH))
+            self._retire(live)
+        if not sched.scheduled:
+            return outputs
+        self.num_steps += 1
+        started = time.perf_counter()
+        outputs += self._run_step(sched.scheduled)
+        self._observe_step(sched.scheduled, time.perf_counter() - started)
+        return outputs
+
+    def _run_step(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
+        """Forward, sample and append for one scheduled batch."""
+        copies = self.kv.take_copies()  # copy-on-write of forked sequences' shared blocks
+        if copies:
+            self.runner.copy_blocks(copies)
+            self.spec.copy_blocks(copies)
+        hook = self._make_layer_hook(scheduled)
+        self.spec.propose(scheduled, self.kv)  # fills spec_token_ids (when speculating)
+        logits, samplers, prompt = self.runner.execute(scheduled, self.kv, hook)  # [n, V]
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        logits, samplers = self._fork_samplers(logits, samplers)
+        for s, rows in prompt:  # prompt_logprobs: score this chunk's prompt tokens
+            record_prompt_logprobs(s.request, s.start, rows)
+        outputs = []
+        for s in scheduled:  # max_tokens 0: the prompt is scored, nothing is generated
+            if s.samples and s.request.params.max_tokens == 0:
+                live = self._live[s.request.request_id]
+                outputs.append(
+                    self.outputs.finish(s.request, live.detok, RequestStatus.FINISHED_LENGTH))
+                self._retire(live)
+        if not samplers:
+            return outputs
+        states = []
+        for s in samplers:
+            st = self._live[s.request.request_id].sampling
+            st.output_token_ids = s.request.output_token_ids
+            states.append(st)
+        if logits.device.type != "cpu" and any(_needs_host(st.params) for st in states):
+            logits = logits.cpu()  # the sampler's RNG and bookkeeping live on the host
+        results = self.spec.sample(logits, samplers, states)
+        for s, res in zip(samplers, results, strict=True):
+            if s.num_lookahead:  # roll back the rejected drafts before appending
+                self.scheduler.accept_speculation(s, len(res) - 1)
+            outputs.append(self._append(self._live[s.request.request_id], res))
+        return outputs
+
+    def _fork_samplers(
+        self, logits: torch.Tensor, samplers: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor, list[ScheduledRequest]]:
+        """Fork every request whose prompt this step computed into its n sequences: each new
+        sequence samples from its parent's row (logits ``[n, V]`` grows a row per sequence,
+        appended after the step's rows in ``samplers`` order)."""
+        rows: list[int] = []
+        forked: list[ScheduledRequest] = []
+        for i, s in enumerate(samplers):
+            if s.request.num_forks > 1:
+                for child in self._fork(self._live[s.request.request_id]):
+                    rows.append(i)
+                    forked.append(ScheduledRequest(child.request, s.num_new_tokens, s.start))
+        if not forked:
+            return logits, samplers
+        extra = logits[torch.tensor(rows, device=logits.device)]
+        return torch.cat([logits, extra]), samplers + forked
+
+    def _fork(self, live: LiveRequest) -> list[LiveRequest]:
+        """Sequences 1..n-1 of a running request whose prompt is computed: each shares its
+        blocks and joins the running batch (sequence 0 is the request itself)."""
+        parent = live.request
+        n, parent.num_forks = parent.num_forks, 1
+        children = []
+        for j in range(1, n):
+            child = self.requests.fork(parent, j)
+            self.kv.fork(parent.request_id, child.request.request_id)
+            self._live[child.request.request_id] = child
+            self.scheduler.admit_running(child.request)
+            children.append(child)
+        return children
+
+    def _observe_step(self, scheduled: list[ScheduledRequest], seconds: float) -> None:
+        """Feed the step-cost fit: a one-token query (plus drafts) is a decode row, anything
+        longer is prompt tokens. On a GPU a step that samples is timed to its end (sampling
+        reads the logits); a chunk step that samples nothing is timed at its launch.
+
+        The engine's first step with prompt tokens and its first without are left out of the
+        fit (the step observer still gets them): they pay first-call costs (thread pools,
+        allocations, page faults; on a 2-core CPU a prefill worker's first 40-token step took
+        0.9-1.1 s against ~0.1 s after), and one such step made a fresh prefill worker's fit
+        report a 0.4-0.6 s base for as long as few prompts reached it, so the router placed
+        every short prompt locally (docs/planner.md, run 17)."""
+        rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
+        tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
+        kind = tokens > 0
+        if kind in self._cold_kinds_seen:
+            self.step_costs.observe(rows, tokens, seconds)
+        else:
+            self._cold_kinds_seen.add(kind)
+        if self.step_observer is not None:  # context: the tokens the step's queries attend to
+            context = sum(s.request.num_computed_tokens for s in scheduled)
+            self.step_observer(rows, tokens, context, seconds)
+
+    def _make_layer_hook(self, scheduled: list[ScheduledRequest]) -> Callable[[int], None] | None:
+        if self._layer_hook is None:
+            return None
+        done = [
+            (s.request.request_id, self.kv.block_ids(s.request.request_id))
+            for s in scheduled
+            if s.request.hold_kv and s.samples and s.request.num_output_tokens == 0
+        ]
+        if not done:
+            return None
+        user_hook = self._layer_hook
+        return lambda layer: user_hook(layer, done)
+
+    def set_layer_hook(self, hook: KVLayerHook | None) -> None:
+        """Call ``hook(layer, [(request_id, block_ids)])`` as each layer's KV of requests
+        that finish their prefill in a step is written (prefill role, layer-wise push)."""
+        self._layer_hook = hook
+
+    def _append(self, live: LiveRequest, results: list[SampleResult]) -> RequestOutput:
+        out = self.outputs.append(live.request, live.detok, results)
+        constraint = live.sampling.constraint
+        if constraint is not None:
+            for t in out.new_token_ids:  # sampled under its mask: always accepted
+                constraint.accept(t)
+        if out.finished:
+            self._retire(live)
+        return out
+
+    def _retire(self, live: LiveRequest) -> None:
+        """A finished request leaves the engine: blocks freed, or held for a push."""
+        req = live.request
+        self.scheduler.remove(req)
+        self._live.pop(req.request_id, None)
+        self.spec.release(req.request_id)
+        if req.hold_kv and req.status is not RequestStatus.FINISHED_ABORTED:
+            self.remote.hold(req)
+        else:
+            self.kv.free(req.request_id)
+
+    # -- stats -----------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """Load and cache counters right now."""
+        pool, spec = self.kv.pool, self.spec.stats
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_waiting_for_remote_kv=self.remote.num_reserved,
+            num_held=self.remote.num_held,
+            num_blocks=pool.num_blocks,
+            num_free_blocks=pool.num_free,
+            kv_cache_usage=pool.usage(),
+            prefix_cache_queries=self.kv.stats.queries,
+            prefix_cache_hits=self.kv.stats.hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self.num_steps,
+            num_generated_tokens=self.outputs.num_generated_tokens,
+            spec_proposed_tokens=spec.proposed,
+            spec_accepted_tokens=spec.accepted,
+            spec_num_steps=spec.steps,
+            spec_acceptance_rate=spec.acceptance_rate,
+            spec_tokens_per_step=spec.tokens_per_step,
+            step_costs=self.step_costs.costs(),
+            pending_prefill_tokens=self.scheduler.pending_prefill_tokens(),
+            max_num_batched_tokens=self.scheduler.budget,
+            cached_block_hashes=tuple(pool.cached_hashes(MAX_REPORTED_HASHES)),
+            weights_format=self.weights_format,
+            num_stranded_blocks=self.kv.stranded_blocks(self._live_request_ids()),
+        )
+
+    def reset_counters(self) -> None:
+        """Restart the counters :meth:`stats` reports (steps, generated tokens, prefix-cache
+        lookups, preemptions, speculation) at zero; the step-cost fit is kept. The start-up
+        warm-up (tandem/engine/warmup.py) calls it so a worker's metrics count served traffic only."""
+        self.num_steps = 0
+        self.outputs.num_generated_tokens = 0
+        self.kv.stats = PrefixCacheStats()
+        self.scheduler.num_preemptions = 0
+        self.spec.stats = SpecStats()
+
+    def _live_request_ids(self) -> list[str]:
+        """Every request that may hold KV blocks: scheduled (running, waiting) or pinned
+        (reserved for a push, held for one)."""
+        s = self.scheduler
+        return [*(r.request_id for r in s.running), *(r.request_id for r in s.waiting),
+                *self.remote.request_ids()]
+
+
+def _needs_host(p: SamplingParams) -> bool:
+    """Rows that need more than a device-side argmax."""
+    return (
+        not p.greedy
+        or p.logprobs is not None
+        or p.min_tokens > 0
+        or p.repetition_penalty != 1.0
+        or p.presence_penalty != 0.0
+        or p.frequency_penalty != 0.0
+        or p.structured is not None
+        or bool(p.logit_bias)
+    )

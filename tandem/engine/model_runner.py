@@ -1,0 +1,216 @@
+"""Runs one scheduled step on the device: builds the flattened batch, runs the model.
+
+    scheduled (decodes first) ──> input_ids [T], positions [T], AttentionMetadata
+                              ──> model forward (writes KV, attends) ──> hidden [T, H]
+                              ──> logits of each sampling request's last row [n, V]
+                                  (+ every prompt-scoring row, prompt_logprobs: [m, V])
+
+On the CPU an fp32, bf16 or fp16 model (quantized or not) runs every step through
+tandem/engine/native's fused forward: one native call instead of ~450 torch ops, matrix-vector
+products at memory speed for decodes (16-bit weights read as they are), a tiled GEMM for
+batched decodes and prefill chunks, and the prefill role's layer hook called back between
+layers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from tandem.engine.attention import AttentionMetadata, get_backend
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.scheduler import ScheduledRequest
+from tandem.engine.cuda_graphs import DecodeGraphs
+from tandem.engine.models.arch import ModelArch
+from tandem.engine.models.linear import attach_fp32_shadows
+from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.weights import torch_dtype
+from tandem.engine.prompt_logprobs import prompt_rows
+from tandem.engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
+from tandem.engine.runner_config import RunnerConfig
+
+log = logging.getLogger(__name__)
+
+# (request, raw logits [m, V] of its chunk's positions start .. start + m - 1): the prompt
+# rows of a request that asked for prompt_logprobs (tandem/engine/prompt_logprobs.py)
+PromptLogits = list[tuple[ScheduledRequest, torch.Tensor]]
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensor and the attention backend.
+
+    ``step_threads(rows)``, when set, gives each fused native step its thread count (a decode
+    worker borrowing an idle prefill worker's cores: tandem/worker/core_lending.py); unset, a step
+    runs on torch's thread count."""
+
+    def __init__(self, model: LlamaForCausalLM, arch: ModelArch, rc: RunnerConfig) -> None:
+        self.model = model
+        self.arch = arch
+        self.block_size = rc.block_size
+        self.device = rc.device
+        self.backend = get_backend(rc.backend)
+        int8_kv = rc.kv_cache_dtype == "int8"
+        if int8_kv:  # int8 values + a scale per head vector (tandem/engine/quant/kv_int8.py)
+            self.backend = Int8KVBackend(self.backend)
+        # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b].
+        shape = (arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads,
+                 storage_head_dim(arch.head_dim, rc.kv_cache_dtype))
+        kv_dtype = kv_storage_dtype(rc.dtype, rc.kv_cache_dtype)
+        if rc.native_kernels and rc.device.type == "cpu":  # steps read blocks all over it
+            from tandem.engine.native import huge_pages
+
+            self.kv_cache = huge_pages.zeros(shape, kv_dtype)
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=rc.device)
+        self.graphs: DecodeGraphs | None = None
+        if (rc.cuda_graph_batch and rc.device.type == "cuda" and rc.backend == "triton"
+                and not int8_kv):
+            self.graphs = DecodeGraphs(
+                model, self.kv_cache, self.backend, rc.cuda_graph_batch,
+                -(-rc.max_model_len // rc.block_size), rc.block_size,
+            )
+        self.fused = None
+        self.step_threads: Callable[[int], int] | None = None
+        if rc.native_kernels and rc.device.type == "cpu":
+            from tandem.engine.native import FusedForward, unsupported_reason
+
+            reason = unsupported_reason(model, self.kv_cache.dtype)
+            if reason is None:
+                from tandem.engine.native import huge_pages
+
+                huge_pages.gather(model)  # one 2 MiB-paged buffer: fewer TLB misses a step
+                self.fused = FusedForward(model)
+                log.info("fused native CPU forward on (KV cache %s)",
+                         str(self.kv_cache.dtype).removeprefix("torch."))
+            else:  # torch ops serve it: a bf16 model gets fp32 copies for large steps
+                log.info("fused native CPU forward off: %s", reason)
+                attach_fp32_shadows(model)
+
+    @staticmethod
+    def kv_bytes_per_block(
+        arch: ModelArch, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
+    ) -> int:
+        """Bytes one block occupies across all layers, K and V."""
+        elem = kv_storage_dtype(dtype, kv_cache_dtype).itemsize
+        width = storage_head_dim(arch.head_dim, kv_cache_dtype)
+        return arch.num_layers * 2 * block_size * arch.num_kv_heads * width * elem
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write of forked sequences: block ``dst`` of every layer (K and V, int8
+        scales included) becomes a copy of block ``src``, for each (src, dst) pair. Runs
+        before the step's forward; the same cache tensor serves the torch, triton, native and
+        CUDA-graph paths."""
+        copy_kv_blocks(self.kv_cache, pairs)
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        scheduled: list[ScheduledRequest],
+        kv: KVCacheManager,
+        layer_hook: Callable[[int], None] | None = None,
+    ) -> tuple[torch.Tensor, list[ScheduledRequest], PromptLogits]:
+        """Run one step; returns logits ``[n, V]`` for the ``n`` requests that sample, and
+        the prompt-scoring rows of each chunk that has some.
+
+        A request with draft tokens (speculative decoding) runs as one prefill-like chunk
+        ``[last token, d1 .. dk]`` and contributes k+1 consecutive rows, in that order. A
+        request with ``max_tokens`` 0 (it only scores its prompt) never samples."""
+        order = sorted(scheduled, key=lambda s: s.num_query_tokens != 1)  # decodes first
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        samplers: list[ScheduledRequest] = []
+        scored_rows: list[int] = []  # after the sample rows in the lm_head's row list
+        scored: list[tuple[ScheduledRequest, int]] = []
+        for s in order:
+            req, start, n = s.request, s.start, s.num_query_tokens
+            table = kv.block_ids(req.request_id)
+            scored_pos = prompt_rows(req, start, s.num_new_tokens)
+            if scored_pos:
+                scored_rows.extend(range(len(ids), len(ids) + len(scored_pos)))
+                scored.append((s, len(scored_pos)))
+            ids.extend(req.all_token_ids[start : start + s.num_new_tokens])
+            ids.extend(s.spec_token_ids)
+            positions.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            tables.append(table)
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            if _samples(s):
+                sample_rows.extend(range(len(ids) - 1 - len(s.spec_token_ids), len(ids)))
+                samplers.append(s)
+        logit_rows = sample_rows + scored_rows
+        if self.fused is not None:
+            seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
+            threads = self.step_threads(len(ids)) if self.step_threads is not None else None
+            logits = self.fused(ids, positions, seq_index, tables, self.kv_cache, logit_rows,
+                                threads=threads, layer_hook=layer_hook)
+            return self._split(logits, len(sample_rows), scored, samplers)
+        width = max(len(t) for t in tables)
+        if (self.graphs is not None and not scored and len(ids) == len(order)
+                and self.graphs.fits(len(ids), width)):
+            logits = self.graphs.run(ids, positions, slots, seq_lens, tables)
+            if len(samplers) < len(order):  # no drafts here: one row per request
+                keep = [i for i, s in enumerate(order) if _samples(s)]
+                logits = logits[torch.tensor(keep, device=self.device)]
+            return logits, samplers, []
+        dev = self.device
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, bs, dev)
+        hidden = self.model(
+            torch.tensor(ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            self.kv_cache,
+            meta,
+            self.backend,
+            layer_hook,
+        )
+        if not logit_rows:
+            return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32), samplers, []
+        rows = torch.tensor(logit_rows, dtype=torch.int64, device=dev)
+        logits = self.model.compute_logits(hidden[rows])
+        return self._split(logits, len(sample_rows), scored, samplers)
+
+    @staticmethod
+    def _split(
+        logits: torch.Tensor,  # [n + m, V]: the sample rows, then the prompt-scoring rows
+        n: int,
+        scored: list[tuple[ScheduledRequest, int]],
+        samplers: list[ScheduledRequest],
+    ) -> tuple[torch.Tensor, list[ScheduledRequest], PromptLogits]:
+        prompt: PromptLogits = []
+        at = n
+        for s, m in scored:
+            prompt.append((s, logits[at : at + m]))
+            at += m
+        return logits[:n], samplers, prompt
+
+
+def kv_storage_dtype(dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
+    """The KV cache tensor's dtype for a model computing in ``dtype``."""
+    if kv_cache_dtype == "int8":
+        return torch.int8
+    return dtype if kv_cache_dtype == "auto" else torch_dtype(kv_cache_dtype)
+
+
+def copy_kv_blocks(kv_cache: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+    """``kv_cache[:, :, dst] = kv_cache[:, :, src]`` for each (src, dst) pair (a paged cache
+    ``[layers, 2, blocks, ...]``); sources are read before any destination is written."""
+    if not pairs:
+        return
+    src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=kv_cache.device)
+    dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=kv_cache.device)
+    kv_cache[:, :, dst] = kv_cache[:, :, src]
+
+
+def _samples(s: ScheduledRequest) -> bool:
+    """Whether the step samples for ``s``: it computes its last known token and the request
+    generates (``max_tokens`` 0 only scores the prompt)."""
+    return s.samples and s.request.params.max_tokens > 0

@@ -1,0 +1,185 @@
+"""Swap a loaded model's linear layers for quantized ones (``--quantization``).
+
+    auto   the checkpoint's own format (the default): a GGUF's Q4_0/Q4_1/Q8_0 tensors run as
+           they are stored (embedding and tied lm_head included); a plain checkpoint as is
+    none   every weight dequantized (what the GGUF's converted directory holds)
+    int8   every linear layer, lm_head included, per output channel
+    int4   decoder linears in groups of 32 (a GGUF's own Q4_1 blocks where it has them, else
+           min/max of the float weights); lm_head int8
+
+On the CPU with the native kernels (fp32 activations), every quantized layer is a
+PackedLinear: the kernels' layout is the one copy of its weights. Elsewhere (CUDA, no
+compiler) the layers are Int4Linear/Int8Linear for torch's and Triton's kernels; ``auto`` then
+keeps the Q4_1 blocks only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tandem.engine.errors import ModelLoadError
+from tandem.engine.models.linear import Linear
+from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.quant.int4 import GROUP_SIZE, Int4Linear
+from tandem.engine.quant.int8 import Int8Linear
+
+log = logging.getLogger(__name__)
+
+QUANT_METHODS = ("auto", "none", "int8", "int4")
+
+
+@dataclass(slots=True)
+class QuantSummary:
+    """What a model's weights are after :func:`quantize_model`."""
+
+    method: str
+    counts: Counter[str] = field(default_factory=Counter)  # format -> modules
+
+    @property
+    def format(self) -> str:
+        """One line for start-up logs and ``/v1/models``: ``Q4_1 x210 + Q8_0 x1`` or
+        ``unquantized``."""
+        if not self.counts:
+            return "unquantized"
+        return " + ".join(f"{k} x{v}" for k, v in sorted(self.counts.items(),
+                                                          key=lambda kv: -kv[1]))
+
+
+def quantize_model(
+    model: LlamaForCausalLM, method: str, gguf_path: Path | None = None, packed: bool = False
+) -> QuantSummary:
+    """Replace the model's layers in place (see the module docstring); ``packed`` builds
+    PackedLinear layers for the native CPU kernels."""
+    if method not in QUANT_METHODS:
+        raise ValueError(f"quantization must be one of {QUANT_METHODS}, got {method!r}")
+    summary = QuantSummary(method)
+    if getattr(model, "quant_format", "none") != "none":
+        return _prequantized(model, method, packed, summary)
+    if method == "none" or (method == "auto" and gguf_path is None):
+        return summary
+    from tandem.engine.quant.gguf_blocks import read_blocks
+
+    types = ("Q4_1",) if method == "int4" or not packed else ("Q4_0", "Q4_1", "Q8_0")
+    stored = {}
+    if gguf_path is not None and method in ("auto", "int4"):
+        stored = read_blocks(gguf_path, model.arch, types)
+    if method == "int4":  # the head stays int8 (a 49k-row int4 head costs too much quality)
+        stored = {k: v for k, v in stored.items() if k.startswith("layers.")}
+    if packed:
+        from tandem.engine.native.packed_linear import PackedEmbedding, PackedLinear
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
+    with torch.no_grad():
+        if method == "auto" and packed and "embed_tokens" in stored:
+            blocks = stored["embed_tokens"]
+            table = _from_blocks(PackedLinear, blocks, None)
+            tied = model.lm_head.weight is model.embed_tokens.weight
+            model.embed_tokens = PackedEmbedding(table)
+            summary.counts[f"{blocks.type} (embedding{', lm_head' if tied else ''})"] += 1
+            if tied:
+                model.lm_head = table
+                targets = [(n, m) for n, m in targets if n != "lm_head"]
+        for name, lin in targets:
+            new: nn.Module | None = None
+            if name in stored:
+                blocks = stored[name]
+                if packed:
+                    new = _from_blocks(PackedLinear, blocks, lin.bias)
+                else:
+                    new = Int4Linear.from_q4_1(blocks.rows, lin.bias).to(lin.weight.device)
+                summary.counts[blocks.type] += 1
+            elif method == "int4" and name != "lm_head" and lin.in_features % GROUP_SIZE == 0:
+                new = Int4Linear.from_float(lin.weight, lin.bias)
+                summary.counts["int4"] += 1
+            elif method in ("int4", "int8"):
+                new = Int8Linear.from_float(lin.weight, lin.bias)
+                summary.counts["int8"] += 1
+            if new is None:
+                continue
+            if packed and new.in_features % 32 == 0:  # the kernels' groups of 32
+                if isinstance(new, Int4Linear):
+                    new = PackedLinear.from_int4(new)
+                elif isinstance(new, Int8Linear):
+                    new = PackedLinear.from_int8(new)
+            set_module(model, name, new)
+    _release_freed_memory()
+    log.info("weights: %s (quantization=%s)", summary.format, method)
+    return summary
+
+
+def _prequantized(model: LlamaForCausalLM, method: str, packed: bool,
+                  summary: QuantSummary) -> QuantSummary:
+    """A checkpoint stored quantized (AWQ, GPTQ, compressed-tensors; tandem/engine/quant/
+    prequantized): ``auto`` keeps its layers (packed for the native kernels), ``none``
+    dequantizes them, int4/int8 are refused (they would quantize twice)."""
+    fmt = model.quant_format
+    if method in ("int4", "int8"):
+        raise ModelLoadError(
+            f"the checkpoint is already quantized ({fmt}); --quantization {method} would "
+            "quantize it again: use auto (keep its format) or none (dequantize it)")
+    if packed:
+        from tandem.engine.native.packed_linear import PackedLinear
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, Int4Linear | Int8Linear)]
+    with torch.no_grad():
+        for name, lin in layers:
+            if method == "none":
+                dense = Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
+                dense.weight.copy_(lin.dequantize())
+                if lin.bias is not None:
+                    dense.bias.copy_(lin.bias)
+                set_module(model, name, dense)
+                continue
+            if packed and lin.in_features % 32 == 0:
+                new = PackedLinear.from_int4(lin) if isinstance(lin, Int4Linear) else \
+                    PackedLinear.from_int8(lin)
+                set_module(model, name, new)
+            summary.counts[fmt] += 1
+    if method == "none":
+        model.quant_format = "none"
+    _release_freed_memory()
+    log.info("weights: %s (quantization=%s)", summary.format, method)
+    return summary
+
+
+def _from_blocks(cls, blocks, bias):  # (type[PackedLinear], Blocks, Tensor | None)
+    build = {"Q4_0": cls.from_q4_0, "Q4_1": cls.from_q4_1, "Q8_0": cls.from_q8_0}[blocks.type]
+    return build(blocks.rows, bias)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights as held (parameters and buffers, shared ones once; the
+    RoPE tables left out)."""
+    seen: set[int] = set()
+    total = 0
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t is None or "cos_table" in name or "sin_table" in name:
+            continue
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def _release_freed_memory() -> None:
+    """Hand the float weights the swap freed back to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def set_module(root: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` at dotted path ``name`` under ``root``."""
+    parent_name, _, attr = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, attr, module)

@@ -1,0 +1,14 @@
+"""Structured outputs: constrain a request's tokens to a grammar (xgrammar underneath).
+
+    StructuredOutput (spec.py: what the client asked, validated, torch-free)
+        ──GrammarEngine.compile (grammar_engine.py: cached, thread-safe, off the engine thread)──>
+    compiled grammar ──GrammarEngine.constraint──> Constraint (constraint.py: one per request)
+        the sampler asks it for a token bitmask per constrained row (tandem/engine/sampler.py),
+        the engine feeds it every appended token, a resumed request replays its output.
+
+Only constrained rows pay: the sampler skips all of this for a batch with no constraint.
+"""
+
+from tandem.engine.structured.spec import StructuredOutput
+
+__all__ = ["StructuredOutput"]

@@ -1,0 +1,112 @@
+"""The cache layout both peers must share: the fingerprint checked at HELLO.
+
+The engine hands each worker one tensor ``kv: [num_layers, 2, num_blocks, block_size,
+num_kv_heads, row_width]`` (index 1: 0 = K, 1 = V). ``KvLayout`` describes everything about it
+except ``num_blocks``, which differs per worker. ``row_width`` is ``head_dim`` for float caches;
+an int8 cache appends each head vector's scale as ``scale_bytes`` raw bytes, so a block carries
+its own scales: ``row_width = head_dim + scale_bytes / itemsize``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgpack
+import xxhash
+
+from tandem.kv_transfer.errors import LayoutMismatchError, MalformedFrame
+
+# Bytes per element of each cache dtype we can move. int8 is listed for the quantised caches
+# that may come later; nothing here depends on the element being a float.
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """A model's KV cache layout; two workers may exchange blocks only if these are equal."""
+
+    model_id: str
+    dtype: str  # the model's compute dtype
+    kv_dtype: str  # the cache's storage dtype: the bytes that travel
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    scale_bytes: int = 0  # bytes of per-vector scales after each head vector (int8 caches)
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in ITEMSIZE:
+            raise ValueError(f"unsupported kv_dtype {self.kv_dtype!r}; one of {sorted(ITEMSIZE)}")
+        for name in ("block_size", "num_layers", "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"KvLayout.{name} must be > 0")
+        if self.scale_bytes < 0 or self.scale_bytes % ITEMSIZE[self.kv_dtype]:
+            raise ValueError("KvLayout.scale_bytes must be >= 0 and a multiple of the itemsize")
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per cache element."""
+        return ITEMSIZE[self.kv_dtype]
+
+    @property
+    def row_width(self) -> int:
+        """Elements in the cache's last dimension: the head vector plus its scales, if any."""
+        return self.head_dim + self.scale_bytes // self.itemsize
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block of one layer for K (or V): ``kv[l, k, b]``."""
+        return self.block_size * self.num_kv_heads * self.row_width * self.itemsize
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable hex digest of the layout (same value in every process and on every host)."""
+        # scale_bytes joins only when set, so float layouts keep their published digests.
+        packed = msgpack.packb([getattr(self, f.name) for f in fields(self)
+                                if f.name != "scale_bytes" or self.scale_bytes])
+        return xxhash.xxh3_64_hexdigest(packed)
+
+    def payload_shape(self, num_layers: int, num_blocks: int) -> list[int]:
+        """Shape of a payload carrying ``num_layers`` layers of ``num_blocks`` blocks."""
+        return [num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.row_width]
+
+    def payload_bytes(self, num_layers: int, num_blocks: int) -> int:
+        """Byte size of such a payload."""
+        return num_layers * 2 * num_blocks * self.block_bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        """The layout as a msgpack-ready map (sent in the first HELLO)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_wire(cls, data: object) -> KvLayout:
+        """Parse a peer's layout map, refusing anything that is not exactly typed."""
+        if not isinstance(data, dict):
+            raise MalformedFrame("layout is not a map")
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            value = data.get(f.name)
+            if f.name == "scale_bytes" and value is None:  # optional: float caches omit it
+                value = 0
+            want = str if f.type == "str" else int
+            if type(value) is not want:
+                raise MalformedFrame(f"layout.{f.name} missing or not {want.__name__}")
+            kwargs[f.name] = value
+        try:
+            return cls(**kwargs)
+        except ValueError as exc:
+            raise MalformedFrame(f"layout: {exc}") from exc
+
+    def diff(self, other: KvLayout) -> list[str]:
+        """Human-readable differences, e.g. ``["kv_dtype: bfloat16 != float16"]``."""
+        return [
+            f"{f.name}: {getattr(self, f.name)} != {getattr(other, f.name)}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
+
+    def check_compatible(self, other: KvLayout) -> None:
+        """Raise ``LayoutMismatchError`` unless ``other`` is the same layout."""
+        if other.fingerprint != self.fingerprint:
+            raise LayoutMismatchError("layout mismatch: " + "; ".join(self.diff(other)))

@@ -1,0 +1,109 @@
+"""Per-destination connection pooling for the sender.
+
+Up to ``max_connections_per_endpoint`` connections per receiver endpoint; a transfer takes an
+idle one, else opens a new one while under the cap, else shares the least loaded (frames from
+different transfers interleave whole). A connection is dialled with the first transport, in the
+sender's preference order, that reaches the endpoint; a failed connect falls back to the next
+one, a refused handshake (layout, auth, version, busy) does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Sequence
+
+from tandem.kv_transfer.blocks import KvBlocks
+from tandem.kv_transfer.config import SenderConfig
+from tandem.kv_transfer.endpoint import Endpoint
+from tandem.kv_transfer.errors import ChannelClosed, NoRouteError
+from tandem.kv_transfer.handshake import client_handshake
+from tandem.kv_transfer.layout import KvLayout
+from tandem.kv_transfer.sender_conn import OutboundConnection
+from tandem.kv_transfer.transport.base import Transport
+
+log = logging.getLogger(__name__)
+
+
+class ConnectionPool:
+    """Open, authenticated connections by endpoint."""
+
+    def __init__(self, blocks: KvBlocks, layout: KvLayout, config: SenderConfig,
+                 transports: Sequence[Transport]) -> None:
+        self._blocks = blocks
+        self._layout = layout
+        self._config = config
+        self._transports = list(transports)
+        self._conns: dict[str, list[OutboundConnection]] = collections.defaultdict(list)
+        self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+
+    def connections(self) -> list[OutboundConnection]:
+        """Every open connection."""
+        return [c for conns in self._conns.values() for c in conns if not c.closed]
+
+    def _pick(self, key: str, allow_new: bool) -> OutboundConnection | None:
+        live = [c for c in self._conns[key] if not c.closed]
+        if not live:
+            return None
+        best = min(live, key=lambda c: c.load)
+        if best.load == 0 or not allow_new or len(live) >= self._config.max_connections_per_endpoint:
+            return best
+        return None
+
+    async def acquire(self, endpoint: Endpoint, timeout: float) -> OutboundConnection:
+        """A connection to ``endpoint`` (pooled or new); raises ``NoRouteError``,
+        ``ChannelClosed`` or a ``HandshakeError``."""
+        key = endpoint.key()
+        conn = self._pick(key, allow_new=True)
+        if conn is not None:
+            return conn
+        async with self._locks[key]:
+            conn = self._pick(key, allow_new=True)
+            if conn is not None:
+                return conn
+            conn = await self._dial(endpoint, timeout)
+            self._conns[key].append(conn)
+            return conn
+
+    async def _dial(self, endpoint: Endpoint, timeout: float) -> OutboundConnection:
+        cfg = self._config
+        errors: list[str] = []
+        for transport in self._transports:
+            address = endpoint.address(transport.name)
+            if address is None or not transport.reaches(endpoint, self._blocks):
+                continue
+            try:
+                channel = await transport.connect(address, self._blocks, timeout)
+            except ChannelClosed as exc:
+                log.info("%s unreachable (%s); trying the next transport", address, exc)
+                errors.append(str(exc))
+                continue
+            try:
+                info = await asyncio.wait_for(
+                    client_handshake(channel, self._layout, cfg.secret), timeout)
+            except asyncio.TimeoutError:
+                channel.close()
+                raise ChannelClosed(f"handshake with {address} timed out") from None
+            except BaseException:
+                channel.close()
+                raise
+            return OutboundConnection(channel, info, cfg.frame_bytes, self._forget)
+        if not errors:
+            raise NoRouteError(f"no transport reaches {endpoint.encode()}")
+        raise ChannelClosed("; ".join(errors))
+
+    def _forget(self, conn: OutboundConnection) -> None:
+        for key, conns in list(self._conns.items()):
+            if conn in conns:
+                conns.remove(conn)
+                if not conns:
+                    del self._conns[key]
+
+    async def close(self) -> None:
+        """Close every connection (their transfers fail with ``ConnectionLost``)."""
+        conns = self.connections()
+        for conn in conns:
+            conn.close("sender closing")
+        for conn in conns:
+            await conn.wait_closed()

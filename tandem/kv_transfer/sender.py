@@ -1,0 +1,147 @@
+"""The prefill side: push a request's KV blocks into a decode worker's reservation.
+
+    t = await sender.open(tid, endpoint, src_ids, dst_ids, deadline)   # BEGIN (pooled conn)
+    for layer in range(L):
+        compute(layer)                      # on GPU: synchronise before pushing
+        t.push(layer, layer + 1)            # ships while the next layer computes
+    await t.commit(first_token, logprob)    # COMMIT, wait for ACK; or: await t.abort(reason)
+
+``open`` may come before the source blocks exist (``src_ids=None``, then ``t.set_source``
+before the first push): the reservation is bound at once, and the connection's KEEPALIVEs
+renew its lease until the first layer is computed (a prefill queued behind others), up to
+``deadline``.
+
+The source blocks must stay untouched until ``commit``/``abort`` returns or a call raises; after
+that the sender holds nothing for the transfer. Every method runs on one event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem.kv_transfer.blocks import KvBlocks
+from tandem.kv_transfer.config import SenderConfig
+from tandem.kv_transfer.endpoint import Endpoint
+from tandem.kv_transfer.errors import (
+    ChannelClosed,
+    ConnectionLost,
+    DeadlineExceeded,
+    TransferFailed,
+    TransferSpecError,
+)
+from tandem.kv_transfer.frames import Kind
+from tandem.kv_transfer.layout import KvLayout
+from tandem.kv_transfer.outgoing import OutgoingTransfer, check_source
+from tandem.kv_transfer.pool import ConnectionPool
+from tandem.kv_transfer.transport import sender_transports
+from tandem.kv_transfer.transport.base import Transport
+
+
+@dataclass(frozen=True, slots=True)
+class SenderStats:
+    """What the sender holds right now; every test ends with ``transfers == 0``."""
+
+    transfers: int
+    connections: int
+    buffered_bytes: int
+    shm_slots_in_use: int
+
+
+class Sender:
+    """Pushes KV blocks of ``kv`` to receivers (see the module docstring)."""
+
+    def __init__(self, kv: torch.Tensor, layout: KvLayout, config: SenderConfig,
+                 transports: Sequence[Transport] | None = None, *,
+                 staged: bool | None = None) -> None:
+        self.blocks = KvBlocks(kv, layout, staged=staged)
+        self.layout = layout
+        self.config = config
+        chosen = (list(transports) if transports is not None
+                  else sender_transports(config, self.blocks.is_cuda))
+        self._pool = ConnectionPool(self.blocks, layout, config, chosen)
+        self._transfers: dict[str, OutgoingTransfer] = {}
+
+    def _check(self, transfer_id: str, src: list[int] | None, dst: list[int]) -> None:
+        if not transfer_id or len(transfer_id) > 128:
+            raise TransferSpecError("transfer id must be 1..128 characters")
+        if transfer_id in self._transfers:
+            raise TransferSpecError(f"transfer {transfer_id!r} is already in flight")
+        if not dst:
+            raise TransferSpecError("a transfer needs at least one destination block")
+        if src is not None:
+            check_source(self.blocks, src, dst)
+        if min(dst) < 0 or max(dst) >= 1 << 31 or len(set(dst)) != len(dst):
+            raise TransferSpecError("destination ids must be unique and in 0..2**31-1")
+        if self.layout.payload_bytes(1, 1) > self.config.frame_bytes:
+            raise TransferSpecError("one block is larger than SenderConfig.frame_bytes")
+
+    async def open(self, transfer_id: str, endpoint: Endpoint,
+                   src_block_ids: Sequence[int] | None, dst_block_ids: Sequence[int],
+                   deadline: float) -> OutgoingTransfer:
+        """Start a transfer: pooled connection, BEGIN; returns the handle to push layers with.
+        ``src_block_ids=None``: bind the reservation now, name the sources later
+        (``OutgoingTransfer.set_source``).
+
+        ``deadline`` is a ``time.monotonic()`` instant bounding every later wait; BEGIN tells
+        the receiver, which renews the lease no further. Raises
+        ``TransferSpecError`` (bad ids), ``NoRouteError``, a ``HandshakeError``
+        (layout/auth/version/busy) or a ``TransferFailed`` (``ConnectionLost``,
+        ``DeadlineExceeded``).
+        """
+        src = None if src_block_ids is None else [int(b) for b in src_block_ids]
+        dst = [int(b) for b in dst_block_ids]
+        self._check(transfer_id, src, dst)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceeded(transfer_id, "deadline passed before open")
+        try:
+            conn = await self._pool.acquire(endpoint, min(remaining, self.config.connect_timeout_s))
+        except ChannelClosed as exc:
+            raise ConnectionLost(transfer_id, f"cannot connect: {exc}") from exc
+        if transfer_id in self._transfers:  # opened concurrently while we dialled
+            raise TransferSpecError(f"transfer {transfer_id!r} is already in flight")
+        transfer = OutgoingTransfer(self.blocks, conn, transfer_id, src, dst, deadline,
+                                    self._forget)
+        conn.transfers[transfer_id] = transfer
+        self._transfers[transfer_id] = transfer
+        ttl_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        try:
+            await transfer._bounded(conn.send({"kind": Kind.BEGIN, "transfer": transfer_id,
+                                               "blocks": dst, "ttl_ms": ttl_ms}))
+            transfer.last_sent = time.monotonic()
+        except TransferFailed as exc:
+            transfer._on_failed(exc)
+            raise
+        return transfer
+
+    async def send(self, transfer_id: str, endpoint: Endpoint, src_block_ids: Sequence[int],
+                   dst_block_ids: Sequence[int], *, first_token: int, logprob: float,
+                   deadline: float) -> None:
+        """Open, push every layer, commit: the whole transfer when the KV is already computed."""
+        transfer = await self.open(transfer_id, endpoint, src_block_ids, dst_block_ids, deadline)
+        try:
+            transfer.push(0, self.layout.num_layers)
+            await transfer.commit(first_token, logprob)
+        except BaseException:
+            await transfer.abort("sender failed")
+            raise
+
+    def _forget(self, transfer: OutgoingTransfer) -> None:
+        if self._transfers.get(transfer.transfer_id) is transfer:
+            del self._transfers[transfer.transfer_id]
+
+    def stats(self) -> SenderStats:
+        """Transfers in flight, open connections, and memory held for them."""
+        conns = self._pool.connections()
+        return SenderStats(
+            transfers=len(self._transfers), connections=len(conns),
+            buffered_bytes=sum(c.buffered_bytes for c in conns),
+            shm_slots_in_use=sum(getattr(c.channel, "slots_in_use", 0) for c in conns))
+
+    async def close(self) -> None:
+        """Close every connection; transfers still in flight fail with ``ConnectionLost``."""
+        await self._pool.close()

@@ -1,0 +1,21 @@
+"""Capacity planning for Tandem: how many prefill and decode workers a workload needs.
+
+    profile.py    what one worker costs: the step-cost model (linear, or a measured curve by
+                  new tokens), KV capacity, KV transfer speed; JSON (tandem.profile/1)
+    fit.py        fitting that model to timed engine steps (``tandem profile``,
+                  bench/profile_engine.py, does the timing)
+    roofline.py   profiles for hardware this machine does not have, from devices.py
+                  (datasheet figures) and models.py (model shapes): estimates
+    trace.py      a request trace (JSON lines): arrivals, lengths, shared prefixes
+    workload.py   trace generators: Poisson, bursty (MMPP), diurnal, multi-turn chat, and
+                  the serving benchmark's mixes (bench/ uses these same definitions)
+    sizing.py     first-guess pool sizes from a trace's token mix
+    sim/          the discrete-event simulator: router (the real placement policy and cost
+                  model, imported from tandem.router.handoff), prefill and decode workers, KV
+                  transfer, failures and scale events
+    search.py     `tandem plan`: the cheapest P:D split and the cheapest colocated pool
+                  meeting the SLOs, their goodput and attainment curves
+    report.py     the plan as a table, JSON, Helm values and `tandem up` flags; plot.py: PNG
+
+Pure Python, no torch and no engine: a plan for 1,000 GPUs runs on a laptop.
+"""

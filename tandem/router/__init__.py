@@ -1,0 +1,13 @@
+"""Tandem's router: the public front door, the handoff of each request, and the worker pool.
+
+    tandem/router/          front door: gRPC servicer, http/, validation, tokenizer, admission,
+                     server, cli, metrics, auth/TLS; shared leaves: config, errors, request,
+                     status (the front door imports the subpackages, never the reverse)
+      handoff/       one request's legs: ledger (migration included), legs, policy,
+                     affinity, deadline, counters
+      membership/    the pool: registry, Registry service, health monitor, Kubernetes
+                     discovery, worker views, the channels to workers
+
+Imports protos, common and a tokenizer only (never torch or the engine): everything here is
+bookkeeping and I/O, so it starts fast and runs anywhere.
+"""

@@ -1,0 +1,390 @@
+"""What the public service does, without gRPC: accept, admit, tokenize, hand off, shape.
+
+GenerateRequest -> validate (no tokenizer) -> Accepted -> admission -> tokenize -> Prepared
+                -> Handoff chunks -> detokenize -> GenerateResponse* (the last with usage)
+
+A generation is one trace span (``request``, the child of the client's ``traceparent`` when
+it sent one) with ``admission`` and ``tokenize`` below it and the handoff's spans
+(tandem/router/handoff/ledger.py); every log line written meanwhile names the request
+(tandem/common/obs/log_context.py): the router's id, and the client's own when it sent one.
+
+A request accepted with ``n`` > 1 (the HTTP API's n / best_of) is one admitted request whose
+prompt the workers compute once and fork into n sequences; each sequence is shaped on its
+own (text, tool calls, usage on its last message) and its messages carry its ``index``.
+
+What the metrics record of each request (its clock, TTFT, ITL, TPOT, outcome) is
+tandem/router/request_accounting.py.
+
+Only what costs nothing runs before admission; the tokenizer runs once the request holds a
+slot, in a bounded thread pool (the Rust tokenizer releases the GIL), so a flood of huge
+prompts queues or gets RESOURCE_EXHAUSTED instead of stalling the event loop for everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tandem.common.obs import log_context, tracing
+from tandem.common.text.detokenizer import Detokenizer
+from tandem.common.wire import MAX_SEQUENCES
+from tandem.protos.v1 import tandem_pb2
+from tandem.router import validation
+from tandem.router.admission import AdmissionGate
+from tandem.router.client_limits import ClientLimits
+from tandem.router.errors import InvalidRequestError, OverloadedError
+from tandem.router.generation_defaults import GenerationDefaults
+from tandem.router.handoff.deadline import Deadline
+from tandem.router.handoff.ledger import Handoff, HandoffDeps
+from tandem.router.membership.worker_view import Role
+from tandem.router.metrics import RouterMetrics
+from tandem.router.request import Accepted, Chunk, Prepared
+from tandem.router.request_accounting import RequestAccounting, RequestClock
+from tandem.router.text_stream import TextStream
+from tandem.router.tokenizer import RouterTokenizer
+from tandem.router.tool_use import ToolOutput, ToolUse
+from tandem.router.tools.call import CallDelta
+
+_A = TypeVar("_A")
+_T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
+
+
+def _skip_special_tokens(sampling: tandem_pb2.SamplingParams) -> bool:
+    """Whether the output text leaves special tokens out (it does unless the request says)."""
+    return sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
+
+
+def _without_tokens(chunk: Chunk) -> Chunk:
+    """A chunk of a prompt-scoring request (max_tokens 0), its generated token dropped."""
+    return Chunk([], finished=chunk.finished, finish_reason="length" if chunk.finished else "",
+                 prompt_logprobs=chunk.prompt_logprobs, index=chunk.index)
+
+
+def _add_call_deltas(response: tandem_pb2.GenerateResponse, deltas: list[CallDelta]) -> None:
+    for d in deltas:
+        response.tool_call_deltas.add(index=d.index, id=d.id or "", name=d.name or "",
+                                      arguments=d.arguments)
+
+
+def _attach_calls(response: tandem_pb2.GenerateResponse, calls: ToolOutput) -> None:
+    """The last message: the content and call pieces the tool parser still held, and the
+    whole calls (then the finish reason is OpenAI's ``tool_calls``)."""
+    rest, deltas, parsed = calls.finish()
+    response.text += rest
+    _add_call_deltas(response, deltas)
+    for call in parsed:
+        response.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
+    if parsed and response.finish_reason == "stop":
+        response.finish_reason = "tool_calls"
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """How one sequence's chunks become messages: its text, its tool calls, its counts."""
+
+    text: TextStream
+    calls: ToolOutput | None
+    completion: int = 0
+    last: float = 0.0  # its latest chunk with tokens (ITL is per sequence)
+    done: bool = False
+
+
+class Frontend:
+    """The router's request path; the gRPC servicer is a thin wrapper over it.
+
+    ``clients`` bounds each client's share (the edges name the client: its connection and
+    API key); without one, the config's per-connection bound applies and keys are not
+    counted. ``close()`` stops the tokenizer threads.
+    """
+
+    def __init__(
+        self,
+        deps: HandoffDeps,
+        tokenizer: RouterTokenizer,
+        gate: AdmissionGate,
+        metrics: RouterMetrics,
+        clients: ClientLimits | None = None,
+    ) -> None:
+        self.deps = deps
+        self.tokenizer = tokenizer
+        self.generation_defaults = GenerationDefaults.load(deps.config.tokenizer_dir)
+        self.gate = gate
+        self.metrics = metrics
+        self.accounting = RequestAccounting(metrics)
+        config = deps.config
+        self.clients = clients or ClientLimits(
+            config.max_inflight_per_connection, 0, config.retry_after_ms
+        )
+        self.limits = validation.InputLimits(
+            config.max_stop_strings, config.max_stop_chars, config.max_stop_token_ids
+        )
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.tokenizer_threads, thread_name_prefix="router-tokenize"
+        )
+
+    def close(self) -> None:
+        """Stop the tokenizer threads (a tokenization still running finishes on its own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @contextmanager
+    def client_slot(self, connection: str, key: str | None) -> Iterator[None]:
+        """Hold one of the client's in-flight slots while the block runs (a refusal is
+        counted as an overloaded request, like admission's)."""
+        try:
+            slot = self.clients.enter(connection, key)
+        except OverloadedError:
+            self.metrics.finished("overloaded")
+            raise
+        try:
+            yield
+        finally:
+            self.clients.leave(slot)
+
+    def accept(self, request: tandem_pb2.GenerateRequest, n: int = 1,
+               trace_parent: tracing.Parent = None) -> Accepted:
+        """Every check that needs no tokenizer, and the request's router-minted id; raises
+        InvalidRequestError naming the bad field. ``n``: sequences to fork the prompt into
+        (their messages carry an index). ``trace_parent``: the client's trace context
+        (tandem/common/obs/tracing.py ``extract``), which the request's span continues."""
+        try:
+            if not 1 <= n <= MAX_SEQUENCES:
+                raise InvalidRequestError("n", f"must be in [1, {MAX_SEQUENCES}], got {n}")
+            accepted = self._accept(request, trace_parent)
+        except InvalidRequestError:
+            self.metrics.finished("invalid")
+            raise
+        accepted.n = n
+        return accepted
+
+    def _accept(self, request: tandem_pb2.GenerateRequest,
+                trace_parent: tracing.Parent) -> Accepted:
+        arrival = time.perf_counter()
+        config = self.deps.config
+        asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
+        kind = request.WhichOneof("prompt")
+        if kind == "token_ids":  # by count first: a huge id list is refused before it is read
+            validation.check_length(len(request.token_ids.ids), asked or 1, config.max_model_len)
+        tools = None
+        if kind == "chat":
+            tools = ToolUse.from_chat(
+                request.chat, self.tokenizer.chat_template, config.tool_call_parser
+            )
+            if tools is not None:
+                tools.constrain(request.sampling)  # before validation checks the schema's size
+        validation.validate_request(
+            request, config.model_name, self.tokenizer.vocab_size, self.limits
+        )
+        if kind == "text":
+            validation.check_prompt_chars(
+                len(request.text), self.tokenizer.max_token_chars, asked, config.max_model_len
+            )
+        # The id every worker sees is ours; the client's is a label echoed back to it only.
+        request_id = uuid.uuid4().hex
+        if request.user:
+            log.debug("request %s (client id %r) for user %r", request_id,
+                      request.request_id, request.user)
+        return Accepted(request, request_id, request.request_id or request_id, arrival, tools,
+                        trace_parent)
+
+    async def _prepare(self, accepted: Accepted, span: tracing.Span) -> Prepared:
+        """Tokenize an admitted request (in the pool) and settle its max_tokens."""
+        request = accepted.request
+        config = self.deps.config
+        if request.WhichOneof("prompt") == "token_ids":
+            ids = list(request.token_ids.ids)
+        else:
+            with tracing.span("tokenize", span):
+                ids = await self._in_pool(self._encode, request)
+        if not ids:
+            raise InvalidRequestError("prompt", "tokenizes to nothing")
+        sampling = tandem_pb2.SamplingParams()
+        sampling.CopyFrom(request.sampling)
+        self.generation_defaults.apply(sampling)
+        room = config.max_model_len - len(ids)
+        if sampling.HasField("max_tokens"):
+            max_tokens = sampling.max_tokens
+        elif request.WhichOneof("prompt") == "chat":  # a reply runs to its end (as vLLM)
+            max_tokens = max(1, room)
+        else:  # completions: OpenAI's default, clamped to the room the context leaves
+            max_tokens = max(1, min(validation.DEFAULT_MAX_TOKENS, room))
+        validation.check_length(len(ids), max_tokens, config.max_model_len)
+        score_only = max_tokens == 0
+        max_tokens = max(max_tokens, 1)
+        sampling.max_tokens = max_tokens
+        return Prepared(
+            request_id=accepted.request_id,
+            prompt_ids=ids,
+            sampling=sampling,
+            logprobs=request.logprobs,
+            max_tokens=max_tokens,
+            arrival=accepted.arrival,
+            label=accepted.label,
+            score_only=score_only,
+            n=accepted.n,
+        )
+
+    def _encode(self, request: tandem_pb2.GenerateRequest) -> list[int]:
+        """A text or chat prompt's ids (runs in a pool thread)."""
+        if request.WhichOneof("prompt") == "text":
+            return self.tokenizer.encode(request.text)
+        text = self.tokenizer.render_chat(request.chat)
+        # Only the rendered text is bounded by its length: a template may drop or trim parts.
+        asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
+        validation.check_prompt_chars(
+            len(text), self.tokenizer.max_token_chars, asked, self.deps.config.max_model_len
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def _in_pool(self, fn: Callable[[_A], _T], arg: _A) -> _T:
+        """``fn(arg)`` on a tokenizer thread; a cancelled caller stops waiting at once."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, arg)
+
+    async def generate(
+        self, accepted: Accepted, budget_s: float | None
+    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        """Admit the request, tokenize it, run its handoff and stream its responses."""
+        arrived_ns = time.time_ns() - int((time.perf_counter() - accepted.arrival) * 1e9)
+        with tracing.span("request", accepted.trace_parent, kind=tracing.SERVER,
+                          start_ns=arrived_ns,
+                          attributes={"tandem.request_id": accepted.request_id}) as span, \
+                log_context.bound(accepted.request_id, accepted.label, tracing.ids(span)):
+            async with aclosing(self._generate(accepted, budget_s, span)) as responses:
+                async for response in responses:
+                    yield response
+
+    async def _generate(
+        self, accepted: Accepted, budget_s: float | None, span: tracing.Span
+    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        clock = RequestClock(arrival=accepted.arrival, queued=time.perf_counter())
+        deadline = Deadline(budget_s)
+        counters = self.deps.counters
+        counters.requests += 1
+        metrics = self.metrics
+        try:
+            with tracing.span("admission", span):
+                await self.gate.enter()
+        except BaseException as exc:
+            self.accounting.failed(exc, deadline)
+            raise
+        try:
+            clock.admitted = time.perf_counter()
+            metrics.queue_time.observe(clock.admitted - clock.queued)
+            prepared = await self._prepare(accepted, span)
+            metrics.prompt_tokens.inc(len(prepared.prompt_ids))
+            span.set_attribute("tandem.prompt_tokens", len(prepared.prompt_ids))
+            handoff = Handoff(self.deps, prepared, deadline, span)
+            sequences = [self._sequence(prepared, accepted) for _ in range(prepared.n)]
+            async with aclosing(handoff.stream()) as chunks:
+                async for chunk in chunks:
+                    if prepared.score_only:  # the one token the workers had to generate
+                        chunk = _without_tokens(chunk)
+                    seq = sequences[chunk.index]
+                    seq.completion += len(chunk.token_ids)
+                    text = seq.text.delta(chunk)
+                    call_deltas: list[CallDelta] = []
+                    if seq.calls is not None:
+                        text, call_deltas = seq.calls.feed(text)
+                    response = tandem_pb2.GenerateResponse(
+                        request_id=prepared.label or prepared.request_id,
+                        token_ids=chunk.token_ids,
+                        text=text,
+                        logprobs=chunk.logprobs,
+                        finished=chunk.finished,
+                        finish_reason=chunk.finish_reason,
+                        prompt_logprobs=chunk.prompt_logprobs,
+                        index=chunk.index,
+                    )
+                    _add_call_deltas(response, call_deltas)
+                    seq.last = self.accounting.chunk(chunk.token_ids, clock, seq.last)
+                    if chunk.finished:
+                        response.stop_reason = chunk.stop_reason or seq.text.stop_reason or ""
+                        if seq.calls is not None:
+                            _attach_calls(response, seq.calls)
+                        seq.done = True
+                        last = all(s.done for s in sequences)
+                        self.accounting.finish(response, len(prepared.prompt_ids),
+                                               handoff.report, seq.completion, clock, last)
+                        if last:
+                            span.set_attribute("tandem.completion_tokens",
+                                               sum(s.completion for s in sequences))
+                            span.set_attribute("tandem.finish_reason", response.finish_reason)
+                    yield response
+            counters.completed += 1
+        except (asyncio.CancelledError, GeneratorExit) as exc:
+            counters.cancelled += 1
+            if not clock.ended:
+                self.accounting.failed(exc, deadline)
+            raise
+        except BaseException as exc:
+            counters.failed += 1
+            if not clock.ended:
+                self.accounting.failed(exc, deadline)
+            raise
+        finally:
+            self.gate.leave()
+
+    def _sequence(self, prepared: Prepared, accepted: Accepted) -> _Sequence:
+        """A fresh sequence's text stream and tool-call parser."""
+        text = TextStream(
+            Detokenizer(
+                self.tokenizer.backend,
+                prepared.prompt_ids,
+                skip_special_tokens=_skip_special_tokens(prepared.sampling),
+                stop=prepared.sampling.stop,
+                include_stop=prepared.sampling.include_stop_str_in_output,
+                min_tokens=prepared.sampling.min_tokens,
+            )
+        )
+        return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None)
+
+    async def tokenize(self, request: tandem_pb2.TokenizeRequest) -> tandem_pb2.TokenizeResponse:
+        """Token ids of a text or chat input, as Generate would see them (tokenized in the
+        pool; a text too long to be any prompt is refused before that)."""
+        if request.model and request.model != self.deps.config.model_name:
+            raise InvalidRequestError("model", f"unknown model {request.model!r}")
+        kind = request.WhichOneof("input")
+        if kind == "chat":
+            validation.validate_chat(request.chat)
+            ids = await self._in_pool(self.tokenizer.encode_chat, request.chat)
+        elif kind == "text":
+            validation.check_prompt_chars(
+                len(request.text), self.tokenizer.max_token_chars, None,
+                self.deps.config.max_model_len, field="text",
+            )
+            ids = await self._in_pool(self._encode_text, request)
+        else:
+            raise InvalidRequestError("input", "one of text or chat is required")
+        return tandem_pb2.TokenizeResponse(token_ids=ids, count=len(ids))
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of token ids (decoded in the tokenizer pool; special tokens kept)."""
+        return await self._in_pool(self._decode, token_ids)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def _encode_text(self, request: tandem_pb2.TokenizeRequest) -> list[int]:
+        return self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
+
+    def list_models(self) -> tandem_pb2.ListModelsResponse:
+        """The one model this router serves, with how its routable workers hold the weights."""
+        config = self.deps.config
+        formats = sorted({w.weights_format for role in (Role.PREFILL, Role.DECODE)
+                          for w in self.deps.registry.routable(role) if w.weights_format})
+        return tandem_pb2.ListModelsResponse(
+            models=[
+                tandem_pb2.ModelInfo(
+                    id=config.model_name, max_model_len=config.max_model_len, owned_by="tandem",
+                    weights_format="; ".join(formats),
+                )
+            ]
+        )

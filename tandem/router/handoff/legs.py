@@ -1,0 +1,239 @@
+"""The worker RPCs of the handoff, with gRPC failures turned into typed errors.
+
+Every call is bounded. A unary call's timeout is the request's remaining time or the
+router's default for that call, whichever is shorter::
+
+    Reserve, Abort        --rpc-timeout-s      (30 s; Abort at most 2 s: it is cleanup)
+    Prefill, PrefillLocal --prefill-timeout-s  (600 s: a prefill may queue behind long prompts)
+    Decode stream         the request's deadline only; a silent worker is found by keepalive
+                          (tandem/common/grpc_keepalive.py) or by the health monitor cutting the call
+
+A call that runs out the router's default (not the client's deadline) is a worker that does
+not answer: it fails as UNAVAILABLE, like a worker that went away, so the ledger retries it
+elsewhere or fails the request; the client's own deadline still ends the request
+(DEADLINE_EXCEEDED). Every call is tracked in ``LegCalls.inflight`` so the health monitor can
+cut the calls to a worker it took out of the pool (tandem/router/handoff/inflight.py); a cut call
+is a worker failure too. Errors leave as WorkerCallError (unary calls) or LegLostError (a
+decode stream that broke because its worker went away).
+
+Every call is a client span (``DecodeService/Reserve`` ...) under the request's span, and
+carries its W3C ``traceparent`` in the call's metadata: the worker's own span for the call is
+its child (tandem/common/obs/tracing.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from tandem.common.obs import tracing
+from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.protos.v1 import tandem_pb2, worker_pb2
+from tandem.router.errors import DeadlineError, LegLostError, WorkerCallError, WorkerFailedError
+from tandem.router.handoff.inflight import CallCutError, Cancellable, InflightCalls
+from tandem.router.membership.worker_clients import WorkerClients
+
+log = logging.getLogger(__name__)
+
+# Codes meaning "this worker (or the path to it) is gone", as opposed to "your request is bad".
+WORKER_GONE = frozenset({"UNAVAILABLE", "ABORTED", "UNKNOWN", "INTERNAL", "CANCELLED"})
+# Codes that are about the request itself: no other worker would do better.
+REQUEST_FAULT = frozenset({"INVALID_ARGUMENT", "OUT_OF_RANGE", "PERMISSION_DENIED"})
+_ABORT_TIMEOUT_S = 2.0
+_R = TypeVar("_R", covariant=True)
+
+
+class _UnaryCall(Cancellable, Protocol[_R]):
+    """A grpc.aio unary call: cancellable, and awaited for its reply."""
+
+    def __await__(self) -> Generator[Any, None, _R]:
+        """The reply."""
+
+
+@dataclass(frozen=True, slots=True)
+class LegCalls:
+    """What every worker call needs: the channels, the in-flight tracker, the default bounds
+    (RouterConfig's ``rpc_timeout_s`` and ``prefill_timeout_s``)."""
+
+    clients: WorkerClients
+    inflight: InflightCalls = field(default_factory=InflightCalls)
+    rpc_timeout_s: float = 30.0
+    prefill_timeout_s: float = 600.0
+
+
+def bound(remaining: float | None, default_s: float) -> tuple[float, bool]:
+    """A call's timeout: the request's ``remaining`` seconds (None: no deadline) or
+    ``default_s``, whichever is shorter; and whether it is the router's default that binds."""
+    if remaining is None or default_s < remaining:
+        return default_s, True
+    return remaining, False
+
+
+def _call_span(service: str, method: str, endpoint: str, leg_id: str,
+               parent: tracing.Parent) -> tracing.Ended:
+    """The client span of one worker call (ended, failed or not, when the block is left)."""
+    return tracing.span(f"{service}/{method}", parent, kind=tracing.CLIENT, attributes={
+        "rpc.system": "grpc", "rpc.service": f"tandem.v1.{service}", "rpc.method": method,
+        "server.address": endpoint, "tandem.leg_id": leg_id,
+    })
+
+
+def _typed(err: grpc.aio.AioRpcError, endpoint: str, method: str) -> WorkerCallError:
+    return WorkerCallError(
+        endpoint, method, err.code().name, err.details() or "", _retry_hint(err)
+    )
+
+
+def _retry_hint(err: grpc.aio.AioRpcError) -> int | None:
+    """The worker's ``retry-after-ms`` trailing metadata, if it sent a sane one."""
+    for key, value in err.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
+            return min(int(value), 60_000)
+    return None
+
+
+async def _unary(
+    calls: LegCalls,
+    endpoint: str,
+    method: str,
+    call: _UnaryCall[_R],
+    timeout: float,
+    ours: bool,
+) -> _R:
+    """Await one tracked unary ``call``; failures as WorkerCallError (see the docstring)."""
+    try:
+        with calls.inflight.track(endpoint, call):
+            return await call
+    except grpc.aio.AioRpcError as err:
+        if ours and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise WorkerCallError(
+                endpoint, method, "UNAVAILABLE", f"no answer within the router's {timeout:g} s"
+            ) from err
+        raise _typed(err, endpoint, method) from err
+    except CallCutError as cut:
+        raise WorkerCallError(endpoint, method, "UNAVAILABLE", cut.reason) from cut
+
+
+async def reserve(
+    calls: LegCalls,
+    endpoint: str,
+    request: worker_pb2.ReserveRequest,
+    remaining: float | None,
+    parent: tracing.Parent = None,
+) -> worker_pb2.ReserveResponse:
+    """DecodeService.Reserve, bounded by ``rpc_timeout_s``; a span under ``parent``."""
+    timeout, ours = bound(remaining, calls.rpc_timeout_s)
+    with _call_span("DecodeService", "Reserve", endpoint, request.request_id, parent) as span:
+        call = calls.clients.decode(endpoint).Reserve(request, timeout=timeout,
+                                                      metadata=tracing.metadata(span))
+        reply = await _unary(calls, endpoint, "Reserve", call, timeout, ours)
+        span.set_attribute("tandem.cached_tokens", reply.cached_tokens)
+        return reply
+
+
+async def prefill(
+    calls: LegCalls,
+    endpoint: str,
+    request: worker_pb2.PrefillRequest,
+    remaining: float | None,
+    parent: tracing.Parent = None,
+) -> worker_pb2.PrefillResponse:
+    """PrefillService.Prefill (computes, pushes the KV, commits on the decode worker),
+    bounded by ``prefill_timeout_s``; a span under ``parent``."""
+    timeout, ours = bound(remaining, calls.prefill_timeout_s)
+    with _call_span("PrefillService", "Prefill", endpoint, request.request_id, parent) as span:
+        call = calls.clients.prefill(endpoint).Prefill(request, timeout=timeout,
+                                                       metadata=tracing.metadata(span))
+        return await _unary(calls, endpoint, "Prefill", call, timeout, ours)
+
+
+async def prefill_local(
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None,
+    parent: tracing.Parent = None,
+) -> worker_pb2.PrefillResponse:
+    """DecodeService.PrefillLocal: the decode worker prefills its own reservation (bounded
+    by ``prefill_timeout_s``); a span under ``parent``."""
+    timeout, ours = bound(remaining, calls.prefill_timeout_s)
+    request = worker_pb2.PrefillLocalRequest(request_id=leg_id)
+    with _call_span("DecodeService", "PrefillLocal", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).PrefillLocal(request, timeout=timeout,
+                                                           metadata=tracing.metadata(span))
+        return await _unary(calls, endpoint, "PrefillLocal", call, timeout, ours)
+
+
+async def decode_stream(
+    calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None, index: int = 0,
+    parent: tracing.Parent = None,
+) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    """DecodeService.Decode, message by message, ending after the finished one (``index``:
+    which sequence of a forked leg); a span under ``parent`` for the whole stream.
+
+    A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
+    without a finished message raises LegLostError; any other failure raises WorkerCallError.
+    """
+    with _call_span("DecodeService", "Decode", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).Decode(
+            worker_pb2.DecodeRequest(request_id=leg_id, index=index), timeout=remaining,
+            metadata=tracing.metadata(span),
+        )
+        try:
+            with calls.inflight.track(endpoint, call):
+                while True:
+                    try:
+                        message = await call.read()
+                    except grpc.aio.AioRpcError as err:
+                        if err.code().name in WORKER_GONE:
+                            raise LegLostError(
+                                endpoint, f"{err.code().name}: {err.details()}"
+                            ) from err
+                        raise _typed(err, endpoint, "Decode") from err
+                    if message is grpc.aio.EOF:
+                        raise LegLostError(endpoint, "stream ended before the request finished")
+                    if message.finished:
+                        span.end()  # the stream's work is done: the rest is our consumer's
+                    yield message
+                    if message.finished:
+                        return
+        except CallCutError as cut:
+            raise LegLostError(endpoint, cut.reason) from cut
+        finally:
+            call.cancel()
+
+
+async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
+                index: int | None = None, parent: tracing.Parent = None) -> bool:
+    """Abort ``leg_id`` on a worker (``index``: only that sequence of a forked decode leg);
+    False (logged) when the worker could not be told.
+
+    Bounded by ``rpc_timeout_s`` and at most 2 s: an abort is cleanup that the client's
+    answer waits for, and a worker that is not told frees the leg when its lease ends."""
+    stub = calls.clients.decode(endpoint) if decode else calls.clients.prefill(endpoint)
+    timeout = min(_ABORT_TIMEOUT_S, calls.rpc_timeout_s)
+    service = "DecodeService" if decode else "PrefillService"
+    with _call_span(service, "Abort", endpoint, leg_id, parent) as span:
+        call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id, index=index),
+                          timeout=timeout, metadata=tracing.metadata(span))
+        try:
+            with calls.inflight.track(endpoint, call):
+                reply = await call
+        except grpc.aio.AioRpcError as err:
+            log.warning("Abort(%s) on %s failed: %s", leg_id, endpoint, err.code().name)
+            tracing.fail(span, err)
+            return False
+        except CallCutError as cut:
+            log.warning("Abort(%s) on %s cut: %s", leg_id, endpoint, cut.reason)
+            tracing.fail(span, cut)
+            return False
+        return bool(reply.found)
+
+
+def raise_if_fatal(err: WorkerCallError) -> None:
+    """Deadline and bad-request failures end the request; anything else may be retried."""
+    if err.code_name == "DEADLINE_EXCEEDED":
+        raise DeadlineError(f"deadline exceeded during {err.method}") from err
+    if err.code_name in REQUEST_FAULT:
+        raise WorkerFailedError(str(err), err.code_name) from err

@@ -1,0 +1,89 @@
+"""Where a leg's prompt is prefilled, from what the router knows: the inputs
+placement.decide takes, and what a finished prefill teaches it.
+
+    cached_tokens   prompt tokens each worker holds already (the decode worker's Reserve
+                    answer; prefill workers: the affinity map or their reports)
+    place           "remote" as configured, else placement.decide with the decode worker's
+                    view, the SLO, the overheads learnt (faded to now), the threshold
+    predict_remote  the remote prediction for a prefill worker the decision did not pick (a
+                    retry after the chosen one failed)
+    learn_overhead  a finished prefill's measured time beyond the model's prediction (remote
+                    on a prefill worker, or local on the decode worker)
+
+tandem/router/handoff/ledger.py calls these per leg; tandem/planner/sim/placing.py does the same over the
+simulated pools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from tandem.router.config import RouterConfig
+from tandem.router.handoff import placement, policy
+from tandem.router.handoff.held_blocks import HeldBlocks
+from tandem.router.handoff.placement import (
+    Decision,
+    Placement,
+    Prediction,
+    PrefillOverheads,
+    Reason,
+    Slo,
+)
+from tandem.router.handoff.placement_log import PlacementLog, placement_record
+from tandem.router.membership.registry import Registry
+from tandem.router.membership.worker_view import Role, WorkerView
+
+
+def cached_tokens(block_size: int, held: HeldBlocks, owners: list[tuple[str, int]],
+                  prefill: list[WorkerView], hashes: list[int], decode_endpoint: str,
+                  decode_cached: int) -> dict[str, int]:
+    """Prompt tokens each worker holds already: the decode worker's reservation says exactly
+    (``decode_cached``); for prefill workers, the affinity map (``owners``: endpoint, depth
+    in blocks) or their reports, whichever says more."""
+    cached = {endpoint: depth * block_size for endpoint, depth in owners}
+    for w in prefill:
+        cached[w.endpoint] = max(cached.get(w.endpoint, 0), held.matched(w, hashes) * block_size)
+    cached[decode_endpoint] = decode_cached
+    return cached
+
+
+def place(config: RouterConfig, registry: Registry, overheads: PrefillOverheads, n_tokens: int,
+          decode_endpoint: str, ranked: list[WorkerView], cached: dict[str, int],
+          log: PlacementLog | None = None) -> Placement:
+    """Where this prompt of ``n_tokens`` is prefilled (tandem/router/handoff/placement.py); ``log``
+    (``--placement-log``) gets the decision with its inputs."""
+    if ranked and config.placement == "remote" and config.local_prefill_threshold == 0:
+        return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
+    decode = registry.view(decode_endpoint) or WorkerView(decode_endpoint, Role.DECODE)
+    # The router's count of D's streams already includes this request (acquired with its
+    # reservation); the model adds the new request's row itself.
+    decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
+    pushed = policy.blocks_needed(n_tokens - cached.get(decode_endpoint, 0), config.block_size)
+    overhead_s = overheads.current(pushed, time.monotonic())
+    placed = placement.decide(
+        n_tokens, decode, ranked, Slo(config.slo_ttft_s, config.slo_tpot_s),
+        cached=cached, overhead_s=overhead_s, threshold=config.local_prefill_threshold,
+    )
+    if log is not None:
+        log.write(placement_record(time.time(), n_tokens, decode, ranked, cached, overhead_s,
+                                   placed))
+    return placed
+
+
+def predict_remote(registry: Registry, worker: WorkerView, decode_endpoint: str, new: int
+                   ) -> Prediction | None:
+    """The model's remote prediction for ``new`` uncached tokens on ``worker`` now, without
+    an overhead (for an attempt the decision did not weigh); None without fitted costs."""
+    decode = registry.view(decode_endpoint)
+    return None if decode is None else placement.predict_remote(worker, decode, new)
+
+
+def learn_overhead(overheads: PrefillOverheads, predicted: Prediction | None, blocks: int,
+                   measured_s: float) -> None:
+    """What a prefill predicted as ``predicted`` (at its decision: remote on a prefill
+    worker, or local on the decode worker) took beyond the model's compute part;
+    ``blocks``: the prompt's KV blocks the decode worker lacked."""
+    if predicted is not None:
+        overheads.observe(predicted.endpoint, measured_s, predicted.compute_s, blocks,
+                          time.monotonic())

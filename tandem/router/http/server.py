@@ -1,0 +1,368 @@
+"""The OpenAI-compatible HTTP API, served by aiohttp inside the router's event loop.
+
+    POST /v1/completions        POST /v1/chat/completions      (SSE when "stream": true)
+    GET  /v1/models             GET  /metrics (Prometheus)
+    GET  /health (open: the process is up)    GET  /ready (open: it can serve now, else 503)
+
+With API keys every other route needs one; ``/metrics`` also takes a metrics key (a scraper's
+credential that opens nothing else), and needs one of either when only metrics keys are set.
+
+Requests go straight to ``Frontend`` (the same accept/generate the gRPC servicer calls):
+no gRPC hop and no second validator. A client that disconnects cancels its handler
+(``handler_cancellation``), which closes the generation and so both of its worker legs.
+
+What a client may cost (RouterConfig): a body of at most ``max_request_bytes`` (413), sent
+within ``http_read_timeout_s`` of the request's head (408), and the head itself within as
+long of connecting or of the previous response (aiohttp's keep-alive timer closes a
+connection whose next request is not complete by then: a slow-loris is cut); requests in
+flight per connection and per API key (429, like admission's).
+
+Request ids: a client may name its request with an ``X-Request-Id`` header (checked:
+tandem/router/validation.py ``check_request_label``, a 400 when it does not pass); every response
+carries ``X-Request-Id``, the client's, or for a generation without one the router's id
+(a fan-out of n choices gets one id for all). A ``traceparent`` header makes the request's
+trace a continuation of the client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from tandem.common.obs import tracing
+from tandem.common.wire import REQUEST_ID_HEADER
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.auth import ApiKeys
+from tandem.router.client_limits import key_of
+from tandem.router.errors import InvalidRequestError, RouterError
+from tandem.router.frontend import Frontend
+from tandem.router.http import fanout
+from tandem.router.http.errors import HttpError, HttpRefusal, error_body, http_error
+from tandem.router.http.openai_request import ApiRequest, Endpoint, parse
+from tandem.router.http.openai_response import ResponseShaper, model_list
+from tandem.router.http.tokenize import detokenize_ids, tokenize_request
+from tandem.router.readiness import Readiness
+from tandem.router.validation import check_request_label
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+TIMEOUT_HEADER = "X-Tandem-Timeout"  # optional per-request budget in seconds (-> 504)
+_OPEN_PATHS = frozenset({"/health", "/ready"})
+METRICS_PATH = "/metrics"
+# Request storage: the X-Request-Id a response carries (a typed key where aiohttp has them).
+_ECHO_ID: Any = (web.RequestKey("tandem_request_id", str) if hasattr(web, "RequestKey")
+                 else "tandem_request_id")
+
+
+class HttpServer:
+    """The router's HTTP front door; ``start`` binds, ``stop`` closes it."""
+
+    def __init__(
+        self,
+        frontend: Frontend,
+        registry: CollectorRegistry,
+        keys: ApiKeys | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        metrics_keys: ApiKeys | None = None,
+    ) -> None:
+        self._frontend = frontend
+        self._registry = registry
+        self._keys = keys
+        self._metrics_keys = metrics_keys
+        self._ssl = ssl_context
+        self._readiness = Readiness(frontend.deps.registry, frontend.gate)
+        config = frontend.deps.config
+        self._max_body = config.max_request_bytes
+        self._read_timeout_s = config.http_read_timeout_s
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes and middlewares)."""
+        app = web.Application(
+            middlewares=[self._errors, self._request_id, self._auth],
+            client_max_size=self._max_body,
+        )
+        app.on_response_prepare.append(_echo_request_id)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get(METRICS_PATH, self._metrics)
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind ``host:port`` (0 picks a free port) and serve; returns the bound port."""
+        # After a refusal with the body unread, aiohttp reads (and drops) what is still coming
+        # for at most ``lingering_time`` so the client sees the answer: bounded here too.
+        runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
+                               keepalive_timeout=self._read_timeout_s,
+                               lingering_time=min(10.0, self._read_timeout_s))
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=self._ssl, reuse_port=False)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Close the listener and any open connections."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- middlewares ---------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RouterError as err:
+            return _error_response(http_error(err))
+        except HttpRefusal as refusal:
+            response = _error_response(refusal.error)
+            if refusal.close:
+                response.force_close()
+            return response
+        except web.HTTPException as exc:  # unknown route, wrong method, body too large
+            if exc.status < 400:
+                raise
+            body = error_body(exc.status, f"{exc.reason}: {request.method} {request.path}")
+            return web.json_response(body, status=exc.status)
+
+    @web.middleware
+    async def _request_id(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        value = request.headers.get(REQUEST_ID_HEADER)
+        if value is not None:
+            check_request_label(value, REQUEST_ID_HEADER)  # a 400 (_errors) when it fails
+            request[_ECHO_ID] = value
+        return await handler(request)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in _OPEN_PATHS and not self._allowed(request):
+            body = error_body(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                              code="invalid_api_key")
+            return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    def _allowed(self, request: web.Request) -> bool:
+        """Whether the request's credential opens its path (open paths aside)."""
+        header = request.headers.get("Authorization")
+        guards = [self._keys]
+        if request.path == METRICS_PATH:
+            guards.append(self._metrics_keys)
+        present = [g for g in guards if g is not None]
+        return not present or any(g.allows(header) for g in present)
+
+    # -- routes --------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.COMPLETIONS)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.CHAT)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(model_list(self._frontend.list_models()))
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        tok = await self._frontend.tokenize(tokenize_request(await self._json_body(request)))
+        return web.json_response({"count": tok.count, "tokens": list(tok.token_ids),
+                                  "max_model_len": self._frontend.deps.config.max_model_len})
+
+    async def _detokenize(self, request: web.Request) -> web.StreamResponse:
+        frontend = self._frontend
+        ids = detokenize_ids(await self._json_body(request), frontend.tokenizer.vocab_size,
+                             4 * frontend.deps.config.max_model_len)
+        return web.json_response({"prompt": await frontend.detokenize(ids)})
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        if self._frontend.gate.closed:
+            return web.json_response({"status": "draining"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def _ready(self, request: web.Request) -> web.StreamResponse:
+        reason = self._readiness.reason()
+        if reason is not None:
+            return web.json_response({"status": "unavailable", "reason": reason}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        key = key_of(request.headers.get("Authorization")) if self._keys is not None else None
+        # Taken before the body is read: a refused client does not get to upload it first.
+        with self._frontend.client_slot(_connection(request), key):
+            try:
+                api = parse(endpoint, await self._json_body(request))
+            except (InvalidRequestError, HttpRefusal):
+                self._frontend.metrics.finished("invalid")  # as accept() counts its refusals
+                raise
+            budget = _budget(request)
+            parent = tracing.extract(request.headers)
+            label = request.get(_ECHO_ID, "")
+            if len(api.requests) > 1 or api.best_of > 1:
+                label = request[_ECHO_ID] = label or uuid.uuid4().hex  # one id for the choices
+                for r in api.requests:
+                    r.request_id = label
+                if api.stream:
+                    return await _stream_choices(request, api, self._shaper(api, label),
+                                                 self._frontend, budget, parent)
+                results = await fanout.run_all(self._frontend, api, budget, parent)
+                return web.json_response(self._shaper(api, label).whole_batch(results))
+            api.request.request_id = label
+            accepted = self._frontend.accept(api.request, trace_parent=parent)
+            request[_ECHO_ID] = accepted.label
+            shaper = self._shaper(api, accepted.label)
+            responses = self._frontend.generate(accepted, budget)
+            async with aclosing(responses):
+                if not api.stream:
+                    collected = [r async for r in responses]
+                    return web.json_response(shaper.whole(collected))
+                # The first message before the headers: a refusal is still a proper status.
+                first = await anext(responses)
+                return await _stream(request, api, shaper, first, responses)
+
+    def _shaper(self, api: ApiRequest, label: str) -> ResponseShaper:
+        return ResponseShaper(api, self._frontend.deps.config.model_name, label,
+                              self._token_text, self._decode)
+
+    async def _json_body(self, request: web.Request) -> Any:
+        """The request's JSON body, bounded in size and in the time it may take to arrive."""
+        try:
+            text = await asyncio.wait_for(request.text(), self._read_timeout_s)
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise HttpRefusal(413, f"request body over {self._max_body} bytes",
+                              "body", "request_too_large", close=True) from exc
+        except asyncio.TimeoutError as exc:
+            raise HttpRefusal(408, f"request body not received within {self._read_timeout_s:g} s",
+                              "body", "request_timeout", close=True) from exc
+        except UnicodeDecodeError as err:
+            raise InvalidRequestError("body", f"not valid JSON: {err}") from err
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InvalidRequestError("body", f"not valid JSON: {err}") from err
+
+    def _token_text(self, token_id: int) -> str:
+        return self._frontend.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self._frontend.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+async def _stream(
+    request: web.Request,
+    api: ApiRequest,
+    shaper: ResponseShaper,
+    first: tandem_pb2.GenerateResponse,
+    rest: AsyncIterator[tandem_pb2.GenerateResponse],
+) -> web.StreamResponse:
+    """Server-sent events: one ``data:`` per message, the usage event, then ``[DONE]``."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    last = first
+    try:
+        await _event(response, shaper.chunk(first, api.include_usage))
+        async for message in rest:
+            last = message
+            await _event(response, shaper.chunk(message, api.include_usage))
+        if api.include_usage:
+            await _event(response, shaper.usage_chunk(last))
+    except RouterError as err:  # headers are gone: the error travels as an event
+        await _event(response, http_error(err).body)
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _stream_choices(
+    request: web.Request, api: ApiRequest, shaper: ResponseShaper, frontend: Frontend,
+    budget: float | None, parent: tracing.Parent,
+) -> web.StreamResponse:
+    """Server-sent events of ``n`` choices, interleaved as they come (``index`` tells them
+    apart); the first message before the headers, so a refusal is still a proper status."""
+    events = fanout.stream_all(frontend, api, budget, parent)
+    async with aclosing(events):
+        first = await anext(events)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        lasts: dict[int, tandem_pb2.GenerateResponse] = {}
+        try:
+            i, message = first
+            while True:
+                lasts[i] = message
+                await _event(response, shaper.chunk(message, api.include_usage, i))
+                try:
+                    i, message = await anext(events)
+                except StopAsyncIteration:
+                    break
+            if api.include_usage:
+                await _event(response, shaper.usage_chunk(*(lasts[k] for k in sorted(lasts))))
+        except RouterError as err:  # headers are gone: the error travels as an event
+            await _event(response, http_error(err).body)
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _event(response: web.StreamResponse, body: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response says the request's id (when it has one) before its headers go out."""
+    value = request.get(_ECHO_ID)
+    if value:
+        response.headers[REQUEST_ID_HEADER] = value
+
+
+def _connection(request: web.Request) -> str:
+    """The client connection a request came on (its remote address and port)."""
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"http:{peer[0]}:{peer[1]}"
+    return f"http:{request.remote}"
+
+
+def _budget(request: web.Request) -> float | None:
+    value = request.headers.get(TIMEOUT_HEADER)
+    if value is None:
+        return None
+    try:
+        budget = float(value)
+    except ValueError:
+        budget = -1.0
+    if not budget > 0:
+        raise InvalidRequestError(TIMEOUT_HEADER, "must be a positive number of seconds")
+    return budget
+
+
+def _error_response(err: HttpError) -> web.Response:
+    return web.json_response(err.body, status=err.status, headers=err.headers)

@@ -1,0 +1,57 @@
+"""vLLM's ``POST /tokenize`` and ``POST /detokenize`` bodies <-> the router's tokenizer.
+
+    /tokenize   {"prompt": str, "add_special_tokens": true}            -> TokenizeRequest.text
+                {"messages": [...], "add_generation_prompt": true}      -> TokenizeRequest.chat
+        <- {"count", "max_model_len", "tokens"}
+    /detokenize {"tokens": [ids]}  <- {"prompt": str}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.protos.v1 import tandem_pb2
+from tandem.router.errors import InvalidRequestError
+from tandem.router.http.openai_request import Endpoint, parse
+
+
+def tokenize_request(body: Any) -> tandem_pb2.TokenizeRequest:
+    """The TokenizeRequest of a /tokenize body; raises InvalidRequestError."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError("body", "must be a JSON object")
+    out = tandem_pb2.TokenizeRequest()
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise InvalidRequestError("model", "must be a string")
+        out.model = model
+    special = body.get("add_special_tokens")
+    if special is not None and not isinstance(special, bool):
+        raise InvalidRequestError("add_special_tokens", "must be a boolean")
+    if "messages" in body:
+        chat = parse(Endpoint.CHAT, {"messages": body["messages"],
+                                     **_only(body, "add_generation_prompt", "tools")})
+        out.chat.CopyFrom(chat.request.chat)
+    elif isinstance(body.get("prompt"), str):
+        out.text = body["prompt"]
+        out.add_special_tokens = True if special is None else special
+    else:
+        raise InvalidRequestError("prompt", "a string prompt or a messages list is required")
+    return out
+
+
+def detokenize_ids(body: Any, vocab_size: int, max_tokens: int) -> list[int]:
+    """The token ids of a /detokenize body, each inside the vocabulary."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError("body", "must be a JSON object")
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or len(tokens) > max_tokens:
+        raise InvalidRequestError("tokens", f"must be a list of at most {max_tokens} token ids")
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise InvalidRequestError("tokens", f"{t!r} is not a token id below {vocab_size}")
+    return tokens
+
+
+def _only(body: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: body[k] for k in keys if k in body}

@@ -1,0 +1,80 @@
+"""One gRPC channel per worker endpoint, opened on first use and closed with the router.
+
+Every channel pings its worker (tandem/common/grpc_keepalive.py): a worker that stops answering
+without closing the connection (a partition) fails its calls UNAVAILABLE within
+``KEEPALIVE_BOUND_S`` instead of holding them open forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from tandem.common.grpc_keepalive import CLIENT_OPTIONS
+from tandem.protos.v1 import worker_pb2_grpc
+
+# Streams of many small messages: keep the channel's buffers modest but allow big prompts.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    *CLIENT_OPTIONS,
+]
+
+
+class WorkerClients:
+    """Lazily built stubs for each worker endpoint (must be used inside the event loop).
+
+    With ``credentials`` every channel is TLS (mTLS when they carry a client certificate);
+    ``interceptors`` put the cluster credential on every call (tandem/common/security/grpc_auth.py).
+    """
+
+    def __init__(
+        self,
+        credentials: grpc.ChannelCredentials | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._credentials = credentials
+        self._interceptors = list(interceptors)
+
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS,
+                                                    interceptors=self._interceptors)
+            else:
+                channel = grpc.aio.secure_channel(endpoint, self._credentials, _CHANNEL_OPTIONS,
+                                                  interceptors=self._interceptors)
+            self._channels[endpoint] = channel
+        return channel
+
+    def prefill(self, endpoint: str) -> worker_pb2_grpc.PrefillServiceStub:
+        """PrefillService stub for ``endpoint``."""
+        return worker_pb2_grpc.PrefillServiceStub(self._channel(endpoint))
+
+    def decode(self, endpoint: str) -> worker_pb2_grpc.DecodeServiceStub:
+        """DecodeService stub for ``endpoint``."""
+        return worker_pb2_grpc.DecodeServiceStub(self._channel(endpoint))
+
+    def health(self, endpoint: str) -> health_pb2_grpc.HealthStub:
+        """grpc.health.v1 stub for ``endpoint``."""
+        return health_pb2_grpc.HealthStub(self._channel(endpoint))
+
+    def endpoints(self) -> list[str]:
+        """Endpoints with a channel open now."""
+        return list(self._channels)
+
+    async def forget(self, endpoint: str) -> None:
+        """Close the channel to a worker that left the pool."""
+        channel = self._channels.pop(endpoint, None)
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        """Close every channel."""
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()

@@ -1,0 +1,423 @@
+"""The decode worker's logic: reservations, commits, token streams (no gRPC in here).
+
+A request's life on this worker (DESIGN.md section 2). The reservation's one record is the
+engine's ledger (tandem/engine/core/remote_kv.py), named by the transfer id minted here at Reserve
+and kept on the request's ``RequestStream``; receiver events map to requests through it.
+
+    Reserve ──> engine.reserve_remote(transfer_id): the prompt's cached prefix + blocks for the
+            rest; receiver.reserve(lease) on those only (a push never writes a shared block)
+            ──> RESERVED (the reply says how many prompt tokens were cached)
+    RESERVED ──Committed──> engine.commit_remote: joins the running batch at the next step
+             ──Aborted / Expired──> engine.end_remote: blocks freed, stream ends with an error
+             ──Abort──> receiver.release, then engine.abort
+             ──PrefillLocal──> receiver.release, then engine.prefill_reserved_locally (same id)
+    RUNNING  ──tokens──> RequestStream ──> Decode RPC (one reader)
+    Decode cancelled by its client ──> engine.abort (blocks back to the pool)
+
+A forked request (``n`` > 1) is one reservation, one push and one COMMIT carrying n first
+tokens; the engine forks it into n sequences sharing the pushed blocks, each with its own
+``RequestStream`` (Decode names it by index). Abort without an index ends them all; with one,
+that sequence only (before the fork, a sequence cannot leave alone: the request goes).
+
+Two orderings keep the blocks safe:
+  release before free: Abort and PrefillLocal end the receiver's lease (after which no frame
+      is written into the blocks) before the engine call that frees them; Committed, Aborted
+      and Expired come from a receiver that has ended the lease itself.
+  first end wins: every end of a reservation (commit, end, abort, local prefill) is an engine
+      call, serialized on the engine thread; the ledger gives the reservation to the first and
+      answers the others None (or UnknownRequestError). Abort and PrefillLocal wait for a
+      Reserve still in flight, so a lease is never granted on blocks already freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.common.wire import MAX_SEQUENCES
+from tandem.engine.async_engine import AsyncEngine
+from tandem.engine.core.request import FORK_SEPARATOR, sequence_id
+from tandem.engine.errors import UnknownRequestError
+from tandem.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from tandem.engine.sampling_params import SamplingParams
+from tandem.kv_transfer import Aborted, Committed, Expired, Receiver, TransferEvent
+from tandem.protos.v1 import tandem_pb2
+from tandem.worker.convert import prompt_logprobs_to_proto
+from tandem.worker.decode.results import FirstToken, ReserveResult
+from tandem.worker.decode.streams import RequestStream
+from tandem.worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
+from tandem.worker.metrics import TransferTotals, WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeConfig:
+    """Decode-worker settings (the engine and the receiver have their own)."""
+
+    worker_id: str
+    default_lease_s: float = 30.0  # when Reserve does not say
+    max_lease_s: float = 600.0
+    orphan_ttl_s: float = 60.0  # an ended stream nobody reads is dropped after this
+    # While draining, an ended stream waits for its reader at most this long: the router's
+    # Decode follows the prefill reply within milliseconds, and a drain must end well
+    # inside a pod's termination grace period (30 s by default), not at the orphan TTL.
+    drain_orphan_grace_s: float = 5.0
+
+
+class DecodeWorker:
+    """Decode-side handoff logic over an ``AsyncEngine`` and a started ``Receiver``."""
+
+    def __init__(
+        self,
+        ae: AsyncEngine,
+        receiver: Receiver,
+        config: DecodeConfig,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics if metrics is not None else WorkerMetrics("decode")
+        self.layout = receiver.layout
+        self._ae = ae
+        self._receiver = receiver
+        self._streams: dict[str, RequestStream] = {}  # by sequence id (tandem/engine/core/request.py)
+        self._groups: dict[str, list[RequestStream]] = {}  # a request's streams, by index
+        self._reserving: dict[str, asyncio.Task[ReserveResult]] = {}  # Reserves in flight
+        self._events_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._changed = asyncio.Event()
+        self.draining = False
+
+    async def start(self) -> None:
+        """Start consuming the receiver's events."""
+        self._events_task = asyncio.get_running_loop().create_task(self._consume_events())
+
+    # -- RPCs ------------------------------------------------------------------------------
+    async def reserve(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        params: SamplingParams,
+        lease_s: float,
+        prior_output_tokens: int = 0,
+        n: int = 1,
+    ) -> ReserveResult:
+        """Allocate blocks for a prompt and lease them to a transfer. Raises Draining,
+        BadRequest/InvalidRequestError (bad input) or OutOfBlocksError (full).
+
+        ``prior_output_tokens``: a migrated request's tokens generated by an earlier leg (the
+        tail of ``token_ids``); see ``LLMEngine.add_request``. ``n``: the sequences a forked
+        request becomes at commit (one reservation for its prompt, a stream per sequence)."""
+        if self.draining:
+            raise Draining()
+        _check_request_id(request_id)
+        if not 1 <= n <= MAX_SEQUENCES:
+            raise BadRequest("n", f"{n} sequences, not 1..{MAX_SEQUENCES}")
+        if request_id in self._groups:
+            raise BadRequest("request_id", f"{request_id!r} is already in use")
+        lease = self._lease(lease_s)
+        tid = uuid.uuid4().hex
+        group = [RequestStream(sequence_id(request_id, j), tid, self._ae, self._on_stream_end,
+                               self.metrics.inter_token, index=j, group_id=request_id)
+                 for j in range(n)]
+        self._groups[request_id] = group  # claim the ids before the first await
+        for stream in group:
+            self._streams[stream.request_id] = stream
+        # Shielded: once the engine has allocated, the reservation is recorded even if the
+        # caller goes away (its lease then frees it).
+        task = self._spawn(self._reserve(group, list(token_ids), params, lease,
+                                         prior_output_tokens))
+        self._reserving[request_id] = task
+        task.add_done_callback(
+            lambda t: self._reserving.pop(request_id) if self._reserving.get(request_id) is t
+            else None)
+        return await asyncio.shield(task)
+
+    async def _reserve(
+        self,
+        group: list[RequestStream],
+        tokens: list[int],
+        params: SamplingParams,
+        lease: float,
+        prior: int,
+    ) -> ReserveResult:
+        rid, tid, n = group[0].request_id, group[0].transfer_id, len(group)
+        try:
+            await self._ae.prepare(params)
+            granted = await self._ae.call(
+                lambda e: e.reserve_remote(rid, tokens, params, prior, transfer_id=tid, n=n),
+                stream=[s.request_id for s in group],
+            )
+        except BaseException as exc:
+            self._fail(group, exc)
+            raise
+        block_ids = granted.fill_block_ids  # the cached prefix's blocks are never leased
+        try:
+            self._receiver.reserve(tid, block_ids, lease)
+        except BaseException as exc:
+            await self._ae.call(lambda e: e.end_remote(tid))  # never leased: nothing written
+            self._fail(group, exc)
+            raise
+        for stream in group:
+            stream.start()
+        return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout,
+                             granted.cached_tokens)
+
+    async def decode(self, request_id: str, index: int = 0
+                     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        """Stream the messages of a request's sequence ``index`` (0 unless it is forked)
+        after its first token; a client that goes away aborts that sequence. Raises
+        UnknownRequest, WrongState, TransferEnded."""
+        group = self._groups.get(request_id)
+        stream = self._streams.get(sequence_id(request_id, index)) if group else None
+        if stream is None:
+            raise UnknownRequest(request_id if not index else f"{request_id} sequence {index}")
+        if stream.attached:
+            raise WrongState(f"request {request_id!r} is already being streamed")
+        stream.attached = True
+        timer = self._timers.pop(request_id, None)
+        if timer is not None:
+            timer.cancel()
+        done = False
+        try:
+            async for msg in stream.messages():
+                done = msg.finished
+                yield msg
+        except TransferEnded:
+            done = True
+            raise
+        finally:
+            if done:
+                self._forget(stream)
+            else:  # the reader went away mid-stream: stop the sequence, free its blocks
+                stream.attached = False
+                self._spawn(self.abort(request_id, index))
+
+    async def prefill_local(self, request_id: str) -> FirstToken:
+        """Colocated fallback: drop the lease and prefill the reserved prompt on this engine
+        under the same request id; returns the first token (a forked request's: every
+        sequence's), the rest flows to Decode. Raises UnknownRequest, WrongState (no pending
+        reservation) or TransferEnded."""
+        group = self._groups.get(request_id)
+        if group is None:
+            raise UnknownRequest(request_id)
+        await self._reserve_settled(request_id)
+        t0 = time.monotonic()
+        return await asyncio.shield(self._spawn(self._prefill_local(group, t0)))
+
+    async def _prefill_local(self, group: list[RequestStream], t0: float) -> FirstToken:
+        rid = group[0].request_id
+        # release before free: no frame lands in the blocks once this returns
+        self._receiver.release(group[0].transfer_id, "prefilled locally by the decode worker")
+        try:
+            await self._ae.call(lambda e: e.prefill_reserved_locally(rid))
+        except UnknownRequestError:
+            raise WrongState(f"request {rid!r} has no pending reservation "
+                             "(already committed, prefilled or ended)") from None
+        except Exception as exc:
+            for stream in group:
+                stream.end(TransferEnded(f"local prefill failed: {exc}"))
+            raise
+        # Nothing of the local prefill can be in the streams yet: the first outputs come from
+        # a step the engine thread takes after this call's reply, and are delivered behind it.
+        firsts = [stream.expect_first() for stream in group]
+        outs = [await first for first in firsts]
+        if any(not o.new_token_ids for o in outs):
+            raise TransferEnded(f"local prefill produced no token ({outs[0].finish_reason})")
+        seconds = time.monotonic() - t0
+        self.metrics.first_token(seconds)
+        out = outs[0]
+        return FirstToken(out.new_token_ids[0], _first_logprob(out), out.num_cached_tokens,
+                          seconds,
+                          prompt_logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids),
+                          [(o.new_token_ids[0], _first_logprob(o)) for o in outs[1:]])
+
+    async def abort(self, request_id: str, index: int | None = None) -> bool:
+        """Stop a request wherever it is and free its blocks (``index``: only that sequence
+        of a forked one, once it has forked; before, the whole request); False when
+        unknown."""
+        group = self._groups.get(request_id)
+        if group is None:
+            return False
+        await self._reserve_settled(request_id)
+        streams = list(group)
+        if index is not None:
+            one = self._streams.get(sequence_id(request_id, index))
+            if one is None or one not in group:
+                return False
+            if one.started:  # forked: the others go on
+                streams = [one]
+        # release before free: no frame lands in the blocks once this returns
+        self._receiver.release(group[0].transfer_id, "request aborted")
+        ids = [s.request_id for s in streams]
+        outs = await self._ae.call(lambda e: [e.abort(sid) for sid in ids])
+        for stream, out in zip(streams, outs, strict=True):
+            stream.end(out if out is not None else TransferEnded("request aborted"))
+            if not stream.attached:
+                self._forget(stream)
+        return True
+
+    async def _reserve_settled(self, request_id: str) -> None:
+        """Wait for the request's Reserve if it is still in flight (whatever its outcome)."""
+        task = self._reserving.get(request_id)
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def stats(self) -> EngineStats:
+        """The engine's counters right now (as of its current step's start while one runs:
+        AsyncEngine.stats)."""
+        return await self._ae.stats()
+
+    def transfer_totals(self) -> TransferTotals:
+        """KV received, transfers that failed (aborted or expired), blocks leased right now."""
+        rx = self._receiver.stats()
+        return TransferTotals(rx.bytes_received, rx.aborted + rx.expired, rx.held_blocks)
+
+    # -- receiver events ---------------------------------------------------------------------
+    async def _consume_events(self) -> None:
+        while True:
+            event = await self._receiver.events.get()
+            try:
+                await self._on_event(event)
+            except Exception:  # a bug in one request's handling must not stop every commit
+                log.exception("handling %r failed", event)
+
+    async def _on_event(self, event: TransferEvent) -> None:
+        tid = event.transfer_id
+        if isinstance(event, Committed):
+            try:
+                outs = await self._ae.call(
+                    lambda e: e.commit_forked(tid, event.first_tokens, event.first_logprobs)
+                )
+            except Exception as exc:  # a first token outside the vocabulary, a wrong count
+                self._count_commit(event)
+                await self._end(tid, TransferEnded(f"commit refused: {exc}"))
+                return
+            if outs is None:  # already ended here (Abort, PrefillLocal) while it was queued
+                log.debug("commit for a reservation already ended: %r", event)
+                return
+            self._count_commit(event)
+            for out in outs:  # one per sequence of a forked request
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    stream.take_first(out)
+        elif isinstance(event, Expired):
+            await self._end(tid, TransferEnded("lease expired before the KV arrived"))
+        elif isinstance(event, Aborted):
+            await self._end(tid, TransferEnded(
+                f"KV transfer aborted by the {event.by} ({event.code}): {event.reason}"))
+
+    def _count_commit(self, event: Committed) -> None:
+        layout = self.layout
+        self.metrics.transfer_committed(
+            layout.payload_bytes(layout.num_layers, len(event.block_ids)), event.seconds)
+
+    async def _end(self, transfer_id: str, why: TransferEnded) -> None:
+        """A transfer that will not commit: the engine frees its reservation, if still live."""
+        out = await self._ae.call(lambda e: e.end_remote(transfer_id))
+        if out is None:
+            log.debug("transfer %s ended after its reservation: %s", transfer_id, why)
+            return
+        log.info("request %s ended before decoding: %s", out.request_id, why)
+        for stream in self._groups.get(out.request_id, ()):  # every sequence it was to fork
+            stream.end(why)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _lease(self, lease_s: float) -> float:
+        if math.isnan(lease_s) or lease_s < 0:
+            raise BadRequest("lease_s", f"must be >= 0, got {lease_s}")
+        if lease_s == 0:
+            return self.config.default_lease_s
+        return min(lease_s, self.config.max_lease_s)
+
+    def _on_stream_end(self, stream: RequestStream) -> None:
+        if stream.attached:
+            return
+        # Its reader may still be on the way: the router calls Decode after the prefill
+        # reply, and a short request can end before that. Kept for the orphan TTL (while
+        # draining, at most drain_orphan_grace_s: the drain waits for it that long).
+        loop = asyncio.get_running_loop()
+        ttl = self.config.orphan_ttl_s
+        if self.draining:
+            ttl = min(ttl, self.config.drain_orphan_grace_s)
+        self._timers[stream.request_id] = loop.call_later(ttl, self._forget, stream)
+        self._touch()
+
+    def _fail(self, group: list[RequestStream], exc: BaseException) -> None:
+        """A reservation that never came to be: end its streams (a reader may already wait)."""
+        for stream in group:
+            stream.end(TransferEnded(f"reservation failed: {exc}"))
+            self._forget(stream)
+
+    def _forget(self, stream: RequestStream) -> None:
+        timer = self._timers.pop(stream.request_id, None)
+        if timer is not None:
+            timer.cancel()
+        if self._streams.get(stream.request_id) is stream:
+            del self._streams[stream.request_id]
+        group = self._groups.get(stream.group_id)
+        if group is not None and not any(self._streams.get(s.request_id) is s for s in group):
+            del self._groups[stream.group_id]  # its last stream is gone: the id is free again
+        self._touch()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _touch(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def busy(self) -> bool:
+        """True while any stream is kept: a reservation pending, work unfinished, a reader
+        attached, or an ended stream whose reader has not come yet (until its orphan TTL)."""
+        return bool(self._streams)
+
+    def begin_drain(self) -> None:
+        """Take no new reservations; what is running finishes and ended streams wait for
+        their reader (each at most ``drain_orphan_grace_s``)."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        latest = loop.time() + self.config.drain_orphan_grace_s
+        for request_id, timer in list(self._timers.items()):
+            stream = self._streams.get(request_id)
+            if stream is not None and timer.when() > latest:  # an orphan: shorten its wait
+                timer.cancel()
+                self._timers[request_id] = loop.call_at(latest, self._forget, stream)
+        self._touch()
+
+    async def wait_idle(self) -> None:
+        """Return once no stream is kept (``busy`` is False): a drain's wait."""
+        while self.busy():
+            await self._changed.wait()
+
+    async def close(self) -> None:
+        """Abort what is left, stop the event consumer, the receiver and the engine thread."""
+        if self._ae.alive:
+            for rid in list(self._groups):
+                await self.abort(rid)
+        if self._events_task is not None:
+            self._events_task.cancel()
+        await self._receiver.close()
+        await self._ae.shutdown()
+
+
+def _check_request_id(request_id: str) -> None:
+    if not request_id or len(request_id) > 256:
+        raise BadRequest("request_id", "must be 1..256 characters")
+    if FORK_SEPARATOR in request_id:  # the engine names forked sequences with it
+        raise BadRequest("request_id", f"must not contain {FORK_SEPARATOR!r}")
+
+
+def _first_logprob(out: RequestOutput) -> TokenLogprob | None:
+    return out.logprobs[0] if out.logprobs else None

@@ -1,0 +1,109 @@
+"""``tandem.v1.DecodeService`` over gRPC: a thin typed wrapper over ``DecodeWorker``.
+
+Protos in, plain values to the worker, protos out; typed errors become status codes here
+(``tandem.worker.errors``). Each call is a span under the router's, its log lines name the leg
+(``tandem.worker.rpc_context``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.worker.app import worker_stats
+from tandem.worker.convert import (
+    first_tokens_to_proto,
+    layout_to_proto,
+    logprobs_to_proto,
+    sampling_from_proto,
+)
+from tandem.worker.decode.service import DecodeWorker
+from tandem.worker.errors import abort_with_status
+from tandem.worker.rpc_context import serving
+
+Context = grpc.aio.ServicerContext
+
+
+class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
+    """Serves one ``DecodeWorker``."""
+
+    def __init__(self, worker: DecodeWorker) -> None:
+        self._worker = worker
+
+    async def Reserve(  # noqa: N802 (gRPC method names)
+        self, request: worker_pb2.ReserveRequest, context: Context
+    ) -> worker_pb2.ReserveResponse:
+        try:
+            with serving(context, "DecodeService/Reserve", request.request_id) as span:
+                params = sampling_from_proto(request.sampling, request.logprobs)
+                res = await self._worker.reserve(
+                    request.request_id, list(request.token_ids), params, request.lease_s,
+                    prior_output_tokens=request.prior_output_tokens, n=request.n or 1,
+                )
+                span.set_attributes({"tandem.prompt_tokens": len(request.token_ids),
+                                     "tandem.cached_tokens": res.cached_tokens,
+                                     "tandem.blocks": len(res.block_ids)})
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.ReserveResponse(
+            transfer_id=res.transfer_id, block_ids=res.block_ids, kv_endpoint=res.kv_endpoint,
+            layout=layout_to_proto(res.layout), cached_tokens=res.cached_tokens,
+        )
+
+    async def Decode(  # noqa: N802
+        self, request: worker_pb2.DecodeRequest, context: Context
+    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        try:
+            with serving(context, "DecodeService/Decode", request.request_id) as span:
+                async for msg in self._worker.decode(request.request_id, request.index):
+                    if msg.finished:
+                        span.end()  # the stream's work is done: its close is the router's
+                    yield msg
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+
+    async def PrefillLocal(  # noqa: N802
+        self, request: worker_pb2.PrefillLocalRequest, context: Context
+    ) -> worker_pb2.PrefillResponse:
+        try:
+            with serving(context, "DecodeService/PrefillLocal", request.request_id):
+                first = await self._worker.prefill_local(request.request_id)
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        reply = worker_pb2.PrefillResponse(
+            first_token=first.token_id, cached_tokens=first.cached_tokens,
+            prefill_s=first.prefill_s, transfer_s=0.0,
+        )
+        if first.logprob is not None:
+            reply.logprob = first.logprob.logprob
+            reply.first_logprob.CopyFrom(logprobs_to_proto([first.logprob])[0])
+        reply.prompt_logprobs.extend(first.prompt_logprobs)
+        reply.first_tokens.extend(first_tokens_to_proto(first.token_id, first.logprob,
+                                                        first.forked))
+        return reply
+
+    async def Abort(  # noqa: N802
+        self, request: worker_pb2.AbortRequest, context: Context
+    ) -> worker_pb2.AbortResponse:
+        try:
+            with serving(context, "DecodeService/Abort", request.request_id):
+                index = request.index if request.HasField("index") else None
+                found = await self._worker.abort(request.request_id, index)
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.AbortResponse(found=found)
+
+    async def Stats(  # noqa: N802
+        self, request: worker_pb2.StatsRequest, context: Context
+    ) -> worker_pb2.WorkerStats:
+        try:
+            return await worker_stats(self._worker, worker_pb2.ROLE_DECODE)
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise

@@ -1,0 +1,7 @@
+"""``python -m tandem.worker.prefill``."""
+
+import sys
+
+from tandem.worker.prefill.cli import main
+
+sys.exit(main())

@@ -1,0 +1,142 @@
+"""A worker process, for both roles: serve, announce, register, drain.
+
+    no cluster credential: refuse ──> bind the gRPC port (fail fast when busy; every RPC but
+    health needs the credential) ──> build the app (engine, KV endpoint)
+    ──> [serve /metrics on --metrics-port] ──> start: the service + grpc.health.v1
+    + reflection ──> print TANDEM_READY {...} (with "metrics": "host:port" when served)
+    ──> [register with the router and heartbeat]
+    SIGTERM/SIGINT ──> health NOT_SERVING, new work refused ("draining"), running work
+    finishes (bounded by drain_timeout_s) ──> stop the server ──> close the app ──> exit 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TextIO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from tandem.common.grpc_keepalive import SERVER_OPTIONS
+from tandem.common.security.grpc_auth import ClusterAuthInterceptor
+from tandem.common.wire import ready_line
+from tandem.worker.app import WorkerApp
+from tandem.worker.config import ServeConfig, StartupError
+from tandem.worker.metrics_http import MetricsBindError, MetricsServer
+from tandem.worker.registration import RegistrationConfig, RegistryClient
+
+log = logging.getLogger(__name__)
+
+
+def announce(role: str, grpc_address: str, extra: dict[str, str], out: TextIO) -> None:
+    """Print the one READY line launchers and tests wait for."""
+    out.write(ready_line({"role": role, "grpc": grpc_address, **extra}))
+    out.flush()
+
+
+async def serve(
+    config: ServeConfig,
+    build: Callable[[], Awaitable[WorkerApp]],
+    out: TextIO = sys.stdout,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run a worker until SIGTERM/SIGINT, then drain; returns the exit status.
+
+    ``stop``: drain when this event is set instead of on signals (a worker hosted in a Ray
+    actor, whose event loop is not on the main thread, cannot install signal handlers)."""
+    if config.credential is None:
+        raise StartupError("no cluster credential: a worker never serves without one "
+                           "(--cluster-secret-file, or --insecure on a trusted machine)")
+    # Keepalive: accept the router's pings, and ping it, so a stream to a router that went
+    # silent (a partition) is cancelled and its KV blocks freed (tandem/common/grpc_keepalive.py).
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS],
+                             interceptors=[ClusterAuthInterceptor(config.credential)])
+    address = f"{config.host}:{config.port}"
+    try:
+        if config.tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, config.tls.credentials())
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen on {address}: {exc}") from exc
+    if port == 0:
+        raise StartupError(f"cannot listen on {address}")
+    app = await build()
+    metrics = MetricsServer(app.metrics.registry, app.refresh_metrics)
+    try:
+        extra = await _serve_metrics(config, metrics)
+        return await _run(config, server, app, f"{config.host}:{port}", out, stop, extra)
+    finally:
+        await metrics.stop()
+        await server.stop(None)
+        await app.close()
+
+
+async def _serve_metrics(config: ServeConfig, metrics: MetricsServer) -> dict[str, str]:
+    """Start /metrics when asked; returns what the READY line says about it."""
+    if config.metrics_port < 0:
+        return {}
+    host = config.metrics_host or config.host
+    try:
+        port = await metrics.start(host, config.metrics_port)
+    except MetricsBindError as exc:
+        raise StartupError(str(exc)) from exc
+    return {"metrics": f"{host}:{port}"}
+
+
+async def _run(
+    config: ServeConfig,
+    server: grpc.aio.Server,
+    app: WorkerApp,
+    endpoint: str,
+    out: TextIO,
+    stop: asyncio.Event | None,
+    extra: dict[str, str],
+) -> int:
+    app.add_to_server(server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [app.service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )
+    await server.start()
+    for name in ("", app.service_name):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    loop = asyncio.get_running_loop()
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    registry: asyncio.Task[None] | None = None
+    if config.router:
+        registration = RegistrationConfig(config.router, credentials=config.router_credentials,
+                                          cluster=config.credential)
+        client = RegistryClient(registration, lambda: app.register_request(endpoint),
+                                app.stats_proto)
+        registry = loop.create_task(client.run())
+    announce(app.role, endpoint, {**app.ready_info(), **extra}, out)
+    log.info("%s worker serving on %s", app.role, endpoint)
+    await stop.wait()
+    log.info("draining: no new work, finishing what is running")
+    app.begin_drain()  # before health says so: a NOT_SERVING worker refuses new work
+    await health.enter_graceful_shutdown()
+    try:
+        await asyncio.wait_for(app.wait_idle(), config.drain_timeout_s)
+    except asyncio.TimeoutError:
+        log.warning("drain timed out after %.0fs: aborting what is left", config.drain_timeout_s)
+    if registry is not None:
+        registry.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await registry
+    await server.stop(config.stop_grace_s)
+    log.info("%s worker stopped", app.role)
+    return 0

@@ -1,0 +1,243 @@
+"""DecodeService in process: errors at the edge, leases, aborts, cancelled streams, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from tandem.engine.sampling_params import SamplingParams
+from tandem.kv_transfer import Endpoint
+from tandem.protos.v1 import worker_pb2
+from tests.unit.worker.harness import cluster, greedy, idle, until
+
+PROMPT = list(range(10, 50))  # 40 tokens: three blocks of 16
+
+
+@pytest.fixture
+def engines(tiny_dir, make_engine):
+    path = str(tiny_dir("llama", 2))
+    return (make_engine(model=path, num_blocks=8, block_size=16),
+            make_engine(model=path, num_blocks=64, block_size=16))
+
+
+async def _code(aw) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await aw
+    return err.value.code(), err.value.details() or ""
+
+
+def test_reserve_errors(engines) -> None:
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            code, why = await _code(c.reserve("bad", [5, 300], greedy(4)))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and why.startswith("prompt:")
+            code, why = await _code(c.reserve("bad", [5], greedy(0)))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_tokens" in why
+            code, why = await _code(c.reserve("", [5], greedy(4)))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in why
+            code, why = await _code(c.reserve("bad", [5], greedy(4), lease_s=-1))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "lease_s" in why
+
+            await c.reserve("a", PROMPT, greedy(4))
+            await c.reserve("b", PROMPT, greedy(4))  # 6 of 8 blocks now reserved
+            code, _ = await _code(c.reserve("a", PROMPT, greedy(4)))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT  # the id is in use
+            with pytest.raises(grpc.aio.AioRpcError) as full:
+                await c.reserve("c", PROMPT, greedy(4))
+            assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "free" in (full.value.details() or "")
+            hint = dict(full.value.trailing_metadata() or ())["retry-after-ms"]
+            assert int(hint) > 0  # a full worker says when to come back
+            for rid in ("a", "b"):
+                assert (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id=rid))).found
+            assert not (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="a"))).found
+            code, _ = await _code(c.decode_all("nobody"))
+            assert code == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
+def test_lease_expiry_frees_the_reservation(engines) -> None:
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            await c.reserve("late", PROMPT, greedy(4), lease_s=0.2)
+            assert (await c.decode_stats()).num_reserved == 1
+            await until(c.decode_stats, idle)
+            code, why = await _code(c.decode_all("late"))
+            assert code == grpc.StatusCode.ABORTED and "lease expired" in why
+
+    asyncio.run(main())
+
+
+def test_cancelled_decode_stream_aborts_the_request(engines) -> None:
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            res = await c.reserve("long", PROMPT, greedy(60))
+            await c.prefill_into("long", PROMPT, greedy(60), res)
+            call = c.decode_stub.Decode(worker_pb2.DecodeRequest(request_id="long"))
+            got = 0
+            async for msg in call:
+                got += len(msg.token_ids)
+                if got >= 2:
+                    break
+            call.cancel()
+            await until(c.decode_stats, idle)
+            code, _ = await _code(c.decode_all("long"))
+            assert code == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
+def test_abort_while_streaming_ends_the_stream(engines) -> None:
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            res = await c.reserve("ab", PROMPT, greedy(60))
+            await c.prefill_into("ab", PROMPT, greedy(60), res)
+            call = c.decode_stub.Decode(worker_pb2.DecodeRequest(request_id="ab"))
+            msgs = []
+            async for msg in call:
+                msgs.append(msg)
+                if len(msgs) == 1:
+                    await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="ab"))
+            assert msgs[-1].finished and msgs[-1].finish_reason == "abort"
+            code, _ = await _code(c.decode_all("ab"))
+            assert code == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
+def test_draining_refuses_new_reservations(engines) -> None:
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            c.decode.begin_drain()
+            code, why = await _code(c.reserve("d", PROMPT, greedy(4)))
+            assert code == grpc.StatusCode.UNAVAILABLE and "draining" in why
+            assert (await c.decode_stats()).draining
+            await asyncio.wait_for(c.decode.wait_idle(), 5)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["abort", "connection_lost"])
+def test_push_that_dies_midway_frees_the_reservation(engines, how) -> None:
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            res = await c.reserve("mid", PROMPT, greedy(4))
+            transfer = await c.sender.open(
+                res.transfer_id, Endpoint.decode(res.kv_endpoint), [0, 1, 2],
+                list(res.block_ids), time.monotonic() + 10)
+            await transfer.send_layers(0, 1)  # one of two layers landed, then the sender dies
+            if how == "abort":
+                await transfer.abort("prefill worker gave up")
+            else:
+                await c.sender.close()
+            await until(c.decode_stats, idle)
+            code, why = await _code(c.decode_all("mid"))
+            assert code == grpc.StatusCode.ABORTED and "KV transfer aborted" in why
+
+    asyncio.run(main())
+
+
+def test_abort_racing_its_reserve_grants_no_lease(engines) -> None:
+    """An Abort that arrives while its Reserve is still in flight waits for it, then ends both
+    the lease and the engine's reservation: no lease is left on blocks the engine freed."""
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+            reserving = asyncio.create_task(c.decode.reserve("race", PROMPT, params, 60.0))
+            await asyncio.sleep(0)  # the Reserve has claimed the id, the engine call pends
+            assert await c.decode.abort("race")
+            await reserving
+            assert c.receiver.stats().reservations == 0
+            assert (await c.decode_stats()).num_reserved == 0
+
+    asyncio.run(main())
+
+
+def test_prefill_local_after_commit_is_refused(engines) -> None:
+    """Once the KV is committed the reservation has ended: PrefillLocal is the wrong state and
+    the stream carries on untouched."""
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            res = await c.reserve("done", PROMPT, greedy(6))
+            first = await c.prefill_into("done", PROMPT, greedy(6), res)
+            await until(c.decode_stats, lambda s: s.num_reserved == 0)
+            code, why = await _code(c.decode_stub.PrefillLocal(
+                worker_pb2.PrefillLocalRequest(request_id="done")))
+            assert code == grpc.StatusCode.FAILED_PRECONDITION and "no pending" in why
+            msgs = await c.decode_all("done")
+            assert 1 + sum(len(m.token_ids) for m in msgs) == 6 and first.first_token >= 0
+
+    asyncio.run(main())
+
+
+async def _ended(c, *rids: str) -> bool:
+    """Whether each request's stream holds its last message (finished with no reader yet)."""
+    streams = c.decode._streams
+    return all(rid in streams and streams[rid].ended for rid in rids)
+
+
+def test_drain_keeps_a_finished_stream_for_its_late_reader(engines) -> None:
+    """The router calls Decode after the prefill reply: a short request may finish before its
+    reader comes. A drain starting then keeps the stream, so Decode still attaches and gets
+    every token; a stream nobody ever reads is dropped at its orphan TTL, ending the drain
+    with no block held."""
+    async def main() -> None:
+        async with cluster(*engines, orphan_ttl_s=0.5) as c:
+            for rid in ("late", "orphan"):
+                res = await c.reserve(rid, PROMPT, greedy(4))
+                await c.prefill_into(rid, PROMPT, greedy(4), res)
+            await until(lambda: _ended(c, "late", "orphan"), bool)
+            c.decode.begin_drain()
+            assert c.decode.busy()  # the drain waits for the late reader
+            msgs = await c.decode_all("late")
+            assert msgs[-1].finished and 1 + sum(len(m.token_ids) for m in msgs) == 4
+            await asyncio.wait_for(c.decode.wait_idle(), 10)  # the orphan's TTL ends it
+            code, _ = await _code(c.decode_all("orphan"))
+            assert code == grpc.StatusCode.NOT_FOUND
+            assert idle(await c.decode_stats())
+
+    asyncio.run(main())
+
+
+def test_a_drain_waits_for_orphans_only_its_grace(engines) -> None:
+    """Orphans ended before the drain (TTL 600 s) and during it are dropped after the drain's
+    grace, so a SIGTERM'd worker exits long before its pod's grace period runs out."""
+    async def main() -> None:
+        async with cluster(*engines, orphan_ttl_s=600.0, drain_orphan_grace_s=0.3) as c:
+            res = await c.reserve("before", PROMPT, greedy(4))
+            await c.prefill_into("before", PROMPT, greedy(4), res)
+            await until(lambda: _ended(c, "before"), bool)
+            during = await c.reserve("during", PROMPT, greedy(4))
+            c.decode.begin_drain()
+            await c.prefill_into("during", PROMPT, greedy(4), during)  # ends while draining
+            await asyncio.wait_for(c.decode.wait_idle(), 10)
+            for rid in ("before", "during"):
+                code, _ = await _code(c.decode_all(rid))
+                assert code == grpc.StatusCode.NOT_FOUND
+            assert idle(await c.decode_stats())
+
+    asyncio.run(main())
+
+
+def test_drain_timeout_still_frees_an_orphan_never_read(engines) -> None:
+    """An orphan whose TTL outlives the drain timeout holds the drain only that long: the
+    worker then closes, and close frees it; no KV block is left behind."""
+    engine = engines[0]
+
+    async def main() -> None:
+        async with cluster(*engines, orphan_ttl_s=600.0, drain_orphan_grace_s=600.0) as c:
+            res = await c.reserve("orphan", PROMPT, greedy(4))
+            await c.prefill_into("orphan", PROMPT, greedy(4), res)
+            await until(lambda: _ended(c, "orphan"), bool)
+            c.decode.begin_drain()
+            with pytest.raises(asyncio.TimeoutError):  # what serve()'s drain timeout does
+                await asyncio.wait_for(c.decode.wait_idle(), 0.2)
+        assert not c.decode.busy()  # closed: the stream is gone
+        stats = engine.stats()
+        assert stats.num_free_blocks == stats.num_blocks and stats.num_running == 0
+
+    asyncio.run(main())
