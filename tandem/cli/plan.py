@@ -121,9 +121,10 @@ def _trace(args: argparse.Namespace):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Plan, print, and write ``--out``; 2 on bad inputs."""
+    from tandem.planner.decision import decide
     from tandem.planner.plot import plot_plan
     from tandem.planner.profile import ProfileError
-    from tandem.planner.report import helm_values, table, to_json, up_flags, verdict
+    from tandem.planner.report import helm_values, table, to_json, up_flags
     from tandem.planner.search import PlanInputs, plan
     from tandem.planner.trace import TraceError
     from tandem.router.handoff.placement import Slo
@@ -148,11 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"decode {decode.device} ({decode.source})")
     inputs = PlanInputs(prefill, decode, colocated, trace, slo, args.attainment, args.placement)
     result = plan(inputs, say, trim_steps=max(args.trim_steps, 0))
-    print(table(result))
+    decision = decide(result)  # everything below deploys this one configuration
+    winner = decision.chosen
+    print(table(result, decision))
     print()
-    print(verdict(result))
-    winner = min((c for c in (result.best, result.colocated) if c is not None),
-                 key=lambda c: c.gpus, default=None)
+    print(decision.reason)
     if winner is not None:
         print("\ndeploy:\n  " + up_flags(winner, prefill, decode, slo))
         values = helm_values(winner, prefill, decode, slo)
@@ -167,8 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "attainment": args.attainment}
         for profile in summary["profiles"].values():
             profile.pop("samples", None)  # raw timings stay in the profile files
-        (args.out / "plan.json").write_text(json.dumps(to_json(result, summary), indent=2))
-        plot_plan(result, args.out / "plan.png", args.attainment)
+        (args.out / "plan.json").write_text(json.dumps(to_json(result, decision, summary),
+                                                         indent=2))
+        plot_plan(result, args.out / "plan.png", args.attainment, chosen=winner)
         if winner is not None:
             (args.out / "values.yaml").write_text(values)
         print(f"wrote {args.out}/plan.json, plan.png" + (", values.yaml" if winner else ""))

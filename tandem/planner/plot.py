@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tandem.planner.search import Plan
+from tandem.planner.search import Candidate, Plan
 
 
-def plot_plan(plan: Plan, path: str | Path, attainment: float, title: str = "") -> None:
-    """Write a PNG: one attainment curve per winner, the target as a line, the planned rate
-    and each winner's goodput marked."""
+def plot_plan(plan: Plan, path: str | Path, attainment: float, title: str = "",
+              chosen: Candidate | None = None) -> None:
+    """Write a PNG: one attainment curve per winner (``chosen``, the one to deploy, says so
+    in the legend), the target as a line, the planned rate and each winner's goodput marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for cand, style in ((plan.best, "o-"), (plan.colocated, "s--")):
+    for cand, style in ((plan.disaggregated, "o-"), (plan.colocated, "s--")):
         if cand is None or not cand.curve:
             continue
         rates = [r for r, _ in cand.curve]
@@ -24,6 +25,8 @@ def plot_plan(plan: Plan, path: str | Path, attainment: float, title: str = "") 
         label = (f"{cand.kind}: P={cand.prefill} D={cand.decode} ({cand.gpus} GPUs)"
                  if cand.kind == "disaggregated" else
                  f"colocated: {cand.decode} workers ({cand.gpus} GPUs)")
+        if cand is chosen:
+            label += " - deploy"
         (line,) = ax.plot(rates, share, style, label=label)
         if cand.goodput_rps:
             ax.axvline(cand.goodput_rps, color=line.get_color(), alpha=0.3, lw=3)

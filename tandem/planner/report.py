@@ -5,69 +5,55 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from tandem.planner.decision import Decision
 from tandem.planner.profile import Profile
 from tandem.planner.search import Candidate, Plan
 from tandem.router.handoff.placement import Slo
 
+MARK = "*"  # the table's marker on the configuration the decision deploys
 
-def _row(c: Candidate) -> str:
+
+def _row(c: Candidate, chosen: Candidate | None) -> str:
     s = c.summary
     good = f"{c.goodput_rps:8.2f}" if c.goodput_rps is not None else "       -"
-    return (f"{c.kind:13s} {c.prefill:5d} {c.decode:5d} {c.gpus:6d} {s.slo_attainment:8.1%} "
-            f"{s.ttft_p90_s:8.3f} {s.tpot_p90_s * 1e3:8.1f} {s.output_tokens_per_s:10.0f} {good}")
+    mark = MARK if c is chosen else " "
+    return (f"{mark}{c.kind:13s} {c.prefill:5d} {c.decode:5d} {c.gpus:6d} "
+            f"{s.slo_attainment:8.1%} {s.ttft_p90_s:8.3f} {s.tpot_p90_s * 1e3:8.1f} "
+            f"{s.output_tokens_per_s:10.0f} {good}")
 
 
-HEADER = (f"{'config':13s} {'P':>5s} {'D':>5s} {'GPUs':>6s} {'attain':>8s} {'TTFT p90':>8s} "
+HEADER = (f" {'config':13s} {'P':>5s} {'D':>5s} {'GPUs':>6s} {'attain':>8s} {'TTFT p90':>8s} "
           f"{'TPOT p90':>8s} {'out tok/s':>10s} {'goodput':>8s}\n"
-          f"{'':13s} {'':>5s} {'':>5s} {'':>6s} {'':>8s} {'s':>8s} {'ms':>8s} {'':>10s} "
+          f" {'':13s} {'':>5s} {'':>5s} {'':>6s} {'':>8s} {'s':>8s} {'ms':>8s} {'':>10s} "
           f"{'req/s':>8s}")
 
 
-def table(plan: Plan, top: int = 8) -> str:
-    """The winners first, then the cheapest other evaluated configurations."""
+def table(plan: Plan, decision: Decision, top: int = 8) -> str:
+    """The winners first (``*`` on the one ``decision`` deploys), then the cheapest other
+    evaluated configurations."""
     lines = [HEADER]
-    shown = [c for c in (plan.best, plan.colocated) if c is not None]
-    lines += [_row(c) for c in shown]
+    shown = [c for c in (plan.disaggregated, plan.colocated) if c is not None]
+    lines += [_row(c, decision.chosen) for c in shown]
     rest = [c for c in plan.evaluated if all(c is not s for s in shown)][:top]
     if rest:
         lines.append("  (other configurations simulated at the target rate)")
-        lines += [_row(c) for c in rest]
+        lines += [_row(c, decision.chosen) for c in rest]
+    if decision.chosen is not None:
+        lines.append(f"  ({MARK}: the configuration to deploy)")
     return "\n".join(lines)
 
 
-def verdict(plan: Plan) -> str:
-    """One paragraph: what to deploy, and whether disaggregation pays for this workload."""
-    b, c = plan.best, plan.colocated
-    if b is None and c is None:
-        return ("No configuration the search tried meets the SLO at this rate: relax the "
-                "targets, lower the rate, or give it a faster profile.")
-    if b is None:
-        return (f"Colocated wins: {c.decode} workers ({c.gpus} GPUs) meet the SLO; no "
-                "disaggregated split the search tried does.")
-    if c is None:
-        return (f"Disaggregated wins: P={b.prefill} + D={b.decode} ({b.gpus} GPUs) meet the "
-                "SLO; no colocated pool the search tried does.")
-    split = f"P={b.prefill} + D={b.decode}"
-    if b.gpus == c.gpus:
-        head = (f"A tie on GPUs: {split} and {c.decode} colocated workers both need {b.gpus}. "
-                f"Headroom decides: goodput {b.goodput_rps or 0:.3g} vs "
-                f"{c.goodput_rps or 0:.3g} req/s, so ")
-        return head + ("disaggregate." if (b.goodput_rps or 0) > (c.goodput_rps or 0)
-                       else "colocate.")
-    if c.gpus < b.gpus:
-        return (f"Colocated wins: {c.decode} workers ({c.gpus} GPUs) meet the SLO, where the "
-                f"cheapest disaggregated split needs {b.gpus} GPUs ({split}).")
-    return (f"Disaggregated wins: {split} ({b.gpus} GPUs), {1 - b.gpus / c.gpus:.0%} fewer "
-            f"GPUs than colocated ({c.decode} workers, {c.gpus} GPUs).")
-
-
 def up_flags(c: Candidate, prefill: Profile, decode: Profile, slo: Slo) -> str:
-    """``tandem up`` flags that deploy ``c``."""
+    """``tandem up`` flags that deploy ``c`` (a colocated pool: no prefill workers), with the
+    router's SLO targets."""
+    router = (f"--router-arg=--slo-ttft-s={slo.ttft_s:g} "
+              f"--router-arg=--slo-tpot-s={slo.tpot_s:g}")
     if c.kind == "colocated":
-        return f"tandem up --prefill 0 --decode {c.decode} --decode-gpus {decode.gpus_per_worker}"
+        return (f"tandem up --prefill 0 --decode {c.decode} "
+                f"--decode-gpus {decode.gpus_per_worker} {router}")
     return (f"tandem up --prefill {c.prefill} --decode {c.decode} "
             f"--prefill-gpus {prefill.gpus_per_worker} --decode-gpus {decode.gpus_per_worker} "
-            f"--router-arg=--slo-ttft-s={slo.ttft_s:g} --router-arg=--slo-tpot-s={slo.tpot_s:g}")
+            f"{router}")
 
 
 def helm_values(c: Candidate, prefill: Profile, decode: Profile, slo: Slo) -> str:
@@ -82,14 +68,15 @@ def helm_values(c: Candidate, prefill: Profile, decode: Profile, slo: Slo) -> st
 
     router = ("router:\n  extraArgs:\n"
               f"    - --slo-ttft-s={slo.ttft_s:g}\n    - --slo-tpot-s={slo.tpot_s:g}\n")
-    prefill_replicas = c.prefill if c.kind == "disaggregated" else 0
+    prefill_replicas = c.prefill if c.kind == "disaggregated" else 0  # colocated: no pool
     return (f"# tandem plan: {c.kind}, {c.gpus} GPUs, attainment "
             f"{c.summary.slo_attainment:.1%} at the planned rate\n"
             + router + pool("prefill", prefill_replicas, prefill) + pool("decode", c.decode, decode))
 
 
-def to_json(plan: Plan, inputs_summary: dict[str, Any]) -> dict[str, Any]:
-    """The whole plan as JSON (inputs, winners with curves, everything simulated)."""
+def to_json(plan: Plan, decision: Decision, inputs_summary: dict[str, Any]) -> dict[str, Any]:
+    """The whole plan as JSON: inputs, the chosen configuration and why, both winners with
+    curves, everything simulated."""
     def cand(c: Candidate | None) -> dict[str, Any] | None:
         return None if c is None else asdict(c)
 
@@ -97,10 +84,11 @@ def to_json(plan: Plan, inputs_summary: dict[str, Any]) -> dict[str, Any]:
         "inputs": inputs_summary,
         "rate": plan.rate,
         "sizing": asdict(plan.sizing),
-        "best": cand(plan.best),
+        "chosen": cand(decision.chosen),
+        "verdict": decision.reason,
+        "disaggregated": cand(plan.disaggregated),
         "colocated": cand(plan.colocated),
         "evaluated": [asdict(c) for c in plan.evaluated],
         "simulations": plan.simulations,
         "wall_s": plan.wall_s,
-        "verdict": verdict(plan),
     }

@@ -68,7 +68,7 @@ class Plan:
 
     rate: float
     sizing: Sizing
-    best: Candidate | None  # cheapest feasible disaggregated split
+    disaggregated: Candidate | None  # cheapest feasible disaggregated split
     colocated: Candidate | None  # cheapest feasible colocated pool
     evaluated: list[Candidate]
     simulations: int

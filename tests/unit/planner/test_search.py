@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from tandem.planner.decision import decide
 from tandem.planner.profile import Profile, StepCost, Transfer
-from tandem.planner.report import helm_values, table, to_json, up_flags, verdict
+from tandem.planner.report import helm_values, table, to_json, up_flags
 from tandem.planner.search import PlanInputs, plan
 from tandem.planner.sim import ClusterSpec, simulate
 from tandem.planner.workload import MIXES, poisson
@@ -43,7 +44,7 @@ def _attains(inputs: PlanInputs, kind: str, prefill: int, decode: int) -> float:
 def test_plan_is_feasible_and_one_worker_less_is_not() -> None:
     inputs = _inputs()
     result = plan(inputs)
-    best, colo = result.best, result.colocated
+    best, colo = result.disaggregated, result.colocated
     assert best is not None and colo is not None
     assert best.feasible and colo.feasible
     assert _attains(inputs, "disaggregated", best.prefill, best.decode) >= 0.9
@@ -61,8 +62,8 @@ def test_plan_is_feasible_and_one_worker_less_is_not() -> None:
 
 def test_a_higher_rate_needs_at_least_as_many_gpus() -> None:
     low, high = plan(_inputs(4.0)), plan(_inputs(16.0))
-    assert low.best is not None and high.best is not None
-    assert high.best.gpus >= low.best.gpus
+    assert low.disaggregated is not None and high.disaggregated is not None
+    assert high.disaggregated.gpus >= low.disaggregated.gpus
     assert high.colocated is not None and low.colocated is not None
     assert high.colocated.gpus >= low.colocated.gpus
 
@@ -72,24 +73,25 @@ def test_an_impossible_slo_is_reported_as_such() -> None:
     trace = poisson(4.0, 20.0, MIXES["rag"], seed=0)
     # A 768-token prompt alone takes > 10 ms of prefill: a 1 ms TTFT is out of reach.
     result = plan(PlanInputs(p, p, p, trace, Slo(0.001, 0.05)))
-    assert result.best is None and result.colocated is None
-    assert "No configuration" in verdict(result)
+    assert result.disaggregated is None and result.colocated is None
+    assert "No configuration" in decide(result).reason
 
 
 def test_report_outputs_deploy_the_winner() -> None:
     inputs = _inputs()
     result = plan(inputs)
-    best = result.best
+    best = result.disaggregated
     assert best is not None
-    text = table(result)
+    text = table(result, decide(result))
     assert "disaggregated" in text and "colocated" in text
     flags = up_flags(best, inputs.prefill, inputs.decode, SLO)
     assert f"--prefill {best.prefill} --decode {best.decode}" in flags
     assert "--slo-ttft-s=1" in flags
     values = helm_values(best, inputs.prefill, inputs.decode, SLO)
     assert f"replicas: {best.prefill}" in values and "device: cuda" in values
-    data = to_json(result, {"note": "test"})
-    assert data["best"]["prefill"] == best.prefill and data["verdict"] == verdict(result)
+    data = to_json(result, decide(result), {"note": "test"})
+    assert data["disaggregated"]["prefill"] == best.prefill
+    assert data["verdict"] == decide(result).reason
 
 
 def test_a_cpu_profile_gets_cpu_helm_values() -> None:
@@ -106,17 +108,17 @@ def test_gpus_count_every_worker_of_its_size(gpus: int) -> None:
     p = _profile()
     big = replace(p, gpus_per_worker=gpus)
     result = plan(PlanInputs(big, big, big, poisson(4.0, 30.0, MIXES["mixed"], seed=2), SLO))
-    assert result.best is not None
-    assert result.best.gpus == gpus * (result.best.prefill + result.best.decode)
+    assert result.disaggregated is not None
+    assert result.disaggregated.gpus == gpus * (result.disaggregated.prefill + result.disaggregated.decode)
 
 
 def test_a_large_deployment_is_searched_on_a_cell_and_checked_whole() -> None:
     inputs = _inputs(rate=40.0)
     result = plan(inputs, max_cell_workers=4)
-    trimmed = plan(inputs, max_cell_workers=4, trim_steps=3).best
+    trimmed = plan(inputs, max_cell_workers=4, trim_steps=3).disaggregated
     assert trimmed is not None and trimmed.feasible
-    assert result.best is not None and trimmed.gpus <= result.best.gpus
-    best = result.best
+    assert result.disaggregated is not None and trimmed.gpus <= result.disaggregated.gpus
+    best = result.disaggregated
     assert best is not None and best.feasible
     # the winner was simulated on the whole trace, not only on the cell
     assert _attains(inputs, "disaggregated", best.prefill, best.decode) >= 0.9

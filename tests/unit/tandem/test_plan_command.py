@@ -30,7 +30,8 @@ def test_plan_from_a_measured_profile_writes_json_plot_and_values(tmp_path: Path
     assert "deploy:" in printed and "tandem up --prefill" in printed
     data = json.loads((out / "plan.json").read_text())
     assert data["inputs"]["requests"] > 0
-    assert data["best"] is not None or data["colocated"] is not None
+    assert data["chosen"] is not None
+    assert data["chosen"] in (data["disaggregated"], data["colocated"])
     assert (out / "plan.png").stat().st_size > 1000
     assert "replicas:" in (out / "values.yaml").read_text()
 

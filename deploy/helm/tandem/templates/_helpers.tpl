@@ -448,6 +448,13 @@ Deployment's args, or tandem up's --prefill-arg / --decode-arg. Call with
       fieldPath: metadata.namespace
 {{- end -}}
 
+{{/* The worker roles this release runs, space-separated: "prefill decode", or "decode" alone
+when prefill.maxReplicas is 0 (a colocated deployment: decode workers prefill their own
+prompts, and nothing of the prefill role is rendered). */}}
+{{- define "tandem.workerRoles" -}}
+{{- if gt (int .Values.prefill.maxReplicas) 0 }}prefill {{ end }}decode
+{{- end -}}
+
 {{/* Checks the schema cannot express; rendered (as nothing) by service.yaml. */}}
 {{- define "tandem.validate" -}}
 {{- range $name := list "prefill" "decode" }}
@@ -478,7 +485,7 @@ Deployment's args, or tandem up's --prefill-arg / --decode-arg. Call with
 {{- end }}
 {{- end }}
 {{- if and (eq .Values.mode "deployments") .Values.autoscaling.enabled (eq .Values.autoscaling.kind "hpa") }}
-{{- range $name := list "prefill" "decode" }}
+{{- range $name := splitList " " (include "tandem.workerRoles" $) }}
 {{- if eq (int (index $.Values $name).minReplicas) 0 }}
 {{- fail (printf "%s.minReplicas: an HPA cannot scale to 0 (use autoscaling.kind=keda)" $name) }}
 {{- end }}
