@@ -15,6 +15,7 @@ layers.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -30,6 +31,7 @@ from tandem.engine.models.weights import torch_dtype
 from tandem.engine.prompt_logprobs import prompt_rows
 from tandem.engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from tandem.engine.runner_config import RunnerConfig
+from tandem.engine.step_threads import AdaptiveThreads, Lease, StepThreads
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,10 @@ PromptLogits = list[tuple[ScheduledRequest, torch.Tensor]]
 class ModelRunner:
     """Owns the model, the KV cache tensor and the attention backend.
 
-    ``step_threads(rows)``, when set, gives each fused native step its thread count (a decode
-    worker borrowing an idle prefill worker's cores: tandem/worker/core_lending.py); unset, a step
-    runs on torch's thread count."""
+    ``step_threads``, when set, gives each fused native step its thread count and is told what
+    the step took (tandem/engine/step_threads.py: a decode worker borrowing an idle prefill
+    worker's cores, a colocated worker choosing between one core and all); unset, a step runs
+    on torch's thread count."""
 
     def __init__(self, model: LlamaForCausalLM, arch: ModelArch, rc: RunnerConfig) -> None:
         self.model = model
@@ -72,7 +75,7 @@ class ModelRunner:
                 -(-rc.max_model_len // rc.block_size), rc.block_size,
             )
         self.fused = None
-        self.step_threads: Callable[[int], int] | None = None
+        self.step_threads: StepThreads | None = None
         if rc.native_kernels and rc.device.type == "cpu":
             from tandem.engine.native import FusedForward, unsupported_reason
 
@@ -150,9 +153,13 @@ class ModelRunner:
         logit_rows = sample_rows + scored_rows
         if self.fused is not None:
             seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
-            threads = self.step_threads(len(ids)) if self.step_threads is not None else None
+            rule = self.step_threads
+            threads = rule.choose(len(ids)) if rule is not None else None
+            started = time.perf_counter()
             logits = self.fused(ids, positions, seq_index, tables, self.kv_cache, logit_rows,
                                 threads=threads, layer_hook=layer_hook)
+            if rule is not None:
+                rule.observed(len(ids), threads, time.perf_counter() - started)
             return self._split(logits, len(sample_rows), scored, samplers)
         width = max(len(t) for t in tables)
         if (self.graphs is not None and not scored and len(ids) == len(order)
@@ -177,6 +184,20 @@ class ModelRunner:
         rows = torch.tensor(logit_rows, dtype=torch.int64, device=dev)
         logits = self.model.compute_logits(hidden[rows])
         return self._split(logits, len(sample_rows), scored, samplers)
+
+    def adapt_threads(self, wide: int, lease: Lease | None = None) -> AdaptiveThreads | None:
+        """Let every fused step run on this process's threads or on ``wide`` threads,
+        whichever measures faster for steps of its size (tandem/engine/step_threads.py); a
+        wide step takes ``lease`` first when given (another worker's idle cores). Narrow is
+        this process's thread count, or half of it when ``wide`` is that count itself (a
+        colocated worker choosing between one core and all). None, changing nothing, without
+        the fused forward or with a single thread to choose."""
+        own = torch.get_num_threads()
+        narrow = own if wide > own else max(1, own // 2)
+        if self.fused is None or wide <= narrow:
+            return None
+        self.step_threads = rule = AdaptiveThreads(narrow, wide, lease)
+        return rule
 
     @staticmethod
     def _split(

@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "--no-prefill)")
     p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
     p.add_argument("--no-core-share", action="store_true",
-                   help="the decode worker keeps to its own threads (by default it runs its "
-                   "steps on every core while the prefill worker is idle; only steps of N "
-                   "rows or more with --worker-arg=--core-share-min-rows=N)")
+                   help="the decode worker keeps to its own threads (by default it may run a "
+                   "step on every core while the prefill worker is idle, when that measures "
+                   "faster: tandem/worker/core_lending.py)")
     p.add_argument("--worker-metrics-port", type=int, default=0,
                    help="workers' Prometheus /metrics port on loopback (default 0: a free "
                    "one each, printed; -1: none)")

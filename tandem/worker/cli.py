@@ -78,11 +78,12 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--core-share", default=None, metavar="FILE",
                    help="a core-share file this host's prefill and decode workers both name "
                    "(tandem local makes one): the prefill worker lends its cores while idle, "
-                   "the decode worker runs its steps on every core then")
-    p.add_argument("--core-share-min-rows", type=int, default=1,
-                   help="decode worker: the fewest rows a step needs to borrow the cores "
-                   "(default 1: every step while the prefill worker is idle; more leaves "
-                   "smaller steps' cores to the router and clients)")
+                   "the decode worker may run a step on every core then, under a lease the "
+                   "prefill worker revokes before it computes")
+    p.add_argument("--step-threads", choices=("adaptive", "fixed"), default="adaptive",
+                   help="decode worker: each step on half or all of its threads (with "
+                   "--core-share: its own or every core), whichever measures faster for "
+                   "steps of that size (default); fixed: every step on --threads")
     p.add_argument("--step-log", default=None, metavar="FILE",
                    help="append a line per model step to FILE (wall-clock start, seconds, "
                    "decode rows, prompt tokens; tandem/worker/step_log.py): for measuring step costs "
@@ -133,7 +134,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
         serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
         served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
-        core_share=args.core_share, core_share_min_rows=args.core_share_min_rows,
+        core_share=args.core_share, adaptive_threads=args.step_threads == "adaptive",
         step_log=args.step_log, warmup=not args.skip_warmup,
     )
 

@@ -59,13 +59,9 @@ class WorkerConfig:
     served_model_name: str = ""  # /metrics' model_name label ("": from the engine's model)
     metrics_compat: str = "vllm"  # "vllm": /metrics also has vLLM's names (docs/metrics.md)
     core_share: str | None = None  # a host's core-share file (tandem/worker/core_lending.py)
-    core_share_min_rows: int = 1  # decode: the fewest rows a step borrows the cores for
+    adaptive_threads: bool = True  # decode: each step on half or all threads, the faster
     step_log: str | None = None  # a line per model step appended here (tandem/worker/step_log.py)
     warmup: bool = True  # a few synthetic steps before serving (tandem/engine/warmup.py)
-
-    def __post_init__(self) -> None:
-        if self.core_share_min_rows < 1:
-            raise ValueError("--core-share-min-rows must be >= 1")
 
     @property
     def model_name(self) -> str:

@@ -12,12 +12,13 @@ import torch
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.omp_pools import release_this_threads_pool
+from tandem.engine.step_threads import AdaptiveThreads
 from tandem.kv_transfer import Receiver, ReceiverConfig
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.convert import kv_layout
-from tandem.worker.core_lending import BorrowedThreads, CoreBorrower
+from tandem.worker.core_lending import CoreBorrower
 from tandem.worker.decode.service import DecodeConfig, DecodeWorker
 from tandem.worker.decode.servicer import DecodeServicer
 from tandem.worker.metrics import WorkerMetrics
@@ -65,11 +66,10 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     wc = config.worker
     engine = load_engine(wc.engine, wc.warmup)
     attach_step_log(engine, wc.step_log)
-    lent = borrow_cores(engine.runner, wc.core_share, wc.core_share_min_rows) \
-        if wc.core_share else None
+    rule = choose_step_threads(engine.runner, wc.core_share, wc.adaptive_threads)
     metrics = WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat)
-    if lent is not None:
-        metrics.borrowed_steps = lambda: lent.borrowed_steps
+    if rule is not None and wc.core_share:
+        metrics.borrowed_steps = lambda: rule.wide_steps
     release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
     layout = kv_layout(engine.kv_cache_spec())
@@ -88,21 +88,30 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     return DecodeApp(worker, receiver)
 
 
-def borrow_cores(runner: ModelRunner, path: str, min_rows: int) -> BorrowedThreads | None:
-    """Let ``runner``'s fused steps of ``min_rows`` rows or more run on every core of this
-    process while the prefill worker sharing ``path`` is idle (tandem/worker/core_lending.py); the
-    rule it installed (None without the fused forward). StartupError when the file cannot be
-    read."""
-    own, every = torch.get_num_threads(), len(os.sched_getaffinity(0))
-    try:
-        policy = BorrowedThreads(CoreBorrower(path), own=own, borrowed=max(every, own),
-                                 min_rows=min_rows)
-    except ValueError as exc:
-        raise StartupError(str(exc)) from exc
+def choose_step_threads(runner: ModelRunner, core_share: str | None,
+                        adaptive: bool) -> AdaptiveThreads | None:
+    """How ``runner``'s fused steps pick their threads (tandem/engine/step_threads.py): with a
+    host's core-share file, its own threads or, under a lease on the idle prefill worker's
+    cores, every core of this process (tandem/worker/core_lending.py); else, when ``adaptive``,
+    half or all of its own threads. Each step runs on whichever measures faster for its size.
+    None: every step on the worker's threads. StartupError when the file cannot be read."""
     if runner.fused is None:
-        log.warning("--core-share has no effect: the fused native forward is off")
+        if core_share:
+            log.warning("--core-share has no effect: the fused native forward is off")
         return None
-    runner.step_threads = policy
-    log.info("borrowing %d threads (own %d) for steps of >= %d rows while the prefill worker "
-             "is idle", policy.borrowed, own, min_rows)
-    return policy
+    if core_share:
+        try:
+            lease = CoreBorrower(core_share)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from exc
+        rule = runner.adapt_threads(len(os.sched_getaffinity(0)), lease)
+    elif adaptive:
+        rule = runner.adapt_threads(torch.get_num_threads())
+    else:
+        return None
+    if rule is not None:
+        log.info("steps run on %d or %d threads, whichever measures faster%s",
+                 rule.narrow.threads, rule.wide.threads,
+                 " (the wider under a lease on the prefill worker's idle cores)"
+                 if core_share else "")
+    return rule

@@ -1,0 +1,98 @@
+"""tandem/engine/step_threads.py: each step runs narrow or wide, whichever measured faster for
+steps of its size; the loser is re-tried at doubling intervals; a wide step under a lease runs
+only when the lease is granted, and gives it back when the step ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.engine.step_threads import AdaptiveThreads, FixedThreads, bucket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Lease:
+    def __init__(self) -> None:
+        self.open = True
+        self.held = 0
+        self.holds: list[float] = []
+
+    def try_borrow(self, hold_s: float) -> bool:
+        if self.open:
+            self.held += 1
+            self.holds.append(hold_s)
+        return self.open
+
+    def give_back(self) -> None:
+        assert self.held == 1
+        self.held -= 1
+
+
+def run(rule: AdaptiveThreads, clock: Clock, tokens: int, cost: dict[int, float]) -> int:
+    """One step: the rule chooses, the step takes ``cost[threads]`` seconds."""
+    threads = rule.choose(tokens)
+    clock.now += cost[threads]
+    rule.observed(tokens, threads, cost[threads])
+    return threads
+
+
+def test_it_settles_on_the_faster_team_and_follows_the_host() -> None:
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    idle_host = {1: 0.020, 2: 0.012}
+    chosen = [run(rule, clock, 8, idle_host) for _ in range(50)]
+    assert chosen[:2] == [2, 1]  # each arm measured once, wide first
+    assert chosen[2:].count(2) >= 45  # wide wins on an idle host; narrow re-tried rarely
+    busy_host = {1: 0.020, 2: 0.200}  # a descheduled thread stalls every barrier
+    chosen = [run(rule, clock, 8, busy_host) for _ in range(400)]
+    assert chosen[-300:].count(2) <= 6  # back on one thread; wide re-tried ever more rarely
+    wide_retries = [i for i, t in enumerate(chosen) if t == 2]
+    gaps = [b - a for a, b in zip(wide_retries[3:-1], wide_retries[4:], strict=True)]
+    assert gaps == sorted(gaps)  # the interval doubles while wide keeps losing
+    chosen = [run(rule, clock, 8, idle_host) for _ in range(3000)]
+    assert chosen[-100:].count(2) >= 90  # the host freed up: noticed at the next re-try
+
+
+def test_steps_of_different_sizes_keep_their_own_estimates() -> None:
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    small = {1: 0.010, 2: 0.015}  # one row: the team's barriers cost more than they save
+    big = {1: 0.400, 2: 0.210}  # a prompt chunk: two cores nearly halve it
+    for _ in range(200):
+        run(rule, clock, 1, small)
+        run(rule, clock, 512, big)
+    assert rule.choose(1) == 1
+    rule.observed(1, 1, 0.010)
+    assert rule.choose(512) == 2
+    assert bucket(1) != bucket(512) and bucket(300) == bucket(511)
+
+
+def test_a_wide_step_needs_the_lease_and_gives_it_back() -> None:
+    clock, lease = Clock(), Lease()
+    rule = AdaptiveThreads(1, 2, lease, clock=clock)
+    cost = {1: 0.020, 2: 0.010}
+    assert run(rule, clock, 4, cost) == 2 and lease.held == 0
+    assert lease.holds == [0.5]  # nothing measured yet: a generous lease
+    wide = 1 + sum(run(rule, clock, 4, cost) == 2 for _ in range(20))
+    assert lease.holds[-1] == pytest.approx(0.05)  # 3x the estimate, at least 50 ms
+    lease.open = False  # the lender computes
+    assert [run(rule, clock, 4, cost) for _ in range(5)] == [1] * 5 and lease.held == 0
+    lease.open = True
+    assert run(rule, clock, 4, cost) == 2
+    assert rule.wide_steps == wide + 1 == len(lease.holds)
+
+
+def test_bad_settings_are_refused_and_fixed_threads_is_fixed() -> None:
+    for narrow, wide in ((0, 2), (2, 2), (3, 2)):
+        with pytest.raises(ValueError):
+            AdaptiveThreads(narrow, wide)
+    with pytest.raises(ValueError):
+        AdaptiveThreads(1, 2, margin=0)
+    fixed = FixedThreads(3)
+    assert fixed.choose(1) == fixed.choose(999) == 3
