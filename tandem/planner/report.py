@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from tandem.placement.slo import Slo
 from tandem.planner.profile import Profile
 from tandem.planner.search import Candidate, Plan
-from tandem.router.handoff.placement import Slo
 
 
 def _row(c: Candidate) -> str:
