@@ -47,8 +47,10 @@ serve: install
 serve-local: install
 	$(VENV)/bin/tandem local --model smollm2
 
+# ruff, then the design map's import rules ([tool.importlinter] in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 bench-engine: install
 	$(PY) -m bench.engine

@@ -54,6 +54,7 @@ from tandem.autoscaler.config import (
     MaxStep,
     SloTargets,
 )
+from tandem.placement.slo import Slo
 from tandem.planner import workload
 from tandem.planner.autoscale import (
     AutoscaledResult,
@@ -69,7 +70,6 @@ from tandem.planner.roofline import roofline_profile
 from tandem.planner.sim import ClusterSpec
 from tandem.planner.sizing import Sizing, size_pools, token_mix
 from tandem.planner.trace import TraceRequest
-from tandem.router.handoff.placement import Slo
 
 POLICIES = ("fixed", "queue", "slo", "coupled")
 TRACES = ("diurnal", "bursty")

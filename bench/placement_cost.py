@@ -2,7 +2,7 @@
 
     python -m bench.placement_cost [--out docs/bench]
 
-Times ``tandem.router.handoff.placement.decide`` on synthetic worker snapshots (one decode worker,
+Times ``tandem.placement.cost_model.decide`` on synthetic worker snapshots (one decode worker,
 1-32 prefill candidates, every cost fitted, a prefix hit and a learned overhead), and next to
 it, as the baseline the router already paid per request before placement existed, the prefix
 hashing and prefill ranking of the same prompt. Prints microseconds per call (best of 5).
@@ -15,10 +15,11 @@ import json
 import timeit
 from pathlib import Path
 
-from tandem.router.handoff.affinity import PrefixAffinity, prefix_hashes
-from tandem.router.handoff.placement import Slo, decide
-from tandem.router.handoff.policy import rank_prefill
-from tandem.router.membership.worker_view import Role, WorkerView
+from tandem.placement.affinity import PrefixAffinity, prefix_hashes
+from tandem.placement.cost_model import decide
+from tandem.placement.policy import rank_prefill
+from tandem.placement.slo import Slo
+from tandem.placement.worker_view import Role, WorkerView
 
 PROMPT = list(range(800))
 

@@ -7,7 +7,7 @@
 A real run's decisions and a simulated one's can differ (runs 16-19 in docs/planner.md: the
 real adaptive router kept chat prompts local that the simulated one sent remote) while both
 run the same placement code; the difference is in its inputs. Per point this gives the
-medians of each input (tandem/router/handoff/placement_log.summarize_placements: the local and
+medians of each input (tandem/placement/log.summarize_placements: the local and
 remote options' predicted TTFT, the remote overhead learnt, both workers' fitted step costs,
 the prefill queue) over all prompts and over chat-sized ones, for the real and the simulated
 router, so the table shows which input differs.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tandem.router.handoff.placement_log import FIGURES, summarize_placements
+from tandem.placement.log import FIGURES, summarize_placements
 
 CHAT_TOKENS = 256  # chat turns: the chat kind's 32-96 tokens plus a system prompt (RAG: 768+)
 _SHOWN = ("local_share", *FIGURES)

@@ -88,12 +88,12 @@ from bench.validation_inputs import (
     served_profiles,
 )
 from bench.validation_tables import KEYS, METRICS, profile_table, table, worker_table
+from tandem.placement.slo import Slo
 from tandem.planner.profile import Profile
 from tandem.planner.sim import ClusterSpec, simulate
 from tandem.planner.sim.host import HostSharing
 from tandem.planner.sim.signals import SIGNALS
 from tandem.planner.trace import TraceRequest
-from tandem.router.handoff.placement import Slo
 
 SETUPS = {"disagg": (1, "adaptive"), "disagg-remote": (1, "remote"), "colocated": (0, "local")}
 TWO_WORKERS = tuple(name for name, (pools, _) in SETUPS.items() if pools)

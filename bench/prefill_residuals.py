@@ -8,7 +8,7 @@ logs and the router's placement log). For each point, over the prompts the place
 placed (reason ``slo`` or ``cheapest``; chat-sized ones unless ``--all-prompts``), medians of:
 
     residual   measured TTFT from the decision - the model's compute prediction at the
-               decision (what tandem/router/handoff/placement.PrefillOverheads learns)
+               decision (what tandem/placement/overheads.PrefillOverheads learns)
     wait       decision -> the worker's step with the prompt starts
     step       that step's length, and step / fit: against the worker's reported fit for it
                (base + new tokens x per token; beside decode rows on the decode worker)
@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.placement_inputs import CHAT_TOKENS
 from bench.serve_logs import read_point_logs, steps_dir
-from tandem.router.handoff.placement_log import MODEL_REASONS
+from tandem.placement.log import MODEL_REASONS
 from tandem.worker.step_log import StepRecord
 
 SIDES = ("remote", "local")

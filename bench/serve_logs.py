@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tandem.router.handoff.placement_log import read_placement_log
+from tandem.placement.log import read_placement_log
 from tandem.worker.step_log import StepRecord, read_step_log
 
 

@@ -121,13 +121,13 @@ def _trace(args: argparse.Namespace):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Plan, print, and write ``--out``; 2 on bad inputs."""
+    from tandem.placement.slo import Slo
     from tandem.planner.decision import decide
     from tandem.planner.plot import plot_plan
     from tandem.planner.profile import ProfileError
     from tandem.planner.report import helm_values, table, to_json, up_flags
     from tandem.planner.search import PlanInputs, plan
     from tandem.planner.trace import TraceError
-    from tandem.router.handoff.placement import Slo
 
     parser = build_parser()
     args = parser.parse_args(argv)

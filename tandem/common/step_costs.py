@@ -9,7 +9,7 @@ in both::
 ``base`` is the weight read and launch overhead every step pays; ``per_row`` is what another
 running stream adds; ``per_prefill_token`` is the prompt-token cost (attention's quadratic
 part is folded in; it is small below a few thousand tokens). The router's placement model
-(tandem/router/handoff/placement.py) reads these three numbers from each worker's Stats to predict
+(tandem/placement/cost_model.py) reads these three numbers from each worker's Stats to predict
 TTFT and TPOT of prefilling a prompt here or elsewhere.
 
 The fit is recursive least squares with exponential forgetting (old steps fade with a

@@ -11,11 +11,13 @@
                   the serving benchmark's mixes (bench/ uses these same definitions)
     sizing.py     first-guess pool sizes from a trace's token mix
     sim/          the discrete-event simulator: router (the real placement policy and cost
-                  model, imported from tandem.router.handoff), prefill and decode workers, KV
+                  model, imported from tandem.placement), prefill and decode workers, KV
                   transfer, failures and scale events
     search.py     `tandem plan`: the cheapest P:D split and the cheapest colocated pool
                   meeting the SLOs, their goodput and attainment curves
     report.py     the plan as a table, JSON, Helm values and `tandem up` flags; plot.py: PNG
 
-Pure Python, no torch and no engine: a plan for 1,000 GPUs runs on a laptop.
+Pure Python, no torch and no engine: a plan for 1,000 GPUs runs on a laptop. Imports
+tandem.placement (the router's own ranking and cost model), the autoscaler's policies and
+tandem.common; never the router, which speaks gRPC.
 """

@@ -29,9 +29,9 @@ give a live one):
   (per_context_token x context / rows), as an online fit over the current batch gives.
 
 The router (``Snapshot.router``) reports what its /metrics would: cumulative TTFT and
-per-request TPOT histograms in tandem/router/metrics.py's buckets, requests admitted and finished,
-prompt tokens admitted, tokens streamed (legs' first tokens plus every decode worker's, gone
-ones at their last count), requests waiting in its FIFO.
+per-request TPOT histograms in the router's buckets (tandem/placement/slo.py), requests
+admitted and finished, prompt tokens admitted, tokens streamed (legs' first tokens plus every
+decode worker's, gone ones at their last count), requests waiting in its FIFO.
 
 Starting workers are not scraped (a live one does not answer yet); draining ones are, as
 live ones are. New workers join ``startup_s`` after the decision; removed ones drain: the
@@ -58,6 +58,8 @@ from tandem.autoscaler.config import AutoscaleConfig
 from tandem.autoscaler.decision import Decision
 from tandem.autoscaler.metrics import RouterSample, Snapshot, WorkerSample
 from tandem.autoscaler.roles import ROLES, RoleName
+from tandem.placement.slo import Slo
+from tandem.placement.worker_view import Role
 from tandem.planner.profile import Profile
 from tandem.planner.sim.cluster import ClusterSpec, Scale
 from tandem.planner.sim.decode import DecodeWorker
@@ -67,8 +69,6 @@ from tandem.planner.sim.results import SimResult, percentile
 from tandem.planner.sim.router import SimRouter
 from tandem.planner.sim.simulate import simulate
 from tandem.planner.trace import TraceRequest
-from tandem.router.handoff.placement import Slo
-from tandem.router.membership.worker_view import Role
 
 _ROLE: dict[RoleName, Role] = {"prefill": Role.PREFILL, "decode": Role.DECODE}
 

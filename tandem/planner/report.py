@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from tandem.placement.slo import Slo
 from tandem.planner.decision import Decision
 from tandem.planner.profile import Profile
 from tandem.planner.search import Candidate, Plan
-from tandem.router.handoff.placement import Slo
 
 MARK = "*"  # the table's marker on the configuration the decision deploys
 

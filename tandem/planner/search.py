@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from tandem.placement.slo import Slo
 from tandem.planner.profile import Profile
 from tandem.planner.sim import ClusterSpec, Summary, simulate
 from tandem.planner.sizing import Sizing, size_pools, token_mix
 from tandem.planner.trace import TraceRequest
-from tandem.router.handoff.placement import Slo
 
 GROW = 1.25
 MAX_GROW_ROUNDS = 12  # x1.25^12 ~ 14.5: beyond that the sizing (or the SLO) is off

@@ -23,8 +23,8 @@ from tandem.common.obs.tracing_setup import (
 )
 from tandem.common.security.credential import add_credential_args
 from tandem.common.wire import ready_line
+from tandem.placement.log import PlacementLog
 from tandem.router.config import PLACEMENTS, RouterConfig
-from tandem.router.handoff.placement_log import PlacementLog
 from tandem.router.model_files import router_model_dir
 from tandem.router.security import RouterSecurity
 from tandem.router.server import BindError, RouterServer
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--placement-log", default=None, metavar="FILE",
         help="append a line per placement decision to FILE: the prompt, the decision and its "
         "reason, both options' predicted TTFT and the inputs behind them (the workers' "
-        "step-cost fits, queues, learnt remote overheads; tandem/router/handoff/placement_log.py; "
+        "step-cost fits, queues, learnt remote overheads; tandem/placement/log.py; "
         "default: off)",
     )
     p.add_argument(
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PLACEMENTS,
         default="adaptive",
         help="where prompts are prefilled: adaptive (per request, predicted TTFT and decode "
-        "token gap against the SLO; tandem/router/handoff/placement.py) or remote (always on a "
+        "token gap against the SLO; tandem/placement/cost_model.py) or remote (always on a "
         "prefill worker when there is one)",
     )
     p.add_argument("--slo-ttft-s", type=float, default=2.0,

@@ -17,7 +17,7 @@ class RouterConfig:
 
     ``placement``: how a prompt's prefill is placed: "adaptive" (per request, from the
     workers' measured step costs against ``slo_ttft_s``/``slo_tpot_s``:
-    tandem/router/handoff/placement.py) or "remote" (always on a prefill worker when one exists).
+    tandem/placement/cost_model.py) or "remote" (always on a prefill worker when one exists).
     ``local_prefill_threshold`` > 0 overrides both: prompts shorter than this many tokens are
     prefilled on the decode worker itself, the rest remotely. ``affinity_max_queue``: a sticky
     prefill worker with more queued work than this loses its affinity to the least loaded one.
@@ -37,7 +37,7 @@ class RouterConfig:
     retry_after_ms: int = 200
     local_prefill_threshold: int = 0
     placement: str = "adaptive"
-    placement_log: str | None = None  # a line per placement decision (handoff/placement_log.py)
+    placement_log: str | None = None  # a line per placement decision (tandem/placement/log.py)
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.1
     block_size: int = 16

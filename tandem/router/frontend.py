@@ -35,6 +35,7 @@ from typing import TypeVar
 from tandem.common.obs import log_context, tracing
 from tandem.common.text.detokenizer import Detokenizer
 from tandem.common.wire import MAX_SEQUENCES
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2
 from tandem.router import validation
 from tandem.router.admission import AdmissionGate
@@ -43,7 +44,6 @@ from tandem.router.errors import InvalidRequestError, OverloadedError
 from tandem.router.generation_defaults import GenerationDefaults
 from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.ledger import Handoff, HandoffDeps
-from tandem.router.membership.worker_view import Role
 from tandem.router.metrics import RouterMetrics
 from tandem.router.request import Accepted, Chunk, Prepared
 from tandem.router.request_accounting import RequestAccounting, RequestClock

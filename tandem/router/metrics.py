@@ -25,6 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tandem.common.obs.metrics_export import COMPAT_VLLM, Aliases, export_registry
+from tandem.placement.slo import ITL_BUCKETS, TTFT_BUCKETS
+from tandem.placement.worker_view import Role
 from tandem.router.admission import AdmissionLedger
 from tandem.router.errors import (
     DeadlineError,
@@ -37,7 +39,6 @@ from tandem.router.errors import (
 )
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.membership.registry import Registry
-from tandem.router.membership.worker_view import Role
 
 ROLE = "router"
 OUTCOMES = ("ok", "invalid", "overloaded", "unavailable", "deadline", "cancelled", "error")
@@ -45,17 +46,12 @@ OUTCOMES = ("ok", "invalid", "overloaded", "unavailable", "deadline", "cancelled
 # stop token; tool calls too), "length" (max_tokens or the context), "abort" (the client went).
 FINISH_REASONS = ("stop", "length", "abort")
 
-# Latency buckets in seconds, after vLLM's (TTFT, ITL and E2E of LLM requests). TTFT adds
-# 1.5, 2 and 3 s, where TTFT targets sit: the autoscaler's p90 interpolates inside a bucket,
-# 1 .. 2.5 s is too wide a guess around a 2 s target, and an SLO alert counts requests inside
-# the default --slo-ttft-s (le="2.0").
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5,
-                2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# TTFT and ITL buckets: tandem/placement/slo.py (the latency grid SLO targets sit on, which
+# the planner's simulator tallies into too).
 # Tokens per finished request, after vLLM's request_generation_tokens (1-2-5 steps).
 LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000,
                   100000)
+# End-to-end latency in seconds, after vLLM's.
 E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 

@@ -10,9 +10,9 @@ reports). ``/health`` and the gRPC ``liveness`` service say only that the proces
 
 from __future__ import annotations
 
+from tandem.placement.worker_view import Role
 from tandem.router.admission import AdmissionGate
 from tandem.router.membership.registry import Registry
-from tandem.router.membership.worker_view import Role
 
 # A grpc.health.v1 service name that is SERVING for as long as the router runs (a liveness
 # probe must not restart a router just because its decode workers are still loading).

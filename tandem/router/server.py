@@ -23,24 +23,24 @@ from grpc_reflection.v1alpha import reflection
 
 from tandem.common.grpc_keepalive import SERVER_OPTIONS
 from tandem.common.security.grpc_auth import ClusterAuthInterceptor, aio_interceptors
+from tandem.placement.affinity import PrefixAffinity
+from tandem.placement.log import PlacementLog
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.router.admission import AdmissionGate, AdmissionLedger
 from tandem.router.auth import AuthInterceptor
 from tandem.router.client_limits import ClientLimits
 from tandem.router.config import RouterConfig
 from tandem.router.frontend import Frontend
-from tandem.router.handoff.affinity import PrefixAffinity
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.handoff.held_blocks import HeldBlocks
 from tandem.router.handoff.inflight import InflightCalls
 from tandem.router.handoff.ledger import HandoffDeps
-from tandem.router.handoff.placement_log import PlacementLog
 from tandem.router.http import HttpServer
 from tandem.router.membership.health_monitor import HealthMonitor
 from tandem.router.membership.registry import Registry
 from tandem.router.membership.registry_service import RegistryServicer
 from tandem.router.membership.worker_clients import WorkerClients
-from tandem.router.membership.worker_view import Role
 from tandem.router.metrics import RouterMetrics
 from tandem.router.readiness import LIVENESS_SERVICE, Readiness
 from tandem.router.security import RouterSecurity

@@ -19,11 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from tandem.engine.outputs import EngineStats
+from tandem.placement.slo import ITL_BUCKETS, TTFT_BUCKETS
 from tandem.router.admission import AdmissionLedger
 from tandem.router.cli import build_parser as router_parser
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.membership.registry import Registry
-from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS, RouterMetrics
+from tandem.router.metrics import RouterMetrics
 from tandem.worker.metrics import TransferTotals, WorkerMetrics
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tests.helm.chart import (

@@ -1,6 +1,6 @@
 """Adaptive placement (the default) on real processes: whatever it picks, output is the same.
 
-Router A places each prompt per request (tandem/router/handoff/placement.py, from the step costs the
+Router A places each prompt per request (tandem/placement/cost_model.py, from the step costs the
 workers fit and report in Stats); router B over the same decode worker has no prefill worker
 (colocated: every prompt prefilled locally). Greedy output through A equals output through B
 for short and long prompts, every decision is counted in ``tandem_disagg_decision_total``,

@@ -9,9 +9,10 @@ A request's life is a chain of queues (each module opens with its own part)::
     decode    reserved -> KV in (or local chunked prefill) -> ready -> running row, one
               token a step -> released (its prefix stays cached) -> the router's next
 
-The router's own pure code places every request: tandem/router/handoff/policy.py (rank_decode,
-rank_prefill), tandem/router/handoff/placement.py (decide, predict_remote, PrefillOverheads) over
-tandem/router/membership/worker_view.py snapshots, in tandem/router/handoff/ledger.py's order.
+The router's own pure code places every request: tandem/placement/policy.py (rank_decode,
+rank_prefill), tandem/placement/cost_model.py (decide, predict_remote) and
+tandem/placement/overheads.py (PrefillOverheads) over tandem/placement/worker_view.py snapshots,
+in tandem/router/handoff/ledger.py's order.
 
 Exact shortcuts keep 1,000 workers fast; each has a slow reference the tests compare with:
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tandem.placement.slo import Slo
+from tandem.placement.worker_view import Role
 from tandem.planner.sim.host import HostSharing
 from tandem.planner.sim.signals import SIGNALS
-from tandem.router.handoff.placement import Slo
-from tandem.router.membership.worker_view import Role
 
 PLACEMENTS = ("adaptive", "remote", "local")
 
@@ -21,7 +21,7 @@ class ClusterError(ValueError):
 class ClusterSpec:
     """The pools and the router's settings (tandem/router/config.py's names and defaults).
 
-    ``placement``: "adaptive" (placement.decide against ``slo`` per request), "remote"
+    ``placement``: "adaptive" (cost_model.decide against ``slo`` per request), "remote"
     (always a prefill worker when one is routable) or "local" (every decode worker prefills
     its own requests: the colocated deployment, also what ``prefill_workers == 0`` gives).
     ``local_prefill_threshold`` > 0 is the router's fixed override: prompts shorter than it

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from tandem.placement.worker_view import Role, WorkerView
 from tandem.planner.profile import Profile
 from tandem.planner.sim.cache import DecodeBlocks
 from tandem.planner.sim.events import EventQueue
@@ -43,7 +44,6 @@ from tandem.planner.sim.reports import ReportedQueue
 from tandem.planner.sim.request import SimRequest
 from tandem.planner.sim.signals import FittedSignals
 from tandem.planner.sim.steps import boundary_after, span, steps_by
-from tandem.router.membership.worker_view import Role, WorkerView
 
 
 def _unshared(rows: int) -> float:

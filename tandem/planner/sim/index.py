@@ -8,7 +8,7 @@ per change) and hands the policies only the workers that can come first::
     decode   (queue depth, -free blocks, endpoint): the first worker with room for the
              request, plus the best prefix holder rank_decode could prefer to it (longest
              cached prefix, within ``slack`` of the least busy with room, then by the key)
-    prefill  (queue depth, endpoint): the first placement.MAX_CANDIDATES, plus the prefix
+    prefill  (queue depth, endpoint): the first cost_model.MAX_CANDIDATES, plus the prefix
              owner (rank_prefill's sticky choice)
 
 so the real functions return the same first choices as over the whole pool (decide weighs
@@ -130,5 +130,5 @@ def all_decode(index: LoadIndex, workers: list[DecodeWorker], holders: set[Decod
 
 def all_prefill(index: LoadIndex, workers: list[Any]) -> list[Any]:
     """Every routable prefill worker, least loaded first (the router takes the first
-    placement.MAX_CANDIDATES of these, plus the prefix owner, without this call)."""
+    cost_model.MAX_CANDIDATES of these, plus the prefix owner, without this call)."""
     return [workers[key[1]] for key in index.keys]

@@ -14,6 +14,7 @@ the pool's.
 
 from __future__ import annotations
 
+from tandem.placement.worker_view import Role
 from tandem.planner.profile import Profile
 from tandem.planner.sim.cluster import Failure, Scale
 from tandem.planner.sim.decode import DecodeWorker
@@ -22,7 +23,6 @@ from tandem.planner.sim.host import HostSharing
 from tandem.planner.sim.prefill import PrefillWorker
 from tandem.planner.sim.router import SimRouter
 from tandem.planner.sim.signals import FittedSignals
-from tandem.router.membership.worker_view import Role
 
 Worker = DecodeWorker | PrefillWorker
 

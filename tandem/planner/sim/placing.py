@@ -3,7 +3,7 @@
 The inputs are built as the ledger builds them: ``cached`` (the decode worker's Reserve
 answer, each prefill candidate's cached prefix), the overheads PrefillOverheads has learnt
 for a prompt of the blocks D lacks (each prefill worker's remote prefills, the decode
-worker's local ones), the fixed threshold; then placement.decide (or
+worker's local ones), the fixed threshold; then cost_model.decide (or
 "remote": CONFIGURED) answers.
 
 Two shortcuts keep a request's cost flat in the pool size, both exact:
@@ -29,14 +29,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tandem.placement import cost_model
+from tandem.placement.cost_model import Decision, Placement, Reason
+from tandem.placement.log import placement_record
+from tandem.placement.overheads import PrefillOverheads
+from tandem.placement.policy import blocks_needed
+from tandem.placement.worker_view import WorkerView
 from tandem.planner.sim.cluster import ClusterSpec
 from tandem.planner.sim.prefill import PrefillWorker
 from tandem.planner.sim.request import SimRequest
-from tandem.router.handoff import placement
-from tandem.router.handoff.placement import Decision, Placement, PrefillOverheads, Reason
-from tandem.router.handoff.placement_log import placement_record
-from tandem.router.handoff.policy import blocks_needed
-from tandem.router.membership.worker_view import WorkerView
 
 
 class Placer:
@@ -55,7 +56,7 @@ class Placer:
         # blocks until its next observation (None: nothing observed), its own fit.
         self._table: dict[str, list[Any]] = {}
         # The router's --placement-log, simulated: a record per decision of the adaptive
-        # path (tandem/router/handoff/placement_log.py; the threshold, colocated and full-rank
+        # path (tandem/placement/log.py; the threshold, colocated and full-rank
         # paths are not logged), stamped with ``clock()`` (simulated seconds).
         self.log: list[dict[str, Any]] | None = None
         self.clock: Callable[[], float] = lambda: 0.0
@@ -68,19 +69,19 @@ class Placer:
         if ranked and self._remote:
             return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
         if not ranked or cluster.local_prefill_threshold > 0:
-            return placement.decide(req.tokens, dview, ranked, cluster.slo,
-                                    threshold=cluster.local_prefill_threshold)
+            return cost_model.decide(req.tokens, dview, ranked, cluster.slo,
+                                     threshold=cluster.local_prefill_threshold)
         tokens, pushed = req.tokens, blocks_needed(req.tokens - req.d_cached, self._bs)
         cached = {dview.endpoint: req.d_cached}
-        head = ranked[:placement.MAX_CANDIDATES]
+        head = ranked[:cost_model.MAX_CANDIDATES]
         if self._full:
             if req.group >= 0:
                 for view in head:
                     held = self._prefill[view.endpoint].cached_tokens(req)
                     if held:
                         cached[view.endpoint] = held
-            return placement.decide(tokens, dview, ranked, cluster.slo, cached=cached,
-                                    overhead_s=self._shared.current(pushed, now))
+            return cost_model.decide(tokens, dview, ranked, cluster.slo, cached=cached,
+                                     overhead_s=self._shared.current(pushed, now))
         # The candidates' inputs, and those no earlier candidate matches on both queued
         # work and overhead (see the module docstring).
         overhead: dict[str, float] = {}
@@ -124,8 +125,8 @@ class Placer:
         local = self._local.get(dview.endpoint)
         if local is not None:
             overhead[dview.endpoint] = local.current(pushed, now)[dview.endpoint]
-        placed = placement.decide(tokens, dview, kept, cluster.slo, cached=cached,
-                                  overhead_s=overhead)
+        placed = cost_model.decide(tokens, dview, kept, cluster.slo, cached=cached,
+                                   overhead_s=overhead)
         if self.log is not None:
             self.log.append(placement_record(self.clock(), tokens, dview, kept, cached,
                                              overhead, placed))
@@ -134,7 +135,7 @@ class Placer:
     def predicted(self, req: SimRequest, p: PrefillWorker, dview: WorkerView) -> float:
         """predict_remote's TTFT on ``p`` (what the measured time is compared against)."""
         new = max(req.tokens - p.cached_tokens(req), 1)
-        predicted = placement.predict_remote(p.view(), dview, new)
+        predicted = cost_model.predict_remote(p.view(), dview, new)
         return predicted.ttft_s if predicted is not None else -1.0
 
     def learn(self, endpoint: str, req: SimRequest, measured_s: float, predicted_s: float,

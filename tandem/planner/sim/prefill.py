@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
+from tandem.placement.worker_view import Role, WorkerView
 from tandem.planner.profile import Profile
 from tandem.planner.sim.cache import PrefixLru
 from tandem.planner.sim.events import EventQueue
@@ -32,7 +33,6 @@ from tandem.planner.sim.host import HostPeer, HostSharing
 from tandem.planner.sim.reports import ReportedQueue
 from tandem.planner.sim.request import SimRequest
 from tandem.planner.sim.signals import FittedSignals
-from tandem.router.membership.worker_view import Role, WorkerView
 
 
 class PrefillHooks(Protocol):

@@ -47,7 +47,7 @@ class SimRequest:
     job_queued_s: float = 0.0  # when the job was queued on its prefill worker
     p_attempts: int = 0  # remote prefill attempts of this leg
     dispatch_s: float = 0.0
-    predicted_s: float = -1.0  # placement.predict_remote's TTFT of the chosen prefill worker
+    predicted_s: float = -1.0  # cost_model.predict_remote's TTFT of the chosen prefill worker
     # A local prefill the model placed: its predicted compute (Prediction.compute_s), to
     # learn from when its first token comes (-1: nothing to learn, as for a fallback).
     local_predicted_s: float = -1.0

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.router.handoff.placement import Slo
+from tandem.placement.slo import Slo
 
 
 def percentile(values: Sequence[float], p: float) -> float:

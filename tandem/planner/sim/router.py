@@ -2,7 +2,7 @@
 
     waiting (FIFO: the head waits until a decode worker has room for it)
       -> policy.rank_decode  -> Reserve on the first with room (cached prefix reused)
-      -> policy.rank_prefill -> placement.decide (or "remote": CONFIGURED)
+      -> policy.rank_prefill -> cost_model.decide (or "remote": CONFIGURED)
       -> remote: the prefill worker's queue; KV pushed to D (prefix delta), first token
          at prefill end + transfer latency         | local: D's local prefill queue
       -> D streams the rest                        | D dies: migrate (prompt + tokens sent)
@@ -18,6 +18,9 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from tandem.placement import cost_model, policy
+from tandem.placement.cost_model import Decision, Reason
+from tandem.placement.worker_view import WorkerView
 from tandem.planner.sim.cluster import ClusterSpec
 from tandem.planner.sim.decode import DecodeWorker
 from tandem.planner.sim.events import EventQueue
@@ -32,9 +35,6 @@ from tandem.planner.sim.placing import Placer
 from tandem.planner.sim.prefill import PrefillWorker
 from tandem.planner.sim.request import SimRequest
 from tandem.planner.sim.tallies import RouterTallies
-from tandem.router.handoff import placement, policy
-from tandem.router.handoff.placement import Decision, Reason
-from tandem.router.membership.worker_view import WorkerView
 
 # tandem_disagg_decision_total's labels of every (decision, reason)
 _LABELS = {(d, r): (d.value, r.value) for d in Decision for r in Reason}
@@ -229,7 +229,7 @@ class SimRouter:
         else:
             prefill = self.prefill
             views = [prefill[key[1]].view()
-                     for key in self._pindex.keys[:placement.MAX_CANDIDATES]]
+                     for key in self._pindex.keys[:cost_model.MAX_CANDIDATES]]
             if owner is not None and owner.key > self._pindex.keys[len(views) - 1]:
                 views.append(owner.view())  # not among the least loaded
         return policy.rank_prefill(views, owners, self._cluster.affinity_max_queue)

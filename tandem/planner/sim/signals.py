@@ -2,7 +2,7 @@
 
 A real worker fits ``base + per_row * rows + per_prefill_token * tokens`` over its recent
 steps (tandem/common/step_costs.py, recursive least squares with forgetting) and reports the fit;
-the router's placement (tandem/router/handoff/placement.py) predicts TTFT and the decode token gap
+the router's placement (tandem/placement/cost_model.py) predicts TTFT and the decode token gap
 from it. The fit is linear where a step is not: it folds the rows' context, the host's
 other worker and the serving loop's overhead into its three numbers, weighted by the steps
 the worker happened to run. So the same placement code decides differently from the fit

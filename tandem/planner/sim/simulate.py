@@ -7,6 +7,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tandem.placement.policy import blocks_needed
+from tandem.placement.slo import Slo
+from tandem.placement.worker_view import Role
 from tandem.planner.profile import Profile
 from tandem.planner.sim.cluster import ClusterSpec, Failure, Scale
 from tandem.planner.sim.events import EventQueue
@@ -16,9 +19,6 @@ from tandem.planner.sim.results import RequestOutcome, SimResult
 from tandem.planner.sim.router import SimRouter
 from tandem.planner.trace import TraceRequest
 from tandem.planner.workload import rescale, summarize
-from tandem.router.handoff.placement import Slo
-from tandem.router.handoff.policy import blocks_needed
-from tandem.router.membership.worker_view import Role
 
 
 def _requests(trace: Sequence[TraceRequest], block_size: int) -> list[SimRequest]:
@@ -64,7 +64,7 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
     can win: both are slow references for the tests, with the same results.
 
     ``placement_log``: gets a record per decision the placement model made (the router's
-    ``--placement-log`` records, tandem/router/handoff/placement_log.py; time in simulated seconds).
+    ``--placement-log`` records, tandem/placement/log.py; time in simulated seconds).
 
     ``on_tick(now, router, pools)`` (with ``tick_s`` > 0) is called at 0, ``tick_s``,
     ``2 tick_s``, ... while arrivals or events are pending: a controller's hook that reads

@@ -7,7 +7,7 @@
     finished       requests finished, their tokens and     (tandem_request_generation_tokens,
                    TPOT (two tokens or more)                tandem_time_per_output_token_...)
 
-The histograms use the router's own bucket bounds, so a controller reading them in the
+The histograms use the router's own bucket bounds (tandem/placement/slo.py), so a controller reading them in the
 simulator estimates percentiles with the resolution it has in a cluster. Tokens the decode
 workers stream are theirs to count (DecodeWorker.tokens_streamed).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from tandem.placement.slo import ITL_BUCKETS, TTFT_BUCKETS
 
 Buckets = tuple[tuple[float, float], ...]
 

@@ -7,7 +7,7 @@ One request's life here, from the front door's Prepared to the Chunks it streams
       -> legs.reserve(D)               D reuses its cached prefix of the prompt, holds blocks
                                        for the rest + max_tokens, under a lease
       -> policy.rank_prefill           prefill candidates (prefix affinity, then load)
-      -> placement.decide              remote on which P, or local on D (the cost model)
+      -> cost_model.decide             remote on which P, or local on D (the cost model)
       -> legs.prefill(P)               P pushes the uncached blocks' KV into D, commits the
                                        first token
            | P fails: next P on a fresh reservation; then legs.prefill_local(D)
@@ -18,18 +18,16 @@ One request's life here, from the front door's Prepared to the Chunks it streams
 
 - ``ledger``: ``Handoff`` (the loop above, migration included) and ``HandoffDeps``.
 - ``legs``: the worker RPCs, gRPC failures turned into typed errors.
-- ``policy``: pure ranking functions over ``WorkerView`` snapshots.
-- ``placement``: the per-request P/D decision: predicted TTFT and decode token gap of each
-  option against the SLO (pure).
-- ``prefill_placement``: that decision's inputs from the router's state (cached tokens per
+- ``prefill_placement``: the placement decision's inputs from the router's state (cached tokens per
   worker, the learnt overheads) and the overhead learnt back from each placed prefill
   (remote on a prefill worker, local on the decode worker).
 - ``inflight``: every worker call in flight, by endpoint, so the health monitor can cut them.
-- ``affinity``: prefix-hash chains and the bounded LRU of which P served which prefix.
 - ``held_blocks``: which prompt blocks each worker holds (its reports + what was just sent).
 - ``deadline``: the request's deadline (each call's timeout with legs' defaults).
 - ``counters``: the count of every fallback and migration (read by the metrics).
 
-Imports the membership package (who is in the pool, and the channels to them) and the
-router's shared leaf modules (config, errors, request); never the front door.
+The pure policy it calls (``policy``, ``cost_model``, ``overheads``, ``affinity``, the placement
+``log``) lives in tandem/placement, shared with the planner's simulator. Imports that, the
+membership package (who is in the pool, and the channels to them) and the router's shared leaf
+modules (config, errors, request); never the front door.
 """

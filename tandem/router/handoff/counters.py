@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tandem.router.handoff.placement import Decision, Placement, Reason
+from tandem.placement.cost_model import Decision, Placement, Reason
 
 
 @dataclass(slots=True)
@@ -24,7 +24,7 @@ class HandoffCounters:
     reserve_retries: int = 0  # a decode worker refused or failed Reserve; another one was tried
     migrations: int = 0  # a decode worker died mid-stream; the request moved to another
     aborts_sent: int = 0
-    # (decision, reason) of every placement (tandem/router/handoff/placement.py)
+    # (decision, reason) of every placement (tandem/placement/cost_model.py)
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def count_placement(self, placed: Placement) -> None:

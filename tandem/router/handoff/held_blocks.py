@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from tandem.router.membership.worker_view import WorkerView
+from tandem.placement.worker_view import WorkerView
 
 
 class HeldBlocks:

@@ -41,6 +41,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from tandem.common.obs import tracing
+from tandem.placement import policy
+from tandem.placement.affinity import PrefixAffinity, prefix_hashes
+from tandem.placement.cost_model import Decision
+from tandem.placement.log import PlacementLog
+from tandem.placement.overheads import PrefillOverheads
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tandem.router.config import RouterConfig
 from tandem.router.errors import (
@@ -50,18 +56,14 @@ from tandem.router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from tandem.router.handoff import legs, policy, prefill_placement
-from tandem.router.handoff.affinity import PrefixAffinity, prefix_hashes
+from tandem.router.handoff import legs, prefill_placement
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.fork import merge_sequences
 from tandem.router.handoff.held_blocks import HeldBlocks
 from tandem.router.handoff.inflight import InflightCalls
-from tandem.router.handoff.placement import Decision, PrefillOverheads
-from tandem.router.handoff.placement_log import PlacementLog
 from tandem.router.membership.registry import Registry
 from tandem.router.membership.worker_clients import WorkerClients
-from tandem.router.membership.worker_view import Role
 from tandem.router.request import Chunk, HandoffReport, Prepared
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """Where a leg's prompt is prefilled, from what the router knows: the inputs
-placement.decide takes, and what a finished prefill teaches it.
+cost_model.decide takes, and what a finished prefill teaches it.
 
     cached_tokens   prompt tokens each worker holds already (the decode worker's Reserve
                     answer; prefill workers: the affinity map or their reports)
-    place           "remote" as configured, else placement.decide with the decode worker's
+    place           "remote" as configured, else cost_model.decide with the decode worker's
                     view, the SLO, the overheads learnt (faded to now), the threshold
     predict_remote  the remote prediction for a prefill worker the decision did not pick (a
                     retry after the chosen one failed)
@@ -19,20 +19,15 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from tandem.placement import cost_model, policy
+from tandem.placement.cost_model import Decision, Placement, Prediction, Reason
+from tandem.placement.log import PlacementLog, placement_record
+from tandem.placement.overheads import PrefillOverheads
+from tandem.placement.slo import Slo
+from tandem.placement.worker_view import Role, WorkerView
 from tandem.router.config import RouterConfig
-from tandem.router.handoff import placement, policy
 from tandem.router.handoff.held_blocks import HeldBlocks
-from tandem.router.handoff.placement import (
-    Decision,
-    Placement,
-    Prediction,
-    PrefillOverheads,
-    Reason,
-    Slo,
-)
-from tandem.router.handoff.placement_log import PlacementLog, placement_record
 from tandem.router.membership.registry import Registry
-from tandem.router.membership.worker_view import Role, WorkerView
 
 
 def cached_tokens(block_size: int, held: HeldBlocks, owners: list[tuple[str, int]],
@@ -51,7 +46,7 @@ def cached_tokens(block_size: int, held: HeldBlocks, owners: list[tuple[str, int
 def place(config: RouterConfig, registry: Registry, overheads: PrefillOverheads, n_tokens: int,
           decode_endpoint: str, ranked: list[WorkerView], cached: dict[str, int],
           log: PlacementLog | None = None) -> Placement:
-    """Where this prompt of ``n_tokens`` is prefilled (tandem/router/handoff/placement.py); ``log``
+    """Where this prompt of ``n_tokens`` is prefilled (tandem/placement/cost_model.py); ``log``
     (``--placement-log``) gets the decision with its inputs."""
     if ranked and config.placement == "remote" and config.local_prefill_threshold == 0:
         return Placement(Decision.REMOTE, Reason.CONFIGURED, ranked[0].endpoint)
@@ -61,7 +56,7 @@ def place(config: RouterConfig, registry: Registry, overheads: PrefillOverheads,
     decode = dataclasses.replace(decode, active=max(decode.active - 1, 0))
     pushed = policy.blocks_needed(n_tokens - cached.get(decode_endpoint, 0), config.block_size)
     overhead_s = overheads.current(pushed, time.monotonic())
-    placed = placement.decide(
+    placed = cost_model.decide(
         n_tokens, decode, ranked, Slo(config.slo_ttft_s, config.slo_tpot_s),
         cached=cached, overhead_s=overhead_s, threshold=config.local_prefill_threshold,
     )
@@ -76,7 +71,7 @@ def predict_remote(registry: Registry, worker: WorkerView, decode_endpoint: str,
     """The model's remote prediction for ``new`` uncached tokens on ``worker`` now, without
     an overhead (for an attempt the decision did not weigh); None without fitted costs."""
     decode = registry.view(decode_endpoint)
-    return None if decode is None else placement.predict_remote(worker, decode, new)
+    return None if decode is None else cost_model.predict_remote(worker, decode, new)
 
 
 def learn_overhead(overheads: PrefillOverheads, predicted: Prediction | None, blocks: int,

@@ -16,10 +16,10 @@ A worker's life in the pool::
 - ``registry_service``: the ``tandem.v1.Registry`` gRPC service workers register with.
 - ``health_monitor``: the probe loop.
 - ``k8s_discovery`` and ``k8s_pods``: the Kubernetes list/watch loop and its pure pod rules.
-- ``worker_view``: ``Role`` and ``WorkerView``, the snapshot the routing policies read.
 - ``worker_clients``: one gRPC channel per member, opened on first use, closed when it leaves.
 
-Imports the router's shared leaf modules (errors, status) only: never the handoff package
-(what remembers workers beyond the registry, such as the prefix-affinity map, is handed in as
-``ForgetsWorkers``) and never the front door.
+The registry hands out ``WorkerView`` snapshots (tandem/placement/worker_view.py), what the
+routing policies read. Imports those and the router's shared leaf modules (errors, status):
+never the handoff package (what remembers workers beyond the registry, such as the
+prefix-affinity map, is handed in as ``ForgetsWorkers``) and never the front door.
 """

@@ -32,11 +32,11 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2
 
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import worker_pb2
 from tandem.router.membership.registry import CutsCalls, ForgetsWorkers, NoCalls, Registry
 from tandem.router.membership.registry_service import load_of
 from tandem.router.membership.worker_clients import WorkerClients
-from tandem.router.membership.worker_view import Role
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.router.membership.worker_view import Role
+from tandem.placement.worker_view import Role
 
 ROLE_LABEL = "app.kubernetes.io/component"
 PORT_ANNOTATION = "tandem.dev/grpc-port"

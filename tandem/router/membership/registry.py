@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tandem.router.membership.worker_view import Role, WorkerView
+from tandem.placement.worker_view import Role, WorkerView
 
 
 class ForgetsWorkers(Protocol):

@@ -7,10 +7,10 @@ import math
 import grpc
 
 from tandem.common import block_hash
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.router.errors import InvalidRequestError
 from tandem.router.membership.registry import Registry, WorkerLoad
-from tandem.router.membership.worker_view import Role
 from tandem.router.status import abort_with
 
 _ROLES = {worker_pb2.ROLE_PREFILL: Role.PREFILL, worker_pb2.ROLE_DECODE: Role.DECODE}

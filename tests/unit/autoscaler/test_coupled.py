@@ -14,7 +14,7 @@ from tandem.autoscaler.autoscaler import Autoscaler
 from tandem.autoscaler.config import AutoscaleConfig, Bounds, Cooldown, CoupledTargets, MaxStep
 from tandem.autoscaler.decision import Decision
 from tandem.autoscaler.metrics import RouterSample, Snapshot, WorkerSample
-from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from tandem.placement.slo import ITL_BUCKETS, TTFT_BUCKETS
 
 # Prefill: 20 ms a step + 0.1 ms a token, 2,048-token chunks: 2048 / 0.2248 = 9,110 tokens/s,
 # 6,377 at the 70% busy share. Decode: 20 ms + 0.5 ms a row; a step may take 80 ms of the

@@ -1,13 +1,13 @@
 """What the placement model saw, real beside simulated (bench/placement_inputs.py): medians
 over the model's own decisions, and the simulated router's records are the real router's
-(tandem/router/handoff/placement_log.py) so the two line up."""
+(tandem/placement/log.py) so the two line up."""
 
 from __future__ import annotations
 
 from bench.placement_inputs import placement_inputs, placement_table
+from tandem.placement.slo import Slo
 from tandem.planner.sim import ClusterSpec, simulate
 from tandem.planner.workload import LengthMix, RequestKind, poisson
-from tandem.router.handoff.placement import Slo
 from tests.unit.planner.test_sim_support import profile
 
 

@@ -12,9 +12,9 @@ from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import overlap_table
 from bench.validation_inputs import host_sharing_of, served_overlaps, served_profiles
 from bench.validation_tables import KEYS, profile_table, table, within, worker_table
+from tandem.placement.slo import Slo
 from tandem.planner.profile import Profile, StepCost, Transfer
 from tandem.planner.sim.host import HostSharing
-from tandem.router.handoff.placement import Slo
 
 POINT = {"mix": "mixed", "rate": 0.5, "requests": 12, "seed": 1003, "attainment": 0.5,
          "ttft": {"p50": 1.0, "p90": 2.0}, "tpot": {"p50": 0.05, "p90": 0.08},
@@ -344,7 +344,7 @@ def test_runs_14_to_16_keep_their_figures_with_served_steps(
     shared prefill steps' shapes: its prefill factor is by prompt length (28 with the one
     factor). Since the simulated workers' fits start from the engine's start-up warm-up
     (tandem/common/warmup_plan.py): 38, 25 and 34 (36, 24 and 32 before); since the router also
-    learns the decode worker's local overhead (tandem/router/handoff/placement.py,
+    learns the decode worker's local overhead (tandem/placement/overheads.py,
     PrefillOverheads), run 16's 32 (its simulated chat load then goes remote a little more
     often: 8 against 13 local of 60 at 1.4 req/s with the one factor); since the decode
     factors are ratios of means and the decode worker's served fit takes in its local
@@ -430,7 +430,7 @@ def _served_rows(tmp_path: Path, run: int) -> list[dict]:
 
 def test_run_21_keeps_its_figures_with_both_sides_overheads_learnt(tmp_path: Path) -> None:
     """Run 21: the real and the simulated router learn the decode worker's local overhead as
-    they learn a prefill worker's remote one (tandem/router/handoff/placement.py, PrefillOverheads),
+    they learn a prefill worker's remote one (tandem/placement/overheads.py, PrefillOverheads),
     so neither option carries its worker's fit error alone. With the served factors 16 of 25
     figures within 15% (run 20: 9), 15 since the learnt overheads fade without new
     observations, 14 since stop 41 (queues a report old, a served prompt-step scale), and

@@ -15,10 +15,10 @@ from tandem.autoscaler.config import (
     QueueTargets,
 )
 from tandem.common.obs.histogram import histogram_quantile
+from tandem.placement.slo import TTFT_BUCKETS
 from tandem.planner.autoscale import AutoscaledResult, compare_policies, simulate_autoscaled
 from tandem.planner.sim import ClusterSpec, Scale, simulate
 from tandem.planner.sim.router import SimRouter
-from tandem.router.metrics import TTFT_BUCKETS
 from tests.unit.planner.test_sim_support import assert_clean, profile, req
 
 REMOTE = ClusterSpec(1, 1, placement="remote")

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
+from tandem.placement.slo import Slo
 from tandem.planner.decision import decide
 from tandem.planner.profile import Profile, StepCost, Transfer
 from tandem.planner.report import helm_values, table, to_json, up_flags
 from tandem.planner.search import PlanInputs, plan
 from tandem.planner.sim import ClusterSpec, simulate
 from tandem.planner.workload import MIXES, poisson
-from tandem.router.handoff.placement import Slo
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.05)
 

@@ -3,8 +3,8 @@ drains that finish their work."""
 
 from __future__ import annotations
 
+from tandem.placement.worker_view import Role
 from tandem.planner.sim import ClusterSpec, Failure, Scale, simulate
-from tandem.router.membership.worker_view import Role
 from tests.unit.planner.test_sim_support import assert_clean, profile, req
 
 

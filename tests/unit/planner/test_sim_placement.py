@@ -1,12 +1,13 @@
-"""The simulated router places prompts with the router's own code (placement.decide)."""
+"""The simulated router places prompts with the router's own code (cost_model.decide)."""
 
 from __future__ import annotations
 
 import pytest
 
+from tandem.placement.cost_model import Decision, Reason, decide
+from tandem.placement.slo import Slo
+from tandem.placement.worker_view import Role, WorkerView
 from tandem.planner.sim import ClusterSpec, simulate
-from tandem.router.handoff.placement import Decision, Reason, Slo, decide
-from tandem.router.membership.worker_view import Role, WorkerView
 from tests.unit.planner.test_sim_support import BASE, PER_ROW, assert_clean, profile, req
 
 SLO = Slo(2.0, 0.1)

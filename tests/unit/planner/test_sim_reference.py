@@ -11,6 +11,7 @@ import math
 
 import pytest
 
+from tandem.placement.slo import Slo
 from tandem.planner.sim import (
     ClusterSpec,
     Failure,
@@ -22,7 +23,6 @@ from tandem.planner.sim import (
     simulate,
 )
 from tandem.planner.workload import LengthMix, RequestKind, multiturn, poisson
-from tandem.router.handoff.placement import Slo
 from tests.unit.planner.test_sim_support import assert_clean, profile
 
 KIND = RequestKind("k", prompt_tokens=(20, 900), output_tokens=(1, 120), prefix_groups=3,

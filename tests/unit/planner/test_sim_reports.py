@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.placement.slo import Slo
 from tandem.planner.sim import ClusterError, ClusterSpec, simulate
 from tandem.planner.sim.reports import ReportedQueue
-from tandem.router.handoff.placement import Slo
 from tests.unit.planner.test_sim_support import assert_clean, profile, req
 
 SLO = Slo(4.0, 0.25)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.placement.slo import Slo
 from tandem.planner.sim import ClusterError, ClusterSpec, simulate
 from tandem.planner.sim.signals import FittedSignals, profile_warmup_steps
 from tandem.planner.workload import LengthMix, RequestKind, poisson
-from tandem.router.handoff.placement import Slo
 from tests.unit.planner.test_sim_support import BASE, PER_ROW, assert_clean, profile
 
 KIND = RequestKind("k", prompt_tokens=(200, 900), output_tokens=(20, 120))

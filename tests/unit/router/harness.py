@@ -12,10 +12,10 @@ from typing import Any
 import grpc
 
 from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.placement.policy import rank_decode, rank_prefill
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2_grpc
 from tandem.router.config import RouterConfig
-from tandem.router.handoff.policy import rank_decode, rank_prefill
-from tandem.router.membership.worker_view import Role
 from tandem.router.server import RouterServer
 from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import CREDENTIAL, SECRET_FILE, FakeDecode, FakePrefill, serve

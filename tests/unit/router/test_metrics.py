@@ -10,6 +10,7 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2
 from tandem.router.admission import AdmissionLedger
 from tandem.router.errors import (
@@ -23,7 +24,6 @@ from tandem.router.errors import (
 )
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.membership.registry import Registry
-from tandem.router.membership.worker_view import Role
 from tandem.router.metrics import OUTCOMES, RouterMetrics, outcome_of
 from tandem.router.tokenizer import RouterTokenizer
 from tests.scrape import Samples, parse, value

@@ -10,9 +10,9 @@ import asyncio
 import grpc
 import pytest
 
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2
 from tandem.router.handoff.legs import bound
-from tandem.router.membership.worker_view import Role
 from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import Cluster, cluster, until

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tandem.placement.worker_view import Role, WorkerView
 from tandem.router.handoff.held_blocks import HeldBlocks
-from tandem.router.membership.worker_view import Role, WorkerView
 
 
 class _Clock:

@@ -6,8 +6,8 @@ import asyncio
 
 from prometheus_client import generate_latest
 
+from tandem.placement.log import read_placement_log
 from tandem.protos.v1 import tandem_pb2
-from tandem.router.handoff.placement_log import read_placement_log
 from tandem.router.tokenizer import RouterTokenizer
 from tests.scrape import parse
 from tests.unit.router.fakes import expected_output
@@ -130,7 +130,7 @@ def test_local_overhead_is_learned_against_the_decisions_prediction(
 def test_the_placement_log_keeps_each_decision_with_its_inputs(
         tokenizer: RouterTokenizer, tmp_path) -> None:
     """--placement-log: one record per decision, with both options' predictions (the ones
-    placement.decide compared) and the fits, queues and overheads behind them."""
+    cost_model.decide compared) and the fits, queues and overheads behind them."""
     path = tmp_path / "placements.jsonl"
 
     async def scenario() -> None:

@@ -10,11 +10,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.common.security.grpc_auth import ClusterAuthInterceptor, aio_interceptors
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, worker_pb2_grpc
 from tandem.router.membership.health_monitor import HealthMonitor
 from tandem.router.membership.registry import Registry
 from tandem.router.membership.worker_clients import WorkerClients
-from tandem.router.membership.worker_view import Role
 from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import CREDENTIAL, FakeDecode, serve
 from tests.unit.router.harness import cluster

@@ -21,8 +21,9 @@ import pytest
 from kubernetes import client as k8s
 
 from tandem.common.wire import parse_ready_line
+from tandem.placement.affinity import PrefixAffinity
+from tandem.placement.worker_view import Role
 from tandem.router.cli import build_parser, config_from_args
-from tandem.router.handoff.affinity import PrefixAffinity
 from tandem.router.membership.k8s_discovery import (
     DEFAULT_SELECTOR,
     DiscoveryConfig,
@@ -32,7 +33,6 @@ from tandem.router.membership.k8s_discovery import (
 from tandem.router.membership.k8s_pods import Membership, PodTracker, pod_state
 from tandem.router.membership.registry import Registry
 from tandem.router.membership.worker_clients import WorkerClients
-from tandem.router.membership.worker_view import Role
 from tests.unit.router.fakes import SECRET_FILE
 from tests.unit.router.kube_api import KubeApiDouble, make_pod
 

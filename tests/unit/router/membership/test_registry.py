@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tandem.placement.worker_view import Role
 from tandem.router.membership.registry import Registry, WorkerLoad
-from tandem.router.membership.worker_view import Role
 
 
 class FakeClock:

@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.router.handoff import placement
-from tandem.router.handoff.placement import Placement
-from tandem.router.membership.worker_view import WorkerView
+from tandem.placement import cost_model
+from tandem.placement.cost_model import Placement
+from tandem.placement.worker_view import WorkerView
 
 
 def placement_record(t: float, prompt_tokens: int, decode: WorkerView,
@@ -40,8 +40,8 @@ def placement_record(t: float, prompt_tokens: int, decode: WorkerView,
                      overhead_s: Mapping[str, float], placed: Placement) -> dict[str, Any]:
     """One decision and its inputs as a JSON-able dict (the module docstring's fields);
     ``t``: when (wall clock, or simulated seconds). The predictions are the ones
-    placement.decide compared (placement.weigh)."""
-    remote, local = placement.weigh(prompt_tokens, decode, prefill, cached, overhead_s)
+    cost_model.decide compared (cost_model.weigh)."""
+    remote, local = cost_model.weigh(prompt_tokens, decode, prefill, cached, overhead_s)
     candidates = []
     for p, pred in remote:
         candidates.append({

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from tandem.router.membership.worker_view import WorkerView
+from tandem.placement.worker_view import WorkerView
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:

@@ -30,7 +30,7 @@ class WorkerView:
     num_blocks: int = 0
     active: int = 0
     # The worker's fitted step cost (tandem/common/step_costs.py; None: not observed yet) and
-    # the prompt tokens queued ahead of a new prefill; read by tandem/router/handoff/placement.py.
+    # the prompt tokens queued ahead of a new prefill; read by tandem/placement/cost_model.py.
     step_base_s: float | None = None
     step_per_row_s: float | None = None
     step_per_prefill_token_s: float | None = None
