@@ -57,7 +57,7 @@ bench-engine: install
 bench-serve: install
 	$(PY) -m scripts.bench_serve --chunked --out docs/bench
 
-# Rate sweep: SLO attainment vs offered rate, capacity at 90% (docs/bench/serve.md, run 7).
+# Rate sweep: SLO attainment vs offered rate, capacity at 90% (docs/bench/serve.md).
 bench-serve-sweep: install
 	$(PY) -m scripts.bench_serve --prefill-threads 2 --sweep 0.3,0.8,1.4 \
 		--mixes mixed,multiturn,chat --num-requests 20 --out docs/bench
