@@ -59,7 +59,7 @@ bench-engine: install
 bench-serve: install
 	$(PY) -m scripts.bench_serve --chunked --out docs/bench
 
-# Rate sweep: SLO attainment vs offered rate, capacity at 90% (docs/bench/serve.md, run 7).
+# Rate sweep: SLO attainment vs offered rate, capacity at 90% (docs/bench/serve.md).
 bench-serve-sweep: install
 	$(PY) -m scripts.bench_serve --prefill-threads 2 --sweep 0.3,0.8,1.4 \
 		--mixes mixed,multiturn,chat --num-requests 20 --out docs/bench
@@ -72,7 +72,8 @@ client-wheel: $(PY)
 	$(PIP) wheel -q --no-deps -w dist ./$(CLIENT)
 
 # Tandem vs llama.cpp: same GGUF, same threads, one run (~10 min on 2 cores); llama.cpp's
-# binaries are built under /tmp when none are found (bench/llama_cpp.py, ~7 min more).
+# binaries are built under /tmp when none are found (bench/llama_cpp.py, ~7 min more). The run's
+# table, JSON and plot land in /tmp/vs_llama_cpp; docs/bench/vs_llama_cpp.md is curated from them.
 .PHONY: bench-vs-llama-cpp
 bench-vs-llama-cpp: install
-	$(PY) -m bench.vs_llama_cpp --build --out docs/bench
+	$(PY) -m bench.vs_llama_cpp --build --out /tmp/vs_llama_cpp

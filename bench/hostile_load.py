@@ -13,8 +13,8 @@ each round runs one normal greedy stream twice, side by side in the same run:
 
 and prints the normal stream's TPOT under attack over TPOT alone (1.0: the attack cost the
 normal user nothing), TTFT the same way, and how fast each hostile kind was refused (p50/p99)
-with which status. Before issue 15 the router tokenized on its event loop before admission
-and accepted any number of stop strings.
+with which status. The router must refuse hostile input before it tokenizes it, so that a
+normal stream keeps being served (docs/bench/hostile_load.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What one placement decision costs the router (issue 16's target: < 100 us per request).
+"""What one placement decision costs the router (target: < 100 us per request).
 
     python -m bench.placement_cost [--out docs/bench]
 

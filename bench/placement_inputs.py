@@ -4,9 +4,9 @@
                                             ├─ placement_inputs ─> {"all": ..., "chat": ...}
     simulated router (same records) ────────┘                    └─> placement_table
 
-A real run's decisions and a simulated one's can differ (runs 16-19 in docs/planner.md: the
-real adaptive router kept chat prompts local that the simulated one sent remote) while both
-run the same placement code; the difference is in its inputs. Per point this gives the
+A real run's decisions and a simulated one's can differ (a real adaptive router has kept
+chat prompts local that the simulated one sent remote) while both run the same placement
+code; the difference is in its inputs. Per point this gives the
 medians of each input (tandem/placement/log.summarize_placements: the local and
 remote options' predicted TTFT, the remote overhead learnt, both workers' fitted step costs,
 the prefill queue) over all prompts and over chat-sized ones, for the real and the simulated

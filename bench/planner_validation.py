@@ -1,9 +1,8 @@
 """Does the simulator predict real runs? tandem/planner/sim against bench/serve's sweep, point by point.
 
-    python -m bench.planner_validation --sweep docs/bench/serve_sweep_run10.json \\
-        --prefill-profile docs/bench/profile_smollm2_cpu2_run10.json \\
-        --decode-profile docs/bench/profile_smollm2_cpu1_run10.json \\
-        --host-sharing 1:2.28/2:2.08/4:2.16/8:1.83/16:1.77/32:1.78,1.76 --out docs/bench
+    python -m bench.planner_validation --sweep SWEEP/serve_sweep.json \\
+        --prefill-profile profile-cpu2.json --decode-profile profile-cpu1.json \\
+        --host-sharing served-by-length --serving served --out OUT
 
 For every (setup, mix, rate) point of a sweep that ``scripts/bench_serve --sweep`` ran, the
 same requests (bench/serve_workload.make_requests with the point's seed: the same arrival
@@ -35,20 +34,20 @@ measured decode factors' error. Each disaggregated point is simulated again with
 decode factor times 1 - F and 1 + F, and every figure gets the range of its ratio over the
 three runs; the table's last line counts the figures that fall within the tolerance
 somewhere in that range. The count at the measured factors stays the result. (Near a
-decode worker's capacity its TPOT moves more than the factor: up to about 2x as much in
-run 10.)
+decode worker's capacity its TPOT moves more than the factor: up to about 2x as much.)
 
 Served steps (``--serving served``; default off): the workers' steps under serving, with no
 step of the other worker beside them, are slower than their profiles' at the same shape
-(runs 14-15: decode 1.02-1.11x, prefill 1.13-1.30x plus 15-28 ms a step: the worker's loop
-and its gRPC and streaming threads, the router and the client on the same cores). From the
+(on a 2-core CPU box: decode 1.02-1.11x, prefill 1.13-1.30x plus 15-28 ms a step: the
+worker's loop and its gRPC and streaming threads, the router and the client on the same
+cores). From the
 sweep's own step logs (bench/step_overlap.py: the decode steps alone's mean shape per batch
 size, every prefill step alone's shape) ``served = scale x profiled + overhead`` is fitted
 per worker, and the disaggregated setups simulate each worker's profile with its step costs
 times ``scale`` and ``overhead`` as its ``serving_step_s`` (the decode worker's steps with a
 local prompt chunk a scale of their own on top); calibration then fits what is left. The
-colocated worker's steps are all alone (it has no peer): where the sweep kept them (since
-run 29; run 28's recovered) its two-thread profile is fitted the same way
+colocated worker's steps are all alone (it has no peer): where the sweep kept them its
+two-thread profile is fitted the same way
 (bench/validation_inputs.py). Like ``--host-sharing served``, these are measured on the run
 being predicted; ``--served-from 0.3`` takes both from the points at that rate only, so
 that the other points are predicted from what the lowest rate measured, and
@@ -125,7 +124,7 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
                            "requests": len(trace), "sim_decisions": sim.decisions,
                            "real_decisions": point.get("decisions", {})}
     seen = placement_inputs(placements)
-    if seen is not None or "placement_inputs" in point:  # sweeps since run 20 log the real one
+    if seen is not None or "placement_inputs" in point:  # the real router's, where it kept a log
         row["placement_inputs"] = {"real": point.get("placement_inputs"), "sim": seen}
     for name, group, pct, attr in METRICS:
         row[name] = {"real": point[group][pct], "sim": getattr(sim, attr)}
@@ -134,7 +133,7 @@ def compare(setup: str, point: dict[str, Any], trace: list[TraceRequest], prefil
     for key in KEYS:
         v = row[key]
         v["ratio"] = v["sim"] / v["real"] if v["real"] > 0 else float("inf")
-    workers = point.get("workers", {})  # sweeps since run 12 read the workers' /metrics
+    workers = point.get("workers", {})  # the workers' /metrics, where read
     if "decode" in workers:
         row["workers"] = {
             "decode_busy": {"real": workers["decode"]["busy"], "sim": result.decode_busy},
@@ -187,16 +186,16 @@ def handoff_gap(sweep: dict[str, Any], prefill: Profile, decode: Profile,
                 vocab: tuple[int, int], scale: float, slo: Slo, sharing: HostSharing | None,
                 signals: str) -> float | None:
     """Seconds the real router's learnt remote overhead exceeds the simulated one's: the
-    median over the adaptive setup's chat-load points with a placement log (sweeps since
-    run 20) of their medians (bench/placement_inputs.py), real minus simulated; None without
-    such a point. The chat load only: in the mixed load a short prompt's overhead also
-    holds its wait behind long prompts, which the host model prices differently (run 20).
+    median over the adaptive setup's chat-load points with a placement log of their medians
+    (bench/placement_inputs.py), real minus simulated; None without such a point. The chat
+    load only: in the mixed load a short prompt's overhead also holds its wait behind long
+    prompts, which the host model prices differently.
     The simulated overhead is the profile's transfer latency and whatever the host model
     adds; the real one is every RPC of the handoff on a loaded host (the profile measures
     the KV transport alone) and the real prefill worker's fit error, so ``--handoff served``
-    adds this gap to the prefill profile's transfer latency. Run 21 split the real one
-    (bench/prefill_residuals.py): the handoff was 8-10 ms of it, the rest the fit's error;
-    with the router learning both options' overheads the gap is no longer needed there."""
+    adds this gap to the prefill profile's transfer latency. Split apart on the 2-core CPU
+    box (bench/prefill_residuals.py), the handoff was 8-10 ms of it and the rest the
+    prefill worker's fit error under serving, which the simulated worker's own fit lacks."""
     gaps = []
     for setup, points in sweep["summaries"].items():
         if setup not in SETUPS or SETUPS[setup][1] != "adaptive":
@@ -288,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     for role, fit in fits.items():
         print(f"served {role} steps alone = profile {fit.flag() if fit else '(no fit)'}")
-    # a sweep's own file has its "config"; docs/bench/serve_sweep.json merges "runs"
-    run_args = sweep["config"] if "config" in sweep else next(iter(sweep["runs"].values()))
+    run_args = sweep["config"]  # the workload and SLO scripts/bench_serve ran
     vocab = tuple(int(x) for x in run_args["vocab"].split(","))
     slo = Slo(run_args["slo_ttft"], run_args["slo_tpot"])
     scale = run_args.get("scale", 1.0)
@@ -298,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.handoff == "served":
             gap = handoff_gap(sweep, *shared, vocab, scale, slo, args.host_sharing, args.signals)
             if gap is None:
-                p.error("--handoff served: the sweep has no placement log (sweeps since run 20)")
+                p.error("--handoff served: the sweep has no placement log")
         else:
             try:
                 gap = float(args.handoff)

@@ -162,14 +162,14 @@ def _usable(compared: dict[str, Any]) -> bool:
 
 def mean_factor(band: dict[str, Any], step: StepCost) -> float | None:
     """A band's decode steps shared over alone as means, each group's mean seconds over
-    ``step`` (the profile's) at its mean rows and context; None without both means (sweeps
-    from before run 23 whose step logs were not kept logged medians only).
+    ``step`` (the profile's) at its mean rows and context; None without both means (older
+    sweeps whose step logs were not kept logged medians only).
 
     A request's token gaps add its steps up, so the factor that reproduces them is a ratio of
-    means: runs 20-22's shared steps had a tail the median leaves out (about once per long
-    prompt a 100-470 ms step beside its prefill, the decode thread's own CPU time, not
-    preemption); pooled by batch size, run 22's means said 1.19-1.27x the steps alone where
-    the medians said 1.05-1.20x (docs/planner.md, run 23)."""
+    means: on the 2-core CPU box the shared steps had a tail the median leaves out (about
+    once per long prompt a 100-470 ms step beside its prefill, the decode thread's own CPU
+    time, not preemption); pooled by batch size, the means said 1.19-1.27x the steps alone
+    where the medians said 1.05-1.20x."""
     alone, shared = band.get("alone_mean"), band.get("shared_mean")
     if alone is None or shared is None:
         return None
@@ -273,16 +273,15 @@ def prefill_length_table(points: Sequence[dict[str, Any]], step: StepCost,
     of the steps alone against the profile's ``step``; the profile's itself without one),
     pooled by PROMPT_BANDS: ``((the band's median tokens, the median factor), ...)`` for the
     bands with MIN_BAND_STEPS or more steps (factors under 1 count as 1); None for none.
-    A step partly under decode steps (``partly_steps``, sweeps since run 23) gives the
+    A step partly under decode steps (``partly_steps``; older sweeps lack them) gives the
     factor its ratio implies (``partly_factor``): a long prefill is seldom more than 95%
-    under decode steps, the gaps between them alone leave 3-5% uncovered, and run 23's
-    steps of 513-1,200 tokens had 1 such step against 21 between half and 95% (the two
-    agreed where both were many: 1.63 and 1.63 in run 20, 1.47 and 1.53 in run 22).
+    under decode steps, the gaps between them alone leave 3-5% uncovered (measured: steps of
+    513-1,200 tokens, 1 such step against 21 between half and 95%; where both kinds were
+    many, the two agreed: 1.63 and 1.63, 1.47 and 1.53).
 
     The single served factor (``served_sharing``) is a ratio of per-token medians, which
-    short chat prompts dominate; against the steps alone, run 16's short prompts' steps
-    beside decode steps took ~1.0x, 65-256 tokens 1.2x, longer ones 1.3-1.5x
-    (docs/planner.md)."""
+    short chat prompts dominate; against the steps alone, short prompts' steps beside decode
+    steps took ~1.0x, 65-256 tokens 1.2x, longer ones 1.3-1.5x (2-core CPU box)."""
     bands: dict[int, list[tuple[int, float]]] = {}
 
     def add(tokens: int, context: int, seconds: float, share: float) -> None:
@@ -365,17 +364,17 @@ def served_fits(points: Sequence[dict[str, Any]], decode: StepCost,
     """The workers' ``fit_served`` pooled over several points' ``host_overlap`` (their steps
     with no step of the other worker beside them): ``decode`` of the decode worker's decode
     steps, ``prompt`` of its steps with a local prompt chunk against that fit
-    (``prompt_scale_fit``; sweeps since run 23 log them, runs 16-22 recomputed from their
-    kept logs), ``prefill`` of the prefill worker's steps.
+    (``prompt_scale_fit``; the step logs lay them out), ``prefill`` of the prefill worker's
+    steps.
 
     Two fits for the decode worker because its two kinds of step stray from the one-thread
-    profile in opposite directions: in run 25 its decode steps ran 0.96x the profile and its
-    prompt steps 1.28x (1.1x at 32-47 tokens, 1.26-1.36x at 48-95). One fit over both (runs
-    23-26 until stop 41: x1.07) priced the simulated decode steps 1.12x too dear and the
-    local prefills 1.19x too cheap, so the simulated router kept more prompts local (the
+    profile in opposite directions: measured on the 2-core CPU box, its decode steps ran
+    0.96x the profile and its prompt steps 1.28x (1.1x at 32-47 tokens, 1.26-1.36x at
+    48-95). One fit over both (x1.07) priced the simulated decode steps 1.12x too dear and
+    the local prefills 1.19x too cheap, so the simulated router kept more prompts local (the
     mixed load at 0.8 req/s: 91% of chat-sized prompts against 58%) and its TPOT ran high
-    (1.40x). Fitted on decode steps alone and the profile's prompt costs as they were (run
-    22), the error ran the other way."""
+    (1.40x). Fitted on decode steps alone with the profile's prompt costs as they were, the
+    error ran the other way."""
     alone = [p for o in points for p in decode_alone_pairs(o, decode)]
     local = [p for o in points for p in decode_local_pairs(o, decode)]
     fit = fit_served(alone) or scale_fit(alone)  # one batch size alone: a scale only

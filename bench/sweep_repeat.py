@@ -1,7 +1,6 @@
 """How well does a real run agree with itself? Two sweeps of the same commands, point by point.
 
-    python -m bench.sweep_repeat docs/bench/serve_sweep_run25.json \\
-        docs/bench/serve_sweep_run26.json
+    python -m bench.sweep_repeat FIRST/serve_sweep.json REPEAT/serve_sweep.json
 
 bench/planner_validation sets the simulator's figures beside one real run's and counts those
 within 15%. A real run repeated on the same host, with the same code, commands and seeds,

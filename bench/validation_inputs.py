@@ -10,8 +10,7 @@ the host-sharing factors and the workers' profiles as serving ran them.
 
 A point's ``host_overlap`` (scripts/bench_serve) lays the decode worker's steps beside the
 prefill worker's. A colocated setup has one worker, so every one of its steps is alone: its
-points (sweeps since run 29; run 28's recomputed from its kept logs) give its served fits
-and no host factor.
+points (where the sweep kept its step log) give its served fits and no host factor.
 """
 
 from __future__ import annotations
@@ -103,10 +102,10 @@ def colocated_served(served: Served, profile: Profile
     points' steps (all alone): its decode steps' scale and overhead, its prompt steps' own
     scale on top; and the fits as ``colocated`` and ``colocated_prompt``.
 
-    Run 28 (docs/planner.md): served, its decode steps ran 1.07x its profile and its prompt
-    steps 1.08x (1.2-1.3x for chat-sized prompts, 1.0-1.1x for the long ones that weigh
-    most in the fit); without the fits its simulated worker ran too fast where it was busy
-    (TPOT p90 0.68-0.77x)."""
+    Measured on a 2-core CPU box: served, its decode steps ran 1.07x its profile and its
+    prompt steps 1.08x (1.2-1.3x for chat-sized prompts, 1.0-1.1x for the long ones that
+    weigh most in the fit); without the fits its simulated worker ran too fast where it was
+    busy (TPOT p90 0.68-0.77x)."""
     fits = served_fits([o for *_, o in served], profile.step, profile.step)
     return (with_fit(profile, fits["decode"], fits["prompt"]),
             {"colocated": fits["decode"], "colocated_prompt": fits["prompt"]})

@@ -40,7 +40,7 @@ bench/prefill_residuals.py).
 ``--fresh-workers`` starts each setup's processes again for every point (about 20 s each):
 a point then starts from freshly started workers, as the simulator's points do
 (bench/planner_validation.py), instead of inheriting what the previous points left: the
-workers' fitted step costs, which the router's placement reads (run 16's adaptive setup
+workers' fitted step costs, which the router's placement reads (an adaptive setup has
 placed every chat prompt locally after the mixed load had taught the prefill worker's fit
 3 ms a token), the prefix caches, the overheads the router has learnt.
 """

@@ -14,8 +14,8 @@ no output can be produced before someone can receive it; outputs are buffered un
 thread took at that step's start (at most ``SNAPSHOT_EVERY_S`` apart). A prefill worker's
 step of a long prompt runs seconds; its Stats used to wait for the step's end, the router's
 probe gave up after a second and kept the worker's old step-cost fit, and with steps back to
-back the probes fell mid-step every time: run 22's router placed on a 1.2 ms-a-token fit for
-20 s while the worker's steps ran 2.8-3.3 ms a token (docs/placement.md).
+back the probes fell mid-step every time: a router was measured placing on a 1.2
+ms-a-token fit for 20 s while the worker's steps ran 2.8-3.3 ms a token (docs/placement.md).
 """
 
 from __future__ import annotations

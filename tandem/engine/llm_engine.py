@@ -281,7 +281,7 @@ class LLMEngine(RemoteKVHooks):
         allocations, page faults; on a 2-core CPU a prefill worker's first 40-token step took
         0.9-1.1 s against ~0.1 s after), and one such step made a fresh prefill worker's fit
         report a 0.4-0.6 s base for as long as few prompts reached it, so the router placed
-        every short prompt locally (docs/planner.md, run 17)."""
+        every short prompt locally."""
         rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
         tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
         kind = tokens > 0

@@ -2,9 +2,9 @@
 
 A freshly loaded engine's first steps pay one-time costs (thread pools, allocations, page
 faults, kernel choices): on this project's 2-core CPU a prefill worker's first 40-token step
-took 0.9-1.1 s against ~0.1 s after (docs/planner.md, run 17). Without a warm-up the first
-user pays them, and the router's placement starts from no step-cost fit at all (it places
-remote until a worker has run a second step of a kind; run 18).
+took 0.9-1.1 s against ~0.1 s after. Without a warm-up the first user pays them
+(docs/bench/first_request.md), and the router's placement starts from no step-cost fit at
+all (it places remote until a worker has run a second step of a kind).
 
     load ─> warm_up(engine) ─> the worker registers with a step-cost fit already in place
 

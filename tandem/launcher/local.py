@@ -104,7 +104,7 @@ def thread_split(cores: int) -> tuple[int, int]:
 
     Prefill is compute-bound and bursty, decode memory-bound and steady: the prefill worker
     gets every core (its bursts then run at the machine's full speed) and the decode worker a
-    quarter of them, which it shares. Measured on 2 cores (docs/bench/serve.md, runs 6-8): a
+    quarter of them, which it shares. Measured on 2 cores with an fp32 SmolLM2: a
     512-token prefill chunk takes 1.18 s on 2 threads against 2.05 s on 1; serving the
     RAG/chat mix at 0.2 req/s, 2+1 threads kept 80% of requests inside the SLO where 1+1
     kept 65%, with TPOT p99 65 vs 63 ms (one 20-request point each)."""

@@ -15,7 +15,7 @@ the inputs it was made from, for explaining where prompts went.
 ``tandem_disagg_decision_total`` counts decisions; the log keeps each one's inputs (the
 workers' reported step-cost fits, their queues, the overheads the router has learnt, the
 cached prefixes) and both options' predicted TTFT and decode token gap, so a placement
-that surprises (a whole load kept local, say: docs/planner.md, runs 16-19) can be traced to
+that surprises (a whole load kept local, say) can be traced to
 the numbers behind it. The simulator's router builds the same records (tandem/planner/sim/placing.py)
 for the same comparison. Off by default; one ``write`` per decision, line-sized and appended
 with ``O_APPEND``; the file is created private (0600) and grows until the operator removes it.

@@ -138,8 +138,8 @@ class Profile:
     serving_request_s: float = 0.0
     # A served step that carries prompt tokens (a decode worker's local prefill chunk) takes
     # this times what the rest of the model gives it (1 until fitted to a run's step logs:
-    # bench/step_overlap.served_fits; run 25's decode worker ran its decode steps at 0.96x
-    # its one-thread profile and its local prefill steps at 1.28x).
+    # bench/step_overlap.served_fits; measured on a 2-core CPU, a served decode worker ran
+    # its decode steps at 0.96x its one-thread profile and its local prefill steps at 1.28x).
     serving_prompt_scale: float = 1.0
     source: str = "measured"  # "measured" or "roofline"
     notes: str = ""

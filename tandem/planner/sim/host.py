@@ -5,7 +5,7 @@ A profile times one engine alone. Where a prefill and a decode worker run on the
 steps run longer while the other computes: on a 2-core VM a one-row decode step took
 1.6-2.6x its time alone while the prefill engine computed, an 8-row step 1.6-2.1x (the
 factors move from hour to hour there), a 512-token prefill 1.6-2.0x while the decode engine
-stepped (docs/planner.md). GPUs do not share this way, so the model is off unless a
+stepped (docs/bench/host_contention.md). GPUs do not share this way, so the model is off unless a
 :class:`HostSharing` is given.
 
 With one, the i-th prefill worker and the i-th decode worker (in start order) share a host:

@@ -71,7 +71,7 @@ def test_the_factor_by_batch_size_is_shared_over_alone_medians() -> None:
 
 def test_the_mean_factor_keeps_the_tail_the_median_leaves_out() -> None:
     """A request's token gaps add its steps up: a factor of means reproduces the sum, one of
-    medians misses the rare slow step (runs 20-22: 100-470 ms steps beside long prefills)."""
+    medians misses the rare slow step (measured: 100-470 ms steps beside long prefills)."""
     prefill = [_p(100.0, 100.0)]
     alone = [_d(float(t), 0.02, 1, 100) for t in range(10)]
     shared = [_d(100.0 + t, 0.02, 1, 100) for t in range(9)] + [_d(120.0, 0.22, 1, 100)]
@@ -84,7 +84,7 @@ def test_the_mean_factor_keeps_the_tail_the_median_leaves_out() -> None:
                           step).decode_factor(1) == pytest.approx(2.0)
     assert served_sharing([{"bands": {"1": band}, "prefill": host_overlap([], [])["prefill"]}]
                           ).decode_factor(1) == pytest.approx(1.0)  # no profile: the medians
-    del band["shared_mean"]  # a sweep before run 23 logged no means
+    del band["shared_mean"]  # an older sweep's log: no means
     assert mean_factor(band, step) is None
 
 
@@ -126,7 +126,7 @@ def test_a_sweep_s_points_are_recomputed_from_the_logs_it_kept(tmp_path: Path) -
     sweep = {"summaries": {
         "disagg": {"chat 0.3/s": {"host_overlap": {"bands": {}, "window": [0.0, 1e12]}}},
         "colocated": {"chat 0.3/s": {"host_overlap": {"bands": {}, "window": [0.0, 1e12]}},
-                      "chat 0.8/s": {"ttft": {}}}}}  # sweeps before run 29: no window
+                      "chat 0.8/s": {"ttft": {}}}}}  # an older sweep's point: no window
     path = tmp_path / "serve_sweep.json"
     path.write_text(json.dumps(sweep))
     assert main([str(path)]) == 0
@@ -214,7 +214,7 @@ def test_served_steps_are_fitted_as_a_scale_and_an_overhead() -> None:
 def test_the_decode_worker_s_local_prefills_alone_get_their_own_scale() -> None:
     """Its decode steps alone set its served fit, its steps with a local prompt a scale of
     their own on top (``serving_prompt_scale``): the two kinds stray from the profile apart
-    (run 23: prompt steps ~0.9x the profile, decode steps 1.05x; run 25: 1.28x and 0.96x),
+    (measured: prompt steps ~0.9x the profile and decode steps 1.05x, or 1.28x and 0.96x),
     and one line through both priced each kind wrong."""
     step = StepCost(0.01, 0.002, 0.001)
     prefill = [_p(10.0, 1.0)]

@@ -10,8 +10,6 @@ import pytest
 from bench.sweep_repeat import main, repeat_rows
 from bench.validation_tables import within
 
-DOCS = Path(__file__).resolve().parents[3] / "docs" / "bench"
-
 
 def _point(mix: str, rate: float, scale: float = 1.0) -> dict:
     return {"mix": mix, "rate": rate, "ttft": {"p50": 0.2 * scale, "p90": 0.5},
@@ -36,14 +34,31 @@ def test_each_figure_is_the_repeat_s_over_the_first_s() -> None:
     assert len(repeat_rows(first, second, skip=None)) == 3
 
 
-def test_committed_repeats_reproduce_themselves_on_17_to_23_of_25(capsys) -> None:
-    """Run 24 repeated run 23's commands an hour later, run 26 run 25's half an hour later,
-    run 30 run 29's (both setups) right after it (docs/planner.md): the floor the
-    simulator's 15% count is judged against."""
-    for first, second, count, of in ((23, 24, 23, 25), (25, 26, 17, 25), (29, 30, 35, 50)):
-        assert main([str(DOCS / f"serve_sweep_run{first}.json"),
-                     str(DOCS / f"serve_sweep_run{second}.json")]) == 0
-        assert f"within 15%: {count} of {of} figures" in capsys.readouterr().out
+def test_main_prints_each_ratio_and_the_count_within_the_tolerance(tmp_path: Path,
+                                                                   capsys) -> None:
+    """Two sweep files as scripts/bench_serve writes them: the table marks the figures
+    outside the tolerance and counts the others, the calibration point left out."""
+    first = {"summaries": {"disagg": {"chat 0.3/s": _point("chat", 0.3),
+                                      "mixed 0.8/s": _point("mixed", 0.8)},
+                           "colocated": {"mixed 0.8/s": _point("mixed", 0.8)}}}
+    second = {"summaries": {"disagg": {"chat 0.3/s": _point("chat", 0.3, 3.0),
+                                       "mixed 0.8/s": _point("mixed", 0.8, 1.3)},
+                            "colocated": {"mixed 0.8/s": _point("mixed", 0.8, 0.9)}}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    assert main([str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines[1:-1]] == [
+        ["disagg", "mixed", "0.80"], ["colocated", "mixed", "0.80"]]
+    # disagg: TTFT p50 and TPOT p90 at 1.30x (out); colocated: 0.90x (in)
+    assert lines[1].split()[3:] == ["1.30*", "1.00", "1.00", "1.30*", "1.00"]
+    assert lines[2].split()[3:] == ["0.90", "1.00", "1.00", "0.90", "1.00"]
+    assert lines[-1].startswith("within 15%: 8 of 10 figures")
+    assert main([str(a), str(b), "--tolerance", "0.35"]) == 0
+    assert "within 35%: 10 of 10 figures" in capsys.readouterr().out
+    assert main([str(a), str(b), "--skip", "none"]) == 0
+    assert "within 15%: 11 of 15 figures" in capsys.readouterr().out
 
 
 def test_sweeps_with_nothing_in_common_or_a_bad_skip_are_refused(tmp_path: Path) -> None:
