@@ -9,7 +9,8 @@
 // 6 lanes x 16 outputs (weighted V) in 12 accumulators: 12 multiply-adds per 2 loads and 6
 // broadcasts, no reductions. Each score is one multiply-add chain over d = 0..hd-1 and each
 // output one over the positions in order, so a lane's result does not depend on the other
-// lanes of its tile.
+// lanes of its tile. widen_for_tiles (at the end) fills the task's fp32 K panels and V rows
+// from the cache's head vectors (kv_head.h).
 #pragma once
 
 #include <immintrin.h>
@@ -18,6 +19,8 @@
 #include <cstdint>
 #include <type_traits>
 #include <vector>
+
+#include "kv_head.h"
 
 namespace tnd {
 
@@ -171,6 +174,45 @@ inline void pv_tiles(const std::vector<LaneTile>& tiles, const float* sc, int nu
       }
     }
   }
+}
+
+// A task's K and V for the tiles above, widened to fp32 (int8 times its scale): kt, per KV
+// head, (n + 15) / 16 panels of [hd][16] (positions past n zero); vt, per KV head, [n][hd].
+// slot(j) is position p0 + j's slot. False if a V value is not finite: a masked weight of 0
+// would not hide it there, so the task keeps the row-at-a-time loops.
+template <int F, class Slot>
+inline bool widen_for_tiles(const uint8_t* k, const uint8_t* v, Slot&& slot, int n, int nkv,
+                            int hd, float* kt, float* vt) {
+  using KV = KVHead<F>;
+  const int head_bytes = KV::bytes(hd), panels = (n + TILE_POS - 1) / TILE_POS;
+  const size_t per_head_k = static_cast<size_t>(panels) * hd * TILE_POS;
+  __m256 bad = _mm256_setzero_ps();
+  for (int j = 0; j < n; ++j) {
+    const size_t off = slot(j);
+    for (int h = 0; h < nkv; ++h) {
+      const uint8_t* kh = k + off + static_cast<size_t>(h) * head_bytes;
+      const uint8_t* vh = v + off + static_cast<size_t>(h) * head_bytes;
+      const __m256 ks = _mm256_set1_ps(KV::scale_of(kh, hd)), vs = _mm256_set1_ps(KV::scale_of(vh, hd));
+      float* kp = kt + h * per_head_k + static_cast<size_t>(j / TILE_POS) * hd * TILE_POS + j % TILE_POS;
+      float* vp = vt + (static_cast<size_t>(h) * n + j) * hd;
+      for (int d = 0; d < hd; d += 8) {
+        alignas(32) float x[8];
+        _mm256_store_ps(x, KV::Int8 ? _mm256_mul_ps(KV::load(kh, d), ks) : KV::load(kh, d));
+        for (int e = 0; e < 8; ++e) kp[(d + e) * TILE_POS] = x[e];
+        const __m256 y = KV::Int8 ? _mm256_mul_ps(KV::load(vh, d), vs) : KV::load(vh, d);
+        _mm256_storeu_ps(vp + d, y);
+        // finite y: y - y == 0; inf or NaN: NaN, unordered
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(y, y), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+      }
+    }
+  }
+  for (int j = n; j < panels * TILE_POS; ++j) {  // the last panel's tail
+    for (int h = 0; h < nkv; ++h) {
+      float* kp = kt + h * per_head_k + static_cast<size_t>(j / TILE_POS) * hd * TILE_POS + j % TILE_POS;
+      for (int d = 0; d < hd; ++d) kp[d * TILE_POS] = 0.f;
+    }
+  }
+  return _mm256_movemask_ps(bad) == 0;
 }
 
 }  // namespace tnd

@@ -15,10 +15,12 @@
 // multiply fp32 activations: a bf16 model runs here as its weights upcast to fp32 would, not
 // with the torch path's bf16 activations.
 //
-// Weight formats and the few-row loops: quant_linear.h; many rows (batched decodes, prefill
-// chunks): gemm_tiled.h. Attention: paged_attention.h. The embedding table may be a Lin of any
-// kind (a GGUF's Q8_0 token_embd shared with the tied lm_head, a bf16 model's own table):
-// rows are widened on use. KV cache: the engine's layout, fp32, bf16 or fp16
+// Weight formats: quant_linear.h; the few-row loops: linear_rows.h (dot_rows.h,
+// dot_rows512.h); many rows (batched decodes, prefill chunks): gemm_tiled.h, whose linear()
+// picks between the two. Attention: paged_attention.h (KV head vectors: kv_head.h; prefill
+// tiles: attention_tiles.h). The embedding table may be a Lin of any kind (a GGUF's Q8_0
+// token_embd shared with the tied lm_head, a bf16 model's own table): rows are widened on
+// use. KV cache: the engine's layout, fp32, bf16 or fp16
 // [L, 2, num_blocks, block_size, Hkv, hd] or int8 [L, 2, num_blocks, block_size, Hkv, hd + 4]
 // (each head vector's fp32 scale in its last 4 bytes; engine/quant/kv_int8.py), written and
 // read with the same rounding as the torch path.
@@ -31,9 +33,15 @@
 #include <cstring>
 #include <vector>
 
-#include "gemm_tiled.h"
+// paged_attention.h first: the order of the definitions steers GCC's inlining. With the
+// linears' headers first, -O3 inlines the 512-bit micro-kernels into the tiled GEMM (an avx512
+// library 7% larger, no longer the code the kernels were measured with); in this order both
+// variants build that code, byte for byte.
 #include "paged_attention.h"
+#include "gemm_tiled.h"
+#include "kv_head.h"
 #include "quant_linear.h"
+#include "vec_math.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 //       vectors) and six broadcast activations per input: 12 FMAs per 8 loads
 //
 // Each weight is read from memory once per step and turned into a float once, so the cost is
-// the FMAs, not the unpacking (the few-row path of quant_linear.h instead spends ~7 integer
+// the FMAs, not the unpacking (the few-row path of linear_rows.h instead spends ~7 integer
 // ops per group of 32 per row). Activations stay fp32 here (no int16 rounding), so these
 // products are closer to the dequantized model than the few-row path's.
 #pragma once
@@ -19,7 +19,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "linear_rows.h"
 #include "panel_dequant.h"
+#include "quant_linear.h"
 
 namespace tnd {
 
