@@ -9,7 +9,7 @@ The same source is compiled once per ISA variant (:data:`VARIANTS`):
 * ``avx512``: the avx2 flags plus ``-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni``;
   the sources' ``TND_AVX512`` paths (``#if defined(__AVX512F__) && defined(__AVX512VNNI__)``)
   replace the hottest loops, everything else is the avx2 code compiled again:
-  - few-row Q4 dot (quant_linear.h ``dot_rows512_pairs``): two groups of 32 per step, the int16
+  - few-row Q4 dot (dot_rows512.h ``dot_rows512_pairs``): two groups of 32 per step, the int16
     activations stored pair-interleaved so one ``vpmovzxbw`` of 32 bytes serves both, two
     ``_mm512_dpwssd_epi32`` (the same exact int32 products as ``vpmaddwd`` + ``vpaddd``), one
     conversion and one FMA per pair and row;

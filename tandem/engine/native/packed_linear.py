@@ -6,7 +6,7 @@
     Int8Linear ──────────────┘                  I8: int8    fp32 [N] -   d * q   (per row)
 
 ``forward`` runs tandem/engine/native's ``tnd_linear`` for any number of rows (few-row integer loops
-or the tiled fp32 path, quant_linear.h / gemm_tiled.h); the fused forward reads the same
+or the tiled fp32 path, linear_rows.h / gemm_tiled.h); the fused forward reads the same
 buffers in place, so nothing is repacked or copied. ``embedding`` dequantizes table rows (a
 GGUF's Q8_0 ``token_embd`` serves both the embedding and the tied lm_head). Without the native
 library, ``forward`` dequantizes and multiplies with torch.

@@ -108,7 +108,7 @@ def test_batched_sequences_match_each_alone(make_engine, tiny_dir) -> None:
     """Two sequences in one call (a decode row and a 3-row segment) equal separate calls.
 
     The 3-row segment alone runs the same few-row loops as the 4-row call, so its rows match
-    to rounding; the decode row alone is a one-row step (quant_linear.h ``dot_1row``: four
+    to rounding; the decode row alone is a one-row step (dot_rows.h ``dot_1row``: four
     weight rows at a time, another fp32 summation order), so it matches to that order's
     rounding (~2e-5 relative here).
     """

@@ -88,7 +88,7 @@ def test_linear_matches_the_dequantized_matmul(kind: int, rows: int) -> None:
 @pytest.mark.parametrize("kind", [KIND_Q4_F32, KIND_Q4_F16, KIND_Q8_ROW, KIND_Q8_F16])
 @pytest.mark.parametrize("n", [64, 37])
 def test_one_row_blocks_match_the_dequantized_matmul(kind: int, n: int) -> None:
-    """A one-row step's loop (quant_linear.h ``dot_1row``): four weight rows at a time over
+    """A one-row step's loop (dot_rows.h ``dot_1row``): four weight rows at a time over
     blocks of 8 groups and a tail. K = 19 groups: two whole blocks and 3 groups more (the
     160-input test above has only a tail); N = 64 is whole blocks of four rows, 37 ends in
     one row alone."""
