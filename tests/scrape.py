@@ -1,5 +1,5 @@
 """Reading Prometheus text in tests: parse with the official parser, index the samples, check
-the naming rules of DESIGN.md section 5 (``tandem_`` prefix, a ``role`` label; vLLM's names,
+the naming rules of docs/design.md section 5 (``tandem_`` prefix, a ``role`` label; vLLM's names,
 ``vllm:``, where a process exports them too: docs/metrics.md)."""
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """Torch-free pieces every Tandem process shares; imports nothing else of the project.
 
+    obs/         logs, metrics and traces (log_format, log_context, metrics_export, histogram,
+                 tracing, tracing_setup)
+    security/    the cluster credential, the gRPC interceptors that carry it, PEM/TLS files
+    text/        incremental detokenization and stop-string hold-back
     wire         constants both ends of a channel must agree on: the READY line, retry hints
-    tls          reading PEM files named by flags (one error type for every process)
-    detokenizer  incremental decoding of output ids (tokenizers' DecodeStream) into text deltas
-    stop_strings stop-string matching and hold-back over text chunks (the detokenizer's text side)
-    credential   the cluster credential (secret file, derived keys) every internal channel uses
-    grpc_auth    the gRPC interceptors that put the credential on calls and check it
     grpc_keepalive  the keepalive options both ends of every gRPC channel set
     arg_parser   every command's argparse parser: no abbreviations, values never echoed
     config_file  ``--config FILE.yaml`` -> argv in front of the command line's (the CLI wins)
-    metrics_export  what /metrics serves: model_name on every series, vLLM's names as aliases
-    log_context  the request a log line belongs to (a context variable and a logging filter)
-    log_format   ``--log-format text|json`` and ``--log-level``: one logging setup for all
-    tracing      OpenTelemetry spans and W3C ``traceparent`` propagation over plain dicts
-    tracing_setup  ``--otlp-endpoint`` / ``--trace-file``: the SDK installed when asked
-    async_merge  several async streams as one, in arrival order (a request's fanned-out legs)
+    block_hash   the hash chain of KV blocks (prefix caching and KV-aware routing agree on it)
+    model_spec   a model as users name it (alias, GGUF file, directory) and its served name
+    gguf_metadata  a GGUF file's metadata without loading its tensors (the router's tokenizer)
+    step_costs   a step's fitted cost (the engine fits it; placement and the simulator read it)
+    warmup_plan  the synthetic warm-up steps (the engine runs them; the simulator mirrors them)
 """

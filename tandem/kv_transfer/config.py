@@ -1,6 +1,6 @@
 """Frozen, validated configuration for the sender and the receiver.
 
-Built by the workers from CLI flags or YAML (DESIGN.md section 6) and passed down explicitly.
+Built by the workers from CLI flags or YAML (docs/design.md section 6) and passed down explicitly.
 """
 
 from __future__ import annotations

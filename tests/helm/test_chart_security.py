@@ -1,4 +1,4 @@
-"""The chart's trust boundaries (DESIGN.md section 8), rendered offline: the cluster
+"""The chart's trust boundaries (docs/design.md section 8), rendered offline: the cluster
 credential in a Secret and in every member's flags, TLS values mapped to flags, the
 NetworkPolicies and the Ray dashboard kept to the release.
 

@@ -5,7 +5,7 @@
         verify(token, method) the receiving side: the MAC, a bounded clock skew, no replay
         kv_secret            HMAC(secret, "tandem/kv/v1"): the KV handshake's key
 
-Members are the router, the workers and the autoscaler (DESIGN.md section 8); clients never
+Members are the router, the workers and the autoscaler (docs/design.md section 8); clients never
 hold it. Each use gets its own derived key, so a key seen by one channel opens no other. The
 secret itself never leaves the file it came from: it is never logged, and the tokens carry a
 MAC, not the secret, so a token captured on one method cannot call another.

@@ -1,6 +1,6 @@
 """What a simulation produced: one outcome per request, and the summary the field reports.
 
-Latency is reported as benchmarks do (DESIGN.md section 7): TTFT, TPOT, E2E at p50/p90/p99,
+Latency is reported as benchmarks do (docs/design.md section 7): TTFT, TPOT, E2E at p50/p90/p99,
 goodput (requests per second meeting both the TTFT and the TPOT target) and SLO attainment
 (the share of requests meeting both). Percentiles are nearest-rank: the smallest value with
 at least p% of the values at or below it, so every reported figure is one a request had.
