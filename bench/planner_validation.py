@@ -1,4 +1,4 @@
-"""Does the simulator predict real runs? tandem/planner/sim against bench/serve's sweep, point by point.
+"""Does the simulator predict real runs? tandem/planner/sim against scripts/bench_serve's sweep, point by point.
 
     python -m bench.planner_validation --sweep docs/bench/serve_sweep_run10.json \\
         --prefill-profile docs/bench/profile_smollm2_cpu2_run10.json \\
@@ -6,7 +6,7 @@
         --host-sharing 1:2.28/2:2.08/4:2.16/8:1.83/16:1.77/32:1.78,1.76 --out docs/bench
 
 For every (setup, mix, rate) point of a sweep that ``scripts/bench_serve --sweep`` ran, the
-same requests (bench/serve_workload.make_requests with the point's seed: the same arrival
+same requests (tandem/loadgen/workload.make_requests with the point's seed: the same arrival
 times and lengths the real run sent) are simulated on the same deployment:
 
     disagg          1 prefill + 1 decode worker, adaptive placement, the run's SLO
@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.placement_inputs import placement_inputs, placement_table
-from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import ServedFit, overlap_table, served_sharing
 from bench.validation_inputs import (
     Served,
@@ -88,6 +87,7 @@ from bench.validation_inputs import (
     served_profiles,
 )
 from bench.validation_tables import KEYS, METRICS, profile_table, table, worker_table
+from tandem.loadgen.workload import MIXES, make_requests
 from tandem.planner.profile import Profile
 from tandem.planner.sim import ClusterSpec, simulate
 from tandem.planner.sim.host import HostSharing

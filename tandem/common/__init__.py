@@ -15,4 +15,6 @@
     tracing      OpenTelemetry spans and W3C ``traceparent`` propagation over plain dicts
     tracing_setup  ``--otlp-endpoint`` / ``--trace-file``: the SDK installed when asked
     async_merge  several async streams as one, in arrival order (a request's fanned-out legs)
+    request_shapes  the serving workloads' request kinds, mixes and chat shape: what the load
+                 generator sends and the planner's simulator replays
 """
