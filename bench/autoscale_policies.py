@@ -44,7 +44,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.serve_workload import scaled
 from tandem.autoscaler.config import (
     AutoscaleConfig,
     Bounds,
@@ -54,6 +53,7 @@ from tandem.autoscaler.config import (
     MaxStep,
     SloTargets,
 )
+from tandem.loadgen.workload import scaled
 from tandem.placement.slo import Slo
 from tandem.planner import workload
 from tandem.planner.autoscale import (

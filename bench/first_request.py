@@ -26,10 +26,10 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.serve_load import run_load
-from bench.serve_stats import decision_counts
-from bench.serve_workload import RequestSpec
 from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.loadgen.load import run_load
+from tandem.loadgen.stats import decision_counts
+from tandem.loadgen.workload import RequestSpec
 
 PROMPTS = (40, 300, 40)  # the first requests' prompt tokens, sent one after another
 MAX_TOKENS = 8

@@ -38,8 +38,8 @@ from typing import TypeVar
 import grpc
 import psutil
 
-from bench.serve_stats import percentile
 from tandem.launcher.local_cluster import Cluster
+from tandem.loadgen.stats import percentile
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 
 HUGE_PROMPT = "lorem ipsum dolor sit amet " * (3_500_000 // 27)

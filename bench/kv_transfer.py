@@ -7,7 +7,8 @@ block size 16, bf16; 2,048-token requests of 128 blocks, block ids shuffled on b
 this process to a receiver in a child process, and prints in the same run:
 
 * raw socket ``sendall``/``recv_into`` on loopback (same socket options) -- the baseline,
-* our TCP transport and our shm transport (checksums on, as in production),
+* our TCP transport and our shm transport (checksums on, as in production; the sender and
+  the receiver child are tandem/profiler/transfer_probe.py's, what ``tandem profile`` times),
 * a single-threaded in-memory copy of the same number of bytes -- the ceiling,
 
 then the latency a 2,048-token prompt's KV adds to its prefill when pushed layer by layer.
@@ -28,67 +29,37 @@ import json
 import math
 import os
 import platform
-import random
-import resource
 import socket
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 
 import torch
-import xxhash
 
-from tandem.kv_transfer import KvLayout, Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer import Sender, SenderConfig
 from tandem.kv_transfer.endpoint import Endpoint
 from tandem.kv_transfer.transport import ShmTransport, TcpTransport
+from tandem.profiler.transfer_probe import (
+    BLOCKS_PER_REQ,
+    LAYOUT,
+    PROMPT_TOKENS,
+    SETS,
+    Child,
+    Sample,
+    block_sets,
+    cpu_s,
+    make_cache,
+    new_secret,
+    run_ours,
+    say,
+    start_receiver,
+)
 
-SECRET = b"bench-secret-0123456789abcdef"
-LAYOUT = KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", block_size=16, num_layers=30,
-                  num_kv_heads=3, head_dim=64)
-PROMPT_TOKENS = 2048
-BLOCKS_PER_REQ = PROMPT_TOKENS // LAYOUT.block_size  # 128
-POOL_BLOCKS = 1024  # per side: 8 disjoint request-sized sets, 377 MB
-SETS = POOL_BLOCKS // BLOCKS_PER_REQ
 SOCK_BUF = 4 << 20
 RAW_CHUNK = 16 << 20
 
 
-def say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def block_sets(seed: int, order: str = "shuffled") -> list[list[int]]:
-    """SETS disjoint sets of BLOCKS_PER_REQ ids: shuffled (fragmented like a busy cache, the
-    default) or contiguous (a fresh cache's best case)."""
-    ids = list(range(POOL_BLOCKS))
-    if order == "shuffled":
-        random.Random(seed).shuffle(ids)
-    return [ids[i * BLOCKS_PER_REQ:(i + 1) * BLOCKS_PER_REQ] for i in range(SETS)]
-
-
-def make_cache(fill: bool) -> torch.Tensor:
-    shape = (LAYOUT.num_layers, 2, POOL_BLOCKS, LAYOUT.block_size, LAYOUT.num_kv_heads,
-             LAYOUT.head_dim)
-    kv = torch.empty(shape, dtype=torch.bfloat16)
-    if fill:
-        kv.view(torch.int16).random_(-(1 << 15), 1 << 15, generator=torch.Generator().manual_seed(1))
-    else:
-        kv.zero_()  # touch every page before timing
-    return kv
-
-
-def cpu_s() -> float:
-    """User + system CPU seconds of this process so far (all threads)."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def digest(kv: torch.Tensor, ids: list[int]) -> int:
-    return xxhash.xxh3_64_intdigest(kv[:, :, ids].contiguous().view(torch.uint8).numpy().tobytes())
-
-
-# -- child processes ------------------------------------------------------------------------------
+# -- child process: the raw socket baseline (ours is tandem.profiler.transfer_probe's) -----------
 
 
 def child_raw(nbytes: int) -> None:
@@ -115,75 +86,12 @@ def child_raw(nbytes: int) -> None:
     conn.close()
 
 
-async def child_ours(transport: str, n_requests: int, order: str) -> None:
-    """Our receiver: reserve request k once request k-2 committed, report each reservation."""
-    kv = make_cache(fill=False)
-    cfg = ReceiverConfig(SECRET, enable_tcp=transport == "tcp", enable_shm=transport == "shm")
-    rx = Receiver(kv, LAYOUT, cfg)
-    endpoint = await rx.start()
-    say(json.dumps({"endpoint": endpoint.encode()}))
-    sets = block_sets(seed=2, order=order)
-    ahead = 2
-    last_ids: list[int] = []
-    cpu0 = cpu_s()
-    for k in range(min(ahead, n_requests)):
-        rx.reserve(f"r{k}", sets[k % SETS], lease_s=600)
-        say(json.dumps({"reserved": k}))
-    for k in range(n_requests):
-        event = await rx.events.get()
-        if type(event).__name__ != "Committed":
-            raise SystemExit(f"transfer failed: {event}")
-        last_ids = list(event.block_ids)
-        nxt = k + ahead
-        if nxt < n_requests:
-            rx.reserve(f"r{nxt}", sets[nxt % SETS], lease_s=600)
-            say(json.dumps({"reserved": nxt}))
-    cpu = cpu_s() - cpu0
-    say(json.dumps({"done": True, "digest": digest(kv, last_ids), "cpu_s": cpu}))
-    await rx.wait_until(lambda s: s.connections == 0, timeout=60)
-    await rx.close()
-
-
 # -- parent side -----------------------------------------------------------------------------------
-
-
-class Child:
-    """A child process speaking JSON lines on stdout."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
-    @classmethod
-    async def start(cls, *args: str) -> Child:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.kv_transfer", "--child", *args,
-            stdout=asyncio.subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)) or ".")
-        return cls(proc)
-
-    async def line(self) -> dict:
-        assert self.proc.stdout is not None
-        raw = await self.proc.stdout.readline()
-        if not raw:
-            raise RuntimeError(f"child exited with {await self.proc.wait()}")
-        return json.loads(raw)
-
-    async def finish(self) -> None:
-        if await self.proc.wait() != 0:
-            raise RuntimeError("child failed")
-
-
-@dataclass(slots=True)
-class Sample:
-    """One measured run: throughput and each side's CPU seconds per GiB moved."""
-
-    gbps: float
-    tx_cpu_per_gib: float
-    rx_cpu_per_gib: float
 
 
 async def run_raw(nbytes: int) -> Sample:
     """Baseline: blocking sendall of 16 MiB slices / recv_into, same socket options as ours."""
-    child = await Child.start("raw", str(nbytes))
+    child = await Child.start("bench.kv_transfer", "--child", "raw", str(nbytes))
     port = (await child.line())["port"]
     src = bytearray(256 << 20)
     memoryview(src)[:] = os.urandom(1 << 20) * 256
@@ -211,36 +119,6 @@ async def run_raw(nbytes: int) -> Sample:
     await child.finish()
     gib = nbytes / (1 << 30)
     return Sample(nbytes / dt / 1e9, tx_cpu / gib, rx_cpu / gib)
-
-
-async def run_ours(transport: str, n_requests: int, src_kv: torch.Tensor,
-                   order: str = "shuffled") -> Sample:
-    """Our transport: n_requests 2,048-token transfers, one after another, on one connection."""
-    child = await Child.start("ours", transport, str(n_requests), order)
-    endpoint = Endpoint.decode((await child.line())["endpoint"])
-    cfg = SenderConfig(SECRET, max_connections_per_endpoint=1)
-    transports = [ShmTransport(cfg.limits)] if transport == "shm" else [TcpTransport(cfg.limits)]
-    tx = Sender(src_kv, LAYOUT, cfg, transports)
-    src_sets, dst_sets = block_sets(3, order), block_sets(2, order)
-    reserved: set[int] = set()
-    cpu0, t0 = cpu_s(), time.perf_counter()
-    for k in range(n_requests):
-        while k not in reserved:
-            reserved.add((await child.line())["reserved"])
-        await tx.send(f"r{k}", endpoint, src_sets[k % SETS], dst_sets[k % SETS],
-                      first_token=1, logprob=-0.1, deadline=time.monotonic() + 120)
-    dt, tx_cpu = time.perf_counter() - t0, cpu_s() - cpu0
-    while True:
-        msg = await child.line()
-        if msg.get("done"):
-            break
-    if msg["digest"] != digest(src_kv, src_sets[(n_requests - 1) % SETS]):
-        raise RuntimeError(f"{transport}: landed bytes differ from the source")
-    await tx.close()
-    await child.finish()
-    nbytes = n_requests * LAYOUT.payload_bytes(LAYOUT.num_layers, BLOCKS_PER_REQ)
-    gib = nbytes / (1 << 30)
-    return Sample(nbytes / dt / 1e9, tx_cpu / gib, msg["cpu_s"] / gib)
 
 
 def run_memcpy(nbytes: int) -> Sample:
@@ -299,9 +177,10 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
     ``layer_s``: per-layer compute simulated with ``asyncio.sleep``; None runs the real CPU
     layer in a thread. ``tail_ms`` is from the last layer's end to the COMMIT's ACK.
     """
-    child = await Child.start("ours", transport, str(reps), "shuffled")
+    secret = new_secret()
+    child = await start_receiver(transport, reps, "shuffled", secret)
     endpoint = Endpoint.decode((await child.line())["endpoint"])
-    cfg = SenderConfig(SECRET)
+    cfg = SenderConfig(secret)
     transports = [ShmTransport(cfg.limits)] if transport == "shm" else [TcpTransport(cfg.limits)]
     tx = Sender(src_kv, LAYOUT, cfg, transports)
     sim = LayerSim()
@@ -485,13 +364,12 @@ def cli() -> None:
                         help="stated per-layer compute times to simulate")
     parser.add_argument("--real-compute", action="store_true",
                         help="also run the CPU layer for real (slow: ~1 s per layer here)")
-    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=2, metavar=("raw", "NBYTES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.child[0] == "raw":
-            child_raw(int(args.child[1]))
-        else:
-            asyncio.run(child_ours(args.child[1], int(args.child[2]), args.child[3]))
+        if args.child[0] != "raw":
+            parser.error("--child: only the raw receiver runs here")
+        child_raw(int(args.child[1]))
         return
     asyncio.run(main(args))
 

@@ -1,11 +1,11 @@
-"""Does the simulator predict real runs? tandem/planner/sim against bench/serve's sweep, point by point.
+"""Does the simulator predict real runs? tandem/planner/sim against scripts/bench_serve's sweep, point by point.
 
     python -m bench.planner_validation --sweep SWEEP/serve_sweep.json \\
         --prefill-profile profile-cpu2.json --decode-profile profile-cpu1.json \\
         --host-sharing served-by-length --serving served --out OUT
 
 For every (setup, mix, rate) point of a sweep that ``scripts/bench_serve --sweep`` ran, the
-same requests (bench/serve_workload.make_requests with the point's seed: the same arrival
+same requests (tandem/loadgen/workload.make_requests with the point's seed: the same arrival
 times and lengths the real run sent) are simulated on the same deployment:
 
     disagg          1 prefill + 1 decode worker, adaptive placement, the run's SLO
@@ -77,7 +77,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.placement_inputs import placement_inputs, placement_table
-from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import ServedFit, overlap_table, served_sharing
 from bench.validation_inputs import (
     Served,
@@ -87,6 +86,7 @@ from bench.validation_inputs import (
     served_profiles,
 )
 from bench.validation_tables import KEYS, METRICS, profile_table, table, worker_table
+from tandem.loadgen.workload import MIXES, make_requests
 from tandem.placement.slo import Slo
 from tandem.planner.profile import Profile
 from tandem.planner.sim import ClusterSpec, simulate

@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.llama_cpp import LlamaCpp, find_or_build
-from bench.serve_load import run_openai
-from bench.serve_workload import RequestSpec
 from bench.vs_llama_cpp_theirs import ServerError, wait_http_ok
+from tandem.loadgen.load import run_openai
+from tandem.loadgen.workload import RequestSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = time.monotonic()
@@ -92,7 +92,7 @@ def _ms(tok_s: float | None) -> float | None:
 # -- the HTTP rows -----------------------------------------------------------------------------
 
 def _prompts(count: int, length: int, seed: int) -> list[tuple[int, ...]]:
-    """Random token ids (the range bench/serve uses), the same for both servers."""
+    """Random token ids (the range `tandem bench` uses), the same for both servers."""
     rng = random.Random(seed)
     return [tuple(rng.randrange(1000, 30000) for _ in range(length)) for _ in range(count)]
 

@@ -12,7 +12,7 @@ Setups (each a fresh set of real processes, started and stopped here):
     colocated-chunked  (with --chunked) the same with a 256-token step budget, so prefill
                is chunked between decode steps: the usual colocated remedy
 
-Every setup gets the same Poisson arrival sequence (bench/serve_workload.py). The router and
+Every setup gets the same Poisson arrival sequence (tandem/loadgen/workload.py). The router and
 this load generator are not pinned: they share the machine with the workers in every setup.
 Then the router's own cost: sequential short requests through the router and straight to the
 workers (the same RPCs the router makes), alternating, TTFT p50 of each.
@@ -65,8 +65,6 @@ from prometheus_client.samples import Sample
 
 from bench.placement_inputs import placement_inputs
 from bench.prefill_residuals import point_residuals
-from bench.serve import add_load_args, parse_vocab, progress_printer
-from bench.serve_load import run_direct, run_load
 from bench.serve_logs import (
     PointLogs,
     placement_log_path,
@@ -74,8 +72,14 @@ from bench.serve_logs import (
     step_log_path,
     steps_dir,
 )
-from bench.serve_report import Curves, plot, plot_sweep, sweep_table, table, turn_table
-from bench.serve_stats import (
+from bench.step_overlap import host_overlap
+from tandem.common.security.credential import ClusterCredential
+from tandem.engine.loader import resolve_model
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.loadgen.load import run_direct, run_load
+from tandem.loadgen.report import Curves, plot, plot_sweep, sweep_table, table, turn_table
+from tandem.loadgen.run import add_load_args, parse_vocab, progress_printer
+from tandem.loadgen.stats import (
     RequestResult,
     attainment,
     by_turn,
@@ -85,7 +89,7 @@ from bench.serve_stats import (
     worker_activity,
     worker_counters,
 )
-from bench.serve_sweep import (
+from tandem.loadgen.sweep import (
     MULTITURN,
     max_rate,
     parse_mixes,
@@ -93,11 +97,7 @@ from bench.serve_sweep import (
     run_point,
     sweep_points,
 )
-from bench.serve_workload import CHAT, MIXES, RequestSpec, make_requests
-from bench.step_overlap import host_overlap
-from tandem.common.security.credential import ClusterCredential
-from tandem.engine.loader import resolve_model
-from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.loadgen.workload import CHAT, MIXES, RequestSpec, make_requests
 
 METRICS = ("--metrics-port", "0")  # each worker's /metrics: how busy it was at each point
 
@@ -207,7 +207,7 @@ def placement_decisions(router: Proc) -> dict[str, float]:
 
 
 def worker_reads(procs: dict[str, Proc]) -> dict[str, dict[str, float]]:
-    """Each worker's busy counters now (bench/serve_stats.WORKER_COUNTERS), by role."""
+    """Each worker's busy counters now (tandem/loadgen/stats.WORKER_COUNTERS), by role."""
     out = {}
     for role in ("prefill", "decode"):
         proc = procs.get(role)

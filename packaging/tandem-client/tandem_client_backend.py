@@ -1,18 +1,21 @@
-"""The PEP 517 build backend of ``tandem-client``: a wheel of the client's modules only.
+"""The PEP 517 build backend of ``tandem-client``: a wheel of the client's files only.
 
-Why a backend of our own: the client's sources are the repository's (tandem/, tandem/protos/,
-tandem/common/, bench/, tandem/planner/), where they sit next to the server's modules in the same packages.
-A setuptools project can only ship whole packages from below its own directory; this ships
-exactly the modules the client imports, found by reading them:
+Why a backend of our own: the client's sources are the repository's (tandem/sdk, tandem/protos,
+the client commands in tandem/cli, tandem/loadgen, a few tandem/common modules), where they
+sit next to the server's modules in the same ``tandem`` package. A setuptools project can only
+ship whole packages from below its own directory; this ships exactly the files that
+pyproject's [tool.tandem-client] ``ship`` globs select (``**`` any depth; caches and hidden
+files never), and checks them before it writes anything:
 
-    roots (pyproject [tool.tandem-client])
-      -> every module of ours they import (at the top, in a function, under TYPE_CHECKING)
-      -> and so on, plus each package's __init__.py, each module's .pyi stub, the data files
+    every module of ours a shipped module imports (at the top, in a function, under
+    TYPE_CHECKING; its parent packages too) ships as well: the client imports completely
+    no shipped module imports a ``refused`` package (torch, ray, tandem.engine, ...)
 
-A module that imports a ``refused`` package (torch, ray, a server package, ...) anywhere
-stops the build with the chain of imports that reached it. The wheel is pure Python
-(py3-none-any), byte-for-byte the repository's files, reproducible (fixed timestamps, or
-SOURCE_DATE_EPOCH). No build dependencies: it builds offline, with build isolation on.
+Either failure stops the build, naming the chain of imports from an entry point to the
+offending import, so a new import in a client module cannot quietly pull the server in or
+leave the client broken. The wheel is pure Python (py3-none-any), byte-for-byte the
+repository's files, reproducible (fixed timestamps, or SOURCE_DATE_EPOCH). No build
+dependencies: it builds offline, with build isolation on.
 
 Hooks: build_wheel, build_sdist, prepare_metadata_for_build_wheel, get_requires_for_*. The
 sdist carries the shipped sources next to this file (its pyproject says source-root ".").
@@ -45,7 +48,8 @@ _EPOCH_1980 = 315532800  # the earliest time a zip entry can hold
 
 
 class BuildError(RuntimeError):
-    """The client cannot be built as configured (a refused import, a missing root, ...)."""
+    """The client cannot be built as configured (a refused or unshipped import, a glob that
+    matches nothing, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +58,8 @@ class Project:
 
     project: Mapping[str, Any]
     source_root: Path
-    roots: tuple[str, ...]
-    refused: frozenset[str]
-    data: tuple[str, ...]
+    ship: tuple[str, ...]
+    refused: tuple[str, ...]
 
     @property
     def name(self) -> str:
@@ -79,13 +82,95 @@ def load_project(directory: Path = HERE) -> Project:
     return Project(
         project=data["project"],
         source_root=(directory / tool["source-root"]).resolve(),
-        roots=tuple(tool["roots"]),
-        refused=frozenset(tool["refused"]),
-        data=tuple(tool.get("data", ())),
+        ship=tuple(tool["ship"]),
+        refused=tuple(tool["refused"]),
     )
 
 
-# --- which modules ship ---------------------------------------------------------------------
+# --- which files ship: the `ship` globs ---------------------------------------------------
+
+
+def _never_shipped(name: str) -> bool:
+    """Build leftovers and hidden files, which no glob ships."""
+    return name.startswith(".") or name == "__pycache__" or name.endswith((".pyc", ".pyo"))
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` ('/'-separated; ``**`` any number of folders, ``*`` and ``?`` within one
+    name) as a regular expression over '/'-separated relative paths."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]+/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _files_under(root: Path, folder: str) -> Iterable[str]:
+    """Every file below ``root``/``folder`` (relative, '/'-separated), leftovers skipped."""
+    for dirpath, dirnames, filenames in os.walk(root / folder):
+        dirnames[:] = sorted(d for d in dirnames if not _never_shipped(d))
+        for name in filenames:
+            if not _never_shipped(name):
+                yield (Path(dirpath) / name).relative_to(root).as_posix()
+
+
+def _glob(root: Path, pattern: str) -> set[str]:
+    """The files under ``root`` that ``pattern`` matches."""
+    parts = pattern.split("/")
+    literal = []
+    for part in parts:
+        if any(c in part for c in "*?"):
+            break
+        literal.append(part)
+    if len(literal) == len(parts):  # no wildcard: one file
+        return {pattern} if (root / pattern).is_file() else set()
+    regex = _glob_regex(pattern)
+    return {f for f in _files_under(root, "/".join(literal)) if regex.match(f)}
+
+
+def _module_name(path: str) -> str | None:
+    """``tandem/cli/main.py`` -> ``tandem.cli.main``, a package's __init__.py -> the package;
+    None for a file that is not a module."""
+    if not path.endswith(".py"):
+        return None
+    parts = path[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _refused_by(name: str, refused: Iterable[str]) -> str | None:
+    """The ``refused`` entry that covers the dotted ``name`` (itself or a parent), or None."""
+    return next((r for r in refused if name == r or name.startswith(r + ".")), None)
+
+
+def _shipped_paths(project: Project) -> list[str]:
+    """The files the ``ship`` globs select; BuildError for a glob that matches nothing."""
+    files: set[str] = set()
+    for pattern in project.ship:
+        matched = _glob(project.source_root, pattern)
+        if not matched:
+            raise BuildError(f"ship pattern {pattern!r} matches no file under "
+                             f"{project.source_root}")
+        files |= matched
+    return sorted(files)
+
+
+# --- the check: what ships imports only what ships ---------------------------------------
 
 
 def _module_path(root: Path, module: str) -> Path | None:
@@ -119,62 +204,66 @@ def _imported_names(module: str, path: Path) -> set[str]:
     return names
 
 
-def _our_packages(root: Path) -> set[str]:
-    return {p.parent.name for p in root.glob("*/__init__.py")}
+def _chains(graph: Mapping[str, set[str]]) -> dict[str, str]:
+    """For each module, the shortest chain of shipped imports reaching it from a module that
+    no shipped module imports (an entry point: ``tandem``, the CLI), as "m <- importer <- ..."."""
+    imported = set().union(*graph.values()) if graph else set()
+    via: dict[str, str | None] = {m: None for m in sorted(graph) if m not in imported}
+    todo = list(via)
+    for module in todo:  # breadth first: todo grows as modules are reached
+        for name in sorted(graph[module]):
+            if name not in via:
+                via[name] = module
+                todo.append(name)
+    out = {}
+    for module in graph:
+        links = [module]
+        while (importer := via.get(links[-1])) is not None:  # a tree: every link reached once
+            links.append(importer)
+        out[module] = " <- ".join(links)
+    return out
 
 
 def shipped_modules(project: Project) -> dict[str, Path]:
-    """Module name -> file, for the roots and everything of ours they import, transitively.
-    Raises BuildError on a missing root or a refused import (naming the chain)."""
+    """Module name -> file, for every module the wheel ships.
+
+    Raises BuildError, naming the chain of imports from an entry point, when a shipped
+    module imports a ``refused`` package (at the top, in a function, under TYPE_CHECKING),
+    or a module of the shipped packages that does not ship (the closure is incomplete: the
+    client would fail to import it), or when a refused module is itself selected."""
     root = project.source_root
-    ours = _our_packages(root)
-    found: dict[str, Path] = {}
-    parent: dict[str, str] = {}  # module -> the module that imported it (for errors)
-    todo = list(project.roots)
-    for name in todo:
-        if _module_path(root, name) is None:
-            raise BuildError(f"root {name!r} is not a module under {root}")
-
-    def chain(module: str) -> str:
-        links = [module]
-        while links[-1] in parent:
-            links.append(parent[links[-1]])
-        return " <- ".join(links)
-
-    while todo:
-        module = todo.pop()
-        if module in found:
-            continue
-        path = _module_path(root, module)
-        assert path is not None
-        found[module] = path
+    files = _shipped_paths(project)
+    modules = {m: root / f for f in files if (m := _module_name(f)) is not None}
+    tops = {m.partition(".")[0] for m in modules}
+    graph: dict[str, set[str]] = {}
+    problems: dict[str, list[str]] = {}
+    for module, path in modules.items():
+        if (entry := _refused_by(module, project.refused)) is not None:
+            raise BuildError(f"{path.relative_to(root).as_posix()} is selected by `ship` but "
+                             f"{entry} is refused in a client")
         parts = module.split(".")
-        imports = {".".join(parts[:i]) for i in range(1, len(parts))}  # parent packages
-        imports |= _imported_names(module, path)
-        for name in sorted(imports):
-            top = name.partition(".")[0]
-            if top in project.refused:
-                raise BuildError(f"{chain(module)} imports {name} (refused in a client)")
-            if top in ours and name not in found and _module_path(root, name) is not None:
-                parent.setdefault(name, module)
-                todo.append(name)
-    return dict(sorted(found.items()))
+        names = {".".join(parts[:i]) for i in range(1, len(parts))}  # parent packages
+        names |= _imported_names(module, path)
+        graph[module] = set()
+        for name in sorted(names):
+            if (entry := _refused_by(name, project.refused)) is not None:
+                problems.setdefault(module, []).append(f"{name} (refused in a client)")
+            elif name in modules:
+                graph[module].add(name)
+            elif name.partition(".")[0] in tops and _module_path(root, name) is not None:
+                problems.setdefault(module, []).append(f"{name}, which does not ship")
+    if problems:
+        chains = _chains(graph)
+        raise BuildError("\n".join(f"{chains[m]} imports {what}"
+                                    for m in sorted(problems) for what in problems[m]))
+    return dict(sorted(modules.items()))
 
 
 def shipped_files(project: Project) -> list[str]:
-    """Paths (relative to the source root, '/'-separated) of every file the wheel holds."""
-    root = project.source_root
-    files = set()
-    for path in shipped_modules(project).values():
-        files.add(path.relative_to(root).as_posix())
-        stub = path.with_suffix(".pyi")
-        if stub.is_file():
-            files.add(stub.relative_to(root).as_posix())
-    for name in project.data:
-        if not (root / name).is_file():
-            raise BuildError(f"data file {name!r} is not under {root}")
-        files.add(name)
-    return sorted(files)
+    """Paths (relative to the source root, '/'-separated) of every file the wheel holds,
+    after checking its modules (``shipped_modules``)."""
+    shipped_modules(project)
+    return _shipped_paths(project)
 
 
 # --- metadata -------------------------------------------------------------------------------
@@ -318,7 +407,7 @@ def build_sdist(sdist_directory: str, config_settings: Mapping[str, Any] | None 
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python tandem_client_backend.py [--modules]``: list what the wheel ships."""
+    """``python tandem_client_backend.py [--modules]``: check and list what the wheel ships."""
     project = load_project()
     items: Iterable[str] = (shipped_modules(project) if "--modules" in argv
                             else shipped_files(project))

@@ -1,4 +1,4 @@
-"""``tandem bench``: the serving benchmark (bench/serve.py) against any router, with a
+"""``tandem bench``: the serving benchmark (tandem/loadgen) against any router, with a
 progress bar, a summary table and, with ``--plot``, a PNG of latency distributions.
 
     tandem bench --target 127.0.0.1:50051 --rate 2 --num-requests 50 --mix mixed \\
@@ -11,7 +11,6 @@ behaves at that offered load, not how fast one client can push it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -19,14 +18,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.serve import add_load_args, parse_vocab
-from bench.serve_load import run_load
-from bench.serve_report import plot, table
-from bench.serve_stats import RequestResult, summarize
-from bench.serve_workload import MIXES, make_requests
 from tandem.cli.common import add_client_args, client_config_from_args
 from tandem.cli.main import has_package, missing_package
 from tandem.common.arg_parser import ArgParser
+from tandem.loadgen.report import plot, table
+from tandem.loadgen.run import add_load_args, parse_vocab, run_benchmark
+from tandem.loadgen.stats import RequestResult
 from tandem.sdk._channel import channel_credentials
 
 
@@ -49,17 +46,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = client_config_from_args(args)
-        vocab = parse_vocab(args.vocab)
+        parse_vocab(args.vocab)  # a malformed --vocab is a usage error, not a traceback
     except (ValueError, OSError) as err:
         parser.error(str(err))
     if args.num_requests < 1 or args.rate <= 0:
         parser.error("--num-requests must be >= 1 and --rate > 0")
     if args.plot is not None and not has_package("matplotlib"):
         parser.error(f"--plot {missing_package('matplotlib')}")
-    specs = make_requests(MIXES[args.mix], args.rate, args.num_requests, seed=args.seed,
-                          vocab=vocab, scale=args.scale)
     failures: list[str] = []
-    with tqdm(total=len(specs), desc="requests", unit="req", disable=args.no_progress,
+    with tqdm(total=args.num_requests, desc="requests", unit="req", disable=args.no_progress,
               dynamic_ncols=True) as bar:
 
         def progress(result: RequestResult) -> None:
@@ -68,12 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bar.set_postfix(failed=len(failures))
             bar.update(1)
 
-        results, duration = asyncio.run(run_load(
-            config.target, specs, model=args.model, api_key=config.api_key,
-            timeout_s=args.timeout, progress=progress,
-            credentials=channel_credentials(config),
-        ))
-    summary = summarize(results, duration, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
+        summary, results = run_benchmark(
+            config.target, args, model=args.model, api_key=config.api_key,
+            credentials=channel_credentials(config), progress=progress,
+        )
     print(table({args.label: summary}))
     for line in failures[:10]:
         print(f"failed: {line}")

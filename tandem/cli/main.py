@@ -38,12 +38,12 @@ COMMANDS = {
     "generate": ("tandem.cli.generate", "stream one completion from a router"),
     "chat": ("tandem.cli.chat", "an interactive chat with a router (reads stdin)"),
     "top": ("tandem.cli.top", "a live view of every worker: load, KV, latency, transfer"),
-    "bench": ("tandem.cli.bench", "a serving benchmark against a router (bench/serve.py)"),
+    "bench": ("tandem.cli.bench", "a serving benchmark against a router (tandem/loadgen)"),
     "profile": ("tandem.cli.profile", "measure a worker's step costs here (for tandem plan)"),
     "plan": ("tandem.cli.plan", "size P:D pools for a workload and SLO (simulated)"),
 }
 
-# What the tandem-client distribution ships (packaging/tandem-client/pyproject.toml's roots).
+# The commands the tandem-client distribution ships (packaging/tandem-client/pyproject.toml).
 CLIENT_COMMANDS = ("generate", "chat", "bench", "top")
 
 # Optional packages of the client commands: import name -> (distribution, tandem-client's

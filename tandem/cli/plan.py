@@ -92,7 +92,7 @@ def _profiles(args: argparse.Namespace):
 
 
 def _trace(args: argparse.Namespace):
-    from bench.serve_workload import scaled
+    from tandem.common.request_shapes import scaled
     from tandem.planner import workload
     from tandem.planner.trace import read_jsonl
 

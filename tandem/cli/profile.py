@@ -5,7 +5,7 @@
 
 Takes the workers' own engine flags (the same model, dtype, quantization, threads and chunk
 budget make the same costs), times engine steps of known shape, fits the step-cost model of
-tandem/planner/profile.py and writes it as JSON (bench/profile_engine.py says what is measured).
+tandem/planner/profile.py and writes it as JSON (tandem/profiler says what is measured).
 For hardware this machine lacks, ``tandem plan --device h100`` uses a datasheet roofline
 instead (tandem/planner/roofline.py).
 """
@@ -37,10 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure, fit, write; 2 on bad flags or a model that does not load."""
-    from bench.profile_engine import ProfileOptions, profile_engine
     from tandem.engine.cli_args import engine_config_from_args
     from tandem.engine.errors import ModelLoadError
     from tandem.engine.llm_engine import LLMEngine
+    from tandem.profiler.engine_profile import ProfileOptions, profile_engine
 
     parser = build_parser()
     args = parser.parse_args(argv)

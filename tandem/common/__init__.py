@@ -13,4 +13,5 @@
     gguf_metadata  a GGUF file's metadata without loading its tensors (the router's tokenizer)
     step_costs   a step's fitted cost (the engine fits it; placement and the simulator read it)
     warmup_plan  the synthetic warm-up steps (the engine runs them; the simulator mirrors them)
+    request_shapes  request kinds and length mixes (the load generator and the planner share them)
 """

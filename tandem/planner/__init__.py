@@ -3,12 +3,13 @@
     profile.py    what one worker costs: the step-cost model (linear, or a measured curve by
                   new tokens), KV capacity, KV transfer speed; JSON (tandem.profile/1)
     fit.py        fitting that model to timed engine steps (``tandem profile``,
-                  bench/profile_engine.py, does the timing)
+                  tandem/profiler, does the timing)
     roofline.py   profiles for hardware this machine does not have, from devices.py
                   (datasheet figures) and models.py (model shapes): estimates
     trace.py      a request trace (JSON lines): arrivals, lengths, shared prefixes
-    workload.py   trace generators: Poisson, bursty (MMPP), diurnal, multi-turn chat, and
-                  the serving benchmark's mixes (bench/ uses these same definitions)
+    workload.py   trace generators: Poisson, bursty (MMPP), diurnal, multi-turn chat, over
+                  the serving benchmark's request shapes (tandem/common/request_shapes.py,
+                  which the load generator tandem/loadgen sends too)
     sizing.py     first-guess pool sizes from a trace's token mix
     sim/          the discrete-event simulator: router (the real placement policy and cost
                   model, imported from tandem.placement), prefill and decode workers, KV

@@ -14,8 +14,8 @@ streams derived from the seed, so the same seed gives the same arrivals whatever
 Lengths come from a :class:`LengthMix`: request kinds with shares, each with inclusive
 uniform prompt and output ranges, and optionally ``prefix_groups`` shared system prompts of
 ``prefix_tokens`` tokens each, prepended to the prompt drawn (a request picks one group
-uniformly). The bench's mixes and chat shape are mirrored here by value (the planner must not
-import bench); keep them in step with bench/serve_workload.py and bench/serve_multiturn.py.
+uniformly). The kinds, mixes and chat shape are tandem/common/request_shapes.py's, the same
+ones the load generator (tandem/loadgen) sends.
 """
 
 from __future__ import annotations
@@ -25,92 +25,25 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+# The request shapes are shared with the load generator (one definition: the simulator
+# replays the same shapes the benchmark sends); re-exported here for the planner's users.
+from tandem.common.request_shapes import (
+    CHAT,
+    CHAT_SHAPE,
+    MIXED,
+    MIXES,
+    MULTITURN_KIND,
+    RAG,
+    ChatShape,
+    LengthMix,
+    RequestKind,
+    WorkloadError,
+)
 from tandem.planner.trace import TraceRequest, sorted_trace
 
-
-class WorkloadError(ValueError):
-    """Generator arguments that describe no workload (a rate <= 0, an empty range, ...)."""
-
-
-def _check_range(label: str, r: tuple[int, int]) -> None:
-    if not 1 <= r[0] <= r[1]:
-        raise WorkloadError(f"{label} range {r} must satisfy 1 <= low <= high")
-
-
-@dataclass(frozen=True, slots=True)
-class RequestKind:
-    """One request shape: token ranges (inclusive, uniform) and optional shared prefixes."""
-
-    name: str
-    prompt_tokens: tuple[int, int]  # the request's own part, after any shared prefix
-    output_tokens: tuple[int, int]
-    prefix_groups: int = 0  # distinct shared system prompts (0: nothing shared)
-    prefix_tokens: int = 0  # tokens in each shared system prompt
-
-    def __post_init__(self) -> None:
-        _check_range(f"{self.name} prompt", self.prompt_tokens)
-        _check_range(f"{self.name} output", self.output_tokens)
-        if self.prefix_groups < 0 or self.prefix_tokens < 0 or (
-                (self.prefix_groups > 0) != (self.prefix_tokens > 0)):
-            raise WorkloadError(f"{self.name}: prefix_groups and prefix_tokens are both > 0 "
-                                "or both 0")
-
-
-@dataclass(frozen=True, slots=True)
-class LengthMix:
-    """Request kinds and the share of each (shares > 0, summing to 1)."""
-
-    name: str
-    kinds: tuple[tuple[RequestKind, float], ...]
-
-    def __post_init__(self) -> None:
-        total = sum(share for _, share in self.kinds)
-        if not self.kinds or abs(total - 1.0) > 1e-6 or min(s for _, s in self.kinds) <= 0:
-            raise WorkloadError(f"mix {self.name!r}: shares must be > 0 and sum to 1, not {total}")
-
-
-# The serving benchmark's kinds and mixes (bench/serve_workload.py imports these), sized for
-# SmolLM2 on 2 CPU cores; bench --scale multiplies their lengths.
-RAG = RequestKind("rag", prompt_tokens=(768, 1024), output_tokens=(16, 32))
-CHAT = RequestKind("chat", prompt_tokens=(32, 96), output_tokens=(64, 128))
-MIXES: dict[str, LengthMix] = {
-    "mixed": LengthMix("mixed", ((RAG, 0.3), (CHAT, 0.7))),
-    "chat": LengthMix("chat", ((CHAT, 1.0),)),
-    "rag": LengthMix("rag", ((RAG, 1.0),)),
-}
-MIXED = MIXES["mixed"]
-
-
-@dataclass(frozen=True, slots=True)
-class ChatShape:
-    """A multi-turn workload's lengths (inclusive uniform ranges) and pacing.
-
-    The serving benchmark's multi-turn clients (bench/serve_multiturn.py) use the fields up
-    to ``think_s``.
-    ``reply_s_per_token`` is this trace's guess at how long a reply takes to stream: a trace
-    cannot know when the server finishes a reply, so turn k+1 arrives at turn k's arrival +
-    its output tokens x ``reply_s_per_token`` + an exponential think time of mean
-    ``think_s``. A simulator may re-time the turns of a ``conversation`` from the replies'
-    actual ends (the bench's clients do: their load is closed).
-    """
-
-    system_prompts: int = 4  # distinct shared system prompts
-    system_tokens: tuple[int, int] = (192, 256)
-    turns: tuple[int, int] = (3, 4)  # turns per conversation
-    user_tokens: tuple[int, int] = (16, 48)  # new tokens per user turn
-    output_tokens: tuple[int, int] = (32, 64)  # reply length
-    think_s: float = 1.0  # mean pause between a reply and the next user turn
-    reply_s_per_token: float = 0.02  # estimated streaming time per reply token (a TPOT)
-
-    def __post_init__(self) -> None:
-        for label in ("system_tokens", "turns", "user_tokens", "output_tokens"):
-            _check_range(label, getattr(self, label))
-        if self.system_prompts < 1 or self.think_s < 0 or self.reply_s_per_token < 0:
-            raise WorkloadError("need >= 1 system prompt, think_s and reply_s_per_token >= 0")
-
-
-CHAT_SHAPE = ChatShape()
-MULTITURN_KIND = "multiturn"
+__all__ = ["CHAT", "CHAT_SHAPE", "MIXED", "MIXES", "MULTITURN_KIND", "RAG", "ChatShape",
+           "LengthMix", "RequestKind", "TraceSummary", "WorkloadError", "diurnal", "mmpp",
+           "multiturn", "poisson", "rescale", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)

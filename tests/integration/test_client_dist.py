@@ -167,3 +167,19 @@ def test_client_venv_offers_the_client_commands_only(client_venv: ClientVenv) ->
     assert up.returncode == 2 and "pip install tandem-serve" in up.stderr
     bench = client_venv.run(client_venv.tandem, "bench", "--help")  # its extra is not here
     assert bench.returncode == 1 and "tandem-client[bench]" in bench.stderr
+
+
+def test_client_venv_holds_the_load_generator(client_venv: ClientVenv) -> None:
+    """``tandem bench``'s load generator comes with the wheel (no bench/ folder, no planner):
+    its aiohttp-free modules import and build a run's requests there."""
+    code = ("import json, sys\n"
+            "from tandem.loadgen import multiturn, stats, workload\n"
+            "specs = workload.make_requests(workload.MIXES['mixed'], 2.0, 5)\n"
+            "convs = multiturn.make_conversations(1.0, 6)\n"
+            "print(json.dumps({'specs': len(specs), 'turns': sum(len(c.turns) for c in convs),\n"
+            "                  'loaded': sorted(m for m in sys.modules if m.startswith('tandem.'))}))\n")
+    out = client_venv.run(client_venv.python, "-c", code)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["specs"] == 5 and got["turns"] == 6
+    assert not [m for m in got["loaded"] if m.startswith(("tandem.planner", "tandem.engine"))]

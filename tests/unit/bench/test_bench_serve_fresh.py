@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.serve_logs import PointLogs
-from bench.serve_stats import RequestResult
 from scripts import bench_serve
+from tandem.loadgen.stats import RequestResult
 
 
 class _Cluster:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from bench.planner_validation import TWO_WORKERS, add_sensitivity, compare, main, trace_of
-from bench.serve_workload import MIXES, make_requests
 from bench.step_overlap import overlap_table
 from bench.validation_inputs import host_sharing_of, served_overlaps, served_profiles
 from bench.validation_tables import profile_table, table, worker_table
+from tandem.loadgen.workload import MIXES, make_requests
 from tandem.placement.slo import Slo
 from tandem.planner.profile import Profile, StepCost, Transfer
 from tandem.planner.sim.host import HostSharing

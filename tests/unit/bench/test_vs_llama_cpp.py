@@ -13,11 +13,11 @@ from aiohttp import web
 
 from bench import llama_cpp
 from bench.llama_cpp import LlamaCpp
-from bench.serve_load import run_openai
-from bench.serve_workload import RequestSpec
 from bench.vs_llama_cpp import _row
 from bench.vs_llama_cpp_report import markdown, plot, table
 from bench.vs_llama_cpp_theirs import LlamaCppError, batched_bench, llama_bench
+from tandem.loadgen.load import run_openai
+from tandem.loadgen.workload import RequestSpec
 
 
 def _sse_app(seen: list[dict]) -> web.Application:

@@ -1,7 +1,8 @@
-"""packaging/tandem-client: the build backend ships exactly the client's modules, refuses an
-import of a server or ML package anywhere in them, and writes a wheel whose files are the
-repository's own bytes (so it and tandem-serve can share an environment), whose metadata
-requires grpcio and protobuf only, and which rebuilds identically from its sdist."""
+"""packaging/tandem-client: the build backend ships exactly the files its ``ship`` globs select,
+refuses to build when one of their modules imports a server or ML package anywhere or a module
+of ours that does not ship, and writes a wheel whose files are the repository's own bytes (so
+it and tandem-serve can share an environment), whose metadata requires grpcio and protobuf
+only, and which rebuilds identically from its sdist."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import ast
 import base64
 import hashlib
 import importlib.util
+import json
 import re
+import subprocess
 import sys
 import tarfile
 import zipfile
@@ -29,8 +32,13 @@ PACKAGING = ROOT / "packaging" / "tandem-client"
 # What a client may import besides the standard library: its dependencies and extras.
 ALLOWED = {"grpc", "google", "grpc_health", "aiohttp", "tqdm", "prometheus_client",
            "matplotlib", "yaml"}
-FORBIDDEN = {"torch", "ray", "kubernetes", "transformers", "engine", "router", "worker",
-             "kv_transfer", "prefill_worker", "decode_worker", "autoscaler"}
+FORBIDDEN = {"torch", "ray", "kubernetes", "transformers", "tandem.engine", "tandem.router",
+             "tandem.worker", "tandem.kv_transfer", "tandem.autoscaler", "tandem.launcher",
+             "tandem.planner", "tandem.profiler", "bench", "scripts"}
+
+
+def _forbidden(module: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in FORBIDDEN)
 
 
 @pytest.fixture(scope="module")
@@ -71,27 +79,102 @@ def test_ships_the_sdk_and_client_commands_and_nothing_heavy(backend: ModuleType
     sdk = {tandem._EXPORTS[name] for name in tandem.__all__}
     commands = {cli.COMMANDS[name][0] for name in cli.CLIENT_COMMANDS}
     assert sdk | commands | {"tandem.cli.main", "tandem.protos.v1.tandem_pb2"} <= set(modules)
-    assert not {m.partition(".")[0] for m in modules} & FORBIDDEN
-    server_only = {"tandem.launcher.local", "tandem.launcher", "tandem.cli.plan", "bench.engine"}
+    assert not [m for m in modules if _forbidden(m)]
+    server_only = {"tandem.launcher.local", "tandem.launcher", "tandem.cli.plan",
+                   "tandem.cli.profile", "tandem.planner.workload", "bench.engine"}
     assert not server_only & set(modules)
     ours = {m.partition(".")[0] for m in modules}
     imports = set().union(*(_third_party(p) for p in modules.values())) - ours
     assert imports <= ALLOWED, imports - ALLOWED
 
 
+def test_what_the_client_commands_load_is_shipped(backend: ModuleType) -> None:
+    """The check is static; this runs the client's entry points in a fresh interpreter and
+    finds every module of ours they load among the shipped ones."""
+    modules = backend.shipped_modules(backend.load_project())
+    code = (
+        "import json, sys, tandem, tandem.cli.main\n"
+        "[getattr(tandem, name) for name in tandem.__all__]\n"
+        "for name in tandem.cli.main.CLIENT_COMMANDS:\n"
+        "    __import__(tandem.cli.main.COMMANDS[name][0])\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'tandem')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, cwd=ROOT)
+    loaded = set(json.loads(out.stdout))
+    assert "tandem.loadgen.load" in loaded  # tandem bench's load generator, from the wheel
+    namespaces = {m for m in loaded if m not in modules
+                  and backend._module_path(backend.load_project().source_root, m) is None}
+    assert loaded - namespaces <= set(modules), loaded - namespaces - set(modules)
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+
+
+def _project(backend: ModuleType, root: Path, *ship: str) -> Any:
+    return backend.Project(project={"name": "x", "version": "1"}, source_root=root,
+                           ship=ship, refused=("torch", "pkg.server"))
+
+
 def test_a_refused_import_anywhere_stops_the_build(backend: ModuleType, tmp_path: Path) -> None:
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from pkg import b\n")
-    (pkg / "b.py").write_text("def f():\n    import torch.nn\n")  # a lazy import counts
-    project = backend.Project(project={"name": "x", "version": "1"}, source_root=tmp_path,
-                              roots=("pkg.a",), refused=frozenset({"torch"}), data=())
+    _package(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg import b\n",
+                        "pkg/b.py": "def f():\n    import torch.nn\n"})  # a lazy import counts
+    project = _project(backend, tmp_path, "pkg/**")
     with pytest.raises(backend.BuildError, match=r"pkg\.b <- pkg\.a imports torch\.nn"):
         backend.shipped_modules(project)
-    (pkg / "b.py").write_text("from . import c\n")  # relative imports are followed too
-    (pkg / "c.py").write_text("import os\n")
+    (tmp_path / "pkg/b.py").write_text("from . import server\n")  # relative: resolved too
+    (tmp_path / "pkg/server.py").write_text("")
+    with pytest.raises(backend.BuildError, match=r"pkg\.b <- pkg\.a imports pkg\.server"):
+        backend.shipped_modules(_project(backend, tmp_path, "pkg/__init__.py", "pkg/a.py",
+                                         "pkg/b.py"))
+    with pytest.raises(backend.BuildError, match=r"pkg/server\.py is selected .* refused"):
+        backend.shipped_modules(project)  # a refused module selected by a glob
+    (tmp_path / "pkg/b.py").write_text("from . import c\n")
+    (tmp_path / "pkg/c.py").write_text("import os\n")
+    project = _project(backend, tmp_path, "pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py")
     assert set(backend.shipped_modules(project)) == {"pkg", "pkg.a", "pkg.b", "pkg.c"}
+
+
+def test_an_import_of_ours_that_does_not_ship_stops_the_build(
+    backend: ModuleType, tmp_path: Path
+) -> None:
+    """The globs select; the check proves the selection imports completely (relative imports
+    and parent packages included), naming the chain from an entry point."""
+    _package(tmp_path, {"pkg/__init__.py": "", "pkg/cli.py": "import pkg.sub.load\n",
+                        "pkg/sub/__init__.py": "", "pkg/sub/load.py": "from . import stats\n",
+                        "pkg/sub/stats.py": "import json\n", "pkg/other.py": ""})
+    with pytest.raises(backend.BuildError,
+                       match=r"pkg\.sub\.load <- pkg\.cli imports pkg\.sub\.stats, which does "
+                             r"not ship"):
+        backend.shipped_modules(_project(backend, tmp_path, "pkg/__init__.py", "pkg/cli.py",
+                                         "pkg/sub/__init__.py", "pkg/sub/load.py"))
+    with pytest.raises(backend.BuildError, match=r"pkg\.cli imports pkg\.sub, which does not"):
+        backend.shipped_modules(_project(backend, tmp_path, "pkg/__init__.py", "pkg/cli.py",
+                                         "pkg/sub/load.py", "pkg/sub/stats.py"))
+    project = _project(backend, tmp_path, "pkg/__init__.py", "pkg/cli.py", "pkg/sub/**")
+    assert set(backend.shipped_modules(project)) == {"pkg", "pkg.cli", "pkg.sub",
+                                                     "pkg.sub.load", "pkg.sub.stats"}
+
+
+def test_ship_globs_select_files_and_skip_build_leftovers(
+    backend: ModuleType, tmp_path: Path
+) -> None:
+    _package(tmp_path, {"pkg/__init__.py": "", "pkg/py.typed": "", "pkg/a.py": "",
+                        "pkg/deep/x/b.py": "", "pkg/deep/x/b.pyi": "",
+                        "pkg/__pycache__/a.cpython-311.pyc": "", "pkg/deep/a.pyc": "",
+                        "pkg/.hidden.py": "", "pkg/ab.py": ""})
+    files = backend.shipped_files(_project(backend, tmp_path, "pkg/**"))
+    assert files == ["pkg/__init__.py", "pkg/a.py", "pkg/ab.py", "pkg/deep/x/b.py",
+                     "pkg/deep/x/b.pyi", "pkg/py.typed"]
+    assert backend.shipped_files(_project(backend, tmp_path, "pkg/?.py", "pkg/__init__.py")) == [
+        "pkg/__init__.py", "pkg/a.py"]
+    assert backend.shipped_files(_project(backend, tmp_path, "pkg/**/*.pyi")) == [
+        "pkg/deep/x/b.pyi"]
+    with pytest.raises(backend.BuildError, match=r"'pkg/nope\.py' matches no file"):
+        backend.shipped_files(_project(backend, tmp_path, "pkg/**", "pkg/nope.py"))
 
 
 def _wheel_files(path: Path) -> dict[str, bytes]:
@@ -111,6 +194,7 @@ def test_wheel_is_the_repositorys_files_with_lean_metadata(
         assert (ROOT / name).read_bytes() == data, name
     assert {"tandem/py.typed", "tandem/protos/py.typed", "tandem/protos/v1/tandem_pb2.pyi"} <= set(
         sources)
+    assert not [n for n in sources if "__pycache__" in n or n.endswith(".pyc")]
     # RECORD lists every other file with its sha256 and size.
     record = files[info + "RECORD"].decode().splitlines()
     assert len(record) == len(files)
@@ -163,7 +247,13 @@ def test_tandem_serve_ships_every_client_file_too(
     include = serve["tool"]["setuptools"]["packages"]["find"]["include"]
     package_data = serve["tool"]["setuptools"]["package-data"]
     for name in backend.shipped_files(backend.load_project()):
-        top, _, rest = name.partition("/")
-        assert any(fnmatch(top, pattern) for pattern in include), name
+        folder, _, filename = name.rpartition("/")
+        package = folder.replace("/", ".")  # setuptools finds namespace packages too
+        assert any(fnmatch(package, pattern) for pattern in include), name
         if not name.endswith(".py"):
-            assert any(fnmatch(rest, p) for p in package_data.get(top, ())), name
+            # package-data: {package: [patterns relative to its folder]}; a parent's may
+            # reach into a subfolder ("tandem.protos": "v1/*.pyi").
+            owners = [(p, pattern) for p, patterns in package_data.items()
+                      for pattern in patterns
+                      if name.startswith(p.replace(".", "/") + "/")]
+            assert any(fnmatch(name[len(p) + 1:], pattern) for p, pattern in owners), name

@@ -1,31 +1,34 @@
-"""Serving benchmark: Poisson arrivals of a workload mix against a Tandem endpoint.
+"""One load run: the flags that describe it, and running it against a Tandem endpoint.
 
-    python -m bench.serve --target 127.0.0.1:50051 --mix mixed --rate 0.3 --num-requests 60
+``tandem bench`` (tandem/cli/bench.py) and ``scripts/bench_serve.py`` (disaggregated vs
+colocated serving on one machine) share these: the same ``--mix``, ``--rate``,
+``--num-requests``, ``--seed``, ``--scale``, ``--vocab``, SLO targets and per-request
+deadline, so a run means the same thing from either.
 
-Prints TTFT, TPOT, ITL and E2E at p50/p90/p99, throughput and goodput (the share of requests
-meeting both the TTFT and the TPOT target). ``--json`` writes the summary and the per-request
-records. To compare disaggregated with colocated serving on one machine, see
-``scripts/bench_serve.py``, which starts both setups and runs this load against each.
+    add_load_args      the shared flags
+    parse_vocab        ``--vocab LO,HI`` -> (LO, HI)
+    run_benchmark      Poisson arrivals of a mix against a target: summary + per-request records
+    progress_printer   one stderr line per finished request (for scripts without a progress bar)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bench.serve_load import run_load
-from bench.serve_report import table
-from bench.serve_stats import RequestResult, summarize
-from bench.serve_workload import MIXES, make_requests
+from tandem.loadgen.load import run_load
+from tandem.loadgen.stats import RequestResult, summarize
+from tandem.loadgen.workload import MIXES, make_requests
+
+if TYPE_CHECKING:
+    import grpc
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
-    """Flags shared by this script, scripts/bench_serve.py and ``tandem bench``."""
+    """Flags shared by ``tandem bench`` and scripts/bench_serve.py."""
     p.add_argument("--mix", default="mixed", choices=sorted(MIXES), help="workload mix")
     p.add_argument("--rate", type=float, default=0.3, help="mean arrivals per second")
     p.add_argument("--num-requests", type=int, default=60)
@@ -47,17 +50,24 @@ def run_benchmark(
     target: str,
     args: argparse.Namespace,
     *,
+    model: str = "",
     api_key: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
     progress: Callable[[RequestResult], None] | None = None,
 ) -> tuple[dict[str, object], list[RequestResult]]:
-    """One load run against ``target`` with the flags of ``add_load_args``; summary + records."""
+    """One load run against ``target`` with the flags of ``add_load_args``; summary + records.
+
+    ``model`` "" asks for the served one; ``credentials`` make the channel TLS (None:
+    plaintext). ValueError on flags that describe no load (a rate <= 0, a bad vocab range).
+    """
     specs = make_requests(
         MIXES[args.mix], args.rate, args.num_requests, seed=args.seed,
         vocab=parse_vocab(args.vocab), scale=args.scale,
     )
-    results, duration = asyncio.run(
-        run_load(target, specs, api_key=api_key, timeout_s=args.timeout, progress=progress)
-    )
+    results, duration = asyncio.run(run_load(
+        target, specs, model=model, api_key=api_key, timeout_s=args.timeout, progress=progress,
+        credentials=credentials,
+    ))
     summary = summarize(results, duration, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
     return summary, results
 
@@ -76,28 +86,3 @@ def progress_printer(label: str, total: int) -> Callable[[RequestResult], None]:
               file=sys.stderr, flush=True)
 
     return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
-    p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
-                                allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="router HOST:PORT")
-    p.add_argument("--label", default="tandem", help="column title in the table")
-    p.add_argument("--json", type=Path, default=None, help="write summary + records here")
-    add_load_args(p)
-    args = p.parse_args(argv)
-
-    summary, results = run_benchmark(
-        args.target, args, progress=progress_printer(args.label, args.num_requests)
-    )
-    print(table({args.label: summary}))
-    if args.json is not None:
-        args.json.write_text(json.dumps(
-            {"summary": summary, "records": [asdict(r) for r in results]}, indent=1))
-    return 0 if summary["failed"] == 0 else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

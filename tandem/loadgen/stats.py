@@ -5,7 +5,7 @@
     TPOT  (E2E - TTFT) / (output tokens - 1)       (one number per request)
     E2E   send -> last token
     goodput  requests/s that met both the TTFT and the TPOT target
-    SLO attainment  the share of sent requests that met both (bench/serve_sweep.py)
+    SLO attainment  the share of sent requests that met both (tandem/loadgen/sweep.py)
 """
 
 from __future__ import annotations

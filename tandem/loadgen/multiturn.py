@@ -10,7 +10,7 @@ Each prompt extends the previous one with the tokens the server actually returne
 prefix cache can serve all of it but the new user tokens; and once the K system prompts are
 warm, even a conversation's first turn is mostly cached. The replies are only known at run
 time: this module plans what the client will say and when; ``next_prompt`` assembles a turn
-from the previous one (bench/serve_load.py's ``run_conversations`` drives it).
+from the previous one (tandem/loadgen/load.py's ``run_conversations`` drives it).
 
 Conversation starts are a Poisson process at the rate that makes the overall request rate
 ``rate`` (turns are sent as fast as replies allow); a turn is sent an exponential think time
@@ -23,12 +23,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from bench.serve_workload import check_load, scale_range
-from tandem.planner.workload import CHAT_SHAPE, ChatShape  # one shape for the bench and the planner
+# One chat shape for the load generator and the planner's simulator.
+from tandem.common.request_shapes import CHAT_SHAPE, MULTITURN_KIND, ChatShape, scale_range
+from tandem.loadgen.workload import check_load
 
-KIND = "multiturn"  # RequestResult.kind of every turn
-
-
+KIND = MULTITURN_KIND  # RequestResult.kind of every turn
 
 
 @dataclass(frozen=True, slots=True)

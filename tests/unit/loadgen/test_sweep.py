@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serve_report import plot_sweep, sweep_table, turn_table
-from bench.serve_stats import RequestResult, attainment
-from bench.serve_sweep import max_rate, parse_mixes, parse_rates, sweep_points
+from tandem.loadgen.report import plot_sweep, sweep_table, turn_table
+from tandem.loadgen.stats import RequestResult, attainment
+from tandem.loadgen.sweep import max_rate, parse_mixes, parse_rates, sweep_points
 
 
 def _result(ttft: float, tpot: float, ok: bool = True, n: int = 11) -> RequestResult:

@@ -1,5 +1,5 @@
-"""Tables and plots of serving-benchmark summaries (see bench/serve_stats.py) and of rate
-sweeps (bench/serve_sweep.py)."""
+"""Tables and plots of serving-benchmark summaries (see tandem/loadgen/stats.py) and of rate
+sweeps (tandem/loadgen/sweep.py); matplotlib is imported only when a plot is drawn."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.serve_stats import RequestResult
-from bench.serve_sweep import TARGET, MaxRate, max_rate
+from tandem.loadgen.stats import RequestResult
+from tandem.loadgen.sweep import TARGET, MaxRate, max_rate
 
 # setup -> mix -> [(rate, SLO attainment)]
 Curves = dict[str, dict[str, list[tuple[float, float]]]]

@@ -8,7 +8,7 @@ A mix blends two request kinds, the two shapes that matter for disaggregation:
 Arrivals are a Poisson process (exponential gaps at ``rate`` requests/s). Prompts are random
 token ids (fixed seed), so every run of a mix sends the same requests and no two requests share
 a prefix by accident: prefix caching does not flatter either setup. (The multi-turn chat
-workload, where sharing prefixes is the point, is bench/serve_multiturn.py.)
+workload, where sharing prefixes is the point, is tandem/loadgen/multiturn.py.)
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-# The request kinds and mixes are the planner's (one definition: the simulator replays the
-# same shapes the benchmark sends).
-from tandem.planner.workload import CHAT, MIXES, RAG, RequestKind
-from tandem.planner.workload import LengthMix as WorkloadMix
+# The request kinds and mixes are shared with the planner (one definition: the simulator
+# replays the same shapes the benchmark sends).
+from tandem.common.request_shapes import CHAT, MIXES, RAG, RequestKind, scale_range, scaled
+from tandem.common.request_shapes import LengthMix as WorkloadMix
 
 __all__ = ["CHAT", "MIXES", "RAG", "RequestKind", "RequestSpec", "WorkloadMix", "make_requests",
            "scaled", "scale_range", "check_load"]
@@ -34,18 +34,6 @@ class RequestSpec:
     kind: str
     prompt_ids: tuple[int, ...]
     max_tokens: int
-
-
-def scale_range(r: tuple[int, int], scale: float) -> tuple[int, int]:
-    """An inclusive length range multiplied by ``scale`` (at least one token)."""
-    return max(1, round(r[0] * scale)), max(1, round(r[1] * scale))
-
-
-def scaled(kind: RequestKind, scale: float) -> RequestKind:
-    """``kind`` with every length multiplied by ``scale`` (at least one token)."""
-    return RequestKind(
-        kind.name, scale_range(kind.prompt_tokens, scale), scale_range(kind.output_tokens, scale)
-    )
 
 
 def check_load(rate: float, num_requests: int, vocab: tuple[int, int]) -> None:

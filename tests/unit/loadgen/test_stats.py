@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from bench.serve_report import table
-from bench.serve_stats import RequestResult, percentile, summarize
-from bench.serve_workload import MIXES, make_requests
+from tandem.loadgen.report import table
+from tandem.loadgen.stats import RequestResult, percentile, summarize
+from tandem.loadgen.workload import MIXES, make_requests
 
 
 def test_requests_are_reproducible_and_poisson() -> None:
@@ -68,8 +68,8 @@ def test_a_worker_s_activity_comes_from_its_own_metrics_text() -> None:
     """The counters are read off what a worker's /metrics renders (the names must match)."""
     from prometheus_client import generate_latest
 
-    from bench.serve_stats import worker_activity, worker_counters
     from tandem.engine.outputs import EngineStats
+    from tandem.loadgen.stats import worker_activity, worker_counters
     from tandem.worker.metrics import TransferTotals, WorkerMetrics
 
     def scrape(steps: int, tokens: int, step_s: list[float], m: WorkerMetrics) -> dict:

@@ -1,13 +1,15 @@
-"""bench/profile_engine.py and ``tandem profile``: a measured profile of a real (tiny) engine."""
+"""tandem/profiler (engine_profile, engine_steps) and ``tandem profile``: a measured profile of
+a real (tiny) engine."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench.profile_engine import ProfileOptions, measure_decode, profile_engine
 from tandem.cli.profile import main as profile_main
 from tandem.planner.profile import Profile
+from tandem.profiler.engine_profile import ProfileOptions, profile_engine
+from tandem.profiler.engine_steps import measure_decode
 
 
 def test_profile_of_a_tiny_engine_is_fitted_from_its_own_steps(make_engine, tiny_dir) -> None:

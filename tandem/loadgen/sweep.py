@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.serve_load import Progress, run_conversations, run_load
-from bench.serve_multiturn import KIND as MULTITURN
-from bench.serve_multiturn import make_conversations
-from bench.serve_stats import RequestResult
-from bench.serve_workload import MIXES, make_requests
+from tandem.loadgen.load import Progress, run_conversations, run_load
+from tandem.loadgen.multiturn import KIND as MULTITURN
+from tandem.loadgen.multiturn import make_conversations
+from tandem.loadgen.stats import RequestResult
+from tandem.loadgen.workload import MIXES, make_requests
 
 SWEEP_MIXES = (*sorted(MIXES), MULTITURN)
 TARGET = 0.9  # DistServe's attainment bar

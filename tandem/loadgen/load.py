@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 import aiohttp
 import grpc
 
-from bench.serve_multiturn import KIND, Conversation, next_prompt
-from bench.serve_stats import RequestResult
-from bench.serve_workload import RequestSpec
 from tandem.common.security.credential import ClusterCredential
 from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.loadgen.multiturn import KIND, Conversation, next_prompt
+from tandem.loadgen.stats import RequestResult
+from tandem.loadgen.workload import RequestSpec
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 Progress = Callable[[RequestResult], None]

@@ -7,9 +7,9 @@ import asyncio
 import grpc
 import pytest
 
-from bench.serve_load import run_conversations
-from bench.serve_multiturn import ChatShape, make_conversations, next_prompt
-from bench.serve_stats import by_turn, summarize
+from tandem.loadgen.load import run_conversations
+from tandem.loadgen.multiturn import ChatShape, make_conversations, next_prompt
+from tandem.loadgen.stats import by_turn, summarize
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 
 
