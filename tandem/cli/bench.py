@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     if args.num_requests < 1 or args.rate <= 0:
         parser.error("--num-requests must be >= 1 and --rate > 0")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        parser.error("--max-concurrency must be >= 1")
     if args.plot is not None and not has_package("matplotlib"):
         parser.error(f"--plot {missing_package('matplotlib')}")
     failures: list[str] = []

@@ -94,15 +94,22 @@ async def _paced(
     specs: Sequence[RequestSpec],
     run_one: Callable[[RequestSpec, float], object],
     progress: Progress | None,
+    max_concurrency: int | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Send each spec at its arrival time (open loop); returns results and wall seconds."""
+    """Send each spec at its arrival time (open loop), and with ``max_concurrency`` only once
+    fewer than that many are in flight (vLLM's ``--max-concurrency``: with every arrival at 0,
+    a closed loop of that many users); returns results and wall seconds."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError("max_concurrency must be >= 1")
     t0 = time.perf_counter()
+    slots = asyncio.Semaphore(max_concurrency or len(specs) or 1)
 
     async def at_arrival(spec: RequestSpec) -> RequestResult:
         delay = spec.arrival_s - (time.perf_counter() - t0)
         if delay > 0:
             await asyncio.sleep(delay)  # the arrival process itself, not a wait on state
-        result = await run_one(spec, t0)  # type: ignore[misc]
+        async with slots:
+            result = await run_one(spec, t0)  # type: ignore[misc]
         if progress is not None:
             progress(result)
         return result
@@ -120,14 +127,16 @@ async def run_load(
     timeout_s: float = 600.0,
     progress: Progress | None = None,
     credentials: grpc.ChannelCredentials | None = None,
+    max_concurrency: int | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Open-loop load on a router's ``Generate``; returns per-request results and wall time."""
+    """Open-loop load on a router's ``Generate`` (at most ``max_concurrency`` in flight when
+    given); returns per-request results and wall time."""
     async with _channel(target, credentials) as channel:
         stub = tandem_pb2_grpc.TandemStub(channel)
         return await _paced(
             specs,
             lambda spec, t0: _one(stub, spec, t0, model, api_key, timeout_s),
-            progress,
+            progress, max_concurrency,
         )
 
 
@@ -145,9 +154,11 @@ async def run_openai(
     api_key: str | None = None,
     timeout_s: float = 600.0,
     progress: Progress | None = None,
+    max_concurrency: int | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Open-loop load on ``base_url``'s streaming ``/v1/completions`` (prompts sent as token
-    ids, greedy, ``ignore_eos``: every request runs to its ``max_tokens``); results + wall time.
+    ids, greedy, ``ignore_eos``: every request runs to its ``max_tokens``; at most
+    ``max_concurrency`` in flight when given); results + wall time.
 
     A token's time is its SSE chunk's arrival; the count is the server's ``usage`` when it
     sends one (a chunk may carry more than one token, or none while text is held back).
@@ -158,7 +169,7 @@ async def run_openai(
     async with aiohttp.ClientSession(base_url, connector=connector, timeout=timeout,
                                      headers=headers) as session:
         return await _paced(specs, lambda spec, t0: _openai_one(session, spec, t0, model),
-                            progress)
+                            progress, max_concurrency)
 
 
 async def _openai_one(

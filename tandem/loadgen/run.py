@@ -38,6 +38,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT target, seconds")
     p.add_argument("--slo-tpot", type=float, default=0.25, help="TPOT target, seconds")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request deadline, seconds")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="at most this many requests in flight: a request waits for its arrival "
+                   "and a free slot (with --rate inf, a closed loop of this many users)")
 
 
 def parse_vocab(text: str) -> tuple[int, int]:
@@ -66,7 +69,7 @@ def run_benchmark(
     )
     results, duration = asyncio.run(run_load(
         target, specs, model=model, api_key=api_key, timeout_s=args.timeout, progress=progress,
-        credentials=credentials,
+        credentials=credentials, max_concurrency=args.max_concurrency,
     ))
     summary = summarize(results, duration, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
     return summary, results
