@@ -107,12 +107,14 @@ def wait_http_ok(url: str, alive, timeout_s: float, what: str) -> None:
 
 @contextmanager
 def llama_server(lc: LlamaCpp, gguf: Path, threads: int, slots: int,
-                 wrap: Sequence[str] = (), timeout_s: float = 300.0) -> Iterator[str]:
-    """Run llama-server until the block ends; yields its base URL (``http://host:port``)."""
+                 wrap: Sequence[str] = (), timeout_s: float = 300.0,
+                 slot_ctx: int = SLOT_CTX) -> Iterator[str]:
+    """Run llama-server until the block ends (``slots`` parallel sequences of ``slot_ctx``
+    tokens each); yields its base URL (``http://host:port``)."""
     port = free_port()
     log = tempfile.TemporaryFile("w+")
     cmd = [*wrap, str(lc.server), "-m", str(gguf), "-t", str(threads), "-np", str(slots),
-           "-cb", "-c", str(slots * SLOT_CTX), "--host", "127.0.0.1", "--port", str(port)]
+           "-cb", "-c", str(slots * slot_ctx), "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
