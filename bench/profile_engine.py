@@ -125,7 +125,7 @@ def measure_decode(engine, params, rows: Sequence[int], prompts: Sequence[int], 
     while their rows finished: 11-13 steps of each of run 25's profiles ran 17-41 rows as
     "32" or "64", which pulled the fitted cost per context token from ~5 us to 1)."""
     vocab = engine.arch.vocab_size
-    cache = engine.kv_cache
+    cache = engine.runner.kv_cache
     capacity = cache.shape[2] * cache.shape[3]  # tokens: [layers, 2, blocks, block_size, ..]
     budget = max(engine.config.scheduler.max_num_batched_tokens, 1)
     samples = []
@@ -264,7 +264,7 @@ def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
              f"{transfer.latency_s * 1e3:.1f} ms")
     else:
         transfer = Transfer(bandwidth_bytes_per_s=1e9, latency_s=0.0)
-    cache = engine.kv_cache
+    cache = engine.runner.kv_cache
     kv_tokens = cache.shape[2] * cache.shape[3]  # [layers, 2, blocks, block_size, ...]
     per_token = cache.numel() * cache.element_size() // kv_tokens
     threads = engine.config.model.num_threads

@@ -70,16 +70,16 @@ def test_cuda_sampling_seeded_and_handoff(tiny_dir, make_engine) -> None:
     assert _run(prefill, [prompt], p) == _run(prefill, _prompts([4, 8]) + [prompt], p)[-1:]
     expected = _run(prefill, [prompt])[0]
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    rid = prefill.add_request(prompt, one, request_id="h", hold_kv=True)
+    rid = prefill.remote.prefill.add(prompt, one, request_id="h")
     first = None
     while prefill.has_unfinished():
         for out in prefill.step():
             first = out.token_ids[0]
-    src = prefill.held_block_ids(rid)
-    dst = decode.reserve_remote("h", prompt, GREEDY).fill_block_ids
+    src = prefill.remote.prefill.held_block_ids(rid)
+    dst = decode.remote.decode.reserve("h", prompt, GREEDY).fill_block_ids
     copy_blocks(prefill, src, decode, dst)
-    prefill.release(rid)
-    tokens = list(decode.commit_remote("h", first).new_token_ids)
+    prefill.remote.prefill.release(rid)
+    tokens = list(decode.remote.decode.commit("h", first).new_token_ids)
     while decode.has_unfinished():
         for out in decode.step():
             tokens += out.new_token_ids

@@ -72,8 +72,8 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
         metrics.borrowed_steps = lambda: lent.borrowed_steps
     release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
-    layout = kv_layout(engine.kv_cache_spec())
-    receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(
+    layout = kv_layout(engine.remote.kv_cache_spec())
+    receiver = Receiver(engine.remote.kv_cache, layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
         enable_shm=wc.kv_shm, tls=wc.kv_tls))
     try:

@@ -4,13 +4,14 @@ A request's life on this worker (DESIGN.md section 2). The reservation's one rec
 engine's ledger (tandem/engine/core/remote_kv.py), named by the transfer id minted here at Reserve
 and kept on the request's ``RequestStream``; receiver events map to requests through it.
 
-    Reserve ──> engine.reserve_remote(transfer_id): the prompt's cached prefix + blocks for the
-            rest; receiver.reserve(lease) on those only (a push never writes a shared block)
+    Reserve ──> engine.remote.decode.reserve(transfer_id): the prompt's cached prefix + blocks
+            for the rest; receiver.reserve(lease) on those only (a push never writes a shared
+            block)
             ──> RESERVED (the reply says how many prompt tokens were cached)
-    RESERVED ──Committed──> engine.commit_remote: joins the running batch at the next step
-             ──Aborted / Expired──> engine.end_remote: blocks freed, stream ends with an error
+    RESERVED ──Committed──> remote.decode.commit_forked: joins the running batch next step
+             ──Aborted / Expired──> remote.decode.end: blocks freed, the stream ends (error)
              ──Abort──> receiver.release, then engine.abort
-             ──PrefillLocal──> receiver.release, then engine.prefill_reserved_locally (same id)
+             ──PrefillLocal──> receiver.release, then remote.decode.prefill_locally (same id)
     RUNNING  ──tokens──> RequestStream ──> Decode RPC (one reader)
     Decode cancelled by its client ──> engine.abort (blocks back to the pool)
 
@@ -152,7 +153,8 @@ class DecodeWorker:
         try:
             await self._ae.prepare(params)
             granted = await self._ae.call(
-                lambda e: e.reserve_remote(rid, tokens, params, prior, transfer_id=tid, n=n),
+                lambda e: e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
+                                                  n=n),
                 stream=[s.request_id for s in group],
             )
         except BaseException as exc:
@@ -162,7 +164,7 @@ class DecodeWorker:
         try:
             self._receiver.reserve(tid, block_ids, lease)
         except BaseException as exc:
-            await self._ae.call(lambda e: e.end_remote(tid))  # never leased: nothing written
+            await self._ae.call(lambda e: e.remote.decode.end(tid))  # never leased: unwritten
             self._fail(group, exc)
             raise
         for stream in group:
@@ -217,7 +219,7 @@ class DecodeWorker:
         # release before free: no frame lands in the blocks once this returns
         self._receiver.release(group[0].transfer_id, "prefilled locally by the decode worker")
         try:
-            await self._ae.call(lambda e: e.prefill_reserved_locally(rid))
+            await self._ae.call(lambda e: e.remote.decode.prefill_locally(rid))
         except UnknownRequestError:
             raise WrongState(f"request {rid!r} has no pending reservation "
                              "(already committed, prefilled or ended)") from None
@@ -294,7 +296,8 @@ class DecodeWorker:
         if isinstance(event, Committed):
             try:
                 outs = await self._ae.call(
-                    lambda e: e.commit_forked(tid, event.first_tokens, event.first_logprobs)
+                    lambda e: e.remote.decode.commit_forked(tid, event.first_tokens,
+                                                            event.first_logprobs)
                 )
             except Exception as exc:  # a first token outside the vocabulary, a wrong count
                 self._count_commit(event)
@@ -321,7 +324,7 @@ class DecodeWorker:
 
     async def _end(self, transfer_id: str, why: TransferEnded) -> None:
         """A transfer that will not commit: the engine frees its reservation, if still live."""
-        out = await self._ae.call(lambda e: e.end_remote(transfer_id))
+        out = await self._ae.call(lambda e: e.remote.decode.end(transfer_id))
         if out is None:
             log.debug("transfer %s ended after its reservation: %s", transfer_id, why)
             return

@@ -51,8 +51,8 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
         raise StartupError(str(exc)) from exc
     ae = AsyncEngine(engine, on_step=metrics.observe_step,
                      on_busy=lender.set_busy if lender is not None else None)
-    layout = kv_layout(engine.kv_cache_spec())
-    sender = Sender(engine.kv_cache, layout,
+    layout = kv_layout(engine.remote.kv_cache_spec())
+    sender = Sender(engine.remote.kv_cache, layout,
                     SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls))
     worker = PrefillWorker(ae, sender, PrefillConfig(
         worker_id=wc.resolved_worker_id("prefill"),

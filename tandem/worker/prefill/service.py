@@ -1,12 +1,12 @@
 """The prefill worker's logic: prefill a prompt, push its KV, commit the first token.
 
-    Prefill ──> check layout, endpoint, blocks ──> engine.add_request(hold_kv, max_tokens=1)
+    Prefill ──> check layout, endpoint, blocks ──> engine.remote.prefill.add(max_tokens=1)
             ──> layer hook: LayerPush opens the transfer and ships each layer as it lands
                 (the blocks after ``skip_tokens``: the decode worker caches the ones before)
             ──> first token sampled ──> COMMIT (ACK) ──> reply first token and timings
                 (a forked request, ``n`` > 1: the prompt computed and pushed once, n first
                 tokens sampled from its last row, sequence j with seed + j; one COMMIT)
-                (meanwhile, between engine steps, engine.release: blocks back to the pool,
+                (meanwhile, between engine steps, remote.prefill.release: blocks back to the pool,
                 still prefix-cached; the reply never waits for the engine's current step)
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
 
@@ -22,15 +22,14 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
-import torch
 
 from tandem.common.obs import tracing
 from tandem.common.wire import MAX_SEQUENCES
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.core.request import sequence_id
+from tandem.engine.kv_connector import LayerReady
 from tandem.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import ConfigError, Endpoint, Sender
@@ -104,7 +103,6 @@ class PrefillWorker:
         engine = ae.engine
         self.layout = sender.layout
         self._vocab_size = engine.arch.vocab_size
-        self._cuda = engine.kv_cache.is_cuda
         self._ae = ae
         self._sender = sender
         self._pushes: dict[str, LayerPush] = {}
@@ -118,23 +116,20 @@ class PrefillWorker:
     async def start(self) -> None:
         """Install the layer hook on the engine."""
         self._loop = asyncio.get_running_loop()
-        await self._ae.call(lambda e: e.set_layer_hook(self._hook))
+        await self._ae.call(lambda e: e.remote.prefill.set_layer_hook(self._hook))
 
-    def _hook(self, layer: int, done: list[tuple[str, list[int]]]) -> None:
-        """Engine thread: layer ``layer`` of ``done``'s requests is in the cache."""
-        wait = None
-        if self._cuda:  # kernels are queued, not finished: the pusher waits on this event
-            event = torch.cuda.Event()
-            event.record()
-            wait = event.synchronize
+    def _hook(self, layer: int, done: list[tuple[str, list[int]]], ready: LayerReady) -> None:
+        """Engine thread: layer ``layer`` of ``done``'s requests is being written into the
+        cache (``ready``: the engine's handle the pusher waits on before reading it)."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._on_layer, layer, done, wait)
+        self._loop.call_soon_threadsafe(self._on_layer, layer, done, ready)
 
-    def _on_layer(self, layer: int, done: list[tuple[str, list[int]]], wait: Any) -> None:
+    def _on_layer(self, layer: int, done: list[tuple[str, list[int]]], ready: LayerReady
+                  ) -> None:
         for request_id, block_ids in done:
             push = self._pushes.get(request_id)
             if push is not None:  # None: aborted in the meantime
-                push.on_layer(layer, block_ids, wait)
+                push.on_layer(layer, block_ids, ready)
 
     # -- RPCs ------------------------------------------------------------------------------
     async def prefill(self, spec: PrefillSpec, deadline_s: float | None = None) -> PrefillResult:
@@ -219,8 +214,8 @@ class PrefillWorker:
                               attributes={"tandem.prompt_tokens": len(tokens)}) as engine_span:
                 await self._ae.prepare(first)
                 await self._ae.call(
-                    lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True,
-                                            prior_output_tokens=prior, n=n),
+                    lambda e: e.remote.prefill.add(tokens, first, request_id=rid,
+                                                   prior_output_tokens=prior, n=n),
                     stream=seqs,
                 )
                 outs = [await self._first_output(sid) for sid in seqs]
@@ -271,7 +266,7 @@ class PrefillWorker:
         async def release() -> None:
             try:
                 if self._ae.alive:
-                    await self._ae.call(lambda e: e.abort(request_id))
+                    await self._ae.call(lambda e: e.remote.prefill.release(request_id))
             except Exception:  # the engine died meanwhile: its blocks die with it
                 log.exception("releasing %s's held blocks failed", request_id)
             finally:
@@ -334,7 +329,7 @@ class PrefillWorker:
         await asyncio.gather(*self._releasing.values(), return_exceptions=True)
         await self._sender.close()
         if self._ae.alive:
-            await self._ae.call(lambda e: e.set_layer_hook(None))
+            await self._ae.call(lambda e: e.remote.prefill.set_layer_hook(None))
         await self._ae.shutdown()
 
 
