@@ -7,11 +7,10 @@ import os
 from dataclasses import dataclass
 
 import grpc
-import torch
 
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.model_runner import ModelRunner
-from tandem.engine.omp_pools import release_this_threads_pool
+from tandem.engine.omp_pools import intra_op_threads, release_this_threads_pool
 from tandem.kv_transfer import Receiver, ReceiverConfig
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
@@ -93,7 +92,7 @@ def borrow_cores(runner: ModelRunner, path: str, min_rows: int) -> BorrowedThrea
     process while the prefill worker sharing ``path`` is idle (tandem/worker/core_lending.py); the
     rule it installed (None without the fused forward). StartupError when the file cannot be
     read."""
-    own, every = torch.get_num_threads(), len(os.sched_getaffinity(0))
+    own, every = intra_op_threads(), len(os.sched_getaffinity(0))
     try:
         policy = BorrowedThreads(CoreBorrower(path), own=own, borrowed=max(every, own),
                                  min_rows=min_rows)
