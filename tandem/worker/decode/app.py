@@ -12,13 +12,12 @@ from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.omp_pools import intra_op_threads, release_this_threads_pool
 from tandem.kv_transfer import Receiver, ReceiverConfig
-from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.convert import kv_layout
 from tandem.worker.core_lending import BorrowedThreads, CoreBorrower
+from tandem.worker.decode import servicer
 from tandem.worker.decode.service import DecodeConfig, DecodeWorker
-from tandem.worker.decode.servicer import DecodeServicer
 from tandem.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -38,8 +37,7 @@ class DecodeApp(WorkerAppShell):
     """A started ``DecodeWorker``: the shell plus the receiver's endpoint."""
 
     role = "decode"
-    role_proto = worker_pb2.ROLE_DECODE
-    service_name = worker_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name
+    service_name = servicer.SERVICE_NAME
 
     def __init__(self, worker: DecodeWorker, receiver: Receiver) -> None:
         super().__init__(worker)
@@ -48,7 +46,7 @@ class DecodeApp(WorkerAppShell):
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the DecodeService servicer."""
         assert isinstance(self.worker, DecodeWorker)
-        worker_pb2_grpc.add_DecodeServiceServicer_to_server(DecodeServicer(self.worker), server)
+        servicer.add_to_server(self.worker, server)
 
     def ready_info(self) -> dict[str, str]:
         """The KV receiver's TCP address for the READY line."""

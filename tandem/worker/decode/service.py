@@ -45,14 +45,13 @@ from tandem.common.wire import MAX_SEQUENCES
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.core.request import FORK_SEPARATOR, sequence_id
 from tandem.engine.errors import UnknownRequestError
-from tandem.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from tandem.engine.outputs import EngineStats
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import Aborted, Committed, Expired, Receiver, TransferEvent
-from tandem.protos.v1 import tandem_pb2
-from tandem.worker.convert import prompt_logprobs_to_proto
-from tandem.worker.decode.results import FirstToken, ReserveResult
+from tandem.worker.decode.results import ReserveResult, StreamMessage
 from tandem.worker.decode.streams import RequestStream
 from tandem.worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
+from tandem.worker.first_token import FirstToken
 from tandem.worker.metrics import TransferTotals, WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -172,8 +171,7 @@ class DecodeWorker:
         return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout,
                              granted.cached_tokens)
 
-    async def decode(self, request_id: str, index: int = 0
-                     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    async def decode(self, request_id: str, index: int = 0) -> AsyncIterator[StreamMessage]:
         """Stream the messages of a request's sequence ``index`` (0 unless it is forked)
         after its first token; a client that goes away aborts that sequence. Raises
         UnknownRequest, WrongState, TransferEnded."""
@@ -235,11 +233,7 @@ class DecodeWorker:
             raise TransferEnded(f"local prefill produced no token ({outs[0].finish_reason})")
         seconds = time.monotonic() - t0
         self.metrics.first_token(seconds)
-        out = outs[0]
-        return FirstToken(out.new_token_ids[0], _first_logprob(out), out.num_cached_tokens,
-                          seconds,
-                          prompt_logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids),
-                          [(o.new_token_ids[0], _first_logprob(o)) for o in outs[1:]])
+        return FirstToken.of(outs, seconds)
 
     async def abort(self, request_id: str, index: int | None = None) -> bool:
         """Stop a request wherever it is and free its blocks (``index``: only that sequence
@@ -420,7 +414,3 @@ def _check_request_id(request_id: str) -> None:
         raise BadRequest("request_id", "must be 1..256 characters")
     if FORK_SEPARATOR in request_id:  # the engine names forked sequences with it
         raise BadRequest("request_id", f"must not contain {FORK_SEPARATOR!r}")
-
-
-def _first_logprob(out: RequestOutput) -> TokenLogprob | None:
-    return out.logprobs[0] if out.logprobs else None
