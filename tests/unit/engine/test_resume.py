@@ -1,7 +1,7 @@
 """Resuming a request elsewhere (migration): a request whose first k output tokens are handed
 in as the tail of its prompt, flagged with ``prior_output_tokens=k``, continues exactly as the
 uninterrupted request would, for seeded sampling with penalties, min/max tokens and stop
-strings, whether prefilled locally or through reserve_remote/commit_remote."""
+strings, whether prefilled locally or through remote.decode.reserve/commit."""
 
 from __future__ import annotations
 
