@@ -5,7 +5,8 @@ Offline use::
     from tandem.engine import LLM, SamplingParams
     outs = LLM(model="smollm2").generate(["Hello"], SamplingParams(max_tokens=32))
 
-Workers drive ``LLMEngine`` step by step (``add_request``, ``step``, ``abort``, KV hooks).
+Workers drive ``LLMEngine`` step by step (``add_request``, ``step``, ``abort``) and its KV
+connector for disaggregation (``engine.remote.decode`` / ``engine.remote.prefill``).
 Names are imported lazily, so ``tandem.engine.core`` (pure bookkeeping) loads without torch.
 """
 

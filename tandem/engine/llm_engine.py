@@ -5,14 +5,16 @@
                        │                          spec.sample (the plain sampler when off)
                        └── OutputProcessor: append, detokenize, stop checks <┘
 
-KV hooks for disaggregation (DESIGN.md section 2): tandem/engine/remote_hooks.py (mixed in here);
-the prefill role adds requests with hold_kv=True and a layer hook (``set_layer_hook``) that
-fires as each layer's KV lands.
+Disaggregation (DESIGN.md section 2) goes through the engine's KV connector, ``engine.remote``
+(tandem/engine/kv_connector/): ``remote.decode`` reserves prompts computed elsewhere and commits
+them, ``remote.prefill`` runs prompts holding their KV (a layer hook fires as each layer's KV
+lands) and releases them. It reaches the engine only through the ``LiveRequestHost`` methods
+below (``new_live``, ``track``, ``live``, ``untrack``, ``fork``, ``append``).
 
 Forked requests (``n`` > 1, tandem/engine/core/request.py): one prompt computed once, then n
 sequences sharing its blocks. Colocated, the step that computes the prompt forks it and
 samples n first tokens from its last row (sequence j with seed + j); disaggregated, the
-prefill worker does that and the decode worker's ``commit_forked`` forks the reservation
+prefill worker does that and the decode role's ``commit_forked`` forks the reservation
 with the n tokens it committed (one reservation, one push).
 """
 
@@ -29,11 +31,12 @@ from tandem.engine.checkpoint import load_checkpoint
 from tandem.engine.config import EngineConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from tandem.engine.core.output_processor import OutputProcessor
-from tandem.engine.core.remote_kv import RemoteKV, RemoteState
+from tandem.engine.core.remote_kv import RemoteState
 from tandem.engine.core.request import FORK_SEPARATOR, RequestStatus
 from tandem.engine.core.scheduler import ScheduledRequest, Scheduler
 from tandem.engine.errors import InvalidRequestError
 from tandem.engine.kv_budget import pool_blocks
+from tandem.engine.kv_connector import KVConnector, describe_cache
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.models.weights import torch_dtype
 from tandem.engine.outputs import (
@@ -43,7 +46,6 @@ from tandem.engine.outputs import (
     SampleResult,
 )
 from tandem.engine.prompt_logprobs import record_prompt_logprobs
-from tandem.engine.remote_hooks import RemoteKVHooks
 from tandem.engine.request_factory import LiveRequest, RequestFactory
 from tandem.engine.runner_config import RunnerConfig
 from tandem.engine.sampler import Sampler
@@ -52,11 +54,8 @@ from tandem.engine.spec.build import build_spec_decoder
 from tandem.engine.spec.verifier import SpecStats
 from tandem.engine.structured.grammar_engine import GrammarEngine
 
-# layer index, then (request_id, block_ids) of every request whose prefill completes this step
-KVLayerHook = Callable[[int, list[tuple[str, list[int]]]], None]
 
-
-class LLMEngine(RemoteKVHooks):
+class LLMEngine:
     """A continuous-batching engine over one model and one paged KV cache."""
 
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
@@ -92,7 +91,6 @@ class LLMEngine(RemoteKVHooks):
         )
         self.runner = ModelRunner(ckpt.model, self.arch, rc)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
-        self.remote = RemoteKV(self.kv)  # reserved (decode role) and held (prefill role)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, sc.num_speculative_tokens if sc.enabled else 0,
             self.max_model_len,
@@ -112,8 +110,11 @@ class LLMEngine(RemoteKVHooks):
         self.outputs = OutputProcessor(self.eos_token_ids, self.max_model_len)
         self._live: dict[str, LiveRequest] = {}  # waiting, running and reserved requests
         self._ids = itertools.count()
-        self._layer_hook: KVLayerHook | None = None
         self.num_steps = 0
+        cache = self.runner.kv_cache
+        self.remote = KVConnector(  # the disaggregation seam: .decode and .prefill roles
+            self, self.kv, self.scheduler, self.outputs, self.arch.vocab_size, cache,
+            describe_cache(cache, self.arch, self.model_path.name, self.dtype, cc.block_size))
 
     # -- requests --------------------------------------------------------------------------
     @staticmethod
@@ -131,49 +132,63 @@ class LLMEngine(RemoteKVHooks):
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
-        hold_kv: bool = False,
         prior_output_tokens: int = 0,
         n: int = 1,
     ) -> str:
         """Validate and queue a request; returns its id. Raises InvalidRequestError.
 
         ``prior_output_tokens``: the last this-many prompt tokens were generated earlier (a
-        request resumed on another worker); they count as output, see ``_new_live``.
+        request resumed on another worker); they count as output, see ``new_live``.
         ``n`` > 1: the request forks into n sequences once its prompt is computed; their
         outputs come under ``sequence_id(request_id, j)`` (j = 0 is ``request_id``).
         """
-        request_id = request_id or f"req-{next(self._ids)}"
-        live = self._new_live(request_id, prompt, params or SamplingParams(), hold_kv,
-                              prior_output_tokens, n)
-        self._live[request_id] = live
+        live = self.new_live(request_id, prompt, params or SamplingParams(), False,
+                             prior_output_tokens, n)
+        self.track(live)
         self.scheduler.add(live.request)
-        return request_id
+        return live.request.request_id
 
-    def _new_live(
+    # -- LiveRequestHost: what the KV connector's roles call back into -----------------------
+    def new_live(
         self,
-        request_id: str,
+        request_id: str | None,
         prompt: str | Sequence[int],
         params: SamplingParams,
-        hold_kv: bool,
+        hold_kv: bool = False,
         prior: int = 0,
         n: int = 1,
     ) -> LiveRequest:
-        """A new request under an unused id (see tandem/engine/request_factory.py for ``prior``
-        and ``n``); ids with FORK_SEPARATOR are the engine's own (forked sequences)."""
+        """A new request under an unused id, not tracked yet (see tandem/engine/request_factory.py
+        for ``prior`` and ``n``); ids with FORK_SEPARATOR are the engine's own (forked
+        sequences); None: a fresh id."""
+        request_id = request_id or f"req-{next(self._ids)}"
         if FORK_SEPARATOR in request_id:
             raise InvalidRequestError("request_id", f"must not contain {FORK_SEPARATOR!r}")
-        if request_id in self._live or request_id in self.remote:
+        if request_id in self._live or request_id in self.remote.ledger:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
         return self.requests.build(request_id, prompt, params, hold_kv, prior, n)
 
+    def track(self, live: LiveRequest) -> None:
+        """Know ``live`` from now on (``new_live`` made it; the caller queues or reserves it)."""
+        self._live[live.request.request_id] = live
+
+    def live(self, request_id: str) -> LiveRequest:
+        """A tracked request. Raises KeyError."""
+        return self._live[request_id]
+
+    def untrack(self, request_id: str) -> LiveRequest:
+        """Forget a tracked request that left the engine without a step (an ended
+        reservation). Raises KeyError."""
+        return self._live.pop(request_id)
+
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request wherever it is and free its blocks; unknown ids are ignored."""
-        entry = self.remote.get(request_id)
+        entry = self.remote.ledger.get(request_id)
         if entry is not None and entry.state is RemoteState.HELD:
-            self.remote.release(request_id)
+            self.remote.prefill.release(request_id)
             return None
         if entry is not None and entry.transfer_id is not None:
-            return self.end_remote(entry.transfer_id)
+            return self.remote.decode.end(entry.transfer_id)
         live = self._live.get(request_id)
         if live is None:
             return None
@@ -208,7 +223,7 @@ class LLMEngine(RemoteKVHooks):
         if copies:
             self.runner.copy_blocks(copies)
             self.spec.copy_blocks(copies)
-        hook = self._make_layer_hook(scheduled)
+        hook = self.remote.prefill.step_hook(scheduled)
         self.spec.propose(scheduled, self.kv)  # fills spec_token_ids (when speculating)
         logits, samplers, prompt = self.runner.execute(scheduled, self.kv, hook)  # [n, V]
         for s in scheduled:
@@ -236,7 +251,7 @@ class LLMEngine(RemoteKVHooks):
         for s, res in zip(samplers, results, strict=True):
             if s.num_lookahead:  # roll back the rejected drafts before appending
                 self.scheduler.accept_speculation(s, len(res) - 1)
-            outputs.append(self._append(self._live[s.request.request_id], res))
+            outputs.append(self.append(self._live[s.request.request_id], res))
         return outputs
 
     def _fork_samplers(
@@ -249,7 +264,7 @@ class LLMEngine(RemoteKVHooks):
         forked: list[ScheduledRequest] = []
         for i, s in enumerate(samplers):
             if s.request.num_forks > 1:
-                for child in self._fork(self._live[s.request.request_id]):
+                for child in self.fork(self._live[s.request.request_id]):
                     rows.append(i)
                     forked.append(ScheduledRequest(child.request, s.num_new_tokens, s.start))
         if not forked:
@@ -257,7 +272,7 @@ class LLMEngine(RemoteKVHooks):
         extra = logits[torch.tensor(rows, device=logits.device)]
         return torch.cat([logits, extra]), samplers + forked
 
-    def _fork(self, live: LiveRequest) -> list[LiveRequest]:
+    def fork(self, live: LiveRequest) -> list[LiveRequest]:
         """Sequences 1..n-1 of a running request whose prompt is computed: each shares its
         blocks and joins the running batch (sequence 0 is the request itself)."""
         parent = live.request
@@ -293,25 +308,8 @@ class LLMEngine(RemoteKVHooks):
             context = sum(s.request.num_computed_tokens for s in scheduled)
             self.step_observer(rows, tokens, context, seconds)
 
-    def _make_layer_hook(self, scheduled: list[ScheduledRequest]) -> Callable[[int], None] | None:
-        if self._layer_hook is None:
-            return None
-        done = [
-            (s.request.request_id, self.kv.block_ids(s.request.request_id))
-            for s in scheduled
-            if s.request.hold_kv and s.samples and s.request.num_output_tokens == 0
-        ]
-        if not done:
-            return None
-        user_hook = self._layer_hook
-        return lambda layer: user_hook(layer, done)
-
-    def set_layer_hook(self, hook: KVLayerHook | None) -> None:
-        """Call ``hook(layer, [(request_id, block_ids)])`` as each layer's KV of requests
-        that finish their prefill in a step is written (prefill role, layer-wise push)."""
-        self._layer_hook = hook
-
-    def _append(self, live: LiveRequest, results: list[SampleResult]) -> RequestOutput:
+    def append(self, live: LiveRequest, results: list[SampleResult]) -> RequestOutput:
+        """Append sampled tokens (and feed the grammar); retire the request when finished."""
         out = self.outputs.append(live.request, live.detok, results)
         constraint = live.sampling.constraint
         if constraint is not None:
@@ -328,7 +326,7 @@ class LLMEngine(RemoteKVHooks):
         self._live.pop(req.request_id, None)
         self.spec.release(req.request_id)
         if req.hold_kv and req.status is not RequestStatus.FINISHED_ABORTED:
-            self.remote.hold(req)
+            self.remote.prefill.hold(req)
         else:
             self.kv.free(req.request_id)
 
@@ -339,8 +337,8 @@ class LLMEngine(RemoteKVHooks):
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            num_waiting_for_remote_kv=self.remote.num_reserved,
-            num_held=self.remote.num_held,
+            num_waiting_for_remote_kv=self.remote.decode.num_reserved,
+            num_held=self.remote.prefill.num_held,
             num_blocks=pool.num_blocks,
             num_free_blocks=pool.num_free,
             kv_cache_usage=pool.usage(),
@@ -377,7 +375,7 @@ class LLMEngine(RemoteKVHooks):
         (reserved for a push, held for one)."""
         s = self.scheduler
         return [*(r.request_id for r in s.running), *(r.request_id for r in s.waiting),
-                *self.remote.request_ids()]
+                *self.remote.ledger.request_ids()]
 
 
 def _needs_host(p: SamplingParams) -> bool:

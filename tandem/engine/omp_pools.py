@@ -26,9 +26,17 @@ import ctypes
 import logging
 import os
 
+import torch
+
 log = logging.getLogger(__name__)
 
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: release the threads, keep the runtime
+
+
+def intra_op_threads() -> int:
+    """Threads this process's parallel ops run on (torch's intra-op count; the native
+    kernels' default too): what a worker has of its own before borrowing more."""
+    return torch.get_num_threads()
 
 
 def release_this_threads_pool() -> bool:

@@ -123,7 +123,7 @@ def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
              f"{transfer.latency_s * 1e3:.1f} ms")
     else:
         transfer = Transfer(bandwidth_bytes_per_s=1e9, latency_s=0.0)
-    cache = engine.kv_cache
+    cache = engine.runner.kv_cache
     kv_tokens = cache.shape[2] * cache.shape[3]  # [layers, 2, blocks, block_size, ...]
     per_token = cache.numel() * cache.element_size() // kv_tokens
     threads = engine.config.model.num_threads

@@ -101,7 +101,7 @@ def measure_decode(engine, params, rows: Sequence[int], prompts: Sequence[int], 
     finished: steps running 17-41 rows counted as "32" or "64", which pulled the fitted cost
     per context token from ~5 us to 1)."""
     vocab = engine.arch.vocab_size
-    cache = engine.kv_cache
+    cache = engine.runner.kv_cache
     capacity = cache.shape[2] * cache.shape[3]  # tokens: [layers, 2, blocks, block_size, ..]
     budget = max(engine.config.scheduler.max_num_batched_tokens, 1)
     samples = []

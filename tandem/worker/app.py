@@ -1,10 +1,11 @@
 """The app shell both roles stand on: what ``process.serve`` drives, over a role's logic.
 
     serve ──add_to_server──> the role's servicer (the only role-specific step)
-          ──register_request / stats_proto──> the router (Register, Heartbeat)
+          ──registration / status──> the router (Register, Heartbeat; protos made by the
+                                     registration client)
           ──refresh_metrics──> /metrics        ──begin_drain / wait_idle / close──> shutdown
 
-A role subclasses ``WorkerAppShell`` and fills in its servicer, its proto role and what its
+A role subclasses ``WorkerAppShell`` and fills in its servicer, its role name and what its
 READY line and registration add (the decode role's KV endpoint). The role's logic object
 (``PrefillWorker``, ``DecodeWorker``) satisfies ``RoleWorker``.
 """
@@ -22,10 +23,9 @@ from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.outputs import EngineStats
 from tandem.engine.warmup import warm_up
 from tandem.kv_transfer import KvLayout
-from tandem.protos.v1 import worker_pb2
 from tandem.worker.config import StartupError
-from tandem.worker.convert import layout_to_proto, stats_to_proto
 from tandem.worker.metrics import TransferTotals, WorkerMetrics
+from tandem.worker.reports import Registration, WorkerStatus
 from tandem.worker.step_log import StepLog
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ class WorkerApp(Protocol):
 
     def add_to_server(self, server: grpc.aio.Server) -> None: ...
     def ready_info(self) -> dict[str, str]: ...
-    def register_request(self, endpoint: str) -> worker_pb2.RegisterRequest: ...
-    async def stats_proto(self) -> worker_pb2.WorkerStats: ...
+    def registration(self, endpoint: str) -> Registration: ...
+    async def status(self) -> WorkerStatus: ...
     async def refresh_metrics(self) -> None: ...
     def begin_drain(self) -> None: ...
     async def wait_idle(self) -> None: ...
@@ -74,12 +74,10 @@ class RoleWorker(Protocol):
     async def close(self) -> None: ...
 
 
-async def worker_stats(
-    worker: RoleWorker, role: worker_pb2.Role.ValueType
-) -> worker_pb2.WorkerStats:
+async def worker_status(worker: RoleWorker, role: str) -> WorkerStatus:
     """The role's load as the router and ``tandem top`` see it (Heartbeat and Stats)."""
-    return stats_to_proto(await worker.stats(), role, worker.config.worker_id, worker.draining,
-                          worker.transfer_totals(), worker.metrics.recent())
+    return WorkerStatus(role, worker.config.worker_id, await worker.stats(), worker.draining,
+                        worker.transfer_totals(), worker.metrics.recent())
 
 
 def load_engine(config: EngineConfig, warmup: bool = True) -> LLMEngine:
@@ -116,8 +114,7 @@ def attach_step_log(engine: LLMEngine, path: str | None) -> StepLog | None:
 class WorkerAppShell:
     """A started role plus what the process runtime needs from it (see the module docstring)."""
 
-    role: ClassVar[str]
-    role_proto: ClassVar[worker_pb2.Role.ValueType]
+    role: ClassVar[str]  # "prefill" | "decode"
     service_name: ClassVar[str]
 
     def __init__(self, worker: RoleWorker) -> None:
@@ -136,16 +133,14 @@ class WorkerAppShell:
         """Where peers push KV to this worker ("" for a role that receives none)."""
         return ""
 
-    def register_request(self, endpoint: str) -> worker_pb2.RegisterRequest:
-        """How this worker introduces itself to a router."""
-        return worker_pb2.RegisterRequest(
-            role=self.role_proto, worker_id=self.worker.config.worker_id, endpoint=endpoint,
-            kv_endpoint=self.kv_endpoint(), layout=layout_to_proto(self.worker.layout),
-        )
+    def registration(self, endpoint: str) -> Registration:
+        """How this worker introduces itself to a router (``endpoint``: its gRPC address)."""
+        return Registration(self.role, self.worker.config.worker_id, endpoint,
+                            self.worker.layout, self.kv_endpoint())
 
-    async def stats_proto(self) -> worker_pb2.WorkerStats:
-        """Stats for heartbeats."""
-        return await worker_stats(self.worker, self.role_proto)
+    async def status(self) -> WorkerStatus:
+        """Its load, for heartbeats."""
+        return await worker_status(self.worker, self.role)
 
     async def refresh_metrics(self) -> None:
         """Snapshot the engine and the transfers for the next /metrics scrape."""

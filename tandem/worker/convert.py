@@ -1,8 +1,11 @@
-"""Proto <-> engine conversions used by both workers (``prefill_worker`` imports this module).
+"""Proto <-> plain value conversions: the one module the gRPC edges call (both roles'
+servicers, the registration client); past them, workers speak dataclasses only.
 
     tandem.v1.SamplingParams + LogprobOptions  ->  engine SamplingParams   (unset = engine default)
-    engine RequestOutput                       ->  tandem.v1.GenerateResponse
-    engine EngineStats (+ transfer totals, recent window)  ->  tandem.v1.WorkerStats
+    tandem.v1.KVLayout                         <-> LayoutSummary (tandem/worker/layout.py)
+    engine RequestOutput (+ text owed)         ->  tandem.v1.GenerateResponse
+    FirstToken (tandem/worker/first_token.py)  ->  tandem.v1.PrefillResponse
+    WorkerStatus, Registration (reports.py)    ->  tandem.v1.WorkerStats, RegisterRequest
     engine KVCacheSpec                         ->  kv_transfer KvLayout  ->  tandem.v1.KVLayout
 
 Validation stays in the engine (``SamplingParams.validate``); nothing here checks ranges.
@@ -10,25 +13,24 @@ Validation stays in the engine (``SamplingParams.validate``); nothing here check
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from tandem.common import block_hash
-from tandem.engine.outputs import EngineStats, KVCacheSpec, RequestOutput, TokenLogprob
+from tandem.engine.outputs import KVCacheSpec, RequestOutput, TokenLogprob
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.structured.spec import StructuredOutput
 from tandem.kv_transfer import KvLayout
 from tandem.protos.v1 import tandem_pb2, worker_pb2
-from tandem.worker.metrics import TransferTotals
-from tandem.worker.recent import RecentFigures
+from tandem.worker.first_token import FirstToken, prompt_logprob_list
+from tandem.worker.layout import LayoutSummary
+from tandem.worker.reports import Registration, WorkerStatus
 
 # Optional scalar fields of tandem.v1.SamplingParams that map 1:1 onto the engine's fields.
 _OPTIONAL = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "presence_penalty", "frequency_penalty", "seed", "skip_special_tokens", "speculative",
 )
-_NO_TRANSFERS = TransferTotals()
-_NOTHING_RECENT = RecentFigures()
+_ROLES = {"prefill": worker_pb2.ROLE_PREFILL, "decode": worker_pb2.ROLE_DECODE}
 
 
 def sampling_from_proto(
@@ -67,21 +69,27 @@ def structured_from_proto(so: tandem_pb2.StructuredOutput) -> StructuredOutput |
     return StructuredOutput(kind, getattr(so, kind))
 
 
-def first_tokens_to_proto(
-    first_token: int, logprob: TokenLogprob | None,
-    forked: Sequence[tuple[int, TokenLogprob | None]],
-) -> list[tandem_pb2.TokenLogprob]:
-    """PrefillResponse.first_tokens: every sequence's first token of a forked request, with
-    its logprob (0 when none was asked for) and top alternatives; empty for one sequence."""
-    if not forked:
-        return []
-    return [
-        tandem_pb2.TokenLogprob(
-            token_id=token, logprob=lp.logprob if lp is not None else 0.0,
-            top=[tandem_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top] if lp else [],
+def first_token_to_proto(first: FirstToken) -> worker_pb2.PrefillResponse:
+    """A prefill's answer (Prefill, PrefillLocal): sequence 0's token, logprob and costs;
+    ``first_tokens`` lists every sequence's of a forked request (a missing logprob as 0)."""
+    reply = worker_pb2.PrefillResponse(
+        first_token=first.token_id, cached_tokens=first.cached_tokens,
+        prefill_s=first.prefill_s, transfer_s=first.transfer_s,
+        prompt_logprobs=logprobs_to_proto(first.prompt_logprobs),
+    )
+    if first.logprob is not None:
+        reply.logprob = first.logprob.logprob
+        reply.first_logprob.CopyFrom(logprobs_to_proto([first.logprob])[0])
+    if first.forked:
+        reply.first_tokens.extend(
+            tandem_pb2.TokenLogprob(
+                token_id=token, logprob=lp.logprob if lp is not None else 0.0,
+                top=[tandem_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top]
+                if lp is not None else [],
+            )
+            for token, lp in [(first.token_id, first.logprob), *first.forked]
         )
-        for token, lp in [(first_token, logprob), *forked]
-    ]
+    return reply
 
 
 def logprobs_to_proto(logprobs: Sequence[TokenLogprob] | None) -> list[tandem_pb2.TokenLogprob]:
@@ -95,18 +103,6 @@ def logprobs_to_proto(logprobs: Sequence[TokenLogprob] | None) -> list[tandem_pb
     ]
 
 
-def prompt_logprobs_to_proto(
-    logprobs: Sequence[TokenLogprob | None] | None, prompt_ids: Sequence[int]
-) -> list[tandem_pb2.TokenLogprob]:
-    """Prompt logprobs as protos: one per prompt token, the first (no logprob) as NaN."""
-    if not logprobs:
-        return []
-    out = logprobs_to_proto([lp for lp in logprobs if lp is not None])
-    if logprobs[0] is None and prompt_ids:
-        out.insert(0, tandem_pb2.TokenLogprob(token_id=prompt_ids[0], logprob=math.nan))
-    return out
-
-
 def response_from_output(out: RequestOutput, text_prefix: str = "") -> tandem_pb2.GenerateResponse:
     """One stream message: the output's new tokens and text delta (after ``text_prefix``), and
     on the last message the finish reason, stop reason and usage."""
@@ -116,7 +112,8 @@ def response_from_output(out: RequestOutput, text_prefix: str = "") -> tandem_pb
         text=text_prefix + out.new_text,
         logprobs=logprobs_to_proto(out.logprobs),
         finished=out.finished,
-        prompt_logprobs=prompt_logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids),
+        prompt_logprobs=logprobs_to_proto(
+            prompt_logprob_list(out.prompt_logprobs, out.prompt_token_ids)),
     )
     if out.finished:
         msg.finish_reason = out.finish_reason or ""
@@ -127,17 +124,11 @@ def response_from_output(out: RequestOutput, text_prefix: str = "") -> tandem_pb
     return msg
 
 
-def stats_to_proto(
-    stats: EngineStats,
-    role: worker_pb2.Role.ValueType,
-    worker_id: str,
-    draining: bool,
-    transfer: TransferTotals = _NO_TRANSFERS,
-    recent: RecentFigures = _NOTHING_RECENT,
-) -> worker_pb2.WorkerStats:
+def status_to_proto(status: WorkerStatus) -> worker_pb2.WorkerStats:
     """Load numbers for the router and live views. ``num_reserved`` counts requests whose blocks
     are pinned for a peer: reservations awaiting KV (decode) or finished prefills still pushing
     (prefill); ``recent`` fills the last-minute percentiles and transfer rate."""
+    stats, transfer, recent = status.engine, status.transfer, status.recent
     costs = stats.step_costs
     return worker_pb2.WorkerStats(
         step_base_s=costs.base_s,
@@ -145,8 +136,8 @@ def stats_to_proto(
         step_per_prefill_token_s=costs.per_prefill_token_s,
         pending_prefill_tokens=stats.pending_prefill_tokens,
         max_batched_tokens=stats.max_num_batched_tokens,
-        role=role,
-        worker_id=worker_id,
+        role=_ROLES[status.role],
+        worker_id=status.worker_id,
         num_running=stats.num_running,
         num_waiting=stats.num_waiting,
         num_reserved=stats.num_waiting_for_remote_kv + stats.num_held,
@@ -156,7 +147,7 @@ def stats_to_proto(
         prefix_cache_queries=stats.prefix_cache_queries,
         prefix_cache_hits=stats.prefix_cache_hits,
         num_preemptions=stats.num_preemptions,
-        draining=draining,
+        draining=status.draining,
         ttft_p50_s=recent.ttft_p50_s,
         ttft_p90_s=recent.ttft_p90_s,
         itl_p50_s=recent.itl_p50_s,
@@ -167,6 +158,14 @@ def stats_to_proto(
         num_leased_blocks=transfer.leased_blocks,
         cached_block_hashes=block_hash.pack(stats.cached_block_hashes),
         weights_format=stats.weights_format,
+    )
+
+
+def registration_to_proto(reg: Registration) -> worker_pb2.RegisterRequest:
+    """How a worker introduces itself to a router."""
+    return worker_pb2.RegisterRequest(
+        role=_ROLES[reg.role], worker_id=reg.worker_id, endpoint=reg.endpoint,
+        kv_endpoint=reg.kv_endpoint, layout=layout_to_proto(reg.layout),
     )
 
 
@@ -186,24 +185,20 @@ def kv_layout(spec: KVCacheSpec) -> KvLayout:
 
 
 def layout_to_proto(layout: KvLayout) -> worker_pb2.KVLayout:
-    """The layout as sent to the router: ``dtype`` is the cache's storage dtype (the bytes that
-    travel) and ``fingerprint`` the one kv_transfer checks at HELLO."""
+    """The layout as sent to the router (``LayoutSummary``: the storage dtype, the bytes that
+    travel, and the fingerprint kv_transfer checks at HELLO)."""
+    summary = LayoutSummary.of(layout)
     return worker_pb2.KVLayout(
-        model=layout.model_id, dtype=layout.kv_dtype, block_size=layout.block_size,
-        num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
-        head_dim=layout.head_dim, fingerprint=layout.fingerprint,
+        model=summary.model, dtype=summary.dtype, block_size=summary.block_size,
+        num_layers=summary.num_layers, num_kv_heads=summary.num_kv_heads,
+        head_dim=summary.head_dim, fingerprint=summary.fingerprint,
     )
 
 
-def layout_mismatch(own: KvLayout, theirs: worker_pb2.KVLayout) -> str | None:
-    """None when ``theirs`` is ``own``; else which fields differ, for the error's reason."""
-    if theirs.fingerprint == own.fingerprint:
-        return None
-    mine = layout_to_proto(own)
-    diffs = [
-        f"{name}: {getattr(theirs, name)!r} (decode) != {getattr(mine, name)!r} (prefill)"
-        for name in ("model", "dtype", "block_size", "num_layers", "num_kv_heads", "head_dim")
-        if getattr(theirs, name) != getattr(mine, name)
-    ]
-    diffs.append(f"fingerprint: {theirs.fingerprint!r} != {own.fingerprint!r}")
-    return "KV layout mismatch: " + "; ".join(diffs)
+def layout_from_proto(layout: worker_pb2.KVLayout) -> LayoutSummary:
+    """A peer's layout as the router passed it on."""
+    return LayoutSummary(
+        model=layout.model, dtype=layout.dtype, block_size=layout.block_size,
+        num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
+        head_dim=layout.head_dim, fingerprint=layout.fingerprint,
+    )

@@ -120,8 +120,7 @@ async def _run(
     if config.router:
         registration = RegistrationConfig(config.router, credentials=config.router_credentials,
                                           cluster=config.credential)
-        client = RegistryClient(registration, lambda: app.register_request(endpoint),
-                                app.stats_proto)
+        client = RegistryClient(registration, lambda: app.registration(endpoint), app.status)
         registry = loop.create_task(client.run())
     announce(app.role, endpoint, {**app.ready_info(), **extra}, out)
     log.info("%s worker serving on %s", app.role, endpoint)

@@ -11,7 +11,8 @@ it returns (the first beat brings the router the worker's load and step costs ri
         (the channel pings the router, tandem/common/grpc_keepalive.py: a router that went silent
         fails the next call within the keepalive bound, not after TCP gives up)
 
-Shared with ``prefill_worker``.
+Shared by both roles. This is the registration's gRPC edge: the worker hands it plain values
+(``Registration``, ``WorkerStatus``) and the protos are made here.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tandem.common.grpc_keepalive import CLIENT_OPTIONS
 from tandem.common.security.credential import ClusterCredential
 from tandem.common.security.grpc_auth import aio_interceptors
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
+from tandem.worker.convert import registration_to_proto, status_to_proto
+from tandem.worker.reports import Registration, WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +48,18 @@ class RegistrationConfig:
 
 
 class RegistryClient:
-    """Keeps one worker registered with one router for as long as ``run`` runs."""
+    """Keeps one worker registered with one router for as long as ``run`` runs: ``register``
+    says who it is (read at every Register), ``status`` its load (read for the heartbeats)."""
 
     def __init__(
         self,
         config: RegistrationConfig,
-        register: Callable[[], worker_pb2.RegisterRequest],
-        stats: Callable[[], Awaitable[worker_pb2.WorkerStats]],
+        register: Callable[[], Registration],
+        status: Callable[[], Awaitable[WorkerStatus]],
     ) -> None:
         self.config = config
         self._register = register
-        self._stats = stats
+        self._status = status
         self.registrations = 0  # successful Register calls (re-registrations included)
         self.heartbeats = 0
         self.stale_beats = 0  # beats sent with the previous stats (the engine was mid-step)
@@ -86,10 +90,12 @@ class RegistryClient:
 
     async def _session(self, stub: worker_pb2_grpc.RegistryStub) -> None:
         """One registration: heartbeats until the router says it does not know us."""
-        reply = await stub.Register(self._register(), timeout=self.config.rpc_timeout_s)
+        registration = self._register()
+        reply = await stub.Register(registration_to_proto(registration),
+                                    timeout=self.config.rpc_timeout_s)
         self.registrations += 1
         interval = reply.heartbeat_interval_s or self.config.default_interval_s
-        worker_id = self._register().worker_id
+        worker_id = registration.worker_id
         log.info("registered with router %s as %s (heartbeat every %.1fs)",
                  self.config.router, worker_id, interval)
         reading: asyncio.Future[worker_pb2.WorkerStats] | None = None
@@ -101,7 +107,7 @@ class RegistryClient:
                     await asyncio.sleep(interval)  # load and step costs from the start
                 first = False
                 if reading is None:
-                    reading = asyncio.ensure_future(self._stats())
+                    reading = asyncio.ensure_future(self._stats_proto())
                 # the first beat waits for its stats; later ones go out on time with the last
                 await asyncio.wait({reading}, timeout=None if last is None else interval / 2)
                 if reading.done():
@@ -118,3 +124,6 @@ class RegistryClient:
         finally:
             if reading is not None:
                 reading.cancel()
+
+    async def _stats_proto(self) -> worker_pb2.WorkerStats:
+        return status_to_proto(await self._status())

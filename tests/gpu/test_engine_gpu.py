@@ -70,20 +70,41 @@ def test_cuda_sampling_seeded_and_handoff(tiny_dir, make_engine) -> None:
     assert _run(prefill, [prompt], p) == _run(prefill, _prompts([4, 8]) + [prompt], p)[-1:]
     expected = _run(prefill, [prompt])[0]
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    rid = prefill.add_request(prompt, one, request_id="h", hold_kv=True)
+    rid = prefill.remote.prefill.add(prompt, one, request_id="h")
     first = None
     while prefill.has_unfinished():
         for out in prefill.step():
             first = out.token_ids[0]
-    src = prefill.held_block_ids(rid)
-    dst = decode.reserve_remote("h", prompt, GREEDY).fill_block_ids
+    src = prefill.remote.prefill.held_block_ids(rid)
+    dst = decode.remote.decode.reserve("h", prompt, GREEDY).fill_block_ids
     copy_blocks(prefill, src, decode, dst)
-    prefill.release(rid)
-    tokens = list(decode.commit_remote("h", first).new_token_ids)
+    prefill.remote.prefill.release(rid)
+    tokens = list(decode.remote.decode.commit("h", first).new_token_ids)
     while decode.has_unfinished():
         for out in decode.step():
             tokens += out.new_token_ids
     assert tokens == expected
+
+
+def test_cuda_layer_hook_hands_a_device_event(tiny_dir, make_engine) -> None:
+    """On CUDA the prefill role's layer hook gets a pending handle per layer (the layer's
+    kernels are only queued when it fires); waiting on each returns once they have run."""
+    engine = make_engine(model=str(tiny_dir("llama", 2)), device="cuda", dtype="float32",
+                         num_blocks=64)
+    handles = []
+    engine.remote.prefill.set_layer_hook(
+        lambda layer, done, ready: handles.append((layer, [rid for rid, _ in done], ready)))
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    rid = engine.remote.prefill.add(_prompts([40])[0], one, request_id="h")
+    while engine.has_unfinished():
+        engine.step()
+    engine.remote.prefill.set_layer_hook(None)
+    assert [(layer, ids) for layer, ids, _ in handles] == [
+        (layer, ["h"]) for layer in range(engine.arch.num_layers)]
+    assert all(ready.pending for _, _, ready in handles)
+    for _, _, ready in handles:
+        ready.wait()
+    assert engine.remote.prefill.release(rid)
 
 
 def test_cuda_fork_copies_the_shared_block_on_the_device(tiny_dir, make_engine) -> None:

@@ -128,15 +128,15 @@ def test_hello_refuses_float_kv_sender(make_engine, tiny_dir) -> None:
     model = str(tiny_dir("llama", 2))
     e8 = make_engine(model=model, num_blocks=8, kv_cache_dtype="int8")
     e32 = make_engine(model=model, num_blocks=8)
-    l8, l32 = kv_layout(e8.kv_cache_spec()), kv_layout(e32.kv_cache_spec())
+    l8, l32 = kv_layout(e8.remote.kv_cache_spec()), kv_layout(e32.remote.kv_cache_spec())
     assert l8.kv_dtype == "int8" and l8.scale_bytes == 4 and l32.scale_bytes == 0
     assert l8.block_bytes * 2 < l32.block_bytes  # int8 + scales vs fp32
 
     async def body() -> None:
-        rx = Receiver(e8.kv_cache, l8, ReceiverConfig(SECRET))
+        rx = Receiver(e8.remote.kv_cache, l8, ReceiverConfig(SECRET))
         endpoint = await rx.start()
         cfg = SenderConfig(SECRET)
-        tx = Sender(e32.kv_cache, l32, cfg, [TcpTransport(cfg.limits)])
+        tx = Sender(e32.remote.kv_cache, l32, cfg, [TcpTransport(cfg.limits)])
         try:
             with pytest.raises(LayoutMismatchError, match="kv_dtype"):
                 await tx.open("t", endpoint, [0], [1], time.monotonic() + 20)

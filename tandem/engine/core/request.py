@@ -3,9 +3,9 @@
     add_request ──> WAITING ──schedule──> RUNNING ──stop/length──> FINISHED_*
                        ^                     │
                        └──── PREEMPTED <─────┘  (blocks freed, recomputed later)
-    reserve_remote ──> WAITING_FOR_REMOTE_KV ──commit──> RUNNING   (KV arrived from a prefill worker)
-                                             ├─end───> FINISHED_ABORTED   (the push failed)
-                                             └─local─> WAITING            (prefilled here after all)
+    remote.decode.reserve ──> WAITING_FOR_REMOTE_KV ──commit──> RUNNING  (KV from a prefill worker)
+                                                    ├─end───> FINISHED_ABORTED  (the push failed)
+                                                    └─local─> WAITING  (prefilled here after all)
 (the WAITING_FOR_REMOTE_KV transitions and held blocks are tandem/engine/core/remote_kv.py's)
 
 A request with ``num_forks`` n > 1 (OpenAI's ``n`` / ``best_of``) is one prompt and n

@@ -7,20 +7,18 @@ import os
 from dataclasses import dataclass
 
 import grpc
-import torch
 
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.model_runner import ModelRunner
-from tandem.engine.omp_pools import release_this_threads_pool
+from tandem.engine.omp_pools import intra_op_threads, release_this_threads_pool
 from tandem.engine.step_threads import AdaptiveThreads
 from tandem.kv_transfer import Receiver, ReceiverConfig
-from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.convert import kv_layout
 from tandem.worker.core_lending import CoreBorrower
+from tandem.worker.decode import servicer
 from tandem.worker.decode.service import DecodeConfig, DecodeWorker
-from tandem.worker.decode.servicer import DecodeServicer
 from tandem.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -40,8 +38,7 @@ class DecodeApp(WorkerAppShell):
     """A started ``DecodeWorker``: the shell plus the receiver's endpoint."""
 
     role = "decode"
-    role_proto = worker_pb2.ROLE_DECODE
-    service_name = worker_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name
+    service_name = servicer.SERVICE_NAME
 
     def __init__(self, worker: DecodeWorker, receiver: Receiver) -> None:
         super().__init__(worker)
@@ -50,7 +47,7 @@ class DecodeApp(WorkerAppShell):
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the DecodeService servicer."""
         assert isinstance(self.worker, DecodeWorker)
-        worker_pb2_grpc.add_DecodeServiceServicer_to_server(DecodeServicer(self.worker), server)
+        servicer.add_to_server(self.worker, server)
 
     def ready_info(self) -> dict[str, str]:
         """The KV receiver's TCP address for the READY line."""
@@ -72,8 +69,8 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
         metrics.borrowed_steps = lambda: rule.wide_steps
     release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
-    layout = kv_layout(engine.kv_cache_spec())
-    receiver = Receiver(engine.kv_cache, layout, ReceiverConfig(
+    layout = kv_layout(engine.remote.kv_cache_spec())
+    receiver = Receiver(engine.remote.kv_cache, layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
         enable_shm=wc.kv_shm, tls=wc.kv_tls))
     try:
@@ -106,7 +103,7 @@ def choose_step_threads(runner: ModelRunner, core_share: str | None,
             raise StartupError(str(exc)) from exc
         rule = runner.adapt_threads(len(os.sched_getaffinity(0)), lease)
     elif adaptive:
-        rule = runner.adapt_threads(torch.get_num_threads())
+        rule = runner.adapt_threads(intra_op_threads())
     else:
         return None
     if rule is not None:

@@ -1,12 +1,16 @@
-"""What the decode worker's calls return (plain values; the servicer makes protos of them)."""
+"""What the decode worker's calls return (plain values; the servicer makes protos of them).
+
+    Reserve      ──> ReserveResult   where and into which blocks the prefill worker pushes
+    Decode       ──> StreamMessage…  a sequence's outputs after its first token
+    PrefillLocal ──> FirstToken      (tandem/worker/first_token.py, shared with the prefill role)
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tandem.engine.outputs import TokenLogprob
+from tandem.engine.outputs import RequestOutput
 from tandem.kv_transfer import KvLayout
-from tandem.protos.v1 import tandem_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,13 +25,21 @@ class ReserveResult:
 
 
 @dataclass(frozen=True, slots=True)
-class FirstToken:
-    """The first sampled token of a prefill, and what it cost."""
+class StreamMessage:
+    """One Decode stream message: an engine output of sequence ``index``, after the text an
+    earlier output left unsent (the first token's: the router has that token from the
+    prefill's answer, its text comes here so the stream's texts make the whole completion)."""
 
-    token_id: int
-    logprob: TokenLogprob | None
-    cached_tokens: int
-    prefill_s: float
-    prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # asked for
-    # a forked request's sequences 1..n-1: their first tokens (and logprobs when asked)
-    forked: list[tuple[int, TokenLogprob | None]] = field(default_factory=list)
+    output: RequestOutput
+    index: int = 0  # the sequence of a forked request (0 otherwise)
+    text_prefix: str = ""
+
+    @property
+    def finished(self) -> bool:
+        """True on the stream's last message."""
+        return self.output.finished
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens this message carries."""
+        return self.output.new_token_ids

@@ -4,13 +4,14 @@ A request's life on this worker (DESIGN.md section 2). The reservation's one rec
 engine's ledger (tandem/engine/core/remote_kv.py), named by the transfer id minted here at Reserve
 and kept on the request's ``RequestStream``; receiver events map to requests through it.
 
-    Reserve ──> engine.reserve_remote(transfer_id): the prompt's cached prefix + blocks for the
-            rest; receiver.reserve(lease) on those only (a push never writes a shared block)
+    Reserve ──> engine.remote.decode.reserve(transfer_id): the prompt's cached prefix + blocks
+            for the rest; receiver.reserve(lease) on those only (a push never writes a shared
+            block)
             ──> RESERVED (the reply says how many prompt tokens were cached)
-    RESERVED ──Committed──> engine.commit_remote: joins the running batch at the next step
-             ──Aborted / Expired──> engine.end_remote: blocks freed, stream ends with an error
+    RESERVED ──Committed──> remote.decode.commit_forked: joins the running batch next step
+             ──Aborted / Expired──> remote.decode.end: blocks freed, the stream ends (error)
              ──Abort──> receiver.release, then engine.abort
-             ──PrefillLocal──> receiver.release, then engine.prefill_reserved_locally (same id)
+             ──PrefillLocal──> receiver.release, then remote.decode.prefill_locally (same id)
     RUNNING  ──tokens──> RequestStream ──> Decode RPC (one reader)
     Decode cancelled by its client ──> engine.abort (blocks back to the pool)
 
@@ -44,14 +45,13 @@ from tandem.common.wire import MAX_SEQUENCES
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.core.request import FORK_SEPARATOR, sequence_id
 from tandem.engine.errors import UnknownRequestError
-from tandem.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from tandem.engine.outputs import EngineStats
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import Aborted, Committed, Expired, Receiver, TransferEvent
-from tandem.protos.v1 import tandem_pb2
-from tandem.worker.convert import prompt_logprobs_to_proto
-from tandem.worker.decode.results import FirstToken, ReserveResult
+from tandem.worker.decode.results import ReserveResult, StreamMessage
 from tandem.worker.decode.streams import RequestStream
 from tandem.worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
+from tandem.worker.first_token import FirstToken
 from tandem.worker.metrics import TransferTotals, WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ class DecodeWorker:
         try:
             await self._ae.prepare(params)
             granted = await self._ae.call(
-                lambda e: e.reserve_remote(rid, tokens, params, prior, transfer_id=tid, n=n),
+                lambda e: e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
+                                                  n=n),
                 stream=[s.request_id for s in group],
             )
         except BaseException as exc:
@@ -162,7 +163,7 @@ class DecodeWorker:
         try:
             self._receiver.reserve(tid, block_ids, lease)
         except BaseException as exc:
-            await self._ae.call(lambda e: e.end_remote(tid))  # never leased: nothing written
+            await self._ae.call(lambda e: e.remote.decode.end(tid))  # never leased: unwritten
             self._fail(group, exc)
             raise
         for stream in group:
@@ -170,8 +171,7 @@ class DecodeWorker:
         return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout,
                              granted.cached_tokens)
 
-    async def decode(self, request_id: str, index: int = 0
-                     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    async def decode(self, request_id: str, index: int = 0) -> AsyncIterator[StreamMessage]:
         """Stream the messages of a request's sequence ``index`` (0 unless it is forked)
         after its first token; a client that goes away aborts that sequence. Raises
         UnknownRequest, WrongState, TransferEnded."""
@@ -217,7 +217,7 @@ class DecodeWorker:
         # release before free: no frame lands in the blocks once this returns
         self._receiver.release(group[0].transfer_id, "prefilled locally by the decode worker")
         try:
-            await self._ae.call(lambda e: e.prefill_reserved_locally(rid))
+            await self._ae.call(lambda e: e.remote.decode.prefill_locally(rid))
         except UnknownRequestError:
             raise WrongState(f"request {rid!r} has no pending reservation "
                              "(already committed, prefilled or ended)") from None
@@ -233,11 +233,7 @@ class DecodeWorker:
             raise TransferEnded(f"local prefill produced no token ({outs[0].finish_reason})")
         seconds = time.monotonic() - t0
         self.metrics.first_token(seconds)
-        out = outs[0]
-        return FirstToken(out.new_token_ids[0], _first_logprob(out), out.num_cached_tokens,
-                          seconds,
-                          prompt_logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids),
-                          [(o.new_token_ids[0], _first_logprob(o)) for o in outs[1:]])
+        return FirstToken.of(outs, seconds)
 
     async def abort(self, request_id: str, index: int | None = None) -> bool:
         """Stop a request wherever it is and free its blocks (``index``: only that sequence
@@ -294,7 +290,8 @@ class DecodeWorker:
         if isinstance(event, Committed):
             try:
                 outs = await self._ae.call(
-                    lambda e: e.commit_forked(tid, event.first_tokens, event.first_logprobs)
+                    lambda e: e.remote.decode.commit_forked(tid, event.first_tokens,
+                                                            event.first_logprobs)
                 )
             except Exception as exc:  # a first token outside the vocabulary, a wrong count
                 self._count_commit(event)
@@ -321,7 +318,7 @@ class DecodeWorker:
 
     async def _end(self, transfer_id: str, why: TransferEnded) -> None:
         """A transfer that will not commit: the engine frees its reservation, if still live."""
-        out = await self._ae.call(lambda e: e.end_remote(transfer_id))
+        out = await self._ae.call(lambda e: e.remote.decode.end(transfer_id))
         if out is None:
             log.debug("transfer %s ended after its reservation: %s", transfer_id, why)
             return
@@ -417,7 +414,3 @@ def _check_request_id(request_id: str) -> None:
         raise BadRequest("request_id", "must be 1..256 characters")
     if FORK_SEPARATOR in request_id:  # the engine names forked sequences with it
         raise BadRequest("request_id", f"must not contain {FORK_SEPARATOR!r}")
-
-
-def _first_logprob(out: RequestOutput) -> TokenLogprob | None:
-    return out.logprobs[0] if out.logprobs else None

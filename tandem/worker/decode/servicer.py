@@ -1,8 +1,9 @@
 """``tandem.v1.DecodeService`` over gRPC: a thin typed wrapper over ``DecodeWorker``.
 
-Protos in, plain values to the worker, protos out; typed errors become status codes here
-(``tandem.worker.errors``). Each call is a span under the router's, its log lines name the leg
-(``tandem.worker.rpc_context``).
+Protos in, plain values to the worker, plain values back (``ReserveResult``,
+``StreamMessage``, ``FirstToken``, ``WorkerStatus``) made protos here through
+``tandem.worker.convert``; typed errors become status codes (``tandem.worker.errors``). Each
+call is a span under the router's, its log lines name the leg (``tandem.worker.rpc_context``).
 """
 
 from __future__ import annotations
@@ -12,18 +13,25 @@ from collections.abc import AsyncIterator
 import grpc
 
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
-from tandem.worker.app import worker_stats
+from tandem.worker.app import worker_status
 from tandem.worker.convert import (
-    first_tokens_to_proto,
+    first_token_to_proto,
     layout_to_proto,
-    logprobs_to_proto,
+    response_from_output,
     sampling_from_proto,
+    status_to_proto,
 )
 from tandem.worker.decode.service import DecodeWorker
 from tandem.worker.errors import abort_with_status
 from tandem.worker.rpc_context import serving
 
 Context = grpc.aio.ServicerContext
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name
+
+
+def add_to_server(worker: DecodeWorker, server: grpc.aio.Server) -> None:
+    """Serve ``worker`` as the DecodeService of ``server``."""
+    worker_pb2_grpc.add_DecodeServiceServicer_to_server(DecodeServicer(worker), server)
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
@@ -61,7 +69,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
                 async for msg in self._worker.decode(request.request_id, request.index):
                     if msg.finished:
                         span.end()  # the stream's work is done: its close is the router's
-                    yield msg
+                    reply = response_from_output(msg.output, msg.text_prefix)
+                    reply.index = msg.index
+                    yield reply
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
@@ -75,17 +85,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
-        reply = worker_pb2.PrefillResponse(
-            first_token=first.token_id, cached_tokens=first.cached_tokens,
-            prefill_s=first.prefill_s, transfer_s=0.0,
-        )
-        if first.logprob is not None:
-            reply.logprob = first.logprob.logprob
-            reply.first_logprob.CopyFrom(logprobs_to_proto([first.logprob])[0])
-        reply.prompt_logprobs.extend(first.prompt_logprobs)
-        reply.first_tokens.extend(first_tokens_to_proto(first.token_id, first.logprob,
-                                                        first.forked))
-        return reply
+        return first_token_to_proto(first)
 
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: Context
@@ -103,7 +103,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         self, request: worker_pb2.StatsRequest, context: Context
     ) -> worker_pb2.WorkerStats:
         try:
-            return await worker_stats(self._worker, worker_pb2.ROLE_DECODE)
+            return status_to_proto(await worker_status(self._worker, "decode"))
         except Exception as exc:
             await abort_with_status(context, exc)
             raise

@@ -1,6 +1,7 @@
 """One request's messages on the decode worker, from Reserve to its last message.
 
-    engine outputs (AsyncEngine stream, opened at Reserve) --pump--> queue --> Decode RPC
+    engine outputs (AsyncEngine stream, opened at Reserve) --pump--> queue --> StreamMessage
+        --> Decode RPC (the servicer makes the protos)
     first token (COMMIT or local prefill): not streamed (the router has it from the prefill
         reply) but its text delta is carried into the next message, so the stream's texts
         concatenate to the whole completion
@@ -20,8 +21,7 @@ from collections.abc import AsyncIterator, Callable
 
 from tandem.engine.async_engine import AsyncEngine, EngineDeadError
 from tandem.engine.outputs import RequestOutput
-from tandem.protos.v1 import tandem_pb2
-from tandem.worker.convert import response_from_output
+from tandem.worker.decode.results import StreamMessage
 from tandem.worker.errors import TransferEnded, WorkerError
 
 StreamItem = RequestOutput | WorkerError
@@ -119,14 +119,13 @@ class RequestStream:
             self.ended = True
             self._on_end(self)
 
-    async def messages(self) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    async def messages(self) -> AsyncIterator[StreamMessage]:
         """Yield stream messages up to the last one; a final error item is raised."""
         while True:
             item = await self._queue.get()
             if isinstance(item, WorkerError):
                 raise item
-            msg = response_from_output(item, self._text_prefix)
-            msg.index = self.index
+            msg = StreamMessage(item, self.index, self._text_prefix)
             self._text_prefix = ""
             yield msg
             if item.finished:

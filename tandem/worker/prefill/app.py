@@ -8,14 +8,13 @@ import grpc
 
 from tandem.engine.async_engine import AsyncEngine
 from tandem.kv_transfer import Sender, SenderConfig
-from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.convert import kv_layout
 from tandem.worker.core_lending import CoreLender
+from tandem.worker.prefill import servicer
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tandem.worker.prefill.service import PrefillConfig, PrefillWorker
-from tandem.worker.prefill.servicer import PrefillServicer
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,13 +29,12 @@ class PrefillApp(WorkerAppShell):
     """A started ``PrefillWorker``: the shell, nothing to add (it receives no KV)."""
 
     role = "prefill"
-    role_proto = worker_pb2.ROLE_PREFILL
-    service_name = worker_pb2.DESCRIPTOR.services_by_name["PrefillService"].full_name
+    service_name = servicer.SERVICE_NAME
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the PrefillService servicer."""
         assert isinstance(self.worker, PrefillWorker)
-        worker_pb2_grpc.add_PrefillServiceServicer_to_server(PrefillServicer(self.worker), server)
+        servicer.add_to_server(self.worker, server)
 
 
 async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
@@ -51,8 +49,8 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
         raise StartupError(str(exc)) from exc
     ae = AsyncEngine(engine, on_step=metrics.observe_step,
                      on_busy=lender.set_busy if lender is not None else None)
-    layout = kv_layout(engine.kv_cache_spec())
-    sender = Sender(engine.kv_cache, layout,
+    layout = kv_layout(engine.remote.kv_cache_spec())
+    sender = Sender(engine.remote.kv_cache, layout,
                     SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls))
     worker = PrefillWorker(ae, sender, PrefillConfig(
         worker_id=wc.resolved_worker_id("prefill"),

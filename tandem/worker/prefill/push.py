@@ -5,8 +5,9 @@
                    lease while the request waits in the engine's queue (up to the deadline)
     engine thread: layer hook fires as layer l's KV lands (the step that completes the prefill;
                    earlier chunks are already in the cache, so every block is pushed)
-        --call_soon_threadsafe--> on_layer(l, src block ids, wait)
-    event loop:    pusher task: (sources named on the first layer) wait for the device -> push(l)
+        --call_soon_threadsafe--> on_layer(l, src block ids, ready)
+    event loop:    pusher task: (sources named on the first layer) ready.wait() on a pool
+                   thread while the device still writes the layer -> push(l)
                    (layer l ships while the engine computes layer l + 1; never blocks the engine)
     commit(token): every layer queued -> COMMIT -> ACK                 -> nothing held here
     abort(reason): the pusher stops after its current item, ABORT      -> nothing held here
@@ -17,18 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import grpc
 
+from tandem.engine.kv_connector import LayerReady
 from tandem.engine.outputs import TokenLogprob
 from tandem.kv_transfer import ConfigError, Endpoint, KvTransferError, OutgoingTransfer, Sender
 from tandem.worker.prefill.errors import PushFailed, push_failed
 
 log = logging.getLogger(__name__)
 
-# (layer, source block ids, a blocking wait until the device has written the layer, or None)
-LayerItem = tuple[int, list[int], Callable[[], None] | None]
+# (layer, source block ids, the engine's handle saying whether the layer is written yet)
+LayerItem = tuple[int, list[int], LayerReady]
 
 
 def parse_endpoint(text: str) -> Endpoint:
@@ -63,10 +65,9 @@ class LayerPush:
         self._queue: asyncio.Queue[LayerItem | None] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def on_layer(self, layer: int, src_block_ids: list[int], wait: Callable[[], None] | None
-                 ) -> None:
+    def on_layer(self, layer: int, src_block_ids: list[int], ready: LayerReady) -> None:
         """Queue one computed layer (called on the event loop)."""
-        self._queue.put_nowait((layer, src_block_ids, wait))
+        self._queue.put_nowait((layer, src_block_ids, ready))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -75,13 +76,13 @@ class LayerPush:
         self.transfer = await self._sender.open(
             self.transfer_id, self._endpoint, None, self._dst, self._deadline)
         while not self._stopping and (item := await self._queue.get()) is not None:
-            layer, src, wait = item
+            layer, src, ready = item
             if not self.layers_pushed:
                 self._first_layer_at = time.monotonic()
                 # The prefill engine may hold more blocks than the prompt fills; never fewer.
                 self.transfer.set_source(src[self._skip : self._skip + len(self._dst)])
-            if wait is not None:  # CUDA: the layer's kernels must have finished
-                await loop.run_in_executor(None, wait)
+            if ready.pending:  # the device still runs the layer's kernels
+                await loop.run_in_executor(None, ready.wait)
             self.transfer.push(layer, layer + 1)
             self.layers_pushed += 1
 

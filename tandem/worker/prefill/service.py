@@ -1,12 +1,12 @@
 """The prefill worker's logic: prefill a prompt, push its KV, commit the first token.
 
-    Prefill ──> check layout, endpoint, blocks ──> engine.add_request(hold_kv, max_tokens=1)
+    Prefill ──> check layout, endpoint, blocks ──> engine.remote.prefill.add(max_tokens=1)
             ──> layer hook: LayerPush opens the transfer and ships each layer as it lands
                 (the blocks after ``skip_tokens``: the decode worker caches the ones before)
             ──> first token sampled ──> COMMIT (ACK) ──> reply first token and timings
                 (a forked request, ``n`` > 1: the prompt computed and pushed once, n first
                 tokens sampled from its last row, sequence j with seed + j; one COMMIT)
-                (meanwhile, between engine steps, engine.release: blocks back to the pool,
+                (meanwhile, between engine steps, remote.prefill.release: blocks back to the pool,
                 still prefix-cached; the reply never waits for the engine's current step)
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
 
@@ -21,22 +21,21 @@ import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import grpc
-import torch
 
 from tandem.common.obs import tracing
 from tandem.common.wire import MAX_SEQUENCES
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.core.request import sequence_id
-from tandem.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from tandem.engine.kv_connector import LayerReady
+from tandem.engine.outputs import EngineStats, RequestOutput
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import ConfigError, Endpoint, Sender
-from tandem.protos.v1 import tandem_pb2, worker_pb2
-from tandem.worker.convert import layout_mismatch, prompt_logprobs_to_proto
 from tandem.worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
+from tandem.worker.first_token import FirstToken
+from tandem.worker.layout import LayoutSummary, layout_mismatch
 from tandem.worker.metrics import TransferTotals
 from tandem.worker.prefill.errors import PushFailed
 from tandem.worker.prefill.metrics import PrefillMetrics
@@ -63,7 +62,7 @@ class PrefillSpec:
     transfer_id: str
     block_ids: list[int]
     kv_endpoint: str
-    layout: worker_pb2.KVLayout
+    layout: LayoutSummary  # the decode worker's: must be this worker's own
     prior_output_tokens: int = 0  # a migrated request's already-streamed tail of token_ids
     skip_tokens: int = 0  # the decode worker holds these leading tokens' KV: not pushed
     trace: tracing.Span = tracing.NO_SPAN  # the call's span, the parent of the prefill's own
@@ -72,20 +71,6 @@ class PrefillSpec:
     def skip_blocks(self, block_size: int) -> int:
         """Leading blocks of the prompt that are not pushed."""
         return self.skip_tokens // block_size
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillResult:
-    """The first token, and what the prefill and the push cost."""
-
-    first_token: int
-    logprob: TokenLogprob | None
-    cached_tokens: int
-    prefill_s: float
-    transfer_s: float
-    prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # asked for
-    # a forked request's sequences 1..n-1: their first tokens (and logprobs when asked)
-    forked: list[tuple[int, TokenLogprob | None]] = field(default_factory=list)
 
 
 class PrefillWorker:
@@ -104,11 +89,10 @@ class PrefillWorker:
         engine = ae.engine
         self.layout = sender.layout
         self._vocab_size = engine.arch.vocab_size
-        self._cuda = engine.kv_cache.is_cuda
         self._ae = ae
         self._sender = sender
         self._pushes: dict[str, LayerPush] = {}
-        self._tasks: dict[str, asyncio.Task[PrefillResult]] = {}
+        self._tasks: dict[str, asyncio.Task[FirstToken]] = {}
         self._releasing: dict[str, asyncio.Task[None]] = {}  # committed, blocks being freed
         self._aborted: set[str] = set()
         self._changed = asyncio.Event()
@@ -118,26 +102,23 @@ class PrefillWorker:
     async def start(self) -> None:
         """Install the layer hook on the engine."""
         self._loop = asyncio.get_running_loop()
-        await self._ae.call(lambda e: e.set_layer_hook(self._hook))
+        await self._ae.call(lambda e: e.remote.prefill.set_layer_hook(self._hook))
 
-    def _hook(self, layer: int, done: list[tuple[str, list[int]]]) -> None:
-        """Engine thread: layer ``layer`` of ``done``'s requests is in the cache."""
-        wait = None
-        if self._cuda:  # kernels are queued, not finished: the pusher waits on this event
-            event = torch.cuda.Event()
-            event.record()
-            wait = event.synchronize
+    def _hook(self, layer: int, done: list[tuple[str, list[int]]], ready: LayerReady) -> None:
+        """Engine thread: layer ``layer`` of ``done``'s requests is being written into the
+        cache (``ready``: the engine's handle the pusher waits on before reading it)."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._on_layer, layer, done, wait)
+        self._loop.call_soon_threadsafe(self._on_layer, layer, done, ready)
 
-    def _on_layer(self, layer: int, done: list[tuple[str, list[int]]], wait: Any) -> None:
+    def _on_layer(self, layer: int, done: list[tuple[str, list[int]]], ready: LayerReady
+                  ) -> None:
         for request_id, block_ids in done:
             push = self._pushes.get(request_id)
             if push is not None:  # None: aborted in the meantime
-                push.on_layer(layer, block_ids, wait)
+                push.on_layer(layer, block_ids, ready)
 
     # -- RPCs ------------------------------------------------------------------------------
-    async def prefill(self, spec: PrefillSpec, deadline_s: float | None = None) -> PrefillResult:
+    async def prefill(self, spec: PrefillSpec, deadline_s: float | None = None) -> FirstToken:
         """Prefill, push and commit; see the module docstring. ``deadline_s`` (seconds from
         now) caps the transfer timeout. Raises Draining, LayoutMismatch, BadRequest,
         InvalidRequestError, TransferEnded (aborted) or a push error."""
@@ -182,7 +163,7 @@ class PrefillWorker:
                              f"{spec.skip_tokens} already there) that needs {need}")
         spec.params.validate(self._vocab_size)
 
-    async def _prefill(self, spec: PrefillSpec, deadline_s: float | None) -> PrefillResult:
+    async def _prefill(self, spec: PrefillSpec, deadline_s: float | None) -> FirstToken:
         t0 = time.monotonic()
         try:
             endpoint = parse_endpoint(spec.kv_endpoint)
@@ -205,7 +186,7 @@ class PrefillWorker:
     async def _prefill_and_push(self, spec: PrefillSpec, first: SamplingParams,
                                 endpoint: Endpoint, t0: float, timeout: float,
                                 deadline_s: float | None, push_span: tracing.Span
-                                ) -> PrefillResult:
+                                ) -> FirstToken:
         rid = spec.request_id
         push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout,
                          spec.skip_blocks(self.layout.block_size))
@@ -219,8 +200,8 @@ class PrefillWorker:
                               attributes={"tandem.prompt_tokens": len(tokens)}) as engine_span:
                 await self._ae.prepare(first)
                 await self._ae.call(
-                    lambda e: e.add_request(tokens, first, request_id=rid, hold_kv=True,
-                                            prior_output_tokens=prior, n=n),
+                    lambda e: e.remote.prefill.add(tokens, first, request_id=rid,
+                                                   prior_output_tokens=prior, n=n),
                     stream=seqs,
                 )
                 outs = [await self._first_output(sid) for sid in seqs]
@@ -230,8 +211,8 @@ class PrefillWorker:
             if any(not o.new_token_ids for o in outs):
                 raise WrongState(f"prefill produced no token ({out.finish_reason})")
             self.metrics.first_token(prefill_s)
-            firsts = [(o.new_token_ids[0], o.logprobs[0] if o.logprobs else None) for o in outs]
-            lp = firsts[0][1]
+            answer = FirstToken.of(outs, prefill_s)
+            firsts = [(answer.token_id, answer.logprob), *answer.forked]
             try:
                 with tracing.span("kv.commit", push_span):
                     transfer_s = await push.commit(firsts, self.layout.num_layers)
@@ -240,10 +221,7 @@ class PrefillWorker:
                                    and deadline_s <= self.config.transfer_timeout_s) from exc
             committed = True
             self.metrics.transfer_committed(self._pushed_bytes(push, spec), transfer_s)
-            return PrefillResult(out.new_token_ids[0], lp, out.num_cached_tokens, prefill_s,
-                                 transfer_s,
-                                 prompt_logprobs_to_proto(out.prompt_logprobs, tokens),
-                                 firsts[1:])
+            return dataclasses.replace(answer, transfer_s=transfer_s)
         finally:
             self._pushes.pop(rid, None)
             push_span.set_attributes({"tandem.layers_pushed": push.layers_pushed,
@@ -271,7 +249,7 @@ class PrefillWorker:
         async def release() -> None:
             try:
                 if self._ae.alive:
-                    await self._ae.call(lambda e: e.abort(request_id))
+                    await self._ae.call(lambda e: e.remote.prefill.release(request_id))
             except Exception:  # the engine died meanwhile: its blocks die with it
                 log.exception("releasing %s's held blocks failed", request_id)
             finally:
@@ -334,7 +312,7 @@ class PrefillWorker:
         await asyncio.gather(*self._releasing.values(), return_exceptions=True)
         await self._sender.close()
         if self._ae.alive:
-            await self._ae.call(lambda e: e.set_layer_hook(None))
+            await self._ae.call(lambda e: e.remote.prefill.set_layer_hook(None))
         await self._ae.shutdown()
 
 

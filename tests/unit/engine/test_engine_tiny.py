@@ -122,27 +122,28 @@ def test_disaggregated_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
     path = tiny_dir("qwen2", 2)
     prefill = make_engine(model=str(path), num_blocks=64, block_size=16)
     decode = make_engine(model=str(path), num_blocks=64, block_size=16)
-    assert kv_layout(prefill.kv_cache_spec()).fingerprint == kv_layout(decode.kv_cache_spec()).fingerprint
+    assert kv_layout(prefill.remote.kv_cache_spec()).fingerprint == kv_layout(decode.remote.kv_cache_spec()).fingerprint
     prompt = _prompts([45], seed=6)[0]
     expected = _run(prefill, [prompt])[0]
 
-    layers_seen: list[int] = []
-    prefill.set_layer_hook(lambda layer, done: layers_seen.append(layer))
+    layers_seen: list[tuple[int, bool]] = []  # (layer, whether the device still writes it)
+    prefill.remote.prefill.set_layer_hook(
+        lambda layer, done, ready: layers_seen.append((layer, ready.pending)))
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    rid = prefill.add_request(prompt, one, request_id="r1", hold_kv=True)
+    rid = prefill.remote.prefill.add(prompt, one, request_id="r1")
     first = None
     while prefill.has_unfinished():
         for out in prefill.step():
             first = out.token_ids[0]
-    prefill.set_layer_hook(None)
-    assert layers_seen == list(range(prefill.arch.num_layers))
-    src = prefill.held_block_ids(rid)
+    prefill.remote.prefill.set_layer_hook(None)
+    assert layers_seen == [(layer, False) for layer in range(prefill.arch.num_layers)]
+    src = prefill.remote.prefill.held_block_ids(rid)
 
-    dst = decode.reserve_remote("r1", prompt, GREEDY).fill_block_ids
+    dst = decode.remote.decode.reserve("r1", prompt, GREEDY).fill_block_ids
     assert len(dst) == len(src)
     copy_blocks(prefill, src, decode, dst, layer_by_layer=True)  # as the transfer layer would
-    prefill.release(rid)
-    first_out = decode.commit_remote("r1", first)
+    prefill.remote.prefill.release(rid)
+    first_out = decode.remote.decode.commit("r1", first)
     tokens = list(first_out.new_token_ids)
     while decode.has_unfinished():
         for out in decode.step():
@@ -152,11 +153,11 @@ def test_disaggregated_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
 
 def test_reservation_abort_and_exhaustion(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=4, block_size=16)
-    engine.reserve_remote("x", list(range(3, 40)), GREEDY)  # 3 blocks
+    engine.remote.decode.reserve("x", list(range(3, 40)), GREEDY)  # 3 blocks
     with pytest.raises(OutOfBlocksError):
-        engine.reserve_remote("y", list(range(3, 40)), GREEDY)
+        engine.remote.decode.reserve("y", list(range(3, 40)), GREEDY)
     with pytest.raises(InvalidRequestError):
-        engine.reserve_remote("x", [5], GREEDY)
+        engine.remote.decode.reserve("x", [5], GREEDY)
     engine.abort("x")
 
 
@@ -217,15 +218,15 @@ def test_seeded_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
     p = SamplingParams(temperature=1.0, top_k=20, seed=5, max_tokens=12, ignore_eos=True)
     expected = _run(a, [prompt], p)[0]
     first_p = SamplingParams(temperature=1.0, top_k=20, seed=5, max_tokens=1, ignore_eos=True)
-    rid = a.add_request(prompt, first_p, request_id="s", hold_kv=True)
+    rid = a.remote.prefill.add(prompt, first_p, request_id="s")
     first = None
     while a.has_unfinished():
         for out in a.step():
             first = out.token_ids[0]
-    dst = b.reserve_remote("s", prompt, p).fill_block_ids
-    copy_blocks(a, a.held_block_ids(rid), b, dst)
-    a.release(rid)
-    tokens = list(b.commit_remote("s", first).new_token_ids)
+    dst = b.remote.decode.reserve("s", prompt, p).fill_block_ids
+    copy_blocks(a, a.remote.prefill.held_block_ids(rid), b, dst)
+    a.remote.prefill.release(rid)
+    tokens = list(b.remote.decode.commit("s", first).new_token_ids)
     while b.has_unfinished():
         for out in b.step():
             tokens += out.new_token_ids

@@ -147,37 +147,37 @@ def test_disaggregated_fork_pushes_the_prompt_once(tiny_dir, make_engine) -> Non
     expected = _singles(prefill, prompt, params, 4)  # (the decode engine caches nothing)
 
     first_p = _with(params, max_tokens=1)
-    prefill.add_request(prompt, first_p, request_id="r", hold_kv=True, n=4)
+    prefill.remote.prefill.add(prompt, first_p, request_id="r", n=4)
     firsts = {}
     while prefill.has_unfinished():
         for out in prefill.step():
             firsts[out.request_id] = out
     assert sorted(firsts) == ["r", "r#1", "r#2", "r#3"] and all(o.finished for o in firsts.values())
-    src = prefill.held_block_ids("r")
+    src = prefill.remote.prefill.held_block_ids("r")
     assert prefill.kv.pool.num_referenced() == len(src) == 3  # the sequences left theirs
 
-    reservation = decode.reserve_remote("r", prompt, params, transfer_id="t", n=4)
+    reservation = decode.remote.decode.reserve("r", prompt, params, transfer_id="t", n=4)
     assert len(reservation.fill_block_ids) == 3  # one reservation for the prompt, not four
     copy_blocks(prefill, src, decode, reservation.fill_block_ids)
-    prefill.release("r")
+    prefill.remote.prefill.release("r")
     seqs = [firsts[sequence_id("r", j)] for j in range(4)]
     with pytest.raises(InvalidRequestError):  # one token per sequence, or nothing happens
-        decode.commit_forked("t", [seqs[0].token_ids[0]])
-    outs = decode.commit_forked("t", [o.token_ids[0] for o in seqs],
+        decode.remote.decode.commit_forked("t", [seqs[0].token_ids[0]])
+    outs = decode.remote.decode.commit_forked("t", [o.token_ids[0] for o in seqs],
                                 [o.logprobs[0].logprob for o in seqs])
     assert outs is not None and [o.request_id for o in outs] == ["r", "r#1", "r#2", "r#3"]
     assert [o.logprobs[0].logprob for o in outs] == [o.logprobs[0].logprob for o in seqs]
     got = _drain(decode, outs)
     assert [got[sequence_id("r", j)] for j in range(4)] == expected
-    assert decode.commit_forked("t", [1, 2, 3, 4]) is None  # already committed
+    assert decode.remote.decode.commit_forked("t", [1, 2, 3, 4]) is None  # already committed
 
 
 def test_forked_reservation_prefilled_locally(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, block_size=16)
     prompt = _prompt(21, seed=6)
     expected = _singles(engine, prompt, SEEDED, 3)
-    engine.reserve_remote("r", prompt, SEEDED, transfer_id="t", n=3)
-    engine.prefill_reserved_locally("r")
+    engine.remote.decode.reserve("r", prompt, SEEDED, transfer_id="t", n=3)
+    engine.remote.decode.prefill_locally("r")
     got = _drain(engine)
     assert [got[sequence_id("r", j)] for j in range(3)] == expected
 
@@ -202,5 +202,5 @@ def test_bad_fork_is_refused(tiny_dir, make_engine, kw, field) -> None:
         engine.add_request([5, 6, 7], SEEDED, **kw)
     assert err.value.field == field
     with pytest.raises(InvalidRequestError):
-        engine.reserve_remote("x", [5, 6, 7], SEEDED, transfer_id="t", n=0)
+        engine.remote.decode.reserve("x", [5, 6, 7], SEEDED, transfer_id="t", n=0)
     assert engine.kv.pool.num_referenced() == 0

@@ -200,14 +200,14 @@ def test_prefill_role_reports_them_and_decode_role_does_not(tiny_dir, make_engin
     prefill = make_engine(model=str(path), num_blocks=64, block_size=16)
     decode = make_engine(model=str(path), num_blocks=64, block_size=16)
     prompt = _prompt(21, seed=12)
-    rid = prefill.add_request(prompt, _scored(max_tokens=1), request_id="r", hold_kv=True)
+    rid = prefill.remote.prefill.add(prompt, _scored(max_tokens=1), request_id="r")
     (out,) = [o for _ in range(2) for o in prefill.step()]
     assert out.finished and len(out.token_ids) == 1
     _assert_matches(out.prompt_logprobs, hf_prompt_logprobs(path, prompt), prompt)
-    decode.reserve_remote("r", prompt, _scored(max_tokens=2))
-    first = decode.commit_remote("r", out.token_ids[0])
+    decode.remote.decode.reserve("r", prompt, _scored(max_tokens=2))
+    first = decode.remote.decode.commit("r", out.token_ids[0])
     assert first is not None and first.prompt_logprobs is None
-    prefill.release(rid)
+    prefill.remote.prefill.release(rid)
     while decode.has_unfinished():
         assert all(o.prompt_logprobs is None for o in decode.step())
 

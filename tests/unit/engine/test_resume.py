@@ -1,7 +1,7 @@
 """Resuming a request elsewhere (migration): a request whose first k output tokens are handed
 in as the tail of its prompt, flagged with ``prior_output_tokens=k``, continues exactly as the
 uninterrupted request would, for seeded sampling with penalties, min/max tokens and stop
-strings, whether prefilled locally or through reserve_remote/commit_remote."""
+strings, whether prefilled locally or through remote.decode.reserve/commit."""
 
 from __future__ import annotations
 
@@ -54,17 +54,17 @@ def test_resumed_through_remote_kv(tiny_dir, make_engine) -> None:
     tokens = prompt + full[:k]
     # What a prefill worker does: sample one more token than the request already has.
     first_params = dataclasses.replace(SEEDED, max_tokens=k + 1, min_tokens=k + 1)
-    rid = a.add_request(tokens, first_params, hold_kv=True, prior_output_tokens=k)
+    rid = a.remote.prefill.add(tokens, first_params, prior_output_tokens=k)
     first = _finish(a, rid).token_ids[-1]
-    got = b.reserve_remote("r", tokens, SEEDED, prior_output_tokens=k)
+    got = b.remote.decode.reserve("r", tokens, SEEDED, prior_output_tokens=k)
     # B ran the prompt itself first, so it reuses its cached prefix: only the rest moves.
     skip = got.cached_tokens // 16
     assert skip == 2  # prompt + full[:2] were cached by B's own run
-    src = a.held_block_ids(rid)[skip:]
+    src = a.remote.prefill.held_block_ids(rid)[skip:]
     assert len(src) == len(got.fill_block_ids) == 1
     copy_blocks(a, src, b, got.fill_block_ids)
-    a.release(rid)
-    b.commit_remote("r", first)
+    a.remote.prefill.release(rid)
+    b.remote.decode.commit("r", first)
     assert _finish(b, "r").token_ids == full
 
 

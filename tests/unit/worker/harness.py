@@ -117,15 +117,15 @@ async def cluster(decode_engine: Any, prefill_engine: Any, *, orphan_ttl_s: floa
                   transfer_timeout_s: float = 30.0) -> AsyncIterator[Cluster]:
     """Start both workers in this process; on a clean exit, check nothing is left held."""
     dae, pae = AsyncEngine(decode_engine), AsyncEngine(prefill_engine)
-    receiver = Receiver(decode_engine.kv_cache,
-                        kv_layout(decode_engine.kv_cache_spec()),
+    receiver = Receiver(decode_engine.remote.kv_cache,
+                        kv_layout(decode_engine.remote.kv_cache_spec()),
                         ReceiverConfig(secret=TEST_SECRET, enable_shm=False))
     await receiver.start()
     decode = DecodeWorker(dae, receiver, DecodeConfig(
         "decode-test", orphan_ttl_s=orphan_ttl_s, drain_orphan_grace_s=drain_orphan_grace_s))
     await decode.start()
-    sender = Sender(prefill_engine.kv_cache,
-                    kv_layout(prefill_engine.kv_cache_spec()),
+    sender = Sender(prefill_engine.remote.kv_cache,
+                    kv_layout(prefill_engine.remote.kv_cache_spec()),
                     SenderConfig(secret=TEST_SECRET, prefer_shm=False,
                                  connect_timeout_s=connect_timeout_s))
     prefill = PrefillWorker(pae, sender, PrefillConfig("prefill-test", transfer_timeout_s))

@@ -1,6 +1,9 @@
-"""Proto <-> engine conversions and the error -> status mapping (no model needed)."""
+"""Proto <-> plain value conversions, the layout check and the error -> status mapping (no
+model needed)."""
 
 from __future__ import annotations
+
+import math
 
 import grpc
 import pytest
@@ -12,13 +15,16 @@ from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import ConnectionLost, LayoutMismatchError, TransferAborted
 from tandem.protos.v1 import tandem_pb2
 from tandem.worker.convert import (
+    first_token_to_proto,
     kv_layout,
-    layout_mismatch,
+    layout_from_proto,
     layout_to_proto,
     response_from_output,
     sampling_from_proto,
 )
 from tandem.worker.errors import Draining, grpc_status
+from tandem.worker.first_token import FirstToken
+from tandem.worker.layout import LayoutSummary, layout_mismatch
 
 
 def test_unset_fields_keep_engine_defaults() -> None:
@@ -73,15 +79,38 @@ def test_response_messages() -> None:
         3, 2, 16)
 
 
+def test_first_token_answers() -> None:
+    """A prefill's answer from its outputs: prompt logprobs one per prompt token (the first
+    NaN), a forked request's every first token (a missing logprob sent as 0)."""
+    lp = TokenLogprob(9, -0.5, [(9, -0.5), (4, -1.0)])
+    out = RequestOutput("r", [7, 8, 9], [9], "x", [9], "x", logprobs=[lp], num_cached_tokens=16,
+                        prompt_logprobs=[None, TokenLogprob(8, -2.0), TokenLogprob(9, -3.0)])
+    first = FirstToken.of([out], prefill_s=0.25, transfer_s=0.125)
+    reply = first_token_to_proto(first)
+    assert (reply.first_token, reply.cached_tokens, reply.prefill_s, reply.transfer_s) == (
+        9, 16, 0.25, 0.125)
+    assert reply.logprob == -0.5 and reply.first_logprob.top[1].token_id == 4
+    assert [p.token_id for p in reply.prompt_logprobs] == [7, 8, 9]
+    assert math.isnan(reply.prompt_logprobs[0].logprob)
+    assert [p.logprob for p in reply.prompt_logprobs[1:]] == [-2.0, -3.0]
+    assert not reply.first_tokens  # one sequence
+    other = RequestOutput("r#1", [7, 8, 9], [5], "y", [5], "y")
+    forked = first_token_to_proto(FirstToken.of([out, other], prefill_s=0.25))
+    assert [(t.token_id, t.logprob) for t in forked.first_tokens] == [(9, -0.5), (5, 0.0)]
+    plain = first_token_to_proto(FirstToken.of([other], prefill_s=0.25))
+    assert not plain.HasField("first_logprob") and not plain.prompt_logprobs
+
+
 def test_layouts() -> None:
     mine = kv_layout(KVCacheSpec("m", "float32", "float16", 16, 2, 2, 16))
     assert mine.kv_dtype == "float16" and mine.model_id == "m" and mine.scale_bytes == 0
     int8 = kv_layout(KVCacheSpec("m", "float32", "int8", 16, 2, 2, 16, scale_bytes=4))
     assert int8.row_width == 20 and int8.fingerprint != mine.fingerprint
     proto = layout_to_proto(mine)
-    assert layout_mismatch(mine, proto) is None
+    assert layout_from_proto(proto) == LayoutSummary.of(mine)  # the wire keeps every field
+    assert layout_mismatch(mine, layout_from_proto(proto)) is None
     proto.block_size, proto.fingerprint = 32, "x"
-    why = layout_mismatch(mine, proto)
+    why = layout_mismatch(mine, layout_from_proto(proto))
     assert why is not None and "block_size: 32 (decode) != 16 (prefill)" in why
 
 

@@ -1,4 +1,6 @@
-"""RegistryClient against a fake router: register, heartbeat, re-register, survive outages."""
+"""RegistryClient against a fake router: register, heartbeat, re-register, survive outages.
+The worker hands the client plain values (``Registration``, ``WorkerStatus``); the fake router
+sees the protos the client makes of them."""
 
 from __future__ import annotations
 
@@ -7,9 +9,26 @@ import socket
 
 import grpc
 
+from tandem.engine.outputs import EngineStats
+from tandem.kv_transfer import KvLayout
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.registration import RegistrationConfig, RegistryClient
+from tandem.worker.reports import Registration, WorkerStatus
 from tests.unit.worker.harness import until
+
+LAYOUT = KvLayout("m", "float32", "float32", 16, 2, 2, 16)
+
+
+def registration() -> Registration:
+    return Registration("decode", "w1", "127.0.0.1:1", LAYOUT, kv_endpoint="h|tcp=127.0.0.1:2")
+
+
+def worker_status(free_blocks: int) -> WorkerStatus:
+    engine = EngineStats(num_running=0, num_waiting=0, num_waiting_for_remote_kv=0, num_held=0,
+                         num_blocks=8, num_free_blocks=free_blocks, kv_cache_usage=0.0,
+                         prefix_cache_queries=0, prefix_cache_hits=0, num_preemptions=0,
+                         num_steps=0, num_generated_tokens=0)
+    return WorkerStatus("decode", "w1", engine)
 
 
 class FakeRouter(worker_pb2_grpc.RegistryServicer):
@@ -47,13 +66,12 @@ def _free_port() -> int:
 
 
 def _client(port: int) -> RegistryClient:
-    async def stats() -> worker_pb2.WorkerStats:
-        return worker_pb2.WorkerStats(worker_id="w1", num_free_blocks=7)
+    async def stats() -> WorkerStatus:
+        return worker_status(7)
 
     return RegistryClient(
         RegistrationConfig(f"127.0.0.1:{port}", min_backoff_s=0.01, max_backoff_s=0.05),
-        lambda: worker_pb2.RegisterRequest(role=worker_pb2.ROLE_DECODE, worker_id="w1",
-                                           endpoint="127.0.0.1:1"),
+        registration,
         stats,
     )
 
@@ -90,7 +108,12 @@ def test_register_heartbeat_and_reregister() -> None:
             return len(router.registered), len(router.beats)
 
         await until(count, lambda n: n[0] == 1 and n[1] >= 2)
+        reg = router.registered[0]
+        assert (reg.role, reg.worker_id, reg.endpoint, reg.kv_endpoint) == (
+            worker_pb2.ROLE_DECODE, "w1", "127.0.0.1:1", "h|tcp=127.0.0.1:2")
+        assert reg.layout.fingerprint == LAYOUT.fingerprint
         assert router.beats[0].stats.num_free_blocks == 7 and router.beats[0].worker_id == "w1"
+        assert router.beats[0].stats.role == worker_pb2.ROLE_DECODE
         router.forget_next = True
         await until(count, lambda n: n[0] == 2)
         task.cancel()
@@ -136,19 +159,14 @@ def test_a_slow_stats_read_does_not_delay_the_heartbeat() -> None:
         gate = asyncio.Event()
         reads = 0
 
-        async def stats() -> worker_pb2.WorkerStats:
+        async def stats() -> WorkerStatus:
             nonlocal reads
             reads += 1
             if reads == 2:  # the second read waits for a step that does not end
                 await gate.wait()
-            return worker_pb2.WorkerStats(worker_id="w1", num_free_blocks=reads)
+            return worker_status(reads)
 
-        client = RegistryClient(
-            RegistrationConfig(f"127.0.0.1:{port}"),
-            lambda: worker_pb2.RegisterRequest(role=worker_pb2.ROLE_DECODE, worker_id="w1",
-                                               endpoint="127.0.0.1:1"),
-            stats,
-        )
+        client = RegistryClient(RegistrationConfig(f"127.0.0.1:{port}"), registration, stats)
         task = asyncio.create_task(client.run())
 
         async def beats() -> int:

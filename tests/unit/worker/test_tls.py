@@ -10,9 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
+from tandem.protos.v1 import worker_pb2_grpc
 from tandem.worker.decode.cli import build_parser
 from tandem.worker.registration import RegistrationConfig, RegistryClient
+from tandem.worker.reports import WorkerStatus
 from tandem.worker.tls import (
     TlsConfigError,
     kv_tls_from_args,
@@ -21,7 +22,7 @@ from tandem.worker.tls import (
 )
 from tests.integration.tls_certs import make_certs
 from tests.unit.worker.harness import until
-from tests.unit.worker.test_registration import FakeRouter
+from tests.unit.worker.test_registration import FakeRouter, registration, worker_status
 
 
 def _args(*flags: str):  # noqa: ANN202 - argparse.Namespace
@@ -102,8 +103,7 @@ def test_registration_reaches_a_tls_router_only_with_its_ca(tmp_path: Path) -> N
                 client = RegistryClient(
                     RegistrationConfig(f"127.0.0.1:{port}", min_backoff_s=0.01,
                                        max_backoff_s=0.05, credentials=credentials),
-                    lambda: worker_pb2.RegisterRequest(
-                        role=worker_pb2.ROLE_DECODE, worker_id="w1", endpoint="127.0.0.1:1"),
+                    registration,
                     _stats,
                 )
                 task = asyncio.create_task(client.run())
@@ -122,8 +122,8 @@ def test_registration_reaches_a_tls_router_only_with_its_ca(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
-async def _stats() -> worker_pb2.WorkerStats:
-    return worker_pb2.WorkerStats(worker_id="w1")
+async def _stats() -> WorkerStatus:
+    return worker_status(free_blocks=8)
 
 
 def _counter(client: RegistryClient, name: str):  # noqa: ANN202 - an async getter

@@ -60,14 +60,14 @@ def test_unknown_or_mismatched_kv_dtypes_are_refused() -> None:
 def test_a_float16_block_is_half_a_float32_block(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=8, kv_cache_dtype="float16")
     arch = engine.arch
-    assert engine.kv_cache.dtype == torch.float16
+    assert engine.runner.kv_cache.dtype == torch.float16
     f16 = ModelRunner.kv_bytes_per_block(arch, 16, torch.float32, "float16")
     assert 2 * f16 == ModelRunner.kv_bytes_per_block(arch, 16, torch.float32, "float32")
     assert f16 == arch.num_layers * 2 * 16 * arch.num_kv_heads * arch.head_dim * 2
     ref = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=8)  # float32 (conftest)
-    assert engine.kv_cache_spec().kv_dtype == "float16"
-    assert kv_layout(ref.kv_cache_spec()).fingerprint != \
-        kv_layout(engine.kv_cache_spec()).fingerprint
+    assert engine.remote.kv_cache_spec().kv_dtype == "float16"
+    assert kv_layout(ref.remote.kv_cache_spec()).fingerprint != \
+        kv_layout(engine.remote.kv_cache_spec()).fingerprint
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -99,14 +99,14 @@ def test_handoff_ships_float16_blocks(make_engine, tiny_dir) -> None:
     kw = dict(model=model, num_blocks=32, block_size=16, kv_cache_dtype="float16")
     want = _run(make_engine(**kw))
     pre, dec = make_engine(**kw), make_engine(**kw)
-    rid = pre.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=1), hold_kv=True)
+    rid = pre.remote.prefill.add(PROMPT, SamplingParams(temperature=0.0, max_tokens=1))
     first: list[int] = []
     while pre.has_unfinished():
         first += [t for o in pre.step() for t in o.new_token_ids]
-    dst = dec.reserve_remote("r", PROMPT, GREEDY).fill_block_ids
-    copy_blocks(pre, pre.held_block_ids(rid), dec, dst)
-    pre.release(rid)
-    got = list(dec.commit_remote("r", first[0]).new_token_ids)
+    dst = dec.remote.decode.reserve("r", PROMPT, GREEDY).fill_block_ids
+    copy_blocks(pre, pre.remote.prefill.held_block_ids(rid), dec, dst)
+    pre.remote.prefill.release(rid)
+    got = list(dec.remote.decode.commit("r", first[0]).new_token_ids)
     while dec.has_unfinished():
         got += [t for o in dec.step() for t in o.new_token_ids]
     assert got == want

@@ -47,8 +47,8 @@ def test_int8_kv_tracks_the_float_cache(make_engine, tiny_dir, arch: str, kv_hea
     ref = make_engine(model=model, num_blocks=64, block_size=16)
     q8 = make_engine(model=model, num_blocks=64, block_size=16, kv_cache_dtype="int8")
     hd = ref.arch.head_dim
-    assert q8.kv_cache.dtype == torch.int8 and q8.kv_cache.shape[-1] == hd + 4
-    per_token = {e: e.kv_cache[:, :, 0, 0].numel() * e.kv_cache.element_size() for e in (ref, q8)}
+    assert q8.runner.kv_cache.dtype == torch.int8 and q8.runner.kv_cache.shape[-1] == hd + 4
+    per_token = {e: e.runner.kv_cache[:, :, 0, 0].numel() * e.runner.kv_cache.element_size() for e in (ref, q8)}
     assert per_token[q8] / per_token[ref] == (hd + 4) / (4 * hd)  # fp32 -> int8 + scale
     # Token by token log-likelihoods over a 3-chunk prefill: close, not equal.
     ids = PROMPT * 2
@@ -63,9 +63,9 @@ def test_layout_names_the_kv_dtype(make_engine, tiny_dir) -> None:
     model = str(tiny_dir("llama", 2))
     ref = make_engine(model=model, num_blocks=8)
     q8 = make_engine(model=model, num_blocks=8, kv_cache_dtype="int8")
-    assert ref.kv_cache_spec().kv_dtype == "float32" and q8.kv_cache_spec().kv_dtype == "int8"
-    assert q8.kv_cache_spec().scale_bytes == 4 and ref.kv_cache_spec().scale_bytes == 0
-    assert kv_layout(ref.kv_cache_spec()).fingerprint != kv_layout(q8.kv_cache_spec()).fingerprint
+    assert ref.remote.kv_cache_spec().kv_dtype == "float32" and q8.remote.kv_cache_spec().kv_dtype == "int8"
+    assert q8.remote.kv_cache_spec().scale_bytes == 4 and ref.remote.kv_cache_spec().scale_bytes == 0
+    assert kv_layout(ref.remote.kv_cache_spec()).fingerprint != kv_layout(q8.remote.kv_cache_spec()).fingerprint
 
 
 def test_prefix_cache_and_batching_with_int8(make_engine, tiny_dir) -> None:
@@ -96,15 +96,15 @@ def test_handoff_ships_int8_blocks_with_their_scales(make_engine, tiny_dir) -> N
     want = _run(one)
     pre = make_engine(model=model, num_blocks=32, block_size=16, kv_cache_dtype="int8")
     dec = make_engine(model=model, num_blocks=32, block_size=16, kv_cache_dtype="int8")
-    rid = pre.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=1), hold_kv=True)
+    rid = pre.remote.prefill.add(PROMPT, SamplingParams(temperature=0.0, max_tokens=1))
     first = [t for o in pre.step() for t in o.new_token_ids]
     while pre.has_unfinished():
         first += [t for o in pre.step() for t in o.new_token_ids]
-    assert pre.kv_cache.dtype == torch.int8 and pre.kv_cache.shape[-1] == pre.arch.head_dim + 4
-    dst = dec.reserve_remote("r", PROMPT, GREEDY).fill_block_ids
-    copy_blocks(pre, pre.held_block_ids(rid), dec, dst)
-    pre.release(rid)
-    out = dec.commit_remote("r", first[0])
+    assert pre.runner.kv_cache.dtype == torch.int8 and pre.runner.kv_cache.shape[-1] == pre.arch.head_dim + 4
+    dst = dec.remote.decode.reserve("r", PROMPT, GREEDY).fill_block_ids
+    copy_blocks(pre, pre.remote.prefill.held_block_ids(rid), dec, dst)
+    pre.remote.prefill.release(rid)
+    out = dec.remote.decode.commit("r", first[0])
     got = list(out.new_token_ids)
     while dec.has_unfinished():
         got += [t for o in dec.step() for t in o.new_token_ids]

@@ -150,8 +150,8 @@ def test_the_default_float16_cache_keeps_the_float32_cache_s_text(engines, ppl) 
     default, ref = engines["default"], engines["auto"]
     if default.runner.fused is None:
         pytest.skip("no native kernels: the cache stays float32")
-    assert default.kv_cache.dtype == torch.float16 and ref.kv_cache.dtype == torch.float32
-    assert default.kv_cache_spec().kv_dtype == "float16"
+    assert default.runner.kv_cache.dtype == torch.float16 and ref.runner.kv_cache.dtype == torch.float32
+    assert default.remote.kv_cache_spec().kv_dtype == "float16"
     ids = ref.tokenizer.encode(TEXT.read_text())[:512]
     native = perplexity(default.runner, ids, chunk=128, fused=True)
     assert abs(native / ppl["auto"] - 1) < 0.0005, (native, ppl["auto"])

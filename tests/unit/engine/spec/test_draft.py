@@ -75,15 +75,15 @@ def test_draft_builds_its_kv_after_a_handoff(tiny_dir, make_engine) -> None:
     prompt = prompts([29], seed=10)[0]
     want = run(prefill, [prompt], GREEDY)[0][0]
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    rid = prefill.add_request(prompt, one, request_id="h", hold_kv=True)
+    rid = prefill.remote.prefill.add(prompt, one, request_id="h")
     first = None
     while prefill.has_unfinished():
         for out in prefill.step():
             first = out.token_ids[0]
-    dst = decode.reserve_remote("h", prompt, GREEDY).fill_block_ids
-    copy_blocks(prefill, prefill.held_block_ids(rid), decode, dst)
-    prefill.release(rid)
-    tokens = list(decode.commit_remote("h", first).new_token_ids)
+    dst = decode.remote.decode.reserve("h", prompt, GREEDY).fill_block_ids
+    copy_blocks(prefill, prefill.remote.prefill.held_block_ids(rid), decode, dst)
+    prefill.remote.prefill.release(rid)
+    tokens = list(decode.remote.decode.commit("h", first).new_token_ids)
     while decode.has_unfinished():
         for out in decode.step():
             tokens += out.new_token_ids

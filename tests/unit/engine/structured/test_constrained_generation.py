@@ -127,14 +127,14 @@ def test_remote_kv_handoff_keeps_the_grammar(tiny_vocab_dir, make_engine, engine
     first = _run(engine, [(PROMPT, dataclasses.replace(params, max_tokens=1))])[0].token_ids[0]
     assert first == expected[0]
 
-    got = decode.reserve_remote("r", PROMPT, params)
+    got = decode.remote.decode.reserve("r", PROMPT, params)
     with pytest.raises(InvalidRequestError, match="grammar"):
-        decode.commit_remote("r", 198)  # "\n": a JSON schema output starts with "{"
-    rid = engine.add_request(PROMPT, dataclasses.replace(params, max_tokens=1), hold_kv=True)
+        decode.remote.decode.commit("r", 198)  # "\n": a JSON schema output starts with "{"
+    rid = engine.remote.prefill.add(PROMPT, dataclasses.replace(params, max_tokens=1))
     _run(engine, [])
-    copy_blocks(engine, engine.held_block_ids(rid), decode, got.fill_block_ids)
-    engine.release(rid)
-    tokens = list(decode.commit_remote("r", first).new_token_ids)
+    copy_blocks(engine, engine.remote.prefill.held_block_ids(rid), decode, got.fill_block_ids)
+    engine.remote.prefill.release(rid)
+    tokens = list(decode.remote.decode.commit("r", first).new_token_ids)
     while decode.has_unfinished():
         for out in decode.step():
             tokens += out.new_token_ids

@@ -115,13 +115,14 @@ def test_the_reply_does_not_wait_for_the_engine_to_free_the_blocks(engines) -> N
     as busy until the blocks are freed, and then nothing is held."""
     decode_engine, prefill_engine = engines
     release = threading.Event()
-    real_abort = prefill_engine.abort
+    side = prefill_engine.remote.prefill
+    real_release = side.release
 
-    def slow_abort(request_id: str):  # engine thread
+    def slow_release(request_id: str):  # engine thread
         release.wait(30)
-        return real_abort(request_id)
+        return real_release(request_id)
 
-    prefill_engine.abort = slow_abort
+    side.release = slow_release
 
     async def main() -> None:
         try:
@@ -137,6 +138,6 @@ def test_the_reply_does_not_wait_for_the_engine_to_free_the_blocks(engines) -> N
                 assert idle(await c.prefill_stats())
         finally:
             release.set()
-            del prefill_engine.abort
+            del side.release
 
     asyncio.run(main())
