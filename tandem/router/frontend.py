@@ -1,7 +1,10 @@
 """What the public service does, without gRPC: accept, admit, tokenize, hand off, shape.
 
 GenerateRequest -> validate (no tokenizer) -> Accepted -> admission -> tokenize -> Prepared
-                -> Handoff chunks -> detokenize -> GenerateResponse* (the last with usage)
+                -> Handoff chunks -> detokenize -> ResponseChunk* (the last with usage)
+
+It speaks the plain types of tandem/router/api: the gRPC servicer and the HTTP API convert
+at their edges (tandem/router/convert; the HTTP API builds them from JSON).
 
 A generation is one trace span (``request``, the child of the client's ``traceparent`` when
 it sent one) with ``admission`` and ``tokenize`` below it and the handoff's spans
@@ -29,16 +32,19 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from tandem.common.obs import log_context, tracing
 from tandem.common.text.detokenizer import Detokenizer
 from tandem.common.wire import MAX_SEQUENCES
 from tandem.placement.worker_view import Role
-from tandem.protos.v1 import tandem_pb2
 from tandem.router import validation
 from tandem.router.admission import AdmissionGate
+from tandem.router.api.chat import Chat
+from tandem.router.api.request import GenerateRequest, TokenizeRequest
+from tandem.router.api.response import ModelInfo, ResponseChunk
+from tandem.router.api.sampling import SamplingSpec
 from tandem.router.client_limits import ClientLimits
 from tandem.router.errors import InvalidRequestError, OverloadedError
 from tandem.router.generation_defaults import GenerationDefaults
@@ -58,9 +64,9 @@ _T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
 
-def _skip_special_tokens(sampling: tandem_pb2.SamplingParams) -> bool:
+def _skip_special_tokens(sampling: SamplingSpec) -> bool:
     """Whether the output text leaves special tokens out (it does unless the request says)."""
-    return sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
+    return sampling.skip_special_tokens if sampling.skip_special_tokens is not None else True
 
 
 def _without_tokens(chunk: Chunk) -> Chunk:
@@ -69,22 +75,16 @@ def _without_tokens(chunk: Chunk) -> Chunk:
                  prompt_logprobs=chunk.prompt_logprobs, index=chunk.index)
 
 
-def _add_call_deltas(response: tandem_pb2.GenerateResponse, deltas: list[CallDelta]) -> None:
-    for d in deltas:
-        response.tool_call_deltas.add(index=d.index, id=d.id or "", name=d.name or "",
-                                      arguments=d.arguments)
-
-
-def _attach_calls(response: tandem_pb2.GenerateResponse, calls: ToolOutput) -> None:
+def _with_calls(response: ResponseChunk, calls: ToolOutput) -> ResponseChunk:
     """The last message: the content and call pieces the tool parser still held, and the
     whole calls (then the finish reason is OpenAI's ``tool_calls``)."""
     rest, deltas, parsed = calls.finish()
-    response.text += rest
-    _add_call_deltas(response, deltas)
-    for call in parsed:
-        response.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
-    if parsed and response.finish_reason == "stop":
-        response.finish_reason = "tool_calls"
+    finish_reason = response.finish_reason
+    if parsed and finish_reason == "stop":
+        finish_reason = "tool_calls"
+    return replace(response, text=response.text + rest,
+                   tool_call_deltas=response.tool_call_deltas + tuple(deltas),
+                   tool_calls=tuple(parsed), finish_reason=finish_reason)
 
 
 @dataclass(slots=True)
@@ -149,7 +149,7 @@ class Frontend:
         finally:
             self.clients.leave(slot)
 
-    def accept(self, request: tandem_pb2.GenerateRequest, n: int = 1,
+    def accept(self, request: GenerateRequest, n: int = 1,
                trace_parent: tracing.Parent = None) -> Accepted:
         """Every check that needs no tokenizer, and the request's router-minted id; raises
         InvalidRequestError naming the bad field. ``n``: sequences to fork the prompt into
@@ -165,27 +165,24 @@ class Frontend:
         accepted.n = n
         return accepted
 
-    def _accept(self, request: tandem_pb2.GenerateRequest,
-                trace_parent: tracing.Parent) -> Accepted:
+    def _accept(self, request: GenerateRequest, trace_parent: tracing.Parent) -> Accepted:
         arrival = time.perf_counter()
         config = self.deps.config
-        asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
-        kind = request.WhichOneof("prompt")
-        if kind == "token_ids":  # by count first: a huge id list is refused before it is read
-            validation.check_length(len(request.token_ids.ids), asked or 1, config.max_model_len)
+        asked = request.sampling.max_tokens
+        prompt = request.prompt
+        if isinstance(prompt, tuple):  # by count first: a huge id list is refused before it is read
+            validation.check_length(len(prompt), asked or 1, config.max_model_len)
         tools = None
-        if kind == "chat":
-            tools = ToolUse.from_chat(
-                request.chat, self.tokenizer.chat_template, config.tool_call_parser
-            )
-            if tools is not None:
-                tools.constrain(request.sampling)  # before validation checks the schema's size
+        if isinstance(prompt, Chat):
+            tools = ToolUse.from_chat(prompt, self.tokenizer.chat_template, config.tool_call_parser)
+            if tools is not None:  # before validation checks the schema's size
+                request = replace(request, sampling=tools.constrain(request.sampling))
         validation.validate_request(
             request, config.model_name, self.tokenizer.vocab_size, self.limits
         )
-        if kind == "text":
+        if isinstance(prompt, str):
             validation.check_prompt_chars(
-                len(request.text), self.tokenizer.max_token_chars, asked, config.max_model_len
+                len(prompt), self.tokenizer.max_token_chars, asked, config.max_model_len
             )
         # The id every worker sees is ours; the client's is a label echoed back to it only.
         request_id = uuid.uuid4().hex
@@ -199,27 +196,25 @@ class Frontend:
         """Tokenize an admitted request (in the pool) and settle its max_tokens."""
         request = accepted.request
         config = self.deps.config
-        if request.WhichOneof("prompt") == "token_ids":
-            ids = list(request.token_ids.ids)
+        if isinstance(request.prompt, tuple):
+            ids = list(request.prompt)
         else:
             with tracing.span("tokenize", span):
                 ids = await self._in_pool(self._encode, request)
         if not ids:
             raise InvalidRequestError("prompt", "tokenizes to nothing")
-        sampling = tandem_pb2.SamplingParams()
-        sampling.CopyFrom(request.sampling)
-        self.generation_defaults.apply(sampling)
+        sampling = self.generation_defaults.apply(request.sampling)
         room = config.max_model_len - len(ids)
-        if sampling.HasField("max_tokens"):
+        if sampling.max_tokens is not None:
             max_tokens = sampling.max_tokens
-        elif request.WhichOneof("prompt") == "chat":  # a reply runs to its end (as vLLM)
+        elif isinstance(request.prompt, Chat):  # a reply runs to its end (as vLLM)
             max_tokens = max(1, room)
         else:  # completions: OpenAI's default, clamped to the room the context leaves
             max_tokens = max(1, min(validation.DEFAULT_MAX_TOKENS, room))
         validation.check_length(len(ids), max_tokens, config.max_model_len)
         score_only = max_tokens == 0
         max_tokens = max(max_tokens, 1)
-        sampling.max_tokens = max_tokens
+        sampling = replace(sampling, max_tokens=max_tokens)
         return Prepared(
             request_id=accepted.request_id,
             prompt_ids=ids,
@@ -232,15 +227,17 @@ class Frontend:
             n=accepted.n,
         )
 
-    def _encode(self, request: tandem_pb2.GenerateRequest) -> list[int]:
+    def _encode(self, request: GenerateRequest) -> list[int]:
         """A text or chat prompt's ids (runs in a pool thread)."""
-        if request.WhichOneof("prompt") == "text":
-            return self.tokenizer.encode(request.text)
-        text = self.tokenizer.render_chat(request.chat)
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        assert isinstance(prompt, Chat)
+        text = self.tokenizer.render_chat(prompt)
         # Only the rendered text is bounded by its length: a template may drop or trim parts.
-        asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
         validation.check_prompt_chars(
-            len(text), self.tokenizer.max_token_chars, asked, self.deps.config.max_model_len
+            len(text), self.tokenizer.max_token_chars, request.sampling.max_tokens,
+            self.deps.config.max_model_len,
         )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -250,7 +247,7 @@ class Frontend:
 
     async def generate(
         self, accepted: Accepted, budget_s: float | None
-    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    ) -> AsyncIterator[ResponseChunk]:
         """Admit the request, tokenize it, run its handoff and stream its responses."""
         arrived_ns = time.time_ns() - int((time.perf_counter() - accepted.arrival) * 1e9)
         with tracing.span("request", accepted.trace_parent, kind=tracing.SERVER,
@@ -263,7 +260,7 @@ class Frontend:
 
     async def _generate(
         self, accepted: Accepted, budget_s: float | None, span: tracing.Span
-    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    ) -> AsyncIterator[ResponseChunk]:
         clock = RequestClock(arrival=accepted.arrival, queued=time.perf_counter())
         deadline = Deadline(budget_s)
         counters = self.deps.counters
@@ -293,26 +290,29 @@ class Frontend:
                     call_deltas: list[CallDelta] = []
                     if seq.calls is not None:
                         text, call_deltas = seq.calls.feed(text)
-                    response = tandem_pb2.GenerateResponse(
+                    response = ResponseChunk(
                         request_id=prepared.label or prepared.request_id,
-                        token_ids=chunk.token_ids,
+                        token_ids=tuple(chunk.token_ids),
                         text=text,
-                        logprobs=chunk.logprobs,
+                        logprobs=tuple(chunk.logprobs),
                         finished=chunk.finished,
                         finish_reason=chunk.finish_reason,
-                        prompt_logprobs=chunk.prompt_logprobs,
+                        prompt_logprobs=tuple(chunk.prompt_logprobs),
                         index=chunk.index,
+                        tool_call_deltas=tuple(call_deltas),
                     )
-                    _add_call_deltas(response, call_deltas)
                     seq.last = self.accounting.chunk(chunk.token_ids, clock, seq.last)
                     if chunk.finished:
-                        response.stop_reason = chunk.stop_reason or seq.text.stop_reason or ""
+                        response = replace(response, stop_reason=(
+                            chunk.stop_reason or seq.text.stop_reason or ""))
                         if seq.calls is not None:
-                            _attach_calls(response, seq.calls)
+                            response = _with_calls(response, seq.calls)
                         seq.done = True
                         last = all(s.done for s in sequences)
-                        self.accounting.finish(response, len(prepared.prompt_ids),
-                                               handoff.report, seq.completion, clock, last)
+                        usage, timings = self.accounting.finish(
+                            response.finish_reason, len(prepared.prompt_ids), handoff.report,
+                            seq.completion, clock, last)
+                        response = replace(response, usage=usage, timings=timings)
                         if last:
                             span.set_attribute("tandem.completion_tokens",
                                                sum(s.completion for s in sequences))
@@ -341,29 +341,26 @@ class Frontend:
                 skip_special_tokens=_skip_special_tokens(prepared.sampling),
                 stop=prepared.sampling.stop,
                 include_stop=prepared.sampling.include_stop_str_in_output,
-                min_tokens=prepared.sampling.min_tokens,
+                min_tokens=prepared.sampling.min_tokens or 0,
             )
         )
         return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None)
 
-    async def tokenize(self, request: tandem_pb2.TokenizeRequest) -> tandem_pb2.TokenizeResponse:
+    async def tokenize(self, request: TokenizeRequest) -> list[int]:
         """Token ids of a text or chat input, as Generate would see them (tokenized in the
         pool; a text too long to be any prompt is refused before that)."""
         if request.model and request.model != self.deps.config.model_name:
             raise InvalidRequestError("model", f"unknown model {request.model!r}")
-        kind = request.WhichOneof("input")
-        if kind == "chat":
+        if request.chat is not None:
             validation.validate_chat(request.chat)
-            ids = await self._in_pool(self.tokenizer.encode_chat, request.chat)
-        elif kind == "text":
+            return await self._in_pool(self.tokenizer.encode_chat, request.chat)
+        if request.text is not None:
             validation.check_prompt_chars(
                 len(request.text), self.tokenizer.max_token_chars, None,
                 self.deps.config.max_model_len, field="text",
             )
-            ids = await self._in_pool(self._encode_text, request)
-        else:
-            raise InvalidRequestError("input", "one of text or chat is required")
-        return tandem_pb2.TokenizeResponse(token_ids=ids, count=len(ids))
+            return await self._in_pool(self._encode_text, request)
+        raise InvalidRequestError("input", "one of text or chat is required")
 
     async def detokenize(self, token_ids: list[int]) -> str:
         """The text of token ids (decoded in the tokenizer pool; special tokens kept)."""
@@ -372,19 +369,14 @@ class Frontend:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
-    def _encode_text(self, request: tandem_pb2.TokenizeRequest) -> list[int]:
+    def _encode_text(self, request: TokenizeRequest) -> list[int]:
+        assert request.text is not None
         return self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
 
-    def list_models(self) -> tandem_pb2.ListModelsResponse:
+    def list_models(self) -> list[ModelInfo]:
         """The one model this router serves, with how its routable workers hold the weights."""
         config = self.deps.config
         formats = sorted({w.weights_format for role in (Role.PREFILL, Role.DECODE)
                           for w in self.deps.registry.routable(role) if w.weights_format})
-        return tandem_pb2.ListModelsResponse(
-            models=[
-                tandem_pb2.ModelInfo(
-                    id=config.model_name, max_model_len=config.max_model_len, owned_by="tandem",
-                    weights_format="; ".join(formats),
-                )
-            ]
-        )
+        return [ModelInfo(id=config.model_name, max_model_len=config.max_model_len,
+                          owned_by="tandem", weights_format="; ".join(formats))]

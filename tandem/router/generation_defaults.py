@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.sampling import SamplingSpec
 
 log = logging.getLogger(__name__)
 
-# generation_config.json key -> (SamplingParams field, kind)
+# generation_config.json key (a SamplingSpec field) -> its kind
 _KEYS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float,
          "repetition_penalty": float}
 
@@ -53,8 +53,7 @@ class GenerationDefaults:
             log.info("sampling defaults from %s: %s", path, values)
         return cls(values)
 
-    def apply(self, sampling: tandem_pb2.SamplingParams) -> None:
-        """Fill the fields a request left unset."""
-        for key, value in self.values.items():
-            if not sampling.HasField(key):
-                setattr(sampling, key, value)
+    def apply(self, sampling: SamplingSpec) -> SamplingSpec:
+        """``sampling`` with the fields a request left unset filled."""
+        unset = {k: v for k, v in self.values.items() if getattr(sampling, k) is None}
+        return replace(sampling, **unset) if unset else sampling

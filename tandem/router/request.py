@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 from tandem.common.obs.tracing import Parent
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.request import GenerateRequest
+from tandem.router.api.response import TokenLogprob
+from tandem.router.api.sampling import LogprobOptions, SamplingSpec
 from tandem.router.tool_use import ToolUse
 
 
@@ -23,7 +25,7 @@ from tandem.router.tool_use import ToolUse
 class Accepted:
     """A request that passed every check needing no tokenizer: it waits for admission."""
 
-    request: tandem_pb2.GenerateRequest
+    request: GenerateRequest
     request_id: str  # router-minted
     label: str  # what the client sees as the request's id
     arrival: float = field(default_factory=time.perf_counter)
@@ -38,8 +40,8 @@ class Prepared:
 
     request_id: str  # router-minted: what the workers see
     prompt_ids: list[int]
-    sampling: tandem_pb2.SamplingParams
-    logprobs: tandem_pb2.LogprobOptions
+    sampling: SamplingSpec  # the model's defaults applied, max_tokens settled
+    logprobs: LogprobOptions
     max_tokens: int
     arrival: float = field(default_factory=time.perf_counter)  # when the router got it
     label: str = ""  # the client's id for it ("" : request_id)
@@ -55,27 +57,14 @@ class Chunk:
     """New tokens for the client; ``text`` is the worker's own delta ("" when it sent none)."""
 
     token_ids: list[int]
-    logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     text: str = ""
     finished: bool = False
     finish_reason: str = ""
     stop_reason: str = ""
     leg_start: bool = False  # the first token of a leg (from a prefill reply)
-    prompt_logprobs: list[tandem_pb2.TokenLogprob] = field(default_factory=list)  # first only
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # first only
     index: int = 0  # the sequence of a forked request it belongs to
-
-    @classmethod
-    def of(cls, message: tandem_pb2.GenerateResponse, index: int = 0) -> Chunk:
-        """A decode worker's stream message as a Chunk (of sequence ``index``)."""
-        return cls(
-            list(message.token_ids),
-            list(message.logprobs),
-            message.text,
-            message.finished,
-            message.finish_reason,
-            message.stop_reason,
-            index=index,
-        )
 
 
 @dataclass(slots=True)

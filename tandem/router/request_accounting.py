@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.response import Timings, Usage
 from tandem.router.errors import DeadlineError
 from tandem.router.handoff.deadline import Deadline
 from tandem.router.metrics import RouterMetrics
@@ -80,39 +80,36 @@ class RequestAccounting:
 
     def finish(
         self,
-        response: tandem_pb2.GenerateResponse,
+        finish_reason: str,
         prompt_tokens: int,
         report: HandoffReport,
         completion: int,
         clock: RequestClock,
         last: bool = True,
-    ) -> None:
-        """A sequence's last message: its usage and timings into ``response``; the request's
-        outcome is counted with its ``last`` sequence."""
+    ) -> tuple[Usage, Timings]:
+        """A sequence's last message (finished for ``finish_reason``): its usage and timings;
+        the request's outcome is counted with its ``last`` sequence."""
         end = time.perf_counter()
         log.debug("finished (%s): %d prompt + %d completion tokens in %.3f s",
-                  response.finish_reason, prompt_tokens, completion, end - clock.arrival)
+                  finish_reason, prompt_tokens, completion, end - clock.arrival)
         self.metrics.request_generation_tokens.observe(completion)
         if completion > 1:  # the sequence's own TPOT: what a TPOT target is met or missed on
             self.metrics.tpot.observe((end - clock.first) / (completion - 1))
         if last:
             clock.ended = True
-            self.metrics.succeeded(response.finish_reason)
+            self.metrics.succeeded(finish_reason)
             self.metrics.e2e.observe(end - clock.arrival)
-        response.usage.CopyFrom(
-            tandem_pb2.Usage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion,
-                cached_tokens=report.cached_tokens,
-            )
+        usage = Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion,
+            cached_tokens=report.cached_tokens,
         )
-        response.timings.CopyFrom(
-            tandem_pb2.Timings(
-                queue_s=clock.admitted - clock.queued,
-                prefill_s=report.prefill_s,
-                transfer_s=report.transfer_s,
-                first_token_s=clock.first - clock.arrival,
-                decode_s=end - clock.first,
-                total_s=end - clock.arrival,
-            )
+        timings = Timings(
+            queue_s=clock.admitted - clock.queued,
+            prefill_s=report.prefill_s,
+            transfer_s=report.transfer_s,
+            first_token_s=clock.first - clock.arrival,
+            decode_s=end - clock.first,
+            total_s=end - clock.arrival,
         )
+        return usage, timings

@@ -1,5 +1,8 @@
 """The public ``tandem.v1.Tandem`` service: a thin grpc.aio wrapper over Frontend.
 
+Protobufs stop here: each request becomes the router's plain type as it arrives, and each
+answer a message as it leaves (tandem/router/convert/public.py).
+
 Request ids: a client may name its request in ``GenerateRequest.request_id`` or in the
 ``x-request-id`` metadata (the field wins); either is checked (tandem/router/validation.py
 ``check_request_label``) and is a label only. The call's initial metadata says
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 import grpc
 
@@ -18,6 +22,7 @@ from tandem.common.obs import tracing
 from tandem.common.wire import REQUEST_ID_KEY
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tandem.router.client_limits import key_of
+from tandem.router.convert import public as wire
 from tandem.router.errors import RouterError
 from tandem.router.frontend import Frontend
 from tandem.router.handoff.counters import HandoffCounters
@@ -44,19 +49,20 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         named: str | None = None  # the id sent in the initial metadata, once sent
         try:
             with self._frontend.client_slot(context.peer(), _key(context)):
+                plain = wire.generate_request_from_proto(request)
                 metadata = _metadata(context)
                 label = metadata.get(REQUEST_ID_KEY)
-                if label is not None and not request.request_id:
+                if label is not None and not plain.request_id:
                     check_request_label(label, REQUEST_ID_KEY)
-                    request.request_id = label
-                accepted = self._frontend.accept(request, trace_parent=tracing.extract(metadata))
+                    plain = replace(plain, request_id=label)
+                accepted = self._frontend.accept(plain, trace_parent=tracing.extract(metadata))
                 await context.send_initial_metadata(((REQUEST_ID_KEY, accepted.label),))
                 named = accepted.label
                 async with aclosing(
                     self._frontend.generate(accepted, context.time_remaining())
                 ) as responses:
                     async for response in responses:
-                        yield response
+                        yield wire.response_to_proto(response)
         except RouterError as err:
             await abort_with(context, err, request_id=named)
 
@@ -66,7 +72,8 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         """Token ids of a text or chat input."""
         try:
             with self._frontend.client_slot(context.peer(), _key(context)):
-                return await self._frontend.tokenize(request)
+                ids = await self._frontend.tokenize(wire.tokenize_request_from_proto(request))
+                return wire.tokenize_response_to_proto(ids)
         except RouterError as err:
             await abort_with(context, err)
 
@@ -74,7 +81,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         self, request: tandem_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> tandem_pb2.ListModelsResponse:
         """The served model."""
-        return self._frontend.list_models()
+        return wire.models_to_proto(self._frontend.list_models())
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:

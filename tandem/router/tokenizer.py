@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat, ChatMessage
 from tandem.router.errors import InvalidRequestError
 from tandem.router.tool_use import renders_tools, tools_prompt
 
@@ -67,7 +67,7 @@ class RouterTokenizer:
         """Token ids of a raw text prompt (special tokens added as the engine adds them)."""
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
-    def encode_chat(self, chat: tandem_pb2.ChatMessages) -> list[int]:
+    def encode_chat(self, chat: Chat) -> list[int]:
         """Token ids of chat messages rendered through the tokenizer's chat template."""
         # The template already wrote any special tokens it wants.
         return self.encode(self.render_chat(chat), add_special_tokens=False)
@@ -78,7 +78,7 @@ class RouterTokenizer:
         template = getattr(self._tok, "chat_template", None)
         return template if isinstance(template, str) else None
 
-    def render_chat(self, chat: tandem_pb2.ChatMessages) -> str:
+    def render_chat(self, chat: Chat) -> str:
         """The prompt text of chat messages (the template's output, encoded without adding
         special tokens). Tools (``chat.tools_json``, already checked) go to the template, or
         into a system message when the template does not render them (tandem/router/tool_use.py)."""
@@ -91,9 +91,8 @@ class RouterTokenizer:
             messages = _with_tools_prompt(messages, tools_prompt(tools))
             tools = None
         rendered = self._tok.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=(
-                chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
-            )
+            messages, tools=tools, tokenize=False,
+            add_generation_prompt=chat.add_generation_prompt,
         )
         return str(rendered)
 
@@ -102,7 +101,7 @@ class RouterTokenizer:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
 
-def _message(m: tandem_pb2.ChatMessage) -> dict[str, Any]:
+def _message(m: ChatMessage) -> dict[str, Any]:
     """A chat message as HF chat templates read it (tool calls' arguments as objects)."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.name:

@@ -1,7 +1,8 @@
-"""Tool calling for one chat request, between the proto and ``tandem/router/tools``.
+"""Tool calling for one chat request, between the request and ``tandem/router/tools``.
 
-    ChatMessages.tools_json / tool_choice ──ToolUse.from_chat──> ToolUse (checked)
-        ToolUse.constrain(sampling): required / a named tool -> the grammar engine's schema
+    Chat.tools_json / tool_choice ──ToolUse.from_chat──> ToolUse (checked)
+        ToolUse.constrain(sampling) -> the sampling to use: required / a named tool -> the
+            grammar engine's schema
         ToolUse.output() -> ToolOutput: the request's text deltas in; content and call deltas
             out as the output settles them (a call's name as soon as it is read, then its
             arguments as they are written); at the end the whole calls (constrained: the JSON
@@ -14,9 +15,10 @@ in the Hermes format its parser reads (``tools_prompt``), so ``auto`` works on a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat
+from tandem.router.api.sampling import SamplingSpec, StructuredOutput
 from tandem.router.errors import InvalidRequestError
 from tandem.router.tools import (
     PARSERS,
@@ -47,7 +49,7 @@ class ToolUse:
 
     @classmethod
     def from_chat(
-        cls, chat: tandem_pb2.ChatMessages, chat_template: str | None, parser_name: str | None
+        cls, chat: Chat, chat_template: str | None, parser_name: str | None
     ) -> ToolUse | None:
         """The request's tool use (None without tools). Raises InvalidRequestError."""
         if not chat.tools_json:
@@ -60,8 +62,7 @@ class ToolUse:
             raise InvalidRequestError("chat.tools_json", f"not JSON: {err}") from None
         tools = parse_tools(raw)
         choice = _choice(chat.tool_choice or "auto", [t.name for t in tools])
-        parallel = chat.parallel_tool_calls if chat.HasField("parallel_tool_calls") else True
-        request = ToolRequest(tools, choice, parallel)
+        request = ToolRequest(tools, choice, chat.parallel_tool_calls)
         parser = None
         if choice.mode == "auto":
             template = chat_template or ""
@@ -75,21 +76,23 @@ class ToolUse:
         """Whether the output may hold calls (false for ``tool_choice: none``)."""
         return self.request.choice.mode != "none"
 
-    def constrain(self, sampling: tandem_pb2.SamplingParams) -> None:
-        """Force the output's shape for required / named choices (the grammar engine's JSON
-        Schema); refuses a request that also asked for its own structured output."""
+    def constrain(self, sampling: SamplingSpec) -> SamplingSpec:
+        """``sampling`` with the output's shape forced for required / named choices (the
+        grammar engine's JSON Schema), and special tokens kept for parsers whose markers are
+        special tokens; refuses a request that also asked for its own structured output."""
         schema = choice_schema(self.request.tools, self.request.choice,
                                self.request.parallel_tool_calls)
         if schema is None:
             if self.parser is not None and self.parser.name in _SPECIAL_MARKERS:
-                sampling.skip_special_tokens = False
-            return
-        if sampling.structured.WhichOneof("kind") is not None:
+                return replace(sampling, skip_special_tokens=False)
+            return sampling
+        if sampling.structured is not None:
             raise InvalidRequestError(
                 "tool_choice", f"{self.request.choice.mode!r} cannot be combined with "
                 "response_format or another structured output"
             )
-        sampling.structured.json_schema = json.dumps(schema, separators=(",", ":"))
+        return replace(sampling, structured=StructuredOutput(
+            "json_schema", json.dumps(schema, separators=(",", ":"))))
 
     def template_tools(self) -> list[dict[str, object]]:
         """The tools as a chat template's ``tools=`` argument takes them."""

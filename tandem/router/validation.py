@@ -1,7 +1,8 @@
-"""Checks on a GenerateRequest at the edge, before any worker sees it.
+"""Checks on a GenerateRequest (tandem/router/api) before any worker sees it.
 
-The sampling ranges match the engine's (tandem/engine/sampling_params.py), re-checked here from the
-proto values so a bad request never costs a worker round trip. Token-level checks (vocab,
+The sampling ranges match the engine's (tandem/engine/sampling_params.py), re-checked here
+so a bad request never costs a worker round trip; the gRPC and HTTP APIs both build the
+plain request first, so one set of checks serves both. Token-level checks (vocab,
 context length) run once the prompt is tokenized; a text prompt whose length in characters
 already proves it too long is refused before that (``check_prompt_chars``).
 
@@ -16,7 +17,9 @@ import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat
+from tandem.router.api.request import GenerateRequest
+from tandem.router.api.sampling import SamplingSpec
 from tandem.router.errors import InvalidRequestError
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -57,7 +60,7 @@ DEFAULT_LIMITS = InputLimits()
 
 
 def validate_request(
-    request: tandem_pb2.GenerateRequest,
+    request: GenerateRequest,
     model_name: str,
     vocab_size: int,
     limits: InputLimits = DEFAULT_LIMITS,
@@ -67,15 +70,16 @@ def validate_request(
         raise InvalidRequestError(
             "model", f"unknown model {request.model!r}; serving {model_name!r}"
         )
-    kind = request.WhichOneof("prompt")
-    if kind is None:
+    prompt = request.prompt
+    if prompt is None:
         raise InvalidRequestError("prompt", "one of text, token_ids or chat is required")
-    if kind == "text" and not request.text:
-        raise InvalidRequestError("prompt", "text is empty")
-    if kind == "token_ids":
-        check_token_ids(request.token_ids.ids, vocab_size, "token_ids")
-    if kind == "chat":
-        validate_chat(request.chat)
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("prompt", "text is empty")
+    elif isinstance(prompt, Chat):
+        validate_chat(prompt)
+    else:
+        check_token_ids(prompt, vocab_size, "token_ids")
     validate_sampling(request.sampling, vocab_size, limits)
     if request.request_id:
         check_request_label(request.request_id, "request_id")
@@ -94,7 +98,7 @@ def check_request_label(value: str, field: str) -> None:
         raise InvalidRequestError(field, "may hold only letters, digits and - _ . : / + = @ ~")
 
 
-def validate_chat(chat: tandem_pb2.ChatMessages) -> None:
+def validate_chat(chat: Chat) -> None:
     """Every message needs a known role and content."""
     if not chat.messages:
         raise InvalidRequestError("chat", "no messages")
@@ -131,43 +135,43 @@ def check_token_ids(
 
 
 def validate_sampling(
-    s: tandem_pb2.SamplingParams, vocab_size: int, limits: InputLimits = DEFAULT_LIMITS
+    s: SamplingSpec, vocab_size: int, limits: InputLimits = DEFAULT_LIMITS
 ) -> None:
     """The engine's sampling ranges, applied to the fields the client set, and ``limits``."""
-    max_tokens = s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_TOKENS
-    min_tokens = s.min_tokens if s.HasField("min_tokens") else 0
-    scores_prompt = s.HasField("prompt_logprobs")
+    max_tokens = s.max_tokens if s.max_tokens is not None else DEFAULT_MAX_TOKENS
+    min_tokens = s.min_tokens if s.min_tokens is not None else 0
+    scores_prompt = s.prompt_logprobs is not None
     if max_tokens < (0 if scores_prompt else 1):  # 0: score the prompt, generate nothing
         raise InvalidRequestError(
             "max_tokens", f"must be >= 1 (0 only with prompt logprobs), got {max_tokens}"
         )
     if min_tokens > max_tokens:
         raise InvalidRequestError("min_tokens", "must be <= max_tokens")
-    if s.HasField("temperature"):
+    if s.temperature is not None:
         _finite(s.temperature, "temperature")
         if s.temperature < 0:
             raise InvalidRequestError("temperature", f"must be >= 0, got {s.temperature}")
-    if s.HasField("top_p"):
+    if s.top_p is not None:
         _finite(s.top_p, "top_p")
         if not 0.0 < s.top_p <= 1.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {s.top_p}")
-    if s.HasField("top_k") and s.top_k < -1:
+    if s.top_k is not None and s.top_k < -1:
         raise InvalidRequestError("top_k", f"must be >= -1, got {s.top_k}")
-    if s.HasField("min_p"):
+    if s.min_p is not None:
         _finite(s.min_p, "min_p")
         if not 0.0 <= s.min_p <= 1.0:
             raise InvalidRequestError("min_p", f"must be in [0, 1], got {s.min_p}")
-    if s.HasField("repetition_penalty"):
+    if s.repetition_penalty is not None:
         _finite(s.repetition_penalty, "repetition_penalty")
         if s.repetition_penalty <= 0:
             raise InvalidRequestError("repetition_penalty", "must be > 0")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if s.HasField(name):
-            value = getattr(s, name)
+    for name, value in (("presence_penalty", s.presence_penalty),
+                        ("frequency_penalty", s.frequency_penalty)):
+        if value is not None:
             _finite(value, name)
             if not -2.0 <= value <= 2.0:
                 raise InvalidRequestError(name, f"must be in [-2, 2], got {value}")
-    if s.HasField("seed") and s.seed >= 2**63:
+    if s.seed is not None and s.seed >= 2**63:
         raise InvalidRequestError("seed", "must be < 2**63")
     if len(s.stop) > limits.max_stop_strings:
         raise InvalidRequestError(
@@ -188,9 +192,9 @@ def validate_sampling(
         )
     check_token_ids(s.stop_token_ids, vocab_size, "stop_token_ids", allow_empty=True)
     validate_logit_bias(s.logit_bias, vocab_size)
-    if s.HasField("structured"):
+    if s.structured is not None:
         validate_structured(s)
-    if s.HasField("prompt_logprobs") and s.prompt_logprobs > MAX_TOP_LOGPROBS:
+    if s.prompt_logprobs is not None and s.prompt_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidRequestError("prompt_logprobs", f"at most {MAX_TOP_LOGPROBS}")
 
 
@@ -206,25 +210,26 @@ def validate_logit_bias(bias: Mapping[int, float], vocab_size: int) -> None:
             raise InvalidRequestError("logit_bias", f"bias {value} is outside [-100, 100]")
 
 
-def validate_structured(s: tandem_pb2.SamplingParams) -> None:
+def validate_structured(s: SamplingSpec) -> None:
     """Sizes of a structured output (compiling it is the worker's grammar engine's job),
     and the settings a grammar cannot honour (its end is an EOS)."""
     so = s.structured
-    kind = so.WhichOneof("kind")
-    if kind is None:
+    if so is None:
         return
+    kind = so.kind
     field = f"structured_outputs.{kind}"
     if kind == "choice":
-        choices = so.choice.choices
+        choices = so.value
+        assert isinstance(choices, tuple)
         if not choices or len(choices) > MAX_CHOICES or not all(choices):
             raise InvalidRequestError(field, f"1 to {MAX_CHOICES} non-empty strings")
         if sum(len(c) for c in choices) > MAX_STRUCTURED_CHARS:
             raise InvalidRequestError(field, f"more than {MAX_STRUCTURED_CHARS} characters")
-    elif kind != "json_object" and len(getattr(so, kind)) > MAX_STRUCTURED_CHARS:
+    elif isinstance(so.value, str) and len(so.value) > MAX_STRUCTURED_CHARS:
         raise InvalidRequestError(field, f"more than {MAX_STRUCTURED_CHARS} characters")
     if s.ignore_eos:
         raise InvalidRequestError("ignore_eos", "cannot be combined with structured outputs")
-    if s.HasField("min_tokens") and s.min_tokens:
+    if s.min_tokens:
         raise InvalidRequestError("min_tokens", "cannot be combined with structured outputs")
 
 

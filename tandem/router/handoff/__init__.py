@@ -17,7 +17,8 @@ One request's life here, from the front door's Prepared to the Chunks it streams
       -> legs.abort(...)               every leg still open when the request ends abnormally
 
 - ``ledger``: ``Handoff`` (the loop above, migration included) and ``HandoffDeps``.
-- ``legs``: the worker RPCs, gRPC failures turned into typed errors.
+- ``legs``: the worker RPCs, gRPC failures turned into typed errors; each converts the plain
+  ``leg_types`` (LegRequest, Reservation, PrefillReply) to its worker message and back.
 - ``prefill_placement``: the placement decision's inputs from the router's state (cached tokens per
   worker, the learnt overheads) and the overhead learnt back from each placed prefill
   (remote on a prefill worker, local on the decode worker).

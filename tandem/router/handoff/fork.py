@@ -21,13 +21,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
-from tandem.protos.v1 import tandem_pb2
 from tandem.router.async_merge import merge
 from tandem.router.errors import LegLostError
 from tandem.router.request import Chunk
 
-# sequence j's Decode stream on the shared leg
-StreamOf = Callable[[int], AsyncIterator[tandem_pb2.GenerateResponse]]
+# sequence j's Decode stream on the shared leg, as Chunks
+StreamOf = Callable[[int], AsyncIterator[Chunk]]
 # sequence j, its tokens so far, why its leg was lost -> its chunks from another worker
 Migrate = Callable[[int, list[int], LegLostError], AsyncIterator[Chunk]]
 
@@ -43,10 +42,11 @@ async def merge_sequences(
     async def sequence(j: int) -> AsyncIterator[Chunk]:
         sent = list(firsts[j].token_ids)
         try:
-            async with aclosing(stream_of(j)) as messages:
-                async for message in messages:
-                    sent.extend(message.token_ids)
-                    yield Chunk.of(message, j)
+            async with aclosing(stream_of(j)) as chunks:
+                async for chunk in chunks:
+                    sent.extend(chunk.token_ids)
+                    chunk.index = j
+                    yield chunk
         except LegLostError as lost:
             async with aclosing(migrate(j, sent, lost)) as chunks:
                 async for chunk in chunks:

@@ -47,7 +47,7 @@ from tandem.placement.cost_model import Decision
 from tandem.placement.log import PlacementLog
 from tandem.placement.overheads import PrefillOverheads
 from tandem.placement.worker_view import Role
-from tandem.protos.v1 import tandem_pb2, worker_pb2
+from tandem.router.api.response import TokenLogprob
 from tandem.router.config import RouterConfig
 from tandem.router.errors import (
     LegLostError,
@@ -62,6 +62,7 @@ from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.fork import merge_sequences
 from tandem.router.handoff.held_blocks import HeldBlocks
 from tandem.router.handoff.inflight import InflightCalls
+from tandem.router.handoff.leg_types import LegRequest, PrefillReply, Reservation
 from tandem.router.membership.registry import Registry
 from tandem.router.membership.worker_clients import WorkerClients
 from tandem.router.request import Chunk, HandoffReport, Prepared
@@ -92,7 +93,7 @@ class _Leg:
 
     endpoint: str
     leg_id: str
-    reservation: worker_pb2.ReserveResponse
+    reservation: Reservation
 
 
 class Handoff:
@@ -150,9 +151,9 @@ class Handoff:
                     parent=self._span,
                 )
                 async with aclosing(stream):  # closed (RPC cancelled) however we leave
-                    async for message in stream:
-                        self._sent.extend(message.token_ids)
-                        yield Chunk.of(message)
+                    async for chunk in stream:
+                        self._sent.extend(chunk.token_ids)
+                        yield chunk
                 self._open.remove((leg.endpoint, leg.leg_id, True))
                 # D now caches the whole sequence: a next turn that extends it goes there.
                 self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
@@ -166,8 +167,7 @@ class Handoff:
         """Whether this leg is a forked request's one shared leg (nothing sent yet)."""
         return self._req.n > 1 and not self._sent
 
-    async def _sequences(self, leg: _Leg, reply: worker_pb2.PrefillResponse
-                         ) -> AsyncIterator[Chunk]:
+    async def _sequences(self, leg: _Leg, reply: PrefillReply) -> AsyncIterator[Chunk]:
         """The n sequences of the forked leg, merged (tandem/router/handoff/fork.py)."""
         n = self._req.n
         if len(reply.first_tokens) != n:
@@ -179,7 +179,7 @@ class Handoff:
                         prompt_logprobs=prompt_logprobs, index=j)
                   for j, t in enumerate(reply.first_tokens)]
 
-        def stream_of(j: int) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        def stream_of(j: int) -> AsyncIterator[Chunk]:
             return legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
                                       self._deadline.remaining(), index=j, parent=self._span)
 
@@ -208,10 +208,9 @@ class Handoff:
     def _sequence(self, j: int) -> Prepared:
         """Sequence ``j`` of this forked request as a single request of its own: seed + j
         (what the decode worker's fork gave it), leg ids ``rid-j``, ``rid-j.1``, ..."""
-        sampling = tandem_pb2.SamplingParams()
-        sampling.CopyFrom(self._req.sampling)
-        if sampling.HasField("seed"):
-            sampling.seed = (sampling.seed + j) % 2**63
+        sampling = self._req.sampling
+        if sampling.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=(sampling.seed + j) % 2**63)
         return dataclasses.replace(self._req, request_id=f"{self._req.request_id}-{j}",
                                    sampling=sampling, n=1)
 
@@ -267,19 +266,10 @@ class Handoff:
                 else f"{self._req.request_id}.{self._n_legs}"
             )
             self._n_legs += 1
-            request = worker_pb2.ReserveRequest(
-                request_id=leg_id,
-                token_ids=self._tokens(),
-                sampling=self._req.sampling,
-                logprobs=self._req.logprobs,
-                lease_s=deps.config.lease_s,
-                prior_output_tokens=len(self._sent),
-                n=self._req.n if self._forks() else 1,
-            )
             try:
-                reply = await legs.reserve(
-                    self._calls, endpoint, request, self._deadline.remaining(), self._span
-                )
+                reply = await legs.reserve(self._calls, endpoint, self._leg_request(leg_id),
+                                           deps.config.lease_s, self._deadline.remaining(),
+                                           self._span)
             except WorkerCallError as err:
                 legs.raise_if_fatal(err)
                 if err.code_name == "RESOURCE_EXHAUSTED":
@@ -299,7 +289,7 @@ class Handoff:
         await self._close_decode_leg(leg)
         return await self._reserve([leg.endpoint])
 
-    async def _prefill(self, leg: _Leg) -> tuple[_Leg, worker_pb2.PrefillResponse]:
+    async def _prefill(self, leg: _Leg) -> tuple[_Leg, PrefillReply]:
         """Fill ``leg``'s reservation where placement says (remote on a prefill worker, or
         local on D; remote falls back to local); returns the leg it ended on."""
         deps, counters = self._deps, self._deps.counters
@@ -323,7 +313,7 @@ class Handoff:
         # The KV blocks D lacks: what a remote prefill pushes, the size the overheads fit by.
         blocks = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
                                       deps.config.block_size)
-        reply: worker_pb2.PrefillResponse | None = None
+        reply: PrefillReply | None = None
         if placed.decision is Decision.REMOTE:
             ranked.sort(key=lambda w: w.endpoint != placed.endpoint)  # the chosen one first
             for i, worker in enumerate(ranked[: deps.config.prefill_attempts]):
@@ -356,31 +346,18 @@ class Handoff:
         return leg, reply
 
     async def _try_prefill(self, endpoint: str, leg: _Leg, new_tokens: int
-                           ) -> worker_pb2.PrefillResponse | None:
+                           ) -> PrefillReply | None:
         """One prefill attempt (of ``new_tokens`` uncached prompt tokens there); None when
         this worker failed and another may be tried."""
         deps = self._deps
-        r = leg.reservation
-        request = worker_pb2.PrefillRequest(
-            request_id=leg.leg_id,
-            token_ids=self._tokens(),
-            sampling=self._req.sampling,
-            logprobs=self._req.logprobs,
-            transfer_id=r.transfer_id,
-            block_ids=r.block_ids,
-            kv_endpoint=r.kv_endpoint,
-            layout=r.layout,
-            prior_output_tokens=len(self._sent),
-            skip_tokens=r.cached_tokens,  # D holds this much: only the rest is pushed
-            n=self._req.n if self._forks() else 1,
-        )
         key = (endpoint, leg.leg_id, False)
         self._open.append(key)
         deps.registry.acquire(endpoint)
         deps.registry.prefilling(endpoint, new_tokens)
         try:
-            reply = await legs.prefill(self._calls, endpoint, request, self._deadline.remaining(),
-                                       self._span)
+            # D holds the reservation's cached tokens: only the rest is pushed
+            reply = await legs.prefill(self._calls, endpoint, self._leg_request(leg.leg_id),
+                                       leg.reservation, self._deadline.remaining(), self._span)
         except WorkerCallError as err:
             legs.raise_if_fatal(err)  # the leg stays open: the caller's cleanup aborts it
             if err.code_name in legs.WORKER_GONE:
@@ -395,7 +372,7 @@ class Handoff:
         self._open.remove(key)  # done: the KV now lives on the decode worker
         return reply
 
-    async def _prefill_local(self, leg: _Leg, new_tokens: int) -> worker_pb2.PrefillResponse:
+    async def _prefill_local(self, leg: _Leg, new_tokens: int) -> PrefillReply:
         registry = self._deps.registry
         registry.prefilling(leg.endpoint, new_tokens)
         try:
@@ -417,12 +394,23 @@ class Handoff:
         """What the next leg prefills: the prompt plus every token already sent."""
         return self._req.prompt_ids + self._sent
 
-    def _first_logprob(self, reply: worker_pb2.PrefillResponse) -> list[tandem_pb2.TokenLogprob]:
+    def _leg_request(self, leg_id: str) -> LegRequest:
+        """The request as leg ``leg_id`` carries it: what is sent so far counts as output."""
+        return LegRequest(
+            leg_id=leg_id,
+            token_ids=self._tokens(),
+            sampling=self._req.sampling,
+            logprobs=self._req.logprobs,
+            prior_output_tokens=len(self._sent),
+            n=self._req.n if self._forks() else 1,
+        )
+
+    def _first_logprob(self, reply: PrefillReply) -> list[TokenLogprob]:
         if not self._req.logprobs.enabled:
             return []
-        if reply.HasField("first_logprob"):
+        if reply.first_logprob is not None:
             return [reply.first_logprob]
-        return [tandem_pb2.TokenLogprob(token_id=reply.first_token, logprob=reply.logprob)]
+        return [TokenLogprob(token_id=reply.first_token, logprob=reply.logprob)]
 
     def _mark_down(self, endpoint: str, why: str) -> None:
         """Take a failing worker out of the pool until a health probe passes again."""

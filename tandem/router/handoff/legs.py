@@ -16,6 +16,10 @@ cut the calls to a worker it took out of the pool (tandem/router/handoff/infligh
 is a worker failure too. Errors leave as WorkerCallError (unary calls) or LegLostError (a
 decode stream that broke because its worker went away).
 
+The handoff speaks plain types (tandem/router/handoff/leg_types.py, Chunk): each call turns
+them into its worker message right where it is made, and its reply back right where it
+comes (tandem/router/convert/legs.py).
+
 Every call is a client span (``DecodeService/Reserve`` ...) under the request's span, and
 carries its W3C ``traceparent`` in the call's metadata: the worker's own span for the call is
 its child (tandem/common/obs/tracing.py).
@@ -32,10 +36,12 @@ import grpc
 
 from tandem.common.obs import tracing
 from tandem.common.wire import RETRY_AFTER_KEY
-from tandem.protos.v1 import tandem_pb2, worker_pb2
+from tandem.router.convert import legs as wire
 from tandem.router.errors import DeadlineError, LegLostError, WorkerCallError, WorkerFailedError
 from tandem.router.handoff.inflight import CallCutError, Cancellable, InflightCalls
+from tandem.router.handoff.leg_types import LegRequest, PrefillReply, Reservation
 from tandem.router.membership.worker_clients import WorkerClients
+from tandem.router.request import Chunk
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +127,20 @@ async def _unary(
 async def reserve(
     calls: LegCalls,
     endpoint: str,
-    request: worker_pb2.ReserveRequest,
+    leg: LegRequest,
+    lease_s: float,
     remaining: float | None,
     parent: tracing.Parent = None,
-) -> worker_pb2.ReserveResponse:
-    """DecodeService.Reserve, bounded by ``rpc_timeout_s``; a span under ``parent``."""
+) -> Reservation:
+    """DecodeService.Reserve of ``leg`` (its blocks freed unless committed within
+    ``lease_s``), bounded by ``rpc_timeout_s``; a span under ``parent``."""
     timeout, ours = bound(remaining, calls.rpc_timeout_s)
-    with _call_span("DecodeService", "Reserve", endpoint, request.request_id, parent) as span:
-        call = calls.clients.decode(endpoint).Reserve(request, timeout=timeout,
+    with _call_span("DecodeService", "Reserve", endpoint, leg.leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).Reserve(wire.reserve_request(leg, lease_s),
+                                                      timeout=timeout,
                                                       metadata=tracing.metadata(span))
-        reply = await _unary(calls, endpoint, "Reserve", call, timeout, ours)
+        reply = wire.reservation_from_proto(
+            await _unary(calls, endpoint, "Reserve", call, timeout, ours))
         span.set_attribute("tandem.cached_tokens", reply.cached_tokens)
         return reply
 
@@ -138,46 +148,52 @@ async def reserve(
 async def prefill(
     calls: LegCalls,
     endpoint: str,
-    request: worker_pb2.PrefillRequest,
+    leg: LegRequest,
+    reservation: Reservation,
     remaining: float | None,
     parent: tracing.Parent = None,
-) -> worker_pb2.PrefillResponse:
-    """PrefillService.Prefill (computes, pushes the KV, commits on the decode worker),
-    bounded by ``prefill_timeout_s``; a span under ``parent``."""
+) -> PrefillReply:
+    """PrefillService.Prefill of ``leg`` into ``reservation`` (computes, pushes the KV the
+    decode worker lacks, commits there), bounded by ``prefill_timeout_s``; a span under
+    ``parent``."""
     timeout, ours = bound(remaining, calls.prefill_timeout_s)
-    with _call_span("PrefillService", "Prefill", endpoint, request.request_id, parent) as span:
-        call = calls.clients.prefill(endpoint).Prefill(request, timeout=timeout,
+    with _call_span("PrefillService", "Prefill", endpoint, leg.leg_id, parent) as span:
+        call = calls.clients.prefill(endpoint).Prefill(wire.prefill_request(leg, reservation),
+                                                       timeout=timeout,
                                                        metadata=tracing.metadata(span))
-        return await _unary(calls, endpoint, "Prefill", call, timeout, ours)
+        return wire.prefill_reply_from_proto(
+            await _unary(calls, endpoint, "Prefill", call, timeout, ours))
 
 
 async def prefill_local(
     calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None,
     parent: tracing.Parent = None,
-) -> worker_pb2.PrefillResponse:
+) -> PrefillReply:
     """DecodeService.PrefillLocal: the decode worker prefills its own reservation (bounded
     by ``prefill_timeout_s``); a span under ``parent``."""
     timeout, ours = bound(remaining, calls.prefill_timeout_s)
-    request = worker_pb2.PrefillLocalRequest(request_id=leg_id)
     with _call_span("DecodeService", "PrefillLocal", endpoint, leg_id, parent) as span:
-        call = calls.clients.decode(endpoint).PrefillLocal(request, timeout=timeout,
+        call = calls.clients.decode(endpoint).PrefillLocal(wire.prefill_local_request(leg_id),
+                                                           timeout=timeout,
                                                            metadata=tracing.metadata(span))
-        return await _unary(calls, endpoint, "PrefillLocal", call, timeout, ours)
+        return wire.prefill_reply_from_proto(
+            await _unary(calls, endpoint, "PrefillLocal", call, timeout, ours))
 
 
 async def decode_stream(
     calls: LegCalls, endpoint: str, leg_id: str, remaining: float | None, index: int = 0,
     parent: tracing.Parent = None,
-) -> AsyncIterator[tandem_pb2.GenerateResponse]:
-    """DecodeService.Decode, message by message, ending after the finished one (``index``:
-    which sequence of a forked leg); a span under ``parent`` for the whole stream.
+) -> AsyncIterator[Chunk]:
+    """DecodeService.Decode, message by message as Chunks of sequence ``index`` (which
+    sequence of a forked leg), ending after the finished one; a span under ``parent`` for
+    the whole stream.
 
     A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
     without a finished message raises LegLostError; any other failure raises WorkerCallError.
     """
     with _call_span("DecodeService", "Decode", endpoint, leg_id, parent) as span:
         call = calls.clients.decode(endpoint).Decode(
-            worker_pb2.DecodeRequest(request_id=leg_id, index=index), timeout=remaining,
+            wire.decode_request(leg_id, index), timeout=remaining,
             metadata=tracing.metadata(span),
         )
         try:
@@ -193,10 +209,11 @@ async def decode_stream(
                         raise _typed(err, endpoint, "Decode") from err
                     if message is grpc.aio.EOF:
                         raise LegLostError(endpoint, "stream ended before the request finished")
-                    if message.finished:
+                    chunk = wire.chunk_from_proto(message, index)
+                    if chunk.finished:
                         span.end()  # the stream's work is done: the rest is our consumer's
-                    yield message
-                    if message.finished:
+                    yield chunk
+                    if chunk.finished:
                         return
         except CallCutError as cut:
             raise LegLostError(endpoint, cut.reason) from cut
@@ -215,7 +232,7 @@ async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
     timeout = min(_ABORT_TIMEOUT_S, calls.rpc_timeout_s)
     service = "DecodeService" if decode else "PrefillService"
     with _call_span(service, "Abort", endpoint, leg_id, parent) as span:
-        call = stub.Abort(worker_pb2.AbortRequest(request_id=leg_id, index=index),
+        call = stub.Abort(wire.abort_request(leg_id, index),
                           timeout=timeout, metadata=tracing.metadata(span))
         try:
             with calls.inflight.track(endpoint, call):

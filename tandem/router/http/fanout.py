@@ -16,27 +16,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
+from dataclasses import replace
 
 from tandem.common.obs.tracing import Parent
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.request import GenerateRequest
+from tandem.router.api.response import ResponseChunk
 from tandem.router.async_merge import merge
 from tandem.router.frontend import Frontend
 from tandem.router.http.openai_request import ApiRequest
 from tandem.router.request import Accepted
 
-Responses = list[tandem_pb2.GenerateResponse]
+Responses = list[ResponseChunk]
 
 
-def expand(api: ApiRequest) -> list[tandem_pb2.GenerateRequest]:
+def expand(api: ApiRequest) -> list[GenerateRequest]:
     """One request per prompt (each forked into ``max(n, best_of)`` sequences)."""
-    out = []
-    for request in api.requests:
-        copy = tandem_pb2.GenerateRequest()
-        copy.CopyFrom(request)
-        if api.best_of > api.n:  # ranked by cumulative logprob: every token's is needed
-            copy.logprobs.enabled = True
-        out.append(copy)
-    return out
+    if api.best_of <= api.n:
+        return list(api.requests)
+    # ranked by cumulative logprob: every token's is needed
+    return [replace(r, logprobs=replace(r.logprobs, enabled=True)) for r in api.requests]
 
 
 def sequences(api: ApiRequest) -> int:
@@ -73,7 +71,7 @@ async def run_all(frontend: Frontend, api: ApiRequest, budget: float | None,
 
 async def stream_all(frontend: Frontend, api: ApiRequest, budget: float | None,
                      parent: Parent = None
-                     ) -> AsyncIterator[tuple[int, tandem_pb2.GenerateResponse]]:
+                     ) -> AsyncIterator[tuple[int, ResponseChunk]]:
     """Every choice's messages as they come, tagged with the choice's index."""
     k = sequences(api)
     accepted = accept_all(frontend, api, parent)
@@ -99,11 +97,6 @@ def _best(samples: Sequence[Responses], n: int, keep_logprobs: bool) -> list[Res
         return sum(lp.logprob for r in rs for lp in r.logprobs)
 
     ranked = sorted(range(len(samples)), key=lambda i: (-score(samples[i]), i))[:n]
-    out = []
-    for i in ranked:
-        rs = samples[i]
-        if not keep_logprobs:
-            for r in rs:
-                del r.logprobs[:]
-        out.append(rs)
-    return out
+    if keep_logprobs:
+        return [samples[i] for i in ranked]
+    return [[replace(r, logprobs=()) for r in samples[i]] for i in ranked]

@@ -1,8 +1,12 @@
-"""OpenAI request JSON -> the same ``GenerateRequest`` the gRPC API takes.
+"""OpenAI request JSON -> the same plain ``GenerateRequest`` (tandem/router/api) the gRPC API's
+requests become.
 
-Only shapes and types are checked here (what a protobuf field needs to be set at all); the
-ranges (temperature >= 0, top_p in (0, 1], max_tokens >= 1, ...) are tandem/router/validation.py's,
-applied by ``Frontend.prepare`` exactly as for a gRPC request. A bad field raises
+Only shapes and types are checked here (what a field of the wire's GenerateRequest would
+hold: a string, an unsigned 32-bit integer, ...); the ranges (temperature >= 0, top_p in
+(0, 1], max_tokens >= 1, ...) are tandem/router/validation.py's, applied by
+``Frontend.accept`` exactly as for a gRPC request. Numbers bound for the wire's 32-bit float
+fields are rounded to 32 bits here, so they are checked as a worker will read them (and as a
+gRPC request's are). A bad field raises
 InvalidRequestError naming it, which the HTTP edge turns into a 400 with ``param`` set.
 
 Besides OpenAI's fields, the vLLM-style extras ``top_k``, ``min_p``, ``repetition_penalty``,
@@ -14,12 +18,15 @@ structured outputs (tandem/router/http/structured.py) and ``logit_bias``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ctypes
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from tandem.common.wire import MAX_SEQUENCES
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat
+from tandem.router.api.request import GenerateRequest, Prompt
+from tandem.router.api.sampling import LogprobOptions, SamplingSpec
 from tandem.router.errors import InvalidRequestError
 from tandem.router.http.chat_tools import MessageTools, parse_chat_tools
 from tandem.router.http.structured import parse_structured
@@ -41,7 +48,7 @@ MAX_BEST_OF = 20  # and on best_of
 
 @dataclass(slots=True)
 class ApiRequest:
-    """A parsed OpenAI request: the gRPC request plus how to deliver its answer.
+    """A parsed OpenAI request: the plain request plus how to deliver its answer.
 
     A completions batch (``prompt`` a list of prompts) is one request per prompt in
     ``requests`` (``request`` is the first); ``echo`` puts each prompt before its choice's
@@ -51,11 +58,11 @@ class ApiRequest:
     the legacy ``functions``, answered in the legacy ``function_call`` shape."""
 
     endpoint: Endpoint
-    request: tandem_pb2.GenerateRequest
+    request: GenerateRequest
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
-    requests: list[tandem_pb2.GenerateRequest] = field(default_factory=list)
+    requests: list[GenerateRequest] = field(default_factory=list)
     n: int = 1
     best_of: int = 1
     functions: bool = False
@@ -69,21 +76,21 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
     """Map a decoded JSON body of ``endpoint``; raises InvalidRequestError."""
     if not isinstance(body, dict):
         raise InvalidRequestError("body", "must be a JSON object")
-    request = tandem_pb2.GenerateRequest()
-    model = _opt(body, "model", str)
-    if model:
-        request.model = model
-    prompts: list[str | list[int]] = []
+    model = _opt(body, "model", str) or ""
+    sampling: dict[str, Any] = {}  # SamplingSpec's fields the body sets
     functions = False
     if endpoint is Endpoint.CHAT:
-        functions = _chat(body, request)
+        chat, logprobs, functions = _chat(body, sampling)
+        prompts: list[Prompt] = [chat]
     else:
-        prompts = _completion(body, request)
-    _sampling(body, request.sampling)
-    parse_structured(body, request.sampling.structured)
-    user = _opt(body, "user", str)
-    if user:
-        request.user = user
+        prompts, logprobs = _completion(body, sampling)
+    _sampling(body, sampling)
+    structured = parse_structured(body)
+    if structured is not None:
+        sampling["structured"] = structured
+    user = _opt(body, "user", str) or ""
+    request = GenerateRequest(prompt=prompts[0], sampling=SamplingSpec(**sampling),
+                              logprobs=logprobs, model=model, user=user)
     n = _opt(body, "n", int)
     n = 1 if n is None else n
     if not 1 <= n <= MAX_N:
@@ -97,7 +104,7 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
     options = _opt(body, "stream_options", dict) or {}
     include_usage = _opt(options, "include_usage", bool, "stream_options.include_usage")
     echo = endpoint is Endpoint.COMPLETIONS and bool(_opt(body, "echo", bool))
-    requests = [_with_prompt(request, p) for p in prompts] if len(prompts) > 1 else []
+    requests = [replace(request, prompt=p) for p in prompts] if len(prompts) > 1 else []
     if requests and stream:
         raise InvalidRequestError("stream", "a batch of prompts cannot be streamed; send one")
     if stream and best_of > n:
@@ -106,44 +113,28 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
                       requests, n, best_of, functions)
 
 
-def _with_prompt(template: tandem_pb2.GenerateRequest, prompt: str | list[int]
-                 ) -> tandem_pb2.GenerateRequest:
-    request = tandem_pb2.GenerateRequest()
-    request.CopyFrom(template)
-    _set_prompt(request, prompt)
-    return request
-
-
-def _set_prompt(request: tandem_pb2.GenerateRequest, prompt: str | list[int]) -> None:
-    if isinstance(prompt, str):
-        request.text = prompt
-    else:
-        request.token_ids.ClearField("ids")
-        request.token_ids.ids.extend(prompt)
-
-
-def _completion(body: dict[str, Any], request: tandem_pb2.GenerateRequest
-                ) -> list[str | list[int]]:
-    """Fill ``request`` from a completions body; returns its prompts (a batch: several)."""
+def _completion(body: dict[str, Any], sampling: dict[str, Any]
+                ) -> tuple[list[Prompt], LogprobOptions]:
+    """A completions body's prompts (a batch: several) and logprob options; its sampling
+    fields into ``sampling``."""
     prompts = _prompts(body.get("prompt"))
-    _set_prompt(request, prompts[0])
     _opt(body, "echo", bool)
     if body.get("suffix"):
         raise InvalidRequestError("suffix", "suffix is not supported")
+    options = LogprobOptions()
     logprobs = _opt(body, "logprobs", int)
     if logprobs is not None:
-        request.logprobs.enabled = True
-        request.logprobs.top_logprobs = _non_negative(logprobs, "logprobs")
+        options = LogprobOptions(enabled=True, top_logprobs=_non_negative(logprobs, "logprobs"))
         if body.get("echo"):  # the prompt's tokens come back with logprobs too
-            request.sampling.prompt_logprobs = request.logprobs.top_logprobs
+            sampling["prompt_logprobs"] = options.top_logprobs
     prompt_logprobs = _opt(body, "prompt_logprobs", int)  # vLLM's extra
     if prompt_logprobs is not None:
-        request.sampling.prompt_logprobs = _non_negative(prompt_logprobs, "prompt_logprobs")
-    _opt_uint(body, ("max_tokens",), request.sampling, "max_tokens")
-    return prompts
+        sampling["prompt_logprobs"] = _non_negative(prompt_logprobs, "prompt_logprobs")
+    _opt_uint(body, ("max_tokens",), sampling, "max_tokens")
+    return prompts, options
 
 
-def _prompts(prompt: Any) -> list[str | list[int]]:
+def _prompts(prompt: Any) -> list[Prompt]:
     """A completions ``prompt``: a string, token ids, or a batch (a list of either)."""
     if isinstance(prompt, str):
         return [prompt]
@@ -152,7 +143,7 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     if isinstance(prompt, list) and prompt:
         if len(prompt) > MAX_BATCH:
             raise InvalidRequestError("prompt", f"at most {MAX_BATCH} prompts in a batch")
-        out: list[str | list[int]] = []
+        out: list[Prompt] = []
         for i, p in enumerate(prompt):
             if isinstance(p, str):
                 out.append(p)
@@ -164,18 +155,21 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     raise InvalidRequestError("prompt", "must be a string or a list of token ids")
 
 
-def _token_ids(ids: list[int], field: str) -> list[int]:
+def _token_ids(ids: list[int], field: str) -> tuple[int, ...]:
     if any(t < 0 or t > _UINT32 for t in ids):
         raise InvalidRequestError(field, "token ids must be non-negative")
-    return ids
+    return tuple(ids)
 
 
-def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> bool:
-    """Fill ``request`` from a chat body; whether it came with the legacy ``functions``."""
+def _chat(body: dict[str, Any], sampling: dict[str, Any]
+          ) -> tuple[Chat, LogprobOptions, bool]:
+    """A chat body's messages and tools, its logprob options, and whether it came with the
+    legacy ``functions``; its sampling fields into ``sampling``."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("messages", "must be a non-empty list")
     history = MessageTools()
+    parsed = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequestError(f"messages[{i}]", "must be an object")
@@ -183,19 +177,22 @@ def _chat(body: dict[str, Any], request: tandem_pb2.GenerateRequest) -> bool:
         # OpenAI's newer name for the system prompt.
         role = "system" if role == "developer" else role
         content = _content(message.get("content"), f"messages[{i}].content")
-        history.add(message, i, request.chat.messages.add(role=role, content=content))
+        parsed.append(history.add(message, i, role, content))
     add_generation_prompt = _opt(body, "add_generation_prompt", bool)
-    if add_generation_prompt is not None:
-        request.chat.add_generation_prompt = add_generation_prompt
-    functions = parse_chat_tools(body, request.chat)
+    tools = parse_chat_tools(body)
+    chat = Chat(messages=tuple(parsed),
+                add_generation_prompt=True if add_generation_prompt is None
+                else add_generation_prompt,
+                tools_json=tools.tools_json, tool_choice=tools.tool_choice,
+                parallel_tool_calls=tools.parallel_tool_calls)
+    options = LogprobOptions()
     top = _opt(body, "top_logprobs", int)
     if _opt(body, "logprobs", bool):
-        request.logprobs.enabled = True
-        request.logprobs.top_logprobs = _non_negative(top or 0, "top_logprobs")
+        options = LogprobOptions(enabled=True, top_logprobs=_non_negative(top or 0, "top_logprobs"))
     elif top:
         raise InvalidRequestError("top_logprobs", "needs logprobs: true")
-    _opt_uint(body, ("max_completion_tokens", "max_tokens"), request.sampling, "max_tokens")
-    return functions
+    _opt_uint(body, ("max_completion_tokens", "max_tokens"), sampling, "max_tokens")
+    return chat, options, tools.legacy
 
 
 def _content(content: Any, field: str) -> str:
@@ -217,58 +214,61 @@ def _content(content: Any, field: str) -> str:
     raise InvalidRequestError(field, "must be a string or a list of text parts")
 
 
-def _sampling(body: dict[str, Any], s: tandem_pb2.SamplingParams) -> None:
+def _sampling(body: dict[str, Any], s: dict[str, Any]) -> None:
+    """The body's sampling fields (shared by both endpoints) into ``s``."""
     for name in ("temperature", "top_p", "min_p", "repetition_penalty",
                  "presence_penalty", "frequency_penalty"):
         value = _opt(body, name, float)
         if value is not None:
-            setattr(s, name, value)
+            s[name] = _float32(value)
     top_k = _opt(body, "top_k", int)
     if top_k is not None:
         if not -(2**31) <= top_k < 2**31:
             raise InvalidRequestError("top_k", "out of range")
-        s.top_k = top_k
+        s["top_k"] = top_k
     _opt_uint(body, ("min_tokens",), s, "min_tokens")
     seed = _opt(body, "seed", int)
     if seed is not None:
-        s.seed = _non_negative(seed, "seed", 2**64 - 1)
+        s["seed"] = _non_negative(seed, "seed", 2**64 - 1)
     stop = body.get("stop")
     if isinstance(stop, str):
-        s.stop.append(stop)
+        s["stop"] = (stop,)
     elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
-        s.stop.extend(stop)
+        s["stop"] = tuple(stop)
     elif stop is not None:
         raise InvalidRequestError("stop", "must be a string or a list of strings")
     ids = body.get("stop_token_ids")
     if ids is not None:
         if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t <= _UINT32 for t in ids):
             raise InvalidRequestError("stop_token_ids", "must be a list of token ids")
-        s.stop_token_ids.extend(ids)
-    s.ignore_eos = bool(_opt(body, "ignore_eos", bool))
-    s.include_stop_str_in_output = bool(_opt(body, "include_stop_str_in_output", bool))
+        s["stop_token_ids"] = tuple(ids)
+    s["ignore_eos"] = bool(_opt(body, "ignore_eos", bool))
+    s["include_stop_str_in_output"] = bool(_opt(body, "include_stop_str_in_output", bool))
     skip = _opt(body, "skip_special_tokens", bool)
     if skip is not None:
-        s.skip_special_tokens = skip
+        s["skip_special_tokens"] = skip
     speculative = _opt(body, "speculative", bool)
     if speculative is not None:
-        s.speculative = speculative
-    _logit_bias(body, s)
+        s["speculative"] = speculative
+    bias = _logit_bias(body)
+    if bias:
+        s["logit_bias"] = bias
 
 
-def _opt_uint(
-    body: dict[str, Any], names: tuple[str, ...], s: tandem_pb2.SamplingParams, attr: str
-) -> None:
-    """Set ``attr`` from the first of ``names`` present (OpenAI has aliases)."""
+def _opt_uint(body: dict[str, Any], names: tuple[str, ...], s: dict[str, Any], attr: str
+              ) -> None:
+    """Set ``s[attr]`` from the first of ``names`` present (OpenAI has aliases)."""
     for name in names:
         value = _opt(body, name, int)
         if value is not None:
-            setattr(s, attr, _non_negative(value, name))
+            s[attr] = _non_negative(value, name)
             return
 
 
-def _logit_bias(body: dict[str, Any], s: tandem_pb2.SamplingParams) -> None:
+def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
     """OpenAI's ``{"token id": bias}`` (keys are strings in JSON)."""
     bias = _opt(body, "logit_bias", dict)
+    out: dict[int, float] = {}
     for key, value in (bias or {}).items():
         try:
             token = int(key)
@@ -278,7 +278,13 @@ def _logit_bias(body: dict[str, Any], s: tandem_pb2.SamplingParams) -> None:
             raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id")
         if not (_is_int(value) or isinstance(value, float)):
             raise InvalidRequestError("logit_bias", f"bias of {key!r} must be a number")
-        s.logit_bias[token] = float(value)
+        out[token] = _float32(float(value))
+    return out
+
+
+def _float32(value: float) -> float:
+    """``value`` as the wire's 32-bit float fields hold it (beyond their range: infinite)."""
+    return ctypes.c_float(value).value
 
 
 def _non_negative(value: int, field: str, limit: int = _UINT32) -> int:

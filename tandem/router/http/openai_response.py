@@ -1,4 +1,5 @@
-"""``GenerateResponse`` messages -> OpenAI response objects (whole, or SSE chunks).
+"""A generation's ``ResponseChunk`` messages (tandem/router/api/response.py) -> OpenAI
+response objects (whole, or SSE chunks).
 
     completions   {"object": "text_completion", choices: [{text, logprobs, finish_reason}]}
     chat          {"object": "chat.completion", choices: [{message, logprobs, finish_reason}]}
@@ -20,8 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.request import GenerateRequest
+from tandem.router.api.response import ModelInfo, ResponseChunk, TokenLogprob, Usage
 from tandem.router.http.openai_request import ApiRequest, Endpoint
+from tandem.router.tools.call import CallDelta, ToolCall
 
 TokenText = Callable[[int], str]
 Decode = Callable[[list[int]], str]
@@ -43,22 +46,22 @@ class ResponseShaper:
         self._offsets: dict[int, int] = {}  # per choice while streaming several
         self._started: set[int] = set()  # choices whose first chunk went out
 
-    def whole(self, responses: Sequence[tandem_pb2.GenerateResponse]) -> dict[str, Any]:
+    def whole(self, responses: Sequence[ResponseChunk]) -> dict[str, Any]:
         """The non-streaming response for all of a request's messages."""
         return self.whole_batch([responses])
 
     def whole_batch(
-        self, batch: Sequence[Sequence[tandem_pb2.GenerateResponse]]
+        self, batch: Sequence[Sequence[ResponseChunk]]
     ) -> dict[str, Any]:
         """The non-streaming response of a batch: one choice per prompt, in order."""
         choices = [self._choice(i, responses) for i, responses in enumerate(batch)]
         body = self._envelope("chat.completion" if self._chat else "text_completion")
         body["choices"] = choices
-        body["usage"] = usage(_summed([responses[-1].usage for responses in batch], self._api.n))
+        body["usage"] = usage(_summed([_usage(responses[-1]) for responses in batch],
+                                      self._api.n))
         return body
 
-    def _choice(self, index: int, responses: Sequence[tandem_pb2.GenerateResponse]
-                ) -> dict[str, Any]:
+    def _choice(self, index: int, responses: Sequence[ResponseChunk]) -> dict[str, Any]:
         text = "".join(r.text for r in responses)
         logprobs = [lp for r in responses for lp in r.logprobs]
         prompt_lp = [lp for r in responses for lp in r.prompt_logprobs]
@@ -77,7 +80,7 @@ class ResponseShaper:
             "logprobs": shaped,
             "finish_reason": self._finish_reason(last.finish_reason),
         }
-        if prompt_lp and self._api.request.sampling.HasField("prompt_logprobs"):
+        if prompt_lp and self._api.request.sampling.prompt_logprobs is not None:
             choice["prompt_logprobs"] = self._prompt_logprobs(prompt_lp)
         if self._chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -93,14 +96,14 @@ class ResponseShaper:
             choice["text"] = text
         return choice
 
-    def _prompt_text(self, request: tandem_pb2.GenerateRequest) -> str:
-        if request.WhichOneof("prompt") == "text":
-            return request.text
-        ids = list(request.token_ids.ids)
+    def _prompt_text(self, request: GenerateRequest) -> str:
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            return prompt
+        ids = list(prompt) if isinstance(prompt, tuple) else []
         return self._decode(ids) if self._decode is not None else ""
 
-    def _prompt_logprobs(self, entries: Sequence[tandem_pb2.TokenLogprob]
-                         ) -> list[dict[str, Any] | None]:
+    def _prompt_logprobs(self, entries: Sequence[TokenLogprob]) -> list[dict[str, Any] | None]:
         """vLLM's ``prompt_logprobs``: per prompt token {id: {logprob, decoded_token}} for it
         and its top alternatives (None for the first token)."""
         out: list[dict[str, Any] | None] = []
@@ -116,8 +119,7 @@ class ResponseShaper:
             out.append(entry)
         return out
 
-    def chunk(self, response: tandem_pb2.GenerateResponse, with_usage: bool, index: int = 0
-              ) -> dict[str, Any]:
+    def chunk(self, response: ResponseChunk, with_usage: bool, index: int = 0) -> dict[str, Any]:
         """One SSE event for one message of choice ``index`` (``usage: null`` when the
         client asked for usage)."""
         first = index not in self._started
@@ -153,12 +155,12 @@ class ResponseShaper:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, *lasts: tandem_pb2.GenerateResponse) -> dict[str, Any]:
+    def usage_chunk(self, *lasts: ResponseChunk) -> dict[str, Any]:
         """The extra last event of ``stream_options.include_usage``: no choices, the usage
         (summed over the choices' last messages)."""
         body = self._envelope("chat.completion.chunk" if self._chat else "text_completion")
         body["choices"] = []
-        body["usage"] = usage(_summed([last.usage for last in lasts], self._api.n))
+        body["usage"] = usage(_summed([_usage(last) for last in lasts], self._api.n))
         return body
 
     def _finish_reason(self, reason: str) -> str:
@@ -168,7 +170,7 @@ class ResponseShaper:
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {"id": self._id, "object": kind, "created": self._created, "model": self._model}
 
-    def _logprobs(self, logprobs: Sequence[tandem_pb2.TokenLogprob],
+    def _logprobs(self, logprobs: Sequence[TokenLogprob],
                   first_has_none: bool = False) -> dict[str, Any]:
         """Each API's logprobs shape; ``first_has_none``: echo's first prompt token, which
         has no logprob (None, as OpenAI and vLLM send it)."""
@@ -194,24 +196,29 @@ class ResponseShaper:
                 "text_offset": offsets}
 
 
-def _summed(usages: Sequence[tandem_pb2.Usage], n: int) -> tandem_pb2.Usage:
+def _usage(last: ResponseChunk) -> Usage:
+    """A choice's usage, from its last message (all zero if it carries none)."""
+    return last.usage if last.usage is not None else Usage()
+
+
+def _summed(usages: Sequence[Usage], n: int) -> Usage:
     """Several choices' usage as one: each prompt's tokens once (its first choice's figures,
     ``n`` choices per prompt, as OpenAI counts them), every choice's completion tokens."""
     firsts = usages[::n]
-    return tandem_pb2.Usage(
+    return Usage(
         prompt_tokens=sum(u.prompt_tokens for u in firsts),
         completion_tokens=sum(u.completion_tokens for u in usages),
         cached_tokens=sum(u.cached_tokens for u in firsts),
     )
 
 
-def _call(call: tandem_pb2.ToolCall) -> dict[str, Any]:
+def _call(call: ToolCall) -> dict[str, Any]:
     """One OpenAI ``tool_calls`` item."""
     return {"id": call.id, "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _merged(deltas: Sequence[tandem_pb2.ToolCallDelta]) -> list[dict[str, Any]]:
+def _merged(deltas: Sequence[CallDelta]) -> list[dict[str, Any]]:
     """One message's call pieces as OpenAI ``delta.tool_calls`` items, one per call (a call's
     head and its first argument text may settle together)."""
     out: list[dict[str, Any]] = []
@@ -231,7 +238,7 @@ def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
-def usage(u: tandem_pb2.Usage) -> dict[str, Any]:
+def usage(u: Usage) -> dict[str, Any]:
     """OpenAI's usage object (cached prompt tokens under ``prompt_tokens_details``)."""
     return {
         "prompt_tokens": u.prompt_tokens,
@@ -246,13 +253,13 @@ def finish_reason(reason: str) -> str:
     return reason or "stop"
 
 
-def model_list(models: tandem_pb2.ListModelsResponse) -> dict[str, Any]:
+def model_list(models: Sequence[ModelInfo]) -> dict[str, Any]:
     """``GET /v1/models``."""
     return {
         "object": "list",
         "data": [
             {"id": m.id, "object": "model", "created": 0, "owned_by": m.owned_by,
              "max_model_len": m.max_model_len, "weights_format": m.weights_format}
-            for m in models.models
+            for m in models
         ],
     }

@@ -7,8 +7,9 @@
 With API keys every other route needs one; ``/metrics`` also takes a metrics key (a scraper's
 credential that opens nothing else), and needs one of either when only metrics keys are set.
 
-Requests go straight to ``Frontend`` (the same accept/generate the gRPC servicer calls):
-no gRPC hop and no second validator. A client that disconnects cancels its handler
+Requests go straight to ``Frontend`` (the same accept/generate the gRPC servicer calls) as
+the router's plain types (tandem/router/api), built from the JSON body: no protobuf, no gRPC
+hop and no second validator. A client that disconnects cancels its handler
 (``handler_cancellation``), which closes the generation and so both of its worker legs.
 
 What a client may cost (RouterConfig): a body of at most ``max_request_bytes`` (413), sent
@@ -33,6 +34,7 @@ import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -40,7 +42,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tandem.common.obs import tracing
 from tandem.common.wire import REQUEST_ID_HEADER
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.response import ResponseChunk
 from tandem.router.auth import ApiKeys
 from tandem.router.client_limits import key_of
 from tandem.router.errors import InvalidRequestError, RouterError
@@ -184,8 +186,8 @@ class HttpServer:
         return web.json_response(model_list(self._frontend.list_models()))
 
     async def _tokenize(self, request: web.Request) -> web.StreamResponse:
-        tok = await self._frontend.tokenize(tokenize_request(await self._json_body(request)))
-        return web.json_response({"count": tok.count, "tokens": list(tok.token_ids),
+        ids = await self._frontend.tokenize(tokenize_request(await self._json_body(request)))
+        return web.json_response({"count": len(ids), "tokens": ids,
                                   "max_model_len": self._frontend.deps.config.max_model_len})
 
     async def _detokenize(self, request: web.Request) -> web.StreamResponse:
@@ -224,15 +226,14 @@ class HttpServer:
             label = request.get(_ECHO_ID, "")
             if len(api.requests) > 1 or api.best_of > 1:
                 label = request[_ECHO_ID] = label or uuid.uuid4().hex  # one id for the choices
-                for r in api.requests:
-                    r.request_id = label
+                api.requests = [replace(r, request_id=label) for r in api.requests]
                 if api.stream:
                     return await _stream_choices(request, api, self._shaper(api, label),
                                                  self._frontend, budget, parent)
                 results = await fanout.run_all(self._frontend, api, budget, parent)
                 return web.json_response(self._shaper(api, label).whole_batch(results))
-            api.request.request_id = label
-            accepted = self._frontend.accept(api.request, trace_parent=parent)
+            accepted = self._frontend.accept(replace(api.request, request_id=label),
+                                             trace_parent=parent)
             request[_ECHO_ID] = accepted.label
             shaper = self._shaper(api, accepted.label)
             responses = self._frontend.generate(accepted, budget)
@@ -276,8 +277,8 @@ async def _stream(
     request: web.Request,
     api: ApiRequest,
     shaper: ResponseShaper,
-    first: tandem_pb2.GenerateResponse,
-    rest: AsyncIterator[tandem_pb2.GenerateResponse],
+    first: ResponseChunk,
+    rest: AsyncIterator[ResponseChunk],
 ) -> web.StreamResponse:
     """Server-sent events: one ``data:`` per message, the usage event, then ``[DONE]``."""
     response = web.StreamResponse(
@@ -312,7 +313,7 @@ async def _stream_choices(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        lasts: dict[int, tandem_pb2.GenerateResponse] = {}
+        lasts: dict[int, ResponseChunk] = {}
         try:
             i, message = first
             while True:

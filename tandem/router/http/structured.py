@@ -1,4 +1,5 @@
-"""OpenAI ``response_format`` and vLLM's structured-output extras -> ``StructuredOutput``.
+"""OpenAI ``response_format`` and vLLM's structured-output extras -> ``StructuredOutput``
+(tandem/router/api/sampling.py).
 
     response_format {"type": "json_object"}                      -> json_object
     response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
@@ -15,15 +16,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.sampling import StructuredOutput
 from tandem.router.errors import InvalidRequestError
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}
 
 
-def parse_structured(body: dict[str, Any], out: tandem_pb2.StructuredOutput) -> None:
-    """Fill ``out`` from whichever structured-output field ``body`` has (none: unchanged)."""
+def parse_structured(body: dict[str, Any]) -> StructuredOutput | None:
+    """The constraint of whichever structured-output field ``body`` has (None: none)."""
     found: list[tuple[str, str, Any]] = []  # (field, kind, value)
     fmt = body.get("response_format")
     if fmt is not None:
@@ -40,8 +41,7 @@ def parse_structured(body: dict[str, Any], out: tandem_pb2.StructuredOutput) -> 
         raise InvalidRequestError(
             found[1][0], f"only one structured output at a time (also got {found[0][0]})"
         )
-    if found:
-        _set(out, *found[0])
+    return _constraint(*found[0]) if found else None
 
 
 def _response_format(fmt: Any) -> list[tuple[str, str, Any]]:
@@ -63,12 +63,12 @@ def _response_format(fmt: Any) -> list[tuple[str, str, Any]]:
     )
 
 
-def _set(out: tandem_pb2.StructuredOutput, field: str, kind: str, value: Any) -> None:
+def _constraint(field: str, kind: str, value: Any) -> StructuredOutput:
     if kind == "json_object":
         if value is not True:
             raise InvalidRequestError(field, "must be true")
-        out.json_object = True
-    elif kind == "json":
+        return StructuredOutput("json_object", True)
+    if kind == "json":
         if isinstance(value, str):  # vLLM accepts the schema as text too
             try:
                 value = json.loads(value)
@@ -76,14 +76,13 @@ def _set(out: tandem_pb2.StructuredOutput, field: str, kind: str, value: Any) ->
                 raise InvalidRequestError(field, f"not JSON: {err}") from None
         if not isinstance(value, (dict, bool)):
             raise InvalidRequestError(field, "must be a JSON Schema object")
-        out.json_schema = json.dumps(value, separators=(",", ":"))
-    elif kind == "choice":
+        return StructuredOutput("json_schema", json.dumps(value, separators=(",", ":")))
+    if kind == "choice":
         if not isinstance(value, list) or not value or not all(
             isinstance(c, str) and c for c in value
         ):
             raise InvalidRequestError(field, "must be a non-empty list of non-empty strings")
-        out.choice.choices.extend(value)
-    else:  # regex, grammar
-        if not isinstance(value, str) or not value:
-            raise InvalidRequestError(field, "must be a non-empty string")
-        setattr(out, kind, value)
+        return StructuredOutput("choice", tuple(value))
+    if not isinstance(value, str) or not value:  # regex, grammar
+        raise InvalidRequestError(field, "must be a non-empty string")
+    return StructuredOutput("regex" if kind == "regex" else "grammar", value)

@@ -2,6 +2,7 @@
 
     /tokenize   {"prompt": str, "add_special_tokens": true}            -> TokenizeRequest.text
                 {"messages": [...], "add_generation_prompt": true}      -> TokenizeRequest.chat
+        (the plain TokenizeRequest of tandem/router/api/request.py)
         <- {"count", "max_model_len", "tokens"}
     /detokenize {"tokens": [ids]}  <- {"prompt": str}
 """
@@ -10,34 +11,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat
+from tandem.router.api.request import TokenizeRequest
 from tandem.router.errors import InvalidRequestError
 from tandem.router.http.openai_request import Endpoint, parse
 
 
-def tokenize_request(body: Any) -> tandem_pb2.TokenizeRequest:
+def tokenize_request(body: Any) -> TokenizeRequest:
     """The TokenizeRequest of a /tokenize body; raises InvalidRequestError."""
     if not isinstance(body, dict):
         raise InvalidRequestError("body", "must be a JSON object")
-    out = tandem_pb2.TokenizeRequest()
     model = body.get("model")
-    if model is not None:
-        if not isinstance(model, str):
-            raise InvalidRequestError("model", "must be a string")
-        out.model = model
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequestError("model", "must be a string")
     special = body.get("add_special_tokens")
     if special is not None and not isinstance(special, bool):
         raise InvalidRequestError("add_special_tokens", "must be a boolean")
     if "messages" in body:
         chat = parse(Endpoint.CHAT, {"messages": body["messages"],
                                      **_only(body, "add_generation_prompt", "tools")})
-        out.chat.CopyFrom(chat.request.chat)
-    elif isinstance(body.get("prompt"), str):
-        out.text = body["prompt"]
-        out.add_special_tokens = True if special is None else special
-    else:
-        raise InvalidRequestError("prompt", "a string prompt or a messages list is required")
-    return out
+        assert isinstance(chat.request.prompt, Chat)
+        return TokenizeRequest(chat=chat.request.prompt, model=model or "")
+    if isinstance(body.get("prompt"), str):
+        return TokenizeRequest(text=body["prompt"], model=model or "",
+                               add_special_tokens=True if special is None else special)
+    raise InvalidRequestError("prompt", "a string prompt or a messages list is required")
 
 
 def detokenize_ids(body: Any, vocab_size: int, max_tokens: int) -> list[int]:

@@ -14,7 +14,7 @@ A worker's life in the pool::
 
 - ``registry``: pool membership and load, keyed by endpoint (injected clock).
 - ``registry_service``: the ``tandem.v1.Registry`` gRPC service workers register with.
-- ``health_monitor``: the probe loop.
+- ``health_monitor``: the probe loop; ``probes``: its worker calls (health check, Stats).
 - ``k8s_discovery`` and ``k8s_pods``: the Kubernetes list/watch loop and its pure pod rules.
 - ``worker_clients``: one gRPC channel per member, opened on first use, closed when it leaves.
 

@@ -1,5 +1,8 @@
 """Probes every known worker on an interval: grpc.health.v1 first, then Stats for its load.
 
+The calls themselves are probes.py's (gRPC stays there); this module decides on their plain
+answers.
+
 A worker that fails the health check leaves the pool until a later probe passes; registered
 workers silent past their heartbeat lease are forgotten (and their channels and affinity
 dropped). A Stats call that fails while the health check passed leaves the worker in the
@@ -29,13 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import grpc
-from grpc_health.v1 import health_pb2
-
-from tandem.placement.worker_view import Role
-from tandem.protos.v1 import worker_pb2
+from tandem.router.membership import probes
 from tandem.router.membership.registry import CutsCalls, ForgetsWorkers, NoCalls, Registry
-from tandem.router.membership.registry_service import load_of
 from tandem.router.membership.worker_clients import WorkerClients
 
 log = logging.getLogger(__name__)
@@ -115,21 +113,17 @@ class HealthMonitor:
             self._unreachable.pop(endpoint, None)
             return False
         generation = self._registry.generation(endpoint)
-        problem, unreachable = await self._check_health(endpoint)
+        health = await probes.check_health(self._clients, endpoint, self._timeout_s)
+        problem, unreachable = health.problem, health.unreachable
         if problem is None:
-            stub = (
-                self._clients.decode(endpoint)
-                if role is Role.DECODE
-                else self._clients.prefill(endpoint)
-            )
             try:
-                stats = await stub.Stats(worker_pb2.StatsRequest(), timeout=self._timeout_s)
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    problem = f"Stats failed: {err.code().name}"
+                load = await probes.stats(self._clients, endpoint, role, self._timeout_s)
+            except probes.StatsFailed as failed:
+                if not failed.late:
+                    problem = str(failed)
                 # else: alive (it answered the health check) but mid-step; keep the old load
             else:
-                self._registry.update_load(endpoint, load_of(stats))
+                self._registry.update_load(endpoint, load)
         # Log transitions only; a failure of a probe older than the registration is dropped.
         if self._registry.set_healthy(endpoint, problem is None, since=generation):
             if problem is None:
@@ -148,19 +142,3 @@ class HealthMonitor:
         cut = self._calls.cancel(endpoint, f"worker left the pool: {why}")
         if cut:
             log.warning("cut %d calls in flight to %s", cut, endpoint)
-
-    async def _check_health(self, endpoint: str) -> tuple[str | None, bool]:
-        """(None when grpc.health.v1 says SERVING or the worker has no health service, else
-        the problem; whether the check failed to reach the worker at all)."""
-        try:
-            reply = await self._clients.health(endpoint).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=self._timeout_s
-            )
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return None, False  # no health service: the Stats call decides
-            return f"health check failed: {err.code().name}", True
-        if reply.status != health_pb2.HealthCheckResponse.SERVING:
-            name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-            return f"health status {name}", False
-        return None, False

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tandem.common.model_spec import ModelSpecError
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat, ChatMessage
 from tandem.router.cli import build_parser, config_from_args
 from tandem.router.config import RouterConfig
 from tandem.router.model_files import router_model_dir
@@ -28,10 +28,10 @@ _PROBE = """
 import json, sys
 from tandem.router.cli import build_parser, config_from_args
 from tandem.router.tokenizer import RouterTokenizer
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat, ChatMessage
 config = config_from_args(build_parser().parse_args(["--model", "smollm2", "--insecure"]))
 tok = RouterTokenizer(config.tokenizer_dir)
-chat = tandem_pb2.ChatMessages(messages=[tandem_pb2.ChatMessage(role="user", content="Hi")])
+chat = Chat((ChatMessage(role="user", content="Hi"),))
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "engine"))
 print(json.dumps({"dir": config.tokenizer_dir, "name": config.model_name,
                   "max_model_len": config.max_model_len, "vocab": tok.vocab_size,
@@ -62,8 +62,8 @@ def test_a_gguf_alias_resolves_without_torch_to_the_engines_tokenizer(
     assert got["chat"] == chat
 
 
-def _chat(text: str) -> tandem_pb2.ChatMessages:
-    return tandem_pb2.ChatMessages(messages=[tandem_pb2.ChatMessage(role="user", content=text)])
+def _chat(text: str) -> Chat:
+    return Chat((ChatMessage(role="user", content=text),))
 
 
 def test_a_converted_alias_is_read_from_the_conversion(smollm2_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""OpenAI request JSON -> GenerateRequest, and the OpenAI error shape at the HTTP edge."""
+"""OpenAI request JSON -> the plain GenerateRequest, and the OpenAI error shape at the HTTP
+edge."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat
+from tandem.router.api.response import ResponseChunk, TokenLogprob, TopLogprob, Usage
+from tandem.router.api.sampling import StructuredOutput
 from tandem.router.errors import (
     DeadlineError,
     DrainingError,
@@ -33,26 +36,26 @@ def test_completion_maps_sampling_stop_seed_and_logprobs() -> None:
         "speculative": False,
     })
     r = api.request
-    assert r.model == "m" and r.text == "Hello"
+    assert r.model == "m" and r.prompt == "Hello"
     s = r.sampling
-    assert s.max_tokens == 7 and s.HasField("temperature") and s.temperature == 0.0
+    assert s.max_tokens == 7 and s.temperature is not None and s.temperature == 0.0
     assert s.top_p == 0.5 and s.seed == 42 and list(s.stop) == ["\n"] and s.top_k == 5
     assert s.presence_penalty == 0.5 and s.frequency_penalty == -1.0
     assert s.ignore_eos and list(s.stop_token_ids) == [2]
-    assert s.HasField("speculative") and not s.speculative
-    assert not parse(COMPLETIONS, {"prompt": "x"}).request.sampling.HasField("speculative")
+    assert s.speculative is False
+    assert parse(COMPLETIONS, {"prompt": "x"}).request.sampling.speculative is None
     assert r.logprobs.enabled and r.logprobs.top_logprobs == 3
     assert api.stream and api.include_usage
 
 
 def test_completion_prompt_forms() -> None:
-    assert parse(COMPLETIONS, {"prompt": ["one"]}).request.text == "one"
+    assert parse(COMPLETIONS, {"prompt": ["one"]}).request.prompt == "one"
     ids = parse(COMPLETIONS, {"prompt": [5, 6, 7]}).request
-    assert list(ids.token_ids.ids) == [5, 6, 7]
-    assert list(parse(COMPLETIONS, {"prompt": [[8, 9]]}).request.token_ids.ids) == [8, 9]
+    assert ids.kind == "token_ids" and ids.prompt == (5, 6, 7)
+    assert parse(COMPLETIONS, {"prompt": [[8, 9]]}).request.prompt == (8, 9)
     unset = parse(COMPLETIONS, {"prompt": "x"}).request
-    assert not unset.sampling.HasField("max_tokens") and not unset.logprobs.enabled
-    assert not unset.sampling.HasField("temperature") and not unset.sampling.HasField("seed")
+    assert unset.sampling.max_tokens is None and not unset.logprobs.enabled
+    assert unset.sampling.temperature is None and unset.sampling.seed is None
 
 
 def test_chat_maps_messages_parts_and_aliases() -> None:
@@ -65,7 +68,8 @@ def test_chat_maps_messages_parts_and_aliases() -> None:
         "max_completion_tokens": 9, "max_tokens": 100, "logprobs": True, "top_logprobs": 2,
         "stop": ["x", "y"],
     })
-    chat = api.request.chat
+    chat = api.request.prompt
+    assert isinstance(chat, Chat)
     assert [(m.role, m.content) for m in chat.messages] == [("system", "be brief"),
                                                             ("user", "ab")]
     assert api.request.sampling.max_tokens == 9  # max_completion_tokens wins
@@ -163,18 +167,17 @@ def test_error_shape_and_status(err: Exception, status: int, kind: str) -> None:
         assert out.headers == {}
 
 
-def _message(**kw: Any) -> tandem_pb2.GenerateResponse:
-    return tandem_pb2.GenerateResponse(**kw)
+def _message(**kw: Any) -> ResponseChunk:
+    return ResponseChunk("r", **kw)
 
 
 def test_shaper_whole_and_chunks() -> None:
-    lp = [tandem_pb2.TokenLogprob(token_id=5, logprob=-0.5,
-                                  top=[tandem_pb2.TopLogprob(token_id=6, logprob=-1.0)])]
+    lp = (TokenLogprob(token_id=5, logprob=-0.5, top=(TopLogprob(token_id=6, logprob=-1.0),)),)
     text = {5: "ab", 6: "c"}.__getitem__
     messages = [
-        _message(token_ids=[5], text="ab", logprobs=lp),
-        _message(token_ids=[5], text="ab", logprobs=lp, finished=True, finish_reason="length",
-                 usage=tandem_pb2.Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1)),
+        _message(token_ids=(5,), text="ab", logprobs=lp),
+        _message(token_ids=(5,), text="ab", logprobs=lp, finished=True, finish_reason="length",
+                 usage=Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1)),
     ]
     completion = ResponseShaper(parse(COMPLETIONS, {"prompt": "x"}), "m", "r1", text)
     whole = completion.whole(messages)
@@ -217,14 +220,29 @@ def test_structured_outputs_map_onto_one_kind(
     extra: dict[str, Any], kind: str | None, value: object
 ) -> None:
     so = parse(CHAT, {"messages": USER, **extra}).request.sampling.structured
-    assert so.WhichOneof("kind") == kind
-    if kind is not None:
-        assert getattr(so, kind) == value
+    assert (None if so is None else so.kind) == kind
+    if so is not None:
+        assert so.value == value
 
 
 def test_choice_and_logit_bias_and_user_are_carried() -> None:
     req = parse(COMPLETIONS, {"prompt": "x", "guided_choice": ["yes", "no"],
                               "logit_bias": {"7": -100, "9": 2.5}, "user": "u-1"}).request
-    assert list(req.sampling.structured.choice.choices) == ["yes", "no"]
+    assert req.sampling.structured == StructuredOutput("choice", ("yes", "no"))
     assert dict(req.sampling.logit_bias) == {7: -100.0, 9: 2.5}
     assert req.user == "u-1"
+
+
+def test_numbers_are_checked_as_the_wire_carries_them() -> None:
+    """A JSON number bound for a 32-bit float field is what a gRPC client sending it would
+    have: the same value for the checks, and what the workers are sent."""
+    from tandem.protos.v1 import tandem_pb2
+    from tandem.router.convert.sampling import sampling_from_proto
+
+    values = {"temperature": 1e39, "top_p": 1.00000001, "min_p": -0.1}
+    http = parse(COMPLETIONS, {"prompt": "x", **values, "logit_bias": {"5": 0.1}}).request
+    grpc_side = sampling_from_proto(tandem_pb2.SamplingParams(**values, logit_bias={5: 0.1}))
+    for name in values:
+        assert getattr(http.sampling, name) == getattr(grpc_side, name)
+    assert http.sampling.logit_bias == grpc_side.logit_bias
+    assert http.sampling.temperature == float("inf") and http.sampling.top_p == 1.0

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.chat import Chat, ChatMessage
 from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import expected_output
 from tests.unit.router.harness import MODEL, cluster
@@ -20,12 +21,13 @@ CHAT = tandem_pb2.ChatMessages(
     messages=[tandem_pb2.ChatMessage(role="user", content="What is 2+2?")],
     add_generation_prompt=True,
 )
+PLAIN_CHAT = Chat((ChatMessage(role="user", content="What is 2+2?"),), add_generation_prompt=True)
 
 
 def test_chat_prompt_goes_through_the_template(tokenizer: RouterTokenizer) -> None:
     async def scenario() -> None:
         async with cluster(tokenizer) as c:
-            ids = tokenizer.encode_chat(CHAT)
+            ids = tokenizer.encode_chat(PLAIN_CHAT)
             assert tokenizer.decode(ids, skip_special_tokens=False).rstrip().endswith("assistant")
             request = tandem_pb2.GenerateRequest(
                 chat=CHAT,
@@ -48,7 +50,7 @@ def test_tokenize_and_list_models(tokenizer: RouterTokenizer) -> None:
             assert list(reply.token_ids) == tokenizer.encode("Hello world", False)
             assert reply.count == len(reply.token_ids)
             reply = await c.stub.Tokenize(tandem_pb2.TokenizeRequest(chat=CHAT))
-            assert list(reply.token_ids) == tokenizer.encode_chat(CHAT)
+            assert list(reply.token_ids) == tokenizer.encode_chat(PLAIN_CHAT)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.stub.Tokenize(tandem_pb2.TokenizeRequest(model="other", text="x"))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

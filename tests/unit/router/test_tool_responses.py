@@ -6,12 +6,14 @@ makes of those, streamed and whole, in today's ``tool_calls`` shape and the lega
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from tandem.protos.v1 import tandem_pb2
-from tandem.router.frontend import _add_call_deltas, _attach_calls
+from tandem.router.api.chat import Chat
+from tandem.router.api.response import ResponseChunk
+from tandem.router.frontend import _with_calls
 from tandem.router.http.openai_request import Endpoint, parse
 from tandem.router.http.openai_response import ResponseShaper
 from tandem.router.tool_use import ToolOutput, ToolUse
@@ -37,18 +39,15 @@ def pieces(text: str, size: int = 5) -> list[str]:
 
 
 def messages(output: ToolOutput, text: str, finish_reason: str = "stop"
-             ) -> list[tandem_pb2.GenerateResponse]:
+             ) -> list[ResponseChunk]:
     """The messages the Frontend sends for ``text`` arriving in pieces (the last one, empty,
     carries the finish)."""
     out = []
     for piece in [*pieces(text), ""]:
         content, deltas = output.feed(piece)
-        response = tandem_pb2.GenerateResponse(text=content)
-        _add_call_deltas(response, deltas)
-        out.append(response)
-    last = out[-1]
-    last.finished, last.finish_reason = True, finish_reason
-    _attach_calls(last, output)
+        out.append(ResponseChunk("rid", text=content, tool_call_deltas=tuple(deltas)))
+    last = replace(out[-1], finished=True, finish_reason=finish_reason)
+    out[-1] = _with_calls(last, output)
     return out
 
 
@@ -179,7 +178,8 @@ def test_the_legacy_history_renders_as_tool_calls_and_tool_messages() -> None:
     api = parse(Endpoint.CHAT, {"messages": history, "functions": [WEATHER["function"]],
                                 "function_call": "auto"})
     assert api.functions
-    chat = api.request.chat
+    chat = api.request.prompt
+    assert isinstance(chat, Chat)
     assert not chat.parallel_tool_calls  # one call at most
     assistant, answer = chat.messages[1], chat.messages[2]
     assert [(c.id, c.name, c.arguments) for c in assistant.tool_calls] == [

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tandem.protos.v1 import tandem_pb2
+from tandem.router.api.request import GenerateRequest
 from tandem.router.errors import InvalidRequestError, LegLostError
 from tandem.router.handoff.fork import merge_sequences
 from tandem.router.request import Chunk
@@ -132,7 +132,7 @@ def test_a_sequence_whose_decode_worker_dies_migrates_alone(tokenizer: RouterTok
 def test_frontend_bounds_n(tokenizer: RouterTokenizer) -> None:
     async def scenario() -> None:
         async with cluster(tokenizer) as c:
-            request = tandem_pb2.GenerateRequest(token_ids=tandem_pb2.TokenIds(ids=PROMPT))
+            request = GenerateRequest(tuple(PROMPT))
             for n in (0, 129):
                 with pytest.raises(InvalidRequestError) as err:
                     c.router.frontend.accept(request, n=n)
@@ -146,10 +146,10 @@ def test_frontend_bounds_n(tokenizer: RouterTokenizer) -> None:
 
 
 async def _messages(tokens: list[int], fail: BaseException | None = None
-                    ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+                    ) -> AsyncIterator[Chunk]:
     for i, t in enumerate(tokens):
         await asyncio.sleep(0)
-        yield tandem_pb2.GenerateResponse(token_ids=[t], finished=i == len(tokens) - 1)
+        yield Chunk([t], finished=i == len(tokens) - 1)
     if fail is not None:
         raise fail
 
@@ -159,7 +159,7 @@ def test_merge_migrates_a_lost_sequence_with_its_tokens_so_far() -> None:
         firsts = [Chunk([10], index=0), Chunk([20], index=1)]
         migrated: list[tuple[int, list[int]]] = []
 
-        def stream_of(j: int) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        def stream_of(j: int) -> AsyncIterator[Chunk]:
             if j == 1:
                 return _messages([21], LegLostError("d", "gone"))
             return _messages([11, 12])
@@ -182,15 +182,15 @@ def test_merge_migrates_a_lost_sequence_with_its_tokens_so_far() -> None:
 def test_merge_fails_as_a_whole_and_stops_every_sequence() -> None:
     cancelled = asyncio.Event()
 
-    async def forever() -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    async def forever() -> AsyncIterator[Chunk]:
         try:
             await asyncio.Event().wait()
-            yield tandem_pb2.GenerateResponse()
+            yield Chunk([])
         finally:
             cancelled.set()
 
     async def scenario() -> None:
-        def stream_of(j: int) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+        def stream_of(j: int) -> AsyncIterator[Chunk]:
             return _messages([1], ValueError("bad")) if j else forever()
 
         async def migrate(j: int, sent: list[int], lost: LegLostError) -> AsyncIterator[Chunk]:

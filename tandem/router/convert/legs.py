@@ -1,0 +1,111 @@
+"""The handoff's worker calls: their messages <-> the router's plain types, at each call.
+
+    out  LegRequest (+ lease)                -> ReserveRequest
+         LegRequest + Reservation            -> PrefillRequest  (skip_tokens: the cached part)
+         leg id (+ sequence)                 -> PrefillLocalRequest, DecodeRequest, AbortRequest
+    in   ReserveResponse                     -> Reservation
+         PrefillResponse                     -> PrefillReply
+         GenerateResponse (a Decode stream)  -> Chunk
+"""
+
+from __future__ import annotations
+
+from tandem.protos.v1 import tandem_pb2, worker_pb2
+from tandem.router.convert.sampling import (
+    logprob_options_to_proto,
+    sampling_to_proto,
+    token_logprob_from_proto,
+    token_logprobs_from_proto,
+)
+from tandem.router.handoff.leg_types import KvLayout, LegRequest, PrefillReply, Reservation
+from tandem.router.request import Chunk
+
+
+def reserve_request(leg: LegRequest, lease_s: float) -> worker_pb2.ReserveRequest:
+    """DecodeService.Reserve's request: free the blocks unless committed within ``lease_s``."""
+    return worker_pb2.ReserveRequest(
+        request_id=leg.leg_id,
+        token_ids=leg.token_ids,
+        sampling=sampling_to_proto(leg.sampling),
+        logprobs=logprob_options_to_proto(leg.logprobs),
+        lease_s=lease_s,
+        prior_output_tokens=leg.prior_output_tokens,
+        n=leg.n,
+    )
+
+
+def reservation_from_proto(reply: worker_pb2.ReserveResponse) -> Reservation:
+    """DecodeService.Reserve's reply."""
+    layout = None
+    if reply.HasField("layout"):
+        lo = reply.layout
+        layout = KvLayout(lo.model, lo.dtype, lo.block_size, lo.num_layers, lo.num_kv_heads,
+                          lo.head_dim, lo.fingerprint)
+    return Reservation(reply.transfer_id, tuple(reply.block_ids), reply.kv_endpoint, layout,
+                       reply.cached_tokens)
+
+
+def prefill_request(leg: LegRequest, reservation: Reservation) -> worker_pb2.PrefillRequest:
+    """PrefillService.Prefill's request: push into ``reservation`` all but the KV it holds."""
+    out = worker_pb2.PrefillRequest(
+        request_id=leg.leg_id,
+        token_ids=leg.token_ids,
+        sampling=sampling_to_proto(leg.sampling),
+        logprobs=logprob_options_to_proto(leg.logprobs),
+        transfer_id=reservation.transfer_id,
+        block_ids=reservation.block_ids,
+        kv_endpoint=reservation.kv_endpoint,
+        prior_output_tokens=leg.prior_output_tokens,
+        skip_tokens=reservation.cached_tokens,  # D holds this much: only the rest is pushed
+        n=leg.n,
+    )
+    lo = reservation.layout
+    if lo is not None:
+        out.layout.CopyFrom(worker_pb2.KVLayout(
+            model=lo.model, dtype=lo.dtype, block_size=lo.block_size, num_layers=lo.num_layers,
+            num_kv_heads=lo.num_kv_heads, head_dim=lo.head_dim, fingerprint=lo.fingerprint,
+        ))
+    return out
+
+
+def prefill_local_request(leg_id: str) -> worker_pb2.PrefillLocalRequest:
+    """DecodeService.PrefillLocal's request."""
+    return worker_pb2.PrefillLocalRequest(request_id=leg_id)
+
+
+def prefill_reply_from_proto(reply: worker_pb2.PrefillResponse) -> PrefillReply:
+    """A Prefill's (or PrefillLocal's) reply."""
+    return PrefillReply(
+        first_token=reply.first_token,
+        logprob=reply.logprob,
+        cached_tokens=reply.cached_tokens,
+        prefill_s=reply.prefill_s,
+        transfer_s=reply.transfer_s,
+        first_logprob=(token_logprob_from_proto(reply.first_logprob)
+                       if reply.HasField("first_logprob") else None),
+        prompt_logprobs=token_logprobs_from_proto(reply.prompt_logprobs),
+        first_tokens=token_logprobs_from_proto(reply.first_tokens),
+    )
+
+
+def decode_request(leg_id: str, index: int) -> worker_pb2.DecodeRequest:
+    """DecodeService.Decode's request (``index``: the sequence of a forked leg)."""
+    return worker_pb2.DecodeRequest(request_id=leg_id, index=index)
+
+
+def chunk_from_proto(message: tandem_pb2.GenerateResponse, index: int = 0) -> Chunk:
+    """A decode worker's stream message as a Chunk of sequence ``index``."""
+    return Chunk(
+        list(message.token_ids),
+        list(token_logprobs_from_proto(message.logprobs)),
+        message.text,
+        message.finished,
+        message.finish_reason,
+        message.stop_reason,
+        index=index,
+    )
+
+
+def abort_request(leg_id: str, index: int | None) -> worker_pb2.AbortRequest:
+    """An Abort's request (``index``: only that sequence of a forked decode leg)."""
+    return worker_pb2.AbortRequest(request_id=leg_id, index=index)
