@@ -53,7 +53,7 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache
 
 bench-engine: install
-	$(PY) -m bench.engine
+	$(PY) -m bench.engine.vs_transformers
 
 # Disaggregated (1 prefill + 1 decode, a core each) vs colocated (one worker, both cores).
 bench-serve: install
@@ -72,8 +72,8 @@ client-wheel: $(PY)
 	$(PIP) wheel -q --no-deps -w dist ./$(CLIENT)
 
 # Tandem vs llama.cpp: same GGUF, same threads, one run (~10 min on 2 cores); llama.cpp's
-# binaries are built under /tmp when none are found (bench/llama_cpp.py, ~7 min more). The run's
+# binaries are built under /tmp when none are found (bench/vs_llama_cpp/binaries.py, ~7 min more). The run's
 # table, JSON and plot land in /tmp/vs_llama_cpp; docs/bench/vs_llama_cpp.md is curated from them.
 .PHONY: bench-vs-llama-cpp
 bench-vs-llama-cpp: install
-	$(PY) -m bench.vs_llama_cpp --build --out /tmp/vs_llama_cpp
+	$(PY) -m bench.vs_llama_cpp.compare --build --out /tmp/vs_llama_cpp

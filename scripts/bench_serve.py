@@ -30,16 +30,16 @@ overhead run. Time on 2 cores (SmolLM2): a point takes about num_requests / rate
 arrivals plus 20-60 s to drain (longer past capacity), so 30 requests at 0.2, 0.4 and 0.6/s
 is ~6 minutes per mix, ~18 per setup, ~1 hour (up to ~1.5 h when overloaded) for 3 setups.
 Each point also records each worker's activity from its /metrics and its ``host_overlap``
-(bench/step_overlap.py): the workers run with ``--step-log`` (kept in ``OUT/steps-<setup>/``
+(bench/serving/step_overlap.py): the workers run with ``--step-log`` (kept in ``OUT/steps-<setup>/``
 with ``--out``) and each decode step is compared alone and under prefill steps (a colocated
 setup's steps are all alone: what its served fits read); the router keeps its placement
-log there too, summarized per point as ``placement_inputs`` (bench/placement_inputs.py) and
+log there too, summarized per point as ``placement_inputs`` (bench/planner/placement_inputs.py) and
 ``prefill_residuals`` (where each placed prefill's time went against its prediction:
-bench/prefill_residuals.py).
+bench/serving/prefill_residuals.py).
 
 ``--fresh-workers`` starts each setup's processes again for every point (about 20 s each):
 a point then starts from freshly started workers, as the simulator's points do
-(bench/planner_validation.py), instead of inheriting what the previous points left: the
+(bench/planner/validation.py), instead of inheriting what the previous points left: the
 workers' fitted step costs, which the router's placement reads (an adaptive setup has
 placed every chat prompt locally after the mixed load had taught the prefill worker's fit
 3 ms a token), the prefix caches, the overheads the router has learnt.
@@ -63,16 +63,16 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from bench.placement_inputs import placement_inputs
-from bench.prefill_residuals import point_residuals
-from bench.serve_logs import (
+from bench.planner.placement_inputs import placement_inputs
+from bench.serving.logs import (
     PointLogs,
     placement_log_path,
     read_point_logs,
     step_log_path,
     steps_dir,
 )
-from bench.step_overlap import host_overlap
+from bench.serving.prefill_residuals import point_residuals
+from bench.serving.step_overlap import host_overlap
 from tandem.common.security.credential import ClusterCredential
 from tandem.engine.loader import resolve_model
 from tandem.launcher.local_cluster import Cluster, Proc
@@ -161,11 +161,11 @@ def log_summaries(logs: PointLogs, window: tuple[float, float], records: list[di
                   ) -> dict:
     """What a point's logs (``window``: its wall-clock span) add to its summary:
     ``host_overlap`` (the step logs: how the decode steps fared beside the prefill steps,
-    bench/step_overlap.py; a colocated setup's one worker has no steps beside its own, so
+    bench/serving/step_overlap.py; a colocated setup's one worker has no steps beside its own, so
     all of them count as alone: its served fits), ``placement_inputs`` (the router's
-    placement log, when its model decided: bench/placement_inputs.py) and
+    placement log, when its model decided: bench/planner/placement_inputs.py) and
     ``prefill_residuals`` (all three, when the decisions match the requests ``records``:
-    bench/prefill_residuals.py)."""
+    bench/serving/prefill_residuals.py)."""
     prefill, decode, placements = logs
     out: dict[str, dict | None] = {}
     if decode is not None:

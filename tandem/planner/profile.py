@@ -131,7 +131,7 @@ class Profile:
     block_size: int = 16
     gpus_per_worker: int = 1
     # What serving adds to the engine alone (0 until calibrated against a real run:
-    # bench/planner_validation.py --calibrate): seconds on every step of this worker (the
+    # bench/planner/validation.py --calibrate): seconds on every step of this worker (the
     # worker loop, token streaming, and on a shared CPU the other processes' claim on its
     # cores), and on every request's first token (the router's RPCs and the client hop).
     serving_step_s: float = 0.0

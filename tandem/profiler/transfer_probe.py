@@ -4,7 +4,7 @@ Moves SmolLM2-135M-shaped KV blocks (30 layers, 3 kv heads, head dim 64, block s
 bf16; 2,048-token requests of 128 blocks, block ids shuffled on both sides by default) from
 this process to a ``Receiver`` in a child process, one request after another on one
 connection, and reports the throughput and each side's CPU time. ``tandem profile`` fits a
-worker's transfer cost from it (``measure_transfer``); bench/kv_transfer.py compares it with
+worker's transfer cost from it (``measure_transfer``); bench/transfer/kv_transfer.py compares it with
 a raw socket, shared memory and memcpy.
 
 The child is this module run as a program (``run_ours`` starts it):

@@ -8,7 +8,7 @@ steps cost under serving.
 
 /metrics sums steps (how many, seconds stepping); the log keeps each one with its wall-clock
 start, so two workers' logs on one host can be laid side by side: which decode steps ran while
-the prefill worker computed, and how much longer they took (bench/step_overlap.py, read by
+the prefill worker computed, and how much longer they took (bench/serving/step_overlap.py, read by
 ``scripts/bench_serve``'s sweep). Off by default; one ``write`` per step (line-sized, appended
 with ``O_APPEND``, so a reader never sees half a line but the one being written), a few
 microseconds against steps of milliseconds. The file is created private (0600) and grows

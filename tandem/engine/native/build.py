@@ -18,7 +18,7 @@ The same source is compiled once per ISA variant (:data:`VARIANTS`):
   - the tiled GEMM (gemm_tiled.h): a 12 x 16 micro-kernel, one 512-bit panel row per input,
     every output summed in the same order as the avx2 6 x 16 kernel (bit-identical results).
   Only the fp32 accumulation order of the few-row loops differs from the avx2 build (under
-  1e-6 relative in tests/unit/engine/native/test_isa.py). Measured on a 2-vCPU AVX-512 Xeon VM (``python -m bench.native_isa``,
+  1e-6 relative in tests/unit/engine/native/test_isa.py). Measured on a 2-vCPU AVX-512 Xeon VM (``python -m bench.engine.native_isa``,
   SmolLM2 Q4_1, 2 threads): prefill 512 1.08-1.15x, a 32-row decode step 1.04-1.10x, a
   one-row step 0.97-1.09x (1.12-1.17x on one thread) the avx2 build's speed; so avx512 is the
   default wherever the CPU has it.

@@ -2,7 +2,7 @@
 
 A decode step streams every weight once (92 MiB for SmolLM2's Q4_1/Q8_0 blocks). In 4 KiB
 pages that is ~23,000 TLB misses a step; in 2 MiB pages, 46. Measured on the 2-core EPYC
-box: a single-row step 8.3 ms instead of 9.7 (bench/native_rows.py). Linux grants huge pages
+box: a single-row step 8.3 ms instead of 9.7 (bench/engine/native_rows.py). Linux grants huge pages
 to an ``madvise(MADV_HUGEPAGE)`` mapping when it can (``enabled`` = ``madvise`` or
 ``always``); when it cannot, this is an ordinary copy and nothing else changes.
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_logs import PointLogs
+from bench.serving.logs import PointLogs
 from scripts import bench_serve
 from tandem.loadgen.stats import RequestResult
 

@@ -1,4 +1,4 @@
-"""bench/host_contention.py: the phases' medians and the slowdowns read off them."""
+"""bench/serving/host_contention.py: the phases' medians and the slowdowns read off them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from bench import host_contention
-from bench.host_contention import analyse, sharing
+from bench.serving import host_contention
+from bench.serving.host_contention import analyse, sharing
 from tandem.planner.sim.host import HostSharing
 
 
@@ -61,5 +61,5 @@ def test_each_role_is_pinned_as_bench_serve_pins_it(monkeypatch) -> None:
     host_contention._child("prefill", args)  # two threads: on every core
     host_contention._child("prefill", argparse.Namespace(**{**vars(args), "prefill_threads": 1}))
     assert [argv[:3] for argv in started] == [
-        ["taskset", "-c", "1"], [sys.executable, "-m", "bench.host_contention"],
+        ["taskset", "-c", "1"], [sys.executable, "-m", "bench.serving.host_contention"],
         ["taskset", "-c", "0"]]

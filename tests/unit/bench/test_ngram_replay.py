@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ngram_replay import make_rule, replay
+from bench.engine.ngram_replay import make_rule, replay
 
 #       0  1  2  3  4  5  6  7  8  9
 CTX = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3]  # (1, 2, 3) occurred at 0 and 5

@@ -1,10 +1,10 @@
-"""What the placement model saw, real beside simulated (bench/placement_inputs.py): medians
+"""What the placement model saw, real beside simulated (bench/planner/placement_inputs.py): medians
 over the model's own decisions, and the simulated router's records are the real router's
 (tandem/placement/log.py) so the two line up."""
 
 from __future__ import annotations
 
-from bench.placement_inputs import placement_inputs, placement_table
+from bench.planner.placement_inputs import placement_inputs, placement_table
 from tandem.placement.slo import Slo
 from tandem.planner.sim import ClusterSpec, simulate
 from tandem.planner.workload import LengthMix, RequestKind, poisson

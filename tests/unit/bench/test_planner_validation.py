@@ -1,4 +1,4 @@
-"""bench/planner_validation.py: the simulated point replays the real point's requests."""
+"""bench/planner/validation.py: the simulated point replays the real point's requests."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.planner_validation import TWO_WORKERS, add_sensitivity, compare, main, trace_of
-from bench.step_overlap import overlap_table
-from bench.validation_inputs import host_sharing_of, served_overlaps, served_profiles
-from bench.validation_tables import profile_table, table, worker_table
+from bench.planner.validation import TWO_WORKERS, add_sensitivity, compare, main, trace_of
+from bench.planner.validation_inputs import host_sharing_of, served_overlaps, served_profiles
+from bench.planner.validation_tables import profile_table, table, worker_table
+from bench.serving.step_overlap import overlap_table
 from tandem.loadgen.workload import MIXES, make_requests
 from tandem.placement.slo import Slo
 from tandem.planner.profile import Profile, StepCost, Transfer

@@ -1,4 +1,4 @@
-"""bench/prefill_residuals.py: a placed prefill's measured time split against its prediction."""
+"""bench/serving/prefill_residuals.py: a placed prefill's measured time split against its prediction."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.prefill_residuals import main, match_decisions, point_residuals, sweep_residuals
+from bench.serving.prefill_residuals import main, match_decisions, point_residuals, sweep_residuals
 from tandem.worker.step_log import StepRecord
 
 T0 = 1_000.0  # the router's clock at the point's start; the client's sent_at counts from it
@@ -117,7 +117,7 @@ def test_a_sweep_without_records_is_refused(tmp_path: Path, capsys) -> None:
 def test_bench_serve_stores_each_point_s_residuals_from_its_logs(tmp_path: Path) -> None:
     """scripts/bench_serve reads the same logs per point (its window) into the summary's
     ``prefill_residuals``; a setup without the logs has none."""
-    from bench.serve_logs import read_point_logs
+    from bench.serving.logs import read_point_logs
     from scripts import bench_serve
 
     steps = _sweep_folder(tmp_path) / "steps-disagg"

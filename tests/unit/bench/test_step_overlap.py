@@ -1,4 +1,4 @@
-"""bench/step_overlap.py: decode steps laid beside the prefill worker's, from step logs."""
+"""bench/serving/step_overlap.py: decode steps laid beside the prefill worker's, from step logs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.step_overlap import (
+from bench.serving.step_overlap import (
     MIN_STEPS,
     ServedFit,
     alone_ratios,
@@ -142,7 +142,7 @@ def test_a_sweep_s_points_are_recomputed_from_the_logs_it_kept(tmp_path: Path) -
 def test_bench_serve_gives_a_colocated_point_its_steps_alone(tmp_path: Path) -> None:
     """A colocated setup's one worker logs its steps and no prefill worker's: its point
     still gets a ``host_overlap``, every step alone (its served fits read them)."""
-    from bench.serve_logs import read_point_logs
+    from bench.serving.logs import read_point_logs
     from scripts import bench_serve
 
     (tmp_path / "decode.jsonl").write_text(

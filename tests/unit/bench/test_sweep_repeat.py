@@ -1,4 +1,4 @@
-"""bench/sweep_repeat.py: a real run's figures against its own repeat's."""
+"""bench/planner/sweep_repeat.py: a real run's figures against its own repeat's."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sweep_repeat import main, repeat_rows
-from bench.validation_tables import within
+from bench.planner.sweep_repeat import main, repeat_rows
+from bench.planner.validation_tables import within
 
 
 def _point(mix: str, rate: float, scale: float = 1.0) -> dict:

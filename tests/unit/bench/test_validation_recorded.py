@@ -1,11 +1,11 @@
-"""bench/planner_validation.py on a recorded sweep: the simulator against a real run.
+"""bench/planner/validation.py on a recorded sweep: the simulator against a real run.
 
 The fixture (tests/data/planner/README.md) is one real sweep of both setups with every
 point's step logs kept, and the profiles of its workers measured in the same hour. The
 floors below are the counts of figures within 15% when it was recorded; a change to the
 simulator, the served fits or the host model that loses agreement with the real run fails
 here. For scale: the same sweep repeated right after it reproduced its own figures within
-15% on 35 of 50 (bench/sweep_repeat.py).
+15% on 35 of 50 (bench/planner/sweep_repeat.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
-from bench.planner_validation import main
-from bench.validation_tables import within
+from bench.planner.validation import main
+from bench.planner.validation_tables import within
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "planner"
 RECORDED = ["--sweep", str(DATA / "sweep.json"),

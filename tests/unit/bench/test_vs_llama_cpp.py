@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bench import llama_cpp
-from bench.llama_cpp import LlamaCpp
-from bench.vs_llama_cpp import _row
-from bench.vs_llama_cpp_report import markdown, plot, table
-from bench.vs_llama_cpp_theirs import LlamaCppError, batched_bench, llama_bench
+from bench.vs_llama_cpp import binaries as llama_cpp
+from bench.vs_llama_cpp.binaries import LlamaCpp
+from bench.vs_llama_cpp.compare import _row
+from bench.vs_llama_cpp.report import markdown, plot, table
+from bench.vs_llama_cpp.theirs import LlamaCppError, batched_bench, llama_bench
 from tandem.loadgen.load import run_openai
 from tandem.loadgen.workload import RequestSpec
 
@@ -154,7 +154,7 @@ def test_rows_ratios_and_report(tmp_path: Path) -> None:
     text = table(rows)
     assert "8.00 ms/tok" in text and "MISS" in text and " ok" in text
     results = {
-        "command": "python -m bench.vs_llama_cpp --quick", "threads": 2, "gguf": "m.gguf",
+        "command": "python -m bench.vs_llama_cpp.compare --quick", "threads": 2, "gguf": "m.gguf",
         "machine": {"cpu": "cpu", "cores": 2, "memory_gb": 8.0, "python": "3", "torch": "2",
                     "commit": "abc"},
         "llama_cpp": None, "plan": {}, "rows": rows, "notes": ["a note"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.perplexity import token_nlls
+from bench.quality.perplexity import token_nlls
 from tandem.engine import EngineConfig, SamplingParams
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.native import load

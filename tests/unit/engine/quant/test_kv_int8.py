@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.perplexity import token_nlls
+from bench.quality.perplexity import token_nlls
 from tandem.engine import SamplingParams
 from tandem.engine.quant.kv_int8 import dequantize_heads, quantize_heads
 from tandem.worker.convert import kv_layout

@@ -1,5 +1,5 @@
 """Quantized SmolLM2 loads, generates, and keeps its perplexity within the bounds that
-bench/perplexity.py established (docs/bench/quantization.md): int8 within 1% of bf16, int4
+bench/quality/perplexity.py established (docs/bench/quantization.md): int8 within 1% of bf16, int4
 taken straight from the GGUF's Q4_1 blocks within 0.5% of the dequantized fp32 model, and the
 default (``auto``: the GGUF's Q4_1 and Q8_0 blocks as stored, embedding included) the same,
 and with its float16 KV cache within 0.05% of the float32 cache.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.perplexity import perplexity
+from bench.quality.perplexity import perplexity
 from tandem.engine import SamplingParams
 from tandem.engine.loader import _alias_path
 from tandem.engine.native import load
@@ -145,7 +145,7 @@ def test_int4_native_perplexity_equals_the_dequantized_model(engines, ppl) -> No
 
 def test_the_default_float16_cache_keeps_the_float32_cache_s_text(engines, ppl) -> None:
     """The default engine stores K and V in float16 (half the bytes each decode step reads)
-    and keeps the float32 cache's perplexity within 0.05% (bench/perplexity.py on the full
+    and keeps the float32 cache's perplexity within 0.05% (bench/quality/perplexity.py on the full
     text: +0.004%) and its greedy text."""
     default, ref = engines["default"], engines["auto"]
     if default.runner.fused is None:

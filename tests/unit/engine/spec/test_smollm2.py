@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.engine_lookup import MOVING_AVERAGE as DOC
+from bench.engine.lookup import MOVING_AVERAGE as DOC
 from tandem.engine import SamplingParams
 from tests.unit.engine._reference import hf_greedy
 

@@ -1,0 +1,1 @@
+"""How fast is one engine: steps, kernels, KV cache, against transformers."""

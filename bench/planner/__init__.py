@@ -1,0 +1,1 @@
+"""Does the planner's simulator match real runs; what autoscaling policies cost."""

@@ -1,0 +1,1 @@
+"""Does a technique keep the output: perplexity, quantized KV caches."""

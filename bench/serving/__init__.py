@@ -1,0 +1,1 @@
+"""How the served cluster behaves: load shapes, TTFT, hostile load, step overlap."""

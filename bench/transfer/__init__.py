@@ -1,0 +1,1 @@
+"""How fast KV moves: our transports against raw sockets and memcpy."""

@@ -1,0 +1,1 @@
+"""Tandem against llama.cpp: the same GGUF and threads, one run."""
