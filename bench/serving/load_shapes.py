@@ -18,7 +18,8 @@ concurrent requests, every thread for prefill and decode):
 
     default        tandem local as users start it
     no-core-share  the decode worker keeps to its own thread
-    fixed-threads  default, but every decode step on the worker's own threads
+    always-borrow  default, but the decode worker borrows whenever the lease is granted
+                   (the lease without measuring: --step-threads fixed)
     colocated      --no-prefill: one worker prefilling its own prompts
     colocated-1t   --no-prefill --decode-threads 1
     llama-server   llama.cpp's server, same GGUF and threads
@@ -56,7 +57,7 @@ VOCAB = (1000, 30000)  # random prompt ids inside SmolLM2's vocabulary
 TANDEM = {
     "default": (),
     "no-core-share": ("--no-core-share",),
-    "fixed-threads": ("--worker-arg=--step-threads=fixed",),
+    "always-borrow": ("--worker-arg=--step-threads=fixed",),
     "colocated": ("--no-prefill",),
     "colocated-1t": ("--no-prefill", "--decode-threads", "1"),
 }
@@ -146,12 +147,12 @@ def _figures(s: dict) -> dict:
 
 
 def server(config: str, shape: Shape, threads: int, lc: LlamaCpp | None,
-           gguf: Path) -> AbstractContextManager[str]:
+           gguf: Path, extra: Sequence[str] = ()) -> AbstractContextManager[str]:
     if config == "llama-server":
         assert lc is not None
         return llama_server(lc, gguf, threads, shape.slots, wrap=_pin(threads),
                             slot_ctx=shape.slot_ctx)
-    return tandem_local(TANDEM[config], threads)
+    return tandem_local((*TANDEM[config], *extra), threads)
 
 
 def run(args: argparse.Namespace, lc: LlamaCpp | None, gguf: Path,
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace, lc: LlamaCpp | None, gguf: Path,
         for shape in loads:
             progress(f"{config}: {shape.name} ({len(shape.specs)} requests)")
             try:
-                with server(config, shape, args.threads, lc, gguf) as base:
+                with server(config, shape, args.threads, lc, gguf, args.tandem_flag) as base:
                     rows[shape.name][config] = fig = measure(base, shape)
             except Exception as exc:  # a server that fails is a row that says so
                 rows[shape.name][config] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -221,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=0.8, help="poisson: arrivals per second")
     p.add_argument("--poisson-requests", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tandem-flag", action="append", default=[], metavar="FLAG",
+                   help="one more flag for every tandem local configuration (repeat): a "
+                   "candidate default, measured on every shape")
     p.add_argument("--build", action="store_true", help="build llama.cpp when not found")
     p.add_argument("--out", type=Path, default=None, help="write load_shapes.{json,md,png} here")
     args = p.parse_args(argv)

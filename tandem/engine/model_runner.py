@@ -31,7 +31,7 @@ from tandem.engine.models.weights import torch_dtype
 from tandem.engine.prompt_logprobs import prompt_rows
 from tandem.engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from tandem.engine.runner_config import RunnerConfig
-from tandem.engine.step_threads import AdaptiveThreads, Lease, StepThreads
+from tandem.engine.step_threads import AdaptiveThreads, Lease, LeasedThreads, StepThreads
 
 log = logging.getLogger(__name__)
 
@@ -185,18 +185,22 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows])
         return self._split(logits, len(sample_rows), scored, samplers)
 
-    def adapt_threads(self, wide: int, lease: Lease | None = None) -> AdaptiveThreads | None:
+    def adapt_threads(self, wide: int, lease: Lease | None = None, measure: bool = True
+                      ) -> AdaptiveThreads | LeasedThreads | None:
         """Let every fused step run on this process's threads or on ``wide`` threads,
         whichever measures faster for steps of its size (tandem/engine/step_threads.py); a
-        wide step takes ``lease`` first when given (another worker's idle cores). Narrow is
-        this process's thread count, or half of it when ``wide`` is that count itself (a
-        colocated worker choosing between one core and all). None, changing nothing, without
-        the fused forward or with a single thread to choose."""
+        wide step takes ``lease`` first when given (another worker's idle cores), and with
+        ``measure`` False runs wide whenever the lease is granted. Narrow is this process's
+        thread count, or half of it when ``wide`` is that count itself (a colocated worker
+        choosing between one core and all). None, changing nothing, without the fused forward
+        or with a single thread to choose."""
         own = torch.get_num_threads()
         narrow = own if wide > own else max(1, own // 2)
-        if self.fused is None or wide <= narrow:
+        if self.fused is None or wide <= narrow or (lease is None and not measure):
             return None
-        self.step_threads = rule = AdaptiveThreads(narrow, wide, lease)
+        rule = (AdaptiveThreads(narrow, wide, lease) if measure
+                else LeasedThreads(narrow, wide, lease))  # type: ignore[arg-type]
+        self.step_threads = rule
         return rule
 
     @staticmethod

@@ -64,6 +64,28 @@ class FixedThreads:
         return None
 
 
+class LeasedThreads:
+    """Every step on ``wide`` threads whenever ``lease`` grants them, else on ``narrow``: a
+    borrower that does not measure (``--step-threads fixed`` with a core share)."""
+
+    def __init__(self, narrow: int, wide: int, lease: Lease) -> None:
+        if not 1 <= narrow < wide:
+            raise ValueError(f"need 1 <= narrow < wide threads (got {narrow}, {wide})")
+        self.narrow, self.wide, self._lease = narrow, wide, lease
+        self._held = False
+        self.wide_steps = 0
+
+    def choose(self, tokens: int) -> int:
+        self._held = self._lease.try_borrow(FIRST_HOLD_S)
+        return self.wide if self._held else self.narrow
+
+    def observed(self, tokens: int, threads: int, seconds: float) -> None:
+        if self._held:
+            self._held = False
+            self.wide_steps += 1
+            self._lease.give_back()
+
+
 def bucket(tokens: int) -> int:
     """Steps of 1, 2-3, 4-7, ... query tokens share an estimate."""
     return max(tokens, 1).bit_length()

@@ -83,7 +83,8 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--step-threads", choices=("adaptive", "fixed"), default="adaptive",
                    help="decode worker: each step on half or all of its threads (with "
                    "--core-share: its own or every core), whichever measures faster for "
-                   "steps of that size (default); fixed: every step on --threads")
+                   "steps of that size (default); fixed: every step on --threads, or with "
+                   "--core-share on every core whenever the prefill worker is idle")
     p.add_argument("--step-log", default=None, metavar="FILE",
                    help="append a line per model step to FILE (wall-clock start, seconds, "
                    "decode rows, prompt tokens; tandem/worker/step_log.py): for measuring step costs "

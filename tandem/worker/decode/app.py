@@ -11,7 +11,7 @@ import grpc
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.omp_pools import intra_op_threads, release_this_threads_pool
-from tandem.engine.step_threads import AdaptiveThreads
+from tandem.engine.step_threads import AdaptiveThreads, LeasedThreads
 from tandem.kv_transfer import Receiver, ReceiverConfig
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.config import StartupError, WorkerConfig
@@ -86,11 +86,12 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
 
 
 def choose_step_threads(runner: ModelRunner, core_share: str | None,
-                        adaptive: bool) -> AdaptiveThreads | None:
+                        adaptive: bool) -> AdaptiveThreads | LeasedThreads | None:
     """How ``runner``'s fused steps pick their threads (tandem/engine/step_threads.py): with a
     host's core-share file, its own threads or, under a lease on the idle prefill worker's
     cores, every core of this process (tandem/worker/core_lending.py); else, when ``adaptive``,
-    half or all of its own threads. Each step runs on whichever measures faster for its size.
+    half or all of its own threads. Each step runs on whichever measures faster for its size
+    (not ``adaptive``: with a core share, wide whenever the lease is granted).
     None: every step on the worker's threads. StartupError when the file cannot be read."""
     if runner.fused is None:
         if core_share:
@@ -101,7 +102,7 @@ def choose_step_threads(runner: ModelRunner, core_share: str | None,
             lease = CoreBorrower(core_share)
         except ValueError as exc:
             raise StartupError(str(exc)) from exc
-        rule = runner.adapt_threads(len(os.sched_getaffinity(0)), lease)
+        rule = runner.adapt_threads(len(os.sched_getaffinity(0)), lease, measure=adaptive)
     elif adaptive:
         rule = runner.adapt_threads(intra_op_threads())
     else:

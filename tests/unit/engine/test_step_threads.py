@@ -96,3 +96,18 @@ def test_bad_settings_are_refused_and_fixed_threads_is_fixed() -> None:
         AdaptiveThreads(1, 2, margin=0)
     fixed = FixedThreads(3)
     assert fixed.choose(1) == fixed.choose(999) == 3
+
+
+def test_leased_threads_borrow_whenever_granted_and_give_back() -> None:
+    from tandem.engine.step_threads import LeasedThreads
+
+    lease = Lease()
+    rule = LeasedThreads(1, 2, lease)
+    assert rule.choose(4) == 2 and lease.held == 1
+    rule.observed(4, 2, 0.5)  # however slow: it does not measure
+    assert lease.held == 0 and rule.choose(4) == 2
+    rule.observed(4, 2, 0.5)
+    lease.open = False
+    assert rule.choose(4) == 1
+    rule.observed(4, 1, 0.01)
+    assert rule.wide_steps == 2 and lease.held == 0
