@@ -12,6 +12,9 @@ sides, greedy with ``ignore_eos`` (fixed lengths), streaming ``/v1/completions``
               user sending its next request when its last one ends (aiperf's chat load)
     poisson   the serving benchmark's mixed workload (70% chat turns, 30% RAG prompts of
               768-1,024 tokens) as Poisson arrivals at ``--rate``
+    aiperf    the steady shape driven by NVIDIA aiperf itself (``--aiperf PATH`` or ``aiperf``
+              on PATH; /v1/chat/completions with synthetic text, its own tokenizer and
+              multi-process client: a heavier client than ours, as users run it)
 
 Configurations (``tandem local`` flags; llama-server with as many slots as the shape has
 concurrent requests, every thread for prefill and decode):
@@ -38,8 +41,11 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -62,7 +68,7 @@ TANDEM = {
     "colocated-1t": ("--no-prefill", "--decode-threads", "1"),
 }
 CONFIGS = (*TANDEM, "llama-server")
-SHAPES = ("burst", "steady", "poisson")
+SHAPES = ("burst", "steady", "poisson", "aiperf")
 
 
 def note(msg: str) -> None:
@@ -96,6 +102,7 @@ def shapes(names: Sequence[str], rate: float, poisson_requests: int, seed: int) 
                                 8, 8, 384),
         "poisson": lambda: Shape("poisson", make_requests(
             MIXES["mixed"], rate, poisson_requests, seed=seed, vocab=VOCAB), None, 16, 1280),
+        "aiperf": lambda: Shape("aiperf", [], 8, 8, 512),
     }
     return [made[n]() for n in names]
 
@@ -122,6 +129,32 @@ def tandem_local(flags: Sequence[str], threads: int) -> Iterator[str]:
         yield base
     finally:
         cluster.stop()
+
+
+def measure_aiperf(base: str, aiperf: str, seed: int) -> dict:
+    """aiperf's chat load (the steady shape: concurrency 8, 32 requests, 230 tokens in, 64
+    out, ignore_eos) against ``base``; its own figures."""
+    from tandem.engine.loader import resolve_model
+
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [aiperf, "profile", "--model", "smollm2", "--url", base, "--endpoint-type", "chat",
+               "--streaming", "--concurrency", "8", "--request-count", "32",
+               "--warmup-request-count", "2",
+               "--prompt-input-tokens-mean", "230", "--prompt-input-tokens-stddev", "0",
+               "--prompt-output-tokens-mean", "64", "--prompt-output-tokens-stddev", "0",
+               "--extra-inputs", "ignore_eos:true", "--tokenizer", str(resolve_model("smollm2")),
+               "--random-seed", str(seed), "--output-artifact-dir", out, "--ui-type", "none"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"aiperf exited {done.returncode}: {done.stderr[-300:]}")
+        d = json.loads((Path(out) / "profile_export_aiperf.json").read_text())
+    errors = sum(e.get("count", 0) for e in d.get("error_summary") or [])
+    return {"output_tok_s": d["output_token_throughput"]["avg"],
+            "itl_p50_ms": d["inter_token_latency"]["p50"],
+            "tpot_p50_ms": d["inter_token_latency"]["p50"],
+            "ttft_p50_s": d["time_to_first_token"]["p50"] / 1e3,
+            "ttft_p90_s": d["time_to_first_token"]["p90"] / 1e3, "errors": errors,
+            "duration_s": d["benchmark_duration"]["avg"], "error_sample": []}
 
 
 def measure(base: str, shape: Shape) -> dict:
@@ -169,7 +202,9 @@ def run(args: argparse.Namespace, lc: LlamaCpp | None, gguf: Path,
             progress(f"{config}: {shape.name} ({len(shape.specs)} requests)")
             try:
                 with server(config, shape, args.threads, lc, gguf, args.tandem_flag) as base:
-                    rows[shape.name][config] = fig = measure(base, shape)
+                    rows[shape.name][config] = fig = (
+                        measure_aiperf(base, args.aiperf, args.seed) if shape.name == "aiperf"
+                        else measure(base, shape))
             except Exception as exc:  # a server that fails is a row that says so
                 rows[shape.name][config] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 progress(f"  failed: {exc}")
@@ -225,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tandem-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag for every tandem local configuration (repeat): a "
                    "candidate default, measured on every shape")
+    p.add_argument("--aiperf", default=shutil.which("aiperf"),
+                   help="aiperf's executable, for the aiperf shape (default: on PATH)")
     p.add_argument("--build", action="store_true", help="build llama.cpp when not found")
     p.add_argument("--out", type=Path, default=None, help="write load_shapes.{json,md,png} here")
     args = p.parse_args(argv)
@@ -232,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = set(args.configs) - set(CONFIGS) | set(args.shapes) - set(SHAPES)
     if bad:
         p.error(f"unknown configuration or shape: {sorted(bad)}")
+    if "aiperf" in args.shapes and not args.aiperf:
+        note("no aiperf executable (pip install aiperf, or --aiperf PATH): its shape skipped")
+        args.shapes = [s for s in args.shapes if s != "aiperf"]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # servers stop on the way out
     from tandem.engine.loader import _alias_path
 

@@ -75,6 +75,11 @@ class LeasedThreads:
         self._held = False
         self.wide_steps = 0
 
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """(narrow, wide) threads."""
+        return self.narrow, self.wide
+
     def choose(self, tokens: int) -> int:
         self._held = self._lease.try_borrow(FIRST_HOLD_S)
         return self.wide if self._held else self.narrow
@@ -126,6 +131,11 @@ class AdaptiveThreads:
         self._held = False  # the step in flight holds a lease
         self._trying: _Arm | None = None  # the step in flight re-tries this losing arm
         self.wide_steps = 0
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """(narrow, wide) threads."""
+        return self.narrow.threads, self.wide.threads
 
     def _winner(self, b: int) -> tuple[_Arm, _Arm] | None:
         """(winner, loser) for bucket ``b``; None while an arm has never run."""

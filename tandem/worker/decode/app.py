@@ -108,8 +108,8 @@ def choose_step_threads(runner: ModelRunner, core_share: str | None,
     else:
         return None
     if rule is not None:
-        log.info("steps run on %d or %d threads, whichever measures faster%s",
-                 rule.narrow.threads, rule.wide.threads,
+        log.info("steps run on %d or %d threads, %s%s", *rule.sizes,
+                 "whichever measures faster" if adaptive else "the wider whenever lent",
                  " (the wider under a lease on the prefill worker's idle cores)"
                  if core_share else "")
     return rule

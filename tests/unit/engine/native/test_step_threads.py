@@ -86,13 +86,17 @@ def test_the_decode_worker_borrows_through_the_share_file(make_engine, tiny_dir,
         choose_step_threads(engine.runner, str(tmp_path / "missing"), adaptive=True)
 
 
-def test_a_colocated_worker_chooses_between_half_and_all_its_threads(make_engine,
-                                                                    tiny_dir) -> None:
+def test_a_colocated_worker_chooses_between_half_and_all_its_threads(make_engine, tiny_dir,
+                                                                    tmp_path: Path) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, num_threads=2)
     rule = choose_step_threads(engine.runner, None, adaptive=True)
     assert isinstance(rule, AdaptiveThreads)
     assert (rule.narrow.threads, rule.wide.threads) == (1, 2)
     assert choose_step_threads(engine.runner, None, adaptive=False) is None
+    leased = choose_step_threads(engine.runner, str(make_core_share_file(tmp_path)),
+                                 adaptive=False)  # the lease without measuring
+    if len(os.sched_getaffinity(0)) > 2:
+        assert leased is not None and leased.sizes == (2, len(os.sched_getaffinity(0)))
     one = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, num_threads=1)
     assert choose_step_threads(one.runner, None, adaptive=True) is None  # nothing to choose
 
@@ -107,3 +111,17 @@ def test_without_the_fused_forward_the_share_is_ignored_and_said(
                                    adaptive=True) is None
     assert engine.runner.step_threads is None
     assert "no effect" in caplog.text
+
+
+def test_fixed_step_threads_with_a_share_borrow_whenever_lent(make_engine, tiny_dir,
+                                                             tmp_path: Path) -> None:
+    from tandem.engine.step_threads import LeasedThreads
+
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, num_threads=1)
+    rule = choose_step_threads(engine.runner, str(make_core_share_file(tmp_path)),
+                               adaptive=False)
+    if len(os.sched_getaffinity(0)) == 1:
+        assert rule is None
+        return
+    assert isinstance(rule, LeasedThreads) and engine.runner.step_threads is rule
+    assert rule.sizes == (1, len(os.sched_getaffinity(0)))
