@@ -156,10 +156,12 @@ class ModelRunner:
             rule = self.step_threads
             threads = rule.choose(len(ids)) if rule is not None else None
             started = time.perf_counter()
-            logits = self.fused(ids, positions, seq_index, tables, self.kv_cache, logit_rows,
-                                threads=threads, layer_hook=layer_hook)
-            if rule is not None:
-                rule.observed(len(ids), threads, time.perf_counter() - started)
+            try:
+                logits = self.fused(ids, positions, seq_index, tables, self.kv_cache,
+                                    logit_rows, threads=threads, layer_hook=layer_hook)
+            finally:  # a failed step gives back a lease it took, too
+                if rule is not None:
+                    rule.observed(len(ids), threads, time.perf_counter() - started)
             return self._split(logits, len(sample_rows), scored, samplers)
         width = max(len(t) for t in tables)
         if (self.graphs is not None and not scored and len(ids) == len(order)

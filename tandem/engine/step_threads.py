@@ -105,12 +105,9 @@ class _Arm:
     steps: int = 0
 
     def guess(self, b: int) -> float | None:
-        """Its estimate for bucket ``b``, or the nearest bucket's (None: never ran)."""
-        if b in self.estimate:
-            return self.estimate[b]
-        if not self.estimate:
-            return None
-        return self.estimate[min(self.estimate, key=lambda k: (abs(k - b), k))]
+        """Its estimate for steps of bucket ``b`` (None: it never ran one: a step's time
+        depends on its size too much for another bucket's to stand in)."""
+        return self.estimate.get(b)
 
 
 class AdaptiveThreads:
@@ -148,7 +145,7 @@ class AdaptiveThreads:
         b, now = bucket(tokens), self._clock()
         ranked = self._winner(b)
         self._trying = None
-        if ranked is None:  # measure each arm once: wide first
+        if ranked is None:  # measure each arm once for steps of this size: wide first
             arm = self.wide if self.wide.guess(b) is None else self.narrow
         else:
             arm, loser = ranked

@@ -111,3 +111,14 @@ def test_leased_threads_borrow_whenever_granted_and_give_back() -> None:
     assert rule.choose(4) == 1
     rule.observed(4, 1, 0.01)
     assert rule.wide_steps == 2 and lease.held == 0
+
+
+def test_a_new_step_size_measures_both_teams_before_choosing() -> None:
+    """Another size's estimate never stands in: a prompt step's time says nothing of a
+    one-row decode step's (taking it for one kept a single stream on one thread)."""
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    run(rule, clock, 128, {1: 0.045, 2: 0.025})  # the prompt: wide first
+    decode = {1: 0.006, 2: 0.004}
+    first = [run(rule, clock, 1, decode) for _ in range(4)]
+    assert first[:2] == [2, 1] and first[2:] == [2, 2]  # each once, then the faster
