@@ -8,14 +8,17 @@ step's ~150 OpenMP barriers for whichever thread the OS descheduled, and a step 
 times what it takes on one thread. No fixed choice is right for every load, so both are
 measured, per step size::
 
-    choose(tokens)  -> narrow | wide    each arm's estimate for steps of this size
-                                        (EWMA of step seconds, buckets of 2^k query tokens)
-    observed(tokens, threads, seconds)  folds the step into its arm's estimate
+    choose(tokens)  -> narrow | wide    each arm's estimate for steps of this size (buckets of
+                                        2^k query tokens): the mean of its last 8 step times
+                                        there, the slowest left out
+    observed(tokens, threads, seconds)  adds the step to its arm's times
 
 Wide runs while its estimate beats narrow's by ``margin``. The losing arm is tried again after
-``retry_s``, an interval that doubles each time it loses again (up to ``max_retry_s``) and
-resets when it wins; a re-try's time replaces the arm's stale estimate. So a busy host costs
-one slow step per interval at most, and a host that frees up is noticed at the next re-try. A wide step may need a lease (a prefill worker's idle
+``retry_s`` for a few consecutive steps (its stale times forgotten first), an interval that
+doubles each time it loses again (up to ``max_retry_s``) and resets when it wins. So a busy
+host costs a few slow steps per interval at most, and a host that frees up is noticed at the
+next re-try. Each size measures both arms before choosing: another size's time says nothing
+of this one's. A wide step may need a lease (a prefill worker's idle
 cores, tandem/worker/core_lending.py): without one it runs narrow.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -96,18 +100,34 @@ def bucket(tokens: int) -> int:
     return max(tokens, 1).bit_length()
 
 
+WINDOW = 8  # the step times an arm's estimate for one size keeps
+PROBE_STEPS = 3  # consecutive steps a re-try of the losing arm runs before it is judged
+
+
 @dataclass(slots=True)
 class _Arm:
     threads: int
     retry_s: float
-    estimate: dict[int, float] = field(default_factory=dict)  # bucket -> EWMA seconds
+    times: dict[int, deque[float]] = field(default_factory=dict)  # bucket -> recent seconds
     last: float = -math.inf  # when its last step ended
     steps: int = 0
 
     def guess(self, b: int) -> float | None:
-        """Its estimate for steps of bucket ``b`` (None: it never ran one: a step's time
-        depends on its size too much for another bucket's to stand in)."""
-        return self.estimate.get(b)
+        """Its estimate for steps of bucket ``b``: the mean of its recent step times there,
+        the slowest left out once there are three (one stall does not decide, frequent ones
+        do). None: it never ran one (another size's time cannot stand in)."""
+        times = self.times.get(b)
+        if not times:
+            return None
+        kept = sorted(times)[:-1] if len(times) >= 3 else list(times)
+        return sum(kept) / len(kept)
+
+    def record(self, b: int, seconds: float, fresh: bool) -> None:
+        """Add a step time (``fresh``: forget this size's older times first)."""
+        times = self.times.setdefault(b, deque(maxlen=WINDOW))
+        if fresh:
+            times.clear()
+        times.append(seconds)
 
 
 class AdaptiveThreads:
@@ -116,17 +136,18 @@ class AdaptiveThreads:
 
     def __init__(self, narrow: int, wide: int, lease: Lease | None = None, *,
                  margin: float = 0.9, retry_s: float = 1.0, max_retry_s: float = 30.0,
-                 alpha: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not 1 <= narrow < wide:
             raise ValueError(f"need 1 <= narrow < wide threads (got {narrow}, {wide})")
-        if not (0 < margin <= 1 and 0 < retry_s <= max_retry_s and 0 < alpha <= 1):
-            raise ValueError("need 0 < margin <= 1, 0 < retry_s <= max_retry_s, 0 < alpha <= 1")
+        if not (0 < margin <= 1 and 0 < retry_s <= max_retry_s):
+            raise ValueError("need 0 < margin <= 1 and 0 < retry_s <= max_retry_s")
         self.narrow, self.wide = _Arm(narrow, retry_s), _Arm(wide, retry_s)
         self._lease = lease
         self._margin, self._retry_s, self._max_retry_s = margin, retry_s, max_retry_s
-        self._alpha, self._clock = alpha, clock
+        self._clock = clock
         self._held = False  # the step in flight holds a lease
-        self._trying: _Arm | None = None  # the step in flight re-tries this losing arm
+        # A re-try of the losing arm in progress: (arm, bucket, steps it has run so far).
+        self._probe: tuple[_Arm, int, int] | None = None
         self.wide_steps = 0
 
     @property
@@ -144,20 +165,21 @@ class AdaptiveThreads:
     def choose(self, tokens: int) -> int:
         b, now = bucket(tokens), self._clock()
         ranked = self._winner(b)
-        self._trying = None
-        if ranked is None:  # measure each arm once for steps of this size: wide first
+        if self._probe is not None and self._probe[1] == b:
+            arm = self._probe[0]  # the re-try goes on
+        elif ranked is None:  # measure each arm once for steps of this size: wide first
             arm = self.wide if self.wide.guess(b) is None else self.narrow
         else:
             arm, loser = ranked
             if now - loser.last >= loser.retry_s:
-                arm = self._trying = loser
+                arm = loser
+                self._probe = (loser, b, 0)
         if arm is self.wide and self._lease is not None:
             known = self.wide.guess(b)
             hold = FIRST_HOLD_S if known is None else max(MIN_HOLD_S, 3 * known)
-            if not self._lease.try_borrow(hold):
-                arm, self._trying = self.narrow, None
-            else:
-                self._held = True
+            self._held = self._lease.try_borrow(hold)
+            if not self._held:  # the lender computes: narrow, and the re-try waits
+                arm, self._probe = self.narrow, None
         return arm.threads
 
     def observed(self, tokens: int, threads: int, seconds: float) -> None:
@@ -166,15 +188,20 @@ class AdaptiveThreads:
             self._lease.give_back()  # type: ignore[union-attr]
         arm = self.wide if threads == self.wide.threads else self.narrow
         b = bucket(tokens)
-        old = arm.estimate.get(b)
-        retry = self._trying is arm  # its estimate is at least retry_s old: start afresh
-        arm.estimate[b] = (seconds if old is None or retry
-                           else old + self._alpha * (seconds - old))
+        probe = self._probe
+        probing = probe is not None and probe[0] is arm and probe[1] == b
+        # A re-try's first step forgets the arm's older times here: they are stale.
+        arm.record(b, seconds, fresh=probing and probe[2] == 0)  # type: ignore[index]
         arm.last, arm.steps = self._clock(), arm.steps + 1
         if arm is self.wide:
             self.wide_steps += 1
-        if retry:  # a re-try of the losing arm: did it lose again?
-            ranked = self._winner(b)
-            lost = ranked is not None and ranked[1] is arm
-            arm.retry_s = min(2 * arm.retry_s, self._max_retry_s) if lost else self._retry_s
-            self._trying = None
+        if not probing:
+            return
+        done = probe[2] + 1  # type: ignore[index]
+        if done < PROBE_STEPS:
+            self._probe = (arm, b, done)
+            return
+        self._probe = None  # judged: did it lose again?
+        ranked = self._winner(b)
+        lost = ranked is not None and ranked[1] is arm
+        arm.retry_s = min(2 * arm.retry_s, self._max_retry_s) if lost else self._retry_s

@@ -50,11 +50,13 @@ def test_it_settles_on_the_faster_team_and_follows_the_host() -> None:
     assert chosen[:2] == [2, 1]  # each arm measured once, wide first
     assert chosen[2:].count(2) >= 45  # wide wins on an idle host; narrow re-tried rarely
     busy_host = {1: 0.020, 2: 0.200}  # a descheduled thread stalls every barrier
-    chosen = [run(rule, clock, 8, busy_host) for _ in range(400)]
+    chosen = [run(rule, clock, 8, busy_host) for _ in range(2000)]
     assert chosen[-300:].count(2) <= 6  # back on one thread; wide re-tried ever more rarely
-    wide_retries = [i for i, t in enumerate(chosen) if t == 2]
-    gaps = [b - a for a, b in zip(wide_retries[3:-1], wide_retries[4:], strict=True)]
-    assert gaps == sorted(gaps)  # the interval doubles while wide keeps losing
+    # each re-try of wide is a short run of wide steps; the runs start ever further apart
+    starts = [i for i, t in enumerate(chosen) if t == 2 and (i == 0 or chosen[i - 1] == 1)]
+    assert all(chosen[i:i + 3] == [2, 2, 2] for i in starts[1:])  # judged on a few steps
+    gaps = [b - a for a, b in zip(starts[1:-1], starts[2:], strict=True)]
+    assert len(gaps) >= 3 and gaps == sorted(gaps)  # the interval doubles while wide loses
     chosen = [run(rule, clock, 8, idle_host) for _ in range(3000)]
     assert chosen[-100:].count(2) >= 90  # the host freed up: noticed at the next re-try
 
@@ -94,6 +96,8 @@ def test_bad_settings_are_refused_and_fixed_threads_is_fixed() -> None:
             AdaptiveThreads(narrow, wide)
     with pytest.raises(ValueError):
         AdaptiveThreads(1, 2, margin=0)
+    with pytest.raises(ValueError):
+        AdaptiveThreads(1, 2, retry_s=5, max_retry_s=1)
     fixed = FixedThreads(3)
     assert fixed.choose(1) == fixed.choose(999) == 3
 
@@ -122,3 +126,14 @@ def test_a_new_step_size_measures_both_teams_before_choosing() -> None:
     decode = {1: 0.006, 2: 0.004}
     first = [run(rule, clock, 1, decode) for _ in range(4)]
     assert first[:2] == [2, 1] and first[2:] == [2, 2]  # each once, then the faster
+
+
+def test_one_stalled_step_does_not_decide_but_frequent_stalls_do() -> None:
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    for _ in range(10):
+        run(rule, clock, 1, {1: 0.006, 2: 0.004})
+    assert run(rule, clock, 1, {1: 0.006, 2: 0.050}) == 2  # one wide step stalls
+    assert [run(rule, clock, 1, {1: 0.006, 2: 0.004}) for _ in range(3)] == [2, 2, 2]
+    stalls = [run(rule, clock, 1, {1: 0.006, 2: 0.004 if i % 2 else 0.030}) for i in range(8)]
+    assert stalls[-1] == 1  # half the wide steps stall: one thread is faster on average
