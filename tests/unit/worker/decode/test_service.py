@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import grpc
@@ -92,15 +93,30 @@ def test_cancelled_decode_stream_aborts_the_request(engines) -> None:
 
 
 def test_abort_while_streaming_ends_the_stream(engines) -> None:
+    decode_engine = engines[0]
+    hold, aborted = threading.Event(), threading.Event()
+    plain_step, plain_abort = decode_engine.step, decode_engine.abort
+
+    def held_step():  # while held, a step does nothing: the queued Abort runs before any
+        return [] if hold.is_set() and not aborted.is_set() else plain_step()
+
+    def abort(request_id: str):
+        out = plain_abort(request_id)
+        aborted.set()
+        return out
+
+    decode_engine.step, decode_engine.abort = held_step, abort
+
     async def main() -> None:
         async with cluster(*engines) as c:
             res = await c.reserve("ab", PROMPT, greedy(60))
             await c.prefill_into("ab", PROMPT, greedy(60), res)
+            hold.set()  # the committed first token streams without a step; nothing more until
             call = c.decode_stub.Decode(worker_pb2.DecodeRequest(request_id="ab"))
             msgs = []
             async for msg in call:
                 msgs.append(msg)
-                if len(msgs) == 1:
+                if len(msgs) == 1:  # ... the abort has run
                     await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="ab"))
             assert msgs[-1].finished and msgs[-1].finish_reason == "abort"
             code, _ = await _code(c.decode_all("ab"))
