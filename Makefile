@@ -56,13 +56,19 @@ bench-engine: install
 	$(PY) -m bench.engine.vs_transformers
 
 # Disaggregated (1 prefill + 1 decode, a core each) vs colocated (one worker, both cores).
+# Results go to /tmp: docs/bench/serve.md is the curated page (the latest table, by hand).
 bench-serve: install
-	$(PY) -m scripts.bench_serve --chunked --out docs/bench
+	$(PY) -m scripts.bench_serve --chunked --out /tmp/bench_serve
 
 # Rate sweep: SLO attainment vs offered rate, capacity at 90% (docs/bench/serve.md).
 bench-serve-sweep: install
 	$(PY) -m scripts.bench_serve --prefill-threads 2 --sweep 0.3,0.8,1.4 \
-		--mixes mixed,multiturn,chat --num-requests 20 --out docs/bench
+		--mixes mixed,multiturn,chat --num-requests 20 --out /tmp/bench_serve_sweep
+
+# Every tandem local configuration and llama-server under four load shapes (docs/bench/load_shapes.md).
+.PHONY: bench-load-shapes
+bench-load-shapes: install
+	$(PY) -m bench.serving.load_shapes --build --out /tmp/load_shapes
 
 clean:
 	rm -rf $(VENV) build *.egg-info
@@ -76,4 +82,4 @@ client-wheel: $(PY)
 # table, JSON and plot land in /tmp/vs_llama_cpp; docs/bench/vs_llama_cpp.md is curated from them.
 .PHONY: bench-vs-llama-cpp
 bench-vs-llama-cpp: install
-	$(PY) -m bench.vs_llama_cpp.compare --build --out /tmp/vs_llama_cpp
+	$(PY) -m bench.vs_llama_cpp --build --out /tmp/vs_llama_cpp
