@@ -47,13 +47,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.vs_llama_cpp.binaries import LlamaCpp, find_or_build
-from bench.vs_llama_cpp.theirs import llama_server, wait_http_ok
+from bench.vs_llama_cpp.compare import pin
+from bench.vs_llama_cpp.compare import tandem_local as local_on_cores
+from bench.vs_llama_cpp.theirs import llama_server
 from tandem.loadgen.load import run_openai
 from tandem.loadgen.stats import summarize
 from tandem.loadgen.workload import MIXES, RequestSpec, make_requests
@@ -107,28 +109,10 @@ def shapes(names: Sequence[str], rate: float, poisson_requests: int, seed: int) 
     return [made[n]() for n in names]
 
 
-def _pin(threads: int) -> tuple[str, ...]:
-    """taskset prefix keeping a server on ``threads`` of our cores (none when it has all)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if threads >= len(cores):
-        return ()
-    return ("taskset", "-c", ",".join(str(c) for c in cores[:threads]))
-
-
-@contextmanager
-def tandem_local(flags: Sequence[str], threads: int) -> Iterator[str]:
+def tandem_local(flags: Sequence[str], threads: int) -> AbstractContextManager[str]:
     """``tandem local`` with ``flags`` on ``threads`` cores until the block ends; its HTTP base
     URL once the router answers /ready."""
-    from tandem.launcher.local_cluster import Cluster
-
-    cluster = Cluster()
-    try:
-        proc = cluster.start("tandem.launcher.local", "--port", "0", *flags, wrap=_pin(threads))
-        base = f"http://{proc.info['http']}"
-        wait_http_ok(f"{base}/ready", lambda: proc.popen.poll() is None, 180.0, "tandem local")
-        yield base
-    finally:
-        cluster.stop()
+    return local_on_cores(pin(threads), flags, ready_s=180.0)
 
 
 def measure_aiperf(base: str, aiperf: str, seed: int) -> dict:
@@ -183,7 +167,7 @@ def server(config: str, shape: Shape, threads: int, lc: LlamaCpp | None,
            gguf: Path, extra: Sequence[str] = ()) -> AbstractContextManager[str]:
     if config == "llama-server":
         assert lc is not None
-        return llama_server(lc, gguf, threads, shape.slots, wrap=_pin(threads),
+        return llama_server(lc, gguf, threads, shape.slots, wrap=pin(threads),
                             slot_ctx=shape.slot_ctx)
     return tandem_local((*TANDEM[config], *extra), threads)
 

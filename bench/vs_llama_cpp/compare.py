@@ -126,7 +126,7 @@ def measure_http(base_url: str, plan: Plan, who: str) -> dict:
             "concurrent_ttft_p50_s": statistics.median(ttfts)}
 
 
-def _pin(threads: int) -> tuple[str, ...]:
+def pin(threads: int) -> tuple[str, ...]:
     """taskset prefix that keeps a server on ``threads`` of our cores (none when it has all)."""
     cores = sorted(os.sched_getaffinity(0))
     if threads >= len(cores):
@@ -135,16 +135,17 @@ def _pin(threads: int) -> tuple[str, ...]:
 
 
 @contextmanager
-def tandem_local(wrap: Sequence[str]) -> Iterator[str]:
-    """``tandem local`` with its defaults on free ports until the block ends; its HTTP base URL,
-    once the router answers /ready (both workers registered)."""
+def tandem_local(wrap: Sequence[str], flags: Sequence[str] = (),
+                 ready_s: float = 120.0) -> Iterator[str]:
+    """``tandem local`` (its defaults, plus ``flags``) on free ports until the block ends; its
+    HTTP base URL, once the router answers /ready (both workers registered)."""
     from tandem.launcher.local_cluster import Cluster
 
     cluster = Cluster()
     try:
-        proc = cluster.start("tandem.launcher.local", "--port", "0", wrap=wrap)
+        proc = cluster.start("tandem.launcher.local", "--port", "0", *flags, wrap=wrap)
         base = f"http://{proc.info['http']}"
-        wait_http_ok(f"{base}/ready", lambda: proc.popen.poll() is None, 120.0, "tandem local")
+        wait_http_ok(f"{base}/ready", lambda: proc.popen.poll() is None, ready_s, "tandem local")
         yield base
     finally:
         cluster.stop()
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace, lc: LlamaCpp | None, gguf: Path) -> dict:
         theirs["batched"] = theirs_side.batched_bench(
             lc, gguf, t, plan.batch_prompt, plan.batch_output, plan.batch_seqs, plan.repeats)
         note(f"  S_TG {theirs['batched']['tok_s']:.1f} tok/s")
-    wrap = _pin(t)
+    wrap = pin(t)
     if lc is not None:
         note(f"llama-server -t {t} -np {plan.http_streams} -cb: starting")
         try:
