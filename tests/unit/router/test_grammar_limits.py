@@ -17,7 +17,7 @@ from tandem.router.api.sampling import SamplingSpec, StructuredOutput
 from tandem.router.cli import build_parser, config_from_args
 from tandem.router.config import RouterConfig
 from tandem.router.errors import InvalidRequestError
-from tandem.router.grammar_limits import GrammarLimits, check_grammar
+from tandem.router.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits, check_grammar
 from tandem.router.http.structured import parse_structured
 from tandem.router.tokenizer import RouterTokenizer
 from tandem.router.validation import InputLimits, validate_sampling
@@ -40,7 +40,7 @@ def _nested(depth: int) -> dict[str, Any]:
     return node
 
 
-def _refused(so: StructuredOutput, limits: GrammarLimits = GrammarLimits()) -> str:
+def _refused(so: StructuredOutput, limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS) -> str:
     with pytest.raises(InvalidRequestError) as err:
         check_grammar(so, limits)
     assert err.value.field == f"structured_outputs.{so.kind}"

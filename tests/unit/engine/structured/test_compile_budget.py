@@ -156,3 +156,18 @@ def test_runaway_threads_are_capped_before_the_next_job_starts() -> None:
     finally:
         stop.set()
         pool.close()
+
+
+def test_the_worker_flags_set_the_budget_and_the_wait() -> None:
+    import argparse
+
+    from tandem.engine.cli_args import add_engine_args, engine_config_from_args
+
+    parser = add_engine_args(argparse.ArgumentParser())
+    config = engine_config_from_args(parser.parse_args(
+        ["--grammar-compile-budget-s", "2.5", "--grammar-compile-wait-s", "4"]))
+    assert (config.grammar_compile_budget_s, config.grammar_compile_wait_s) == (2.5, 4.0)
+    default = engine_config_from_args(parser.parse_args([]))
+    assert (default.grammar_compile_budget_s, default.grammar_compile_wait_s) == (10.0, None)
+    with pytest.raises(ValueError, match="grammar_compile_budget_s"):
+        engine_config_from_args(parser.parse_args(["--grammar-compile-budget-s", "0"]))
