@@ -77,7 +77,7 @@ class RouterConfig:
     # GrammarLimits' fields of the same names, without the prefix); refused with 400 /
     # INVALID_ARGUMENT naming the limit, before any worker compiles it.
     grammar_max_properties: int = 256
-    grammar_max_schema_nodes: int = 2048
+    grammar_max_schema_nodes: int = 4096
     grammar_max_enum: int = 1024
     grammar_max_branches: int = 128
     grammar_max_depth: int = 64

@@ -10,10 +10,11 @@ xgrammar's compile is one C++ call that cannot be interrupted; it releases the G
 the calling thread, so the engine thread and the event loop keep running beside it and the
 thread's own CPU clock measures exactly its work. A compile that ran past its budget is left to
 finish on its thread (no process to kill: a compiled grammar would have to be serialized back,
-megabytes for a large vocabulary); at most ``max_overrun`` such threads run at once (the
-dispatcher starts nothing new until one ends), so runaway compiles hold at most that many
-cores' worth of niced threads. Compile threads run at nice ``COMPILE_NICE``: under contention
-the engine's threads get the CPU first.
+megabytes for a large vocabulary). The dispatcher starts a job only while fewer than
+``max_overrun`` runaways live, so at most ``max_overrun`` compile threads ever run, runaways
+included: with the default of two, one runaway and the compile after it (a second runaway
+holds the queue until one of them ends). Compile threads run at nice ``COMPILE_NICE``: under
+contention the engine's threads get the CPU first.
 
 The budget is CPU time, not wall time, so whether a grammar is refused does not depend on how
 busy the machine was: a refusal can be cached. How long a request waits is its caller's
@@ -55,7 +56,8 @@ class _Job:
 
 
 class CompilePool:
-    """A queue of compile jobs run one at a time, each within ``budget_s`` CPU seconds."""
+    """A queue of compile jobs run one at a time, each within ``budget_s`` CPU seconds;
+    ``max_queued`` jobs may wait, ``max_overrun`` compile threads may run (runaways included)."""
 
     def __init__(self, budget_s: float, max_queued: int = 16, max_overrun: int = 2,
                  name: str = "grammar-compile") -> None:

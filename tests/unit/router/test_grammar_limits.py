@@ -89,12 +89,12 @@ def test_each_limit_refuses_past_its_bound_and_passes_at_it(
 
 
 def test_schema_nodes_are_counted_across_objects() -> None:
-    # 16 objects of 200 properties: each object under the per-object limit, 3,234 nodes
+    # 24 objects of 200 properties: each object under the per-object limit, 4,850 nodes
     schema = {"type": "object",
-              "properties": {f"o{j}": optional_properties(200) for j in range(16)}}
+              "properties": {f"o{j}": optional_properties(200) for j in range(24)}}
     message = _refused(_schema(schema))
-    assert "more than 2048 schema nodes" in message and "--grammar-max-schema-nodes" in message
-    check_grammar(_schema(schema), GrammarLimits(max_schema_nodes=4000))
+    assert "more than 4096 schema nodes" in message and "--grammar-max-schema-nodes" in message
+    check_grammar(_schema(schema), GrammarLimits(max_schema_nodes=4850))
 
 
 def test_limits_are_the_configured_ones() -> None:
