@@ -132,14 +132,14 @@ class AsyncEngine:
             yield item
 
     async def prepare(self, params: SamplingParams) -> None:
-        """Work a request needs before it reaches the engine thread, done on a pool thread so
-        steps are not held up: compiling its grammar (structured outputs; cached, so the
-        engine's own compile is then a lookup). Raises InvalidRequestError for a grammar
-        that does not compile."""
+        """Work a request needs before it reaches the engine thread, done off it so steps are
+        not held up: compiling its grammar (structured outputs) in the grammar engine's
+        bounded pool, waiting at most its ``wait_s`` (the engine's own compile is then a
+        lookup). Raises InvalidRequestError for a grammar that does not compile or ran past
+        the compile budget, GrammarBusyError when it is not compiled in time."""
         grammars = self.engine.grammars
         if params.structured is not None and grammars is not None:
-            spec = params.structured
-            await asyncio.get_running_loop().run_in_executor(None, grammars.compile, spec)
+            await grammars.prepare(params.structured)
 
     def has_stream(self, request_id: str) -> bool:
         """True while a stream for the request is open (until its finished output is read)."""

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from typing import Any
 
 from tandem.engine.config import (
+    GRAMMAR_COMPILE_BUDGET_S,
     KV_CACHE_DTYPES,
     CacheConfig,
     EngineConfig,
@@ -67,6 +68,15 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
         ("--draft-layers", dict(type=int, default=0,
                                 help="draft = the target's first N layers (when no "
                                      "--draft-model)")),
+        ("--grammar-compile-budget-s", dict(
+            type=float, default=GRAMMAR_COMPILE_BUDGET_S,
+            help="CPU seconds one structured-output grammar may take to compile; past it the "
+                 "request is refused (400) and so is every repeat of that grammar")),
+        ("--grammar-compile-wait-s", dict(
+            type=float, default=None,
+            help="seconds a request waits for its grammar's compile before it is answered "
+                 "'busy' (RESOURCE_EXHAUSTED; default: the budget plus 1; keep it under the "
+                 "router's --rpc-timeout-s)")),
     ]
 
 
@@ -153,4 +163,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         use_cuda_graphs=not args.no_cuda_graphs,
         use_native_kernels=not args.no_native_kernels,
+        grammar_compile_budget_s=args.grammar_compile_budget_s,
+        grammar_compile_wait_s=args.grammar_compile_wait_s,
     )

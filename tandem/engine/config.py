@@ -14,6 +14,7 @@ from tandem.engine.spec.config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+GRAMMAR_COMPILE_BUDGET_S = 10.0  # EngineConfig.grammar_compile_budget_s's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +112,18 @@ class EngineConfig:
     # CPU (fp32, bf16 or fp16 model): every step takes the fused native forward and an fp32
     # model's quantized layers are PackedLinear (tandem/engine/native); off, or no compiler: torch ops.
     use_native_kernels: bool = True
+    # Structured outputs (tandem/engine/structured/grammar_engine.py): CPU seconds one grammar
+    # may take to compile before it is refused, and how long a request waits for its compile
+    # (None: the budget plus a second); keep the wait under the router's RPC timeout.
+    grammar_compile_budget_s: float = GRAMMAR_COMPILE_BUDGET_S
+    grammar_compile_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ("torch", "triton", "auto"):
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
+        wait = self.grammar_compile_wait_s
+        if self.grammar_compile_budget_s <= 0 or (wait is not None and wait <= 0):
+            raise ValueError("grammar_compile_budget_s and grammar_compile_wait_s must be > 0")
         if self.cache.gpu_memory_utilization is not None and \
                 not self.model.device.startswith("cuda"):
             raise ValueError(
@@ -157,7 +166,8 @@ class EngineConfig:
             "speculative": SpeculativeConfig,
         }
         top: dict[str, Any] = {}
-        top_fields = {"attention_backend", "use_cuda_graphs", "use_native_kernels"}
+        top_fields = {"attention_backend", "use_cuda_graphs", "use_native_kernels",
+                      "grammar_compile_budget_s", "grammar_compile_wait_s"}
         for key, value in kwargs.items():
             if key in top_fields:
                 top[key] = value

@@ -1,7 +1,8 @@
 """Typed errors raised by the engine.
 
 Inside the engine every failure is one of these; the gRPC and HTTP edges map them to status
-codes (InvalidRequestError -> INVALID_ARGUMENT / 400, OutOfBlocksError -> RESOURCE_EXHAUSTED).
+codes (InvalidRequestError -> INVALID_ARGUMENT / 400; OutOfBlocksError, GrammarBusyError ->
+RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ class InvalidRequestError(EngineError, ValueError):
 
 class OutOfBlocksError(EngineError):
     """The KV cache cannot hold what was asked for (a reservation larger than the free pool)."""
+
+
+class GrammarBusyError(EngineError):
+    """A request's grammar is not compiled yet and its wait is over (the compile queue is full,
+    or other compiles hold it): a retry later may find it compiled; nothing was refused."""
 
 
 class UnknownRequestError(EngineError, KeyError):

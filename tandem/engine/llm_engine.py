@@ -101,7 +101,8 @@ class LLMEngine:
         )
         self.eos_token_ids = frozenset(self.arch.eos_token_ids)
         self.grammars = (
-            GrammarEngine(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
+            GrammarEngine(self.tokenizer, self.arch.vocab_size, self.eos_token_ids,
+                          config.grammar_compile_budget_s, config.grammar_compile_wait_s)
             if self.tokenizer is not None else None
         )
         self.requests = RequestFactory(self.tokenizer, self.arch.vocab_size,

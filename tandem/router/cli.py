@@ -25,6 +25,7 @@ from tandem.common.security.credential import add_credential_args
 from tandem.common.wire import ready_line
 from tandem.placement.log import PlacementLog
 from tandem.router.config import PLACEMENTS, RouterConfig
+from tandem.router.grammar_limits import GrammarLimits
 from tandem.router.model_files import router_model_dir
 from tandem.router.security import RouterSecurity
 from tandem.router.server import BindError, RouterServer
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_edge_args(p)
     add_limit_args(p)
+    add_grammar_limit_args(p)
     add_credential_args(p, "the Registry (workers joining) and every call to a worker")
     p.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve the public API on a non-loopback address without API keys")
@@ -220,6 +222,34 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_grammar_limit_args(p: argparse.ArgumentParser) -> None:
+    """How complex a structured output's grammar may be (RouterConfig's ``grammar_max_*``;
+    tandem/router/grammar_limits.py says what each costs a worker's compile)."""
+    g = p.add_argument_group("structured-output limits (400 above them, before any worker "
+                             "compiles the grammar)")
+    d = GrammarLimits()
+    g.add_argument("--grammar-max-properties", type=int, default=d.max_properties,
+                   help="properties in one JSON Schema object")
+    g.add_argument("--grammar-max-schema-nodes", type=int, default=d.max_schema_nodes,
+                   help="JSON objects and arrays in one schema")
+    g.add_argument("--grammar-max-enum", type=int, default=d.max_enum,
+                   help="values in one enum")
+    g.add_argument("--grammar-max-branches", type=int, default=d.max_branches,
+                   help="branches in one anyOf, oneOf or allOf")
+    g.add_argument("--grammar-max-depth", type=int, default=d.max_depth,
+                   help="nesting depth of a schema's objects and arrays")
+    g.add_argument("--grammar-max-regex-chars", type=int, default=d.max_regex_chars,
+                   help="characters in a regex (the regex kind, a schema's patterns)")
+    g.add_argument("--grammar-max-rules", type=int, default=d.max_rules,
+                   help="rules in an EBNF grammar")
+
+
+def grammar_limit_fields(args: argparse.Namespace) -> dict[str, int]:
+    """RouterConfig's ``grammar_max_*`` fields from the parsed flags."""
+    return {f"grammar_{name}": getattr(args, f"grammar_{name}")
+            for name in GrammarLimits.__slots__}
+
+
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Flags -> RouterConfig; raises ValueError with a clear message (or TokenizerLoadError:
     a GGUF whose tokenizer cannot be read)."""
@@ -279,6 +309,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         http_read_timeout_s=args.http_read_timeout,
         tool_call_parser=args.tool_call_parser,
         metrics_compat=args.metrics_compat,
+        **grammar_limit_fields(args),
     )
 
 

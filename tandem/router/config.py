@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.common.obs.metrics_export import COMPAT_CHOICES
+from tandem.router.grammar_limits import GrammarLimits
 
 # The longest a worker call may be bounded by (a day): "no bound" is not a setting.
 _MAX_TIMEOUT_S = 86_400.0
@@ -72,6 +73,16 @@ class RouterConfig:
     max_inflight_per_connection: int = 64
     max_inflight_per_key: int = 0
     http_read_timeout_s: float = 75.0
+    # How complex a structured output's grammar may be (tandem/router/grammar_limits.py:
+    # GrammarLimits' fields of the same names, without the prefix); refused with 400 /
+    # INVALID_ARGUMENT naming the limit, before any worker compiles it.
+    grammar_max_properties: int = 256
+    grammar_max_schema_nodes: int = 4096
+    grammar_max_enum: int = 1024
+    grammar_max_branches: int = 128
+    grammar_max_depth: int = 64
+    grammar_max_regex_chars: int = 4096
+    grammar_max_rules: int = 1024
     # Which markup chat outputs with tools are parsed as (tandem/router/tools/select.py): "auto"
     # picks it from the chat template.
     tool_call_parser: str = "auto"
@@ -143,6 +154,7 @@ class RouterConfig:
             "max_inflight_per_key": self.max_inflight_per_key >= 0,
             "http_read_timeout_s": self.http_read_timeout_s > 0,
         })
+        checks.update({name: getattr(self, name) >= 1 for name in _GRAMMAR_FIELDS})
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid router config: {', '.join(bad)} out of range")
@@ -152,6 +164,15 @@ class RouterConfig:
                 raise ValueError(f"invalid worker endpoint {endpoint!r}: expected HOST:PORT")
 
     @property
+    def grammar_limits(self) -> GrammarLimits:
+        """The ``grammar_max_*`` fields as the validator takes them."""
+        return GrammarLimits(**{name.removeprefix("grammar_"): getattr(self, name)
+                                for name in _GRAMMAR_FIELDS})
+
+    @property
     def http_enabled(self) -> bool:
         """Whether the router serves the OpenAI-compatible HTTP API."""
         return self.http_port >= 0
+
+
+_GRAMMAR_FIELDS = tuple(f"grammar_{name}" for name in GrammarLimits.__slots__)

@@ -125,7 +125,8 @@ class Frontend:
             config.max_inflight_per_connection, 0, config.retry_after_ms
         )
         self.limits = validation.InputLimits(
-            config.max_stop_strings, config.max_stop_chars, config.max_stop_token_ids
+            config.max_stop_strings, config.max_stop_chars, config.max_stop_token_ids,
+            config.grammar_limits,
         )
         self._pool = ThreadPoolExecutor(
             max_workers=config.tokenizer_threads, thread_name_prefix="router-tokenize"

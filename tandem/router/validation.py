@@ -21,6 +21,7 @@ from tandem.router.api.chat import Chat
 from tandem.router.api.request import GenerateRequest
 from tandem.router.api.sampling import SamplingSpec
 from tandem.router.errors import InvalidRequestError
+from tandem.router.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits, check_grammar
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 MAX_TOOL_CALLS = 128  # per assistant message in the history
@@ -48,12 +49,13 @@ class InputLimits:
     real stop sequence (role tags, "\n\nUser:", code fences are tens of characters) while
     keeping the per-token search at most 4 x 256 characters. Stop token ids are a set lookup
     per step but travel with every leg: 64 is far above the handful of end-of-turn ids models
-    have.
+    have. ``grammar`` bounds a structured output's complexity (tandem/router/grammar_limits.py).
     """
 
     max_stop_strings: int = 4
     max_stop_chars: int = 256
     max_stop_token_ids: int = 64
+    grammar: GrammarLimits = DEFAULT_GRAMMAR_LIMITS
 
 
 DEFAULT_LIMITS = InputLimits()
@@ -193,7 +195,7 @@ def validate_sampling(
     check_token_ids(s.stop_token_ids, vocab_size, "stop_token_ids", allow_empty=True)
     validate_logit_bias(s.logit_bias, vocab_size)
     if s.structured is not None:
-        validate_structured(s)
+        validate_structured(s, limits.grammar)
     if s.prompt_logprobs is not None and s.prompt_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidRequestError("prompt_logprobs", f"at most {MAX_TOP_LOGPROBS}")
 
@@ -210,9 +212,10 @@ def validate_logit_bias(bias: Mapping[int, float], vocab_size: int) -> None:
             raise InvalidRequestError("logit_bias", f"bias {value} is outside [-100, 100]")
 
 
-def validate_structured(s: SamplingSpec) -> None:
-    """Sizes of a structured output (compiling it is the worker's grammar engine's job),
-    and the settings a grammar cannot honour (its end is an EOS)."""
+def validate_structured(s: SamplingSpec, limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS) -> None:
+    """Sizes and complexity of a structured output (compiling it is the worker's grammar
+    engine's job, within its budget), and the settings a grammar cannot honour (its end is an
+    EOS)."""
     so = s.structured
     if so is None:
         return
@@ -227,6 +230,7 @@ def validate_structured(s: SamplingSpec) -> None:
             raise InvalidRequestError(field, f"more than {MAX_STRUCTURED_CHARS} characters")
     elif isinstance(so.value, str) and len(so.value) > MAX_STRUCTURED_CHARS:
         raise InvalidRequestError(field, f"more than {MAX_STRUCTURED_CHARS} characters")
+    check_grammar(so, limits)
     if s.ignore_eos:
         raise InvalidRequestError("ignore_eos", "cannot be combined with structured outputs")
     if s.min_tokens:

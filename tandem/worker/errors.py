@@ -5,6 +5,7 @@ Inside, logic classes raise typed errors (their own, the engine's, kv_transfer's
 own errors subclass ``WorkerError`` (``tandem.worker.prefill.errors.PushFailed``).
 
     InvalidRequestError  -> INVALID_ARGUMENT      OutOfBlocksError      -> RESOURCE_EXHAUSTED
+                                                  GrammarBusyError      -> RESOURCE_EXHAUSTED
     Draining             -> UNAVAILABLE           UnknownRequest        -> NOT_FOUND
     WrongState           -> FAILED_PRECONDITION   LayoutMismatch        -> FAILED_PRECONDITION
     TransferEnded        -> ABORTED               EngineDeadError       -> UNAVAILABLE
@@ -18,7 +19,7 @@ import grpc
 
 from tandem.common.wire import RETRY_AFTER_KEY
 from tandem.engine.async_engine import EngineDeadError
-from tandem.engine.errors import InvalidRequestError, OutOfBlocksError
+from tandem.engine.errors import GrammarBusyError, InvalidRequestError, OutOfBlocksError
 from tandem.kv_transfer import (
     ConnectionLost,
     HandshakeError,
@@ -104,6 +105,8 @@ def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, OutOfBlocksError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"KV cache full: {exc}"
+    if isinstance(exc, GrammarBusyError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, EngineDeadError):
         return grpc.StatusCode.UNAVAILABLE, f"engine stopped: {exc}"
     if isinstance(exc, LayoutMismatchError):

@@ -1,7 +1,8 @@
 """Structured outputs: constrain a request's tokens to a grammar (xgrammar underneath).
 
     StructuredOutput (spec.py: what the client asked, validated, torch-free)
-        ──GrammarEngine.compile (grammar_engine.py: cached, thread-safe, off the engine thread)──>
+        ──GrammarEngine.prepare (grammar_engine.py: once per spec hash, refusals remembered)──>
+          CompilePool (compile_pool.py: one at a time on a niced thread, a CPU-time budget)
     compiled grammar ──GrammarEngine.constraint──> Constraint (constraint.py: one per request)
         the sampler asks it for a token bitmask per constrained row (tandem/engine/sampler.py),
         the engine feeds it every appended token, a resumed request replays its output.

@@ -59,6 +59,8 @@ class StructuredOutput:
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.value)
+            except RecursionError:
+                raise InvalidRequestError(f"{field}.json_schema", "nested too deeply") from None
             except ValueError as err:
                 raise InvalidRequestError(f"{field}.json_schema", f"not JSON: {err}") from None
             if not isinstance(schema, (dict, bool)):

@@ -7,8 +7,9 @@
     structured_outputs {"json" | "regex" | "choice" | "grammar"}  (vLLM >= 0.10)
     guided_json | guided_regex | guided_choice | guided_grammar   (vLLM's older names)
 
-At most one may be given. Shapes only: sizes are tandem/router/validation.py's, and a schema or
-grammar that does not compile is refused by the worker's grammar engine with its reason.
+At most one may be given. Shapes only: sizes and complexity are tandem/router/validation.py's
+(tandem/router/grammar_limits.py), and a schema or grammar that does not compile, or not within
+the workers' compile budget, is refused by the worker's grammar engine with its reason.
 """
 
 from __future__ import annotations
@@ -69,14 +70,16 @@ def _constraint(field: str, kind: str, value: Any) -> StructuredOutput:
             raise InvalidRequestError(field, "must be true")
         return StructuredOutput("json_object", True)
     if kind == "json":
-        if isinstance(value, str):  # vLLM accepts the schema as text too
-            try:
+        try:
+            if isinstance(value, str):  # vLLM accepts the schema as text too
                 value = json.loads(value)
-            except ValueError as err:
-                raise InvalidRequestError(field, f"not JSON: {err}") from None
-        if not isinstance(value, (dict, bool)):
-            raise InvalidRequestError(field, "must be a JSON Schema object")
-        return StructuredOutput("json_schema", json.dumps(value, separators=(",", ":")))
+            if not isinstance(value, (dict, bool)):
+                raise InvalidRequestError(field, "must be a JSON Schema object")
+            return StructuredOutput("json_schema", json.dumps(value, separators=(",", ":")))
+        except RecursionError:  # nested past the parser's stack: far past any depth limit
+            raise InvalidRequestError(field, "nested too deeply") from None
+        except ValueError as err:
+            raise InvalidRequestError(field, f"not JSON: {err}") from None
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(
             isinstance(c, str) and c for c in value
