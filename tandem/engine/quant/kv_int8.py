@@ -75,8 +75,10 @@ class Int8KVBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """Dequantize the step's blocks (``[B * W]`` of them, table order) and attend."""
+        """Dequantize the step's blocks (``[B * W]`` of them, table order) and attend (through
+        a sliding ``window`` when set)."""
         b, w = meta.block_tables.shape
         flat = meta.block_tables.reshape(-1).long()
         # bf16 attention on a CPU without bf16 math runs in fp32 anyway: skip a round trip.
@@ -85,4 +87,4 @@ class Int8KVBackend:
         v = dequantize_heads(v_cache.index_select(0, flat), dtype)
         tables = torch.arange(b * w, dtype=torch.int32, device=flat.device).view(b, w)
         local = dataclasses.replace(meta, block_tables=tables)
-        return self.inner.attend(query, k, v, local, scale).to(query.dtype)
+        return self.inner.attend(query, k, v, local, scale, window).to(query.dtype)
