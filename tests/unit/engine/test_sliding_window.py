@@ -4,8 +4,7 @@ Mistral with a window shorter than the prompts (every layer slides: the engine f
 blocks behind the window as requests run), and Qwen2 with ``use_sliding_window`` on its upper
 layers only (full and sliding layers alternate: nothing is freed). Both on the torch path and
 the native fused forward, colocated and through a P/D handoff. The checkpoints' every
-parameter is non-trivial (norms away from one, biases non-zero): transformers' own
-initialisation would hide a norm or bias that is read wrong.
+parameter is non-trivial (tests/unit/engine/_perturbed.py).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import torch
 
 from tandem.engine import SamplingParams
 from tests.unit.engine._handoff import copy_blocks
+from tests.unit.engine._perturbed import perturbed_checkpoint
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
 WINDOW = 12
@@ -25,49 +25,25 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PATHS = {"torch": {"use_native_kernels": False}, "native": {}}
 
 
-def _perturbed_checkpoint(path: Path, model_type: str, **config: object) -> Path:
-    """A tiny random checkpoint whose norms, biases and weights are all away from
-    transformers' defaults. (A local helper: tandem.engine.testing has no perturbing one.)"""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(
-        model_type, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, rms_norm_eps=1e-6, **config,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.3 if "embed" in name else 1.0 / param.shape[1] ** 0.5)
-            elif "norm" in name:
-                param.copy_(1.0 + 0.3 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.1)
-    model.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _perturbed_checkpoint(tmp_path_factory.mktemp("mistral-swa"), "mistral",
-                                 sliding_window=WINDOW)
+    return perturbed_checkpoint(tmp_path_factory.mktemp("mistral-swa"), "mistral",
+                                sliding_window=WINDOW)
 
 
 @pytest.fixture(scope="module")
 def mistral_full(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same weights without a window: the reference a window must differ from."""
-    return _perturbed_checkpoint(tmp_path_factory.mktemp("mistral-full"), "mistral",
-                                 sliding_window=None)
+    return perturbed_checkpoint(tmp_path_factory.mktemp("mistral-full"), "mistral",
+                                sliding_window=None)
 
 
 @pytest.fixture(scope="module")
 def qwen2_mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Layer 0 full, layers 1 and 2 sliding (``max_window_layers`` = 1)."""
-    return _perturbed_checkpoint(tmp_path_factory.mktemp("qwen2-swa"), "qwen2",
-                                 use_sliding_window=True, sliding_window=WINDOW,
-                                 max_window_layers=1)
+    return perturbed_checkpoint(tmp_path_factory.mktemp("qwen2-swa"), "qwen2",
+                                use_sliding_window=True, sliding_window=WINDOW,
+                                max_window_layers=1)
 
 
 def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
