@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 status=0
+# tests/gpu includes the sliding-window kernels (Mistral-7B shapes, split-KV, CUDA-graph replay)
+# and a windowed Mistral engine against transformers (freed blocks reused while it runs).
 timeout 240 python3 -m pytest tests/gpu -q -m gpu -p no:cacheprovider -x 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 timeout 120 python3 -m bench.engine.attention 2>&1 | tee "$OUT/bench_attention.log" || status=1
 # 150 s was too little: both full runs on 2026-12-04 were cut inside llama1b's batches (the

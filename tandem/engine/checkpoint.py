@@ -49,9 +49,7 @@ def load_checkpoint(
     path = resolve_model(mc.model, mc.cache_dir)
     tokenizer = _load_tokenizer(path)
     hf_config, arch = read_arch(path)
-    limit = arch.max_position_embeddings
-    if arch.sliding_window:  # we attend over the full context: stay where that is exact
-        limit = min(limit, arch.sliding_window)
+    limit = arch.max_position_embeddings  # sliding-window layers attend through their window
     max_model_len = min(mc.max_model_len or limit, limit)
     # the native fused forward widens bf16 weights itself: no fp32 copies for torch's GEMMs
     # (the model runner makes them if that path refuses the model after all)

@@ -39,6 +39,7 @@ from tandem.engine.kv_budget import pool_blocks
 from tandem.engine.kv_connector import KVConnector, describe_cache
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.models.weights import torch_dtype
+from tandem.engine.models.windows import block_free_window
 from tandem.engine.outputs import (
     MAX_REPORTED_HASHES,
     EngineStats,
@@ -90,7 +91,11 @@ class LLMEngine:
             native_kernels=config.use_native_kernels,
         )
         self.runner = ModelRunner(ckpt.model, self.arch, rc)
-        self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+        # Blocks behind every layer's sliding window go back to the pool as a request runs;
+        # not with a draft model, whose own pass over a request may start far behind it.
+        free_window = None if sc.speculative_method == "draft" else block_free_window(self.arch)
+        self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching,
+                                 free_window)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, sc.num_speculative_tokens if sc.enabled else 0,
             self.max_model_len,

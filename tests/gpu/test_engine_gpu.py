@@ -148,3 +148,18 @@ def test_gpu_memory_utilization_sizes_the_kv_pool_from_what_the_device_has_left(
     with pytest.raises(ValueError, match="leaves no room for the KV cache"):
         make_engine(model=str(path), device="cuda", dtype="bfloat16",
                     gpu_memory_utilization=1e-4)
+
+
+def test_cuda_sliding_window_mistral_matches_transformers(tmp_path, make_engine) -> None:
+    """Mistral, window 12 < the prompts, fp32: Triton prefill and CUDA-graph decode equal
+    transformers while the blocks behind the window are freed and handed out again."""
+    from tests.unit.engine._perturbed import perturbed_checkpoint
+
+    path = perturbed_checkpoint(tmp_path / "mistral", "mistral", sliding_window=12)
+    engine = make_engine(model=str(path), device="cuda", dtype="float32",
+                         attention_backend="triton", num_blocks=64, block_size=4,
+                         max_num_seqs=8, max_num_batched_tokens=16)
+    assert engine.runner.graphs is not None and engine.kv.sliding_window == 12
+    prompts = _prompts([5, 17, 40, 70, 3])
+    for prompt, tokens in zip(prompts, _run(engine, prompts), strict=True):
+        assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)

@@ -116,3 +116,46 @@ def test_decode_replays_in_cuda_graph() -> None:
     graph.replay()
     ref = TorchAttentionBackend().attend(c.query, c.k_cache, c.v_cache, m, scale)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("splits", [None, 1, 8])
+def test_sliding_window_mistral_shapes(splits: int | None) -> None:
+    """Mistral-7B's heads (Hq=32, Hkv=8, D=128), window 4096: decodes over 1k-8k contexts,
+    a prefill chunk past the window and one within it; the blocks behind each sequence's
+    window hold NaN (freed), so reading one shows."""
+    chunks = decode_chunks(16, 1000, 8000) + [(5000, 1024), (100, 900)]
+    c = make_paged_case(chunks, 16, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
+                        dtype=torch.bfloat16, device="cuda", window=4096)
+    backend = TritonAttentionBackend(decode_splits=splits)
+    out = backend.attend(c.query, c.k_cache, c.v_cache, c.meta, SCALE_OF[128], 4096)
+    ref = TorchAttentionBackend().attend(c.query, c.k_cache, c.v_cache, c.meta, SCALE_OF[128], 4096)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_sliding_window_decode_replays_in_cuda_graph() -> None:
+    """The windowed decode captured with the table-width bound, replayed at other lengths."""
+    c = make_paged_case(decode_chunks(8, 200, 3000), 8, num_q_heads=9, num_kv_heads=3,
+                        head_dim=64, block_size=16, dtype=torch.bfloat16, device="cuda",
+                        window=512)
+    m, scale, tri = c.meta, SCALE_OF[64], TritonAttentionBackend()
+    out = torch.empty_like(c.query)
+    bound = m.block_tables.shape[1]
+
+    def run() -> None:
+        tri.decode(c.query, c.k_cache, c.v_cache, m.block_tables, m.seq_lens, scale, bound, out,
+                   window=512)
+
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    # longer contexts (within each table's spare block): their windows move on
+    new_lens = [s + 9 for s in m.seq_lens_cpu]
+    assert max(new_lens) <= bound * 16
+    m.seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+    m.seq_lens_cpu[:] = new_lens
+    graph.replay()
+    ref = TorchAttentionBackend().attend(c.query, c.k_cache, c.v_cache, m, scale, 512)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)

@@ -8,7 +8,11 @@ query rows. Decode sequences (one new token each) come first, then prefill chunk
     seq_lens:     c0+1 c1+1 c2+1 ctx0+4        ctx1+2           [B] cached + new
 
 Query row i of sequence b sits at position ``seq_lens[b] - query_len[b] + i`` and attends to
-every cached position <= its own (causal). The KV of layer l lives in
+every cached position <= its own (causal); in a sliding-window layer (window W) only to the
+last W of them, ``p - W + 1 .. p`` (transformers' semantics). Blocks wholly before the window
+of a step's first query row may have been freed (tandem/engine/core/kv_cache_manager.py):
+their table entries still name some block, whose contents a backend must never let into its
+result, so it does not read them at all. The KV of layer l lives in
 ``k_cache = kv[l, 0]`` and ``v_cache = kv[l, 1]``, each ``[num_blocks, block_size, Hkv, D]``;
 ``block_tables[b, j]`` is the physical block holding positions ``j*bs .. j*bs+bs-1``.
 """
@@ -99,6 +103,8 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        """Causal attention of every query row over its sequence's cached keys (GQA aware)."""
+        """Causal attention of every query row over its sequence's cached keys (GQA aware);
+        with ``window``, over the last ``window`` positions up to its own only."""
         ...

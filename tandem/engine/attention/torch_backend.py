@@ -2,7 +2,9 @@
 
 It runs on any device. Decode rows of all sequences are attended in one padded SDPA call (a
 boolean mask hides the padding); each prefill chunk gets its own call, causal with an offset
-for the positions that were already cached.
+for the positions that were already cached. In a sliding-window layer each sequence's keys are
+gathered from the first block its first query row sees (blocks before it may be freed), and
+the mask also hides the keys older than each row's window.
 """
 
 from __future__ import annotations
@@ -40,16 +42,25 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """Attention of every query row over its sequence's context, decodes batched."""
+        """Attention of every query row over its sequence's context (its last ``window``
+        positions, with one), decodes batched."""
         out = torch.empty_like(query)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(query[:nd], k_cache, v_cache, meta, scale)
+            if window:
+                out[:nd] = self._decode_window(query[:nd], k_cache, v_cache, meta, scale, window)
+            else:
+                out[:nd] = self._decode(query[:nd], k_cache, v_cache, meta, scale)
         starts = meta.query_start_loc.tolist() if meta.num_seqs > nd else []
         for b in range(nd, meta.num_seqs):
             qs, qe = starts[b], starts[b + 1]
-            out[qs:qe] = self._prefill_one(query[qs:qe], k_cache, v_cache, meta, b, scale)
+            if window:
+                out[qs:qe] = self._prefill_window(query[qs:qe], k_cache, v_cache, meta, b, scale,
+                                                  window)
+            else:
+                out[qs:qe] = self._prefill_one(query[qs:qe], k_cache, v_cache, meta, b, scale)
         return out
 
     def _decode(
@@ -98,6 +109,64 @@ class TorchAttentionBackend:
             rows = torch.arange(ql, device=query.device)[:, None] + ctx
             cols = torch.arange(sl, device=query.device)[None, :]
             o = _sdpa(q, k, v, (cols <= rows)[None, None], scale)
+        return o[0].transpose(0, 1)  # [ql, Hq, D]
+
+    def _decode_window(
+        self,
+        query: torch.Tensor,  # [nd, Hq, D]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int,
+    ) -> torch.Tensor:
+        # Row b (position seq_len - 1) sees positions lo_b = seq_len - window .. seq_len - 1;
+        # its keys are gathered from block lo_b // bs on, nblocks of them for every row.
+        nd = query.shape[0]
+        bs = meta.block_size
+        lens = meta.seq_lens_cpu[:nd]
+        lo = [max(0, n - window) for n in lens]
+        first = [x // bs for x in lo]
+        nblocks = max(-(-n // bs) - f for n, f in zip(lens, first, strict=True))
+        dev = query.device
+        cols = torch.tensor(first, device=dev)[:, None] + torch.arange(nblocks, device=dev)
+        cols = cols.clamp(max=meta.block_tables.shape[1] - 1)  # past the end: masked below
+        table = meta.block_tables[:nd].gather(1, cols)  # [nd, nblocks]
+        k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [nd, Hkv, nblocks * bs, D]
+        v = v_cache[table].flatten(1, 2).transpose(1, 2)
+        positions = (torch.tensor(first, device=dev)[:, None] * bs
+                     + torch.arange(nblocks * bs, device=dev))  # [nd, L] absolute
+        mask = ((positions < meta.seq_lens[:nd, None])
+                & (positions >= torch.tensor(lo, device=dev)[:, None]))
+        o = _sdpa(query.unsqueeze(2), k, v, mask[:, None, None, :], scale)  # [nd, Hq, 1, D]
+        return o.squeeze(2)
+
+    def _prefill_window(
+        self,
+        query: torch.Tensor,  # [ql, Hq, D]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        b: int,
+        scale: float,
+        window: int,
+    ) -> torch.Tensor:
+        bs = meta.block_size
+        ql = query.shape[0]
+        sl = meta.seq_lens_cpu[b]
+        ctx = sl - ql
+        # the chunk's first row (position ctx) sees ctx - window + 1 on: gather from its block
+        first = max(0, ctx - window + 1) // bs
+        base = first * bs
+        table = meta.block_tables[b, first : (sl + bs - 1) // bs]
+        k = k_cache[table].flatten(0, 1)[: sl - base].transpose(0, 1).unsqueeze(0)
+        v = v_cache[table].flatten(0, 1)[: sl - base].transpose(0, 1).unsqueeze(0)
+        q = query.transpose(0, 1).unsqueeze(0)  # [1, Hq, ql, D]
+        # Row i (position ctx + i) sees keys ctx + i - window + 1 .. ctx + i.
+        rows = torch.arange(ql, device=query.device)[:, None] + ctx
+        cols = torch.arange(sl - base, device=query.device)[None, :] + base
+        mask = (cols <= rows) & (cols > rows - window)
+        o = _sdpa(q, k, v, mask[None, None], scale)
         return o[0].transpose(0, 1)  # [ql, Hq, D]
 
 

@@ -18,7 +18,7 @@ import torch
 import triton
 
 from tandem.engine.attention.base import AttentionMetadata
-from tandem.engine.attention.triton_kernels.decode import decode_splits, paged_decode, tile_tokens
+from tandem.engine.attention.triton_kernels.decode import decode_splits, decode_tiles, paged_decode
 from tandem.engine.attention.triton_kernels.prefill import paged_prefill
 from tandem.engine.attention.triton_kernels.write_kv import write_kv as _write_kv
 
@@ -51,8 +51,10 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        """Causal attention of every query row over its sequence's cached keys (GQA aware)."""
+        """Causal attention of every query row over its sequence's cached keys (GQA aware);
+        with ``window``, over the last ``window`` positions up to its own."""
         out = torch.empty_like(query)
         nd = meta.num_decodes
         if nd:
@@ -60,10 +62,10 @@ class TritonAttentionBackend:
             max_blocks = meta.max_decode_blocks or triton.cdiv(max(meta.seq_lens_cpu[:nd]), bs)
             self.decode(
                 query[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                scale, max_blocks, out=out[:nd],
+                scale, max_blocks, out=out[:nd], window=window,
             )  # fmt: skip
         if meta.num_seqs > nd:
-            paged_prefill(query, k_cache, v_cache, meta, out, scale)
+            paged_prefill(query, k_cache, v_cache, meta, out, scale, window)
         return out
 
     def decode(
@@ -76,21 +78,23 @@ class TritonAttentionBackend:
         scale: float,
         max_blocks: int,
         out: torch.Tensor | None = None,  # [nd, Hq, D]
+        window: int | None = None,
     ) -> torch.Tensor:
-        """Decode attention only, with the context bound given by the caller.
+        """Decode attention only, with the context bound given by the caller (and a sliding
+        ``window``, when set).
 
-        The launch depends on ``nd`` and ``max_blocks`` alone, so a CUDA-graph runner captures
-        it once per batch size with ``max_blocks`` = the block-table width.
+        The launch depends on ``nd``, ``max_blocks`` and ``window`` alone, so a CUDA-graph
+        runner captures it once per batch size with ``max_blocks`` = the block-table width.
         """
         out = torch.empty_like(query) if out is None else out
-        tile_n = tile_tokens(k_cache.shape[1])
-        num_tiles = triton.cdiv(max_blocks * k_cache.shape[1], tile_n)
+        num_tiles = decode_tiles(max_blocks, k_cache.shape[1], window)
         splits = self._decode_splits
         if splits is None:
             sms = self._sm_count(query.device)
             splits = decode_splits(query.shape[0], k_cache.shape[2], num_tiles, sms)
         paged_decode(
-            query, k_cache, v_cache, block_tables, seq_lens, out, scale, max_blocks, splits
+            query, k_cache, v_cache, block_tables, seq_lens, out, scale, max_blocks, splits,
+            window,
         )
         return out
 

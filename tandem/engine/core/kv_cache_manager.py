@@ -14,11 +14,27 @@ copies the shared block's KV into it before the step runs (``take_copies``)::
 
     seq 0: [ b0 | b1 | b2 (partial) ]      seq 0 writes first:  [ b0 | b1 | b3 := copy(b2) ]
     seq 1: [ b0 | b1 | b2 (partial) ]      seq 1 (last owner):  [ b0 | b1 | b2 ] written in place
+
+Sliding window (``sliding_window`` W: every layer of the model slides, W the widest): a query
+at position p reads keys p - W + 1 .. p only, so once a request's next token to compute is at
+position s, the blocks wholly before s - W + 1 are read by nobody. ``allocate_slots`` frees
+them before it allocates, keeping the request's logical block list as long as before with
+``None`` in their place (``block_ids`` says -1 there: the attention backends never read those
+entries)::
+
+    W = 6, bs = 4, s = 13:  keys 8 .. 12 are still read
+    [ b0 | b1 | b2 | b3 ]  ->  [ - | - | b2 | b3 ]       b0, b1 back in the pool
+
+A freed block keeps its hash and its KV until the pool hands it out again (and then its hash is
+dropped first), so a prefix-cache hit on it is still exact. A request holding its KV for a push
+(``hold_kv``, the prefill role) frees nothing: the push sends the whole prompt, and the decode
+side frees what its window no longer needs at its first step. Prefix hits that lie wholly
+behind a new request's window are not taken at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tandem.common.block_hash import hash_block
@@ -34,14 +50,23 @@ class PrefixCacheStats:
     hits: int = 0
 
 
-class KVCacheManager:
-    """Maps requests to blocks of one ``BlockPool``."""
+FREED = -1  # block_ids' entry for a block freed behind a sliding window
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+
+class KVCacheManager:
+    """Maps requests to blocks of one ``BlockPool``; ``sliding_window``: free the blocks
+    behind every request's window as it advances (module docstring)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding_window: int | None = None) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks, enable_caching)
-        self._blocks: dict[str, list[Block]] = {}
+        # a request's blocks in logical order; None: freed behind its sliding window
+        self._blocks: dict[str, list[Block | None]] = {}
         self._hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks, in order
         # copy-on-write copies the next step must make first: dst block id -> (src, owner)
         self._copies: dict[int, tuple[int, str]] = {}
@@ -49,8 +74,13 @@ class KVCacheManager:
 
     # -- queries ---------------------------------------------------------------------------
     def block_ids(self, request_id: str) -> list[int]:
-        """Physical block ids of a request, in logical order."""
-        return [b.block_id for b in self._blocks.get(request_id, ())]
+        """Physical block ids of a request, in logical order (``FREED`` for a block freed
+        behind its sliding window)."""
+        return [FREED if b is None else b.block_id for b in self._blocks.get(request_id, ())]
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request references now (those freed behind its window not counted)."""
+        return sum(1 for b in self._blocks.get(request_id, ()) if b is not None)
 
     def holds(self, request_id: str) -> bool:
         """True when the request currently holds blocks."""
@@ -60,7 +90,7 @@ class KVCacheManager:
         """Blocks in use that none of the ``live`` requests holds: a request that left without
         ``free``, or a reference that outlived its owners. 0 unless something leaked (below 0:
         a block freed while still held)."""
-        owned = {b.block_id for rid in live for b in self._blocks.get(rid, ())}
+        owned = {b.block_id for rid in live for b in self._blocks.get(rid, ()) if b is not None}
         return self.pool.num_blocks - self.pool.num_free - len(owned)
 
     def blocks_needed(self, num_tokens: int) -> int:
@@ -90,7 +120,7 @@ class KVCacheManager:
     ) -> bool:
         """Would ``allocate_slots`` succeed? Changes nothing."""
         return self._new_blocks_needed(request, num_new_tokens, computed) <= self._available(
-            computed
+            request, computed
         )
 
     def allocate_slots(
@@ -104,16 +134,22 @@ class KVCacheManager:
 
         ``computed`` are prefix-cache hits from ``get_computed_blocks`` (first scheduling only).
         With ``cache_tokens`` the full blocks covered after this step are indexed for reuse.
+        With a sliding window, the blocks behind the request's window are freed first (and
+        count as available: module docstring).
         """
         need = self._new_blocks_needed(request, num_new_tokens, computed)
-        if need > self._available(computed):
+        if need > self._available(request, computed):
             return False
         blocks = self._blocks.setdefault(request.request_id, [])
+        self._free_behind_window(request, blocks)
         for i in self._shared_written(request, num_new_tokens, computed):
             self._copy_on_write(request.request_id, blocks, i)
         if computed:
-            self.pool.touch(computed)
-            blocks.extend(computed)
+            behind = min(len(computed), self._behind_window(request, computed))
+            taken = computed[behind:]
+            self.pool.touch(taken)
+            blocks.extend([None] * behind)
+            blocks.extend(taken)
         if need > 0:
             blocks.extend(self.pool.allocate(need))
         if cache_tokens:
@@ -128,7 +164,9 @@ class KVCacheManager:
         blocks = self._blocks.get(request.request_id, [])
         hashes = self._request_hashes(request)
         for i in range(min(num_tokens // self.block_size, len(blocks), len(hashes))):
-            self.pool.cache(blocks[i], hashes[i])
+            block = blocks[i]
+            if block is not None:
+                self.pool.cache(block, hashes[i])
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """``child_id`` takes a reference on every block of ``parent_id``: a new sequence of
@@ -137,7 +175,7 @@ class KVCacheManager:
         if child_id in self._blocks:
             raise RuntimeError(f"{child_id!r} already holds blocks")
         blocks = self._blocks[parent_id]
-        self.pool.touch(blocks)
+        self.pool.touch(b for b in blocks if b is not None)
         self._blocks[child_id] = list(blocks)
         self._hashes[child_id] = list(self._hashes.get(parent_id, ()))
 
@@ -156,7 +194,7 @@ class KVCacheManager:
             return
         keep = self.blocks_needed(num_tokens)
         if len(blocks) > keep:
-            tail = blocks[keep:]
+            tail = [b for b in blocks[keep:] if b is not None]
             del blocks[keep:]
             self.pool.free(reversed(tail))
 
@@ -165,10 +203,11 @@ class KVCacheManager:
         blocks = self._blocks.pop(request_id, None)
         self._hashes.pop(request_id, None)
         if blocks:
-            for b in blocks:  # a copy granted to a request preempted in the same schedule
+            held = [b for b in blocks if b is not None]
+            for b in held:  # a copy granted to a request preempted in the same schedule
                 if self._copies.get(b.block_id, (0, ""))[1] == request_id:
                     del self._copies[b.block_id]
-            self.pool.free(reversed(blocks))
+            self.pool.free(reversed(held))
 
     # -- internals ---------------------------------------------------------------------------
     def _new_blocks_needed(
@@ -190,21 +229,48 @@ class KVCacheManager:
             return []
         start = request.num_computed_tokens
         end = min(len(blocks), self.blocks_needed(start + num_new_tokens))
-        return [i for i in range(start // self.block_size, end) if blocks[i].ref_cnt > 1]
+        # written blocks are never behind the window (it ends at the first written position)
+        return [i for i in range(start // self.block_size, end)
+                if (b := blocks[i]) is not None and b.ref_cnt > 1]
 
-    def _copy_on_write(self, request_id: str, blocks: list[Block], i: int) -> None:
+    def _copy_on_write(self, request_id: str, blocks: list[Block | None], i: int) -> None:
         """Give the request a block of its own in place of shared ``blocks[i]``; the KV is
         copied before the next forward (``take_copies``)."""
         shared = blocks[i]
+        assert shared is not None
         (own,) = self.pool.allocate(1)
         self._copies[own.block_id] = (shared.block_id, request_id)
         blocks[i] = own
         self.pool.free([shared])  # others still hold it: never back in the free queue here
 
-    def _available(self, computed: list[Block] | None) -> int:
-        # Hits that sit idle in the free queue stop being allocatable once touched.
-        idle_hits = sum(1 for b in computed or () if b.ref_cnt == 0)
-        return self.pool.num_free - idle_hits
+    def _available(self, request: Request, computed: list[Block] | None) -> int:
+        """Blocks ``allocate_slots`` could hand out: the free ones, plus those freeing the
+        request's blocks behind its window returns to the pool, less the idle prefix hits it
+        takes (touched, they stop being allocatable)."""
+        behind = self._behind_window(request, computed)
+        taken = (computed or [])[behind:]
+        idle_hits = sum(1 for b in taken if b.ref_cnt == 0)
+        held = self._blocks.get(request.request_id, ())
+        returned = sum(1 for b in held[:behind] if b is not None and b.ref_cnt == 1)
+        return self.pool.num_free - idle_hits + returned
+
+    def _behind_window(self, request: Request, computed: Sequence[Block] | None) -> int:
+        """Leading blocks of the request that no query from its next token to compute on
+        reads: those wholly before that token's window. 0 without a window, or for a request
+        holding its KV for a push."""
+        if self.sliding_window is None or request.hold_kv:
+            return 0
+        start = request.num_computed_tokens + len(computed or ()) * self.block_size
+        return max(0, start - self.sliding_window + 1) // self.block_size
+
+    def _free_behind_window(self, request: Request, blocks: list[Block | None]) -> None:
+        """Drop the request's references on its blocks behind its window (``None`` in their
+        place; newest first into the free queue, as ``free`` does)."""
+        behind = min(len(blocks), self._behind_window(request, None))
+        dropped = [b for b in blocks[:behind] if b is not None]
+        if dropped:
+            blocks[:behind] = [None] * behind
+            self.pool.free(reversed(dropped))
 
     def _request_hashes(self, request: Request) -> list[int]:
         """Hashes of the request's full blocks, extended incrementally as tokens arrive."""

@@ -16,6 +16,7 @@ from tandem.engine.errors import ModelLoadError
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 _UNSUPPORTED_ROPE = ("dynamic", "longrope")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +36,12 @@ class ModelArch:
     max_position_embeddings: int
     qkv_bias: bool
     qk_norm: bool
-    sliding_window: int | None
+    sliding_window: int | None  # keys a sliding layer's query sees, itself included
     eos_token_ids: tuple[int, ...]
+    # transformers' per-layer attention kinds ("full_attention" / "sliding_attention"); empty
+    # when the config has none (then every layer slides when sliding_window is set: Mistral).
+    # tandem/engine/models/windows.py turns them into each layer's window.
+    layer_types: tuple[str, ...] = ()
 
     @classmethod
     def from_hf_config(cls, config: Any) -> ModelArch:
@@ -51,8 +56,16 @@ class ModelArch:
         eos = config.eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         window = getattr(config, "sliding_window", None)
-        if mt == "qwen2" and not getattr(config, "use_sliding_window", False):
+        if mt in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window", False):
             window = None
+        layer_types = tuple(getattr(config, "layer_types", None) or ())
+        unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ModelLoadError(f"layer_types {unknown} are not supported (supported: "
+                                 f"{LAYER_TYPES})")
+        if layer_types and len(layer_types) != config.num_hidden_layers:
+            raise ModelLoadError(f"layer_types names {len(layer_types)} layers, the model has "
+                                 f"{config.num_hidden_layers}")
         return cls(
             model_type=mt,
             vocab_size=config.vocab_size,
@@ -69,6 +82,7 @@ class ModelArch:
             qk_norm=mt == "qwen3",
             sliding_window=window,
             eos_token_ids=eos_ids,
+            layer_types=layer_types,
         )
 
 

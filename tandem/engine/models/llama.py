@@ -17,6 +17,7 @@ from torch import nn
 from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.linear import Linear
+from tandem.engine.models.windows import layer_windows
 
 
 class RMSNorm(nn.Module):
@@ -40,10 +41,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Self-attention of one layer: fused QKV, optional q/k norm, RoPE, paged attention."""
+    """Self-attention of one layer: fused QKV, optional q/k norm, RoPE, paged attention
+    (through a sliding window of ``window`` positions when it is set)."""
 
-    def __init__(self, arch: ModelArch) -> None:
+    def __init__(self, arch: ModelArch, window: int | None = None) -> None:
         super().__init__()
+        self.window = window
         self.nh, self.nkv, self.hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
         self.scale = self.hd**-0.5
@@ -73,7 +76,8 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         backend.write_kv(k, v, kv_layer[0], kv_layer[1], meta.slot_mapping)
-        o = backend.attend(q, kv_layer[0], kv_layer[1], meta, self.scale)  # [T, nh, hd]
+        o = backend.attend(q, kv_layer[0], kv_layer[1], meta, self.scale,
+                           self.window)  # [T, nh, hd]
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -94,10 +98,10 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block."""
 
-    def __init__(self, arch: ModelArch) -> None:
+    def __init__(self, arch: ModelArch, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch)
+        self.self_attn = Attention(arch, window)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = MLP(arch)
 
@@ -128,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(arch, w) for w in layer_windows(arch))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:

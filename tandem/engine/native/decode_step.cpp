@@ -25,9 +25,11 @@
 // (each head vector's fp32 scale in its last 4 bytes; engine/quant/kv_int8.py), written and
 // read with the same rounding as the torch path.
 // Rows: row r is token ids[r] at position pos[r] of sequence seq[r]; it attends to positions
-// 0..pos[r] of its sequence (keys of all rows of this call are written before attending, so
+// 0..pos[r] of its sequence (pos[r] - window + 1 .. pos[r] in a sliding-window layer, whose
+// blocks before that may be freed: table entries there are not checked or read) (keys of all rows of this call are written before attending, so
 // several rows of one sequence, e.g. speculative drafts, are causal among themselves).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -54,6 +56,7 @@ struct Layer {
   const float* q_norm;  // may be null (Qwen3 has them)
   const float* k_norm;
   Lin qkv, o, gate_up, down;
+  int32_t window;  // sliding-window layer: keys it sees, itself included; 0: every key
 };
 
 struct ModelDesc {
@@ -122,7 +125,7 @@ inline void silu_mul(const float* g, const float* u, float* a, int n) {
 
 extern "C" {
 
-int tnd_abi_version() { return 5; }
+int tnd_abi_version() { return 6; }
 
 // Width of the hot loops this build compiled: 512 (the AVX-512/VNNI paths) or 256 (AVX2).
 int tnd_isa_width() { return TND_AVX512 ? 512 : 256; }
@@ -165,12 +168,22 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   for (int i = 0; i < num_samples; ++i) {
     if (sample_rows[i] < 0 || sample_rows[i] >= rows) return -1;
   }
+  // The widest window when every layer slides (0: some layer sees every key): blocks before
+  // it may be freed (table entry -1), so only the blocks from there on must be present.
+  int64_t reach = 0;
+  for (int l = 0; l < md.num_layers; ++l) {
+    if (md.layers[l].window <= 0) {
+      reach = 0;
+      break;
+    }
+    reach = std::max<int64_t>(reach, md.layers[l].window);
+  }
   std::vector<int64_t> slot(rows);
   for (int r = 0; r < rows; ++r) {
     const int64_t p = st->pos[r];
     if (p < 0 || p >= md.max_positions || st->ids[r] < 0 || st->ids[r] >= md.vocab) return -1;
     const int32_t* table = st->block_tables + static_cast<size_t>(st->seq[r]) * st->table_width;
-    for (int64_t j = 0; j <= p / bs; ++j) {
+    for (int64_t j = reach > 0 ? std::max<int64_t>(0, p - reach + 1) / bs : 0; j <= p / bs; ++j) {
       if (j >= st->table_width || table[j] < 0 || table[j] >= st->num_blocks) return -1;
     }
     slot[r] = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
@@ -232,7 +245,7 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
       }
     }
     tnd::paged_attention<F>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
-                         att.data(), threads);
+                         att.data(), threads, ly.window);
     tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);

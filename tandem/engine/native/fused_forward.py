@@ -19,7 +19,8 @@ the torch path's bf16 activations), reading half the bytes. The model runner kee
 what this path does not cover (no compiler, a quantized layer of a bf16/fp16 model not in the
 kernels' layout). The KV cache may be fp32, bf16 or fp16 (a 16-bit model's own cache dtype,
 rounded to nearest even as torch rounds) or int8 with per-head-vector scales
-(tandem/engine/quant/kv_int8.py), written with the torch path's rounding.
+(tandem/engine/quant/kv_int8.py), written with the torch path's rounding. Each layer carries
+its sliding window (0: full attention), as the torch model's attention modules do.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ _Lin = LinStruct
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _F), ("post_norm", _F), ("q_norm", _F), ("k_norm", _F),
-                ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin)]
+                ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin),
+                ("window", ctypes.c_int32)]
 
 
 class _ModelDesc(ctypes.Structure):
@@ -190,6 +192,7 @@ class FusedForward:
                 self._f(attn.q_norm.weight if attn.q_norm is not None else None),
                 self._f(attn.k_norm.weight if attn.k_norm is not None else None),
                 *(lin.struct for lin in lins),
+                attn.window or 0,  # a sliding-window layer's window; 0: full attention
             )
         head = NativeLinear(model.lm_head)
         self._keep.extend([head, layers])
@@ -269,7 +272,8 @@ class FusedForward:
         if sample_rows and (min(sample_rows) < 0 or max(sample_rows) >= rows):
             raise ValueError("fused forward refused the step: sample row out of range")
         width = max(len(t) for t in block_tables)
-        # -1 pads short tables: the kernel refuses a position whose block is missing
+        # -1 pads short tables: the kernel refuses a position whose block is missing (a block
+        # freed behind every layer's sliding window is -1 too, and never needed)
         tables = torch.tensor([list(t) + [-1] * (width - len(t)) for t in block_tables],
                               dtype=torch.int32)
         ids_t = torch.tensor(ids, dtype=torch.int64)

@@ -19,8 +19,12 @@
 // loops on a 512- or 2,048-row chunk (AVX2, SmolLM2's shapes, fp16 cache, 1 and 2 threads).
 // The cache's head vectors (formats, GQA-shared loops, writes) are in kv_head.h, the vector
 // helpers in vec_math.h.
+// A sliding-window layer (window > 0) lets row r see positions pos[r] - window + 1 .. pos[r]
+// only (transformers' semantics): a segment's chunks start at the block holding its first
+// row's window start, so blocks before it (freed by the KV cache manager, maybe another
+// sequence's by now) are never read, and each row's older positions score -inf.
 // tests/unit/engine/native/test_paged_attention.py checks every group shape and cache format
-// against a scalar softmax.
+// against a scalar softmax, with and without a window.
 #pragma once
 
 #include <immintrin.h>
@@ -66,26 +70,32 @@ inline void for_head_groups(int group, int num_kv_heads, Fn&& f) {
 }
 
 // out[r] (num_heads * head_dim floats) for rows r in [0, rows): row r has query q[r] (rows are
-// q_stride floats apart), position pos[r] (it sees positions 0..pos[r]) and block table
-// tables[r]. k, v: one layer's caches; slot s holds num_kv_heads head vectors (KVHead).
+// q_stride floats apart), position pos[r] (it sees positions 0..pos[r], or the last `window`
+// of them when window > 0) and block table tables[r]. k, v: one layer's caches; slot s holds
+// num_kv_heads head vectors (KVHead).
 template <int F>
 inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, int rows,
                             const int64_t* pos, const int32_t* const* tables, const uint8_t* k,
-                            const uint8_t* v, float* out, int threads) {
+                            const uint8_t* v, float* out, int threads, int window = 0) {
   using KV = KVHead<F>;
   const int nh = sh.num_heads, hd = sh.head_dim, bs = sh.block_size;
   const int head_bytes = KV::bytes(hd), nkv = sh.num_kv_heads, group = nh / nkv;
   const size_t slot_bytes = static_cast<size_t>(sh.num_kv_heads) * head_bytes;
-  struct Segment { int first, count, len; };
+  // The first position row r sees.
+  auto low = [&](int r) { return window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0; };
+  // A segment's positions [start, len): start is the block holding its rows' first seen one.
+  struct Segment { int first, count, start, len; };
   std::vector<Segment> segs;
   for (int r = 0; r < rows; ++r) {
     const int len = static_cast<int>(pos[r]) + 1;
+    const int start = static_cast<int>(low(r) / bs * bs);
     if (!segs.empty() && tables[segs.back().first] == tables[r] &&
         segs.back().first + segs.back().count == r && segs.back().count < MAX_SEGMENT_ROWS) {
       segs.back().count += 1;
       segs.back().len = std::max(segs.back().len, len);
+      segs.back().start = std::min(segs.back().start, start);
     } else {
-      segs.push_back({r, 1, len});
+      segs.push_back({r, 1, start, len});
     }
   }
   // Chunks: at least 4 blocks, about `threads` of them per segment.
@@ -93,10 +103,10 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
   std::vector<Task> tasks;
   size_t parts = 0;
   for (int s = 0; s < static_cast<int>(segs.size()); ++s) {
-    const int len = segs[s].len;
-    int chunk = (len + threads - 1) / threads;
+    const int len = segs[s].len, start = segs[s].start;
+    int chunk = (len - start + threads - 1) / threads;
     chunk = std::max(4 * bs, (chunk + bs - 1) / bs * bs);
-    for (int p0 = 0; p0 < len; p0 += chunk) {
+    for (int p0 = start; p0 < len; p0 += chunk) {
       tasks.push_back({s, p0, std::min(len, p0 + chunk), parts});
       parts += static_cast<size_t>(segs[s].count) * nh;
     }
@@ -151,6 +161,7 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
           for (int i = 0; i < sg.count; ++i) {
             const int r = sg.first + i;
             if (p > pos[r]) continue;  // causal among the segment's rows
+            if (p + 8 <= low(r)) continue;  // before the row's window: stays -inf
             const float* qr = q + static_cast<size_t>(r) * q_stride;
             float* row_sc = &sc[static_cast<size_t>(i) * nh * n + (p - tk.p0)];
             if (hd % 8 != 0) {
@@ -184,6 +195,10 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
       }
       for (int lane = 0; lane < lanes; ++lane) {
         float* s = &sc[static_cast<size_t>(lane) * n];
+        if (window > 0) {  // positions before the row's window drop out
+          const int64_t older = std::min<int64_t>(n, low(sg.first + lane / nh) - tk.p0);
+          for (int64_t j = 0; j < older; ++j) s[j] = -INFINITY;
+        }
         float mx = max_of(s, n), sum = 0.f;
         if (mx != -INFINITY) {
           int j = 0;

@@ -75,14 +75,17 @@ class Int8KVBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """Dequantize the step's blocks (``[B * W]`` of them, table order) and attend."""
+        """Dequantize the step's blocks (``[B * W]`` of them, table order) and attend (through
+        a sliding ``window`` when set)."""
         b, w = meta.block_tables.shape
-        flat = meta.block_tables.reshape(-1).long()
+        # a block freed behind a sliding window is -1 and never read: dequantize block 0 there
+        flat = meta.block_tables.reshape(-1).long().clamp(min=0)
         # bf16 attention on a CPU without bf16 math runs in fp32 anyway: skip a round trip.
         dtype = torch.float32 if cpu_emulates_bf16(query) else query.dtype
         k = dequantize_heads(k_cache.index_select(0, flat), dtype)  # [B*W, bs, Hkv, D]
         v = dequantize_heads(v_cache.index_select(0, flat), dtype)
         tables = torch.arange(b * w, dtype=torch.int32, device=flat.device).view(b, w)
         local = dataclasses.replace(meta, block_tables=tables)
-        return self.inner.attend(query, k, v, local, scale).to(query.dtype)
+        return self.inner.attend(query, k, v, local, scale, window).to(query.dtype)

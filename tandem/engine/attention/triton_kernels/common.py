@@ -7,6 +7,10 @@ finds its physical slot through one block-table entry:
 
 Query rows of a program are any ``M`` rows that share one kv head (GQA: the query heads of one
 group, times the tokens of a query tile), so each K/V tile is loaded once for all of them.
+
+In a sliding-window layer (``SLIDING``, window W) a row at position p keeps keys p - W + 1 .. p,
+and no position before ``key_min`` (the window start of the program's first row) is loaded at
+all: the blocks before it may have been freed and handed to another sequence.
 """
 
 from __future__ import annotations
@@ -71,8 +75,10 @@ def attend_kv_tiles(
     k_ptr,  # K cache base, already offset to the kv head
     v_ptr,  # V cache base, already offset to the kv head
     table_ptr,  # this sequence's block-table row
-    key_lo,  # first key position, a multiple of TILE_N
+    key_lo,  # first key position to visit, a multiple of TILE_N
     key_hi,  # one past the last key position to visit
+    key_min,  # positions before it are not loaded (sliding window; 0 otherwise)
+    window,  # SLIDING: keys a row sees, itself included
     qk_scale,  # softmax scale * log2(e): exp2 instead of exp
     stride_blk,
     stride_slot,
@@ -81,12 +87,13 @@ def attend_kv_tiles(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
-    """Fold keys [key_lo, key_hi) into (acc, m_i, l_i) with online softmax."""
+    """Fold keys [max(key_lo, key_min), key_hi) into (acc, m_i, l_i) with online softmax."""
     offs_n = tl.arange(0, TILE_N)
     for start in range(key_lo, key_hi, TILE_N):
         pos = start + offs_n  # [TILE_N]
-        n_mask = pos < key_hi
+        n_mask = (pos < key_hi) & (pos >= key_min)
         blk = tl.load(table_ptr + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         slot = blk * stride_blk + (pos % BLOCK_SIZE) * stride_slot  # [TILE_N]
         kv_off = slot[:, None] + offs_d[None, :]  # [TILE_N, BLOCK_D]
@@ -98,6 +105,8 @@ def attend_kv_tiles(
         else:
             s = tl.dot(q, tl.trans(k))  # [M, TILE_N] fp32
         keep = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        if SLIDING:
+            keep = keep & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(keep, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: m_i starts at -1e30
         alpha = tl.exp2(m_i - m_new)

@@ -12,7 +12,9 @@ With one split the kernel writes the output directly. With more, each split writ
 output and log-sum-exp, and ``_decode_reduce_kernel`` merges them. The grid and
 ``tiles_per_split`` depend only on the batch size and the ``max_blocks`` bound, never on the
 sequence lengths, so the launch can be captured in a CUDA graph; splits past a sequence's end
-exit with an empty partial (lse = -inf).
+exit with an empty partial (lse = -inf). In a sliding-window layer the splits cover the window
+only: tiles start at the one holding ``seq_len - window`` (and the grid needs no more tiles than
+a window spans).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def _decode_kernel(
     part_lse_ptr,  # [nd, Hq, splits] fp32, log2 units
     qk_scale,
     tiles_per_split,
+    window,  # SLIDING: keys the row sees, itself included
     stride_qt,
     stride_qh,
     stride_ot,
@@ -62,6 +65,7 @@ def _decode_kernel(
     TILE_N: tl.constexpr,
     SPLIT_KV: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -77,7 +81,10 @@ def _decode_kernel(
     q = tl.load(q_ptr + q_off, mask=row_mask, other=0.0)  # [BLOCK_G, BLOCK_D]
     if DOT_FP32:
         q = q.to(tl.float32)
-    key_lo = split * tiles_per_split * TILE_N
+    key_min = 0
+    if SLIDING:
+        key_min = tl.maximum(seq_len - window, 0)
+    key_lo = (key_min // TILE_N) * TILE_N + split * tiles_per_split * TILE_N
     key_hi = tl.minimum(key_lo + tiles_per_split * TILE_N, seq_len)
     q_pos = tl.zeros([BLOCK_G], dtype=tl.int32) + (seq_len - 1)  # sees the whole context
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -87,8 +94,8 @@ def _decode_kernel(
         acc, m_i, l_i, q, q_pos,
         k_ptr + kvh * stride_head, v_ptr + kvh * stride_head,
         table_ptr + b.to(tl.int64) * stride_table,
-        key_lo, key_hi, qk_scale, stride_blk, stride_slot, offs_d, d_mask,
-        BLOCK_SIZE, TILE_N, DOT_FP32,
+        key_lo, key_hi, key_min, window, qk_scale, stride_blk, stride_slot, offs_d, d_mask,
+        BLOCK_SIZE, TILE_N, DOT_FP32, SLIDING,
     )  # fmt: skip
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -122,7 +129,8 @@ def _decode_reduce_kernel(
     d_mask = offs_d < HEAD_DIM
     row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits + offs_s  # [BLOCK_S]
     lse = tl.load(part_lse_ptr + row, mask=s_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always has keys, so the max is finite
+    # split 0 always has keys (a window starts inside its first tile), so the max is finite
+    w = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
         part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
@@ -144,6 +152,15 @@ def tile_tokens(block_size: int) -> int:
     return max(block_size, TILE_TOKENS)
 
 
+def decode_tiles(max_blocks: int, block_size: int, window: int | None) -> int:
+    """Key tiles a decode row visits at most: the context bound's, or a window's."""
+    tile_n = tile_tokens(block_size)
+    tiles = triton.cdiv(max_blocks * block_size, tile_n)
+    if window:  # [seq_len - window, seq_len) from the tile holding its start
+        tiles = min(tiles, triton.cdiv(window + tile_n - 1, tile_n))
+    return tiles
+
+
 def paged_decode(
     query: torch.Tensor,  # [nd, Hq, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -154,8 +171,10 @@ def paged_decode(
     scale: float,
     max_blocks: int,
     num_splits: int,
+    window: int | None = None,
 ) -> None:
-    """Decode attention of one query row per sequence into ``out``; grid fixed by shapes."""
+    """Decode attention of one query row per sequence into ``out`` (over its last ``window``
+    positions, with one); grid fixed by shapes."""
     check_paged_inputs(query, k_cache, v_cache)
     nd, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -163,7 +182,7 @@ def paged_decode(
         return
     group = num_q_heads // num_kv_heads
     tile_n = tile_tokens(block_size)
-    num_tiles = triton.cdiv(max_blocks * block_size, tile_n)
+    num_tiles = decode_tiles(max_blocks, block_size, window)
     tiles_per_split = triton.cdiv(num_tiles, num_splits)
     num_splits = triton.cdiv(num_tiles, tiles_per_split)  # drop splits that would be empty
     part_out = part_lse = out  # placeholders, unused with one split
@@ -173,12 +192,12 @@ def paged_decode(
     block_d = head_block(head_dim)
     _decode_kernel[(nd, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-        scale * LOG2E, tiles_per_split,
+        scale * LOG2E, tiles_per_split, window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_SIZE=block_size, TILE_N=tile_n, SPLIT_KV=num_splits > 1,
-        DOT_FP32=dot_in_fp32(query.dtype, k_cache.dtype),
+        DOT_FP32=dot_in_fp32(query.dtype, k_cache.dtype), SLIDING=bool(window),
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:

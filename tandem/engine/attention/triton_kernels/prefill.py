@@ -8,7 +8,9 @@ all ``G = Hq / Hkv`` query heads of one kv head, flattened into ``BLOCK_M = BLOC
 
 Token i of a chunk of length ql in a sequence of length L sits at position ``L - ql + i`` and
 sees keys 0 .. that position, so the program visits keys up to its last token's position and
-masks causally inside the last tiles. The (sequence, first token) of each query tile comes from
+masks causally inside the last tiles. In a sliding-window layer (window W) it starts at the
+tile holding its first token's window start, ``position - W + 1``, loads nothing before that
+and masks each row's older keys. The (sequence, first token) of each query tile comes from
 a small map built from the host lists ``query_lens_cpu``; no device value is read on the host.
 """
 
@@ -42,6 +44,7 @@ def _prefill_kernel(
     tile_map_ptr,  # [num_q_tiles, 2] int32: (sequence, first token within its chunk)
     out_ptr,  # [T, Hq, D]
     qk_scale,
+    window,  # SLIDING: keys a row sees, itself included
     stride_qt,
     stride_qh,
     stride_ot,
@@ -58,6 +61,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -82,6 +86,9 @@ def _prefill_kernel(
         q = q.to(tl.float32)
 
     key_hi = tl.minimum(seq_len, cached + tok0 + BLOCK_Q)  # past the tile's last token
+    key_min = 0
+    if SLIDING:  # the window start of the tile's first token
+        key_min = tl.maximum(cached + tok0 - window + 1, 0)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -89,8 +96,8 @@ def _prefill_kernel(
         acc, m_i, l_i, q, cached + tok,
         k_ptr + kvh * stride_head, v_ptr + kvh * stride_head,
         table_ptr + b.to(tl.int64) * stride_table,
-        0, key_hi, qk_scale, stride_blk, stride_slot, offs_d, d_mask,
-        BLOCK_SIZE, TILE_N, DOT_FP32,
+        (key_min // TILE_N) * TILE_N, key_hi, key_min, window, qk_scale, stride_blk,
+        stride_slot, offs_d, d_mask, BLOCK_SIZE, TILE_N, DOT_FP32, SLIDING,
     )  # fmt: skip
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_off = rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
@@ -123,8 +130,10 @@ def paged_prefill(
     meta: AttentionMetadata,
     out: torch.Tensor,  # [T, Hq, D]
     scale: float,
+    window: int | None = None,
 ) -> None:
-    """Causal attention of the prefill chunks (sequences ``num_decodes..B-1``) into ``out``."""
+    """Causal attention of the prefill chunks (sequences ``num_decodes..B-1``) into ``out``,
+    each row over its last ``window`` positions when that is set."""
     check_paged_inputs(query, k_cache, v_cache)
     num_q_heads, head_dim = query.shape[1], query.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -137,11 +146,11 @@ def paged_prefill(
     block_d = head_block(head_dim)
     _prefill_kernel[(tile_map.shape[0], num_kv_heads)](
         query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        tile_map, out, scale * LOG2E,
+        tile_map, out, scale * LOG2E, window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         meta.block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE_N=tile_tokens(block_size),
-        DOT_FP32=dot_in_fp32(query.dtype, k_cache.dtype),
+        DOT_FP32=dot_in_fp32(query.dtype, k_cache.dtype), SLIDING=bool(window),
         num_warps=8 if block_d >= 128 else 4, num_stages=2,
     )  # fmt: skip

@@ -5,6 +5,10 @@ values, whose block tables point at shuffled, non-contiguous blocks:
 
     chunks = [(cached, new), ...]   seq b holds cached + new positions in cdiv(., bs) blocks
     block_tables[b] = a random draw of distinct block ids, zero padded to the widest row
+
+With a sliding ``window`` W, the blocks the KV cache manager would have freed by then (those
+wholly before ``cached - W + 1``, the first query row's window start) are all named by one
+extra block full of NaN, so a kernel that lets a freed block into its result fails.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class PagedCase:
     k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
     meta: AttentionMetadata
+    window: int | None = None  # the sliding window the case is meant for
 
 
 def make_paged_case(
@@ -40,23 +45,27 @@ def make_paged_case(
     device: str | torch.device = "cpu",
     spare_blocks: int = 3,
     seed: int = 0,
+    window: int | None = None,
 ) -> PagedCase:
     """Build a case from ``(cached_len, query_len)`` per sequence; the first ``num_decodes``
-    chunks must have ``query_len == 1``."""
+    chunks must have ``query_len == 1``. With ``window``, freed blocks read NaN (above)."""
     if any(q != 1 for _, q in chunks[:num_decodes]):
         raise ValueError("decode chunks must have exactly one new token")
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [c + q for c, q in chunks]
     query_lens = [q for _, q in chunks]
     nblocks = [-(-s // block_size) for s in seq_lens]
-    num_blocks = sum(nblocks) + spare_blocks
-    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    num_blocks = sum(nblocks) + spare_blocks + (1 if window else 0)
+    poison = num_blocks - 1  # only named when window is set
+    perm = torch.randperm(poison if window else num_blocks, generator=gen).to(torch.int32)
     table = torch.zeros(len(chunks), max(nblocks) + 1, dtype=torch.int32)  # [B, max_blocks]
     slots: list[torch.Tensor] = []
     used = 0
     for b, ((cached, new), n) in enumerate(zip(chunks, nblocks, strict=True)):
         table[b, :n] = perm[used : used + n]
         used += n
+        if window:  # the blocks no query of this step sees: freed, reused by now
+            table[b, : max(0, cached - window + 1) // block_size] = poison
         pos = torch.arange(cached, cached + new)
         slots.append(table[b, pos // block_size].long() * block_size + pos % block_size)
     starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)  # [B + 1]
@@ -68,6 +77,13 @@ def make_paged_case(
         return torch.randn(*shape, generator=dev_gen, device=device).to(dtype)
 
     cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    query = randn(num_tokens, num_q_heads, head_dim)
+    key = randn(num_tokens, num_kv_heads, head_dim)
+    value = randn(num_tokens, num_kv_heads, head_dim)
+    k_cache, v_cache = randn(*cache_shape), randn(*cache_shape)
+    if window:
+        k_cache[poison] = float("nan")
+        v_cache[poison] = float("nan")
     meta = AttentionMetadata(
         query_start_loc=starts.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
@@ -79,10 +95,11 @@ def make_paged_case(
         block_size=block_size,
     )
     return PagedCase(
-        query=randn(num_tokens, num_q_heads, head_dim),
-        key=randn(num_tokens, num_kv_heads, head_dim),
-        value=randn(num_tokens, num_kv_heads, head_dim),
-        k_cache=randn(*cache_shape),
-        v_cache=randn(*cache_shape),
+        query=query,
+        key=key,
+        value=value,
+        k_cache=k_cache,
+        v_cache=v_cache,
         meta=meta,
+        window=window,
     )

@@ -40,8 +40,8 @@ class _UpcastCacheBackend(TorchAttentionBackend):
     """The torch backend over a 16-bit cache for fp32 queries: K/V are rounded to the cache's
     dtype as they are written (torch's rounding) and read back widened."""
 
-    def attend(self, query, k_cache, v_cache, meta, scale):  # noqa: ANN001, ANN201
-        return super().attend(query, k_cache.float(), v_cache.float(), meta, scale)
+    def attend(self, query, k_cache, v_cache, meta, scale, window=None):  # noqa: ANN001, ANN201
+        return super().attend(query, k_cache.float(), v_cache.float(), meta, scale, window)
 
 
 def _forward(model, backend, ids, positions, table, kv, bs) -> torch.Tensor:  # noqa: ANN001

@@ -7,7 +7,10 @@ every slot no row may see holds NaN, so a masked position that leaks shows), run
 for rows of several sequences (decode rows, multi-row segments, prefill segments of 8-40 rows
 that take the register tiles, one with an infinite V only its last row sees; scattered
 blocks) on 1 and 2 threads, and compares each output with a double-precision softmax over the same stored
-values. The program prints the worst relative error per case; the test bounds it.
+values. With a sliding window W each row sees its last W positions only, and the blocks
+before the window of a sequence's first row in the step (those the KV cache manager frees)
+are never written: NaN, and named -1 in the table every other block's. The program prints the
+worst relative error per case; the test bounds it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ double stored(const uint8_t* head, int hd, int d) {
 }
 
 template <int F>
-double run_case(int nh, int nkv, int hd, int threads, std::mt19937& gen) {
+double run_case(int nh, int nkv, int hd, int threads, int window, std::mt19937& gen) {
   using KV = KVHead<F>;
   const int bs = 4, head_bytes = KV::bytes(hd);
   const size_t slot_bytes = static_cast<size_t>(nkv) * head_bytes;
@@ -64,12 +67,17 @@ double run_case(int nh, int nkv, int hd, int threads, std::mt19937& gen) {
   std::vector<const int32_t*> tables;
   std::vector<int64_t> pos;
   std::vector<int> row_seq;
+  // Tables with the freed blocks' entries -1 (the kernel reads stored slots through `ids`).
+  std::vector<int32_t> shown(ids);
   int next = 0;
   for (int s = 0; s < num_seqs; ++s) {
     const int rows = seqs[s][0], len = seqs[s][1];
     const int32_t* table = &ids[next];
+    const int freed = window > 0 ? std::max(0, len - rows - window + 1) / bs : 0;
+    for (int j = 0; j < freed; ++j) shown[next + j] = -1;
+    const int32_t* shown_table = &shown[next];
     next += (len + bs - 1) / bs + 1;
-    for (int p = 0; p < len; ++p) {
+    for (int p = freed * bs; p < len; ++p) {
       const size_t slot = (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
       for (int h = 0; h < nkv; ++h) {
         for (auto& e : x) e = 2.f * normal(gen);
@@ -79,7 +87,7 @@ double run_case(int nh, int nkv, int hd, int threads, std::mt19937& gen) {
       }
     }
     for (int r = 0; r < rows; ++r) {
-      tables.push_back(table);
+      tables.push_back(shown_table);
       pos.push_back(len - rows + r);
       row_seq.push_back(s);
     }
@@ -89,23 +97,24 @@ double run_case(int nh, int nkv, int hd, int threads, std::mt19937& gen) {
   for (auto& e : q) e = normal(gen);
   const AttnShape sh{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd))};
   paged_attention<F>(sh, q.data(), q_stride, rows, pos.data(), tables.data(), k.data(), v.data(),
-                     out.data(), threads);
+                     out.data(), threads, window);
   double worst = 0.;
   const int group = nh / nkv;
   for (int r = 0; r < rows; ++r) {
     for (int h = 0; h < nh; ++h) {
       const float* qr = &q[static_cast<size_t>(r) * q_stride + h * hd];
       const int n = static_cast<int>(pos[r]) + 1;
+      const int lo = window > 0 ? std::max(0, n - window) : 0;
       std::vector<double> score(n), ref(hd, 0.);
       double mx = -INFINITY, total = 0.;
-      for (int p = 0; p < n; ++p) {
+      for (int p = lo; p < n; ++p) {
         const size_t slot = (static_cast<size_t>(tables[r][p / bs]) * bs + p % bs) * slot_bytes;
         double dot = 0.;
         for (int d = 0; d < hd; ++d) dot += qr[d] * stored<F>(&k[slot + (h / group) * head_bytes], hd, d);
         score[p] = dot * sh.scale;
         mx = std::fmax(mx, score[p]);
       }
-      for (int p = 0; p < n; ++p) {
+      for (int p = lo; p < n; ++p) {
         const size_t slot = (static_cast<size_t>(tables[r][p / bs]) * bs + p % bs) * slot_bytes;
         const double w = std::exp(score[p] - mx);
         total += w;
@@ -134,15 +143,19 @@ int main() {
   const int shapes[][3] = {{4, 4, 64}, {4, 2, 64}, {9, 3, 64}, {8, 2, 32}, {10, 2, 64},
                            {8, 1, 64}, {6, 2, 40}, {4, 2, 20}};
   const char* names[] = {"f32", "i8", "bf16", "f16"};
+  // windows: none, shorter than a block, a few blocks, wider than a prefill segment
+  const int windows[] = {0, 3, 13, 36};
   for (auto& s : shapes) {
-    for (int threads = 1; threads <= 2; ++threads) {
-      const double e[] = {run_case<KV_F32>(s[0], s[1], s[2], threads, gen),
-                          run_case<KV_I8>(s[0], s[1], s[2], threads, gen),
-                          run_case<KV_BF16>(s[0], s[1], s[2], threads, gen),
-                          run_case<KV_F16>(s[0], s[1], s[2], threads, gen)};
-      for (int f = 0; f < 4; ++f) {
-        std::printf("heads %d kv %d hd %d threads %d %s %.3g\n", s[0], s[1], s[2], threads,
-                    names[f], e[f]);
+    for (int w : windows) {
+      for (int threads = 1; threads <= 2; ++threads) {
+        const double e[] = {run_case<KV_F32>(s[0], s[1], s[2], threads, w, gen),
+                            run_case<KV_I8>(s[0], s[1], s[2], threads, w, gen),
+                            run_case<KV_BF16>(s[0], s[1], s[2], threads, w, gen),
+                            run_case<KV_F16>(s[0], s[1], s[2], threads, w, gen)};
+        for (int f = 0; f < 4; ++f) {
+          std::printf("heads %d kv %d hd %d window %d threads %d %s %.3g\n", s[0], s[1], s[2], w,
+                      threads, names[f], e[f]);
+        }
       }
     }
   }
@@ -167,7 +180,7 @@ def test_paged_attention_matches_a_scalar_softmax_for_every_gqa_group(
         assert proc.returncode == 0, proc.stdout + proc.stderr
         lines = proc.stdout.split("\n")
         cases = [line.rsplit(" ", 1) for line in lines if line]
-        assert len(cases) == 8 * 2 * 4, proc.stdout
+        assert len(cases) == 8 * 4 * 2 * 4, proc.stdout
         for case, err in cases:
             # fp32 sums in another order than the double reference: ~1e-6; the 16-bit and int8
             # caches are compared over the values they store, so the same bound holds.
