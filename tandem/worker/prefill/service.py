@@ -9,6 +9,9 @@
                 (meanwhile, between engine steps, remote.prefill.release: blocks back to the pool,
                 still prefix-cached; the reply never waits for the engine's current step)
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
+    a push that failed at the decode worker (dead, drained, unreachable; or silent while the
+        push waited on it) ──> UNAVAILABLE with the ``tandem-fault: receiver`` trailer
+        (tandem/worker/prefill/errors.py): the router moves the leg, this worker is fine
 
 Traced under the Prefill call's span (``PrefillSpec.trace``): ``prefill.engine`` (queued and
 computed up to the first token), ``kv.push`` (BEGIN to the COMMIT's ACK, the layers shipped
