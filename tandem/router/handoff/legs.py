@@ -61,6 +61,7 @@ WORKER_GONE = frozenset({"UNAVAILABLE", "ABORTED", "UNKNOWN", "INTERNAL", "CANCE
 # Codes that are about the request itself: no other worker would do better.
 REQUEST_FAULT = frozenset({"INVALID_ARGUMENT", "OUT_OF_RANGE", "PERMISSION_DENIED"})
 _ABORT_TIMEOUT_S = 2.0
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
 _R = TypeVar("_R", covariant=True)
 
 
@@ -235,7 +236,9 @@ async def decode_stream(
                     try:
                         message = await call.read()
                     except grpc.aio.AioRpcError as err:
-                        if err.code().name in WORKER_GONE:
+                        if err.code().name in WORKER_GONE or err.code() == NOT_FOUND:
+                            # NOT_FOUND: the worker no longer has the leg (it restarted, or
+                            # dropped it unread at its attach lease): lost, not the request's.
                             raise LegLostError(
                                 endpoint, f"{err.code().name}: {err.details()}",
                                 down=err.code() == grpc.StatusCode.UNAVAILABLE,

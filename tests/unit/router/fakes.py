@@ -70,6 +70,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.timeouts: dict[str, list[float | None]] = {}  # method -> each call's time left
         self.stats_stuck = False  # Stats never answers (an engine busy with a long step)
         self.die_after: int | None = None  # abort the stream UNAVAILABLE after N messages
+        self.forgot = False  # Decode answers NOT_FOUND (the leg dropped, or a restart)
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
         self.local_prefill_s = 0.0  # how long PrefillLocal takes (its engine's compute)
@@ -128,6 +129,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
     async def Decode(self, request, context) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # noqa: N802
         _record_traceparent(self.traceparents, "Decode", context)
         self.decodes.append((request.request_id, request.index))
+        if self.forgot:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown request {request.request_id!r}")
         r = self.reservations[request.request_id]
         await r.committed.wait()
         seq = [*r.token_ids, r.firsts[request.index]]

@@ -147,3 +147,19 @@ def test_a_slow_prefill_keeps_its_worker(tokenizer: RouterTokenizer) -> None:
             assert _routable(c, Role.PREFILL) == set(c.prefill_endpoints)
 
     asyncio.run(scenario())
+
+
+def test_a_decode_worker_that_lost_the_leg_is_left_for_another(
+    tokenizer: RouterTokenizer,
+) -> None:
+    """Decode answers NOT_FOUND (the worker dropped the leg unread at its attach lease, or
+    restarted): the leg moves on, and the worker, which answered, stays in the pool."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            first = c.first_decode(len(PROMPT) + 6)
+            c.decode[first].forgot = True
+            assert _tokens(await c.generate(_request())) == expected_output(PROMPT, 6)
+            assert c.counters.migrations == 1
+            assert _routable(c, Role.DECODE) == set(c.decode_endpoints)
+
+    asyncio.run(scenario())
