@@ -2,6 +2,9 @@
 
     tandem/worker/router stdout:  TANDEM_READY {"role": "decode", "grpc": "127.0.0.1:50061", ...}
     gRPC trailing metadata on RESOURCE_EXHAUSTED:  retry-after-ms: "250"
+    gRPC trailing metadata of a worker's failure that is not its own:  tandem-fault: "receiver"
+        (a prefill worker's push failed because its decode worker died, was drained or cannot
+        be reached: the router moves the leg to another decode worker, keeps the prefill one)
     a client's own request id:  HTTP header X-Request-Id / gRPC metadata x-request-id (in,
         and echoed out with the router's id when the client sent none)
 
@@ -16,6 +19,8 @@ from typing import Any
 
 READY_MARKER = "TANDEM_READY"
 RETRY_AFTER_KEY = "retry-after-ms"
+FAULT_KEY = "tandem-fault"
+RECEIVER_FAULT = "receiver"  # FAULT_KEY's value: the KV receiver failed, not the sender
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID_KEY = "x-request-id"  # gRPC metadata keys are lower case
 

@@ -1,6 +1,14 @@
-"""Typed errors raised inside the router; tandem/router/status.py maps them to gRPC codes."""
+"""Typed errors raised inside the router; tandem/router/status.py maps them to gRPC codes.
+
+What a client reads of an error names no worker: an error about a worker keeps its address
+in ``endpoint`` (for the router's logs), never in its message, and ``redact_addresses``
+takes out any address a worker's own details carry before the edges send them.
+"""
 
 from __future__ import annotations
+
+import enum
+import re
 
 
 class RouterError(Exception):
@@ -51,11 +59,20 @@ class WorkerFailedError(RouterError):
         self.retry_after_ms = retry_after_ms
 
 
+class Fault(enum.Enum):
+    """Whom a failed worker call points at (tandem/router/handoff/blame.py reads it)."""
+
+    WORKER = "worker"  # the worker called, or the channel to it
+    RECEIVER = "receiver"  # the decode worker the called prefill worker pushed KV to
+    SLOW = "slow"  # no answer within the router's own bound for the call: a slow call
+
+
 class WorkerCallError(RouterError):
     """One RPC to a worker failed; the handoff decides whether another worker can take over.
 
     ``code_name`` is the gRPC status name the worker (or the channel) returned;
-    ``retry_after_ms`` the worker's retry hint when it sent one (RESOURCE_EXHAUSTED).
+    ``retry_after_ms`` the worker's retry hint when it sent one (RESOURCE_EXHAUSTED);
+    ``fault`` whom the failure points at (a prefill worker says when its receiver failed).
     """
 
     def __init__(
@@ -65,18 +82,41 @@ class WorkerCallError(RouterError):
         code_name: str,
         details: str,
         retry_after_ms: int | None = None,
+        fault: Fault = Fault.WORKER,
     ) -> None:
-        super().__init__(f"{method} on {endpoint} failed: {code_name}: {details}")
+        super().__init__(f"{method} failed: {code_name}: {details}")
         self.endpoint = endpoint
         self.method = method
         self.code_name = code_name
         self.details = details
         self.retry_after_ms = retry_after_ms
+        self.fault = fault
 
 
 class LegLostError(RouterError):
-    """A decode stream broke (worker gone) before its request finished: migrate it."""
+    """A decode leg was lost before its request finished (its stream broke, its worker went
+    away, or its prefill worker could not reach it): migrate it. ``down``: the loss says
+    the worker itself is gone (the channel to it failed), so it leaves the pool."""
 
-    def __init__(self, endpoint: str, reason: str) -> None:
-        super().__init__(f"decode stream on {endpoint} lost: {reason}")
+    def __init__(self, endpoint: str, reason: str, down: bool = False) -> None:
+        super().__init__(f"decode leg lost: {reason}")
         self.endpoint = endpoint
+        self.reason = reason
+        self.down = down
+
+
+# What an address looks like in an error's text: an IPv4 address (and port), a bracketed
+# IPv6 one, host:port, a Unix socket target, a Python (host, port) tuple's host.
+_ADDRESS = re.compile(
+    r"\b(?:unix|unix-abstract|shm|tcp)[:=]\S+"
+    r"|\[[0-9A-Fa-f.%\w]*:[0-9A-Fa-f:.%\w]*\](?::\d{1,5})?"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
+    r"|\b(?=[A-Za-z0-9.-]*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?:\d{2,5}\b(?![.\d])"
+)
+REDACTED = "<worker>"
+
+
+def redact_addresses(text: str) -> str:
+    """``text`` with every network address in it replaced by ``<worker>``: what the
+    edges send a client of an error (the cluster's inside is not the client's to see)."""
+    return _ADDRESS.sub(REDACTED, text)

@@ -136,7 +136,7 @@ class _StateCollector(Collector):
             decisions.add_metric([ROLE, decision, reason], n)
         yield decisions
         yield _counter("tandem_migrations", "Requests moved to another decode worker "
-                       "after theirs died mid-stream", c.migrations)
+                       "after theirs was lost (before or after the first token)", c.migrations)
         yield _counter("tandem_worker_aborts_sent", "Abort RPCs sent to workers",
                        c.aborts_sent)
         yield _gauge("tandem_num_requests_running", "Requests admitted and in flight",

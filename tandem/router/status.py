@@ -1,4 +1,7 @@
-"""The gRPC edge of the router's typed errors: status code, details, trailing metadata."""
+"""The gRPC edge of the router's typed errors: status code, details, trailing metadata.
+
+The details name no worker: addresses are redacted (tandem/router/errors.py) here, where both
+edges (gRPC and HTTP, tandem/router/http/errors.py) take an error's text from."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from tandem.router.errors import (
     RouterError,
     WorkerCallError,
     WorkerFailedError,
+    redact_addresses,
 )
 
 # Retry hint for RESOURCE_EXHAUSTED from a worker that sent none.
@@ -23,7 +27,13 @@ DEFAULT_RETRY_AFTER_MS = 250
 
 
 def status_of(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
-    """The status code, details and trailing metadata a client sees for ``err``."""
+    """The status code, details and trailing metadata a client sees for ``err`` (the
+    details with every address redacted)."""
+    code, details, metadata = _status_of(err)
+    return code, redact_addresses(details), metadata
+
+
+def _status_of(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
     if isinstance(err, InvalidRequestError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(err), ()
     if isinstance(err, OverloadedError):

@@ -11,29 +11,41 @@ own errors subclass ``WorkerError`` (``tandem.worker.prefill.errors.PushFailed``
     TransferEnded        -> ABORTED               EngineDeadError       -> UNAVAILABLE
     KvTransferError      -> UNAVAILABLE (peer unreachable) | FAILED_PRECONDITION (layout)
                             | ABORTED (refused or aborted)
+
+An error that is not the worker's own says whose it is in the ``tandem-fault`` trailer
+(``WorkerError.fault``, tandem/common/wire.py): a prefill worker whose push failed because
+its receiver died, was drained or cannot be reached (``receiver_failed``) sends "receiver",
+so the router moves the leg to another decode worker and keeps this one in its pool
+(tandem/router/handoff/blame.py).
 """
 
 from __future__ import annotations
 
 import grpc
 
-from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.common.wire import FAULT_KEY, RETRY_AFTER_KEY
 from tandem.engine.async_engine import EngineDeadError
 from tandem.engine.errors import GrammarBusyError, InvalidRequestError, OutOfBlocksError
 from tandem.kv_transfer import (
+    ChannelClosed,
     ConnectionLost,
     HandshakeError,
     KvTransferError,
     LayoutMismatchError,
     NoRouteError,
+    PeerBusy,
+    TransferAborted,
     TransferFailed,
+    TransferRejected,
 )
 
 
 class WorkerError(Exception):
-    """Base class of every error a worker raises on purpose."""
+    """Base class of every error a worker raises on purpose. ``fault``: whose failure it is
+    when not this worker's (the ``tandem-fault`` trailer's value), else None."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    fault: str | None = None
 
 
 class Draining(WorkerError):
@@ -90,6 +102,21 @@ def transfer_code(exc: KvTransferError) -> grpc.StatusCode:
     return grpc.StatusCode.UNAVAILABLE if unreachable else grpc.StatusCode.ABORTED
 
 
+def receiver_failed(exc: KvTransferError) -> bool:
+    """Whether a push failed at its receiver: the decode worker could not be reached or
+    went away mid-push (dead, partitioned, at its connection limit), or ended the
+    reservation on its side (aborted, drained, lease expired, restarted); not a refusal of
+    what was sent (layout, checksum, authentication, a bad frame), which is the sender's
+    problem as much as the receiver's."""
+    if isinstance(exc, (ConnectionLost, ChannelClosed, NoRouteError, PeerBusy)):
+        return True
+    if isinstance(exc, TransferAborted):
+        return exc.by == "receiver"
+    if isinstance(exc, TransferRejected):
+        return exc.code in ("expired", "unknown_transfer")
+    return False
+
+
 def transfer_reason(exc: KvTransferError) -> str:
     """What went wrong, with the peer's NACK code when it sent one."""
     if isinstance(exc, TransferFailed):
@@ -124,10 +151,16 @@ FULL_RETRY_AFTER_MS = 250
 async def abort_with_status(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     """End the RPC with the status of a typed error; re-raise anything else (gRPC reports it
     as INTERNAL and logs the traceback: bugs are never silenced). RESOURCE_EXHAUSTED carries
-    a ``retry-after-ms`` hint in the trailing metadata."""
+    a ``retry-after-ms`` hint in the trailing metadata, an error that is not this worker's
+    the ``tandem-fault`` trailer."""
     mapped = grpc_status(exc)
     if mapped is None:
         raise exc
+    trailers: list[tuple[str, str]] = []
     if mapped[0] == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(FULL_RETRY_AFTER_MS)),))
+        trailers.append((RETRY_AFTER_KEY, str(FULL_RETRY_AFTER_MS)))
+    if isinstance(exc, WorkerError) and exc.fault is not None:
+        trailers.append((FAULT_KEY, exc.fault))
+    if trailers:
+        context.set_trailing_metadata(tuple(trailers))
     await context.abort(*mapped)

@@ -11,6 +11,7 @@ One request's life here, from the front door's Prepared to the Chunks it streams
       -> legs.prefill(P)               P pushes the uncached blocks' KV into D, commits the
                                        first token
            | P fails: next P on a fresh reservation; then legs.prefill_local(D)
+           | D fails under P's push (P says so): the leg is lost, migrate as below
       -> first token                   straight from P's reply (TTFT does not wait for D)
       -> legs.decode_stream(D)         the rest of the tokens
            | D dies: migrate: reserve on D', prefill prompt + tokens sent, go on
@@ -23,6 +24,8 @@ One request's life here, from the front door's Prepared to the Chunks it streams
   worker, the learnt overheads) and the overhead learnt back from each placed prefill
   (remote on a prefill worker, local on the decode worker).
 - ``inflight``: every worker call in flight, by endpoint, so the health monitor can cut them.
+- ``blame``: which failed call takes its worker out of the pool (a failed channel only; never a
+  slow call, nor a prefill worker's report that its receiver failed).
 - ``held_blocks``: which prompt blocks each worker holds (its reports + what was just sent).
 - ``deadline``: the request's deadline (each call's timeout with legs' defaults).
 - ``counters``: the count of every fallback and migration (read by the metrics).

@@ -7,6 +7,8 @@ One leg at a time, normally just one::
     |    overloaded (policy.rank_decode); its Reserve reuses those blocks, and the push
     |    carries only the blocks after them (PrefillRequest.skip_tokens)
                       | P fails: fresh reservation on D, next P; then PrefillLocal on D
+                      | P's push fails because D died, was drained or cannot be reached (P
+                      |    says so: blame.py): the leg is lost before its first token, as below
                       | placement says local (no P, or cheaper inside the SLO): PrefillLocal
     D dies mid-stream: Reserve on D' with prompt + tokens sent, prefill again, next token ...
 
@@ -22,9 +24,22 @@ new leg's first token is the next token, so nothing is lost or repeated. Every l
 when the request ends abnormally (client gone, deadline, error) gets an Abort.
 
 Every worker call is bounded (legs.py: the client's deadline or the router's default, and
-cut when the health monitor takes the worker out of the pool); a call that runs out the
-router's bound or is cut fails like a worker that went away: Reserve tries the next decode
-worker, Prefill the next prefill worker, a decode stream migrates.
+cut when the health monitor takes the worker out of the pool); a failed call is retried
+elsewhere within the request's deadline: Reserve tries the next decode worker (a Reserve that
+ran out the router's bound gets an Abort, as it may have reserved after all), Prefill the next
+prefill worker, a lost decode leg migrates. Only a channel that fails takes a worker out of
+the pool here, never a slow call or a prefill worker's report about its receiver
+(tandem/router/handoff/blame.py); the health monitor decides the rest.
+
+A decode leg lost before its first token (its decode worker died, was drained or partitioned
+while the prefill worker pushed to it) migrates like a stream that broke: the dead worker is
+excluded, a fresh reservation is made on another one and the prompt is prefilled again. The
+prefill worker holds no KV for a failed push (it aborts the request), but the prompt's blocks
+it computed stay in its prefix cache, so placement sends the new leg's prefill to it (affinity)
+and it recomputes little; a re-push of held KV would need a second lease on the prefill side
+and a protocol to re-aim a push, for the same bytes on the wire.
+
+Errors a client sees name no worker (tandem/router/errors.py); the logs here do.
 
 Traced under the request's span: a ``placement`` span per prefill decision (its decision and
 reason as attributes) and a client span per worker call (legs.py), whose context the call
@@ -56,7 +71,7 @@ from tandem.router.errors import (
     WorkerCallError,
     WorkerFailedError,
 )
-from tandem.router.handoff import legs, prefill_placement
+from tandem.router.handoff import blame, legs, prefill_placement
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.fork import merge_sequences
@@ -159,7 +174,7 @@ class Handoff:
                 self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
                 return
             except LegLostError as lost:
-                await self._migrate(lost, leg, excluded)
+                await self._migrate(lost, excluded)
             finally:
                 self._deps.registry.release(leg.endpoint)
 
@@ -171,7 +186,9 @@ class Handoff:
         """The n sequences of the forked leg, merged (tandem/router/handoff/fork.py)."""
         n = self._req.n
         if len(reply.first_tokens) != n:
-            raise WorkerFailedError(f"{leg.endpoint} forked the request into "
+            log.warning("request %s: %s forked it into %d sequences, not %d",
+                        self._req.request_id, leg.endpoint, len(reply.first_tokens), n)
+            raise WorkerFailedError(f"the decode worker forked the request into "
                                     f"{len(reply.first_tokens)} sequences, not {n}")
         keep = self._req.logprobs.enabled
         prompt_logprobs = list(reply.prompt_logprobs)
@@ -184,7 +201,7 @@ class Handoff:
                                       self._deadline.remaining(), index=j, parent=self._span)
 
         async def migrate(j: int, sent: list[int], lost: LegLostError) -> AsyncIterator[Chunk]:
-            self._mark_down(lost.endpoint, str(lost))
+            self._leg_lost(lost)
             await self._abort(leg.endpoint, leg.leg_id, decode=True, index=j)
             self.report.migrations += 1
             if self._deps.config.max_migrations < 1:
@@ -214,12 +231,13 @@ class Handoff:
         return dataclasses.replace(self._req, request_id=f"{self._req.request_id}-{j}",
                                    sampling=sampling, n=1)
 
-    async def _migrate(self, lost: LegLostError, leg: _Leg, excluded: set[str]) -> None:
-        """Give up on a dead decode leg; the loop then opens the next one elsewhere."""
-        self._mark_down(lost.endpoint, str(lost))
+    async def _migrate(self, lost: LegLostError, excluded: set[str]) -> None:
+        """Give up on a dead decode leg; the loop then opens the next one elsewhere (never on
+        that worker again for this request)."""
+        self._leg_lost(lost)
         self._lost = str(lost)
         excluded.add(lost.endpoint)
-        await self._close_decode_leg(leg)
+        await self._close_decode_legs(lost.endpoint)
         self.report.migrations += 1
         if self.report.migrations > self._deps.config.max_migrations:
             raise WorkerFailedError(
@@ -257,6 +275,7 @@ class Handoff:
         """Reserve on the first of ``endpoints`` that accepts."""
         deps = self._deps
         exhausted: list[int] = []  # retry hints of the full workers
+        failed: WorkerCallError | None = None
         for i, endpoint in enumerate(endpoints):
             if i:
                 deps.counters.reserve_retries += 1
@@ -274,20 +293,28 @@ class Handoff:
                 legs.raise_if_fatal(err)
                 if err.code_name == "RESOURCE_EXHAUSTED":
                     exhausted.append(err.retry_after_ms or deps.config.retry_after_ms)
-                else:
-                    self._mark_down(endpoint, str(err))
+                    continue
+                failed = err
+                self._call_failed(err)
+                if blame.slow(err):  # it may have reserved after the router stopped waiting
+                    await self._abort(endpoint, leg_id, decode=True)
                 continue
             self._open.append((endpoint, leg_id, True))
             self._deps.held.record(endpoint, self._hashes(self._tokens()))
             return _Leg(endpoint, leg_id, reply)
         if exhausted:  # come back when the soonest full worker expects room
             raise OverloadedError("every decode worker is full", min(exhausted))
-        raise NoWorkerError("no decode worker could take the request")
+        last = f" (last: {failed})" if failed is not None else ""
+        raise NoWorkerError(f"no decode worker could take the request{last}")
 
     async def _renew(self, leg: _Leg) -> _Leg:
-        """Drop a reservation a failed prefill may have half-filled; reserve afresh on D."""
+        """Drop a reservation a failed prefill may have half-filled; reserve afresh on D. D
+        not taking it (gone meanwhile) loses the leg: it moves to another decode worker."""
         await self._close_decode_leg(leg)
-        return await self._reserve([leg.endpoint])
+        try:
+            return await self._reserve([leg.endpoint])
+        except NoWorkerError as err:
+            raise LegLostError(leg.endpoint, f"could not reserve again: {err}") from err
 
     async def _prefill(self, leg: _Leg) -> tuple[_Leg, PrefillReply]:
         """Fill ``leg``'s reservation where placement says (remote on a prefill worker, or
@@ -357,14 +384,20 @@ class Handoff:
         try:
             # D holds the reservation's cached tokens: only the rest is pushed
             reply = await legs.prefill(self._calls, endpoint, self._leg_request(leg.leg_id),
-                                       leg.reservation, self._deadline.remaining(), self._span)
+                                       leg.reservation, self._deadline.remaining(), self._span,
+                                       receiver=leg.endpoint)
         except WorkerCallError as err:
             legs.raise_if_fatal(err)  # the leg stays open: the caller's cleanup aborts it
-            if err.code_name in legs.WORKER_GONE:
-                self._mark_down(endpoint, str(err))
-            deps.counters.prefill_retries += 1
             self._open.remove(key)
             await self._abort(endpoint, leg.leg_id, decode=False)
+            if blame.receiver_lost(err):  # P is fine: the decode leg is what was lost
+                log.warning("request %s: prefill worker %s could not push to decode worker "
+                            "%s: %s", self._req.request_id, endpoint, leg.endpoint, err)
+                deps.affinity.record(self._hashes(self._tokens()), endpoint)  # it cached them
+                raise LegLostError(leg.endpoint, f"the KV push to it failed: {err.details}"
+                                   ) from err
+            self._call_failed(err)
+            deps.counters.prefill_retries += 1
             return None
         finally:
             deps.registry.release(endpoint)
@@ -382,7 +415,8 @@ class Handoff:
         except WorkerCallError as err:
             legs.raise_if_fatal(err)
             if err.code_name in legs.WORKER_GONE:  # D itself went (a drain, a crash): migrate
-                raise LegLostError(leg.endpoint, f"PrefillLocal failed: {err}") from err
+                raise LegLostError(leg.endpoint, str(err),
+                                   down=blame.takes_out_of_pool(err)) from err
             raise WorkerFailedError(f"no prefill succeeded; last: {err}") from err
         finally:
             registry.prefilling(leg.endpoint, -new_tokens)
@@ -412,6 +446,25 @@ class Handoff:
             return [reply.first_logprob]
         return [TokenLogprob(token_id=reply.first_token, logprob=reply.logprob)]
 
+    def _call_failed(self, err: WorkerCallError) -> None:
+        """Log a failed call (with its worker's address, which the client's error does not
+        name); the worker leaves the pool only when the failure says it is gone
+        (tandem/router/handoff/blame.py)."""
+        if blame.takes_out_of_pool(err):
+            self._mark_down(err.endpoint, str(err))
+        else:
+            log.info("request %s: %s on %s failed, trying elsewhere: %s",
+                     self._req.request_id, err.method, err.endpoint, err)
+
+    def _leg_lost(self, lost: LegLostError) -> None:
+        """Log a lost decode leg; its worker leaves the pool only when the loss says it is
+        gone (the channel failed, or the health monitor cut it)."""
+        if lost.down:
+            self._mark_down(lost.endpoint, lost.reason)
+        else:
+            log.warning("request %s: decode leg on %s lost, moving it: %s",
+                        self._req.request_id, lost.endpoint, lost.reason)
+
     def _mark_down(self, endpoint: str, why: str) -> None:
         """Take a failing worker out of the pool until a health probe passes again."""
         if self._deps.registry.set_healthy(endpoint, False):
@@ -420,6 +473,13 @@ class Handoff:
     async def _close_decode_leg(self, leg: _Leg) -> None:
         self._open.remove((leg.endpoint, leg.leg_id, True))
         await self._abort(leg.endpoint, leg.leg_id, decode=True)
+
+    async def _close_decode_legs(self, endpoint: str) -> None:
+        """Abort every decode leg still open on ``endpoint`` (a lost one, whichever of its
+        reservations it got to)."""
+        for key in [k for k in self._open if k[0] == endpoint and k[2]]:
+            self._open.remove(key)
+            await self._abort(endpoint, key[1], decode=True)
 
     async def _abort(self, endpoint: str, leg_id: str, decode: bool,
                      index: int | None = None) -> None:

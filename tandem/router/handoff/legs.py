@@ -8,12 +8,16 @@ router's default for that call, whichever is shorter::
     Decode stream         the request's deadline only; a silent worker is found by keepalive
                           (tandem/common/grpc_keepalive.py) or by the health monitor cutting the call
 
-A call that runs out the router's default (not the client's deadline) is a worker that does
-not answer: it fails as UNAVAILABLE, like a worker that went away, so the ledger retries it
-elsewhere or fails the request; the client's own deadline still ends the request
+A call that runs out the router's default (not the client's deadline) is a slow call: it
+fails as DEADLINE_EXCEEDED with ``Fault.SLOW``, a failure of that request, which the ledger
+retries elsewhere within the request's deadline, never a reason to take the worker out of
+the pool (tandem/router/handoff/blame.py); the client's own deadline still ends the request
 (DEADLINE_EXCEEDED). Every call is tracked in ``LegCalls.inflight`` so the health monitor can
 cut the calls to a worker it took out of the pool (tandem/router/handoff/inflight.py); a cut call
-is a worker failure too. Errors leave as WorkerCallError (unary calls) or LegLostError (a
+is a worker failure too. A Prefill call is tracked under its decode worker as well: a decode
+worker that leaves the pool mid-push cuts it as a failure of the receiver (``Fault.RECEIVER``),
+as does the prefill worker's own typed reason (the ``tandem-fault`` trailer,
+tandem/common/wire.py). Errors leave as WorkerCallError (unary calls) or LegLostError (a
 decode stream that broke because its worker went away).
 
 The handoff speaks plain types (tandem/router/handoff/leg_types.py, Chunk): each call turns
@@ -29,15 +33,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Generator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from tandem.common.obs import tracing
-from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.common.wire import FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
 from tandem.router.convert import legs as wire
-from tandem.router.errors import DeadlineError, LegLostError, WorkerCallError, WorkerFailedError
+from tandem.router.errors import (
+    DeadlineError,
+    Fault,
+    LegLostError,
+    WorkerCallError,
+    WorkerFailedError,
+)
 from tandem.router.handoff.inflight import CallCutError, Cancellable, InflightCalls
 from tandem.router.handoff.leg_types import LegRequest, PrefillReply, Reservation
 from tandem.router.membership.worker_clients import WorkerClients
@@ -50,6 +61,7 @@ WORKER_GONE = frozenset({"UNAVAILABLE", "ABORTED", "UNKNOWN", "INTERNAL", "CANCE
 # Codes that are about the request itself: no other worker would do better.
 REQUEST_FAULT = frozenset({"INVALID_ARGUMENT", "OUT_OF_RANGE", "PERMISSION_DENIED"})
 _ABORT_TIMEOUT_S = 2.0
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
 _R = TypeVar("_R", covariant=True)
 
 
@@ -90,7 +102,7 @@ def _call_span(service: str, method: str, endpoint: str, leg_id: str,
 
 def _typed(err: grpc.aio.AioRpcError, endpoint: str, method: str) -> WorkerCallError:
     return WorkerCallError(
-        endpoint, method, err.code().name, err.details() or "", _retry_hint(err)
+        endpoint, method, err.code().name, err.details() or "", _retry_hint(err), _fault(err)
     )
 
 
@@ -102,6 +114,15 @@ def _retry_hint(err: grpc.aio.AioRpcError) -> int | None:
     return None
 
 
+def _fault(err: grpc.aio.AioRpcError) -> Fault:
+    """Whom the worker's failure points at: its ``tandem-fault`` trailer says when it is its
+    KV receiver (any other value, or none, is the worker's own)."""
+    for key, value in err.trailing_metadata() or ():
+        if key == FAULT_KEY and value == RECEIVER_FAULT:
+            return Fault.RECEIVER
+    return Fault.WORKER
+
+
 async def _unary(
     calls: LegCalls,
     endpoint: str,
@@ -109,19 +130,28 @@ async def _unary(
     call: _UnaryCall[_R],
     timeout: float,
     ours: bool,
+    receiver: str | None = None,
 ) -> _R:
-    """Await one tracked unary ``call``; failures as WorkerCallError (see the docstring)."""
+    """Await one tracked unary ``call``; failures as WorkerCallError (see the docstring).
+    ``receiver``: the decode worker a Prefill call pushes to (the call is tracked there too)."""
     try:
-        with calls.inflight.track(endpoint, call):
+        with calls.inflight.track(endpoint, call), _also_tracked(calls, receiver, call):
             return await call
     except grpc.aio.AioRpcError as err:
         if ours and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise WorkerCallError(
-                endpoint, method, "UNAVAILABLE", f"no answer within the router's {timeout:g} s"
+                endpoint, method, "DEADLINE_EXCEEDED",
+                f"no answer within the router's {timeout:g} s", fault=Fault.SLOW,
             ) from err
         raise _typed(err, endpoint, method) from err
     except CallCutError as cut:
-        raise WorkerCallError(endpoint, method, "UNAVAILABLE", cut.reason) from cut
+        fault = Fault.WORKER if cut.endpoint == endpoint else Fault.RECEIVER
+        raise WorkerCallError(endpoint, method, "UNAVAILABLE", cut.reason, fault=fault) from cut
+
+
+def _also_tracked(calls: LegCalls, receiver: str | None, call: Cancellable
+                  ) -> AbstractContextManager[None]:
+    return calls.inflight.track(receiver, call) if receiver is not None else nullcontext()
 
 
 async def reserve(
@@ -152,17 +182,19 @@ async def prefill(
     reservation: Reservation,
     remaining: float | None,
     parent: tracing.Parent = None,
+    receiver: str | None = None,
 ) -> PrefillReply:
     """PrefillService.Prefill of ``leg`` into ``reservation`` (computes, pushes the KV the
     decode worker lacks, commits there), bounded by ``prefill_timeout_s``; a span under
-    ``parent``."""
+    ``parent``. ``receiver``: the decode worker holding the reservation (the call is cut, as
+    its receiver's failure, when that worker leaves the pool)."""
     timeout, ours = bound(remaining, calls.prefill_timeout_s)
     with _call_span("PrefillService", "Prefill", endpoint, leg.leg_id, parent) as span:
         call = calls.clients.prefill(endpoint).Prefill(wire.prefill_request(leg, reservation),
                                                        timeout=timeout,
                                                        metadata=tracing.metadata(span))
         return wire.prefill_reply_from_proto(
-            await _unary(calls, endpoint, "Prefill", call, timeout, ours))
+            await _unary(calls, endpoint, "Prefill", call, timeout, ours, receiver))
 
 
 async def prefill_local(
@@ -189,7 +221,9 @@ async def decode_stream(
     the whole stream.
 
     A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
-    without a finished message raises LegLostError; any other failure raises WorkerCallError.
+    without a finished message raises LegLostError (``down`` when the channel failed or the
+    cut took the worker out: tandem/router/handoff/blame.py); any other failure raises
+    WorkerCallError.
     """
     with _call_span("DecodeService", "Decode", endpoint, leg_id, parent) as span:
         call = calls.clients.decode(endpoint).Decode(
@@ -202,9 +236,12 @@ async def decode_stream(
                     try:
                         message = await call.read()
                     except grpc.aio.AioRpcError as err:
-                        if err.code().name in WORKER_GONE:
+                        if err.code().name in WORKER_GONE or err.code() == NOT_FOUND:
+                            # NOT_FOUND: the worker no longer has the leg (it restarted, or
+                            # dropped it unread at its attach lease): lost, not the request's.
                             raise LegLostError(
-                                endpoint, f"{err.code().name}: {err.details()}"
+                                endpoint, f"{err.code().name}: {err.details()}",
+                                down=err.code() == grpc.StatusCode.UNAVAILABLE,
                             ) from err
                         raise _typed(err, endpoint, "Decode") from err
                     if message is grpc.aio.EOF:
@@ -216,7 +253,7 @@ async def decode_stream(
                     if chunk.finished:
                         return
         except CallCutError as cut:
-            raise LegLostError(endpoint, cut.reason) from cut
+            raise LegLostError(endpoint, cut.reason, down=True) from cut
         finally:
             call.cancel()
 
@@ -249,8 +286,9 @@ async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
 
 
 def raise_if_fatal(err: WorkerCallError) -> None:
-    """Deadline and bad-request failures end the request; anything else may be retried."""
-    if err.code_name == "DEADLINE_EXCEEDED":
+    """The client's deadline and bad-request failures end the request; anything else (a slow
+    call among them) may be retried."""
+    if err.code_name == "DEADLINE_EXCEEDED" and err.fault is not Fault.SLOW:
         raise DeadlineError(f"deadline exceeded during {err.method}") from err
     if err.code_name in REQUEST_FAULT:
         raise WorkerFailedError(str(err), err.code_name) from err

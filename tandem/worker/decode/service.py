@@ -13,7 +13,11 @@ and kept on the request's ``RequestStream``; receiver events map to requests thr
              ──Abort──> receiver.release, then engine.abort
              ──PrefillLocal──> receiver.release, then remote.decode.prefill_locally (same id)
     RUNNING  ──tokens──> RequestStream ──> Decode RPC (one reader)
-    Decode cancelled by its client ──> engine.abort (blocks back to the pool)
+    Decode cancelled by its client, or its connection gone (the router crashed, keepalive
+        found it silent) ──> engine.abort at once (blocks back to the pool)
+    no reader within ``attach_lease_s`` of the first token (or of the end) ──> engine.abort,
+        the stream dropped: the router calls Decode right after the prefill reply, so a
+        reader that has not come by then never will (it crashed in between)
 
 A forked request (``n`` > 1) is one reservation, one push and one COMMIT carrying n first
 tokens; the engine forks it into n sequences sharing the pushed blocks, each with its own
@@ -64,10 +68,12 @@ class DecodeConfig:
     worker_id: str
     default_lease_s: float = 30.0  # when Reserve does not say
     max_lease_s: float = 600.0
-    orphan_ttl_s: float = 60.0  # an ended stream nobody reads is dropped after this
-    # While draining, an ended stream waits for its reader at most this long: the router's
-    # Decode follows the prefill reply within milliseconds, and a drain must end well
-    # inside a pod's termination grace period (30 s by default), not at the orphan TTL.
+    # A committed stream nobody reads is aborted (its blocks freed) and dropped this long
+    # after its first token (or its end, if that came first). The router's Decode follows
+    # the prefill reply within milliseconds; a reader that has not come by then is gone.
+    attach_lease_s: float = 10.0
+    # While draining, an unread stream waits for its reader at most this long: a drain must
+    # end well inside a pod's termination grace period (30 s by default).
     drain_orphan_grace_s: float = 5.0
 
 
@@ -182,7 +188,7 @@ class DecodeWorker:
         if stream.attached:
             raise WrongState(f"request {request_id!r} is already being streamed")
         stream.attached = True
-        timer = self._timers.pop(request_id, None)
+        timer = self._timers.pop(stream.request_id, None)
         if timer is not None:
             timer.cancel()
         done = False
@@ -229,6 +235,8 @@ class DecodeWorker:
         # a step the engine thread takes after this call's reply, and are delivered behind it.
         firsts = [stream.expect_first() for stream in group]
         outs = [await first for first in firsts]
+        for stream in group:
+            self._await_reader(stream)
         if any(not o.new_token_ids for o in outs):
             raise TransferEnded(f"local prefill produced no token ({outs[0].finish_reason})")
         seconds = time.monotonic() - t0
@@ -238,7 +246,12 @@ class DecodeWorker:
     async def abort(self, request_id: str, index: int | None = None) -> bool:
         """Stop a request wherever it is and free its blocks (``index``: only that sequence
         of a forked one, once it has forked; before, the whole request); False when
-        unknown."""
+        unknown. One that arrives while the request's Reserve is still in flight waits for
+        it, and completes even when its caller stops waiting (the router bounds its Abort):
+        a Reserve the router gave up on is freed as soon as it is made, not at its lease."""
+        return await asyncio.shield(self._spawn(self._abort(request_id, index)))
+
+    async def _abort(self, request_id: str, index: int | None) -> bool:
         group = self._groups.get(request_id)
         if group is None:
             return False
@@ -305,6 +318,7 @@ class DecodeWorker:
                 stream = self._streams.get(out.request_id)
                 if stream is not None:
                     stream.take_first(out)
+                    self._await_reader(stream)
         elif isinstance(event, Expired):
             await self._end(tid, TransferEnded("lease expired before the KV arrived"))
         elif isinstance(event, Aborted):
@@ -335,17 +349,34 @@ class DecodeWorker:
         return min(lease_s, self.config.max_lease_s)
 
     def _on_stream_end(self, stream: RequestStream) -> None:
-        if stream.attached:
-            return
         # Its reader may still be on the way: the router calls Decode after the prefill
-        # reply, and a short request can end before that. Kept for the orphan TTL (while
-        # draining, at most drain_orphan_grace_s: the drain waits for it that long).
+        # reply, and a short request can end before that.
+        self._await_reader(stream)
+        self._touch()
+
+    def _await_reader(self, stream: RequestStream) -> None:
+        """Give a stream that has something to read and no reader the attach lease (while
+        draining, at most drain_orphan_grace_s: the drain waits for it that long); a lease
+        already running goes on (it counts from the first token)."""
+        if stream.attached or stream.request_id in self._timers:
+            return
         loop = asyncio.get_running_loop()
-        ttl = self.config.orphan_ttl_s
+        ttl = self.config.attach_lease_s
         if self.draining:
             ttl = min(ttl, self.config.drain_orphan_grace_s)
-        self._timers[stream.request_id] = loop.call_later(ttl, self._forget, stream)
-        self._touch()
+        self._timers[stream.request_id] = loop.call_later(ttl, self._unread, stream)
+
+    def _unread(self, stream: RequestStream) -> None:
+        """The attach lease of ``stream`` ran out with no reader: stop it and drop it."""
+        self._timers.pop(stream.request_id, None)
+        if stream.attached or self._streams.get(stream.request_id) is not stream:
+            return
+        if stream.ended:
+            self._forget(stream)
+            return
+        log.warning("request %s: no reader within %.3g s of its first token; aborted",
+                    stream.request_id, self.config.attach_lease_s)
+        self._spawn(self.abort(stream.group_id, stream.index))  # frees it, then forgets it
 
     def _fail(self, group: list[RequestStream], exc: BaseException) -> None:
         """A reservation that never came to be: end its streams (a reader may already wait)."""
@@ -377,7 +408,7 @@ class DecodeWorker:
     # -- lifecycle ---------------------------------------------------------------------------
     def busy(self) -> bool:
         """True while any stream is kept: a reservation pending, work unfinished, a reader
-        attached, or an ended stream whose reader has not come yet (until its orphan TTL)."""
+        attached, or a stream whose reader has not come yet (until its attach lease)."""
         return bool(self._streams)
 
     def begin_drain(self) -> None:
@@ -390,7 +421,7 @@ class DecodeWorker:
             stream = self._streams.get(request_id)
             if stream is not None and timer.when() > latest:  # an orphan: shorten its wait
                 timer.cancel()
-                self._timers[request_id] = loop.call_at(latest, self._forget, stream)
+                self._timers[request_id] = loop.call_at(latest, self._unread, stream)
         self._touch()
 
     async def wait_idle(self) -> None:

@@ -9,6 +9,7 @@ call is a span under the router's, its log lines name the leg (``tandem.worker.r
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import grpc
 
@@ -66,12 +67,16 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
     ) -> AsyncIterator[tandem_pb2.GenerateResponse]:
         try:
             with serving(context, "DecodeService/Decode", request.request_id) as span:
-                async for msg in self._worker.decode(request.request_id, request.index):
-                    if msg.finished:
-                        span.end()  # the stream's work is done: its close is the router's
-                    reply = response_from_output(msg.output, msg.text_prefix)
-                    reply.index = msg.index
-                    yield reply
+                # Closed however the RPC ends: a reader gone (cancelled, its connection lost)
+                # stops the request at once and frees its blocks (DecodeWorker.decode).
+                async with aclosing(self._worker.decode(request.request_id,
+                                                        request.index)) as messages:
+                    async for msg in messages:
+                        if msg.finished:
+                            span.end()  # the stream's work is done: its close is the router's
+                        reply = response_from_output(msg.output, msg.text_prefix)
+                        reply.index = msg.index
+                        yield reply
         except Exception as exc:
             await abort_with_status(context, exc)
             raise

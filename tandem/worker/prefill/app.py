@@ -13,6 +13,7 @@ from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.convert import kv_layout
 from tandem.worker.core_lending import CoreLender
 from tandem.worker.prefill import servicer
+from tandem.worker.prefill.commit_hold import CommitHold
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tandem.worker.prefill.service import PrefillConfig, PrefillWorker
 
@@ -54,6 +55,6 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
                     SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls))
     worker = PrefillWorker(ae, sender, PrefillConfig(
         worker_id=wc.resolved_worker_id("prefill"),
-        transfer_timeout_s=config.transfer_timeout_s), metrics)
+        transfer_timeout_s=config.transfer_timeout_s), metrics, CommitHold.from_env())
     await worker.start()
     return PrefillApp(worker)

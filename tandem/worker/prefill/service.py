@@ -9,6 +9,9 @@
                 (meanwhile, between engine steps, remote.prefill.release: blocks back to the pool,
                 still prefix-cached; the reply never waits for the engine's current step)
     any failure / Abort / caller gone ──> ABORT the transfer, abort the request: nothing held
+    a push that failed at the decode worker (dead, drained, unreachable; or silent while the
+        push waited on it) ──> UNAVAILABLE with the ``tandem-fault: receiver`` trailer
+        (tandem/worker/prefill/errors.py): the router moves the leg, this worker is fine
 
 Traced under the Prefill call's span (``PrefillSpec.trace``): ``prefill.engine`` (queued and
 computed up to the first token), ``kv.push`` (BEGIN to the COMMIT's ACK, the layers shipped
@@ -37,6 +40,7 @@ from tandem.worker.errors import BadRequest, Draining, LayoutMismatch, TransferE
 from tandem.worker.first_token import FirstToken
 from tandem.worker.layout import LayoutSummary, layout_mismatch
 from tandem.worker.metrics import TransferTotals
+from tandem.worker.prefill.commit_hold import CommitHold
 from tandem.worker.prefill.errors import PushFailed
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tandem.worker.prefill.push import LayerPush, parse_endpoint
@@ -82,9 +86,13 @@ class PrefillWorker:
         sender: Sender,
         config: PrefillConfig,
         metrics: PrefillMetrics | None = None,
+        hold: CommitHold | None = None,
     ) -> None:
+        """``hold``: a test-only pause before each COMMIT (tandem/worker/prefill/commit_hold.py;
+        None: never)."""
         self.config = config
         self.metrics = metrics if metrics is not None else PrefillMetrics()
+        self._hold = hold if hold is not None else CommitHold()
         self.leased_blocks = 0  # destination blocks of the pushes in flight
         engine = ae.engine
         self.layout = sender.layout
@@ -213,11 +221,12 @@ class PrefillWorker:
             self.metrics.first_token(prefill_s)
             answer = FirstToken.of(outs, prefill_s)
             firsts = [(answer.token_id, answer.logprob), *answer.forked]
+            await self._hold.before_commit(rid)
             try:
                 with tracing.span("kv.commit", push_span):
                     transfer_s = await push.commit(firsts, self.layout.num_layers)
             except PushFailed as exc:
-                raise _out_of_time(exc, t0 + timeout, deadline_s is not None
+                raise _out_of_time(exc, t0, timeout, prefill_s, deadline_s is not None
                                    and deadline_s <= self.config.transfer_timeout_s) from exc
             committed = True
             self.metrics.transfer_committed(self._pushed_bytes(push, spec), transfer_s)
@@ -316,16 +325,23 @@ class PrefillWorker:
         await self._ae.shutdown()
 
 
-def _out_of_time(exc: PushFailed, deadline: float, callers: bool) -> PushFailed:
-    """A push that failed after its deadline failed for lack of time, whatever the transfer
-    layer reported (the receiver's lease ends at that deadline too, so which side noticed first
-    is a race): DEADLINE_EXCEEDED when the caller's deadline was the bound, else
-    RESOURCE_EXHAUSTED (the prefill queued behind others for the whole transfer timeout: this
-    worker is busy, not gone, and another one may do it)."""
-    if time.monotonic() < deadline:
+def _out_of_time(exc: PushFailed, t0: float, timeout: float, computed_s: float,
+                 callers: bool) -> PushFailed:
+    """A push that failed after its deadline (``t0 + timeout``) failed for lack of time,
+    whatever the transfer layer reported (the receiver's lease ends at that deadline too, so
+    which side noticed first is a race): DEADLINE_EXCEEDED when the caller's deadline was the
+    bound; else, when the first token was computed (``computed_s`` after ``t0``) within the
+    first half of the time, the push then waited on a receiver that stopped answering (a
+    partition, a decode worker hung): its failure, not this worker's (UNAVAILABLE, receiver);
+    else RESOURCE_EXHAUSTED (the prefill queued behind others for most of the transfer
+    timeout: this worker is busy, not gone, and another one may do it)."""
+    if time.monotonic() < t0 + timeout:
         return exc
     if callers:
         return PushFailed(f"{exc} (the request's deadline passed)",
                           grpc.StatusCode.DEADLINE_EXCEEDED)
+    if computed_s <= timeout / 2:
+        return PushFailed(f"{exc} (the decode worker stopped answering the push)",
+                          grpc.StatusCode.UNAVAILABLE, receiver=True)
     return PushFailed(f"{exc} (the transfer timeout passed: this prefill worker is busy)",
                       grpc.StatusCode.RESOURCE_EXHAUSTED)

@@ -21,7 +21,7 @@ import grpc
 
 from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
 from tandem.common.security.grpc_auth import ClusterAuthInterceptor
-from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.common.wire import FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -65,10 +65,12 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.exhausted = False
         self.retry_hint_ms: int | None = None  # sent with RESOURCE_EXHAUSTED when set
         self.reserve_hang = False  # Reserve never answers (until its deadline cancels it)
+        self.reserve_limit: int | None = None  # Reserves answered before UNAVAILABLE (gone)
         self.reserve_started = asyncio.Event()
         self.timeouts: dict[str, list[float | None]] = {}  # method -> each call's time left
         self.stats_stuck = False  # Stats never answers (an engine busy with a long step)
         self.die_after: int | None = None  # abort the stream UNAVAILABLE after N messages
+        self.forgot = False  # Decode answers NOT_FOUND (the leg dropped, or a restart)
         self.hang_after: int | None = None  # stop sending (until cancelled) after N messages
         self.local_prefills: list[str] = []
         self.local_prefill_s = 0.0  # how long PrefillLocal takes (its engine's compute)
@@ -98,6 +100,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.reserve_started.set()
         if self.reserve_hang:
             await asyncio.Event().wait()
+        if self.reserve_limit is not None and len(self.reservations) >= self.reserve_limit:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker going away")
         if self.exhausted:
             if self.retry_hint_ms is not None:
                 context.set_trailing_metadata(((RETRY_AFTER_KEY, str(self.retry_hint_ms)),))
@@ -125,6 +129,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
     async def Decode(self, request, context) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # noqa: N802
         _record_traceparent(self.traceparents, "Decode", context)
         self.decodes.append((request.request_id, request.index))
+        if self.forgot:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown request {request.request_id!r}")
         r = self.reservations[request.request_id]
         await r.committed.wait()
         seq = [*r.token_ids, r.firsts[request.index]]
@@ -177,6 +183,7 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
     def __init__(self, decoders: dict[str, FakeDecode]) -> None:
         self._decoders = decoders
         self.fail = False  # answer UNAVAILABLE
+        self.receiver_dead = False  # answer UNAVAILABLE saying the push's receiver failed
         self.hang = False  # never answer (until cancelled)
         self.calls: list[str] = []
         self.timeouts: list[float | None] = []  # each Prefill's time left
@@ -193,6 +200,11 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         self.started.set()
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill worker down")
+        if self.receiver_dead:
+            self.receiver_dead = False  # the next push (to another decode worker) succeeds
+            context.set_trailing_metadata(((FAULT_KEY, RECEIVER_FAULT),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                "KV push failed: cannot connect to 10.1.2.3:7100")
         if self.hang:
             await asyncio.Event().wait()
         firsts = [fork_token(list(request.token_ids), j) for j in range(request.n or 1)]

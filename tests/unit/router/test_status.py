@@ -72,3 +72,24 @@ def test_abort_repeats_the_request_id_in_the_trailers(request_id: str | None) ->
     assert ctx.aborted == (C.RESOURCE_EXHAUSTED, "full")
     named = ((REQUEST_ID_KEY, request_id),) if request_id else ()
     assert ctx.trailers == ((RETRY_AFTER_KEY, "200"), *named)
+
+
+@pytest.mark.parametrize(("err", "kept"), [
+    (WorkerFailedError("KV push failed: connect to ('10.0.0.7', 7100) refused"), "KV push failed"),
+    (NoWorkerError("no decode worker could take the request (last: Reserve failed: "
+                   "UNAVAILABLE: ipv4:127.0.0.1:50061: Connection refused)"), "Connection refused"),
+    (WorkerCallError("decode-0.tandem.svc:50061", "Decode", "NOT_FOUND",
+                      "unknown request on decode-0.tandem.svc:50061"), "unknown request"),
+    (WorkerFailedError("failed at [fe80::1]:7100 and shm=/tmp/tandem-x/kv.sock"), "failed at"),
+])
+def test_details_name_no_worker_address(err: Exception, kept: str) -> None:
+    _, details, _ = status_of(err)  # type: ignore[arg-type]
+    assert kept in details
+    for address in ("10.0.0.7", "127.0.0.1", "50061", "decode-0", "fe80", "/tmp/"):
+        assert address not in details, details
+
+
+def test_request_errors_keep_their_text() -> None:
+    msg = "messages[0].content: must be a string, not 12:30 of [0, 1]"
+    _, details, _ = status_of(InvalidRequestError("messages", msg))
+    assert details == f"messages: {msg}"

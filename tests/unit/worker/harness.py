@@ -112,7 +112,7 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def cluster(decode_engine: Any, prefill_engine: Any, *, orphan_ttl_s: float = 60.0,
+async def cluster(decode_engine: Any, prefill_engine: Any, *, attach_lease_s: float = 60.0,
                   drain_orphan_grace_s: float = 5.0, connect_timeout_s: float = 5.0,
                   transfer_timeout_s: float = 30.0) -> AsyncIterator[Cluster]:
     """Start both workers in this process; on a clean exit, check nothing is left held."""
@@ -122,7 +122,7 @@ async def cluster(decode_engine: Any, prefill_engine: Any, *, orphan_ttl_s: floa
                         ReceiverConfig(secret=TEST_SECRET, enable_shm=False))
     await receiver.start()
     decode = DecodeWorker(dae, receiver, DecodeConfig(
-        "decode-test", orphan_ttl_s=orphan_ttl_s, drain_orphan_grace_s=drain_orphan_grace_s))
+        "decode-test", attach_lease_s=attach_lease_s, drain_orphan_grace_s=drain_orphan_grace_s))
     await decode.start()
     sender = Sender(prefill_engine.remote.kv_cache,
                     kv_layout(prefill_engine.remote.kv_cache_spec()),

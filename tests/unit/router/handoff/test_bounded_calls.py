@@ -91,9 +91,15 @@ def test_a_hung_reserve_moves_to_the_next_decode_worker(tokenizer: RouterTokeniz
             responses = await c.generate(_request())  # no client deadline
             assert _tokens(responses) == expected_output(PROMPT, 6)
             assert c.counters.reserve_retries == 1
-            # The silent worker left the pool until a probe passes again.
-            routable = [w.endpoint for w in c.router.registry.routable(Role.DECODE)]
-            assert routable == [c.decode_endpoints[1 - first]]
+            # A slow call is its request's failure: the worker stays in the pool (only the
+            # health monitor's probes or a failed channel take it out) ...
+            routable = {w.endpoint for w in c.router.registry.routable(Role.DECODE)}
+            assert routable == set(c.decode_endpoints)
+            # ... and is told to drop the reservation it may have made after the router
+            # stopped waiting.
+            (taken,) = c.decode[1 - first].reservations  # the second leg: ``rid.1``
+            await until(lambda: bool(c.decode[first].aborts))
+            assert c.decode[first].aborts == [taken.removesuffix(".1")]
 
     asyncio.run(scenario())
 

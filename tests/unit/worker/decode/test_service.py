@@ -92,6 +92,32 @@ def test_cancelled_decode_stream_aborts_the_request(engines) -> None:
     asyncio.run(main())
 
 
+def test_a_stream_never_read_is_aborted_at_its_attach_lease(engines) -> None:
+    """The router crashed between the prefill reply and its Decode call: the committed
+    request is stopped and its blocks freed at the attach lease, not decoded to max_tokens
+    for nobody (here it cannot finish on its own: no step makes a token)."""
+    decode_engine = engines[0]
+    held = threading.Event()
+    plain_step = decode_engine.step
+
+    def held_step():  # while held, a step makes nothing
+        return [] if held.is_set() else plain_step()
+
+    decode_engine.step = held_step
+
+    async def main() -> None:
+        async with cluster(*engines, attach_lease_s=0.2) as c:
+            res = await c.reserve("unread", PROMPT, greedy(60))
+            held.set()
+            await c.prefill_into("unread", PROMPT, greedy(60), res)  # committed, never read
+            await until(c.decode_stats, idle)
+            held.clear()
+            code, _ = await _code(c.decode_all("unread"))
+            assert code == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
 def test_abort_while_streaming_ends_the_stream(engines) -> None:
     decode_engine = engines[0]
     hold, aborted = threading.Event(), threading.Event()
@@ -199,10 +225,10 @@ async def _ended(c, *rids: str) -> bool:
 def test_drain_keeps_a_finished_stream_for_its_late_reader(engines) -> None:
     """The router calls Decode after the prefill reply: a short request may finish before its
     reader comes. A drain starting then keeps the stream, so Decode still attaches and gets
-    every token; a stream nobody ever reads is dropped at its orphan TTL, ending the drain
+    every token; a stream nobody ever reads is dropped at its attach lease, ending the drain
     with no block held."""
     async def main() -> None:
-        async with cluster(*engines, orphan_ttl_s=0.5) as c:
+        async with cluster(*engines, attach_lease_s=3.0) as c:
             for rid in ("late", "orphan"):
                 res = await c.reserve(rid, PROMPT, greedy(4))
                 await c.prefill_into(rid, PROMPT, greedy(4), res)
@@ -211,7 +237,7 @@ def test_drain_keeps_a_finished_stream_for_its_late_reader(engines) -> None:
             assert c.decode.busy()  # the drain waits for the late reader
             msgs = await c.decode_all("late")
             assert msgs[-1].finished and 1 + sum(len(m.token_ids) for m in msgs) == 4
-            await asyncio.wait_for(c.decode.wait_idle(), 10)  # the orphan's TTL ends it
+            await asyncio.wait_for(c.decode.wait_idle(), 10)  # the orphan's lease ends it
             code, _ = await _code(c.decode_all("orphan"))
             assert code == grpc.StatusCode.NOT_FOUND
             assert idle(await c.decode_stats())
@@ -220,10 +246,10 @@ def test_drain_keeps_a_finished_stream_for_its_late_reader(engines) -> None:
 
 
 def test_a_drain_waits_for_orphans_only_its_grace(engines) -> None:
-    """Orphans ended before the drain (TTL 600 s) and during it are dropped after the drain's
+    """Orphans ended before the drain (lease 600 s) and during it are dropped after the drain's
     grace, so a SIGTERM'd worker exits long before its pod's grace period runs out."""
     async def main() -> None:
-        async with cluster(*engines, orphan_ttl_s=600.0, drain_orphan_grace_s=0.3) as c:
+        async with cluster(*engines, attach_lease_s=600.0, drain_orphan_grace_s=0.3) as c:
             res = await c.reserve("before", PROMPT, greedy(4))
             await c.prefill_into("before", PROMPT, greedy(4), res)
             await until(lambda: _ended(c, "before"), bool)
@@ -240,12 +266,12 @@ def test_a_drain_waits_for_orphans_only_its_grace(engines) -> None:
 
 
 def test_drain_timeout_still_frees_an_orphan_never_read(engines) -> None:
-    """An orphan whose TTL outlives the drain timeout holds the drain only that long: the
+    """An orphan whose lease outlives the drain timeout holds the drain only that long: the
     worker then closes, and close frees it; no KV block is left behind."""
     engine = engines[0]
 
     async def main() -> None:
-        async with cluster(*engines, orphan_ttl_s=600.0, drain_orphan_grace_s=600.0) as c:
+        async with cluster(*engines, attach_lease_s=600.0, drain_orphan_grace_s=600.0) as c:
             res = await c.reserve("orphan", PROMPT, greedy(4))
             await c.prefill_into("orphan", PROMPT, greedy(4), res)
             await until(lambda: _ended(c, "orphan"), bool)

@@ -9,6 +9,7 @@ import threading
 import grpc
 import pytest
 
+from tandem.common.wire import FAULT_KEY, RECEIVER_FAULT
 from tandem.protos.v1 import worker_pb2
 from tests.unit.worker.harness import cluster, greedy, idle, until
 
@@ -26,6 +27,14 @@ async def _code(aw) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await aw
     return err.value.code(), err.value.details() or ""
+
+
+async def _fault(aw) -> tuple[grpc.StatusCode, str | None]:
+    """The failed call's code and its ``tandem-fault`` trailer (None: the worker's own)."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await aw
+    trailers = dict(err.value.trailing_metadata() or ())
+    return err.value.code(), trailers.get(FAULT_KEY)
 
 
 def _closed_port() -> int:
@@ -67,6 +76,9 @@ def test_unreachable_decode_worker_is_unavailable(engines) -> None:
             gone.kv_endpoint = f"127.0.0.1:{_closed_port()}"
             code, why = await _code(c.prefill_into("r", PROMPT, greedy(4), gone))
             assert code == grpc.StatusCode.UNAVAILABLE and "KV push failed" in why
+            # The receiver's failure, said as such: the router moves the leg, keeps this worker.
+            assert await _fault(c.prefill_into("r", PROMPT, greedy(4), gone)) == (
+                grpc.StatusCode.UNAVAILABLE, RECEIVER_FAULT)
             await until(c.prefill_stats, idle)
             # The decode side still holds its reservation; its owner (the router) aborts it.
             assert (await c.decode_stats()).num_reserved == 1
@@ -76,12 +88,16 @@ def test_unreachable_decode_worker_is_unavailable(engines) -> None:
 
 
 def test_released_reservation_aborts_the_push(engines) -> None:
+    """The decode worker ended the reservation (aborted there, drained, its lease over): the
+    push fails as its receiver's failure, not this worker's."""
     async def main() -> None:
         async with cluster(*engines) as c:
             res = await c.reserve("r", PROMPT, greedy(4))
             await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="r"))
             code, why = await _code(c.prefill_into("r", PROMPT, greedy(4), res))
-            assert code == grpc.StatusCode.ABORTED and "KV push failed" in why
+            assert code == grpc.StatusCode.UNAVAILABLE and "at the decode worker" in why
+            assert await _fault(c.prefill_into("r", PROMPT, greedy(4), res)) == (
+                grpc.StatusCode.UNAVAILABLE, RECEIVER_FAULT)
 
     asyncio.run(main())
 
@@ -99,8 +115,8 @@ def test_abort_rpc_during_a_stuck_push(engines) -> None:
             call = asyncio.ensure_future(c.prefill_into("r", PROMPT, greedy(4), stuck))
             await until(c.prefill_stats, lambda s: s.num_reserved == 1)  # prefilled, pushing
             assert (await c.prefill_stub.Abort(worker_pb2.AbortRequest(request_id="r"))).found
-            code, why = await _code(call)
-            assert code == grpc.StatusCode.ABORTED and "aborted" in why
+            code, fault = await _fault(call)
+            assert code == grpc.StatusCode.ABORTED and fault is None  # its own: aborted
             await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="r"))
         server.close()
         await server.wait_closed()

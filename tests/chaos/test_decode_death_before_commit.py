@@ -1,0 +1,109 @@
+"""A decode worker SIGKILLed after its reservation and before the COMMIT (real processes, the
+tiny served model): the leg migrates to the other decode worker, the output is transformers'
+greedy output, the survivor ends idle with every KV block free, and the prefill worker, whose
+push failed only because its receiver died, stays in the pool and serves the next request.
+
+    router --Reserve--> D (one of two)   router --Prefill--> P: computes, pushes to D, then
+    holds before its COMMIT (tandem/worker/prefill/commit_hold.py: a test-only pause the
+    worker honours only when started with TANDEM_TEST_COMMIT_HOLD_DIR)
+    test: sees the hold, SIGKILLs D, releases P -> P's COMMIT fails at its receiver, P says so
+    router: the leg is lost, not P: Reserve on the other D, prefill again on P, stream
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.worker.prefill.commit_hold import ENV as HOLD_ENV
+from tests import scrape
+from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_stats
+from tests.integration.served_model import engine_flags, start_all, tiny_served_model
+from tests.unit.engine._reference import hf_greedy
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 12
+
+
+def _idle(proc: Proc, role: str) -> bool:
+    st = worker_stats(proc, role)
+    return (st.num_running == st.num_waiting == st.num_reserved == st.num_leased_blocks == 0
+            and st.num_free_blocks == st.num_blocks)
+
+
+def _generate(stub: tandem_pb2_grpc.TandemStub, text: str) -> list[int]:
+    sampling = tandem_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    request = tandem_pb2.GenerateRequest(text=text, sampling=sampling)
+    return [t for m in stub.Generate(request, timeout=300) for t in m.token_ids]
+
+
+def _tokenize(model: Path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model, local_files_only=True).encode(text)
+
+
+def test_decode_killed_before_commit_migrates(tiny_dir, smollm2_dir, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv(HOLD_ENV, str(hold))  # only the prefill worker reads it
+    flags = engine_flags(model)
+    c = Cluster()
+    try:
+        d1, d2, prefill = start_all(
+            c, ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
+            ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
+            ("tandem.worker.prefill", "--port", "0", *flags))
+        router = c.start(
+            "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL_ID,
+            "--prefill", prefill.grpc, "--decode", f"{d1.grpc},{d2.grpc}",
+            "--placement", "remote",  # every prompt on the prefill worker: the fault is there
+        )
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "The lighthouse keeper counted the ships"
+        result: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                result["tokens"] = _generate(stub, text)
+            except grpc.RpcError as exc:
+                result["error"] = exc
+
+        (hold / "hold").touch()  # the next COMMIT waits
+        th = threading.Thread(target=run)
+        th.start()
+        try:
+            wait_until(lambda: (hold / "held").exists(), timeout=120)
+            # D holds the reservation (and what of the KV was pushed); which D the policy
+            # chose is found out, not assumed.
+            (reserved,) = [d for d in (d1, d2) if worker_stats(d, "decode").num_reserved]
+            reserved.kill()
+        finally:
+            (hold / "release").touch()
+            th.join(timeout=300)
+        assert "error" not in result, result.get("error")
+        assert result["tokens"] == hf_greedy(model, _tokenize(model, text), MAX_TOKENS)
+        survivor = d2 if reserved is d1 else d1
+        wait_until(lambda: _idle(survivor, "decode"))
+        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        # The leg moved at once: no retry on "another" prefill worker, no local fallback.
+        assert scrape.value(samples, "tandem_migrations_total") == 1
+        for kind in ("prefill_retry", "local_prefill_fallback"):
+            assert scrape.value(samples, "tandem_handoff_fallbacks_total", kind=kind) == 0
+
+        # The prefill worker is still in the pool: the next request is prefilled there.
+        pushed = worker_stats(prefill, "prefill").kv_transfer_bytes
+        other = "A second prompt about harbours"
+        assert _generate(stub, other) == hf_greedy(model, _tokenize(model, other), MAX_TOKENS)
+        assert worker_stats(prefill, "prefill").kv_transfer_bytes > pushed
+        wait_until(lambda: _idle(survivor, "decode") and _idle(prefill, "prefill"))
+    finally:
+        c.stop()
