@@ -25,7 +25,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from tandem.common.grpc_keepalive import SERVER_OPTIONS
-from tandem.common.security.grpc_auth import ClusterAuthInterceptor
+from tandem.common.security.grpc_auth import ClusterAuthInterceptor, worker_audience
 from tandem.common.wire import ready_line
 from tandem.worker.app import WorkerApp
 from tandem.worker.config import ServeConfig, StartupError
@@ -56,8 +56,11 @@ async def serve(
                            "(--cluster-secret-file, or --insecure on a trusted machine)")
     # Keepalive: accept the router's pings, and ping it, so a stream to a router that went
     # silent (a partition) is cancelled and its KV blocks freed (tandem/common/grpc_keepalive.py).
+    # Tokens are minted for one worker: this one answers to its own address (its names are
+    # known once the port is bound, before anything is served).
+    auth = ClusterAuthInterceptor(config.credential)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS],
-                             interceptors=[ClusterAuthInterceptor(config.credential)])
+                             interceptors=[auth])
     address = f"{config.host}:{config.port}"
     try:
         if config.tls is None:
@@ -68,6 +71,7 @@ async def serve(
         raise StartupError(f"cannot listen on {address}: {exc}") from exc
     if port == 0:
         raise StartupError(f"cannot listen on {address}")
+    auth.answer_to(worker_audience(config.host, port))
     app = await build()
     metrics = MetricsServer(app.metrics.registry, app.refresh_metrics)
     try:

@@ -177,7 +177,8 @@ def test_workers_require_the_routers_client_certificate(cluster, certs, model) -
             with pytest.raises(grpc.RpcError) as err:
                 stub_type(tls).Stats(worker_pb2.StatsRequest(), timeout=30)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, role
-        with sync_channel(_tls_channel(address, certs, client_cert=True), CREDENTIAL) as channel:
+        with sync_channel(_tls_channel(address, certs, client_cert=True), CREDENTIAL,
+                          address) as channel:
             stats = stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=30)
             assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks, role
     asyncio.run(_router_without_client_cert_is_refused(cluster, certs, model))
