@@ -25,13 +25,7 @@ from tandem.kv_transfer.blocks import TORCH_DTYPES, KvBlocks
 from tandem.kv_transfer.config import Limits, ReceiverConfig, SenderConfig, TlsConfig
 from tandem.kv_transfer.endpoint import Endpoint, split_host_port
 from tandem.kv_transfer.errors import ChannelClosed
-from tandem.kv_transfer.frame_mac import (
-    TAG_BYTES,
-    FrameMac,
-    header_tag,
-    payload_tag,
-    session_keys,
-)
+from tandem.kv_transfer.frame_mac import TAG_BYTES, FrameMac, FrameSeal, session_keys
 from tandem.kv_transfer.frames import PREFIX, PROTOCOL_VERSION, TRAILER, Header, HeaderCodec, Kind
 from tandem.kv_transfer.frames import encode_header as encode_header
 from tandem.kv_transfer.handshake import RECEIVER_LABEL, SENDER_LABEL, client_handshake, proof
@@ -199,14 +193,14 @@ class RawPeer:
         except (ConnectionError, OSError):
             pass
 
-    def seal(self, header: Header) -> tuple[bytes, Any]:
+    def seal(self, header: Header) -> tuple[bytes, FrameSeal | None]:
         """A header's bytes as they go on the wire now (with its tag after the handshake)
         and the frame's running MAC (None before)."""
         head = encode_header(header)
         if self.tx is None:
             return head, None
         mac = self.tx.begin(head)
-        return head + header_tag(mac), mac
+        return head + mac.header_tag, mac
 
     def frame_bytes(self, header: Header, payload: bytes = b"",
                     trailer: bytes | None = None) -> bytes:
@@ -218,7 +212,7 @@ class RawPeer:
                 trailer = TRAILER.pack(xxhash.xxh3_64_intdigest(payload))
             elif trailer is None:
                 mac.update(payload)
-                trailer = payload_tag(mac)
+                trailer = mac.payload_tag()
             data += payload + trailer
         return data
 
@@ -243,7 +237,7 @@ class RawPeer:
             body = await asyncio.wait_for(self.reader.readexactly(n), timeout)
             if self.rx is not None:
                 tag = await asyncio.wait_for(self.reader.readexactly(TAG_BYTES), timeout)
-                assert tag == header_tag(self.rx.begin(prefix + body)), "bad tag from receiver"
+                assert tag == self.rx.begin(prefix + body).header_tag, "bad tag from receiver"
             return self.codec.decode(body)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise ChannelClosed("receiver closed the connection") from exc
@@ -350,7 +344,7 @@ class HandSender:
                 rest = payload + TRAILER.pack(digest)
             else:
                 mac.update(payload)
-                rest = payload + payload_tag(mac)
+                rest = payload + mac.payload_tag()
         await ch._write(IoVec([memoryview(first)]))
 
         async def send_rest() -> None:

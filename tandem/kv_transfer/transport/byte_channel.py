@@ -31,14 +31,7 @@ from tandem.kv_transfer.errors import (
     FrameTooLarge,
     PayloadChecksumError,
 )
-from tandem.kv_transfer.frame_mac import (
-    TAG_BYTES,
-    FrameMac,
-    SessionKeys,
-    header_tag,
-    payload_tag,
-    same,
-)
+from tandem.kv_transfer.frame_mac import TAG_BYTES, FrameMac, FrameSeal, SessionKeys, same
 from tandem.kv_transfer.frames import PREFIX, TRAILER, Header, HeaderCodec, encode_header
 from tandem.kv_transfer.transport.base import Alive, Channel, always
 
@@ -126,7 +119,7 @@ class ByteChannel(Channel):
         self._scratch: memoryview | None = None
         self._tx: FrameMac | None = None  # set by start_macs
         self._rx: FrameMac | None = None
-        self._rx_mac: Any = None  # the running MAC of the last KV header received
+        self._rx_mac: FrameSeal | None = None  # the seal of the last KV header received
 
     # -- primitives ---------------------------------------------------------------------------
 
@@ -159,14 +152,14 @@ class ByteChannel(Channel):
         """Whether frames carry MACs now (after the handshake, not under TLS)."""
         return self._tx is not None
 
-    def _seal(self, header: Header) -> tuple[bytes, Any]:
+    def _seal(self, header: Header) -> tuple[bytes, FrameSeal | None]:
         """A header frame's bytes (prefix, map, and its tag once sealed) and its running MAC
         (None before ``start_macs``). Call under the write lock: it takes the next seq."""
         head = encode_header(header)
         if self._tx is None:
             return head, None
         mac = self._tx.begin(head)
-        return head + header_tag(mac), mac
+        return head + mac.header_tag, mac
 
     def _check_open(self) -> None:
         if self._closed:
@@ -212,7 +205,7 @@ class ByteChannel(Channel):
             await self._write(IoVec([memoryview(head)], len(head)))
             return
         try:
-            hasher = xxhash.xxh3_64() if mac is None else mac
+            hasher: Any = xxhash.xxh3_64() if mac is None else mac
             update = hasher.update
             groups = batches(span.views())
             last = len(groups) - 1
@@ -224,7 +217,7 @@ class ByteChannel(Channel):
                     size += len(head)
                 if i == last:
                     trailer = (TRAILER.pack(hasher.intdigest()) if mac is None
-                               else payload_tag(mac))
+                               else mac.payload_tag())
                     group = [*group, memoryview(trailer)]
                     size += len(trailer)
                 await self._write(IoVec(group, size))
@@ -241,7 +234,7 @@ class ByteChannel(Channel):
         if self._rx is not None:
             tag = await self._read_exact(TAG_BYTES)
             mac = self._rx.begin(prefix + body)
-            if not same(tag, header_tag(mac)):
+            if not same(tag, mac.header_tag):
                 raise FrameAuthError("frame MAC does not verify (tampered, replayed or "
                                      "reordered)")
             self._rx_mac = mac
@@ -259,7 +252,7 @@ class ByteChannel(Channel):
             await self._discard(nbytes + trailer)
             return False
         try:
-            hasher = xxhash.xxh3_64() if mac is None else mac
+            hasher: Any = xxhash.xxh3_64() if mac is None else mac
             update = hasher.update
             groups = batches(span.views())
             for i, (group, size) in enumerate(groups):
@@ -270,7 +263,7 @@ class ByteChannel(Channel):
                 for v in group:
                     update(v)
             if mac is not None:
-                if not same(await self._read_exact(TAG_BYTES), payload_tag(mac)):
+                if not same(await self._read_exact(TAG_BYTES), mac.payload_tag()):
                     raise FrameAuthError("KV payload MAC does not verify (tampered)")
             else:
                 (digest,) = TRAILER.unpack(await self._read_exact(TRAILER.size))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tandem.kv_transfer import Aborted, Committed
-from tandem.kv_transfer.frame_mac import FrameMac, header_tag, session_keys
+from tandem.kv_transfer.frame_mac import FrameMac, session_keys
 from tandem.kv_transfer.frames import Kind, encode_header
 from tandem.kv_transfer.testing import (
     RawPeer,
@@ -36,9 +36,16 @@ def test_session_keys_differ_per_direction_and_per_connection() -> None:
     assert session_keys(b"k" * 32, b"a" * 16, b"c" * 16, "fp", sender=True).send != s.send
     assert session_keys(b"j" * 32, b"a" * 16, b"b" * 16, "fp", sender=True).send != s.send
     one, two = FrameMac(s.send), FrameMac(s.send)
-    first = header_tag(one.begin(b"frame"))
-    assert header_tag(two.begin(b"frame")) == first  # same key, same position: same tag
-    assert header_tag(one.begin(b"frame")) != first  # the next position: another tag
+    first = one.begin(b"frame")
+    again = two.begin(b"frame")  # same key, same position: same tags
+    assert again.header_tag == first.header_tag
+    first.update(b"payload")
+    again.update(b"payload")
+    tag = first.payload_tag()
+    assert again.payload_tag() == tag
+    later = one.begin(b"frame")  # the next position: other tags
+    later.update(b"payload")
+    assert later.header_tag != first.header_tag and later.payload_tag() != tag
 
 
 async def _bound_victim(peer: RawPeer, p_rx: object, tid: str, block: int) -> None:
@@ -74,7 +81,7 @@ def test_a_bad_frame_closes_the_connection_and_frees_what_it_bound(attack: str) 
         else:  # a frame sealed with the receiver's own key, sent back to it
             assert peer.rx is not None
             head = encode_header({"kind": Kind.KEEPALIVE, "transfer": "victim"})
-            await peer.send_raw(head + header_tag(peer.rx.begin(head)))
+            await peer.send_raw(head + peer.rx.begin(head).header_tag)
         event = await p.rx.events.get()
         assert isinstance(event, Aborted) and event.code == "connection_lost", event
         assert await peer.closed_by_peer(), "the receiver kept a forged stream open"
