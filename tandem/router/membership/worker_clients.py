@@ -64,6 +64,10 @@ class WorkerClients:
         """DecodeService stub for ``endpoint``."""
         return worker_pb2_grpc.DecodeServiceStub(self._channel(endpoint))
 
+    def membership(self, endpoint: str) -> worker_pb2_grpc.MembershipStub:
+        """Membership stub for ``endpoint`` (the proof a discovered worker gives)."""
+        return worker_pb2_grpc.MembershipStub(self._channel(endpoint))
+
     def health(self, endpoint: str) -> health_pb2_grpc.HealthStub:
         """grpc.health.v1 stub for ``endpoint``."""
         return health_pb2_grpc.HealthStub(self._channel(endpoint))
