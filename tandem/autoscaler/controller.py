@@ -84,7 +84,11 @@ class Controller:
         self._timeout = rpc_timeout_s
         self._router = router
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._tokens = aio_interceptors(credential) if credential is not None else []
+        self._credential = credential
+
+    def _tokens(self, endpoint: str) -> list[grpc.aio.ClientInterceptor]:
+        """The cluster token on every call to the worker at ``endpoint`` (minted for it)."""
+        return [] if self._credential is None else aio_interceptors(self._credential, endpoint)
 
     async def scrape(self) -> Snapshot:
         """One Stats call per worker, concurrently."""
@@ -142,7 +146,7 @@ class Controller:
         channel = self._channels.get(target.endpoint)
         if channel is None:
             channel = self._channels[target.endpoint] = grpc.aio.insecure_channel(
-                target.endpoint, interceptors=self._tokens)
+                target.endpoint, interceptors=self._tokens(target.endpoint))
         stub_cls = (worker_pb2_grpc.PrefillServiceStub if target.role == "prefill"
                     else worker_pb2_grpc.DecodeServiceStub)
         try:

@@ -113,7 +113,7 @@ class WorkerPoller:
         cluster = cluster or ClusterCredential.insecure_default()
         self._channels = {
             e: sync_channel(grpc.secure_channel(e, credentials) if credentials is not None
-                            else grpc.insecure_channel(e), cluster)
+                            else grpc.insecure_channel(e), cluster, e)
             for e in self.endpoints
         }
         self._stub: dict[str, object] = {}

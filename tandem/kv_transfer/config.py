@@ -70,7 +70,12 @@ class ReceiverConfig:
     tls: TlsConfig | None = None
     socket_dir: str | None = None
     limits: Limits = field(default_factory=Limits)
+    # Authenticated senders (member slots). Connections that have not proven themselves yet
+    # wait in a separate pool of max_pending_handshakes, each for at most handshake_timeout_s;
+    # when it is full the longest waiting one is closed for the newcomer, so strangers can
+    # neither take member slots nor keep a member's handshake out.
     max_connections: int = 64
+    max_pending_handshakes: int = 16
     max_active_transfers: int = 1_024
     handshake_timeout_s: float = 5.0
     idle_timeout_s: float = 300.0
@@ -86,7 +91,8 @@ class ReceiverConfig:
 
     def __post_init__(self) -> None:
         _check_secret(self, self.secret)
-        _positive(self, "max_connections", "max_active_transfers", "handshake_timeout_s",
+        _positive(self, "max_connections", "max_pending_handshakes", "max_active_transfers",
+                  "handshake_timeout_s",
                   "idle_timeout_s", "frame_timeout_s", "progress_timeout_s", "max_transfer_s",
                   "socket_buffer_bytes", "shm_slots", "shm_slot_bytes")
         if not 0 <= self.port < 65_536:

@@ -60,6 +60,13 @@ class OutsideReservation(ProtocolError):
     code = "outside_reservation"
 
 
+class FrameAuthError(ProtocolError):
+    """A frame's MAC does not verify: tampered, replayed, reordered or not from the peer that
+    did the handshake. The connection closes."""
+
+    code = "bad_mac"
+
+
 class HandshakeError(KvTransferError):
     """HELLO failed; ``code`` is the NACK code sent or received."""
 

@@ -1,7 +1,7 @@
 """Frame headers: kinds, encoding, and a decoder that trusts nothing.
 
-A frame on the wire is ``u32 BE header length | msgpack map | payload? | trailer?``
-(docs/kv_transfer.md section 2). This module owns the header part: ``encode_header`` makes the
+A frame on the wire is ``u32 BE header length | msgpack map | tag? | payload? | trailer?``
+(docs/kv_transfer.md section 2; the tags are frame_mac.py's). This module owns the header part: ``encode_header`` makes the
 prefix and map, ``HeaderCodec.decode`` parses a map under the configured limits and checks each
 field's type for the frame's kind. Payload handling belongs to the channels.
 """
@@ -18,7 +18,9 @@ from tandem.common.wire import MAX_SEQUENCES
 from tandem.kv_transfer.config import Limits
 from tandem.kv_transfer.errors import FrameTooLarge, MalformedFrame, UnknownFrameKind
 
-PROTOCOL_VERSION = 2  # 2: KEEPALIVE, BEGIN.ttl_ms, HELLO.keepalive_ms (leases renewed)
+# 2: KEEPALIVE, BEGIN.ttl_ms, HELLO.keepalive_ms (leases renewed); 3: the receiver reveals its
+# layout and limits only in the ACK, after the sender's proof; per-frame MACs after HELLO
+PROTOCOL_VERSION = 3
 PREFIX = struct.Struct(">I")  # header length
 TRAILER = struct.Struct(">Q")  # xxh3_64 of the payload (byte-stream transports)
 MAX_ID_LEN = 128
@@ -26,7 +28,7 @@ MAX_REASON_LEN = 512
 
 
 class Kind(enum.IntEnum):
-    """Frame kinds of protocol version 2."""
+    """Frame kinds of protocol version 3."""
 
     HELLO = 1
     BEGIN = 2
@@ -58,7 +60,8 @@ _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.COMMIT: {"transfer": (_STR, True), "token": (_INT, True), "logprob": (_FLOAT, True),
                   "tokens": (_IDS, False), "logprobs": (_FLOATS, False)},
     Kind.ABORT: {"transfer": (_STR, True), "reason": (_STR, False)},
-    Kind.ACK: {"ref": (_INT, True), "transfer": (_STR, False)},
+    Kind.ACK: {"ref": (_INT, True), "transfer": (_STR, False), "fingerprint": (_STR, False),
+               "max_payload": (_INT, False), "keepalive_ms": (_INT, False)},
     Kind.NACK: {"ref": (_INT, True), "transfer": (_STR, False), "code": (_STR, True),
                 "reason": (_STR, False)},
     Kind.CREDIT: {"slot": (_INT, True)},

@@ -1,13 +1,18 @@
-"""HELLO: mutual HMAC authentication, version and layout check (docs/kv_transfer.md section 3).
+"""HELLO: mutual HMAC authentication, then the version and layout check and the frame keys
+(docs/kv_transfer.md section 3).
 
-    S -> R  HELLO {version, layout, fingerprint, nonce_s, transport}
-    R -> S  HELLO {version, fingerprint, nonce_r, max_payload, keepalive_ms, proof_r}
-                                                                           or NACK, close
-    S -> R  HELLO {proof_s, transport extras}
-    R -> S  ACK   {ref: HELLO, transport extras}                           or NACK, close
+    S -> R  HELLO {version, nonce_s, transport}
+    R -> S  HELLO {version, nonce_r, proof_r}                               or NACK, close
+            S checks proof_r: the receiver holds the secret
+    S -> R  HELLO {proof_s, layout, fingerprint, transport extras}
+            both sides: frames are sealed from here on (frame_mac.py, keys from both nonces)
+            R checks proof_s, then the layout, then takes a member slot (``admit``)
+    R -> S  ACK   {ref: HELLO, fingerprint, max_payload, keepalive_ms, transport extras}
+                                                                            or NACK, close
 
-Each side proves it holds the secret over both nonces and the fingerprint; the labels differ
-per role so a proof cannot be reflected back.
+Each side proves it holds the secret over both nonces; the labels differ per role so a proof
+cannot be reflected back. Nothing about the receiver's cache (layout, fingerprint, limits)
+goes out before the sender's proof has verified, and a stranger's layout is never parsed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tandem.kv_transfer.errors import (
@@ -27,6 +33,7 @@ from tandem.kv_transfer.errors import (
     MalformedFrame,
     VersionMismatch,
 )
+from tandem.kv_transfer.frame_mac import session_keys
 from tandem.kv_transfer.frames import PROTOCOL_VERSION, Header, Kind, ack, nack
 from tandem.kv_transfer.layout import KvLayout
 from tandem.kv_transfer.transport.base import Channel
@@ -34,19 +41,20 @@ from tandem.kv_transfer.transport.base import Channel
 NONCE_BYTES = 16
 # What a sender accepts as the receiver's KEEPALIVE interval (a bad value cannot make it spin).
 MIN_KEEPALIVE_S, MAX_KEEPALIVE_S = 0.01, 3600.0
-_SENDER_LABEL = b"tandem-kv/1/sender"
-_RECEIVER_LABEL = b"tandem-kv/1/receiver"
+SENDER_LABEL = b"tandem-kv/3/sender"
+RECEIVER_LABEL = b"tandem-kv/3/receiver"
 
 
-def proof(secret: bytes, label: bytes, nonce_a: bytes, nonce_b: bytes, fingerprint: str) -> bytes:
-    """HMAC-SHA256 over a role label, both nonces and the layout fingerprint."""
+def proof(secret: bytes, label: bytes, nonce_a: bytes, nonce_b: bytes,
+          fingerprint: str = "") -> bytes:
+    """HMAC-SHA256 over a role label, both nonces and (the sender's) layout fingerprint."""
     msg = label + nonce_a + nonce_b + fingerprint.encode()
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
 @dataclass(frozen=True, slots=True)
 class PeerInfo:
-    """What the sender learns from the receiver's HELLO."""
+    """What the sender learns from the receiver's ACK."""
 
     max_payload: int
     keepalive_s: float  # send a KEEPALIVE for a bound transfer quiet for this long
@@ -71,6 +79,13 @@ def _bytes(header: Header, name: str) -> bytes:
 def _int(header: Header, name: str) -> int:
     value = header.get(name)
     if type(value) is not int:
+        raise MalformedFrame(f"{Kind(header['kind']).name} lacks {name!r}")
+    return value
+
+
+def _str(header: Header, name: str) -> str:
+    value = header.get(name)
+    if type(value) is not str:
         raise MalformedFrame(f"HELLO lacks {name!r}")
     return value
 
@@ -79,30 +94,37 @@ async def client_handshake(ch: Channel, layout: KvLayout, secret: bytes) -> Peer
     """Sender side. Raises a ``HandshakeError`` subclass (or ``ChannelClosed``) on refusal."""
     nonce_s = secrets.token_bytes(NONCE_BYTES)
     fp = layout.fingerprint
-    await ch.send({"kind": Kind.HELLO, "version": PROTOCOL_VERSION, "layout": layout.to_wire(),
-                   "fingerprint": fp, "nonce": nonce_s, "transport": ch.transport})
+    await ch.send({"kind": Kind.HELLO, "version": PROTOCOL_VERSION, "nonce": nonce_s,
+                   "transport": ch.transport})
     hello = _expect(await ch.recv(), Kind.HELLO, "HELLO")
     if hello.get("version") != PROTOCOL_VERSION:
         raise VersionMismatch(f"receiver speaks version {hello.get('version')}")
     nonce_r = _bytes(hello, "nonce")
-    max_payload = _int(hello, "max_payload")
-    keepalive_s = min(max(_int(hello, "keepalive_ms") / 1000, MIN_KEEPALIVE_S), MAX_KEEPALIVE_S)
-    proof_r = _bytes(hello, "proof")
-    if hello.get("fingerprint") != fp:
-        raise LayoutMismatchError(f"receiver layout {hello.get('fingerprint')} != {fp}")
-    if not hmac.compare_digest(proof_r, proof(secret, _RECEIVER_LABEL, nonce_s, nonce_r, fp)):
+    if not hmac.compare_digest(_bytes(hello, "proof"),
+                               proof(secret, RECEIVER_LABEL, nonce_s, nonce_r)):
         raise AuthenticationError("receiver's proof does not verify: wrong secret")
-    await ch.send({"kind": Kind.HELLO, "proof": proof(secret, _SENDER_LABEL, nonce_r, nonce_s, fp),
-                   **ch.client_hello_extras()})
+    await ch.send({"kind": Kind.HELLO, "proof": proof(secret, SENDER_LABEL, nonce_r, nonce_s, fp),
+                   "layout": layout.to_wire(), "fingerprint": fp, **ch.client_hello_extras()})
+    ch.start_macs(session_keys(secret, nonce_s, nonce_r, fp, sender=True))
     done = _expect(await ch.recv(), Kind.ACK, "ACK")
+    if done.get("fingerprint") != fp:
+        raise LayoutMismatchError(f"receiver layout {done.get('fingerprint')} != {fp}")
+    max_payload = _int(done, "max_payload")
+    keepalive_s = min(max(_int(done, "keepalive_ms") / 1000, MIN_KEEPALIVE_S), MAX_KEEPALIVE_S)
     ch.client_setup(done)
     return PeerInfo(max_payload=max_payload, keepalive_s=keepalive_s)
 
 
-async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes,
-                           keepalive_s: float) -> None:
-    """Receiver side; ``keepalive_s`` is the KEEPALIVE interval asked of the sender. On refusal
-    sends a NACK, then raises the matching ``HandshakeError``."""
+def _admit_all() -> None:
+    return None
+
+
+async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes, keepalive_s: float,
+                           admit: Callable[[], None] = _admit_all) -> None:
+    """Receiver side; ``keepalive_s`` is the KEEPALIVE interval asked of the sender; ``admit``
+    is called once the sender has proven itself and its layout matches, and raises
+    ``PeerBusy`` when there is no room for it. On refusal sends a NACK, then raises the
+    matching ``HandshakeError``."""
     fp = layout.fingerprint
     try:
         hello = _expect(await ch.recv(), Kind.HELLO, "HELLO")
@@ -112,16 +134,21 @@ async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes,
         nonce_s = _bytes(hello, "nonce")
         if len(nonce_s) != NONCE_BYTES:
             raise MalformedFrame("HELLO nonce has the wrong length")
-        layout.check_compatible(KvLayout.from_wire(hello.get("layout")))
         nonce_r = secrets.token_bytes(NONCE_BYTES)
-        await ch.send({"kind": Kind.HELLO, "version": PROTOCOL_VERSION, "fingerprint": fp,
-                       "nonce": nonce_r, "max_payload": ch.max_payload,
-                       "keepalive_ms": max(1, int(keepalive_s * 1000)),
-                       "proof": proof(secret, _RECEIVER_LABEL, nonce_s, nonce_r, fp)})
+        await ch.send({"kind": Kind.HELLO, "version": PROTOCOL_VERSION, "nonce": nonce_r,
+                       "proof": proof(secret, RECEIVER_LABEL, nonce_s, nonce_r)})
         final = _expect(await ch.recv(), Kind.HELLO, "proof")
-        proof_s = _bytes(final, "proof")
-        if not hmac.compare_digest(proof_s, proof(secret, _SENDER_LABEL, nonce_r, nonce_s, fp)):
+        claimed = _str(final, "fingerprint")
+        # Sealed from here: the sender seals from its last HELLO on, so every reply is too.
+        ch.start_macs(session_keys(secret, nonce_s, nonce_r, claimed, sender=False))
+        if not hmac.compare_digest(_bytes(final, "proof"),
+                                   proof(secret, SENDER_LABEL, nonce_r, nonce_s, claimed)):
             raise AuthenticationError("sender's proof does not verify: wrong secret")
+        theirs = KvLayout.from_wire(final.get("layout"))  # a member's: parsed after its proof
+        if theirs.fingerprint != claimed:
+            raise MalformedFrame("HELLO layout does not match its fingerprint")
+        layout.check_compatible(theirs)
+        admit()
         extras = ch.server_setup(final)
     except HandshakeError as exc:
         await _refuse(ch, exc.code, str(exc))
@@ -129,7 +156,8 @@ async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes,
     except MalformedFrame as exc:
         await _refuse(ch, exc.code, str(exc))
         raise
-    await ch.send(ack(Kind.HELLO, **extras))
+    await ch.send(ack(Kind.HELLO, fingerprint=fp, max_payload=ch.max_payload,
+                      keepalive_ms=max(1, int(keepalive_s * 1000)), **extras))
 
 
 async def _refuse(ch: Channel, code: str, reason: str) -> None:

@@ -27,9 +27,9 @@ import torch
 from tandem.kv_transfer.blocks import KvBlocks
 from tandem.kv_transfer.config import ReceiverConfig
 from tandem.kv_transfer.endpoint import Endpoint, local_host_id
-from tandem.kv_transfer.errors import ConfigError
+from tandem.kv_transfer.errors import ConfigError, PeerBusy
 from tandem.kv_transfer.events import Aborted, Committed, Expired, TransferEvent
-from tandem.kv_transfer.frames import Kind, abort, nack
+from tandem.kv_transfer.frames import abort
 from tandem.kv_transfer.layout import KvLayout
 from tandem.kv_transfer.receiver_conn import InboundConnection
 from tandem.kv_transfer.reservations import Reservation, ReservationTable
@@ -57,6 +57,7 @@ class ReceiverStats:
     refusals: dict[str, int] = field(default_factory=dict)
     keepalives: int = 0  # KEEPALIVE frames that renewed a lease
     receiving: int = 0  # connections in the middle of a KV frame's payload right now
+    pending: int = 0  # connections still in their handshake (counted in ``connections``)
 
 
 class Receiver:
@@ -73,7 +74,8 @@ class Receiver:
         self.table = ReservationTable(self.blocks.num_blocks, layout.num_layers)
         self.events: asyncio.Queue[TransferEvent] = asyncio.Queue()
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._conns: dict[int, InboundConnection] = {}
+        self._conns: dict[int, InboundConnection] = {}  # authenticated: member slots
+        self._pending: dict[int, InboundConnection] = {}  # in their handshake, oldest first
         self._conn_ids = itertools.count(1)
         self._listeners: list[Listener] = []
         self._endpoint: Endpoint | None = None
@@ -109,7 +111,7 @@ class Receiver:
         for listener in self._listeners:
             await listener.close()
         self._listeners.clear()
-        conns = list(self._conns.values())
+        conns = [*self._pending.values(), *self._conns.values()]
         for conn in conns:
             conn.close("receiver closing")
         await asyncio.gather(*(c.finished() for c in conns), return_exceptions=True)
@@ -118,7 +120,7 @@ class Receiver:
 
     def disconnect_all(self, reason: str = "disconnected by the receiver") -> None:
         """Close every sender connection now (their bound transfers end with ``Aborted``)."""
-        for conn in list(self._conns.values()):
+        for conn in [*self._pending.values(), *self._conns.values()]:
             conn.close(reason)
 
     # -- the decode worker's API --------------------------------------------------------------
@@ -150,11 +152,13 @@ class Receiver:
         return ReceiverStats(
             reservations=len(self.table), bound_transfers=self.table.bound,
             held_blocks=self.table.held_blocks, buffered_bytes=buffered,
-            connections=len(self._conns), committed=self._counts["committed"],
+            connections=len(self._conns) + len(self._pending),
+            committed=self._counts["committed"],
             aborted=self._counts["aborted"], expired=self._counts["expired"],
             bytes_received=self.bytes_received, refusals=dict(self.refusals),
             keepalives=self.keepalives,
-            receiving=sum(1 for c in self._conns.values() if c.receiving))
+            receiving=sum(1 for c in self._conns.values() if c.receiving),
+            pending=len(self._pending))
 
     async def wait_until(self, predicate: Callable[[ReceiverStats], bool],
                          timeout: float = 10.0) -> ReceiverStats:
@@ -174,21 +178,37 @@ class Receiver:
         event.set()
 
     async def _accept(self, channel: Channel) -> None:
+        """A new connection waits in the pre-authentication pool until its handshake proves
+        it (``_admit`` moves it to a member slot); a full pool closes its longest waiting
+        connection to make room (a member's handshake is one round trip: it never waits
+        long enough to be the oldest while strangers keep arriving)."""
         conn_id = next(self._conn_ids)
         conn = InboundConnection(self, conn_id, channel)
-        if len(self._conns) >= self.config.max_connections:
-            self.refusals["busy"] += 1
-            log.warning("refusing %s %s: at max_connections=%d", channel.transport, channel.peer,
-                        self.config.max_connections)
-            await conn.refuse(nack(Kind.HELLO, "busy", "receiver at its connection limit"))
-            return
-        self._conns[conn_id] = conn
+        if len(self._pending) >= self.config.max_pending_handshakes:
+            oldest_id = next(iter(self._pending))
+            oldest = self._pending.pop(oldest_id)
+            self.refusals["preauth_full"] += 1
+            log.warning("pre-authentication pool full (%d): closing %s %s, waiting longest",
+                        self.config.max_pending_handshakes, oldest.ch.transport, oldest.ch.peer)
+            oldest.close("pre-authentication pool full")
+        self._pending[conn_id] = conn
         self._touch()
         try:
             await conn.run()
         finally:
+            self._pending.pop(conn_id, None)
             self._conns.pop(conn_id, None)
             self._touch()
+
+    def _admit(self, conn: InboundConnection) -> None:
+        """``conn`` proved itself: give it a member slot, or raise ``PeerBusy``."""
+        if len(self._conns) >= self.config.max_connections:  # counted as a "busy" refusal
+            log.warning("refusing %s %s: at max_connections=%d", conn.ch.transport,
+                        conn.ch.peer, self.config.max_connections)
+            raise PeerBusy("receiver at its connection limit")
+        self._pending.pop(conn.id, None)
+        self._conns[conn.id] = conn
+        self._touch()
 
     def _arm(self, res: Reservation) -> None:
         """(Re)start the lease timer for ``res.expires_at``."""

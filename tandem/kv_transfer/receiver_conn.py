@@ -1,7 +1,10 @@
 """One accepted connection on the receiver: handshake, then frames into reserved blocks.
 
-    HELLO x3/ACK -> loop: BEGIN | KV (+payload) | KEEPALIVE | COMMIT | ABORT
-    protocol error, timeout or EOF -> NACK (if possible), close, abort the transfers bound here
+    HELLO x3/ACK (in the pre-authentication pool; a member slot once proven)
+    -> loop: BEGIN | KV (+payload) | KEEPALIVE | COMMIT | ABORT, every frame's MAC checked
+       before it is acted on (transport/byte_channel.py)
+    protocol error (a bad MAC included), timeout or EOF -> NACK (if possible), close, abort
+    the transfers bound here (their blocks go back to the decode worker)
 
 Nothing from the wire is used before it is checked against the layout and the reservation
 (docs/kv_transfer.md section 4); a bad peer loses its connection, never the receiver.
@@ -83,17 +86,6 @@ class InboundConnection:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def refuse(self, header: Header) -> None:
-        """Send one NACK and close, reading nothing (over the connection limit)."""
-        try:
-            with contextlib.suppress(ChannelClosed):
-                await asyncio.wait_for(self.ch.send(header), 1.0)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            self.ch.close()
-            self._done.set()
-
     def _arm(self, seconds: float, what: str) -> None:
         """Close the connection if the next step takes longer than ``seconds``."""
         self._disarm()
@@ -111,7 +103,8 @@ class InboundConnection:
         reason = "connection ended"
         try:
             self._arm(cfg.handshake_timeout_s, "handshake timeout")
-            await server_handshake(ch, rx.layout, cfg.secret, cfg.keepalive_s)
+            await server_handshake(ch, rx.layout, cfg.secret, cfg.keepalive_s,
+                                   lambda: rx._admit(self))
             while True:
                 self._arm(cfg.idle_timeout_s, "idle timeout")
                 header = await ch.recv()

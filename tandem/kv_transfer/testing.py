@@ -25,9 +25,10 @@ from tandem.kv_transfer.blocks import TORCH_DTYPES, KvBlocks
 from tandem.kv_transfer.config import Limits, ReceiverConfig, SenderConfig, TlsConfig
 from tandem.kv_transfer.endpoint import Endpoint, split_host_port
 from tandem.kv_transfer.errors import ChannelClosed
+from tandem.kv_transfer.frame_mac import TAG_BYTES, FrameMac, FrameSeal, session_keys
 from tandem.kv_transfer.frames import PREFIX, PROTOCOL_VERSION, TRAILER, Header, HeaderCodec, Kind
 from tandem.kv_transfer.frames import encode_header as encode_header
-from tandem.kv_transfer.handshake import _RECEIVER_LABEL, _SENDER_LABEL, client_handshake, proof
+from tandem.kv_transfer.handshake import RECEIVER_LABEL, SENDER_LABEL, client_handshake, proof
 from tandem.kv_transfer.layout import KvLayout
 from tandem.kv_transfer.receiver import Receiver
 from tandem.kv_transfer.sender import Sender
@@ -173,6 +174,8 @@ class RawPeer:
         self.reader = reader
         self.writer = writer
         self.codec = HeaderCodec(Limits())
+        self.tx: FrameMac | None = None  # after ``handshake``: frames are sealed both ways
+        self.rx: FrameMac | None = None
 
     @classmethod
     async def connect(cls, endpoint: Endpoint) -> RawPeer:
@@ -190,14 +193,33 @@ class RawPeer:
         except (ConnectionError, OSError):
             pass
 
-    async def send_frame(self, header: Header, payload: bytes = b"",
-                         trailer: int | None = None) -> None:
-        """A frame; with a payload, its xxh3 trailer (or ``trailer`` if given)."""
-        data = encode_header(header) + payload
+    def seal(self, header: Header) -> tuple[bytes, FrameSeal | None]:
+        """A header's bytes as they go on the wire now (with its tag after the handshake)
+        and the frame's running MAC (None before)."""
+        head = encode_header(header)
+        if self.tx is None:
+            return head, None
+        mac = self.tx.begin(head)
+        return head + mac.header_tag, mac
+
+    def frame_bytes(self, header: Header, payload: bytes = b"",
+                    trailer: bytes | None = None) -> bytes:
+        """A whole frame as an honest peer writes it; with a payload, its trailer (the xxh3
+        checksum before the handshake, the payload tag after it) or ``trailer`` if given."""
+        data, mac = self.seal(header)
         if payload or "nbytes" in header:
-            digest = xxhash.xxh3_64_intdigest(payload) if trailer is None else trailer
-            data += TRAILER.pack(digest)
-        await self.send_raw(data)
+            if trailer is None and mac is None:
+                trailer = TRAILER.pack(xxhash.xxh3_64_intdigest(payload))
+            elif trailer is None:
+                mac.update(payload)
+                trailer = mac.payload_tag()
+            data += payload + trailer
+        return data
+
+    async def send_frame(self, header: Header, payload: bytes = b"",
+                         trailer: bytes | None = None) -> None:
+        """Send ``frame_bytes(header, payload, trailer)``."""
+        await self.send_raw(self.frame_bytes(header, payload, trailer))
 
     def half_close(self) -> None:
         """Signal EOF to the receiver (ignoring a peer that already closed)."""
@@ -207,29 +229,39 @@ class RawPeer:
             pass
 
     async def recv_frame(self, timeout: float = 5.0) -> Header:
-        """The next header from the receiver (raises ``ChannelClosed`` at EOF)."""
+        """The next header from the receiver (raises ``ChannelClosed`` at EOF); after the
+        handshake its tag is checked (AssertionError when it does not verify)."""
         try:
             prefix = await asyncio.wait_for(self.reader.readexactly(PREFIX.size), timeout)
             (n,) = PREFIX.unpack(prefix)
-            return self.codec.decode(await asyncio.wait_for(self.reader.readexactly(n), timeout))
+            body = await asyncio.wait_for(self.reader.readexactly(n), timeout)
+            if self.rx is not None:
+                tag = await asyncio.wait_for(self.reader.readexactly(TAG_BYTES), timeout)
+                assert tag == self.rx.begin(prefix + body).header_tag, "bad tag from receiver"
+            return self.codec.decode(body)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise ChannelClosed("receiver closed the connection") from exc
 
-    async def handshake(self, layout: KvLayout, secret: bytes = TEST_SECRET) -> None:
-        """Complete HELLO as an honest sender would."""
-        nonce_s = b"n" * 16
+    async def hello(self, nonce_s: bytes = b"n" * 16) -> Header:
+        """The first HELLO; returns the receiver's answer."""
         await self.send_frame({"kind": Kind.HELLO, "version": PROTOCOL_VERSION,
-                               "layout": layout.to_wire(), "fingerprint": layout.fingerprint,
                                "nonce": nonce_s, "transport": "tcp"})
-        hello = await self.recv_frame()
+        return await self.recv_frame()
+
+    async def handshake(self, layout: KvLayout, secret: bytes = TEST_SECRET) -> None:
+        """Complete HELLO as an honest sender would (frames are sealed from then on)."""
+        nonce_s = b"n" * 16
+        hello = await self.hello(nonce_s)
         assert hello["kind"] == Kind.HELLO, hello
         nonce_r = hello["nonce"]
-        expect = proof(secret, _RECEIVER_LABEL, nonce_s, nonce_r, layout.fingerprint)
-        assert hello["proof"] == expect
-        await self.send_frame({"kind": Kind.HELLO, "proof": proof(
-            secret, _SENDER_LABEL, nonce_r, nonce_s, layout.fingerprint)})
+        assert hello["proof"] == proof(secret, RECEIVER_LABEL, nonce_s, nonce_r)
+        fp = layout.fingerprint
+        await self.send_frame({"kind": Kind.HELLO, "layout": layout.to_wire(), "fingerprint": fp,
+                               "proof": proof(secret, SENDER_LABEL, nonce_r, nonce_s, fp)})
+        keys = session_keys(secret, nonce_s, nonce_r, fp, sender=True)
+        self.tx, self.rx = FrameMac(keys.send), FrameMac(keys.recv)
         done = await self.recv_frame()
-        assert done["kind"] == Kind.ACK, done
+        assert done["kind"] == Kind.ACK and done["fingerprint"] == fp, done
 
     async def closed_by_peer(self, timeout: float = 5.0) -> bool:
         """Read (and drop) until the receiver closes; True when it did within ``timeout``."""
@@ -304,10 +336,15 @@ class HandSender:
         if isinstance(ch, ShmChannel):
             slot = await ch._take_slot()
             ch._slot_array(slot, len(payload))[:] = np.frombuffer(payload, dtype=np.uint8)
-            head = encode_header({**header, "slot": slot, "xxh": digest})
+            head, _ = ch._seal({**header, "slot": slot, "xxh": digest})
             first, rest = head[: len(head) // 2], head[len(head) // 2:]
         else:
-            first, rest = encode_header(header), payload + TRAILER.pack(digest)
+            first, mac = ch._seal(header)
+            if mac is None:  # TLS: the checksum trailer
+                rest = payload + TRAILER.pack(digest)
+            else:
+                mac.update(payload)
+                rest = payload + mac.payload_tag()
         await ch._write(IoVec([memoryview(first)]))
 
         async def send_rest() -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
-from tandem.common.security.grpc_auth import sync_channel
+from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, sync_channel
 from tandem.common.wire import parse_ready_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,8 @@ class Proc:
 
     def channel(self) -> grpc.Channel:
         """A channel to this process's gRPC port that calls as a cluster member does."""
-        return sync_channel(grpc.insecure_channel(self.grpc), self.credential)
+        audience = ROUTER_AUDIENCE if self.info.get("role") == "router" else self.grpc
+        return sync_channel(grpc.insecure_channel(self.grpc), self.credential, audience)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
@@ -131,9 +132,10 @@ class Cluster:
             weakref.finalize(self, shutil.rmtree, self._scratch, True)
         return self._scratch
 
-    def channel(self, target: str) -> grpc.Channel:
-        """A channel to ``target`` (one of this cluster's processes) that calls as a member."""
-        return sync_channel(grpc.insecure_channel(target), self.credential)
+    def channel(self, target: str, audience: str | None = None) -> grpc.Channel:
+        """A channel to ``target`` (one of this cluster's processes) that calls as a member;
+        its tokens are for ``audience`` (default: ``target``, a worker dialed by it)."""
+        return sync_channel(grpc.insecure_channel(target), self.credential, audience or target)
 
     def stop(self) -> None:
         """SIGTERM everything still running, then SIGKILL what outlives the grace period;

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from tandem.common.security.credential import ClusterCredential
-from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, aio_interceptors
 from tandem.common.wire import parse_ready_line
 from tandem.launcher.signals import SignalRecorder, TimingServer
 from tandem.launcher.spec import REGISTRY
@@ -203,7 +203,7 @@ class WorkerActor:
                       else ClusterCredential.insecure_default())
         with contextlib.suppress(grpc.aio.AioRpcError):
             async with grpc.aio.insecure_channel(
-                    self._router, interceptors=aio_interceptors(credential)) as channel:
+                    self._router, interceptors=aio_interceptors(credential, ROUTER_AUDIENCE)) as channel:
                 reply = await worker_pb2_grpc.RegistryStub(channel).Heartbeat(
                     worker_pb2.HeartbeatRequest(worker_id=self.worker_id), timeout=5)
                 return bool(reply.known)

@@ -288,10 +288,13 @@ async def run_direct(
     when ``prefill`` is None); the first token comes from that reply; the rest from Decode.
     ``credential``: the cluster's (the workers answer members only; None: insecure workers).
     """
-    tokens = aio_interceptors(credential) if credential is not None else []
-    async with grpc.aio.insecure_channel(decode, interceptors=tokens) as dch:
+    def tokens(target: str) -> list[grpc.aio.ClientInterceptor]:
+        return aio_interceptors(credential, target) if credential is not None else []
+
+    async with grpc.aio.insecure_channel(decode, interceptors=tokens(decode)) as dch:
         d_stub = worker_pb2_grpc.DecodeServiceStub(dch)
-        p_channel = grpc.aio.insecure_channel(prefill, interceptors=tokens) if prefill else None
+        p_channel = (grpc.aio.insecure_channel(prefill, interceptors=tokens(prefill))
+                     if prefill else None)
         p_stub = worker_pb2_grpc.PrefillServiceStub(p_channel) if p_channel else None
         try:
             return await _paced(

@@ -372,7 +372,9 @@ async def _serve(
     log.info("draining: no new requests, waiting for %d in flight", server.gate.ledger.running)
     drained = await server.drain()
     if discovery is not None:
-        await discovery.stop()
+        watch, sink = discovery
+        await watch.stop()
+        await sink.close()
     await server.stop()
     return 0 if drained else 1
 
@@ -382,16 +384,18 @@ async def _start_discovery(config: RouterConfig, server: RouterServer) -> Any:
     if config.discovery != "kubernetes":
         return None
     from tandem.router.membership import k8s_discovery as kd
+    from tandem.router.membership.member_proof import MemberProver
 
+    prover = MemberProver(server.clients, server.security.credential)
     sink = kd.RegistrySink(server.registry, server.clients, server.affinity,
-                          server.inflight)
+                          server.inflight, prover=prover)
     discovery = kd.KubernetesDiscovery(
         kd.DiscoveryConfig(kd.namespace_or_own(config.k8s_namespace), config.k8s_selector),
         kd.api_client_from_environment(),
         sink.apply,
     )
     await discovery.start()
-    return discovery
+    return discovery, sink
 
 
 def _reachable(host: str) -> str:

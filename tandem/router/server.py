@@ -22,7 +22,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tandem.common.grpc_keepalive import SERVER_OPTIONS
-from tandem.common.security.grpc_auth import ClusterAuthInterceptor, aio_interceptors
+from tandem.common.security.grpc_auth import (
+    ROUTER_AUDIENCE,
+    ClusterAuthInterceptor,
+    aio_interceptors,
+)
 from tandem.placement.affinity import PrefixAffinity
 from tandem.placement.log import PlacementLog
 from tandem.placement.worker_view import Role
@@ -79,8 +83,9 @@ class RouterServer:
             self.registry.add_static(Role.PREFILL, endpoint)
         for endpoint in config.decode_endpoints:
             self.registry.add_static(Role.DECODE, endpoint)
+        credential = self.security.credential
         self.clients = WorkerClients(worker_tls.channel_credentials() if worker_tls else None,
-                                     aio_interceptors(self.security.credential))
+                                     lambda endpoint: aio_interceptors(credential, endpoint))
         affinity = PrefixAffinity(config.affinity_entries)
         self.affinity = affinity  # k8s discovery forgets departed workers here too
         counters = HandoffCounters()
@@ -132,7 +137,8 @@ class RouterServer:
         # Membership is proven: Registry calls need the cluster credential (workers hold it),
         # the public Tandem service needs an API key when keys are configured.
         interceptors: list[grpc.aio.ServerInterceptor] = [
-            ClusterAuthInterceptor(self.security.credential, protected=_SERVICES[1:])
+            ClusterAuthInterceptor(self.security.credential, (ROUTER_AUDIENCE,),
+                                   protected=_SERVICES[1:])
         ]
         if keys is not None:
             interceptors.append(AuthInterceptor(keys, _SERVICES[:1]))

@@ -2,8 +2,8 @@
 
     no cluster credential: refuse ──> bind the gRPC port (fail fast when busy; every RPC but
     health needs the credential) ──> build the app (engine, KV endpoint)
-    ──> [serve /metrics on --metrics-port] ──> start: the service + grpc.health.v1
-    + reflection ──> print TANDEM_READY {...} (with "metrics": "host:port" when served)
+    ──> [serve /metrics on --metrics-port] ──> start: the service + Membership (the proof a
+    discovering router asks for, tandem/worker/membership.py) + grpc.health.v1 + reflection ──> print TANDEM_READY {...} (with "metrics": "host:port" when served)
     ──> [register with the router and heartbeat]
     SIGTERM/SIGINT ──> health NOT_SERVING, new work refused ("draining"), running work
     finishes (bounded by drain_timeout_s) ──> stop the server ──> close the app ──> exit 0
@@ -25,14 +25,18 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from tandem.common.grpc_keepalive import SERVER_OPTIONS
-from tandem.common.security.grpc_auth import ClusterAuthInterceptor
+from tandem.common.security.grpc_auth import ClusterAuthInterceptor, worker_audience
 from tandem.common.wire import ready_line
+from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.app import WorkerApp
 from tandem.worker.config import ServeConfig, StartupError
+from tandem.worker.membership import MembershipServicer
 from tandem.worker.metrics_http import MetricsBindError, MetricsServer
 from tandem.worker.registration import RegistrationConfig, RegistryClient
 
 log = logging.getLogger(__name__)
+
+MEMBERSHIP_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Membership"].full_name
 
 
 def announce(role: str, grpc_address: str, extra: dict[str, str], out: TextIO) -> None:
@@ -56,8 +60,11 @@ async def serve(
                            "(--cluster-secret-file, or --insecure on a trusted machine)")
     # Keepalive: accept the router's pings, and ping it, so a stream to a router that went
     # silent (a partition) is cancelled and its KV blocks freed (tandem/common/grpc_keepalive.py).
+    # Tokens are minted for one worker: this one answers to its own address (its names are
+    # known once the port is bound, before anything is served).
+    auth = ClusterAuthInterceptor(config.credential)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS],
-                             interceptors=[ClusterAuthInterceptor(config.credential)])
+                             interceptors=[auth])
     address = f"{config.host}:{config.port}"
     try:
         if config.tls is None:
@@ -68,11 +75,14 @@ async def serve(
         raise StartupError(f"cannot listen on {address}: {exc}") from exc
     if port == 0:
         raise StartupError(f"cannot listen on {address}")
+    audience = worker_audience(config.host, port)
+    auth.answer_to(audience)
     app = await build()
     metrics = MetricsServer(app.metrics.registry, app.refresh_metrics)
     try:
         extra = await _serve_metrics(config, metrics)
-        return await _run(config, server, app, f"{config.host}:{port}", out, stop, extra)
+        return await _run(config, server, app, f"{config.host}:{port}", out, stop, extra,
+                          audience)
     finally:
         await metrics.stop()
         await server.stop(None)
@@ -99,13 +109,17 @@ async def _run(
     out: TextIO,
     stop: asyncio.Event | None,
     extra: dict[str, str],
+    audience: frozenset[str],
 ) -> int:
     app.add_to_server(server)
+    assert config.credential is not None  # serve() refuses to start without one
+    worker_pb2_grpc.add_MembershipServicer_to_server(
+        MembershipServicer(config.credential, app.role, audience), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
-        [app.service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME],
+        [app.service_name, MEMBERSHIP_SERVICE,
+         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
     await server.start()

@@ -26,7 +26,7 @@ import grpc
 
 from tandem.common.grpc_keepalive import CLIENT_OPTIONS
 from tandem.common.security.credential import ClusterCredential
-from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, aio_interceptors
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tandem.worker.convert import registration_to_proto, status_to_proto
 from tandem.worker.reports import Registration, WorkerStatus
@@ -68,7 +68,8 @@ class RegistryClient:
     async def run(self) -> None:
         """Register and heartbeat until cancelled."""
         credentials, router = self.config.credentials, self.config.router
-        tokens = aio_interceptors(self.config.cluster) if self.config.cluster else []
+        tokens = (aio_interceptors(self.config.cluster, ROUTER_AUDIENCE) if self.config.cluster
+                  else [])
         options = list(CLIENT_OPTIONS)
         channel = (grpc.aio.insecure_channel(router, options, interceptors=tokens)
                    if credentials is None

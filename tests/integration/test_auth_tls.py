@@ -177,7 +177,8 @@ def test_workers_require_the_routers_client_certificate(cluster, certs, model) -
             with pytest.raises(grpc.RpcError) as err:
                 stub_type(tls).Stats(worker_pb2.StatsRequest(), timeout=30)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, role
-        with sync_channel(_tls_channel(address, certs, client_cert=True), CREDENTIAL) as channel:
+        with sync_channel(_tls_channel(address, certs, client_cert=True), CREDENTIAL,
+                          address) as channel:
             stats = stub_type(channel).Stats(worker_pb2.StatsRequest(), timeout=30)
             assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks, role
     asyncio.run(_router_without_client_cert_is_refused(cluster, certs, model))
@@ -210,3 +211,40 @@ async def _router_without_client_cert_is_refused(
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await router.stop(grace_s=0)
+
+
+def test_a_token_captured_for_one_worker_is_refused_by_another(cluster, certs) -> None:
+    """A member's token for one call to worker A, as it crossed the wire (the same bytes the
+    router's interceptor minted): worker B refuses it, A accepts it once, never twice, and
+    not for another request. Both workers serve Membership/Prove, so the method is the same
+    and only the audience differs."""
+    from tandem.common.security.credential import request_digest
+
+    method = "/tandem.v1.Membership/Prove"
+    a, b = cluster["decode"].grpc, cluster["prefill"].grpc
+    request = worker_pb2.ProveRequest(nonce=b"n" * 16, audience=a)
+    captured = CREDENTIAL.grpc_token(method, a, request_digest(request.SerializeToString()))
+    metadata = (("x-tandem-cluster", captured),)
+
+    def prove(address: str, req: worker_pb2.ProveRequest) -> worker_pb2.ProveResponse:
+        with _tls_channel(address, certs, client_cert=True) as channel:
+            return worker_pb2_grpc.MembershipStub(channel).Prove(req, metadata=metadata,
+                                                                 timeout=30)
+
+    with pytest.raises(grpc.RpcError) as err:
+        prove(b, request)  # replayed to another worker
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    other = worker_pb2.ProveRequest(nonce=b"m" * 16, audience=a)
+    with pytest.raises(grpc.RpcError) as err:
+        prove(a, other)  # the right worker, another request
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    reply = prove(a, request)  # where it was going: accepted, and the proof is A's
+    assert CREDENTIAL.check_member_proof(reply.proof, request.nonce, a, "decode")
+    assert reply.role == worker_pb2.ROLE_DECODE
+    with pytest.raises(grpc.RpcError) as err:
+        prove(a, request)  # replayed to the same worker
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # B still serves members (nothing above disturbed it)
+    with sync_channel(_tls_channel(b, certs, client_cert=True), CREDENTIAL, b) as channel:
+        assert worker_pb2_grpc.PrefillServiceStub(channel).Stats(
+            worker_pb2.StatsRequest(), timeout=30).num_running == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.common.security.grpc_auth import sync_channel
+from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, sync_channel
 from tandem.engine.native import load as load_native
 from tandem.launcher.local_cluster import Cluster, Proc
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -43,7 +43,8 @@ class Local:
         import grpc
 
         target = self.proc.grpc if role == "router" else self.proc.info["workers"][role]
-        return sync_channel(grpc.insecure_channel(target), self.cluster.credential)
+        audience = ROUTER_AUDIENCE if role == "router" else target
+        return sync_channel(grpc.insecure_channel(target), self.cluster.credential, audience)
 
 
 @pytest.fixture(scope="module")

@@ -99,7 +99,7 @@ def _until(check: Callable[[], Any], ok: Callable[[Any], bool], timeout: float =
 
 def _member(address: str) -> grpc.Channel:
     """A channel that calls as a cluster member (the workers refuse anyone else)."""
-    return sync_channel(grpc.insecure_channel(address), CREDENTIAL)
+    return sync_channel(grpc.insecure_channel(address), CREDENTIAL, address)
 
 
 def _idle(s: worker_pb2.WorkerStats) -> bool:
@@ -226,7 +226,7 @@ def test_every_worker_method_refuses_callers_without_the_credential(cluster: Clu
     good = cluster.prefill_request("victim", PROMPT, 4, res)
     stranger = ClusterCredential.from_hex(new_secret())
     for make in (lambda a: grpc.insecure_channel(a),
-                 lambda a: sync_channel(grpc.insecure_channel(a), stranger)):
+                 lambda a: sync_channel(grpc.insecure_channel(a), stranger, a)):
         with make(cluster.decode_address) as d_ch, make(cluster.prefill_address) as p_ch:
             decode = worker_pb2_grpc.DecodeServiceStub(d_ch)
             prefill = worker_pb2_grpc.PrefillServiceStub(p_ch)

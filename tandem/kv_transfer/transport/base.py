@@ -18,6 +18,7 @@ from typing import Any
 
 from tandem.kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan
 from tandem.kv_transfer.endpoint import Endpoint
+from tandem.kv_transfer.frame_mac import SessionKeys
 from tandem.kv_transfer.frames import Header
 
 Alive = Callable[[], bool]
@@ -58,6 +59,13 @@ class Channel(abc.ABC):
         ``alive()`` turns false. Returns True when the payload landed and verified; raises
         ``PayloadChecksumError`` when it landed corrupt (the stream is still in sync).
         """
+
+    @abc.abstractmethod
+    def start_macs(self, keys: SessionKeys) -> None:
+        """From the next frame on, seal every frame sent and check every frame received with
+        ``keys`` (tandem/kv_transfer/frame_mac.py); called by the handshake once both proofs
+        have verified. A channel under TLS, which authenticates every byte already, may
+        ignore it (both ends of a connection are under TLS or neither is)."""
 
     def client_hello_extras(self) -> dict[str, Any]:
         """Transport fields the sender adds to its last HELLO (CUDA IPC: its cache handle)."""

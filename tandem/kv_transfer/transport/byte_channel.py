@@ -1,6 +1,10 @@
 """Framing over a byte stream, shared by the TCP, TLS, Unix-socket and fake channels.
 
-    | u32 H | header (H bytes) | payload (nbytes) | u64 xxh3_64(payload) |
+    handshake frames:                | u32 H | header (H bytes) | payload (nbytes) | u64 xxh3_64 |
+    after ``start_macs`` (frame_mac.py): | u32 H | header | tag_h | payload (nbytes) | tag_p |
+        tag_h is checked before the header is parsed; tag_p before the payload counts as
+        landed (a payload that is discarded, its reservation gone, is never used, so its
+        bytes are not checked; the authenticated header says how many to skip)
 
 Subclasses supply two primitives: ``_write`` (drain an ``IoVec``) and ``_read_some`` (fill at
 least one byte of an ``IoVec``'s head). Payloads move in batches of ``BATCH_BYTES``: each batch
@@ -16,11 +20,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from typing import Any
 
 import xxhash
 
 from tandem.kv_transfer.blocks import Buffer, RecvSpan, SendSpan
-from tandem.kv_transfer.errors import ChannelClosed, FrameTooLarge, PayloadChecksumError
+from tandem.kv_transfer.errors import (
+    ChannelClosed,
+    FrameAuthError,
+    FrameTooLarge,
+    PayloadChecksumError,
+)
+from tandem.kv_transfer.frame_mac import TAG_BYTES, FrameMac, FrameSeal, SessionKeys, same
 from tandem.kv_transfer.frames import PREFIX, TRAILER, Header, HeaderCodec, encode_header
 from tandem.kv_transfer.transport.base import Alive, Channel, always
 
@@ -106,6 +117,9 @@ class ByteChannel(Channel):
         self._wlock = asyncio.Lock()
         self._closed = False
         self._scratch: memoryview | None = None
+        self._tx: FrameMac | None = None  # set by start_macs
+        self._rx: FrameMac | None = None
+        self._rx_mac: FrameSeal | None = None  # the seal of the last KV header received
 
     # -- primitives ---------------------------------------------------------------------------
 
@@ -129,6 +143,23 @@ class ByteChannel(Channel):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def start_macs(self, keys: SessionKeys) -> None:
+        self._tx, self._rx = FrameMac(keys.send), FrameMac(keys.recv)
+
+    @property
+    def sealed(self) -> bool:
+        """Whether frames carry MACs now (after the handshake, not under TLS)."""
+        return self._tx is not None
+
+    def _seal(self, header: Header) -> tuple[bytes, FrameSeal | None]:
+        """A header frame's bytes (prefix, map, and its tag once sealed) and its running MAC
+        (None before ``start_macs``). Call under the write lock: it takes the next seq."""
+        head = encode_header(header)
+        if self._tx is None:
+            return head, None
+        mac = self._tx.begin(head)
+        return head + mac.header_tag, mac
 
     def _check_open(self) -> None:
         if self._closed:
@@ -169,12 +200,12 @@ class ByteChannel(Channel):
                 raise
 
     async def _send_locked(self, header: Header, span: SendSpan | None) -> None:
-        head = encode_header(header)
+        head, mac = self._seal(header)
         if span is None:
             await self._write(IoVec([memoryview(head)], len(head)))
             return
         try:
-            hasher = xxhash.xxh3_64()
+            hasher: Any = xxhash.xxh3_64() if mac is None else mac
             update = hasher.update
             groups = batches(span.views())
             last = len(groups) - 1
@@ -185,39 +216,59 @@ class ByteChannel(Channel):
                     group = [memoryview(head), *group]
                     size += len(head)
                 if i == last:
-                    group = [*group, memoryview(TRAILER.pack(hasher.intdigest()))]
-                    size += TRAILER.size
+                    trailer = (TRAILER.pack(hasher.intdigest()) if mac is None
+                               else mac.payload_tag())
+                    group = [*group, memoryview(trailer)]
+                    size += len(trailer)
                 await self._write(IoVec(group, size))
         finally:
             span.release()
 
     async def recv(self) -> Header:
         self._check_open()
-        (length,) = PREFIX.unpack(await self._read_exact(PREFIX.size))
+        prefix = await self._read_exact(PREFIX.size)
+        (length,) = PREFIX.unpack(prefix)
         self._codec.check_length(length)
-        return self._codec.decode(await self._read_exact(length))
+        body = await self._read_exact(length)
+        self._rx_mac = None
+        if self._rx is not None:
+            tag = await self._read_exact(TAG_BYTES)
+            mac = self._rx.begin(prefix + body)
+            if not same(tag, mac.header_tag):
+                raise FrameAuthError("frame MAC does not verify (tampered, replayed or "
+                                     "reordered)")
+            self._rx_mac = mac
+        return self._codec.decode(body)
 
     async def recv_payload(self, header: Header, span: RecvSpan | None, alive: Alive) -> bool:
         nbytes: int = header["nbytes"]
         if nbytes > self._max_payload:
             raise FrameTooLarge(f"payload of {nbytes} bytes over {self._max_payload}")
+        mac, self._rx_mac = self._rx_mac, None
+        if self._rx is not None and mac is None:
+            raise FrameAuthError("a KV payload read without its checked header")
+        trailer = TRAILER.size if self._rx is None else TAG_BYTES
         if span is None or not alive():
-            await self._discard(nbytes + TRAILER.size)
+            await self._discard(nbytes + trailer)
             return False
         try:
-            hasher = xxhash.xxh3_64()
+            hasher: Any = xxhash.xxh3_64() if mac is None else mac
             update = hasher.update
             groups = batches(span.views())
             for i, (group, size) in enumerate(groups):
                 if not await self._fill(IoVec(list(group), size), alive):
                     rest = sum(s for _, s in groups[i + 1:])
-                    await self._discard(rest + TRAILER.size)
+                    await self._discard(rest + trailer)
                     return False
                 for v in group:
                     update(v)
-            (digest,) = TRAILER.unpack(await self._read_exact(TRAILER.size))
-            if digest != hasher.intdigest():
-                raise PayloadChecksumError("payload hash does not match its trailer")
+            if mac is not None:
+                if not same(await self._read_exact(TAG_BYTES), mac.payload_tag()):
+                    raise FrameAuthError("KV payload MAC does not verify (tampered)")
+            else:
+                (digest,) = TRAILER.unpack(await self._read_exact(TRAILER.size))
+                if digest != hasher.intdigest():
+                    raise PayloadChecksumError("payload hash does not match its trailer")
             if not alive():  # the staged path's fence: no await between it and the scatter
                 return False
             span.finish()

@@ -40,7 +40,7 @@ from tandem.kv_transfer.errors import (
     ProtocolError,
     TransferSpecError,
 )
-from tandem.kv_transfer.frames import Header, HeaderCodec, Kind, encode_header
+from tandem.kv_transfer.frames import Header, HeaderCodec, Kind
 from tandem.kv_transfer.transport.base import Alive, Channel, Handler, Listener, Transport
 from tandem.kv_transfer.transport.sockets import SocketChannel, SocketListener
 
@@ -110,7 +110,7 @@ class ShmChannel(SocketChannel):
         if self._fd_to_send is not None and span is None:  # the handshake ACK carries the fd
             fd, self._fd_to_send = self._fd_to_send, None
             try:
-                await self.write_with_fds(encode_header(header), [fd])
+                await self.send_with_fds(header, [fd])
             finally:
                 os.close(fd)
             return

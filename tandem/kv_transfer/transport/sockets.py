@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from tandem.kv_transfer.blocks import Buffer
 from tandem.kv_transfer.errors import ChannelClosed
-from tandem.kv_transfer.frames import HeaderCodec
+from tandem.kv_transfer.frames import Header, HeaderCodec
 from tandem.kv_transfer.transport.base import Alive, Channel, Handler, Listener, always
 from tandem.kv_transfer.transport.byte_channel import ByteChannel, IoVec
 
@@ -73,10 +73,12 @@ class SocketChannel(ByteChannel):
                 raise ChannelClosed(f"send to {self.peer}: {exc}") from exc
             iov.consume(n)
 
-    async def write_with_fds(self, data: bytes, fds: list[int]) -> None:
-        """Write ``data`` with ``fds`` attached to its first byte (SCM_RIGHTS)."""
+    async def send_with_fds(self, header: Header, fds: list[int]) -> None:
+        """Send the header frame ``header`` with ``fds`` attached to its first byte
+        (SCM_RIGHTS)."""
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         async with self._wlock:
+            data, _ = self._seal(header)
             while True:
                 self._check_open()
                 try:
@@ -172,9 +174,11 @@ class SocketListener(Listener):
             peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else f"unix:{self.address}"
             try:
                 channel = self._make(conn, peer)
-            except Exception:
-                conn.close()
-                raise
+            except Exception:  # one connection's setup failed (a socket option, memory):
+                conn.close()   # drop it and keep accepting the others
+                log.exception("%s: setting up the connection from %s failed", self.transport,
+                              peer)
+                continue
             task = loop.create_task(self._handler(channel))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

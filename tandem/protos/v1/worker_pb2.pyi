@@ -17,6 +17,22 @@ ROLE_UNSPECIFIED: Role
 ROLE_PREFILL: Role
 ROLE_DECODE: Role
 
+class ProveRequest(_message.Message):
+    __slots__ = ("nonce", "audience")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    AUDIENCE_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    audience: str
+    def __init__(self, nonce: _Optional[bytes] = ..., audience: _Optional[str] = ...) -> None: ...
+
+class ProveResponse(_message.Message):
+    __slots__ = ("proof", "role")
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    proof: bytes
+    role: Role
+    def __init__(self, proof: _Optional[bytes] = ..., role: _Optional[_Union[Role, str]] = ...) -> None: ...
+
 class KVLayout(_message.Message):
     __slots__ = ("model", "dtype", "block_size", "num_layers", "num_kv_heads", "head_dim", "fingerprint")
     MODEL_FIELD_NUMBER: _ClassVar[int]

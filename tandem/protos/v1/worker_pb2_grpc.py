@@ -546,3 +546,81 @@ class Registry:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class MembershipStub:
+    """Both roles: a worker proves to the router that it holds the cluster credential (the
+    router's challenge answered with an HMAC); discovered pods get traffic only once proven.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Prove = channel.unary_unary(
+                '/tandem.v1.Membership/Prove',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ProveRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ProveResponse.FromString,
+                _registered_method=True)
+
+
+class MembershipServicer:
+    """Both roles: a worker proves to the router that it holds the cluster credential (the
+    router's challenge answered with an HMAC); discovered pods get traffic only once proven.
+    """
+
+    def Prove(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_MembershipServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Prove': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prove,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ProveRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ProveResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tandem.v1.Membership', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tandem.v1.Membership', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Membership:
+    """Both roles: a worker proves to the router that it holds the cluster credential (the
+    router's challenge answered with an HMAC); discovered pods get traffic only once proven.
+    """
+
+    @staticmethod
+    def Prove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Membership/Prove',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.ProveRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.ProveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

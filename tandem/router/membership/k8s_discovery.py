@@ -14,6 +14,11 @@ After every change the thread diffs the pods' state against what it last announc
 the router's loop three lists: endpoints that joined (Ready, an IP, a gRPC port, not being
 deleted), endpoints that left (removed from routing at once: no new work), and endpoints whose
 pod is gone entirely (only then is the channel closed, so a draining pod's streams finish).
+
+A pod that joined is routed to only once it has proven it holds the cluster credential
+(member_proof.py: a challenge answered with an HMAC); labels and readiness are claims anyone
+who can create a pod can make. Until then it is out of the pool; a failed proof is logged and
+tried again with backoff (doubling, capped) for as long as the pod stays Ready.
 """
 
 from __future__ import annotations
@@ -26,13 +31,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from urllib3.exceptions import HTTPError
 
+from tandem.placement.worker_view import Role
 from tandem.router.membership.k8s_pods import Membership, PodTracker
 from tandem.router.membership.registry import CutsCalls, ForgetsWorkers, NoCalls, Registry
 from tandem.router.membership.worker_clients import WorkerClients
@@ -65,13 +71,20 @@ class DiscoveryConfig:
             raise ValueError("invalid discovery timing")
 
 
+class Prover(Protocol):
+    """What checks a discovered worker's membership (member_proof.MemberProver)."""
+
+    async def prove(self, role: Role, endpoint: str) -> str | None:
+        """None when proven; else why not."""
+
+
 class RegistrySink:
     """Applies membership changes to the router's registry, affinity map and channels.
 
     Runs on the router's event loop. Discovered workers enter as static entries (they are
-    never expired for missing heartbeats: the pod's readiness decides). ``calls``: the
-    handoff's in-flight tracker, whose calls to a departed pod are cut before its channel
-    closes.
+    never expired for missing heartbeats: the pod's readiness decides), once ``prover``
+    says they hold the credential. ``calls``: the handoff's in-flight tracker, whose calls
+    to a departed pod are cut before its channel closes.
     """
 
     def __init__(
@@ -80,27 +93,76 @@ class RegistrySink:
         clients: WorkerClients,
         affinity: ForgetsWorkers,
         calls: CutsCalls | None = None,
+        *,
+        prover: Prover,
+        min_retry_s: float = 0.5,
+        max_retry_s: float = 30.0,
     ) -> None:
         self._registry = registry
         self._clients = clients
         self._affinity = affinity
         self._calls: CutsCalls = calls if calls is not None else NoCalls()
+        self._prover = prover
+        self._retry = (min_retry_s, max_retry_s)
+        self._proving: dict[str, asyncio.Task[None]] = {}  # endpoint -> its admission
+        self.refused: dict[str, str] = {}  # endpoint -> why its last proof failed
 
     async def apply(self, change: Membership) -> None:
         """Left before joined: a pod whose endpoint changed role leaves, then joins again."""
         for endpoint in change.left:
+            self._stop_proving(endpoint)
             if self._registry.remove(endpoint):
                 log.info("worker %s left the pool (pod not ready or deleted)", endpoint)
             self._affinity.forget(endpoint)
         for role, endpoint in change.joined:
-            if self._registry.role_of(endpoint) is None:
-                self._registry.add_static(role, endpoint)
-                log.info("%s worker %s joined the pool (pod ready)", role.value, endpoint)
+            if self._registry.role_of(endpoint) is None and endpoint not in self._proving:
+                task = asyncio.get_running_loop().create_task(self._admit(role, endpoint))
+                self._proving[endpoint] = task
+                task.add_done_callback(lambda t, e=endpoint: self._done(e, t))
         for endpoint in change.gone:
+            self._stop_proving(endpoint)
             # Cut its calls first: they fail as a worker failure (the request migrates or
             # retries) rather than as a bare cancellation when the channel closes under them.
             self._calls.cancel(endpoint, "its pod left the pool")
             await self._clients.forget(endpoint)
+
+    async def _admit(self, role: Role, endpoint: str) -> None:
+        """Prove ``endpoint``, then add it; again with backoff until it proves or leaves."""
+        delay, cap = self._retry
+        while True:
+            why = await self._prover.prove(role, endpoint)
+            if why is None:
+                self.refused.pop(endpoint, None)
+                if self._registry.role_of(endpoint) is None:
+                    self._registry.add_static(role, endpoint)
+                    log.info("%s worker %s joined the pool (pod ready, membership proven)",
+                             role.value, endpoint)
+                return
+            self.refused[endpoint] = why
+            log.warning("%s pod at %s is not routed: it did not prove cluster membership (%s);"
+                        " trying again in %.1fs", role.value, endpoint, why, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cap)
+
+    def _done(self, endpoint: str, task: asyncio.Task[None]) -> None:
+        if self._proving.get(endpoint) is task:
+            del self._proving[endpoint]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("admitting %s failed", endpoint, exc_info=task.exception())
+
+    def _stop_proving(self, endpoint: str) -> None:
+        task = self._proving.pop(endpoint, None)
+        if task is not None:
+            task.cancel()
+        self.refused.pop(endpoint, None)
+
+    async def close(self) -> None:
+        """Stop every admission in progress."""
+        tasks = list(self._proving.values())
+        self._proving.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class KubernetesDiscovery:

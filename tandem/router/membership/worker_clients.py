@@ -7,7 +7,7 @@ without closing the connection (a partition) fails its calls UNAVAILABLE within
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -22,32 +22,37 @@ _CHANNEL_OPTIONS = [
     *CLIENT_OPTIONS,
 ]
 
+# The client interceptors for the channel to one endpoint (the cluster token, minted for it).
+Interceptors = Callable[[str], Sequence[grpc.aio.ClientInterceptor]]
+
 
 class WorkerClients:
     """Lazily built stubs for each worker endpoint (must be used inside the event loop).
 
     With ``credentials`` every channel is TLS (mTLS when they carry a client certificate);
-    ``interceptors`` put the cluster credential on every call (tandem/common/security/grpc_auth.py).
+    ``interceptors(endpoint)`` put the cluster credential on every call to ``endpoint``, its
+    tokens minted for that worker alone (tandem/common/security/grpc_auth.py).
     """
 
     def __init__(
         self,
         credentials: grpc.ChannelCredentials | None = None,
-        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        interceptors: Interceptors = lambda endpoint: (),
     ) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._credentials = credentials
-        self._interceptors = list(interceptors)
+        self._interceptors = interceptors
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
+            interceptors = list(self._interceptors(endpoint))
             if self._credentials is None:
                 channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS,
-                                                    interceptors=self._interceptors)
+                                                    interceptors=interceptors)
             else:
                 channel = grpc.aio.secure_channel(endpoint, self._credentials, _CHANNEL_OPTIONS,
-                                                  interceptors=self._interceptors)
+                                                  interceptors=interceptors)
             self._channels[endpoint] = channel
         return channel
 
@@ -58,6 +63,10 @@ class WorkerClients:
     def decode(self, endpoint: str) -> worker_pb2_grpc.DecodeServiceStub:
         """DecodeService stub for ``endpoint``."""
         return worker_pb2_grpc.DecodeServiceStub(self._channel(endpoint))
+
+    def membership(self, endpoint: str) -> worker_pb2_grpc.MembershipStub:
+        """Membership stub for ``endpoint`` (the proof a discovered worker gives)."""
+        return worker_pb2_grpc.MembershipStub(self._channel(endpoint))
 
     def health(self, endpoint: str) -> health_pb2_grpc.HealthStub:
         """grpc.health.v1 stub for ``endpoint``."""

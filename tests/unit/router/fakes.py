@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
-from tandem.common.security.grpc_auth import ClusterAuthInterceptor
+from tandem.common.security.grpc_auth import ClusterAuthInterceptor, worker_audience
 from tandem.common.wire import FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
@@ -244,8 +244,10 @@ CREDENTIAL = ClusterCredential.from_file(SECRET_FILE)
 
 async def serve(servicer: object, add: object) -> tuple[grpc.aio.Server, str]:
     """Start ``servicer`` on 127.0.0.1:0, members only; returns the server and its endpoint."""
-    server = grpc.aio.server(interceptors=[ClusterAuthInterceptor(CREDENTIAL)])
+    auth = ClusterAuthInterceptor(CREDENTIAL)
+    server = grpc.aio.server(interceptors=[auth])
     add(servicer, server)  # type: ignore[operator]
     port = server.add_insecure_port("127.0.0.1:0")
+    auth.answer_to(worker_audience("127.0.0.1", port))  # as a worker does once bound
     await server.start()
     return server, f"127.0.0.1:{port}"

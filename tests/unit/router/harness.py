@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, aio_interceptors
 from tandem.placement.policy import rank_decode, rank_prefill
 from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2_grpc
@@ -103,7 +103,7 @@ async def cluster(
     port = await _start(router)
     # Calls as a cluster member (the Registry needs it; the public service ignores it).
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}",
-                                        interceptors=aio_interceptors(CREDENTIAL))
+                                        interceptors=aio_interceptors(CREDENTIAL, ROUTER_AUDIENCE))
     try:
         yield Cluster(
             router,

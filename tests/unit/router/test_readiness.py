@@ -10,7 +10,7 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, aio_interceptors
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from tandem.router.readiness import LIVENESS_SERVICE
 from tandem.router.tokenizer import RouterTokenizer
@@ -25,7 +25,7 @@ TANDEM, REGISTRY = "tandem.v1.Tandem", "tandem.v1.Registry"
 async def register(c: Cluster, endpoint: str, worker_id: str = "d1") -> None:
     """Join ``endpoint`` as a decode worker through the Registry RPC, as a worker does."""
     address = f"127.0.0.1:{c.router.port}"
-    async with grpc.aio.insecure_channel(address, interceptors=aio_interceptors(CREDENTIAL)) as ch:
+    async with grpc.aio.insecure_channel(address, interceptors=aio_interceptors(CREDENTIAL, ROUTER_AUDIENCE)) as ch:
         await worker_pb2_grpc.RegistryStub(ch).Register(worker_pb2.RegisterRequest(
             role=worker_pb2.ROLE_DECODE, worker_id=worker_id, endpoint=endpoint))
 

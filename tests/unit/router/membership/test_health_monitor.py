@@ -148,12 +148,14 @@ def test_calls_to_an_unreachable_worker_are_cut_but_a_draining_ones_are_not() ->
 
     async def scenario() -> None:
         health = HealthDouble()
-        server = grpc.aio.server(interceptors=[ClusterAuthInterceptor(CREDENTIAL)])
+        auth = ClusterAuthInterceptor(CREDENTIAL)
+        server = grpc.aio.server(interceptors=[auth])
         worker_pb2_grpc.add_DecodeServiceServicer_to_server(FakeDecode("kv-h", {}), server)
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        auth.answer_to([endpoint])
         await server.start()
-        clients = WorkerClients(interceptors=aio_interceptors(CREDENTIAL))
+        clients = WorkerClients(interceptors=lambda e: aio_interceptors(CREDENTIAL, e))
         registry = Registry(time.monotonic, 1.0)
         registry.add_static(Role.DECODE, endpoint)
         recorder = CutRecorder()
@@ -228,11 +230,13 @@ def test_an_expired_lease_keeps_the_channel_of_a_worker_that_registers_again() -
 
     async def scenario() -> None:
         health = HealthDouble()
-        server = grpc.aio.server(interceptors=[ClusterAuthInterceptor(CREDENTIAL)])
+        auth = ClusterAuthInterceptor(CREDENTIAL)
+        server = grpc.aio.server(interceptors=[auth])
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        auth.answer_to([endpoint])
         await server.start()
-        clients = WorkerClients(interceptors=aio_interceptors(CREDENTIAL))
+        clients = WorkerClients(interceptors=lambda e: aio_interceptors(CREDENTIAL, e))
         now = [0.0]
         registry = Registry(lambda: now[0], 1.0)
         recorder = CutRecorder()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,9 +21,16 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from tandem.common.security.credential import ClusterCredential, new_secret
+from tandem.common.security.grpc_auth import (
+    ClusterAuthInterceptor,
+    aio_interceptors,
+    worker_audience,
+)
 from tandem.common.wire import parse_ready_line
 from tandem.placement.affinity import PrefixAffinity
 from tandem.placement.worker_view import Role
+from tandem.protos.v1 import worker_pb2_grpc
 from tandem.router.cli import build_parser, config_from_args
 from tandem.router.membership.k8s_discovery import (
     DEFAULT_SELECTOR,
@@ -31,9 +39,11 @@ from tandem.router.membership.k8s_discovery import (
     RegistrySink,
 )
 from tandem.router.membership.k8s_pods import Membership, PodTracker, pod_state
+from tandem.router.membership.member_proof import MemberProver
 from tandem.router.membership.registry import Registry
 from tandem.router.membership.worker_clients import WorkerClients
-from tests.unit.router.fakes import SECRET_FILE
+from tandem.worker.membership import MembershipServicer
+from tests.unit.router.fakes import CREDENTIAL, SECRET_FILE
 from tests.unit.router.kube_api import KubeApiDouble, make_pod
 
 
@@ -45,13 +55,18 @@ def api() -> Iterator[KubeApiDouble]:
 
 
 class Pool:
-    """A registry fed by discovery, plus a way to wait on its state."""
+    """A registry fed by discovery, plus a way to wait on its state. By default its router
+    runs ``--insecure`` (nothing to prove: these tests are about the watch protocol);
+    ``credential`` makes every pod prove membership first."""
 
-    def __init__(self) -> None:
+    def __init__(self, credential: ClusterCredential | None = None) -> None:
+        credential = credential or ClusterCredential.insecure_default()
         self.registry = Registry(time.monotonic, heartbeat_interval_s=1.0)
-        self.clients = WorkerClients()
+        self.clients = WorkerClients(interceptors=lambda e: aio_interceptors(credential, e))
         self.affinity = PrefixAffinity(64)
-        self.sink = RegistrySink(self.registry, self.clients, self.affinity)
+        self.sink = RegistrySink(self.registry, self.clients, self.affinity,
+                                 prover=MemberProver(self.clients, credential),
+                                 min_retry_s=0.05, max_retry_s=0.2)
         self.applied: list[Membership] = []
 
     async def apply(self, change: Membership) -> None:
@@ -72,11 +87,12 @@ class Pool:
 Scenario = Callable[[Pool, KubernetesDiscovery], Awaitable[None]]
 
 
-def run(api: KubeApiDouble, scenario: Scenario) -> None:
+def run(api: KubeApiDouble, scenario: Scenario,
+        credential: ClusterCredential | None = None) -> None:
     """Run ``scenario`` on a fresh loop with discovery pointed at ``api``; always stop it."""
 
     async def main() -> None:
-        state = Pool()
+        state = Pool(credential)
         discovery = KubernetesDiscovery(
             DiscoveryConfig(namespace="tandem", watch_timeout_s=30, min_backoff_s=0.05),
             k8s.ApiClient(k8s.Configuration(host=api.url)),
@@ -86,6 +102,7 @@ def run(api: KubeApiDouble, scenario: Scenario) -> None:
             await scenario(state, discovery)
         finally:
             await asyncio.wait_for(discovery.stop(), timeout=10)
+            await state.sink.close()
             await state.clients.close()
 
     asyncio.run(main())
@@ -264,12 +281,73 @@ def test_a_departed_pod_has_its_calls_cut_before_its_channel_closes() -> None:
             order.append(f"close {endpoint}")
 
     registry = Registry(time.monotonic, heartbeat_interval_s=1.0)
-    sink = RegistrySink(registry, Clients(), PrefixAffinity(64), Calls())
+    clients = Clients()
+    sink = RegistrySink(registry, clients, PrefixAffinity(64), Calls(),
+                        prover=MemberProver(clients, ClusterCredential.insecure_default()))
 
     async def main() -> None:
         await sink.apply(Membership(joined=[(Role.DECODE, "10.0.0.7:50051")]))
+        while registry.role_of("10.0.0.7:50051") is None:  # admitted (nothing to prove)
+            await asyncio.sleep(0.01)
         await sink.apply(Membership(left=["10.0.0.7:50051"], gone=["10.0.0.7:50051"]))
 
     asyncio.run(main())
     assert order == ["cut 10.0.0.7:50051: its pod left the pool", "close 10.0.0.7:50051"]
     assert registry.role_of("10.0.0.7:50051") is None
+
+
+async def _member_server(credential: ClusterCredential, role: str) -> tuple[object, int]:
+    """A worker's gRPC port as far as membership goes: its interceptor and its Membership
+    service (what tandem/worker/process.py serves), holding ``credential``."""
+    import grpc
+
+    auth = ClusterAuthInterceptor(credential)
+    server = grpc.aio.server(interceptors=[auth])
+    port = server.add_insecure_port("127.0.0.1:0")
+    audience = worker_audience("127.0.0.1", port)
+    auth.answer_to(audience)
+    worker_pb2_grpc.add_MembershipServicer_to_server(
+        MembershipServicer(credential, role, audience), server)
+    await server.start()
+    return server, port
+
+
+def test_discovered_pods_get_traffic_only_once_they_prove_membership(
+        api: KubeApiDouble, caplog: pytest.LogCaptureFixture) -> None:
+    """Three Ready pods with the right labels: a worker holding the cluster secret joins; one
+    holding another cluster's secret, and a decode worker labelled prefill, never do (each
+    is logged with why) however long discovery keeps trying."""
+    stranger = ClusterCredential.from_hex(new_secret())
+
+    async def scenario(state: Pool, discovery: KubernetesDiscovery) -> None:
+        member, member_port = await _member_server(CREDENTIAL, "prefill")
+        impostor, impostor_port = await _member_server(stranger, "prefill")
+        mislabelled, mislabelled_port = await _member_server(CREDENTIAL, "decode")
+        try:
+            for name, port in (("member", member_port), ("impostor", impostor_port),
+                               ("mislabelled", mislabelled_port)):
+                api.put(make_pod(name, "prefill", ip="127.0.0.1", ready=True, port=port))
+            await discovery.start()
+            good = f"127.0.0.1:{member_port}"
+            bad = {f"127.0.0.1:{impostor_port}", f"127.0.0.1:{mislabelled_port}"}
+            await state.wait_for(lambda: state.members(Role.PREFILL) == {good}, "the member")
+            await state.wait_for(lambda: set(state.sink.refused) == bad, "both refusals")
+            attempts = caplog.text.count(f"127.0.0.1:{impostor_port} is not routed")
+            await state.wait_for(  # tried again, and still out
+                lambda: caplog.text.count(f"127.0.0.1:{impostor_port} is not routed") > attempts,
+                "a second attempt")
+            assert state.members(Role.PREFILL) == {good}
+            assert state.registry.count(Role.PREFILL) == 1
+            assert "UNAUTHENTICATED" in state.sink.refused[f"127.0.0.1:{impostor_port}"]
+            assert "answers as a decode worker" in state.sink.refused[
+                f"127.0.0.1:{mislabelled_port}"]
+            # the impostor's pod goes: its admission stops, nothing is left behind
+            api.delete("impostor")
+            await state.wait_for(
+                lambda: f"127.0.0.1:{impostor_port}" not in state.sink.refused, "its removal")
+        finally:
+            for server in (member, impostor, mislabelled):
+                await server.stop(0)  # type: ignore[attr-defined]
+
+    with caplog.at_level(logging.WARNING, logger="tandem.router.membership.k8s_discovery"):
+        run(api, scenario, CREDENTIAL)

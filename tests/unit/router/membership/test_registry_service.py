@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from tandem.common.security.credential import ClusterCredential
-from tandem.common.security.grpc_auth import aio_interceptors
+from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, aio_interceptors
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import FakeDecode, serve
@@ -60,7 +60,7 @@ def test_membership_is_proven_never_claimed(tokenizer: RouterTokenizer) -> None:
             victim = c.decode_endpoints[0]
             before = c.router.registry.view(victim)
             other = ClusterCredential(b"another cluster's secret........")
-            for interceptors in ([], aio_interceptors(other)):
+            for interceptors in ([], aio_interceptors(other, ROUTER_AUDIENCE)):
                 target = f"127.0.0.1:{c.router.port}"
                 async with grpc.aio.insecure_channel(target, interceptors=interceptors) as ch:
                     registry = worker_pb2_grpc.RegistryStub(ch)
