@@ -15,7 +15,7 @@ def test_limit_defaults_and_flags() -> None:
     assert (config.max_stop_strings, config.max_stop_chars, config.max_stop_token_ids) == (
         4, 256, 64)
     assert config.max_request_bytes == 4 * 1024 * 1024 and config.tokenizer_threads == 2
-    assert (config.max_inflight_per_connection, config.max_inflight_per_key) == (64, 0)
+    assert (config.max_inflight_per_connection, config.max_inflight_per_key) == (128, -1)
     assert config.http_read_timeout_s == 75.0
     args = build_parser().parse_args([
         "--tokenizer", "x", "--max-model-len", "64", "--max-stop-strings", "8",
@@ -35,7 +35,7 @@ def test_limit_defaults_and_flags() -> None:
     ("field", "value"),
     [("max_stop_strings", -1), ("max_stop_chars", 0), ("max_request_bytes", 10),
      ("tokenizer_threads", 0), ("max_inflight_per_connection", -1),
-     ("max_inflight_per_key", -1), ("http_read_timeout_s", 0.0)],
+     ("max_inflight_per_key", -2), ("http_read_timeout_s", 0.0)],
 )
 def test_out_of_range_limits_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
