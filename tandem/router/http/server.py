@@ -57,7 +57,7 @@ from tandem.router.errors import InvalidRequestError, OverloadedError, RouterErr
 from tandem.router.frontend import Frontend
 from tandem.router.http import body_limits, fanout
 from tandem.router.http.body_pool import ParsePool
-from tandem.router.http.connection_cap import CappedSite
+from tandem.router.http.connection_cap import AddressConnections, CappedSite
 from tandem.router.http.errors import HttpError, HttpRefusal, error_body, http_error
 from tandem.router.http.openai_request import ApiRequest, Endpoint, parse
 from tandem.router.http.openai_response import ResponseShaper, model_list
@@ -102,6 +102,7 @@ class HttpServer:
         self._parse = ParsePool(config.http_parse_threads, config.http_parse_queue,
                                 config.retry_after_ms)
         self._runner: web.AppRunner | None = None
+        self.connections: AddressConnections | None = None  # open ones by address, once bound
         self.port = 0
 
     def app(self) -> web.Application:
@@ -138,7 +139,8 @@ class HttpServer:
             await runner.cleanup()
             raise
         self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        self.connections = site.connections
+        self.port = site.bound_port
         return self.port
 
     async def stop(self) -> None:
