@@ -2,17 +2,19 @@
 request caps (tandem/router/request_caps.py) before tandem/router/http/openai_request.py
 builds the router's plain types from it.
 
-    text --json.loads--> value --depth <= MAX_JSON_DEPTH--> caps by endpoint --> parse
+    text --json.loads--> value --caps by endpoint--> --depth <= MAX_JSON_DEPTH--> parse
 
 Deep nesting is refused as a 400 (never a RecursionError's 500): a JSON value nested deeper
 than any OpenAI request needs (tool schemas included) would only cost recursion further on.
-Only counts are read here (``len`` of lists and objects), so checking a body costs little
-next to decoding it.
+The caps read counts only (``len`` of lists), so they run first: a body over them is refused
+before its values are visited. The depth walk then skips lists of plain values in C (a
+million token ids cost it one ``set(map(type, ...))``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tandem.router.errors import InvalidRequestError
@@ -22,15 +24,17 @@ from tandem.router.request_caps import RequestCaps
 MAX_JSON_DEPTH = 128  # nested arrays/objects (serde_json's default recursion limit)
 
 
-def decode(text: str) -> Any:
-    """The JSON value of ``text``; InvalidRequestError when it is not JSON or nests deeper
-    than MAX_JSON_DEPTH."""
+def decode(text: str, caps: Callable[[Any], None] | None = None) -> Any:
+    """The JSON value of ``text``, held to ``caps`` (counts only) and then to MAX_JSON_DEPTH;
+    InvalidRequestError when it is not JSON or fails either."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise InvalidRequestError("body", f"not valid JSON: {err}") from err
     except RecursionError as err:  # the decoder's own recursion limit, far above ours
         raise _too_deep() from err
+    if caps is not None:
+        caps(value)
     if _depth_over(value, MAX_JSON_DEPTH):
         raise _too_deep()
     return value
@@ -48,6 +52,19 @@ def check_generation(endpoint: Endpoint, body: Any, caps: RequestCaps) -> None:
     else:
         prompts = _check_prompt(body.get("prompt"), caps)
     caps.check_fanout(prompts, per_prompt, "n" if prompts == 1 else "prompt")
+
+
+def check_tokenize(body: Any, caps: RequestCaps) -> None:
+    """A /tokenize body's messages."""
+    if isinstance(body, dict):
+        check_messages(body.get("messages"), caps)
+
+
+def check_detokenize(body: Any, caps: RequestCaps) -> None:
+    """A /detokenize body's token ids."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if isinstance(tokens, list):
+        caps.check_token_ids(len(tokens), "tokens")
 
 
 def check_messages(messages: Any, caps: RequestCaps) -> None:
@@ -80,17 +97,24 @@ def _int(value: Any) -> int:
 
 
 def _depth_over(value: Any, limit: int) -> bool:
-    """Whether containers in ``value`` nest deeper than ``limit`` (iterative: no recursion)."""
-    if not isinstance(value, (dict, list)):
-        return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
+    """Whether containers in ``value`` nest deeper than ``limit``: level by level, without
+    recursion (json.loads builds exactly ``dict`` and ``list``)."""
+    level = [value] if type(value) in _CONTAINERS else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        below: list[Any] = []
+        for node in level:
+            children = node.values() if type(node) is dict else node
+            if not _CONTAINERS.isdisjoint(set(map(type, children))):  # in C: no Python loop
+                below.extend(c for c in children if type(c) in _CONTAINERS)
+        level = below
     return False
+
+
+_CONTAINERS = frozenset({dict, list})
 
 
 def _too_deep() -> InvalidRequestError:

@@ -4,11 +4,14 @@
     larger                 the same work on one of ``threads`` threads; at most ``queue``
                            more wait for one, beyond that 429 with a Retry-After
 
-Decoding and checking a multi-megabyte body takes tens to hundreds of milliseconds; on the
-event loop that time is taken from every stream the router serves. In a thread the loop still
-gets the interpreter back between the parser's steps (Python switches threads every few
-milliseconds), and the pool's bound keeps a flood of large bodies from queueing without end:
-a body counts against the bound until its thread is done with it, even if its client left.
+Decoding, checking and parsing a multi-megabyte body takes tens to hundreds of milliseconds;
+on the event loop all of it is taken from every stream the router serves. In a thread the
+loop gets the interpreter back every few milliseconds (Python's switch interval) through
+the checks and the parse; only ``json.loads`` itself, one C call, holds it for its whole run
+(some tens of milliseconds for a body at the 4 MiB limit), so the loop waits at most that
+long at a time, not for a whole flood. The pool's bound keeps a flood of large bodies from
+queueing without end: a body counts against the bound until its thread is done with it, even
+if its client left.
 """
 
 from __future__ import annotations

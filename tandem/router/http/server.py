@@ -209,7 +209,8 @@ class HttpServer:
         frontend = self._frontend
         with frontend.client_slot(_connection(request), self._key(request)) as slot:
             plain = await self._parsed(
-                request, lambda text: tokenize_request(body_limits.decode(text), self._caps))
+                request, lambda text: tokenize_request(body_limits.decode(
+                    text, lambda body: body_limits.check_tokenize(body, self._caps)), self._caps))
             frontend.charge(slot, frontend.tokenize_cost(plain))
             ids = await frontend.tokenize(plain)
         return web.json_response({"count": len(ids), "tokens": ids,
@@ -220,7 +221,9 @@ class HttpServer:
         vocab = frontend.tokenizer.vocab_size
         with frontend.client_slot(_connection(request), self._key(request)) as slot:
             ids = await self._parsed(
-                request, lambda text: detokenize_ids(body_limits.decode(text), vocab, self._caps))
+                request, lambda text: detokenize_ids(body_limits.decode(
+                    text, lambda body: body_limits.check_detokenize(body, self._caps)), vocab,
+                    self._caps))
             frontend.charge(slot, frontend.detokenize_cost(ids))
             text = await frontend.detokenize(ids)
         return web.json_response({"prompt": text})
@@ -246,7 +249,7 @@ class HttpServer:
         with self._frontend.client_slot(_connection(request), self._key(request)) as slot:
             try:
                 api = await self._parsed(request, lambda text: _api_request(
-                    endpoint, body_limits.decode(text), self._caps))
+                    endpoint, text, self._caps))
             except (InvalidRequestError, HttpRefusal):
                 self._frontend.metrics.finished("invalid")  # as accept() counts its refusals
                 raise
@@ -382,9 +385,10 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
         response.headers[REQUEST_ID_HEADER] = value
 
 
-def _api_request(endpoint: Endpoint, body: Any, caps: RequestCaps) -> ApiRequest:
-    """A decoded body held to ``caps``, then parsed (in the parse pool for a large body)."""
-    body_limits.check_generation(endpoint, body, caps)
+def _api_request(endpoint: Endpoint, text: str, caps: RequestCaps) -> ApiRequest:
+    """A body decoded, held to ``caps`` and parsed (in the parse pool for a large body)."""
+    body = body_limits.decode(text, lambda value: body_limits.check_generation(
+        endpoint, value, caps))
     return parse(endpoint, body)
 
 

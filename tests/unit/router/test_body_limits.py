@@ -83,3 +83,17 @@ def test_json_nested_too_deep_is_a_400_never_a_recursion_error() -> None:
         assert err.value.field == "body"
     with pytest.raises(InvalidRequestError, match="not valid JSON"):
         decode('{"prompt": ')
+
+
+def test_caps_run_before_the_depth_walk_and_mixed_lists_are_walked() -> None:
+    deep = "[" * 200 + "]" * 200
+    body = '{"messages": ' + json.dumps([USER] * 5) + ', "extra": ' + deep + "}"
+    with pytest.raises(InvalidRequestError, match="5 messages"):  # the cheap check refuses it
+        decode(body, lambda value: check_generation(CHAT, value, CAPS))
+    with pytest.raises(InvalidRequestError, match="nested deeper"):  # within caps: the walk
+        decode('{"messages": [], "extra": ' + deep + "}",
+               lambda value: check_generation(CHAT, value, CAPS))
+    nested = '{"a": [1, "x", null, ' + deep + "]}"  # a container among plain values
+    with pytest.raises(InvalidRequestError, match="nested deeper"):
+        decode(nested)
+    assert decode('{"a": [1, "x", null, [[2]]]}') == {"a": [1, "x", None, [[2]]]}
