@@ -55,7 +55,8 @@ async def _post(http: aiohttp.ClientSession, base: str, path: str, data: str
 
 
 async def _normal(http: aiohttp.ClientSession, base: str) -> tuple[int, Any]:
-    body = {"model": MODEL_ID, "messages": [USER], "max_tokens": 4, "temperature": 0}
+    body = {"model": MODEL_ID, "messages": [USER], "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True}
     return await _post(http, base, "/v1/chat/completions", json.dumps(body))
 
 
