@@ -61,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="context length (default: max_position_embeddings of config.json)",
     )
-    p.add_argument("--max-inflight", type=int, default=256)
-    p.add_argument("--max-queue", type=int, default=512)
+    p.add_argument("--max-inflight", type=int, default=256,
+                   help="sequences the router runs at once (a prompt forked into n is n)")
+    p.add_argument("--max-queue", type=int, default=512,
+                   help="sequences that may wait for admission (429 beyond it)")
     p.add_argument(
         "--placement-log", default=None, metavar="FILE",
         help="append a line per placement decision to FILE: the prompt, the decision and its "
@@ -145,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_edge_args(p)
     add_limit_args(p)
     add_grammar_limit_args(p)
+    add_admission_args(p)
     add_credential_args(p, "the Registry (workers joining) and every call to a worker")
     p.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve the public API on a non-loopback address without API keys")
@@ -205,14 +208,15 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-inflight-per-connection",
         type=int,
-        default=64,
-        help="requests one client connection may have in flight (0: no bound)",
+        default=128,
+        help="sequences one client connection may have in flight or queued (0: no bound)",
     )
     g.add_argument(
         "--max-inflight-per-key",
         type=int,
-        default=0,
-        help="requests one API key may have in flight (0: no bound)",
+        default=-1,
+        help="sequences one API key may have in flight or queued, with API keys configured "
+        "(0: no bound; default -1: as --max-inflight)",
     )
     g.add_argument(
         "--http-read-timeout",
@@ -248,6 +252,30 @@ def grammar_limit_fields(args: argparse.Namespace) -> dict[str, int]:
     """RouterConfig's ``grammar_max_*`` fields from the parsed flags."""
     return {f"grammar_{name}": getattr(args, f"grammar_{name}")
             for name in GrammarLimits.__slots__}
+def add_admission_args(p: argparse.ArgumentParser) -> None:
+    """Admission by cost and the HTTP edge's request caps (RouterConfig's fields of the same
+    names; docs/openai_http.md "Limits")."""
+    g = p.add_argument_group("admission by cost")
+    g.add_argument("--max-inflight-tokens", type=int, default=1 << 21,
+                   help="prompt tokens the router runs at once (--max-inflight counts "
+                   "sequences; 0: no bound; raised to the context length)")
+    g.add_argument("--max-inflight-tokens-per-connection", type=int, default=1 << 20,
+                   help="prompt tokens one client connection may hold (0: no bound)")
+    g.add_argument("--max-inflight-tokens-per-key", type=int, default=-1,
+                   help="prompt tokens one API key may hold (0: no bound; default -1: as "
+                   "--max-inflight-tokens)")
+    g.add_argument("--max-fanout", type=int, default=128,
+                   help="sequences one request may ask for: prompts x max(n, best_of) (400 "
+                   "above it)")
+    g.add_argument("--max-messages", type=int, default=2048,
+                   help="messages in one chat request, content parts in one message (400 "
+                   "above it)")
+    g.add_argument("--max-connections-per-address", type=int, default=512,
+                   help="HTTP connections one client address may hold open (0: no bound)")
+    g.add_argument("--http-parse-threads", type=int, default=2,
+                   help="threads that parse large HTTP bodies off the event loop")
+    g.add_argument("--http-parse-queue", type=int, default=32,
+                   help="large bodies that may wait for a parse thread (429 beyond it)")
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -307,6 +335,14 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_inflight_per_connection=args.max_inflight_per_connection,
         max_inflight_per_key=args.max_inflight_per_key,
         http_read_timeout_s=args.http_read_timeout,
+        max_inflight_tokens=args.max_inflight_tokens,
+        max_inflight_tokens_per_connection=args.max_inflight_tokens_per_connection,
+        max_inflight_tokens_per_key=args.max_inflight_tokens_per_key,
+        max_fanout=args.max_fanout,
+        max_messages=args.max_messages,
+        max_connections_per_address=args.max_connections_per_address,
+        http_parse_threads=args.http_parse_threads,
+        http_parse_queue=args.http_parse_queue,
         tool_call_parser=args.tool_call_parser,
         metrics_compat=args.metrics_compat,
         **grammar_limit_fields(args),

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from tandem.common.obs.metrics_export import COMPAT_CHOICES
 from tandem.router.grammar_limits import GrammarLimits
+from tandem.router.cost import Cost
+from tandem.router.request_caps import RequestCaps
 
 # The longest a worker call may be bounded by (a day): "no bound" is not a setting.
 _MAX_TIMEOUT_S = 86_400.0
@@ -70,8 +72,8 @@ class RouterConfig:
     max_stop_token_ids: int = 64
     max_request_bytes: int = 4 * 1024 * 1024
     tokenizer_threads: int = 2
-    max_inflight_per_connection: int = 64
-    max_inflight_per_key: int = 0
+    max_inflight_per_connection: int = 128
+    max_inflight_per_key: int = -1  # -1: as max_inflight
     http_read_timeout_s: float = 75.0
     # How complex a structured output's grammar may be (tandem/router/grammar_limits.py:
     # GrammarLimits' fields of the same names, without the prefix); refused with 400 /
@@ -83,6 +85,20 @@ class RouterConfig:
     grammar_max_depth: int = 64
     grammar_max_regex_chars: int = 4096
     grammar_max_rules: int = 1024
+    # Admission by cost (tandem/router/cost.py): the running budget's prompt tokens, and each
+    # client's (0: no bound; -1: the global one's; a nonzero bound below max_model_len is
+    # raised to it, so one full-length prompt always fits); sequences one request may fan out
+    # into (prompts x max(n, best_of)), messages in one chat, HTTP connections one address
+    # may hold open (0: no bound), and the pool that parses large HTTP bodies off the event
+    # loop (its threads; requests waiting for one beyond the threads, then 429).
+    max_inflight_tokens: int = 1 << 21
+    max_inflight_tokens_per_connection: int = 1 << 20
+    max_inflight_tokens_per_key: int = -1
+    max_fanout: int = 128
+    max_messages: int = 2048
+    max_connections_per_address: int = 512
+    http_parse_threads: int = 2
+    http_parse_queue: int = 32
     # Which markup chat outputs with tools are parsed as (tandem/router/tools/select.py): "auto"
     # picks it from the chat template.
     tool_call_parser: str = "auto"
@@ -151,10 +167,20 @@ class RouterConfig:
             "max_request_bytes": self.max_request_bytes >= 1024,
             "tokenizer_threads": self.tokenizer_threads >= 1,
             "max_inflight_per_connection": self.max_inflight_per_connection >= 0,
-            "max_inflight_per_key": self.max_inflight_per_key >= 0,
+            "max_inflight_per_key": self.max_inflight_per_key >= -1,
             "http_read_timeout_s": self.http_read_timeout_s > 0,
         })
         checks.update({name: getattr(self, name) >= 1 for name in _GRAMMAR_FIELDS})
+        checks.update({
+            "max_inflight_tokens": self.max_inflight_tokens >= 0,
+            "max_inflight_tokens_per_connection": self.max_inflight_tokens_per_connection >= 0,
+            "max_inflight_tokens_per_key": self.max_inflight_tokens_per_key >= -1,
+            "max_fanout": self.max_fanout >= 1,
+            "max_messages": self.max_messages >= 1,
+            "max_connections_per_address": self.max_connections_per_address >= 0,
+            "http_parse_threads": self.http_parse_threads >= 1,
+            "http_parse_queue": self.http_parse_queue >= 0,
+        })
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid router config: {', '.join(bad)} out of range")
@@ -168,6 +194,33 @@ class RouterConfig:
         """The ``grammar_max_*`` fields as the validator takes them."""
         return GrammarLimits(**{name.removeprefix("grammar_"): getattr(self, name)
                                 for name in _GRAMMAR_FIELDS})
+
+    @property
+    def admission_budget(self) -> Cost:
+        """What the router runs at once (tandem/router/admission.py)."""
+        return Cost(self.max_inflight, self._tokens(self.max_inflight_tokens))
+
+    @property
+    def connection_budget(self) -> Cost:
+        """What one client connection may hold (tandem/router/client_limits.py)."""
+        return Cost(self.max_inflight_per_connection,
+                    self._tokens(self.max_inflight_tokens_per_connection))
+
+    @property
+    def key_budget(self) -> Cost:
+        """What one API key may hold, where keys are configured (-1s resolved)."""
+        sequences = self.max_inflight_per_key
+        tokens = self.max_inflight_tokens_per_key
+        return Cost(self.max_inflight if sequences < 0 else sequences,
+                    self._tokens(self.max_inflight_tokens if tokens < 0 else tokens))
+
+    @property
+    def request_caps(self) -> RequestCaps:
+        """Caps on a request's shape, checked before its plain types are built."""
+        return RequestCaps(self.max_fanout, self.max_messages, self.max_model_len)
+
+    def _tokens(self, bound: int) -> int:
+        return max(bound, self.max_model_len) if bound else 0
 
     @property
     def http_enabled(self) -> bool:

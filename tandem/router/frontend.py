@@ -21,6 +21,8 @@ tandem/router/request_accounting.py.
 Only what costs nothing runs before admission; the tokenizer runs once the request holds a
 slot, in a bounded thread pool (the Rust tokenizer releases the GIL), so a flood of huge
 prompts queues or gets RESOURCE_EXHAUSTED instead of stalling the event loop for everyone.
+A request is admitted by its cost (tandem/router/cost.py: sequences and prompt tokens), and
+so is every call that does work for a client: Tokenize and detokenize pass the same gate.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -45,7 +47,8 @@ from tandem.router.api.chat import Chat
 from tandem.router.api.request import GenerateRequest, TokenizeRequest
 from tandem.router.api.response import ModelInfo, ResponseChunk
 from tandem.router.api.sampling import SamplingSpec
-from tandem.router.client_limits import ClientLimits
+from tandem.router.client_limits import ClientLimits, Slot
+from tandem.router.cost import NOTHING, Cost, prompt_tokens, request_cost
 from tandem.router.errors import InvalidRequestError, OverloadedError
 from tandem.router.generation_defaults import GenerationDefaults
 from tandem.router.handoff.deadline import Deadline
@@ -102,8 +105,8 @@ class Frontend:
     """The router's request path; the gRPC servicer is a thin wrapper over it.
 
     ``clients`` bounds each client's share (the edges name the client: its connection and
-    API key); without one, the config's per-connection bound applies and keys are not
-    counted. ``close()`` stops the tokenizer threads.
+    API key, and charge its request's cost once they know it: ``charge``); without one, the
+    config's per-connection bound applies and keys are not counted. ``close()`` stops the tokenizer threads.
     """
 
     def __init__(
@@ -122,7 +125,7 @@ class Frontend:
         self.accounting = RequestAccounting(metrics)
         config = deps.config
         self.clients = clients or ClientLimits(
-            config.max_inflight_per_connection, 0, config.retry_after_ms
+            config.connection_budget, NOTHING, config.retry_after_ms
         )
         self.limits = validation.InputLimits(
             config.max_stop_strings, config.max_stop_chars, config.max_stop_token_ids,
@@ -137,18 +140,35 @@ class Frontend:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     @contextmanager
-    def client_slot(self, connection: str, key: str | None) -> Iterator[None]:
-        """Hold one of the client's in-flight slots while the block runs (a refusal is
-        counted as an overloaded request, like admission's)."""
+    def client_slot(self, connection: str, key: str | None) -> Iterator[Slot]:
+        """Hold a share of the client's bounds while the block runs: one sequence until
+        ``charge`` raises it to the request's cost (a refusal is counted as an overloaded
+        request, like admission's)."""
         try:
             slot = self.clients.enter(connection, key)
         except OverloadedError:
             self.metrics.finished("overloaded")
             raise
         try:
-            yield
+            yield slot
         finally:
             self.clients.leave(slot)
+
+    def charge(self, slot: Slot, cost: Cost) -> None:
+        """Charge the client the whole ``cost`` of its request (tandem/router/client_limits.py
+        ``grow``); refusals are counted as accept's and admission's are."""
+        try:
+            self.clients.grow(slot, cost)
+        except OverloadedError:
+            self.metrics.finished("overloaded")
+            raise
+        except InvalidRequestError:
+            self.metrics.finished("invalid")
+            raise
+
+    def cost_of(self, accepted: Accepted) -> Cost:
+        """What an accepted request is admitted by: its sequences and its prompt's tokens."""
+        return request_cost(accepted.request.prompt, accepted.n, self.deps.config.max_model_len)
 
     def accept(self, request: GenerateRequest, n: int = 1,
                trace_parent: tracing.Parent = None) -> Accepted:
@@ -267,9 +287,10 @@ class Frontend:
         counters = self.deps.counters
         counters.requests += 1
         metrics = self.metrics
+        cost = self.cost_of(accepted)
         try:
             with tracing.span("admission", span):
-                await self.gate.enter()
+                await self.gate.enter(cost)
         except BaseException as exc:
             self.accounting.failed(exc, deadline)
             raise
@@ -331,7 +352,7 @@ class Frontend:
                 self.accounting.failed(exc, deadline)
             raise
         finally:
-            self.gate.leave()
+            self.gate.leave(cost)
 
     def _sequence(self, prepared: Prepared, accepted: Accepted) -> _Sequence:
         """A fresh sequence's text stream and tool-call parser."""
@@ -354,18 +375,40 @@ class Frontend:
             raise InvalidRequestError("model", f"unknown model {request.model!r}")
         if request.chat is not None:
             validation.validate_chat(request.chat)
-            return await self._in_pool(self.tokenizer.encode_chat, request.chat)
+            async with self._admitted(self.tokenize_cost(request)):
+                return await self._in_pool(self.tokenizer.encode_chat, request.chat)
         if request.text is not None:
             validation.check_prompt_chars(
                 len(request.text), self.tokenizer.max_token_chars, None,
                 self.deps.config.max_model_len, field="text",
             )
-            return await self._in_pool(self._encode_text, request)
+            async with self._admitted(self.tokenize_cost(request)):
+                return await self._in_pool(self._encode_text, request)
         raise InvalidRequestError("input", "one of text or chat is required")
 
     async def detokenize(self, token_ids: list[int]) -> str:
         """The text of token ids (decoded in the tokenizer pool; special tokens kept)."""
-        return await self._in_pool(self._decode, token_ids)
+        async with self._admitted(self.detokenize_cost(token_ids)):
+            return await self._in_pool(self._decode, token_ids)
+
+    def tokenize_cost(self, request: TokenizeRequest) -> Cost:
+        """What a tokenize call is charged: one sequence and its input's tokens."""
+        return Cost(1, prompt_tokens(request.chat if request.chat is not None
+                                     else request.text, self.deps.config.max_model_len))
+
+    def detokenize_cost(self, token_ids: list[int]) -> Cost:
+        """What a detokenize call is charged: one sequence and its ids."""
+        return Cost(1, min(len(token_ids), self.deps.config.max_model_len))
+
+    @asynccontextmanager
+    async def _admitted(self, cost: Cost) -> AsyncIterator[None]:
+        """Hold ``cost`` of the admission gate while the block runs (work that is not a
+        generation: tokenize, detokenize)."""
+        await self.gate.enter(cost)
+        try:
+            yield
+        finally:
+            self.gate.leave(cost)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)

@@ -35,6 +35,7 @@ from tandem.router.admission import AdmissionGate, AdmissionLedger
 from tandem.router.auth import AuthInterceptor
 from tandem.router.client_limits import ClientLimits
 from tandem.router.config import RouterConfig
+from tandem.router.cost import NOTHING
 from tandem.router.frontend import Frontend
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.handoff.held_blocks import HeldBlocks
@@ -100,15 +101,15 @@ class RouterServer:
         self.deps = HandoffDeps(config, self.registry, self.clients, affinity, counters,
                                 self.inflight, held=held, placement_log=self.placement_log)
         deps = self.deps
-        self.gate = AdmissionGate(
-            AdmissionLedger(config.max_inflight, config.max_queue, config.retry_after_ms)
-        )
+        budget = config.admission_budget
+        self.gate = AdmissionGate(AdmissionLedger(
+            budget.sequences, config.max_queue, config.retry_after_ms, budget.tokens))
         # Its own Prometheus registry (``self.metrics.registry``), served at HTTP /metrics.
         self.metrics = RouterMetrics(counters, self.gate.ledger, self.registry,
                                      config.model_name, config.metrics_compat)
         clients = ClientLimits(  # keys count only where API keys say who a client is
-            config.max_inflight_per_connection,
-            config.max_inflight_per_key if self.security.keys is not None else 0,
+            config.connection_budget,
+            config.key_budget if self.security.keys is not None else NOTHING,
             config.retry_after_ms,
         )
         self.frontend = Frontend(deps, tokenizer, self.gate, self.metrics, clients)

@@ -48,7 +48,8 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         """Stream one request's tokens."""
         named: str | None = None  # the id sent in the initial metadata, once sent
         try:
-            with self._frontend.client_slot(context.peer(), _key(context)):
+            with self._frontend.client_slot(context.peer(), _key(context)) as slot:
+                self._check_caps(request)
                 plain = wire.generate_request_from_proto(request)
                 metadata = _metadata(context)
                 label = metadata.get(REQUEST_ID_KEY)
@@ -56,6 +57,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                     check_request_label(label, REQUEST_ID_KEY)
                     plain = replace(plain, request_id=label)
                 accepted = self._frontend.accept(plain, trace_parent=tracing.extract(metadata))
+                self._frontend.charge(slot, self._frontend.cost_of(accepted))
                 await context.send_initial_metadata(((REQUEST_ID_KEY, accepted.label),))
                 named = accepted.label
                 async with aclosing(
@@ -71,11 +73,26 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
     ) -> tandem_pb2.TokenizeResponse:
         """Token ids of a text or chat input."""
         try:
-            with self._frontend.client_slot(context.peer(), _key(context)):
-                ids = await self._frontend.tokenize(wire.tokenize_request_from_proto(request))
+            with self._frontend.client_slot(context.peer(), _key(context)) as slot:
+                self._check_caps(request)
+                plain = wire.tokenize_request_from_proto(request)
+                self._frontend.charge(slot, self._frontend.tokenize_cost(plain))
+                ids = await self._frontend.tokenize(plain)
                 return wire.tokenize_response_to_proto(ids)
         except RouterError as err:
             await abort_with(context, err)
+
+    def _check_caps(self, request: tandem_pb2.GenerateRequest | tandem_pb2.TokenizeRequest
+                    ) -> None:
+        """The request caps (tandem/router/request_caps.py) on the message's repeated fields,
+        before the plain request is built from them."""
+        caps = self._frontend.deps.config.request_caps
+        which = request.WhichOneof("prompt" if isinstance(request, tandem_pb2.GenerateRequest)
+                                   else "input")
+        if which == "token_ids":
+            caps.check_token_ids(len(request.token_ids.ids), "token_ids")
+        elif which == "chat":
+            caps.check_messages(len(request.chat.messages), "chat.messages")
 
     async def ListModels(  # noqa: N802
         self, request: tandem_pb2.ListModelsRequest, context: grpc.aio.ServicerContext

@@ -65,6 +65,9 @@ def edge_router(
     proc = local.start_router(
         "--api-key-file", str(keys), "--tls-cert", str(certs.server_cert),
         "--tls-key", str(certs.server_key), "--max-inflight", "1", "--max-queue", "0",
+        # Every request here shares the one key, whose own bound (--max-inflight's by
+        # default) would refuse before admission does: off, so admission's refusal is seen.
+        "--max-inflight-per-key", "0",
         ca=certs.ca, api_key="sk-test-123",
     )
     return proc, "sk-test-123", certs.ca

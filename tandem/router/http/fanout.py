@@ -1,14 +1,16 @@
 """Several generations for one HTTP request: a completions batch, ``n`` choices, ``best_of``.
 
     prompts --expand--> one GenerateRequest each, accepted with k = max(n, best_of) sequences
-    per prompt: one request through the Frontend (admission, limits, metrics) that the workers
-        prefill and push once and fork into k sequences sharing the prompt's KV blocks
+    per prompt: one request through the Frontend (admission by its cost, limits, metrics)
+        that the workers prefill and push once and fork into k sequences sharing the prompt's KV blocks
         (tandem/router/handoff/fork.py); sequence j samples with seed + j when the request is seeded
         (k distinct, reproducible samples; sequence j equals a single request with seed + j)
     choice p * k + j: sequence j of prompt p (messages carry j as their index)
     best_of > n: the n sequences with the highest cumulative logprob are the choices
 
 One prompt's request that fails stops the others, and the HTTP request fails as a whole.
+The client is charged the whole request at once (``cost``: p prompts x k sequences and every
+prompt's tokens); admission charges each prompt's request its own share as it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tandem.common.obs.tracing import Parent
 from tandem.router.api.request import GenerateRequest
 from tandem.router.api.response import ResponseChunk
 from tandem.router.async_merge import merge
+from tandem.router.cost import NOTHING, Cost, request_cost
 from tandem.router.frontend import Frontend
 from tandem.router.http.openai_request import ApiRequest
 from tandem.router.request import Accepted
@@ -40,6 +43,16 @@ def expand(api: ApiRequest) -> list[GenerateRequest]:
 def sequences(api: ApiRequest) -> int:
     """Sequences per prompt: ``max(n, best_of)``."""
     return max(api.n, api.best_of)
+
+
+def cost(api: ApiRequest, max_model_len: int) -> Cost:
+    """The whole request's cost: every prompt's tokens, each decoded as ``sequences(api)``
+    sequences (the sum of what each prompt's request is admitted by)."""
+    k = sequences(api)
+    total = NOTHING
+    for r in api.requests:
+        total += request_cost(r.prompt, k, max_model_len)
+    return total
 
 
 def accept_all(frontend: Frontend, api: ApiRequest, parent: Parent = None) -> list[Accepted]:

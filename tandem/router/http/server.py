@@ -15,8 +15,16 @@ hop and no second validator. A client that disconnects cancels its handler
 What a client may cost (RouterConfig): a body of at most ``max_request_bytes`` (413), sent
 within ``http_read_timeout_s`` of the request's head (408), and the head itself within as
 long of connecting or of the previous response (aiohttp's keep-alive timer closes a
-connection whose next request is not complete by then: a slow-loris is cut); requests in
-flight per connection and per API key (429, like admission's).
+connection whose next request is not complete by then: a slow-loris is cut); connections
+open per client address (``max_connections_per_address``: a 429 before aiohttp sees the
+connection, tandem/router/http/connection_cap.py); a request's cost in flight per connection
+and per API key (429, like admission's: the client is charged its sequences and prompt
+tokens once its body is parsed, tandem/router/client_limits.py). A body is held to the request
+caps before the router's types are built from it (fan-out, messages, token ids, JSON
+nesting: 400s naming the limit, tandem/router/http/body_limits.py), and a large one is
+decoded and parsed off the event loop in a bounded pool (tandem/router/http/body_pool.py).
+Every route that does work for a client (generation, ``/tokenize``, ``/detokenize``) holds
+a share of its client's bounds and passes the admission gate.
 
 Request ids: a client may name its request with an ``X-Request-Id`` header (checked:
 tandem/router/validation.py ``check_request_label``, a 400 when it does not pass); every response
@@ -35,7 +43,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -45,17 +53,21 @@ from tandem.common.wire import REQUEST_ID_HEADER
 from tandem.router.api.response import ResponseChunk
 from tandem.router.auth import ApiKeys
 from tandem.router.client_limits import key_of
-from tandem.router.errors import InvalidRequestError, RouterError
+from tandem.router.errors import InvalidRequestError, OverloadedError, RouterError
 from tandem.router.frontend import Frontend
-from tandem.router.http import fanout
+from tandem.router.http import body_limits, fanout
+from tandem.router.http.body_pool import ParsePool
+from tandem.router.http.connection_cap import AddressConnections, CappedSite
 from tandem.router.http.errors import HttpError, HttpRefusal, error_body, http_error
 from tandem.router.http.openai_request import ApiRequest, Endpoint, parse
 from tandem.router.http.openai_response import ResponseShaper, model_list
 from tandem.router.http.tokenize import detokenize_ids, tokenize_request
 from tandem.router.readiness import Readiness
+from tandem.router.request_caps import RequestCaps
 from tandem.router.validation import check_request_label
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "X-Tandem-Timeout"  # optional per-request budget in seconds (-> 504)
@@ -86,7 +98,11 @@ class HttpServer:
         config = frontend.deps.config
         self._max_body = config.max_request_bytes
         self._read_timeout_s = config.http_read_timeout_s
+        self._caps = config.request_caps
+        self._parse = ParsePool(config.http_parse_threads, config.http_parse_queue,
+                                config.retry_after_ms)
         self._runner: web.AppRunner | None = None
+        self.connections: AddressConnections | None = None  # open ones by address, once bound
         self.port = 0
 
     def app(self) -> web.Application:
@@ -114,14 +130,17 @@ class HttpServer:
                                keepalive_timeout=self._read_timeout_s,
                                lingering_time=min(10.0, self._read_timeout_s))
         await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=self._ssl, reuse_port=False)
+        config = self._frontend.deps.config
+        site = CappedSite(runner, host, port, config.max_connections_per_address,
+                          config.retry_after_ms, ssl_context=self._ssl)
         try:
             await site.start()
         except OSError:
             await runner.cleanup()
             raise
         self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        self.connections = site.connections
+        self.port = site.bound_port
         return self.port
 
     async def stop(self) -> None:
@@ -129,6 +148,7 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._parse.close()
 
     # -- middlewares ---------------------------------------------------------------------
 
@@ -186,15 +206,27 @@ class HttpServer:
         return web.json_response(model_list(self._frontend.list_models()))
 
     async def _tokenize(self, request: web.Request) -> web.StreamResponse:
-        ids = await self._frontend.tokenize(tokenize_request(await self._json_body(request)))
+        frontend = self._frontend
+        with frontend.client_slot(_connection(request), self._key(request)) as slot:
+            plain = await self._parsed(
+                request, lambda text: tokenize_request(body_limits.decode(
+                    text, lambda body: body_limits.check_tokenize(body, self._caps)), self._caps))
+            frontend.charge(slot, frontend.tokenize_cost(plain))
+            ids = await frontend.tokenize(plain)
         return web.json_response({"count": len(ids), "tokens": ids,
-                                  "max_model_len": self._frontend.deps.config.max_model_len})
+                                  "max_model_len": frontend.deps.config.max_model_len})
 
     async def _detokenize(self, request: web.Request) -> web.StreamResponse:
         frontend = self._frontend
-        ids = detokenize_ids(await self._json_body(request), frontend.tokenizer.vocab_size,
-                             4 * frontend.deps.config.max_model_len)
-        return web.json_response({"prompt": await frontend.detokenize(ids)})
+        vocab = frontend.tokenizer.vocab_size
+        with frontend.client_slot(_connection(request), self._key(request)) as slot:
+            ids = await self._parsed(
+                request, lambda text: detokenize_ids(body_limits.decode(
+                    text, lambda body: body_limits.check_detokenize(body, self._caps)), vocab,
+                    self._caps))
+            frontend.charge(slot, frontend.detokenize_cost(ids))
+            text = await frontend.detokenize(ids)
+        return web.json_response({"prompt": text})
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         if self._frontend.gate.closed:
@@ -213,14 +245,18 @@ class HttpServer:
         )
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        key = key_of(request.headers.get("Authorization")) if self._keys is not None else None
         # Taken before the body is read: a refused client does not get to upload it first.
-        with self._frontend.client_slot(_connection(request), key):
+        with self._frontend.client_slot(_connection(request), self._key(request)) as slot:
             try:
-                api = parse(endpoint, await self._json_body(request))
+                api = await self._parsed(request, lambda text: _api_request(
+                    endpoint, text, self._caps))
             except (InvalidRequestError, HttpRefusal):
                 self._frontend.metrics.finished("invalid")  # as accept() counts its refusals
                 raise
+            except OverloadedError:
+                self._frontend.metrics.finished("overloaded")
+                raise
+            self._frontend.charge(slot, fanout.cost(api, self._frontend.deps.config.max_model_len))
             budget = _budget(request)
             parent = tracing.extract(request.headers)
             label = request.get(_ECHO_ID, "")
@@ -249,8 +285,17 @@ class HttpServer:
         return ResponseShaper(api, self._frontend.deps.config.model_name, label,
                               self._token_text, self._decode)
 
-    async def _json_body(self, request: web.Request) -> Any:
-        """The request's JSON body, bounded in size and in the time it may take to arrive."""
+    def _key(self, request: web.Request) -> str | None:
+        """The identity of the API key the request presented (None without keys)."""
+        return key_of(request.headers.get("Authorization")) if self._keys is not None else None
+
+    async def _parsed(self, request: web.Request, build: Callable[[str], _T]) -> _T:
+        """``build`` over the request's body text: on the event loop for a small body, in
+        the parse pool for a large one (429 when the pool is full)."""
+        return await self._parse.run(build, await self._body_text(request))
+
+    async def _body_text(self, request: web.Request) -> str:
+        """The request's body, bounded in size and in the time it may take to arrive."""
         try:
             text = await asyncio.wait_for(request.text(), self._read_timeout_s)
         except web.HTTPRequestEntityTooLarge as exc:
@@ -261,10 +306,7 @@ class HttpServer:
                               "body", "request_timeout", close=True) from exc
         except UnicodeDecodeError as err:
             raise InvalidRequestError("body", f"not valid JSON: {err}") from err
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InvalidRequestError("body", f"not valid JSON: {err}") from err
+        return text
 
     def _token_text(self, token_id: int) -> str:
         return self._frontend.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -341,6 +383,13 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
     value = request.get(_ECHO_ID)
     if value:
         response.headers[REQUEST_ID_HEADER] = value
+
+
+def _api_request(endpoint: Endpoint, text: str, caps: RequestCaps) -> ApiRequest:
+    """A body decoded, held to ``caps`` and parsed (in the parse pool for a large body)."""
+    body = body_limits.decode(text, lambda value: body_limits.check_generation(
+        endpoint, value, caps))
+    return parse(endpoint, body)
 
 
 def _connection(request: web.Request) -> str:

@@ -14,13 +14,17 @@ from typing import Any
 from tandem.router.api.chat import Chat
 from tandem.router.api.request import TokenizeRequest
 from tandem.router.errors import InvalidRequestError
+from tandem.router.http.body_limits import check_messages
 from tandem.router.http.openai_request import Endpoint, parse
+from tandem.router.request_caps import RequestCaps
 
 
-def tokenize_request(body: Any) -> TokenizeRequest:
-    """The TokenizeRequest of a /tokenize body; raises InvalidRequestError."""
+def tokenize_request(body: Any, caps: RequestCaps) -> TokenizeRequest:
+    """The TokenizeRequest of a /tokenize body (its messages capped before they are read);
+    raises InvalidRequestError."""
     if not isinstance(body, dict):
         raise InvalidRequestError("body", "must be a JSON object")
+    check_messages(body.get("messages"), caps)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequestError("model", "must be a string")
@@ -38,13 +42,15 @@ def tokenize_request(body: Any) -> TokenizeRequest:
     raise InvalidRequestError("prompt", "a string prompt or a messages list is required")
 
 
-def detokenize_ids(body: Any, vocab_size: int, max_tokens: int) -> list[int]:
-    """The token ids of a /detokenize body, each inside the vocabulary."""
+def detokenize_ids(body: Any, vocab_size: int, caps: RequestCaps) -> list[int]:
+    """The token ids of a /detokenize body, each inside the vocabulary (their count capped
+    before any is read)."""
     if not isinstance(body, dict):
         raise InvalidRequestError("body", "must be a JSON object")
     tokens = body.get("tokens")
-    if not isinstance(tokens, list) or len(tokens) > max_tokens:
-        raise InvalidRequestError("tokens", f"must be a list of at most {max_tokens} token ids")
+    if not isinstance(tokens, list):
+        raise InvalidRequestError("tokens", "must be a list of token ids")
+    caps.check_token_ids(len(tokens), "tokens")
     for t in tokens:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InvalidRequestError("tokens", f"{t!r} is not a token id below {vocab_size}")

@@ -184,7 +184,7 @@ def test_one_connection_is_bounded_others_are_not(tokenizer: RouterTokenizer) ->
             normal = await _hanging(c)  # the harness's channel: one connection
             err = await _refused(c.generate(_ids_request(n=1)))
             assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "1 requests in flight on this connection" in err.details()
+            assert "1 sequences in flight on this connection" in err.details()
             assert int(dict(err.trailing_metadata() or ())[RETRY_AFTER_KEY]) > 0
             port = c.router.port
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=OWN_CONNECTION) as other:

@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2
 from tandem.router.admission import AdmissionLedger
+from tandem.router.cost import Cost
 from tandem.router.errors import (
     DeadlineError,
     DrainingError,
@@ -75,9 +76,8 @@ def test_scrape_reads_counters_ledger_and_pool() -> None:
 
     counters.migrations, counters.prefill_retries, counters.local_prefill_colocated = 2, 3, 5
     counters.aborts_sent = 7
-    ledger.start()
-    ledger.start()
-    ledger.enqueue()
+    ledger.start(Cost(2, 30))  # a prompt forked into 2 sequences: 2 running
+    ledger.enqueue(Cost(1, 5))
     s = _scrape(metrics)
     assert value(s, "tandem_migrations_total", role="router") == 2
     assert value(s, "tandem_handoff_fallbacks_total", kind="prefill_retry") == 3
