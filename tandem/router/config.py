@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.common.obs.metrics_export import COMPAT_CHOICES
-from tandem.router.grammar_limits import GrammarLimits
 from tandem.router.cost import Cost
+from tandem.router.grammar_limits import GrammarLimits
 from tandem.router.request_caps import RequestCaps
 
 # The longest a worker call may be bounded by (a day): "no bound" is not a setting.
