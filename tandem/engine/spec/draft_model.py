@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
+from tandem.engine.checkpoint import served_context
 from tandem.engine.errors import ModelLoadError
 from tandem.engine.loader import resolve_model
 from tandem.engine.models.arch import ModelArch
@@ -70,10 +71,7 @@ def build_draft(
         raise ModelLoadError(
             f"draft vocabulary {arch.vocab_size} != target vocabulary {target_arch.vocab_size}"
         )
-    if arch.max_position_embeddings < rc.max_model_len:
-        raise ModelLoadError(
-            f"draft context {arch.max_position_embeddings} < max_model_len {rc.max_model_len}"
-        )
+    served_context(arch, rc.max_model_len)  # the draft computes the whole context exactly
     model, arch = load_model(path, rc.dtype, rc.device, rc.max_model_len, False,
                              (hf_config, arch))
     return model, arch

@@ -48,3 +48,26 @@ def test_families_and_gguf_architectures() -> None:
     assert gguf_family("llama") is family("llama")
     with pytest.raises(UnsupportedModelError, match="GGUF architecture 'mamba'.*llama"):
         gguf_family("mamba")
+
+
+def test_the_native_forward_names_what_it_does_not_compute(family_dir) -> None:
+    import dataclasses
+
+    from tandem.engine.models.layers import MLP
+    from tandem.engine.models.weights import load_model
+    from tandem.engine.native import load, unsupported_reason
+
+    if load() is None:
+        pytest.skip("native kernels unavailable here")
+    model, _ = load_model(family_dir("llama", attention_bias=True, mlp_bias=True),
+                          torch.float32, torch.device("cpu"), 64, progress=False)
+    assert unsupported_reason(model) is None  # biases on every linear: the kernels add them
+    model.arch = dataclasses.replace(model.arch, hidden_act="gelu")
+    assert unsupported_reason(model) == "hidden_act 'gelu'"
+    model.arch = dataclasses.replace(model.arch, hidden_act="silu")
+
+    class OtherMLP(MLP):
+        pass
+
+    model.layers[1].mlp.__class__ = OtherMLP
+    assert "attention + gated MLP" in (unsupported_reason(model) or "")
