@@ -178,3 +178,12 @@ def test_qwen_windows_apply_only_where_a_layer_slides(family_dir) -> None:
     _, arch = read_arch(family_dir("qwen2", use_sliding_window=True, sliding_window=64,
                                    max_window_layers=1))
     assert arch.sliding_window == 64
+
+
+def test_unknown_metadata_keys_load_and_are_logged(family_dir, tmp_path, caplog) -> None:
+    path = _copy(family_dir("qwen3"), tmp_path / "ckpt")
+    _edit_config(path, exporter_version="1.2", attention_dropout=0.1)
+    with caplog.at_level("WARNING", logger="tandem.engine.models.spec"):
+        _, arch = read_arch(path)
+    assert arch.qk_norm and "exporter_version" in caplog.text
+    assert "attention_dropout" not in caplog.text  # inert: dropout is off at inference
