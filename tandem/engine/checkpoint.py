@@ -1,7 +1,7 @@
 """What an engine runs, loaded: the model, its arch, its tokenizer and its context length.
 
     ModelConfig.model --resolve_model (tandem/engine/loader.py)--> checkpoint directory
-                      --read_arch, load_model (tandem/engine/models/weights.py)--> LlamaForCausalLM
+                      --read_arch, load_model (tandem/engine/models/weights.py)--> CausalLM
                       --quantize_model (tandem/engine/quant)--> layers in the checkpoint's own format
                                                          (auto) or requantized
                       --AutoTokenizer, when the checkpoint has one--> tokenizer
@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from tandem.engine.config import ModelConfig
+from tandem.engine.errors import ContextLengthError
 from tandem.engine.loader import resolve_model
 from tandem.engine.models.arch import ModelArch
-from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.weights import load_model, read_arch
 from tandem.engine.quant import QuantSummary, quantize_model, weight_bytes
 from tandem.engine.quant.gguf_blocks import gguf_source
@@ -32,10 +33,10 @@ class Checkpoint:
     """A loaded model and what the engine needs to know about it."""
 
     path: Path
-    model: LlamaForCausalLM
+    model: CausalLM
     arch: ModelArch
     tokenizer: Any  # PreTrainedTokenizerBase, or None for tokenizer-less (random test) ones
-    max_model_len: int  # the context the engine serves: min(asked, what the model does exactly)
+    max_model_len: int  # the context the engine serves: as asked, else context_limit(arch)
     weights: QuantSummary  # the format the weights are held in
     weight_bytes: int  # what they occupy
 
@@ -45,12 +46,12 @@ def load_checkpoint(
     native: bool = False,
 ) -> Checkpoint:
     """Resolve, load and quantize ``mc.model`` (``mc.quantization``; ``native``: into the
-    native CPU kernels' layout). Raises ModelLoadError."""
+    native CPU kernels' layout). Raises ModelLoadError (ContextLengthError for a
+    ``max_model_len`` above :func:`context_limit`)."""
     path = resolve_model(mc.model, mc.cache_dir)
-    tokenizer = _load_tokenizer(path)
     hf_config, arch = read_arch(path)
-    limit = arch.max_position_embeddings  # sliding-window layers attend through their window
-    max_model_len = min(mc.max_model_len or limit, limit)
+    max_model_len = served_context(arch, mc.max_model_len)
+    tokenizer = _load_tokenizer(path)
     # the native fused forward widens bf16 weights itself: no fp32 copies for torch's GEMMs
     # (the model runner makes them if that path refuses the model after all)
     model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
@@ -63,6 +64,22 @@ def load_checkpoint(
         print(f"[tandem] {mc.model}: weights {weights.format} ({held / 2**20:.0f} MiB)",
               flush=True)
     return Checkpoint(path, model, arch, tokenizer, max_model_len, weights, held)
+
+
+def context_limit(arch: ModelArch) -> tuple[int, str]:
+    """The longest context the engine computes exactly for ``arch``, and what sets it.
+
+    Sliding-window layers attend through their window (tandem/engine/models/windows.py), so
+    every family's limit is its ``max_position_embeddings``."""
+    return arch.max_position_embeddings, "max_position_embeddings"
+
+
+def served_context(arch: ModelArch, asked: int | None) -> int:
+    """``asked`` (None: the model's limit); ContextLengthError when above the limit."""
+    limit, why = context_limit(arch)
+    if asked is not None and asked > limit:
+        raise ContextLengthError(asked, limit, why)
+    return limit if asked is None else asked
 
 
 def _load_tokenizer(path: Path) -> Any:  # -> PreTrainedTokenizerBase | None

@@ -25,7 +25,9 @@ class ModelConfig:
     dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, fp32 on CPU)
     device: str = "cpu"  # cpu | cuda | cuda:N
     num_threads: int | None = None  # CPU intra-op threads; None keeps torch's default
-    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    # None: the model's limit (tandem/engine/checkpoint.py context_limit); above it the load
+    # is refused (ContextLengthError), never silently capped
+    max_model_len: int | None = None
     seed: int = 0  # engine RNG for unseeded sampling
     cache_dir: str | None = None  # converted-weights cache (default ~/.cache/tandem)
     # auto (the checkpoint's own format) | none (dequantized) | int8 | int4 (tandem/engine/quant)

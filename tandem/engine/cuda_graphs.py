@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
-from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.causal_lm import CausalLM
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -29,7 +29,7 @@ class DecodeGraphs:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         kv_cache: torch.Tensor,
         backend: AttentionBackend,
         max_batch: int,

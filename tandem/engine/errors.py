@@ -35,4 +35,42 @@ class UnknownRequestError(EngineError, KeyError):
 
 
 class ModelLoadError(EngineError):
-    """A model path, alias or checkpoint could not be resolved or converted."""
+    """A model path, alias or checkpoint could not be resolved, converted or loaded."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint's family (a config's ``model_type`` or a GGUF's architecture) has no
+    model here; raised before any weight is read or converted."""
+
+    def __init__(self, kind: str, name: str, supported: tuple[str, ...]) -> None:
+        super().__init__(f"{kind} {name!r} is not supported (supported: {', '.join(supported)})")
+        self.name = name
+        self.supported = supported
+
+
+class UnsupportedConfigError(ModelLoadError):
+    """A config field that changes the forward holds a value our models do not compute."""
+
+    def __init__(self, model_type: str, field: str, value: object, why: str) -> None:
+        super().__init__(f"{model_type} config: {field}={value!r} is not supported ({why})")
+        self.field = field
+        self.value = value
+
+
+class UnusedTensorsError(ModelLoadError):
+    """The checkpoint holds tensors the model did not consume: serving it would silently
+    leave part of the model out."""
+
+    def __init__(self, names: list[str]) -> None:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        super().__init__(f"{len(names)} checkpoint tensor(s) not used by the model: {shown}")
+        self.names = names
+
+
+class ContextLengthError(ModelLoadError):
+    """``max_model_len`` asks for more context than the model computes exactly."""
+
+    def __init__(self, asked: int, limit: int, why: str) -> None:
+        super().__init__(f"max_model_len {asked} is above the model's limit {limit} ({why})")
+        self.asked = asked
+        self.limit = limit

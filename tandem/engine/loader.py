@@ -6,6 +6,9 @@
                                                                          model.safetensors
 GGUF conversion (dequantizing through transformers) takes ~50 s for SmolLM2 on two cores; the
 converted directory is cached, keyed by a hash of the GGUF's bytes, so later loads take seconds.
+A GGUF's ``general.architecture`` is read from its header first: an architecture no model
+family loads (tandem/engine/models/registry.py) is refused before the file is hashed or
+converted.
 Nothing is ever fetched from a model hub. What a spec names and where its conversion lives is
 tandem/common/model_spec.py (torch-free: the router and the launchers resolve specs with it too).
 """
@@ -18,6 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tandem.common.gguf_metadata import GgufMetadataError, read_gguf_metadata
 from tandem.common.model_spec import (  # the torch-free half, shared with the router and launchers
     ALIASES,
     COMPLETE,
@@ -32,6 +36,7 @@ from tandem.common.model_spec import (  # the torch-free half, shared with the r
     is_complete,
 )
 from tandem.engine.errors import ModelLoadError
+from tandem.engine.models.registry import gguf_family
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +69,21 @@ def _alias_path(alias: str) -> Path:
         raise ModelLoadError(str(exc)) from exc
 
 
+def gguf_architecture(gguf: Path) -> str:
+    """A GGUF's ``general.architecture``, read from its metadata alone (no tensor touched)."""
+    try:
+        arch = read_gguf_metadata(gguf).get("general.architecture")
+    except (OSError, GgufMetadataError) as exc:
+        raise ModelLoadError(f"cannot read the GGUF header of {gguf}: {exc}") from exc
+    if not isinstance(arch, str):
+        raise ModelLoadError(f"{gguf} has no general.architecture")
+    return arch
+
+
 def convert_gguf(gguf: Path, cache: Path) -> Path:
-    """Dequantize a GGUF checkpoint into a cached HF directory (once), return the directory."""
+    """Dequantize a GGUF checkpoint into a cached HF directory (once), return the directory.
+    UnsupportedModelError, before anything else, for an architecture no family loads."""
+    gguf_family(gguf_architecture(gguf))
     target = converted_dir(gguf, cache)
     if is_complete(target):
         return target

@@ -25,8 +25,8 @@ from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.scheduler import ScheduledRequest
 from tandem.engine.cuda_graphs import DecodeGraphs
 from tandem.engine.models.arch import ModelArch
+from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.linear import attach_fp32_shadows
-from tandem.engine.models.llama import LlamaForCausalLM
 from tandem.engine.models.weights import torch_dtype
 from tandem.engine.prompt_logprobs import prompt_rows
 from tandem.engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
@@ -48,7 +48,7 @@ class ModelRunner:
     worker's cores, a colocated worker choosing between one core and all); unset, a step runs
     on torch's thread count."""
 
-    def __init__(self, model: LlamaForCausalLM, arch: ModelArch, rc: RunnerConfig) -> None:
+    def __init__(self, model: CausalLM, arch: ModelArch, rc: RunnerConfig) -> None:
         self.model = model
         self.arch = arch
         self.block_size = rc.block_size

@@ -1,6 +1,17 @@
-"""Model definitions: our own forward for the Llama family over the paged KV cache."""
+"""Model definitions: one module per family (a spec of what it reads and consumes), shared
+layers in ``layers/``, the decoder that computes them in ``causal_lm.py``.
 
-from tandem.engine.models.arch import ModelArch
-from tandem.engine.models.llama import LlamaForCausalLM
+    registry.py    model_type / GGUF architecture -> FamilySpec   (torch-free)
+    spec.py        FamilySpec, ConfigField: honoured, refused and inert config fields
+    arch.py        ModelArch: the shape and features every other part of the engine reads
+    tensor_plan.py which checkpoint tensors fill which parameters
+    llama.py, mistral.py, qwen2.py, qwen3.py   the families
+    layers/        RMSNorm, RoPE, attention, MLP (torch)
+    causal_lm.py   the decoder over the paged KV cache (torch)
+    weights.py     strict loading: every tensor consumed, or the load fails (torch)
+"""
 
-__all__ = ["LlamaForCausalLM", "ModelArch"]
+from tandem.engine.models.arch import Features, ModelArch
+from tandem.engine.models.registry import family, gguf_family, supported_model_types
+
+__all__ = ["Features", "ModelArch", "family", "gguf_family", "supported_model_types"]

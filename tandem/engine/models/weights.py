@@ -1,8 +1,14 @@
-"""Build our model from a local checkpoint directory (config.json + *.safetensors).
+"""Build our model from a local checkpoint directory (config.json + *.safetensors), strictly.
+
+    config.json --model_type--> family (registry.py; refused before transformers is asked)
+                --AutoConfig--> spec.check (every forward-changing field honoured or refused)
+                --> ModelArch --plan--> every tensor to consume, copied layer by layer
+    tensors left over (not consumed, not ignorable) --> UnusedTensorsError naming them
 
 Tensors are streamed from safetensors and copied into our (fused) parameters layer by layer,
-with a progress bar; nothing is materialized twice. The linears of a pre-quantized checkpoint
-(tandem/engine/quant/prequantized) become Int4Linear / Int8Linear built from the stored values.
+with a progress bar; nothing is materialized twice, and each copy checks its shape. The
+linears of a pre-quantized checkpoint (tandem/engine/quant/prequantized) become Int4Linear /
+Int8Linear built from the stored values.
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from tandem.engine.errors import ModelLoadError
-from tandem.engine.models.arch import ModelArch, rotary_tables
+from tandem.engine.errors import ModelLoadError, UnsupportedConfigError, UnusedTensorsError
+from tandem.engine.models.arch import ModelArch
+from tandem.engine.models.causal_lm import CausalLM
+from tandem.engine.models.layers.rotary import rotary_tables
 from tandem.engine.models.linear import attach_fp32_shadows
-from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.registry import arch_of, checkpoint_family, family, read_config_json
+from tandem.engine.models.tensor_plan import Group, LinearSlot
 from tandem.engine.quant.apply import set_module
 from tandem.engine.quant.prequantized import (
     PrequantizedFormat,
@@ -47,9 +56,12 @@ def load_hf_config(path: Path):  # -> transformers.PretrainedConfig
 
 
 def read_arch(path: Path) -> tuple[Any, ModelArch]:
-    """The checkpoint's HF config and our architecture summary of it."""
+    """The checkpoint's HF config and our architecture summary of it. An unknown model_type
+    is refused from config.json alone (UnsupportedModelError), a config value the family does
+    not compute by name (UnsupportedConfigError)."""
+    checkpoint_family(path)
     hf_config = load_hf_config(path)
-    return hf_config, ModelArch.from_hf_config(hf_config)
+    return hf_config, arch_of(hf_config, read_config_json(path))
 
 
 def load_model(
@@ -60,23 +72,26 @@ def load_model(
     progress: bool = True,
     config: tuple[Any, ModelArch] | None = None,
     fp32_shadows: bool = True,
-) -> tuple[LlamaForCausalLM, ModelArch]:
+) -> tuple[CausalLM, ModelArch]:
     """Instantiate our model for the checkpoint at ``path`` and load its weights.
 
-    A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors: tandem/engine/quant/prequantized) gets
-    its quantized linears as Int4Linear / Int8Linear built from the stored values, with no
-    float copy of them ever made; ``model.quant_format`` names the format ("none" if dense).
+    Every tensor of the checkpoint is consumed, or the load fails (UnusedTensorsError).
+    A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors: tandem/engine/quant/prequantized)
+    gets its quantized linears as Int4Linear / Int8Linear built from the stored values, with
+    no float copy of them ever made; ``model.quant_format`` names the format ("none" if dense).
     ``config`` is ``read_arch(path)``'s result when the caller already has it.
     ``fp32_shadows``: give a CPU bf16 model's linears their fp32 copies for the torch path
     (tandem/engine/models/linear.py); off where the native fused forward will serve it."""
     hf_config, arch = config or read_arch(path)
+    spec = family(arch.model_type)
+    plan = spec.plan(arch)
     fmt = detect_format(path)
     tensors = _open_tensors(path)
     cos, sin = rotary_tables(hf_config, max_positions)
     with torch.device("meta"):
-        model = LlamaForCausalLM(arch, cos, sin)
-    linears = _linears(arch)
-    quantized = {name for name, parts, _ in linears if _stored_quantized(fmt, parts, tensors)}
+        model = spec.model_class()(arch, cos, sin)
+    linears = plan.linears()
+    quantized = {lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)}
     for name in quantized:  # a storage-less placeholder until the layer is built below
         set_module(model, name, nn.Identity())
     model = model.to_empty(device=device).to(dtype)
@@ -85,8 +100,14 @@ def load_model(
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     load = _LinearLoader(model, tensors, fmt, quantized, dtype, device)
+    groups = tqdm([plan.top, *plan.layers], desc="Loading weights", unit="layer",
+                  disable=not progress)
     with torch.no_grad():
-        _copy_weights(model, arch, tensors, progress, load)
+        for group in groups:
+            _load_group(model, group, tensors, load)
+        if arch.tie_word_embeddings and "lm_head.weight" in tensors:
+            _check_tied_head(model, tensors)
+    tensors.check_all_used(spec.ignored_tensors)
     model.eval()
     if quantized:
         model.quant_format = fmt.label
@@ -99,7 +120,8 @@ def load_model(
 
 
 class _Tensors:
-    """Name -> tensor lookup across the shards of a safetensors checkpoint (files kept open)."""
+    """Name -> tensor lookup across the shards of a safetensors checkpoint (files kept open),
+    remembering which names were read."""
 
     def __init__(self, files: list[Path]) -> None:
         self._handles = [safe_open(str(f), framework="pt") for f in files]
@@ -107,6 +129,7 @@ class _Tensors:
         for h in self._handles:
             for k in h.keys():
                 self._where[k] = h
+        self._used: set[str] = set()
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -114,7 +137,15 @@ class _Tensors:
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
+        self._used.add(name)
         return self._where[name].get_tensor(name)
+
+    def check_all_used(self, ignorable: tuple[str, ...]) -> None:
+        """UnusedTensorsError naming every tensor never read (``ignorable`` suffixes aside)."""
+        left = sorted(n for n in self._where
+                      if n not in self._used and not n.endswith(ignorable))
+        if left:
+            raise UnusedTensorsError(left)
 
 
 def _open_tensors(path: Path) -> _Tensors:
@@ -128,79 +159,56 @@ def _open_tensors(path: Path) -> _Tensors:
     return _Tensors(files)
 
 
-# (our module, its checkpoint linears in row order, whether it has a bias)
-_Linear = tuple[str, list[str], bool]
-
-
-def _layer_linears(arch: ModelArch, i: int) -> list[_Linear]:
-    p = f"model.layers.{i}."
-    return [
-        (f"layers.{i}.self_attn.qkv_proj", [p + f"self_attn.{n}_proj" for n in "qkv"],
-         arch.qkv_bias),
-        (f"layers.{i}.self_attn.o_proj", [p + "self_attn.o_proj"], False),
-        (f"layers.{i}.mlp.gate_up_proj", [p + "mlp.gate_proj", p + "mlp.up_proj"], False),
-        (f"layers.{i}.mlp.down_proj", [p + "mlp.down_proj"], False),
-    ]
-
-
-def _head(arch: ModelArch) -> list[_Linear]:
-    return [] if arch.tie_word_embeddings else [("lm_head", ["lm_head"], False)]
-
-
-def _linears(arch: ModelArch) -> list[_Linear]:
-    """Every linear layer of our model and the checkpoint linears it fuses."""
-    return _head(arch) + [lin for i in range(arch.num_layers) for lin in _layer_linears(arch, i)]
-
-
-def _stored_quantized(fmt: PrequantizedFormat, parts: list[str], t: _Tensors) -> bool:
+def _stored_quantized(fmt: PrequantizedFormat, parts: tuple[str, ...], t: _Tensors) -> bool:
     flags = {fmt.is_quantized(part, t) for part in parts}
     if len(flags) > 1:
         raise ModelLoadError(f"{', '.join(parts)} are fused but only some are quantized")
     return flags.pop()
 
 
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    """``dst.copy_(src)`` for equal shapes only (copy_ would broadcast a wrong one)."""
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ModelLoadError(f"{name}: checkpoint shape {tuple(src.shape)}, the config says "
+                             f"{tuple(dst.shape)}")
+    dst.copy_(src)
+
+
 class _LinearLoader:
     """Fills one linear layer of the model: float weights copied in place, quantized ones
     built from the checkpoint's values (replacing the placeholder)."""
 
-    def __init__(self, model: LlamaForCausalLM, t: _Tensors, fmt: PrequantizedFormat,
+    def __init__(self, model: nn.Module, t: _Tensors, fmt: PrequantizedFormat,
                  quantized: set[str], dtype: torch.dtype, device: torch.device) -> None:
         self.model, self.t, self.fmt, self.quantized = model, t, fmt, quantized
         self.dtype, self.device = dtype, device
 
-    def __call__(self, linear: _Linear) -> None:
-        name, parts, has_bias = linear
-        t = self.t
-        bias = torch.cat([t.get(part + ".bias") for part in parts]) if has_bias else None
+    def __call__(self, linear: LinearSlot) -> None:
+        name, parts, t = linear.module, linear.parts, self.t
+        bias = torch.cat([t.get(p + ".bias") for p in parts]) if linear.bias else None
         if name in self.quantized:
             weight = concat_rows([self.fmt.unpack(part, t) for part in parts])
             b = None if bias is None else bias.to(self.dtype)
             set_module(self.model, name, build_linear(weight, b, self.device))
             return
         lin = self.model.get_submodule(name)
-        lin.weight.copy_(torch.cat([t.get(part + ".weight") for part in parts], dim=0))
+        _copy(lin.weight, torch.cat([t.get(p + ".weight") for p in parts], dim=0), name)
         if bias is not None:
-            lin.bias.copy_(bias)
+            _copy(lin.bias, bias, name + " bias")
 
 
-def _copy_weights(
-    model: LlamaForCausalLM, arch: ModelArch, t: _Tensors, progress: bool, load: _LinearLoader
-) -> None:
-    model.embed_tokens.weight.copy_(t.get("model.embed_tokens.weight"))
-    model.norm.weight.copy_(t.get("model.norm.weight"))
-    for linear in _head(arch):
+def _load_group(model: nn.Module, group: Group, t: _Tensors, load: _LinearLoader) -> None:
+    for linear in group.linears:
         load(linear)
-    layers = tqdm(
-        range(arch.num_layers), desc="Loading weights", unit="layer", disable=not progress
-    )
-    for i in layers:
-        p = f"model.layers.{i}."
-        layer = model.layers[i]
-        for linear in _layer_linears(arch, i):
-            load(linear)
-        attn = layer.self_attn
-        if attn.q_norm is not None and attn.k_norm is not None:
-            attn.q_norm.weight.copy_(t.get(p + "self_attn.q_norm.weight"))
-            attn.k_norm.weight.copy_(t.get(p + "self_attn.k_norm.weight"))
-        layer.input_layernorm.weight.copy_(t.get(p + "input_layernorm.weight"))
-        layer.post_attention_layernorm.weight.copy_(t.get(p + "post_attention_layernorm.weight"))
+    for slot in group.tensors:
+        _copy(model.get_parameter(slot.param), t.get(slot.name), slot.name)
+
+
+def _check_tied_head(model: nn.Module, t: _Tensors) -> None:
+    """A tied checkpoint that stores lm_head.weight anyway: consumed if it is the embedding
+    (transformers ties it and never reads it), refused if it differs."""
+    head, embed = t.get("lm_head.weight"), model.embed_tokens.weight
+    if not torch.equal(head.to(embed.device, embed.dtype), embed):
+        raise UnsupportedConfigError(
+            model.arch.model_type, "tie_word_embeddings", True,
+            "the checkpoint's lm_head.weight differs from model.embed_tokens.weight")

@@ -8,7 +8,7 @@
 // (~7 GB/s of weights on AVX2); here each layer is a handful of loops and the quantized
 // matrix-vector products read weights at memory speed.
 //
-// Numerics follow engine/models/llama.py in fp32 with one difference: activations entering a
+// Numerics follow engine/models/causal_lm.py in fp32 with one difference: activations entering a
 // quantized linear are quantized to int16 in blocks of 32 (one fp32 scale per block), so the
 // inner products run on integers (_mm256_madd_epi16), as llama.cpp does with int8 ones.
 // Unquantized linears (fp32, or a bf16/fp16 model's own 16-bit weights, widened in registers)

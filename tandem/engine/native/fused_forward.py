@@ -1,4 +1,4 @@
-"""The whole-model forward of ``decode_step.cpp`` for a Llama on the CPU.
+"""The whole-model forward of ``decode_step.cpp`` for the dense families on the CPU.
 
     FusedForward(model)         reads each PackedLinear (the CPU layout of quantized layers,
                                 tandem/engine/native/packed_linear.py) and each fp32, bf16 or fp16
@@ -10,6 +10,11 @@
                                 (a quantized or 16-bit table's rows widened on use), the
                                 layers, the final norm, lm_head for the sampling rows; a layer
                                 hook is called back between layers
+
+It computes the dense decoder of tandem/engine/models/causal_lm.py (Llama, Mistral, Qwen2,
+Qwen3): biases on any linear (q/k/v, o, gate/up, down: each Lin carries its own), per-head
+q/k norms, SiLU-gated MLPs. ``unsupported_reason`` names what it does not compute (another
+model class, another activation), and the model runner keeps torch for that model.
 
 It serves every CPU step of an fp32, bf16 or fp16 model, decodes and prefill chunks alike:
 few-row steps run the matrix-vector loops (integer ones for quantized weights), many-row steps
@@ -32,7 +37,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.causal_lm import CausalLM
+from tandem.engine.models.layers import MLP, Attention
 from tandem.engine.native.build import load
 from tandem.engine.native.packed_linear import FLOAT_KINDS, LinStruct, PackedEmbedding, PackedLinear
 from tandem.engine.quant.int4 import Int4Linear
@@ -129,12 +135,15 @@ class NativeLinear:
         return y
 
 
-def unsupported_reason(model: LlamaForCausalLM, kv_dtype: torch.dtype | None = None,
+def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
                        ) -> str | None:
     """Why :class:`FusedForward` cannot run ``model`` (over a KV cache of ``kv_dtype``, when
     given); ``None`` when it can."""
     if load() is None:
         return "native kernels unavailable"
+    reason = _unsupported_model(model)
+    if reason is not None:
+        return reason
     if kv_dtype is not None and kv_dtype not in KV_FORMATS:
         return f"a {kv_dtype} KV cache"
     dtype = model.norm.weight.dtype  # the model's own float dtype (norms are never quantized)
@@ -165,11 +174,27 @@ def unsupported_reason(model: LlamaForCausalLM, kv_dtype: torch.dtype | None = N
     return None
 
 
+# the gate activations decode_step.cpp computes (silu_mul)
+NATIVE_ACTIVATIONS = ("silu",)
+
+
+def _unsupported_model(model: nn.Module) -> str | None:
+    """Why the kernels' model (decode_step.cpp's ModelDesc) cannot describe ``model``."""
+    if type(model) is not CausalLM:
+        return f"the kernels compute the dense decoder, not {type(model).__name__}"
+    if model.arch.hidden_act not in NATIVE_ACTIVATIONS:
+        return f"hidden_act {model.arch.hidden_act!r}"
+    for layer in model.layers:
+        if type(layer.self_attn) is not Attention or type(layer.mlp) is not MLP:
+            return "a decoder layer other than attention + gated MLP"
+    return None
+
+
 class FusedForward:
     """One-call forward of an fp32, bf16 or fp16 model (quantized or not) over the paged KV
     cache (fp32, bf16, fp16 or int8)."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: CausalLM) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fused CPU forward unavailable: {reason}")

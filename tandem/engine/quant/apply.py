@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from tandem.engine.errors import ModelLoadError
+from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.linear import Linear
-from tandem.engine.models.llama import LlamaForCausalLM
 from tandem.engine.quant.int4 import GROUP_SIZE, Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
 
@@ -54,7 +54,7 @@ class QuantSummary:
 
 
 def quantize_model(
-    model: LlamaForCausalLM, method: str, gguf_path: Path | None = None, packed: bool = False
+    model: CausalLM, method: str, gguf_path: Path | None = None, packed: bool = False
 ) -> QuantSummary:
     """Replace the model's layers in place (see the module docstring); ``packed`` builds
     PackedLinear layers for the native CPU kernels."""
@@ -114,7 +114,7 @@ def quantize_model(
     return summary
 
 
-def _prequantized(model: LlamaForCausalLM, method: str, packed: bool,
+def _prequantized(model: CausalLM, method: str, packed: bool,
                   summary: QuantSummary) -> QuantSummary:
     """A checkpoint stored quantized (AWQ, GPTQ, compressed-tensors; tandem/engine/quant/
     prequantized): ``auto`` keeps its layers (packed for the native kernels), ``none``

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
+from tandem.engine.checkpoint import served_context
 from tandem.engine.errors import ModelLoadError
 from tandem.engine.loader import resolve_model
 from tandem.engine.models.arch import ModelArch
-from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.weights import load_model, read_arch
 from tandem.engine.runner_config import RunnerConfig
 
@@ -24,7 +25,7 @@ from tandem.engine.runner_config import RunnerConfig
 class FirstLayers(nn.Module):
     """The target's first ``num_layers`` layers, then its final norm and lm_head."""
 
-    def __init__(self, target: LlamaForCausalLM, num_layers: int) -> None:
+    def __init__(self, target: CausalLM, num_layers: int) -> None:
         super().__init__()
         if not 1 <= num_layers <= len(target.layers):
             raise ValueError(f"draft_layers must be in 1..{len(target.layers)}, got {num_layers}")
@@ -53,7 +54,7 @@ class FirstLayers(nn.Module):
 
 
 def build_draft(
-    target: LlamaForCausalLM,
+    target: CausalLM,
     target_arch: ModelArch,
     draft_model: str | None,
     draft_layers: int,
@@ -70,10 +71,7 @@ def build_draft(
         raise ModelLoadError(
             f"draft vocabulary {arch.vocab_size} != target vocabulary {target_arch.vocab_size}"
         )
-    if arch.max_position_embeddings < rc.max_model_len:
-        raise ModelLoadError(
-            f"draft context {arch.max_position_embeddings} < max_model_len {rc.max_model_len}"
-        )
+    served_context(arch, rc.max_model_len)  # the draft computes the whole context exactly
     model, arch = load_model(path, rc.dtype, rc.device, rc.max_model_len, False,
                              (hf_config, arch))
     return model, arch

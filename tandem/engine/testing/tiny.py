@@ -1,14 +1,19 @@
 """Tiny random-weight checkpoints (Llama, Qwen2, Qwen3, Mistral; MHA or GQA) for tests.
 
 They are saved as ordinary HF directories, so the engine loads them through the same path as
-a real model and transformers can serve as the reference on exactly the same weights.
+a real model and transformers can serve as the reference on exactly the same weights. Every
+parameter is perturbed (tandem/engine/testing/perturb.py): non-zero biases, norms away from
+one. ``config`` overrides or adds config fields (``attention_bias=True``, ``rope_scaling``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from tandem.engine.testing.perturb import perturb_parameters
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -24,18 +29,19 @@ def make_tiny_checkpoint(
     max_position_embeddings: int = 1024,
     seed: int = 0,
     tie_word_embeddings: bool = False,
+    **config: Any,
 ) -> Path:
     """Write a random checkpoint of the given shape to ``path`` and return it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if arch not in TINY_ARCHS:
         raise ValueError(f"arch must be one of {TINY_ARCHS}")
-    extra: dict[str, object] = {}
+    extra: dict[str, Any] = {}
     if arch == "mistral":
         extra["sliding_window"] = None
     if arch == "qwen3":
         extra["head_dim"] = 32  # Qwen3 decouples head_dim from hidden / heads
-    config = AutoConfig.for_model(
+    hf_config = AutoConfig.for_model(
         arch,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -49,16 +55,11 @@ def make_tiny_checkpoint(
         eos_token_id=2,
         pad_token_id=0,
         rms_norm_eps=1e-6,
-        **extra,
+        **{**extra, **config},
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # default init is tiny (std 0.02): widen it so logits are not flat
-        for name, param in model.named_parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.3 if "embed" in name else 1.0 / param.shape[1] ** 0.5)
-            elif "bias" in name:
-                param.normal_(0.0, 0.1)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    perturb_parameters(model, seed)
     out = Path(path)
     model.save_pretrained(out)
     return out

@@ -1,12 +1,14 @@
-"""Tiny random checkpoints whose every parameter is non-trivial: norms away from one, biases
-non-zero. transformers' own initialisation (norms one, biases zero) would hide a norm or bias
-our forward reads wrong. (tandem.engine.testing.make_tiny_checkpoint keeps norms at one.)"""
+"""A 3-layer, 64-wide random checkpoint of any transformers ``model_type`` (config overrides
+given), every parameter non-trivial (tandem.engine.testing.perturb_parameters): for the
+sliding-window tests, which need model types and sizes make_tiny_checkpoint does not take."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from tandem.engine.testing.perturb import perturb_parameters
 
 
 def perturbed_checkpoint(path: Path, model_type: str, **config: object) -> Path:
@@ -21,13 +23,6 @@ def perturbed_checkpoint(path: Path, model_type: str, **config: object) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.3 if "embed" in name else 1.0 / param.shape[1] ** 0.5)
-            elif "norm" in name:
-                param.copy_(1.0 + 0.3 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.1)
+    perturb_parameters(model)
     model.save_pretrained(path)
     return path

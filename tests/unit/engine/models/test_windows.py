@@ -6,6 +6,7 @@ import pytest
 
 from tandem.engine.errors import ModelLoadError
 from tandem.engine.models.arch import ModelArch
+from tandem.engine.models.registry import arch_of
 from tandem.engine.models.windows import block_free_window, layer_windows
 
 
@@ -14,7 +15,7 @@ def _arch(model_type: str, **config: object) -> ModelArch:
 
     cfg = AutoConfig.for_model(model_type, num_hidden_layers=4, hidden_size=64,
                                num_attention_heads=4, intermediate_size=128, **config)
-    return ModelArch.from_hf_config(cfg)
+    return arch_of(cfg)
 
 
 def test_mistral_slides_on_every_layer() -> None:

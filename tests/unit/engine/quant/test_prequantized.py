@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from tandem.engine.attention import AttentionMetadata, get_backend
 from tandem.engine.errors import ModelLoadError
-from tandem.engine.models.llama import LlamaForCausalLM
+from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.weights import load_model
 from tandem.engine.quant import Int4Linear, Int8Linear
 from tandem.engine.quant.prequantized import (
@@ -67,19 +67,19 @@ class Variant:
     qdir: Path
     refdir: Path
     ref: dict[str, torch.Tensor]  # checkpoint linear -> reference dequantized weight
-    _models: dict[Path, LlamaForCausalLM] = field(default_factory=dict)
+    _models: dict[Path, CausalLM] = field(default_factory=dict)
 
-    def model(self, path: Path) -> LlamaForCausalLM:
+    def model(self, path: Path) -> CausalLM:
         if path not in self._models:
             self._models[path] = _load(path)
         return self._models[path]
 
     @property
-    def quant(self) -> LlamaForCausalLM:
+    def quant(self) -> CausalLM:
         return self.model(self.qdir)
 
     @property
-    def dense(self) -> LlamaForCausalLM:
+    def dense(self) -> CausalLM:
         return self.model(self.refdir)
 
 
@@ -103,7 +103,7 @@ def variant(tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
-def _load(path: Path) -> LlamaForCausalLM:
+def _load(path: Path) -> CausalLM:
     return load_model(path, torch.float32, CPU, 256, progress=False)[0]
 
 

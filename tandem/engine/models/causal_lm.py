@@ -1,0 +1,91 @@
+"""The dense decoder-only forward over the paged KV cache (Llama, Mistral, Qwen2, Qwen3).
+
+Tokens arrive flattened (``[T]``, see tandem/engine/attention/base.py); every layer writes its new
+K/V into the cache through the attention backend and attends over the paged context. Q/K/V and
+gate/up are fused into one matmul each. What differs between the families is in the arch's
+features (biases, q/k norms: tandem/engine/models/arch.py), read by the shared layers
+(tandem/engine/models/layers). Numerics follow transformers (RMSNorm in fp32, RoPE tables in
+fp32 cast to the activation dtype) so greedy decoding matches ``generate()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
+from tandem.engine.models.arch import ModelArch
+from tandem.engine.models.layers import MLP, Attention, RMSNorm
+from tandem.engine.models.linear import Linear
+from tandem.engine.models.windows import layer_windows
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block (attending through a sliding window of ``window``
+    positions when it is set)."""
+
+    def __init__(self, arch: ModelArch, window: int | None = None) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Attention(arch, window)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_layer, meta, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+LayerHook = Callable[[int], None]
+
+
+class CausalLM(nn.Module):
+    """The whole model; ``forward`` returns hidden states, ``compute_logits`` the vocab scores."""
+
+    # How the checkpoint's weights were stored: "none" (float), or the pre-quantized format
+    # the loader read, e.g. "awq-int4-g128" (tandem/engine/quant/prequantized; set by load_model).
+    quant_format: str = "none"
+
+    def __init__(self, arch: ModelArch, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch, w) for w in layer_windows(arch))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("cos_table", cos, persistent=False)  # [P, hd] fp32
+        self.register_buffer("sin_table", sin, persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_cache: torch.Tensor,  # [L, 2, num_blocks, bs, Hkv, hd]
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        layer_hook: LayerHook | None = None,
+    ) -> torch.Tensor:  # [T, hidden]
+        h = self.embed_tokens(input_ids)
+        cos = self.cos_table[positions].to(h.dtype)[:, None, :]  # [T, 1, hd]
+        sin = self.sin_table[positions].to(h.dtype)[:, None, :]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv_cache[i], meta, backend)
+            if layer_hook is not None:
+                layer_hook(i)  # layer i's KV for this step is now in the cache
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, V]
+        """Vocabulary logits in fp32 for the rows that sample."""
+        return self.lm_head(hidden).float()

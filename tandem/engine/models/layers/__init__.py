@@ -1,0 +1,8 @@
+"""The layers every family's forward is built from (one concept a file)."""
+
+from tandem.engine.models.layers.attention import Attention
+from tandem.engine.models.layers.mlp import MLP
+from tandem.engine.models.layers.norm import RMSNorm
+from tandem.engine.models.layers.rotary import apply_rotary, rotary_tables
+
+__all__ = ["MLP", "Attention", "RMSNorm", "apply_rotary", "rotary_tables"]

@@ -1,0 +1,93 @@
+"""Which checkpoint tensors fill which of our parameters. Torch-free.
+
+    checkpoint (HF names)                         ours (causal_lm.py)
+    model.embed_tokens.weight                 ->  embed_tokens.weight
+    model.layers.i.self_attn.{q,k,v}_proj.*   ->  layers.i.self_attn.qkv_proj  (rows stacked)
+    model.layers.i.self_attn.o_proj.*         ->  layers.i.self_attn.o_proj
+    model.layers.i.self_attn.{q,k}_norm.weight->  layers.i.self_attn.{q,k}_norm.weight
+    model.layers.i.mlp.{gate,up}_proj.*       ->  layers.i.mlp.gate_up_proj    (rows stacked)
+    model.layers.i.mlp.down_proj.*            ->  layers.i.mlp.down_proj
+    model.layers.i.{input,post_attention}_layernorm.weight, model.norm.weight, lm_head.weight
+
+A linear is named by its prefix: the loader reads ``prefix.weight`` (+ ``prefix.bias``) of a
+float checkpoint, or the stored quantized tensors of a pre-quantized one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.engine.models.arch import ModelArch
+
+
+@dataclass(frozen=True, slots=True)
+class LinearSlot:
+    """One of our linear layers and the checkpoint linears it stacks, in row order."""
+
+    module: str  # our module: layers.3.self_attn.qkv_proj
+    parts: tuple[str, ...]  # checkpoint prefixes: model.layers.3.self_attn.q_proj, ...
+    bias: bool  # each part carries ``.bias``
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSlot:
+    """One of our parameters filled from one checkpoint tensor as it is."""
+
+    param: str  # ours: layers.3.input_layernorm.weight
+    name: str  # the checkpoint's: model.layers.3.input_layernorm.weight
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The weights of one part of the model: the top level, or one decoder layer."""
+
+    linears: tuple[LinearSlot, ...]
+    tensors: tuple[TensorSlot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightPlan:
+    """Every weight the model consumes, grouped so the loader can go layer by layer."""
+
+    top: Group
+    layers: tuple[Group, ...]
+
+    def linears(self) -> list[LinearSlot]:
+        """Every linear layer, the top level's first."""
+        return [lin for g in (self.top, *self.layers) for lin in g.linears]
+
+    def tensor_names(self) -> list[str]:
+        """The names a float checkpoint of this model holds (a tied lm_head left out)."""
+        names: list[str] = []
+        for g in (self.top, *self.layers):
+            for lin in g.linears:
+                for part in lin.parts:
+                    names += [part + ".weight"] + ([part + ".bias"] if lin.bias else [])
+            names += [t.name for t in g.tensors]
+        return names
+
+
+def dense_plan(arch: ModelArch) -> WeightPlan:
+    """The plan of the dense decoder (causal_lm.py) in Hugging Face's Llama naming."""
+    head = () if arch.tie_word_embeddings else (LinearSlot("lm_head", ("lm_head",), False),)
+    top = Group(head, (TensorSlot("embed_tokens.weight", "model.embed_tokens.weight"),
+                       TensorSlot("norm.weight", "model.norm.weight")))
+    return WeightPlan(top, tuple(_dense_layer(arch, i) for i in range(arch.num_layers)))
+
+
+def _dense_layer(arch: ModelArch, i: int) -> Group:
+    ours, p = f"layers.{i}.", f"model.layers.{i}."
+    attn, mlp = p + "self_attn.", p + "mlp."
+    linears = (
+        LinearSlot(ours + "self_attn.qkv_proj", tuple(attn + f"{n}_proj" for n in "qkv"),
+                   arch.qkv_bias),
+        LinearSlot(ours + "self_attn.o_proj", (attn + "o_proj",), arch.o_bias),
+        LinearSlot(ours + "mlp.gate_up_proj", (mlp + "gate_proj", mlp + "up_proj"),
+                   arch.mlp_bias),
+        LinearSlot(ours + "mlp.down_proj", (mlp + "down_proj",), arch.mlp_bias),
+    )
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if arch.qk_norm:
+        norms += ["self_attn.q_norm", "self_attn.k_norm"]
+    tensors = tuple(TensorSlot(ours + n + ".weight", p + n + ".weight") for n in norms)
+    return Group(linears, tensors)
