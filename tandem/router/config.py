@@ -32,6 +32,9 @@ class RouterConfig:
     port: int = 50051
     prefill_endpoints: tuple[str, ...] = field(default_factory=tuple)
     decode_endpoints: tuple[str, ...] = field(default_factory=tuple)
+    # The cluster has prefill workers that register themselves: readiness waits for one
+    # (tandem/router/readiness.py); ``prefill_endpoints`` imply it.
+    expect_prefill: bool = False
     max_inflight: int = 256
     max_queue: int = 512
     retry_after_ms: int = 200
@@ -150,6 +153,11 @@ class RouterConfig:
             host, _, port = endpoint.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"invalid worker endpoint {endpoint!r}: expected HOST:PORT")
+
+    @property
+    def expects_prefill(self) -> bool:
+        """Whether the router is not ready until a prefill worker is routable (at the start)."""
+        return self.expect_prefill or bool(self.prefill_endpoints)
 
     @property
     def http_enabled(self) -> bool:
