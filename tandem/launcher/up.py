@@ -1,9 +1,9 @@
 """``tandem up``: a whole Tandem cluster on Ray (a new local instance, or ``--address``).
 
-    tandem up [--model smollm2] [--num-prefill 1] [--num-decode 1] [--port 50051] [--http-port 8000]
-              [--address ADDR] [--prefill-gpus G] [--decode-gpus G] [--cpus-per-worker C]
-              [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T]
-              [--served-model-name NAME] [--api-key KEY | --api-key-file FILE]
+    tandem up [--model smollm2] [--num-prefill 1] [--num-decode 1] [--port 50051]
+              [--http-port 8000] [--address ADDR] [--prefill-gpus G] [--decode-gpus G]
+              [--cpus-per-worker C] [--resources JSON] [--autoscale FILE.yaml] [--detach]
+              [--threads T] [--served-model-name NAME] [--api-key KEY | --api-key-file FILE]
               [--worker-arg F] [--prefill-arg F] [--decode-arg F] [--router-arg F] ...
 
 Starts the router, prefill and decode workers as Ray actors (the same servers as the

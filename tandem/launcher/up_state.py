@@ -3,7 +3,7 @@ started: a small state file, one per Ray namespace.
 
     tandem up    ──writes──>  <runtime dir>/up-<namespace>.json   (0600, in a 0700 folder)
                               {"pid", "pid_start", "namespace", "address", "owns_ray", "auth"}
-    tandem down  ──reads───>  dials "address" (the GCS address Ray actually bound; a local
+    tandem down  ──reads───>  dials "address" (the GCS address Ray really bound; a local
                               instance's is on loopback), stops the pool; when ``up`` owns
                               that Ray instance, waits for ``up`` to end (its Ray ends with
                               it), and removes the file
