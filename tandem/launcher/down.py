@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
               + (f" (ended stray actors: {', '.join(leftovers)})" if leftovers else ""),
               file=sys.stderr)
         return 1
+    state = state or _recorded_here(args.namespace)
     result = stop_pool(pool, args.namespace)
     _forget(state)
     if args.json:
@@ -115,6 +116,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped: {', '.join(result['stopped'])}"
               + ("" if result.get("drained", True) else "  (router drain timed out)"))
     return 0
+
+
+def _recorded_here(namespace: str) -> up_state.UpState | None:
+    """The state file of the cluster just dialled by ``--address``, when a ``tandem up`` on
+    this machine recorded it (it goes with the cluster)."""
+    import ray
+
+    try:
+        state = up_state.read(namespace)
+    except up_state.UpStateError:
+        return None
+    dialled = ray.get_runtime_context().gcs_address
+    return state if state is not None and state.address == dialled else None
 
 
 def _forget(state: up_state.UpState | None) -> None:

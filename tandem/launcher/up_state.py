@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import stat
 import tempfile
 from dataclasses import asdict, dataclass
@@ -191,15 +192,28 @@ def _check_private_dir(folder: Path) -> None:
 def dial_target(address: str | None, namespace: str) -> tuple[str | None, UpState | None]:
     """(the Ray address to dial for ``namespace``, the state file behind it): ``address``
     when given; else the one ``tandem up`` recorded on this machine; else ``auto``. The
-    address is None when the recorded ``tandem up`` has ended together with the Ray instance
-    it owned: nothing runs there any more (its stale file is removed). UpStateError when the
-    file is there but not to be trusted."""
+    address is None when the record is stale, nothing runs there any more (the file is
+    removed): the recorded ``tandem up`` has ended together with the Ray instance it owned,
+    or (a detached cluster on a Ray cluster of its own) nothing answers at its address.
+    UpStateError when the file is there but not to be trusted."""
     if address is not None:
         return address, None
     state = read(namespace)
     if state is None:
         return "auto", None
-    if state.owns_ray and not state.alive():
+    stale = not state.alive() if state.owns_ray else not answers(state.address)
+    if stale:
         remove(namespace, state.pid)
         return None, state
     return state.address, state
+
+
+def answers(address: str, timeout_s: float = 3.0) -> bool:
+    """Whether anything accepts a TCP connection at ``address`` (HOST:PORT): a GCS that is
+    gone is said so at once, where Ray would retry it for minutes."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False

@@ -75,6 +75,15 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The state files tandem up leaves (tandem/launcher/up_state.py) go to this module's
+    own folder, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("run")))
+        yield
+
+
 @dataclass
 class Up:
     address: str

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -108,10 +109,17 @@ def test_a_stale_file_means_nothing_runs_and_goes() -> None:
     up_state.write(gone)
     assert up_state.dial_target(None, "tandem") == (None, gone)
     assert up_state.read("tandem") is None
-    # A detached cluster on a Ray cluster of its own outlives the tandem up that started it.
-    detached = UpState(mine.pid, mine.pid_start + 1, "tandem", "10.0.0.1:6379", owns_ray=False)
-    up_state.write(detached)
-    assert up_state.dial_target(None, "tandem") == ("10.0.0.1:6379", detached)
+    # A detached cluster on a Ray cluster of its own outlives the tandem up that started it,
+    # as long as something answers at its address.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        detached = UpState(mine.pid, mine.pid_start + 1, "tandem", address, owns_ray=False)
+        up_state.write(detached)
+        assert up_state.dial_target(None, "tandem") == (address, detached)
+    assert up_state.dial_target(None, "tandem") == (None, detached)  # closed: stale
+    assert up_state.read("tandem") is None
 
 
 def test_remove_with_a_pid_leaves_another_writers_file() -> None:
