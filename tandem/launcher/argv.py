@@ -18,7 +18,8 @@ def router_argv(spec: LaunchSpec, model: str) -> list[str]:
     """Flags of ``tandem router`` (workers are not listed: they register themselves; API keys
     travel apart, ``RouterActor`` writes them to a file): the model as the workers get it (the
     router reads its tokenizer), the served id when given (else the router's default: the
-    alias or the checkpoint's name)."""
+    alias or the checkpoint's name), and ``--expect-prefill`` when prefill workers start
+    (its /health waits for one of them too: tandem/router/readiness.py)."""
     from tandem.router.cli import build_parser
 
     argv = ["--host", spec.host, "--port", str(spec.port), "--model", model]
@@ -27,6 +28,8 @@ def router_argv(spec: LaunchSpec, model: str) -> list[str]:
     known = build_parser()._option_string_actions  # the flags this router version has
     if spec.http_port is not None and "--http-port" in known:
         argv += ["--http-port", str(spec.http_port)]
+    if spec.prefill > 0 and "--expect-prefill" in known:
+        argv.append("--expect-prefill")
     return argv + list(spec.router_args)
 
 

@@ -9,6 +9,8 @@ servers (GCS, raylet, every worker process) bind all interfaces unless the node 
 loopback one. Ray's own switch for that, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` ("no
 multi-node cluster: use loopback"), makes every port it opens (GCS, raylet, object manager,
 workers, runtime-env agent, autoscaler metrics) bind 127.0.0.1 (docs/security.md, "Ray").
+A driver that joins such an instance later (``tandem down``, ``tandem status``, dialling the
+loopback address ``tandem up`` recorded: tandem/launcher/up_state.py) does the same.
 """
 
 from __future__ import annotations
@@ -44,7 +46,18 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None,
                       _node_ip_address=LOOPBACK, num_cpus=num_cpus, num_gpus=num_gpus)
     else:
         kwargs["address"] = address
+        if _on_loopback(address):  # a local instance: this driver joins its node by loopback
+            _loopback_only()
+            kwargs["_node_ip_address"] = LOOPBACK
     return ray.init(**kwargs)
+
+
+def _on_loopback(address: str) -> bool:
+    """Whether ``address`` (HOST:PORT) is a loopback GCS address: a local instance started
+    loopback-only, whose node Ray would otherwise look for at the machine's routable
+    address, where nothing listens (and retry for minutes)."""
+    host = address.rpartition(":")[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def _loopback_only() -> None:

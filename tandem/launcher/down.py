@@ -1,26 +1,44 @@
 """``tandem down``: drain and stop everything ``tandem up`` started, and nothing else.
 
+Which cluster: ``--address`` when given; else the one a ``tandem up`` on this machine recorded
+for ``--namespace`` (tandem/launcher/up_state.py: the GCS address it actually bound, so a
+loopback-only local Ray instance is found at once); else Ray's ``auto``.
+
 Only the Ray namespace ``up`` used (``--namespace``, default ``tandem``) is touched: the pool
 drains the router (no new requests, those in flight finish) and every worker (each finishes
 what it has), kills their actors and removes its placement groups; then the pool itself and
-any named actor still left in the namespace are ended. The Ray cluster itself keeps running.
+any named actor still left in the namespace are ended. A Ray cluster given with ``--address``
+keeps running; a local instance that ``tandem up`` started ends with that ``tandem up``, which
+sees its pool gone and exits: ``down`` waits for it (and sends it SIGTERM if it lingers).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import time
 from typing import Any
 
 from tandem.common.arg_parser import ArgParser
+from tandem.launcher import up_state
 from tandem.launcher.spec import NAMESPACE
+
+# How long a foreground `tandem up` may take to notice its pool is gone and exit (it looks
+# every second; its Ray instance's shutdown takes a few more), then after a SIGTERM.
+_UP_EXIT_S = 60.0
+_UP_TERM_S = 30.0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem down``."""
-    p = ArgParser(prog="tandem down", description=__doc__)
-    p.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
+    p = ArgParser(prog="tandem down", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (default: the one tandem up on this machine "
+                   "recorded for --namespace, else auto)")
     p.add_argument("--namespace", default=NAMESPACE)
     p.add_argument("--json", action="store_true", help="print what was stopped as JSON")
     return p
@@ -63,18 +81,79 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from tandem.launcher.connect import connect, find_pool
 
-    connect(args.address, args.namespace, quiet=True)
+    try:
+        address, state = up_state.dial_target(args.address, args.namespace)
+    except up_state.UpStateError as exc:
+        print(f"tandem down: {exc}; pass --address", file=sys.stderr)
+        return 2
+    if address is None:
+        assert state is not None
+        print(f"tandem down: nothing running in namespace {args.namespace!r} (the tandem up "
+              f"that started it, pid {state.pid}, has ended)", file=sys.stderr)
+        return 1
+    if state is not None:
+        state.dial_env()
+    try:
+        connect(address, args.namespace, quiet=True)
+    except ConnectionError as exc:  # no Ray cluster where we looked
+        print(f"tandem down: nothing running in namespace {args.namespace!r} ({exc})",
+              file=sys.stderr)
+        return 1
     pool = find_pool(args.namespace)
     if pool is None:
         leftovers = sweep(args.namespace)
+        _forget(state)
         print(f"tandem down: nothing running in namespace {args.namespace!r}"
               + (f" (ended stray actors: {', '.join(leftovers)})" if leftovers else ""),
               file=sys.stderr)
         return 1
+    state = state or _recorded_here(args.namespace)
     result = stop_pool(pool, args.namespace)
+    _forget(state)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"stopped: {', '.join(result['stopped'])}"
               + ("" if result.get("drained", True) else "  (router drain timed out)"))
     return 0
+
+
+def _recorded_here(namespace: str) -> up_state.UpState | None:
+    """The state file of the cluster just dialled by ``--address``, when a ``tandem up`` on
+    this machine recorded it (it goes with the cluster)."""
+    import ray
+
+    try:
+        state = up_state.read(namespace)
+    except up_state.UpStateError:
+        return None
+    dialled = ray.get_runtime_context().gcs_address
+    return state if state is not None and state.address == dialled else None
+
+
+def _forget(state: up_state.UpState | None) -> None:
+    """Leave the Ray instance, let the ``tandem up`` that owns it end (it does once its pool
+    is gone; its Ray instance goes with it), and remove its state file."""
+    if state is None:
+        return
+    import ray
+
+    ray.shutdown()  # before that Ray instance ends under this driver
+    if state.owns_ray and not _ended(state, _UP_EXIT_S):
+        print(f"tandem down: tandem up (pid {state.pid}) still runs after "
+              f"{_UP_EXIT_S:g} s: sending it SIGTERM", file=sys.stderr)
+        os.kill(state.pid, signal.SIGTERM)
+        if not _ended(state, _UP_TERM_S):
+            print(f"tandem down: tandem up (pid {state.pid}) did not exit", file=sys.stderr)
+            return
+    up_state.remove(state.namespace, state.pid)
+
+
+def _ended(state: up_state.UpState, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for the ``tandem up`` of ``state`` to exit."""
+    deadline = time.monotonic() + timeout_s
+    while state.alive():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -1,12 +1,19 @@
 """``tandem local``: a whole cluster on this machine without Ray (what ``make serve`` runs).
 
-Starts one decode worker, one prefill worker and the router as separate processes on the
-default model, waits until each is serving, prints the endpoints (the API, and each process's
-Prometheus /metrics) and a command to try, and on Ctrl-C (or SIGTERM) drains and stops all
-three. The three share a cluster credential made for
-this run (a 0600 file in a private folder, removed at exit): nothing else can call the
-workers or join the router. API keys (``--api-key``, ``--api-key-file``) reach the router in
-another such file, never on its command line.
+Starts the decode workers, the prefill workers (one of each by default; ``--num-decode``,
+``--num-prefill``, 0 prefill workers for a colocated cluster) and the router as separate
+processes on the default model, waits until each is serving, prints the endpoints (the API,
+and each process's Prometheus /metrics) and a command to try, and on Ctrl-C (or SIGTERM)
+drains and stops them all: the start too, when it comes before every worker is ready. The
+processes share a cluster credential made for this run (a 0600 file in a private folder,
+removed at exit): nothing else can call the workers or join the router. API keys
+(``--api-key``, ``--api-key-file``) reach the router in another such file, never on its
+command line.
+
+Cores: one prefill and one decode worker lay out as :func:`thread_split` says and the decode
+worker borrows the prefill worker's cores while they are idle (tandem/worker/core_lending.py,
+built for that one pair). With more workers the cores are divided among them, at least one
+thread each, and no cores are lent.
 """
 
 from __future__ import annotations
@@ -18,8 +25,7 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=50051, help="router gRPC port")
     p.add_argument("--http-port", type=int, default=None,
                    help="router OpenAI HTTP port (default 8000; a free one when --port is 0)")
+    p.add_argument("--num-prefill", type=int, default=1, metavar="N",
+                   help="prefill workers (default 1; 0: colocated, the decode workers prefill)")
+    p.add_argument("--no-prefill", dest="num_prefill", action="store_const", const=0,
+                   help="colocated: decode workers only (--num-prefill 0)")
+    p.add_argument("--num-decode", type=int, default=1, metavar="M",
+                   help="decode workers (default 1)")
     prefill, decode = thread_split(len(os.sched_getaffinity(0)))
-    p.add_argument("--prefill-threads", type=int, default=prefill,
-                   help=f"prefill worker threads (default: every core, {prefill})")
+    p.add_argument("--prefill-threads", type=int, default=None,
+                   help=f"threads of each prefill worker (default with one prefill and one "
+                   f"decode worker: every core, {prefill}; with more workers: the cores divided "
+                   "among all of them, at least 1 each, so 1 each when there are more workers "
+                   "than cores)")
     p.add_argument("--decode-threads", type=int, default=None,
-                   help=f"decode worker threads (default: a quarter of the cores, {decode}, "
-                   "borrowing the prefill worker's while it is idle; every core with "
-                   "--no-prefill)")
-    p.add_argument("--no-prefill", action="store_true", help="colocated: decode worker only")
+                   help=f"threads of each decode worker (default with one of each: a quarter of "
+                   f"the cores, {decode}, borrowing the prefill worker's while it is idle; a "
+                   "lone decode worker: every core; more workers: the cores divided, as for "
+                   "--prefill-threads)")
     p.add_argument("--no-core-share", action="store_true",
-                   help="the decode worker keeps to its own threads (by default it may run a "
-                   "step on every core while the prefill worker is idle, when that measures "
-                   "faster: tandem/worker/core_lending.py)")
+                   help="the decode worker keeps to its own threads (by default, with one "
+                   "prefill and one decode worker, it may run a step on every core while the "
+                   "prefill worker is idle, when that measures faster: "
+                   "tandem/worker/core_lending.py; off with more workers)")
     p.add_argument("--worker-metrics-port", type=int, default=0,
                    help="workers' Prometheus /metrics port on loopback (default 0: a free "
                    "one each, printed; -1: none)")
@@ -71,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no credential: any local user can act on the cluster's ports")
     add_api_key_args(p)
     add_passthrough_args(p)
+    p.add_argument("--prefill-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for prefill workers only, after --worker-arg (repeat)")
+    p.add_argument("--decode-arg", action="append", default=[], metavar="FLAG",
+                   help="extra flag for decode workers only, after --worker-arg (repeat)")
+    p.passthrough("--prefill-arg", "--decode-arg")
     add_observability_args(p)
     add_launcher_engine_args(p)
     return p
@@ -83,9 +104,10 @@ def served_name(args: argparse.Namespace) -> str:
 
 
 def worker_argv(args: argparse.Namespace, model: str, threads: int) -> list[str]:
-    """Flags both workers get (the caller adds the role's ports): the model, threads, the
-    served name and metrics port, the engine, logging, tracing and metric-name flags given, then
-    ``--worker-arg``s (last, so they win)."""
+    """Flags every worker gets (the caller adds the role's ports and, last, its role's
+    ``--prefill-arg``/``--decode-arg``): the model, threads, the served name and metrics port,
+    the engine, logging, tracing and metric-name flags given, then ``--worker-arg``s (after
+    those, so they win)."""
     return ["--model", model, "--threads", str(threads), "--served-model-name",
             served_name(args), "--metrics-port", str(args.worker_metrics_port),
             *worker_engine_argv(args), *observability_argv(args), *args.worker_arg]
@@ -111,13 +133,33 @@ def thread_split(cores: int) -> tuple[int, int]:
     return max(cores, 1), max(cores // 4, 1)
 
 
-def decode_threads(args: argparse.Namespace) -> int:
-    """The decode worker's own threads: ``--decode-threads``, else its share of
-    :func:`thread_split`, or every core when it is alone (``--no-prefill``: it prefills too)."""
-    if args.decode_threads is not None:
-        return int(args.decode_threads)
-    cores = len(os.sched_getaffinity(0))
-    return max(cores, 1) if args.no_prefill else thread_split(cores)[1]
+def role_threads(args: argparse.Namespace, role: str, cores: int | None = None) -> int:
+    """Threads of each worker of ``role`` on ``cores`` (default: this process's): the flag
+    given, else one pair's :func:`thread_split`, every core for a lone decode worker, or
+    the cores divided among all the workers (at least 1 each: engines that each take every
+    core stall one another at every OpenMP barrier)."""
+    given = args.prefill_threads if role == "prefill" else args.decode_threads
+    if given is not None:
+        return int(given)
+    cores = max(cores if cores is not None else len(os.sched_getaffinity(0)), 1)
+    prefill, decode = args.num_prefill, args.num_decode
+    if (prefill, decode) == (0, 1):
+        return cores
+    if (prefill, decode) == (1, 1):
+        return thread_split(cores)[0 if role == "prefill" else 1]
+    return max(1, cores // (prefill + decode))
+
+
+def lends_cores(args: argparse.Namespace) -> bool:
+    """Whether the decode worker borrows the prefill worker's idle cores: one prefill and
+    one decode worker (what tandem/worker/core_lending.py is built for), not turned off."""
+    return (args.num_prefill, args.num_decode) == (1, 1) and not args.no_core_share
+
+
+def worker_names(role: str, count: int) -> list[str]:
+    """Names of ``count`` workers of ``role`` in the READY line and the printed endpoints:
+    the role alone for one, ``role-0``, ``role-1`` ... for several."""
+    return [role] if count == 1 else [f"{role}-{i}" for i in range(count)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.engine.loader import resolve_model
 
     try:
+        _check_counts(args)
         keys = key_file_text(args)  # checked before anything starts; never printed
         resolve_model(args.model)  # converts a GGUF once, before workers start
         cluster = Cluster(echo=True, credential_flags=_credential_flags(args))
@@ -139,38 +182,27 @@ def main(argv: list[str] | None = None) -> int:
     spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     key_file = write_key_file(keys) if keys else None
     key_flags = ["--api-key-file", str(key_file)] if key_file else []
-    share_dir = None if args.no_prefill or args.no_core_share else Path(
-        tempfile.mkdtemp(prefix="tandem-local-"))
+    if (args.num_prefill, args.num_decode) != (1, 1) and args.num_prefill and \
+            not args.no_core_share:
+        print("[tandem] core lending is off: it pairs one prefill with one decode worker "
+              f"({args.num_prefill} prefill, {args.num_decode} decode here)", file=sys.stderr)
+    share_dir = Path(tempfile.mkdtemp(prefix="tandem-local-")) if lends_cores(args) else None
     share = ["--core-share", str(make_core_share_file(share_dir))] if share_dir else []
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGTERM as Ctrl-C: either one interrupts whatever this process waits for (workers
+    # still loading included), then everything drains and stops; a second one kills.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         workers = _start_workers(cluster, args, spec, share)
-        decode = workers["decode"]
-        prefill_flags = ["--prefill", workers["prefill"].grpc] if "prefill" in workers else []
+        decode = ",".join(p.grpc for name, p in workers.items() if name.startswith("decode"))
+        prefill = ",".join(p.grpc for name, p in workers.items() if name.startswith("prefill"))
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
-        router = cluster.start("tandem.router", "--port", str(args.port), "--decode", decode.grpc,
-                               *prefill_flags, "--http-port", str(_http_port(args)),
+        router = cluster.start("tandem.router", "--port", str(args.port), "--decode", decode,
+                               *(["--prefill", prefill] if prefill else []),
+                               "--http-port", str(_http_port(args)),
                                *key_flags, *router_argv(args, spec))
-        example = f"{tandem_command()} generate --chat --target " + shlex.quote(router.grpc)
-        if key_file is not None:  # the user's own file, else ours (it lives as long as we do)
-            example += " --api-key-file " + shlex.quote(args.api_key_file or str(key_file))
-        http = str(router.info.get("http", ""))
-        print(f"\nTandem is serving {served_name(args)} on "
-              f"grpc://{router.grpc}", flush=True)
-        if http:
-            print(f"OpenAI-compatible API: http://{http}/v1", flush=True)
-        metrics = metrics_endpoints(http, workers)
-        if metrics:
-            print("Prometheus /metrics: " + ", ".join(
-                f"{role} http://{address}/metrics" for role, address in metrics.items()),
-                flush=True)
-        print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
-        print("Ctrl-C drains and stops the cluster.", flush=True)
-        info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {}),
-                "metrics": metrics, "workers": {role: p.grpc for role, p in workers.items()}}
-        print(ready_line(info), end="", flush=True)
-        stop.wait()
+        _announce(args, router, workers, key_file)
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
         pass
     except RuntimeError as exc:  # a process failed to start
@@ -178,36 +210,80 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
-        cluster.stop()
+        _stop(cluster)
         for folder in (key_file.parent if key_file else None, share_dir):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    if args.num_prefill < 0 or args.num_decode < 1:
+        raise ValueError("--num-prefill must be 0 or more and --num-decode 1 or more")
+
+
+def _announce(args: argparse.Namespace, router: Any, workers: dict[str, Any],
+              key_file: Path | None) -> None:
+    """Print the endpoints, a command to try and the READY line."""
+    example = f"{tandem_command()} generate --chat --target " + shlex.quote(router.grpc)
+    if key_file is not None:  # the user's own file, else ours (it lives as long as we do)
+        example += " --api-key-file " + shlex.quote(args.api_key_file or str(key_file))
+    http = str(router.info.get("http", ""))
+    print(f"\nTandem is serving {served_name(args)} on grpc://{router.grpc}", flush=True)
+    if http:
+        print(f"OpenAI-compatible API: http://{http}/v1  (ready when http://{http}/health "
+              "answers 200)", flush=True)
+    metrics = metrics_endpoints(http, workers)
+    if metrics:
+        print("Prometheus /metrics: " + ", ".join(
+            f"{role} http://{address}/metrics" for role, address in metrics.items()),
+            flush=True)
+    print(f"Try it:  {example} \"Write a haiku about the sea\"", flush=True)
+    print("Ctrl-C drains and stops the cluster.", flush=True)
+    info = {"role": "local", "grpc": router.grpc, **({"http": http} if http else {}),
+            "metrics": metrics, "workers": {name: p.grpc for name, p in workers.items()}}
+    print(ready_line(info), end="", flush=True)
+
+
+def _stop(cluster: Cluster) -> None:
+    """Drain and stop every process; a second Ctrl-C or SIGTERM kills them at once."""
+    try:
+        cluster.stop()
+    except KeyboardInterrupt:
+        print("[tandem] stopping at once, without waiting for the drain", file=sys.stderr,
+              flush=True)
+        for proc in cluster.procs:
+            proc.kill()
+        cluster.stop()
+
+
 def _start_workers(cluster: Cluster, args: argparse.Namespace, spec: str,
                    share: list[str]) -> dict[str, Any]:
-    """Start the decode worker and (unless --no-prefill) the prefill worker side by side
-    (their imports and model loads overlap), both given the ``share`` flags (the core-share
-    file, tandem/worker/core_lending.py); role -> Proc once both serve. RuntimeError when one fails
-    (``Cluster.start`` has stopped everything then)."""
-    commands = {"decode": ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *share,
-                           *worker_argv(args, spec, decode_threads(args)))}
-    if not args.no_prefill:
-        commands["prefill"] = ("tandem.worker.prefill", "--port", "0", *share,
-                               *worker_argv(args, spec, args.prefill_threads))
-    print(f"[tandem] starting {' and '.join(commands)} workers ...", file=sys.stderr, flush=True)
-    with ThreadPoolExecutor(len(commands)) as pool:
-        futures = {role: pool.submit(cluster.start, *command)
-                   for role, command in commands.items()}
-        return {role: future.result() for role, future in futures.items()}
+    """Start every decode and prefill worker side by side (their imports and model loads
+    overlap) on free ports, each given the ``share`` flags (the core-share file,
+    tandem/worker/core_lending.py) and its role's ``--prefill-arg``/``--decode-arg`` last;
+    name -> Proc (:func:`worker_names`) once all serve. RuntimeError when one fails
+    (``Cluster.wait_ready`` has stopped everything then)."""
+    roles = {"decode": ("tandem.worker.decode", "--port", "0", "--kv-port", "0"),
+             "prefill": ("tandem.worker.prefill", "--port", "0")}
+    counts = {"decode": args.num_decode, "prefill": args.num_prefill}
+    extra = {"decode": args.decode_arg, "prefill": args.prefill_arg}
+    print(f"[tandem] starting {args.num_decode} decode and {args.num_prefill} prefill "
+          "workers ...", file=sys.stderr, flush=True)
+    spawned = {
+        name: cluster.spawn(*roles[role], *share,
+                            *worker_argv(args, spec, role_threads(args, role)), *extra[role])
+        for role in ("decode", "prefill") for name in worker_names(role, counts[role])
+    }
+    return {name: cluster.wait_ready(proc) for name, proc in spawned.items()}
 
 
 def metrics_endpoints(router_http: str, workers: dict[str, Any]) -> dict[str, str]:
-    """Where each process serves /metrics (role -> host:port): the router on its HTTP port,
-    each worker on its metrics port (none when it serves none)."""
+    """Where each process serves /metrics (name -> host:port): the router on its HTTP port,
+    each worker (by its :func:`worker_names` name) on its metrics port (none when it serves
+    none)."""
     out = {"router": router_http} if router_http else {}
-    out.update({role: str(p.info["metrics"]) for role, p in workers.items()
+    out.update({name: str(p.info["metrics"]) for name, p in workers.items()
                 if p.info.get("metrics")})
     return out
 

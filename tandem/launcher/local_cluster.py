@@ -46,6 +46,9 @@ class Proc:
     info: dict[str, Any]
     log: list[str]
     credential: ClusterCredential = field(default_factory=ClusterCredential.insecure_default)
+    module: str = ""
+    ready: threading.Event = field(default_factory=threading.Event)  # its READY line came
+    reader: threading.Thread | None = None  # copies its output into ``log``
 
     @property
     def grpc(self) -> str:
@@ -97,6 +100,11 @@ class Cluster:
 
         ``wrap`` prefixes the command line, e.g. ``("taskset", "-c", "0")`` to pin a worker.
         """
+        return self.wait_ready(self.spawn(module, *args, wrap=wrap), timeout)
+
+    def spawn(self, module: str, *args: str, wrap: Sequence[str] = ()) -> Proc:
+        """Run ``python -m module args`` (as ``start`` does) without waiting for it: several
+        spawned at once load side by side; ``wait_ready`` then waits for each."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(self.scratch))
         given = {"--cluster-secret-file", "--insecure"} & {a.split("=", 1)[0] for a in args}
         member = list(self.credential_flags or ()) if module in MEMBERS and not given else []
@@ -104,23 +112,27 @@ class Cluster:
             [*wrap, sys.executable, "-m", module, *args, *member],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
-        proc = Proc(popen, {}, [], self.credential)
+        proc = Proc(popen, {}, [], self.credential, module)
         self.procs.append(proc)
-        ready = threading.Event()
         # One reader per process, for its whole life: it finds the READY line and keeps the
         # pipe drained so a chatty process never blocks on it.
-        reader = threading.Thread(
-            target=_read, args=(proc, module, self.echo, ready), daemon=True
-        )
-        reader.start()
+        proc.reader = threading.Thread(target=_read, args=(proc, self.echo), daemon=True)
+        proc.reader.start()
+        return proc
+
+    def wait_ready(self, proc: Proc, timeout: float = 600.0) -> Proc:
+        """Wait for ``proc``'s READY line. If it exits first or ``timeout`` passes, stop the
+        whole cluster and raise RuntimeError with the end of its output. Waits in short
+        steps, so a signal handler that raises (Ctrl-C) interrupts it."""
         deadline = time.monotonic() + timeout
-        while not ready.wait(timeout=0.5):
-            if popen.poll() is not None or time.monotonic() > deadline:
-                reader.join(timeout=5)  # collect what it printed before dying
+        while not proc.ready.wait(timeout=0.5):
+            if proc.popen.poll() is not None or time.monotonic() > deadline:
+                if proc.reader is not None:
+                    proc.reader.join(timeout=5)  # collect what it printed before dying
                 self.stop()
                 tail = "".join(proc.log[-30:])
                 raise RuntimeError(
-                    f"{module} did not become ready (exit {popen.poll()}):\n{tail}"
+                    f"{proc.module} did not become ready (exit {proc.popen.poll()}):\n{tail}"
                 )
         return proc
 
@@ -155,12 +167,12 @@ class Cluster:
             self._scratch = None
 
 
-def _read(proc: Proc, module: str, echo: bool, ready: threading.Event) -> None:
+def _read(proc: Proc, echo: bool) -> None:
     for line in proc.popen.stdout:  # type: ignore[union-attr]
         proc.log.append(line)
         if echo:
-            sys.stderr.write(f"[{module}] {line}")
-        info = None if ready.is_set() else parse_ready_line(line)
+            sys.stderr.write(f"[{proc.module}] {line}")
+        info = None if proc.ready.is_set() else parse_ready_line(line)
         if info is not None:
             proc.info = info
-            ready.set()
+            proc.ready.set()

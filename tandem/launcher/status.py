@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem status``."""
     p = ArgParser(prog="tandem status", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (default: the one tandem up on this machine "
+                   "recorded for --namespace, else auto)")
     p.add_argument("--namespace", default=NAMESPACE)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
@@ -52,11 +54,28 @@ def format_status(status: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the cluster's state; 1 when nothing runs in ``--namespace``."""
     args = build_parser().parse_args(argv)
-    import ray
-
+    from tandem.launcher import up_state
     from tandem.launcher.connect import connect, find_pool
 
-    connect(args.address, args.namespace, quiet=True)
+    try:
+        address, state = up_state.dial_target(args.address, args.namespace)
+    except up_state.UpStateError as exc:
+        print(f"tandem status: {exc}; pass --address", file=sys.stderr)
+        return 2
+    if address is None:
+        print(f"tandem status: nothing running in namespace {args.namespace!r}",
+              file=sys.stderr)
+        return 1
+    if state is not None:
+        state.dial_env()
+    try:
+        connect(address, args.namespace, quiet=True)
+    except ConnectionError as exc:  # no Ray cluster where we looked
+        print(f"tandem status: nothing running in namespace {args.namespace!r} ({exc})",
+              file=sys.stderr)
+        return 1
+    import ray  # after dial_env: Ray reads its authentication mode as it is imported
+
     pool = find_pool(args.namespace)
     if pool is None:
         print(f"tandem status: nothing running in namespace {args.namespace!r}", file=sys.stderr)

@@ -1,16 +1,17 @@
 """``tandem up``: a whole Tandem cluster on Ray (a new local instance, or ``--address``).
 
-    tandem up [--model smollm2] [--prefill 1] [--decode 1] [--port 50051] [--http-port 8000]
-              [--address ADDR] [--prefill-gpus G] [--decode-gpus G] [--cpus-per-worker C]
-              [--resources JSON] [--autoscale FILE.yaml] [--detach] [--threads T]
-              [--served-model-name NAME] [--api-key KEY | --api-key-file FILE]
+    tandem up [--model smollm2] [--num-prefill 1] [--num-decode 1] [--port 50051]
+              [--http-port 8000] [--address ADDR] [--prefill-gpus G] [--decode-gpus G]
+              [--cpus-per-worker C] [--resources JSON] [--autoscale FILE.yaml] [--detach]
+              [--threads T] [--served-model-name NAME] [--api-key KEY | --api-key-file FILE]
               [--worker-arg F] [--prefill-arg F] [--decode-arg F] [--router-arg F] ...
 
 Starts the router, prefill and decode workers as Ray actors (the same servers as the
 standalone commands, in-process), waits until every worker serves and is registered, prints
 the gRPC and HTTP endpoints and a command to try. Without ``--detach`` it stays in the
-foreground and Ctrl-C (or SIGTERM) drains and stops everything; with ``--detach`` the actors
-are detached and ``tandem down`` stops them later.
+foreground and Ctrl-C (or SIGTERM) drains and stops everything, the start too when it comes
+first; with ``--detach`` the actors are detached. ``tandem down`` with no arguments, on this
+machine, stops either (it reads a state file this command leaves: tandem/launcher/up_state.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
+import time
 from pathlib import Path
 
 from tandem.autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load_config
@@ -35,6 +36,7 @@ from tandem.common.arg_parser import ArgParser
 from tandem.common.model_spec import served_name
 from tandem.common.security.credential import ClusterCredential, new_secret
 from tandem.common.wire import ready_line
+from tandem.launcher import up_state
 from tandem.launcher.api_keys import add_api_key_args, key_file_text
 from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
@@ -56,8 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", "--served-model-name", dest="model_name", default="",
                    help="served model id (default: the alias, the .gguf file's stem or the "
                    "directory's name)")
-    p.add_argument("--prefill", type=int, default=1, help="prefill workers (0: colocated)")
-    p.add_argument("--decode", type=int, default=1, help="decode workers")
+    p.add_argument("--prefill", "--num-prefill", dest="prefill", type=int, default=1,
+                   help="prefill workers (0: colocated)")
+    p.add_argument("--decode", "--num-decode", dest="decode", type=int, default=1,
+                   help="decode workers")
     p.add_argument("--host", default="127.0.0.1",
                    help="router listen address (default loopback: a multi-node cluster or a "
                    "pod needs 0.0.0.0 or the node's address)")
@@ -92,8 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         "router API keys (a public --host needs some, or --router-arg=--allow-unauthenticated)"))
     g = p.add_argument_group("workers")
     g.add_argument("--threads", type=int, default=None,
-                   help="CPU threads per worker engine (default on a local instance: the "
-                        "machine's cores divided among the workers; on a cluster: torch's)")
+                   help="CPU threads per worker engine (default on a local instance: one "
+                        "prefill and one decode worker as tandem local lays them out, the "
+                        "decode worker borrowing the prefill worker's idle cores; more "
+                        "workers: the machine's cores divided among them, at least 1 each, "
+                        "no cores lent; on a cluster: torch's)")
     g.add_argument("--worker-metrics-port", type=int, default=0,
                    help="each worker's Prometheus /metrics port, on its listen address "
                    "(default 0: a free one, shown by tandem status; -1: none; a fixed port "
@@ -220,47 +227,101 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace, spec: LaunchSpec, model: str) -> int:
-    """Start the pool on Ray and, in the foreground, serve until interrupted or stopped."""
+    """Start the pool on Ray and, in the foreground, serve until interrupted or stopped.
+
+    Ctrl-C and SIGTERM alike interrupt whatever this process waits for, the start included
+    (a worker still loading its model is not waited for), then everything started drains and
+    stops: with nothing in flight that takes seconds. A second one stops without waiting for
+    the drain. The state file (tandem/launcher/up_state.py) lets ``tandem down`` find this
+    cluster; it goes when this process ends (a detached cluster's stays for ``down``)."""
     import ray
 
     from tandem.launcher.connect import connect, find_pool
-    from tandem.launcher.down import stop_pool
     from tandem.launcher.placement import home_strategy
     from tandem.launcher.pool import PoolActor
 
-    connect(args.address, spec.namespace, _local_cpus(args, spec), args.num_gpus)
-    home = ray.get_runtime_context().get_node_id()
-    if find_pool(spec.namespace) is not None:
-        print(f"tandem up: a cluster already runs in Ray namespace {spec.namespace!r} "
-              "(tandem status / tandem down)", file=sys.stderr)
+    busy = _running_here(spec.namespace)
+    if busy is not None:
+        print(f"tandem up: {busy}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    if not spec.detach:
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    pool = ray.remote(PoolActor).options(
-        name=REGISTRY, namespace=spec.namespace, num_cpus=0, max_concurrency=256,
-        lifetime="detached" if spec.detach else None, scheduling_strategy=home_strategy(home),
-    ).remote(spec, model, home)
+    pool, detached = None, False
     try:
+        context = connect(args.address, spec.namespace, _local_cpus(args, spec), args.num_gpus)
+        # After ray.init, which sets a SIGTERM handler of its own (exit at once).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        home = ray.get_runtime_context().get_node_id()
+        if find_pool(spec.namespace) is not None:
+            print(f"tandem up: a cluster already runs in Ray namespace {spec.namespace!r} "
+                  "(tandem status / tandem down)", file=sys.stderr)
+            return 1
+        _record(up_state.UpState.of_this_process(
+            spec.namespace, str(context.address_info["gcs_address"]), args.address is None))
+        pool = ray.remote(PoolActor).options(
+            name=REGISTRY, namespace=spec.namespace, num_cpus=0, max_concurrency=256,
+            lifetime="detached" if spec.detach else None,
+            scheduling_strategy=home_strategy(home),
+        ).remote(spec, model, home)
         print(f"[tandem] starting router, {spec.prefill} prefill and {spec.decode} decode "
               "workers on Ray ...", file=sys.stderr, flush=True)
         status = ray.get(pool.start.remote())
         _announce(spec, status, args.api_key_file)
         if spec.detach:
+            detached = True
             return 0
-        while not stop.wait(2.0):
-            if find_pool(spec.namespace) is None:  # `tandem down` from another shell
-                print("[tandem] stopped by tandem down", file=sys.stderr, flush=True)
-                return 0
+        while find_pool(spec.namespace) is not None:  # until `tandem down` in another shell
+            time.sleep(1.0)
+        print("[tandem] stopped by tandem down", file=sys.stderr, flush=True)
+        return 0
     except KeyboardInterrupt:
-        pass
+        print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
+        _stop(pool, spec.namespace)
+        return 0
     except Exception as exc:  # a worker could not start: say why, stop what did
         print(f"tandem up: {exc}", file=sys.stderr)
-        stop_pool(pool)
+        _stop(pool, spec.namespace)
         return 1
-    print("\n[tandem] draining and stopping ...", file=sys.stderr, flush=True)
-    stop_pool(pool)
-    return 0
+    finally:
+        if not detached:  # a detached cluster's state stays for tandem down
+            up_state.remove(spec.namespace, os.getpid())
+
+
+def _running_here(namespace: str) -> str | None:
+    """Why not to start: another ``tandem up`` of ``namespace`` runs on this machine (its
+    state file names a live process); None when none does."""
+    try:
+        existing = up_state.read(namespace)
+    except up_state.UpStateError as exc:
+        print(f"[tandem] ignoring {exc}", file=sys.stderr)
+        return None
+    if existing is None or existing.pid == os.getpid() or not existing.alive():
+        return None
+    return (f"tandem up (pid {existing.pid}) already runs namespace {namespace!r} on this "
+            "machine: tandem down first, or pass another --namespace")
+
+
+def _record(state: up_state.UpState) -> None:
+    """Write the state file ``tandem down`` reads; a cluster still starts without one (the
+    reason is printed: ``tandem down --address`` then finds it)."""
+    try:
+        up_state.write(state)
+    except OSError as exc:
+        print(f"[tandem] no state file for tandem down ({exc}): stop it with "
+              f"tandem down --address {state.address}", file=sys.stderr)
+
+
+def _stop(pool: object, namespace: str) -> None:
+    """Drain and stop through ``pool`` (when it was made); a second Ctrl-C or SIGTERM
+    stops every actor at once instead."""
+    from tandem.launcher.down import stop_pool, sweep
+
+    if pool is None:
+        return
+    try:
+        stop_pool(pool, namespace)
+    except KeyboardInterrupt:
+        print("[tandem] stopping at once, without waiting for the drain", file=sys.stderr,
+              flush=True)
+        sweep(namespace)
 
 
 def _one_local_pair(spec: LaunchSpec) -> bool:

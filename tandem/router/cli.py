@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
     p.add_argument("--prefill", default="", help="prefill workers, HOST:PORT,...")
     p.add_argument("--decode", default="", help="decode workers, HOST:PORT,...")
+    p.add_argument("--expect-prefill", action="store_true",
+                   help="the cluster has prefill workers that register themselves: /health "
+                   "(readiness) waits for one as well as for a decode worker (implied by "
+                   "--prefill; tandem up sets it)")
     p.add_argument("--model", default="",
                    help="alias (smollm2), checkpoint directory or .gguf file, found as the "
                    "workers find it; the router reads its tokenizer and config only")
@@ -293,6 +297,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         port=args.port,
         prefill_endpoints=_split(args.prefill),
         decode_endpoints=_split(args.decode),
+        expect_prefill=args.expect_prefill,
         max_inflight=args.max_inflight,
         max_queue=args.max_queue,
         local_prefill_threshold=args.local_prefill_threshold,

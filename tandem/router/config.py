@@ -35,6 +35,9 @@ class RouterConfig:
     port: int = 50051
     prefill_endpoints: tuple[str, ...] = field(default_factory=tuple)
     decode_endpoints: tuple[str, ...] = field(default_factory=tuple)
+    # The cluster has prefill workers that register themselves: readiness waits for one
+    # (tandem/router/readiness.py); ``prefill_endpoints`` imply it.
+    expect_prefill: bool = False
     max_inflight: int = 256
     max_queue: int = 512
     retry_after_ms: int = 200
@@ -221,6 +224,11 @@ class RouterConfig:
 
     def _tokens(self, bound: int) -> int:
         return max(bound, self.max_model_len) if bound else 0
+
+    @property
+    def expects_prefill(self) -> bool:
+        """Whether the router is not ready until a prefill worker is routable (at the start)."""
+        return self.expect_prefill or bool(self.prefill_endpoints)
 
     @property
     def http_enabled(self) -> bool:

@@ -4,7 +4,7 @@ Lifecycle: ``start()`` binds and serves; ``drain()`` = ``stop_accepting()`` (hea
 NOT_SERVING, new requests UNAVAILABLE) then waits for in-flight ones; ``stop()`` closes all.
 
 gRPC health: the overall status ("") and ``tandem.v1.Tandem`` follow readiness (SERVING
-only while a decode worker is routable and the router is not draining: tandem/router/readiness.py),
+only while the router can serve a request now: tandem/router/readiness.py, as HTTP /health),
 republished on every registry change; ``tandem.v1.Registry`` is SERVING until the drain
 (workers must be able to join a router that is not ready yet); ``liveness`` is SERVING for
 as long as the process runs.
@@ -113,7 +113,7 @@ class RouterServer:
             config.retry_after_ms,
         )
         self.frontend = Frontend(deps, tokenizer, self.gate, self.metrics, clients)
-        self.readiness = Readiness(self.registry, self.gate)
+        self.readiness = Readiness(self.registry, self.gate, config.expects_prefill)
         self._health_changed = asyncio.Event()
         self.registry.watch(self._health_changed.set)
         self._health_task: asyncio.Task[None] | None = None
@@ -208,7 +208,7 @@ class RouterServer:
         tls = self.security.server_tls
         http = HttpServer(self.frontend, self.metrics.registry, self.security.keys,
                           tls.ssl_context() if tls is not None else None,
-                          metrics_keys=self.security.metrics_keys)
+                          metrics_keys=self.security.metrics_keys, readiness=self.readiness)
         host = self.config.http_host or self.config.host
         try:
             self.http_port = await http.start(host, self.config.http_port)

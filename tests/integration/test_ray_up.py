@@ -1,8 +1,9 @@
 """``tandem up`` on a local Ray instance with a tiny model: serving, autoscaling, restarts, down.
 
-The first test runs ``tandem up`` the way a user does (its own new local Ray instance, in the
-foreground, polled by a readiness probe while it starts) and checks it listens on loopback
-only; the rest share one Ray instance, described next.
+The first two tests run ``tandem up`` the way a user does (its own new local Ray instance, in
+the foreground): polled until /health says 200, then a request, loopback only, stopped by
+``tandem down`` with no arguments; and stopped by SIGTERM before it is ready. The rest share
+one Ray instance, described next.
 
 One Ray instance for the module (this process is its driver); ``tandem up --detach``,
 ``tandem status`` and ``tandem down`` run as real commands against it. The autoscaler runs the
@@ -36,6 +37,7 @@ from tandem.common.wire import parse_ready_line
 from tandem.launcher.connect import runtime_env
 from tandem.launcher.status import format_status
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
+from tests.integration import health_poll
 from tests.integration.served_model import tiny_served_model
 from tests.scrape import fetch, parse, value
 from tests.unit.engine._reference import hf_greedy
@@ -71,6 +73,15 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The state files tandem up leaves (tandem/launcher/up_state.py) go to this module's
+    own folder, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("run")))
+        yield
 
 
 @dataclass
@@ -197,24 +208,18 @@ def _loopback(ip: str) -> bool:
     return ip in ("127.0.0.1", "::1") or ip.startswith(("127.", "::ffff:127."))
 
 
-def test_local_up_serves_while_polled_and_listens_on_loopback_only(
-        tiny_dir: Callable[..., Path], smollm2_dir: Path) -> None:
-    """``tandem up`` on a new local Ray instance, its router polled (/health, /ready) every
-    0.2 s from the moment it starts: the start succeeds, a request is served, and every port
-    the cluster opened (Ray's and Tandem's) is on loopback. Ctrl-C's SIGTERM stops it all.
-    Without ``--threads``, as ``make serve`` runs it: its two workers share cores through a
-    core-share file (tandem/worker/core_lending.py), removed at the stop."""
-    model_dir = tiny_served_model(tiny_dir, smollm2_dir)
-    shares_before = set(Path(tempfile.gettempdir()).glob("tandem-up-*"))
-    http = f"127.0.0.1:{_free_port()}"
+def _start_up(tmp_path: Path, *argv: str) -> tuple[subprocess.Popen[str], Callable[[], Any],
+                                                  dict[str, str]]:
+    """``tandem up *argv`` on a new local Ray instance, as a user starts it (its output read
+    by a thread); returns the process, a function giving (READY seen, its info, the output
+    lines), and the environment (its state file goes under ``tmp_path``: tandem down run
+    with the same environment finds it)."""
     # Ray's workers at normal priority (see the module fixture); RayConfig reads RAY_<name>.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_worker_niceness="0")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_worker_niceness="0",
+               XDG_RUNTIME_DIR=str(tmp_path))
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem.cli.main", "up", "--namespace", "tandem-poll",
-         "--model", str(model_dir), "--model-name", "tiny", "--port", "0",
-         "--http-port", http.rsplit(":", 1)[1], "--dtype", "float32",
-         "--num-cpus", "4", "--worker-arg=--num-blocks=256"],
+        [sys.executable, "-m", "tandem.cli.main", "up", *argv],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     ready = threading.Event()
@@ -229,20 +234,49 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
                 info.update(found)
                 ready.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lambda: (ready.is_set(), info, lines), env
+
+
+def _reap(proc: subprocess.Popen[str], pids: set[int]) -> None:
+    """A failed test's cleanup: nothing it started may outlive it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
+    for p in pids:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(p).kill()
+
+
+def test_local_up_serves_once_healthy_and_down_stops_it_all(
+        tiny_dir: Callable[..., Path], smollm2_dir: Path, tmp_path: Path) -> None:
+    """``tandem up`` on a new local Ray instance as a user runs it: a script polls /health
+    until 200 and sends a completion at once (served: no 503), while a prober polls /health
+    and /ready every 0.2 s from the start. Every port the cluster opened (Ray's and
+    Tandem's) is on loopback. Then ``tandem down`` with no arguments, from another process,
+    finds it (the state file) and stops it in seconds: ``tandem up`` exits 0 and no process
+    it started, Ray's included, is left. Without ``--threads``, as ``make serve`` runs it:
+    its two workers share cores through a core-share file, removed at the stop."""
+    model_dir = tiny_served_model(tiny_dir, smollm2_dir)
+    shares_before = set(Path(tempfile.gettempdir()).glob("tandem-up-*"))
+    http = f"127.0.0.1:{_free_port()}"
+    proc, state, env = _start_up(
+        tmp_path, "--namespace", "tandem-poll", "--model", str(model_dir), "--model-name",
+        "tiny", "--port", "0", "--http-port", http.rsplit(":", 1)[1], "--dtype", "float32",
+        "--num-cpus", "4", "--worker-arg=--num-blocks=256")
     pids: set[int] = set()
     try:
         with Poller(http) as poller:
-            _wait(lambda: ready.is_set() or proc.poll() is not None, 300, "tandem up to start")
-            assert ready.is_set(), "tandem up failed:\n" + "".join(lines[-40:])
-            answered_early = [a for a in poller.answers if a[1] != 0]
-            with grpc.insecure_channel(info["grpc"]) as channel:
-                tokens = _generate(tandem_pb2_grpc.TandemStub(channel), [1, 2, 3, 4], 6)
-            assert len(tokens) == 6
-            _wait(lambda: ("/ready", 200) in poller.answers, 30, "/ready to answer 200")
-        assert answered_early, "the router never answered a poll while the cluster started"
+            health_poll.until(lambda: health_poll.get(http, "/health")[0] == 200, 300,
+                              "/health to answer 200", alive=lambda: proc.poll() is None)
+            out = health_poll.complete(http, "tiny")  # at once: no 503
+            assert out["usage"]["completion_tokens"] == 4
+            health_poll.until(lambda: state()[0], 60, "the READY line")
+        info, lines = state()[1], state()[2]
+        assert ("/health", 503) in poller.answers, "the router never said 503 while starting"
         assert info["http"] == http
+        with grpc.insecure_channel(info["grpc"]) as channel:
+            assert len(_generate(tandem_pb2_grpc.TandemStub(channel), [1, 2, 3, 4], 6)) == 6
         pids = {p.pid for p in _tree(proc.pid)}
         sockets = _listening(pids)
         ports = {port for _, port, _ in sockets}
@@ -251,18 +285,48 @@ def test_local_up_serves_while_polled_and_listens_on_loopback_only(
         assert public == [], f"listening beyond loopback: {public}"
         shares = set(Path(tempfile.gettempdir()).glob("tandem-up-*")) - shares_before
         assert len(shares) == 1 and (shares.pop() / "core-share").stat().st_mode & 0o777 == 0o600
-        proc.send_signal(signal.SIGTERM)  # what Ctrl-C does: drain and stop
-        assert proc.wait(timeout=180) == 0, "".join(lines[-40:])
-        _wait(lambda: not any(_alive(p) for p in pids), 60, "no process of the cluster left")
+        state_file = tmp_path / "tandem" / "up-tandem-poll.json"
+        assert state_file.stat().st_mode & 0o777 == 0o600
+        down = subprocess.run([sys.executable, "-m", "tandem.cli.main", "down", "--namespace",
+                               "tandem-poll"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=180)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "tandem-router" in down.stdout and "tandem-decode-0" in down.stdout
+        assert proc.wait(timeout=120) == 0, "".join(lines[-40:])
+        _wait(lambda: not any(_alive(p) for p in pids), 120, "no process of the cluster left")
+        assert not state_file.exists()
         assert set(Path(tempfile.gettempdir()).glob("tandem-up-*")) <= shares_before
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
-        for p in pids:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(p).kill()
-        reader.join(timeout=30)
+        _reap(proc, pids)
+
+
+def test_sigterm_while_up_starts_stops_it_at_once(
+        tiny_dir: Callable[..., Path], smollm2_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM (Ctrl-C's twin) to ``tandem up`` before its cluster is ready: one worker can
+    never be placed (2 CPUs each, 3 in the instance, no pair group), so the start would go on
+    until --ready-timeout (600 s); the signal stops it all within a generous bound instead,
+    and leaves no process of it."""
+    model_dir = tiny_served_model(tiny_dir, smollm2_dir)
+    http = f"127.0.0.1:{_free_port()}"
+    proc, state, _ = _start_up(
+        tmp_path, "--namespace", "tandem-sigterm", "--model", str(model_dir), "--port", "0",
+        "--http-port", http.rsplit(":", 1)[1], "--dtype", "float32", "--num-cpus", "3",
+        "--cpus-per-worker", "2", "--no-pack", "--threads", "1")
+    pids: set[int] = set()
+    try:
+        # The router serves (it starts first) and says why it cannot serve yet.
+        health_poll.until(lambda: health_poll.get(http, "/livez")[0] == 200, 300,
+                          "the router to answer /livez", alive=lambda: proc.poll() is None)
+        status, body = health_poll.get(http, "/health")
+        assert status == 503 and body["reason"], body
+        assert not state()[0]
+        pids = {p.pid for p in _tree(proc.pid)}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, "".join(state()[2][-40:])
+        _wait(lambda: not any(_alive(p) for p in pids), 120, "no process of the cluster left")
+        assert not (tmp_path / "tandem" / "up-tandem-sigterm.json").exists()
+    finally:
+        _reap(proc, pids)
 
 
 @dataclass

@@ -2,7 +2,13 @@
 
     POST /v1/completions        POST /v1/chat/completions      (SSE when "stream": true)
     GET  /v1/models             GET  /metrics (Prometheus)
-    GET  /health (open: the process is up)    GET  /ready (open: it can serve now, else 503)
+    GET  /health, /ready (open: 200 when a request sent now is served, else 503 and why)
+    GET  /livez (open: 200 while the process runs and its event loop answers)
+
+``/health`` means what it means to vLLM's users, whose wait loops poll it before the first
+request: the router can serve now (tandem/router/readiness.py); ``/ready`` is the same
+handler under the name Kubernetes readiness probes use. ``/livez`` is the liveness probe's:
+it stays 200 while the router drains or waits for workers (restarting it would not help).
 
 With API keys every other route needs one; ``/metrics`` also takes a metrics key (a scraper's
 credential that opens nothing else), and needs one of either when only metrics keys are set.
@@ -71,7 +77,7 @@ _T = TypeVar("_T")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "X-Tandem-Timeout"  # optional per-request budget in seconds (-> 504)
-_OPEN_PATHS = frozenset({"/health", "/ready"})
+_OPEN_PATHS = frozenset({"/health", "/ready", "/livez"})
 METRICS_PATH = "/metrics"
 # Request storage: the X-Request-Id a response carries (a typed key where aiohttp has them).
 _ECHO_ID: Any = (web.RequestKey("tandem_request_id", str) if hasattr(web, "RequestKey")
@@ -88,13 +94,15 @@ class HttpServer:
         keys: ApiKeys | None = None,
         ssl_context: ssl.SSLContext | None = None,
         metrics_keys: ApiKeys | None = None,
+        *,
+        readiness: Readiness,
     ) -> None:
         self._frontend = frontend
         self._registry = registry
         self._keys = keys
         self._metrics_keys = metrics_keys
         self._ssl = ssl_context
-        self._readiness = Readiness(frontend.deps.registry, frontend.gate)
+        self._readiness = readiness
         config = frontend.deps.config
         self._max_body = config.max_request_bytes
         self._read_timeout_s = config.http_read_timeout_s
@@ -117,8 +125,9 @@ class HttpServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/detokenize", self._detokenize)
-        app.router.add_get("/health", self._health)
+        app.router.add_get("/health", self._ready)
         app.router.add_get("/ready", self._ready)
+        app.router.add_get("/livez", self._live)
         app.router.add_get(METRICS_PATH, self._metrics)
         return app
 
@@ -228,16 +237,14 @@ class HttpServer:
             text = await frontend.detokenize(ids)
         return web.json_response({"prompt": text})
 
-    async def _health(self, request: web.Request) -> web.StreamResponse:
-        if self._frontend.gate.closed:
-            return web.json_response({"status": "draining"}, status=503)
-        return web.json_response({"status": "ok"})
-
     async def _ready(self, request: web.Request) -> web.StreamResponse:
         reason = self._readiness.reason()
         if reason is not None:
             return web.json_response({"status": "unavailable", "reason": reason}, status=503)
-        return web.json_response({"status": "ready"})
+        return web.json_response({"status": "ok"})
+
+    async def _live(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"status": "alive"})
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         return web.Response(

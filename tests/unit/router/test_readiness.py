@@ -1,5 +1,6 @@
-"""Liveness and readiness: HTTP /health and /ready, and the gRPC health statuses, before a
-decode worker is routable, once one registers, after it goes, and while draining."""
+"""Liveness and readiness: HTTP /livez, /health and /ready (the same answer), and the gRPC
+health statuses, before a decode worker is routable, once one registers, after it goes, and
+while draining; a cluster run with prefill workers is not ready until one of them is."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, aio_interceptors
+from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from tandem.router.readiness import LIVENESS_SERVICE
 from tandem.router.tokenizer import RouterTokenizer
-from tests.unit.router.fakes import CREDENTIAL, FakeDecode, serve
+from tests.unit.router.fakes import CREDENTIAL, FakeDecode, FakePrefill, serve
 from tests.unit.router.harness import Cluster, cluster
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -22,12 +24,13 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 TANDEM, REGISTRY = "tandem.v1.Tandem", "tandem.v1.Registry"
 
 
-async def register(c: Cluster, endpoint: str, worker_id: str = "d1") -> None:
-    """Join ``endpoint`` as a decode worker through the Registry RPC, as a worker does."""
+async def register(c: Cluster, endpoint: str, worker_id: str = "d1",
+                   role: int = worker_pb2.ROLE_DECODE) -> None:
+    """Join ``endpoint`` as a worker of ``role`` through the Registry RPC, as a worker does."""
     address = f"127.0.0.1:{c.router.port}"
     async with grpc.aio.insecure_channel(address, interceptors=aio_interceptors(CREDENTIAL, ROUTER_AUDIENCE)) as ch:
         await worker_pb2_grpc.RegistryStub(ch).Register(worker_pb2.RegisterRequest(
-            role=worker_pb2.ROLE_DECODE, worker_id=worker_id, endpoint=endpoint))
+            role=role, worker_id=worker_id, endpoint=endpoint))
 
 
 async def _statuses(c: Cluster) -> dict[str, int]:
@@ -56,12 +59,18 @@ async def _until_overall(c: Cluster, want: int) -> None:
 
 
 async def _ready(http: aiohttp.ClientSession, c: Cluster) -> tuple[int, Any]:
-    async with http.get(f"http://127.0.0.1:{c.router.http_port}/ready") as r:
-        return r.status, await r.json()
+    """/health's answer, checked to be /ready's too (one handler under two names)."""
+    answers = []
+    for path in ("/health", "/ready"):
+        async with http.get(f"http://127.0.0.1:{c.router.http_port}{path}") as r:
+            answers.append((r.status, await r.json()))
+    assert answers[0] == answers[1], answers
+    return answers[0]
 
 
 async def _live(http: aiohttp.ClientSession, c: Cluster) -> int:
-    async with http.get(f"http://127.0.0.1:{c.router.http_port}/health") as r:
+    async with http.get(f"http://127.0.0.1:{c.router.http_port}/livez") as r:
+        assert await r.json() == {"status": "alive"}
         return r.status
 
 
@@ -80,7 +89,7 @@ def test_ready_follows_routable_decode_workers(tokenizer: RouterTokenizer) -> No
             try:
                 await register(c, endpoint)
                 status, body = await _ready(http, c)  # routable at once
-                assert status == 200 and body == {"status": "ready"}
+                assert status == 200 and body == {"status": "ok"}
                 await _until_overall(c, SERVING)
                 assert (await _statuses(c))[TANDEM] == SERVING
                 out = await c.generate(tandem_pb2.GenerateRequest(text="hi"))
@@ -95,6 +104,7 @@ def test_ready_follows_routable_decode_workers(tokenizer: RouterTokenizer) -> No
             await c.router.stop_accepting()
             status, body = await _ready(http, c)
             assert status == 503 and body["reason"].startswith("draining")
+            assert await _live(http, c) == 200  # draining, not dead: no restart
             assert await _statuses(c) == {"": NOT_SERVING, TANDEM: NOT_SERVING,
                                           REGISTRY: NOT_SERVING, LIVENESS_SERVICE: SERVING}
 
@@ -114,3 +124,48 @@ def test_static_workers_are_ready_from_the_start(tokenizer: RouterTokenizer) -> 
             await _until_overall(c, SERVING)
 
     asyncio.run(scenario())
+
+
+def test_a_cluster_with_prefill_workers_is_ready_once_one_is_routable(
+        tokenizer: RouterTokenizer) -> None:
+    """``--expect-prefill`` (what ``tandem up`` passes when it starts prefill workers): a
+    decode worker alone is not enough while the cluster starts; once a prefill worker has
+    been routable, a decode worker alone keeps the router ready (it prefills itself)."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_prefill=0, n_decode=0, http_port=0,
+                           expect_prefill=True) as c, aiohttp.ClientSession() as http:
+            decode = FakeDecode("kv-r", {})
+            d_server, d_endpoint = await serve(
+                decode, worker_pb2_grpc.add_DecodeServiceServicer_to_server)
+            prefill = FakePrefill({})
+            p_server, p_endpoint = await serve(
+                prefill, worker_pb2_grpc.add_PrefillServiceServicer_to_server)
+            try:
+                await register(c, d_endpoint)
+                status, body = await _ready(http, c)
+                assert status == 503 and body["reason"].startswith("waiting for a prefill")
+                assert "(0 known)" in body["reason"]
+                assert (await _statuses(c))[""] == NOT_SERVING
+                await register(c, p_endpoint, "p1", worker_pb2.ROLE_PREFILL)
+                assert await _ready(http, c) == (200, {"status": "ok"})
+                await _until_overall(c, SERVING)
+                await p_server.stop(0)
+                await c.router.monitor.probe_all()  # the prefill worker went away
+                assert c.router.registry.routable(Role.PREFILL) == []
+                assert (await _ready(http, c))[0] == 200  # served: on the decode worker
+            finally:
+                await d_server.stop(0)
+                await p_server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_static_prefill_endpoints_count_as_expected(tokenizer: RouterTokenizer) -> None:
+    """``--prefill`` named on the command line implies ``--expect-prefill``; a cluster
+    without (colocated) is ready on a decode worker alone."""
+    from tandem.router.config import RouterConfig
+
+    base = {"tokenizer_dir": "unused", "model_name": "m", "max_model_len": 16}
+    assert RouterConfig(**base, prefill_endpoints=("127.0.0.1:1",)).expects_prefill
+    assert RouterConfig(**base, expect_prefill=True).expects_prefill
+    assert not RouterConfig(**base).expects_prefill

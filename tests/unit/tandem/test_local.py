@@ -8,10 +8,12 @@ from pathlib import Path
 
 from tandem.launcher.local import (
     build_parser,
-    decode_threads,
+    lends_cores,
+    role_threads,
     router_argv,
     thread_split,
     worker_argv,
+    worker_names,
 )
 
 
@@ -22,16 +24,53 @@ def test_prefill_gets_every_core_decode_a_quarter() -> None:
     assert thread_split(0) == (1, 1)  # never zero threads
 
 
+def _threads(*argv: str, cores: int) -> tuple[int, int]:
+    args = build_parser().parse_args(list(argv))
+    return role_threads(args, "prefill", cores), role_threads(args, "decode", cores)
+
+
 def test_flags_override_the_split() -> None:
-    args = build_parser().parse_args(["--prefill-threads", "1", "--decode-threads", "3"])
-    assert (args.prefill_threads, decode_threads(args)) == (1, 3)
-    assert decode_threads(build_parser().parse_args(["--no-prefill", "--decode-threads", "1"])) == 1
+    assert _threads("--prefill-threads", "1", "--decode-threads", "3", cores=8) == (1, 3)
+    assert _threads("--no-prefill", "--decode-threads", "1", cores=8)[1] == 1
+    assert _threads("--num-prefill", "2", "--num-decode", "2", "--decode-threads", "3",
+                    cores=2) == (1, 3)
 
 
 def test_a_lone_decode_worker_gets_every_core() -> None:
     cores = len(os.sched_getaffinity(0))
-    assert decode_threads(build_parser().parse_args([])) == thread_split(cores)[1]
-    assert decode_threads(build_parser().parse_args(["--no-prefill"])) == cores
+    assert _threads(cores=cores) == thread_split(cores)
+    assert _threads("--no-prefill", cores=cores)[1] == cores
+    assert _threads("--num-prefill", "0", cores=6)[1] == 6
+
+
+def test_more_workers_divide_the_cores_at_least_one_thread_each() -> None:
+    # 1 prefill + 2 decode on a 2-core box: more workers than cores, 1 thread each.
+    assert _threads("--num-prefill", "1", "--num-decode", "2", cores=2) == (1, 1)
+    assert _threads("--num-prefill", "2", "--num-decode", "2", cores=8) == (2, 2)
+    assert _threads("--num-prefill", "0", "--num-decode", "3", cores=6) == (2, 2)
+
+
+def test_cores_are_lent_only_within_one_pair() -> None:
+    parse = build_parser().parse_args
+    assert lends_cores(parse([]))
+    assert not lends_cores(parse(["--no-core-share"]))
+    assert not lends_cores(parse(["--no-prefill"]))
+    assert not lends_cores(parse(["--num-decode", "2"]))
+    assert not lends_cores(parse(["--num-prefill", "2"]))
+
+
+def test_worker_names_keep_one_workers_name_and_number_several() -> None:
+    assert worker_names("decode", 1) == ["decode"]
+    assert worker_names("decode", 2) == ["decode-0", "decode-1"]
+    assert worker_names("prefill", 0) == []
+
+
+def test_role_flags_pass_through_in_both_spellings() -> None:
+    args = build_parser().parse_args(["--prefill-arg", "--max-num-seqs=4",
+                                      "--decode-arg=--speculative=ngram", "--decode-arg",
+                                      "--num-blocks=64"])
+    assert args.prefill_arg == ["--max-num-seqs=4"]
+    assert args.decode_arg == ["--speculative=ngram", "--num-blocks=64"]
 
 
 def test_engine_flags_reach_both_workers_and_the_router_its_own() -> None:
@@ -142,9 +181,12 @@ class _Recorder:
     def __init__(self) -> None:
         self.started: list[tuple[str, ...]] = []
 
-    def start(self, *command: str) -> tuple[str, ...]:
+    def spawn(self, *command: str) -> tuple[str, ...]:
         self.started.append(command)
         return command
+
+    def wait_ready(self, proc: tuple[str, ...]) -> tuple[str, ...]:
+        return proc
 
 
 def test_both_workers_get_the_core_share_file_and_only_they() -> None:
@@ -161,3 +203,23 @@ def test_both_workers_get_the_core_share_file_and_only_they() -> None:
     _start_workers(cluster, build_parser().parse_args(["--no-prefill"]), "smollm2", [])  # type: ignore[arg-type]
     assert [c[0] for c in cluster.started] == ["tandem.worker.decode"]
     assert "--core-share" not in cluster.started[0]
+
+
+def test_several_workers_of_each_role_with_their_role_flags_last() -> None:
+    from tandem.launcher.local import _start_workers
+
+    cluster = _Recorder()
+    args = build_parser().parse_args(["--num-prefill", "1", "--num-decode", "2",
+                                      "--worker-arg=--num-blocks=64",
+                                      "--decode-arg=--num-blocks=32",
+                                      "--prefill-arg", "--max-num-seqs=2"])
+    started = _start_workers(cluster, args, "smollm2", [])  # type: ignore[arg-type]
+    assert list(started) == ["decode-0", "decode-1", "prefill"]
+    modules = [c[0] for c in cluster.started]
+    assert modules == ["tandem.worker.decode", "tandem.worker.decode", "tandem.worker.prefill"]
+    for command in cluster.started:  # free ports each: distinct once bound
+        assert command[command.index("--port") + 1] == "0"
+        assert command[command.index("--threads") + 1] == str(role_threads(
+            args, "decode" if "decode" in command[0] else "prefill"))
+    assert cluster.started[0][-2:] == ("--num-blocks=64", "--num-blocks=32")  # the role's wins
+    assert cluster.started[2][-2:] == ("--num-blocks=64", "--max-num-seqs=2")

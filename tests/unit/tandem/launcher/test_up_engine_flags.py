@@ -135,3 +135,13 @@ def test_metrics_compat_reaches_the_router_and_every_worker() -> None:
     assert worker.metrics_compat == router.metrics_compat == "none"
     default = _spec("--insecure")
     assert not any("metrics-compat" in a for a in (*default.router_args, *default.worker_args))
+
+
+def test_worker_counts_take_tandem_locals_names_and_prefill_is_expected() -> None:
+    spec = _spec("--insecure", "--num-prefill", "2", "--num-decode", "3")
+    assert (spec.prefill, spec.decode) == (2, 3)
+    router = router_parser().parse_args(router_argv(spec, "/m"))
+    assert router.expect_prefill  # its /health waits for a prefill worker too
+    colocated = router_parser().parse_args(router_argv(_spec("--insecure", "--prefill", "0"),
+                                                       "/m"))
+    assert not colocated.expect_prefill
