@@ -27,7 +27,6 @@ from tandem.router.membership.registry import Registry
 from tandem.router.metrics import RouterMetrics
 from tandem.worker.metrics import TransferTotals, WorkerMetrics
 from tandem.worker.prefill.metrics import PrefillMetrics
-from tests.helm.chart import keyless as chart_keyless
 from tests.helm.chart import (
     CHART,
     EXAMPLES,
@@ -40,6 +39,7 @@ from tests.helm.chart import (
     render,
     validate,
 )
+from tests.helm.chart import keyless as chart_keyless
 from tests.helm.test_chart_security import PROMETHEUS, _network, _reaches
 from tests.promql import dashboard_queries, metric_names, rule_queries
 

@@ -118,7 +118,7 @@ def test_an_existing_secret_is_used_and_none_is_generated() -> None:
     assert generated_credential(rendered) is None
     assert GENERATED_NAME not in {s["metadata"]["name"] for s in by_kind(objs, "Secret")}
     for obj in objs:
-        for _, meta, spec in pod_specs(obj):
+        for _, _, spec in pod_specs(obj):
             assert _volume(spec, "cluster-secret")["secret"]["secretName"] == "tandem-credential"
     assert 'Secret tandem-credential (key "cluster-secret")' in rendered[
         "tandem/templates/NOTES.txt"]
