@@ -136,8 +136,7 @@ def test_root_filesystems_are_read_only_with_scratch_space_where_processes_write
             if name == "helm-test":
                 continue  # python -c over HTTP: writes nothing
             assert "emptyDir" in volumes[mounts["/tmp"]], (name, c["name"])
-            if c["name"] != "autoscaler":
-                assert "emptyDir" in volumes[mounts["/home/tandem"]], (name, c["name"])
+            assert "emptyDir" in volumes[mounts["/home/tandem"]], (name, c["name"])
 
 
 def _a_pod() -> tuple[dict[str, Any], dict[str, Any]]:

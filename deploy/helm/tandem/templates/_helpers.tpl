@@ -393,7 +393,7 @@ RAY_AUTH_TOKEN from the Secret), as YAML list items. */}}
     secretName: {{ $v.kvTls.existingSecret }}
 {{- end }}
 {{- if not $v.clusterSecret.insecure }}
-# 288 = 0440: the owner and the pod's group (gid 0 in the image, or fsGroup) read it.
+# 288 = 0440: the owner and the pod's group (podSecurityContext.fsGroup) read it.
 - name: cluster-secret
   secret:
     secretName: {{ include "tandem.clusterSecretName" .ctx }}
