@@ -234,6 +234,7 @@ def _serve(args: argparse.Namespace, spec: LaunchSpec, model: str) -> int:
             check_ray_auth(spec.insecure)
         except (ValueError, RuntimeError) as exc:
             print(f"tandem up: {exc}", file=sys.stderr)
+            ray.shutdown()  # leave the cluster as found
             return 2
     home = ray.get_runtime_context().get_node_id()
     if find_pool(spec.namespace) is not None:
