@@ -11,6 +11,12 @@ multi-node cluster: use loopback"), makes every port it opens (GCS, raylet, obje
 workers, runtime-env agent, autoscaler metrics) bind 127.0.0.1 (docs/security.md, "Ray").
 A driver that joins such an instance later (``tandem down``, ``tandem status``, dialling the
 loopback address ``tandem up`` recorded: tandem/launcher/up_state.py) does the same.
+
+An existing cluster (``--address``) is joined only when it enforces Ray's token auth
+(``RAY_AUTH_MODE=token`` on every node): :func:`gcs_requires_token` sends the GCS one call
+without a token and sees whether it is refused. A cluster without it runs whatever anyone who
+reaches its GCS sends, so no credential of Tandem's is safe there: joining one needs
+``--insecure`` (:func:`ray_auth_refusal`).
 """
 
 from __future__ import annotations
@@ -82,3 +88,59 @@ def find_pool(namespace: str) -> Any | None:
         return ray.get_actor(REGISTRY, namespace=namespace)
     except ValueError:
         return None
+
+
+def gcs_requires_token(gcs_address: str, timeout_s: float = 10.0) -> bool:
+    """Whether the Ray cluster whose GCS listens at ``gcs_address`` enforces token auth: one
+    ``NodeInfoGcsService.GetClusterId`` call sent without a token is refused (UNAUTHENTICATED)
+    or answered. Speaks TLS when Ray's own TLS is on (``RAY_USE_TLS``). RuntimeError when the
+    GCS gives neither answer (unreachable, another error)."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        from ray._common.tls_utils import load_certs_from_env
+
+        cert, key, ca = load_certs_from_env()
+        channel = grpc.secure_channel(gcs_address, grpc.ssl_channel_credentials(
+            certificate_chain=cert, private_key=key, root_certificates=ca))
+    else:
+        channel = grpc.insecure_channel(gcs_address)
+    with channel:  # no auth interceptor: the call carries no token
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return True
+            raise RuntimeError(f"cannot tell whether the Ray cluster at {gcs_address} "
+                               f"requires a token: {exc.code().name} {exc.details()}") from None
+    return False
+
+
+def ray_auth_refusal(requires_token: bool, insecure: bool) -> str | None:
+    """Why ``tandem up`` must not join a Ray cluster, or None when it may: one without token
+    auth is joined only with ``--insecure`` (anyone who reaches its GCS runs code on every
+    node, where the cluster credential would sit)."""
+    if requires_token or insecure:
+        return None
+    return ("the Ray cluster does not require a token (Ray's token auth is off): anyone who "
+            "reaches it can run code on its nodes and read the cluster credential. Start Ray "
+            "with RAY_AUTH_MODE=token on every node (docs/security.md, \"Ray\"), or pass "
+            "--insecure to run there without a credential")
+
+
+def check_ray_auth(insecure: bool) -> None:
+    """Refuse (ValueError) the Ray cluster this process joined unless it enforces token
+    auth or ``insecure`` allows it; warn when ``insecure`` joins one without it."""
+    import sys
+
+    import ray
+
+    requires = gcs_requires_token(ray.get_runtime_context().gcs_address)
+    refusal = ray_auth_refusal(requires, insecure)
+    if refusal is not None:
+        raise ValueError(refusal)
+    if not requires:
+        print("[tandem] --insecure: the Ray cluster requires no token: anyone who reaches it "
+              "can run code on its nodes", file=sys.stderr, flush=True)

@@ -24,9 +24,8 @@ class ControllerActor:
     """Runs the control loop until ``stop`` (wrap with ``ray.remote``)."""
 
     def __init__(self, config: AutoscaleConfig, namespace: str,
-                 bundles: dict[str, dict[str, float]], cluster_secret: str) -> None:
+                 bundles: dict[str, dict[str, float]]) -> None:
         self._config = config
-        self._secret = cluster_secret  # hex; "" for an insecure cluster
         self._namespace = namespace
         self._bundles = bundles
         self._controller: Controller | None = None
@@ -56,7 +55,10 @@ class ControllerActor:
         async def router_metrics() -> str:
             return str(await router.metrics_text.remote())
 
-        credential = (ClusterCredential.from_hex(self._secret) if self._secret
+        # The credential from the pool (a method call's reply; never a constructor argument,
+        # which Ray keeps in the GCS).
+        secret = await pool.cluster_secret.remote()  # hex; "" for an insecure cluster
+        credential = (ClusterCredential.from_hex(secret) if secret
                       else ClusterCredential.insecure_default())
         self._controller = Controller(self._config, actuator, targets, credential=credential,
                                       router=router_metrics)

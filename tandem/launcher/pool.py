@@ -58,6 +58,10 @@ class PoolActor:
         controller are pinned there so the printed endpoints (and a Kubernetes Service on the
         head pod) reach them."""
         self.spec = spec
+        # The secrets: handed to ``start`` by a method call, never constructor arguments
+        # (LaunchSpec.without_secrets); a spec that holds them (in-process use) gives them.
+        self._cluster_secret = spec.cluster_secret
+        self._api_keys = spec.api_keys
         self._home = home_node
         self._model = model
         self._router: Any = None
@@ -71,18 +75,25 @@ class PoolActor:
         self._retiring: set[asyncio.Task[None]] = set()
 
     # -- start ------------------------------------------------------------------------------
-    async def start(self) -> dict[str, Any]:
-        """Start the router and every worker; returns ``status()`` once all serve."""
+    async def start(self, cluster_secret: str = "", api_keys: str = "") -> dict[str, Any]:
+        """Start the router and every worker; returns ``status()`` once all serve.
+        ``cluster_secret`` (hex) and ``api_keys`` (key-file text): the secrets the actors ask
+        for (``cluster_secret()``, ``api_keys()``), given here rather than to the constructor
+        (Ray keeps those arguments in the GCS)."""
         import ray
 
         from tandem.launcher.router_actor import RouterActor
 
         spec = self.spec
+        self._cluster_secret = cluster_secret or self._cluster_secret
+        self._api_keys = api_keys or self._api_keys
+        if bool(self._cluster_secret) == spec.insecure:
+            raise ValueError("the pool needs exactly one of a cluster secret and insecure")
         self._router = ray.remote(RouterActor).options(
             name=ROUTER, namespace=spec.namespace, num_cpus=spec.router_cpus,
             max_restarts=spec.max_restarts, max_concurrency=64,
             scheduling_strategy=home_strategy(self._home),
-        ).remote(router_argv(spec, self._model), spec.cluster_secret, spec.api_keys)
+        ).remote(router_argv(spec, self._model), spec.namespace)
         self._router_info = await self._router.ready.remote()
         self._router_up.set()
         pairs = min(spec.prefill, spec.decode) if spec.pack_pairs else 0
@@ -98,8 +109,7 @@ class PoolActor:
             self._controller = ray.remote(ControllerActor).options(
                 name=CONTROLLER, namespace=spec.namespace, num_cpus=0, max_restarts=-1,
                 max_concurrency=16, scheduling_strategy=home_strategy(self._home),
-            ).remote(spec.autoscale, spec.namespace, {r: spec.bundle(r) for r in ROLES},
-                     spec.cluster_secret)
+            ).remote(spec.autoscale, spec.namespace, {r: spec.bundle(r) for r in ROLES})
             await self._controller.start.remote()
         return await self.status()
 
@@ -107,6 +117,18 @@ class PoolActor:
         """The router's gRPC endpoint (waits until it serves)."""
         await self._router_up.wait()
         return str(self._router_info["grpc"])
+
+    async def cluster_secret(self) -> str:
+        """The cluster credential (hex; "" for an insecure cluster), for the actors this pool
+        starts: a method call's reply goes from this actor to the caller only, where a
+        constructor argument would be kept in the GCS. Anyone who may call actors in this
+        namespace may call this: with Ray's token auth, only holders of the Ray token, who
+        can run code on every node anyway."""
+        return self._cluster_secret
+
+    async def api_keys(self) -> str:
+        """The router's API keys (key-file text; "" for none), as ``cluster_secret``."""
+        return self._api_keys
 
     # -- scaling (the Ray actuator calls these) ----------------------------------------------
     async def replicas(self) -> dict[str, int]:
@@ -227,8 +249,7 @@ class PoolActor:
             num_cpus=spec.cpus_per_worker, num_gpus=spec.gpus(role),
             resources=dict(spec.resources), max_restarts=spec.max_restarts,
             max_concurrency=64, scheduling_strategy=strategy,
-        ).remote(role, index, argv, spec.namespace, spec.signal_window_s, spec.cluster_secret,
-                 spec.worker_host)
+        ).remote(role, index, argv, spec.namespace, spec.signal_window_s, spec.worker_host)
         worker = _Worker(role, index, handle, pair)
         worker.watcher = asyncio.create_task(self._watch(worker))
         self._workers.append(worker)

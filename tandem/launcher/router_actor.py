@@ -4,7 +4,8 @@ Flags go through ``tandem.router.cli``'s own parser, so the actor serves exactly
 router`` would (gRPC, the OpenAI HTTP API when the router has one, the worker Registry).
 Workers are not listed: they register themselves. Started lazily by the first call, so a
 restarted actor serves again on the same ports and workers re-register on their next
-heartbeat.
+heartbeat. The cluster credential and the API keys are asked of the pool actor as it starts
+(never constructor arguments, which Ray keeps in the GCS).
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ log = logging.getLogger(__name__)
 class RouterActor:
     """The cluster's router (wrap with ``ray.remote``)."""
 
-    def __init__(self, argv: list[str], cluster_secret: str, api_keys: str = "") -> None:
+    def __init__(self, argv: list[str], namespace: str) -> None:
         self._argv = list(argv)
-        self._secret = cluster_secret  # hex; "" for an insecure cluster
-        self._api_keys = api_keys  # key-file text; "" for none (never on an argv)
+        self._namespace = namespace  # where the pool actor, which holds the secrets, lives
         self._server: Any = None
         self._info: dict[str, Any] | None = None
         self._lock: asyncio.Lock | None = None
@@ -63,6 +63,7 @@ class RouterActor:
 
         import ray
 
+        from tandem.launcher.spec import REGISTRY
         from tandem.router.cli import build_parser, setup_observability
         from tandem.router.server import RouterServer
         from tandem.router.tokenizer import RouterTokenizer
@@ -70,7 +71,9 @@ class RouterActor:
         # --log-format and tracing, as the standalone router sets them up (the flags alone:
         # the credential and keys stay inside router_config).
         setup_observability(build_parser().parse_args([*self._argv, "--insecure"]))
-        config, security = router_config(self._argv, self._secret, self._api_keys)
+        pool = ray.get_actor(REGISTRY, namespace=self._namespace)
+        secret, keys = await pool.cluster_secret.remote(), await pool.api_keys.remote()
+        config, security = router_config(self._argv, secret, keys)
         server = RouterServer(config, RouterTokenizer(config.tokenizer_dir), security)
         port = await server.start()
         self._server = server

@@ -8,6 +8,7 @@ down`` finds and stops exactly what ``up`` started. The pool actor is ``tandem-r
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from tandem.autoscaler.config import AutoscaleConfig
@@ -58,13 +59,16 @@ class LaunchSpec:
     ready_timeout_s: float = 600.0
     dead_after_s: float = 120.0  # a worker unreachable this long is given up on
     autoscale: AutoscaleConfig | None = field(default=None)
-    # The cluster credential every actor gets (hex; each writes it to a private file on its
+    # The cluster credential every actor needs (hex; each writes it to a private file on its
     # node). "" with ``insecure``: none at all, asked for explicitly.
     cluster_secret: str = field(default="", repr=False)
     insecure: bool = False
     # The router's API keys as key-file text (tandem/launcher/api_keys.py; "" for none): the
     # router actor writes them to a private file on its node.
     api_keys: str = field(default="", repr=False)
+    # True in the copy the pool actor is built with (``without_secrets``): the two secrets
+    # above reach it apart, by a method call.
+    secrets_apart: bool = False
     worker_host: str = ""  # workers' listen address ("": their node's IP, for other nodes)
     # Each worker's Prometheus /metrics, on its listen address: 0 a free port (in ``tandem
     # status``), -1 none; a fixed port needs one worker per node (a Kubernetes pod each).
@@ -92,9 +96,19 @@ class LaunchSpec:
             raise ValueError(f"invalid launch spec: {', '.join(bad)} out of range")
         if not self.model:
             raise ValueError("invalid launch spec: --model is empty")
-        if bool(self.cluster_secret) == self.insecure:
+        if self.secrets_apart:
+            if self.cluster_secret or self.api_keys:
+                raise ValueError("invalid launch spec: secrets in a spec that holds none")
+        elif bool(self.cluster_secret) == self.insecure:
             raise ValueError("invalid launch spec: exactly one of a cluster secret and "
                              "insecure is required")
+
+    def without_secrets(self) -> LaunchSpec:
+        """This spec less the cluster secret and the API keys: what actors are built with.
+        Ray keeps an actor's constructor arguments in the GCS (in its actor table, and in
+        Redis with GCS fault tolerance), so no secret goes there; the pool actor gets them by
+        a method call (``PoolActor.start``) and hands them out the same way."""
+        return dataclasses.replace(self, cluster_secret="", api_keys="", secrets_apart=True)
 
     def gpus(self, role: str) -> float:
         """GPUs one worker of ``role`` asks for."""

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use this credential (0600 file) instead of generating one")
     g.add_argument("--insecure", action="store_true",
                    help="no credential: anyone who reaches the internal ports can act on the "
-                   "cluster")
+                   "cluster (with --address: also join a Ray cluster without token auth)")
     add_api_key_args(p, p.add_argument_group(
         "router API keys (a public --host needs some, or --router-arg=--allow-unauthenticated)"))
     g = p.add_argument_group("workers")
@@ -236,7 +236,7 @@ def _serve(args: argparse.Namespace, spec: LaunchSpec, model: str) -> int:
     cluster; it goes when this process ends (a detached cluster's stays for ``down``)."""
     import ray
 
-    from tandem.launcher.connect import connect, find_pool
+    from tandem.launcher.connect import check_ray_auth, connect, find_pool
     from tandem.launcher.placement import home_strategy
     from tandem.launcher.pool import PoolActor
 
@@ -249,6 +249,13 @@ def _serve(args: argparse.Namespace, spec: LaunchSpec, model: str) -> int:
         context = connect(args.address, spec.namespace, _local_cpus(args, spec), args.num_gpus)
         # After ray.init, which sets a SIGTERM handler of its own (exit at once).
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        if args.address is not None:  # a cluster started elsewhere: only one with token auth
+            try:
+                check_ray_auth(spec.insecure)
+            except (ValueError, RuntimeError) as exc:
+                print(f"tandem up: {exc}", file=sys.stderr)
+                ray.shutdown()  # leave the cluster as found
+                return 2
         home = ray.get_runtime_context().get_node_id()
         if find_pool(spec.namespace) is not None:
             print(f"tandem up: a cluster already runs in Ray namespace {spec.namespace!r} "
@@ -260,10 +267,10 @@ def _serve(args: argparse.Namespace, spec: LaunchSpec, model: str) -> int:
             name=REGISTRY, namespace=spec.namespace, num_cpus=0, max_concurrency=256,
             lifetime="detached" if spec.detach else None,
             scheduling_strategy=home_strategy(home),
-        ).remote(spec, model, home)
+        ).remote(spec.without_secrets(), model, home)  # no secret in the GCS: start() takes them
         print(f"[tandem] starting router, {spec.prefill} prefill and {spec.decode} decode "
               "workers on Ray ...", file=sys.stderr, flush=True)
-        status = ray.get(pool.start.remote())
+        status = ray.get(pool.start.remote(spec.cluster_secret, spec.api_keys))
         _announce(spec, status, args.api_key_file)
         if spec.detach:
             detached = True

@@ -6,8 +6,9 @@
     ──> READY captured from serve's announcement ──> wait until the router knows us
     drain() ──> event set: no new work, running work finishes ──> server closed
 
-Started lazily by the first call, so a restarted actor (``max_restarts``) comes back the same
-way: the pool's supervisor calls ``ready()`` and the new incarnation serves on a new port and
+The cluster credential is asked of the pool actor as the worker starts (never a constructor
+argument: Ray keeps those in the GCS). Started lazily by the first call, so a restarted actor
+(``max_restarts``) comes back the same way: the pool's supervisor calls ``ready()`` and the new incarnation serves on a new port and
 registers again under a new worker id, while the router forgets the dead one.
 """
 
@@ -82,11 +83,11 @@ class WorkerActor:
     """One prefill or decode worker (wrap with ``ray.remote`` and resource options)."""
 
     def __init__(self, role: str, index: int, argv: list[str], namespace: str,
-                 window_s: float, cluster_secret: str, host: str = "") -> None:
+                 window_s: float, host: str = "") -> None:
         self.role = role
         self.index = index
         self._argv = list(argv)
-        self._secret = cluster_secret  # hex; "" for an insecure cluster
+        self._secret = ""  # hex, from the pool as the worker starts; "" for an insecure cluster
         self._host = host  # where to listen ("": this node's IP)
         self._namespace = namespace
         self._recorder = SignalRecorder(window_s)
@@ -169,6 +170,7 @@ class WorkerActor:
         from tandem.worker.process import serve
 
         registry = ray.get_actor(REGISTRY, namespace=self._namespace)
+        self._secret = await registry.cluster_secret.remote()
         self._router = await registry.router_endpoint.remote()
         host = self._host or ray.util.get_node_ip_address()
         if self.role == "decode":

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import importlib
 import io
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,15 @@ def load_values(path: Path) -> dict[str, Any]:
     return helm.values_from_yaml(path.read_text())
 
 
+# The values that turn the router's API keys off: both keys must say so.
+KEYLESS = {"enabled": False, "allowUnauthenticated": True}
+
+
+def keyless(path: Path) -> dict[str, Any]:
+    """The values of ``path`` with the router's API keys explicitly off."""
+    return {**load_values(path), "apiKey": dict(KEYLESS)}
+
+
 def render(values: dict[str, Any]) -> dict[str, str]:
     """Every template's rendered text, by template path (raises HelmValuesError and co.)."""
     with helm.Chart.load(CHART) as chart:
@@ -93,7 +103,31 @@ def golden_text(rendered: dict[str, str]) -> str:
     key = generated_metrics_key(rendered)
     if key is not None:  # the router's scrape key: random offline too
         text = text.replace(base64.b64encode(key.encode()).decode(), GENERATED_METRICS_KEY)
-    return text
+    # The other values the chart generates (random offline), and the pods' keyed digest.
+    for template, field, placeholder in GENERATED_ELSE:
+        value = generated_value(rendered, template, field)
+        if value is not None:
+            text = text.replace(base64.b64encode(value.encode()).decode(), placeholder)
+    return re.sub(r"(checksum/secrets: )[0-9a-f]{64}", rf"\g<1>{SECRETS_DIGEST}", text)
+
+
+# (template, data key, placeholder) of the other generated values a golden file hides.
+GENERATED_ELSE = (
+    ("secrets.yaml", "api-keys", "<generated API key>"),
+    ("ray-token-secret.yaml", "auth_token", "<generated Ray token>"),
+    ("checksum-salt-secret.yaml", "salt", "<generated checksum salt>"),
+)
+SECRETS_DIGEST = "<salted sha256 of the chart's secrets>"
+
+
+def generated_value(rendered: dict[str, str], template: str, key: str) -> str | None:
+    """``key`` of the (first) Secret ``template`` renders with a ``data`` entry for it."""
+    for path, text in rendered.items():
+        if path.endswith(f"/{template}"):
+            for doc in yaml.safe_load_all(text):
+                if doc and doc["kind"] == "Secret" and key in doc.get("data", {}):
+                    return base64.b64decode(doc["data"][key]).decode()
+    return None
 
 
 # The `helm test` Pod runs this file, rendered into its command (checked there by a test); a

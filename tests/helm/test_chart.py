@@ -96,18 +96,14 @@ def test_pods_probe_grpc_health_and_drain_within_their_grace(case: Path) -> None
 
 
 def _assert_router_probes(container: dict[str, Any], router: dict[str, Any], https: bool) -> None:
-    """Ready = /ready (a decode worker is routable); started and alive = the process serves,
-    whatever its workers do (the overall gRPC status follows readiness, "liveness" does not)."""
+    """Ready = /health (a request sent now is served: a prefill and decode path is ready);
+    started and alive = /livez (the process serves, whatever its workers do)."""
     scheme = "HTTPS" if https else "HTTP"
     assert container["readinessProbe"]["httpGet"] == {
-        "path": "/ready", "port": router["httpPort"], "scheme": scheme}
+        "path": "/health", "port": router["httpPort"], "scheme": scheme}
     for probe in ("startupProbe", "livenessProbe"):
-        check = container[probe]
-        if https:  # the kubelet's gRPC probe speaks no TLS
-            assert check["httpGet"] == {"path": "/health", "port": router["httpPort"],
-                                        "scheme": "HTTPS"}
-        else:
-            assert check["grpc"] == {"port": router["grpcPort"], "service": "liveness"}
+        assert container[probe]["httpGet"] == {
+            "path": "/livez", "port": router["httpPort"], "scheme": scheme}
 
 
 def test_validation_has_teeth() -> None:

@@ -19,6 +19,7 @@ from tests.helm.chart import (
     by_kind,
     container_env,
     hook_pod,
+    keyless,
     load_values,
     objects,
     pod_specs,
@@ -64,13 +65,25 @@ def test_it_calls_the_service_that_fronts_the_router_with_the_served_model(case:
             f"--model-name {env['TANDEM_MODEL']}" in command)
 
 
-def test_plain_release_sends_no_key_and_mounts_nothing() -> None:
-    pod = hook_pod(objects(render_file(EXAMPLES / "cpu-quickstart.yaml")))
+def test_a_keyless_release_sends_no_key_and_mounts_nothing() -> None:
+    pod = hook_pod(objects(render(keyless(EXAMPLES / "cpu-quickstart.yaml"))))
     env = container_env(pod)
     assert env["TANDEM_URL"] == f"http://{RELEASE}.{NAMESPACE}.svc:8000"
     assert env["TANDEM_MODEL"] == "smollm2"
     assert "TANDEM_API_KEY_FILE" not in env and "TANDEM_TLS_CERT" not in env
     assert "volumes" not in pod["spec"]
+
+
+def test_a_default_release_sends_the_generated_key() -> None:
+    objs = objects(render_file(EXAMPLES / "cpu-quickstart.yaml"))
+    pod = hook_pod(objs)
+    env = container_env(pod)
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["secret"] == {"secretName": f"{RELEASE}-api-keys",
+                                "items": [{"key": "api-keys", "path": "api-keys"}]}
+    (mount,) = pod["spec"]["containers"][0]["volumeMounts"]
+    assert env["TANDEM_API_KEY_FILE"] == f"{mount['mountPath']}/api-keys"
+    assert f"{RELEASE}-api-keys" in {s["metadata"]["name"] for s in by_kind(objs, "Secret")}
 
 
 def test_with_keys_and_tls_it_reads_the_chart_secrets_but_never_the_tls_key() -> None:

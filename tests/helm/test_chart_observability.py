@@ -39,6 +39,7 @@ from tests.helm.chart import (
     render,
     validate,
 )
+from tests.helm.chart import keyless as chart_keyless
 from tests.helm.test_chart_security import PROMETHEUS, _network, _reaches
 from tests.promql import dashboard_queries, metric_names, rule_queries
 
@@ -226,7 +227,7 @@ def test_an_existing_scrape_key_is_used_and_none_generated() -> None:
     monitor = next(o for o in by_kind(objs, "ServiceMonitor")
                    if o["metadata"]["name"].endswith("-router"))
     assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"]["name"] == "my-scrape-key"
-    keyless = objects(render(load_values(EXAMPLES / "gpu-deployments-keda.yaml")))
+    keyless = objects(render(chart_keyless(EXAMPLES / "gpu-deployments-keda.yaml")))
     monitor = next(o for o in by_kind(keyless, "ServiceMonitor")
                    if o["metadata"]["name"].endswith("-router"))
     assert "authorization" not in monitor["spec"]["endpoints"][0]  # /metrics is open then

@@ -72,10 +72,10 @@ def test_a_generated_credential_is_rendered_by_default_once_per_render(
     assert secret is not None and len(bytes.fromhex(secret)) >= 32
     # Random, not a built-in value: another (offline) render generates another one.
     assert generated_credential(render(load_values(case))) != secret
-    # Made once per render: every pod rolls on the value the Secret holds.
+    # No pod carries it, nor a hash of it (tests/helm/test_chart_hardening.py: annotations).
     checksum = hashlib.sha256(secret.encode()).hexdigest()
     pods = [meta for obj in objs for _, meta, _ in pod_specs(obj)]
-    assert pods and all(m["annotations"]["checksum/cluster-secret"] == checksum for m in pods)
+    assert pods and not any(checksum in str(m) or secret in str(m) for m in pods)
     # The goldens hold a placeholder, never a value.
     assert secret not in golden_text(rendered)
     # The file a pod sees (the volume's mode) is one the processes accept.
@@ -118,9 +118,8 @@ def test_an_existing_secret_is_used_and_none_is_generated() -> None:
     assert generated_credential(rendered) is None
     assert GENERATED_NAME not in {s["metadata"]["name"] for s in by_kind(objs, "Secret")}
     for obj in objs:
-        for _, meta, spec in pod_specs(obj):
+        for _, _, spec in pod_specs(obj):
             assert _volume(spec, "cluster-secret")["secret"]["secretName"] == "tandem-credential"
-            assert "checksum/cluster-secret" not in meta["annotations"]
     assert 'Secret tandem-credential (key "cluster-secret")' in rendered[
         "tandem/templates/NOTES.txt"]
 
@@ -401,12 +400,17 @@ def test_ray_dashboard_binds_to_localhost_and_no_service_publishes_ray_ports() -
 
 
 @pytest.mark.parametrize("case", [DEPLOYMENTS, RAY], ids=["deployments", "ray"])
-def test_a_keyless_router_says_so_and_a_keyed_one_does_not(case: Path) -> None:
-    """The router listens on the pod network: without API keys the chart must pass
-    --allow-unauthenticated (the router refuses to start otherwise) and NOTES warns."""
-    keyless = render_file(case)
+def test_a_keyless_router_is_asked_for_and_said_so(case: Path) -> None:
+    """The default router takes keys (the chart generates one): the chart never passes
+    --allow-unauthenticated by itself. Keys off need apiKey.allowUnauthenticated as well; then
+    the flag goes to the router and NOTES warns."""
+    default = render_file(case)
+    assert "--allow-unauthenticated" not in "".join(default.values())
+    assert "WARNING: apiKey.enabled" not in default["tandem/templates/NOTES.txt"]
+    with pytest.raises(Exception, match="allowUnauthenticated"):
+        render(_with(case, apiKey={"enabled": False}))
+    keyless = render(_with(case, apiKey={"enabled": False, "allowUnauthenticated": True}))
     assert "--allow-unauthenticated" in "".join(keyless.values())
     assert "WARNING: apiKey.enabled is false" in keyless["tandem/templates/NOTES.txt"]
     keyed = render(_with(case, apiKey={"enabled": True, "keys": ["k1"]}))
     assert "--allow-unauthenticated" not in "".join(keyed.values())
-    assert "WARNING: apiKey.enabled" not in keyed["tandem/templates/NOTES.txt"]

@@ -145,13 +145,14 @@ lifecycle:
 {{- end -}}
 
 {{/*
-Probes on grpc.health.v1 (kubelet's native gRPC probe). The kubelet's gRPC probe speaks no TLS,
-so a port serving TLS is probed otherwise: the router over HTTPS (/health, /ready), a worker
-with workerTls over its plain /metrics (served once the model is loaded, 503 when the engine
-is gone; a TCP connect would pass as soon as the gRPC port is bound, before the model loads).
-The router's overall gRPC status follows readiness, so its startup and liveness probes ask for
-the "liveness" service, and its readiness probe asks HTTP /ready (200 while a decode worker is
-routable). Call with (dict "port" 50051 "startup" .startupProbe "router" true "https" false
+Probes. The router over HTTP (HTTPS with tls): startup and liveness on /livez (200 while the
+process serves at all), readiness on /health (200 only while a request sent now is served: a
+prefill and decode path is ready; 503 otherwise), so a Service sends it traffic only then. A
+worker on grpc.health.v1 (kubelet's native gRPC probe; SERVING once the model is loaded), the
+startup probe covering the model load; the kubelet's gRPC probe speaks no TLS, so a worker
+with workerTls is probed on its plain /metrics (served once the model is loaded, 503 when the
+engine is gone; a TCP connect would pass as soon as the gRPC port is bound, before the model
+loads). Call with (dict "port" 50051 "startup" .startupProbe "router" true "https" false
 "httpPort" 8000), or (dict "port" 50061 "startup" .startupProbe "tls" false "metricsPort" 9090)
 for a worker.
 */}}
@@ -163,11 +164,8 @@ for a worker.
 {{- $ready := $live -}}
 {{- if .router -}}
 {{- $scheme := ternary "HTTPS" "HTTP" (.https | default false) -}}
-{{- $live = printf "grpc:\n  port: %v\n  service: liveness" .port -}}
-{{- if .https -}}
-{{- $live = printf "httpGet:\n  path: /health\n  port: %v\n  scheme: HTTPS" .httpPort -}}
-{{- end -}}
-{{- $ready = printf "httpGet:\n  path: /ready\n  port: %v\n  scheme: %s" .httpPort $scheme -}}
+{{- $live = printf "httpGet:\n  path: /livez\n  port: %v\n  scheme: %s" .httpPort $scheme -}}
+{{- $ready = printf "httpGet:\n  path: /health\n  port: %v\n  scheme: %s" .httpPort $scheme -}}
 {{- end -}}
 startupProbe:
   {{- $live | nindent 2 }}
@@ -237,12 +235,77 @@ made once per render and remembered, so the Secret and every pod's checksum agre
 {{- index $memo "_value" -}}
 {{- end -}}
 
-{{/* Pod annotations that roll the pods when a secret they read changes; call with $. */}}
+{{/*
+The pod annotation that rolls the pods when a secret the chart renders changes (API keys, TLS
+values, the generated credentials); call with $. Pod metadata is readable far more widely than
+Secrets, and a plain hash of API keys would let anyone who reads it test guesses offline, so
+it is a digest keyed with a random salt of the release's own (tandem.checksumSalt): it says
+"changed" and nothing else.
+*/}}
 {{- define "tandem.secretChecksums" -}}
-checksum/secrets: {{ include (print .Template.BasePath "/secrets.yaml") . | sha256sum }}
-{{- if include "tandem.clusterSecretGenerated" . }}
-checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
-{{- end }}
+{{- $material := list (include (print .Template.BasePath "/secrets.yaml") .) -}}
+{{- if include "tandem.clusterSecretGenerated" . -}}
+{{- $material = append $material (include "tandem.clusterSecretValue" .) -}}
+{{- end -}}
+checksum/secrets: {{ printf "%s\n%s" (include "tandem.checksumSalt" .) (join "\n" $material) | sha256sum }}
+{{- end -}}
+
+{{/* The salt of tandem.secretChecksums (64 hex), in Secret <fullname>-checksum-salt: the one
+already there on upgrade (lookup), else a new one. */}}
+{{- define "tandem.checksumSalt" -}}
+{{- include "tandem.keptRandom" (dict "ctx" . "name" (printf "%s-checksum-salt" (include "tandem.fullname" .)) "key" "salt") -}}
+{{- end -}}
+
+{{/*
+A random value (64 hex) kept in a Secret across upgrades: the one in Secret .name (key .key)
+when it exists (lookup; nothing offline), else a new one. Made once per render and remembered
+(in .Values._kept, which nothing renders), so every template that includes it agrees.
+*/}}
+{{- define "tandem.keptRandom" -}}
+{{- if not (hasKey .ctx.Values "_kept") -}}
+{{- $_ := set .ctx.Values "_kept" (dict) -}}
+{{- end -}}
+{{- $memo := .ctx.Values._kept -}}
+{{- $slot := printf "%s/%s" .name .key -}}
+{{- if not (hasKey $memo $slot) -}}
+{{- $value := "" -}}
+{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .name -}}
+{{- if and $existing $existing.data (hasKey $existing.data .key) -}}
+{{- $value = index $existing.data .key | b64dec | trim -}}
+{{- end -}}
+{{- if not $value -}}
+{{- $value = randAlphaNum 64 | sha256sum -}}
+{{- end -}}
+{{- $_ := set $memo $slot $value -}}
+{{- end -}}
+{{- index $memo $slot -}}
+{{- end -}}
+
+{{/* The router's API keys: the chart generates one when keys are on and none is given. */}}
+{{- define "tandem.apiKeyGenerated" -}}
+{{- if and .Values.apiKey.enabled (not .Values.apiKey.existingSecret) (not .Values.apiKey.keys) -}}true{{- end -}}
+{{- end -}}
+{{- define "tandem.apiKeyValue" -}}
+{{- include "tandem.keptRandom" (dict "ctx" . "name" (include "tandem.apiKeySecret" .) "key" "api-keys") -}}
+{{- end -}}
+
+{{/* Ray's token (ray.auth): the Secret's name, and the generated value (64 hex). */}}
+{{- define "tandem.rayTokenSecret" -}}
+{{- default (printf "%s-ray-token" (include "tandem.fullname" .)) .Values.ray.auth.existingSecret -}}
+{{- end -}}
+{{- define "tandem.rayTokenValue" -}}
+{{- include "tandem.keptRandom" (dict "ctx" . "name" (include "tandem.rayTokenSecret" .) "key" "auth_token") -}}
+{{- end -}}
+
+{{/* The environment that turns Ray's token auth on in a Ray container (RAY_AUTH_MODE, and
+RAY_AUTH_TOKEN from the Secret), as YAML list items. */}}
+{{- define "tandem.rayAuthEnv" -}}
+- {name: RAY_AUTH_MODE, value: token}
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tandem.rayTokenSecret" . }}
+      key: auth_token
 {{- end -}}
 
 {{/* The credential flag of every member process (router, workers, tandem up), as a list. */}}
@@ -273,8 +336,8 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{- if .Values.apiKey.enabled }}
 - --api-key-file=/etc/tandem/api-keys/api-keys
 - --metrics-key-file=/etc/tandem/metrics-key/metrics-key
-{{- else }}
-{{- /* The router listens on the pod network; without keys that must be said (NOTES warns). */}}
+{{- else if .Values.apiKey.allowUnauthenticated }}
+{{- /* Only when the values say so (tandem.validate refuses keys off without it; NOTES warns). */}}
 - --allow-unauthenticated
 {{- end }}
 {{- if .Values.tls.enabled }}
@@ -291,6 +354,11 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 {{/* Volumes: the model PVC and the secrets a pod needs; role is "router", "worker" or "head". */}}
 {{- define "tandem.volumes" -}}
 {{- $v := .ctx.Values -}}
+{{- /* What the processes write under a read-only root filesystem (tandem.volumeMounts). */}}
+- name: tmp
+  emptyDir: {}
+- name: home
+  emptyDir: {}
 {{- if $v.model.pvc.enabled }}
 - name: model
   persistentVolumeClaim:
@@ -325,7 +393,7 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
     secretName: {{ $v.kvTls.existingSecret }}
 {{- end }}
 {{- if not $v.clusterSecret.insecure }}
-# 288 = 0440: the owner and the pod's group (gid 0 in the image, or fsGroup) read it.
+# 288 = 0440: the owner and the pod's group (podSecurityContext.fsGroup) read it.
 - name: cluster-secret
   secret:
     secretName: {{ include "tandem.clusterSecretName" .ctx }}
@@ -342,6 +410,10 @@ checksum/cluster-secret: {{ include "tandem.clusterSecretValue" . | sha256sum }}
 
 {{- define "tandem.volumeMounts" -}}
 {{- $v := .ctx.Values -}}
+- name: tmp                    # Ray's session directory, temp files (private credential files)
+  mountPath: /tmp
+- name: home                   # the image user's home: compiler caches (Triton, torch)
+  mountPath: /home/tandem
 {{- if $v.model.pvc.enabled }}
 - name: model
   mountPath: {{ $v.model.pvc.mountPath }}
@@ -483,6 +555,12 @@ prompts, and nothing of the prefill role is rendered). */}}
 {{- if and (eq .method "draft") (not .draftModel) (eq (int .draftLayers) 0) }}
 {{- fail "decode.speculative.method draft needs draftModel or draftLayers" }}
 {{- end }}
+{{- end }}
+{{- if and (not .Values.apiKey.enabled) (not .Values.apiKey.allowUnauthenticated) }}
+{{- fail "apiKey.enabled is false: the router would serve anyone who reaches it. Keep API keys on (the chart generates one), or set apiKey.allowUnauthenticated=true to say so" }}
+{{- end }}
+{{- if and (eq .Values.mode "ray") (semverCompare "<2.52.0-0" .Values.ray.rayVersion) }}
+{{- fail (printf "ray.rayVersion %s: the chart runs Ray with token auth (RAY_AUTH_MODE=token), which needs Ray 2.52.0 or newer" .Values.ray.rayVersion) }}
 {{- end }}
 {{- if and (eq .Values.mode "deployments") .Values.autoscaling.enabled (eq .Values.autoscaling.kind "hpa") }}
 {{- range $name := splitList " " (include "tandem.workerRoles" $) }}
