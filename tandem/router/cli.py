@@ -21,6 +21,7 @@ from tandem.common.obs.tracing_setup import (
     setup_tracing,
     tracing_config_from_args,
 )
+from tandem.common.router_ports import router_http_port
 from tandem.common.security.credential import add_credential_args
 from tandem.common.wire import ready_line
 from tandem.placement.log import PlacementLog
@@ -33,7 +34,6 @@ from tandem.router.tokenizer import RouterTokenizer, TokenizerLoadError
 from tandem.router.tools import PARSERS
 
 log = logging.getLogger("router")
-DEFAULT_HTTP_PORT = 8000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -445,10 +445,14 @@ def _reachable(host: str) -> str:
 
 
 def _http_port(args: argparse.Namespace) -> int:
-    if args.http_port is not None:
-        return int(args.http_port)
-    # A router on a free gRPC port (tests, several on one host) takes a free HTTP port too.
-    return 0 if args.port == 0 else DEFAULT_HTTP_PORT
+    """The HTTP port (tandem/common/router_ports.py's rule: a router on a free gRPC port takes a
+    free HTTP port too, and so does one whose gRPC port is the HTTP default)."""
+    if args.http_port is not None and args.http_host and args.http_host != args.host:
+        return int(args.http_port)  # another address: the same port number is free there
+    port, notice = router_http_port(args.port, args.http_port)
+    if notice:
+        log.warning("%s", notice)
+    return port
 
 
 def _split(value: str) -> tuple[str, ...]:
