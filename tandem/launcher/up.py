@@ -43,6 +43,7 @@ from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
     add_observability_args,
     add_passthrough_args,
+    add_router_output_args,
     observability_argv,
     router_engine_argv,
     worker_engine_argv,
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.passthrough("--prefill-arg", "--decode-arg")
     add_observability_args(p)
     add_launcher_engine_args(p)
+    add_router_output_args(p)
     g = p.add_argument_group("autoscaling")
     g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
                    help="autoscale policy file (deploy/autoscale/{slo,queue,fixed}.yaml)")

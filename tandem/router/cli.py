@@ -28,6 +28,7 @@ from tandem.placement.log import PlacementLog
 from tandem.router.config import PLACEMENTS, RouterConfig
 from tandem.router.grammar_limits import GrammarLimits
 from tandem.router.model_files import router_model_dir
+from tandem.router.reasoning import PARSERS as REASONING_PARSERS
 from tandem.router.security import RouterSecurity
 from tandem.router.server import BindError, RouterServer
 from tandem.router.tokenizer import RouterTokenizer, TokenizerLoadError
@@ -210,6 +211,12 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
         help="how chat outputs are read for tool calls (auto: from the chat template)",
     )
     g.add_argument(
+        "--reasoning-parser", default="", choices=sorted(REASONING_PARSERS),
+        help="split a reasoning model's thinking (<think>...</think>) from its answer: "
+        "chat's reasoning_content, the Responses API's reasoning items (default: none, the "
+        "thinking stays in the text)",
+    )
+    g.add_argument(
         "--max-inflight-per-connection",
         type=int,
         default=128,
@@ -349,6 +356,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         http_parse_threads=args.http_parse_threads,
         http_parse_queue=args.http_parse_queue,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         metrics_compat=args.metrics_compat,
         **grammar_limit_fields(args),
     )

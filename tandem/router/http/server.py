@@ -289,8 +289,9 @@ class HttpServer:
                 return await _stream(request, api, shaper, first, responses)
 
     def _shaper(self, api: ApiRequest, label: str) -> ResponseShaper:
-        return ResponseShaper(api, self._frontend.deps.config.model_name, label,
-                              self._token_text, self._decode)
+        config = self._frontend.deps.config
+        return ResponseShaper(api, config.model_name, label, self._token_text, self._decode,
+                              reasoning=bool(config.reasoning_parser))
 
     def _key(self, request: web.Request) -> str | None:
         """The identity of the API key the request presented (None without keys)."""

@@ -199,3 +199,19 @@ def test_the_flags_are_documented_in_help() -> None:
     for flag in ("--speculative-config", "--enforce-eager", "--trust-remote-code"):
         assert flag in text
     assert isinstance(up.build_parser(), argparse.ArgumentParser)
+
+
+def test_reasoning_and_tool_parsers_reach_the_router(smollm2_dir: Path) -> None:
+    from tandem.launcher.argv import router_argv as up_router_argv
+
+    flags = ["--reasoning-parser", "deepseek_r1", "--tool-call-parser", "hermes"]
+    local_args = local.build_parser().parse_args(flags)
+    spec = up.spec_from_args(up.build_parser().parse_args(["--insecure", *flags]), None)
+    for argv in (local.router_argv(local_args, "smollm2"), up_router_argv(spec, "smollm2")):
+        assert "--reasoning-parser=deepseek_r1" in argv and "--tool-call-parser=hermes" in argv
+        config = config_from_args(router_parser().parse_args([*argv, "--insecure"]))
+        assert (config.reasoning_parser, config.tool_call_parser) == ("deepseek_r1", "hermes")
+    assert "--reasoning-parser" not in " ".join(
+        local.router_argv(local.build_parser().parse_args([]), "smollm2"))
+    with pytest.raises(SystemExit):
+        local.build_parser().parse_args(["--reasoning-parser", "granite"])
