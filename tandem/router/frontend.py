@@ -398,7 +398,8 @@ class Frontend:
             )
         )
         return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None,
-                         accepted.reasoning.stream(prompt_tail)
+                         accepted.reasoning.stream(prompt_tail, prepared.sampling.structured
+                                                   is not None)
                          if accepted.reasoning is not None else None)
 
     async def tokenize(self, request: TokenizeRequest) -> list[int]:

@@ -14,7 +14,9 @@ rendered prompt, so one parser serves every template of its family:
                        as R1-0528 writes, is dropped)
 
 An output that never closes its thinking is all reasoning (a budget spent thinking); one that
-never opens it (qwen3) is all answer. Text that may be the start of a marker split across
+never opens it (qwen3) is all answer. A constrained output (a structured output, a required or
+named tool call) is all answer: its grammar covers the whole output, from the first token,
+and leaves the model no room to think (the model answers at once). Text that may be the start of a marker split across
 deltas is held back until the next delta settles it (at most ``len(marker) - 1``
 characters), so no marker ever reaches the client, and nothing else is delayed.
 """
@@ -42,11 +44,11 @@ class ReasoningParser:
     start: str = "<think>"
     end: str = "</think>"
 
-    def stream(self, prompt_tail: str) -> ReasoningStream:
+    def stream(self, prompt_tail: str, constrained: bool = False) -> ReasoningStream:
         """A splitter for one output of a prompt ending with ``prompt_tail`` (a few of its
-        last tokens' text are enough)."""
+        last tokens' text are enough); ``constrained``: a grammar writes the whole output."""
         tail = prompt_tail.rstrip()
-        if tail.endswith(self.end):
+        if constrained or tail.endswith(self.end):
             return ReasoningStream(self, _State.ANSWER)
         if tail.endswith(self.start):
             return ReasoningStream(self, _State.THINKING)

@@ -135,3 +135,24 @@ def test_reasoning_content_shows_up_and_enable_thinking_false_turns_it_off(
     assert response.output[0].content[0].text == reasoning
     assert response.usage is not None
     assert response.usage.output_tokens_details.reasoning_tokens == 8
+
+
+def test_a_constrained_output_is_the_answer_under_a_reasoning_parser(
+    thinking: openai.OpenAI,
+) -> None:
+    """A grammar writes the whole output from its first token: a structured output and a
+    forced call come back as the answer, never as reasoning, after a template that opened the
+    thinking."""
+    user = [{"role": "user", "content": "A digit as JSON."}]
+    out = thinking.chat.completions.create(
+        model=MODEL, messages=user, temperature=0.0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": SCHEMA}})
+    assert getattr(out.choices[0].message, "reasoning_content", None) is None
+    jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+    response = thinking.responses.create(model=MODEL, input="Weather in Paris?",
+                                         tools=[WEATHER], tool_choice="required",
+                                         parallel_tool_calls=False,
+                                         temperature=0.0, max_output_tokens=120)
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert [item.type for item in response.output] == ["function_call"]
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])

@@ -98,3 +98,10 @@ def test_the_prompt_decides_where_the_output_starts() -> None:
     assert PARSERS["qwen3"].stream(QWEN3_OFF_PROMPT).answering
     assert not PARSERS["qwen3"].stream(QWEN3_PROMPT).answering
     assert not PARSERS["deepseek_r1"].stream(R1_PROMPT).answering
+
+
+def test_a_constrained_output_is_all_answer() -> None:
+    """A grammar writes the whole output (structured outputs, forced tool calls): no thinking
+    to split off, even after a template that opened it."""
+    stream = PARSERS["deepseek_r1"].stream(R1_PROMPT, constrained=True)
+    assert stream.answering and stream.feed('{"a": 1}') == ("", '{"a": 1}')

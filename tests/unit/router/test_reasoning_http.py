@@ -127,6 +127,24 @@ def test_chat_template_kwargs_switch_the_thinking_off(thinking: RouterTokenizer)
     asyncio.run(scenario())
 
 
+def test_a_constrained_output_is_the_answer(thinking: RouterTokenizer) -> None:
+    """Under a template that opened the thinking, a structured output still comes back as the
+    answer: the grammar wrote the whole output (a forced tool call, under a real grammar:
+    tests/integration/test_openai_responses.py)."""
+    async def scenario() -> None:
+        async with cluster(thinking, http_port=0, reasoning_parser="qwen3") as c, \
+                aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{c.router.http_port}/v1/chat/completions"
+            c.decode[0].text_of = _recording(thinking, '{"city": "Paris"}')
+            body = _body(max_tokens=7, response_format={"type": "json_object"})
+            async with http.post(url, json=body) as r:
+                message = (await r.json())["choices"][0]["message"]
+            assert message["reasoning_content"] is None
+            assert message["content"].endswith('{"city": "Paris"}')
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("parser", ["", "qwen3"])
 def test_without_a_parser_or_on_completions_the_text_is_whole(
     thinking: RouterTokenizer, parser: str,
