@@ -93,6 +93,24 @@ class ArgParser(argparse.ArgumentParser):
         return out
 
 
+def refused(reason: str) -> type[argparse.Action]:
+    """An action for a flag that is known and refused: given (typed, or ``true`` in a
+    ``--config`` file), parsing fails naming the flag and ``reason`` (exit status 2), where
+    an unknown flag would only say "unrecognized"."""
+
+    class _Refused(argparse.Action):
+        def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+            kwargs["nargs"] = 0
+            kwargs.pop("metavar", None)
+            super().__init__(option_strings, dest, **kwargs)
+
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: Any, option_string: str | None = None) -> None:
+            parser.error(f"{option_string}: {reason}")
+
+    return _Refused
+
+
 def redact(argv: Sequence[str]) -> list[str]:
     """``argv`` with every value hidden: ``--flag=x`` -> ``--flag=VALUE``, a word that is not a
     flag -> ``VALUE``."""

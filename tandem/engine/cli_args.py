@@ -4,14 +4,21 @@
 builds the validated config back from the parsed namespace. A launcher (``tandem local``,
 ``tandem up``) takes the same flags with ``add_forwarded_engine_args`` and hands what was given
 to its workers with ``forwarded_engine_argv``.
+
+vLLM's spellings of the same settings are taken too: ``--speculative-config`` (its JSON form,
+mapped onto ``--speculative``/``--num-speculative-tokens``/``--ngram-max``/``--ngram-min``/
+``--draft-model``: :func:`speculative_fields`), ``--enforce-eager`` (``--no-cuda-graphs``), and
+``--trust-remote-code`` is refused by name: no code shipped with a checkpoint ever runs here.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Collection
 from typing import Any
 
+from tandem.common.arg_parser import refused
 from tandem.engine.config import (
     GRAMMAR_COMPILE_BUDGET_S,
     KV_CACHE_DTYPES,
@@ -56,6 +63,8 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
         ("--max-num-batched-tokens", dict(type=int, default=sched.max_num_batched_tokens)),
         ("--attention-backend", dict(default="auto", choices=["auto", "torch", "triton"])),
         ("--no-cuda-graphs", dict(action="store_true")),
+        ("--enforce-eager", dict(action="store_true",
+                                 help="vLLM's name for --no-cuda-graphs: every step eager")),
         ("--no-native-kernels", dict(action="store_true",
                                      help="CPU: run steps on torch ops (no fused native forward)")),
         ("--speculative", dict(
@@ -68,6 +77,15 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
         ("--draft-layers", dict(type=int, default=0,
                                 help="draft = the target's first N layers (when no "
                                      "--draft-model)")),
+        ("--speculative-config", dict(
+            type=speculative_config, default=None, metavar="JSON",
+            help="vLLM's JSON form: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2} or {\"model\": DRAFT, "
+                 "\"num_speculative_tokens\": N} (method draft_model); other methods (eagle, "
+                 "medusa, mtp, ...) are refused by name")),
+        ("--trust-remote-code", dict(
+            action=refused(TRUST_REMOTE_CODE), default=None,
+            help="refused: architectures are built in, a checkpoint's code never runs")),
         ("--grammar-compile-budget-s", dict(
             type=float, default=GRAMMAR_COMPILE_BUDGET_S,
             help="CPU seconds one structured-output grammar may take to compile; past it the "
@@ -101,8 +119,8 @@ def add_forwarded_engine_args(
         if flag in skip:
             continue
         kwargs = {**kwargs, "default": None, "dest": _forward_dest(flag)}
-        if "choices" not in kwargs and kwargs.get("action") != "store_true":
-            kwargs["metavar"] = flag[2:].upper().replace("-", "_")  # as add_engine_args shows
+        if "choices" not in kwargs and "action" not in kwargs:
+            kwargs.setdefault("metavar", flag[2:].upper().replace("-", "_"))  # as add_engine_args
         g.add_argument(flag, **kwargs)
     return parser
 
@@ -152,17 +170,108 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
         ),
-        speculative=SpeculativeConfig(
-            speculative_method=args.speculative,
-            num_speculative_tokens=args.num_speculative_tokens,
-            ngram_max=args.ngram_max,
-            ngram_min=args.ngram_min,
-            draft_model=args.draft_model,
-            draft_layers=args.draft_layers,
-        ),
+        speculative=_speculative(args),
         attention_backend=args.attention_backend,
-        use_cuda_graphs=not args.no_cuda_graphs,
+        use_cuda_graphs=not (args.no_cuda_graphs or args.enforce_eager),
         use_native_kernels=not args.no_native_kernels,
         grammar_compile_budget_s=args.grammar_compile_budget_s,
         grammar_compile_wait_s=args.grammar_compile_wait_s,
     )
+
+
+def _speculative(args: argparse.Namespace) -> SpeculativeConfig:
+    """The flags' SpeculativeConfig: ``--speculative-config`` (when given) over the others."""
+    fields: dict[str, Any] = dict(
+        speculative_method=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
+        ngram_max=args.ngram_max,
+        ngram_min=args.ngram_min,
+        draft_model=args.draft_model,
+        draft_layers=args.draft_layers,
+    )
+    if args.speculative_config:
+        if args.speculative != "none":
+            raise ValueError("--speculative-config and --speculative both name a proposer: "
+                             "give one")
+        fields.update(speculative_fields(args.speculative_config))
+    return SpeculativeConfig(**fields)
+
+
+TRUST_REMOTE_CODE = (
+    "refused: Tandem never runs code shipped with a checkpoint; the architectures it serves "
+    "are built in (tandem/engine/models) and a checkpoint of another one is refused by name. "
+    "Leave the flag out")
+
+# vLLM's speculative_config keys this engine honours -> SpeculativeConfig's fields.
+_SPEC_KEYS = {"num_speculative_tokens": "num_speculative_tokens",
+              "prompt_lookup_max": "ngram_max", "prompt_lookup_min": "ngram_min",
+              "model": "draft_model"}
+# vLLM's method names -> ours (a draft checkpoint is vLLM's "draft_model").
+_SPEC_METHODS = {"ngram": "ngram", "draft_model": "draft"}
+
+
+def speculative_config(text: str) -> str:
+    """``--speculative-config``'s argparse type: the JSON checked (:func:`speculative_fields`
+    raises argparse's error, naming what is wrong) and passed on as given."""
+    try:
+        speculative_fields(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def speculative_fields(text: str) -> dict[str, Any]:
+    """SpeculativeConfig's fields for vLLM's ``--speculative-config`` JSON; ValueError naming
+    the key or method this engine does not have.
+
+        {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": MAX,
+         "prompt_lookup_min": MIN}            -> --speculative ngram (a bound left out keeps
+                                                 ours, moved to stay MIN <= MAX)
+        {"model": DRAFT, "num_speculative_tokens": K} (method "draft_model" or left out)
+                                              -> --speculative draft --draft-model DRAFT
+    """
+    try:
+        spec = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"not JSON: {err}") from None
+    if not isinstance(spec, dict):
+        raise ValueError("must be a JSON object, e.g. {\"method\": \"ngram\", "
+                         "\"num_speculative_tokens\": 4}")
+    spec = dict(spec)
+    if spec.get("draft_tensor_parallel_size", 1) == 1:  # the only layout a draft has here
+        spec.pop("draft_tensor_parallel_size", None)
+    method = spec.pop("method", None)
+    if method is None:
+        method = "draft_model" if spec.get("model") else None
+    if method is None:
+        raise ValueError("needs \"method\" (ngram or draft_model) or \"model\" (a draft "
+                         "checkpoint)")
+    if method not in _SPEC_METHODS:
+        raise ValueError(f"speculative method {method!r} is not available here: "
+                         f"{' and '.join(sorted(_SPEC_METHODS))} are (no EAGLE, Medusa, MTP "
+                         "or other trained heads)")
+    unknown = sorted(set(spec) - set(_SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"not supported: {', '.join(unknown)} (keys: method, "
+                         f"{', '.join(_SPEC_KEYS)})")
+    out: dict[str, Any] = {"speculative_method": _SPEC_METHODS[method]}
+    for key, value in spec.items():
+        kind = str if key == "model" else int
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"{key} must be {'a string' if kind is str else 'an integer'}")
+        out[_SPEC_KEYS[key]] = value
+    if out["speculative_method"] == "draft" and not out.get("draft_model"):
+        raise ValueError("method draft_model needs \"model\": the draft checkpoint")
+    if out["speculative_method"] == "ngram" and "draft_model" in out:
+        raise ValueError("method ngram takes no \"model\"")
+    defaults = SpeculativeConfig()
+    if "ngram_min" in out and "ngram_max" not in out:
+        out["ngram_max"] = max(out["ngram_min"], defaults.ngram_max)
+    if "ngram_max" in out and "ngram_min" not in out:
+        out["ngram_min"] = min(out["ngram_max"], defaults.ngram_min)
+    try:  # the same checks a worker makes (k >= 1, 1 <= min <= max)
+        SpeculativeConfig(**{k: v for k, v in out.items() if k != "draft_model"},
+                          draft_layers=1 if "draft_model" in out else 0)
+    except ValueError as err:
+        raise ValueError(str(err)) from None
+    return out

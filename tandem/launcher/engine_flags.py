@@ -8,7 +8,9 @@ The definitions are the workers' own (tandem/engine/cli_args.py), so names, type
 a flag not given is not passed, and each process keeps its own default. The logging, tracing
 and metric-name flags (``--log-format``, ``--log-level``, ``--otlp-endpoint``, ``--trace-file``
 ..., ``--metrics-compat``: tandem/common/obs/log_format.py, tandem/common/obs/tracing_setup.py,
-tandem/common/obs/metrics_export.py) go to every process, router included.
+tandem/common/obs/metrics_export.py) go to every process, router included. The flags that
+say how chat outputs are read (``--reasoning-parser``, ``--tool-call-parser``: vLLM users type
+them on the one command line) go to the router.
 """
 
 from __future__ import annotations
@@ -53,8 +55,31 @@ def worker_engine_argv(args: argparse.Namespace) -> list[str]:
 
 
 def router_engine_argv(args: argparse.Namespace) -> list[str]:
-    """The given engine flags the router shares (``ROUTER_FLAGS``), as its argv."""
-    return forwarded_engine_argv(args, only=ROUTER_FLAGS)
+    """The given engine flags the router shares (``ROUTER_FLAGS``) and the chat-output flags
+    (``add_router_output_args``), as its argv."""
+    return [*forwarded_engine_argv(args, only=ROUTER_FLAGS), *router_output_argv(args)]
+
+
+def add_router_output_args(parser: argparse.ArgumentParser) -> None:
+    """The router's flags for reading chat outputs, on a launcher's parser (default None: not
+    passed, the router keeps its own)."""
+    from tandem.router.reasoning import PARSERS as REASONING
+    from tandem.router.tools import PARSERS as TOOLS
+
+    g = parser.add_argument_group("chat outputs (passed to the router)")
+    g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING),
+                   help="split a reasoning model's thinking from its answer "
+                   "(reasoning_content; default: none)")
+    g.add_argument("--tool-call-parser", default=None, choices=("auto", *sorted(TOOLS)),
+                   help="how chat outputs are read for tool calls (default auto: from the "
+                   "chat template)")
+
+
+def router_output_argv(args: argparse.Namespace) -> list[str]:
+    """The chat-output flags given to the launcher, as the router's argv."""
+    return [f"--{name.replace('_', '-')}={getattr(args, name)}"
+            for name in ("reasoning_parser", "tool_call_parser")
+            if getattr(args, name, None) is not None]
 
 
 def add_observability_args(parser: argparse.ArgumentParser) -> None:

@@ -32,12 +32,14 @@ from typing import Any
 from tandem.cli.invocation import tandem_command
 from tandem.common.arg_parser import ArgParser
 from tandem.common.model_spec import served_name as default_served_name
+from tandem.common.router_ports import router_http_port
 from tandem.common.wire import ready_line
 from tandem.launcher.api_keys import add_api_key_args, key_file_text, write_key_file
 from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
     add_observability_args,
     add_passthrough_args,
+    add_router_output_args,
     observability_argv,
     router_engine_argv,
     worker_engine_argv,
@@ -55,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "directory's name)")
     p.add_argument("--port", type=int, default=50051, help="router gRPC port")
     p.add_argument("--http-port", type=int, default=None,
-                   help="router OpenAI HTTP port (default 8000; a free one when --port is 0)")
+                   help="router OpenAI HTTP port (default 8000; a free one when --port is 0 "
+                   "or 8000 itself)")
     p.add_argument("--num-prefill", type=int, default=1, metavar="N",
                    help="prefill workers (default 1; 0: colocated, the decode workers prefill)")
     p.add_argument("--no-prefill", dest="num_prefill", action="store_const", const=0,
@@ -94,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.passthrough("--prefill-arg", "--decode-arg")
     add_observability_args(p)
     add_launcher_engine_args(p)
+    add_router_output_args(p)
     return p
 
 
@@ -170,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _check_counts(args)
+        http_port, notice = router_http_port(args.port, args.http_port)
+        if notice:
+            print(f"[tandem] {notice}", file=sys.stderr, flush=True)
         keys = key_file_text(args)  # checked before anything starts; never printed
         resolve_model(args.model)  # converts a GGUF once, before workers start
         cluster = Cluster(echo=True, credential_flags=_credential_flags(args))
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[tandem] starting router ...", file=sys.stderr, flush=True)
         router = cluster.start("tandem.router", "--port", str(args.port), "--decode", decode,
                                *(["--prefill", prefill] if prefill else []),
-                               "--http-port", str(_http_port(args)),
+                               "--http-port", str(http_port),
                                *key_flags, *router_argv(args, spec))
         _announce(args, router, workers, key_file)
         while True:
@@ -300,10 +307,6 @@ def _credential_flags(args: argparse.Namespace) -> list[str] | None:
     return None
 
 
-def _http_port(args: argparse.Namespace) -> int:
-    if args.http_port is not None:
-        return int(args.http_port)
-    return 0 if args.port == 0 else 8000
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from tandem.autoscaler.config import AutoscaleConfig, AutoscaleConfigError, load
 from tandem.cli.invocation import tandem_command
 from tandem.common.arg_parser import ArgParser
 from tandem.common.model_spec import served_name
+from tandem.common.router_ports import router_http_port
 from tandem.common.security.credential import ClusterCredential, new_secret
 from tandem.common.wire import ready_line
 from tandem.launcher import up_state
@@ -42,6 +43,7 @@ from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
     add_observability_args,
     add_passthrough_args,
+    add_router_output_args,
     observability_argv,
     router_engine_argv,
     worker_engine_argv,
@@ -66,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="router listen address (default loopback: a multi-node cluster or a "
                    "pod needs 0.0.0.0 or the node's address)")
     p.add_argument("--port", type=int, default=50051, help="router gRPC port (0: free)")
-    p.add_argument("--http-port", type=int, default=8000, help="router HTTP port (0: free)")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="router HTTP port (default 8000; a free one when --port is 0 or "
+                   "8000 itself; 0: free)")
     g = p.add_argument_group("ray")
     g.add_argument("--address", default=None,
                    help="existing Ray cluster ('auto', HOST:PORT); default: start a local one")
@@ -113,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.passthrough("--prefill-arg", "--decode-arg")
     add_observability_args(p)
     add_launcher_engine_args(p)
+    add_router_output_args(p)
     g = p.add_argument_group("autoscaling")
     g.add_argument("--autoscale", default=None, metavar="FILE.yaml",
                    help="autoscale policy file (deploy/autoscale/{slo,queue,fixed}.yaml)")
@@ -134,7 +139,8 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
     window = args.signal_window or (autoscale.window_s if autoscale else 10.0)
     return LaunchSpec(
         model=args.model, model_name=args.model_name, prefill=args.prefill,
-        decode=args.decode, host=args.host, port=args.port, http_port=args.http_port,
+        decode=args.decode, host=args.host, port=args.port,
+        http_port=_http_port(args),
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         cpus_per_worker=args.cpus_per_worker, router_cpus=args.router_cpus,
         resources=tuple(sorted((str(k), float(v)) for k, v in resources.items())),
@@ -153,6 +159,14 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
         worker_host="127.0.0.1" if args.address is None else "",
         worker_metrics_port=args.worker_metrics_port,
     )
+
+
+def _http_port(args: argparse.Namespace) -> int:
+    """The router's HTTP port (tandem/common/router_ports.py's rule; its notice on stderr)."""
+    port, notice = router_http_port(args.port, args.http_port)
+    if notice:
+        print(f"[tandem] {notice}", file=sys.stderr, flush=True)
+    return port
 
 
 def _check_public_bind(spec: LaunchSpec) -> None:

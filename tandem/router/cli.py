@@ -21,19 +21,20 @@ from tandem.common.obs.tracing_setup import (
     setup_tracing,
     tracing_config_from_args,
 )
+from tandem.common.router_ports import router_http_port
 from tandem.common.security.credential import add_credential_args
 from tandem.common.wire import ready_line
 from tandem.placement.log import PlacementLog
 from tandem.router.config import PLACEMENTS, RouterConfig
 from tandem.router.grammar_limits import GrammarLimits
 from tandem.router.model_files import router_model_dir
+from tandem.router.reasoning import PARSERS as REASONING_PARSERS
 from tandem.router.security import RouterSecurity
 from tandem.router.server import BindError, RouterServer
 from tandem.router.tokenizer import RouterTokenizer, TokenizerLoadError
 from tandem.router.tools import PARSERS
 
 log = logging.getLogger("router")
-DEFAULT_HTTP_PORT = 8000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,6 +211,12 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
         help="how chat outputs are read for tool calls (auto: from the chat template)",
     )
     g.add_argument(
+        "--reasoning-parser", default="", choices=sorted(REASONING_PARSERS),
+        help="split a reasoning model's thinking (<think>...</think>) from its answer: "
+        "chat's reasoning_content, the Responses API's reasoning items (default: none, the "
+        "thinking stays in the text)",
+    )
+    g.add_argument(
         "--max-inflight-per-connection",
         type=int,
         default=128,
@@ -349,6 +356,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         http_parse_threads=args.http_parse_threads,
         http_parse_queue=args.http_parse_queue,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         metrics_compat=args.metrics_compat,
         **grammar_limit_fields(args),
     )
@@ -445,10 +453,14 @@ def _reachable(host: str) -> str:
 
 
 def _http_port(args: argparse.Namespace) -> int:
-    if args.http_port is not None:
-        return int(args.http_port)
-    # A router on a free gRPC port (tests, several on one host) takes a free HTTP port too.
-    return 0 if args.port == 0 else DEFAULT_HTTP_PORT
+    """The HTTP port (tandem/common/router_ports.py's rule: a router on a free gRPC port takes a
+    free HTTP port too, and so does one whose gRPC port is the HTTP default)."""
+    if args.http_port is not None and args.http_host and args.http_host != args.host:
+        return int(args.http_port)  # another address: the same port number is free there
+    port, notice = router_http_port(args.port, args.http_port)
+    if notice:
+        log.warning("%s", notice)
+    return port
 
 
 def _split(value: str) -> tuple[str, ...]:

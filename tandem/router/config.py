@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from tandem.common.obs.metrics_export import COMPAT_CHOICES
 from tandem.router.cost import Cost
 from tandem.router.grammar_limits import GrammarLimits
+from tandem.router.reasoning import PARSERS as REASONING_PARSERS
 from tandem.router.request_caps import RequestCaps
 
 # The longest a worker call may be bounded by (a day): "no bound" is not a setting.
@@ -105,6 +106,9 @@ class RouterConfig:
     # Which markup chat outputs with tools are parsed as (tandem/router/tools/select.py): "auto"
     # picks it from the chat template.
     tool_call_parser: str = "auto"
+    # Which model family's thinking chat outputs are split from their answer
+    # (tandem/router/reasoning.py; "" none: the thinking stays in the text).
+    reasoning_parser: str = ""
     # /metrics: "vllm" also exports vLLM's names for the figures that mean the same
     # (tandem/common/obs/metrics_export.py); "none": tandem_* only.
     metrics_compat: str = "vllm"
@@ -163,6 +167,7 @@ class RouterConfig:
         }
         checks["discovery"] = self.discovery in ("static", "kubernetes")
         checks["metrics_compat"] = self.metrics_compat in COMPAT_CHOICES
+        checks["reasoning_parser"] = self.reasoning_parser in ("", *REASONING_PARSERS)
         checks.update({
             "max_stop_strings": self.max_stop_strings >= 0,
             "max_stop_chars": self.max_stop_chars >= 1,

@@ -10,9 +10,10 @@ The global gate (tandem/router/admission.py) and each client's share
 ``prompt_tokens`` so a gRPC and an HTTP request of the same prompt cost the same.
 
 A prompt is charged before it is tokenized (admission comes first, tokenizing is work): token
-ids by their count, a text by its length in characters, a chat by its messages' and tools'
-characters, each capped at the context length (no admitted prompt is longer). A token is
-one or more characters for nearly all text, so a text is charged at least its tokens.
+ids by their count, a text by its length in characters, a chat by its messages', tools' and
+template variables' characters, each capped at the context length (no admitted prompt is
+longer). A token is one or more characters for nearly all text, so a text is charged at least
+its tokens.
 """
 
 from __future__ import annotations
@@ -76,4 +77,6 @@ def _chat_chars(chat: Chat) -> int:
     size = len(chat.tools_json)
     for message in chat.messages:
         size += len(message.content)
+    for name, value in chat.template_kwargs:  # a template may write them into the prompt
+        size += len(name) + (len(value) if isinstance(value, str) else 0)
     return size

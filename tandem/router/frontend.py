@@ -1,7 +1,9 @@
 """What the public service does, without gRPC: accept, admit, tokenize, hand off, shape.
 
 GenerateRequest -> validate (no tokenizer) -> Accepted -> admission -> tokenize -> Prepared
-                -> Handoff chunks -> detokenize -> ResponseChunk* (the last with usage)
+                -> Handoff chunks -> detokenize -> thinking | answer (a reasoning parser's,
+                   tandem/router/reasoning.py) -> tool calls read from the answer
+                -> ResponseChunk* (the last with usage)
 
 It speaks the plain types of tandem/router/api: the gRPC servicer and the HTTP API convert
 at their edges (tandem/router/convert; the HTTP API builds them from JSON).
@@ -54,6 +56,8 @@ from tandem.router.generation_defaults import GenerationDefaults
 from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.ledger import Handoff, HandoffDeps
 from tandem.router.metrics import RouterMetrics
+from tandem.router.reasoning import PARSERS as REASONING_PARSERS
+from tandem.router.reasoning import ReasoningStream
 from tandem.router.request import Accepted, Chunk, Prepared
 from tandem.router.request_accounting import RequestAccounting, RequestClock
 from tandem.router.text_stream import TextStream
@@ -62,6 +66,7 @@ from tandem.router.tool_use import ToolOutput, ToolUse
 from tandem.router.tools.call import CallDelta
 
 _A = TypeVar("_A")
+_TAIL_TOKENS = 32  # of the prompt, decoded to read where the output starts (thinking or not)
 _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
@@ -90,12 +95,23 @@ def _with_calls(response: ResponseChunk, calls: ToolOutput) -> ResponseChunk:
                    tool_calls=tuple(parsed), finish_reason=finish_reason)
 
 
+def _split(reasoning: ReasoningStream, text: str, last: bool) -> tuple[str, str]:
+    """(thinking, answer) of a text delta; the last one also gives what was held back."""
+    thought, answer = reasoning.feed(text)
+    if last:
+        more_thought, more_answer = reasoning.finish()
+        thought, answer = thought + more_thought, answer + more_answer
+    return thought, answer
+
+
 @dataclass(slots=True)
 class _Sequence:
-    """How one sequence's chunks become messages: its text, its tool calls, its counts."""
+    """How one sequence's chunks become messages: its text, its thinking apart from its
+    answer (a reasoning parser's), its tool calls (read from the answer only), its counts."""
 
     text: TextStream
     calls: ToolOutput | None
+    reasoning: ReasoningStream | None = None
     completion: int = 0
     last: float = 0.0  # its latest chunk with tokens (ITL is per sequence)
     done: bool = False
@@ -210,8 +226,11 @@ class Frontend:
         if request.user:
             log.debug("request %s (client id %r) for user %r", request_id,
                       request.request_id, request.user)
+        reasoning = None
+        if request.separate_reasoning and isinstance(prompt, Chat) and config.reasoning_parser:
+            reasoning = REASONING_PARSERS[config.reasoning_parser]
         return Accepted(request, request_id, request.request_id or request_id, arrival, tools,
-                        trace_parent)
+                        trace_parent, reasoning=reasoning)
 
     async def _prepare(self, accepted: Accepted, span: tracing.Span) -> Prepared:
         """Tokenize an admitted request (in the pool) and settle its max_tokens."""
@@ -301,7 +320,8 @@ class Frontend:
             metrics.prompt_tokens.inc(len(prepared.prompt_ids))
             span.set_attribute("tandem.prompt_tokens", len(prepared.prompt_ids))
             handoff = Handoff(self.deps, prepared, deadline, span)
-            sequences = [self._sequence(prepared, accepted) for _ in range(prepared.n)]
+            tail = self._prompt_tail(prepared) if accepted.reasoning is not None else ""
+            sequences = [self._sequence(prepared, accepted, tail) for _ in range(prepared.n)]
             async with aclosing(handoff.stream()) as chunks:
                 async for chunk in chunks:
                     if prepared.score_only:  # the one token the workers had to generate
@@ -309,6 +329,9 @@ class Frontend:
                     seq = sequences[chunk.index]
                     seq.completion += len(chunk.token_ids)
                     text = seq.text.delta(chunk)
+                    thought = ""
+                    if seq.reasoning is not None:
+                        thought, text = _split(seq.reasoning, text, chunk.finished)
                     call_deltas: list[CallDelta] = []
                     if seq.calls is not None:
                         text, call_deltas = seq.calls.feed(text)
@@ -322,6 +345,7 @@ class Frontend:
                         prompt_logprobs=tuple(chunk.prompt_logprobs),
                         index=chunk.index,
                         tool_call_deltas=tuple(call_deltas),
+                        reasoning=thought,
                     )
                     seq.last = self.accounting.chunk(chunk.token_ids, clock, seq.last)
                     if chunk.finished:
@@ -354,8 +378,15 @@ class Frontend:
         finally:
             self.gate.leave(cost)
 
-    def _sequence(self, prepared: Prepared, accepted: Accepted) -> _Sequence:
-        """A fresh sequence's text stream and tool-call parser."""
+    def _prompt_tail(self, prepared: Prepared) -> str:
+        """The text of the prompt's last tokens: whether the template opened (or closed) the
+        model's thinking shows there (tandem/router/reasoning.py)."""
+        return self.tokenizer.decode(prepared.prompt_ids[-_TAIL_TOKENS:],
+                                     skip_special_tokens=False)
+
+    def _sequence(self, prepared: Prepared, accepted: Accepted, prompt_tail: str = ""
+                  ) -> _Sequence:
+        """A fresh sequence's text stream, reasoning splitter and tool-call parser."""
         text = TextStream(
             Detokenizer(
                 self.tokenizer.backend,
@@ -366,7 +397,10 @@ class Frontend:
                 min_tokens=prepared.sampling.min_tokens or 0,
             )
         )
-        return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None)
+        return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None,
+                         accepted.reasoning.stream(prompt_tail, prepared.sampling.structured
+                                                   is not None)
+                         if accepted.reasoning is not None else None)
 
     async def tokenize(self, request: TokenizeRequest) -> list[int]:
         """Token ids of a text or chat input, as Generate would see them (tokenized in the

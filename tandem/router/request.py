@@ -18,6 +18,7 @@ from tandem.common.obs.tracing import Parent
 from tandem.router.api.request import GenerateRequest
 from tandem.router.api.response import TokenLogprob
 from tandem.router.api.sampling import LogprobOptions, SamplingSpec
+from tandem.router.reasoning import ReasoningParser
 from tandem.router.tool_use import ToolUse
 
 
@@ -32,6 +33,7 @@ class Accepted:
     tools: ToolUse | None = None  # a chat request's tools (tandem/router/tool_use.py)
     trace_parent: Parent = None  # the client's trace context its span continues
     n: int = 1  # sequences to fork the prompt into (the HTTP fan-out's n / best_of)
+    reasoning: ReasoningParser | None = None  # splits its thinking from its answer
 
 
 @dataclass(slots=True)

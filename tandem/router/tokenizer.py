@@ -10,6 +10,7 @@ rebuild it from a model-specific class named in ``tokenizer_config.json``).
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,12 +94,31 @@ class RouterTokenizer:
         rendered = self._tok.apply_chat_template(
             messages, tools=tools, tokenize=False,
             add_generation_prompt=chat.add_generation_prompt,
+            **self._template_kwargs(chat),
         )
         return str(rendered)
+
+    def _template_kwargs(self, chat: Chat) -> dict[str, Any]:
+        """The chat's extra template variables; a name ``apply_chat_template`` takes itself
+        (messages, tools, tokenize ...) is refused, never passed (checked here too: the edge
+        refuses the common ones, this tokenizer's own signature is the whole list)."""
+        extra = dict(chat.template_kwargs)
+        taken = sorted(set(extra) & _apply_chat_template_params(self._tok))
+        if taken:
+            raise InvalidRequestError("chat_template_kwargs",
+                                      f"{', '.join(taken)}: set by the request itself")
+        return extra
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``."""
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+
+def _apply_chat_template_params(tok: PreTrainedTokenizerBase) -> frozenset[str]:
+    """The named parameters of ``tok.apply_chat_template`` (its **kwargs go to the template)."""
+    params = inspect.signature(tok.apply_chat_template).parameters.values()
+    named = {p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    return frozenset(named | {"messages"})  # what the template gets the conversation as
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:

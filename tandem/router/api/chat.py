@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from tandem.router.tools.call import ToolCall
 
+TemplateValue = str | int | float | bool | None
+
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
@@ -32,3 +34,6 @@ class Chat:
     tools_json: str = ""
     tool_choice: str = ""
     parallel_tool_calls: bool = True
+    # Extra variables the chat template sees (vLLM's chat_template_kwargs, e.g.
+    # ("enable_thinking", False)); names and values checked at the edge.
+    template_kwargs: tuple[tuple[str, TemplateValue], ...] = ()

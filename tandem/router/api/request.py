@@ -34,7 +34,10 @@ class GenerateRequest:
     """One prompt to generate from, as the gRPC and HTTP APIs both take it.
 
     ``request_id`` is the client's own label for it ("" : none), echoed back and logged only;
-    ``user`` is its end-user label, logged and never interpreted.
+    ``user`` is its end-user label, logged and never interpreted. ``separate_reasoning``: a
+    chat whose thinking comes back apart from its answer (``ResponseChunk.reasoning``) when
+    the router runs a reasoning parser; the APIs whose answers have a place for it ask (the
+    HTTP chat and Responses APIs), others get the thinking in the text.
     """
 
     prompt: Prompt | None = None
@@ -43,6 +46,7 @@ class GenerateRequest:
     model: str = ""  # must match the served model when set
     request_id: str = ""
     user: str = ""
+    separate_reasoning: bool = False
 
     @property
     def kind(self) -> PromptKind | None:

@@ -57,7 +57,9 @@ class ResponseChunk:
     ``request_id`` is the client's label for the request; ``index`` the sequence of a forked
     request (n / best_of) it belongs to. ``prompt_logprobs`` come on a sequence's first
     message only; ``usage``, ``timings`` and ``tool_calls`` on its last (``finished``) one;
-    ``tool_call_deltas`` are the calls' pieces as the output settles them.
+    ``tool_call_deltas`` are the calls' pieces as the output settles them. ``reasoning``: the
+    thinking this message settles (a request with ``separate_reasoning`` under a reasoning
+    parser; ``text`` is then the answer only).
     """
 
     request_id: str
@@ -73,6 +75,7 @@ class ResponseChunk:
     tool_calls: tuple[ToolCall, ...] = ()
     index: int = 0
     tool_call_deltas: tuple[CallDelta, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)

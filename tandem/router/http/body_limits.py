@@ -54,6 +54,19 @@ def check_generation(endpoint: Endpoint, body: Any, caps: RequestCaps) -> None:
     caps.check_fanout(prompts, per_prompt, "n" if prompts == 1 else "prompt")
 
 
+def check_responses(body: Any, caps: RequestCaps) -> None:
+    """A Responses API body's input items (each a message at most) and their content parts;
+    its one sequence is within any fan-out cap."""
+    items = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return
+    caps.check_messages(len(items), "input")
+    for i, item in enumerate(items):
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, list):
+            caps.check_messages(len(content), f"input[{i}].content", "content parts")
+
+
 def check_tokenize(body: Any, caps: RequestCaps) -> None:
     """A /tokenize body's messages."""
     if isinstance(body, dict):

@@ -13,7 +13,10 @@ Besides OpenAI's fields, the vLLM-style extras ``top_k``, ``min_p``, ``repetitio
 ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``,
 ``include_stop_str_in_output`` and ``speculative`` (false: no speculative decoding for this
 request) are accepted (the ``openai`` client sends them via ``extra_body``), and so are
-structured outputs (tandem/router/http/structured.py) and ``logit_bias``.
+structured outputs (tandem/router/http/structured.py) and ``logit_bias``. A chat also takes
+vLLM's ``chat_template_kwargs`` (extra template variables: ``{"enable_thinking": false}``
+switches Qwen3's thinking off) and ``include_reasoning`` (false: a reasoning parser's thinking
+is dropped from the answer rather than returned apart).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from enum import Enum
 from typing import Any
 
 from tandem.common.wire import MAX_SEQUENCES
-from tandem.router.api.chat import Chat
+from tandem.router.api.chat import Chat, TemplateValue
 from tandem.router.api.request import GenerateRequest, Prompt
 from tandem.router.api.sampling import LogprobOptions, SamplingSpec
 from tandem.router.errors import InvalidRequestError
@@ -55,7 +58,9 @@ class ApiRequest:
     text (and, with logprobs, its tokens' logprobs before the completion's). ``n`` choices
     per prompt, the best ``n`` of ``best_of`` samples by cumulative logprob when ``best_of``
     is larger (tandem/router/http/fanout.py runs them). ``functions``: a chat request that came with
-    the legacy ``functions``, answered in the legacy ``function_call`` shape."""
+    the legacy ``functions``, answered in the legacy ``function_call`` shape.
+    ``include_reasoning``: a chat's thinking (under a reasoning parser) comes back in
+    ``reasoning_content``; false drops it."""
 
     endpoint: Endpoint
     request: GenerateRequest
@@ -66,6 +71,7 @@ class ApiRequest:
     n: int = 1
     best_of: int = 1
     functions: bool = False
+    include_reasoning: bool = True
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -90,7 +96,8 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
         sampling["structured"] = structured
     user = _opt(body, "user", str) or ""
     request = GenerateRequest(prompt=prompts[0], sampling=SamplingSpec(**sampling),
-                              logprobs=logprobs, model=model, user=user)
+                              logprobs=logprobs, model=model, user=user,
+                              separate_reasoning=endpoint is Endpoint.CHAT)
     n = _opt(body, "n", int)
     n = 1 if n is None else n
     if not 1 <= n <= MAX_N:
@@ -109,8 +116,9 @@ def parse(endpoint: Endpoint, body: Any) -> ApiRequest:
         raise InvalidRequestError("stream", "a batch of prompts cannot be streamed; send one")
     if stream and best_of > n:
         raise InvalidRequestError("best_of", "cannot be streamed when larger than n")
+    include_reasoning = _opt(body, "include_reasoning", bool)
     return ApiRequest(endpoint, request, stream, bool(stream and include_usage), echo,
-                      requests, n, best_of, functions)
+                      requests, n, best_of, functions, include_reasoning is not False)
 
 
 def _completion(body: dict[str, Any], sampling: dict[str, Any]
@@ -184,7 +192,8 @@ def _chat(body: dict[str, Any], sampling: dict[str, Any]
                 add_generation_prompt=True if add_generation_prompt is None
                 else add_generation_prompt,
                 tools_json=tools.tools_json, tool_choice=tools.tool_choice,
-                parallel_tool_calls=tools.parallel_tool_calls)
+                parallel_tool_calls=tools.parallel_tool_calls,
+                template_kwargs=template_kwargs(body))
     options = LogprobOptions()
     top = _opt(body, "top_logprobs", int)
     if _opt(body, "logprobs", bool):
@@ -193,6 +202,31 @@ def _chat(body: dict[str, Any], sampling: dict[str, Any]
         raise InvalidRequestError("top_logprobs", "needs logprobs: true")
     _opt_uint(body, ("max_completion_tokens", "max_tokens"), sampling, "max_tokens")
     return chat, options, tools.legacy
+
+
+def template_kwargs(body: dict[str, Any]) -> tuple[tuple[str, TemplateValue], ...]:
+    """vLLM's ``chat_template_kwargs``: extra variables for the chat template, each a name
+    (an identifier, not one the request sets itself) and a JSON scalar."""
+    given = _opt(body, "chat_template_kwargs", dict) or {}
+    if len(given) > MAX_TEMPLATE_KWARGS:
+        raise InvalidRequestError("chat_template_kwargs",
+                                  f"{len(given)} entries; at most {MAX_TEMPLATE_KWARGS}")
+    out: list[tuple[str, TemplateValue]] = []
+    for name, value in given.items():
+        field = f"chat_template_kwargs.{name}"
+        if not name.isidentifier() or name.startswith("_") or name in _TEMPLATE_OWN:
+            raise InvalidRequestError(field, "not a name a request may set for the template")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise InvalidRequestError(field, "must be a string, number, boolean or null")
+        out.append((name, value))
+    return tuple(out)
+
+
+MAX_TEMPLATE_KWARGS = 32
+# Variables the request sets itself (the tokenizer refuses any other apply_chat_template
+# parameter too).
+_TEMPLATE_OWN = frozenset({"messages", "tools", "documents", "add_generation_prompt",
+                           "continue_final_message", "chat_template", "tokenize"})
 
 
 def _content(content: Any, field: str) -> str:

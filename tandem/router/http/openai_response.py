@@ -8,6 +8,9 @@ response objects (whole, or SSE chunks).
                   first, then the arguments in pieces), finish_reason "tool_calls"
     functions     the legacy shape, for a request that came with ``functions``:
                   message.function_call / delta.function_call, finish_reason "function_call"
+    reasoning     under a reasoning parser: message.reasoning_content (null without thinking)
+                  and the thinking's deltas as delta.reasoning_content, each also under
+                  vLLM's newer name ``reasoning``; ``content`` is the answer alone
 
 Logprobs take each API's own shape: completions' parallel lists (``tokens``,
 ``token_logprobs``, ``top_logprobs`` as {token: logprob}, ``text_offset``), chat's
@@ -34,8 +37,10 @@ class ResponseShaper:
     """Shapes one request's responses; keeps the little state streaming needs."""
 
     def __init__(self, api: ApiRequest, model: str, request_id: str, token_text: TokenText,
-                 decode: Decode | None = None) -> None:
+                 decode: Decode | None = None, reasoning: bool = False) -> None:
         self._api = api
+        # whether chat answers carry their thinking apart (a reasoning parser, not dropped)
+        self._reasoning = reasoning and api.include_reasoning
         self._decode = decode
         self._chat = api.endpoint is Endpoint.CHAT
         self._model = model
@@ -84,6 +89,10 @@ class ResponseShaper:
             choice["prompt_logprobs"] = self._prompt_logprobs(prompt_lp)
         if self._chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self._reasoning:
+                thought = "".join(r.reasoning for r in responses) or None
+                message.update(reasoning_content=thought, reasoning=thought)
+                message["content"] = text or None
             if last.tool_calls:
                 message["content"] = text or None
                 if self._api.functions:  # one call at most (the request allowed no more)
@@ -133,6 +142,9 @@ class ResponseShaper:
         }
         if self._chat:
             delta: dict[str, Any] = {"content": response.text}
+            if self._reasoning and response.reasoning:  # thinking; the answer once it has some
+                delta = {"reasoning_content": response.reasoning, "reasoning": response.reasoning,
+                         **({"content": response.text} if response.text else {})}
             if first:
                 delta = {"role": "assistant", **delta}
             if response.tool_call_deltas:  # the calls' pieces (the whole calls are not resent)

@@ -1,6 +1,8 @@
 """The OpenAI-compatible HTTP API, served by aiohttp inside the router's event loop.
 
     POST /v1/completions        POST /v1/chat/completions      (SSE when "stream": true)
+    POST /v1/responses          (OpenAI's Responses API, stateless; run as the chat it amounts
+                                 to: tandem/router/http/responses_request.py)
     GET  /v1/models             GET  /metrics (Prometheus)
     GET  /health, /ready (open: 200 when a request sent now is served, else 503 and why)
     GET  /livez (open: 200 while the process runs and its event loop answers)
@@ -67,8 +69,11 @@ from tandem.router.http.connection_cap import AddressConnections, CappedSite
 from tandem.router.http.errors import HttpError, HttpRefusal, error_body, http_error
 from tandem.router.http.openai_request import ApiRequest, Endpoint, parse
 from tandem.router.http.openai_response import ResponseShaper, model_list
+from tandem.router.http.responses_request import parse_responses
+from tandem.router.http.responses_shape import ResponsesShaper
 from tandem.router.http.tokenize import detokenize_ids, tokenize_request
 from tandem.router.readiness import Readiness
+from tandem.router.request import Accepted
 from tandem.router.request_caps import RequestCaps
 from tandem.router.validation import check_request_label
 
@@ -122,6 +127,7 @@ class HttpServer:
         app.on_response_prepare.append(_echo_request_id)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/detokenize", self._detokenize)
@@ -251,18 +257,50 @@ class HttpServer:
             body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API: the chat request it amounts to, through the same admission,
+        client bounds and caps as chat completions, answered in the Responses shapes."""
+        with self._frontend.client_slot(_connection(request), self._key(request)) as slot:
+            parsed = await self._counted(request, lambda text: parse_responses(
+                body_limits.decode(text, lambda value: body_limits.check_responses(
+                    value, self._caps))))
+            api = parsed.api
+            self._frontend.charge(slot, fanout.cost(api, self._frontend.deps.config.max_model_len))
+            budget = _budget(request)
+            accepted = self._accept_one(request, api)
+            config = self._frontend.deps.config
+            shaper = ResponsesShaper(parsed, config.model_name, accepted.label,
+                                     reasoning=bool(config.reasoning_parser))
+            responses = self._frontend.generate(accepted, budget)
+            async with aclosing(responses):
+                if not api.stream:
+                    return web.json_response(shaper.whole([r async for r in responses]))
+                first = await anext(responses)  # before the headers: a refusal keeps its status
+                return await _stream_responses(request, shaper, first, responses)
+
+    async def _counted(self, request: web.Request, build: Callable[[str], _T]) -> _T:
+        """``build`` over the body (``_parsed``), a refusal counted as accept() counts its."""
+        try:
+            return await self._parsed(request, build)
+        except (InvalidRequestError, HttpRefusal):
+            self._frontend.metrics.finished("invalid")
+            raise
+        except OverloadedError:
+            self._frontend.metrics.finished("overloaded")
+            raise
+
+    def _accept_one(self, request: web.Request, api: ApiRequest) -> Accepted:
+        """Accept a one-sequence request under the client's label, which the response echoes."""
+        accepted = self._frontend.accept(replace(api.request, request_id=request.get(
+            _ECHO_ID, "")), trace_parent=tracing.extract(request.headers))
+        request[_ECHO_ID] = accepted.label
+        return accepted
+
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         # Taken before the body is read: a refused client does not get to upload it first.
         with self._frontend.client_slot(_connection(request), self._key(request)) as slot:
-            try:
-                api = await self._parsed(request, lambda text: _api_request(
-                    endpoint, text, self._caps))
-            except (InvalidRequestError, HttpRefusal):
-                self._frontend.metrics.finished("invalid")  # as accept() counts its refusals
-                raise
-            except OverloadedError:
-                self._frontend.metrics.finished("overloaded")
-                raise
+            api = await self._counted(request, lambda text: _api_request(
+                endpoint, text, self._caps))
             self._frontend.charge(slot, fanout.cost(api, self._frontend.deps.config.max_model_len))
             budget = _budget(request)
             parent = tracing.extract(request.headers)
@@ -275,9 +313,7 @@ class HttpServer:
                                                  self._frontend, budget, parent)
                 results = await fanout.run_all(self._frontend, api, budget, parent)
                 return web.json_response(self._shaper(api, label).whole_batch(results))
-            accepted = self._frontend.accept(replace(api.request, request_id=label),
-                                             trace_parent=parent)
-            request[_ECHO_ID] = accepted.label
+            accepted = self._accept_one(request, api)
             shaper = self._shaper(api, accepted.label)
             responses = self._frontend.generate(accepted, budget)
             async with aclosing(responses):
@@ -289,8 +325,9 @@ class HttpServer:
                 return await _stream(request, api, shaper, first, responses)
 
     def _shaper(self, api: ApiRequest, label: str) -> ResponseShaper:
-        return ResponseShaper(api, self._frontend.deps.config.model_name, label,
-                              self._token_text, self._decode)
+        config = self._frontend.deps.config
+        return ResponseShaper(api, config.model_name, label, self._token_text, self._decode,
+                              reasoning=bool(config.reasoning_parser))
 
     def _key(self, request: web.Request) -> str | None:
         """The identity of the API key the request presented (None without keys)."""
@@ -379,6 +416,36 @@ async def _stream_choices(
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+async def _stream_responses(
+    request: web.Request, shaper: ResponsesShaper, first: ResponseChunk,
+    rest: AsyncIterator[ResponseChunk],
+) -> web.StreamResponse:
+    """The Responses API's server-sent events (``event:`` named, no ``[DONE]``)."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    last = first
+    try:
+        for event in [*shaper.start(), *shaper.events(first)]:
+            await _named_event(response, event)
+        async for message in rest:
+            last = message
+            for event in shaper.events(message):
+                await _named_event(response, event)
+        for event in shaper.finish(last):
+            await _named_event(response, event)
+    except RouterError as err:  # headers are gone: the error travels as an event
+        await _named_event(response, shaper.error(http_error(err).body))
+    await response.write_eof()
+    return response
+
+
+async def _named_event(response: web.StreamResponse, body: dict[str, Any]) -> None:
+    await response.write(f"event: {body['type']}\n".encode() + b"data: "
+                         + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
 
 
 async def _event(response: web.StreamResponse, body: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """vLLM's ``POST /tokenize`` and ``POST /detokenize`` bodies <-> the router's tokenizer.
 
     /tokenize   {"prompt": str, "add_special_tokens": true}            -> TokenizeRequest.text
-                {"messages": [...], "add_generation_prompt": true}      -> TokenizeRequest.chat
+                {"messages": [...], "add_generation_prompt": true,
+                 "chat_template_kwargs": {...}}                          -> TokenizeRequest.chat
         (the plain TokenizeRequest of tandem/router/api/request.py)
         <- {"count", "max_model_len", "tokens"}
     /detokenize {"tokens": [ids]}  <- {"prompt": str}
@@ -33,7 +34,8 @@ def tokenize_request(body: Any, caps: RequestCaps) -> TokenizeRequest:
         raise InvalidRequestError("add_special_tokens", "must be a boolean")
     if "messages" in body:
         chat = parse(Endpoint.CHAT, {"messages": body["messages"],
-                                     **_only(body, "add_generation_prompt", "tools")})
+                                     **_only(body, "add_generation_prompt", "tools",
+                                                "chat_template_kwargs")})
         assert isinstance(chat.request.prompt, Chat)
         return TokenizeRequest(chat=chat.request.prompt, model=model or "")
     if isinstance(body.get("prompt"), str):
