@@ -61,6 +61,10 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--host", default="127.0.0.1", help=host_help)
     p.add_argument("--port", type=int, required=True, help="gRPC port (0: pick a free one)")
     p.add_argument("--no-kv-shm", action="store_true", help=shm_help)
+    p.add_argument("--advertise-address", action="append", default=[], metavar="HOST:PORT",
+                   help="another address callers dial this worker's gRPC port by (a proxy, a "
+                   "Kubernetes Service, NAT); cluster tokens minted for it are accepted too "
+                   "(repeatable; its own bound address always is)")
     add_credential_args(p, "every RPC but health, registration and the KV port")
     p.add_argument("--router", default=None, help="router HOST:PORT to register with")
     p.add_argument("--worker-id", default=None)
@@ -118,6 +122,15 @@ def load_credential(args: argparse.Namespace) -> ClusterCredential:
         raise StartupError(str(exc)) from exc
 
 
+def _advertised(addresses: list[str]) -> tuple[str, ...]:
+    """``--advertise-address`` values, each checked to be HOST:PORT."""
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65_536:
+            raise ValueError(f"--advertise-address {address!r}: expected HOST:PORT")
+    return tuple(addresses)
+
+
 def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     """The shared config from the shared flags of ``role`` ("prefill" | "decode"); reads the
     credential and TLS files. Raises StartupError or ValueError (a bad engine flag, an
@@ -130,6 +143,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, tls=server_tls_from_args(args),
         router_credentials=router_credentials_from_args(args),
+        advertise=_advertised(args.advertise_address),
     )
     return WorkerConfig(
         serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,

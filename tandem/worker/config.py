@@ -44,6 +44,9 @@ class ServeConfig:
     metrics_host: str | None = None  # default: ``host``
     tls: ServerTls | None = None  # TLS (mTLS with a client CA) on the gRPC port
     router_credentials: grpc.ChannelCredentials | None = None  # registering with a TLS router
+    # Other addresses callers dial this worker by (a proxy, a Service, NAT): tokens minted for
+    # them are accepted beside those for the bound address (tandem/common/security/grpc_auth.py)
+    advertise: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ async def serve(
     # Keepalive: accept the router's pings, and ping it, so a stream to a router that went
     # silent (a partition) is cancelled and its KV blocks freed (tandem/common/grpc_keepalive.py).
     # Tokens are minted for one worker: this one answers to its own address (its names are
-    # known once the port is bound, before anything is served).
+    # known once the port is bound, before anything is served), and to --advertise-address.
     auth = ClusterAuthInterceptor(config.credential)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS],
                              interceptors=[auth])
@@ -75,7 +75,7 @@ async def serve(
         raise StartupError(f"cannot listen on {address}: {exc}") from exc
     if port == 0:
         raise StartupError(f"cannot listen on {address}")
-    audience = worker_audience(config.host, port)
+    audience = worker_audience(config.host, port) | frozenset(config.advertise)
     auth.answer_to(audience)
     app = await build()
     metrics = MetricsServer(app.metrics.registry, app.refresh_metrics)

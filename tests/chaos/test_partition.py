@@ -38,9 +38,10 @@ class PartitionProxy:
     """A TCP proxy on 127.0.0.1 to ``target`` whose forwarding can be stopped and resumed
     without closing any socket (``partition``/``heal``); ``stop`` closes everything."""
 
-    def __init__(self, target: str) -> None:
-        host, _, port = target.rpartition(":")
-        self._target = (host, int(port))
+    def __init__(self, target: str | None = None) -> None:
+        self._target: tuple[str, int] | None = None
+        if target is not None:
+            self.forward_to(target)
         self._flowing = threading.Event()
         self._flowing.set()
         self._stopped = False
@@ -50,6 +51,12 @@ class PartitionProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._spawn(self._accept)
+
+    def forward_to(self, target: str) -> None:
+        """Where accepted connections go (set before the first one is accepted: the proxy
+        listens first so its address can be given to the worker it fronts)."""
+        host, _, port = target.rpartition(":")
+        self._target = (host, int(port))
 
     def partition(self) -> None:
         """Stop forwarding, both ways; bytes already read are held, not sent."""
@@ -84,6 +91,7 @@ class PartitionProxy:
         while not self._stopped:
             try:
                 client, _ = self._listener.accept()
+                assert self._target is not None, "forward_to() before the first connection"
                 upstream = socket.create_connection(self._target)
             except OSError:
                 return
@@ -142,8 +150,12 @@ def test_partition_mid_stream_fails_fast_and_frees_every_block(
     c = Cluster()
     proxy: PartitionProxy | None = None
     try:
-        decode = c.start("tandem.worker.decode", "--port", "0", "--kv-port", "0", *engine_flags(model))
-        proxy = PartitionProxy(decode.grpc)
+        # The router dials the worker through the proxy: the worker is told that address is
+        # its own too (its cluster tokens are minted for the address the router dials).
+        proxy = PartitionProxy()
+        decode = c.start("tandem.worker.decode", "--port", "0", "--kv-port", "0",
+                         "--advertise-address", proxy.address, *engine_flags(model))
+        proxy.forward_to(decode.grpc)
         router = RouterAccess(c.start(
             "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL_ID,
             "--decode", proxy.address, *FINDERS[finder],

@@ -34,6 +34,12 @@ def test_bad_flags_exit_2(main, argv, capsys) -> None:
     assert "error" in capsys.readouterr().err
 
 
+def test_an_advertised_address_must_be_host_port(capsys) -> None:
+    for bad in ("nohost", "host:", "host:70000", ":8000"):
+        assert prefill_cli.main(["--port", "0", "--insecure", "--advertise-address", bad]) == 2
+        assert "--advertise-address" in capsys.readouterr().err
+
+
 def test_bad_engine_values_exit_2(capsys) -> None:
     assert prefill_cli.main(["--port", "0", "--insecure", "--block-size", "3"]) == 2
     assert "block_size must be a power of two" in capsys.readouterr().err
