@@ -44,8 +44,6 @@ from tests.integration.sdk_cluster import (
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 from tests.unit.engine._reference import hf_greedy
 
-pytestmark = pytest.mark.slow
-
 MAX_TOKENS = 12
 # The prefill worker's push budget: the tiny model's first token is ready in well under half
 # of it, so a COMMIT that gets no ACK within it is the receiver's failure; short, so the test
