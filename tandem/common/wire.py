@@ -2,6 +2,8 @@
 
     tandem/worker/router stdout:  TANDEM_READY {"role": "decode", "grpc": "127.0.0.1:50061", ...}
     gRPC trailing metadata on RESOURCE_EXHAUSTED:  retry-after-ms: "250"
+        and, when the refusal is not for lack of room:  tandem-busy: "grammar" (the request's
+        structured-output grammar is still compiling; a worker's and the router's to a client)
     gRPC trailing metadata of a worker's failure that is not its own:  tandem-fault: "receiver"
         (a prefill worker's push failed because its decode worker died, was drained or cannot
         be reached: the router moves the leg to another decode worker, keeps the prefill one)
@@ -21,6 +23,8 @@ READY_MARKER = "TANDEM_READY"
 RETRY_AFTER_KEY = "retry-after-ms"
 FAULT_KEY = "tandem-fault"
 RECEIVER_FAULT = "receiver"  # FAULT_KEY's value: the KV receiver failed, not the sender
+BUSY_KEY = "tandem-busy"
+GRAMMAR_BUSY = "grammar"  # BUSY_KEY's value: the request's grammar is still compiling
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID_KEY = "x-request-id"  # gRPC metadata keys are lower case
 

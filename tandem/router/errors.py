@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 import re
 
+from tandem.common.wire import GRAMMAR_BUSY
+
 
 class RouterError(Exception):
     """Base class of every error the router raises on purpose."""
@@ -24,12 +26,21 @@ class InvalidRequestError(RouterError):
         self.message = message
 
 
-class OverloadedError(RouterError):
-    """No room for the request right now (RESOURCE_EXHAUSTED); retry after ``retry_after_ms``."""
+class Busy(enum.Enum):
+    """Why a worker refused a request for now when it is not for lack of room (the
+    ``tandem-busy`` trailer, tandem/common/wire.py); the client is told the same."""
 
-    def __init__(self, message: str, retry_after_ms: int) -> None:
+    GRAMMAR = GRAMMAR_BUSY  # the request's structured-output grammar is still compiling
+
+
+class OverloadedError(RouterError):
+    """No room for the request right now (RESOURCE_EXHAUSTED); retry after ``retry_after_ms``.
+    ``busy``: the refusal is not for lack of room but for that reason (None: load)."""
+
+    def __init__(self, message: str, retry_after_ms: int, busy: Busy | None = None) -> None:
         super().__init__(message)
         self.retry_after_ms = retry_after_ms
+        self.busy = busy
 
 
 class NoWorkerError(RouterError):
@@ -72,7 +83,8 @@ class WorkerCallError(RouterError):
 
     ``code_name`` is the gRPC status name the worker (or the channel) returned;
     ``retry_after_ms`` the worker's retry hint when it sent one (RESOURCE_EXHAUSTED);
-    ``fault`` whom the failure points at (a prefill worker says when its receiver failed).
+    ``fault`` whom the failure points at (a prefill worker says when its receiver failed);
+    ``busy`` why a RESOURCE_EXHAUSTED worker refused when it said (else None: it is full).
     """
 
     def __init__(
@@ -83,6 +95,7 @@ class WorkerCallError(RouterError):
         details: str,
         retry_after_ms: int | None = None,
         fault: Fault = Fault.WORKER,
+        busy: Busy | None = None,
     ) -> None:
         super().__init__(f"{method} failed: {code_name}: {details}")
         self.endpoint = endpoint
@@ -91,6 +104,7 @@ class WorkerCallError(RouterError):
         self.details = details
         self.retry_after_ms = retry_after_ms
         self.fault = fault
+        self.busy = busy
 
 
 class LegLostError(RouterError):

@@ -21,9 +21,10 @@ import grpc
 from tandem.common.obs import tracing
 from tandem.common.wire import REQUEST_ID_KEY
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.router.api.request import GenerateRequest
 from tandem.router.client_limits import key_of
 from tandem.router.convert import public as wire
-from tandem.router.errors import RouterError
+from tandem.router.errors import InvalidRequestError, RouterError
 from tandem.router.frontend import Frontend
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.status import abort_with
@@ -49,13 +50,8 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         named: str | None = None  # the id sent in the initial metadata, once sent
         try:
             with self._frontend.client_slot(context.peer(), _key(context)) as slot:
-                self._check_caps(request)
-                plain = wire.generate_request_from_proto(request)
                 metadata = _metadata(context)
-                label = metadata.get(REQUEST_ID_KEY)
-                if label is not None and not plain.request_id:
-                    check_request_label(label, REQUEST_ID_KEY)
-                    plain = replace(plain, request_id=label)
+                plain = self._generate_request(request, metadata)
                 accepted = self._frontend.accept(plain, trace_parent=tracing.extract(metadata))
                 self._frontend.charge(slot, self._frontend.cost_of(accepted))
                 await context.send_initial_metadata(((REQUEST_ID_KEY, accepted.label),))
@@ -81,6 +77,24 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                 return wire.tokenize_response_to_proto(ids)
         except RouterError as err:
             await abort_with(context, err)
+
+    def _generate_request(self, request: tandem_pb2.GenerateRequest,
+                          metadata: dict[str, str]) -> GenerateRequest:
+        """The plain request of a Generate call: its caps checked on the message, then built,
+        its id from the ``x-request-id`` metadata when the message names none. A refusal
+        (InvalidRequestError) is counted as an invalid request, as the HTTP edge counts a
+        body it refuses and ``Frontend.accept`` its own refusals."""
+        try:
+            self._check_caps(request)
+            plain = wire.generate_request_from_proto(request)
+            label = metadata.get(REQUEST_ID_KEY)
+            if label is not None and not plain.request_id:
+                check_request_label(label, REQUEST_ID_KEY)
+                plain = replace(plain, request_id=label)
+        except InvalidRequestError:
+            self._frontend.metrics.finished("invalid")
+            raise
+        return plain
 
     def _check_caps(self, request: tandem_pb2.GenerateRequest | tandem_pb2.TokenizeRequest
                     ) -> None:

@@ -1,7 +1,9 @@
 """The gRPC edge of the router's typed errors: status code, details, trailing metadata.
 
 The details name no worker: addresses are redacted (tandem/router/errors.py) here, where both
-edges (gRPC and HTTP, tandem/router/http/errors.py) take an error's text from."""
+edges (gRPC and HTTP, tandem/router/http/errors.py) take an error's text from. A refusal for
+now that is not for lack of room says why in a ``tandem-busy`` trailer (``OverloadedError.busy``:
+"grammar", the request's grammar is still compiling)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import NoReturn
 
 import grpc
 
-from tandem.common.wire import REQUEST_ID_KEY, RETRY_AFTER_KEY
+from tandem.common.wire import BUSY_KEY, REQUEST_ID_KEY, RETRY_AFTER_KEY
 from tandem.router.errors import (
     DeadlineError,
     DrainingError,
@@ -37,10 +39,11 @@ def _status_of(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str,
     if isinstance(err, InvalidRequestError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(err), ()
     if isinstance(err, OverloadedError):
+        busy = () if err.busy is None else ((BUSY_KEY, err.busy.value),)
         return (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             str(err),
-            ((RETRY_AFTER_KEY, str(err.retry_after_ms)),),
+            ((RETRY_AFTER_KEY, str(err.retry_after_ms)), *busy),
         )
     if isinstance(err, (NoWorkerError, DrainingError)):
         return grpc.StatusCode.UNAVAILABLE, str(err), ()

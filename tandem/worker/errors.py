@@ -6,6 +6,7 @@ own errors subclass ``WorkerError`` (``tandem.worker.prefill.errors.PushFailed``
 
     InvalidRequestError  -> INVALID_ARGUMENT      OutOfBlocksError      -> RESOURCE_EXHAUSTED
                                                   GrammarBusyError      -> RESOURCE_EXHAUSTED
+                                                    (+ tandem-busy: grammar)
     Draining             -> UNAVAILABLE           UnknownRequest        -> NOT_FOUND
     WrongState           -> FAILED_PRECONDITION   LayoutMismatch        -> FAILED_PRECONDITION
     TransferEnded        -> ABORTED               EngineDeadError       -> UNAVAILABLE
@@ -16,14 +17,16 @@ An error that is not the worker's own says whose it is in the ``tandem-fault`` t
 (``WorkerError.fault``, tandem/common/wire.py): a prefill worker whose push failed because
 its receiver died, was drained or cannot be reached (``receiver_failed``) sends "receiver",
 so the router moves the leg to another decode worker and keeps this one in its pool
-(tandem/router/handoff/blame.py).
+(tandem/router/handoff/blame.py). A request whose grammar is still compiling
+(``GrammarBusyError``) is RESOURCE_EXHAUSTED with the ``tandem-busy: grammar`` trailer, so the
+router tells its client why (the worker has room; the grammar is not ready).
 """
 
 from __future__ import annotations
 
 import grpc
 
-from tandem.common.wire import FAULT_KEY, RETRY_AFTER_KEY
+from tandem.common.wire import BUSY_KEY, FAULT_KEY, GRAMMAR_BUSY, RETRY_AFTER_KEY
 from tandem.engine.async_engine import EngineDeadError
 from tandem.engine.errors import GrammarBusyError, InvalidRequestError, OutOfBlocksError
 from tandem.kv_transfer import (
@@ -146,18 +149,24 @@ def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
 # A full KV cache frees blocks as running requests finish; a few decode steps is the soonest
 # a retry can succeed, so that is the hint.
 FULL_RETRY_AFTER_MS = 250
+# A grammar still compiling after the request's wait is a long compile (seconds, within its
+# budget) or a queue of them: a retry much sooner than a second would only queue again.
+GRAMMAR_RETRY_AFTER_MS = 1_000
 
 
 async def abort_with_status(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     """End the RPC with the status of a typed error; re-raise anything else (gRPC reports it
     as INTERNAL and logs the traceback: bugs are never silenced). RESOURCE_EXHAUSTED carries
-    a ``retry-after-ms`` hint in the trailing metadata, an error that is not this worker's
-    the ``tandem-fault`` trailer."""
+    a ``retry-after-ms`` hint in the trailing metadata (and ``tandem-busy: grammar`` when the
+    request's grammar is still compiling), an error that is not this worker's the
+    ``tandem-fault`` trailer."""
     mapped = grpc_status(exc)
     if mapped is None:
         raise exc
     trailers: list[tuple[str, str]] = []
-    if mapped[0] == grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if isinstance(exc, GrammarBusyError):
+        trailers += [(RETRY_AFTER_KEY, str(GRAMMAR_RETRY_AFTER_MS)), (BUSY_KEY, GRAMMAR_BUSY)]
+    elif mapped[0] == grpc.StatusCode.RESOURCE_EXHAUSTED:
         trailers.append((RETRY_AFTER_KEY, str(FULL_RETRY_AFTER_MS)))
     if isinstance(exc, WorkerError) and exc.fault is not None:
         trailers.append((FAULT_KEY, exc.fault))

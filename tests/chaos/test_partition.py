@@ -1,6 +1,7 @@
 """A network partition between the router and a decode worker, with real processes.
 
-    client --Generate--> router --gRPC--> PartitionProxy --> decode worker (tiny model)
+    client --Generate--> router --gRPC--> PartitionProxy --> decode worker (tiny model,
+                                                              --advertise-address <proxy>)
 
 The proxy forwards bytes until told to partition; then it forwards nothing, either way, and
 closes nothing: the worker looks alive at the socket level and answers nothing, as behind a
@@ -13,8 +14,6 @@ on a condition; the proxy and the processes are stopped on every way out.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 from tandem.launcher.local_cluster import Cluster, Proc
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tests import scrape
+from tests.chaos.partition_proxy import PartitionProxy
 from tests.integration.sdk_cluster import MODEL_ID, RouterAccess, wait_routed, wait_until
 from tests.integration.sdk_cluster import worker_stats as _stats
 from tests.integration.served_model import engine_flags, tiny_served_model
@@ -32,90 +32,6 @@ from tests.integration.served_model import engine_flags, tiny_served_model
 FAIL_WITHIN_S = 30.0
 MAX_TOKENS = 900  # far more than the tokens sent before the partition; the model's
 # context is 1,024, so prompt + MAX_TOKENS fits
-
-
-class PartitionProxy:
-    """A TCP proxy on 127.0.0.1 to ``target`` whose forwarding can be stopped and resumed
-    without closing any socket (``partition``/``heal``); ``stop`` closes everything."""
-
-    def __init__(self, target: str | None = None) -> None:
-        self._target: tuple[str, int] | None = None
-        if target is not None:
-            self.forward_to(target)
-        self._flowing = threading.Event()
-        self._flowing.set()
-        self._stopped = False
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._spawn(self._accept)
-
-    def forward_to(self, target: str) -> None:
-        """Where accepted connections go (set before the first one is accepted: the proxy
-        listens first so its address can be given to the worker it fronts)."""
-        host, _, port = target.rpartition(":")
-        self._target = (host, int(port))
-
-    def partition(self) -> None:
-        """Stop forwarding, both ways; bytes already read are held, not sent."""
-        self._flowing.clear()
-
-    def heal(self) -> None:
-        """Forward again, held bytes first (a connection an end closed meanwhile closes)."""
-        self._flowing.set()
-
-    def stop(self) -> None:
-        """Close the listener and every connection; wait for the forwarding threads."""
-        self._stopped = True
-        self._flowing.set()
-        with self._lock:
-            sockets = [self._listener, *self._sockets]
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-        for thread in self._threads:
-            thread.join(timeout=10)
-
-    def _spawn(self, target, *args) -> None:  # type: ignore[no-untyped-def]
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        with self._lock:
-            self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._stopped:
-            try:
-                client, _ = self._listener.accept()
-                assert self._target is not None, "forward_to() before the first connection"
-                upstream = socket.create_connection(self._target)
-            except OSError:
-                return
-            with self._lock:
-                self._sockets += [client, upstream]
-            self._spawn(self._pump, client, upstream)
-            self._spawn(self._pump, upstream, client)
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            self._flowing.wait()  # partitioned: hold it (an EOF too) until healed
-            if self._stopped:
-                return
-            try:
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
-            except OSError:
-                return
 
 
 def _running(router: RouterAccess) -> float:

@@ -65,6 +65,7 @@ from tandem.placement.worker_view import Role
 from tandem.router.api.response import TokenLogprob
 from tandem.router.config import RouterConfig
 from tandem.router.errors import (
+    Busy,
     LegLostError,
     NoWorkerError,
     OverloadedError,
@@ -83,6 +84,21 @@ from tandem.router.membership.worker_clients import WorkerClients
 from tandem.router.request import Chunk, HandoffReport, Prepared
 
 log = logging.getLogger(__name__)
+
+
+GRAMMAR_COMPILING = ("the request's structured-output grammar is still compiling; retry "
+                     "after the advised delay")
+
+
+def _refused_for_now(refusals: list[tuple[int, Busy | None]]) -> OverloadedError:
+    """What the client is told when every decode worker refused the request for now
+    (RESOURCE_EXHAUSTED: ``(retry hint ms, reason)`` each): come back when the soonest
+    expects to take it; when a worker's reason was the request's own grammar still
+    compiling, that is the reason given (the wait is for the compile, not for room)."""
+    hint = min(ms for ms, _ in refusals)
+    if any(busy is Busy.GRAMMAR for _, busy in refusals):
+        return OverloadedError(GRAMMAR_COMPILING, hint, Busy.GRAMMAR)
+    return OverloadedError("every decode worker is full", hint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +290,7 @@ class Handoff:
     async def _reserve(self, endpoints: list[str]) -> _Leg:
         """Reserve on the first of ``endpoints`` that accepts."""
         deps = self._deps
-        exhausted: list[int] = []  # retry hints of the full workers
+        exhausted: list[tuple[int, Busy | None]] = []  # the full workers' hints and reasons
         failed: WorkerCallError | None = None
         for i, endpoint in enumerate(endpoints):
             if i:
@@ -292,7 +308,8 @@ class Handoff:
             except WorkerCallError as err:
                 legs.raise_if_fatal(err)
                 if err.code_name == "RESOURCE_EXHAUSTED":
-                    exhausted.append(err.retry_after_ms or deps.config.retry_after_ms)
+                    exhausted.append((err.retry_after_ms or deps.config.retry_after_ms,
+                                      err.busy))
                     continue
                 failed = err
                 self._call_failed(err)
@@ -302,8 +319,8 @@ class Handoff:
             self._open.append((endpoint, leg_id, True))
             self._deps.held.record(endpoint, self._hashes(self._tokens()))
             return _Leg(endpoint, leg_id, reply)
-        if exhausted:  # come back when the soonest full worker expects room
-            raise OverloadedError("every decode worker is full", min(exhausted))
+        if exhausted:
+            raise _refused_for_now(exhausted)
         last = f" (last: {failed})" if failed is not None else ""
         raise NoWorkerError(f"no decode worker could take the request{last}")
 

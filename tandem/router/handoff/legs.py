@@ -40,9 +40,10 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from tandem.common.obs import tracing
-from tandem.common.wire import FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
+from tandem.common.wire import BUSY_KEY, FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
 from tandem.router.convert import legs as wire
 from tandem.router.errors import (
+    Busy,
     DeadlineError,
     Fault,
     LegLostError,
@@ -102,7 +103,8 @@ def _call_span(service: str, method: str, endpoint: str, leg_id: str,
 
 def _typed(err: grpc.aio.AioRpcError, endpoint: str, method: str) -> WorkerCallError:
     return WorkerCallError(
-        endpoint, method, err.code().name, err.details() or "", _retry_hint(err), _fault(err)
+        endpoint, method, err.code().name, err.details() or "", _retry_hint(err), _fault(err),
+        _busy(err),
     )
 
 
@@ -121,6 +123,20 @@ def _fault(err: grpc.aio.AioRpcError) -> Fault:
         if key == FAULT_KEY and value == RECEIVER_FAULT:
             return Fault.RECEIVER
     return Fault.WORKER
+
+
+def _busy(err: grpc.aio.AioRpcError) -> Busy | None:
+    """Why a RESOURCE_EXHAUSTED worker refused, from its ``tandem-busy`` trailer (None: no
+    trailer, a value this router does not know, or another code)."""
+    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in err.trailing_metadata() or ():
+        if key == BUSY_KEY and isinstance(value, str):
+            try:
+                return Busy(value)
+            except ValueError:
+                return None
+    return None
 
 
 async def _unary(

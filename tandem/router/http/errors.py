@@ -5,7 +5,9 @@
 The status follows the gRPC code tandem/router/status.py gives the same error (one mapping for both
 edges): INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429 (+ Retry-After), UNAVAILABLE 503,
 DEADLINE_EXCEEDED 504; an unknown model is 404 as in OpenAI's API. Refusals only HTTP has
-(a body too large: 413, too slow: 408) are ``HttpRefusal``s.
+(a body too large: 413, too slow: 408) are ``HttpRefusal``s. A 429 whose cause is not load
+says so in its ``code`` ("grammar_compiling": the request's structured-output grammar is still
+compiling), with the same Retry-After.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from tandem.router.errors import InvalidRequestError, OverloadedError, RouterError
+from tandem.router.errors import Busy, InvalidRequestError, OverloadedError, RouterError
 from tandem.router.status import status_of
 
 _STATUS = {
@@ -43,6 +45,8 @@ _TYPES = {
     503: "service_unavailable_error",
     504: "timeout_error",
 }
+
+_BUSY_CODES = {Busy.GRAMMAR: "grammar_compiling"}  # a 429's code when it is not load
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,8 @@ def http_error(err: RouterError) -> HttpError:
         if err.field == "model":
             status, reason = 404, "model_not_found"
     if isinstance(err, OverloadedError):
+        if err.busy is not None:
+            reason = _BUSY_CODES[err.busy]
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_ms / 1000)))
         headers["Retry-After-Ms"] = str(err.retry_after_ms)
     return HttpError(status, error_body(status, details, param, reason), headers)

@@ -31,6 +31,9 @@ class DecodeAppConfig:
     worker: WorkerConfig
     kv_port: int = 0  # KV receiver TCP port (0: a free one)
     kv_host: str | None = None  # KV listen address (None: the gRPC host)
+    # The host prefill workers are told to dial, on kv_port (None: the listen address): a
+    # worker behind NAT, a Service or a proxy is reached at another address than it binds.
+    kv_advertise_host: str | None = None
     default_lease_s: float = 30.0  # a reservation's lease when Reserve does not say
 
 
@@ -72,7 +75,7 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     layout = kv_layout(engine.remote.kv_cache_spec())
     receiver = Receiver(engine.remote.kv_cache, layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
-        enable_shm=wc.kv_shm, tls=wc.kv_tls))
+        advertise_host=config.kv_advertise_host, enable_shm=wc.kv_shm, tls=wc.kv_tls))
     try:
         await receiver.start()
     except OSError as exc:

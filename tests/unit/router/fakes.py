@@ -21,7 +21,7 @@ import grpc
 
 from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
 from tandem.common.security.grpc_auth import ClusterAuthInterceptor, worker_audience
-from tandem.common.wire import FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
+from tandem.common.wire import BUSY_KEY, FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -64,6 +64,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.reservations: dict[str, Reservation] = {}
         self.exhausted = False
         self.retry_hint_ms: int | None = None  # sent with RESOURCE_EXHAUSTED when set
+        self.busy: str | None = None  # the tandem-busy trailer sent with it when set
         self.reserve_hang = False  # Reserve never answers (until its deadline cancels it)
         self.reserve_limit: int | None = None  # Reserves answered before UNAVAILABLE (gone)
         self.reserve_started = asyncio.Event()
@@ -103,9 +104,14 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         if self.reserve_limit is not None and len(self.reservations) >= self.reserve_limit:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "worker going away")
         if self.exhausted:
-            if self.retry_hint_ms is not None:
-                context.set_trailing_metadata(((RETRY_AFTER_KEY, str(self.retry_hint_ms)),))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no free blocks")
+            trailers = [] if self.retry_hint_ms is None else [(RETRY_AFTER_KEY,
+                                                               str(self.retry_hint_ms))]
+            if self.busy is not None:
+                trailers.append((BUSY_KEY, self.busy))
+            if trailers:
+                context.set_trailing_metadata(tuple(trailers))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "grammar not compiled" if self.busy else "no free blocks")
         self.reservations[request.request_id] = Reservation(
             request.request_id, list(request.token_ids), request.sampling,
             request.prior_output_tokens, request.n or 1,

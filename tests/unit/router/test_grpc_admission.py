@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from prometheus_client import generate_latest
 
 from tandem.protos.v1 import tandem_pb2
 from tandem.router.cost import Cost
 from tandem.router.tokenizer import RouterTokenizer
-from tests.unit.router.harness import cluster, until
+from tests.scrape import parse, value
+from tests.unit.router.harness import Cluster, cluster, until
 from tests.unit.router.test_frontend import PROMPT, _finish, _hanging, _refused
 
 
@@ -36,6 +38,33 @@ def test_caps_on_messages_and_token_ids_are_invalid_argument(tokenizer: RouterTo
             ids = await c.stub.Tokenize(tandem_pb2.TokenizeRequest(chat=_chat(4)))
             assert ids.count > 0
             await _finish(c, normal)
+
+    asyncio.run(scenario())
+
+
+def _outcome(c: Cluster, outcome: str) -> float:
+    text = generate_latest(c.router.metrics.registry).decode()
+    return value(parse(text), "tandem_requests_total", outcome=outcome)
+
+
+def test_generate_refused_by_the_caps_counts_as_invalid(tokenizer: RouterTokenizer) -> None:
+    """A Generate the caps (or its request-id metadata) refuse is an invalid request in
+    ``tandem_requests_total``, as the HTTP edge counts a body it refuses; a Tokenize is not a
+    Generate request and is not counted."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, max_messages=4) as c:
+            refused = [
+                c.generate(tandem_pb2.GenerateRequest(chat=_chat(5))),
+                c.generate(tandem_pb2.GenerateRequest(
+                    token_ids=tandem_pb2.TokenIds(ids=[1] * 2049))),
+                c.stub.Generate(tandem_pb2.GenerateRequest(text="hi"),
+                                metadata=(("x-request-id", "no spaces allowed"),)).read(),
+            ]
+            for call in refused:
+                assert (await _refused(call)).code() == grpc.StatusCode.INVALID_ARGUMENT
+            await _refused(c.stub.Tokenize(tandem_pb2.TokenizeRequest(chat=_chat(5))))
+            assert _outcome(c, "invalid") == 3
+            assert _outcome(c, "ok") == _outcome(c, "overloaded") == 0
 
     asyncio.run(scenario())
 

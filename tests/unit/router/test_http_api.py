@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tandem.common.wire import GRAMMAR_BUSY
 from tandem.protos.v1 import tandem_pb2
 from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.harness import MODEL, cluster, until
@@ -178,5 +179,27 @@ def test_failure_after_the_headers_is_an_error_event(tokenizer: RouterTokenizer)
             error = events[-2]["error"]
             assert error["type"] == "service_unavailable_error" and error["message"]
             assert all("choices" in e for e in events[:-2]) and len(events) > 2
+
+    asyncio.run(scenario())
+
+
+def test_a_grammar_still_compiling_is_429_with_its_own_code(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, http_port=0) as c, aiohttp.ClientSession() as http:
+            c.decode[0].exhausted, c.decode[0].retry_hint_ms = True, 1500
+            c.decode[0].busy = GRAMMAR_BUSY
+            body = {"prompt": "Hello", "max_tokens": 2}
+            async with http.post(_url(c, "/v1/completions"), json=body) as r:
+                assert r.status == 429
+                assert (r.headers["Retry-After"], r.headers["Retry-After-Ms"]) == ("2", "1500")
+                error = (await r.json())["error"]
+            assert (error["type"], error["code"]) == ("rate_limit_error", "grammar_compiling")
+            assert "grammar is still compiling" in error["message"]
+            c.decode[0].busy = None  # plain load keeps its own code
+            async with http.post(_url(c, "/v1/completions"), json=body) as r:
+                assert r.status == 429
+                error = (await r.json())["error"]
+            assert error["code"] == "resource_exhausted"
+            assert "every decode worker is full" in error["message"]
 
     asyncio.run(scenario())

@@ -26,6 +26,8 @@ from tandem.worker.process import announce, serve
     (decode_cli.main, ["--port", "0", "--kv-port", "0", "--dtype", "int4"]),
     (prefill_cli.main, ["--port", "-1"]),
     (prefill_cli.main, ["--port", "0", "--transfer-timeout-s", "0"]),
+    *[(decode_cli.main, ["--port", "0", "--kv-port", "0", "--kv-advertise-host", host])
+      for host in ("", "10.0.0.7:7100", "0.0.0.0", "::", "a,b", "h|x", "[::1]", "a b")],
 ])
 def test_bad_flags_exit_2(main, argv, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -106,8 +108,9 @@ def test_flags_become_frozen_role_configs(tmp_path: Path) -> None:
     decode = decode_cli.config_from_args(decode_cli.build_parser().parse_args([
         "--port", "7", "--kv-port", "8", "--kv-host", "127.0.0.2", "--default-lease-s", "5",
         "--cluster-secret-file", str(secret), "--no-kv-shm", "--worker-id", "d0",
-        "--router", "r:1"]))
+        "--router", "r:1", "--kv-advertise-host", "kv.example"]))
     assert (decode.kv_port, decode.kv_host, decode.default_lease_s) == (8, "127.0.0.2", 5.0)
+    assert decode.kv_advertise_host == "kv.example"
     wc = decode.worker
     assert (wc.serve.port, wc.serve.router, wc.worker_id, wc.kv_shm) == (7, "r:1", "d0", False)
     assert wc.kv_secret == ClusterCredential.from_file(secret).kv_secret
@@ -126,6 +129,11 @@ def test_flags_become_frozen_role_configs(tmp_path: Path) -> None:
     assert prefill.worker.kv_secret == ClusterCredential.insecure_default().kv_secret
     assert prefill.worker.kv_shm and prefill.worker.resolved_worker_id("prefill").startswith(
         "prefill-")
+
+
+@pytest.mark.parametrize("host", ["kv.example", "10.0.0.7", "127.0.0.2", "fd00::7"])
+def test_an_advertise_host_is_a_dialable_host(host: str) -> None:
+    assert decode_cli.advertise_host_error(host) is None
 
 
 @pytest.mark.parametrize("parser,argv", [

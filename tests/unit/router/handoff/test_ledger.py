@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from tandem.common.wire import RETRY_AFTER_KEY
+from tandem.common.wire import BUSY_KEY, GRAMMAR_BUSY, RETRY_AFTER_KEY
 from tandem.protos.v1 import tandem_pb2
 from tandem.router.tokenizer import RouterTokenizer
 from tests.unit.router.fakes import expected_output
@@ -229,7 +229,36 @@ def test_full_decode_workers_are_resource_exhausted(tokenizer: RouterTokenizer) 
             # The client is told to come back when the soonest full worker expects room.
             assert dict(err.value.trailing_metadata() or ())[RETRY_AFTER_KEY] == "400"
             assert c.counters.reserve_retries == 1
+            assert BUSY_KEY not in dict(err.value.trailing_metadata() or ())
+            assert "every decode worker is full" in (err.value.details() or "")
             c.decode[1].exhausted = False  # and the router keeps serving
+            _check_complete(c, await c.generate(_request()), 6, tokenizer)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("others_full", [False, True])
+def test_a_grammar_still_compiling_is_the_reason_given(tokenizer: RouterTokenizer,
+                                                       others_full: bool) -> None:
+    """A decode worker that is busy compiling the request's grammar says so in a trailer; the
+    client is told that, not that every worker is full (RESOURCE_EXHAUSTED and the retry
+    hint stay), whether or not the other worker was full."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            compiling, other = c.decode
+            compiling.exhausted, compiling.retry_hint_ms = True, 1000
+            compiling.busy = GRAMMAR_BUSY
+            other.exhausted, other.retry_hint_ms = True, 600
+            if not others_full:
+                other.busy = GRAMMAR_BUSY
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.generate(_request())
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            trailers = dict(err.value.trailing_metadata() or ())
+            assert trailers[RETRY_AFTER_KEY] == "600" and trailers[BUSY_KEY] == GRAMMAR_BUSY
+            assert "grammar is still compiling" in (err.value.details() or "")
+            assert all(d.reservations == {} for d in c.decode)  # neither worker took it
+            compiling.exhausted = other.exhausted = False  # compiled: served
             _check_complete(c, await c.generate(_request()), 6, tokenizer)
 
     asyncio.run(scenario())

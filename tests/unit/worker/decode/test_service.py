@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
 import grpc
 import pytest
 
+from tandem.common.wire import BUSY_KEY, GRAMMAR_BUSY, RETRY_AFTER_KEY
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import Endpoint
-from tandem.protos.v1 import worker_pb2
+from tandem.protos.v1 import tandem_pb2, worker_pb2
+from tandem.worker.errors import GRAMMAR_RETRY_AFTER_MS
+from tests.integration.served_model import tiny_served_model
 from tests.unit.worker.harness import cluster, greedy, idle, until
 
 PROMPT = list(range(10, 50))  # 40 tokens: three blocks of 16
@@ -50,13 +54,45 @@ def test_reserve_errors(engines) -> None:
                 await c.reserve("c", PROMPT, greedy(4))
             assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "free" in (full.value.details() or "")
-            hint = dict(full.value.trailing_metadata() or ())["retry-after-ms"]
-            assert int(hint) > 0  # a full worker says when to come back
+            trailers = dict(full.value.trailing_metadata() or ())
+            assert int(trailers[RETRY_AFTER_KEY]) > 0  # a full worker says when to come back
+            assert BUSY_KEY not in trailers  # full is full: no other reason
             for rid in ("a", "b"):
                 assert (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id=rid))).found
             assert not (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="a"))).found
             code, _ = await _code(c.decode_all("nobody"))
             assert code == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
+# Seconds of compile with SmolLM2's vocabulary (optional properties cost about quadratically):
+# never done within the worker's 1 ms wait.
+HEAVY_SCHEMA = json.dumps(
+    {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}})
+
+
+def test_a_grammar_still_compiling_is_busy_and_says_so(tiny_dir, smollm2_dir,
+                                                       make_engine) -> None:
+    path = str(tiny_served_model(tiny_dir, smollm2_dir))
+    decode = make_engine(model=path, num_blocks=64, block_size=16,
+                         grammar_compile_wait_s=0.001)
+    prefill = make_engine(model=path, num_blocks=64, block_size=16)
+    sampling = greedy(4)
+    sampling.structured.CopyFrom(tandem_pb2.StructuredOutput(json_schema=HEAVY_SCHEMA))
+
+    async def main() -> None:
+        async with cluster(decode, prefill) as c:
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                await c.reserve("s", PROMPT, sampling)
+            assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "not compiled within" in (busy.value.details() or "")
+            trailers = dict(busy.value.trailing_metadata() or ())
+            # The reason travels typed (the router tells its client), with a longer hint
+            # than a full cache's: a compile takes seconds.
+            assert trailers[BUSY_KEY] == GRAMMAR_BUSY
+            assert trailers[RETRY_AFTER_KEY] == str(GRAMMAR_RETRY_AFTER_MS)
+            assert idle(await c.decode_stats())  # nothing was reserved
 
     asyncio.run(main())
 
