@@ -162,3 +162,53 @@ def test_deepseek_grouping_changes_the_choice(version: int) -> None:
         if version == 3:
             ours.gate.e_score_correction_bias.zero_()
             assert not torch.equal(grouped, ours.gate(x)[1].sort(-1).values)
+
+
+# --- quantized experts on the native kernels ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def packed_experts(family_dir):
+    """``get(method)``: layer 1's experts of the tiny Mixtral quantized by ``method`` for the
+    native kernels (built once per method)."""
+    from tandem.engine.models.weights import load_model
+    from tandem.engine.native import load
+    from tandem.engine.quant import quantize_model
+
+    if load() is None:
+        pytest.skip("native kernels unavailable here")
+    made: dict[str, Experts] = {}
+
+    def get(method: str) -> Experts:
+        if method not in made:
+            model, _ = load_model(family_dir("mixtral"), torch.float32, torch.device("cpu"),
+                                  64, progress=False)
+            quantize_model(model, method, packed=True)
+            made[method] = model.layers[1].mlp.experts
+        return made[method]
+
+    return get
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 3, 200], ids=["one-row", "few-rows", "many-rows"])
+def test_quantized_experts_run_the_native_kernels(packed_experts, method: str,
+                                                  rows: int) -> None:
+    """``--quantization int8/int4`` on the CPU packs every expert for the native kernels; the
+    grouped compute then runs one kernel call per active expert over its rows, and equals
+    the per-row reference over the dequantized weights (up to the kernels' int16
+    activations on few rows)."""
+    from tandem.engine.native.packed_linear import PackedLinear
+
+    packed = packed_experts(method)
+    assert all(isinstance(lin, PackedLinear)
+               for expert in packed for lin in (expert.gate_up_proj, expert.down_proj))
+    dequantized = Experts(_arch(), len(packed), packed[0].inter).double()
+    with torch.no_grad():
+        for ours, expert in zip(dequantized, packed, strict=True):
+            ours.gate_up_proj.weight.copy_(expert.gate_up_proj.dequantize())
+            ours.down_proj.weight.copy_(expert.down_proj.dequantize())
+    x, ids, weights = _routing(rows, 2, len(packed), seed=rows)
+    with torch.no_grad():
+        got = packed(x, ids, weights).double()
+        want = per_row_reference(dequantized, x.double(), ids, weights).double()
+    assert ((got - want).norm() / want.norm()).item() < 1e-4
