@@ -12,8 +12,9 @@ same active parameters, the router's ``experts x hidden`` aside); and Mistral wi
 ``experts x expert-width`` wide (the total dense: every expert's parameters in one MLP). Each
 is timed on the same path (the fastest of ``--repeats`` steps, the models taking turns), the torch forward (the fused native forward computes dense MLPs
 only), over ``rows`` sequences of 256 cached tokens, one decode row each. Prints ms per step
-and MoE / active-dense: near 1 where a step's rows reach few experts (each active expert's
-weights are read once a step), rising towards MoE / total as the rows spread over all of them.
+and MoE / active-dense, with the experts a step reads per layer (each active expert's
+weights once, whatever its rows): the MoE costs close to its active share where a step's rows
+reach few experts, and moves towards the total dense as they spread over all of them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 
 from bench.engine.native_rows import BLOCKS_PER_SEQ, _shape, _torch_step
 from tandem.engine import LLM
+from tandem.engine.models.layers import SparseMoE
 from tandem.engine.testing import make_tiny_checkpoint
 
 
@@ -60,6 +62,19 @@ def _interleaved_min(steps: dict[str, Callable[[], None]], repeats: int) -> dict
     return best
 
 
+def _experts_read(runner, step: tuple) -> float:
+    """The experts one step of ``runner``'s MoE model reads, per layer on average (each
+    active expert's weights are read once, whatever its rows)."""
+    counts: list[int] = []
+    hooks = [layer.mlp.gate.register_forward_hook(
+        lambda _m, _i, out: counts.append(int(out[1].unique().numel())))
+        for layer in runner.model.layers if isinstance(layer.mlp, SparseMoE)]
+    _torch_step(runner, *step)
+    for h in hooks:
+        h.remove()
+    return sum(counts) / len(counts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,4,16,64")
@@ -88,14 +103,16 @@ def main() -> None:
           f"{args.expert_width} (top {args.top_k}); {args.dtype}, torch path, "
           f"{args.threads} threads")
     print("decoder parameters: " + ", ".join(f"{n} {p / 1e6:.1f}M" for n, p in params.items()))
-    print(f"{'rows':>5} {'moe ms':>8} {'active ms':>10} {'total ms':>9} {'moe/active':>11} "
-          f"{'moe/total':>10}")
+    print(f"{'rows':>5} {'experts read':>13} {'moe ms':>8} {'active ms':>10} {'total ms':>9} "
+          f"{'moe/active':>11} {'moe/total':>10}")
     for n in rows:
         step = _shape(n, "decode", runners["moe"].block_size)
         secs = _interleaved_min({name: functools.partial(_torch_step, r, *step)
                                  for name, r in runners.items()}, args.repeats)
         ms = {name: s * 1e3 for name, s in secs.items()}
-        print(f"{n:>5} {ms['moe']:>8.2f} {ms['active']:>10.2f} {ms['total']:>9.2f} "
+        read = _experts_read(runners["moe"], step)
+        print(f"{n:>5} {read:>6.2f} of {args.experts:<4} {ms['moe']:>8.2f} {ms['active']:>10.2f} "
+              f"{ms['total']:>9.2f} "
               f"{ms['moe'] / ms['active']:>10.2f}x {ms['moe'] / ms['total']:>9.2f}x",
               flush=True)
 
