@@ -18,6 +18,15 @@ Parameters (ours; the tensor plan, tandem/engine/models/tensor_plan.py, maps che
     mlp.experts.{e}.down_proj           [hidden, I]
     mlp.shared_expert.gate_up_proj / .down_proj        when shared_intermediate_size > 0
     mlp.shared_expert_gate              [1, hidden]   when shared_expert_gate
+
+Wiring a family (what mixtral.py does; DeepSeek-V2/V3 the same around their own attention):
+
+    spec fields    += its MoE fields (moe_config.py: QWEN_MOE_FIELDS, DEEPSEEK_MOE_FIELDS);
+                      inert |= MOE_INERT_FIELDS
+    features       Features(..., moe=deepseek_moe(config, 2 or 3))   (or mixtral_moe, qwen_moe)
+    decoder layer  self.mlp = feed_forward(arch, i): SparseMoE(arch) on arch.moe.sparse_layers,
+                   the dense MLP (intermediate_size) elsewhere; called on [T, hidden]
+    weight plan    with_moe(plan, arch, DEEPSEEK_MOE_NAMES)           (tensor_plan.py)
 """
 
 from __future__ import annotations

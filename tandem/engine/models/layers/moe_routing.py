@@ -82,8 +82,8 @@ def deepseek_v3_topk(logits: torch.Tensor, correction_bias: torch.Tensor, k: int
 class Router(nn.Module):
     """The router of one MoE layer: ``weight`` ``[E, hidden]`` (never quantized: it is small
     and the choice of experts is sensitive to it), and DeepSeek-V3's
-    ``e_score_correction_bias`` ``[E]``. DeepSeek's routers score in fp32 (as transformers'
-    do); the softmax routers in the activation dtype, softmaxed in fp32."""
+    ``e_score_correction_bias`` ``[E]``. DeepSeek's routers are held and score in fp32 (as
+    transformers' do); the softmax routers in the model dtype, softmaxed in fp32."""
 
     def __init__(self, hidden_size: int, moe: MoeArch) -> None:
         super().__init__()
@@ -95,6 +95,17 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
         self.e_score_correction_bias = (nn.Parameter(torch.zeros(moe.num_experts))
                                         if moe.routing == "deepseek_v3" else None)
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        """DeepSeek's router weights (and V3's bias) stay fp32 in a 16-bit model, as
+        transformers keeps them (``_keep_in_fp32_modules_strict``): a model-wide
+        ``.to(dtype)`` before loading leaves room for their fp32 values."""
+        super()._apply(fn, recurse)
+        if self.moe.routing != "softmax":
+            for p in self.parameters(recurse=False):
+                if p.is_floating_point() and p.dtype != torch.float32:
+                    p.data = p.data.float()
+        return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` ``[T, hidden]`` -> (weights ``[T, k]`` fp32, expert ids ``[T, k]``)."""

@@ -212,3 +212,13 @@ def test_quantized_experts_run_the_native_kernels(packed_experts, method: str,
         got = packed(x, ids, weights).double()
         want = per_row_reference(dequantized, x.double(), ids, weights).double()
     assert ((got - want).norm() / want.norm()).item() < 1e-4
+
+
+def test_deepseek_routers_stay_fp32_in_a_16_bit_model() -> None:
+    """As transformers keeps them: the expert choice of a bf16 DeepSeek model is made on
+    fp32 router weights and correction bias; other routers take the model's dtype."""
+    v3 = SparseMoE(_arch(deepseek_moe(_deepseek_config(3), 3))).to(torch.bfloat16)
+    assert v3.gate.weight.dtype == v3.gate.e_score_correction_bias.dtype == torch.float32
+    assert v3.experts[0].gate_up_proj.weight.dtype == torch.bfloat16
+    softmax = MoeArch(num_experts=8, top_k=2, expert_intermediate_size=32, sparse_layers=(0,))
+    assert SparseMoE(_arch(softmax)).to(torch.bfloat16).gate.weight.dtype == torch.bfloat16
