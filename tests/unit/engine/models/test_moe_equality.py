@@ -1,7 +1,8 @@
 """Mixture-of-experts families against transformers: greedy output equal token for token,
 fp32, on tiny checkpoints (8 experts, 2 per token) whose every parameter is perturbed
 (routers, experts, shared experts and their gate, biases, norms: tandem/engine/testing/
-perturb.py); colocated, and for one family through a P/D handoff. The native fused forward
+perturb.py), with and without sliding windows; colocated, and for one family through a P/D
+handoff. The native fused forward
 computes dense MLPs only: asked for, the model runner serves a MoE model through torch."""
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ CASES = {
     "qwen3-moe": ("qwen3_moe", {"num_layers": 3, "norm_topk_prob": True,
                                 "decoder_sparse_step": 2, "attention_bias": True},
                   [False, True, False]),
+    # every layer attends through a window shorter than the prompts
+    "mixtral-sliding-window": ("mixtral", {"sliding_window": 24}, [True, True]),
+    "qwen3-moe-sliding-window": ("qwen3_moe", {"use_sliding_window": True,
+                                               "sliding_window": 24}, [True, True]),
 }
 
 
@@ -41,6 +46,8 @@ def test_greedy_equals_transformers(family_dir, make_engine, case: str) -> None:
                          use_native_kernels=False)
     layers = engine.runner.model.layers
     assert [isinstance(layer.mlp, SparseMoE) for layer in layers] == sparse
+    assert [layer.self_attn.window for layer in layers] == [options.get("sliding_window")] * len(
+        layers)
     assert all(isinstance(layer.mlp, SparseMoE | MLP) for layer in layers)
     prompts = _prompts()
     got = engine_token_ids(engine, prompts, GREEDY)
