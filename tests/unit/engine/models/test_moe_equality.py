@@ -2,8 +2,8 @@
 fp32, on tiny checkpoints (8 experts, 2 per token) whose every parameter is perturbed
 (routers, experts, shared experts and their gate, biases, norms: tandem/engine/testing/
 perturb.py), with and without sliding windows; colocated, and for one family through a P/D
-handoff. The native fused forward
-computes dense MLPs only: asked for, the model runner serves a MoE model through torch."""
+handoff. The native fused forward computes dense MLPs only: asked for, the model runner
+serves a MoE model through torch."""
 
 from __future__ import annotations
 
