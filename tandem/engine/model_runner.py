@@ -68,8 +68,10 @@ class ModelRunner:
         else:
             self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=rc.device)
         self.graphs: DecodeGraphs | None = None
+        # a MoE layer picks its experts' matmuls by the step's routing (a host sync): not
+        # capturable, so its decode steps run eagerly
         if (rc.cuda_graph_batch and rc.device.type == "cuda" and rc.backend == "triton"
-                and not int8_kv):
+                and not int8_kv and arch.moe is None):
             self.graphs = DecodeGraphs(
                 model, self.kv_cache, self.backend, rc.cuda_graph_batch,
                 -(-rc.max_model_len // rc.block_size), rc.block_size,

@@ -11,6 +11,38 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class MoeArch:
+    """A mixture-of-experts feed-forward: which layers have one, how tokens are routed to
+    experts and what else the block computes (tandem/engine/models/layers/moe.py).
+
+    ``routing`` picks the router (tandem/engine/models/layers/moe_routing.py):
+
+        softmax      softmax over all experts, top-k, renormalised when ``norm_topk_prob``
+                     (Mixtral: always; Qwen2-MoE / Qwen3-MoE: per config)
+        deepseek_v2  softmax, top-k by ``topk_method`` ("greedy", "group_limited_greedy":
+                     the best ``topk_group`` of ``n_group`` groups by their best expert),
+                     weights x ``routed_scaling_factor``
+        deepseek_v3  sigmoid scores; experts chosen on scores + ``e_score_correction_bias``
+                     within the best ``topk_group`` groups (a group ranked by its two best);
+                     weights the chosen raw scores, renormalised when ``norm_topk_prob``, x
+                     ``routed_scaling_factor``
+    """
+
+    num_experts: int
+    top_k: int  # experts per token
+    expert_intermediate_size: int  # each routed expert's gated MLP width
+    sparse_layers: tuple[int, ...]  # the layers whose MLP is this block (others: dense MLP)
+    routing: str = "softmax"
+    norm_topk_prob: bool = True
+    topk_method: str = "greedy"  # deepseek_v2 only
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_intermediate_size: int = 0  # the always-on shared expert's width; 0: none
+    shared_expert_gate: bool = False  # sigmoid(x . w) scales the shared expert (Qwen2-MoE)
+
+
+@dataclass(frozen=True, slots=True)
 class Features:
     """What differs between the dense families' forwards (all default off)."""
 
@@ -25,6 +57,7 @@ class Features:
     # when the config has none (then every layer slides when sliding_window is set: Mistral).
     # tandem/engine/models/windows.py turns them into each layer's window.
     layer_types: tuple[str, ...] = ()
+    moe: MoeArch | None = None  # None: every layer's MLP is dense
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +83,4 @@ class ModelArch:
     qk_norm: bool = False
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # as Features.layer_types
+    moe: MoeArch | None = None  # as Features.moe

@@ -1,4 +1,5 @@
-"""The dense decoder-only forward over the paged KV cache (Llama, Mistral, Qwen2, Qwen3).
+"""The decoder-only forward over the paged KV cache (Llama, Mistral, Qwen2, Qwen3; with
+mixture-of-experts layers: Mixtral, Qwen2-MoE, Qwen3-MoE).
 
 Tokens arrive flattened (``[T]``, see tandem/engine/attention/base.py); every layer writes its new
 K/V into the cache through the attention backend and attends over the paged context. Q/K/V and
@@ -17,21 +18,22 @@ from torch import nn
 
 from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
 from tandem.engine.models.arch import ModelArch
-from tandem.engine.models.layers import MLP, Attention, RMSNorm
+from tandem.engine.models.layers import Attention, RMSNorm, feed_forward
 from tandem.engine.models.linear import Linear
 from tandem.engine.models.windows import layer_windows
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block (attending through a sliding window of ``window``
-    positions when it is set)."""
+    positions when it is set); layer ``index``'s feed-forward is a mixture of experts where
+    the arch makes it sparse (layers/moe.py), else the dense MLP."""
 
-    def __init__(self, arch: ModelArch, window: int | None = None) -> None:
+    def __init__(self, arch: ModelArch, window: int | None = None, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = Attention(arch, window)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.mlp = feed_forward(arch, index)
 
     def forward(
         self,
@@ -60,7 +62,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, w) for w in layer_windows(arch))
+        self.layers = nn.ModuleList(DecoderLayer(arch, w, i)
+                                    for i, w in enumerate(layer_windows(arch)))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:

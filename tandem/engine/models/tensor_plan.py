@@ -15,6 +15,7 @@ float checkpoint, or the stored quantized tensors of a pre-quantized one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tandem.engine.models.arch import ModelArch
@@ -91,3 +92,76 @@ def _dense_layer(arch: ModelArch, i: int) -> Group:
         norms += ["self_attn.q_norm", "self_attn.k_norm"]
     tensors = tuple(TensorSlot(ours + n + ".weight", p + n + ".weight") for n in norms)
     return Group(linears, tensors)
+
+
+# --- mixture of experts (tandem/engine/models/layers/moe.py) --------------------------------
+#
+#   checkpoint (under model.layers.i.<block>.)        ours (under layers.i.mlp.)
+#   gate.weight                                   ->  gate.weight                  (router)
+#   gate.e_score_correction_bias                  ->  gate.e_score_correction_bias (DeepSeek-V3)
+#   experts.e.<gate>, experts.e.<up>              ->  experts.e.gate_up_proj       (rows stacked)
+#   experts.e.<down>                              ->  experts.e.down_proj
+#   <shared>.{gate,up}_proj, <shared>.down_proj   ->  shared_expert.gate_up_proj, .down_proj
+#   <shared_gate>.weight                          ->  shared_expert_gate           (Qwen2-MoE)
+
+
+@dataclass(frozen=True, slots=True)
+class MoeNames:
+    """How a family's checkpoints name the tensors of a MoE layer."""
+
+    block: str  # the module under model.layers.i: "block_sparse_moe" (Mixtral), "mlp"
+    expert: tuple[str, str, str]  # an expert's gate, up and down linears
+    shared: str = ""  # the shared expert(s): "shared_expert" (Qwen2-MoE), "shared_experts"
+    shared_gate: str = "shared_expert_gate"  # the shared expert's sigmoid gate (Qwen2-MoE)
+
+
+MIXTRAL_NAMES = MoeNames("block_sparse_moe", ("w1", "w3", "w2"))
+QWEN_MOE_NAMES = MoeNames("mlp", ("gate_proj", "up_proj", "down_proj"), "shared_expert")
+DEEPSEEK_MOE_NAMES = MoeNames("mlp", ("gate_proj", "up_proj", "down_proj"), "shared_experts")
+
+
+def moe_plan(names: MoeNames) -> Callable[[ModelArch], WeightPlan]:
+    """The plan of a decoder whose sparse layers (``arch.moe``) carry a MoE block named as
+    ``names`` says, the dense plan elsewhere (a ``FamilySpec.plan``)."""
+    return lambda arch: with_moe(dense_plan(arch), arch, names)
+
+
+def with_moe(plan: WeightPlan, arch: ModelArch, names: MoeNames) -> WeightPlan:
+    """``plan`` with the dense MLP slots (``layers.i.mlp.*``) of each of ``arch.moe``'s
+    sparse layers replaced by its MoE block's; ``plan`` unchanged for a dense arch."""
+    if arch.moe is None:
+        return plan
+    layers = list(plan.layers)
+    for i in arch.moe.sparse_layers:
+        mlp = f"layers.{i}.mlp."
+        linears, tensors = _moe_slots(arch, i, names)
+        g = layers[i]
+        layers[i] = Group(
+            tuple(s for s in g.linears if not s.module.startswith(mlp)) + linears,
+            tuple(s for s in g.tensors if not s.param.startswith(mlp)) + tensors)
+    return WeightPlan(plan.top, tuple(layers))
+
+
+def _moe_slots(arch: ModelArch, i: int, names: MoeNames,
+               ) -> tuple[tuple[LinearSlot, ...], tuple[TensorSlot, ...]]:
+    assert arch.moe is not None
+    moe, ours, p = arch.moe, f"layers.{i}.mlp.", f"model.layers.{i}.{names.block}."
+    gate, up, down = names.expert
+    linears = []
+    for e in range(moe.num_experts):
+        expert = f"{p}experts.{e}."
+        linears += [LinearSlot(f"{ours}experts.{e}.gate_up_proj", (expert + gate, expert + up),
+                               False),
+                    LinearSlot(f"{ours}experts.{e}.down_proj", (expert + down,), False)]
+    tensors = [TensorSlot(ours + "gate.weight", p + "gate.weight")]
+    if moe.routing == "deepseek_v3":
+        tensors.append(TensorSlot(ours + "gate.e_score_correction_bias",
+                                  p + "gate.e_score_correction_bias"))
+    if moe.shared_intermediate_size:
+        shared = p + names.shared + "."
+        linears += [LinearSlot(ours + "shared_expert.gate_up_proj",
+                               (shared + "gate_proj", shared + "up_proj"), False),
+                    LinearSlot(ours + "shared_expert.down_proj", (shared + "down_proj",), False)]
+    if moe.shared_expert_gate:
+        tensors.append(TensorSlot(ours + "shared_expert_gate", p + names.shared_gate + ".weight"))
+    return tuple(linears), tuple(tensors)

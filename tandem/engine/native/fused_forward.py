@@ -184,6 +184,8 @@ def _unsupported_model(model: nn.Module) -> str | None:
         return f"the kernels compute the dense decoder, not {type(model).__name__}"
     if model.arch.hidden_act not in NATIVE_ACTIVATIONS:
         return f"hidden_act {model.arch.hidden_act!r}"
+    if model.arch.moe is not None:  # its experts' linears still run the kernels when packed
+        return "mixture-of-experts layers (the kernels compute dense MLPs)"
     for layer in model.layers:
         if type(layer.self_attn) is not Attention or type(layer.mlp) is not MLP:
             return "a decoder layer other than attention + gated MLP"

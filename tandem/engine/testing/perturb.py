@@ -20,7 +20,8 @@ def perturb_parameters(model: nn.Module, seed: int = 0) -> list[str]:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() > 1:
-                std = 0.3 if "embed" in name else 1.0 / param.shape[1] ** 0.5
+                # fan-in is the last dimension (3-D stacked experts included)
+                std = 0.3 if "embed" in name else 1.0 / param.shape[-1] ** 0.5
                 value = torch.randn(param.shape, generator=g) * std
             elif name.endswith("bias"):
                 value = torch.randn(param.shape, generator=g) * 0.1

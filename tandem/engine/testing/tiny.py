@@ -1,4 +1,5 @@
-"""Tiny random-weight checkpoints (Llama, Qwen2, Qwen3, Mistral; MHA or GQA) for tests.
+"""Tiny random-weight checkpoints (Llama, Qwen2, Qwen3, Mistral; MHA or GQA; the mixture-of-
+experts Mixtral, Qwen2-MoE and Qwen3-MoE with 8 experts, 2 per token) for tests.
 
 They are saved as ordinary HF directories, so the engine loads them through the same path as
 a real model and transformers can serve as the reference on exactly the same weights. Every
@@ -15,7 +16,7 @@ import torch
 
 from tandem.engine.testing.perturb import perturb_parameters
 
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def make_tiny_checkpoint(
@@ -39,13 +40,19 @@ def make_tiny_checkpoint(
     extra: dict[str, Any] = {}
     if arch == "mistral":
         extra["sliding_window"] = None
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3_moe"):
         extra["head_dim"] = 32  # Qwen3 decouples head_dim from hidden / heads
+    if arch in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        extra["num_experts_per_tok"] = 2
+        extra["num_local_experts" if arch == "mixtral" else "num_experts"] = 8
+    if arch in ("qwen2_moe", "qwen3_moe"):
+        extra["moe_intermediate_size"] = hidden_size // 2
+    if arch == "qwen2_moe":
+        extra["shared_expert_intermediate_size"] = hidden_size
     hf_config = AutoConfig.for_model(
         arch,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
@@ -55,7 +62,7 @@ def make_tiny_checkpoint(
         eos_token_id=2,
         pad_token_id=0,
         rms_norm_eps=1e-6,
-        **{**extra, **config},
+        **{"intermediate_size": hidden_size * 2, **extra, **config},
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)

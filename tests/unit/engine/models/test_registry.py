@@ -43,7 +43,8 @@ def test_every_parameter_of_a_test_checkpoint_is_perturbed(family_dir, arch, opt
 
 
 def test_families_and_gguf_architectures() -> None:
-    assert set(supported_model_types()) == {"llama", "mistral", "qwen2", "qwen3"}
+    assert set(supported_model_types()) == {"llama", "mistral", "qwen2", "qwen3",
+                                            "mixtral", "qwen2_moe", "qwen3_moe"}
     assert all(family(t).model_type == t for t in FAMILIES)
     assert gguf_family("llama") is family("llama")
     with pytest.raises(UnsupportedModelError, match="GGUF architecture 'mamba'.*llama"):

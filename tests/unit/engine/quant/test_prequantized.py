@@ -367,3 +367,25 @@ def test_compressed_tensors_package_reads_our_checkpoints(variant, name: str) ->
     ours = v.quant.layers[0].mlp.down_proj.dequantize()
     assert theirs.dtype == torch.bfloat16
     assert torch.equal(ours.to(torch.bfloat16), theirs)
+
+
+@pytest.mark.parametrize("name", ["awq-g64", "gptq-g32-sym", "ct-int8-pack-quantized"])
+def test_quantized_experts_of_a_qwen3_moe(variant, name: str) -> None:
+    """A MoE checkpoint's quantized experts load as the experts' linears, exactly (the router
+    stays float), and the model computes what the float one with those weights computes."""
+    v = variant(name, "qwen3_moe")
+    quant, dense = v.quant, v.dense
+    kind = Int4Linear if SPECS[name].bits == 4 else Int8Linear
+    moe = quant.layers[1].mlp
+    assert len(moe.experts) == 8
+    for e, expert in enumerate(moe.experts):
+        p = f"model.layers.1.mlp.experts.{e}."
+        assert isinstance(expert.gate_up_proj, kind) and isinstance(expert.down_proj, kind)
+        assert torch.equal(expert.gate_up_proj.dequantize(),
+                           torch.cat([v.ref[p + "gate_proj"], v.ref[p + "up_proj"]]))
+        assert torch.equal(expert.down_proj.dequantize(), v.ref[p + "down_proj"])
+    assert moe.gate.weight.dtype == torch.float32
+    # an expert gets ~20 of the 80 rows: torch's few-row int4/int8 kernels (bf16
+    # activations), whose rounding the next layers' routers may turn into another expert
+    got, want = _logits(quant, list(range(3, 83))), _logits(dense, list(range(3, 83)))
+    assert ((got - want).norm() / want.norm()).item() < 5e-2

@@ -1,0 +1,99 @@
+"""Mixture-of-experts families against transformers: greedy output equal token for token,
+fp32, on tiny checkpoints (8 experts, 2 per token) whose every parameter is perturbed
+(routers, experts, shared experts and their gate, biases, norms: tandem/engine/testing/
+perturb.py), with and without sliding windows; colocated, and for one family through a P/D
+handoff. The native fused forward computes dense MLPs only: asked for, the model runner
+serves a MoE model through torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.engine import SamplingParams
+from tandem.engine.models.layers import MLP, SparseMoE
+from tests.unit.engine._handoff import copy_blocks
+from tests.unit.engine._reference import engine_token_ids, hf_greedy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+# name -> (arch, make_tiny_checkpoint options, which layers are sparse)
+CASES = {
+    "mixtral": ("mixtral", {}, [True, True]),
+    # a shared expert behind its sigmoid gate; layer 1 dense (mlp_only_layers); q/k/v biases
+    "qwen2-moe": ("qwen2_moe", {"num_layers": 3, "mlp_only_layers": [1]}, [True, False, True]),
+    # renormalised top-k; every second layer sparse (decoder_sparse_step); o and q/k/v biases
+    "qwen3-moe": ("qwen3_moe", {"num_layers": 3, "norm_topk_prob": True,
+                                "decoder_sparse_step": 2, "attention_bias": True},
+                  [False, True, False]),
+    # every layer attends through a window shorter than the prompts
+    "mixtral-sliding-window": ("mixtral", {"sliding_window": 24}, [True, True]),
+    "qwen3-moe-sliding-window": ("qwen3_moe", {"use_sliding_window": True,
+                                               "sliding_window": 24}, [True, True]),
+}
+
+
+def _prompts(lengths: tuple[int, ...] = (9, 60, 200)) -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    return [torch.randint(3, 256, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_equals_transformers(family_dir, make_engine, case: str) -> None:
+    arch, options, sparse = CASES[case]
+    path = family_dir(arch, **options)
+    engine = make_engine(model=str(path), num_blocks=64, block_size=16,
+                         use_native_kernels=False)
+    layers = engine.runner.model.layers
+    assert [isinstance(layer.mlp, SparseMoE) for layer in layers] == sparse
+    assert [layer.self_attn.window for layer in layers] == [options.get("sliding_window")] * len(
+        layers)
+    assert all(isinstance(layer.mlp, SparseMoE | MLP) for layer in layers)
+    prompts = _prompts()
+    got = engine_token_ids(engine, prompts, GREEDY)
+    for prompt, tokens in zip(prompts, got, strict=True):
+        assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens), case
+
+
+def test_native_kernels_asked_for_serve_moe_through_torch(family_dir, make_engine) -> None:
+    """The fused native forward refuses a MoE model by name; the runner keeps torch, and the
+    output is transformers'."""
+    from tandem.engine.native import load, unsupported_reason
+
+    path = family_dir("qwen3_moe")
+    engine = make_engine(model=str(path), num_blocks=64, block_size=16, use_native_kernels=True)
+    assert engine.runner.fused is None
+    if load() is not None:
+        assert "mixture-of-experts" in (unsupported_reason(engine.runner.model) or "")
+    prompts = _prompts((17, 90))
+    got = engine_token_ids(engine, prompts, GREEDY)
+    for prompt, tokens in zip(prompts, got, strict=True):
+        assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
+
+
+def test_qwen2_moe_handoff_equals_colocated(family_dir, make_engine) -> None:
+    """Prefill on P, the prompt's blocks copied layer by layer as the push would, decode on
+    D: transformers' tokens."""
+    path = family_dir("qwen2_moe")
+    prefill = make_engine(model=str(path), num_blocks=32, block_size=16,
+                          use_native_kernels=False)
+    decode = make_engine(model=str(path), num_blocks=32, block_size=16, use_native_kernels=False)
+    prompt = _prompts((45,))[0]
+    expected = hf_greedy(path, prompt, GREEDY.max_tokens)
+
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    rid = prefill.remote.prefill.add(prompt, one, request_id="r1")
+    first = None
+    while prefill.has_unfinished():
+        for out in prefill.step():
+            first = out.token_ids[0]
+    src = prefill.remote.prefill.held_block_ids(rid)
+    dst = decode.remote.decode.reserve("r1", prompt, GREEDY).fill_block_ids
+    assert len(dst) == len(src) == -(-45 // 16)
+    copy_blocks(prefill, src, decode, dst, layer_by_layer=True)
+    prefill.remote.prefill.release(rid)
+    tokens = list(decode.remote.decode.commit("r1", first).new_token_ids)
+    while decode.has_unfinished():
+        for out in decode.step():
+            tokens += out.new_token_ids
+    assert tokens == expected
