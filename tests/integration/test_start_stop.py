@@ -142,17 +142,24 @@ def test_sigterm_while_tandem_local_starts_ends_it_and_its_workers(
         health_poll.until(
             lambda: all(_sigterm_pending(p.pid) or not _alive(p) for p in workers),
             STOP_BOUND_S, "tandem local to pass the SIGTERM on to its loading workers")
-        for p in workers:
-            p.resume()
+        for p in workers:  # the ones the SIGTERM ended (no handler yet) are gone already
+            _resume(p)
         assert local.popen.wait(timeout=STOP_BOUND_S) == 0, "".join(local.log[-30:])
         health_poll.until(lambda: not any(_alive(p) for p in workers), STOP_BOUND_S,
                           "its workers to end")
         assert not any("Tandem is serving" in line for line in local.log)
     finally:
         for p in workers:
-            if _alive(p):
-                p.resume()
+            _resume(p)
         c.stop()
+
+
+def _resume(p: psutil.Process) -> None:
+    """SIGCONT to ``p`` unless it has ended (checking first would race its exit)."""
+    try:
+        p.resume()
+    except psutil.NoSuchProcess:
+        pass
 
 
 def _sigterm_pending(pid: int) -> bool:
