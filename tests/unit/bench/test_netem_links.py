@@ -77,4 +77,4 @@ def test_the_exit_cleanups_remove_a_build_left_standing() -> None:
 def test_the_table_puts_the_planner_beside_the_measurement() -> None:
     row = {"setup": "adaptive", "gbps": 1.0, "goodput_rps": 0.2, "ttft_p90_s": 1.5,
            "attainment": 0.75, "predicted_goodput_rps": 0.22, "predicted_ttft_p90_s": 1.2}
-    assert "| 1 | adaptive | 0.200 | 0.220 | 1.10 | 1.50 | 1.20 | 75% |" in table([row])
+    assert "| 1 | adaptive | 0.200 | 0.220 | 1.10 | 1.50 | 1.20 | 75% | nan |" in table([row])
