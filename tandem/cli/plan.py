@@ -5,6 +5,8 @@ disaggregation is worth it for it at all.
         --workload mixed --rate 0.3 --slo-ttft 4 --slo-tpot 0.25
     tandem plan --device H200 --model Llama-3.1-8B --workload mixed --scale 4 \\
         --rate 200 --slo-ttft 2 --slo-tpot 0.05 --out plan/
+    tandem plan --profile smollm2-cpu2.json --workload mixed --rate 0.3 \\
+        --link-gbps 1 --link-rtt-ms 0.5
 
 Profiles come from ``tandem profile`` (measured here) or, with ``--device``, from the
 device's datasheet (tandem/planner/roofline.py: estimates). The workload is one of the benchmark's
@@ -14,6 +16,13 @@ every configuration it weighs with the router's own placement code; it prints th
 disaggregated split and the cheapest colocated pool that meet the SLO, their goodput, and the
 flags and Helm values that deploy the winner. ``--out DIR`` writes plan.json, plan.png
 (attainment vs rate) and values.yaml.
+
+``--link-gbps``/``--link-rtt-ms`` put the KV handoff between prefill and decode workers on
+that link (instead of the profile's ``transfer``): the simulator pushes at it, adaptive
+placement prices each push at it, and the plan says when disaggregation stops paying on it:
+the prompt length below which the router keeps a prompt on its decode worker (colocated),
+and the link speed below which the workload's long prompts stay there too
+(tandem/planner/link_report.py).
 """
 
 from __future__ import annotations
@@ -55,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attainment", type=float, default=0.9,
                    help="share of requests inside both targets")
     s.add_argument("--placement", default="adaptive", choices=["adaptive", "remote"])
+    k = p.add_argument_group("link between prefill and decode workers (default: the profile's)")
+    k.add_argument("--link-gbps", type=float, default=None, help="bandwidth, Gb/s")
+    k.add_argument("--link-rtt-ms", type=float, default=None,
+                   help="fixed cost of a push (a round trip), ms (default 0.5 with --link-gbps)")
     p.add_argument("--trim-steps", type=int, default=0,
                    help="large plans: bisection steps trimming the scaled-up winner on the "
                         "whole trace (each a whole-trace simulation; 0: keep the cell's)")
@@ -119,10 +132,23 @@ def _trace(args: argparse.Namespace):
     return workload.poisson(args.rate, args.duration, mix, seed=args.seed)
 
 
+def _link(args: argparse.Namespace):
+    """The link flags as a LinkPrior (None: the profile's transfer stands)."""
+    from tandem.placement.link import LinkPrior
+
+    if args.link_gbps is None:
+        if args.link_rtt_ms is not None:
+            raise ValueError("--link-rtt-ms needs --link-gbps")
+        return None
+    rtt_ms = 0.5 if args.link_rtt_ms is None else args.link_rtt_ms
+    return LinkPrior(args.link_gbps, rtt_ms / 1000.0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Plan, print, and write ``--out``; 2 on bad inputs."""
     from tandem.placement.slo import Slo
     from tandem.planner.decision import decide
+    from tandem.planner.link_report import link_report, with_link
     from tandem.planner.plot import plot_plan
     from tandem.planner.profile import ProfileError
     from tandem.planner.report import helm_values, table, to_json, up_flags
@@ -136,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         prefill, decode, colocated = _profiles(args)
         trace = _trace(args)
+        link = _link(args)
+        if link is not None:
+            prefill = with_link(prefill, link)
     except (ValueError, KeyError, OSError, ProfileError, TraceError) as err:
         print(f"tandem plan: {err}", file=sys.stderr)
         return 2
@@ -158,6 +187,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\ndeploy:\n  " + up_flags(winner, prefill, decode, slo))
         values = helm_values(winner, prefill, decode, slo)
         print("\nHelm values:\n" + "".join(f"  {line}\n" for line in values.splitlines()))
+    link_summary = None
+    if link is not None:
+        prompts = sorted(r.prompt_tokens for r in trace)
+        p90 = prompts[min(len(prompts) - 1, int(0.9 * len(prompts)))]
+        text, verdicts = link_report(prefill, decode, slo, link, p90, prompts[-1])
+        print("\n" + text)
+        link_summary = {"gbps": link.gbps, "rtt_s": link.rtt_s, "p90_prompt_tokens": p90,
+                        "verdicts": [{"decode_rows": v.rows,
+                                      "shortest_remote_tokens": v.shortest_remote,
+                                      "slowest_remote_gbps": v.slowest_gbps}
+                                     for v in verdicts]}
     print(f"({result.simulations} simulations in {result.wall_s:.1f} s)")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -165,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "colocated": colocated.to_json()},
                    "workload": args.workload if args.trace is None else str(args.trace),
                    "requests": len(trace), "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
-                   "attainment": args.attainment}
+                   "attainment": args.attainment, "link": link_summary}
         for profile in summary["profiles"].values():
             profile.pop("samples", None)  # raw timings stay in the profile files
         (args.out / "plan.json").write_text(json.dumps(to_json(result, decision, summary),

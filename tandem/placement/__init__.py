@@ -11,6 +11,8 @@ simulator (which replays them at 1,000 workers)::
                   worker, from each option's predicted TTFT and decode token gap against the SLO
     overheads     ``PrefillOverheads``: what each worker's prefills take beyond that prediction,
                   learnt per push size and faded when not renewed
+    link          ``LinkEstimates``: a KV push's price per prefill/decode pair, learnt from
+                  its pushes, faded back to a configured ``LinkPrior``
     slo           ``Slo`` (the TTFT and TPOT targets) and the latency buckets they are read in
     log           the ``--placement-log`` records: each decision with its inputs, read back and
                   summarized (the simulator writes the same records)

@@ -13,8 +13,10 @@ and reports in Stats)::
 
     step(rows, tokens)  = base + per_row * rows + per_token * tokens
     remote TTFT on P    = steps(P.queued + new_P, C_P) * base_P + (P.queued + new_P) * per_token_P
-                          + overhead_P(blocks)   (router-measured: the RPCs and the KV push
-                                                  the model misses, and its error on P)
+                          + link(P, D, bytes)    (the push at the pair's measured link, or the
+                                                  configured prior: link.py)
+                          + overhead_P(blocks)   (router-measured: what the RPCs and the push
+                                                  take beyond that, and the model's error on P)
     local TTFT on D     = steps(D.queued + new_D, C_D - rows_D) * (base_D + per_row_D * rows_D)
                           + (D.queued + new_D) * per_token_D
                           + overhead_D(blocks)   (router-measured: the model's error on D)
@@ -26,7 +28,9 @@ take (its chunk budget); ``steps(n, c) = ceil(n / c)``; ``rows_D`` the streams r
 (the larger of its report and the router's own count); ``blocks`` the KV blocks of the
 prompt D lacks (what a remote prefill pushes). Both overheads are learnt the same way
 (overheads.py, ``PrefillOverheads``), from each finished prefill's measured time against its
-prediction at the decision, so neither option carries an error the other is spared. A
+prediction at the decision, so neither option carries an error the other is spared; the
+remote one's link term is priced apart (per prefill/decode pair, falling back to a prior when
+unmeasured), so a slow link keeps long prompts local from the first request on. A
 decode worker that never prefilled borrows the prefill worker's per-token cost (same
 model); without any fitted cost the decision is the one before this model existed: remote
 whenever a prefill worker exists.
@@ -77,11 +81,18 @@ class Prediction:
     endpoint: str  # the prefill worker (remote) or the decode worker (local)
     ttft_s: float
     decode_gap_s: float  # the token gap running streams on the decode worker see meanwhile
-    overhead_s: float = 0.0  # the learnt part of ttft_s (PrefillOverheads); the rest is compute
+    overhead_s: float = 0.0  # the learnt part of ttft_s (PrefillOverheads)
+    link_s: float = 0.0  # the KV push's part of ttft_s (remote: link.LinkEstimates)
 
     @property
     def compute_s(self) -> float:
-        """The model's part of ``ttft_s``: what a measured prefill is compared against."""
+        """The model's compute part of ``ttft_s`` (neither the learnt overhead nor the link)."""
+        return self.ttft_s - self.overhead_s - self.link_s
+
+    @property
+    def modelled_s(self) -> float:
+        """Compute plus link: what a measured prefill is compared against to learn the
+        overhead (the residual neither term explains)."""
         return self.ttft_s - self.overhead_s
 
     def miss(self, slo: Slo) -> float:
@@ -108,18 +119,20 @@ def _chunk(w: WorkerView) -> int:
 
 
 def predict_remote(
-    p: WorkerView, d: WorkerView, new_tokens: int, overhead_s: float = 0.0
+    p: WorkerView, d: WorkerView, new_tokens: int, overhead_s: float = 0.0, link_s: float = 0.0
 ) -> Prediction | None:
-    """Remote prefill on ``p`` for a decode leg on ``d``; None without fitted costs."""
+    """Remote prefill on ``p`` for a decode leg on ``d``, its KV push costing ``link_s``;
+    None without fitted costs."""
     if p.step_base_s is None or p.step_per_prefill_token_s is None:
         return None
     gap = _decode_gap(d)
     if gap is None:
         return None
     work = p.queued_prefill_tokens + new_tokens
-    extra = max(overhead_s, 0.0)
-    ttft = _steps(work, _chunk(p)) * p.step_base_s + work * p.step_per_prefill_token_s + extra
-    return Prediction(Decision.REMOTE, p.endpoint, ttft, gap, extra)
+    extra, wire = max(overhead_s, 0.0), max(link_s, 0.0)
+    ttft = (_steps(work, _chunk(p)) * p.step_base_s + work * p.step_per_prefill_token_s
+            + wire + extra)
+    return Prediction(Decision.REMOTE, p.endpoint, ttft, gap, extra, wire)
 
 
 def predict_local(d: WorkerView, new_tokens: int, borrowed_per_token_s: float | None = None,
@@ -155,18 +168,22 @@ def _rows(d: WorkerView) -> int:
 
 
 def weigh(prompt_tokens: int, decode: WorkerView, prefill: Sequence[WorkerView],
-          cached: Mapping[str, int], overhead_s: Mapping[str, float]
+          cached: Mapping[str, int], overhead_s: Mapping[str, float],
+          link_s: Mapping[str, float] | None = None,
           ) -> tuple[list[tuple[WorkerView, Prediction | None]], Prediction | None]:
     """The options :func:`decide` compares for a prompt of ``prompt_tokens``: each of the
     first ``MAX_CANDIDATES`` prefill workers with its remote prediction, and the local one
     (None where a side has no fitted costs). A decode worker that never prefilled borrows the
     first prefill worker's cost per token that is known (same model). ``overhead_s``: the
-    learnt overheads by endpoint (the prefill workers' and the decode worker's)."""
+    learnt overheads by endpoint (the prefill workers' and the decode worker's); ``link_s``:
+    each prefill worker's push of this prompt to ``decode`` (link.LinkEstimates.seconds)."""
 
     def new(endpoint: str) -> int:
         return max(prompt_tokens - cached.get(endpoint, 0), 1)  # the last token always runs
 
-    remote = [(p, predict_remote(p, decode, new(p.endpoint), overhead_s.get(p.endpoint, 0.0)))
+    links = link_s or {}
+    remote = [(p, predict_remote(p, decode, new(p.endpoint), overhead_s.get(p.endpoint, 0.0),
+                                 links.get(p.endpoint, 0.0)))
               for p in prefill[:MAX_CANDIDATES]]
     borrowed = next((p.step_per_prefill_token_s for p in prefill
                      if p.step_per_prefill_token_s is not None), None)
@@ -182,6 +199,7 @@ def decide(
     cached: Mapping[str, int] | None = None,
     overhead_s: Mapping[str, float] | None = None,
     threshold: int = 0,
+    link_s: Mapping[str, float] | None = None,
 ) -> Placement:
     """Place one prompt of ``prompt_tokens`` whose decode leg is on ``decode``.
 
@@ -189,8 +207,10 @@ def decide(
     ``MAX_CANDIDATES`` are weighed). ``cached``:
     prompt tokens each endpoint is known to hold already (prefix cache). ``overhead_s``: the
     router's measured extra seconds per endpoint (a prefill worker's remote prefills, the
-    decode worker's local ones; overheads.PrefillOverheads). ``threshold`` > 0: the fixed
-    override, prompts shorter than it go local and the rest remote, no model consulted.
+    decode worker's local ones; overheads.PrefillOverheads). ``link_s``: seconds each
+    prefill worker's push of this prompt to ``decode`` costs (link.LinkEstimates: measured per
+    pair, or the prior). ``threshold`` > 0: the fixed override, prompts shorter than it go
+    local and the rest remote, no model consulted.
     """
     if not prefill:
         return Placement(Decision.LOCAL, Reason.COLOCATED)
@@ -198,7 +218,8 @@ def decide(
         if prompt_tokens < threshold:
             return Placement(Decision.LOCAL, Reason.THRESHOLD)
         return Placement(Decision.REMOTE, Reason.THRESHOLD, prefill[0].endpoint)
-    remote, local = weigh(prompt_tokens, decode, prefill, cached or {}, overhead_s or {})
+    remote, local = weigh(prompt_tokens, decode, prefill, cached or {}, overhead_s or {},
+                          link_s)
     options = [pred for _, pred in remote if pred is not None]
     if local is not None:
         options.append(local)

@@ -10,7 +10,8 @@ the inputs it was made from, for explaining where prompts went.
              "decode": {"endpoint", "running" (reported), "active" (the router's count),
                         "base_s", "per_row_s", "per_token_s", "queued", "cached"},
              "prefill": [{"endpoint", "base_s", "per_token_s", "queued", "cached",
-                          "overhead_s", "ttft_s", "gap_s"}, ...]  (the weighed candidates)}
+                          "overhead_s", "link_s", "ttft_s", "gap_s"}, ...]  (the weighed
+                        candidates; ``link_s``: the push priced on the link to D, link.py)}
 
 ``tandem_disagg_decision_total`` counts decisions; the log keeps each one's inputs (the
 workers' reported step-cost fits, their queues, the overheads the router has learnt, the
@@ -37,17 +38,20 @@ from tandem.placement.worker_view import WorkerView
 
 def placement_record(t: float, prompt_tokens: int, decode: WorkerView,
                      prefill: Sequence[WorkerView], cached: Mapping[str, int],
-                     overhead_s: Mapping[str, float], placed: Placement) -> dict[str, Any]:
+                     overhead_s: Mapping[str, float], placed: Placement,
+                     link_s: Mapping[str, float] | None = None) -> dict[str, Any]:
     """One decision and its inputs as a JSON-able dict (the module docstring's fields);
     ``t``: when (wall clock, or simulated seconds). The predictions are the ones
     cost_model.decide compared (cost_model.weigh)."""
-    remote, local = cost_model.weigh(prompt_tokens, decode, prefill, cached, overhead_s)
+    links = link_s or {}
+    remote, local = cost_model.weigh(prompt_tokens, decode, prefill, cached, overhead_s, links)
     candidates = []
     for p, pred in remote:
         candidates.append({
             "endpoint": p.endpoint, "base_s": p.step_base_s,
             "per_token_s": p.step_per_prefill_token_s, "queued": p.queued_prefill_tokens,
             "cached": cached.get(p.endpoint, 0), "overhead_s": overhead_s.get(p.endpoint, 0.0),
+            "link_s": links.get(p.endpoint, 0.0),
             "ttft_s": None if pred is None else pred.ttft_s,
             "gap_s": None if pred is None else pred.decode_gap_s,
         })

@@ -16,6 +16,8 @@
                   transfer, failures and scale events
     search.py     `tandem plan`: the cheapest P:D split and the cheapest colocated pool
                   meeting the SLOs, their goodput and attainment curves
+    link_report.py  `tandem plan --link-gbps`: the prompt length and link speed below which
+                  the router's decision keeps prompts colocated on that link
     report.py     the plan as a table, JSON, Helm values and `tandem up` flags; plot.py: PNG
 
 Pure Python, no torch and no engine: a plan for 1,000 GPUs runs on a laptop. Imports

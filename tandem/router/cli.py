@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TTFT target adaptive placement keeps requests inside")
     p.add_argument("--slo-tpot-s", type=float, default=0.1,
                    help="token-gap (TPOT) target for the streams already decoding")
+    p.add_argument("--link-prior-gbps", type=float, default=10.0,
+                   help="adaptive placement: the link (Gb/s) a KV push is priced at between a "
+                   "prefill and a decode worker before its own pushes have measured it")
+    p.add_argument("--link-prior-rtt-ms", type=float, default=0.5,
+                   help="adaptive placement: the fixed cost (ms) of a KV push on such a link")
     p.add_argument("--block-size", type=int, default=16, help="KV block size (affinity hashing)")
     p.add_argument(
         "--prefill-attempts",
@@ -312,6 +317,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         placement=args.placement,
         slo_ttft_s=args.slo_ttft_s,
         slo_tpot_s=args.slo_tpot_s,
+        link_prior_gbps=args.link_prior_gbps,
+        link_prior_rtt_s=args.link_prior_rtt_ms / 1000.0,
         block_size=args.block_size,
         prefill_attempts=args.prefill_attempts,
         max_migrations=args.max_migrations,

@@ -27,6 +27,8 @@ class RouterConfig:
     prefill worker with more queued work than this loses its affinity to the least loaded one.
     ``decode_affinity_slack``: the decode worker holding a prompt's longest cached prefix is
     chosen unless its queue is deeper than this many requests beyond the least busy one's.
+    ``link_prior_gbps``/``link_prior_rtt_s``: the link adaptive placement prices a KV push at
+    between a prefill and a decode worker it has not measured yet (tandem/placement/link.py).
     """
 
     tokenizer_dir: str
@@ -47,6 +49,8 @@ class RouterConfig:
     placement_log: str | None = None  # a line per placement decision (tandem/placement/log.py)
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.1
+    link_prior_gbps: float = 10.0
+    link_prior_rtt_s: float = 0.0005
     block_size: int = 16
     affinity_max_queue: int = 8
     decode_affinity_slack: int = 4
@@ -150,6 +154,8 @@ class RouterConfig:
             "placement": self.placement in PLACEMENTS,
             "slo_ttft_s": 0 < self.slo_ttft_s <= _MAX_TIMEOUT_S,
             "slo_tpot_s": 0 < self.slo_tpot_s <= _MAX_TIMEOUT_S,
+            "link_prior_gbps": 0 < self.link_prior_gbps < 1e6,
+            "link_prior_rtt_s": 0 <= self.link_prior_rtt_s <= _MAX_TIMEOUT_S,
             "block_size": self.block_size >= 1,
             "affinity_max_queue": self.affinity_max_queue >= 0,
             "decode_affinity_slack": self.decode_affinity_slack >= 0,

@@ -28,6 +28,7 @@ from tandem.common.security.grpc_auth import (
     aio_interceptors,
 )
 from tandem.placement.affinity import PrefixAffinity
+from tandem.placement.link import LinkEstimates, LinkPrior
 from tandem.placement.log import PlacementLog
 from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -99,7 +100,9 @@ class RouterServer:
         self.placement_log = PlacementLog(config.placement_log) if config.placement_log \
             else None
         self.deps = HandoffDeps(config, self.registry, self.clients, affinity, counters,
-                                self.inflight, held=held, placement_log=self.placement_log)
+                                self.inflight, held=held, placement_log=self.placement_log,
+                                links=LinkEstimates(LinkPrior(config.link_prior_gbps,
+                                                              config.link_prior_rtt_s)))
         deps = self.deps
         budget = config.admission_budget
         self.gate = AdmissionGate(AdmissionLedger(

@@ -4,12 +4,15 @@ The inputs are built as the ledger builds them: ``cached`` (the decode worker's 
 answer, each prefill candidate's cached prefix), the overheads PrefillOverheads has learnt
 for a prompt of the blocks D lacks (each prefill worker's remote prefills, the decode
 worker's local ones), the fixed threshold; then cost_model.decide (or
-"remote": CONFIGURED) answers.
+"remote": CONFIGURED) answers. Each candidate's push is priced on its link to the decode
+worker as the router prices it (tandem/placement/link.py: the prefill profile's ``transfer``
+as the prior, each pair learnt from its simulated pushes).
 
 Two shortcuts keep a request's cost flat in the pool size, both exact:
 
 - One PrefillOverheads per worker: ``current()`` maps every worker it has seen, and
   a request needs only its candidates' figures (each worker's fit is its own either way);
+  LinkEstimates answers per pair the same way;
   a worker's figure for a push size is kept until its next observation changes the fit
   (faded to the request's time on each use).
 - decide weighs its first MAX_CANDIDATES prefill workers. predict_remote's TTFT only grows
@@ -31,6 +34,7 @@ from typing import Any
 
 from tandem.placement import cost_model
 from tandem.placement.cost_model import Decision, Placement, Reason
+from tandem.placement.link import LinkEstimates, LinkPrior
 from tandem.placement.log import placement_record
 from tandem.placement.overheads import PrefillOverheads
 from tandem.placement.policy import blocks_needed
@@ -60,6 +64,20 @@ class Placer:
         # paths are not logged), stamped with ``clock()`` (simulated seconds).
         self.log: list[dict[str, Any]] | None = None
         self.clock: Callable[[], float] = lambda: 0.0
+        self._links: LinkEstimates | None = None  # made at the first prefill worker's sight
+
+    def links(self, endpoint: str) -> LinkEstimates:
+        """The pairs' link estimates, their prior the prefill profile's ``transfer`` (one
+        profile for the whole prefill pool: ``endpoint`` is any of its workers)."""
+        if self._links is None:
+            t = self._prefill[endpoint].transfer
+            self._links = LinkEstimates(LinkPrior(t.bandwidth_bytes_per_s * 8 / 1e9,
+                                                  t.latency_s))
+        return self._links
+
+    def push_bytes(self, req: SimRequest, endpoint: str) -> int:
+        """KV bytes a remote prefill of ``req`` on ``endpoint`` pushes to its decode worker."""
+        return (req.tokens - req.d_cached) * self._prefill[endpoint].kv_bytes
 
     def place(self, req: SimRequest, dview: WorkerView, ranked: Sequence[WorkerView],
               now: float) -> Placement:
@@ -74,17 +92,23 @@ class Placer:
         tokens, pushed = req.tokens, blocks_needed(req.tokens - req.d_cached, self._bs)
         cached = {dview.endpoint: req.d_cached}
         head = ranked[:cost_model.MAX_CANDIDATES]
+        links = self.links(head[0].endpoint)
+        nbytes = self.push_bytes(req, head[0].endpoint)
+        d_end = dview.endpoint
         if self._full:
             if req.group >= 0:
                 for view in head:
                     held = self._prefill[view.endpoint].cached_tokens(req)
                     if held:
                         cached[view.endpoint] = held
+            link_s = {v.endpoint: links.seconds(v.endpoint, d_end, nbytes, now) for v in head}
             return cost_model.decide(tokens, dview, ranked, cluster.slo, cached=cached,
-                                     overhead_s=self._shared.current(pushed, now))
+                                     overhead_s=self._shared.current(pushed, now),
+                                     link_s=link_s)
         # The candidates' inputs, and those no earlier candidate matches on both queued
         # work and overhead (see the module docstring).
         overhead: dict[str, float] = {}
+        link: dict[str, float] = {}
         kept: list[WorkerView] = []
         marks: list[tuple[int, float, float, float]] = []
         table, bs = self._table, self._bs
@@ -112,6 +136,8 @@ class Placer:
                 overhead[endpoint] = extra
                 if extra < 0.0:
                     extra = 0.0
+            wire = link[endpoint] = links.seconds(endpoint, d_end, nbytes, now)
+            extra += wire
             work = view.queued_prefill_tokens + (new if new > 1 else 1)
             base = view.step_base_s if view.step_base_s is not None else -1.0
             per_token = (view.step_per_prefill_token_s
@@ -126,17 +152,26 @@ class Placer:
         if local is not None:
             overhead[dview.endpoint] = local.current(pushed, now)[dview.endpoint]
         placed = cost_model.decide(tokens, dview, kept, cluster.slo, cached=cached,
-                                   overhead_s=overhead)
+                                   overhead_s=overhead, link_s=link)
         if self.log is not None:
             self.log.append(placement_record(self.clock(), tokens, dview, kept, cached,
-                                             overhead, placed))
+                                             overhead, placed, link))
         return placed
 
-    def predicted(self, req: SimRequest, p: PrefillWorker, dview: WorkerView) -> float:
-        """predict_remote's TTFT on ``p`` (what the measured time is compared against)."""
+    def predicted(self, req: SimRequest, p: PrefillWorker, dview: WorkerView, now: float
+                  ) -> float:
+        """predict_remote's TTFT on ``p``, its push priced on the link to ``dview``'s worker
+        (compute plus link: what the measured time is compared against)."""
         new = max(req.tokens - p.cached_tokens(req), 1)
-        predicted = cost_model.predict_remote(p.view(), dview, new)
+        wire = self.links(p.endpoint).seconds(p.endpoint, dview.endpoint,
+                                               self.push_bytes(req, p.endpoint), now)
+        predicted = cost_model.predict_remote(p.view(), dview, new, link_s=wire)
         return predicted.ttft_s if predicted is not None else -1.0
+
+    def learn_link(self, p: str, d: str, nbytes: int, seconds: float, now: float) -> None:
+        """A push of ``nbytes`` from ``p`` to ``d`` that added ``seconds`` after the prefill
+        (what the router measures: prefill_placement.learn_link)."""
+        self.links(p).observe(p, d, nbytes, seconds, now)
 
     def learn(self, endpoint: str, req: SimRequest, measured_s: float, predicted_s: float,
               now: float) -> None:

@@ -9,7 +9,16 @@
 
 The policies and the placement model are the router's own functions, imported; this module
 only builds their inputs (tandem/planner/sim/index.py says which workers it hands them) and acts on
-their answers. PrefillOverheads learns each worker's extra seconds as the ledger does.
+their answers. PrefillOverheads learns each worker's extra seconds as the ledger does, and
+LinkEstimates each pair's exposed push time (placing.py).
+
+A push on a link of ``B`` bytes/s and latency ``l`` (the prefill profile's ``transfer``, or
+``tandem plan --link-gbps/--link-rtt-ms``) takes ``l + bytes / B`` after the prefill ends;
+the decode worker starts the request when it lands, and the first token reaches the router
+``l`` after the prefill. (The real prefill worker answers after its COMMIT's ACK, so there
+the first token waits for the push, less what the last step's compute hid: a slow link
+costs the simulated requests TPOT where it costs the real ones TTFT. Pushes on one link do
+not slow each other here.)
 """
 
 from __future__ import annotations
@@ -238,7 +247,7 @@ class SimRouter:
         req.p_attempts += 1
         req.prefill_endpoint = p.endpoint
         if self._adaptive:  # what PrefillOverheads compares the measured time against
-            req.predicted_s = self._placer.predicted(req, p, dview)
+            req.predicted_s = self._placer.predicted(req, p, dview, self._events.now)
         p.enqueue(req, self._events.now)
         self._touch_p(p)
 
@@ -297,6 +306,9 @@ class SimRouter:
         if self._adaptive:
             self._placer.learn(worker.endpoint, req, at_router - req.dispatch_s,
                                req.predicted_s, at_router)
+            assert req.decode is not None
+            self._placer.learn_link(worker.endpoint, req.decode.endpoint, pushed, push_s,
+                                    at_router)
         self._events.push(at_s + push_s, self._kv_arrived, req, req.leg)
 
     def _timed_out(self, req: SimRequest, attempt: tuple[int, PrefillWorker]) -> None:

@@ -59,6 +59,7 @@ from tandem.common.obs import tracing
 from tandem.placement import policy
 from tandem.placement.affinity import PrefixAffinity, prefix_hashes
 from tandem.placement.cost_model import Decision
+from tandem.placement.link import LinkEstimates
 from tandem.placement.log import PlacementLog
 from tandem.placement.overheads import PrefillOverheads
 from tandem.placement.worker_view import Role
@@ -114,6 +115,7 @@ class HandoffDeps:
     counters: HandoffCounters
     inflight: InflightCalls = field(default_factory=InflightCalls)
     overheads: PrefillOverheads = field(default_factory=PrefillOverheads)
+    links: LinkEstimates = field(default_factory=LinkEstimates)  # per P->D pair (link.py)
     held: HeldBlocks = field(default_factory=lambda: HeldBlocks(time.monotonic, 6.0))
     placement_log: PlacementLog | None = None  # --placement-log
 
@@ -347,9 +349,10 @@ class Handoff:
             deps.config.block_size, deps.held, owners, ranked, hashes, leg.endpoint,
             leg.reservation.cached_tokens)
         with tracing.span("placement", self._span) as span:
-            placed = prefill_placement.place(deps.config, deps.registry, deps.overheads,
-                                             len(tokens), leg.endpoint, ranked, cached,
-                                             deps.placement_log)
+            placed = prefill_placement.place(
+                deps.config, deps.registry, deps.overheads, len(tokens), leg.endpoint, ranked,
+                cached, deps.placement_log, deps.links,
+                prefill_placement.push_bytes(leg.reservation, len(tokens)))
             span.set_attributes({"tandem.decision": placed.decision.value,
                                  "tandem.reason": placed.reason.value,
                                  "tandem.prompt_tokens": len(tokens)})
@@ -367,12 +370,15 @@ class Handoff:
                 new = max(len(tokens) - cached.get(worker.endpoint, 0), 1)
                 reply = await self._try_prefill(worker.endpoint, leg, new)
                 if reply is not None:
+                    call_s = time.perf_counter() - t0
+                    pushed = prefill_placement.push_bytes(leg.reservation, len(tokens))
                     deps.affinity.record(hashes, worker.endpoint)
                     deps.held.record(worker.endpoint, hashes)
                     predicted = placed.predicted if i == 0 else prefill_placement.predict_remote(
-                        deps.registry, worker, leg.endpoint, new)
-                    prefill_placement.learn_overhead(deps.overheads, predicted, blocks,
-                                                     time.perf_counter() - t0)
+                        deps.registry, worker, leg.endpoint, new, deps.links, pushed)
+                    prefill_placement.learn_overhead(deps.overheads, predicted, blocks, call_s)
+                    prefill_placement.learn_link(deps.links, worker.endpoint, leg.endpoint,
+                                                 pushed, call_s, reply.prefill_s)
                     break
             if reply is None:
                 counters.local_prefill_fallbacks += 1

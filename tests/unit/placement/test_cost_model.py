@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.placement.cost_model import Decision, Reason, decide, predict_local, predict_remote
+from tandem.placement.link import LinkPrior, kv_bytes_per_token
 from tandem.placement.slo import Slo
 from tandem.placement.worker_view import Role, WorkerView
 
@@ -139,3 +140,35 @@ def test_the_routers_own_count_of_running_streams_is_used_when_larger() -> None:
     a, b = predict_local(reported, 60), predict_local(counted, 60)
     assert a is not None and b is not None
     assert b.decode_gap_s == pytest.approx(a.decode_gap_s + 28 * 0.002)
+
+
+def _link_s(gbps: float, tokens: int) -> dict[str, float]:
+    """The push of ``tokens`` tokens of a Llama-3-8B-shaped KV (128 KiB a token) to the
+    decode worker on a ``gbps`` link with a 1 ms round trip, priced for prefill worker p0."""
+    per_token = kv_bytes_per_token(32, 8, 128, "bfloat16")
+    return {"p0": LinkPrior(gbps, 0.001).seconds(tokens * per_token)}
+
+
+def test_a_slow_link_keeps_a_long_prompt_local() -> None:
+    """The same prompt and the same workers: on a 100 Gb/s link the push costs 11 ms and
+    the idle prefill worker's TTFT wins; on 1 Gb/s it costs over a second, more than the
+    decode worker's chunked prefill adds, so the prompt stays local."""
+    d = decode(running=2, chunk=128)
+    fast = decide(1000, d, [prefill()], SLO, link_s=_link_s(100, 1000))
+    slow = decide(1000, d, [prefill()], SLO, link_s=_link_s(1, 1000))
+    assert fast.decision is Decision.REMOTE and fast.reason is Reason.SLO
+    assert fast.predicted is not None and fast.predicted.link_s == pytest.approx(0.0115, rel=0.01)
+    assert slow.decision is Decision.LOCAL and slow.reason is Reason.SLO
+    # the link is its own term: not compute, not the learnt overhead
+    remote = predict_remote(prefill(), d, 1000, link_s=_link_s(1, 1000)["p0"])
+    assert remote is not None and remote.link_s > 1.0
+    assert remote.compute_s == pytest.approx(0.01 + 0.4)
+    assert remote.modelled_s == pytest.approx(remote.ttft_s)
+
+
+def test_the_link_price_scales_with_the_bytes_the_push_moves() -> None:
+    """A short prompt's push is cheap even on the slow link: it still goes remote when the
+    decode worker is too busy to take it inside the token-gap target."""
+    d = decode(running=8, chunk=256)
+    placed = decide(200, d, [prefill()], SLO, link_s=_link_s(1, 200))
+    assert placed.decision is Decision.REMOTE

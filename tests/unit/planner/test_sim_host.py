@@ -108,12 +108,18 @@ def test_macro_steps_match_one_step_at_a_time_with_host_sharing(
         placement: str, sharing: HostSharing) -> None:
     prof = profile(2e-7, capacity=20_000, seqs=8)
     trace = poisson(60, 8, MIX, seed=1)
-    cluster = ClusterSpec(2, 4, placement=placement, host_sharing=sharing)
+    # The workers report the profile's costs: under host sharing a decode worker's online
+    # fit (signals="fitted") sees a macro step's slowed run as one run where stepping one
+    # step at a time sees each step, so the two fits differ slightly, and adaptive placement
+    # (which prices every push on its link) can tip differently on a near tie.
+    # test_sim_reference compares the fitted signals without sharing.
+    cluster = ClusterSpec(2, 4, placement=placement, host_sharing=sharing, signals="profile")
     fast = simulate(cluster, prof, trace, events=EVENTS)
     slow = simulate(cluster, prof, trace, events=EVENTS, exact_steps=True)
     _same(fast, slow)
     assert_clean(fast)
-    plain = simulate(ClusterSpec(2, 4, placement=placement), prof, trace, events=EVENTS)
+    plain = simulate(ClusterSpec(2, 4, placement=placement, signals="profile"), prof, trace,
+                     events=EVENTS)
     assert sum(o.e2e_s for o in fast.outcomes) > sum(o.e2e_s for o in plain.outcomes)
 
 

@@ -88,6 +88,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         # text_of(first token + streamed tokens), the first token's text in the first message.
         self.text_of: Callable[[list[int]], str] | None = None
         self.traceparents: dict[str, str] = {}  # method -> the last call's traceparent
+        self.layout: worker_pb2.KVLayout | None = None  # sent in Reserve's reply when set
 
     def commit(self, request_id: str, firsts: list[int]) -> None:
         r = self.reservations[request_id]
@@ -117,7 +118,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
             request.prior_output_tokens, request.n or 1,
         )
         return worker_pb2.ReserveResponse(
-            transfer_id=request.request_id, block_ids=[1, 2], kv_endpoint=self.kv_name
+            transfer_id=request.request_id, block_ids=[1, 2], kv_endpoint=self.kv_name,
+            layout=self.layout,
         )
 
     async def PrefillLocal(self, request, context):  # noqa: N802
@@ -198,6 +200,7 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         self.started = asyncio.Event()
         self.stats: dict[str, Any] = {}  # extra WorkerStats fields, as on FakeDecode
         self.traceparents: dict[str, str] = {}  # as on FakeDecode
+        self.push_s = 0.0  # how long its push takes after the first token (a slow link)
 
     async def Prefill(self, request, context):  # noqa: N802
         self.calls.append(request.request_id)
@@ -214,8 +217,11 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         if self.hang:
             await asyncio.Event().wait()
         firsts = [fork_token(list(request.token_ids), j) for j in range(request.n or 1)]
+        if self.push_s:
+            await asyncio.sleep(self.push_s)
         self._decoders[request.kv_endpoint].commit(request.transfer_id, firsts)
-        return prefill_response(firsts, cached_tokens=16, prefill_s=0.002, transfer_s=0.001)
+        return prefill_response(firsts, cached_tokens=16, prefill_s=0.002,
+                                transfer_s=0.001 + self.push_s)
 
     async def Abort(self, request, context):  # noqa: N802
         self.aborts.append(request.request_id)

@@ -66,3 +66,23 @@ def test_bad_inputs_are_refused_with_a_reason(tmp_path: Path, capsys) -> None:
     assert main(["--profile", str(_profile_file(tmp_path)), "--workload", "nope",
                  "--rate", "1", "--quiet"]) == 2
     assert "--workload" in capsys.readouterr().err
+
+
+def test_plan_on_a_link_says_when_disaggregation_stops_paying(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    rc = main(["--profile", str(_profile_file(tmp_path)), "--workload", "mixed", "--rate", "1",
+               "--duration", "30", "--quiet", "--link-gbps", "0.5", "--link-rtt-ms", "2",
+               "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    # 20,000 B a token at 62.5 MB/s: 320 ms per 1k tokens
+    assert "link 0.5 Gb/s, RTT 2 ms: a push costs 320.0 ms per 1k prompt tokens" in printed
+    assert "beside 1 decoding stream(s):" in printed and "Gb/s a " in printed
+    link = json.loads((out / "plan.json").read_text())["inputs"]["link"]
+    assert link["gbps"] == 0.5 and link["rtt_s"] == 0.002
+    assert [v["decode_rows"] for v in link["verdicts"]] == [1, 16]
+    assert main(["--profile", str(_profile_file(tmp_path)), "--rate", "1", "--quiet",
+                 "--link-rtt-ms", "1"]) == 2
+    assert "--link-gbps" in capsys.readouterr().err
+    assert main(["--profile", str(_profile_file(tmp_path)), "--rate", "1", "--quiet",
+                 "--link-gbps", "0"]) == 2

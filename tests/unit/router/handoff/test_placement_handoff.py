@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client import generate_latest
 
 from tandem.placement.log import read_placement_log
-from tandem.protos.v1 import tandem_pb2
+from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tandem.router.tokenizer import RouterTokenizer
 from tests.scrape import parse
 from tests.unit.router.fakes import expected_output
-from tests.unit.router.harness import Cluster, cluster
+from tests.unit.router.harness import MODEL, Cluster, cluster
 
 SHORT = list(range(1000, 1040))  # 40 tokens: a chat turn
 LONG = list(range(2000, 3500))  # 1,500 tokens: a RAG prompt
@@ -152,5 +153,63 @@ def test_the_placement_log_keeps_each_decision_with_its_inputs(
         # past the TPOT target (0.1 s); remote keeps their gap at a plain step's
         assert long["local"]["gap_s"] > 0.1 >= long["prefill"][0]["gap_s"]
         assert path.stat().st_mode & 0o777 == 0o600
+
+    asyncio.run(scenario())
+
+
+# SmolLM2-135M's cache: 30 layers, 3 KV heads of 64, float16 (23,040 bytes a token): LONG's
+# push moves 1,500 x 23,040 = 34.6 MB.
+SMOLLM2_LAYOUT = worker_pb2.KVLayout(model=MODEL, dtype="float16", block_size=16,
+                                     num_layers=30, num_kv_heads=3, head_dim=64,
+                                     fingerprint="f")
+# A decode worker with 2 streams and a 128-token chunk budget (local LONG: 12 chunks of
+# 34 ms + 0.6 s = 1.0 s, a gap of 86 ms) and an idle prefill worker (remote LONG: 0.61 s
+# before its push).
+LINK_DECODE = dict(DECODE_COSTS, num_running=2, max_batched_tokens=128)
+LINK_PREFILL = dict(PREFILL_COSTS, pending_prefill_tokens=0)
+
+
+async def _with_link_costs(c: Cluster) -> None:
+    c.decode[0].layout = SMOLLM2_LAYOUT
+    c.decode[0].stats = dict(LINK_DECODE)
+    c.prefill[0].stats = dict(LINK_PREFILL)
+    await c.router.monitor.probe_all()
+
+
+def test_a_slow_link_prior_keeps_a_long_prompt_local(tokenizer: RouterTokenizer,
+                                                      tmp_path) -> None:
+    """--link-prior-gbps 0.1: before any push has measured the pair, LONG's 34.6 MB cost
+    2.8 s on the wire, more than the decode worker's chunked prefill: it goes local. With
+    the default prior (10 Gb/s: 28 ms) it goes remote."""
+    path = tmp_path / "placements.jsonl"
+
+    async def scenario(gbps: float, log: str) -> tuple[int, int]:
+        async with cluster(tokenizer, link_prior_gbps=gbps, placement_log=log) as c:
+            await _with_link_costs(c)
+            assert _tokens(await c.generate(_request(LONG))) == expected_output(LONG, 4)
+            return len(c.prefill[0].calls), len(c.decode[0].local_prefills)
+
+    assert asyncio.run(scenario(0.1, str(path))) == (0, 1)
+    assert asyncio.run(scenario(10.0, str(tmp_path / "fast.jsonl"))) == (1, 0)
+    (record,) = read_placement_log(path)
+    assert record["prefill"][0]["link_s"] == pytest.approx(0.0005 + 34_560_000 / 12.5e6)
+
+
+def test_the_link_is_learnt_from_pushes_and_then_prices_them(
+        tokenizer: RouterTokenizer) -> None:
+    """The default prior sends LONG remote; its push takes 1.5 s beyond the prefill
+    worker's first token, which the router learns for the pair; the next LONG goes local."""
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            await _with_link_costs(c)
+            c.prefill[0].push_s = 1.5
+            await c.generate(_request(LONG))
+            assert len(c.prefill[0].calls) == 1 and not c.decode[0].local_prefills
+            est = c.router.deps.links.estimate(c.prefill_endpoints[0], c.decode_endpoints[0])
+            assert est is not None and est.samples == 1
+            assert est.seconds(34_560_000) >= 1.5 - 0.002
+            await c.generate(_request(list(range(4000, 5500))))
+            assert len(c.prefill[0].calls) == 1 and len(c.decode[0].local_prefills) == 1
+            assert _decisions(c) == {("remote", "slo"): 1, ("local", "slo"): 1}
 
     asyncio.run(scenario())
