@@ -24,14 +24,15 @@ from tandem.engine.models.windows import layer_windows
 
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block (attending through a sliding window of ``window``
-    positions when it is set)."""
+    positions when it is set); a family may give its own attention and feed-forward."""
 
-    def __init__(self, arch: ModelArch, window: int | None = None) -> None:
+    def __init__(self, arch: ModelArch, window: int | None = None,
+                 attn: nn.Module | None = None, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch, window)
+        self.self_attn = attn if attn is not None else Attention(arch, window)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.mlp = mlp if mlp is not None else MLP(arch)
 
     def forward(
         self,
@@ -60,7 +61,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, w) for w in layer_windows(arch))
+        self.layers = nn.ModuleList(self.make_layer(arch, i, w)
+                                    for i, w in enumerate(layer_windows(arch)))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
@@ -68,17 +70,21 @@ class CausalLM(nn.Module):
         self.register_buffer("cos_table", cos, persistent=False)  # [P, hd] fp32
         self.register_buffer("sin_table", sin, persistent=False)
 
+    def make_layer(self, arch: ModelArch, index: int, window: int | None) -> nn.Module:
+        """Decoder layer ``index`` (a family's forward overrides this: mla_lm.py)."""
+        return DecoderLayer(arch, window)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_cache: torch.Tensor,  # [L, 2, num_blocks, bs, Hkv, hd]
+        kv_cache: torch.Tensor,  # [L, 2, num_blocks, bs, Hkv, hd] (MLA: [L, 1, ..., 1, W])
         meta: AttentionMetadata,
         backend: AttentionBackend,
         layer_hook: LayerHook | None = None,
     ) -> torch.Tensor:  # [T, hidden]
         h = self.embed_tokens(input_ids)
-        cos = self.cos_table[positions].to(h.dtype)[:, None, :]  # [T, 1, hd]
+        cos = self.cos_table[positions].to(h.dtype)[:, None, :]  # [T, 1, rotary dims]
         sin = self.sin_table[positions].to(h.dtype)[:, None, :]
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_cache[i], meta, backend)

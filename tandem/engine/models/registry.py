@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from tandem.engine.errors import ModelLoadError, UnsupportedModelError
-from tandem.engine.models import llama, mistral, qwen2, qwen3
+from tandem.engine.models import deepseek_v2, deepseek_v3, llama, mistral, qwen2, qwen3
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.spec import FamilySpec
 
-_SPECS = (llama.SPEC, mistral.SPEC, qwen2.SPEC, qwen3.SPEC)
+_SPECS = (llama.SPEC, mistral.SPEC, qwen2.SPEC, qwen3.SPEC,
+          deepseek_v2.SPEC, deepseek_v3.SPEC)
 FAMILIES: dict[str, FamilySpec] = {s.model_type: s for s in _SPECS}
 GGUF_ARCHITECTURES: dict[str, FamilySpec] = {a: s for s in _SPECS for a in s.gguf_architectures}
 

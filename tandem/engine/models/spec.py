@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tandem.engine.errors import UnsupportedConfigError
@@ -201,7 +201,7 @@ class FamilySpec:
             max_position_embeddings=config.max_position_embeddings,
             eos_token_ids=eos_ids,
             hidden_act=getattr(config, "hidden_act", "silu"),
-            **asdict(features),
+            **{f.name: getattr(features, f.name) for f in fields(features)},  # shallow
         )
 
     def model_class(self) -> type:
