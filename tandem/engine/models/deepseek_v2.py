@@ -6,9 +6,9 @@ The softmax scale is ``qk_head_dim ** -0.5``, times ``mscale(factor, mscale_all_
 under a non-default RoPE (transformers' ``yarn_apply_mscale``; yarn's own attention factor
 scales the rotated dims through the RoPE tables).
 
-Layers from ``first_k_dense_replace`` on are mixture-of-experts when ``n_routed_experts`` is
-set: not computed yet, so such a config is refused by name (``refuse_moe_layers``); the MoE
-fields are honoured as inert for every config that is accepted (no layer reads them).
+Layers from ``first_k_dense_replace`` on are mixture-of-experts: not computed yet, so a
+config with any is refused by name (``refuse_moe_layers``); the MoE fields are inert for every
+config that is accepted (no layer reads them).
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ MOE_FIELDS = tuple(ConfigField(name) for name in (
 
 
 def moe_layers(config: Any) -> range:
-    """The layers transformers builds as mixture-of-experts: from first_k_dense_replace on,
-    when the config has routed experts at all."""
-    if not getattr(config, "n_routed_experts", None):
-        return range(0)
+    """The layers transformers builds as mixture-of-experts: every one from
+    first_k_dense_replace on (whatever n_routed_experts says: with none routed, the shared
+    experts still replace the dense MLP there)."""
     first = getattr(config, "first_k_dense_replace", None) or 0
     return range(first, config.num_hidden_layers)
 
