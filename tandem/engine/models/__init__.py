@@ -6,8 +6,10 @@ layers in ``layers/``, the decoder that computes them in ``causal_lm.py``.
     arch.py        ModelArch: the shape and features every other part of the engine reads
     tensor_plan.py which checkpoint tensors fill which parameters
     llama.py, mistral.py, qwen2.py, qwen3.py   the families
-    layers/        RMSNorm, RoPE, attention, MLP (torch)
+    deepseek_v2.py, deepseek_v3.py             multi-head latent attention families
+    layers/        RMSNorm, RoPE, attention, MLA, MLP (torch)
     causal_lm.py   the decoder over the paged KV cache (torch)
+    mla_lm.py      the decoder with MLA layers over the latent KV cache (torch)
     weights.py     strict loading: every tensor consumed, or the load fails (torch)
 """
 

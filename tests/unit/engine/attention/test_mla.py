@@ -93,3 +93,23 @@ def test_triton_absorbed_decode_matches_torch() -> None:
     want = _absorbed(TorchAttentionBackend(), ref, q_nope, q_pe, *_weights())
     have = _absorbed(triton, got, q_nope.to(device), q_pe.to(device), *_weights(device))
     torch.testing.assert_close(have.cpu(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_an_mla_engine_on_the_triton_backend_equals_transformers(tiny_dir, make_engine) -> None:
+    """The whole model with the latent writes and the absorbed decode through Triton."""
+    from tandem.engine import SamplingParams
+    from tandem.engine.attention.triton_kernels.common import is_interpreting
+    from tests.unit.engine._reference import engine_token_ids, hf_greedy
+
+    if not torch.cuda.is_available() and not is_interpreting():
+        pytest.skip("no CUDA, and the Triton kernels were imported compiled")
+    path = tiny_dir("deepseek_v3")
+    engine = make_engine(model=str(path), num_blocks=64, block_size=4, attention_backend="triton",
+                         use_native_kernels=False, device="cpu" if is_interpreting() else "cuda",
+                         dtype="float32")
+    assert engine.runner.backend.name == "triton"
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (9, 23)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    for prompt, tokens in zip(prompts, engine_token_ids(engine, prompts, params), strict=True):
+        assert tokens == hf_greedy(path, prompt, 8)
