@@ -92,6 +92,10 @@ def load_model(
         model = spec.model_class()(arch, cos, sin)
     linears = plan.linears()
     quantized = {lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)}
+    absorbed = sorted(n for n in quantized if n.endswith(".kv_b_proj"))
+    if absorbed:  # MLA's decode folds its rows into the queries (layers/mla.py)
+        raise ModelLoadError(f"{absorbed[0]} is stored quantized ({fmt.label}): multi-head "
+                             "latent attention reads kv_b_proj as float weights")
     for name in quantized:  # a storage-less placeholder until the layer is built below
         set_module(model, name, nn.Identity())
     model = model.to_empty(device=device).to(dtype)
