@@ -6,9 +6,12 @@ The softmax scale is ``qk_head_dim ** -0.5``, times ``mscale(factor, mscale_all_
 under a non-default RoPE (transformers' ``yarn_apply_mscale``; yarn's own attention factor
 scales the rotated dims through the RoPE tables).
 
-Layers from ``first_k_dense_replace`` on are mixture-of-experts: not computed yet, so a
-config with any is refused by name (``refuse_moe_layers``); the MoE fields are inert for every
-config that is accepted (no layer reads them).
+Layers from ``first_k_dense_replace`` on are mixture-of-experts (tandem/engine/models/layers/
+moe.py; ``moe_layer_freq`` other than 1 refused): ``n_routed_experts`` experts
+``moe_intermediate_size`` wide, softmax scores, greedy or group-limited greedy top-k
+(``topk_method``, ``n_group``, ``topk_group``), weights x ``routed_scaling_factor``, plus
+``n_shared_experts`` shared experts always on (biased with ``mlp_bias`` as the dense MLP).
+``norm_topk_prob`` is refused: transformers' V2 never renormalises, DeepSeek's code does.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tandem.engine.errors import UnsupportedConfigError
-from tandem.engine.models.arch import Features, MlaDims
+from tandem.engine.models.arch import Features, MlaDims, ModelArch, MoeArch
+from tandem.engine.models.moe_config import DEEPSEEK_MOE_FIELDS, MOE_INERT_FIELDS, deepseek_moe
 from tandem.engine.models.spec import COMMON_FIELDS, ConfigField, FamilySpec, rope_parameters
-from tandem.engine.models.tensor_plan import mla_plan
+from tandem.engine.models.tensor_plan import DEEPSEEK_MOE_NAMES, WeightPlan, mla_plan, with_moe
 
 MLA_FORWARD = "tandem.engine.models.mla_lm:MlaCausalLM"
 
@@ -29,33 +32,15 @@ MLA_FIELDS = (
     ConfigField("attention_bias", default=False),
 )
 
-# Read by DeepSeek's MoE layers only, which refuse_moe_layers keeps out: inert until then.
-MOE_FIELDS = tuple(ConfigField(name) for name in (
-    "first_k_dense_replace", "n_routed_experts", "moe_intermediate_size", "n_shared_experts",
-    "routed_scaling_factor", "topk_method", "n_group", "topk_group", "num_experts_per_tok",
-    "norm_topk_prob", "scoring_func", "moe_layer_freq", "ep_size", "aux_loss_alpha",
-    "seq_aux", "output_router_logits",
-))
+# ep_size: how DeepSeek's own code splits experts over ranks, the same forward at any value
+DEEPSEEK_INERT_FIELDS = MOE_INERT_FIELDS | {"qk_head_dim", "ep_size"}  # qk_head_dim: derived
 
 
-def moe_layers(config: Any) -> range:
-    """The layers transformers builds as mixture-of-experts: every one from
-    first_k_dense_replace on (whatever n_routed_experts says: with none routed, the shared
-    experts still replace the dense MLP there)."""
-    first = getattr(config, "first_k_dense_replace", None) or 0
-    return range(first, config.num_hidden_layers)
-
-
-def refuse_moe_layers(config: Any) -> None:
-    """UnsupportedConfigError naming first_k_dense_replace when any layer would be MoE."""
-    moe = moe_layers(config)
-    if moe:
-        raise UnsupportedConfigError(
-            config.model_type, "first_k_dense_replace", getattr(config, "first_k_dense_replace",
-                                                                None),
-            f"layers {moe.start}..{moe.stop - 1} of {config.num_hidden_layers} would be "
-            f"mixture-of-experts (n_routed_experts={config.n_routed_experts}); DeepSeek's MoE "
-            "layers are not computed yet, only configs whose every layer is dense")
+def moe_arch(config: Any, version: int) -> MoeArch | None:
+    """The MoE block of the layers from ``first_k_dense_replace`` on (moe_config.deepseek_moe:
+    its routing refusals), or None when every layer is dense."""
+    moe = deepseek_moe(config, version)
+    return moe if moe.sparse_layers else None
 
 
 def softmax_scale(config: Any, qk_head_dim: int) -> float:
@@ -83,20 +68,25 @@ def mla_dims(config: Any, rope_interleave: bool) -> MlaDims:
 
 
 def _features(config: Any) -> Features:
-    refuse_moe_layers(config)
     return Features(o_bias=bool(getattr(config, "attention_bias", False)),
                     mlp_bias=bool(getattr(config, "mlp_bias", False)),
-                    mla=mla_dims(config, rope_interleave=True))  # V2 always rotates pairs
+                    mla=mla_dims(config, rope_interleave=True),  # V2 always rotates pairs
+                    moe=moe_arch(config, 2))
+
+
+def mla_moe_plan(arch: ModelArch) -> WeightPlan:
+    """MLA's projections in every layer, the MoE block's tensors in the sparse ones."""
+    return with_moe(mla_plan(arch), arch, DEEPSEEK_MOE_NAMES)
 
 
 SPEC = FamilySpec(
     model_type="deepseek_v2",
-    fields=COMMON_FIELDS + MLA_FIELDS + MOE_FIELDS + (
+    fields=COMMON_FIELDS + MLA_FIELDS + DEEPSEEK_MOE_FIELDS + (
         ConfigField("mlp_bias", default=False),
         ConfigField("num_experts"),  # transformers' alias of n_routed_experts
     ),
     features=_features,
     forward=MLA_FORWARD,
-    plan=mla_plan,
-    inert=frozenset({"qk_head_dim"}),  # derived by transformers' config
+    plan=mla_moe_plan,
+    inert=DEEPSEEK_INERT_FIELDS,
 )

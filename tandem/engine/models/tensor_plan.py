@@ -159,9 +159,10 @@ def _moe_slots(arch: ModelArch, i: int, names: MoeNames,
                                   p + "gate.e_score_correction_bias"))
     if moe.shared_intermediate_size:
         shared = p + names.shared + "."
+        bias = arch.mlp_bias  # as the shared expert's (layers/moe.py)
         linears += [LinearSlot(ours + "shared_expert.gate_up_proj",
-                               (shared + "gate_proj", shared + "up_proj"), False),
-                    LinearSlot(ours + "shared_expert.down_proj", (shared + "down_proj",), False)]
+                               (shared + "gate_proj", shared + "up_proj"), bias),
+                    LinearSlot(ours + "shared_expert.down_proj", (shared + "down_proj",), bias)]
     if moe.shared_expert_gate:
         tensors.append(TensorSlot(ours + "shared_expert_gate", p + names.shared_gate + ".weight"))
     return tuple(linears), tuple(tensors)

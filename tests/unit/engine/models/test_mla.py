@@ -2,22 +2,21 @@
 token, over the latent KV cache: V2-style (q straight from the hidden state) and V3-style
 (q-LoRA) tiny checkpoints whose every layer is dense and every parameter non-trivial
 (tandem/engine/testing/perturb.py); prompts of several blocks, whole and chunked prefill,
-prefix-cache hits, and a P/D handoff of the latent blocks."""
+prefix-cache hits, and a P/D handoff of the latent blocks. With DeepSeek's MoE layers:
+test_deepseek_moe.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from tandem.engine import SamplingParams
-from tandem.engine.errors import UnsupportedConfigError
 from tandem.engine.models.weights import read_arch
 from tandem.engine.native import load, unsupported_reason
 from tandem.worker.convert import kv_layout
-from tests.unit.engine._handoff import copy_blocks
+from tests.unit.engine._handoff import handoff_token_ids
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
 BLOCK = 4
@@ -126,21 +125,7 @@ def test_handoff_equals_colocated(family_dir, make_engine, arch: str) -> None:
     assert (layout.planes, layout.num_kv_heads, layout.head_dim, layout.kv_lora_rank) == \
         (1, 1, 40, 32)
     prompt = _prompts([37], seed=6)[0]
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    rid = prefill.remote.prefill.add(prompt, one, request_id="r1")
-    first = None
-    while prefill.has_unfinished():
-        for out in prefill.step():
-            first = out.token_ids[0]
-    src = prefill.remote.prefill.held_block_ids(rid)
-    assert len(src) == -(-37 // BLOCK)
-    dst = decode.remote.decode.reserve("r1", prompt, GREEDY).fill_block_ids
-    copy_blocks(prefill, src, decode, dst, layer_by_layer=True)  # as the transfer layer would
-    prefill.remote.prefill.release(rid)
-    tokens = list(decode.remote.decode.commit("r1", first).new_token_ids)
-    while decode.has_unfinished():
-        for out in decode.step():
-            tokens += out.new_token_ids
+    tokens = handoff_token_ids(prefill, decode, prompt, GREEDY)
     assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
 
 
@@ -170,23 +155,3 @@ def test_the_native_path_declines_mla_and_auto_keeps_the_model_dtype(family_dir,
 def test_an_int8_kv_cache_is_refused(family_dir, make_engine) -> None:
     with pytest.raises(ValueError, match="int8 is not supported for multi-head latent"):
         _engine(make_engine, family_dir("deepseek_v3"), kv_cache_dtype="int8")
-
-
-@pytest.mark.parametrize(("arch", "overrides", "layers"), [
-    ("deepseek_v3", {"first_k_dense_replace": 1}, "1..1"),
-    ("deepseek_v2", {"first_k_dense_replace": 0}, "0..1"),
-])
-def test_configs_with_moe_layers_are_refused_by_name(family_dir, tmp_path: Path, arch: str,
-                                                     overrides: dict, layers: str) -> None:
-    """Until the MoE block is wired, a config whose layers from first_k_dense_replace on would
-    be mixture-of-experts is refused (transformers builds them as MoE whatever the count of
-    routed experts); with first_k_dense_replace >= num_hidden_layers every layer is dense."""
-    src = family_dir(arch)
-    config = json.loads((src / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **overrides}))
-    with pytest.raises(UnsupportedConfigError, match=f"layers {layers} of 2") as err:
-        read_arch(tmp_path)
-    assert err.value.field == "first_k_dense_replace"
-    dense = {**config, **overrides, "first_k_dense_replace": 2}
-    (tmp_path / "config.json").write_text(json.dumps(dense))
-    assert read_arch(tmp_path)[1].mla is not None
