@@ -10,7 +10,8 @@ With the weights already on the device::
 ``total - free`` counts everything the device holds now (this engine's weights, other
 processes, the CUDA context), as vLLM counts it. The activation reserve is an estimate of a
 step's peak beside weights and KV, not a profiled figure: every step-sized activation a
-layer keeps at once (hidden state, residual, normed input, q/k/v, gate, up and their product)
+layer keeps at once (hidden state, residual, normed input, q/k/v (an MLA model's as
+decompressed for prefill, with its latent), gate, up and their product)
 for the step's token budget, the fp32 logits of a full batch twice (logits and the sampler's
 working copy), and a fixed margin for the allocator, CUDA graphs and library workspaces.
 Torch-free: the engine passes it torch's figures (``mem_info``).
@@ -32,17 +33,15 @@ MARGIN_BYTES = 512 * 2**20  # allocator slack, CUDA graph pools, cuBLAS/Triton w
 class _Shape(Protocol):
     hidden_size: int
     intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
+    attention_width: int  # q, k and v values per token (ModelArch.attention_width)
     vocab_size: int
 
 
 def activation_reserve(arch: _Shape, max_num_batched_tokens: int, max_num_seqs: int,
                        act_bytes: int) -> int:
     """Bytes kept free for one step's activations (see the module docstring)."""
-    qkv = (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
-    per_token = act_bytes * (3 * arch.hidden_size + qkv + 3 * arch.intermediate_size)
+    per_token = act_bytes * (3 * arch.hidden_size + arch.attention_width
+                             + 3 * arch.intermediate_size)
     logits = 2 * max_num_seqs * arch.vocab_size * 4
     return max_num_batched_tokens * per_token + logits + MARGIN_BYTES
 

@@ -77,7 +77,9 @@ class LLMEngine:
         # Called after every step that ran the model with (decode rows, prompt tokens, context
         # tokens, seconds), on the thread that steps; a worker's --step-log (tandem/worker/step_log.py).
         self.step_observer: Callable[[int, int, int, float], None] | None = None
-        self.kv_cache_dtype = config.resolved_kv_cache_dtype(self._native_ok(config))
+        # "auto"'s float16 cache is the fused native forward's, which never runs an MLA model
+        self.kv_cache_dtype = config.resolved_kv_cache_dtype(
+            self._native_ok(config) and self.arch.mla is None)
         per_block = ModelRunner.kv_bytes_per_block(
             self.arch, cc.block_size, self.dtype, self.kv_cache_dtype
         )

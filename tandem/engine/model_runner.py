@@ -55,11 +55,15 @@ class ModelRunner:
         self.device = rc.device
         self.backend = get_backend(rc.backend)
         int8_kv = rc.kv_cache_dtype == "int8"
+        if int8_kv and arch.mla is not None:
+            raise ValueError("--kv-cache-dtype int8 is not supported for multi-head latent "
+                             "attention (its latent cache is stored in a float dtype)")
         if int8_kv:  # int8 values + a scale per head vector (tandem/engine/quant/kv_int8.py)
             self.backend = Int8KVBackend(self.backend)
-        # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b].
-        shape = (arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads,
-                 storage_head_dim(arch.head_dim, rc.kv_cache_dtype))
+        # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b]
+        # (an MLA model: [layers, 1, blocks, block_size, 1, kv_lora_rank + rope dims]).
+        shape = (arch.num_layers, arch.kv_planes, rc.num_blocks, rc.block_size,
+                 arch.kv_cache_heads, storage_head_dim(arch.kv_cache_dim, rc.kv_cache_dtype))
         kv_dtype = kv_storage_dtype(rc.dtype, rc.kv_cache_dtype)
         if rc.native_kernels and rc.device.type == "cpu":  # steps read blocks all over it
             from tandem.engine.native import huge_pages
@@ -97,10 +101,10 @@ class ModelRunner:
     def kv_bytes_per_block(
         arch: ModelArch, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
     ) -> int:
-        """Bytes one block occupies across all layers, K and V."""
+        """Bytes one block occupies across all layers, K and V (or MLA's latent)."""
         elem = kv_storage_dtype(dtype, kv_cache_dtype).itemsize
-        width = storage_head_dim(arch.head_dim, kv_cache_dtype)
-        return arch.num_layers * 2 * block_size * arch.num_kv_heads * width * elem
+        width = storage_head_dim(arch.kv_cache_dim, kv_cache_dtype)
+        return arch.num_layers * arch.kv_planes * block_size * arch.kv_cache_heads * width * elem
 
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -87,8 +87,9 @@ class EngineStats:
 @dataclass(frozen=True, slots=True)
 class KVCacheSpec:
     """What the engine's KV cache tensor holds, for whoever moves its blocks (the workers build
-    kv_transfer's ``KvLayout`` from it): ``kv: [num_layers, 2, num_blocks, block_size,
-    num_kv_heads, head_dim + scale_bytes / itemsize]``."""
+    kv_transfer's ``KvLayout`` from it): ``kv: [num_layers, planes, num_blocks, block_size,
+    num_kv_heads, head_dim + scale_bytes / itemsize]``; planes is 2 (K, V), or 1 when
+    ``kv_lora_rank`` is set (MLA's latent cache: one head of kv_lora_rank + rope values)."""
 
     model: str
     dtype: str  # the model's compute dtype
@@ -98,3 +99,4 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     scale_bytes: int = 0  # bytes of scales after each head vector (int8 caches)
+    kv_lora_rank: int = 0  # > 0: the latent cache of multi-head latent attention

@@ -4,7 +4,8 @@ memory, CUDA IPC and an in-process fake behind one transport interface.
 
 The spec is docs/kv_transfer.md. Decode side: ``Receiver`` (reserve/release/events). Prefill
 side: ``Sender`` (open -> push layers -> commit/abort). Both take the cache tensor
-``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` and a ``KvLayout``.
+``[num_layers, planes, num_blocks, block_size, num_kv_heads, head_dim]`` and a ``KvLayout``
+(planes: K and V, or the one latent plane of an MLA model).
 """
 
 from tandem.kv_transfer.config import Limits, ReceiverConfig, SenderConfig, TlsConfig

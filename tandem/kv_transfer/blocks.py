@@ -1,9 +1,10 @@
 """Byte-level access to the blocks of one worker's cache tensor.
 
-``kv: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``, contiguous. A payload
-covering layers ``[lo, hi)`` and block ids ``ids`` is ``kv[lo:hi, :, ids]`` in C order:
+``kv: [num_layers, planes, num_blocks, block_size, num_kv_heads, head_dim]``, contiguous
+(planes: K and V, or one latent plane: tandem/kv_transfer/layout.py). A payload covering
+layers ``[lo, hi)`` and block ids ``ids`` is ``kv[lo:hi, :, ids]`` in C order:
 
-    for l in lo..hi-1:  for k in (K, V):  for b in ids:  kv[l, k, b]   (block_bytes each)
+    for l in lo..hi-1:  for k in planes:  for b in ids:  kv[l, k, b]   (block_bytes each)
 
 On a CPU cache the views point straight into the tensor's memory (adjacent ids coalesced into
 one run), so the sender's ``sendmsg`` reads and the receiver's ``recvmsg_into`` writes the cache
@@ -51,7 +52,8 @@ def check_cache_tensor(kv: torch.Tensor, layout: KvLayout) -> None:
     if kv.dtype != want:
         raise TransferSpecError(f"cache dtype {kv.dtype} != layout kv_dtype {layout.kv_dtype}")
     shape = tuple(kv.shape)
-    expect = (layout.num_layers, 2, shape[2] if len(shape) == 6 else -1, layout.block_size,
+    expect = (layout.num_layers, layout.planes, shape[2] if len(shape) == 6 else -1,
+              layout.block_size,
               layout.num_kv_heads, layout.row_width)
     if len(shape) != 6 or shape != expect:
         raise TransferSpecError(f"cache shape {shape} does not match layout {expect}")
@@ -70,7 +72,7 @@ class KvBlocks:
         self.layout = layout
         self.num_blocks = int(kv.shape[2])
         self.staged = kv.device.type != "cpu" if staged is None else staged
-        # [L * 2 * N * block_bytes] bytes aliasing the tensor (CPU only).
+        # [L * planes * N * block_bytes] bytes aliasing the tensor (CPU only).
         self._bytes = kv.view(torch.uint8).reshape(-1).numpy() if kv.device.type == "cpu" else None
 
     @property
@@ -99,11 +101,12 @@ class KvBlocks:
         bb = self.layout.block_bytes
         n = self.num_blocks
         runs = coalesce(ids)
-        # Byte offset of run (start, count) in layer l, half k: ((l * 2 + k) * n + start) * bb.
+        # Byte offset of run (start, count) in layer l, plane k: ((l * P + k) * n + start) * bb.
         spans = [(start * bb, count * bb) for start, count in runs]
         data = self._bytes
         out: list[Buffer] = []
-        for half in range(lo * 2, hi * 2):
+        planes = self.layout.planes
+        for half in range(lo * planes, hi * planes):
             base = half * n * bb
             out += [data[base + a:base + a + size] for a, size in spans]
         return out
@@ -126,8 +129,9 @@ class KvBlocks:
 
     def _rows(self, lo: int, hi: int, ids: Sequence[int]) -> np.ndarray:
         """Row numbers, in payload order, of the blocks in ``kv`` viewed as
-        ``[num_layers * 2 * num_blocks, block_bytes]``: row = (layer * 2 + k) * N + id."""
-        halves = np.arange(lo * 2, hi * 2, dtype=np.int64)[:, None] * self.num_blocks
+        ``[num_layers * planes * num_blocks, block_bytes]``: row = (layer * P + k) * N + id."""
+        planes = self.layout.planes
+        halves = np.arange(lo * planes, hi * planes, dtype=np.int64)[:, None] * self.num_blocks
         return (halves + np.asarray(ids, dtype=np.int64)[None, :]).reshape(-1)
 
     def gather_into(self, lo: int, hi: int, ids: Sequence[int], out: np.ndarray) -> None:

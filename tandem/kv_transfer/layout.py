@@ -1,10 +1,18 @@
 """The cache layout both peers must share: the fingerprint checked at HELLO.
 
-The engine hands each worker one tensor ``kv: [num_layers, 2, num_blocks, block_size,
-num_kv_heads, row_width]`` (index 1: 0 = K, 1 = V). ``KvLayout`` describes everything about it
-except ``num_blocks``, which differs per worker. ``row_width`` is ``head_dim`` for float caches;
-an int8 cache appends each head vector's scale as ``scale_bytes`` raw bytes, so a block carries
-its own scales: ``row_width = head_dim + scale_bytes / itemsize``.
+The engine hands each worker one tensor ``kv: [num_layers, planes, num_blocks, block_size,
+num_kv_heads, row_width]``. ``KvLayout`` describes everything about it except ``num_blocks``,
+which differs per worker. ``row_width`` is ``head_dim`` for float caches; an int8 cache appends
+each head vector's scale as ``scale_bytes`` raw bytes, so a block carries its own scales:
+``row_width = head_dim + scale_bytes / itemsize``.
+
+    kv_lora_rank = 0   planes = 2 (0 = K, 1 = V), num_kv_heads heads of head_dim each
+    kv_lora_rank > 0   planes = 1: multi-head latent attention's compressed cache (DeepSeek),
+                       one shared head of head_dim = kv_lora_rank + the rotated key part
+
+A latent layout never equals a K/V one (its fingerprint carries ``kv_lora_rank``), so a peer
+serving the same model with decompressed K/V, or another split of the same row width, is
+refused at HELLO.
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ import msgpack
 import xxhash
 
 from tandem.kv_transfer.errors import LayoutMismatchError, MalformedFrame
+
+# Fields a peer may omit (their default, 0, meaning "none"); digested only when set.
+_OPTIONAL = ("scale_bytes", "kv_lora_rank")
 
 # Bytes per element of each cache dtype we can move. int8 is listed for the quantised caches
 # that may come later; nothing here depends on the element being a float.
@@ -34,6 +45,8 @@ class KvLayout:
     num_kv_heads: int
     head_dim: int
     scale_bytes: int = 0  # bytes of per-vector scales after each head vector (int8 caches)
+    # > 0: one latent plane (MLA); its rows are kv_lora_rank latent values, then RoPE's part
+    kv_lora_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ITEMSIZE:
@@ -43,6 +56,17 @@ class KvLayout:
                 raise ValueError(f"KvLayout.{name} must be > 0")
         if self.scale_bytes < 0 or self.scale_bytes % ITEMSIZE[self.kv_dtype]:
             raise ValueError("KvLayout.scale_bytes must be >= 0 and a multiple of the itemsize")
+        if self.kv_lora_rank < 0:
+            raise ValueError("KvLayout.kv_lora_rank must be >= 0")
+        if self.kv_lora_rank and not (self.num_kv_heads == 1 and self.head_dim > self.kv_lora_rank
+                                      and self.scale_bytes == 0):
+            raise ValueError("a latent KvLayout (kv_lora_rank > 0) has one head wider than "
+                             "kv_lora_rank and no scales")
+
+    @property
+    def planes(self) -> int:
+        """Planes per layer: K and V, or the one latent plane."""
+        return 1 if self.kv_lora_rank else 2
 
     @property
     def itemsize(self) -> int:
@@ -56,24 +80,26 @@ class KvLayout:
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one block of one layer for K (or V): ``kv[l, k, b]``."""
+        """Bytes of one block of one layer and plane: ``kv[l, k, b]`` (K, V or the latent)."""
         return self.block_size * self.num_kv_heads * self.row_width * self.itemsize
 
     @property
     def fingerprint(self) -> str:
         """Stable hex digest of the layout (same value in every process and on every host)."""
-        # scale_bytes joins only when set, so float layouts keep their published digests.
+        # scale_bytes and kv_lora_rank join only when set, so K/V float layouts keep their
+        # published digests.
         packed = msgpack.packb([getattr(self, f.name) for f in fields(self)
-                                if f.name != "scale_bytes" or self.scale_bytes])
+                                if f.name not in _OPTIONAL or getattr(self, f.name)])
         return xxhash.xxh3_64_hexdigest(packed)
 
     def payload_shape(self, num_layers: int, num_blocks: int) -> list[int]:
         """Shape of a payload carrying ``num_layers`` layers of ``num_blocks`` blocks."""
-        return [num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.row_width]
+        return [num_layers, self.planes, num_blocks, self.block_size, self.num_kv_heads,
+                self.row_width]
 
     def payload_bytes(self, num_layers: int, num_blocks: int) -> int:
         """Byte size of such a payload."""
-        return num_layers * 2 * num_blocks * self.block_bytes
+        return num_layers * self.planes * num_blocks * self.block_bytes
 
     def to_wire(self) -> dict[str, Any]:
         """The layout as a msgpack-ready map (sent in the first HELLO)."""
@@ -87,7 +113,7 @@ class KvLayout:
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             value = data.get(f.name)
-            if f.name == "scale_bytes" and value is None:  # optional: float caches omit it
+            if f.name in _OPTIONAL and value is None:  # absent from older peers' maps
                 value = 0
             want = str if f.type == "str" else int
             if type(value) is not want:

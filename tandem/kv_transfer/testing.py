@@ -49,8 +49,8 @@ def tiny_layout(kv_dtype: str = "float16", *, layers: int = 3, heads: int = 2, h
 
 
 def cache_shape(layout: KvLayout, num_blocks: int) -> tuple[int, ...]:
-    """``[layers, 2, num_blocks, block_size, kv_heads, row_width]``."""
-    return (layout.num_layers, 2, num_blocks, layout.block_size, layout.num_kv_heads,
+    """``[layers, planes, num_blocks, block_size, kv_heads, row_width]``."""
+    return (layout.num_layers, layout.planes, num_blocks, layout.block_size, layout.num_kv_heads,
             layout.row_width)
 
 

@@ -181,6 +181,7 @@ def kv_layout(spec: KVCacheSpec) -> KvLayout:
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         scale_bytes=spec.scale_bytes,
+        kv_lora_rank=spec.kv_lora_rank,
     )
 
 

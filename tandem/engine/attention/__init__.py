@@ -3,6 +3,7 @@
 Two backends share one interface (``AttentionBackend``): ``torch`` (the reference, runs
 anywhere) and ``triton`` (paged kernels for GPUs; tested on CPU under ``TRITON_INTERPRET=1``).
 Backends are imported lazily so that a machine without Triton still runs the torch one.
+``mla.py`` attends over multi-head latent attention's latent cache through either backend.
 """
 
 from __future__ import annotations

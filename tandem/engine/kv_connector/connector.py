@@ -48,7 +48,7 @@ class KVConnector:
 
     @property
     def kv_cache(self) -> torch.Tensor:
-        """The cache tensor ``[layers, 2, num_blocks, block_size, kv_heads, row_width]`` the
+        """The cache tensor ``[layers, planes, num_blocks, block_size, kv_heads, row_width]`` the
         transfer layer reads (prefill) or writes (decode); opaque to the workers."""
         return self._kv_cache
 
@@ -66,8 +66,9 @@ def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: t
         kv_dtype=str(kv_cache.dtype).removeprefix("torch."),
         block_size=block_size,
         num_layers=arch.num_layers,
-        num_kv_heads=arch.num_kv_heads,
-        head_dim=arch.head_dim,
+        num_kv_heads=arch.kv_cache_heads,
+        head_dim=arch.kv_cache_dim,
         # an int8 cache carries a scale after each head vector (tandem/engine/quant/kv_int8.py)
-        scale_bytes=(kv_cache.shape[-1] - arch.head_dim) * kv_cache.element_size(),
+        scale_bytes=(kv_cache.shape[-1] - arch.kv_cache_dim) * kv_cache.element_size(),
+        kv_lora_rank=arch.mla.kv_lora_rank if arch.mla is not None else 0,
     )

@@ -43,6 +43,37 @@ class MoeArch:
 
 
 @dataclass(frozen=True, slots=True)
+class MlaDims:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values of every head are
+    decompressed from one latent vector per token, which is all the KV cache holds.
+
+        h --kv_a_proj_with_mqa--> [c (kv_lora_rank) | k_pe (qk_rope_head_dim)]
+        c --kv_a_layernorm--> cached;  k_pe --RoPE--> cached (one head shared by all)
+        cached c --kv_b_proj--> per head [k_nope (qk_nope_head_dim) | v (v_head_dim)]
+        h --q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj (q-LoRA)--> [q_nope | q_pe]
+    """
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None  # None: q projected from the hidden state directly (q_proj)
+    softmax_scale: float  # qk_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared
+    rope_interleave: bool  # RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... (DeepSeek)
+    latent_bias: bool  # q_a_proj and kv_a_proj_with_mqa carry a bias (attention_bias)
+
+    @property
+    def latent_dim(self) -> int:
+        """Values cached per token and layer: the latent and its rotated key part."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A decompressed key's (and a query's) width per head."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
 class Features:
     """What differs between the dense families' forwards (all default off)."""
 
@@ -58,6 +89,7 @@ class Features:
     # tandem/engine/models/windows.py turns them into each layer's window.
     layer_types: tuple[str, ...] = ()
     moe: MoeArch | None = None  # None: every layer's MLP is dense
+    mla: MlaDims | None = None  # multi-head latent attention (DeepSeek-V2/V3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +116,30 @@ class ModelArch:
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # as Features.layer_types
     moe: MoeArch | None = None  # as Features.moe
+    # Multi-head latent attention: the cache holds one latent "head" per token and layer
+    # (the properties below); num_kv_heads / head_dim stay what the HF config says.
+    mla: MlaDims | None = None
+
+    # -- the paged KV cache: kv[layer, plane, block, offset, head, :] ---------------------
+    @property
+    def kv_planes(self) -> int:
+        """Planes per layer: K and V (2), or the one latent plane of MLA (1)."""
+        return 1 if self.mla is not None else 2
+
+    @property
+    def kv_cache_heads(self) -> int:
+        """Heads per plane: the KV heads, or MLA's one shared latent head."""
+        return 1 if self.mla is not None else self.num_kv_heads
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """Values per head vector: head_dim, or MLA's kv_lora_rank + qk_rope_head_dim."""
+        return self.mla.latent_dim if self.mla is not None else self.head_dim
+
+    @property
+    def attention_width(self) -> int:
+        """Values per token of a step's q, k and v activations (MLA: decompressed)."""
+        if self.mla is None:
+            return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        m = self.mla
+        return self.num_heads * (2 * m.qk_head_dim + m.v_head_dim) + m.latent_dim

@@ -25,15 +25,17 @@ from tandem.engine.models.windows import layer_windows
 
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block (attending through a sliding window of ``window``
-    positions when it is set); layer ``index``'s feed-forward is a mixture of experts where
-    the arch makes it sparse (layers/moe.py), else the dense MLP."""
+    positions when it is set). Layer ``index``'s feed-forward is a mixture of experts where
+    the arch makes it sparse (layers/moe.py), else the dense MLP; a family may give its own
+    attention and feed-forward modules instead (mla_lm.py)."""
 
-    def __init__(self, arch: ModelArch, window: int | None = None, index: int = 0) -> None:
+    def __init__(self, arch: ModelArch, window: int | None = None, index: int = 0,
+                 attn: nn.Module | None = None, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch, window)
+        self.self_attn = attn if attn is not None else Attention(arch, window)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = feed_forward(arch, index)
+        self.mlp = mlp if mlp is not None else feed_forward(arch, index)
 
     def forward(
         self,
@@ -62,7 +64,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, w, i)
+        self.layers = nn.ModuleList(self.make_layer(arch, i, w)
                                     for i, w in enumerate(layer_windows(arch)))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
@@ -71,17 +73,21 @@ class CausalLM(nn.Module):
         self.register_buffer("cos_table", cos, persistent=False)  # [P, hd] fp32
         self.register_buffer("sin_table", sin, persistent=False)
 
+    def make_layer(self, arch: ModelArch, index: int, window: int | None) -> nn.Module:
+        """Decoder layer ``index`` (a family's forward overrides this: mla_lm.py)."""
+        return DecoderLayer(arch, window, index)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_cache: torch.Tensor,  # [L, 2, num_blocks, bs, Hkv, hd]
+        kv_cache: torch.Tensor,  # [L, 2, num_blocks, bs, Hkv, hd] (MLA: [L, 1, ..., 1, W])
         meta: AttentionMetadata,
         backend: AttentionBackend,
         layer_hook: LayerHook | None = None,
     ) -> torch.Tensor:  # [T, hidden]
         h = self.embed_tokens(input_ids)
-        cos = self.cos_table[positions].to(h.dtype)[:, None, :]  # [T, 1, hd]
+        cos = self.cos_table[positions].to(h.dtype)[:, None, :]  # [T, 1, rotary dims]
         sin = self.sin_table[positions].to(h.dtype)[:, None, :]
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_cache[i], meta, backend)

@@ -11,12 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from tandem.engine.errors import ModelLoadError, UnsupportedModelError
-from tandem.engine.models import llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
+from tandem.engine.models import (
+    deepseek_v2,
+    deepseek_v3,
+    llama,
+    mistral,
+    mixtral,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe,
+)
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.spec import FamilySpec
 
 _SPECS = (llama.SPEC, mistral.SPEC, qwen2.SPEC, qwen3.SPEC,
-          mixtral.SPEC, qwen2_moe.SPEC, qwen3_moe.SPEC)  # mixture of experts
+          mixtral.SPEC, qwen2_moe.SPEC, qwen3_moe.SPEC,  # mixture of experts
+          deepseek_v2.SPEC, deepseek_v3.SPEC)  # latent attention
 FAMILIES: dict[str, FamilySpec] = {s.model_type: s for s in _SPECS}
 GGUF_ARCHITECTURES: dict[str, FamilySpec] = {a: s for s in _SPECS for a in s.gguf_architectures}
 

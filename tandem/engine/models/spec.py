@@ -146,6 +146,27 @@ INERT_FIELDS = frozenset({
 
 
 @dataclass(frozen=True, slots=True)
+class ExtraLayers:
+    """Decoder layers a checkpoint carries past ``num_hidden_layers`` that no forward of ours
+    reads (DeepSeek-V3's multi-token-prediction layers, ``model.layers.<n>.*``): the loader
+    skips their tensors, saying so, instead of failing on them as left over."""
+
+    layers: range  # their indices
+    why: str  # what they are, for the log line
+
+    def holds(self, name: str) -> bool:
+        """Whether checkpoint tensor ``name`` belongs to one of these layers."""
+        parts = name.split(".", 3)
+        return (len(parts) == 4 and parts[:2] == ["model", "layers"]
+                and parts[2].isdecimal() and len(parts[2]) < 10 and int(parts[2]) in self.layers)
+
+
+def no_extra_layers(_config: Any) -> ExtraLayers | None:
+    """A family whose checkpoints hold no layers past the forward's (every family but V3)."""
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class FamilySpec:
     """A model family: what it reads from a config, what it refuses, what it consumes."""
 
@@ -159,6 +180,8 @@ class FamilySpec:
     plan: Callable[[ModelArch], WeightPlan] = dense_plan
     # checkpoint tensors that carry nothing (buffers old exports saved), by name suffix
     ignored_tensors: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    # HF config -> layers past the forward's whose tensors are skipped (ExtraLayers)
+    extra_layers: Callable[[Any], ExtraLayers | None] = no_extra_layers
     inert: frozenset[str] = field(default_factory=frozenset)  # the family's own metadata
 
     def check(self, config: Any, raw_keys: set[str] | None = None) -> None:
@@ -201,7 +224,7 @@ class FamilySpec:
             max_position_embeddings=config.max_position_embeddings,
             eos_token_ids=eos_ids,
             hidden_act=getattr(config, "hidden_act", "silu"),
-            # shallow: a feature may itself be a dataclass (MoeArch)
+            # shallow: a feature may itself be a dataclass (MoeArch, MlaDims)
             **{f.name: getattr(features, f.name) for f in fields(features)},
         )
 

@@ -159,9 +159,39 @@ def _moe_slots(arch: ModelArch, i: int, names: MoeNames,
                                   p + "gate.e_score_correction_bias"))
     if moe.shared_intermediate_size:
         shared = p + names.shared + "."
+        bias = arch.mlp_bias  # as the shared expert's (layers/moe.py)
         linears += [LinearSlot(ours + "shared_expert.gate_up_proj",
-                               (shared + "gate_proj", shared + "up_proj"), False),
-                    LinearSlot(ours + "shared_expert.down_proj", (shared + "down_proj",), False)]
+                               (shared + "gate_proj", shared + "up_proj"), bias),
+                    LinearSlot(ours + "shared_expert.down_proj", (shared + "down_proj",), bias)]
     if moe.shared_expert_gate:
         tensors.append(TensorSlot(ours + "shared_expert_gate", p + names.shared_gate + ".weight"))
     return tuple(linears), tuple(tensors)
+
+
+# -- multi-head latent attention (DeepSeek-V2/V3: mla_lm.py) ---------------------------------
+def mla_plan(arch: ModelArch) -> WeightPlan:
+    """The plan of the MLA decoder in transformers' DeepSeek naming: the dense plan with
+    each layer's attention as MLA's projections (names kept as they are, none fused)."""
+    dense = dense_plan(arch)
+    return WeightPlan(dense.top, tuple(_mla_layer(arch, i, g) for i, g in enumerate(dense.layers)))
+
+
+def _mla_layer(arch: ModelArch, i: int, dense: Group) -> Group:
+    m = arch.mla
+    assert m is not None
+    ours, attn = f"layers.{i}.self_attn.", f"model.layers.{i}.self_attn."
+
+    def linear(name: str, bias: bool) -> LinearSlot:
+        return LinearSlot(ours + name, (attn + name,), bias)
+
+    def norm(name: str) -> TensorSlot:
+        return TensorSlot(ours + name + ".weight", attn + name + ".weight")
+
+    q = ((linear("q_a_proj", m.latent_bias), linear("q_b_proj", False)) if m.q_lora_rank
+         else (linear("q_proj", False),))
+    linears = q + (linear("kv_a_proj_with_mqa", m.latent_bias), linear("kv_b_proj", False),
+                   linear("o_proj", arch.o_bias))
+    norms = ((norm("q_a_layernorm"),) if m.q_lora_rank else ()) + (norm("kv_a_layernorm"),)
+    mlp = tuple(lin for lin in dense.linears if ".mlp." in lin.module)
+    layer_norms = tuple(t for t in dense.tensors if ".self_attn." not in t.param)
+    return Group(linears + mlp, norms + layer_norms)

@@ -4,6 +4,7 @@
                 --AutoConfig--> spec.check (every forward-changing field honoured or refused)
                 --> ModelArch --plan--> every tensor to consume, copied layer by layer
     tensors left over (not consumed, not ignorable) --> UnusedTensorsError naming them
+    (but a family's extra layers past the forward's, skipped with a log line: spec.ExtraLayers)
 
 Tensors are streamed from safetensors and copied into our (fused) parameters layer by layer,
 with a progress bar; nothing is materialized twice, and each copy checks its shape. The
@@ -29,6 +30,7 @@ from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.layers.rotary import rotary_tables
 from tandem.engine.models.linear import attach_fp32_shadows
 from tandem.engine.models.registry import arch_of, checkpoint_family, family, read_config_json
+from tandem.engine.models.spec import ExtraLayers
 from tandem.engine.models.tensor_plan import Group, LinearSlot
 from tandem.engine.quant.apply import set_module
 from tandem.engine.quant.prequantized import (
@@ -92,6 +94,10 @@ def load_model(
         model = spec.model_class()(arch, cos, sin)
     linears = plan.linears()
     quantized = {lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)}
+    absorbed = sorted(n for n in quantized if n.endswith(".kv_b_proj"))
+    if absorbed:  # MLA's decode folds its rows into the queries (layers/mla.py)
+        raise ModelLoadError(f"{absorbed[0]} is stored quantized ({fmt.label}): multi-head "
+                             "latent attention reads kv_b_proj as float weights")
     for name in quantized:  # a storage-less placeholder until the layer is built below
         set_module(model, name, nn.Identity())
     model = model.to_empty(device=device).to(dtype)
@@ -107,7 +113,7 @@ def load_model(
             _load_group(model, group, tensors, load)
         if arch.tie_word_embeddings and "lm_head.weight" in tensors:
             _check_tied_head(model, tensors)
-    tensors.check_all_used(spec.ignored_tensors)
+    _check_all_used(tensors, spec.ignored_tensors, spec.extra_layers(hf_config))
     model.eval()
     if quantized:
         model.quant_format = fmt.label
@@ -140,12 +146,25 @@ class _Tensors:
         self._used.add(name)
         return self._where[name].get_tensor(name)
 
-    def check_all_used(self, ignorable: tuple[str, ...]) -> None:
-        """UnusedTensorsError naming every tensor never read (``ignorable`` suffixes aside)."""
-        left = sorted(n for n in self._where
+    def unused(self, ignorable: tuple[str, ...]) -> list[str]:
+        """Every tensor never read (``ignorable`` suffixes aside), sorted."""
+        return sorted(n for n in self._where
                       if n not in self._used and not n.endswith(ignorable))
-        if left:
-            raise UnusedTensorsError(left)
+
+
+def _check_all_used(t: _Tensors, ignorable: tuple[str, ...], extra: ExtraLayers | None) -> None:
+    """UnusedTensorsError naming every tensor never read, but those of ``extra``'s layers
+    (skipped with a log line) and the ``ignorable`` suffixes."""
+    left = t.unused(ignorable)
+    if extra is not None:
+        skipped = [n for n in left if extra.holds(n)]
+        if skipped:
+            layers = sorted({int(n.split(".")[2]) for n in skipped})
+            log.info("skipped %d checkpoint tensors of layers %s: %s", len(skipped),
+                     ", ".join(map(str, layers)), extra.why)
+            left = [n for n in left if not extra.holds(n)]
+    if left:
+        raise UnusedTensorsError(left)
 
 
 def _open_tensors(path: Path) -> _Tensors:

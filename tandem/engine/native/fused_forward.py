@@ -180,6 +180,8 @@ NATIVE_ACTIVATIONS = ("silu",)
 
 def _unsupported_model(model: nn.Module) -> str | None:
     """Why the kernels' model (decode_step.cpp's ModelDesc) cannot describe ``model``."""
+    if getattr(getattr(model, "arch", None), "mla", None) is not None:  # torch serves it (tandem/engine/models/layers/mla.py)
+        return "multi-head latent attention (MLA) runs on the torch path"
     if type(model) is not CausalLM:
         return f"the kernels compute the dense decoder, not {type(model).__name__}"
     if model.arch.hidden_act not in NATIVE_ACTIVATIONS:

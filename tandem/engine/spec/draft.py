@@ -57,10 +57,11 @@ class DraftProposer:
         self.block_size = rc.block_size
         self.device = rc.device
         self.backend = get_backend(rc.backend)
-        # [layers, K/V, blocks, block_size, kv heads, head dim], like the target's
+        # [layers, K/V, blocks, block_size, kv heads, head dim], like the target's (an MLA
+        # draft: one latent plane and head)
         self.kv_cache = torch.zeros(
-            arch.num_layers, 2, rc.num_blocks, rc.block_size, arch.num_kv_heads, arch.head_dim,
-            dtype=rc.dtype, device=rc.device,
+            arch.num_layers, arch.kv_planes, rc.num_blocks, rc.block_size, arch.kv_cache_heads,
+            arch.kv_cache_dim, dtype=rc.dtype, device=rc.device,
         )
         self._states: dict[str, _DraftState] = {}
         self._generator = torch.Generator().manual_seed(seed)

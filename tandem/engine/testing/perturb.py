@@ -4,6 +4,8 @@ transformers initialises biases to zero and norm weights to one, and draws matri
 0.02: a forward that drops a bias or a norm matches it anyway. Here every matrix gets
 ``N(0, 1/fan_in)`` (embeddings ``N(0, 0.3)``: logits are not flat), every bias ``N(0, 0.1)``
 and every other vector (norm weights) ``1 + N(0, 0.2)``, so leaving any of them out shows.
+Float buffers the checkpoint stores (DeepSeek-V3's router ``e_score_correction_bias``, zero
+at initialisation) get ``N(0, 0.1)`` too.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from torch import nn
 
 
 def perturb_parameters(model: nn.Module, seed: int = 0) -> list[str]:
-    """Overwrite every parameter of ``model`` in place (the same values for the same seed
-    and shapes); returns the parameter names in the order they were drawn."""
+    """Overwrite every parameter (and stored float buffer) of ``model`` in place (the same
+    values for the same seed and shapes); returns their names in the order they were drawn."""
     g = torch.Generator().manual_seed(seed)
     names = []
     with torch.no_grad():
@@ -29,4 +31,9 @@ def perturb_parameters(model: nn.Module, seed: int = 0) -> list[str]:
                 value = 1.0 + torch.randn(param.shape, generator=g) * 0.2
             param.copy_(value.to(param.dtype))
             names.append(name)
+        saved = model.state_dict().keys()
+        for name, buf in model.named_buffers():
+            if name in saved and buf.is_floating_point():  # persistent: in the checkpoint
+                buf.copy_((torch.randn(buf.shape, generator=g) * 0.1).to(buf.dtype))
+                names.append(name)
     return names

@@ -1,5 +1,8 @@
 """Tiny random-weight checkpoints (Llama, Qwen2, Qwen3, Mistral; MHA or GQA; the mixture-of-
-experts Mixtral, Qwen2-MoE and Qwen3-MoE with 8 experts, 2 per token) for tests.
+experts Mixtral, Qwen2-MoE and Qwen3-MoE with 8 experts, 2 per token; DeepSeek-V2/V3 with
+multi-head latent attention, every layer dense unless ``first_k_dense_replace`` is given lower:
+then the later layers are MoE, 8 routed experts (2 per token, V3 in 4 groups of which 2 are
+chosen) and shared experts) for tests.
 
 They are saved as ordinary HF directories, so the engine loads them through the same path as
 a real model and transformers can serve as the reference on exactly the same weights. Every
@@ -16,7 +19,9 @@ import torch
 
 from tandem.engine.testing.perturb import perturb_parameters
 
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe")
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe",
+              "deepseek_v2", "deepseek_v3")
+MLA_ARCHS = ("deepseek_v2", "deepseek_v3")
 
 
 def make_tiny_checkpoint(
@@ -49,6 +54,19 @@ def make_tiny_checkpoint(
         extra["moe_intermediate_size"] = hidden_size // 2
     if arch == "qwen2_moe":
         extra["shared_expert_intermediate_size"] = hidden_size
+    if arch in MLA_ARCHS:
+        # MLA (V2 without q-LoRA, V3 with it), every layer dense by default; transformers
+        # repeats the decompressed K/V by heads / kv heads, so MLA configs have as many of each
+        extra.update(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                     q_lora_rank=None if arch == "deepseek_v2" else 24,
+                     first_k_dense_replace=num_layers,
+                     # the MoE layers' shape, where first_k_dense_replace makes any
+                     n_routed_experts=8, num_experts_per_tok=2,
+                     moe_intermediate_size=hidden_size // 2,
+                     n_shared_experts=2 if arch == "deepseek_v2" else 1)
+        if arch == "deepseek_v3":
+            extra.update(n_group=4, topk_group=2)
+        num_kv_heads = num_heads
     hf_config = AutoConfig.for_model(
         arch,
         vocab_size=vocab_size,

@@ -62,7 +62,7 @@ class CudaIpcChannel(SocketChannel):
             if type(hello.get(name)) is not typ:
                 raise MalformedFrame(f"cuda_ipc HELLO lacks {name}")
         layout = self._blocks.layout
-        shape = (layout.num_layers, 2, hello["cuda_num_blocks"], layout.block_size,
+        shape = (layout.num_layers, layout.planes, hello["cuda_num_blocks"], layout.block_size,
                  layout.num_kv_heads, layout.row_width)
         numel = 1
         for d in shape:

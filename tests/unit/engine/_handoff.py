@@ -21,3 +21,30 @@ def copy_blocks(
     n = a.layout.num_layers
     for lo, hi in [(i, i + 1) for i in range(n)] if layer_by_layer else [(0, n)]:
         b.scatter(lo, hi, dst_ids, a.gather(lo, hi, src_ids))  # [hi - lo, 2, len(ids), ...]
+
+
+def handoff_token_ids(prefill: Any, decode: Any, prompt: list[int], params: Any,
+                      request_id: str = "r1") -> list[int]:
+    """One request through a P/D handoff between two engines: ``prompt`` prefilled on
+    ``prefill`` (its first token), its blocks copied layer by layer into the blocks ``decode``
+    reserved (as the push would), then decoded there to the end; every generated token id.
+    The prefill side's blocks are released once copied."""
+    from tandem.engine import SamplingParams
+
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    rid = prefill.remote.prefill.add(prompt, one, request_id=request_id)
+    first = None
+    while prefill.has_unfinished():
+        for out in prefill.step():
+            first = out.token_ids[0]
+    assert first is not None
+    src = prefill.remote.prefill.held_block_ids(rid)
+    dst = decode.remote.decode.reserve(request_id, prompt, params).fill_block_ids
+    assert len(dst) == len(src)
+    copy_blocks(prefill, src, decode, dst, layer_by_layer=True)
+    prefill.remote.prefill.release(rid)
+    tokens = list(decode.remote.decode.commit(request_id, first).new_token_ids)
+    while decode.has_unfinished():
+        for out in decode.step():
+            tokens += out.new_token_ids
+    return tokens

@@ -14,8 +14,8 @@ from tandem.engine.kv_budget import MARGIN_BYTES, activation_reserve, blocks_for
 
 GIB = 2**30
 # Llama-3-8B's shape
-LLAMA8B = SimpleNamespace(hidden_size=4096, intermediate_size=14336, num_heads=32,
-                          num_kv_heads=8, head_dim=128, vocab_size=128256)
+LLAMA8B = SimpleNamespace(hidden_size=4096, intermediate_size=14336,
+                          attention_width=(32 + 2 * 8) * 128, vocab_size=128256)
 
 
 def test_the_reserve_covers_a_steps_activations_and_a_full_batchs_logits() -> None:

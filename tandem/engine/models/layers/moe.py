@@ -19,7 +19,7 @@ Parameters (ours; the tensor plan, tandem/engine/models/tensor_plan.py, maps che
     mlp.shared_expert.gate_up_proj / .down_proj        when shared_intermediate_size > 0
     mlp.shared_expert_gate              [1, hidden]   when shared_expert_gate
 
-Wiring a family (what mixtral.py does; DeepSeek-V2/V3 the same around their own attention):
+Wiring a family (what mixtral.py does; deepseek_v2.py and mla_lm.py the same around MLA):
 
     spec fields    += its MoE fields (moe_config.py: QWEN_MOE_FIELDS, DEEPSEEK_MOE_FIELDS);
                       inert |= MOE_INERT_FIELDS
@@ -55,7 +55,9 @@ class SparseMoE(nn.Module):
         moe: MoeArch = arch.moe
         self.gate = Router(arch.hidden_size, moe)
         self.experts = Experts(arch, moe.num_experts, moe.expert_intermediate_size)
-        self.shared_expert = (MLP(arch, moe.shared_intermediate_size, bias=False)
+        # the shared expert is the family's dense MLP at its own width: biased where the
+        # family's MLP is (DeepSeek-V2's mlp_bias; no MoE family else has MLP biases)
+        self.shared_expert = (MLP(arch, moe.shared_intermediate_size)
                               if moe.shared_intermediate_size else None)
         self.shared_expert_gate = (nn.Parameter(torch.empty(1, arch.hidden_size))
                                    if moe.shared_expert_gate else None)

@@ -34,3 +34,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """``x`` ``[T, heads, hd]`` rotated by position (``cos``/``sin`` ``[T, 1, hd]``), in the
     half-split layout Hugging Face checkpoints use."""
     return x * cos + _rotate_half(x) * sin
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[T, heads, d]`` rotated in DeepSeek's layout: the pairs (x0, x1), (x2, x3), ...
+    each turn by one frequency (``cos``/``sin`` ``[T, 1, d]`` as tabulated above: their first
+    half holds the per-pair angles). The result lists the pairs' first elements, then their
+    second ones, as transformers' DeepSeek-V3 ``apply_rotary_pos_emb_interleave`` does;
+    DeepSeek-V2's complex-number form keeps them interleaved, a permutation that queries and
+    keys share, so every dot product, and the attention, is the same."""
+    half = cos.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)

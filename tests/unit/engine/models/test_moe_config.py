@@ -25,6 +25,10 @@ OPTIONS = [
     ("mixtral", {}),
     ("qwen2_moe", {"num_layers": 3, "mlp_only_layers": [1]}),
     ("qwen3_moe", {"num_layers": 3, "decoder_sparse_step": 2}),
+    # latent attention + MoE from layer 1 (shared experts; V2's biased with mlp_bias)
+    ("deepseek_v2", {"num_layers": 3, "first_k_dense_replace": 1}),
+    ("deepseek_v2", {"num_layers": 3, "first_k_dense_replace": 1, "mlp_bias": True}),
+    ("deepseek_v3", {"num_layers": 3, "first_k_dense_replace": 1}),
 ]
 
 
@@ -51,9 +55,14 @@ def test_every_parameter_of_a_moe_test_checkpoint_is_perturbed(family_dir, arch,
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(family_dir(arch, **options))
-    for name, param in hf.named_parameters():
+    stored = hf.state_dict().keys()  # with the buffers a checkpoint holds (V3's router bias)
+    values = [*hf.named_parameters(),
+              *((n, b) for n, b in hf.named_buffers() if n in stored and b.is_floating_point())]
+    for name, param in values:
         assert not torch.all(param == 0) and not torch.all(param == 1), name
         assert param.std() > 0.01, name
+    if arch == "deepseek_v3":
+        assert any(n.endswith("e_score_correction_bias") for n, _ in values)
 
 
 def test_the_arch_says_which_layers_are_sparse(family_dir) -> None:
@@ -110,10 +119,12 @@ def test_a_moe_config_value_the_forward_does_not_compute_is_refused_by_name(
 @pytest.mark.parametrize(("arch", "changes"), [
     ("mixtral", {"router_jitter_noise": 0.1, "output_router_logits": True}),
     ("qwen3_moe", {"router_aux_loss_coef": 0.5, "output_router_logits": True}),
+    ("deepseek_v2", {"aux_loss_alpha": 0.01, "seq_aux": True, "ep_size": 8}),
 ])
 def test_training_only_fields_are_inert(family_dir, tmp_path, caplog, arch: str,
                                         changes: dict) -> None:
-    path = _copy(family_dir(arch), tmp_path / "ckpt", **changes)
+    moe_layers = {"first_k_dense_replace": 1} if arch.startswith("deepseek") else {}
+    path = _copy(family_dir(arch, **moe_layers), tmp_path / "ckpt", **changes)
     with caplog.at_level(logging.WARNING, logger="tandem.engine.models.spec"):
         _, got = read_arch(path)
     assert got.moe is not None

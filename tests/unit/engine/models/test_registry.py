@@ -15,6 +15,8 @@ OPTIONS = [
     ("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
     ("llama", {"tie_word_embeddings": True}), ("mistral", {}), ("qwen2", {}),
     ("qwen3", {}), ("qwen3", {"attention_bias": True}),
+    ("deepseek_v2", {}), ("deepseek_v2", {"attention_bias": True, "mlp_bias": True}),
+    ("deepseek_v3", {}), ("deepseek_v3", {"attention_bias": True}),
 ]
 
 
@@ -44,7 +46,8 @@ def test_every_parameter_of_a_test_checkpoint_is_perturbed(family_dir, arch, opt
 
 def test_families_and_gguf_architectures() -> None:
     assert set(supported_model_types()) == {"llama", "mistral", "qwen2", "qwen3",
-                                            "mixtral", "qwen2_moe", "qwen3_moe"}
+                                            "mixtral", "qwen2_moe", "qwen3_moe",
+                                            "deepseek_v2", "deepseek_v3"}
     assert all(family(t).model_type == t for t in FAMILIES)
     assert gguf_family("llama") is family("llama")
     with pytest.raises(UnsupportedModelError, match="GGUF architecture 'mamba'.*llama"):
