@@ -156,11 +156,20 @@ def test_a_stream_never_read_is_aborted_at_its_attach_lease(engines) -> None:
 
 def test_abort_while_streaming_ends_the_stream(engines) -> None:
     decode_engine = engines[0]
-    hold, aborted = threading.Event(), threading.Event()
+    aborted = threading.Event()
     plain_step, plain_abort = decode_engine.step, decode_engine.abort
+    stepped = [0]  # steps that produced output before the Abort ran
 
-    def held_step():  # while held, a step does nothing: the queued Abort runs before any
-        return [] if hold.is_set() and not aborted.is_set() else plain_step()
+    def held_step():  # one step with output, then none until the Abort has run: the stream
+        # has a token to read whenever the test gets to it, and cannot finish before the Abort
+        if aborted.is_set():
+            return plain_step()
+        if stepped[0] >= 1:
+            return []
+        out = plain_step()
+        if out:
+            stepped[0] += 1
+        return out
 
     def abort(request_id: str):
         out = plain_abort(request_id)
@@ -173,7 +182,6 @@ def test_abort_while_streaming_ends_the_stream(engines) -> None:
         async with cluster(*engines) as c:
             res = await c.reserve("ab", PROMPT, greedy(60))
             await c.prefill_into("ab", PROMPT, greedy(60), res)
-            hold.set()  # the committed first token streams without a step; nothing more until
             call = c.decode_stub.Decode(worker_pb2.DecodeRequest(request_id="ab"))
             msgs = []
             async for msg in call:
