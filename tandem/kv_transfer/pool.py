@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from tandem.kv_transfer.blocks import KvBlocks
+from tandem.kv_transfer.codecs import codec as codec_named
 from tandem.kv_transfer.config import SenderConfig
 from tandem.kv_transfer.endpoint import Endpoint
 from tandem.kv_transfer.errors import ChannelClosed, NoRouteError
@@ -35,6 +36,7 @@ class ConnectionPool:
         self._layout = layout
         self._config = config
         self._transports = list(transports)
+        self._codec = codec_named(config.codec)
         self._conns: dict[str, list[OutboundConnection]] = collections.defaultdict(list)
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
 
@@ -81,13 +83,16 @@ class ConnectionPool:
                 continue
             try:
                 info = await asyncio.wait_for(
-                    client_handshake(channel, self._layout, cfg.secret), timeout)
+                    client_handshake(channel, self._layout, cfg.secret, self._codec), timeout)
             except asyncio.TimeoutError:
                 channel.close()
                 raise ChannelClosed(f"handshake with {address} timed out") from None
             except BaseException:
                 channel.close()
                 raise
+            if info.codec is not self._codec and transport.name == "tcp":
+                log.info("%s: KV codec %r not accepted by the receiver; payloads go raw",
+                         address, self._codec.name)
             return OutboundConnection(channel, info, cfg.frame_bytes, self._forget)
         if not errors:
             raise NoRouteError(f"no transport reaches {endpoint.encode()}")

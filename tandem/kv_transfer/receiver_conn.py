@@ -104,7 +104,7 @@ class InboundConnection:
         try:
             self._arm(cfg.handshake_timeout_s, "handshake timeout")
             await server_handshake(ch, rx.layout, cfg.secret, cfg.keepalive_s,
-                                   lambda: rx._admit(self))
+                                   lambda: rx._admit(self), cfg.codecs)
             while True:
                 self._arm(cfg.idle_timeout_s, "idle timeout")
                 header = await ch.recv()

@@ -26,7 +26,7 @@ from tandem.kv_transfer.config import Limits, ReceiverConfig, SenderConfig, TlsC
 from tandem.kv_transfer.endpoint import Endpoint, split_host_port
 from tandem.kv_transfer.errors import ChannelClosed
 from tandem.kv_transfer.frame_mac import TAG_BYTES, FrameMac, FrameSeal, session_keys
-from tandem.kv_transfer.frames import PREFIX, PROTOCOL_VERSION, TRAILER, Header, HeaderCodec, Kind
+from tandem.kv_transfer.frames import PREFIX, PROTOCOL_VERSION, Header, HeaderCodec, Kind
 from tandem.kv_transfer.frames import encode_header as encode_header
 from tandem.kv_transfer.handshake import RECEIVER_LABEL, SENDER_LABEL, client_handshake, proof
 from tandem.kv_transfer.layout import KvLayout
@@ -204,12 +204,12 @@ class RawPeer:
 
     def frame_bytes(self, header: Header, payload: bytes = b"",
                     trailer: bytes | None = None) -> bytes:
-        """A whole frame as an honest peer writes it; with a payload, its trailer (the xxh3
-        checksum before the handshake, the payload tag after it) or ``trailer`` if given."""
+        """A whole frame as an honest peer writes it; with a payload, its tag (after the
+        handshake; nothing before it) or ``trailer`` if given."""
         data, mac = self.seal(header)
         if payload or "nbytes" in header:
             if trailer is None and mac is None:
-                trailer = TRAILER.pack(xxhash.xxh3_64_intdigest(payload))
+                trailer = b""
             elif trailer is None:
                 mac.update(payload)
                 trailer = mac.payload_tag()
@@ -340,8 +340,8 @@ class HandSender:
             first, rest = head[: len(head) // 2], head[len(head) // 2:]
         else:
             first, mac = ch._seal(header)
-            if mac is None:  # TLS: the checksum trailer
-                rest = payload + TRAILER.pack(digest)
+            if mac is None:  # TLS: authenticated by TLS itself, no trailer
+                rest = payload
             else:
                 mac.update(payload)
                 rest = payload + mac.payload_tag()

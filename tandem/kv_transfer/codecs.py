@@ -1,0 +1,204 @@
+"""KV payload codecs: how a KV frame's bytes travel, negotiated per connection at HELLO.
+
+    raw    the cache's bytes as they are (the default; always available)
+    zstd   lossless: each element's most significant byte (sign and exponent of a float)
+           zstd-compressed, the other bytes as they are. Needs the optional ``zstandard``
+           package (``pip install 'tandem-serve[kv-compress]'``).
+           wire = | u32 BE c | c bytes: zstd(top byte plane) | the other byte planes |
+    int8   lossy, float caches only: each (layer, K/V, block, kv head) group of
+           block_size x head_dim values becomes int8 with one fp32 absmax scale,
+           dequantized into the receiver's cache dtype on landing (about half a bf16/fp16
+           payload, a quarter of an fp32 one). An int8 cache travels as int8 already.
+           wire = | fp32 scales [groups] | int8 values, payload order |
+
+The sender asks for one codec (``SenderConfig.codec``), the receiver allows a set
+(``ReceiverConfig.codecs``) and answers with the one the connection uses: the sender's if
+allowed and useful there (TCP only: shm and CUDA IPC never leave the host), else ``raw``. A
+frame names its codec (``KV.enc``) and its wire size (``KV.wire``); ``nbytes`` stays the
+decoded size, checked against the frame's shape as ever. A frame a codec cannot shrink goes
+raw. Wire bytes are authenticated (frame_mac.py) before a byte is decoded, and decoding never
+produces other than exactly ``nbytes`` bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib.util
+import struct
+from typing import Any
+
+import numpy as np
+import torch
+
+from tandem.kv_transfer.errors import ConfigError, MalformedFrame
+from tandem.kv_transfer.layout import KvLayout
+
+_LEN = struct.Struct(">I")
+FLOAT_KV = ("float32", "float16", "bfloat16")
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class Codec(abc.ABC):
+    """One way to put a KV payload on the wire."""
+
+    name: str
+    lossy: bool = False
+
+    def applies(self, layout: KvLayout) -> bool:
+        """Whether this codec can encode payloads of ``layout``."""
+        return True
+
+    @abc.abstractmethod
+    def max_wire(self, nbytes: int, layout: KvLayout) -> int:
+        """The most wire bytes a payload of ``nbytes`` may take (receivers refuse more)."""
+
+    @abc.abstractmethod
+    def encode(self, raw: np.ndarray, layout: KvLayout) -> np.ndarray | None:
+        """The wire bytes of the payload ``raw`` (flat uint8); None: send it raw."""
+
+    @abc.abstractmethod
+    def decode(self, wire: np.ndarray, layout: KvLayout, nbytes: int) -> np.ndarray:
+        """Exactly ``nbytes`` payload bytes from ``wire``; ``MalformedFrame`` if it is not a
+        valid encoding of that many."""
+
+
+class Raw(Codec):
+    """The cache's bytes as they are (never used to encode: raw frames skip codecs)."""
+
+    name = "raw"
+
+    def max_wire(self, nbytes: int, layout: KvLayout) -> int:
+        return nbytes
+
+    def encode(self, raw: np.ndarray, layout: KvLayout) -> np.ndarray | None:
+        return None
+
+    def decode(self, wire: np.ndarray, layout: KvLayout, nbytes: int) -> np.ndarray:
+        if wire.nbytes != nbytes:
+            raise MalformedFrame("raw payload of the wrong size")
+        return wire
+
+
+class Zstd(Codec):
+    """Lossless: the top byte plane zstd-compressed (see the module docstring)."""
+
+    name = "zstd"
+    LEVEL = 1  # level 3 compresses KV no better here and encodes at half the speed
+
+    def __init__(self) -> None:
+        import zstandard  # optional: codec("zstd") checks it is installed
+
+        self._zstd: Any = zstandard
+        self._c = zstandard.ZstdCompressor(level=self.LEVEL)
+        self._d = zstandard.ZstdDecompressor()
+
+    def max_wire(self, nbytes: int, layout: KvLayout) -> int:
+        return nbytes + _LEN.size
+
+    def encode(self, raw: np.ndarray, layout: KvLayout) -> np.ndarray | None:
+        item = layout.itemsize
+        planes = raw.reshape(-1, item)
+        top = np.ascontiguousarray(planes[:, item - 1])  # little-endian: the last byte
+        packed = self._c.compress(top)
+        if len(packed) >= top.nbytes:
+            return None
+        rest = np.ascontiguousarray(planes[:, :item - 1].T).reshape(-1)
+        out = np.empty(_LEN.size + len(packed) + rest.nbytes, dtype=np.uint8)
+        out[:_LEN.size] = np.frombuffer(_LEN.pack(len(packed)), dtype=np.uint8)
+        out[_LEN.size:_LEN.size + len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+        out[_LEN.size + len(packed):] = rest
+        return out
+
+    def decode(self, wire: np.ndarray, layout: KvLayout, nbytes: int) -> np.ndarray:
+        item = layout.itemsize
+        count = nbytes // item
+        if wire.nbytes < _LEN.size:
+            raise MalformedFrame("zstd payload shorter than its length prefix")
+        (c,) = _LEN.unpack(wire[:_LEN.size].tobytes())
+        if _LEN.size + c + count * (item - 1) != wire.nbytes:
+            raise MalformedFrame("zstd payload sizes do not add up to its frame")
+        packed = wire[_LEN.size:_LEN.size + c]
+        # The declared size must be the plane's: zstd would otherwise allocate what a frame
+        # header claims.
+        if self._zstd.frame_content_size(packed) != count:
+            raise MalformedFrame("zstd frame does not declare the payload's size")
+        try:
+            top = self._d.decompress(packed, max_output_size=count)
+        except self._zstd.ZstdError as exc:
+            raise MalformedFrame(f"zstd payload does not decompress: {exc}") from exc
+        if len(top) != count:
+            raise MalformedFrame("zstd payload decompresses to the wrong size")
+        out = np.empty((count, item), dtype=np.uint8)
+        out[:, item - 1] = np.frombuffer(top, dtype=np.uint8)
+        if item > 1:
+            out[:, :item - 1] = wire[_LEN.size + c:].reshape(item - 1, count).T
+        return out.reshape(-1)
+
+
+class Int8(Codec):
+    """Lossy 8-bit: absmax int8 per (layer, K/V, block, kv head) group, fp32 scales."""
+
+    name = "int8"
+    lossy = True
+
+    def applies(self, layout: KvLayout) -> bool:
+        return layout.kv_dtype in FLOAT_KV and layout.scale_bytes == 0
+
+    @staticmethod
+    def _groups(nbytes: int, layout: KvLayout) -> tuple[int, int]:
+        """(blocks in the payload across layers and K/V, values in it)."""
+        values = nbytes // layout.itemsize
+        per_block = layout.block_size * layout.num_kv_heads * layout.head_dim
+        return values // per_block, values
+
+    def max_wire(self, nbytes: int, layout: KvLayout) -> int:
+        blocks, values = self._groups(nbytes, layout)
+        return blocks * layout.num_kv_heads * 4 + values
+
+    def encode(self, raw: np.ndarray, layout: KvLayout) -> np.ndarray | None:
+        blocks, _ = self._groups(raw.nbytes, layout)
+        x = (torch.from_numpy(raw).view(_TORCH[layout.kv_dtype])
+             .view(blocks, layout.block_size, layout.num_kv_heads, layout.head_dim).float())
+        scale = x.abs().amax(dim=(1, 3)) / 127.0  # [blocks, heads]
+        inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+        q = (x * inv[:, None, :, None]).round_().clamp_(-127, 127).to(torch.int8)
+        return np.concatenate([scale.numpy().view(np.uint8).reshape(-1),
+                               q.numpy().view(np.uint8).reshape(-1)])
+
+    def decode(self, wire: np.ndarray, layout: KvLayout, nbytes: int) -> np.ndarray:
+        if wire.nbytes != self.max_wire(nbytes, layout):
+            raise MalformedFrame("int8 payload of the wrong size")
+        blocks, _ = self._groups(nbytes, layout)
+        heads = layout.num_kv_heads
+        scale = torch.from_numpy(wire[:blocks * heads * 4].view(np.float32).reshape(blocks, heads))
+        if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
+            raise MalformedFrame("int8 payload has a negative or non-finite scale")
+        q = torch.from_numpy(wire[blocks * heads * 4:].view(np.int8)).view(
+            blocks, layout.block_size, heads, layout.head_dim)
+        x = (q.float() * scale[:, None, :, None]).to(_TORCH[layout.kv_dtype])
+        return x.view(torch.uint8).numpy().reshape(-1)
+
+
+RAW = Raw()
+NAMES = ("raw", "zstd", "int8")
+_MADE: dict[str, Codec] = {"raw": RAW}
+
+
+def available(name: str) -> bool:
+    """Whether codec ``name`` exists and its package is installed."""
+    if name == "zstd":
+        return importlib.util.find_spec("zstandard") is not None
+    return name in NAMES
+
+
+def codec(name: str) -> Codec:
+    """The codec called ``name``; ``ConfigError`` for an unknown one or one whose optional
+    package is missing (saying what to install)."""
+    if name not in NAMES:
+        raise ConfigError(f"unknown KV codec {name!r}; one of {', '.join(NAMES)}")
+    if not available(name):
+        raise ConfigError(f"KV codec {name!r} needs the zstandard package: "
+                          "pip install 'tandem-serve[kv-compress]'")
+    if name not in _MADE:
+        _MADE[name] = Zstd() if name == "zstd" else Int8()
+    return _MADE[name]
