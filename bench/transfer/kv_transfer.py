@@ -303,10 +303,15 @@ async def main(args: argparse.Namespace) -> dict:
                 sample = await run_ours(transport, n_requests, src_kv, order or "shuffled")
             samples[m].append(sample)
             say(f"[{step:2d}/{steps}] round {r + 1} {LABELS[m]:>16}: {sample.gbps:5.2f} GB/s  "
-                f"cpu/GiB tx {sample.tx_cpu_per_gib:.2f}s rx {sample.rx_cpu_per_gib:.2f}s")
+                f"cpu/GiB tx {sample.tx_cpu_per_gib:.2f}s rx {sample.rx_cpu_per_gib:.2f}s  "
+                f"load {os.getloadavg()[0]:.2f}")
     med = {m: Sample(statistics.median(x.gbps for x in v),
                      statistics.median(x.tx_cpu_per_gib for x in v),
                      statistics.median(x.rx_cpu_per_gib for x in v)) for m, v in samples.items()}
+    if args.throughput_only:
+        report_throughput(med, samples)
+        return {"throughput": {m: {"gbps": s.gbps, "all_gbps": [x.gbps for x in samples[m]]}
+                               for m, s in med.items()}, "machine": machine()}
     layer_s = time_cpu_layer()
     say(f"one SmolLM2-shaped layer over {PROMPT_TOKENS} tokens on this CPU: "
         f"{layer_s * 1e3:.0f} ms")
@@ -333,14 +338,8 @@ async def main(args: argparse.Namespace) -> dict:
                            "all_gbps": [x.gbps for x in samples[m]]} for m, s in med.items()},
         "latency": latency,
     }
+    report_throughput(med, samples)
     raw, mem = med["raw"], med["memcpy"]
-    say("")
-    say(f"{'method':>16} {'GB/s':>6} {'vs raw':>7} {'vs memcpy':>9} {'tx cpu/GiB':>11} "
-        f"{'rx cpu/GiB':>11}")
-    for m in METHODS:
-        s = med[m]
-        say(f"{LABELS[m]:>16} {s.gbps:6.2f} {s.gbps / raw.gbps:7.0%} {s.gbps / mem.gbps:9.0%} "
-            f"{s.tx_cpu_per_gib:10.2f}s {s.rx_cpu_per_gib:10.2f}s")
     say(f"targets: TCP >= 80% of raw (now {med['tcp'].gbps / raw.gbps:.0%}); shm >= 50% of "
         f"memcpy (now {med['shm'].gbps / mem.gbps:.0%}); added latency < 5% of prefill "
         f"(now {latency[cases[0][0] + '/tcp']['added_pct']:+.1f}% tcp, "
@@ -354,6 +353,22 @@ async def main(args: argparse.Namespace) -> dict:
     return results
 
 
+def report_throughput(med: dict[str, Sample], samples: dict[str, list[Sample]]) -> None:
+    """The throughput table: medians, and each ratio per round (raw and memcpy of the same
+    round), which a shared machine's drift affects less than the medians."""
+    raw, mem = med["raw"], med["memcpy"]
+    say("")
+    say(f"{'method':>16} {'GB/s':>6} {'vs raw':>7} {'vs memcpy':>9} {'tx cpu/GiB':>11} "
+        f"{'rx cpu/GiB':>11}  per-round ratio (vs raw | vs memcpy)")
+    for m in METHODS:
+        s = med[m]
+        per_round = " ".join(f"{x.gbps / r.gbps:.0%}|{x.gbps / c.gbps:.0%}"
+                             for x, r, c in zip(samples[m], samples["raw"], samples["memcpy"],
+                                                strict=True))
+        say(f"{LABELS[m]:>16} {s.gbps:6.2f} {s.gbps / raw.gbps:7.0%} {s.gbps / mem.gbps:9.0%} "
+            f"{s.tx_cpu_per_gib:10.2f}s {s.rx_cpu_per_gib:10.2f}s  {per_round}")
+
+
 def cli() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0, help="GiB to move per run (>= 1)")
@@ -364,6 +379,8 @@ def cli() -> None:
                         help="stated per-layer compute times to simulate")
     parser.add_argument("--real-compute", action="store_true",
                         help="also run the CPU layer for real (slow: ~1 s per layer here)")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="only the throughput rounds (no latency cases)")
     parser.add_argument("--child", nargs=2, metavar=("raw", "NBYTES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -8,7 +8,8 @@
     int8   lossy, float caches only: each (layer, K/V, block, kv head) group of
            block_size x head_dim values becomes int8 with one fp32 absmax scale,
            dequantized into the receiver's cache dtype on landing (about half a bf16/fp16
-           payload, a quarter of an fp32 one). An int8 cache travels as int8 already.
+           payload, a quarter of an fp32 one). An int8 cache travels as int8 already; a
+           frame holding an inf or NaN goes raw.
            wire = | fp32 scales [groups] | int8 values, payload order |
 
 The sender asks for one codec (``SenderConfig.codec``), the receiver allows a set
@@ -118,11 +119,11 @@ class Zstd(Codec):
         if _LEN.size + c + count * (item - 1) != wire.nbytes:
             raise MalformedFrame("zstd payload sizes do not add up to its frame")
         packed = wire[_LEN.size:_LEN.size + c]
-        # The declared size must be the plane's: zstd would otherwise allocate what a frame
-        # header claims.
-        if self._zstd.frame_content_size(packed) != count:
-            raise MalformedFrame("zstd frame does not declare the payload's size")
         try:
+            # The declared size must be the plane's: zstd would otherwise allocate what a
+            # frame header claims.
+            if self._zstd.frame_content_size(packed) != count:
+                raise MalformedFrame("zstd frame does not declare the payload's size")
             top = self._d.decompress(packed, max_output_size=count)
         except self._zstd.ZstdError as exc:
             raise MalformedFrame(f"zstd payload does not decompress: {exc}") from exc
@@ -160,6 +161,8 @@ class Int8(Codec):
         x = (torch.from_numpy(raw).view(_TORCH[layout.kv_dtype])
              .view(blocks, layout.block_size, layout.num_kv_heads, layout.head_dim).float())
         scale = x.abs().amax(dim=(1, 3)) / 127.0  # [blocks, heads]
+        if not bool(torch.isfinite(scale).all()):  # inf/NaN in the cache: send it as it is
+            return None
         inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
         q = (x * inv[:, None, :, None]).round_().clamp_(-127, 127).to(torch.int8)
         return np.concatenate([scale.numpy().view(np.uint8).reshape(-1),

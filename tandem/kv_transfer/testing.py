@@ -248,20 +248,25 @@ class RawPeer:
                                "nonce": nonce_s, "transport": "tcp"})
         return await self.recv_frame()
 
-    async def handshake(self, layout: KvLayout, secret: bytes = TEST_SECRET) -> None:
-        """Complete HELLO as an honest sender would (frames are sealed from then on)."""
+    async def handshake(self, layout: KvLayout, secret: bytes = TEST_SECRET,
+                        codec: str | None = None) -> Header:
+        """Complete HELLO as an honest sender would (frames are sealed from then on), asking
+        for payload ``codec`` if given; returns the receiver's ACK."""
         nonce_s = b"n" * 16
         hello = await self.hello(nonce_s)
         assert hello["kind"] == Kind.HELLO, hello
         nonce_r = hello["nonce"]
         assert hello["proof"] == proof(secret, RECEIVER_LABEL, nonce_s, nonce_r)
         fp = layout.fingerprint
+        ask = {} if codec is None else {"codec": codec}
         await self.send_frame({"kind": Kind.HELLO, "layout": layout.to_wire(), "fingerprint": fp,
-                               "proof": proof(secret, SENDER_LABEL, nonce_r, nonce_s, fp)})
+                               "proof": proof(secret, SENDER_LABEL, nonce_r, nonce_s, fp),
+                               **ask})
         keys = session_keys(secret, nonce_s, nonce_r, fp, sender=True)
         self.tx, self.rx = FrameMac(keys.send), FrameMac(keys.recv)
         done = await self.recv_frame()
         assert done["kind"] == Kind.ACK and done["fingerprint"] == fp, done
+        return done
 
     async def closed_by_peer(self, timeout: float = 5.0) -> bool:
         """Read (and drop) until the receiver closes; True when it did within ``timeout``."""
