@@ -34,6 +34,9 @@ from tandem.common.security.credential import (
     credential_from_flags,
 )
 from tandem.engine.cli_args import add_engine_args, engine_config_from_args
+from tandem.kv_transfer import ConfigError
+from tandem.kv_transfer.codecs import NAMES as KV_CODECS
+from tandem.kv_transfer.codecs import codec as kv_codec
 from tandem.worker.app import WorkerApp
 from tandem.worker.config import ServeConfig, StartupError, WorkerConfig
 from tandem.worker.process import serve
@@ -45,6 +48,16 @@ from tandem.worker.tls import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def checked_codec(name: str) -> str:
+    """``--kv-codec``'s value, once its package is known to be installed (ValueError says
+    what to install)."""
+    try:
+        kv_codec(name)
+    except ConfigError as exc:
+        raise ValueError(f"--kv-codec: {exc}") from exc
+    return name
 
 class RoleAppConfig(Protocol):
     """A role's frozen config: the shared part plus the role's own fields."""
@@ -61,6 +74,11 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
     p.add_argument("--host", default="127.0.0.1", help=host_help)
     p.add_argument("--port", type=int, required=True, help="gRPC port (0: pick a free one)")
     p.add_argument("--no-kv-shm", action="store_true", help=shm_help)
+    p.add_argument("--kv-codec", choices=KV_CODECS, default="raw",
+                   help="KV payload codec over TCP, set alike on both roles (the prefill worker "
+                   "asks for it, the decode worker accepts it): raw; zstd (lossless, needs "
+                   "tandem-serve[kv-compress]); int8 (lossy, about half the bytes of a 16-bit "
+                   "cache; docs/kv_transfer.md has its measured quality)")
     add_credential_args(p, "every RPC but health, registration and the KV port")
     p.add_argument("--router", default=None, help="router HOST:PORT to register with")
     p.add_argument("--worker-id", default=None)
@@ -134,6 +152,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     return WorkerConfig(
         serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
+        kv_codec=checked_codec(args.kv_codec),
         served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
         core_share=args.core_share, adaptive_threads=args.step_threads == "adaptive",
         step_log=args.step_log, warmup=not args.skip_warmup,

@@ -72,7 +72,8 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     layout = kv_layout(engine.remote.kv_cache_spec())
     receiver = Receiver(engine.remote.kv_cache, layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
-        enable_shm=wc.kv_shm, tls=wc.kv_tls))
+        enable_shm=wc.kv_shm, tls=wc.kv_tls,
+        codecs=() if wc.kv_codec == "raw" else (wc.kv_codec,)))
     try:
         await receiver.start()
     except OSError as exc:
