@@ -20,7 +20,8 @@ from tandem.kv_transfer.errors import FrameTooLarge, MalformedFrame, UnknownFram
 
 # 2: KEEPALIVE, BEGIN.ttl_ms, HELLO.keepalive_ms (leases renewed); 3: the receiver reveals its
 # layout and limits only in the ACK, after the sender's proof; per-frame MACs after HELLO;
-# 4: GMAC payload tags, no checksum trailer under TLS, payload codecs negotiated at HELLO
+# 4: GMAC payload tags, no checksum trailer under TLS, payload codecs negotiated at HELLO,
+# transfers striped over several connections (BEGIN.stripes, ACK.max_stripes)
 PROTOCOL_VERSION = 4
 PREFIX = struct.Struct(">I")  # header length
 MAX_ID_LEN = 128
@@ -52,7 +53,8 @@ _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
                  "nonce": (_BIN, False), "proof": (_BIN, False), "max_payload": (_INT, False),
                  "transport": (_STR, False), "keepalive_ms": (_INT, False),
                  "codec": (_STR, False)},
-    Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True), "ttl_ms": (_INT, False)},
+    Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True), "ttl_ms": (_INT, False),
+                  "stripes": (_INT, False)},
     Kind.KV: {"transfer": (_STR, True), "layers": (_IDS, True), "blocks": (_IDS, True),
               "dtype": (_STR, True), "shape": (_IDS, True), "nbytes": (_INT, True),
               "slot": (_INT, False), "xxh": (_INT, False), "src_blocks": (_IDS, False),
@@ -64,7 +66,7 @@ _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.ABORT: {"transfer": (_STR, True), "reason": (_STR, False)},
     Kind.ACK: {"ref": (_INT, True), "transfer": (_STR, False), "fingerprint": (_STR, False),
                "max_payload": (_INT, False), "keepalive_ms": (_INT, False),
-               "codec": (_STR, False)},
+               "codec": (_STR, False), "max_stripes": (_INT, False)},
     Kind.NACK: {"ref": (_INT, True), "transfer": (_STR, False), "code": (_STR, True),
                 "reason": (_STR, False)},
     Kind.CREDIT: {"slot": (_INT, True)},

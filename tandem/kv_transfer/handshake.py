@@ -7,7 +7,8 @@
     S -> R  HELLO {proof_s, layout, fingerprint, codec?, transport extras}
             both sides: frames are sealed from here on (frame_mac.py, keys from both nonces)
             R checks proof_s, then the layout, then takes a member slot (``admit``)
-    R -> S  ACK   {ref: HELLO, fingerprint, max_payload, keepalive_ms, codec, transport extras}
+    R -> S  ACK   {ref: HELLO, fingerprint, max_payload, keepalive_ms, codec, max_stripes,
+                   transport extras}
                                                                             or NACK, close
 
 ``codec`` (codecs.py): the sender asks for one, the receiver answers with the one the
@@ -66,6 +67,7 @@ class PeerInfo:
     max_payload: int
     keepalive_s: float  # send a KEEPALIVE for a bound transfer quiet for this long
     codec: Codec = RAW  # how this connection's KV payloads travel
+    max_stripes: int = 1  # connections one transfer may span at this receiver
 
 
 def _expect(header: Header, kind: Kind, step: str) -> Header:
@@ -129,7 +131,9 @@ async def client_handshake(ch: Channel, layout: KvLayout, secret: bytes,
     used = codec if answer == codec.name else RAW
     ch.set_codec(used, layout)
     ch.client_setup(done)
-    return PeerInfo(max_payload=max_payload, keepalive_s=keepalive_s, codec=used)
+    stripes = done.get("max_stripes", 1)
+    return PeerInfo(max_payload=max_payload, keepalive_s=keepalive_s, codec=used,
+                    max_stripes=stripes if type(stripes) is int and stripes >= 1 else 1)
 
 
 def _admit_all() -> None:
@@ -149,12 +153,12 @@ def choose_codec(asked: object, allowed: Collection[str], ch: Channel,
 
 async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes, keepalive_s: float,
                            admit: Callable[[], None] = _admit_all,
-                           codecs: Collection[str] = ()) -> None:
+                           codecs: Collection[str] = (), max_stripes: int = 1) -> None:
     """Receiver side; ``keepalive_s`` is the KEEPALIVE interval asked of the sender; ``admit``
     is called once the sender has proven itself and its layout matches, and raises
     ``PeerBusy`` when there is no room for it; ``codecs`` are the payload codecs this
-    receiver accepts besides raw. On refusal sends a NACK, then raises the matching
-    ``HandshakeError``."""
+    receiver accepts besides raw; ``max_stripes`` how many connections one transfer may span.
+    On refusal sends a NACK, then raises the matching ``HandshakeError``."""
     fp = layout.fingerprint
     try:
         hello = _expect(await ch.recv(), Kind.HELLO, "HELLO")
@@ -190,7 +194,7 @@ async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes, keepali
         raise
     await ch.send(ack(Kind.HELLO, fingerprint=fp, max_payload=ch.max_payload,
                       keepalive_ms=max(1, int(keepalive_s * 1000)), codec=chosen.name,
-                      **extras))
+                      max_stripes=max_stripes, **extras))
 
 
 async def _refuse(ch: Channel, code: str, reason: str) -> None:

@@ -44,14 +44,42 @@ class ConnectionPool:
         """Every open connection."""
         return [c for conns in self._conns.values() for c in conns if not c.closed]
 
-    def _pick(self, key: str, allow_new: bool) -> OutboundConnection | None:
+    @property
+    def _cap(self) -> int:
+        """Connections per endpoint: the configured cap, or a transfer's stripes if more."""
+        return max(self._config.max_connections_per_endpoint, self._config.stripes)
+
+    def _pick(self, key: str, allow_new: bool,
+              exclude: Sequence[OutboundConnection] = ()) -> OutboundConnection | None:
         live = [c for c in self._conns[key] if not c.closed]
-        if not live:
+        others = [c for c in live if c not in exclude]
+        if not others:
             return None
-        best = min(live, key=lambda c: c.load)
-        if best.load == 0 or not allow_new or len(live) >= self._config.max_connections_per_endpoint:
+        best = min(others, key=lambda c: c.load)
+        if best.load == 0 or not allow_new or len(live) >= self._cap:
             return best
         return None
+
+    async def acquire_stripes(self, endpoint: Endpoint, timeout: float) -> list[OutboundConnection]:
+        """Distinct connections for one transfer: ``SenderConfig.stripes`` of them over TCP,
+        as many as the receiver allows (its ACK's ``max_stripes``); one otherwise. Raises as
+        ``acquire``."""
+        first = await self.acquire(endpoint, timeout)
+        want = min(self._config.stripes, first.max_stripes)
+        if want <= 1 or first.channel.transport != "tcp":
+            return [first]
+        key = endpoint.key()
+        out = [first]
+        async with self._locks[key]:
+            while len(out) < want:
+                conn = self._pick(key, allow_new=True, exclude=out)
+                if conn is None:
+                    conn = await self._dial(endpoint, timeout)
+                    self._conns[key].append(conn)
+                if conn.channel.transport != "tcp":
+                    break
+                out.append(conn)
+        return out
 
     async def acquire(self, endpoint: Endpoint, timeout: float) -> OutboundConnection:
         """A connection to ``endpoint`` (pooled or new); raises ``NoRouteError``,
