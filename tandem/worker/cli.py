@@ -59,6 +59,13 @@ def checked_codec(name: str) -> str:
         raise ValueError(f"--kv-codec: {exc}") from exc
     return name
 
+
+def checked_stripes(n: int | None) -> int | None:
+    """``--kv-stripes``: None (the role's default) or at least 1."""
+    if n is not None and n < 1:
+        raise ValueError("--kv-stripes must be >= 1")
+    return n
+
 class RoleAppConfig(Protocol):
     """A role's frozen config: the shared part plus the role's own fields."""
 
@@ -79,6 +86,10 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
                    "asks for it, the decode worker accepts it): raw; zstd (lossless, needs "
                    "tandem-serve[kv-compress]); int8 (lossy, about half the bytes of a 16-bit "
                    "cache; docs/kv_transfer.md has its measured quality)")
+    p.add_argument("--kv-stripes", type=int, default=None, metavar="N",
+                   help="TCP connections one KV transfer is striped over, for links one "
+                   "connection cannot fill: the prefill worker stripes over N (default 1), the "
+                   "decode worker accepts up to N (default 4)")
     add_credential_args(p, "every RPC but health, registration and the KV port")
     p.add_argument("--router", default=None, help="router HOST:PORT to register with")
     p.add_argument("--worker-id", default=None)
@@ -152,7 +163,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     return WorkerConfig(
         serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
-        kv_codec=checked_codec(args.kv_codec),
+        kv_codec=checked_codec(args.kv_codec), kv_stripes=checked_stripes(args.kv_stripes),
         served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
         core_share=args.core_share, adaptive_threads=args.step_threads == "adaptive",
         step_log=args.step_log, warmup=not args.skip_warmup,

@@ -156,6 +156,12 @@ def test_kv_codec_flag_reaches_both_roles(tmp_path: Path, monkeypatch) -> None:
     prefill = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
         ["--port", "0", "--insecure", "--kv-codec", "int8"]))
     assert decode.worker.kv_codec == prefill.worker.kv_codec == "int8"
+    striped = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+        ["--port", "0", "--insecure", "--kv-stripes", "3"]))
+    assert striped.worker.kv_stripes == 3 and decode.worker.kv_stripes is None
+    with pytest.raises(ValueError, match="kv-stripes"):
+        prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+            ["--port", "0", "--insecure", "--kv-stripes", "0"]))
     default = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
         ["--port", "0", "--insecure"]))
     assert default.worker.kv_codec == "raw"
