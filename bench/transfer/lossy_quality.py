@@ -15,8 +15,8 @@ Two engines in this process, a prefill engine P and a decode engine D, with kv_t
   model): the first ``--context`` tokens are prefilled into a private cache, pushed through
   the transfer under the codec into a second cache, and the next ``--continuation`` tokens are
   scored over the landed cache. The perplexity of those continuation tokens against raw's.
-* **bytes**: the payload bytes each codec put on the wire per raw byte (its encoding of the
-  very payloads of the run).
+* **bytes**: the payload bytes each codec puts on the wire per raw byte, over the perplexity
+  windows' contexts (full blocks), layer by layer as a push sends them.
 
 Prints one table; ``--out`` writes lossy_quality.json there.
 """
@@ -159,9 +159,10 @@ def _forward(runner: Any, kv: torch.Tensor, ids: list[int], start: int) -> torch
 
 async def continuation_nll(runner: Any, layout: KvLayout, tokens: list[int], context: int,
                            names: Sequence[str], rx: Receiver, endpoint: Any,
-                           tag: str) -> dict[str, float]:
+                           tag: str) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
     """Sum of NLLs of ``tokens[context:]`` after ``tokens[:context]``'s KV went through the
-    transfer under each codec (the prompt's KV as the decode side would hold it)."""
+    transfer under each codec (the prompt's KV as the decode side would hold it), and each
+    codec's (wire, raw) payload bytes for that context, layer by layer as a push sends it."""
     bs = runner.block_size
     nblocks = -(-len(tokens) // bs)
     shape = list(runner.kv_cache.shape)
@@ -170,6 +171,7 @@ async def continuation_nll(runner: Any, layout: KvLayout, tokens: list[int], con
     _forward(runner, src, tokens[:context], 0)  # the prefill writes the context's KV
     ctx_blocks = list(range(-(-context // bs)))
     out: dict[str, float] = {}
+    sizes = {n: wire_bytes(n, layout, src, ctx_blocks) for n in names}
     for name in names:
         dst = rx.blocks.kv
         dst.zero_()
@@ -189,22 +191,22 @@ async def continuation_nll(runner: Any, layout: KvLayout, tokens: list[int], con
         target = torch.tensor(tokens[context + 1:], dtype=torch.int64)
         nll = torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum")
         out[name] = float(nll)
-    return out
+    return out, sizes
 
 
-def wire_ratio(name: str, layout: KvLayout, kv: torch.Tensor, ids: list[int]) -> float:
-    """Wire bytes per raw byte of codec ``name`` over one request's payload, layer by layer."""
-    if name == "raw":
-        return 1.0
+def wire_bytes(name: str, layout: KvLayout, kv: torch.Tensor,
+               ids: list[int]) -> tuple[int, int]:
+    """(wire, raw) payload bytes of codec ``name`` over blocks ``ids``, layer by layer."""
     c = codec(name)
     blocks = KvBlocks(kv, layout)
     raw = wire = 0
     for layer in range(layout.num_layers):
-        payload = SendSpan(blocks, layer, layer + 1, ids).gather_all()
-        enc = c.encode(payload, layout)
+        span = SendSpan(blocks, layer, layer + 1, ids)
+        payload = span.gather_all()
+        enc = c.encode(payload, span.shape, layout)
         raw += payload.nbytes
         wire += payload.nbytes if enc is None else enc.nbytes
-    return wire / raw
+    return wire, raw
 
 
 def engines(model: str, threads: int) -> tuple[LLMEngine, LLMEngine, str]:
@@ -258,15 +260,6 @@ async def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
         for _kind, ids in prompts:
             for name in names:
                 gen[name].append(await hand.generate(ids, name, args.max_new))
-        # payload bytes on the wire: one request's blocks as the sender had them
-        probe = prompts[-1][1]
-        p.remote.prefill.add(probe, SamplingParams(temperature=0.0, max_tokens=1),
-                             request_id="probe")
-        while p.has_unfinished():
-            p.step()
-        held = p.remote.prefill.held_block_ids("probe")
-        ratios = {n: wire_ratio(n, hand.layout, p.remote.kv_cache, held) for n in names}
-        p.remote.prefill.release("probe")
         # perplexity over windows, through the transfer into a scratch receiver
         windows = ppl_windows(p, model, args.windows, args.context + args.continuation)
         nblocks = -(-(args.context + args.continuation) // 16)
@@ -277,12 +270,15 @@ async def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
             SECRET, enable_shm=False, codecs=tuple(n for n in names if n != "raw")))
         endpoint = await rx.start()
         nll = {n: 0.0 for n in names}
+        moved = {n: [0, 0] for n in names}
         count = 0
         for i, w in enumerate(windows):
-            got = await continuation_nll(p.runner, hand.layout, w, args.context, names, rx,
-                                         endpoint, f"w{i}")
+            got, sizes = await continuation_nll(p.runner, hand.layout, w, args.context, names,
+                                                rx, endpoint, f"w{i}")
             for n in names:
                 nll[n] += got[n]
+                moved[n][0] += sizes[n][0]
+                moved[n][1] += sizes[n][1]
             count += len(w) - args.context - 1
         await rx.close()
     finally:
@@ -301,7 +297,7 @@ async def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
         ppl = math.exp(nll[name] / count)
         res[name] = {"token_agreement": same_pos / total, "sequences_equal": whole / len(ref),
                      "mean_equal_prefix": prefix / len(ref), "perplexity": ppl,
-                     "wire_per_raw_byte": ratios[name]}
+                     "wire_per_raw_byte": moved[name][0] / moved[name][1]}
     base = res["raw"]["perplexity"]
     for name in names:
         res[name]["perplexity_delta"] = res[name]["perplexity"] / base - 1

@@ -166,6 +166,11 @@ class SendSpan:
         self.nbytes = blocks.nbytes(lo, hi, len(self.ids))
         self._host: torch.Tensor | None = None
 
+    @property
+    def shape(self) -> list[int]:
+        """The payload's shape ``[layers, 2, blocks, block_size, kv_heads, row_width]``."""
+        return self.blocks.layout.payload_shape(self.hi - self.lo, len(self.ids))
+
     def chunks(self, bounce: np.ndarray) -> Iterator[np.ndarray]:
         """The payload in order, as contiguous uint8 pieces of at most ``bounce.nbytes``
         (``chunk_bytes(block_bytes)`` or more). On a CPU cache each piece is gathered into
@@ -213,6 +218,11 @@ class RecvSpan:
         self.nbytes = blocks.nbytes(lo, hi, len(self.ids))
         self._host: torch.Tensor | None = None
         self._rows: np.ndarray | None = None
+
+    @property
+    def shape(self) -> list[int]:
+        """The payload's shape ``[layers, 2, blocks, block_size, kv_heads, row_width]``."""
+        return self.blocks.layout.payload_shape(self.hi - self.lo, len(self.ids))
 
     @property
     def buffered_bytes(self) -> int:

@@ -201,7 +201,8 @@ class ByteChannel(Channel):
             return
         try:
             if self.codec is not RAW:
-                wire = self.codec.encode(span.gather_all(), span.blocks.layout)
+                layout = span.blocks.layout
+                wire = self.codec.encode(span.gather_all(), span.shape, layout)
                 if wire is not None:  # else incompressible: this frame goes raw
                     header = {**header, "enc": self.codec.name, "wire": wire.nbytes}
                     await self._send_payload(header, [wire])
@@ -261,7 +262,7 @@ class ByteChannel(Channel):
                                  f"{self.codec.name})")
         wire = header.get("wire")
         assert self.codec_layout is not None  # set with the codec
-        most = self.codec.max_wire(nbytes, self.codec_layout)
+        most = self.codec.max_wire(header["shape"], self.codec_layout)
         if type(wire) is not int or not 0 < wire <= most:
             raise MalformedFrame(f"KV.wire {wire!r} outside 1..{most}")
         return wire
@@ -309,7 +310,7 @@ class ByteChannel(Channel):
             mac.update(buf)
             if not same(await self._read_exact(TAG_BYTES), mac.payload_tag()):
                 raise FrameAuthError("KV payload MAC does not verify (tampered)")
-        raw = self.codec.decode(buf, span.blocks.layout, header["nbytes"])
+        raw = self.codec.decode(buf, span.shape, span.blocks.layout)
         if not alive():  # the fence: no await between it and the writes
             return False
         span.land(0, raw)
