@@ -132,6 +132,11 @@ class ByteChannel(Channel):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def buffered_bytes(self) -> int:
+        """The staging chunks (one per direction, once used)."""
+        return sum(c.nbytes for c in (self._tx_chunk, self._rx_chunk) if c is not None)
+
     def start_macs(self, keys: SessionKeys) -> None:
         self._tx, self._rx = FrameMac(keys.send), FrameMac(keys.recv)
 

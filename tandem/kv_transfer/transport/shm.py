@@ -104,7 +104,8 @@ class ShmChannel(SocketChannel):
 
     @property
     def buffered_bytes(self) -> int:
-        return 0 if self._mm is None else self._slots * self._slot_bytes
+        segment = 0 if self._mm is None else self._slots * self._slot_bytes
+        return segment + super().buffered_bytes
 
     # -- frames -------------------------------------------------------------------------------
 
