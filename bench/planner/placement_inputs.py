@@ -24,6 +24,15 @@ CHAT_TOKENS = 256  # chat turns: the chat kind's 32-96 tokens plus a system prom
 _SHOWN = ("local_share", *FIGURES)
 
 
+def remote_extra_s(seen: Mapping[str, Any]) -> float | None:
+    """What a router added to a remote option's compute in ``seen`` (one side's medians): its
+    learnt overhead plus the push priced on the link (``link_s``; a router that did not price
+    links, as in recordings made before it did, learnt the push into its overhead)."""
+    if seen.get("overhead_s") is None:
+        return None
+    return seen["overhead_s"] + (seen.get("link_s") or 0.0)
+
+
 def placement_inputs(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Medians of the model's inputs over all prompts and chat-sized ones; None when the
     model made no decision (all remote on no signal, or placement configured)."""

@@ -76,7 +76,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.planner.placement_inputs import placement_inputs, placement_table
+from bench.planner.placement_inputs import placement_inputs, placement_table, remote_extra_s
 from bench.planner.validation_inputs import (
     Served,
     colocated_served,
@@ -201,14 +201,15 @@ def handoff_gap(sweep: dict[str, Any], prefill: Profile, decode: Profile,
         if setup not in SETUPS or SETUPS[setup][1] != "adaptive":
             continue
         for point in points.values():
-            real = ((point.get("placement_inputs") or {}).get("chat") or {}).get("overhead_s")
+            real = remote_extra_s((point.get("placement_inputs") or {}).get("chat") or {})
             if real is None or point["mix"] != "chat":
                 continue
             row = compare(setup, point, trace_of(point, vocab, scale), prefill, decode, slo,
                           sharing, signals)
-            sim = ((row.get("placement_inputs") or {}).get("sim") or {}).get("chat") or {}
-            if sim.get("overhead_s") is not None:
-                gaps.append(real - sim["overhead_s"])
+            sim = remote_extra_s(((row.get("placement_inputs") or {}).get("sim") or {})
+                                 .get("chat") or {})
+            if sim is not None:
+                gaps.append(real - sim)
     return statistics.median(gaps) if gaps else None
 
 

@@ -112,6 +112,7 @@ _FIGURES: dict[str, Callable[[Mapping[str, Any]], float | None]] = {
     "local_ttft_s": lambda r: (r["local"] or {}).get("ttft_s"),
     "remote_ttft_s": lambda r: r["prefill"][0]["ttft_s"] if r["prefill"] else None,
     "overhead_s": lambda r: r["prefill"][0]["overhead_s"] if r["prefill"] else None,
+    "link_s": lambda r: r["prefill"][0].get("link_s") if r["prefill"] else None,
     "local_overhead_s": lambda r: (r["local"] or {}).get("overhead_s"),
     "decode_base_s": lambda r: r["decode"]["base_s"],
     "decode_per_token_s": lambda r: r["decode"]["per_token_s"],
