@@ -171,7 +171,7 @@ class LayerSim:
 
 
 async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float | None,
-                          reps: int) -> dict[str, float]:
+                          reps: int, stripes: int = 1) -> dict[str, float]:
     """Median prefill time alone vs with a layer-by-layer push and commit of its KV.
 
     ``layer_s``: per-layer compute simulated with ``asyncio.sleep``; None runs the real CPU
@@ -180,7 +180,7 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
     secret = new_secret()
     child = await start_receiver(transport, reps, "shuffled", secret)
     endpoint = Endpoint.decode((await child.line())["endpoint"])
-    cfg = SenderConfig(secret)
+    cfg = SenderConfig(secret, stripes=stripes)
     transports = [ShmTransport(cfg.limits)] if transport == "shm" else [TcpTransport(cfg.limits)]
     tx = Sender(src_kv, LAYOUT, cfg, transports)
     sim = LayerSim()
@@ -303,28 +303,39 @@ async def main(args: argparse.Namespace) -> dict:
                 sample = await run_ours(transport, n_requests, src_kv, order or "shuffled")
             samples[m].append(sample)
             say(f"[{step:2d}/{steps}] round {r + 1} {LABELS[m]:>16}: {sample.gbps:5.2f} GB/s  "
-                f"cpu/GiB tx {sample.tx_cpu_per_gib:.2f}s rx {sample.rx_cpu_per_gib:.2f}s")
+                f"cpu/GiB tx {sample.tx_cpu_per_gib:.2f}s rx {sample.rx_cpu_per_gib:.2f}s  "
+                f"load {os.getloadavg()[0]:.2f}")
     med = {m: Sample(statistics.median(x.gbps for x in v),
                      statistics.median(x.tx_cpu_per_gib for x in v),
                      statistics.median(x.rx_cpu_per_gib for x in v)) for m, v in samples.items()}
+    if args.throughput_only:
+        report_throughput(med, samples)
+        return {"throughput": {m: {"gbps": s.gbps, "all_gbps": [x.gbps for x in samples[m]]}
+                               for m, s in med.items()}, "machine": machine()}
     layer_s = time_cpu_layer()
     say(f"one SmolLM2-shaped layer over {PROMPT_TOKENS} tokens on this CPU: "
         f"{layer_s * 1e3:.0f} ms")
     latency: dict[str, dict[str, float]] = {}
-    cases: list[tuple[str, float | None]] = [(f"cpu-layer-sim {layer_s * 1e3:.0f}ms", layer_s)]
+    cases: list[tuple[str, float | None]] = []
+    if not args.no_cpu_layer:
+        cases.append((f"cpu-layer-sim {layer_s * 1e3:.0f}ms", layer_s))
     cases += [(f"stated {ms:g}ms", ms / 1e3) for ms in args.layer_ms]
     if args.real_compute:
         cases.append(("real cpu compute", None))
     say(f"added latency of a {PROMPT_TOKENS}-token prompt's KV ({req_bytes / 1e6:.1f} MB), "
         f"layer by layer (median of {args.reps} for the stated times, 1 run for CPU-sized layers):")
     for name, lay in cases:
-        for transport in ("tcp", "shm"):
+        ways = [("tcp", 1), ("shm", 1)] + ([("tcp", args.stripes)] if args.stripes > 1 else [])
+        for transport, stripes in ways:
             reps = args.reps if lay is not None and lay < 0.1 else 1  # a CPU prefill takes ~40 s
-            res = await prefill_latency(transport, src_kv, lay, reps)
-            latency[f"{name}/{transport}"] = res
-            say(f"  {name:>22} {transport}: prefill {res['prefill_ms']:9.1f} ms, with transfer "
+            res = await prefill_latency(transport, src_kv, lay, reps, stripes)
+            label = transport if stripes == 1 else f"tcp x{stripes}"
+            res["load"] = os.getloadavg()[0]
+            latency[f"{name}/{label}"] = res
+            say(f"  {name:>22} {label}: prefill {res['prefill_ms']:9.1f} ms, with transfer "
                 f"{res['with_transfer_ms']:9.1f} ms, added {res['added_ms']:7.1f} ms "
-                f"({res['added_pct']:+5.1f}%), tail after last layer {res['tail_ms']:.1f} ms")
+                f"({res['added_pct']:+5.1f}%), tail after last layer {res['tail_ms']:.1f} ms, "
+                f"load {res['load']:.2f}")
     results = {
         "machine": machine(), "gib_moved": nbytes / (1 << 30), "requests": n_requests,
         "rounds": args.rounds, "cpu_layer_ms": layer_s * 1e3,
@@ -333,18 +344,12 @@ async def main(args: argparse.Namespace) -> dict:
                            "all_gbps": [x.gbps for x in samples[m]]} for m, s in med.items()},
         "latency": latency,
     }
+    report_throughput(med, samples)
     raw, mem = med["raw"], med["memcpy"]
-    say("")
-    say(f"{'method':>16} {'GB/s':>6} {'vs raw':>7} {'vs memcpy':>9} {'tx cpu/GiB':>11} "
-        f"{'rx cpu/GiB':>11}")
-    for m in METHODS:
-        s = med[m]
-        say(f"{LABELS[m]:>16} {s.gbps:6.2f} {s.gbps / raw.gbps:7.0%} {s.gbps / mem.gbps:9.0%} "
-            f"{s.tx_cpu_per_gib:10.2f}s {s.rx_cpu_per_gib:10.2f}s")
     say(f"targets: TCP >= 80% of raw (now {med['tcp'].gbps / raw.gbps:.0%}); shm >= 50% of "
         f"memcpy (now {med['shm'].gbps / mem.gbps:.0%}); added latency < 5% of prefill "
         f"(now {latency[cases[0][0] + '/tcp']['added_pct']:+.1f}% tcp, "
-        f"{latency[cases[0][0] + '/shm']['added_pct']:+.1f}% shm at the CPU layer time)")
+        f"{latency[cases[0][0] + '/shm']['added_pct']:+.1f}% shm at {cases[0][0]})")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "kv_transfer.json"), "w", encoding="utf-8") as fh:
@@ -352,6 +357,22 @@ async def main(args: argparse.Namespace) -> dict:
         plot(results, os.path.join(args.out, "kv_transfer.png"))
         say(f"wrote {args.out}/kv_transfer.json and {args.out}/kv_transfer.png")
     return results
+
+
+def report_throughput(med: dict[str, Sample], samples: dict[str, list[Sample]]) -> None:
+    """The throughput table: medians, and each ratio per round (raw and memcpy of the same
+    round), which a shared machine's drift affects less than the medians."""
+    raw, mem = med["raw"], med["memcpy"]
+    say("")
+    say(f"{'method':>16} {'GB/s':>6} {'vs raw':>7} {'vs memcpy':>9} {'tx cpu/GiB':>11} "
+        f"{'rx cpu/GiB':>11}  per-round ratio (vs raw | vs memcpy)")
+    for m in METHODS:
+        s = med[m]
+        per_round = " ".join(f"{x.gbps / r.gbps:.0%}|{x.gbps / c.gbps:.0%}"
+                             for x, r, c in zip(samples[m], samples["raw"], samples["memcpy"],
+                                                strict=True))
+        say(f"{LABELS[m]:>16} {s.gbps:6.2f} {s.gbps / raw.gbps:7.0%} {s.gbps / mem.gbps:9.0%} "
+            f"{s.tx_cpu_per_gib:10.2f}s {s.rx_cpu_per_gib:10.2f}s  {per_round}")
 
 
 def cli() -> None:
@@ -364,6 +385,12 @@ def cli() -> None:
                         help="stated per-layer compute times to simulate")
     parser.add_argument("--real-compute", action="store_true",
                         help="also run the CPU layer for real (slow: ~1 s per layer here)")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="only the throughput rounds (no latency cases)")
+    parser.add_argument("--no-cpu-layer", action="store_true",
+                        help="latency cases: only the stated layer times (not the ~16 s CPU one)")
+    parser.add_argument("--stripes", type=int, default=1,
+                        help="latency cases: also TCP striped over this many connections")
     parser.add_argument("--child", nargs=2, metavar=("raw", "NBYTES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -1,21 +1,23 @@
 """Byte-level access to the blocks of one worker's cache tensor.
 
-``kv: [num_layers, planes, num_blocks, block_size, num_kv_heads, head_dim]``, contiguous
+``kv: [num_layers, planes, num_blocks, block_size, num_kv_heads, row_width]``, contiguous
 (planes: K and V, or one latent plane: tandem/kv_transfer/layout.py). A payload covering
 layers ``[lo, hi)`` and block ids ``ids`` is ``kv[lo:hi, :, ids]`` in C order:
 
     for l in lo..hi-1:  for k in planes:  for b in ids:  kv[l, k, b]   (block_bytes each)
 
-On a CPU cache the views point straight into the tensor's memory (adjacent ids coalesced into
-one run), so the sender's ``sendmsg`` reads and the receiver's ``recvmsg_into`` writes the cache
-itself. A CUDA cache (or ``staged=True``, which tests use to exercise the same path on CPU) goes
-through one host buffer per frame: gather with ``index_select`` before sending, scatter with
+Viewed as rows of ``block_bytes`` (``[num_layers * planes * num_blocks, block_bytes]``), a payload
+is a list of row numbers, so a CPU cache is gathered and scattered one chunk of rows at a time
+with one numpy call each (``SendSpan.chunks``, ``RecvSpan.land``): a fragmented cache moves
+through a contiguous staging chunk at memory speed, with no per-block Python. A CUDA cache
+(or ``staged=True``, which tests use to exercise the same path on CPU) goes through one host
+buffer per frame: gathered with ``index_select`` before sending, scattered with
 ``index_copy_`` after receiving.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -33,17 +35,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "int8": torch.int8,
 }
-
-
-def coalesce(ids: Sequence[int]) -> list[tuple[int, int]]:
-    """Runs of consecutive ascending ids as ``(start, count)``, order kept: [3,4,5,9] -> [(3,3),(9,1)]."""
-    runs: list[tuple[int, int]] = []
-    for b in ids:
-        if runs and runs[-1][0] + runs[-1][1] == b:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((b, 1))
-    return runs
 
 
 def check_cache_tensor(kv: torch.Tensor, layout: KvLayout) -> None:
@@ -95,21 +86,17 @@ class KvBlocks:
         """Payload bytes for ``count`` blocks over layers ``[lo, hi)``."""
         return self.layout.payload_bytes(hi - lo, count)
 
-    def direct_views(self, lo: int, hi: int, ids: Sequence[int]) -> list[Buffer]:
-        """Views into the cache itself, in payload order (CPU caches only)."""
-        assert self._bytes is not None, "direct views need a CPU cache"
-        bb = self.layout.block_bytes
-        n = self.num_blocks
-        runs = coalesce(ids)
-        # Byte offset of run (start, count) in layer l, plane k: ((l * P + k) * n + start) * bb.
-        spans = [(start * bb, count * bb) for start, count in runs]
-        data = self._bytes
-        out: list[Buffer] = []
+    def rows(self, lo: int, hi: int, ids: Sequence[int]) -> np.ndarray:
+        """Row numbers, in payload order, of the blocks in ``kv`` viewed as
+        ``[num_layers * planes * num_blocks, block_bytes]``: row = (layer * P + k) * N + id."""
         planes = self.layout.planes
-        for half in range(lo * planes, hi * planes):
-            base = half * n * bb
-            out += [data[base + a:base + a + size] for a, size in spans]
-        return out
+        halves = np.arange(lo * planes, hi * planes, dtype=np.int64)[:, None] * self.num_blocks
+        return (halves + np.asarray(ids, dtype=np.int64)[None, :]).reshape(-1)
+
+    def row_array(self) -> np.ndarray:
+        """The CPU cache as ``[rows, block_bytes]`` uint8, aliasing the tensor."""
+        assert self._bytes is not None, "row access needs a CPU cache"
+        return self._bytes.reshape(-1, self.layout.block_bytes)
 
     def _index(self, ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor(list(ids), dtype=torch.long, device=self.kv.device)
@@ -127,13 +114,6 @@ class KvBlocks:
         pin = self.is_cuda and torch.cuda.is_available()
         return torch.empty(shape, dtype=self.kv.dtype, pin_memory=pin)
 
-    def _rows(self, lo: int, hi: int, ids: Sequence[int]) -> np.ndarray:
-        """Row numbers, in payload order, of the blocks in ``kv`` viewed as
-        ``[num_layers * planes * num_blocks, block_bytes]``: row = (layer * P + k) * N + id."""
-        planes = self.layout.planes
-        halves = np.arange(lo * planes, hi * planes, dtype=np.int64)[:, None] * self.num_blocks
-        return (halves + np.asarray(ids, dtype=np.int64)[None, :]).reshape(-1)
-
     def gather_into(self, lo: int, hi: int, ids: Sequence[int], out: np.ndarray) -> None:
         """Copy ``kv[lo:hi, :, ids]`` into the flat uint8 host array ``out`` in one C loop (the
         shm sender; zero-copy is impossible there)."""
@@ -141,8 +121,7 @@ class KvBlocks:
         rows_out = out.reshape(-1, bb)
         if self._bytes is not None:
             # mode="wrap" skips numpy's buffered bounds checking; ids are checked already.
-            np.take(self._bytes.reshape(-1, bb), self._rows(lo, hi, ids), axis=0, out=rows_out,
-                    mode="wrap")
+            np.take(self.row_array(), self.rows(lo, hi, ids), axis=0, out=rows_out, mode="wrap")
         else:
             gathered = self.gather(lo, hi, ids)
             rows_out[...] = tensor_bytes(gathered).reshape(-1, bb)
@@ -151,7 +130,7 @@ class KvBlocks:
         """Copy the flat uint8 host array ``src`` into ``kv[lo:hi, :, ids]`` in one C loop."""
         bb = self.layout.block_bytes
         if self._bytes is not None:
-            self._bytes.reshape(-1, bb)[self._rows(lo, hi, ids)] = src.reshape(-1, bb)
+            self.row_array()[self.rows(lo, hi, ids)] = src.reshape(-1, bb)
         else:
             shape = self.layout.payload_shape(hi - lo, len(ids))
             host = torch.from_numpy(src).view(self.kv.dtype).view(shape)
@@ -171,30 +150,17 @@ def tensor_bytes(t: torch.Tensor) -> Buffer:
     return t.view(torch.uint8).reshape(-1).numpy()
 
 
+CHUNK_BYTES = 512 << 10  # staging chunk: small enough to stay in cache between passes
+
+
+def chunk_bytes(block_bytes: int) -> int:
+    """Bytes of one staging chunk for rows of ``block_bytes``: whole rows, about
+    ``CHUNK_BYTES`` (at least one row)."""
+    return max(1, CHUNK_BYTES // block_bytes) * block_bytes
+
+
 class SendSpan:
-    """What one KV frame sends: source layers and block ids, as byte views."""
-
-    __slots__ = ("blocks", "lo", "hi", "ids", "nbytes", "_host")
-
-    def __init__(self, blocks: KvBlocks, lo: int, hi: int, ids: Sequence[int]) -> None:
-        self.blocks, self.lo, self.hi, self.ids = blocks, lo, hi, list(ids)
-        self.nbytes = blocks.nbytes(lo, hi, len(self.ids))
-        self._host: torch.Tensor | None = None
-
-    def views(self) -> list[Buffer]:
-        """Source bytes in payload order (gathers into a host buffer when staged)."""
-        if not self.blocks.staged:
-            return self.blocks.direct_views(self.lo, self.hi, self.ids)
-        self._host = self.blocks.gather(self.lo, self.hi, self.ids)
-        return [tensor_bytes(self._host)]
-
-    def release(self) -> None:
-        """Drop the staging buffer, if any."""
-        self._host = None
-
-
-class RecvSpan:
-    """Where one KV frame lands: destination layers and block ids, as byte views."""
+    """What one KV frame sends: source layers and block ids."""
 
     __slots__ = ("blocks", "lo", "hi", "ids", "nbytes", "_host")
 
@@ -204,19 +170,101 @@ class RecvSpan:
         self._host: torch.Tensor | None = None
 
     @property
+    def shape(self) -> list[int]:
+        """The payload's shape ``[layers, planes, blocks, block_size, kv_heads, row_width]``."""
+        return self.blocks.layout.payload_shape(self.hi - self.lo, len(self.ids))
+
+    def chunks(self, bounce: np.ndarray) -> Iterator[np.ndarray]:
+        """The payload in order, as contiguous uint8 pieces of at most ``bounce.nbytes``
+        (``chunk_bytes(block_bytes)`` or more). On a CPU cache each piece is gathered into
+        ``bounce`` (one ``np.take`` of whole rows) and is valid until the next is asked for;
+        a staged span gathers the frame once and yields slices of it."""
+        if self.blocks.staged:
+            host = self.gather_all()
+            step = bounce.nbytes
+            for a in range(0, host.nbytes, step):
+                yield host[a:a + step]
+            return
+        bb = self.blocks.layout.block_bytes
+        rows = self.blocks.rows(self.lo, self.hi, self.ids)
+        table = self.blocks.row_array()
+        per = bounce.nbytes // bb
+        assert per >= 1, "staging chunk smaller than one block"
+        for i in range(0, len(rows), per):
+            sub = rows[i:i + per]
+            out = bounce[:len(sub) * bb].reshape(-1, bb)
+            # mode="wrap" skips numpy's buffered bounds checking; ids are checked already.
+            np.take(table, sub, axis=0, out=out, mode="wrap")
+            yield out.reshape(-1)
+
+    def gather_all(self) -> np.ndarray:
+        """The whole payload in one contiguous host array (codecs encode whole frames)."""
+        if self.blocks.staged:
+            self._host = self.blocks.gather(self.lo, self.hi, self.ids)
+            return tensor_bytes(self._host)
+        out = np.empty(self.nbytes, dtype=np.uint8)
+        self.blocks.gather_into(self.lo, self.hi, self.ids, out)
+        return out
+
+    def release(self) -> None:
+        """Drop the staging buffer, if any."""
+        self._host = None
+
+
+class RecvSpan:
+    """Where one KV frame lands: destination layers and block ids."""
+
+    __slots__ = ("blocks", "lo", "hi", "ids", "nbytes", "_host", "_rows")
+
+    def __init__(self, blocks: KvBlocks, lo: int, hi: int, ids: Sequence[int]) -> None:
+        self.blocks, self.lo, self.hi, self.ids = blocks, lo, hi, list(ids)
+        self.nbytes = blocks.nbytes(lo, hi, len(self.ids))
+        self._host: torch.Tensor | None = None
+        self._rows: np.ndarray | None = None
+
+    @property
+    def shape(self) -> list[int]:
+        """The payload's shape ``[layers, planes, blocks, block_size, kv_heads, row_width]``."""
+        return self.blocks.layout.payload_shape(self.hi - self.lo, len(self.ids))
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes of staging memory this span holds right now."""
         return 0 if self._host is None else self.nbytes
 
-    def views(self) -> list[Buffer]:
-        """Destination bytes in payload order (a host buffer when staged)."""
-        if not self.blocks.staged:
-            return self.blocks.direct_views(self.lo, self.hi, self.ids)
-        self._host = self.blocks.staging(self.lo, self.hi, len(self.ids))
-        return [tensor_bytes(self._host)]
+    def _staging(self) -> np.ndarray:
+        if self._host is None:
+            self._host = self.blocks.staging(self.lo, self.hi, len(self.ids))
+        return tensor_bytes(self._host)
+
+    def target(self, at: int, n: int, bounce: np.ndarray) -> np.ndarray:
+        """Where to receive payload bytes ``[at, at + n)`` before ``land``: the frame's host
+        staging buffer itself when staged (``land`` then has nothing to copy), else
+        ``bounce``."""
+        if self.blocks.staged:
+            return self._staging()[at:at + n]
+        return bounce[:n]
+
+    def land(self, at: int, data: np.ndarray) -> None:
+        """Write payload bytes ``[at, at + data.nbytes)`` (whole rows, ``at`` a row boundary):
+        on a CPU cache into the blocks themselves (one numpy scatter); staged, into the host
+        buffer that ``finish`` moves to the device. The caller has checked the reservation is
+        alive with no await since (the fence)."""
+        if self.blocks.staged:
+            host = self._staging()
+            dest = host[at:at + data.nbytes]
+            if dest.ctypes.data != data.ctypes.data:
+                dest[:] = data
+            return
+        bb = self.blocks.layout.block_bytes
+        if self._rows is None:
+            self._rows = self.blocks.rows(self.lo, self.hi, self.ids)
+        first = at // bb
+        self.blocks.row_array()[self._rows[first:first + data.nbytes // bb]] = \
+            data.reshape(-1, bb)
 
     def finish(self) -> None:
-        """Land a staged payload in the cache (no-op for direct views)."""
+        """Land a staged payload in the cache (no-op for CPU caches)."""
         if self._host is not None:
             self.blocks.scatter(self.lo, self.hi, self.ids, self._host)
 

@@ -52,6 +52,16 @@ class TlsConfig:
     server_name: str | None = None
 
 
+def _check_codecs(owner: object, names: tuple[str, ...]) -> None:
+    """Every name a codec whose package is installed (codecs.codec raises ConfigError)."""
+    from tandem.kv_transfer.codecs import codec  # codecs imports this module's errors only
+
+    if not isinstance(names, tuple):
+        raise ConfigError(f"{type(owner).__name__}: codecs must be a tuple of names")
+    for name in names:
+        codec(name)
+
+
 def _check_secret(owner: object, secret: bytes) -> None:
     if not isinstance(secret, bytes) or len(secret) < 16:
         raise ConfigError(f"{type(owner).__name__}.secret must be at least 16 bytes")
@@ -88,9 +98,17 @@ class ReceiverConfig:
     socket_buffer_bytes: int = 4 * MIB
     shm_slots: int = 8
     shm_slot_bytes: int = 4 * MIB
+    # KV payload codecs (codecs.py) this receiver accepts on TCP besides raw: "zstd"
+    # (lossless), "int8" (lossy). A sender asking for one not listed gets raw.
+    codecs: tuple[str, ...] = ()
+    # The most TCP connections one transfer may be striped over (its sender's
+    # SenderConfig.stripes; 1: no striping). Told to senders in the handshake ACK.
+    max_stripes: int = 4
 
     def __post_init__(self) -> None:
         _check_secret(self, self.secret)
+        _check_codecs(self, self.codecs)
+        _positive(self, "max_stripes")
         _positive(self, "max_connections", "max_pending_handshakes", "max_active_transfers",
                   "handshake_timeout_s",
                   "idle_timeout_s", "frame_timeout_s", "progress_timeout_s", "max_transfer_s",
@@ -116,8 +134,15 @@ class SenderConfig:
     tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
     socket_buffer_bytes: int = 4 * MIB
+    # The KV payload codec asked of each receiver over TCP (codecs.py: "raw", "zstd",
+    # "int8"); a receiver that does not allow it answers raw.
+    codec: str = "raw"
+    # TCP connections each transfer is striped over (for links one connection cannot fill),
+    # up to the receiver's max_stripes; shm and CUDA IPC transfers use one.
+    stripes: int = 1
 
     def __post_init__(self) -> None:
         _check_secret(self, self.secret)
+        _check_codecs(self, (self.codec,))
         _positive(self, "frame_bytes", "max_connections_per_endpoint", "connect_timeout_s",
-                  "socket_buffer_bytes")
+                  "socket_buffer_bytes", "stripes")

@@ -1,6 +1,6 @@
 """Frame headers: kinds, encoding, and a decoder that trusts nothing.
 
-A frame on the wire is ``u32 BE header length | msgpack map | tag? | payload? | trailer?``
+A frame on the wire is ``u32 BE header length | msgpack map | tag_h? | payload? | tag_p?``
 (docs/kv_transfer.md section 2; the tags are frame_mac.py's). This module owns the header part: ``encode_header`` makes the
 prefix and map, ``HeaderCodec.decode`` parses a map under the configured limits and checks each
 field's type for the frame's kind. Payload handling belongs to the channels.
@@ -19,16 +19,17 @@ from tandem.kv_transfer.config import Limits
 from tandem.kv_transfer.errors import FrameTooLarge, MalformedFrame, UnknownFrameKind
 
 # 2: KEEPALIVE, BEGIN.ttl_ms, HELLO.keepalive_ms (leases renewed); 3: the receiver reveals its
-# layout and limits only in the ACK, after the sender's proof; per-frame MACs after HELLO
-PROTOCOL_VERSION = 3
+# layout and limits only in the ACK, after the sender's proof; per-frame MACs after HELLO;
+# 4: GMAC payload tags, no checksum trailer under TLS, payload codecs negotiated at HELLO,
+# transfers striped over several connections (BEGIN.stripes, ACK.max_stripes)
+PROTOCOL_VERSION = 4
 PREFIX = struct.Struct(">I")  # header length
-TRAILER = struct.Struct(">Q")  # xxh3_64 of the payload (byte-stream transports)
 MAX_ID_LEN = 128
 MAX_REASON_LEN = 512
 
 
 class Kind(enum.IntEnum):
-    """Frame kinds of protocol version 3."""
+    """Frame kinds of protocol version 4."""
 
     HELLO = 1
     BEGIN = 2
@@ -50,18 +51,22 @@ _FLOATS = "floats"  # a list of floats, NaN refused
 _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.HELLO: {"version": (_INT, False), "layout": (_MAP, False), "fingerprint": (_STR, False),
                  "nonce": (_BIN, False), "proof": (_BIN, False), "max_payload": (_INT, False),
-                 "transport": (_STR, False), "keepalive_ms": (_INT, False)},
-    Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True), "ttl_ms": (_INT, False)},
+                 "transport": (_STR, False), "keepalive_ms": (_INT, False),
+                 "codec": (_STR, False)},
+    Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True), "ttl_ms": (_INT, False),
+                  "stripes": (_INT, False)},
     Kind.KV: {"transfer": (_STR, True), "layers": (_IDS, True), "blocks": (_IDS, True),
               "dtype": (_STR, True), "shape": (_IDS, True), "nbytes": (_INT, True),
-              "slot": (_INT, False), "xxh": (_INT, False), "src_blocks": (_IDS, False)},
+              "slot": (_INT, False), "xxh": (_INT, False), "src_blocks": (_IDS, False),
+              "enc": (_STR, False), "wire": (_INT, False)},
     # a forked request (n sequences) also sends every sequence's first token: "tokens" and
     # "logprobs" (n of each, [0] repeating token/logprob; see _check_commit)
     Kind.COMMIT: {"transfer": (_STR, True), "token": (_INT, True), "logprob": (_FLOAT, True),
                   "tokens": (_IDS, False), "logprobs": (_FLOATS, False)},
     Kind.ABORT: {"transfer": (_STR, True), "reason": (_STR, False)},
     Kind.ACK: {"ref": (_INT, True), "transfer": (_STR, False), "fingerprint": (_STR, False),
-               "max_payload": (_INT, False), "keepalive_ms": (_INT, False)},
+               "max_payload": (_INT, False), "keepalive_ms": (_INT, False),
+               "codec": (_STR, False), "max_stripes": (_INT, False)},
     Kind.NACK: {"ref": (_INT, True), "transfer": (_STR, False), "code": (_STR, True),
                 "reason": (_STR, False)},
     Kind.CREDIT: {"slot": (_INT, True)},

@@ -20,7 +20,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from tandem.kv_transfer.blocks import KvBlocks, SendSpan
@@ -52,11 +52,12 @@ def check_source(blocks: KvBlocks, src: list[int], dst: list[int]) -> None:
 class OutgoingTransfer:
     """Handle returned by ``Sender.open``; see the module docstring."""
 
-    def __init__(self, blocks: KvBlocks, conn: OutboundConnection, transfer_id: str,
+    def __init__(self, blocks: KvBlocks, conns: Sequence[OutboundConnection], transfer_id: str,
                  src_ids: list[int] | None, dst_ids: list[int], deadline: float,
                  on_end: Callable[[OutgoingTransfer], None]) -> None:
         self.blocks = blocks
-        self.conn = conn
+        self.conn = conns[0]  # BEGIN's first, COMMIT's and ABORT's connection
+        self.stripes = list(conns)  # every connection its KV frames go over
         self.transfer_id = transfer_id
         self.src_ids = src_ids
         self.dst_ids = dst_ids
@@ -116,7 +117,8 @@ class OutgoingTransfer:
         if self._pumping() and self._pump is not asyncio.current_task():
             return  # the pump's finally comes back here
         self._unregistered = True
-        self.conn.transfers.pop(self.transfer_id, None)
+        for conn in self.stripes:
+            conn.transfers.pop(self.transfer_id, None)
         self._on_end(self)
         self._ended.set()
 
@@ -190,9 +192,12 @@ class OutgoingTransfer:
     def _frames(self, lo: int, hi: int) -> Iterator[tuple[Header, SendSpan]]:
         assert self.src_ids is not None  # push() checked
         layout = self.blocks.layout
-        max_bytes = self.conn.max_frame_bytes
+        max_bytes = min(c.max_frame_bytes for c in self.stripes)
         n = len(self.dst_ids)
         per_layer = layout.payload_bytes(1, n)
+        if len(self.stripes) > 1:  # at least a frame per stripe (whole blocks)
+            share = -(-per_layer * (hi - lo) // len(self.stripes))
+            max_bytes = max(layout.payload_bytes(1, 1), min(max_bytes, share))
         layer_step = max(1, max_bytes // per_layer)
         block_step = n if per_layer <= max_bytes else max_bytes // layout.payload_bytes(1, 1)
         for a in range(lo, hi, layer_step):
@@ -207,15 +212,37 @@ class OutgoingTransfer:
                     "nbytes": layout.payload_bytes(b - a, j - i)}
                 yield header, SendSpan(self.blocks, a, b, self.src_ids[i:j])
 
+    async def _send_frames(self, conn: OutboundConnection,
+                           frames: Iterable[tuple[Header, SendSpan]]) -> None:
+        """Send ``frames`` in order on ``conn`` until done or the transfer fails."""
+        for header, span in frames:
+            if self._error is not None:
+                return
+            await self._bounded(conn.send(header, span))
+            self.last_sent = time.monotonic()
+
+    async def _send_striped(self, frames: list[tuple[Header, SendSpan]]) -> None:
+        """Frame i on stripe i mod n, the stripes at once; a stripe that fails fails the
+        transfer, and the others stop at their next frame (all have stopped on return)."""
+        async def one(conn: OutboundConnection, share: list[tuple[Header, SendSpan]]) -> None:
+            try:
+                await self._send_frames(conn, share)
+            except TransferFailed as exc:
+                self._on_failed(exc, tell_receiver=True)
+
+        k = len(self.stripes)
+        await asyncio.gather(*(one(c, frames[i::k]) for i, c in enumerate(self.stripes)))
+
     async def _run_pump(self) -> None:
         try:
             while self._queue and self._error is None:
                 lo, hi = self._queue[0]
-                for header, span in self._frames(lo, hi):
-                    if self._error is not None:
-                        return
-                    await self._bounded(self.conn.send(header, span))
-                    self.last_sent = time.monotonic()
+                if len(self.stripes) == 1:
+                    await self._send_frames(self.conn, self._frames(lo, hi))
+                else:
+                    await self._send_striped(list(self._frames(lo, hi)))
+                if self._error is not None:
+                    return
                 if self._queue:
                     self._queue.popleft()
         except TransferFailed as exc:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from tandem.kv_transfer.blocks import KvBlocks
+from tandem.kv_transfer.codecs import codec as codec_named
 from tandem.kv_transfer.config import SenderConfig
 from tandem.kv_transfer.endpoint import Endpoint
 from tandem.kv_transfer.errors import ChannelClosed, NoRouteError
@@ -35,6 +36,7 @@ class ConnectionPool:
         self._layout = layout
         self._config = config
         self._transports = list(transports)
+        self._codec = codec_named(config.codec)
         self._conns: dict[str, list[OutboundConnection]] = collections.defaultdict(list)
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
 
@@ -42,14 +44,42 @@ class ConnectionPool:
         """Every open connection."""
         return [c for conns in self._conns.values() for c in conns if not c.closed]
 
-    def _pick(self, key: str, allow_new: bool) -> OutboundConnection | None:
+    @property
+    def _cap(self) -> int:
+        """Connections per endpoint: the configured cap, or a transfer's stripes if more."""
+        return max(self._config.max_connections_per_endpoint, self._config.stripes)
+
+    def _pick(self, key: str, allow_new: bool,
+              exclude: Sequence[OutboundConnection] = ()) -> OutboundConnection | None:
         live = [c for c in self._conns[key] if not c.closed]
-        if not live:
+        others = [c for c in live if c not in exclude]
+        if not others:
             return None
-        best = min(live, key=lambda c: c.load)
-        if best.load == 0 or not allow_new or len(live) >= self._config.max_connections_per_endpoint:
+        best = min(others, key=lambda c: c.load)
+        if best.load == 0 or not allow_new or len(live) >= self._cap:
             return best
         return None
+
+    async def acquire_stripes(self, endpoint: Endpoint, timeout: float) -> list[OutboundConnection]:
+        """Distinct connections for one transfer: ``SenderConfig.stripes`` of them over TCP,
+        as many as the receiver allows (its ACK's ``max_stripes``); one otherwise. Raises as
+        ``acquire``."""
+        first = await self.acquire(endpoint, timeout)
+        want = min(self._config.stripes, first.max_stripes)
+        if want <= 1 or first.channel.transport != "tcp":
+            return [first]
+        key = endpoint.key()
+        out = [first]
+        async with self._locks[key]:
+            while len(out) < want:
+                conn = self._pick(key, allow_new=True, exclude=out)
+                if conn is None:
+                    conn = await self._dial(endpoint, timeout)
+                    self._conns[key].append(conn)
+                if conn.channel.transport != "tcp":
+                    break
+                out.append(conn)
+        return out
 
     async def acquire(self, endpoint: Endpoint, timeout: float) -> OutboundConnection:
         """A connection to ``endpoint`` (pooled or new); raises ``NoRouteError``,
@@ -81,13 +111,16 @@ class ConnectionPool:
                 continue
             try:
                 info = await asyncio.wait_for(
-                    client_handshake(channel, self._layout, cfg.secret), timeout)
+                    client_handshake(channel, self._layout, cfg.secret, self._codec), timeout)
             except asyncio.TimeoutError:
                 channel.close()
                 raise ChannelClosed(f"handshake with {address} timed out") from None
             except BaseException:
                 channel.close()
                 raise
+            if info.codec is not self._codec and transport.name == "tcp":
+                log.info("%s: KV codec %r not accepted by the receiver; payloads go raw",
+                         address, self._codec.name)
             return OutboundConnection(channel, info, cfg.frame_bytes, self._forget)
         if not errors:
             raise NoRouteError(f"no transport reaches {endpoint.encode()}")

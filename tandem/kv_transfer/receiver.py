@@ -58,6 +58,7 @@ class ReceiverStats:
     keepalives: int = 0  # KEEPALIVE frames that renewed a lease
     receiving: int = 0  # connections in the middle of a KV frame's payload right now
     pending: int = 0  # connections still in their handshake (counted in ``connections``)
+    waiting_commits: int = 0  # striped transfers' COMMITs waiting for their last frames
 
 
 class Receiver:
@@ -74,6 +75,7 @@ class Receiver:
         self.table = ReservationTable(self.blocks.num_blocks, layout.num_layers)
         self.events: asyncio.Queue[TransferEvent] = asyncio.Queue()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._landing: dict[str, asyncio.Future[None]] = {}  # striped COMMITs waiting
         self._conns: dict[int, InboundConnection] = {}  # authenticated: member slots
         self._pending: dict[int, InboundConnection] = {}  # in their handshake, oldest first
         self._conn_ids = itertools.count(1)
@@ -158,7 +160,7 @@ class Receiver:
             bytes_received=self.bytes_received, refusals=dict(self.refusals),
             keepalives=self.keepalives,
             receiving=sum(1 for c in self._conns.values() if c.receiving),
-            pending=len(self._pending))
+            pending=len(self._pending), waiting_commits=len(self._landing))
 
     async def wait_until(self, predicate: Callable[[ReceiverStats], bool],
                          timeout: float = 10.0) -> ReceiverStats:
@@ -219,6 +221,23 @@ class Receiver:
         self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
             delay, self._expire, res.transfer_id)
 
+    async def wait_landed(self, res: Reservation) -> None:
+        """Wait until every (layer, block) of ``res`` has landed or it has ended (a striped
+        transfer's COMMIT may overtake its other connections' last frames)."""
+        if res.complete or res.ended:
+            return
+        fut = self._landing.get(res.transfer_id)
+        if fut is None:
+            fut = self._landing[res.transfer_id] = asyncio.get_running_loop().create_future()
+            self._touch()
+        await asyncio.shield(fut)
+
+    def _landed(self, res: Reservation) -> None:
+        """``res`` is complete or ended: wake a COMMIT waiting for it."""
+        fut = self._landing.pop(res.transfer_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     def _renew(self, res: Reservation) -> None:
         """Progress (KV, KEEPALIVE) on a bound transfer. Only moves ``expires_at`` later, so
         the armed timer stays: when it fires, ``_expire`` re-arms it for the rest."""
@@ -250,6 +269,7 @@ class Receiver:
         timer = self._timers.pop(transfer_id, None)
         if timer is not None:
             timer.cancel()
+        self._landed(res)
         if why == "committed":
             seconds = time.monotonic() - (res.first_kv_at or res.bound_at)
             self.events.put_nowait(Committed(transfer_id, res.block_ids, token, logprob, seconds,

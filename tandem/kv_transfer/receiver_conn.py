@@ -104,7 +104,7 @@ class InboundConnection:
         try:
             self._arm(cfg.handshake_timeout_s, "handshake timeout")
             await server_handshake(ch, rx.layout, cfg.secret, cfg.keepalive_s,
-                                   lambda: rx._admit(self))
+                                   lambda: rx._admit(self), cfg.codecs, cfg.max_stripes)
             while True:
                 self._arm(cfg.idle_timeout_s, "idle timeout")
                 header = await ch.recv()
@@ -161,9 +161,12 @@ class InboundConnection:
         cfg = rx.config
         ttl_ms = header.get("ttl_ms")
         ttl = cfg.max_transfer_s if ttl_ms is None else min(ttl_ms / 1000, cfg.max_transfer_s)
+        stripes = header.get("stripes", 1)
+        if not 1 <= stripes <= cfg.max_stripes:
+            raise MalformedFrame(f"BEGIN.stripes {stripes} outside 1..{cfg.max_stripes}")
         try:
             res = rx.table.bind(tid, self.id, header["blocks"], now=time.monotonic(),
-                                window=cfg.progress_timeout_s, ttl=ttl)
+                                window=cfg.progress_timeout_s, ttl=ttl, stripes=stripes)
         except TransferRejected as exc:
             await self._nack(Kind.BEGIN, exc.code, exc.reason, tid)
             return
@@ -175,7 +178,7 @@ class InboundConnection:
         ended here was already reported to its sender by NACK or ABORT)."""
         rx = self.rx
         res = rx.table.get(header["transfer"])
-        if res is not None and res.conn == self.id:
+        if res is not None and self.id in res.conns:
             rx._renew(res)
             rx.keepalives += 1
             rx._touch()
@@ -204,7 +207,7 @@ class InboundConnection:
         lo, hi, ids = self._check_kv(header)
         res = rx.table.get(tid)
         self._arm(rx.config.frame_timeout_s, "frame timeout")
-        if res is None or res.conn != self.id:  # late or unbegun: skip the payload, stay up
+        if res is None or self.id not in res.conns:  # late or unbegun: skip the payload, stay up
             await self.ch.recv_payload(header, None, _never)
             self._disarm()
             await self._nack_late(tid)
@@ -232,6 +235,8 @@ class InboundConnection:
             rx.table.mark(res, lo, hi, ids)
             rx.bytes_received += header["nbytes"]
             rx._renew(res)
+            if res.complete:
+                rx._landed(res)
         else:  # fenced: the reservation ended while the bytes were arriving
             await self._nack_late(tid)
 
@@ -244,7 +249,13 @@ class InboundConnection:
     async def _on_commit(self, header: Header) -> None:
         rx, tid = self.rx, header["transfer"]
         res = rx.table.get(tid)
-        if res is None or res.conn != self.id:
+        if res is not None and self.id in res.conns and not res.complete \
+                and len(res.conns) > 1:
+            # Striped: the other connections' last frames may still be landing. Wait for them
+            # or for the transfer's end (its lease bounds the wait).
+            await rx.wait_landed(res)
+            res = rx.table.get(tid)
+        if res is None or self.id not in res.conns:
             why = rx.table.ended_reason(tid)
             code = "expired" if why == "expired" else "unknown_transfer"
             await self._nack(Kind.COMMIT, code, f"no transfer bound here ({why or 'unknown'})", tid)
@@ -263,5 +274,5 @@ class InboundConnection:
     def _on_abort(self, header: Header) -> None:
         rx, tid = self.rx, header["transfer"]
         res = rx.table.get(tid)
-        if res is not None and res.conn == self.id:
+        if res is not None and self.id in res.conns:
             rx._end(tid, "aborted", code="aborted", reason=header.get("reason", ""), by="sender")

@@ -42,7 +42,9 @@ class Reservation:
     position: dict[int, int]  # block id -> index in block_ids
     written: bytearray  # [num_layers * len(block_ids)]: 1 once (layer, block) has landed
     missing: int
-    conn: int | None = None
+    conn: int | None = None  # the connection whose BEGIN bound it
+    conns: tuple[int, ...] = ()  # every connection carrying it: conn, then its stripes' joins
+    stripes: int = 1  # how many connections it may span (its BEGIN says)
     ended: bool = False
     expires_at: float = 0.0  # time.monotonic() instant the lease ends unless renewed
     deadline: float = math.inf  # once bound: no renewal reaches past this
@@ -137,20 +139,31 @@ class ReservationTable:
         return res
 
     def bind(self, transfer_id: str, conn: int, block_ids: Sequence[int], *, now: float = 0.0,
-             window: float = math.inf, ttl: float = math.inf) -> Reservation:
+             window: float = math.inf, ttl: float = math.inf, stripes: int = 1) -> Reservation:
         """BEGIN: attach a reservation to the connection that will fill it, and renew its
-        lease for ``window`` seconds; no renewal reaches past ``now + ttl``."""
+        lease for ``window`` seconds; no renewal reaches past ``now + ttl``.
+
+        A striped transfer (``stripes`` > 1) sends its BEGIN on each of its connections: the
+        first to arrive binds it, the others join it (same blocks, same ``stripes``) until it
+        spans ``stripes`` connections; whichever order they arrive in."""
         res = self._live.get(transfer_id)
         if res is None:
             why = self._ended.get(transfer_id)
             code = "expired" if why == "expired" else "unknown_transfer"
             raise TransferRejected(transfer_id, f"no live reservation ({why or 'unknown'})", code)
-        if res.conn is not None:
+        joins = res.conn is not None
+        if joins and not (stripes > 1 and stripes == res.stripes and conn not in res.conns
+                          and len(res.conns) < res.stripes):
             raise TransferRejected(transfer_id, "already bound to a connection", "busy")
         if set(block_ids) != set(res.block_ids) or len(block_ids) != len(res.block_ids):
             raise TransferRejected(transfer_id, "BEGIN blocks differ from the reservation",
                                    "block_mismatch")
+        res.conns += (conn,)
+        if joins:
+            self.renew(res, now, window)
+            return res
         res.conn = conn
+        res.stripes = stripes
         res.bound_at = now
         res.deadline = now + ttl
         self.renew(res, now, window)
@@ -164,8 +177,8 @@ class ReservationTable:
         return res.expires_at
 
     def bound_to(self, conn: int) -> list[Reservation]:
-        """Live reservations bound to ``conn``."""
-        return [r for r in self._live.values() if r.conn == conn]
+        """Live reservations bound to ``conn`` (as their first connection or a stripe)."""
+        return [r for r in self._live.values() if conn in r.conns]
 
     def check_frame(self, res: Reservation, lo: int, hi: int, block_ids: Sequence[int]) -> None:
         """Raise ``OutsideReservation`` unless the frame's layers and ids are all reserved."""

@@ -17,6 +17,7 @@ that the sender holds nothing for the transfer. Every method runs on one event l
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,19 +100,24 @@ class Sender:
         if remaining <= 0:
             raise DeadlineExceeded(transfer_id, "deadline passed before open")
         try:
-            conn = await self._pool.acquire(endpoint, min(remaining, self.config.connect_timeout_s))
+            conns = await self._pool.acquire_stripes(
+                endpoint, min(remaining, self.config.connect_timeout_s))
         except ChannelClosed as exc:
             raise ConnectionLost(transfer_id, f"cannot connect: {exc}") from exc
         if transfer_id in self._transfers:  # opened concurrently while we dialled
             raise TransferSpecError(f"transfer {transfer_id!r} is already in flight")
-        transfer = OutgoingTransfer(self.blocks, conn, transfer_id, src, dst, deadline,
+        transfer = OutgoingTransfer(self.blocks, conns, transfer_id, src, dst, deadline,
                                     self._forget)
-        conn.transfers[transfer_id] = transfer
+        for conn in conns:
+            conn.transfers[transfer_id] = transfer
         self._transfers[transfer_id] = transfer
         ttl_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        begin: dict[str, object] = {"kind": Kind.BEGIN, "transfer": transfer_id, "blocks": dst,
+                                    "ttl_ms": ttl_ms}
+        if len(conns) > 1:  # striped: a BEGIN on each connection, any may arrive first
+            begin["stripes"] = len(conns)
         try:
-            await transfer._bounded(conn.send({"kind": Kind.BEGIN, "transfer": transfer_id,
-                                               "blocks": dst, "ttl_ms": ttl_ms}))
+            await transfer._bounded(asyncio.gather(*(c.send(begin) for c in conns)))
             transfer.last_sent = time.monotonic()
         except TransferFailed as exc:
             transfer._on_failed(exc)

@@ -59,6 +59,7 @@ class OutboundConnection:
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.keepalive_s = info.keepalive_s
+        self.max_stripes = info.max_stripes  # connections one transfer may span there
         loop = asyncio.get_running_loop()
         self._reader = loop.create_task(self._read_loop())
         self._keepalive = loop.create_task(self._keepalive_loop())

@@ -26,7 +26,7 @@ from tandem.kv_transfer.config import Limits, ReceiverConfig, SenderConfig, TlsC
 from tandem.kv_transfer.endpoint import Endpoint, split_host_port
 from tandem.kv_transfer.errors import ChannelClosed
 from tandem.kv_transfer.frame_mac import TAG_BYTES, FrameMac, FrameSeal, session_keys
-from tandem.kv_transfer.frames import PREFIX, PROTOCOL_VERSION, TRAILER, Header, HeaderCodec, Kind
+from tandem.kv_transfer.frames import PREFIX, PROTOCOL_VERSION, Header, HeaderCodec, Kind
 from tandem.kv_transfer.frames import encode_header as encode_header
 from tandem.kv_transfer.handshake import RECEIVER_LABEL, SENDER_LABEL, client_handshake, proof
 from tandem.kv_transfer.layout import KvLayout
@@ -204,12 +204,12 @@ class RawPeer:
 
     def frame_bytes(self, header: Header, payload: bytes = b"",
                     trailer: bytes | None = None) -> bytes:
-        """A whole frame as an honest peer writes it; with a payload, its trailer (the xxh3
-        checksum before the handshake, the payload tag after it) or ``trailer`` if given."""
+        """A whole frame as an honest peer writes it; with a payload, its tag (after the
+        handshake; nothing before it) or ``trailer`` if given."""
         data, mac = self.seal(header)
         if payload or "nbytes" in header:
             if trailer is None and mac is None:
-                trailer = TRAILER.pack(xxhash.xxh3_64_intdigest(payload))
+                trailer = b""
             elif trailer is None:
                 mac.update(payload)
                 trailer = mac.payload_tag()
@@ -248,20 +248,25 @@ class RawPeer:
                                "nonce": nonce_s, "transport": "tcp"})
         return await self.recv_frame()
 
-    async def handshake(self, layout: KvLayout, secret: bytes = TEST_SECRET) -> None:
-        """Complete HELLO as an honest sender would (frames are sealed from then on)."""
+    async def handshake(self, layout: KvLayout, secret: bytes = TEST_SECRET,
+                        codec: str | None = None) -> Header:
+        """Complete HELLO as an honest sender would (frames are sealed from then on), asking
+        for payload ``codec`` if given; returns the receiver's ACK."""
         nonce_s = b"n" * 16
         hello = await self.hello(nonce_s)
         assert hello["kind"] == Kind.HELLO, hello
         nonce_r = hello["nonce"]
         assert hello["proof"] == proof(secret, RECEIVER_LABEL, nonce_s, nonce_r)
         fp = layout.fingerprint
+        ask = {} if codec is None else {"codec": codec}
         await self.send_frame({"kind": Kind.HELLO, "layout": layout.to_wire(), "fingerprint": fp,
-                               "proof": proof(secret, SENDER_LABEL, nonce_r, nonce_s, fp)})
+                               "proof": proof(secret, SENDER_LABEL, nonce_r, nonce_s, fp),
+                               **ask})
         keys = session_keys(secret, nonce_s, nonce_r, fp, sender=True)
         self.tx, self.rx = FrameMac(keys.send), FrameMac(keys.recv)
         done = await self.recv_frame()
         assert done["kind"] == Kind.ACK and done["fingerprint"] == fp, done
+        return done
 
     async def closed_by_peer(self, timeout: float = 5.0) -> bool:
         """Read (and drop) until the receiver closes; True when it did within ``timeout``."""
@@ -340,8 +345,8 @@ class HandSender:
             first, rest = head[: len(head) // 2], head[len(head) // 2:]
         else:
             first, mac = ch._seal(header)
-            if mac is None:  # TLS: the checksum trailer
-                rest = payload + TRAILER.pack(digest)
+            if mac is None:  # TLS: authenticated by TLS itself, no trailer
+                rest = payload
             else:
                 mac.update(payload)
                 rest = payload + mac.payload_tag()

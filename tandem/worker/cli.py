@@ -34,6 +34,9 @@ from tandem.common.security.credential import (
     credential_from_flags,
 )
 from tandem.engine.cli_args import add_engine_args, engine_config_from_args
+from tandem.kv_transfer import ConfigError
+from tandem.kv_transfer.codecs import NAMES as KV_CODECS
+from tandem.kv_transfer.codecs import codec as kv_codec
 from tandem.worker.app import WorkerApp
 from tandem.worker.config import ServeConfig, StartupError, WorkerConfig
 from tandem.worker.process import serve
@@ -45,6 +48,23 @@ from tandem.worker.tls import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def checked_codec(name: str) -> str:
+    """``--kv-codec``'s value, once its package is known to be installed (ValueError says
+    what to install)."""
+    try:
+        kv_codec(name)
+    except ConfigError as exc:
+        raise ValueError(f"--kv-codec: {exc}") from exc
+    return name
+
+
+def checked_stripes(n: int | None) -> int | None:
+    """``--kv-stripes``: None (the role's default) or at least 1."""
+    if n is not None and n < 1:
+        raise ValueError("--kv-stripes must be >= 1")
+    return n
 
 class RoleAppConfig(Protocol):
     """A role's frozen config: the shared part plus the role's own fields."""
@@ -65,6 +85,15 @@ def add_worker_args(p: argparse.ArgumentParser, *, host_help: str, shm_help: str
                    help="another address callers dial this worker's gRPC port by (a proxy, a "
                    "Kubernetes Service, NAT); cluster tokens minted for it are accepted too "
                    "(repeatable; its own bound address always is)")
+    p.add_argument("--kv-codec", choices=KV_CODECS, default="raw",
+                   help="KV payload codec over TCP, set alike on both roles (the prefill worker "
+                   "asks for it, the decode worker accepts it): raw; zstd (lossless, needs "
+                   "tandem-serve[kv-compress]); int8 (lossy, about half the bytes of a 16-bit "
+                   "cache; docs/kv_transfer.md has its measured quality)")
+    p.add_argument("--kv-stripes", type=int, default=None, metavar="N",
+                   help="TCP connections one KV transfer is striped over, for links one "
+                   "connection cannot fill: the prefill worker stripes over N (default 1), the "
+                   "decode worker accepts up to N (default 4)")
     add_credential_args(p, "every RPC but health, registration and the KV port")
     p.add_argument("--router", default=None, help="router HOST:PORT to register with")
     p.add_argument("--worker-id", default=None)
@@ -148,6 +177,7 @@ def worker_config(args: argparse.Namespace, role: str) -> WorkerConfig:
     return WorkerConfig(
         serve=serve_config, engine=engine_config_from_args(args), worker_id=args.worker_id,
         kv_shm=not args.no_kv_shm, kv_tls=kv_tls_from_args(args, role),
+        kv_codec=checked_codec(args.kv_codec), kv_stripes=checked_stripes(args.kv_stripes),
         served_model_name=args.served_model_name, metrics_compat=args.metrics_compat,
         core_share=args.core_share, adaptive_threads=args.step_threads == "adaptive",
         step_log=args.step_log, warmup=not args.skip_warmup,

@@ -59,6 +59,8 @@ class WorkerConfig:
     worker_id: str | None = None  # None: ``<role>-<hostname>-<pid>``
     kv_shm: bool = True  # same-host shared memory for KV, else TCP only
     kv_tls: TlsConfig | None = None  # TLS on KV over TCP (the credential authenticates anyway)
+    kv_codec: str = "raw"  # KV payload codec over TCP: asked (prefill), accepted (decode)
+    kv_stripes: int | None = None  # TCP connections per transfer: used (prefill), allowed (decode)
     served_model_name: str = ""  # /metrics' model_name label ("": from the engine's model)
     metrics_compat: str = "vllm"  # "vllm": /metrics also has vLLM's names (docs/metrics.md)
     core_share: str | None = None  # a host's core-share file (tandem/worker/core_lending.py)

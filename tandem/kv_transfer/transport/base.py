@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tandem.kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan
+from tandem.kv_transfer.codecs import RAW, Codec
 from tandem.kv_transfer.endpoint import Endpoint
 from tandem.kv_transfer.frame_mac import SessionKeys
 from tandem.kv_transfer.frames import Header
+from tandem.kv_transfer.layout import KvLayout
 
 Alive = Callable[[], bool]
 
@@ -34,6 +36,15 @@ class Channel(abc.ABC):
 
     transport: str = "?"
     peer: str = "?"
+    codec: Codec = RAW  # how KV payloads travel here (codecs.py), set by the handshake
+    codec_layout: KvLayout | None = None
+    # Whether this channel can carry an encoded payload (byte streams between hosts do;
+    # shm and CUDA IPC stay on the host, where the bytes are cheaper than the codec).
+    takes_codecs: bool = False
+
+    def set_codec(self, codec: Codec, layout: KvLayout) -> None:
+        """Encode (sender) or accept (receiver) KV payloads with ``codec`` from now on."""
+        self.codec, self.codec_layout = codec, layout
 
     @property
     @abc.abstractmethod

@@ -1,42 +1,50 @@
 """Framing over a byte stream, shared by the TCP, TLS, Unix-socket and fake channels.
 
-    handshake frames:                | u32 H | header (H bytes) | payload (nbytes) | u64 xxh3_64 |
-    after ``start_macs`` (frame_mac.py): | u32 H | header | tag_h | payload (nbytes) | tag_p |
+    sealed (after ``start_macs``, frame_mac.py):   | u32 H | header | tag_h | payload | tag_p |
+    unsealed (handshake frames, and TLS, which authenticates every byte itself):
+                                                   | u32 H | header | payload |
         tag_h is checked before the header is parsed; tag_p before the payload counts as
         landed (a payload that is discarded, its reservation gone, is never used, so its
         bytes are not checked; the authenticated header says how many to skip)
 
-Subclasses supply two primitives: ``_write`` (drain an ``IoVec``) and ``_read_some`` (fill at
-least one byte of an ``IoVec``'s head). Payloads move in batches of ``BATCH_BYTES``: each batch
-is hashed right before it is written or right after it is read, while it is still in cache.
+Payloads move through one staging chunk per direction (``CHUNK_BYTES``, whole rows): the
+sender gathers the next rows of the frame into it (one ``np.take``), feeds it to the MAC while
+it is hot and writes it with one call; the receiver reads the next chunk into it, feeds it to
+the MAC, and scatters it into the reserved blocks (one numpy assignment). A fragmented cache
+then costs one memory pass per side beyond the socket's own copy, with no per-block Python.
+A frame under a codec (codecs.py, negotiated at HELLO) is encoded whole, its wire bytes
+MAC'd and sent; the receiver checks the MAC before it decodes a byte.
 
-The fence: ``_read_some`` takes the reservation's ``alive`` and checks it once the bytes are
-there (after any wait for them) and immediately before writing them into the buffers, which
-on a CPU cache are the reserved blocks themselves. A payload whose reservation ends mid-way is
-read on into scratch and dropped, so the stream stays in sync.
+Subclasses supply two primitives: ``_write`` (drain an ``IoVec``; the buffers may be reused
+once it returns) and ``_read_some`` (fill at least one byte of an ``IoVec``'s head).
+
+The fence: ``recv_payload`` takes the reservation's ``alive`` and checks it after each chunk
+has arrived and immediately before that chunk is written into the cache, with no await in
+between. A payload whose reservation ends mid-way is read on into scratch and dropped, so the
+stream stays in sync.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-from typing import Any
+from collections.abc import Iterable
 
-import xxhash
+import numpy as np
 
-from tandem.kv_transfer.blocks import Buffer, RecvSpan, SendSpan
+from tandem.kv_transfer.blocks import Buffer, RecvSpan, SendSpan, chunk_bytes
+from tandem.kv_transfer.codecs import RAW
 from tandem.kv_transfer.errors import (
     ChannelClosed,
     FrameAuthError,
     FrameTooLarge,
-    PayloadChecksumError,
+    MalformedFrame,
 )
 from tandem.kv_transfer.frame_mac import TAG_BYTES, FrameMac, FrameSeal, SessionKeys, same
-from tandem.kv_transfer.frames import PREFIX, TRAILER, Header, HeaderCodec, encode_header
+from tandem.kv_transfer.frames import PREFIX, Header, HeaderCodec, encode_header
 from tandem.kv_transfer.transport.base import Alive, Channel, always
 
 IOV_MAX = 1024  # Linux UIO_MAXIOV: buffers per sendmsg / recvmsg_into call
-BATCH_BYTES = 256 << 10
 SCRATCH_BYTES = 64 << 10
 
 
@@ -82,32 +90,10 @@ class IoVec:
         return done
 
 
-def batches(views: list[Buffer], limit: int = BATCH_BYTES) -> list[tuple[list[Buffer], int]]:
-    """Group views into ``(views, nbytes)`` batches of about ``limit`` bytes; a view larger than
-    ``limit`` is cut into ``limit``-sized pieces."""
-    out: list[tuple[list[Buffer], int]] = []
-    cur: list[Buffer] = []
-    size = 0
-    for v in views:
-        nb = v.nbytes
-        if nb > limit:
-            if cur:
-                out.append((cur, size))
-                cur, size = [], 0
-            out += [([v[a:a + limit]], min(limit, nb - a)) for a in range(0, nb, limit)]
-            continue
-        cur.append(v)
-        size += nb
-        if size >= limit:
-            out.append((cur, size))
-            cur, size = [], 0
-    if cur:
-        out.append((cur, size))
-    return out
-
-
 class ByteChannel(Channel):
     """A ``Channel`` whose payloads travel on the stream after their header."""
+
+    takes_codecs = True
 
     def __init__(self, codec: HeaderCodec, max_payload: int, transport: str, peer: str) -> None:
         self._codec = codec
@@ -120,6 +106,8 @@ class ByteChannel(Channel):
         self._tx: FrameMac | None = None  # set by start_macs
         self._rx: FrameMac | None = None
         self._rx_mac: FrameSeal | None = None  # the seal of the last KV header received
+        self._tx_chunk: np.ndarray | None = None  # staging chunks, one per direction
+        self._rx_chunk: np.ndarray | None = None
 
     # -- primitives ---------------------------------------------------------------------------
 
@@ -143,6 +131,11 @@ class ByteChannel(Channel):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def buffered_bytes(self) -> int:
+        """The staging chunks (one per direction, once used)."""
+        return sum(c.nbytes for c in (self._tx_chunk, self._rx_chunk) if c is not None)
 
     def start_macs(self, keys: SessionKeys) -> None:
         self._tx, self._rx = FrameMac(keys.send), FrameMac(keys.recv)
@@ -172,7 +165,7 @@ class ByteChannel(Channel):
             iov.consume(await self._read_some(iov))
         return buf
 
-    async def _fill(self, iov: IoVec, alive: Alive) -> bool:
+    async def _fill(self, iov: IoVec, alive: Alive = always) -> bool:
         """Fill ``iov``; if ``alive()`` turns false first, discard the rest and return False."""
         while iov.remaining:
             n = await self._read_some(iov, alive)
@@ -199,30 +192,49 @@ class ByteChannel(Channel):
                 self.close()
                 raise
 
+    @staticmethod
+    def _chunk(have: np.ndarray | None, block_bytes: int) -> np.ndarray:
+        size = chunk_bytes(block_bytes)
+        if have is None or have.nbytes < size:
+            have = np.empty(size, dtype=np.uint8)
+        return have
+
     async def _send_locked(self, header: Header, span: SendSpan | None) -> None:
-        head, mac = self._seal(header)
         if span is None:
+            head, _ = self._seal(header)
             await self._write(IoVec([memoryview(head)], len(head)))
             return
         try:
-            hasher: Any = xxhash.xxh3_64() if mac is None else mac
-            update = hasher.update
-            groups = batches(span.views())
-            last = len(groups) - 1
-            for i, (group, size) in enumerate(groups):
-                for v in group:
-                    update(v)
-                if i == 0:
-                    group = [memoryview(head), *group]
-                    size += len(head)
-                if i == last:
-                    trailer = (TRAILER.pack(hasher.intdigest()) if mac is None
-                               else mac.payload_tag())
-                    group = [*group, memoryview(trailer)]
-                    size += len(trailer)
-                await self._write(IoVec(group, size))
+            if self.codec is not RAW:
+                layout = span.blocks.layout
+                wire = self.codec.encode(span.gather_all(), span.shape, layout)
+                if wire is not None:  # else incompressible: this frame goes raw
+                    header = {**header, "enc": self.codec.name, "wire": wire.nbytes}
+                    await self._send_payload(header, [wire])
+                    return
+            self._tx_chunk = bounce = self._chunk(self._tx_chunk, span.blocks.layout.block_bytes)
+            await self._send_payload(header, span.chunks(bounce))
         finally:
             span.release()
+
+    async def _send_payload(self, header: Header, pieces: Iterable[np.ndarray]) -> None:
+        """The header, then each piece MAC'd and written as it comes, then the tag: the
+        header and tag ride in the first and last writes."""
+        head, mac = self._seal(header)
+        first: bytes | None = head
+        for piece in pieces:
+            group: list[Buffer] = [piece]
+            if mac is not None:
+                mac.update(piece)
+            if first is not None:
+                group.insert(0, memoryview(first))
+                first = None
+            await self._write(IoVec(group))
+        tail = [] if first is None else [memoryview(first)]
+        if mac is not None:
+            tail.append(memoryview(mac.payload_tag()))
+        if tail:
+            await self._write(IoVec(tail))
 
     async def recv(self) -> Header:
         self._check_open()
@@ -240,38 +252,72 @@ class ByteChannel(Channel):
             self._rx_mac = mac
         return self._codec.decode(body)
 
-    async def recv_payload(self, header: Header, span: RecvSpan | None, alive: Alive) -> bool:
+    def _wire_bytes(self, header: Header) -> int:
+        """Bytes the KV frame's payload takes on the stream (its codec's, when encoded)."""
         nbytes: int = header["nbytes"]
         if nbytes > self._max_payload:
             raise FrameTooLarge(f"payload of {nbytes} bytes over {self._max_payload}")
+        enc = header.get("enc")
+        if enc is None:
+            if "wire" in header:
+                raise MalformedFrame("KV.wire without KV.enc")
+            return nbytes
+        if enc != self.codec.name or self.codec is RAW:
+            raise MalformedFrame(f"KV.enc {enc!r} was not negotiated (this connection: "
+                                 f"{self.codec.name})")
+        wire = header.get("wire")
+        assert self.codec_layout is not None  # set with the codec
+        most = self.codec.max_wire(header["shape"], self.codec_layout)
+        if type(wire) is not int or not 0 < wire <= most:
+            raise MalformedFrame(f"KV.wire {wire!r} outside 1..{most}")
+        return wire
+
+    async def recv_payload(self, header: Header, span: RecvSpan | None, alive: Alive) -> bool:
+        wire = self._wire_bytes(header)
         mac, self._rx_mac = self._rx_mac, None
         if self._rx is not None and mac is None:
             raise FrameAuthError("a KV payload read without its checked header")
-        trailer = TRAILER.size if self._rx is None else TAG_BYTES
+        trailer = 0 if mac is None else TAG_BYTES
         if span is None or not alive():
-            await self._discard(nbytes + trailer)
+            await self._discard(wire + trailer)
             return False
         try:
-            hasher: Any = xxhash.xxh3_64() if mac is None else mac
-            update = hasher.update
-            groups = batches(span.views())
-            for i, (group, size) in enumerate(groups):
-                if not await self._fill(IoVec(list(group), size), alive):
-                    rest = sum(s for _, s in groups[i + 1:])
-                    await self._discard(rest + trailer)
+            if "enc" in header:
+                return await self._recv_encoded(header, wire, span, alive, mac)
+            self._rx_chunk = bounce = self._chunk(self._rx_chunk, span.blocks.layout.block_bytes)
+            step = bounce.nbytes
+            for at in range(0, wire, step):
+                n = min(step, wire - at)
+                buf = span.target(at, n, bounce)
+                await self._fill(IoVec([buf], n))
+                if mac is not None:
+                    mac.update(buf)
+                if not alive():  # fenced: the rest is read into scratch and dropped
+                    await self._discard(wire - at - n + trailer)
                     return False
-                for v in group:
-                    update(v)
-            if mac is not None:
-                if not same(await self._read_exact(TAG_BYTES), mac.payload_tag()):
-                    raise FrameAuthError("KV payload MAC does not verify (tampered)")
-            else:
-                (digest,) = TRAILER.unpack(await self._read_exact(TRAILER.size))
-                if digest != hasher.intdigest():
-                    raise PayloadChecksumError("payload hash does not match its trailer")
+                span.land(at, buf)  # the fence: no await since alive()
+            if mac is not None and not same(await self._read_exact(TAG_BYTES),
+                                            mac.payload_tag()):
+                raise FrameAuthError("KV payload MAC does not verify (tampered)")
             if not alive():  # the staged path's fence: no await between it and the scatter
                 return False
             span.finish()
             return True
         finally:
             span.release()
+
+    async def _recv_encoded(self, header: Header, wire: int, span: RecvSpan, alive: Alive,
+                            mac: FrameSeal | None) -> bool:
+        """An encoded payload: read whole, MAC checked, then decoded and landed."""
+        buf = np.empty(wire, dtype=np.uint8)
+        await self._fill(IoVec([buf], wire))
+        if mac is not None:
+            mac.update(buf)
+            if not same(await self._read_exact(TAG_BYTES), mac.payload_tag()):
+                raise FrameAuthError("KV payload MAC does not verify (tampered)")
+        raw = self.codec.decode(buf, span.shape, span.blocks.layout)
+        if not alive():  # the fence: no await between it and the writes
+            return False
+        span.land(0, raw)
+        span.finish()
+        return True

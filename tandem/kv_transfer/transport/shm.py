@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 class ShmChannel(SocketChannel):
     """A Unix-socket channel whose KV payloads go through a shared segment's slots."""
 
+    takes_codecs = False
+
     def __init__(self, sock: socket.socket, codec: HeaderCodec, *, server: bool, slots: int,
                  slot_bytes: int, max_payload: int, peer: str) -> None:
         super().__init__(sock, codec, min(max_payload, slot_bytes), "shm", peer,
@@ -102,7 +104,8 @@ class ShmChannel(SocketChannel):
 
     @property
     def buffered_bytes(self) -> int:
-        return 0 if self._mm is None else self._slots * self._slot_bytes
+        segment = 0 if self._mm is None else self._slots * self._slot_bytes
+        return segment + super().buffered_bytes
 
     # -- frames -------------------------------------------------------------------------------
 
@@ -207,11 +210,7 @@ class ShmChannel(SocketChannel):
         second pass over the scattered blocks.
         """
         data = self._slot_array(slot, nbytes)
-        if span.blocks.staged:
-            (host,) = span.views()
-            host[:] = data
-        else:
-            span.blocks.scatter_from(span.lo, span.hi, span.ids, data)
+        span.land(0, data)
         return xxhash.xxh3_64_intdigest(data)
 
     def close(self) -> None:

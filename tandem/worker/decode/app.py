@@ -75,7 +75,9 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     layout = kv_layout(engine.remote.kv_cache_spec())
     receiver = Receiver(engine.remote.kv_cache, layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
-        advertise_host=config.kv_advertise_host, enable_shm=wc.kv_shm, tls=wc.kv_tls))
+        advertise_host=config.kv_advertise_host, enable_shm=wc.kv_shm, tls=wc.kv_tls,
+        codecs=() if wc.kv_codec == "raw" else (wc.kv_codec,),
+        **({"max_stripes": wc.kv_stripes} if wc.kv_stripes else {})))
     try:
         await receiver.start()
     except OSError as exc:

@@ -52,7 +52,8 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
                      on_busy=lender.set_busy if lender is not None else None)
     layout = kv_layout(engine.remote.kv_cache_spec())
     sender = Sender(engine.remote.kv_cache, layout,
-                    SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls))
+                    SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls,
+                                 codec=wc.kv_codec, stripes=wc.kv_stripes or 1))
     worker = PrefillWorker(ae, sender, PrefillConfig(
         worker_id=wc.resolved_worker_id("prefill"),
         transfer_timeout_s=config.transfer_timeout_s), metrics, CommitHold.from_env())

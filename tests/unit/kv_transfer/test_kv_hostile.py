@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tandem.kv_transfer import Aborted, ChannelClosed, Committed, ReceiverConfig
-from tandem.kv_transfer.frames import PREFIX, TRAILER, Kind
+from tandem.kv_transfer.frames import PREFIX, Kind
 from tandem.kv_transfer.testing import (
     TEST_SECRET,
     Pair,
@@ -270,5 +270,5 @@ def test_wrong_proof_is_refused_with_auth() -> None:
     run(body())
 
 
-def test_trailer_constant_is_eight_bytes() -> None:
-    assert TRAILER.size == 8 and PREFIX.size == 4
+def test_prefix_constant_is_four_bytes() -> None:
+    assert PREFIX.size == 4

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from tandem.kv_transfer import ConfigError, Endpoint, KvLayout, Limits, ReceiverConfig, SenderConfig
-from tandem.kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan, coalesce
+from tandem.kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan, chunk_bytes
 from tandem.kv_transfer.errors import (
     FrameTooLarge,
     LayoutMismatchError,
@@ -20,7 +21,7 @@ from tandem.kv_transfer.errors import (
 from tandem.kv_transfer.frames import PREFIX, HeaderCodec, Kind, encode_header, nack
 from tandem.kv_transfer.reservations import ReservationTable
 from tandem.kv_transfer.testing import random_cache, tiny_layout, zero_cache
-from tandem.kv_transfer.transport.byte_channel import IoVec, batches
+from tandem.kv_transfer.transport.byte_channel import IoVec
 
 SMOLLM2 = KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", 16, 30, 3, 64)
 
@@ -199,38 +200,45 @@ def test_reservation_table_lifecycle() -> None:
 # -- block views ------------------------------------------------------------------------------
 
 
-def test_coalesce_keeps_order() -> None:
-    assert coalesce([3, 4, 5, 9, 10, 2]) == [(3, 3), (9, 2), (2, 1)]
-    assert coalesce([]) == []
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_block_views_follow_the_payload_order(dtype: str) -> None:
+@pytest.mark.parametrize("staged", [False, True])
+def test_send_chunks_follow_the_payload_order(dtype: str, staged: bool) -> None:
     layout = tiny_layout(dtype, layers=4)
     kv = random_cache(layout, 12, seed=2)
-    blocks = KvBlocks(kv, layout)
-    ids = [5, 6, 7, 1, 10]
+    ids = [5, 6, 7, 1, 10]  # fragmented and contiguous runs
     expect = kv[1:3, :, ids].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
-    views = blocks.direct_views(1, 3, ids)
-    assert len(views) == 2 * 2 * 3  # 2 layers x K,V x 3 runs
-    assert b"".join(bytes(v) for v in views) == expect
-    staged = SendSpan(KvBlocks(kv, layout, staged=True), 1, 3, ids)
-    assert b"".join(bytes(v) for v in staged.views()) == expect
-    assert staged.nbytes == len(expect)
+    span = SendSpan(KvBlocks(kv, layout, staged=staged), 1, 3, ids)
+    bounce = np.empty(3 * layout.block_bytes, dtype=np.uint8)  # 3 rows a chunk: 20 rows
+    pieces = [bytes(c) for c in span.chunks(bounce)]
+    assert b"".join(pieces) == expect and span.nbytes == len(expect)
+    assert all(len(p) <= bounce.nbytes for p in pieces) and len(pieces) == 7
+    assert span.gather_all().tobytes() == expect
 
 
-def test_staged_receive_lands_in_the_cache() -> None:
+@pytest.mark.parametrize("staged", [False, True])
+def test_received_chunks_land_in_their_blocks(staged: bool) -> None:
     layout = tiny_layout("bfloat16")
     src, dst = random_cache(layout, 8, seed=4), zero_cache(layout, 8)
-    span = RecvSpan(KvBlocks(dst, layout, staged=True), 0, 2, [6, 2])
-    payload = src[0:2, :, [1, 3]].contiguous().view(torch.uint8).reshape(-1).numpy()
-    (view,) = span.views()
-    view[:] = payload
-    assert span.buffered_bytes == payload.nbytes
+    span = RecvSpan(KvBlocks(dst, layout, staged=staged), 0, 2, [6, 2, 3])
+    payload = src[0:2, :, [1, 3, 4]].contiguous().view(torch.uint8).reshape(-1).numpy()
+    bounce = np.empty(2 * layout.block_bytes, dtype=np.uint8)
+    for at in range(0, payload.nbytes, bounce.nbytes):
+        n = min(bounce.nbytes, payload.nbytes - at)
+        buf = span.target(at, n, bounce)
+        buf[:] = payload[at:at + n]
+        span.land(at, buf)
+    assert span.buffered_bytes == (payload.nbytes if staged else 0)
     span.finish()
     span.release()
     assert span.buffered_bytes == 0
-    assert torch.equal(dst[0:2, :, [6, 2]].view(torch.int16), src[0:2, :, [1, 3]].view(torch.int16))
+    assert torch.equal(dst[0:2, :, [6, 2, 3]].view(torch.int16),
+                       src[0:2, :, [1, 3, 4]].view(torch.int16))
+    assert not dst[:, :, [0, 1, 4, 5, 7]].view(torch.int16).any()  # nothing else written
+
+
+def test_chunks_hold_whole_rows() -> None:
+    assert chunk_bytes(6144) % 6144 == 0 and chunk_bytes(6144) <= 512 << 10
+    assert chunk_bytes(1 << 20) == 1 << 20  # one row when a block is larger than a chunk
 
 
 def test_cache_checks() -> None:
@@ -247,14 +255,10 @@ def test_cache_checks() -> None:
             blocks.check_span(lo, hi, ids)
 
 
-def test_iovec_cursor_and_batches() -> None:
+def test_iovec_cursor() -> None:
     data = [memoryview(bytearray(b"abc")), memoryview(bytearray(b"defgh"))]
     iov = IoVec(list(data))
     assert iov.remaining == 8
     iov.consume(4)
     assert [bytes(b) for b in iov.head()] == [b"efgh"]
     assert iov.fill_from(b"XY") == 2 and bytes(data[1]) == b"dXYgh"
-    views = [memoryview(bytearray(100)) for _ in range(5)] + [memoryview(bytearray(1000))]
-    groups = batches(views, limit=250)
-    assert sum(size for _, size in groups) == 1500
-    assert all(size <= 300 for _, size in groups)

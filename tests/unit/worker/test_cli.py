@@ -158,3 +158,28 @@ def test_an_otlp_endpoint_without_the_exporter_exits_2_before_the_model_loads(
                           "--otlp-endpoint", "http://127.0.0.1:1", "--otlp-protocol", "http"])
     assert exc.value.code == 2
     assert "opentelemetry-exporter-otlp-proto-http" in capsys.readouterr().err
+
+
+def test_kv_codec_flag_reaches_both_roles(tmp_path: Path, monkeypatch) -> None:
+    """--kv-codec: the same flag on both roles (prefill asks, decode accepts); one whose
+    package is missing is refused at startup with what to install."""
+    from tandem.kv_transfer import codecs
+
+    decode = decode_cli.config_from_args(decode_cli.build_parser().parse_args(
+        ["--port", "0", "--kv-port", "0", "--insecure", "--kv-codec", "int8"]))
+    prefill = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+        ["--port", "0", "--insecure", "--kv-codec", "int8"]))
+    assert decode.worker.kv_codec == prefill.worker.kv_codec == "int8"
+    striped = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+        ["--port", "0", "--insecure", "--kv-stripes", "3"]))
+    assert striped.worker.kv_stripes == 3 and decode.worker.kv_stripes is None
+    with pytest.raises(ValueError, match="kv-stripes"):
+        prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+            ["--port", "0", "--insecure", "--kv-stripes", "0"]))
+    default = prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+        ["--port", "0", "--insecure"]))
+    assert default.worker.kv_codec == "raw"
+    monkeypatch.setattr(codecs, "available", lambda name: name != "zstd")
+    with pytest.raises(ValueError, match="kv-compress"):
+        prefill_cli.config_from_args(prefill_cli.build_parser().parse_args(
+            ["--port", "0", "--insecure", "--kv-codec", "zstd"]))
