@@ -22,6 +22,8 @@ reaches its GCS sends, so no credential of Tandem's is safe there: joining one n
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +146,31 @@ def check_ray_auth(insecure: bool) -> None:
     if not requires:
         print("[tandem] --insecure: the Ray cluster requires no token: anyone who reaches it "
               "can run code on its nodes", file=sys.stderr, flush=True)
+
+
+def join_recorded(command: str, address: str | None, namespace: str,
+                  ended_detail: Callable[[Any], str] = lambda _state: "") -> tuple[int, Any]:
+    """Join the Ray cluster a ``tandem down``/``tandem status`` names (``--address``, else
+    the one ``tandem up`` recorded: tandem/launcher/up_state.py) as ``command``: ``(0,
+    state)`` once connected (``state``: the record read, or None), else ``(exit code, None)``
+    after saying why (2: an unusable record; 1: nothing running there). ``ended_detail``
+    adds to the message when the record names a ``tandem up`` that has ended."""
+    from tandem.launcher import up_state
+
+    try:
+        target, state = up_state.dial_target(address, namespace)
+    except up_state.UpStateError as exc:
+        print(f"{command}: {exc}; pass --address", file=sys.stderr)
+        return 2, None
+    if target is None:
+        print(f"{command}: nothing running in namespace {namespace!r}{ended_detail(state)}",
+              file=sys.stderr)
+        return 1, None
+    if state is not None:
+        state.dial_env()
+    try:
+        connect(target, namespace, quiet=True)
+    except ConnectionError as exc:  # no Ray cluster where we looked
+        print(f"{command}: nothing running in namespace {namespace!r} ({exc})", file=sys.stderr)
+        return 1, None
+    return 0, state

@@ -79,26 +79,13 @@ def sweep(namespace: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Stop the cluster in ``--namespace``; 1 when nothing was running there."""
     args = build_parser().parse_args(argv)
-    from tandem.launcher.connect import connect, find_pool
+    from tandem.launcher.connect import find_pool, join_recorded
 
-    try:
-        address, state = up_state.dial_target(args.address, args.namespace)
-    except up_state.UpStateError as exc:
-        print(f"tandem down: {exc}; pass --address", file=sys.stderr)
-        return 2
-    if address is None:
-        assert state is not None
-        print(f"tandem down: nothing running in namespace {args.namespace!r} (the tandem up "
-              f"that started it, pid {state.pid}, has ended)", file=sys.stderr)
-        return 1
-    if state is not None:
-        state.dial_env()
-    try:
-        connect(address, args.namespace, quiet=True)
-    except ConnectionError as exc:  # no Ray cluster where we looked
-        print(f"tandem down: nothing running in namespace {args.namespace!r} ({exc})",
-              file=sys.stderr)
-        return 1
+    code, state = join_recorded(
+        "tandem down", args.address, args.namespace,
+        lambda st: f" (the tandem up that started it, pid {st.pid}, has ended)")
+    if code:
+        return code
     pool = find_pool(args.namespace)
     if pool is None:
         leftovers = sweep(args.namespace)

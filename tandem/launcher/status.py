@@ -54,26 +54,11 @@ def format_status(status: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the cluster's state; 1 when nothing runs in ``--namespace``."""
     args = build_parser().parse_args(argv)
-    from tandem.launcher import up_state
-    from tandem.launcher.connect import connect, find_pool
+    from tandem.launcher.connect import find_pool, join_recorded
 
-    try:
-        address, state = up_state.dial_target(args.address, args.namespace)
-    except up_state.UpStateError as exc:
-        print(f"tandem status: {exc}; pass --address", file=sys.stderr)
-        return 2
-    if address is None:
-        print(f"tandem status: nothing running in namespace {args.namespace!r}",
-              file=sys.stderr)
-        return 1
-    if state is not None:
-        state.dial_env()
-    try:
-        connect(address, args.namespace, quiet=True)
-    except ConnectionError as exc:  # no Ray cluster where we looked
-        print(f"tandem status: nothing running in namespace {args.namespace!r} ({exc})",
-              file=sys.stderr)
-        return 1
+    code, _ = join_recorded("tandem status", args.address, args.namespace)
+    if code:
+        return code
     import ray  # after dial_env: Ray reads its authentication mode as it is imported
 
     pool = find_pool(args.namespace)
