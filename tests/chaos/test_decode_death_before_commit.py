@@ -18,11 +18,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tandem.launcher.local_cluster import Cluster, Proc
-from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.launcher.local_cluster import Cluster
+from tandem.protos.v1 import tandem_pb2_grpc
 from tandem.worker.prefill.commit_hold import ENV as HOLD_ENV
 from tests import scrape
-from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_stats
+from tests.chaos.greedy import generate_ids, prompt_ids
+from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 from tests.unit.engine._reference import hf_greedy
 
@@ -30,23 +31,6 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 12
 
-
-def _idle(proc: Proc, role: str) -> bool:
-    st = worker_stats(proc, role)
-    return (st.num_running == st.num_waiting == st.num_reserved == st.num_leased_blocks == 0
-            and st.num_free_blocks == st.num_blocks)
-
-
-def _generate(stub: tandem_pb2_grpc.TandemStub, text: str) -> list[int]:
-    sampling = tandem_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    request = tandem_pb2.GenerateRequest(text=text, sampling=sampling)
-    return [t for m in stub.Generate(request, timeout=300) for t in m.token_ids]
-
-
-def _tokenize(model: Path, text: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model, local_files_only=True).encode(text)
 
 
 def test_decode_killed_before_commit_migrates(tiny_dir, smollm2_dir, tmp_path: Path,
@@ -73,7 +57,7 @@ def test_decode_killed_before_commit_migrates(tiny_dir, smollm2_dir, tmp_path: P
 
         def run() -> None:
             try:
-                result["tokens"] = _generate(stub, text)
+                result["tokens"] = generate_ids(stub, text, MAX_TOKENS)
             except grpc.RpcError as exc:
                 result["error"] = exc
 
@@ -90,9 +74,9 @@ def test_decode_killed_before_commit_migrates(tiny_dir, smollm2_dir, tmp_path: P
             (hold / "release").touch()
             th.join(timeout=300)
         assert "error" not in result, result.get("error")
-        assert result["tokens"] == hf_greedy(model, _tokenize(model, text), MAX_TOKENS)
+        assert result["tokens"] == hf_greedy(model, prompt_ids(model, text), MAX_TOKENS)
         survivor = d2 if reserved is d1 else d1
-        wait_until(lambda: _idle(survivor, "decode"))
+        wait_until(lambda: worker_idle(survivor, "decode"))
         samples = scrape.parse(scrape.fetch(router.info["http"]))
         # The leg moved at once: no retry on "another" prefill worker, no local fallback.
         assert scrape.value(samples, "tandem_migrations_total") == 1
@@ -102,8 +86,8 @@ def test_decode_killed_before_commit_migrates(tiny_dir, smollm2_dir, tmp_path: P
         # The prefill worker is still in the pool: the next request is prefilled there.
         pushed = worker_stats(prefill, "prefill").kv_transfer_bytes
         other = "A second prompt about harbours"
-        assert _generate(stub, other) == hf_greedy(model, _tokenize(model, other), MAX_TOKENS)
+        assert generate_ids(stub, other, MAX_TOKENS) == hf_greedy(model, prompt_ids(model, other), MAX_TOKENS)
         assert worker_stats(prefill, "prefill").kv_transfer_bytes > pushed
-        wait_until(lambda: _idle(survivor, "decode") and _idle(prefill, "prefill"))
+        wait_until(lambda: worker_idle(survivor, "decode") and worker_idle(prefill, "prefill"))
     finally:
         c.stop()

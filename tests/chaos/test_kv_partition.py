@@ -29,16 +29,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tandem.launcher.local_cluster import Cluster, Proc
-from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
+from tandem.launcher.local_cluster import Cluster
+from tandem.protos.v1 import tandem_pb2_grpc
 from tandem.worker.prefill.commit_hold import ENV as HOLD_ENV
 from tests import scrape
+from tests.chaos.greedy import generate_ids, prompt_ids
 from tests.chaos.partition_proxy import PartitionProxy
 from tests.integration.sdk_cluster import (
     MODEL_ID,
     RouterAccess,
     wait_routed,
     wait_until,
+    worker_idle,
     worker_stats,
 )
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
@@ -51,23 +53,6 @@ MAX_TOKENS = 12
 TRANSFER_TIMEOUT_S = 8.0
 ADVERTISED = ("127.0.0.2", "127.0.0.3")  # loopback addresses the proxies listen on
 
-
-def _idle(proc: Proc, role: str) -> bool:
-    st = worker_stats(proc, role)
-    return (st.num_running == st.num_waiting == st.num_reserved == st.num_leased_blocks == 0
-            and st.num_free_blocks == st.num_blocks)
-
-
-def _generate(stub: tandem_pb2_grpc.TandemStub, text: str) -> list[int]:
-    sampling = tandem_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    request = tandem_pb2.GenerateRequest(text=text, sampling=sampling)
-    return [t for m in stub.Generate(request, timeout=300) for t in m.token_ids]
-
-
-def _tokenize(model: Path, text: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model, local_files_only=True).encode(text)
 
 
 def _routable(router: RouterAccess, role: str) -> float:
@@ -109,7 +94,7 @@ def test_kv_partition_during_the_push_migrates(tiny_dir, smollm2_dir, tmp_path: 
 
         def run() -> None:
             try:
-                result["tokens"] = _generate(stub, text)
+                result["tokens"] = generate_ids(stub, text, MAX_TOKENS)
             except grpc.RpcError as exc:
                 result["error"] = exc
 
@@ -127,7 +112,7 @@ def test_kv_partition_during_the_push_migrates(tiny_dir, smollm2_dir, tmp_path: 
             th.join(timeout=300)
         assert not th.is_alive()
         assert "error" not in result, result.get("error")
-        assert result["tokens"] == hf_greedy(model, _tokenize(model, text), MAX_TOKENS)
+        assert result["tokens"] == hf_greedy(model, prompt_ids(model, text), MAX_TOKENS)
         survivor = d2 if reserved is d1 else d1
         samples = router.metrics()
         # The leg moved to the other decode worker at once: no retry on "another" prefill
@@ -142,8 +127,8 @@ def test_kv_partition_during_the_push_migrates(tiny_dir, smollm2_dir, tmp_path: 
         cut.heal()
         # What the proxy held reaches D (a COMMIT and ABORT for a transfer it has dropped)
         # and changes nothing: every block is free, on every worker.
-        wait_until(lambda: _idle(reserved, "decode") and _idle(survivor, "decode")
-                   and _idle(prefill, "prefill"))
+        wait_until(lambda: worker_idle(reserved, "decode") and worker_idle(survivor, "decode")
+                   and worker_idle(prefill, "prefill"))
         assert (_routable(router, "decode"), _routable(router, "prefill")) == (2, 1)
     finally:
         for proxy in proxies:

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import grpc
 
-from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 from tests.integration.sdk_cluster import (
     MODEL_ID,
     RouterAccess,
     wait_routed,
     wait_until,
+    worker_idle,
     worker_stats,
 )
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
@@ -84,11 +85,6 @@ class Flood:
             sock.close()
 
 
-def _idle(proc: Proc, role: str) -> bool:
-    st = worker_stats(proc, role)
-    return (st.num_running == st.num_waiting == st.num_reserved == st.num_leased_blocks == 0
-            and st.num_free_blocks == st.num_blocks)
-
 
 def test_members_push_through_a_flood_of_strangers(tiny_dir, smollm2_dir) -> None:
     from transformers import AutoTokenizer
@@ -124,7 +120,7 @@ def test_members_push_through_a_flood_of_strangers(tiny_dir, smollm2_dir) -> Non
         assert worker_stats(decode, "decode").kv_transfer_bytes > 0  # pushed, not local
         flood.stop()
         flood = None
-        wait_until(lambda: _idle(decode, "decode") and _idle(prefill, "prefill"))
+        wait_until(lambda: worker_idle(decode, "decode") and worker_idle(prefill, "prefill"))
     finally:
         if flood is not None:
             flood.stop()

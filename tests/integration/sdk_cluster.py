@@ -103,6 +103,13 @@ def worker_stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
         return stub.Stats(worker_pb2.StatsRequest(), timeout=30)
 
 
+def worker_idle(proc: Proc, role: str) -> bool:
+    """Whether ``proc`` runs, waits for and reserves nothing and has every KV block free."""
+    st = worker_stats(proc, role)
+    return (st.num_running == st.num_waiting == st.num_reserved == st.num_leased_blocks == 0
+            and st.num_free_blocks == st.num_blocks)
+
+
 def idle_problems(local: LocalCluster) -> list[str]:
     """What still holds work or KV blocks on the workers (empty: all free)."""
     problems = []
