@@ -120,7 +120,12 @@ def up(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Callable[..., Path],
             "--model", str(model_dir), "--model-name", "tiny", "--port", "0",
             "--http-port", "0", "--dtype", "float32", "--threads", "1",
             "--worker-arg=--num-blocks=1024", "--router-arg=--heartbeat-interval=0.5",
-            "--router-arg=--health-interval=0.5", "--autoscale", str(yaml),
+            "--router-arg=--health-interval=0.5",
+            # The burst test needs its 1000-token prompts on the prefill pool: adaptive
+            # placement weighs the two workers' measured step costs, and when the decode
+            # worker measures faster it prefills them itself, the prefill queue stays empty
+            # and nothing scales. The fixed split sends them there; short prompts stay local.
+            "--router-arg=--local-prefill-threshold=500", "--autoscale", str(yaml),
             "--signal-window", "2",
         )
         ready = [ln for ln in proc.stdout.splitlines() if ln.startswith("TANDEM_READY ")]
