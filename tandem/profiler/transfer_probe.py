@@ -9,9 +9,11 @@ a raw socket, shared memory and memcpy.
 
 The child is this module run as a program (``run_ours`` starts it):
 
-    python -m tandem.profiler.transfer_probe tcp 8 shuffled     # TRANSPORT REQUESTS ORDER
+    python -m tandem.profiler.transfer_probe tcp 8 shuffled     # TRANSPORT REQUESTS ORDER [DEVICE]
 
-and speaks JSON lines on stdout: its endpoint, each reservation, then the landed bytes' digest.
+(TRANSPORT tcp, shm or cuda_ipc; DEVICE cpu by default, or cuda: both caches on the GPU,
+moved over TCP staged through host memory, or device to device over CUDA IPC) and speaks
+JSON lines on stdout: its endpoint, each reservation, then the landed bytes' digest.
 Sender and receiver authenticate with a secret drawn fresh for each run (``new_secret``) and
 handed to the child on its stdin: never a built-in value, never on the command line, where
 every user of the machine could read it.
@@ -37,7 +39,7 @@ import xxhash
 
 from tandem.kv_transfer import KvLayout, Receiver, ReceiverConfig, Sender, SenderConfig
 from tandem.kv_transfer.endpoint import Endpoint
-from tandem.kv_transfer.transport import ShmTransport, TcpTransport
+from tandem.kv_transfer.transport import ShmTransport, TcpTransport, Transport
 from tandem.planner.profile import Transfer
 
 LAYOUT = KvLayout("SmolLM2-135M", "bfloat16", "bfloat16", block_size=16, num_layers=30,
@@ -67,9 +69,9 @@ def block_sets(seed: int, order: str = "shuffled") -> list[list[int]]:
     return [ids[i * BLOCKS_PER_REQ:(i + 1) * BLOCKS_PER_REQ] for i in range(SETS)]
 
 
-def make_cache(fill: bool) -> torch.Tensor:
-    """A POOL_BLOCKS-block cache of LAYOUT: random bits (a sender's) or zeros (a receiver's;
-    every page touched before timing)."""
+def make_cache(fill: bool, device: str = "cpu") -> torch.Tensor:
+    """A POOL_BLOCKS-block cache of LAYOUT on ``device``: random bits (a sender's) or zeros
+    (a receiver's; every page touched before timing)."""
     shape = (LAYOUT.num_layers, 2, POOL_BLOCKS, LAYOUT.block_size, LAYOUT.num_kv_heads,
              LAYOUT.head_dim)
     kv = torch.empty(shape, dtype=torch.bfloat16)
@@ -77,7 +79,7 @@ def make_cache(fill: bool) -> torch.Tensor:
         kv.view(torch.int16).random_(-(1 << 15), 1 << 15, generator=torch.Generator().manual_seed(1))
     else:
         kv.zero_()
-    return kv
+    return kv.to(device) if device != "cpu" else kv
 
 
 def cpu_s() -> float:
@@ -89,7 +91,8 @@ def cpu_s() -> float:
 def digest(kv: torch.Tensor, ids: list[int]) -> int:
     """A hash of the blocks ``ids`` of ``kv`` (every layer, K and V): equal on both sides
     when the transfer landed every byte where it belongs."""
-    return xxhash.xxh3_64_intdigest(kv[:, :, ids].contiguous().view(torch.uint8).numpy().tobytes())
+    blocks = kv[:, :, ids].contiguous().cpu()
+    return xxhash.xxh3_64_intdigest(blocks.view(torch.uint8).numpy().tobytes())
 
 
 def new_secret() -> bytes:
@@ -113,10 +116,13 @@ def read_secret(stream: BinaryIO | None = None) -> bytes:
 # -- the child: our receiver ----------------------------------------------------------------------
 
 
-async def child_ours(secret: bytes, transport: str, n_requests: int, order: str) -> None:
-    """Our receiver: reserve request k once request k-2 committed, report each reservation."""
-    kv = make_cache(fill=False)
-    cfg = ReceiverConfig(secret, enable_tcp=transport == "tcp", enable_shm=transport == "shm")
+async def child_ours(secret: bytes, transport: str, n_requests: int, order: str,
+                     device: str = "cpu") -> None:
+    """Our receiver: reserve request k once request k-2 committed, report each reservation.
+    A CUDA cache offers CUDA IPC beside TCP (the sender picks), so ``cuda_ipc`` leaves TCP on."""
+    kv = make_cache(fill=False, device=device)
+    cfg = ReceiverConfig(secret, enable_tcp=transport in ("tcp", "cuda_ipc"),
+                         enable_shm=transport == "shm")
     rx = Receiver(kv, LAYOUT, cfg)
     endpoint = await rx.start()
     say(json.dumps({"endpoint": endpoint.encode()}))
@@ -180,9 +186,11 @@ class Child:
             raise RuntimeError("child failed")
 
 
-async def start_receiver(transport: str, n_requests: int, order: str, secret: bytes) -> Child:
-    """A child running ``child_ours`` for ``n_requests`` requests over ``transport``."""
-    return await Child.start(_MODULE, transport, str(n_requests), order, secret=secret)
+async def start_receiver(transport: str, n_requests: int, order: str, secret: bytes,
+                         device: str = "cpu") -> Child:
+    """A child running ``child_ours`` for ``n_requests`` requests over ``transport`` into a
+    cache on ``device``."""
+    return await Child.start(_MODULE, transport, str(n_requests), order, device, secret=secret)
 
 
 @dataclass(slots=True)
@@ -196,12 +204,23 @@ class Sample:
 
 async def run_ours(transport: str, n_requests: int, src_kv: torch.Tensor,
                    order: str = "shuffled") -> Sample:
-    """Our transport: n_requests 2,048-token transfers, one after another, on one connection."""
+    """Our transport: n_requests 2,048-token transfers, one after another, on one connection,
+    into a receiver's cache on ``src_kv``'s device type (``cuda_ipc``: both on the GPU, the
+    CUDA IPC alone: the run fails where it cannot be set up)."""
     secret = new_secret()
-    child = await start_receiver(transport, n_requests, order, secret)
+    device = src_kv.device.type
+    child = await start_receiver(transport, n_requests, order, secret, device)
     endpoint = Endpoint.decode((await child.line())["endpoint"])
     cfg = SenderConfig(secret, max_connections_per_endpoint=1)
-    transports = [ShmTransport(cfg.limits)] if transport == "shm" else [TcpTransport(cfg.limits)]
+    transports: list[Transport]
+    if transport == "cuda_ipc":
+        from tandem.kv_transfer.transport.cuda_ipc import CudaIpcTransport
+
+        transports = [CudaIpcTransport(cfg.limits)]
+    elif transport == "shm":
+        transports = [ShmTransport(cfg.limits)]
+    else:
+        transports = [TcpTransport(cfg.limits)]
     tx = Sender(src_kv, LAYOUT, cfg, transports)
     src_sets, dst_sets = block_sets(3, order), block_sets(2, order)
     reserved: set[int] = set()
@@ -209,6 +228,8 @@ async def run_ours(transport: str, n_requests: int, src_kv: torch.Tensor,
     for k in range(n_requests):
         while k not in reserved:
             reserved.add((await child.line())["reserved"])
+        if device == "cuda":
+            torch.cuda.synchronize()  # the source blocks are final before they are pushed
         await tx.send(f"r{k}", endpoint, src_sets[k % SETS], dst_sets[k % SETS],
                       first_token=1, logprob=-0.1, deadline=time.monotonic() + 120)
     dt, tx_cpu = time.perf_counter() - t0, cpu_s() - cpu0
@@ -242,12 +263,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"python -m {_MODULE}", allow_abbrev=False,
                                 description="The receiving side of the KV transfer probe "
                                             "(started by run_ours; the secret comes on stdin).")
-    p.add_argument("transport", choices=("tcp", "shm"))
+    p.add_argument("transport", choices=("tcp", "shm", "cuda_ipc"))
     p.add_argument("requests", type=int)
     p.add_argument("order", choices=("shuffled", "contiguous"))
+    p.add_argument("device", nargs="?", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
+    if (args.transport == "cuda_ipc") and args.device != "cuda":
+        p.error("cuda_ipc moves a CUDA cache: give the device cuda")
+    if args.transport == "shm" and args.device == "cuda":
+        p.error("a CUDA cache moves over tcp or cuda_ipc")
     secret = read_secret()
-    asyncio.run(child_ours(secret, args.transport, args.requests, args.order))
+    asyncio.run(child_ours(secret, args.transport, args.requests, args.order, args.device))
     return 0
 
 
