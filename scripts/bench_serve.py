@@ -12,6 +12,10 @@ Setups (each a fresh set of real processes, started and stopped here):
     colocated-chunked  (with --chunked) the same with a 256-token step budget, so prefill
                is chunked between decode steps: the usual colocated remedy
 
+``--cores N`` (even) runs the same setups on N cores: the prefill worker on the first half and
+the decode worker on the second, N/2 threads each, a colocated worker on all N (the layout
+scripts/gpu_check.sh measures on a device machine's 16 cores).
+
 Every setup gets the same Poisson arrival sequence (tandem/loadgen/workload.py). The router and
 this load generator are not pinned: they share the machine with the workers in every setup.
 Then the router's own cost: sequential short requests through the router and straight to the
@@ -108,21 +112,38 @@ def _engine_flags(model: str, threads: int, extra: list[str]) -> list[str]:
     return ["--model", model, "--threads", str(threads), *extra]
 
 
+def core_split(cores: int) -> tuple[str, str, str]:
+    """``--cores N``'s pinning (taskset lists): the prefill worker's first half, the decode
+    worker's second half, a colocated worker's all N."""
+    if cores < 2 or cores % 2:
+        raise ValueError(f"--cores needs an even number >= 2 (got {cores})")
+    half = cores // 2
+    return f"0-{half - 1}", f"{half}-{cores - 1}", f"0-{cores - 1}"
+
+
 def start_setup(
     cluster: Cluster, name: str, model_dir: Path, engine_extra: list[str],
     router_extra: Sequence[str] = (), prefill_threads: int = 1, model: str = "",
-    step_logs: Path | None = None,
+    step_logs: Path | None = None, cores: int = 0,
 ) -> dict[str, Proc]:
     """Start one setup's processes; returns them by role. ``router_extra``: router flags
     (the SLO the placement keeps, the same targets the benchmark scores against). ``model``:
     what the workers load (default: ``model_dir``, which the router's tokenizer reads).
     ``prefill_threads`` > 1: the prefill worker runs that many threads on every core (the
     decode worker keeps core 1, which it then shares). ``step_logs``: a folder where each
-    worker logs its steps (``--step-log ROLE.jsonl``: step_log_path)."""
+    worker logs its steps (``--step-log ROLE.jsonl``: step_log_path). ``cores`` N > 0: the
+    prefill worker on cores 0..N/2-1 and the decode worker on N/2..N-1, N/2 threads each, a
+    colocated worker on all N with N threads (``prefill_threads`` ignored; core_split)."""
     pin = len(os.sched_getaffinity(0)) >= 2
     model = model or str(model_dir)
     core0 = ("taskset", "-c", "0") if pin and prefill_threads == 1 else ()
     core1 = ("taskset", "-c", "1") if pin else ()
+    decode_threads, colocated_threads, colocated_pin = 1, 2, ()
+    if cores:
+        first, second, every = core_split(cores)
+        core0, core1 = ("taskset", "-c", first), ("taskset", "-c", second)
+        prefill_threads = decode_threads = cores // 2
+        colocated_threads, colocated_pin = cores, ("taskset", "-c", every)
     procs: dict[str, Proc] = {}
 
     def log(role: str) -> list[str]:
@@ -131,7 +152,7 @@ def start_setup(
     if name.startswith("disagg"):
         procs["decode"] = cluster.start(
             "tandem.worker.decode", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
-            *_engine_flags(model, 1, engine_extra), wrap=core1,
+            *_engine_flags(model, decode_threads, engine_extra), wrap=core1,
         )
         procs["prefill"] = cluster.start(
             "tandem.worker.prefill", "--port", "0", *METRICS, *log("prefill"),
@@ -142,7 +163,7 @@ def start_setup(
         budget = ["--max-num-batched-tokens", "256"] if name == "colocated-chunked" else []
         procs["decode"] = cluster.start(
             "tandem.worker.decode", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
-            *_engine_flags(model, 2, engine_extra + budget),
+            *_engine_flags(model, colocated_threads, engine_extra + budget), wrap=colocated_pin,
         )
     prefill = ["--prefill", procs["prefill"].grpc] if "prefill" in procs else []
     if name == "disagg-remote":
@@ -185,7 +206,7 @@ def start_warm(cluster: Cluster, name: str, model_dir: Path, args: argparse.Name
     print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
     slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
     procs = start_setup(cluster, name, model_dir, args.engine_arg, slo, args.prefill_threads,
-                        args.model, step_logs)
+                        args.model, step_logs, args.cores)
     asyncio.run(run_load(procs["router"].grpc, warmup))
     return procs
 
@@ -357,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma list of setups to run (default: disagg,disagg-remote,colocated)")
     p.add_argument("--prefill-threads", type=int, default=1,
                    help="disagg setups: prefill worker threads (>1: on every core)")
+    p.add_argument("--cores", type=int, default=0, metavar="N",
+                   help="pin to N cores (even): prefill on the first half and decode on the "
+                   "second, N/2 threads each; colocated on all N with N threads (default: the "
+                   "two-core layout above)")
     p.add_argument("--out", type=Path, default=None, help="write serve.{json,md,png} here")
     p.add_argument("--sweep", default=None, metavar="RATES",
                    help="comma list of rates: run a rate sweep instead of one --rate")
@@ -366,6 +391,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --sweep: start each setup's processes again for every point")
     add_load_args(p)
     args = p.parse_args(argv)
+    if args.cores:
+        try:
+            core_split(args.cores)
+        except ValueError as err:
+            p.error(str(err))
+        if args.cores > len(os.sched_getaffinity(0)):
+            p.error(f"--cores {args.cores}: this process may run on "
+                    f"{len(os.sched_getaffinity(0))} cores")
     if args.mixes is not None and args.sweep is None:
         p.error("--mixes needs --sweep")
     if args.fresh_workers and args.sweep is None:

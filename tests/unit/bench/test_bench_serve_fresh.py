@@ -1,6 +1,7 @@
 """scripts/bench_serve.py's sweep loop: a setup's processes start once for all its points, or
 again for every point with --fresh-workers (the processes themselves are replaced by
-recorders here: what is checked is when the loop starts and stops them)."""
+recorders here: what is checked is when the loop starts and stops them); and --cores' split
+of the cores between the prefill and the decode worker."""
 
 from __future__ import annotations
 
@@ -59,3 +60,15 @@ def test_workers_start_once_per_setup_or_once_per_point(
 def test_fresh_workers_needs_a_sweep() -> None:
     with pytest.raises(SystemExit):
         bench_serve.main(["--fresh-workers"])
+
+
+@pytest.mark.parametrize(("cores", "split"), [(2, ("0-0", "1-1", "0-1")),
+                                              (16, ("0-7", "8-15", "0-15"))])
+def test_cores_split_prefill_first_half_decode_second(cores: int, split: tuple) -> None:
+    assert bench_serve.core_split(cores) == split
+
+
+@pytest.mark.parametrize("cores", [0, 1, 3, 15])
+def test_cores_must_be_even_and_at_least_two(cores: int) -> None:
+    with pytest.raises(ValueError, match="even number"):
+        bench_serve.core_split(cores)
