@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from tandem.engine.config import EngineConfig
 from tandem.engine.llm_engine import LLMEngine
+from tandem.engine.omp_pools import intra_op_threads
 from tandem.engine.outputs import TokenLogprob
 from tandem.engine.sampling_params import SamplingParams
 
@@ -29,24 +30,43 @@ class CompletionOutput:
 
 
 Prompt = str | Sequence[int]
+STEP_THREADS = ("adaptive", "fixed")
+
+
+def _check_step_threads(step_threads: str) -> None:
+    if step_threads not in STEP_THREADS:
+        raise ValueError(f"step_threads must be one of {STEP_THREADS} (got {step_threads!r})")
 
 
 class LLM:
-    """Batch generation over the continuous-batching engine (all prompts run together)."""
+    """Batch generation over the continuous-batching engine (all prompts run together).
 
-    def __init__(self, model: str = "smollm2", progress: bool = True, **config: Any) -> None:
-        self._attach(LLMEngine(EngineConfig.from_kwargs(model=model, **config), progress))
+    ``step_threads``: ``"adaptive"`` (default) runs each fused native CPU step on half or all
+    of the engine's threads, whichever measures faster for steps of its size
+    (tandem/engine/step_threads.py, as the workers do): on a host where other processes want
+    the cores, a team as wide as the core count stalls at every barrier of a step and one
+    thread is many times faster. ``"fixed"``: every step on all of them."""
+
+    def __init__(self, model: str = "smollm2", progress: bool = True,
+                 step_threads: str = "adaptive", **config: Any) -> None:
+        _check_step_threads(step_threads)
+        self._attach(LLMEngine(EngineConfig.from_kwargs(model=model, **config), progress),
+                     step_threads)
 
     @classmethod
-    def from_config(cls, config: EngineConfig, progress: bool = True) -> LLM:
+    def from_config(cls, config: EngineConfig, progress: bool = True,
+                    step_threads: str = "adaptive") -> LLM:
         """Build from a full EngineConfig (what the CLI flags produce)."""
+        _check_step_threads(step_threads)
         llm = cls.__new__(cls)
-        llm._attach(LLMEngine(config, progress))
+        llm._attach(LLMEngine(config, progress), step_threads)
         return llm
 
-    def _attach(self, engine: LLMEngine) -> None:
+    def _attach(self, engine: LLMEngine, step_threads: str) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        if step_threads == "adaptive":
+            engine.runner.adapt_threads(intra_op_threads())
 
     def generate(
         self,

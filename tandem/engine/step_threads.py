@@ -17,7 +17,8 @@ Wide runs while its estimate beats narrow's by ``margin``. The losing arm is tri
 ``retry_s`` for a few consecutive steps (its stale times forgotten first), an interval that
 doubles each time it loses again (up to ``max_retry_s``) and resets when it wins. So a busy
 host costs a few slow steps per interval at most, and a host that frees up is noticed at the
-next re-try. Each size measures both arms before choosing: another size's time says nothing
+next re-try (a re-try whose step takes over ``PROBE_GIVE_UP`` times the winner's estimate is judged
+on that one step). Each size measures both arms before choosing: another size's time says nothing
 of this one's. A wide step may need a lease (a prefill worker's idle
 cores, tandem/worker/core_lending.py): without one it runs narrow.
 """
@@ -102,6 +103,10 @@ def bucket(tokens: int) -> int:
 
 WINDOW = 8  # the step times an arm's estimate for one size keeps
 PROBE_STEPS = 3  # consecutive steps a re-try of the losing arm runs before it is judged
+# A re-try step this many times slower than the winner's estimate ends the re-try at once: on
+# a busy host a wide step can take ten times a narrow one, and three of them would cost more
+# than the re-try can win back.
+PROBE_GIVE_UP = 2.0
 
 
 @dataclass(slots=True)
@@ -198,7 +203,9 @@ class AdaptiveThreads:
         if not probing:
             return
         done = probe[2] + 1  # type: ignore[index]
-        if done < PROBE_STEPS:
+        other = (self.narrow if arm is self.wide else self.wide).guess(b)
+        hopeless = other is not None and seconds > PROBE_GIVE_UP * other
+        if done < PROBE_STEPS and not hopeless:
             self._probe = (arm, b, done)
             return
         self._probe = None  # judged: did it lose again?

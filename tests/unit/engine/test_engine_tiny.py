@@ -231,3 +231,23 @@ def test_seeded_handoff_equals_one_engine(tiny_dir, make_engine) -> None:
         for out in b.step():
             tokens += out.new_token_ids
     assert tokens == expected
+
+
+def test_llm_steps_choose_their_threads_by_measurement_unless_fixed(tiny_dir) -> None:
+    """The offline API's fused CPU steps pick half or all of its threads by what they measure
+    (tandem/engine/step_threads.py), as the workers' do; "fixed" keeps every step on all of
+    them; anything else is refused. Either way the tokens are the same."""
+    from tandem.engine.step_threads import AdaptiveThreads
+
+    path = str(tiny_dir("llama", 2))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    adaptive = LLM(path, progress=False, num_threads=2, dtype="float32")
+    rule = adaptive.engine.runner.step_threads
+    assert adaptive.engine.runner.fused is not None and isinstance(rule, AdaptiveThreads)
+    got = adaptive.generate([[5, 6, 7, 8]], params)[0].token_ids
+    assert rule.narrow.steps + rule.wide.steps >= 6  # every step went through the rule
+    fixed = LLM(path, progress=False, num_threads=2, dtype="float32", step_threads="fixed")
+    assert fixed.engine.runner.step_threads is None
+    assert fixed.generate([[5, 6, 7, 8]], params)[0].token_ids == got
+    with pytest.raises(ValueError, match="step_threads"):
+        LLM(path, progress=False, step_threads="spin")

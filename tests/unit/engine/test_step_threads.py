@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.engine.step_threads import AdaptiveThreads, FixedThreads, bucket
+from tandem.engine.step_threads import PROBE_STEPS, AdaptiveThreads, FixedThreads, bucket
 
 
 class Clock:
@@ -52,9 +52,10 @@ def test_it_settles_on_the_faster_team_and_follows_the_host() -> None:
     busy_host = {1: 0.020, 2: 0.200}  # a descheduled thread stalls every barrier
     chosen = [run(rule, clock, 8, busy_host) for _ in range(2000)]
     assert chosen[-300:].count(2) <= 6  # back on one thread; wide re-tried ever more rarely
-    # each re-try of wide is a short run of wide steps; the runs start ever further apart
+    # each re-try of wide is one step (ten times the narrow estimate: judged at once); the
+    # re-tries start ever further apart
     starts = [i for i, t in enumerate(chosen) if t == 2 and (i == 0 or chosen[i - 1] == 1)]
-    assert all(chosen[i:i + 3] == [2, 2, 2] for i in starts[1:])  # judged on a few steps
+    assert all(chosen[i:i + 2] == [2, 1] for i in starts[1:])
     gaps = [b - a for a, b in zip(starts[1:-1], starts[2:], strict=True)]
     assert len(gaps) >= 3 and gaps == sorted(gaps)  # the interval doubles while wide loses
     chosen = [run(rule, clock, 8, idle_host) for _ in range(3000)]
@@ -137,3 +138,17 @@ def test_one_stalled_step_does_not_decide_but_frequent_stalls_do() -> None:
     assert [run(rule, clock, 1, {1: 0.006, 2: 0.004}) for _ in range(3)] == [2, 2, 2]
     stalls = [run(rule, clock, 1, {1: 0.006, 2: 0.004 if i % 2 else 0.030}) for i in range(8)]
     assert stalls[-1] == 1  # half the wide steps stall: one thread is faster on average
+
+
+def test_a_retry_runs_a_few_steps_unless_its_first_is_hopeless() -> None:
+    """A re-try of the losing arm is judged on PROBE_STEPS steps while they are close to the
+    winner's estimate, on its first step when that takes over PROBE_GIVE_UP times it."""
+    for wide_s, run_length in ((0.026, PROBE_STEPS), (0.200, 1)):
+        clock = Clock()
+        rule = AdaptiveThreads(1, 2, clock=clock)
+        host = {1: 0.020, 2: wide_s}
+        chosen = [run(rule, clock, 8, host) for _ in range(400)]
+        starts = [i for i, t in enumerate(chosen) if i > 0 and t == 2 and chosen[i - 1] == 1]
+        assert len(starts) >= 3
+        assert all(chosen[i:i + run_length] == [2] * run_length
+                   and chosen[i + run_length] == 1 for i in starts), wide_s
