@@ -11,11 +11,16 @@ factors, per GPU of a worker of n = ``gpus_per_worker`` tensor-parallel GPUs::
     per_prefill_token_s = 2 x prefill params / n / (FLOP/s x mfu)  + all-reduce bytes/token
     per_row_s           = 2 x decode params / n / (FLOP/s x decode_mfu) + all-reduce bytes/token
     per_context_token_s = KV bytes per token per GPU / (HBM B/s x mbu)      decode attention
-                          reads each cached position's K and V once per step
+                          reads each cached position's K and V (MLA: its latent row) once
+                          per step
     per_prefill_pair_s  = 4 x layers x heads x head_dim / n / (FLOP/s x mfu)  prefill
-                          attention: QK^T and PV, 2 FLOPs each per pair and head dim
+                          attention: QK^T and PV, 2 FLOPs each per pair and head dim (MLA:
+                          2 x layers x heads x (qk + v head dims), keys and values decompressed)
     kv_capacity_tokens  = (memory x memory_utilization - weights / n - activation reserve)
                           / KV bytes per token per GPU
+    KV bytes per token  the engine's cache shape (tandem/common/kv_cache_shape.py): per GPU
+                          its share of the KV heads (a whole head at least), or MLA's whole
+                          latent row, which every GPU's query heads read
     transfer            = n x kv_link B/s x LINK_EFFICIENCY, + HANDOFF_LATENCY_S per handoff
 
     streamed weights  all of them but the input embedding (a lookup reads only its rows)
@@ -46,7 +51,6 @@ batch 1).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tandem.planner.devices import Device
@@ -136,7 +140,7 @@ def roofline_profile(
         per_row_s=2 * decode_params / n / (flops * decode_mfu) + allreduce_token,
         per_prefill_token_s=2 * prefill_params / n / (flops * mfu) + allreduce_token,
         per_context_token_s=kv_gpu_token / hbm,
-        per_prefill_pair_s=4 * model.layers * model.heads * model.head_dim / n / (flops * mfu),
+        per_prefill_pair_s=model.attention_pair_flops / n / (flops * mfu),
     )
     transfer = Transfer(
         bandwidth_bytes_per_s=n * device.kv_link.bytes_per_s * LINK_EFFICIENCY,
@@ -193,8 +197,11 @@ class _Memory:
 
 
 def _splittable(model: ModelShape, n: int) -> bool:
-    """Tensor parallelism splits the heads evenly; KV heads split or replicate evenly."""
-    return n >= 1 and not model.heads % n and not (model.kv_heads % n and n % model.kv_heads)
+    """Tensor parallelism splits the heads evenly; KV heads split or replicate evenly (MLA's
+    one latent is whole on every GPU)."""
+    if n < 1 or model.heads % n:
+        return False
+    return model.mla or not (model.kv_heads % n and n % model.kv_heads)
 
 
 def _memory(model: ModelShape, device: Device, n: int, weight_dtype: str, kv_dtype: str,
@@ -202,7 +209,7 @@ def _memory(model: ModelShape, device: Device, n: int, weight_dtype: str, kv_dty
     try:
         weights = model.weight_bytes(weight_dtype) / n
         # Each GPU holds its share of the KV heads, one whole head when n > kv_heads.
-        kv_gpu_token = model.kv_bytes_per_token(kv_dtype, kv_heads=math.ceil(model.kv_heads / n))
+        kv_gpu_token = model.kv_bytes_per_token(kv_dtype, gpus=n)
     except ModelError as exc:
         raise ProfileError(str(exc)) from exc
     usable = device.memory_bytes * memory_utilization
