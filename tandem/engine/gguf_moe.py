@@ -12,6 +12,7 @@ by this module, from the GGUF's metadata and tensors alone:
     qwen3moe                     qwen3_moe   model.layers.i.mlp.experts.e.{gate,up,down}_proj
 
     blk.i.ffn_{gate,up,down}_exps  [E, out, in]  --split on E--> expert e's [out, in]
+    blk.i.ffn_{gate,up,down}.e     [out, in]     Mixtral GGUFs of before the stacked tensors
     blk.i.ffn_gate_inp             [E, hidden]   the router (llama.cpp never quantizes it)
     blk.i.attn_q / attn_k (llama)  rows un-permuted (llama.cpp permutes them for its RoPE)
 
@@ -54,6 +55,8 @@ _REFUSED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "leading_dense_block_count": (0,), "expert_group_count": (0, 1),
 }
 _EXPERT = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
+# one tensor per expert: how llama.cpp wrote Mixtral before it stacked them (GGUFs of 2023)
+_EXPERT_LEGACY = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
@@ -191,6 +194,11 @@ def hf_tensors(reader: Any, config: dict) -> Iterator[tuple[int | None, str, np.
             for name, w in zip(_expert_names(model_type, layer, part, values.shape[0]), values,
                                strict=True):
                 yield layer, name, w
+            continue
+        m = _EXPERT_LEGACY.fullmatch(t.name) if model_type == "mixtral" else None
+        if m is not None:
+            layer, part, e = int(m.group(1)), m.group(2), int(m.group(3))
+            yield layer, _expert_names(model_type, layer, part, e + 1)[e], values
             continue
         name = _hf_name(model_type, t.name)
         if name is None:

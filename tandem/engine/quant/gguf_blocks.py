@@ -8,6 +8,7 @@
                                                         layers.i.mlp.experts.e.gate_up_proj
     GGUF blk.i.ffn_down_exps [E, hidden, ...]  --expert e's rows-->  layers.i.mlp.experts.e.down_proj
     GGUF blk.i.ffn_{gate,up,down}_shexp                 layers.i.mlp.shared_expert.* (as the MLP)
+    GGUF blk.i.ffn_{gate,up,down}.e (Mixtral GGUFs of 2023: one tensor per expert)  as stacked
 
 Types read here: Q4_0, Q4_1 and Q8_0 (blocks of 32 values with fp16 scales), the ones the
 native kernels run as they are; a fused module appears only when all its parts share one type.
@@ -119,6 +120,14 @@ def read_blocks(path: Path, arch: ModelArch, types: tuple[str, ...] = BLOCK_TYPE
             for e in range(stacked[0].shape[0]):
                 out[f"layers.{i}.mlp.experts.{e}.{ours}"] = Blocks(
                     raw[names[0]][0], np.concatenate([s[e] for s in stacked], axis=0))
+        for e in range(arch.moe.num_experts if arch.moe is not None else 0):
+            for ours, parts in _PARTS.items():  # one tensor per expert (Mixtral GGUFs of 2023)
+                if not ours.startswith("mlp.") or "shared" in ours:
+                    continue
+                names = [f"blk.{i}.{n}.{e}.weight" for n in parts]
+                if all(n in raw for n in names) and len({raw[n][0] for n in names}) == 1:
+                    out[f"layers.{i}.mlp.experts.{e}.{ours[4:]}"] = Blocks(
+                        raw[names[0]][0], np.concatenate([raw[n][1] for n in names], axis=0))
     return out
 
 

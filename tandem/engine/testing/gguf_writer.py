@@ -48,11 +48,13 @@ def _stack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def write_gguf(checkpoint: str | Path, out: str | Path, qtype: str = "F32",
                metadata: dict[str, object] | None = None,
-               extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+               extra_tensors: dict[str, np.ndarray] | None = None,
+               stacked: bool = True) -> Path:
     """Write the HF checkpoint at ``checkpoint`` (one safetensors file) to the GGUF ``out``,
     its weights as ``qtype`` (F32, Q4_0, Q4_1, Q8_0); return ``out``. ``metadata`` (key ->
     str, float or int value) and ``extra_tensors`` (GGUF name -> F32 array) are written
-    too: what a test of refusals adds."""
+    too: what a test of refusals adds. ``stacked`` False writes a Mixtral's experts one
+    tensor each, ``blk.i.ffn_{gate,up,down}.e``, as llama.cpp did before it stacked them."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -103,10 +105,24 @@ def write_gguf(checkpoint: str | Path, out: str | Path, qtype: str = "F32",
 
     names = gguf.get_tensor_name_map(arch, layers)
     quant = gguf.GGMLQuantizationType[qtype]
-    tensors = _stack_experts(load_file(str(path / "model.safetensors")))
-    for hf_name, value in sorted(tensors.items()):
+    tensors = load_file(str(path / "model.safetensors"))
+    legacy: dict[str, np.ndarray] = {}
+    if stacked:
+        tensors = _stack_experts(tensors)
+    elif model_type == "mixtral":
+        parts = {"w1": "gate", "w3": "up", "w2": "down"}
+        for hf_name in [n for n in tensors if _PER_EXPERT.fullmatch(n)]:
+            m = _PER_EXPERT.fullmatch(hf_name)
+            assert m is not None
+            layer = hf_name.split(".")[2]
+            legacy[f"blk.{layer}.ffn_{parts[m.group(3)]}.{m.group(2)}.weight"] = tensors.pop(
+                hf_name)
+    else:
+        raise ValueError("experts one tensor each: Mixtral only (llama.cpp's old layout)")
+    items = sorted(tensors.items()) + sorted(legacy.items())
+    for hf_name, value in items:
         base, suffix = hf_name.rsplit(".", 1)
-        name = names.get_name(base)
+        name = base if hf_name in legacy else names.get_name(base)
         if name is None:
             raise ValueError(f"no GGUF name for {hf_name}")
         value = value.astype(np.float32)

@@ -22,7 +22,7 @@ from tandem.engine.native import load
 from tandem.engine.quant import Int4Linear
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
-pytest.importorskip("gguf")
+gguf_py = pytest.importorskip("gguf")
 from tandem.engine.testing.gguf_writer import write_gguf  # noqa: E402  (needs gguf)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -101,6 +101,25 @@ def test_quantized_experts_are_served_from_their_blocks(family_dir, make_engine,
         assert tokens[:exact] == want[:exact], (arch, qtype)
 
 
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_a_mixtral_gguf_with_one_tensor_per_expert_loads(family_dir, make_engine, tmp_path,
+                                                        qtype: str) -> None:
+    """llama.cpp's Mixtral GGUFs of before the stacked tensors (``blk.i.ffn_gate.e``): the
+    same model, the same tokens; their Q8_0 blocks kept as stored where the kernels run."""
+    checkpoint, gguf = _gguf(family_dir, tmp_path, "mixtral", qtype, stacked=False)
+    names = {t.name for t in gguf_py.GGUFReader(str(gguf)).tensors}
+    assert "blk.1.ffn_down.7.weight" in names and "blk.1.ffn_down_exps.weight" not in names
+    cache = tmp_path / "cache"
+    engine = _engine(make_engine, gguf, cache)
+    reference = checkpoint if qtype == "F32" else resolve_model(str(gguf), cache)
+    if qtype == "Q8_0" and load() is not None:
+        assert all(expert.down_proj.format == "Q8_0" and expert.gate_up_proj.format == "Q8_0"
+                   for layer in engine.runner.model.layers for expert in layer.mlp.experts)
+    prompts = _prompts()
+    for prompt, tokens in zip(prompts, engine_token_ids(engine, prompts, GREEDY), strict=True):
+        assert tokens == hf_greedy(reference, prompt, GREEDY.max_tokens)
+
+
 def _reference_experts(path: Path, arch: str) -> dict[tuple[int, int, str], torch.Tensor]:
     """(layer, expert, our module) -> the converted directory's weights, gate rows then up."""
     from safetensors import safe_open
@@ -128,10 +147,8 @@ def _reference_experts(path: Path, arch: str) -> dict[tuple[int, int, str], torc
 
 def test_a_deepseek_gguf_is_refused_before_conversion(family_dir, tmp_path) -> None:
     """Latent attention's GGUF tensors are not mapped: the header alone refuses the file."""
-    import gguf
-
     path = tmp_path / "ds.gguf"
-    writer = gguf.GGUFWriter(str(path), "deepseek2")
+    writer = gguf_py.GGUFWriter(str(path), "deepseek2")
     writer.add_block_count(1)
     writer.add_uint32("deepseek2.expert_count", 8)
     writer.add_tensor("token_embd.weight", np.ones((8, 32), dtype=np.float32))
