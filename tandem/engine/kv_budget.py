@@ -12,23 +12,11 @@ processes, the CUDA context), as vLLM counts it. The activation reserve is an es
 step's peak beside weights and KV, not a profiled figure: every step-sized activation a
 layer keeps at once, for the step's token budget, the fp32 logits of a full batch twice
 (logits and the sampler's working copy), and a fixed margin for the allocator, CUDA graphs
-and library workspaces. Per token, in the model's dtype unless marked fp32::
-
-    attention     hidden state, residual, normed input; q/k/v (an MLA model's as
-                  decompressed for prefill, with its latent)
-    + the larger feed-forward of the model's layers:
-    dense MLP     gate and up (2 I), act(gate), their product (I each): 4 I
-    MoE layer     router logits (fp32 for DeepSeek's routers, with the input in fp32) and
-                  three fp32 working copies (scores, corrected choice, its mask), E each;
-                  top-k weights and ids; per (token, expert) slot (k a token): the gathered
-                  input and the expert's output (hidden each), that output in fp32 and
-                  weighted (hidden each, fp32), three int64 indices (sort order, token,
-                  sort scratch); one expert's gated MLP at a time (4 I_e, and its hidden-
-                  wide output), over at most every token of the step (a token picks an
-                  expert once); the summed output; a shared expert's MLP, output and gate
-
-The experts run one after another (tandem/engine/models/layers/moe_experts.py), so one
-expert's intermediate is live at a time, but an expert may take every token of the step.
+and library workspaces. Per token, in the model's dtype: the attention's hidden state,
+residual, normed input and q/k/v (an MLA model's as decompressed for prefill, with its
+latent), and the wider feed-forward of the model's layers, its dense MLP or its MoE layer
+(tandem/common/ffn_activations.py counts both: router logits and scores, the (token, expert)
+slot buffers, one expert's intermediate over every token, the shared expert).
 Torch-free: the engine passes it torch's figures (``mem_info``).
 """
 
@@ -38,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from tandem.common.ffn_activations import gated_mlp_bytes, moe_layer_bytes
 from tandem.engine.config import EngineConfig
 from tandem.engine.models.arch import MoeArch
 
@@ -54,31 +43,12 @@ class _Shape(Protocol):
     moe: MoeArch | None  # None: every layer's MLP is dense
 
 
-FP32, INDEX = 4, 8  # bytes of an fp32 value, of an int64 index
-
-
-def gated_mlp_bytes(width: int, hidden: int, act_bytes: int) -> int:
-    """Bytes per row of one gated MLP's activations: gate and up, act(gate), their
-    product, and its output."""
-    return act_bytes * (4 * width + hidden)
-
-
-def moe_layer_bytes(moe: MoeArch, hidden: int, act_bytes: int) -> int:
-    """Bytes per token of a mixture-of-experts layer's activations (the module docstring's
-    MoE row)."""
-    e, k = moe.num_experts, moe.top_k
-    fp32_router = moe.routing != "softmax"  # DeepSeek's routers score in fp32
-    router = (e * (FP32 if fp32_router else act_bytes) + 3 * e * FP32 + k * (FP32 + INDEX)
-              + (hidden * FP32 if fp32_router else 0))
-    slots = k * (2 * hidden * act_bytes + 2 * hidden * FP32 + 3 * INDEX)
-    expert = gated_mlp_bytes(moe.expert_intermediate_size, hidden, act_bytes)
-    summed = hidden * act_bytes
-    shared = 0
-    if moe.shared_intermediate_size:
-        shared = gated_mlp_bytes(moe.shared_intermediate_size, hidden, act_bytes)
-        if moe.shared_expert_gate:
-            shared += act_bytes * (1 + hidden)  # the gate and the gated output
-    return router + slots + expert + summed + shared
+def moe_bytes(moe: MoeArch, hidden: int, act_bytes: int) -> int:
+    """Bytes per token of one of ``moe``'s layers (tandem/common/ffn_activations.py)."""
+    return moe_layer_bytes(hidden, moe.num_experts, moe.top_k, moe.expert_intermediate_size,
+                           act_bytes, shared_width=moe.shared_intermediate_size,
+                           shared_gate=moe.shared_expert_gate,
+                           fp32_router=moe.routing != "softmax")  # DeepSeek's score in fp32
 
 
 def feed_forward_bytes(arch: _Shape, act_bytes: int) -> int:
@@ -87,7 +57,7 @@ def feed_forward_bytes(arch: _Shape, act_bytes: int) -> int:
     dense = gated_mlp_bytes(arch.intermediate_size, arch.hidden_size, act_bytes)
     if arch.moe is None:
         return dense
-    return max(dense, moe_layer_bytes(arch.moe, arch.hidden_size, act_bytes))
+    return max(dense, moe_bytes(arch.moe, arch.hidden_size, act_bytes))
 
 
 def activation_reserve(arch: _Shape, max_num_batched_tokens: int, max_num_seqs: int,

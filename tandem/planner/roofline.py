@@ -51,8 +51,10 @@ batch 1).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from tandem.common.ffn_activations import moe_layer_bytes
 from tandem.planner.devices import Device
 from tandem.planner.models import ModelError, ModelShape
 from tandem.planner.profile import Profile, ProfileError, StepCost, Transfer
@@ -177,12 +179,22 @@ def activation_reserve_bytes(model: ModelShape, gpus: int, chunk_tokens: int,
     """Per-GPU memory a step needs besides weights and KV (a rough upper estimate).
 
     One layer's live activations for a full chunk (residual and normed hidden states, q/k/v
-    and attention output ~ 4 x hidden, the MLP's gate, up and product ~ 3 x intermediate per
-    routed expert, split n ways), FP32 logits for every decode row, and FIXED_RESERVE_BYTES.
+    and attention output ~ 4 x hidden; a dense MLP's gate, up and product ~ 3 x intermediate,
+    split n ways; a mixture-of-experts layer as the engine's reserve counts it,
+    tandem/common/ffn_activations.py: router scores, the (token, expert) slots' hidden-wide
+    buffers, one expert's intermediate (split n ways) over the whole chunk, shared experts),
+    FP32 logits for every decode row, and FIXED_RESERVE_BYTES.
     """
-    per_token = 4 * model.hidden + 3 * model.intermediate * model.experts_per_token / gpus
+    per_token = (4 * model.hidden + 3 * model.intermediate / gpus) * ACTIVATION_BYTES
+    if model.experts > 1:
+        moe = moe_layer_bytes(model.hidden, model.experts, model.experts_per_token,
+                              math.ceil(model.intermediate / gpus), ACTIVATION_BYTES,
+                              shared_width=math.ceil(model.shared_intermediate / gpus),
+                              fp32_router=True)  # the larger figure of the two routers
+        dense = 3 * model.dense_intermediate / gpus * ACTIVATION_BYTES
+        per_token = 4 * model.hidden * ACTIVATION_BYTES + max(moe, dense)
     logits = max_num_seqs * model.vocab / gpus * 4
-    return chunk_tokens * per_token * ACTIVATION_BYTES + logits + FIXED_RESERVE_BYTES
+    return chunk_tokens * per_token + logits + FIXED_RESERVE_BYTES
 
 
 @dataclass(frozen=True, slots=True)

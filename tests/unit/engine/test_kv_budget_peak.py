@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.profiler._memory_profiler import Action
 
 from tandem.engine import SamplingParams
-from tandem.engine.kv_budget import MARGIN_BYTES, activation_reserve, moe_layer_bytes
+from tandem.engine.kv_budget import MARGIN_BYTES, activation_reserve, moe_bytes
 from tandem.engine.models.arch import ModelArch, MoeArch
 from tandem.engine.models.layers import SparseMoE
 from tandem.engine.testing.perturb import perturb_parameters
@@ -73,7 +73,7 @@ def test_a_moe_layers_peak_is_within_its_term(case: str, dtype: torch.dtype, row
         counts = torch.bincount(layer.gate(x)[1].flatten(), minlength=moe.num_experts)
         assert counts[:2].tolist() == [rows, rows]
         peak = measured_peak(lambda: layer(x))
-    term = rows * moe_layer_bytes(moe, HIDDEN, dtype.itemsize)
+    term = rows * moe_bytes(moe, HIDDEN, dtype.itemsize)
     assert peak <= term
     # the dense-only count, 3 x the expert's width a token, was a fraction of it
     assert rows * dtype.itemsize * 3 * moe.expert_intermediate_size < peak

@@ -295,3 +295,21 @@ def test_every_table_model_fits_some_split_of_every_device() -> None:
                 continue
             profile = roofline_profile(model, device, gpus_per_worker=n, weight_dtype=dtype)
             assert profile.kv_capacity_tokens > 0
+
+
+def test_a_moe_models_reserve_counts_its_slots_as_the_engine_does() -> None:
+    """The (token, expert) slots' hidden-wide buffers dominate a MoE layer's activations;
+    the planner counts a MoE layer with the engine's function (tandem/common/
+    ffn_activations.py), its widths split across the tensor-parallel GPUs."""
+    model = MODELS["DeepSeek-V3"]
+    router = 7168 * 4 + 256 * 4 + 3 * 256 * 4 + 8 * (4 + 8)  # fp32: input, logits, 3 copies
+    slots = 8 * (2 * 7168 * 2 + 2 * 7168 * 4 + 3 * 8)
+    expert = shared = 2 * (4 * 256 + 7168)  # 2048 / 8 GPUs wide
+    moe = router + slots + expert + 7168 * 2 + shared
+    per_token = 4 * 7168 * 2 + moe
+    logits = 256 * 129280 / 8 * 4
+    assert activation_reserve_bytes(model, 8, 2048, 256) == pytest.approx(
+        2048 * per_token + logits + 512 * 2**20)
+    # a dense model's figure is what it was: 4 x hidden + 3 x intermediate / n, bf16
+    assert activation_reserve_bytes(LLAMA_8B, 2, 2048, 256) == pytest.approx(
+        2048 * (4 * 4096 + 3 * 14336 / 2) * 2 + 256 * 128256 / 2 * 4 + 512 * 2**20)
