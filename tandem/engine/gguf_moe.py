@@ -16,8 +16,9 @@ by this module, from the GGUF's metadata and tensors alone:
     blk.i.ffn_gate_inp             [E, hidden]   the router (llama.cpp never quantizes it)
     blk.i.attn_q / attn_k (llama)  rows un-permuted (llama.cpp permutes them for its RoPE)
 
-Every tensor is dequantized to fp32 with the gguf package's reference code, one layer per
-safetensors shard (a layer's experts at a time in memory). The quantized blocks themselves are
+Every tensor is dequantized to fp32 with the gguf package's reference code into a
+safetensors shard per run of one layer's tensors (llama.cpp writes a file layer by layer, so
+one layer's tensors are in memory at a time). The quantized blocks themselves are
 what the engine serves where its kernels run them (tandem/engine/quant/gguf_blocks.py reads
 them by the same names); this directory is the float model behind them.
 
