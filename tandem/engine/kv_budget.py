@@ -10,10 +10,13 @@ With the weights already on the device::
 ``total - free`` counts everything the device holds now (this engine's weights, other
 processes, the CUDA context), as vLLM counts it. The activation reserve is an estimate of a
 step's peak beside weights and KV, not a profiled figure: every step-sized activation a
-layer keeps at once (hidden state, residual, normed input, q/k/v (an MLA model's as
-decompressed for prefill, with its latent), gate, up and their product)
-for the step's token budget, the fp32 logits of a full batch twice (logits and the sampler's
-working copy), and a fixed margin for the allocator, CUDA graphs and library workspaces.
+layer keeps at once, for the step's token budget, the fp32 logits of a full batch twice
+(logits and the sampler's working copy), and a fixed margin for the allocator, CUDA graphs
+and library workspaces. Per token, in the model's dtype: the attention's hidden state,
+residual, normed input and q/k/v (an MLA model's as decompressed for prefill, with its
+latent), and the wider feed-forward of the model's layers, its dense MLP or its MoE layer
+(tandem/common/ffn_activations.py counts both: router logits and scores, the (token, expert)
+slot buffers, one expert's intermediate over every token, the shared expert).
 Torch-free: the engine passes it torch's figures (``mem_info``).
 """
 
@@ -23,7 +26,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from tandem.common.ffn_activations import gated_mlp_bytes, moe_layer_bytes
 from tandem.engine.config import EngineConfig
+from tandem.engine.models.arch import MoeArch
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +40,31 @@ class _Shape(Protocol):
     intermediate_size: int
     attention_width: int  # q, k and v values per token (ModelArch.attention_width)
     vocab_size: int
+    moe: MoeArch | None  # None: every layer's MLP is dense
+
+
+def moe_bytes(moe: MoeArch, hidden: int, act_bytes: int) -> int:
+    """Bytes per token of one of ``moe``'s layers (tandem/common/ffn_activations.py)."""
+    return moe_layer_bytes(hidden, moe.num_experts, moe.top_k, moe.expert_intermediate_size,
+                           act_bytes, shared_width=moe.shared_intermediate_size,
+                           shared_gate=moe.shared_expert_gate,
+                           fp32_router=moe.routing != "softmax")  # DeepSeek's score in fp32
+
+
+def feed_forward_bytes(arch: _Shape, act_bytes: int) -> int:
+    """Bytes per token of the widest feed-forward among the model's layers: the dense MLP,
+    or a MoE layer's (a model may have both: ``MoeArch.sparse_layers``)."""
+    dense = gated_mlp_bytes(arch.intermediate_size, arch.hidden_size, act_bytes)
+    if arch.moe is None:
+        return dense
+    return max(dense, moe_bytes(arch.moe, arch.hidden_size, act_bytes))
 
 
 def activation_reserve(arch: _Shape, max_num_batched_tokens: int, max_num_seqs: int,
                        act_bytes: int) -> int:
     """Bytes kept free for one step's activations (see the module docstring)."""
-    per_token = act_bytes * (3 * arch.hidden_size + arch.attention_width
-                             + 3 * arch.intermediate_size)
+    attention = act_bytes * (3 * arch.hidden_size + arch.attention_width)
+    per_token = attention + feed_forward_bytes(arch, act_bytes)
     logits = 2 * max_num_seqs * arch.vocab_size * 4
     return max_num_batched_tokens * per_token + logits + MARGIN_BYTES
 

@@ -8,7 +8,8 @@ GGUF conversion (dequantizing through transformers) takes ~50 s for SmolLM2 on t
 converted directory is cached, keyed by a hash of the GGUF's bytes, so later loads take seconds.
 A GGUF's ``general.architecture`` is read from its header first: an architecture no model
 family loads (tandem/engine/models/registry.py) is refused before the file is hashed or
-converted.
+converted. The mixture-of-experts families (Mixtral, which llama.cpp writes as ``llama`` with
+experts, Qwen2-MoE, Qwen3-MoE) are converted by tandem/engine/gguf_moe.py, not transformers.
 Nothing is ever fetched from a model hub. What a spec names and where its conversion lives is
 tandem/common/model_spec.py (torch-free: the router and the launchers resolve specs with it too).
 """
@@ -20,6 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tandem.common.gguf_metadata import GgufMetadataError, read_gguf_metadata
 from tandem.common.model_spec import (  # the torch-free half, shared with the router and launchers
@@ -36,7 +38,9 @@ from tandem.common.model_spec import (  # the torch-free half, shared with the r
     is_complete,
 )
 from tandem.engine.errors import ModelLoadError
+from tandem.engine.gguf_moe import MOE_MODEL_TYPES, convert_moe_gguf
 from tandem.engine.models.registry import gguf_family
+from tandem.engine.models.spec import FamilySpec
 
 log = logging.getLogger(__name__)
 
@@ -69,37 +73,47 @@ def _alias_path(alias: str) -> Path:
         raise ModelLoadError(str(exc)) from exc
 
 
-def gguf_architecture(gguf: Path) -> str:
-    """A GGUF's ``general.architecture``, read from its metadata alone (no tensor touched)."""
+def gguf_metadata(gguf: Path) -> dict[str, Any]:
+    """A GGUF's metadata, read alone (no tensor touched); ModelLoadError when unreadable or
+    without ``general.architecture``."""
     try:
-        arch = read_gguf_metadata(gguf).get("general.architecture")
+        metadata = read_gguf_metadata(gguf)
     except (OSError, GgufMetadataError) as exc:
         raise ModelLoadError(f"cannot read the GGUF header of {gguf}: {exc}") from exc
-    if not isinstance(arch, str):
+    if not isinstance(metadata.get("general.architecture"), str):
         raise ModelLoadError(f"{gguf} has no general.architecture")
-    return arch
+    return metadata
+
+
+def gguf_architecture(gguf: Path) -> str:
+    """A GGUF's ``general.architecture``, read from its metadata alone (no tensor touched)."""
+    return str(gguf_metadata(gguf)["general.architecture"])
+
+
+def gguf_spec(metadata: dict[str, Any]) -> FamilySpec:
+    """The family a GGUF's metadata names (UnsupportedModelError for none)."""
+    arch = str(metadata["general.architecture"])
+    return gguf_family(arch, int(metadata.get(f"{arch}.expert_count") or 0))
 
 
 def convert_gguf(gguf: Path, cache: Path) -> Path:
     """Dequantize a GGUF checkpoint into a cached HF directory (once), return the directory.
     UnsupportedModelError, before anything else, for an architecture no family loads."""
-    gguf_family(gguf_architecture(gguf))
+    metadata = gguf_metadata(gguf)
+    spec = gguf_spec(metadata)
     target = converted_dir(gguf, cache)
     if is_complete(target):
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: import on demand
-
     log.warning("converting %s to safetensors under %s (first load only)", gguf.name, target)
     print(f"[tandem] converting {gguf.name} (first load only; cached under {target})", flush=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        print("[tandem] loading tokenizer from GGUF ...", flush=True)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        print("[tandem] dequantizing weights ...", flush=True)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        _save_plain(model, tmp)
-        tokenizer.save_pretrained(tmp)
+        if spec.model_type in MOE_MODEL_TYPES:
+            print("[tandem] dequantizing weights (experts split) ...", flush=True)
+            convert_moe_gguf(gguf, metadata, tmp)
+        else:
+            _convert_dense(gguf, tmp)
         (tmp / COMPLETE).write_text(gguf.name)
         if target.exists():  # a half-written directory from an interrupted run
             shutil.rmtree(target)
@@ -109,6 +123,18 @@ def convert_gguf(gguf: Path, cache: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     print("[tandem] conversion done", flush=True)
     return target
+
+
+def _convert_dense(gguf: Path, out: Path) -> None:
+    """A dense family's GGUF through transformers' own GGUF loader."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: import on demand
+
+    print("[tandem] loading tokenizer from GGUF ...", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    print("[tandem] dequantizing weights ...", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _save_plain(model, out)
+    tokenizer.save_pretrained(out)
 
 
 def _save_plain(model: object, out: Path) -> None:

@@ -11,11 +11,16 @@ factors, per GPU of a worker of n = ``gpus_per_worker`` tensor-parallel GPUs::
     per_prefill_token_s = 2 x prefill params / n / (FLOP/s x mfu)  + all-reduce bytes/token
     per_row_s           = 2 x decode params / n / (FLOP/s x decode_mfu) + all-reduce bytes/token
     per_context_token_s = KV bytes per token per GPU / (HBM B/s x mbu)      decode attention
-                          reads each cached position's K and V once per step
+                          reads each cached position's K and V (MLA: its latent row) once
+                          per step
     per_prefill_pair_s  = 4 x layers x heads x head_dim / n / (FLOP/s x mfu)  prefill
-                          attention: QK^T and PV, 2 FLOPs each per pair and head dim
+                          attention: QK^T and PV, 2 FLOPs each per pair and head dim (MLA:
+                          2 x layers x heads x (qk + v head dims), keys and values decompressed)
     kv_capacity_tokens  = (memory x memory_utilization - weights / n - activation reserve)
                           / KV bytes per token per GPU
+    KV bytes per token  the engine's cache shape (tandem/common/kv_cache_shape.py): per GPU
+                          its share of the KV heads (a whole head at least), or MLA's whole
+                          latent row, which every GPU's query heads read
     transfer            = n x kv_link B/s x LINK_EFFICIENCY, + HANDOFF_LATENCY_S per handoff
 
     streamed weights  all of them but the input embedding (a lookup reads only its rows)
@@ -49,6 +54,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tandem.common.ffn_activations import moe_layer_bytes
 from tandem.planner.devices import Device
 from tandem.planner.models import ModelError, ModelShape
 from tandem.planner.profile import Profile, ProfileError, StepCost, Transfer
@@ -136,7 +142,7 @@ def roofline_profile(
         per_row_s=2 * decode_params / n / (flops * decode_mfu) + allreduce_token,
         per_prefill_token_s=2 * prefill_params / n / (flops * mfu) + allreduce_token,
         per_context_token_s=kv_gpu_token / hbm,
-        per_prefill_pair_s=4 * model.layers * model.heads * model.head_dim / n / (flops * mfu),
+        per_prefill_pair_s=model.attention_pair_flops / n / (flops * mfu),
     )
     transfer = Transfer(
         bandwidth_bytes_per_s=n * device.kv_link.bytes_per_s * LINK_EFFICIENCY,
@@ -173,12 +179,22 @@ def activation_reserve_bytes(model: ModelShape, gpus: int, chunk_tokens: int,
     """Per-GPU memory a step needs besides weights and KV (a rough upper estimate).
 
     One layer's live activations for a full chunk (residual and normed hidden states, q/k/v
-    and attention output ~ 4 x hidden, the MLP's gate, up and product ~ 3 x intermediate per
-    routed expert, split n ways), FP32 logits for every decode row, and FIXED_RESERVE_BYTES.
+    and attention output ~ 4 x hidden; a dense MLP's gate, up and product ~ 3 x intermediate,
+    split n ways; a mixture-of-experts layer as the engine's reserve counts it,
+    tandem/common/ffn_activations.py: router scores, the (token, expert) slots' hidden-wide
+    buffers, one expert's intermediate (split n ways) over the whole chunk, shared experts),
+    FP32 logits for every decode row, and FIXED_RESERVE_BYTES.
     """
-    per_token = 4 * model.hidden + 3 * model.intermediate * model.experts_per_token / gpus
+    per_token = (4 * model.hidden + 3 * model.intermediate / gpus) * ACTIVATION_BYTES
+    if model.experts > 1:
+        moe = moe_layer_bytes(model.hidden, model.experts, model.experts_per_token,
+                              math.ceil(model.intermediate / gpus), ACTIVATION_BYTES,
+                              shared_width=math.ceil(model.shared_intermediate / gpus),
+                              fp32_router=True)  # the larger figure of the two routers
+        dense = 3 * model.dense_intermediate / gpus * ACTIVATION_BYTES
+        per_token = 4 * model.hidden * ACTIVATION_BYTES + max(moe, dense)
     logits = max_num_seqs * model.vocab / gpus * 4
-    return chunk_tokens * per_token * ACTIVATION_BYTES + logits + FIXED_RESERVE_BYTES
+    return chunk_tokens * per_token + logits + FIXED_RESERVE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +209,11 @@ class _Memory:
 
 
 def _splittable(model: ModelShape, n: int) -> bool:
-    """Tensor parallelism splits the heads evenly; KV heads split or replicate evenly."""
-    return n >= 1 and not model.heads % n and not (model.kv_heads % n and n % model.kv_heads)
+    """Tensor parallelism splits the heads evenly; KV heads split or replicate evenly (MLA's
+    one latent is whole on every GPU)."""
+    if n < 1 or model.heads % n:
+        return False
+    return model.mla or not (model.kv_heads % n and n % model.kv_heads)
 
 
 def _memory(model: ModelShape, device: Device, n: int, weight_dtype: str, kv_dtype: str,
@@ -202,7 +221,7 @@ def _memory(model: ModelShape, device: Device, n: int, weight_dtype: str, kv_dty
     try:
         weights = model.weight_bytes(weight_dtype) / n
         # Each GPU holds its share of the KV heads, one whole head when n > kv_heads.
-        kv_gpu_token = model.kv_bytes_per_token(kv_dtype, kv_heads=math.ceil(model.kv_heads / n))
+        kv_gpu_token = model.kv_bytes_per_token(kv_dtype, gpus=n)
     except ModelError as exc:
         raise ProfileError(str(exc)) from exc
     usable = device.memory_bytes * memory_utilization

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.common.kv_cache_shape import KvCacheShape, kv_cache_shape
+
 
 @dataclass(frozen=True, slots=True)
 class MoeArch:
@@ -122,19 +124,28 @@ class ModelArch:
 
     # -- the paged KV cache: kv[layer, plane, block, offset, head, :] ---------------------
     @property
+    def kv_shape(self) -> KvCacheShape:
+        """One token's cache in one layer (tandem/common/kv_cache_shape.py: the planner
+        sizes the cache from the same function)."""
+        if self.mla is None:
+            return kv_cache_shape(self.num_kv_heads, self.head_dim)
+        return kv_cache_shape(self.num_kv_heads, self.head_dim, self.mla.kv_lora_rank,
+                              self.mla.qk_rope_head_dim)
+
+    @property
     def kv_planes(self) -> int:
         """Planes per layer: K and V (2), or the one latent plane of MLA (1)."""
-        return 1 if self.mla is not None else 2
+        return self.kv_shape.planes
 
     @property
     def kv_cache_heads(self) -> int:
         """Heads per plane: the KV heads, or MLA's one shared latent head."""
-        return 1 if self.mla is not None else self.num_kv_heads
+        return self.kv_shape.heads
 
     @property
     def kv_cache_dim(self) -> int:
         """Values per head vector: head_dim, or MLA's kv_lora_rank + qk_rope_head_dim."""
-        return self.mla.latent_dim if self.mla is not None else self.head_dim
+        return self.kv_shape.dim
 
     @property
     def attention_width(self) -> int:

@@ -31,6 +31,7 @@ SPEC = FamilySpec(
                     "a shared expert (the gate scales one)"),
     ),
     features=_features,
+    gguf_architectures=("qwen2moe",),  # converted by tandem/engine/gguf_moe.py
     plan=moe_plan(QWEN_MOE_NAMES),
     inert=MOE_INERT_FIELDS,
 )

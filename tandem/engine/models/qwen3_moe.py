@@ -32,6 +32,7 @@ SPEC = FamilySpec(
         ConfigField("num_local_experts"),  # num_experts under transformers' other name
     ),
     features=_features,
+    gguf_architectures=("qwen3moe",),  # converted by tandem/engine/gguf_moe.py
     plan=moe_plan(QWEN_MOE_NAMES),
     inert=MOE_INERT_FIELDS,
 )

@@ -45,8 +45,12 @@ def family(model_type: str) -> FamilySpec:
     return spec
 
 
-def gguf_family(architecture: str) -> FamilySpec:
-    """The family of a GGUF's ``general.architecture``; UnsupportedModelError for any other."""
+def gguf_family(architecture: str, experts: int = 0) -> FamilySpec:
+    """The family of a GGUF's ``general.architecture`` (``experts``: its
+    ``<architecture>.expert_count``); UnsupportedModelError for any other. llama.cpp writes
+    Mixtral as ``llama`` with experts: that is Mixtral here."""
+    if architecture == "llama" and experts > 0:
+        return mixtral.SPEC
     spec = GGUF_ARCHITECTURES.get(architecture)
     if spec is None:
         raise UnsupportedModelError("GGUF architecture", architecture, tuple(GGUF_ARCHITECTURES))

@@ -4,6 +4,11 @@
     GGUF blk.i.ffn_{gate,up}  --concatenated-->                         layers.i.mlp.gate_up_proj
     GGUF blk.i.attn_output / ffn_down                                   o_proj / down_proj
     GGUF token_embd / output                                            embed_tokens / lm_head
+    GGUF blk.i.ffn_{gate,up}_exps [E, I, ...]  --expert e's rows, concatenated-->
+                                                        layers.i.mlp.experts.e.gate_up_proj
+    GGUF blk.i.ffn_down_exps [E, hidden, ...]  --expert e's rows-->  layers.i.mlp.experts.e.down_proj
+    GGUF blk.i.ffn_{gate,up,down}_shexp                 layers.i.mlp.shared_expert.* (as the MLP)
+    GGUF blk.i.ffn_{gate,up,down}.e (Mixtral GGUFs of 2023: one tensor per expert)  as stacked
 
 Types read here: Q4_0, Q4_1 and Q8_0 (blocks of 32 values with fp16 scales), the ones the
 native kernels run as they are; a fused module appears only when all its parts share one type.
@@ -24,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tandem.engine.errors import ModelLoadError
+from tandem.engine.gguf_moe import unpermute_rows
 from tandem.engine.loader import ALIASES, _alias_path
 from tandem.engine.models.arch import ModelArch
 
@@ -33,6 +39,13 @@ _PARTS = {
     "self_attn.o_proj": ["attn_output"],
     "mlp.gate_up_proj": ["ffn_gate", "ffn_up"],
     "mlp.down_proj": ["ffn_down"],
+    "mlp.shared_expert.gate_up_proj": ["ffn_gate_shexp", "ffn_up_shexp"],
+    "mlp.shared_expert.down_proj": ["ffn_down_shexp"],
+}
+# a MoE layer's experts, stacked on the first axis of one GGUF tensor per part
+_EXPERT_PARTS = {
+    "gate_up_proj": ["ffn_gate_exps", "ffn_up_exps"],
+    "down_proj": ["ffn_down_exps"],
 }
 
 
@@ -52,13 +65,6 @@ def gguf_source(spec: str) -> Path | None:
     if path.is_file() and path.suffix == ".gguf":
         return path
     return None
-
-
-def _reverse_permute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
-    """transformers' ``_reverse_permute_weights`` on whole rows (any row payload)."""
-    dim = rows.shape[0] // n_head // 2
-    w = rows.reshape(n_head, dim, 2, *rows.shape[1:])
-    return w.swapaxes(2, 1).reshape(rows.shape)
 
 
 def tensor_types(path: Path) -> dict[str, str]:
@@ -101,11 +107,27 @@ def read_blocks(path: Path, arch: ModelArch, types: tuple[str, ...] = BLOCK_TYPE
             for short, name in zip(parts, names, strict=True):
                 r = raw[name][1]
                 if permuted and short == "attn_q":
-                    r = _reverse_permute_rows(r, arch.num_heads)
+                    r = unpermute_rows(r, arch.num_heads)
                 elif permuted and short == "attn_k":
-                    r = _reverse_permute_rows(r, arch.num_kv_heads)
+                    r = unpermute_rows(r, arch.num_kv_heads)
                 rows.append(r)
             out[f"layers.{i}.{ours}"] = Blocks(raw[names[0]][0], np.concatenate(rows, axis=0))
+        for ours, parts in _EXPERT_PARTS.items():
+            names = [f"blk.{i}.{n}.weight" for n in parts]
+            if not all(n in raw for n in names) or len({raw[n][0] for n in names}) != 1:
+                continue
+            stacked = [raw[n][1] for n in names]  # each [E, rows, K/32 * block bytes]
+            for e in range(stacked[0].shape[0]):
+                out[f"layers.{i}.mlp.experts.{e}.{ours}"] = Blocks(
+                    raw[names[0]][0], np.concatenate([s[e] for s in stacked], axis=0))
+        for e in range(arch.moe.num_experts if arch.moe is not None else 0):
+            for ours, parts in _PARTS.items():  # one tensor per expert (Mixtral GGUFs of 2023)
+                if not ours.startswith("mlp.") or "shared" in ours:
+                    continue
+                names = [f"blk.{i}.{n}.{e}.weight" for n in parts]
+                if all(n in raw for n in names) and len({raw[n][0] for n in names}) == 1:
+                    out[f"layers.{i}.mlp.experts.{e}.{ours[4:]}"] = Blocks(
+                        raw[names[0]][0], np.concatenate([raw[n][1] for n in names], axis=0))
     return out
 
 

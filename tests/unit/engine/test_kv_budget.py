@@ -1,5 +1,7 @@
 """--gpu-memory-utilization: the KV pool a share of the device leaves (tandem/engine/kv_budget.py),
-and where the flag is refused (pure: no device needed)."""
+and where the flag is refused (pure: no device needed); the activation reserve against
+hand-computed figures for dense, Mixtral-like and DeepSeek-V3-like shapes, and against the
+peak a tiny mixture-of-experts model measures on the CPU (torch's memory profiler)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,61 @@ import pytest
 from tandem.engine.cli_args import add_engine_args, engine_config_from_args
 from tandem.engine.config import CacheConfig, EngineConfig, ModelConfig
 from tandem.engine.kv_budget import MARGIN_BYTES, activation_reserve, blocks_for_utilization
+from tandem.engine.models.arch import MoeArch
 
 GIB = 2**30
 # Llama-3-8B's shape
 LLAMA8B = SimpleNamespace(hidden_size=4096, intermediate_size=14336,
-                          attention_width=(32 + 2 * 8) * 128, vocab_size=128256)
+                          attention_width=(32 + 2 * 8) * 128, vocab_size=128256, moe=None)
+# Mixtral-8x7B: 8 experts of 14336, 2 a token, softmax router, no shared expert
+MIXTRAL = SimpleNamespace(hidden_size=4096, intermediate_size=14336,
+                          attention_width=(32 + 2 * 8) * 128, vocab_size=32000,
+                          moe=MoeArch(8, 2, 14336, tuple(range(32))))
+# DeepSeek-V3: MLA (128 heads, q/k 192 wide, v 128, latent 512 + 64), dense MLP 18432 on the
+# first 3 layers, then 256 experts of 2048, 8 a token, sigmoid grouped router, one shared
+DEEPSEEK_V3 = SimpleNamespace(
+    hidden_size=7168, intermediate_size=18432, attention_width=128 * (2 * 192 + 128) + 576,
+    vocab_size=129280, moe=MoeArch(256, 8, 2048, tuple(range(3, 61)), routing="deepseek_v3",
+                                   n_group=8, topk_group=4, routed_scaling_factor=2.5,
+                                   shared_intermediate_size=2048))
 
 
 def test_the_reserve_covers_a_steps_activations_and_a_full_batchs_logits() -> None:
-    per_token = 2 * (3 * 4096 + (32 + 16) * 128 + 3 * 14336)
+    # hidden, residual, normed; q/k/v; gate and up, act(gate), product; the MLP's output
+    per_token = 2 * (3 * 4096 + (32 + 16) * 128 + 4 * 14336 + 4096)
     logits = 2 * 256 * 128256 * 4
     assert activation_reserve(LLAMA8B, 8192, 256, 2) == 8192 * per_token + logits + MARGIN_BYTES
+
+
+def test_a_mixtral_like_reserve_counts_router_slots_and_the_experts_intermediate() -> None:
+    attention = 2 * (3 * 4096 + 48 * 128)
+    router = 8 * 2 + 3 * 8 * 4 + 2 * (4 + 8)  # bf16 logits, 3 fp32 copies, top-2 weights+ids
+    slots = 2 * (2 * 4096 * 2 + 2 * 4096 * 4 + 3 * 8)  # 2 slots a token
+    expert = 2 * (4 * 14336 + 4096)  # one expert at a time, every token at worst
+    summed = 4096 * 2
+    per_token = attention + router + slots + expert + summed  # 266,424 bytes
+    assert per_token == 266_424
+    logits = 2 * 256 * 32000 * 4
+    assert activation_reserve(MIXTRAL, 8192, 256, 2) == 8192 * per_token + logits + MARGIN_BYTES
+    # what the dense-only count gave: the slots' 98 KB a token were missing
+    assert activation_reserve(MIXTRAL, 8192, 256, 2) - activation_reserve(
+        SimpleNamespace(**{**vars(MIXTRAL), "moe": None}), 8192, 256, 2) == 8192 * (
+        router + slots + summed)
+
+
+def test_a_deepseek_v3_like_reserve_takes_its_moe_layers_over_its_dense_ones() -> None:
+    attention = 2 * (3 * 7168 + 128 * 512 + 576)
+    # fp32 router: the input in fp32, 256 fp32 logits and 3 working copies; top-8
+    router = 7168 * 4 + 256 * 4 + 3 * 256 * 4 + 8 * (4 + 8)
+    slots = 8 * (2 * 7168 * 2 + 2 * 7168 * 4 + 3 * 8)  # 688 KB a token: 8 slots of 7168
+    expert = shared = 2 * (4 * 2048 + 7168)
+    summed = 7168 * 2
+    moe = router + slots + expert + summed + shared
+    dense = 2 * (4 * 18432 + 7168)  # the first 3 layers' MLP: 1/5 of the MoE layer
+    assert moe == 796_960 and dense == 161_792
+    logits = 2 * 64 * 129280 * 4
+    assert activation_reserve(DEEPSEEK_V3, 4096, 64, 2) == (
+        4096 * (attention + moe) + logits + MARGIN_BYTES)
 
 
 def test_blocks_are_what_the_share_leaves_after_everything_in_use_and_the_reserve() -> None:

@@ -44,6 +44,59 @@ def test_param_counts_match_published(name: str, total: float, active: float) ->
     assert model.active_params == pytest.approx(active, rel=0.005)
 
 
+def test_deepseek_v3_counts_latent_attention_shared_experts_and_dense_layers() -> None:
+    model = MODELS["DeepSeek-V3"]
+    # model card: 671B parameters (the multi-token-prediction layer aside), 37B activated
+    assert model.params == pytest.approx(671e9, rel=0.005)
+    assert model.active_params == pytest.approx(37e9, rel=0.02)
+    attention = (7168 * 1536 + 1536 + 1536 * 128 * 192  # q-LoRA
+                 + 7168 * 576 + 512 + 512 * 128 * 256  # latent, its norm, decompression
+                 + 128 * 128 * 7168 + 2 * 7168)  # o, the layer's norms
+    moe = (256 + 1) * 3 * 7168 * 2048 + 7168 * 256  # routed + shared experts, router
+    dense = 3 * 7168 * 18432
+    assert model.params == (61 * attention + 58 * moe + 3 * dense + 2 * 129280 * 7168 + 7168)
+
+
+def test_qwen3_moe_config_reads_to_its_published_counts() -> None:
+    # Qwen/Qwen3-30B-A3B config.json: 30.5B total, 3.3B activated
+    model = from_hf_config(QWEN3_MOE_CONFIG)
+    assert (model.experts, model.experts_per_token, model.dense_layers) == (128, 8, 0)
+    assert model.params == pytest.approx(30.5e9, rel=0.005)
+    assert model.active_params == pytest.approx(3.3e9, rel=0.02)
+
+
+def test_moe_dense_layers_follow_the_config() -> None:
+    sparse_step = {**QWEN3_MOE_CONFIG, "decoder_sparse_step": 2, "mlp_only_layers": [1]}
+    model = from_hf_config(sparse_step)
+    assert model.dense_layers == 25  # the 24 even layers, and layer 1
+    assert model.dense_intermediate == 6144
+    assert from_hf_config(DEEPSEEK_V3_CONFIG).dense_layers == 3  # first_k_dense_replace
+
+
+def test_kv_bytes_per_token_are_the_latent_rows_for_mla() -> None:
+    model = MODELS["DeepSeek-V3"]
+    assert model.kv_bytes_per_token() == 61 * (512 + 64) * 2 == 70_272  # docs/bench/mla.md
+    assert model.kv_bytes_per_token("fp8") == 61 * 576
+    # not 2 x 128 KV heads x 192 a layer: the latent is whole on each tensor-parallel GPU
+    assert model.kv_bytes_per_token(gpus=8) == 70_272
+
+
+def test_a_deepseek_v3_profile_sizes_and_reads_the_latent_cache() -> None:
+    model = MODELS["DeepSeek-V3"]
+    h200 = get_device("H200")
+    profile = roofline_profile(model, h200, gpus_per_worker=8, weight_dtype="fp8")
+    assert profile.kv_bytes_per_token == 70_272
+    assert profile.step.per_context_token_s == pytest.approx(
+        70_272 / (h200.hbm_bytes_per_s * 0.7))
+    weights = model.weight_bytes("fp8") / 8
+    reserve = activation_reserve_bytes(model, 8, 2048, 256)
+    free = h200.memory_bytes * 0.9 - weights - reserve
+    assert profile.kv_capacity_tokens == int(free // 70_272)
+    # prefill attention over decompressed keys (192 wide) and values (128)
+    assert profile.step.per_prefill_pair_s == pytest.approx(
+        2 * 61 * 128 * (192 + 128) / 8 / (h200.fp8_flops * 0.5))
+
+
 def test_kv_bytes_per_token_is_two_layers_heads_dim_dtype() -> None:
     assert LLAMA_8B.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2
     assert LLAMA_8B.kv_bytes_per_token("fp8") == 2 * 32 * 8 * 128
@@ -69,6 +122,21 @@ MIXTRAL_CONFIG = {  # mistralai/Mixtral-8x7B-v0.1 config.json
     "vocab_size": 32000, "tie_word_embeddings": False, "num_local_experts": 8,
     "num_experts_per_tok": 2,
 }
+QWEN3_MOE_CONFIG = {  # Qwen/Qwen3-30B-A3B config.json
+    "model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "vocab_size": 151936, "tie_word_embeddings": False,
+}
+DEEPSEEK_V3_CONFIG = {  # deepseek-ai/DeepSeek-V3 config.json (no head_dim key)
+    "model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    "vocab_size": 129280, "tie_word_embeddings": False, "attention_bias": False,
+}
 QWEN_CONFIG = {  # Qwen/Qwen2.5-7B config.json: qwen2 has q/k/v biases without saying so
     "model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584,
     "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
@@ -78,7 +146,7 @@ QWEN_CONFIG = {  # Qwen/Qwen2.5-7B config.json: qwen2 has q/k/v biases without s
 
 @pytest.mark.parametrize(("config", "name"), [
     (SMOLLM2_CONFIG, "SmolLM2-135M"), (MIXTRAL_CONFIG, "Mixtral-8x7B"),
-    (QWEN_CONFIG, "Qwen2.5-7B"),
+    (QWEN_CONFIG, "Qwen2.5-7B"), (DEEPSEEK_V3_CONFIG, "DeepSeek-V3"),
 ])
 def test_hf_config_reads_into_the_tables_shape(config: dict[str, object], name: str) -> None:
     assert from_hf_config(config, name) == MODELS[name]
@@ -203,7 +271,7 @@ def test_kv_heads_replicate_beyond_their_count() -> None:
     # 8 GPUs, 4 KV heads: each GPU holds one head, the handoff still carries 4.
     assert tp8.kv_bytes_per_token == model.kv_bytes_per_token()
     assert tp8.step.per_context_token_s == pytest.approx(
-        model.kv_bytes_per_token(kv_heads=1) / (H100.hbm_bytes_per_s * 0.7))
+        model.kv_bytes_per_token(gpus=8) / (H100.hbm_bytes_per_s * 0.7))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -219,6 +287,29 @@ def test_bad_arguments_are_profile_errors(kwargs: dict[str, object]) -> None:
 def test_every_table_model_fits_some_split_of_every_device() -> None:
     for model in MODELS.values():
         for device in DEVICES.values():
-            n = fewest_gpus_per_worker(model, device)
-            assert n is not None, (model.name, device.name)
-            assert roofline_profile(model, device, gpus_per_worker=n).kv_capacity_tokens > 0
+            # DeepSeek-V3's 671B fit one server's 8 GPUs only at FP8, and on the larger ones
+            dtype = "fp8" if model.name == "DeepSeek-V3" else "bf16"
+            n = fewest_gpus_per_worker(model, device, weight_dtype=dtype)
+            if n is None:
+                assert dtype == "fp8" and model.weight_bytes(dtype) > 8 * device.memory_bytes * 0.8
+                continue
+            profile = roofline_profile(model, device, gpus_per_worker=n, weight_dtype=dtype)
+            assert profile.kv_capacity_tokens > 0
+
+
+def test_a_moe_models_reserve_counts_its_slots_as_the_engine_does() -> None:
+    """The (token, expert) slots' hidden-wide buffers dominate a MoE layer's activations;
+    the planner counts a MoE layer with the engine's function (tandem/common/
+    ffn_activations.py), its widths split across the tensor-parallel GPUs."""
+    model = MODELS["DeepSeek-V3"]
+    router = 7168 * 4 + 256 * 4 + 3 * 256 * 4 + 8 * (4 + 8)  # fp32: input, logits, 3 copies
+    slots = 8 * (2 * 7168 * 2 + 2 * 7168 * 4 + 3 * 8)
+    expert = shared = 2 * (4 * 256 + 7168)  # 2048 / 8 GPUs wide
+    moe = router + slots + expert + 7168 * 2 + shared
+    per_token = 4 * 7168 * 2 + moe
+    logits = 256 * 129280 / 8 * 4
+    assert activation_reserve_bytes(model, 8, 2048, 256) == pytest.approx(
+        2048 * per_token + logits + 512 * 2**20)
+    # a dense model's figure is what it was: 4 x hidden + 3 x intermediate / n, bf16
+    assert activation_reserve_bytes(LLAMA_8B, 2, 2048, 256) == pytest.approx(
+        2048 * (4 * 4096 + 3 * 14336 / 2) * 2 + 256 * 128256 / 2 * 4 + 512 * 2**20)

@@ -155,3 +155,21 @@ def test_the_native_path_declines_mla_and_auto_keeps_the_model_dtype(family_dir,
 def test_an_int8_kv_cache_is_refused(family_dir, make_engine) -> None:
     with pytest.raises(ValueError, match="int8 is not supported for multi-head latent"):
         _engine(make_engine, family_dir("deepseek_v3"), kv_cache_dtype="int8")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "deepseek_v2", "deepseek_v3"])
+def test_the_planner_sizes_the_cache_the_engine_allocates(family_dir, arch: str) -> None:
+    """`tandem plan` reads the same config.json into the cache shape the engine's pool is
+    built of (tandem/common/kv_cache_shape.py): MLA's latent row, GQA's K and V heads."""
+    import json
+
+    from tandem.engine.model_runner import ModelRunner
+    from tandem.planner.models import from_hf_config
+
+    path = family_dir(arch)
+    _, engine_arch = read_arch(path)
+    shape = from_hf_config(json.loads((path / "config.json").read_text()))
+    assert shape.kv_cache == engine_arch.kv_shape
+    assert shape.kv_cache.latent == (engine_arch.mla is not None)
+    per_block = ModelRunner.kv_bytes_per_block(engine_arch, BLOCK, torch.bfloat16, "auto")
+    assert shape.kv_bytes_per_token("bf16") * BLOCK == per_block

@@ -50,6 +50,12 @@ def test_families_and_gguf_architectures() -> None:
                                             "deepseek_v2", "deepseek_v3"}
     assert all(family(t).model_type == t for t in FAMILIES)
     assert gguf_family("llama") is family("llama")
+    # llama.cpp writes Mixtral as llama with experts
+    assert gguf_family("llama", experts=8) is family("mixtral")
+    assert gguf_family("qwen2moe") is family("qwen2_moe")
+    assert gguf_family("qwen3moe") is family("qwen3_moe")
+    with pytest.raises(UnsupportedModelError, match="GGUF architecture 'deepseek2'"):
+        gguf_family("deepseek2")  # latent attention's GGUF names: not mapped
     with pytest.raises(UnsupportedModelError, match="GGUF architecture 'mamba'.*llama"):
         gguf_family("mamba")
 
