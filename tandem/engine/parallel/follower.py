@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Any, BinaryIO
 
@@ -87,6 +88,11 @@ def main() -> int:
     """Entry point of a follower process (argv: the reply pipe's fd)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s tp-follower %(message)s")
+    # Rank 0 decides when this rank ends (a stop frame, or its pipe closing): a Ctrl-C meant
+    # for the terminal's process group, or a signal to every process, must not break the
+    # group under a worker that drains.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     reply = os.fdopen(int(sys.argv[1]), "wb", buffering=0)
     try:
         return serve(sys.stdin.buffer, reply)
