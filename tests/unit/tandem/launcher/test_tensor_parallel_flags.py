@@ -60,12 +60,17 @@ def test_up_refuses_a_group_by_name() -> None:
     assert "--tensor-parallel-size=1" in up.spec_from_args(ok, None).worker_args
 
 
-def test_workers_take_the_flag_and_a_prefill_worker_refuses_a_group() -> None:
+def test_workers_take_the_flag_and_a_prefill_worker_refuses_a_group(tmp_path: Path) -> None:
+    from tandem.engine.cli_args import engine_config_from_args
     from tandem.worker.decode.cli import build_parser as decode_parser
     from tandem.worker.prefill.cli import main as prefill_main
 
     assert decode_parser().parse_args(
         ["--port", "0", "--kv-port", "0", "--tensor-parallel-size", "2"]).tensor_parallel_size == 2
+    cfg = tmp_path / "decode.yaml"
+    cfg.write_text("tensor_parallel_size: 3\n")
+    args = decode_parser().parse_args(["--config", str(cfg), "--port", "0", "--kv-port", "0"])
+    assert engine_config_from_args(args).tensor_parallel_size == 3
     with pytest.raises(SystemExit) as exit_:
         prefill_main(["--port", "0", "--insecure", "--tensor-parallel-size", "2"])
     assert exit_.value.code == 2
