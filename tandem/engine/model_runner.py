@@ -192,9 +192,14 @@ class ModelRunner:
                 logits = logits[torch.tensor(keep, device=self.device)]
             return logits, samplers, []
         step = StepInputs(ids, positions, slots, tables, query_lens, seq_lens)
-        if self.group is not None:
+        if self.group is None:
+            hidden = self.run_inputs(step, layer_hook)
+        else:
             self.group.step(step)
-        hidden = self.run_inputs(step, layer_hook)
+            try:
+                hidden = self.run_inputs(step, layer_hook)
+            except Exception as exc:  # the other ranks cannot go on without this one
+                self.group.abort(exc)
         dev = self.device
         if not logit_rows:
             return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32), samplers, []

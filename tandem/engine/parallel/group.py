@@ -15,12 +15,15 @@ all ranks, and each rank's paged cache holds its own KV heads at the same block 
 A follower that exits while the group serves cannot be replaced inside a live group (its
 shard and its KV blocks are gone): a watcher thread logs which rank died and ends this
 process with ``EXIT_RANK_DIED``, whose pipes closing makes the remaining followers exit too.
+A forward that fails on rank 0 (an all-reduce whose peer died, or hung past the collective
+timeout) ends it the same way (``abort``): the others wait in a collective it never joins.
 The launcher or Ray restarts the worker as a unit; the router migrates its requests as for
 any worker that died.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -31,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tandem.engine.config import EngineConfig, ModelConfig
 from tandem.engine.errors import ModelLoadError
@@ -70,6 +73,8 @@ class RankGroup:
         for f in followers:
             threading.Thread(target=self._watch, args=(f,), name=f"tp-rank-{f.rank}",
                              daemon=True).start()
+        # an engine nobody closed (offline use) still stops its ranks cleanly at exit
+        atexit.register(self.close)
 
     @classmethod
     def launch_for(cls, config: EngineConfig, native: bool) -> RankGroup:
@@ -136,7 +141,10 @@ class RankGroup:
         """Stop the followers (each leaves the group and exits), bounded; then the group."""
         from tandem.engine.parallel.collectives import leave
 
+        if self._closing:
+            return
         self._closing = True
+        atexit.unregister(self.close)
         try:
             self._send({"kind": "stop"})
         except (OSError, StepWireError):
@@ -153,11 +161,25 @@ class RankGroup:
         leave()
         shutil.rmtree(self._store_dir, ignore_errors=True)
 
+    def abort(self, why: BaseException) -> NoReturn:
+        """End this process: the group is out of step (a collective failed: a peer died, or
+        hung past the timeout; or a forward failed on this rank while the others wait in
+        one), and no rank can compute alone. Its pipes closing ends the followers."""
+        log.critical("tensor-parallel group of %d ranks broken (%s: %s); this worker exits",
+                     self.world, type(why).__name__, why)
+        logging.shutdown()
+        os._exit(EXIT_RANK_DIED)
+
     def _send(self, msg: dict[str, Any]) -> None:
         with self._lock:
-            for f in self._followers:
-                assert f.proc.stdin is not None
-                write_frame(f.proc.stdin, msg)
+            try:
+                for f in self._followers:
+                    assert f.proc.stdin is not None
+                    write_frame(f.proc.stdin, msg)
+            except OSError as exc:  # a follower's pipe closed: it is gone
+                if self._closing:
+                    raise
+                self.abort(exc)
 
     def _watch(self, f: _Follower) -> None:
         status = f.proc.wait()
