@@ -62,6 +62,23 @@ def test_kv_heads_split_over_three_ranks_equals_transformers(tiny_dir) -> None:
     _run_group(tiny_dir("qwen2", 3, num_heads=6, hidden_size=96), 3)
 
 
+def test_ngram_speculation_in_a_group_equals_transformers(tiny_dir) -> None:
+    """Draft tokens verified as one chunk per request run on every rank alike."""
+    path = tiny_dir("llama", 1, num_heads=6, hidden_size=96, attention_bias=True,
+                    mlp_bias=True)
+    engine = LLMEngine(EngineConfig.from_kwargs(
+        model=str(path), num_blocks=64, tensor_parallel_size=2, num_threads=1,
+        speculative_method="ngram", num_speculative_tokens=3), progress=False)
+    try:
+        prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # n-grams to propose from
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        assert engine_token_ids(engine, [prompt], params) == [hf_greedy(path, prompt, 16)]
+        assert engine.stats().spec_proposed_tokens > 0  # drafts ran through the group
+        assert_no_leaks(engine)
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 def test_smollm2_q4_1_over_three_ranks_equals_transformers(smollm2_dir) -> None:
     """The default model as served (its GGUF's Q4_1 blocks, split on block boundaries) over
