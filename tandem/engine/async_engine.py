@@ -150,9 +150,12 @@ class AsyncEngine:
         self._streams.pop(request_id, None)
 
     async def shutdown(self) -> None:
-        """Stop the engine thread after the calls already queued."""
+        """Stop the engine thread after the calls already queued, then the engine's other
+        ranks (a tensor-parallel group)."""
         self._calls.put(None)
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._thread.join)
+        await loop.run_in_executor(None, self.engine.close)
 
     @property
     def alive(self) -> bool:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from tandem.engine.loader import resolve_model
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.weights import load_model, read_arch
+from tandem.engine.parallel.plan import RankShard
 from tandem.engine.quant import QuantSummary, quantize_model, weight_bytes
 from tandem.engine.quant.gguf_blocks import gguf_source
 
@@ -39,15 +41,20 @@ class Checkpoint:
     max_model_len: int  # the context the engine serves: as asked, else context_limit(arch)
     weights: QuantSummary  # the format the weights are held in
     weight_bytes: int  # what they occupy
+    # one rank of a tensor-parallel group: the slice the model holds (``arch`` stays the
+    # whole model's; shard.local_arch gives the rank's)
+    shard: RankShard | None = None
 
 
 def load_checkpoint(
     mc: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True,
-    native: bool = False,
+    native: bool = False, tp: tuple[int, int] | None = None,
 ) -> Checkpoint:
     """Resolve, load and quantize ``mc.model`` (``mc.quantization``; ``native``: into the
-    native CPU kernels' layout). Raises ModelLoadError (ContextLengthError for a
-    ``max_model_len`` above :func:`context_limit`)."""
+    native CPU kernels' layout); ``tp`` (world, rank): keep that rank's shard of a
+    tensor-parallel group (tandem/engine/parallel). Raises ModelLoadError
+    (ContextLengthError for a ``max_model_len`` above :func:`context_limit`;
+    TensorParallelError for a model that does not split over ``world``)."""
     path = resolve_model(mc.model, mc.cache_dir)
     hf_config, arch = read_arch(path)
     max_model_len = served_context(arch, mc.max_model_len)
@@ -57,13 +64,30 @@ def load_checkpoint(
     model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
                              fp32_shadows=not (native and device.type == "cpu"))
     packed = native and device.type == "cpu" and dtype == torch.float32
-    weights = quantize_model(model, mc.quantization, gguf_source(mc.model), packed)
+    gguf = gguf_source(mc.model)
+    shard, select = None, None
+    if tp is not None:
+        from tandem.engine.parallel import shard as sharding
+
+        shard = sharding.rank_shard(arch, *tp, quantized=tp_quantized(mc, gguf))
+        sharding.shard_model(model, shard)
+        select = functools.partial(sharding.shard_blocks, shard=shard)
+    weights = quantize_model(model, mc.quantization, gguf, packed, select)
+    if tp is not None:
+        sharding.reduce_row_parallel(model)
     held = weight_bytes(model)
     log.info("loaded %s: weights %s, %.1f MiB", mc.model, weights.format, held / 2**20)
     if progress:
         print(f"[tandem] {mc.model}: weights {weights.format} ({held / 2**20:.0f} MiB)",
               flush=True)
-    return Checkpoint(path, model, arch, tokenizer, max_model_len, weights, held)
+    return Checkpoint(path, model, arch, tokenizer, max_model_len, weights, held, shard)
+
+
+def tp_quantized(mc: ModelConfig, gguf: Path | None) -> bool:
+    """Whether ``mc``'s weights end up block-quantized (a GGUF's blocks, int4 groups), so a
+    tensor-parallel split must fall on their 32-value boundaries."""
+    return mc.quantization in ("int4", "int8") or (mc.quantization == "auto" and
+                                                   gguf is not None)
 
 
 def context_limit(arch: ModelArch) -> tuple[int, str]:

@@ -61,6 +61,11 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
                  "path and the model dtype elsewhere; int8 keeps a scale per head vector")),
         ("--max-num-seqs", dict(type=int, default=sched.max_num_seqs)),
         ("--max-num-batched-tokens", dict(type=int, default=sched.max_num_batched_tokens)),
+        ("--tensor-parallel-size", dict(
+            type=int, default=1, metavar="N",
+            help="split the model over N rank processes (vLLM's flag): attention heads and "
+                 "MLP columns divide over them, KV heads divide or are replicated; on the "
+                 "CPU over gloo")),
         ("--attention-backend", dict(default="auto", choices=["auto", "torch", "triton"])),
         ("--no-cuda-graphs", dict(action="store_true")),
         ("--enforce-eager", dict(action="store_true",
@@ -176,6 +181,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         use_native_kernels=not args.no_native_kernels,
         grammar_compile_budget_s=args.grammar_compile_budget_s,
         grammar_compile_wait_s=args.grammar_compile_wait_s,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 

@@ -119,8 +119,17 @@ class EngineConfig:
     # (None: the budget plus a second); keep the wait under the router's RPC timeout.
     grammar_compile_budget_s: float = GRAMMAR_COMPILE_BUDGET_S
     grammar_compile_wait_s: float | None = None
+    # vLLM's --tensor-parallel-size: ranks (processes) one engine's model is split over
+    # (tandem/engine/parallel); 1 runs it whole in this process
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got "
+                             f"{self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.speculative.speculative_method == "draft":
+            raise ValueError("a draft model does not run in a tensor-parallel group: use "
+                             "--speculative ngram or --tensor-parallel-size 1")
         if self.attention_backend not in ("torch", "triton", "auto"):
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         wait = self.grammar_compile_wait_s
@@ -169,7 +178,8 @@ class EngineConfig:
         }
         top: dict[str, Any] = {}
         top_fields = {"attention_backend", "use_cuda_graphs", "use_native_kernels",
-                      "grammar_compile_budget_s", "grammar_compile_wait_s"}
+                      "grammar_compile_budget_s", "grammar_compile_wait_s",
+                      "tensor_parallel_size"}
         for key, value in kwargs.items():
             if key in top_fields:
                 top[key] = value

@@ -46,6 +46,9 @@ from tandem.engine.outputs import (
     RequestOutput,
     SampleResult,
 )
+from tandem.engine.parallel.collectives import rank_threads
+from tandem.engine.parallel.group import RankGroup, runner_settings
+from tandem.engine.parallel.shard import local_arch
 from tandem.engine.prompt_logprobs import record_prompt_logprobs
 from tandem.engine.request_factory import LiveRequest, RequestFactory
 from tandem.engine.runner_config import RunnerConfig
@@ -61,12 +64,27 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         self.config = config
-        mc, cc, sc = config.model, config.cache, config.speculative
-        if mc.num_threads is not None:
-            torch.set_num_threads(mc.num_threads)
+        mc = config.model
+        tp = config.tensor_parallel_size
+        if mc.num_threads is not None or tp > 1:
+            torch.set_num_threads(rank_threads(mc.num_threads, tp))
         self.device = torch.device(mc.device)
         self.dtype = torch_dtype(mc.resolved_dtype())
-        ckpt = load_checkpoint(mc, self.dtype, self.device, progress, self._native_ok(config))
+        # ranks 1..tp-1 (tandem/engine/parallel): spawned first, they load their shards while
+        # this process loads rank 0's
+        self.group = RankGroup.launch_for(config, self._native_ok(config)) if tp > 1 else None
+        try:
+            self._build(config, progress)
+        except BaseException:
+            if self.group is not None:
+                self.group.close()
+            raise
+
+    def _build(self, config: EngineConfig, progress: bool) -> None:
+        mc, cc, sc = config.model, config.cache, config.speculative
+        tp = config.tensor_parallel_size
+        ckpt = load_checkpoint(mc, self.dtype, self.device, progress, self._native_ok(config),
+                               tp=(tp, 0) if tp > 1 else None)
         self.model_path, self.tokenizer, self.arch = ckpt.path, ckpt.tokenizer, ckpt.arch
         self.weights_format, self.weight_bytes = ckpt.weights.format, ckpt.weight_bytes
         self.max_model_len = ckpt.max_model_len
@@ -78,21 +96,26 @@ class LLMEngine:
         # tokens, seconds), on the thread that steps; a worker's --step-log (tandem/worker/step_log.py).
         self.step_observer: Callable[[int, int, int, float], None] | None = None
         # "auto"'s float16 cache is the fused native forward's, which never runs an MLA model
+        # (and never a tensor-parallel group's ranks: torch's forward serves them)
         self.kv_cache_dtype = config.resolved_kv_cache_dtype(
-            self._native_ok(config) and self.arch.mla is None)
+            self._native_ok(config) and self.arch.mla is None and tp == 1)
+        # this rank's heads: each rank's cache holds its own KV heads at the same block ids
+        runner_arch = self.arch if ckpt.shard is None else local_arch(self.arch, ckpt.shard)
         per_block = ModelRunner.kv_bytes_per_block(
-            self.arch, cc.block_size, self.dtype, self.kv_cache_dtype
+            runner_arch, cc.block_size, self.dtype, self.kv_cache_dtype
         )
         num_blocks = cc.num_blocks or pool_blocks(
-            config, self.arch, per_block, self.dtype.itemsize,
+            config, runner_arch, per_block, self.dtype.itemsize,
             lambda: torch.cuda.mem_get_info(self.device))
         rc = RunnerConfig(
             num_blocks, cc.block_size, self.dtype, self.device, config.resolved_backend(),
             self.max_model_len, self.kv_cache_dtype,
             cuda_graph_batch=config.scheduler.max_num_seqs if config.use_cuda_graphs else 0,
-            native_kernels=config.use_native_kernels,
+            native_kernels=config.use_native_kernels, tensor_parallel=tp > 1,
         )
-        self.runner = ModelRunner(ckpt.model, self.arch, rc)
+        if self.group is not None:
+            self.group.start(runner_settings(rc))
+        self.runner = ModelRunner(ckpt.model, runner_arch, rc, self.group)
         # Blocks behind every layer's sliding window go back to the pool as a request runs;
         # not with a draft model, whose own pass over a request may start far behind it.
         free_window = None if sc.speculative_method == "draft" else block_free_window(self.arch)
@@ -122,7 +145,14 @@ class LLMEngine:
         cache = self.runner.kv_cache
         self.remote = KVConnector(  # the disaggregation seam: .decode and .prefill roles
             self, self.kv, self.scheduler, self.outputs, self.arch.vocab_size, cache,
-            describe_cache(cache, self.arch, self.model_path.name, self.dtype, cc.block_size))
+            describe_cache(cache, runner_arch, self.model_path.name, self.dtype, cc.block_size,
+                           tp))
+
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel group (nothing to do for one rank)."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
 
     # -- requests --------------------------------------------------------------------------
     @staticmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,10 +29,14 @@ from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.linear import attach_fp32_shadows
 from tandem.engine.models.weights import torch_dtype
+from tandem.engine.parallel.step_wire import StepInputs
 from tandem.engine.prompt_logprobs import prompt_rows
 from tandem.engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from tandem.engine.runner_config import RunnerConfig
 from tandem.engine.step_threads import AdaptiveThreads, Lease, LeasedThreads, StepThreads
+
+if TYPE_CHECKING:
+    from tandem.engine.parallel.group import RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +51,16 @@ class ModelRunner:
     ``step_threads``, when set, gives each fused native step its thread count and is told what
     the step took (tandem/engine/step_threads.py: a decode worker borrowing an idle prefill
     worker's cores, a colocated worker choosing between one core and all); unset, a step runs
-    on torch's thread count."""
+    on torch's thread count.
 
-    def __init__(self, model: CausalLM, arch: ModelArch, rc: RunnerConfig) -> None:
+    ``group``, on rank 0 of a tensor-parallel group (tandem/engine/parallel/group.py), is
+    handed every forward's inputs and block copies before this rank runs them, so the other
+    ranks run the same; ``arch`` is then this rank's share (its heads, KV heads, MLP width)."""
+
+    def __init__(self, model: CausalLM, arch: ModelArch, rc: RunnerConfig,
+                 group: RankGroup | None = None) -> None:
         self.model = model
+        self.group = group
         self.arch = arch
         self.block_size = rc.block_size
         self.device = rc.device
@@ -75,7 +86,7 @@ class ModelRunner:
         # a MoE layer picks its experts' matmuls by the step's routing (a host sync): not
         # capturable, so its decode steps run eagerly
         if (rc.cuda_graph_batch and rc.device.type == "cuda" and rc.backend == "triton"
-                and not int8_kv and arch.moe is None):
+                and not int8_kv and arch.moe is None and not rc.tensor_parallel):
             self.graphs = DecodeGraphs(
                 model, self.kv_cache, self.backend, rc.cuda_graph_batch,
                 -(-rc.max_model_len // rc.block_size), rc.block_size,
@@ -85,7 +96,8 @@ class ModelRunner:
         if rc.native_kernels and rc.device.type == "cpu":
             from tandem.engine.native import FusedForward, unsupported_reason
 
-            reason = unsupported_reason(model, self.kv_cache.dtype)
+            reason = ("tensor parallel (each rank runs torch's forward over its shard)"
+                      if rc.tensor_parallel else unsupported_reason(model, self.kv_cache.dtype))
             if reason is None:
                 from tandem.engine.native import huge_pages
 
@@ -112,6 +124,8 @@ class ModelRunner:
         scales included) becomes a copy of block ``src``, for each (src, dst) pair. Runs
         before the step's forward; the same cache tensor serves the torch, triton, native and
         CUDA-graph paths."""
+        if self.group is not None and pairs:
+            self.group.copy_blocks(pairs)
         copy_kv_blocks(self.kv_cache, pairs)
 
     @torch.inference_mode()
@@ -177,21 +191,38 @@ class ModelRunner:
                 keep = [i for i, s in enumerate(order) if _samples(s)]
                 logits = logits[torch.tensor(keep, device=self.device)]
             return logits, samplers, []
+        step = StepInputs(ids, positions, slots, tables, query_lens, seq_lens)
+        if self.group is None:
+            hidden = self.run_inputs(step, layer_hook)
+        else:
+            self.group.step(step)
+            try:
+                hidden = self.run_inputs(step, layer_hook)
+            except Exception as exc:  # the other ranks cannot go on without this one
+                self.group.abort(exc)
         dev = self.device
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, bs, dev)
-        hidden = self.model(
-            torch.tensor(ids, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev),
-            self.kv_cache,
-            meta,
-            self.backend,
-            layer_hook,
-        )
         if not logit_rows:
             return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32), samplers, []
         rows = torch.tensor(logit_rows, dtype=torch.int64, device=dev)
         logits = self.model.compute_logits(hidden[rows])
         return self._split(logits, len(sample_rows), scored, samplers)
+
+    @torch.inference_mode()
+    def run_inputs(self, step: StepInputs, layer_hook: Callable[[int], None] | None = None
+                   ) -> torch.Tensor:  # [T, hidden]
+        """The model's forward over one flattened batch (writes its KV, attends): the torch
+        path of ``execute``, and the whole step of a tensor-parallel follower."""
+        dev = self.device
+        meta = AttentionMetadata.build(step.query_lens, step.seq_lens, step.tables, step.slots,
+                                       self.block_size, dev)
+        return self.model(
+            torch.tensor(step.ids, dtype=torch.int64, device=dev),
+            torch.tensor(step.positions, dtype=torch.int64, device=dev),
+            self.kv_cache,
+            meta,
+            self.backend,
+            layer_hook,
+        )
 
     def adapt_threads(self, wide: int, lease: Lease | None = None, measure: bool = True
                       ) -> AdaptiveThreads | LeasedThreads | None:

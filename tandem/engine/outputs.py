@@ -100,3 +100,6 @@ class KVCacheSpec:
     head_dim: int
     scale_bytes: int = 0  # bytes of scales after each head vector (int8 caches)
     kv_lora_rank: int = 0  # > 0: the latent cache of multi-head latent attention
+    # > 1: the cache of rank 0 of a tensor-parallel group, holding only its KV heads (the
+    # others hold theirs): no single-rank peer may exchange blocks with it
+    tensor_parallel_size: int = 1

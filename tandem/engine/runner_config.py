@@ -22,3 +22,6 @@ class RunnerConfig:
     kv_cache_dtype: str = "auto"
     cuda_graph_batch: int = 0  # largest decode batch captured in CUDA graphs (0: none)
     native_kernels: bool = False  # CPU: every step through tandem/engine/native's fused forward
+    # one rank of a tensor-parallel group (tandem/engine/parallel): torch's forward, whose
+    # row-parallel layers all-reduce (the fused native forward and CUDA graphs decline it)
+    tensor_parallel: bool = False

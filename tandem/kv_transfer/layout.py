@@ -13,6 +13,10 @@ each head vector's scale as ``scale_bytes`` raw bytes, so a block carries its ow
 A latent layout never equals a K/V one (its fingerprint carries ``kv_lora_rank``), so a peer
 serving the same model with decompressed K/V, or another split of the same row width, is
 refused at HELLO.
+
+``tensor_parallel_size`` N > 1 says the cache is rank 0's share of a tensor-parallel group
+(tandem/engine/parallel/plan.py: each rank holds its own KV heads). A single-rank peer's
+layout never equals it: moving rank 0's heads alone would leave the other ranks' caches empty.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import xxhash
 from tandem.kv_transfer.errors import LayoutMismatchError, MalformedFrame
 
 # Fields a peer may omit (their default, 0, meaning "none"); digested only when set.
-_OPTIONAL = ("scale_bytes", "kv_lora_rank")
+_OPTIONAL = ("scale_bytes", "kv_lora_rank", "tensor_parallel_size")
 
 # Bytes per element of each cache dtype we can move. int8 is listed for the quantised caches
 # that may come later; nothing here depends on the element being a float.
@@ -47,6 +51,8 @@ class KvLayout:
     scale_bytes: int = 0  # bytes of per-vector scales after each head vector (int8 caches)
     # > 0: one latent plane (MLA); its rows are kv_lora_rank latent values, then RoPE's part
     kv_lora_rank: int = 0
+    # 0: one process holds every KV head; N > 1: rank 0's share of a group of N ranks
+    tensor_parallel_size: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ITEMSIZE:
@@ -58,6 +64,8 @@ class KvLayout:
             raise ValueError("KvLayout.scale_bytes must be >= 0 and a multiple of the itemsize")
         if self.kv_lora_rank < 0:
             raise ValueError("KvLayout.kv_lora_rank must be >= 0")
+        if self.tensor_parallel_size < 0 or self.tensor_parallel_size == 1:
+            raise ValueError("KvLayout.tensor_parallel_size is 0 (one process) or >= 2")
         if self.kv_lora_rank and not (self.num_kv_heads == 1 and self.head_dim > self.kv_lora_rank
                                       and self.scale_bytes == 0):
             raise ValueError("a latent KvLayout (kv_lora_rank > 0) has one head wider than "

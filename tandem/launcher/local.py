@@ -34,6 +34,7 @@ from tandem.common.arg_parser import ArgParser
 from tandem.common.model_spec import served_name as default_served_name
 from tandem.common.router_ports import router_http_port
 from tandem.common.wire import ready_line
+from tandem.launcher import tensor_parallel
 from tandem.launcher.api_keys import add_api_key_args, key_file_text, write_key_file
 from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
@@ -227,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
 def _check_counts(args: argparse.Namespace) -> None:
     if args.num_prefill < 0 or args.num_decode < 1:
         raise ValueError("--num-prefill must be 0 or more and --num-decode 1 or more")
+    tensor_parallel.check_local([*worker_engine_argv(args), *args.worker_arg], args.prefill_arg,
+                                args.decode_arg, args.num_prefill)
 
 
 def _announce(args: argparse.Namespace, router: Any, workers: dict[str, Any],

@@ -37,7 +37,7 @@ from tandem.common.model_spec import served_name
 from tandem.common.router_ports import router_http_port
 from tandem.common.security.credential import ClusterCredential, new_secret
 from tandem.common.wire import ready_line
-from tandem.launcher import up_state
+from tandem.launcher import tensor_parallel, up_state
 from tandem.launcher.api_keys import add_api_key_args, key_file_text
 from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
@@ -137,6 +137,8 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
     ):
         raise ValueError('--resources must be a JSON object of numbers, e.g. {"accel": 1}')
     window = args.signal_window or (autoscale.window_s if autoscale else 10.0)
+    tensor_parallel.check_up([*worker_engine_argv(args), *args.worker_arg], args.prefill_arg,
+                             args.decode_arg)
     return LaunchSpec(
         model=args.model, model_name=args.model_name, prefill=args.prefill,
         decode=args.decode, host=args.host, port=args.port,

@@ -92,6 +92,7 @@ def load_engine(config: EngineConfig, warmup: bool = True) -> LLMEngine:
         try:
             report = warm_up(engine)
         except Exception as exc:  # an engine that cannot run a step must not start serving
+            engine.close()
             raise StartupError(f"the start-up warm-up failed (--skip-warmup skips it): "
                                f"{type(exc).__name__}: {exc}") from exc
         log.info("%s", report.describe())

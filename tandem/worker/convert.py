@@ -182,6 +182,7 @@ def kv_layout(spec: KVCacheSpec) -> KvLayout:
         head_dim=spec.head_dim,
         scale_bytes=spec.scale_bytes,
         kv_lora_rank=spec.kv_lora_rank,
+        tensor_parallel_size=spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else 0,
     )
 
 

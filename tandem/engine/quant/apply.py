@@ -19,8 +19,10 @@ import ctypes
 import gc
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,6 +32,9 @@ from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.linear import Linear
 from tandem.engine.quant.int4 import GROUP_SIZE, Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
+
+if TYPE_CHECKING:
+    from tandem.engine.quant.gguf_blocks import Blocks
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +59,12 @@ class QuantSummary:
 
 
 def quantize_model(
-    model: CausalLM, method: str, gguf_path: Path | None = None, packed: bool = False
+    model: CausalLM, method: str, gguf_path: Path | None = None, packed: bool = False,
+    select: Callable[[dict[str, Blocks]], dict[str, Blocks]] | None = None,
 ) -> QuantSummary:
     """Replace the model's layers in place (see the module docstring); ``packed`` builds
-    PackedLinear layers for the native CPU kernels."""
+    PackedLinear layers for the native CPU kernels. ``select`` cuts the GGUF's stored blocks
+    as the model's layers were cut (one rank's shard: tandem/engine/parallel/shard.py)."""
     if method not in QUANT_METHODS:
         raise ValueError(f"quantization must be one of {QUANT_METHODS}, got {method!r}")
     summary = QuantSummary(method)
@@ -71,6 +78,8 @@ def quantize_model(
     stored = {}
     if gguf_path is not None and method in ("auto", "int4"):
         stored = read_blocks(gguf_path, model.arch, types)
+        if select is not None:
+            stored = select(stored)
     if method == "int4":  # the head stays int8 (a 49k-row int4 head costs too much quality)
         stored = {k: v for k, v in stored.items() if k.startswith("layers.")}
     if packed:

@@ -1,0 +1,105 @@
+"""Ranks 1..N-1 of a tensor-parallel group: run every forward rank 0 runs, on this rank's shard.
+
+    python -m tandem.engine.parallel.follower REPLY_FD   (spawned by group.RankGroup only)
+
+    stdin: init ──> join the process group ──> load this rank's shard
+           runner ──> build the model runner and its KV cache (this rank's KV heads) ──> ready
+           step | copy ... (each the forward or block copy rank 0 runs) ... stop ──> exit 0
+
+A follower never samples: the lm_head is replicated and rank 0 computes the logits. It exits
+non-zero when rank 0 is gone (end of its stdin) or a collective fails (a peer died, or the
+group's timeout passed), so no rank outlives its group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any, BinaryIO
+
+from tandem.engine.parallel.step_wire import StepInputs, StepWireError, read_frame, write_frame
+
+log = logging.getLogger("tandem.engine.parallel.follower")
+
+
+def serve(inp: BinaryIO, reply: BinaryIO) -> int:
+    """Follow rank 0's frames until ``stop`` (0) or until it is gone (1)."""
+    import torch
+
+    from tandem.engine.checkpoint import load_checkpoint
+    from tandem.engine.config import ModelConfig
+    from tandem.engine.model_runner import ModelRunner
+    from tandem.engine.models.weights import torch_dtype
+    from tandem.engine.parallel.collectives import join, leave, rank_device, rank_threads
+    from tandem.engine.parallel.shard import local_arch
+    from tandem.engine.runner_config import RunnerConfig
+
+    init = _expect(inp, "init")
+    rank, world = int(init["rank"]), int(init["world"])
+    mc = ModelConfig(**init["model"])
+    device = rank_device(mc.device, rank)
+    torch.set_num_threads(rank_threads(mc.num_threads, world))
+    join(str(init["store_dir"]), rank, world, mc.device)
+    try:
+        dtype = torch_dtype(mc.resolved_dtype())
+        ckpt = load_checkpoint(mc, dtype, torch.device(device), progress=False,
+                               native=bool(init["native"]), tp=(world, rank))
+        assert ckpt.shard is not None
+        msg = _expect(inp, "runner")
+        rc = RunnerConfig(int(msg["num_blocks"]), int(msg["block_size"]), dtype,
+                          torch.device(device), str(msg["backend"]), int(msg["max_model_len"]),
+                          str(msg["kv_cache_dtype"]), native_kernels=bool(msg["native_kernels"]),
+                          tensor_parallel=True)
+        runner = ModelRunner(ckpt.model, local_arch(ckpt.arch, ckpt.shard), rc)
+    except Exception as exc:
+        log.exception("rank %d failed to start", rank)
+        write_frame(reply, {"kind": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    write_frame(reply, {"kind": "ready"})
+    while True:
+        msg = read_frame(inp)
+        if msg is None:
+            log.error("rank %d: rank 0 is gone; exiting", rank)
+            return 1
+        kind = msg["kind"]
+        if kind == "step":
+            runner.run_inputs(StepInputs.from_wire(msg))
+        elif kind == "copy":
+            runner.copy_blocks([(int(a), int(b)) for a, b in msg["pairs"]])
+        elif kind == "stop":
+            leave()
+            return 0
+        else:
+            raise StepWireError(f"unexpected frame {kind!r}")
+
+
+def _expect(inp: BinaryIO, kind: str) -> dict[str, Any]:
+    msg = read_frame(inp)
+    if msg is None:
+        raise SystemExit(1)  # rank 0 went away before the group formed
+    if msg["kind"] != kind:
+        raise StepWireError(f"expected a {kind} frame, got {msg['kind']!r}")
+    return msg
+
+
+def main() -> int:
+    """Entry point of a follower process (argv: the reply pipe's fd)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s tp-follower %(message)s")
+    # Rank 0 decides when this rank ends (a stop frame, or its pipe closing): a Ctrl-C meant
+    # for the terminal's process group, or a signal to every process, must not break the
+    # group under a worker that drains.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    reply = os.fdopen(int(sys.argv[1]), "wb", buffering=0)
+    try:
+        return serve(sys.stdin.buffer, reply)
+    except Exception:  # a failed collective (a peer died, the timeout passed), a bad frame
+        log.exception("tensor-parallel follower stopped")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Rank 0's side of a tensor-parallel group: start the other ranks, feed them every step,
+take the whole worker down when one of them dies.
+
+    RankGroup.launch ──spawn ranks 1..N-1 (python -m tandem.engine.parallel.follower)──>
+        init frame (rank, world, rendezvous dir, model) ──> every rank joins the process group
+    RankGroup.start(runner config) ──> each follower loads its shard, builds its runner,
+        answers "ready" on its reply pipe (bounded wait; a follower that exits fails it)
+    ModelRunner.execute ──RankGroup.step(inputs)──> every follower runs the same forward;
+        the forwards meet in the row-parallel all-reduces
+    RankGroup.close ──stop frame──> followers leave the group and exit 0
+
+Rank 0 keeps the worker's gRPC, its scheduler and KV cache manager: one scheduler decides for
+all ranks, and each rank's paged cache holds its own KV heads at the same block ids.
+
+A follower that exits while the group serves cannot be replaced inside a live group (its
+shard and its KV blocks are gone): a watcher thread logs which rank died and ends this
+process with ``EXIT_RANK_DIED``, whose pipes closing makes the remaining followers exit too.
+A forward that fails on rank 0 (an all-reduce whose peer died, or hung past the collective
+timeout) ends it the same way (``abort``): the others wait in a collective it never joins.
+The launcher or Ray restarts the worker as a unit; the router migrates its requests as for
+any worker that died.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from tandem.engine.config import EngineConfig, ModelConfig
+from tandem.engine.errors import ModelLoadError
+from tandem.engine.parallel.step_wire import StepInputs, StepWireError, read_frame, write_frame
+
+if TYPE_CHECKING:
+    from tandem.engine.runner_config import RunnerConfig
+
+log = logging.getLogger(__name__)
+
+EXIT_RANK_DIED = 3  # this worker's status when a rank of its group died under it
+READY_TIMEOUT_S = 900.0  # loading a shard may take this long before start-up fails
+
+
+class RankGroupError(ModelLoadError):
+    """The group could not start (a follower failed or did not answer in time)."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Follower:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    reply: Any  # the read end of its reply pipe (a binary file)
+
+
+class RankGroup:
+    """Ranks 1..N-1 of a tensor-parallel group, as rank 0 drives them."""
+
+    def __init__(self, world: int, store_dir: str, followers: list[_Follower]) -> None:
+        self.world = world
+        self._store_dir = store_dir
+        self._followers = followers
+        self._closing = False
+        self._serving = False  # before start() returns, start-up reports a follower's exit
+        self._lock = threading.Lock()  # one frame at a time on every pipe
+        for f in followers:
+            threading.Thread(target=self._watch, args=(f,), name=f"tp-rank-{f.rank}",
+                             daemon=True).start()
+        # an engine nobody closed (offline use) still stops its ranks cleanly at exit
+        atexit.register(self.close)
+
+    @classmethod
+    def launch_for(cls, config: EngineConfig, native: bool) -> RankGroup:
+        """The group ``config.tensor_parallel_size`` asks for, after checking that the model
+        splits over it (TensorParallelError, naming the numbers, before any rank starts).
+        The checkpoint is resolved here, once (a GGUF converted once, not by every rank)."""
+        from tandem.engine.checkpoint import tp_quantized
+        from tandem.engine.loader import resolve_model
+        from tandem.engine.models.weights import read_arch
+        from tandem.engine.parallel.shard import rank_shard
+        from tandem.engine.quant.gguf_blocks import gguf_source
+
+        mc, world = config.model, config.tensor_parallel_size
+        _, arch = read_arch(resolve_model(mc.model, mc.cache_dir))
+        rank_shard(arch, world, 0, tp_quantized(mc, gguf_source(mc.model)))
+        return cls.launch(world, mc, native)
+
+    @classmethod
+    def launch(cls, world: int, model: ModelConfig, native: bool) -> RankGroup:
+        """Spawn ranks 1..world-1 for ``model`` and form the process group with them (this
+        process is rank 0). ``native``: whether rank 0 builds the native kernels' layout, so
+        every rank quantizes alike."""
+        from tandem.engine.parallel.collectives import join
+
+        store_dir = tempfile.mkdtemp(prefix="tandem-tp-")  # mode 0700: this user only
+        followers: list[_Follower] = []
+        try:
+            for rank in range(1, world):
+                followers.append(_spawn(rank, world, store_dir, model, native))
+            group = cls(world, store_dir, followers)
+        except BaseException:
+            _kill(followers)
+            shutil.rmtree(store_dir, ignore_errors=True)
+            raise
+        try:
+            join(store_dir, 0, world, model.device)
+        except BaseException:
+            group.close()
+            raise
+        return group
+
+    def start(self, runner: dict[str, Any]) -> None:
+        """Hand every follower the runner's settings (``num_blocks`` decided by rank 0) and
+        wait until each has built its shard and its KV cache."""
+        self._send({"kind": "runner", **runner})
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for f in self._followers:
+            _await_ready(f, deadline)
+        self._serving = True
+        for f in self._followers:  # one that died while the others got ready
+            if f.proc.poll() is not None:
+                raise RankGroupError(f"tensor-parallel rank {f.rank} exited during start-up")
+        log.info("tensor-parallel group of %d ranks ready", self.world)
+
+    def step(self, inputs: StepInputs) -> None:
+        """Have every follower run this forward (rank 0 runs it right after)."""
+        self._send(inputs.to_wire())
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Have every follower copy these KV blocks (copy-on-write of forked sequences)."""
+        self._send({"kind": "copy", "pairs": [list(p) for p in pairs]})
+
+    def close(self) -> None:
+        """Stop the followers (each leaves the group and exits), bounded; then the group."""
+        from tandem.engine.parallel.collectives import leave
+
+        if self._closing:
+            return
+        self._closing = True
+        atexit.unregister(self.close)
+        try:
+            self._send({"kind": "stop"})
+        except (OSError, StepWireError):
+            pass  # a follower already gone: it is killed below
+        deadline = time.monotonic() + 30.0
+        for f in self._followers:
+            try:
+                f.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("tensor-parallel rank %d did not stop: killing it", f.rank)
+                f.proc.kill()
+                f.proc.wait()
+            f.reply.close()
+        leave()
+        shutil.rmtree(self._store_dir, ignore_errors=True)
+
+    def abort(self, why: BaseException) -> NoReturn:
+        """End this process: the group is out of step (a collective failed: a peer died, or
+        hung past the timeout; or a forward failed on this rank while the others wait in
+        one), and no rank can compute alone. Its pipes closing ends the followers."""
+        log.critical("tensor-parallel group of %d ranks broken (%s: %s); this worker exits",
+                     self.world, type(why).__name__, why)
+        logging.shutdown()
+        os._exit(EXIT_RANK_DIED)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            try:
+                for f in self._followers:
+                    assert f.proc.stdin is not None
+                    write_frame(f.proc.stdin, msg)
+            except OSError as exc:  # a follower's pipe closed: it is gone
+                if self._closing:
+                    raise
+                self.abort(exc)
+
+    def _watch(self, f: _Follower) -> None:
+        status = f.proc.wait()
+        if self._closing or not self._serving:
+            return
+        log.critical("tensor-parallel rank %d exited (status %s): the group cannot compute "
+                     "without it; this worker exits", f.rank, status)
+        logging.shutdown()
+        os._exit(EXIT_RANK_DIED)
+
+
+def runner_settings(rc: RunnerConfig) -> dict[str, Any]:
+    """What a follower builds its runner from: rank 0's runner config, plain values."""
+    return {"num_blocks": rc.num_blocks, "block_size": rc.block_size, "backend": rc.backend,
+            "max_model_len": rc.max_model_len, "kv_cache_dtype": rc.kv_cache_dtype,
+            "native_kernels": rc.native_kernels}
+
+
+def _spawn(rank: int, world: int, store_dir: str, model: ModelConfig,
+           native: bool) -> _Follower:
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem.engine.parallel.follower", str(write_end)],
+            stdin=subprocess.PIPE, pass_fds=(write_end,),
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    assert proc.stdin is not None
+    write_frame(proc.stdin, {"kind": "init", "rank": rank, "world": world,
+                             "store_dir": store_dir, "native": native,
+                             "model": dataclasses.asdict(model)})
+    return _Follower(rank, proc, os.fdopen(read_end, "rb", buffering=0))
+
+
+def _await_ready(f: _Follower, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    ready, _, _ = select.select([f.reply], [], [], max(0.0, left))
+    if not ready:
+        raise RankGroupError(f"tensor-parallel rank {f.rank} was not ready within "
+                             f"{READY_TIMEOUT_S:.0f}s")
+    msg = read_frame(f.reply)
+    if msg is None:
+        raise RankGroupError(f"tensor-parallel rank {f.rank} exited during start-up "
+                             f"(status {f.proc.wait()})")
+    if msg["kind"] != "ready":
+        raise RankGroupError(f"tensor-parallel rank {f.rank} failed to start: "
+                             f"{msg.get('error', msg['kind'])}")
+
+
+def _kill(followers: list[_Follower]) -> None:
+    for f in followers:
+        f.proc.kill()
+        f.proc.wait()

@@ -1,0 +1,176 @@
+"""Which slice of every weight, head and KV head each rank of a tensor-parallel group owns.
+
+Pure arithmetic over the model's shape (no torch), so the rules are unit-tested exhaustively
+and a later handoff between groups of different sizes can read the same head ranges.
+
+    rank r of N (Megatron/vLLM split of a gated decoder layer):
+      qkv_proj     column-parallel: q heads  [r*nh/N, (r+1)*nh/N)  and their K/V heads
+      o_proj       row-parallel:    input columns of those q heads, then all-reduce
+      gate_up_proj column-parallel: gate rows [r*I/N, (r+1)*I/N) and the same up rows
+      down_proj    row-parallel:    input columns [r*I/N, (r+1)*I/N), then all-reduce
+      embed_tokens, lm_head, norms  replicated (every rank holds them whole)
+
+KV heads split when the group divides them (rank r holds K/V heads [r*nkv/N, (r+1)*nkv/N));
+with fewer KV heads than ranks each KV head is replicated on N/nkv consecutive ranks (rank r
+holds head r // (N/nkv)), as vLLM does. Each rank's paged KV cache holds exactly its
+``kv_heads`` (``ShardPlan.kv_head_ranges``): the per-rank layout a handoff between groups
+re-shards by.
+
+Block-quantized weights (GGUF's 32-value blocks, int4 groups) are split only on group
+boundaries: a row-parallel split must fall on a multiple of ``group``. Any size that does not
+divide is refused with a ``TensorParallelError`` naming the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class TensorParallelError(ValueError):
+    """A model cannot be split over the asked group size (the message names the numbers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """The half-open index range ``[start, stop)``."""
+
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        """How many indices the range holds."""
+        return self.stop - self.start
+
+    def scaled(self, k: int, offset: int = 0) -> Span:
+        """``[offset + start*k, offset + stop*k)``: heads to rows (``k`` = head_dim)."""
+        return Span(offset + self.start * k, offset + self.stop * k)
+
+
+@dataclass(frozen=True, slots=True)
+class RankShard:
+    """What rank ``rank`` of ``world`` owns of one decoder layer (every layer alike)."""
+
+    rank: int
+    world: int
+    head_dim: int
+    num_heads: int  # the model's, to place the K and V rows after the Q rows
+    num_kv_heads: int
+    intermediate_size: int
+    q_heads: Span
+    kv_heads: Span
+    intermediate: Span
+
+    @property
+    def kv_replicas(self) -> int:
+        """How many ranks hold each of this rank's KV heads (1: KV heads are split)."""
+        return max(1, self.world // self.num_kv_heads)
+
+    def qkv_rows(self) -> list[Span]:
+        """Output rows of the fused ``qkv_proj`` this rank keeps: its Q, K and V rows."""
+        hd, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
+        return [self.q_heads.scaled(hd), self.kv_heads.scaled(hd, nh * hd),
+                self.kv_heads.scaled(hd, (nh + nkv) * hd)]
+
+    def o_cols(self) -> Span:
+        """Input columns of ``o_proj`` this rank keeps (its q heads' outputs)."""
+        return self.q_heads.scaled(self.head_dim)
+
+    def gate_up_rows(self) -> list[Span]:
+        """Output rows of the fused ``gate_up_proj`` this rank keeps: its gate and up rows."""
+        i = self.intermediate
+        return [i, Span(self.intermediate_size + i.start, self.intermediate_size + i.stop)]
+
+    def down_cols(self) -> Span:
+        """Input columns of ``down_proj`` this rank keeps."""
+        return self.intermediate
+
+    @property
+    def adds_bias(self) -> bool:
+        """Whether this rank adds a row-parallel layer's bias (rank 0 only: the all-reduce
+        sums the partial products, so the bias must enter once)."""
+        return self.rank == 0
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    """The split of one model over a group of ``world`` ranks (validated by ``plan_shards``)."""
+
+    world: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    group: int | None  # quantization group every row-parallel split falls on (None: any)
+
+    def rank(self, r: int) -> RankShard:
+        """Rank ``r``'s shard."""
+        if not 0 <= r < self.world:
+            raise TensorParallelError(f"rank {r} is outside a group of {self.world}")
+        w = self.world
+        q = _even(self.num_heads, w, r)
+        if self.num_kv_heads >= w:
+            kv = _even(self.num_kv_heads, w, r)
+        else:  # replicated: N / nkv consecutive ranks share each KV head
+            head = r // (w // self.num_kv_heads)
+            kv = Span(head, head + 1)
+        return RankShard(r, w, self.head_dim, self.num_heads, self.num_kv_heads,
+                         self.intermediate_size, q, kv, _even(self.intermediate_size, w, r))
+
+    def kv_head_ranges(self) -> list[Span]:
+        """Each rank's KV heads, by rank: the layout of the group's KV cache."""
+        return [self.rank(r).kv_heads for r in range(self.world)]
+
+
+def _even(n: int, world: int, r: int) -> Span:
+    per = n // world
+    return Span(r * per, (r + 1) * per)
+
+
+def plan_shards(
+    world: int,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    group: int | None = None,
+    moe: bool = False,
+    mla: bool = False,
+) -> ShardPlan:
+    """The split of a model of this shape over ``world`` ranks; TensorParallelError when a
+    size does not divide (or a row-parallel split would cut a quantization group of
+    ``group`` values), or for layers the split does not cover yet (mixture of experts,
+    multi-head latent attention)."""
+    if world < 1:
+        raise TensorParallelError(f"--tensor-parallel-size must be >= 1, got {world}")
+    if world == 1:
+        return ShardPlan(1, num_heads, num_kv_heads, head_dim, intermediate_size, group)
+    if moe:
+        raise TensorParallelError(
+            f"tensor parallelism over {world} ranks does not split mixture-of-experts layers "
+            "yet: serve this model with --tensor-parallel-size 1")
+    if mla:
+        raise TensorParallelError(
+            f"tensor parallelism over {world} ranks does not split multi-head latent "
+            "attention yet: serve this model with --tensor-parallel-size 1")
+    if num_heads % world:
+        raise TensorParallelError(
+            f"{num_heads} attention heads do not divide over --tensor-parallel-size {world}")
+    if num_kv_heads % world and world % num_kv_heads:
+        raise TensorParallelError(
+            f"{num_kv_heads} KV heads neither divide over --tensor-parallel-size {world} nor "
+            f"replicate evenly ({world} is not a multiple of {num_kv_heads})")
+    if intermediate_size % world:
+        raise TensorParallelError(
+            f"the MLP's intermediate size {intermediate_size} does not divide over "
+            f"--tensor-parallel-size {world}")
+    if group is not None:
+        for what, width in (("o_proj's input (heads x head_dim)", num_heads // world * head_dim),
+                            ("down_proj's input (intermediate size)", intermediate_size // world)):
+            if width % group:
+                raise TensorParallelError(
+                    f"{what} splits into {width} columns per rank over "
+                    f"--tensor-parallel-size {world}, not a multiple of the quantization "
+                    f"group of {group}")
+    return ShardPlan(world, num_heads, num_kv_heads, head_dim, intermediate_size, group)

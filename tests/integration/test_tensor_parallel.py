@@ -1,0 +1,113 @@
+"""Tensor parallelism (tandem/engine/parallel): an engine whose model is split over 2 or 3 rank
+processes (gloo on loopback) generates exactly transformers' greedy tokens, on tiny perturbed
+checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, and on the
+default model (SmolLM2's Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks. Every KV block is back
+in the pool afterwards: one scheduler (rank 0's) allocates for every rank, whose caches hold
+their own heads at the same block ids. Closing the engine ends every rank."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tandem.engine import EngineConfig, LLMEngine, SamplingParams
+from tandem.engine.core.request import sequence_id
+from tests.conftest import assert_no_leaks
+from tests.unit.engine._reference import engine_token_ids, hf_greedy
+
+MAX_NEW = 12
+
+
+def _prompts() -> list[list[int]]:
+    long = [(7 * i + 3) % 250 + 3 for i in range(70)]  # several blocks, chunked below
+    return [[5, 9, 33, 7, 100, 3], long, long[:40] + [11, 12], [200, 1, 4, 6, 9, 10, 11]]
+
+
+def _run_group(path: Path, tp: int, **extra: object) -> None:
+    engine = LLMEngine(EngineConfig.from_kwargs(
+        model=str(path), num_blocks=64, block_size=16, max_num_batched_tokens=32,
+        tensor_parallel_size=tp, num_threads=1, **extra), progress=False)
+    followers = [f.proc for f in engine.group._followers]  # type: ignore[union-attr]
+    try:
+        params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+        prompts = _prompts()
+        got = engine_token_ids(engine, prompts, params)
+        assert got == [hf_greedy(path, p, MAX_NEW) for p in prompts]
+        # two sequences sharing the prompt's blocks: their copy-on-write runs on every rank
+        engine.add_request(prompts[0], params, request_id="forked", n=2)
+        outs: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                outs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        assert [outs[sequence_id("forked", j)] for j in range(2)] == [got[0]] * 2
+        assert_no_leaks(engine)
+    finally:
+        engine.close()
+    assert [p.wait(timeout=60) for p in followers] == [0] * (tp - 1)
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_fewer_kv_heads_than_ranks_equals_transformers(tiny_dir, tp: int) -> None:
+    """6 heads, 1 KV head (replicated on every rank), biases on q/k/v/o and the MLP."""
+    path = tiny_dir("llama", 1, num_heads=6, hidden_size=96, attention_bias=True,
+                    mlp_bias=True)
+    _run_group(path, tp)
+
+
+def test_kv_heads_split_over_three_ranks_equals_transformers(tiny_dir) -> None:
+    """Qwen2 (q/k/v biases), 6 heads and 3 KV heads: one KV head on each rank."""
+    _run_group(tiny_dir("qwen2", 3, num_heads=6, hidden_size=96), 3)
+
+
+def test_ngram_speculation_in_a_group_equals_transformers(tiny_dir) -> None:
+    """Draft tokens verified as one chunk per request run on every rank alike."""
+    path = tiny_dir("llama", 1, num_heads=6, hidden_size=96, attention_bias=True,
+                    mlp_bias=True)
+    engine = LLMEngine(EngineConfig.from_kwargs(
+        model=str(path), num_blocks=64, tensor_parallel_size=2, num_threads=1,
+        speculative_method="ngram", num_speculative_tokens=3), progress=False)
+    try:
+        prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # n-grams to propose from
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        assert engine_token_ids(engine, [prompt], params) == [hf_greedy(path, prompt, 16)]
+        assert engine.stats().spec_proposed_tokens > 0  # drafts ran through the group
+        assert_no_leaks(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_smollm2_q4_1_over_three_ranks_equals_transformers(smollm2_dir) -> None:
+    """The default model as served (its GGUF's Q4_1 blocks, split on block boundaries) over
+    3 ranks, against transformers on the same weights dequantized."""
+    engine = LLMEngine(EngineConfig.from_kwargs(
+        model="smollm2", dtype="float32", num_blocks=128, tensor_parallel_size=3,
+        max_num_batched_tokens=64), progress=False)
+    try:
+        assert engine.weights_format.startswith("Q4_1")
+        tok = engine.tokenizer
+        prompts = [tok.encode(t) for t in (
+            "The capital of France is", "def fibonacci(n):",
+            "Once upon a time, in a village at the edge of a great forest, there lived")]
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        got = engine_token_ids(engine, prompts, params)
+        assert got == [hf_greedy(smollm2_dir, p, 16) for p in prompts]
+        assert_no_leaks(engine)
+    finally:
+        engine.close()
+
+
+def test_a_model_that_does_not_split_is_refused_before_any_rank_starts(tiny_dir) -> None:
+    """4 heads over 3 ranks: the worker exits 2 naming the numbers; no rank was spawned."""
+    path = tiny_dir("llama", 2)
+    done = subprocess.run(
+        [sys.executable, "-m", "tandem.worker.decode", "--port", "0", "--kv-port", "0",
+         "--insecure", "--model", str(path), "--threads", "1", "--num-blocks", "16",
+         "--tensor-parallel-size", "3"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "4 attention heads do not divide over --tensor-parallel-size 3" in done.stderr
+    assert "tp-follower" not in done.stderr
