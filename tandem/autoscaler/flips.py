@@ -1,26 +1,32 @@
 """Role flips: a serving worker switches prefill <-> decode with its weights loaded, chosen
 beside scale-up and scale-down when the token mix shifts faster than a new worker starts.
 
-    the stabilizer's decisions ──> taker pool T growing (cooldown.up, max, max_step.up passed)
-                                   donor pool D with a lasting surplus
-    flip n workers D -> T when every one of these holds:
-      speed      a flip serves sooner than a cold start:        flip_s < start_s
-      urgency    T's shortfall comes before a cold start would:  short_in(T) < start_s
-                 (0 when T is short now or misses its latency target; else when its
-                 forecast need crosses its count, the policy's demand trend interpolated)
-      surplus    D proposed fewer than it has at every decision of the last flip.window_s
-                 (the flip's own stabilization: undoing a flip costs a flip, not a start),
-                 and its forecast need ahead leaves the workers spare too
-      safety     D keeps max(min, 1) workers and one serving worker (never its last);
-                 D's down cooldown has run; a prefill worker holding leased KV is not
-                 flipped (drains.py's order: the cheapest to move first)
-    n = min(T's increase, D's spare workers, max_step.down, D's movable serving workers)
+    the stabilizer's decisions, then for a taker pool T and a donor pool D:
+    grow   T grows (its decision passed cooldown.up, max, max_step.up) while D has a
+           lasting surplus: flip instead of starting cold
+    swap   D shrinks (its decision passed cooldown.down, the down-scale window, min,
+           max_step.down) while T still waits for cold workers that will serve later than
+           a flip would: flip D's leaving workers into T and cancel as many of T's
+           starting ones (T's count does not change)
+    both need
+      speed      a flip serves sooner than the cold start it replaces:
+                   grow  flip_s < start_s        swap  flip_s < start_s - (t - newest ask)
+      urgency    T falls short before that cold start would serve (Forecast.short_in:
+                 0 when T is short now or misses its latency target; else when its forecast
+                 need crosses its count, the policy's demand trend interpolated)
+      surplus    grow: D proposed fewer than it has at every decision of the last
+                 flip.window_s (the flip's own stabilization: undoing a flip costs a flip,
+                 not a start) and its forecast need leaves the workers spare; D's down
+                 cooldown has run.  swap: D's own decision removes them.
+      safety     D keeps max(min, 1) workers and one serving worker (never its last); a
+                 prefill worker holding leased KV is not flipped (drains.py's order: the
+                 cheapest to move first)
+    at most max_step.down flips a decision
 
 ``start_s`` is the start-up the autoscaler observed (the median of its last scale-ups:
-decision to the pool serving at that count), else the configured ``coupled.lead_s``. A flip
-takes n of T's increase (the rest still starts cold) and n of D's decrease (D drains only
-what its own decision removes beyond them); both pools' cooldowns run from it. Each flip
-is a :class:`Flip` with its inputs, as each decision keeps its own.
+decision to the pool serving at that count), else the configured ``coupled.lead_s``. Both
+pools' cooldowns run from a flip. Each flip is a :class:`Flip` with its inputs, as each
+decision keeps its own; the decisions carry it (``Decision.flips``).
 
 Pure: decisions, proposals and a snapshot in; flips out. Whether the cluster can flip at
 all is the actuator's to say (``Actuator.can_flip``); the autoscaler plans none otherwise.
@@ -98,6 +104,16 @@ class StartClock:
         """A decision at ``t`` started workers for ``role`` to reach ``count``."""
         self._asked[role].append((t, count))
 
+    def newest(self, role: RoleName) -> float | None:
+        """When the newest scale-up of ``role`` still starting was asked (None: none)."""
+        asked = self._asked[role]
+        return asked[-1][0] if asked else None
+
+    def flipped_in(self, role: RoleName) -> None:
+        """Workers flipped into ``role``: its pending asks would time a flip, not a start
+        (dropped)."""
+        self._asked[role] = []
+
     def observe(self, t: float, role: RoleName, current: int, serving: int) -> None:
         """``role`` has ``current`` workers counted (starting too), ``serving`` serving."""
         pending = []
@@ -141,38 +157,76 @@ class FlipPlanner:
              proposals: dict[RoleName, Proposal], forecast: dict[RoleName, Forecast],
              stabilizer: Stabilizer) -> tuple[dict[RoleName, Decision], list[Flip]]:
         """The decisions with their flips, and the flips (none when no pool qualifies)."""
-        cfg = self.config
         for taker in ROLES:
             donor: RoleName = "decode" if taker == "prefill" else "prefill"
-            dt, dd = decisions[taker], decisions[donor]
-            up = dt.desired - dt.current
-            if up <= 0 or taker not in forecast or donor not in forecast:
+            if taker not in forecast or donor not in forecast:
                 continue
-            start_s, flip_s = self.clock.seconds, cfg.flip.flip_s
-            short_in = forecast[taker].short_in(dt.current, cfg.tolerance)
-            if not (flip_s < start_s and short_in < start_s) or not self._lasting(donor, t):
-                continue
-            if dd.desired == dd.current and stabilizer.since_change(donor, t) \
-                    < cfg.cooldown.down_s:
-                continue
-            if dd.desired > dd.current:
-                continue
-            fd = forecast[donor]
-            keep = max(proposals[donor].replicas, fd.now, fd.ahead, cfg.bounds(donor).min, 1)
-            options = drain_options(donor, snap, dd.current)
-            serving = len(snap.of(donor))
-            movable = [w for w in options.order][:max(0, serving - 1)]
-            n = min(up, dd.current - keep, cfg.max_step.down, len(movable))
-            if n <= 0:
-                continue
-            inputs = {"start_s": start_s, "flip_s": flip_s, "short_in_s": short_in,
-                      "taker_up": float(up), "donor_spare": float(dd.current - keep)}
-            flips = [Flip(t, w, donor, taker, dict(inputs)) for w in movable[:n]]
-            removed = max(dd.current - dd.desired, n)
-            decisions[taker] = replace(dt, flips=n, reason=f"{dt.reason}; flip in")
-            decisions[donor] = replace(dd, desired=dd.current - removed, flips=-n,
-                                       reason="flip out" if removed == n
-                                       else f"{dd.reason}; flip out")
-            stabilizer.note_change(donor, t)
-            return decisions, flips
+            flips = (self._grow(t, snap, decisions, proposals, forecast, stabilizer, taker,
+                                donor)
+                     or self._swap(t, snap, decisions, forecast, taker, donor))
+            if flips:
+                stabilizer.note_change(donor, t)
+                stabilizer.note_change(taker, t)
+                self.clock.flipped_in(taker)
+                return decisions, flips
         return decisions, []
+
+    def _grow(self, t: float, snap: Snapshot, decisions: dict[RoleName, Decision],
+              proposals: dict[RoleName, Proposal], forecast: dict[RoleName, Forecast],
+              stabilizer: Stabilizer, taker: RoleName, donor: RoleName) -> list[Flip]:
+        cfg = self.config
+        dt, dd = decisions[taker], decisions[donor]
+        up = dt.desired - dt.current
+        start_s = self.clock.seconds
+        if up <= 0 or dd.desired > dd.current or not self._lasting(donor, t):
+            return []
+        short_in = forecast[taker].short_in(dt.current, cfg.tolerance)
+        if not (cfg.flip.flip_s < start_s and short_in < start_s):
+            return []
+        if dd.desired == dd.current and stabilizer.since_change(donor, t) < cfg.cooldown.down_s:
+            return []
+        fd = forecast[donor]
+        keep = max(proposals[donor].replicas, fd.now, fd.ahead, cfg.bounds(donor).min, 1)
+        movable = self._movable(snap, donor, dd.current)
+        n = min(up, dd.current - keep, cfg.max_step.down, len(movable))
+        if n <= 0:
+            return []
+        removed = max(dd.current - dd.desired, n)
+        decisions[taker] = replace(dt, flips=n, reason=f"{dt.reason}; flip in")
+        decisions[donor] = replace(dd, desired=dd.current - removed, flips=-n,
+                                   reason="flip out" if removed == n
+                                   else f"{dd.reason}; flip out")
+        inputs = {"start_s": start_s, "flip_s": cfg.flip.flip_s, "short_in_s": short_in,
+                  "taker_up": float(up), "donor_spare": float(dd.current - keep)}
+        return [Flip(t, w, donor, taker, dict(inputs)) for w in movable[:n]]
+
+    def _swap(self, t: float, snap: Snapshot, decisions: dict[RoleName, Decision],
+              forecast: dict[RoleName, Forecast], taker: RoleName, donor: RoleName
+              ) -> list[Flip]:
+        cfg = self.config
+        dt, dd = decisions[taker], decisions[donor]
+        down = dd.current - dd.desired
+        starting = dt.current - len(snap.of(taker))
+        asked = self.clock.newest(taker)
+        if down <= 0 or dt.desired != dt.current or starting <= 0 or asked is None:
+            return []
+        left_s = self.clock.seconds - (t - asked)  # until the newest cold start serves
+        short_in = forecast[taker].short_in(len(snap.of(taker)), cfg.tolerance)
+        if not (cfg.flip.flip_s < left_s and short_in < left_s):
+            return []
+        movable = self._movable(snap, donor, dd.current)
+        n = min(down, starting, len(movable))
+        if n <= 0:
+            return []
+        decisions[taker] = replace(dt, flips=n, reason=f"{dt.reason}; flip in, cancel "
+                                   f"{n} starting")
+        decisions[donor] = replace(dd, flips=-n, reason=f"{dd.reason}; flip out")
+        inputs = {"start_left_s": left_s, "flip_s": cfg.flip.flip_s, "short_in_s": short_in,
+                  "taker_starting": float(starting), "donor_down": float(down)}
+        return [Flip(t, w, donor, taker, dict(inputs)) for w in movable[:n]]
+
+    def _movable(self, snap: Snapshot, donor: RoleName, current: int) -> list[str]:
+        """Serving workers of ``donor`` a flip may take, cheapest to move first (never the
+        last serving one)."""
+        serving = len(snap.of(donor))
+        return list(drain_options(donor, snap, current).order)[:max(0, serving - 1)]

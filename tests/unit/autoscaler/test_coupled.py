@@ -54,7 +54,7 @@ class Load:
 class Cluster:
     """A cluster whose pools follow the autoscaler's decisions (new workers serve after
     ``startup_s``, at once by default; a decrease removes the decision's victims, then the
-    newest; with ``can_flip`` a flipped worker moves to its new role at once), fed a load
+    newest starting, then the newest; with ``can_flip`` a flipped worker moves to its new role at once), fed a load
     per second."""
 
     def __init__(self, config: AutoscaleConfig = CFG, prefill: int = 4, decode: int = 4,
@@ -80,8 +80,9 @@ class Cluster:
         ids = self.ids[d.role]
         for victim in d.victims:
             ids.remove(victim)
-        while len(ids) > d.desired:
-            ids.pop()
+        while len(ids) > d.desired:  # workers still starting first, the newest first
+            starting = [w for w in ids if self.ready_at.get(w, 0.0) > self.t]
+            ids.remove(starting[-1] if starting else ids[-1])
         while len(ids) < d.desired:
             ids.append(f"{d.role[0]}{self._next[d.role]}")
             self.ready_at[ids[-1]] = self.t + self.startup_s

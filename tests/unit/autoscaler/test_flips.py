@@ -45,29 +45,37 @@ def run(loads: list[Load], config: object = FLIP, can_flip: bool = True,
 
 
 def started(c: Cluster) -> int:
-    """Workers started cold over the run."""
+    """Workers started cold over the run (cancelled ones included)."""
     return len(c.ready_at)
 
 
-def test_mix_shift_flips_the_lightest_decode_worker_to_prefill() -> None:
+def test_mix_shift_flips_the_lightest_decode_workers_to_prefill() -> None:
     flipping, cold = run(chat_to_rag()), run(chat_to_rag(), can_flip=False)
     assert cold.flips == []
-    assert flipping.flips, "a decode surplus beside a growing prefill pool flips"
-    first = flipping.flips[0]
-    assert (first.source, first.target) == ("decode", "prefill")
-    # The lightest decode worker goes (the cheapest to migrate): every one kept is heavier.
-    assert all(STREAMS.get(first.worker, 0) <= STREAMS.get(w, 0)
-               for w in flipping.ids["decode"])
-    assert first.worker in flipping.ids["prefill"] or first.worker not in flipping.ids["decode"]
-    assert first.t >= SHIFT_AT + FLIP.flip.window_s
-    assert first.inputs["start_s"] == FLIP.coupled.lead_s and first.inputs["flip_s"] == 2.0
-    assert first.inputs["short_in_s"] < first.inputs["start_s"]
-    # The flip is recorded on both decisions of its tick: the prefill increase it serves
-    # (no cold start for it) and the decode decrease it is (no drain for it).
-    at = {d.role: d for d in flipping.decisions if d.t == first.t}
-    assert at["prefill"].flips == 1 and not at["prefill"].scales
+    assert [(f.source, f.target) for f in flipping.flips] == [("decode", "prefill")] * 2
+    for f in flipping.flips:  # the lightest decode worker goes (the cheapest to migrate)
+        assert all(STREAMS.get(f.worker, 0) <= STREAMS.get(w, 0)
+                   for w in flipping.ids["decode"])
+        assert f.t >= SHIFT_AT + FLIP.flip.window_s
+        assert f.inputs["flip_s"] == 2.0
+    swap, grow = flipping.flips
+    # First a swap: decode shrinks by its own decision while a prefill worker asked for
+    # 2 s earlier still has 8 s to start; the decode worker leaving serves prefill in 2 s
+    # and the cold one is cancelled (prefill's count unchanged).
+    assert swap.inputs["start_left_s"] == 8.0 and swap.inputs["short_in_s"] < 8.0
+    at = {d.role: d for d in flipping.decisions if d.t == swap.t}
+    assert (at["prefill"].current, at["prefill"].desired, at["prefill"].flips) == (9, 9, 1)
+    assert at["prefill"].scales  # the cancel
     assert at["decode"].flips == -1 and at["decode"].victims == ()
     assert "flipping 1 in" in at["prefill"].describe()
+    # Then a grow: prefill grows while decode's surplus has lasted the flip window: the
+    # flip is the increase (no cold start) and the decrease (no drain).
+    assert grow.inputs["start_s"] == FLIP.coupled.lead_s
+    assert grow.inputs["short_in_s"] < grow.inputs["start_s"]
+    at = {d.role: d for d in flipping.decisions if d.t == grow.t}
+    assert (at["prefill"].desired - at["prefill"].current, at["prefill"].flips) == (1, 1)
+    assert not at["prefill"].scales
+    assert at["decode"].flips == -1 and at["decode"].victims == ()
     # Same pools in the end, fewer cold starts on the way.
     assert flipping.current == cold.current == {"prefill": 8, "decode": 4}
     assert started(flipping) < started(cold)
@@ -111,9 +119,11 @@ def test_start_clock_measures_decision_to_serving_and_drops_cancelled_asks() -> 
     assert clock.seconds == 30.0
 
 
-def test_donor_surplus_must_last_the_flip_window() -> None:
+def test_a_grow_waits_for_the_donors_surplus_to_last_the_flip_window() -> None:
     patient = replace(FLIP, flip=replace(FLIP.flip, window_s=1_000.0))
-    assert run(chat_to_rag(), config=patient).flips == []
+    flips = run(chat_to_rag(), config=patient).flips
+    # Only swaps: decode workers its own (stabilized) decisions remove.
+    assert flips and all("start_left_s" in f.inputs for f in flips)
 
 
 def test_never_below_the_donors_minimum_nor_its_last_worker() -> None:
