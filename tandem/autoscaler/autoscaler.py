@@ -69,7 +69,8 @@ class Autoscaler:
         flips: list[Flip] = []
         policy = self._policy
         if self.config.flip.enabled and isinstance(policy, CoupledPolicy):
-            self._flips.note(snap.t, proposals, dict(current))
+            self._flips.note(snap.t, proposals, dict(current),
+                             measured=stats.span_s >= self.config.window_s)
             if can_flip:
                 decided, flips = self._flips.plan(snap.t, snap, decided, proposals,
                                                   policy.forecast, self._stabilizer)

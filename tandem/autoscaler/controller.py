@@ -47,7 +47,9 @@ class Actuator(Protocol):
 
     ``can_flip`` says whether ``flip`` works: whether a serving worker can switch roles
     without a restart (tandem/autoscaler/flips.py). The autoscaler plans flips only when it
-    is true; after ``flip`` the worker counts in ``to_role`` (starting until it serves)."""
+    is true; after ``flip`` the worker counts in ``to_role`` (starting until it serves), and
+    a decrease of ``to_role`` cancels workers still starting cold before it (a swap flips a
+    worker in and cancels a slower cold start: tandem/autoscaler/flips.py)."""
 
     @property
     def can_flip(self) -> bool: ...

@@ -15,9 +15,9 @@ beside scale-up and scale-down when the token mix shifts faster than a new worke
                  0 when T is short now or misses its latency target; else when its forecast
                  need crosses its count, the policy's demand trend interpolated)
       surplus    grow: D proposed fewer than it has at every decision of the last
-                 flip.window_s (the flip's own stabilization: undoing a flip costs a flip,
-                 not a start) and its forecast need leaves the workers spare; D's down
-                 cooldown has run.  swap: D's own decision removes them.
+                 flip.window_s, each over a full metrics window (the flip's own
+                 stabilization: undoing a flip costs a flip, not a start), and its forecast
+                 need leaves the workers spare; D's down cooldown has run.  swap: D's own decision removes them.
       safety     D keeps max(min, 1) workers and one serving worker (never its last); a
                  prefill worker holding leased KV is not flipped (drains.py's order: the
                  cheapest to move first)
@@ -140,10 +140,15 @@ class FlipPlanner:
         self._below: dict[RoleName, deque[tuple[float, bool]]] = {r: deque() for r in ROLES}
 
     def note(self, t: float, proposals: dict[RoleName, Proposal],
-             current: dict[RoleName, int]) -> None:
-        """Record whether each pool proposed fewer workers than it has at ``t``."""
+             current: dict[RoleName, int], measured: bool) -> None:
+        """Record whether each pool proposed fewer workers than it has at ``t``;
+        ``measured``: the metrics window is full (until it is, no surplus counts: a
+        window's first rates understate a demand that has not streamed yet)."""
         for role in ROLES:
             below = self._below[role]
+            if not measured:
+                below.clear()
+                continue
             below.append((t, proposals[role].replicas < current[role]))
             while len(below) > 1 and t - below[1][0] >= self.config.flip.window_s:
                 below.popleft()  # keep one point at or before the window's start

@@ -126,6 +126,17 @@ def test_a_grow_waits_for_the_donors_surplus_to_last_the_flip_window() -> None:
     assert flips and all("start_left_s" in f.inputs for f in flips)
 
 
+def test_no_surplus_counts_before_the_metrics_window_is_full() -> None:
+    # An oversized decode pool beside a prefill pool growing from the first second: the
+    # first window's rates are not a demand yet; the grow waits for a full window (t = 5:
+    # window_s 4 after the first scrape) plus the flip window.
+    c = run([steady(3_000 + 2_000 * i, 6_000) for i in range(20)], prefill=1, decode=10)
+    assert c.flips and all("start_s" in f.inputs for f in c.flips)
+    assert min(f.t for f in c.flips) >= 1 + CFG.window_s + FLIP.flip.window_s
+    ups = [d.t for d in c.decisions if d.role == "prefill" and d.direction == "up"]
+    assert min(ups) < 1 + CFG.window_s  # prefill grew cold before then
+
+
 def test_never_below_the_donors_minimum_nor_its_last_worker() -> None:
     floor = replace(FLIP, decode=Bounds(7, 64))
     c = run(chat_to_rag(), config=floor)
