@@ -24,9 +24,10 @@ Variants, only the flip settings differ:
 
 Reported per trace and variant: SLO attainment, GPU-hours (every worker from its start to
 its end; a flipped worker's GPUs counted once), flips, streams moved live and the KV bytes
-they moved, scale events, TTFT/TPOT p90, peak pools. Writes ``role_flips.md`` (the table,
-this command, the plot) and ``role_flips.png`` (GPUs held over time, and the prefill pool,
-per trace) under ``--out``.
+they moved, scale events, TTFT/TPOT p90, peak pools. "flips (to P, swaps)": all flips, those
+to prefill, and those that were swaps (tandem/autoscaler/flips.py). Writes ``role_flips.md`` (the table,
+this command, the plot) and ``role_flips.png`` (GPUs held over time, and the decode pool
+with the flips, per trace) under ``--out``.
 """
 
 from __future__ import annotations
@@ -107,21 +108,24 @@ def run_one(kind: str, variant: str, rate: float, duration_s: float, startup_s: 
     row = dataclasses.asdict(policy_row(variant, run, SLO))
     return {"trace": kind, "variant": variant, "row": row, "flips": len(run.flips),
             "to_prefill": sum(1 for f in run.flips if f.target == "prefill"),
+            "swaps": sum(1 for f in run.flips if f.move == "swap"),
             "live": run.sim.live_migrations, "moved_gb": run.sim.migrated_bytes / 1e9,
             "reprefilled": run.sim.migrations - run.sim.live_migrations,
+            "flip_t": [f.t for f in run.flips],
             "timeline": timeline(run, trace), "start": [start.prefill, start.decode]}
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
     """The markdown table of every run."""
-    head = ("| trace | variant | attainment | GPU-h | flips (to P) | moved live | KV moved | "
-            "re-prefilled | scales | TTFT p90 | TPOT p90 | peak P | peak D |")
+    head = ("| trace | variant | attainment | GPU-h | flips (to P, swaps) | moved live | "
+            "KV moved | re-prefilled | scales | TTFT p90 | TPOT p90 | peak P | peak D |")
     lines = [head, "|" + "---|" * 13]
     for r in results:
         row = r["row"]
         lines.append(
             f"| {r['trace']} | {r['variant']} | {row['attainment']:.3f} | "
-            f"{row['gpu_hours']:.2f} | {r['flips']} ({r['to_prefill']}) | {r['live']} | "
+            f"{row['gpu_hours']:.2f} | {r['flips']} ({r['to_prefill']}, {r['swaps']}) | "
+            f"{r['live']} | "
             f"{r['moved_gb']:.1f} GB | {r['reprefilled']} | {row['scale_events']} | "
             f"{row['ttft_p90_s']:.3f} s | {row['tpot_p90_s'] * 1e3:.1f} ms | "
             f"{row['peak_prefill']} | {row['peak_decode']} |")
@@ -130,7 +134,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
 
 def plot(results: Sequence[dict[str, Any]], path: Path, gpus_per_worker: int) -> None:
     """Per trace: GPUs held over time per variant beside the offered rate (top), and the
-    prefill pool (bottom)."""
+    decode pool with a tick at each flip (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,12 +153,15 @@ def plot(results: Sequence[dict[str, Any]], path: Path, gpus_per_worker: int) ->
             held = [(p + d) * gpus_per_worker
                     for p, d in zip(tl["prefill"], tl["decode"], strict=True)]
             top.plot(tl["t"], held, color=color, ls=line, label=res["variant"])
-            bottom.plot(tl["t"], tl["prefill"], color=color, ls=line, label=res["variant"])
+            bottom.plot(tl["t"], tl["decode"], color=color, ls=line, label=res["variant"])
+            if res["flip_t"]:
+                bottom.plot(res["flip_t"], [0.03 + 0.05 * i] * len(res["flip_t"]), "|", color=color,
+                            ms=10, transform=bottom.get_xaxis_transform(), clip_on=False)
             if i == 0:
                 rate_ax.plot(tl["t"], tl["rate"], color="black", alpha=0.2, lw=1)
                 rate_ax.set_ylabel("offered requests/s (grey)")
         top.set_title(f"{kind}: GPUs held")
-        bottom.set_title(f"{kind}: prefill workers held")
+        bottom.set_title(f"{kind}: decode workers held (ticks: flips)")
         for ax in (top, bottom):
             ax.set_xlabel("simulated seconds")
             ax.grid(alpha=0.3)
@@ -237,7 +244,7 @@ span ends at the flip, its new role's starts there). "KV moved": the bytes the l
 migrations of flipped decode workers' streams sent; "re-prefilled": streams moved by
 re-prefilling prompt + tokens sent.
 
-![GPUs held and the prefill pool over time](role_flips.png)
+![GPUs held and the decode pool over time](role_flips.png)
 
 Today this is the simulator's answer only: the Ray and Kubernetes actuators report
 `can_flip` false (the workers have no runtime role switch yet), so a live cluster plans no

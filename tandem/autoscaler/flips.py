@@ -83,12 +83,14 @@ class Flip:
     worker: str  # the worker id
     source: RoleName
     target: RoleName
+    move: str  # "grow" or "swap" (the module docstring)
     inputs: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
-        """One log line: the flip and every input."""
+        """One log line: the flip, its move and every input."""
         inputs = " ".join(f"{k}={v:.4g}" for k, v in self.inputs.items())
-        return f"autoscale flip {self.worker}: {self.source} -> {self.target} | {inputs}"
+        return (f"autoscale flip {self.worker}: {self.source} -> {self.target} "
+                f"({self.move}) | {inputs}")
 
 
 class StartClock:
@@ -203,7 +205,7 @@ class FlipPlanner:
                                    else f"{dd.reason}; flip out")
         inputs = {"start_s": start_s, "flip_s": cfg.flip.flip_s, "short_in_s": short_in,
                   "taker_up": float(up), "donor_spare": float(dd.current - keep)}
-        return [Flip(t, w, donor, taker, dict(inputs)) for w in movable[:n]]
+        return [Flip(t, w, donor, taker, "grow", dict(inputs)) for w in movable[:n]]
 
     def _swap(self, t: float, snap: Snapshot, decisions: dict[RoleName, Decision],
               forecast: dict[RoleName, Forecast], taker: RoleName, donor: RoleName
@@ -228,7 +230,7 @@ class FlipPlanner:
         decisions[donor] = replace(dd, flips=-n, reason=f"{dd.reason}; flip out")
         inputs = {"start_left_s": left_s, "flip_s": cfg.flip.flip_s, "short_in_s": short_in,
                   "taker_starting": float(starting), "donor_down": float(down)}
-        return [Flip(t, w, donor, taker, dict(inputs)) for w in movable[:n]]
+        return [Flip(t, w, donor, taker, "swap", dict(inputs)) for w in movable[:n]]
 
     def _movable(self, snap: Snapshot, donor: RoleName, current: int) -> list[str]:
         """Serving workers of ``donor`` a flip may take, cheapest to move first (never the

@@ -91,13 +91,15 @@ class ScaleRecord:
 
 @dataclass(frozen=True, slots=True)
 class FlipRecord:
-    """One role flip: at ``t`` ``worker`` left ``source`` for ``target`` (as ``joined``)."""
+    """One role flip: at ``t`` ``worker`` left ``source`` for ``target`` (as ``joined``)
+    by ``move`` (tandem/autoscaler/flips.py: "grow" or "swap")."""
 
     t: float
     worker: str
     source: RoleName
     target: RoleName
     joined: str  # the endpoint it serves under in its new pool
+    move: str
 
 
 @dataclass(slots=True)
@@ -176,7 +178,7 @@ class _SimController:
         life = self.lives[f.source][worker.index]
         life.removed_s, life.flipped = now, True
         self.lives[f.target][new.index] = _Life(new, now)
-        self.flips.append(FlipRecord(now, f.worker, f.source, f.target, new.endpoint))
+        self.flips.append(FlipRecord(now, f.worker, f.source, f.target, new.endpoint, f.move))
 
     def _scale(self, now: float, d: Decision, pools: Pools) -> None:
         role = _ROLE[d.role]

@@ -59,6 +59,7 @@ def test_mix_shift_flips_the_lightest_decode_workers_to_prefill() -> None:
         assert f.t >= SHIFT_AT + FLIP.flip.window_s
         assert f.inputs["flip_s"] == 2.0
     swap, grow = flipping.flips
+    assert (swap.move, grow.move) == ("swap", "grow")
     # First a swap: decode shrinks by its own decision while a prefill worker asked for
     # 2 s earlier still has 8 s to start; the decode worker leaving serves prefill in 2 s
     # and the cold one is cancelled (prefill's count unchanged).
@@ -123,7 +124,7 @@ def test_a_grow_waits_for_the_donors_surplus_to_last_the_flip_window() -> None:
     patient = replace(FLIP, flip=replace(FLIP.flip, window_s=1_000.0))
     flips = run(chat_to_rag(), config=patient).flips
     # Only swaps: decode workers its own (stabilized) decisions remove.
-    assert flips and all("start_left_s" in f.inputs for f in flips)
+    assert flips and all(f.move == "swap" and "start_left_s" in f.inputs for f in flips)
 
 
 def test_no_surplus_counts_before_the_metrics_window_is_full() -> None:
@@ -131,7 +132,7 @@ def test_no_surplus_counts_before_the_metrics_window_is_full() -> None:
     # first window's rates are not a demand yet; the grow waits for a full window (t = 5:
     # window_s 4 after the first scrape) plus the flip window.
     c = run([steady(3_000 + 2_000 * i, 6_000) for i in range(20)], prefill=1, decode=10)
-    assert c.flips and all("start_s" in f.inputs for f in c.flips)
+    assert c.flips and all(f.move == "grow" for f in c.flips)
     assert min(f.t for f in c.flips) >= 1 + CFG.window_s + FLIP.flip.window_s
     ups = [d.t for d in c.decisions if d.role == "prefill" and d.direction == "up"]
     assert min(ups) < 1 + CFG.window_s  # prefill grew cold before then
@@ -173,8 +174,8 @@ def test_forecast_short_in() -> None:
 
 
 def test_flips_are_logged_and_counted() -> None:
-    flip = Flip(3.0, "d3", "decode", "prefill", {"start_s": 60.0, "flip_s": 8.0})
-    assert flip.describe() == ("autoscale flip d3: decode -> prefill | start_s=60 "
+    flip = Flip(3.0, "d3", "decode", "prefill", "grow", {"start_s": 60.0, "flip_s": 8.0})
+    assert flip.describe() == ("autoscale flip d3: decode -> prefill (grow) | start_s=60 "
                                "flip_s=8")
     exporter = DecisionExporter()
     exporter.record_flip(flip)

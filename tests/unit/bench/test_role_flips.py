@@ -28,6 +28,6 @@ def test_main_writes_the_page_and_the_plot(tmp_path: Path, capsys) -> None:
     page = (tmp_path / "role_flips.md").read_text()
     assert "| mixshift | coupled |" in page and "| mixshift | flips |" in page
     assert "python -m bench.planner.role_flips --rate 3 --duration 60" in page
-    assert "![GPUs held and the prefill pool over time](role_flips.png)" in page
+    assert "![GPUs held and the decode pool over time](role_flips.png)" in page
     assert (tmp_path / "role_flips.png").read_bytes()[:4] == b"\x89PNG"
     assert "| mixshift | flips |" in capsys.readouterr().out
