@@ -2,9 +2,8 @@
 
     Scale(count) up:    start count - size workers; each joins after ``startup_s``
     Scale(count) down:  starting ones are cancelled (the newest first, flipping ones
-                        last), then the named
-                        victims, then the newest running ones drain (no new work; gone
-                        once its last request is done)
+                        last), then the named victims, then the newest running ones drain
+                        (no new work; gone once its last request is done)
     Failure(index):     the index-th worker ever started in the pool dies now
     RoleFlip(index):    the index-th worker switches roles (flip): a new worker of the other
                         role starts (counted in that pool at once); a prefill worker
