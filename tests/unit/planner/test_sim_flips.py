@@ -19,7 +19,14 @@ from tandem.autoscaler.config import (
 )
 from tandem.placement.worker_view import Role
 from tandem.planner.autoscale import simulate_autoscaled
-from tandem.planner.sim import ClusterError, ClusterSpec, HostSharing, RoleFlip, simulate
+from tandem.planner.sim import (
+    ClusterError,
+    ClusterSpec,
+    HostSharing,
+    RoleFlip,
+    Scale,
+    simulate,
+)
 from tandem.planner.sim.results import SimResult
 from tandem.planner.trace import TraceRequest
 from tests.unit.planner.test_sim_support import assert_clean, profile, req
@@ -79,6 +86,19 @@ def test_prefill_worker_finishes_its_queue_then_serves_decode_after_the_flip_tim
     on_new = [o for o in result.outcomes if o.decode_endpoint == "d00001"]
     assert on_new and all(o.arrival_s + o.ttft_s >= emptied + 0.5 for o in on_new)
     assert all(o.prefill_endpoint != "p00000" for o in result.outcomes if o.arrival_s > 0.1)
+
+
+def test_a_decrease_cancels_cold_starts_before_a_flipped_worker() -> None:
+    # Prefill: p0 serving, p1 starting cold (5 s), then d0 flips in as p2; a decrease to 2
+    # cancels p1, not the flip that serves sooner.
+    events = [Scale(0.0, Role.PREFILL, 2, startup_s=5.0), FLIP_D0,
+              Scale(1.1, Role.PREFILL, 2)]
+    result = simulate(ClusterSpec(1, 2, placement="remote"), profile(kv_bytes=KV),
+                      STREAMS + LATE + [req(6.0 + 0.02 * i, 2000, 5) for i in range(10)],
+                      events=events)
+    assert_clean(result)
+    used = {o.prefill_endpoint for o in result.outcomes}
+    assert "p00002" in used and "p00001" not in used
 
 
 def test_flips_are_deterministic_and_refused_with_host_sharing() -> None:
