@@ -17,6 +17,7 @@
               decode_step_share: 0.8, kv_usage: 0.85, max_rows: 64, lead_s: 60,
               trend_s: 60, max_gain: 4, prefill_token_s: 0, prefill_base_s: 0,
               prefill_chunk_tokens: 2048, decode_base_s: 0, decode_row_s: 0}
+    flip: {enabled: false, flip_s: 10, window_s: 15}   # role flips (coupled only)
     request_resources: true  # Ray: ask the cluster autoscaler for nodes ahead of demand
     metrics_port: 0          # >0: serve the decision metrics on this port
 
@@ -122,6 +123,21 @@ class CoupledTargets:
 
 
 @dataclass(frozen=True, slots=True)
+class FlipSettings:
+    """Role flips (tandem/autoscaler/flips.py): a serving worker switches prefill <-> decode
+    with its weights loaded instead of one pool draining while the other cold-starts.
+
+    Only the ``coupled`` policy flips, and only when the actuator says it can (today's Ray
+    and Kubernetes actuators cannot: the workers have no runtime role switch yet)."""
+
+    enabled: bool = False
+    flip_s: float = 10.0  # a flip's time until the worker serves its new role (migrating
+    # its streams away or finishing its queued prefills comes before it)
+    window_s: float = 15.0  # a donor pool must have proposed fewer workers this long: the
+    # flip's own stabilization (undoing a flip costs a flip, not a cold start)
+
+
+@dataclass(frozen=True, slots=True)
 class AutoscaleConfig:
     """The whole autoscaler configuration (see the module docstring for the YAML)."""
 
@@ -138,6 +154,7 @@ class AutoscaleConfig:
     queue: QueueTargets = field(default_factory=QueueTargets)
     fixed: FixedCounts = field(default_factory=FixedCounts)
     coupled: CoupledTargets = field(default_factory=CoupledTargets)
+    flip: FlipSettings = field(default_factory=FlipSettings)
     request_resources: bool = True
     metrics_port: int = 0
 
@@ -162,6 +179,7 @@ class AutoscaleConfig:
             "coupled.kv_usage": self.coupled.kv_usage, "coupled.max_rows": self.coupled.max_rows,
             "coupled.trend_s": self.coupled.trend_s,
             "coupled.prefill_chunk_tokens": self.coupled.prefill_chunk_tokens,
+            "flip.flip_s": self.flip.flip_s,
         }
         non_negative = {
             "tolerance": self.tolerance, "stabilization_s": self.stabilization_s,
@@ -171,6 +189,7 @@ class AutoscaleConfig:
             "coupled.prefill_base_s": self.coupled.prefill_base_s,
             "coupled.decode_base_s": self.coupled.decode_base_s,
             "coupled.decode_row_s": self.coupled.decode_row_s,
+            "flip.window_s": self.flip.window_s,
         }
         for key, value in positive.items():
             if not value > 0:
@@ -186,6 +205,8 @@ class AutoscaleConfig:
                                        "and coupled.kv_usage: must be <= 1")
         if c.max_gain < 1:
             raise AutoscaleConfigError(f"coupled.max_gain: must be >= 1, got {c.max_gain}")
+        if self.flip.enabled and self.policy != "coupled":
+            raise AutoscaleConfigError("flip.enabled: only the coupled policy flips roles")
         if self.metrics_port > 65535:
             raise AutoscaleConfigError("metrics_port: must be <= 65535")
         for role in ("prefill", "decode"):
@@ -202,6 +223,7 @@ class AutoscaleConfig:
 _SECTIONS: dict[str, type] = {
     "cooldown": Cooldown, "max_step": MaxStep, "prefill": Bounds, "decode": Bounds,
     "slo": SloTargets, "queue": QueueTargets, "fixed": FixedCounts, "coupled": CoupledTargets,
+    "flip": FlipSettings,
 }
 
 

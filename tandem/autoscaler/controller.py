@@ -3,8 +3,10 @@
     every interval_s:
       targets() ──Stats RPC (+ extra latency figures)──> Snapshot
       router() ──its /metrics text (TTFT, TPOT, token counters)──> Snapshot.router
-      actuator.replicas() ──> current ──Autoscaler.step──> Decisions
-      log + export each decision; actuator.scale(role, desired, victims) where it changed
+      actuator.replicas() ──> current ──Autoscaler.plan──> Decisions (+ role flips, only
+                                              where actuator.can_flip)
+      log + export each flip and decision; actuator.flip(worker, to_role) for each flip,
+      then actuator.scale(role, desired, victims) where a count changes beyond the flips
 
 Runs inside the launcher's controller actor on Ray, or anywhere an event loop runs (the
 Kubernetes actuator needs no Ray). A worker that does not answer a scrape is left out of that
@@ -41,11 +43,21 @@ class Actuator(Protocol):
 
     ``scale`` with fewer replicas removes the ``victims`` (worker ids) and, for the rest of
     the decrease, workers not serving yet before serving ones; an actuator that cannot
-    choose (Kubernetes) removes whichever it removes."""
+    choose (Kubernetes) removes whichever it removes.
+
+    ``can_flip`` says whether ``flip`` works: whether a serving worker can switch roles
+    without a restart (tandem/autoscaler/flips.py). The autoscaler plans flips only when it
+    is true; after ``flip`` the worker counts in ``to_role`` (starting until it serves), and
+    a decrease of ``to_role`` cancels workers still starting cold before it (a swap flips a
+    worker in and cancels a slower cold start: tandem/autoscaler/flips.py)."""
+
+    @property
+    def can_flip(self) -> bool: ...
 
     async def replicas(self) -> dict[RoleName, int]: ...
     async def scale(self, role: RoleName, replicas: int,
                     victims: Sequence[str] = ()) -> None: ...
+    async def flip(self, worker: str, to_role: RoleName) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +124,20 @@ class Controller:
         """Scrape, decide, act once; returns the decisions."""
         snap = await self.scrape()
         current = await self._actuator.replicas()
-        decisions = self.autoscaler.step(snap, current)
+        plan = self.autoscaler.plan(snap, current, can_flip=self._actuator.can_flip)
+        decisions = plan.decisions
+        for f in plan.flips:
+            log.info("%s", f.describe())
+            self.exporter.record_flip(f)
+            await self._actuator.flip(f.worker, f.target)
         for d in decisions:
             self.exporter.record(d, current[d.role])
             if d.changed:
                 log.info("%s", d.describe())
-                await self._actuator.scale(d.role, d.desired, d.victims)
             else:
                 log.debug("%s", d.describe())
+            if d.scales:
+                await self._actuator.scale(d.role, d.desired, d.victims)
         self.decisions = (self.decisions + decisions)[-64:]
         self.changes = (self.changes + [d for d in decisions if d.changed])[-64:]
         return decisions

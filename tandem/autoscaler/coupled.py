@@ -27,7 +27,9 @@
                  over target   the pool never shrinks while its latency misses
 
 The ratio P:D follows the token mix (both sizes come from the same demand), the total follows
-load against the SLO's headroom, and a miss is charged to the pool that causes it. The
+load against the SLO's headroom, and a miss is charged to the pool that causes it. Each call
+also leaves a ``forecast`` per pool (the sizes for the demand now and ahead, and the latency
+miss): what role flips (tandem/autoscaler/flips.py) weigh against a worker's start-up. The
 stabilizer (cooldowns, the down-scale window, step limits) and the controller's safe drains
 (tandem/autoscaler/drains.py) apply to these proposals as to every policy's.
 """
@@ -41,6 +43,7 @@ from collections.abc import Mapping
 from tandem.autoscaler.capacity import DecodePrice, PrefillPrice
 from tandem.autoscaler.config import AutoscaleConfig
 from tandem.autoscaler.decision import Proposal
+from tandem.autoscaler.flips import Forecast
 from tandem.autoscaler.metrics import WindowStats
 from tandem.autoscaler.roles import ROLES, RoleName
 
@@ -61,6 +64,7 @@ class CoupledPolicy:
         self._raised_t: dict[RoleName, float] = {"prefill": -math.inf, "decode": -math.inf}
         self._demand: deque[tuple[float, float]] = deque()  # (t, λp)
         self._per_request: float | None = None  # output tokens per request, smoothed
+        self.forecast: dict[RoleName, Forecast] = {}  # the last call's, per pool
 
     def __call__(self, stats: WindowStats, current: Mapping[RoleName, int]
                  ) -> dict[RoleName, Proposal]:
@@ -85,9 +89,16 @@ class CoupledPolicy:
         for role in ROLES:
             self._adapt(role, miss[role], stats.t, starting=current[role] > serving[role])
         if lp <= 0 and lo <= 0 and ttft is None and tpot is None:
+            self.forecast = {}
             return {role: Proposal(0, "idle") for role in ROLES}
         proposals = {"prefill": self._prefill(stats, lp_ahead, ttft),
                      "decode": self._decode(stats, lo, lo_ahead, tpot)}
+        # The sizes for the demand now (no trend) beside those ahead: when a pool falls short.
+        horizon = c.lead_s + self.config.cooldown.up_s
+        now = {"prefill": self._prefill(stats, lp, ttft).replicas,
+               "decode": self._decode(stats, lo, lo, tpot).replicas}
+        self.forecast = {role: Forecast(now[role], max(now[role], proposals[role].replicas),
+                                        horizon, miss[role]) for role in ROLES}
         out: dict[RoleName, Proposal] = {}
         for role in ROLES:
             p, now = proposals[role], current[role]

@@ -5,6 +5,7 @@
     tandem_autoscaler_signal_value{role,signal}         the driving signal's observed value
     tandem_autoscaler_signal_target{role,signal}        ... and its target
     tandem_autoscaler_decisions_total{role,direction,signal}  decisions that changed a count
+    tandem_autoscaler_flips_total{source,target}        workers told to switch roles
 
 Each exporter owns its registry (no global state): serve it with ``serve(port)`` or read it
 with ``text()``.
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import start_http_server
 
 from tandem.autoscaler.decision import Decision
+from tandem.autoscaler.flips import Flip
 
 
 class DecisionExporter:
@@ -35,6 +37,8 @@ class DecisionExporter:
         self.changes = Counter("tandem_autoscaler_decisions", "Decisions that changed a "
                                "replica count", ["role", "direction", "signal"],
                                registry=self.registry)
+        self.flips = Counter("tandem_autoscaler_flips", "Workers told to switch roles",
+                             ["source", "target"], registry=self.registry)
         self._signal: dict[str, str] = {}  # role -> the signal its gauges show now
 
     def record(self, decision: Decision, actual: int) -> None:
@@ -51,6 +55,10 @@ class DecisionExporter:
         self.target.labels(role, p.signal).set(p.target)
         if decision.changed:
             self.changes.labels(role, decision.direction, p.signal).inc()
+
+    def record_flip(self, flip: Flip) -> None:
+        """Count one role flip."""
+        self.flips.labels(flip.source, flip.target).inc()
 
     def text(self) -> str:
         """The exposition text (what /metrics serves)."""

@@ -35,6 +35,15 @@ class Stabilizer:
         self.config = config
         self._state: dict[str, _RoleState] = {"prefill": _RoleState(), "decode": _RoleState()}
 
+    def since_change(self, role: RoleName, t: float) -> float:
+        """Seconds since ``role``'s last change (inf: none yet)."""
+        return t - self._state[role].last_change_t
+
+    def note_change(self, role: RoleName, t: float) -> None:
+        """``role`` changed at ``t`` outside ``decide`` (a role flip): its cooldowns run
+        from now."""
+        self._state[role].last_change_t = t
+
     def decide(
         self,
         t: float,

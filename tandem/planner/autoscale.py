@@ -2,8 +2,9 @@
 
     every interval_s (simulate's on_tick hook):
       simulated workers ──WorkerSample each──> Snapshot(t)
-      pools.size() ──> current ──autoscaler.Autoscaler.step──> Decision per role
-      changed: pools.apply(Scale(t, role, desired, startup_s))
+      pools.size() ──> current ──autoscaler.Autoscaler.plan──> Decision per role (+ flips)
+      each flip: pools.flip(worker, flip_s)  (the simulator can flip: with flip.enabled)
+      a count changed beyond the flips: pools.apply(Scale(t, role, desired, startup_s))
 
 This is tandem/autoscaler/controller.py's ``Controller.step`` with the RPCs replaced by reads of the
 simulator's state: the window, the policies and the stabilizer are the autoscaler's,
@@ -40,9 +41,12 @@ decision's victims (tandem/autoscaler/drains.py) after any still starting, as th
 GPU-seconds integrate each worker from its start (0 or the decision that added it) to its
 end: the decision that cancelled it while starting, the later of the decision that drained
 it and its last request's end, or the end of the run, times its profile's
-``gpus_per_worker``.
+``gpus_per_worker``. A flipped worker's GPUs are one worker's throughout: its old role's
+span ends at the flip decision and its new role's starts there (its queued prefills or
+moving streams, and the flip time, count in the new role's span).
 
 Exports: :func:`simulate_autoscaled`, :class:`AutoscaledResult`, :class:`ScaleRecord`,
+:class:`FlipRecord`,
 :func:`compare_policies`, :class:`PolicyRow`, :func:`policy_row`, :func:`format_rows`.
 """
 
@@ -56,6 +60,7 @@ from dataclasses import dataclass, field
 from tandem.autoscaler.autoscaler import Autoscaler
 from tandem.autoscaler.config import AutoscaleConfig
 from tandem.autoscaler.decision import Decision
+from tandem.autoscaler.flips import Flip
 from tandem.autoscaler.metrics import RouterSample, Snapshot, WorkerSample
 from tandem.autoscaler.roles import ROLES, RoleName
 from tandem.placement.slo import Slo
@@ -84,6 +89,19 @@ class ScaleRecord:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class FlipRecord:
+    """One role flip: at ``t`` ``worker`` left ``source`` for ``target`` (as ``joined``)
+    by ``move`` (tandem/autoscaler/flips.py: "grow" or "swap")."""
+
+    t: float
+    worker: str
+    source: RoleName
+    target: RoleName
+    joined: str  # the endpoint it serves under in its new pool
+    move: str
+
+
 @dataclass(slots=True)
 class AutoscaledResult:
     """One autoscaled run: the simulation, the pool changes and what the pools cost."""
@@ -96,6 +114,7 @@ class AutoscaledResult:
     peak: dict[RoleName, int] = field(default_factory=dict)  # the largest pool size decided
     # every worker's (role, start, end): the GPU-seconds' terms, for a held-over-time plot
     spans: list[tuple[RoleName, float, float]] = field(default_factory=list)
+    flips: list[FlipRecord] = field(default_factory=list)
 
     def held(self, role: RoleName, t: float) -> int:
         """Workers of ``role`` alive (starting, serving or draining) at ``t``."""
@@ -115,16 +134,20 @@ class _Life:
     start_s: float
     removed_s: float | None = None
     joined: bool = True  # False: cancelled before it joined
+    flipped: bool = False  # removed by a flip: its GPUs go on in its successor's life
 
 
 class _SimController:
     """Controller.step over the simulator's state (the ``on_tick`` hook)."""
 
-    def __init__(self, config: AutoscaleConfig, startup_s: float) -> None:
+    def __init__(self, config: AutoscaleConfig, startup_s: float, flip_s: float) -> None:
         self.autoscaler = Autoscaler(config)
         self.window_s = config.window_s
         self.startup_s = startup_s
+        self.flip_s = flip_s
+        self.can_flip = config.flip.enabled
         self.records: list[ScaleRecord] = []
+        self.flips: list[FlipRecord] = []
         self.lives: dict[RoleName, dict[int, _Life]] = {"prefill": {}, "decode": {}}
         self.decisions = 0
         self.peak: dict[RoleName, int] = {}
@@ -140,17 +163,29 @@ class _SimController:
         current: dict[RoleName, int] = {role: pools.size(_ROLE[role]) for role in ROLES}
         for role in ROLES:
             self.peak.setdefault(role, current[role])
-        decisions = self.autoscaler.step(snap, current)
-        self.decisions += len(decisions)
-        for d in decisions:
-            if d.changed:
+        plan = self.autoscaler.plan(snap, current, can_flip=self.can_flip)
+        self.decisions += len(plan.decisions)
+        for f in plan.flips:
+            self._flip(now, f, router, pools)
+        for d in plan.decisions:
+            if d.changed or d.scales:
                 self._scale(now, d, pools)
+
+    def _flip(self, now: float, f: Flip, router: SimRouter, pools: Pools) -> None:
+        worker = router.endpoint(f.worker)
+        assert worker is not None and worker.routable, f.worker
+        new = pools.flip(worker, self.flip_s)
+        life = self.lives[f.source][worker.index]
+        life.removed_s, life.flipped = now, True
+        self.lives[f.target][new.index] = _Life(new, now)
+        self.flips.append(FlipRecord(now, f.worker, f.source, f.target, new.endpoint, f.move))
 
     def _scale(self, now: float, d: Decision, pools: Pools) -> None:
         role = _ROLE[d.role]
         lives = self.lives[d.role]
         serving = {w.index: w.routable for w in pools.members(role)}  # False: starting
-        pools.apply(Scale(now, role, d.desired, self.startup_s, d.victims))
+        if d.scales:
+            pools.apply(Scale(now, role, d.desired, self.startup_s, d.victims))
         after = pools.members(role)
         for w in after:
             if w.index not in lives:
@@ -158,8 +193,9 @@ class _SimController:
         for index in set(serving) - {w.index for w in after}:
             life = lives[index]
             life.removed_s, life.joined = now, serving[index]
-        self.records.append(ScaleRecord(now, d.role, d.current, d.desired, d.reason))
-        self.peak[d.role] = max(self.peak.get(d.role, 0), d.desired)
+        if d.changed:
+            self.records.append(ScaleRecord(now, d.role, d.current, d.desired, d.reason))
+            self.peak[d.role] = max(self.peak.get(d.role, 0), d.desired)
 
     def _samples(self, now: float, router: SimRouter) -> list[WorkerSample]:
         samples: list[WorkerSample] = []
@@ -248,7 +284,7 @@ def _spans(control: _SimController, result: SimResult) -> list[tuple[RoleName, f
             if life.removed_s is not None:
                 end = life.removed_s
                 w = life.worker
-                if life.joined:
+                if life.joined and not life.flipped:
                     if isinstance(w, PrefillWorker):
                         work = w.done_log[-1][0] if w.done_log else -math.inf
                     else:
@@ -260,15 +296,18 @@ def _spans(control: _SimController, result: SimResult) -> list[tuple[RoleName, f
 
 def simulate_autoscaled(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceRequest],
                         config: AutoscaleConfig, *, prefill_profile: Profile | None = None,
-                        interval_s: float | None = None, startup_s: float = 60.0
-                        ) -> AutoscaledResult:
+                        interval_s: float | None = None, startup_s: float = 60.0,
+                        flip_s: float | None = None) -> AutoscaledResult:
     """Serve ``trace`` on ``cluster``, its pools sized by ``config``'s policy every
     ``interval_s`` (default ``config.interval_s``) from t = 0; added workers join after
-    ``startup_s``. The cluster's counts are the pools' sizes at t = 0."""
+    ``startup_s``, flipped ones ``flip_s`` (default ``config.flip.flip_s``) after they are
+    empty (flips only with ``config.flip.enabled``). The cluster's counts are the pools'
+    sizes at t = 0."""
     interval = config.interval_s if interval_s is None else interval_s
-    if not interval > 0 or startup_s < 0:
-        raise ValueError("interval_s must be > 0 and startup_s >= 0")
-    control = _SimController(config, startup_s)
+    flip = config.flip.flip_s if flip_s is None else flip_s
+    if not interval > 0 or startup_s < 0 or flip < 0:
+        raise ValueError("interval_s must be > 0, startup_s and flip_s >= 0")
+    control = _SimController(config, startup_s, flip)
     result = simulate(cluster, profile, trace, prefill_profile=prefill_profile,
                       on_tick=control, tick_s=interval)
     p_profile = prefill_profile or profile
@@ -279,7 +318,7 @@ def simulate_autoscaled(cluster: ClusterSpec, profile: Profile, trace: Sequence[
         role: sum(end - start for r, start, end in spans if r == role) * gpus[role]
         for role in ROLES}
     return AutoscaledResult(result, control.records, gpu_seconds, control.decisions,
-                            dict(control.peak), spans)
+                            dict(control.peak), spans, control.flips)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,10 @@ Scale-down is a replica count change: Kubernetes sends SIGTERM to the removed po
 worker process drains (no new work, finishes what it has) before exiting, within the pod's
 ``terminationGracePeriodSeconds`` (the chart sets it above the workers' drain timeout).
 The client is synchronous; calls run in a thread so the control loop never blocks.
+
+Role flips: not supported (``can_flip`` is false, so the autoscaler plans none). Each role
+is its own Deployment, so a flipped pod would have to leave one ReplicaSet for the other, and
+the workers have no runtime role switch yet; ``flip`` refuses with that reason.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from tandem.autoscaler.flips import FlipUnsupportedError
 from tandem.autoscaler.roles import ROLES, RoleName
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -58,6 +63,17 @@ class KubernetesActuator:
         name = await self._deployment(role)
         await self._call(self._apps.patch_namespaced_deployment_scale, name, self._namespace,
                          {"spec": {"replicas": replicas}})
+
+    @property
+    def can_flip(self) -> bool:
+        """False: pods cannot switch roles (see the module docstring)."""
+        return False
+
+    async def flip(self, worker: str, to_role: RoleName) -> None:
+        """Refused: a pod belongs to its role's Deployment and workers cannot switch roles."""
+        raise FlipUnsupportedError(
+            f"cannot flip {worker} to {to_role}: Kubernetes pods belong to one role's "
+            "Deployment and the workers have no runtime role switch")
 
     async def _deployment(self, role: RoleName) -> str:
         selector = f"{COMPONENT_LABEL}={role}" + (f",{self._selector}" if self._selector else "")

@@ -8,6 +8,11 @@
 The pool actor (``tandem.launcher.pool``) owns the actors; this side only asks. Requesting
 resources first lets a KubeRay or VM cluster start nodes while the actors are being created,
 instead of after they are found pending.
+
+Role flips: ``can_flip`` is false and ``flip`` refuses. A flip has to switch a running
+worker actor's role in place (its decode streams live-migrated away or its queued prefills
+finished, then it re-registers in the other pool) and the worker runtime and the pool actor
+have no such operation yet; until they do, the autoscaler plans no flips on Ray.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tandem.autoscaler.flips import FlipUnsupportedError
 from tandem.autoscaler.roles import ROLES, RoleName
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,16 @@ class RayActuator:
             bundles = [self._bundles[r] for r in ROLES for _ in range(counts[r])]
             await asyncio.to_thread(request_bundles, bundles)
         await self._pool.scale.remote(role, replicas, list(victims))
+
+    @property
+    def can_flip(self) -> bool:
+        """False: the workers have no runtime role switch yet (see the module docstring)."""
+        return False
+
+    async def flip(self, worker: str, to_role: RoleName) -> None:
+        """Refused until the worker runtime can switch roles (``can_flip`` is false)."""
+        raise FlipUnsupportedError(
+            f"cannot flip {worker} to {to_role}: the workers have no runtime role switch yet")
 
 
 def request_bundles(bundles: list[dict[str, float]]) -> None:

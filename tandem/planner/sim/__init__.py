@@ -47,6 +47,12 @@ Simplifications (what the real system does that this does not):
   RESOURCE_EXHAUSTED at that deadline or at the prefill's end, whichever is later), on
   another prefill worker than the one that timed out. A decode worker's death migrates its
   requests to the router queue's front: reserve elsewhere, prefill prompt + tokens sent.
+- Role flips (``RoleFlip``, or the autoscaler's flips in tandem/planner/autoscale.py): the
+  worker leaves its pool and joins the other ``flip_s`` after it is empty, its weights
+  loaded (one GPU set throughout). A prefill worker finishes its queued prompts first; a
+  decode worker's streams move at once, by live migration (their KV over the transfer
+  link model, less the target's cached prefix) or, with ``live_migration`` off and for
+  requests whose KV it did not hold whole yet, by re-prefill. Not with host sharing.
 - Decode: a row joins at the first step boundary after its KV lands; ``max_num_seqs``
   caps decode rows only (local prefill jobs ride along whatever the cap). A drained
   worker finishes its requests (no migration). Arrival times are open loop, even for
@@ -57,11 +63,11 @@ Simplifications (what the real system does that this does not):
   peer computes; nothing else on a host (a router, a load client) takes its cores.
 
 Exports: :func:`simulate`, :func:`attainment_curve`, :class:`ClusterSpec`,
-:class:`Failure`, :class:`Scale`, :class:`HostSharing`, :class:`SimResult`,
+:class:`Failure`, :class:`Scale`, :class:`RoleFlip`, :class:`HostSharing`, :class:`SimResult`,
 :class:`RequestOutcome`, :class:`Summary`, :func:`percentile`.
 """
 
-from tandem.planner.sim.cluster import ClusterError, ClusterSpec, Failure, Scale
+from tandem.planner.sim.cluster import ClusterError, ClusterSpec, Failure, RoleFlip, Scale
 from tandem.planner.sim.host import HostSharing
 from tandem.planner.sim.results import RequestOutcome, SimResult, Summary, percentile
 from tandem.planner.sim.simulate import attainment_curve, simulate
@@ -72,6 +78,7 @@ __all__ = [
     "Failure",
     "HostSharing",
     "RequestOutcome",
+    "RoleFlip",
     "Scale",
     "SimResult",
     "Summary",

@@ -43,6 +43,9 @@ class ClusterSpec:
     (``--health-interval``), all that workers given to the router by address get
     (``tandem local``, ``make serve``, scripts/bench_serve); workers that register also
     heartbeat every 2 s, about 1 s between reports; 0: the router knows every queue exactly.
+    ``live_migration``: how a decode worker's streams move when it flips to prefill
+    (:class:`RoleFlip`): with their KV over the link (True), or by re-prefilling prompt +
+    tokens sent elsewhere, as a dead worker's (False).
     """
 
     prefill_workers: int
@@ -58,6 +61,7 @@ class ClusterSpec:
     transfer_timeout_s: float = 30.0
     signals: str = "fitted"
     report_interval_s: float = 2.0
+    live_migration: bool = True
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 0 or self.decode_workers < 0:
@@ -119,4 +123,23 @@ class Scale:
             raise ClusterError(f"bad scale event {self}: at_s, count, startup_s >= 0")
 
 
-Event = Failure | Scale
+@dataclass(frozen=True, slots=True)
+class RoleFlip:
+    """At ``at_s`` the ``index``-th worker ever started in ``role``'s pool (if it serves)
+    switches to the other role with its weights loaded: a prefill worker takes no new
+    prompts and finishes its queued ones, a decode worker's streams move to other decode
+    workers at once (``ClusterSpec.live_migration``); ``flip_s`` after that it serves in
+    the other pool, a new worker there (the next index) on the same GPUs."""
+
+    at_s: float
+    role: Role
+    index: int
+    flip_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", _role(self.role))
+        if self.at_s < 0 or self.index < 0 or self.flip_s < 0:
+            raise ClusterError(f"bad role flip {self}: at_s, index, flip_s >= 0")
+
+
+Event = Failure | Scale | RoleFlip

@@ -182,6 +182,27 @@ class DecodeWorker:
     def kill(self, at_s: float) -> tuple[list[SimRequest], list[SimRequest]]:
         """The worker dies at ``at_s``: (requests to migrate, with ``sent`` counted to
         ``at_s``; requests whose last token was already out, with ``finish_s`` set)."""
+        lost, done = self._stop(at_s)
+        self.dead = True
+        self.blocks.forget_all()
+        return lost, done
+
+    def evict(self, at_s: float) -> tuple[list[SimRequest], list[SimRequest], set[int]]:
+        """The worker leaves the decode pool at ``at_s`` alive (a role flip): as ``kill``,
+        plus which requests' KV it held whole (running rows and ready ones: what a live
+        migration can move), every reservation released (its blocks freed: ``leaked()``
+        is 0 after)."""
+        whole = {req.index for req in self.ready} | {req.index for _, _, req in self._rows}
+        held = list(self.requests.values())
+        lost, done = self._stop(at_s)
+        for req in held:
+            self.blocks.release(req.group, req.pinned, req.private_blocks, ())
+        self.blocks.forget_all()
+        return lost, done, whole
+
+    def _stop(self, at_s: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Stop stepping at ``at_s``: the tokens each request got by then, and the
+        requests split into unfinished and finished; the worker holds none after."""
         k = 0
         if self._busy and self._chunks is None:
             k = steps_by(at_s - self._t0, *self._plain(), self._wake_n - self._n0)
@@ -205,7 +226,7 @@ class DecodeWorker:
             if req.finish_s != req.finish_s:
                 req.finish_s = req.leg_token_s
         was_busy = self._busy
-        self.dead, self.routable, self._busy = True, False, False
+        self.routable, self.draining, self._busy = False, False, False
         if was_busy and self.peer is not None:
             self.peer.peer_busy(False, at_s)
         self._version += 1
@@ -213,7 +234,9 @@ class DecodeWorker:
         self._rows.clear()
         self.ready.clear()
         self._local.clear()
-        self.blocks.forget_all()
+        self._reports.before_change(self.local_tokens, at_s)
+        self.local_tokens = self.rows = self._ctx = 0
+        self._chunks = None
         return lost, done
 
     def tokens_streamed(self, at_s: float) -> int:

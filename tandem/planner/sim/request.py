@@ -63,6 +63,7 @@ class SimRequest:
     decode_endpoint: str = ""
     pushed_bytes: int = 0
     migrations: int = 0
+    carry_kv: bool = False  # its next reservation receives its KV by live migration
     completed: bool = False
     failed: str = ""  # why it never completed ("" while it may)
 

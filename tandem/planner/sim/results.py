@@ -107,6 +107,8 @@ class SimResult:
     local_fallbacks: int = 0
     prefill_timeouts: int = 0  # remote prefills past the transfer timeout (retried)
     stranded: int = 0  # requests still waiting at the router when nothing was left to run
+    live_migrations: int = 0  # streams moved with their KV (role flips), and the bytes
+    migrated_bytes: int = 0
     # Shares of the simulated time the pools spent stepping (busy seconds over workers ever
     # started x simulated seconds) and the decode batch's mean rows while stepping.
     prefill_busy: float = 0.0

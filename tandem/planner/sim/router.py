@@ -19,6 +19,13 @@ the decode worker starts the request when it lands, and the first token reaches 
 the first token waits for the push, less what the last step's compute hid: a slow link
 costs the simulated requests TPOT where it costs the real ones TTFT. Pushes on one link do
 not slow each other here.)
+
+A role flip takes a decode worker out of the pool alive (:meth:`move_streams`): the
+requests whose KV it holds whole move by live migration (reserve on another decode worker,
+the KV of prompt + tokens sent it lacks over the same link model, the stream goes on from
+its next token: no recompute) when ``ClusterSpec.live_migration``, the others (and all of
+them without it) as a dead worker's do: re-prefill prompt + tokens sent. Planned moves do
+not count against ``max_migrations``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 from tandem.placement import cost_model, policy
 from tandem.placement.cost_model import Decision, Reason
 from tandem.placement.worker_view import WorkerView
+from tandem.planner.profile import Transfer
 from tandem.planner.sim.cluster import ClusterSpec
 from tandem.planner.sim.decode import DecodeWorker
 from tandem.planner.sim.events import EventQueue
@@ -53,8 +61,13 @@ class SimRouter:
     """Places requests on the simulated pools and hears back from the workers."""
 
     def __init__(self, cluster: ClusterSpec, events: EventQueue, block_size: int,
-                 full_rank: bool = False, request_overhead_s: float = 0.0) -> None:
+                 full_rank: bool = False, request_overhead_s: float = 0.0,
+                 link: Transfer | None = None, kv_bytes_per_token: int = 0) -> None:
+        """``link`` and ``kv_bytes_per_token``: what a live migration between decode
+        workers moves KV over, and how much (None: streams move by re-prefill only)."""
         self._cluster = cluster
+        self._link = link
+        self._kv_bytes = kv_bytes_per_token
         self._request_overhead = request_overhead_s  # serving's extra on a first token
         self._events = events
         self._bs = block_size
@@ -75,6 +88,9 @@ class SimRouter:
         self.decisions: Counter[tuple[str, str]] = Counter()
         self.migrations = self.prefill_retries = self.local_fallbacks = 0
         self.prefill_timeouts = 0  # remote prefills whose push missed transfer_timeout_s
+        self.live_migrations = 0  # streams moved with their KV (role flips)
+        self.migrated_bytes = 0  # ... and the KV bytes they moved
+        self.on_left: Callable[[DecodeWorker | PrefillWorker], None] | None = None
         self.tallies = RouterTallies()  # what the real router's /metrics would show
 
     # -- pool membership -------------------------------------------------------------------
@@ -105,11 +121,43 @@ class SimRouter:
             self._dindex.drop(worker)
             worker.blocks.forget_all()
             if not worker.requests:
-                worker.draining = False
+                self._left(worker)
         else:
             self._pindex.drop(worker)
             if worker.depth == 0:
-                worker.draining = False
+                self._left(worker)
+
+    def _left(self, worker: DecodeWorker | PrefillWorker) -> None:
+        """A draining ``worker`` is empty: it leaves (``on_left`` hears of it)."""
+        worker.draining = False
+        if self.on_left is not None:
+            self.on_left(worker)
+
+    def move_streams(self, worker: DecodeWorker) -> None:
+        """``worker`` leaves the decode pool now, alive (see the module docstring)."""
+        now = self._events.now
+        self._dindex.drop(worker)
+        lost, done, whole = worker.evict(now)
+        for req in done:
+            req.completed, req.leg = True, req.leg + 1
+        live = self._cluster.live_migration and self._link is not None
+        for req in lost:
+            req.leg += 1  # stale: its queue entries and KV in flight
+            if (p := req.job_p) is not None:
+                p.cancel(req)
+                self._touch_p(p)
+            req.decode, req.private_blocks, req.pinned = None, 0, False
+            req.migrations += 1
+            self.migrations += 1
+            req.carry_kv = live and req.index in whole
+            if req.sent > 0:
+                req.leg_token_s = now  # its last token here: the stream's gap starts now
+        self._waiting.extendleft(reversed(lost))
+        self._pump()
+
+    def endpoint(self, endpoint: str) -> DecodeWorker | PrefillWorker | None:
+        """The worker at ``endpoint`` (None: no such worker)."""
+        return self._dmap.get(endpoint) or self._pmap.get(endpoint)
 
     def kill(self, worker: DecodeWorker | PrefillWorker) -> None:
         """``worker`` dies now: prefills are retried, decode legs migrate."""
@@ -182,8 +230,23 @@ class SimRouter:
         d, dview = chosen
         self._dindex.put(d, decode_key(d))
         req.dispatch_s = self._events.now
-        self._place(req, d, dview)
+        if req.carry_kv:
+            self._carry(req)
+        else:
+            self._place(req, d, dview)
         return True
+
+    def _carry(self, req: SimRequest) -> None:
+        """A live migration's second half: the KV the new reservation lacks crosses the
+        link, then the stream joins the new worker's batch (no prefill)."""
+        assert self._link is not None
+        req.carry_kv = False
+        moved = (req.tokens - req.d_cached) * self._kv_bytes
+        self.live_migrations += 1
+        self.migrated_bytes += moved
+        req.pushed_bytes += moved
+        self._events.push(self._events.now + self._link.seconds(moved), self._kv_arrived,
+                          req, req.leg)
 
     def _reserve(self, req: SimRequest, pool: list[DecodeWorker], matched: dict[str, int]
                  ) -> tuple[DecodeWorker, WorkerView] | None:
@@ -345,10 +408,10 @@ class SimRouter:
         if d.routable:
             self._dindex.put(d, decode_key(d))
         elif d.draining and not d.requests:
-            d.draining = False  # drained: it leaves
+            self._left(d)  # drained: it leaves
 
     def _touch_p(self, p: PrefillWorker) -> None:
         if p.routable:
             self._pindex.put(p, (p.depth, p.index))
         elif p.draining and p.depth == 0:
-            p.draining = False  # drained: it leaves
+            self._left(p)  # drained: it leaves

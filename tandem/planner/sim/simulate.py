@@ -11,7 +11,7 @@ from tandem.placement.policy import blocks_needed
 from tandem.placement.slo import Slo
 from tandem.placement.worker_view import Role
 from tandem.planner.profile import Profile
-from tandem.planner.sim.cluster import ClusterSpec, Failure, Scale
+from tandem.planner.sim.cluster import ClusterSpec, Event
 from tandem.planner.sim.events import EventQueue
 from tandem.planner.sim.lifecycle import Pools
 from tandem.planner.sim.request import SimRequest
@@ -51,7 +51,7 @@ def _outcome(r: SimRequest) -> RequestOutcome:
 
 
 def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceRequest], *,
-             prefill_profile: Profile | None = None, events: Sequence[Failure | Scale] = (),
+             prefill_profile: Profile | None = None, events: Sequence[Event] = (),
              exact_steps: bool = False, full_rank: bool = False,
              on_tick: Callable[[float, SimRouter, Pools], None] | None = None,
              tick_s: float = 0.0, placement_log: list[dict[str, Any]] | None = None
@@ -76,7 +76,8 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
         raise ValueError("prefill and decode profiles must share a block size")
     queue = EventQueue()
     router = SimRouter(cluster, queue, profile.block_size, full_rank,
-                       request_overhead_s=profile.serving_request_s)
+                       request_overhead_s=profile.serving_request_s, link=profile.transfer,
+                       kv_bytes_per_token=profile.kv_bytes_per_token)
     router.log_placements(placement_log, lambda: queue.now)
     pools = Pools(router, queue, profile, p_profile, exact_steps, cluster.host_sharing,
                   fitted=cluster.signals == "fitted",
@@ -114,6 +115,7 @@ def simulate(cluster: ClusterSpec, profile: Profile, trace: Sequence[TraceReques
         prefill_retries=router.prefill_retries, local_fallbacks=router.local_fallbacks,
         prefill_timeouts=router.prefill_timeouts,
         stranded=router.waiting(),
+        live_migrations=router.live_migrations, migrated_bytes=router.migrated_bytes,
         prefill_busy=p_busy / (span * len(router.prefill)) if router.prefill else 0.0,
         decode_busy=d_busy / (span * len(router.decode)) if router.decode else 0.0,
         decode_mean_rows=sum(d.row_s for d in router.decode) / d_busy if d_busy else 0.0,

@@ -51,12 +51,23 @@ def test_values_and_defaults(tmp_path: Path) -> None:
         ({"policy": "coupled", "coupled": {"lead_s": -1}}, "coupled.lead_s"),
         ({"policy": "coupled", "coupled": {"max_rows": 2.5}}, "coupled.max_rows"),
         ({"policy": "coupled", "coupled": {"tpot": 1}}, "coupled: unknown"),
+        ({"policy": "coupled", "flip": {"enable": True}}, "flip: unknown"),
+        ({"policy": "coupled", "flip": {"enabled": "yes"}}, "flip.enabled"),
+        ({"policy": "coupled", "flip": {"flip_s": 0}}, "flip.flip_s"),
+        ({"policy": "coupled", "flip": {"window_s": -1}}, "flip.window_s"),
+        ({"policy": "slo", "flip": {"enabled": True}}, "only the coupled policy"),
         ([1, 2], "mapping"),
     ],
 )
 def test_bad_configs_are_refused(data: object, key: str) -> None:
     with pytest.raises(AutoscaleConfigError, match=key):
         parse_config(data)
+
+
+def test_flip_settings_parse_with_defaults() -> None:
+    cfg = parse_config({"policy": "coupled", "flip": {"enabled": True, "flip_s": 4}})
+    assert cfg.flip.enabled and cfg.flip.flip_s == 4.0 and cfg.flip.window_s == 15.0
+    assert not parse_config({"policy": "coupled"}).flip.enabled  # off unless asked
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from tandem.autoscaler.autoscaler import Autoscaler
 from tandem.autoscaler.config import AutoscaleConfig, Bounds, Cooldown, CoupledTargets, MaxStep
 from tandem.autoscaler.decision import Decision
+from tandem.autoscaler.flips import Flip
 from tandem.autoscaler.metrics import RouterSample, Snapshot, WorkerSample
 from tandem.placement.slo import ITL_BUCKETS, TTFT_BUCKETS
 
@@ -51,12 +52,18 @@ class Load:
 
 
 class Cluster:
-    """A cluster whose pools follow the autoscaler's decisions (new workers serve at once;
-    a decrease removes the decision's victims, then the newest), fed a load per second."""
+    """A cluster whose pools follow the autoscaler's decisions (new workers serve after
+    ``startup_s``, at once by default; a decrease removes the decision's victims, then the
+    newest starting, then the newest; with ``can_flip`` a flipped worker moves to its new role at once), fed a load
+    per second."""
 
-    def __init__(self, config: AutoscaleConfig = CFG, prefill: int = 4, decode: int = 4
-                 ) -> None:
+    def __init__(self, config: AutoscaleConfig = CFG, prefill: int = 4, decode: int = 4,
+                 can_flip: bool = False, startup_s: float = 0.0) -> None:
         self.scaler = Autoscaler(config)
+        self.can_flip = can_flip
+        self.startup_s = startup_s
+        self.ready_at: dict[str, float] = {}  # starting workers: when they serve
+        self.flips: list[Flip] = []
         self.ids = {"prefill": [f"p{i}" for i in range(prefill)],
                     "decode": [f"d{i}" for i in range(decode)]}
         self._next = {"prefill": prefill, "decode": decode}
@@ -73,23 +80,32 @@ class Cluster:
         ids = self.ids[d.role]
         for victim in d.victims:
             ids.remove(victim)
-        while len(ids) > d.desired:
-            ids.pop()
+        while len(ids) > d.desired:  # workers still starting first, the newest first
+            starting = [w for w in ids if self.ready_at.get(w, 0.0) > self.t]
+            ids.remove(starting[-1] if starting else ids[-1])
         while len(ids) < d.desired:
             ids.append(f"{d.role[0]}{self._next[d.role]}")
+            self.ready_at[ids[-1]] = self.t + self.startup_s
             self._next[d.role] += 1
+
+    def _flip(self, f: Flip) -> None:
+        self.ids[f.source].remove(f.worker)
+        self.ids[f.target].append(f.worker)
+
+    def serving(self, role: str) -> list[str]:
+        return [w for w in self.ids[role] if self.ready_at.get(w, 0.0) <= self.t]
 
     def tick(self, load: Load) -> dict[str, int]:
         self.t += 1.0
         workers = []
-        for wid in self.ids["prefill"]:
+        for wid in self.serving("prefill"):
             workers.append(WorkerSample(
                 "prefill", wid, leased_blocks=load.leased.get(wid, 0),
                 num_running=1 if load.leased.get(wid) else 0,
                 step_base_s=P_BASE if load.costs else None,
                 step_per_prefill_token_s=P_TOKEN if load.costs else None,
                 max_batched_tokens=CHUNK))
-        for wid in self.ids["decode"]:
+        for wid in self.serving("decode"):
             workers.append(WorkerSample(
                 "decode", wid, num_running=load.streams.get(wid, 0),
                 kv_cache_usage=load.kv, step_base_s=D_BASE if load.costs else None,
@@ -105,7 +121,11 @@ class Cluster:
             finished_tokens_total=r.finished_tokens_total + n * load.output_per_request,
             waiting=load.waiting)
         snap = Snapshot(self.t, tuple(workers), self.router)
-        decisions = self.scaler.step(snap, self.current)  # type: ignore[arg-type]
+        plan = self.scaler.plan(snap, self.current, self.can_flip)  # type: ignore[arg-type]
+        decisions = plan.decisions
+        for f in plan.flips:
+            self._flip(f)
+        self.flips += plan.flips
         for d in decisions:
             self._apply(d)
         self.decisions += decisions
