@@ -39,9 +39,9 @@ from tandem.router.config import RouterConfig
 from tandem.router.cost import NOTHING
 from tandem.router.frontend import Frontend
 from tandem.router.handoff.counters import HandoffCounters
+from tandem.router.handoff.deps import HandoffDeps
 from tandem.router.handoff.held_blocks import HeldBlocks
 from tandem.router.handoff.inflight import InflightCalls
-from tandem.router.handoff.ledger import HandoffDeps
 from tandem.router.http import HttpServer
 from tandem.router.membership.health_monitor import HealthMonitor
 from tandem.router.membership.registry import Registry

@@ -79,3 +79,12 @@ class PrefillReply:
     first_logprob: TokenLogprob | None = None
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     first_tokens: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLeg:
+    """One reservation on a decode worker: where, under which leg id, and what it granted."""
+
+    endpoint: str
+    leg_id: str
+    reservation: Reservation
