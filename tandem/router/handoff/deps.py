@@ -15,6 +15,7 @@ from tandem.router.errors import Busy, OverloadedError
 from tandem.router.handoff.counters import HandoffCounters
 from tandem.router.handoff.held_blocks import HeldBlocks
 from tandem.router.handoff.inflight import InflightCalls
+from tandem.router.handoff.live_moves import LiveStreams
 from tandem.router.membership.registry import Registry
 from tandem.router.membership.worker_clients import WorkerClients
 
@@ -37,7 +38,8 @@ def refused_for_now(refusals: list[tuple[int, Busy | None]]) -> OverloadedError:
 class HandoffDeps:
     """What every handoff shares: the pool, the channels, the affinity map, the counters,
     the worker calls in flight (which the health monitor cuts: tandem/router/server.py), the remote
-    overheads placement learns, and the prefix blocks each worker is believed to hold."""
+    overheads placement learns, the prefix blocks each worker is believed to hold, and the
+    decode streams in flight (which an operator's drain moves live)."""
 
     config: RouterConfig
     registry: Registry
@@ -49,3 +51,4 @@ class HandoffDeps:
     links: LinkEstimates = field(default_factory=LinkEstimates)  # per P->D pair (link.py)
     held: HeldBlocks = field(default_factory=lambda: HeldBlocks(time.monotonic, 6.0))
     placement_log: PlacementLog | None = None  # --placement-log
+    live: LiveStreams = field(default_factory=LiveStreams)  # decode streams a drain may move

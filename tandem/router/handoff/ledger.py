@@ -61,8 +61,11 @@ from tandem.placement.worker_view import Role
 from tandem.router.api.response import TokenLogprob
 from tandem.router.errors import (
     Busy,
+    Fault,
     LegLostError,
+    LegSuspendedError,
     NoWorkerError,
+    OverloadedError,
     WorkerCallError,
     WorkerFailedError,
 )
@@ -71,6 +74,7 @@ from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.deps import HandoffDeps, refused_for_now
 from tandem.router.handoff.fork import merge_sequences
 from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply
+from tandem.router.handoff.live_moves import MoveCause, MoveOutcome, MoveTicket
 from tandem.router.handoff.open_legs import OpenLegs
 from tandem.router.handoff.prefill_leg import LegPrefill
 from tandem.router.request import Chunk, HandoffReport, Prepared
@@ -102,6 +106,7 @@ class Handoff:
                               span)
         self._prefill = LegPrefill(deps, request.request_id, deadline, span, self._calls,
                                    self._open, self._renew)
+        self._leg: DecodeLeg  # the decode leg the request is on (set by _legs)
         self._lost = ""  # why the last decode leg was lost (said when no worker takes over)
         self._hashed, self._chain = -1, []  # _hashes' memo: token count and its chain
         self.report = HandoffReport()
@@ -123,8 +128,10 @@ class Handoff:
                 return
             leg = await self._reserve(self._rank_decode(excluded))
             self._deps.registry.acquire(leg.endpoint)
+            self._leg = leg
             try:
                 leg, first = await self._fill(leg)
+                self._leg = leg
                 if self._forks():
                     async for chunk in self._sequences(leg, first):
                         yield chunk
@@ -133,14 +140,9 @@ class Handoff:
                 self._sent.append(first.first_token)
                 yield Chunk([first.first_token], self._first_logprob(first), leg_start=True,
                             prompt_logprobs=prompt_logprobs)
-                stream = legs.decode_stream(
-                    self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining(),
-                    parent=self._span,
-                )
-                async with aclosing(stream):  # closed (RPC cancelled) however we leave
-                    async for chunk in stream:
-                        self._sent.extend(chunk.token_ids)
-                        yield chunk
+                async for chunk in self._decode():
+                    yield chunk
+                leg = self._leg  # where the stream ended (after any live move)
                 self._open.done(leg.endpoint, leg.leg_id, True)
                 # D now caches the whole sequence: a next turn that extends it goes there.
                 self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
@@ -148,7 +150,85 @@ class Handoff:
             except LegLostError as lost:
                 await self._migrate(lost, excluded)
             finally:
-                self._deps.registry.release(leg.endpoint)
+                self._deps.registry.release(self._leg.endpoint)
+
+    async def _decode(self) -> AsyncIterator[Chunk]:
+        """The decode stream of ``self._leg`` to its end, followed through live moves
+        (tandem/router/handoff/live_moves.py): ``self._leg`` is the leg it is on."""
+        with self._deps.live.open(self._leg.endpoint, self._leg.leg_id) as ticket:
+            moved_at: float | None = None  # when the last token before a move came
+            last_at = time.monotonic()
+            while True:
+                leg = self._leg
+                stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
+                                            self._deadline.remaining(), parent=self._span)
+                try:
+                    async with aclosing(stream):  # closed (RPC cancelled) however we leave
+                        async for chunk in stream:
+                            if moved_at is not None:  # the new leg's first: a new text base
+                                chunk.leg_start = True
+                                self._deps.counters.move_gap.observe(time.monotonic() - moved_at)
+                                moved_at = None
+                            last_at = time.monotonic()
+                            self._sent.extend(chunk.token_ids)
+                            yield chunk
+                    return
+                except LegSuspendedError:
+                    if await self._move(ticket):
+                        moved_at = last_at
+
+    async def _move(self, ticket: MoveTicket) -> bool:
+        """``self._leg``'s stream was suspended for a live move: move it to another decode
+        worker (True), or resume it where it is (False; the ticket says why). Raises
+        LegLostError when its worker is gone meanwhile."""
+        src, deps = self._leg, self._deps
+        cause = (ticket.cause or MoveCause.DRAIN).value
+        try:
+            target = await self._reserve(self._rank_decode({src.endpoint}), moving=True)
+        except (NoWorkerError, OverloadedError) as err:
+            await self._resume(src, ticket, f"no decode worker could take it: {err}")
+            return False
+        try:
+            moved, _ = await legs.move_out(self._calls, src.endpoint, src.leg_id,
+                                           target.reservation, self._sent[-1], self._span)
+        except WorkerCallError as err:
+            await self._open.close(target.endpoint, target.leg_id)
+            legs.raise_if_fatal(err)
+            if err.fault is Fault.RECEIVER:  # the target failed: the source resumed it
+                deps.counters.live_moves[(cause, "stayed")] += 1
+                ticket.settle(MoveOutcome(False, f"the push failed: {err.details}"))
+                return False
+            if err.code_name in legs.WORKER_GONE:
+                raise LegLostError(src.endpoint, str(err),
+                                   down=blame.takes_out_of_pool(err)) from err
+            await self._resume(src, ticket, str(err))
+            return False
+        self._open.done(src.endpoint, src.leg_id, True)  # freed there once committed
+        deps.registry.release(src.endpoint)
+        deps.registry.acquire(target.endpoint)
+        self._leg = target
+        deps.live.rehome(ticket, target.endpoint, target.leg_id)
+        deps.counters.live_moves[(cause, "moved")] += 1
+        deps.counters.moved_bytes += moved
+        log.info("request %s: moved live from %s to %s (%d bytes of KV)",
+                 self._req.request_id, src.endpoint, target.endpoint, moved)
+        ticket.settle(MoveOutcome(True, bytes=moved))
+        return True
+
+    async def _resume(self, leg: DecodeLeg, ticket: MoveTicket, why: str) -> None:
+        """A suspended leg runs on where it is (its next Decode call reads on)."""
+        try:
+            resumed = await legs.resume(self._calls, leg.endpoint, leg.leg_id, self._span)
+        except WorkerCallError as err:
+            legs.raise_if_fatal(err)
+            raise LegLostError(leg.endpoint, f"could not resume it: {err}",
+                               down=blame.takes_out_of_pool(err)) from err
+        if not resumed:
+            raise LegLostError(leg.endpoint, "it ended while moving")
+        cause = (ticket.cause or MoveCause.DRAIN).value
+        self._deps.counters.live_moves[(cause, "stayed")] += 1
+        log.info("request %s: stays on %s: %s", self._req.request_id, leg.endpoint, why)
+        ticket.settle(MoveOutcome(False, why))
 
     def _forks(self) -> bool:
         """Whether this leg is a forked request's one shared leg (nothing sent yet)."""
@@ -243,8 +323,9 @@ class Handoff:
             raise NoWorkerError(f"no healthy decode worker{after}")
         return [w.endpoint for w in ranked]
 
-    async def _reserve(self, endpoints: list[str]) -> DecodeLeg:
-        """Reserve on the first of ``endpoints`` that accepts."""
+    async def _reserve(self, endpoints: list[str], moving: bool = False) -> DecodeLeg:
+        """Reserve on the first of ``endpoints`` that accepts (``moving``: as a live move's
+        target, for the tokens so far but the last, which the move's COMMIT carries)."""
         deps = self._deps
         exhausted: list[tuple[int, Busy | None]] = []  # the full workers' hints and reasons
         failed: WorkerCallError | None = None
@@ -258,7 +339,8 @@ class Handoff:
             )
             self._n_legs += 1
             try:
-                reply = await legs.reserve(self._calls, endpoint, self._leg_request(leg_id),
+                reply = await legs.reserve(self._calls, endpoint,
+                                           self._leg_request(leg_id, moving),
                                            deps.config.lease_s, self._deadline.remaining(),
                                            self._span)
             except WorkerCallError as err:
@@ -309,8 +391,13 @@ class Handoff:
         """What the next leg prefills: the prompt plus every token already sent."""
         return self._req.prompt_ids + self._sent
 
-    def _leg_request(self, leg_id: str) -> LegRequest:
-        """The request as leg ``leg_id`` carries it: what is sent so far counts as output."""
+    def _leg_request(self, leg_id: str, moving: bool = False) -> LegRequest:
+        """The request as leg ``leg_id`` carries it: what is sent so far counts as output
+        (``moving``: a live move's target, for all but the last token: its KV is computed
+        by the target's first step after the move's COMMIT appends it)."""
+        if moving:
+            return LegRequest(leg_id, self._tokens()[:-1], self._req.sampling,
+                              self._req.logprobs, len(self._sent) - 1, moved_in=True)
         return LegRequest(
             leg_id=leg_id,
             token_ids=self._tokens(),

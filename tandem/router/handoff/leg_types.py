@@ -31,6 +31,7 @@ class LegRequest:
     logprobs: LogprobOptions
     prior_output_tokens: int = 0
     n: int = 1
+    moved_in: bool = False  # a live move's target: COMMIT's token was streamed already
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,6 +91,7 @@ class _Entry:
     active: int = 0
     prefilling_tokens: int = 0  # prompt tokens of this router's prefills running there now
     generation: int = 0  # bumped by every (re)registration of this endpoint
+    drain_asked: bool = False  # an operator drains it (sticky until it registers again)
 
 
 class Registry:
@@ -247,6 +248,22 @@ class Registry:
         if entry is not None:
             entry.prefilling_tokens = max(entry.prefilling_tokens + tokens, 0)
 
+    def drain(self, endpoint: str) -> bool:
+        """Send ``endpoint`` no new work from now on (an operator's drain), whatever its
+        heartbeats say until it registers again; False when unknown."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is None:
+            return False
+        entry.drain_asked = True
+        self._changed()
+        return True
+
+    def endpoint_of(self, worker: str) -> str | None:
+        """The endpoint of a worker named by its endpoint or its worker id; None: unknown."""
+        if worker in self._by_endpoint:
+            return worker
+        return self._endpoint_of.get(worker)
+
     def endpoints(self) -> list[str]:
         """Every known endpoint, routable or not (what the health monitor probes)."""
         return list(self._by_endpoint)
@@ -279,7 +296,7 @@ class Registry:
 
 
 def _routable(e: _Entry) -> bool:
-    return e.healthy and not e.load.draining
+    return e.healthy and not e.load.draining and not e.drain_asked
 
 
 def _view(e: _Entry) -> WorkerView:

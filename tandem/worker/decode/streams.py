@@ -39,12 +39,14 @@ class RequestStream:
         on_gap: Callable[[float], None] = lambda seconds: None,
         index: int = 0,
         group_id: str | None = None,
+        moved_in: bool = False,
     ) -> None:
         """``request_id``: the engine's id of the sequence streamed (a forked request's
         sequence ``index`` of ``group_id``; else the request's own). ``transfer_id``: the tag
         of the push that fills the request's reservation (minted at Reserve; the engine's
         ledger knows it too). ``on_gap(seconds)``: the time between successive token outputs
-        (ITL metric)."""
+        (ITL metric). ``moved_in``: a live move's target, whose first token (COMMIT's) the
+        worker it moved from streamed already, text and all: its text is not sent again."""
         self.request_id = request_id
         self.transfer_id = transfer_id
         self.index = index
@@ -60,6 +62,7 @@ class RequestStream:
         self._text_prefix = ""
         self._on_gap = on_gap
         self._last_token_at = 0.0
+        self._moved_in = moved_in
 
     def start(self) -> None:
         """Start moving the engine's outputs into the queue (the engine stream must be open)."""
@@ -76,6 +79,8 @@ class RequestStream:
                     self._put(out)
         except EngineDeadError as exc:
             self._put(TransferEnded(f"engine stopped: {exc}"))
+        except WorkerError as exc:  # the engine stream was ended on purpose (a live move)
+            self._put(exc)
 
     def expect_first(self) -> asyncio.Future[RequestOutput]:
         """The next engine output is the first token (local prefill): resolve it here."""
@@ -94,7 +99,8 @@ class RequestStream:
         """Account for the first token's output: keep its text; end if it was the last."""
         self.started = True
         self._last_token_at = time.monotonic()
-        self._text_prefix += out.new_text
+        if not self._moved_in:
+            self._text_prefix += out.new_text
         if out.finished:
             self._put(dataclasses.replace(out, new_token_ids=[], new_text="", logprobs=None))
 
