@@ -83,7 +83,13 @@ class DrainWorkerRequest(_message.Message):
     migrate: bool
     def __init__(self, worker: _Optional[str] = ..., migrate: _Optional[bool] = ...) -> None: ...
 
-class DrainWorkerResponse(_message.Message):
+class MoveStreamsRequest(_message.Message):
+    __slots__ = ("worker",)
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    def __init__(self, worker: _Optional[str] = ...) -> None: ...
+
+class MovedStreams(_message.Message):
     __slots__ = ("endpoint", "moved", "stayed", "reasons", "seconds")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MOVED_FIELD_NUMBER: _ClassVar[int]

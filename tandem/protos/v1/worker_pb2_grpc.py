@@ -657,7 +657,12 @@ class RouterAdminStub:
         self.DrainWorker = channel.unary_unary(
                 '/tandem.v1.RouterAdmin/DrainWorker',
                 request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerRequest.SerializeToString,
-                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerResponse.FromString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
+                _registered_method=True)
+        self.MoveStreams = channel.unary_unary(
+                '/tandem.v1.RouterAdmin/MoveStreams',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
                 _registered_method=True)
 
 
@@ -674,13 +679,26 @@ class RouterAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveStreams(self, request, context):
+        """Move every stream off a decode worker live, which stays in the pool (rebalancing a hot
+        worker, maintenance ahead of a restart).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'DrainWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainWorker,
                     request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerRequest.FromString,
-                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerResponse.SerializeToString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.SerializeToString,
+            ),
+            'MoveStreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveStreams,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -711,7 +729,34 @@ class RouterAdmin:
             target,
             '/tandem.v1.RouterAdmin/DrainWorker',
             tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerRequest.SerializeToString,
-            tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerResponse.FromString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveStreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.RouterAdmin/MoveStreams',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
             options,
             channel_credentials,
             insecure,

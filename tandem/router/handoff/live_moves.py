@@ -36,6 +36,7 @@ class MoveCause(enum.Enum):
     """Why a stream moved (the metrics' label)."""
 
     DRAIN = "drain"  # an operator drained its worker with --migrate
+    OPERATOR = "operator"  # an operator moved a worker's streams (RouterAdmin.MoveStreams)
 
 
 @dataclass(frozen=True, slots=True)

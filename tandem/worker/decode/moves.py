@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tandem.common.wire import SUSPENDED_FAULT
+from tandem.common.wire import RECEIVER_FAULT, SUSPENDED_FAULT
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.errors import NotMovableError
 from tandem.engine.kv_connector import Suspended as Continuation
@@ -42,9 +42,11 @@ class Suspended(WorkerError):
 
 
 class MoveFailed(WorkerError):
-    """The push to the move's target failed; the request runs on here."""
+    """The push to the move's target failed; the request runs on here (the failure is the
+    target's: ``tandem-fault: receiver``)."""
 
     code = grpc.StatusCode.UNAVAILABLE
+    fault = RECEIVER_FAULT
 
 
 @dataclass(frozen=True, slots=True)

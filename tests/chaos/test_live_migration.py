@@ -1,0 +1,228 @@
+"""Live KV migration through real processes (tiny served model; two decode workers, a prefill
+worker, a router): a stream moved from one decode worker to the other mid-generation equals
+the undisturbed stream token for token and text for text (greedy; seeded with a penalty and a
+stop string), with both workers idle after and every block free; a move whose target is
+SIGKILLed mid-push leaves the stream on its source, which finishes it; and `tandem drain
+--migrate` of a worker holding several streams moves them all with zero failed requests.
+
+Ordering: each moved stream asks for ``LONG`` tokens and the move is asked for as soon as its
+first token reaches the client, so the stream cannot end first by a margin of hundreds of
+decode steps; the move's outcome is asserted (it moved), never assumed. The target's death
+falls in a forced window: the source holds before its COMMIT (tandem/worker/commit_hold.py).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tandem.worker.commit_hold import ENV as HOLD_ENV
+from tests import scrape
+from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats
+from tests.integration.served_model import engine_flags, start_all, tiny_served_model
+
+pytestmark = pytest.mark.slow
+
+LONG = 320  # tokens per moved stream (20 blocks of 16)
+GREEDY = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
+
+
+@dataclass
+class Run:
+    """One streamed request in a thread: every message, and a flag at the first."""
+
+    stub: tandem_pb2_grpc.TandemStub
+    text: str
+    sampling: tandem_pb2.SamplingParams
+    messages: list[tandem_pb2.GenerateResponse] = field(default_factory=list)
+    error: grpc.RpcError | None = None
+    first: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> Run:
+        def go() -> None:
+            request = tandem_pb2.GenerateRequest(text=self.text, sampling=self.sampling)
+            try:
+                for m in self.stub.Generate(request, timeout=300):
+                    self.messages.append(m)
+                    self.first.set()
+            except grpc.RpcError as exc:
+                self.error = exc
+                self.first.set()
+
+        self.thread = threading.Thread(target=go)
+        self.thread.start()
+        return self
+
+    def result(self) -> tuple[list[int], str, str]:
+        """(token ids, text, finish reason) once the stream ended."""
+        assert self.thread is not None
+        self.thread.join(timeout=300)
+        assert self.error is None, self.error
+        return ([t for m in self.messages for t in m.token_ids],
+                "".join(m.text for m in self.messages), self.messages[-1].finish_reason)
+
+
+def _start(c: Cluster, model: Path) -> tuple[Proc, Proc, Proc, Proc]:
+    flags = engine_flags(model)
+    d1, d2, prefill = start_all(
+        c, ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
+        ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
+        ("tandem.worker.prefill", "--port", "0", *flags))
+    router = c.start(
+        "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL_ID,
+        "--prefill", prefill.grpc, "--decode", f"{d1.grpc},{d2.grpc}", "--placement", "remote")
+    return d1, d2, prefill, router
+
+
+def _holder(*decoders: Proc) -> Proc:
+    """The one decode worker running a stream now."""
+    (busy,) = [d for d in decoders if worker_stats(d, "decode").num_running]
+    return busy
+
+
+def _move(router: Proc, worker: Proc) -> worker_pb2.MovedStreams:
+    with router.channel() as channel:
+        return worker_pb2_grpc.RouterAdminStub(channel).MoveStreams(
+            worker_pb2.MoveStreamsRequest(worker=worker.grpc), timeout=300)
+
+
+def _moved_run(stub: tandem_pb2_grpc.TandemStub, router: Proc, d1: Proc, d2: Proc,
+               text: str, sampling: tandem_pb2.SamplingParams) -> tuple[list[int], str, str]:
+    run = Run(stub, text, sampling).start()
+    assert run.first.wait(120)
+    reply = _move(router, _holder(d1, d2))
+    assert (reply.moved, reply.stayed) == (1, 0), reply.reasons
+    return run.result()
+
+
+def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir) -> None:
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "The lighthouse keeper counted the ships"
+        assert _moved_run(stub, router, d1, d2, text, GREEDY) == Run(
+            stub, text, GREEDY).start().result()
+
+        seeded = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.9, top_p=0.95,
+                                           seed=1234, frequency_penalty=0.6,
+                                           repetition_penalty=1.1, ignore_eos=True)
+        tokens, full_text, _ = Run(stub, text, seeded).start().result()
+        # A stop string from late in the seeded text: it matches after the move.
+        stop = full_text[int(len(full_text) * 0.8):][:6]
+        assert stop.strip()
+        seeded.stop.append(stop)
+        undisturbed = Run(stub, text, seeded).start().result()
+        assert undisturbed[2] == "stop" and len(undisturbed[0]) > LONG // 2
+        assert _moved_run(stub, router, d1, d2, text, seeded) == undisturbed
+
+        for d in (d1, d2):
+            wait_until(lambda d=d: worker_idle(d, "decode"))
+        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
+                            outcome="moved") == 2
+        assert scrape.value(samples, "tandem_live_migration_bytes_total") > 0
+        assert scrape.value(samples, "tandem_live_migration_gap_seconds_count") == 2
+        assert scrape.value(samples, "tandem_migrations_total") == 0  # nothing re-prefilled
+    finally:
+        c.stop()
+
+
+def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv(HOLD_ENV, str(hold))  # read by the workers; no hold file: no pause
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "A second prompt about harbours"
+        undisturbed = Run(stub, text, GREEDY).start().result()
+        run = Run(stub, text, GREEDY).start()
+        assert run.first.wait(120)
+        source = _holder(d1, d2)
+        target = d2 if source is d1 else d1
+        (hold / "hold").touch()  # the move's COMMIT waits: the target dies meanwhile
+        replies: list[worker_pb2.MovedStreams] = []
+        mover = threading.Thread(target=lambda: replies.append(_move(router, source)))
+        mover.start()
+        try:
+            wait_until(lambda: (hold / "held").exists(), timeout=120)
+            target.kill()
+        finally:
+            (hold / "release").touch()
+            mover.join(timeout=300)
+        (reply,) = replies
+        assert (reply.moved, reply.stayed) == (0, 1) and "push failed" in reply.reasons[0]
+        assert run.result() == undisturbed  # it went on where it was
+        wait_until(lambda: worker_idle(source, "decode"))
+        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
+                            outcome="stayed") == 1
+        assert scrape.value(samples, "tandem_migrations_total") == 0
+    finally:
+        c.stop()
+
+
+def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir) -> None:
+    """Several streams; `tandem drain --migrate` of a worker holding some of them: every
+    stream completes, equal to its undisturbed run, and the worker exits; then the streams
+    again on the survivor and a plain drain of it, which waits for them (both drains' times
+    printed, indicative only)."""
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        texts = [f"Story {i}: the lighthouse keeper counted" for i in range(4)]
+        expected = [Run(stub, t, GREEDY).start().result() for t in texts]
+        runs = [Run(stub, t, GREEDY).start() for t in texts]
+        assert all(r.first.wait(120) for r in runs)
+        # A worker its stats show running a stream (they lag its batch by up to a step).
+        wait_until(lambda: any(worker_stats(d, "decode").num_running for d in (d1, d2)))
+        drained, survivor = ((d1, d2) if worker_stats(d1, "decode").num_running
+                             else (d2, d1))
+        secret = c.credential_flags[c.credential_flags.index("--cluster-secret-file") + 1]
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "tandem.cli.main", "drain", drained.grpc, "--migrate",
+             "--router", router.grpc, "--cluster-secret-file", secret],
+            capture_output=True, text=True, timeout=300, check=True)
+        said = re.search(r"(\d+) streams moved live, 0 stay", out.stdout)
+        assert said is not None and int(said[1]) >= 1, out.stdout
+        n_moved = int(said[1])
+        assert drained.popen.wait(timeout=120) == 0
+        migrate_s = time.monotonic() - t0
+        assert [r.result() for r in runs] == expected  # zero failed, nothing changed
+
+        # The same streams again, all on the survivor now; a plain drain waits for them.
+        runs = [Run(stub, t, GREEDY).start() for t in texts]
+        assert all(r.first.wait(120) for r in runs)
+        t0 = time.monotonic()
+        with router.channel() as channel:
+            reply = worker_pb2_grpc.RouterAdminStub(channel).DrainWorker(
+                worker_pb2.DrainWorkerRequest(worker=survivor.grpc), timeout=300)
+        assert reply.moved == reply.stayed == 0  # nothing asked to move
+        assert survivor.popen.wait(timeout=300) == 0
+        plain_s = time.monotonic() - t0
+        assert [r.result() for r in runs] == expected
+        moves_s = re.search(r"\(([\d.]+) s\)", out.stdout)
+        print(f"\ndrain --migrate of a worker with {n_moved} streams: {migrate_s:.2f} s to its "
+              f"exit (the moves: {moves_s[1] if moves_s else '?'} s); plain drain of one with "
+              f"{len(texts)}: {plain_s:.2f} s")
+    finally:
+        c.stop()
