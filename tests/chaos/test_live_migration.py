@@ -3,7 +3,8 @@ worker, a router): a stream moved from one decode worker to the other mid-genera
 the undisturbed stream token for token and text for text (greedy; seeded with a penalty and a
 stop string), with both workers idle after and every block free; a move whose target is
 SIGKILLed mid-push leaves the stream on its source, which finishes it; and `tandem drain
---migrate` of a worker holding several streams moves them all with zero failed requests.
+--migrate` of a worker holding several streams moves them all with zero failed requests
+(then `tandem drain` without it waits for the streams).
 
 Ordering: each moved stream asks for ``LONG`` tokens and the move is asked for as soon as its
 first token reaches the client, so the stream cannot end first by a margin of hundreds of
@@ -13,7 +14,6 @@ falls in a forced window: the source holds before its COMMIT (tandem/worker/comm
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import threading
@@ -179,7 +179,7 @@ def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Pa
 
 
 def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir) -> None:
-    """Several streams; `tandem drain --migrate` of a worker holding some of them: every
+    """Several streams, all gathered on d1 by a move; a drain with migrate of d1: every
     stream completes, equal to its undisturbed run, and the worker exits; then the streams
     again on the survivor and a plain drain of it, which waits for them (both drains' times
     printed, indicative only)."""
@@ -192,37 +192,35 @@ def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir) -> None:
         expected = [Run(stub, t, GREEDY).start().result() for t in texts]
         runs = [Run(stub, t, GREEDY).start() for t in texts]
         assert all(r.first.wait(120) for r in runs)
-        # A worker its stats show running a stream (they lag its batch by up to a step).
-        wait_until(lambda: any(worker_stats(d, "decode").num_running for d in (d1, d2)))
-        drained, survivor = ((d1, d2) if worker_stats(d1, "decode").num_running
-                             else (d2, d1))
-        secret = c.credential_flags[c.credential_flags.index("--cluster-secret-file") + 1]
+        # Whatever placement put on d2 moves to d1 (the one other decode worker): d1 then
+        # holds every stream.
+        assert _move(router, d2).stayed == 0
+        drained, survivor = d1, d2
         t0 = time.monotonic()
-        out = subprocess.run(
-            [sys.executable, "-m", "tandem.cli.main", "drain", drained.grpc, "--migrate",
-             "--router", router.grpc, "--cluster-secret-file", secret],
-            capture_output=True, text=True, timeout=300, check=True)
-        said = re.search(r"(\d+) streams moved live, 0 stay", out.stdout)
-        assert said is not None and int(said[1]) >= 1, out.stdout
-        n_moved = int(said[1])
+        with router.channel() as channel:
+            reply = worker_pb2_grpc.RouterAdminStub(channel).DrainWorker(
+                worker_pb2.DrainWorkerRequest(worker=drained.grpc, migrate=True), timeout=300)
+        assert (reply.moved, reply.stayed) == (len(texts), 0), reply.reasons
         assert drained.popen.wait(timeout=120) == 0
         migrate_s = time.monotonic() - t0
         assert [r.result() for r in runs] == expected  # zero failed, nothing changed
 
-        # The same streams again, all on the survivor now; a plain drain waits for them.
+        # The same streams again, all on the survivor now; a plain drain (the CLI's) waits
+        # for them.
         runs = [Run(stub, t, GREEDY).start() for t in texts]
         assert all(r.first.wait(120) for r in runs)
+        secret = c.credential_flags[c.credential_flags.index("--cluster-secret-file") + 1]
         t0 = time.monotonic()
-        with router.channel() as channel:
-            reply = worker_pb2_grpc.RouterAdminStub(channel).DrainWorker(
-                worker_pb2.DrainWorkerRequest(worker=survivor.grpc), timeout=300)
-        assert reply.moved == reply.stayed == 0  # nothing asked to move
+        out = subprocess.run(
+            [sys.executable, "-m", "tandem.cli.main", "drain", survivor.grpc,
+             "--router", router.grpc, "--cluster-secret-file", secret],
+            capture_output=True, text=True, timeout=300, check=True)
+        assert f"draining {survivor.grpc}: 0 stay to finish there" in out.stdout, out.stdout
         assert survivor.popen.wait(timeout=300) == 0
         plain_s = time.monotonic() - t0
         assert [r.result() for r in runs] == expected
-        moves_s = re.search(r"\(([\d.]+) s\)", out.stdout)
-        print(f"\ndrain --migrate of a worker with {n_moved} streams: {migrate_s:.2f} s to its "
-              f"exit (the moves: {moves_s[1] if moves_s else '?'} s); plain drain of one with "
+        print(f"\ndrain --migrate of a worker with {reply.moved} streams: {migrate_s:.2f} s to "
+              f"its exit (the moves: {reply.seconds:.3f} s); plain drain of one with "
               f"{len(texts)}: {plain_s:.2f} s")
     finally:
         c.stop()

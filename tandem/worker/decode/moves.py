@@ -11,8 +11,9 @@
                 here, untouched (the router reads it on with a new Decode call)
     Resume  ──> back into the batch (the router found no target)
 
-``LiveMoves`` holds the engine-side steps and the push; the worker's stream bookkeeping
-(which stream is suspended, its lease) is tandem/worker/decode/service.py's.
+``LiveMoves`` holds the engine-side steps and the push; the RPCs over the worker's streams
+(which stream is suspended, its lease, a resumed stream) are tandem/worker/decode/
+stream_moves.py's.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ and kept on the request's ``RequestStream``; receiver events map to requests thr
             ──MoveOut──> pushed to another decode worker, committed there: freed here
             ──Resume, or a MoveOut that failed──> back in the batch, a new Decode reads on
             neither within ``attach_lease_s`` (the router went away) ──> engine.abort
-        (tandem/worker/decode/moves.py); a reservation made with ``moved_in`` is such a
+        (stream_moves.py, moves.py); a reservation made with ``moved_in`` is such a
         move's target: its COMMIT's token was streamed by the worker it moved from
 
 A forked request (``n`` > 1) is one reservation, one push and one COMMIT carrying n first
@@ -55,13 +55,13 @@ from tandem.common.wire import MAX_SEQUENCES
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.core.request import FORK_SEPARATOR, sequence_id
 from tandem.engine.errors import UnknownRequestError
-from tandem.engine.kv_connector import Suspended as Continuation
 from tandem.engine.outputs import EngineStats
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import Aborted, Committed, Expired, Receiver, Sender, TransferEvent
 from tandem.worker.commit_hold import CommitHold
-from tandem.worker.decode.moves import LiveMoves, Moved, MoveFailed, MoveTarget, Suspended
+from tandem.worker.decode.moves import LiveMoves, Suspended
 from tandem.worker.decode.results import ReserveResult, StreamMessage
+from tandem.worker.decode.stream_moves import StreamMoves
 from tandem.worker.decode.streams import RequestStream
 from tandem.worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
 from tandem.worker.first_token import FirstToken
@@ -113,8 +113,9 @@ class DecodeWorker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._changed = asyncio.Event()
-        self._moves = LiveMoves(ae, sender, receiver.layout, config.transfer_timeout_s, hold)
-        self._suspended: dict[str, Continuation] = {}  # requests out of the batch, moving
+        self._live_moves = LiveMoves(ae, sender, receiver.layout, config.transfer_timeout_s,
+                                     hold)
+        self.moves = StreamMoves(self, self._live_moves)  # the live-move RPCs
         self.draining = False
 
     async def start(self) -> None:
@@ -226,7 +227,7 @@ class DecodeWorker:
                 self._forget(stream)
             elif suspended:
                 stream.attached = False
-                self._await_reader(stream)
+                self.await_reader(stream)
             else:  # the reader went away mid-stream: stop the sequence, free its blocks
                 stream.attached = False
                 self._spawn(self.abort(request_id, index))
@@ -261,7 +262,7 @@ class DecodeWorker:
         firsts = [stream.expect_first() for stream in group]
         outs = [await first for first in firsts]
         for stream in group:
-            self._await_reader(stream)
+            self.await_reader(stream)
         if any(not o.new_token_ids for o in outs):
             raise TransferEnded(f"local prefill produced no token ({outs[0].finish_reason})")
         seconds = time.monotonic() - t0
@@ -292,7 +293,7 @@ class DecodeWorker:
         self._receiver.release(group[0].transfer_id, "request aborted")
         ids = [s.request_id for s in streams]
         for sid in ids:
-            self._suspended.pop(sid, None)
+            self.moves.forget(sid)
         outs = await self._ae.call(lambda e: [e.abort(sid) for sid in ids])
         for stream, out in zip(streams, outs, strict=True):
             stream.end(out if out is not None else TransferEnded("request aborted"))
@@ -306,78 +307,30 @@ class DecodeWorker:
         if task is not None:
             await asyncio.wait([task])
 
-    # -- a live move out (tandem/worker/decode/moves.py) --------------------------------------
-    async def suspend(self, request_id: str) -> int:
-        """Take a decoding request out of the batch for a live move; its Decode stream ends
-        after every token so far. Returns its output token count. Raises UnknownRequest, or
-        WrongState when it cannot move now (a forked request, not decoding, already moving:
-        the reason says which); it then runs on."""
-        stream = self._one_stream(request_id)
-        if len(self._groups[request_id]) > 1:
+    # -- the stream table, as the live moves see it (stream_moves.MoveHost) --------------------
+    def single_stream(self, request_id: str) -> RequestStream:
+        """The one stream of a request. Raises UnknownRequest, or WrongState when it is
+        forked (its sequences share blocks and do not move live)."""
+        group = self._groups.get(request_id)
+        stream = self._streams.get(request_id)
+        if group is None or stream is None:
+            raise UnknownRequest(request_id)
+        if len(group) > 1:
             raise WrongState(f"request {request_id!r} is forked: its sequences share blocks "
                              "and do not move live")
-        if not stream.started or stream.ended or request_id in self._suspended:
-            raise WrongState(f"request {request_id!r} is not decoding (not started, ended or "
-                             "already moving)")
-        moved = await self._moves.suspend(request_id)
-        self._suspended[request_id] = moved
-        return moved.num_output_tokens
-
-    async def move_out(self, request_id: str, target: MoveTarget) -> Moved:
-        """Push a suspended request's KV into ``target`` and commit it there, then free it
-        here. A push that fails resumes it here and raises MoveFailed; a bad target raises
-        BadRequest or LayoutMismatch (it stays suspended: Resume, or its lease ends it)."""
-        return await asyncio.shield(self._spawn(self._move_out(request_id, target)))
-
-    async def _move_out(self, request_id: str, target: MoveTarget) -> Moved:
-        stream = self._one_stream(request_id)
-        continuation = self._suspended.get(request_id)
-        if continuation is None:
-            raise WrongState(f"request {request_id!r} is not suspended")
-        self._cancel_timer(stream)
-        try:
-            moved = await self._moves.push(request_id, continuation, target)
-        except MoveFailed:
-            await self._resume(stream)
-            raise
-        except BaseException:
-            self._await_reader(stream)  # still suspended: Resume, or its lease, ends it
-            raise
-        await self.abort(request_id)  # committed on the target: freed here
-        return moved
-
-    async def resume(self, request_id: str) -> bool:
-        """Put a suspended request back into the batch (a new Decode call reads on); False
-        when it is not suspended."""
-        stream = self._one_stream(request_id)
-        if request_id not in self._suspended:
-            return False
-        self._cancel_timer(stream)
-        return await asyncio.shield(self._spawn(self._resume(stream)))
-
-    async def _resume(self, old: RequestStream) -> bool:
-        """A fresh stream for a suspended request, back in the batch, awaiting its reader."""
-        rid = old.request_id
-        self._suspended.pop(rid, None)
-        stream = RequestStream(rid, old.transfer_id, self._ae, self._on_stream_end,
-                               self.metrics.inter_token, group_id=old.group_id)
-        stream.started = True
-        self._streams[rid] = stream
-        self._groups[old.group_id] = [stream]
-        if not await self._moves.resume(rid):
-            stream.end(TransferEnded("request ended while it was moving"))
-        else:
-            stream.start()
-        self._await_reader(stream)
-        return True
-
-    def _one_stream(self, request_id: str) -> RequestStream:
-        stream = self._streams.get(request_id)
-        if stream is None or request_id not in self._groups:
-            raise UnknownRequest(request_id)
         return stream
 
-    def _cancel_timer(self, stream: RequestStream) -> None:
+    def renew_stream(self, old: RequestStream) -> RequestStream:
+        """A fresh stream in ``old``'s place (a resumed request's), not started."""
+        stream = RequestStream(old.request_id, old.transfer_id, self._ae, self._on_stream_end,
+                               self.metrics.inter_token, group_id=old.group_id)
+        stream.started = True
+        self._streams[old.request_id] = stream
+        self._groups[old.group_id] = [stream]
+        return stream
+
+    def cancel_reader_wait(self, stream: RequestStream) -> None:
+        """Stop ``stream``'s attach lease."""
         timer = self._timers.pop(stream.request_id, None)
         if timer is not None:
             timer.cancel()
@@ -421,7 +374,7 @@ class DecodeWorker:
                 stream = self._streams.get(out.request_id)
                 if stream is not None:
                     stream.take_first(out)
-                    self._await_reader(stream)
+                    self.await_reader(stream)
         elif isinstance(event, Expired):
             await self._end(tid, TransferEnded("lease expired before the KV arrived"))
         elif isinstance(event, Aborted):
@@ -454,10 +407,10 @@ class DecodeWorker:
     def _on_stream_end(self, stream: RequestStream) -> None:
         # Its reader may still be on the way: the router calls Decode after the prefill
         # reply, and a short request can end before that.
-        self._await_reader(stream)
+        self.await_reader(stream)
         self._touch()
 
-    def _await_reader(self, stream: RequestStream) -> None:
+    def await_reader(self, stream: RequestStream) -> None:
         """Give a stream that has something to read and no reader the attach lease (while
         draining, at most drain_orphan_grace_s: the drain waits for it that long); a lease
         already running goes on (it counts from the first token)."""
@@ -474,7 +427,7 @@ class DecodeWorker:
         self._timers.pop(stream.request_id, None)
         if stream.attached or self._streams.get(stream.request_id) is not stream:
             return
-        if stream.ended and stream.request_id not in self._suspended:
+        if stream.ended and not self.moves.holds(stream.request_id):
             self._forget(stream)
             return
         log.warning("request %s: no reader within %.3g s of its first token; aborted",
@@ -540,7 +493,7 @@ class DecodeWorker:
         if self._events_task is not None:
             self._events_task.cancel()
         await self._receiver.close()
-        await self._moves.close()
+        await self._live_moves.close()
         await self._ae.shutdown()
 
 

@@ -112,7 +112,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
     ) -> worker_pb2.SuspendResponse:
         try:
             with serving(context, "DecodeService/Suspend", request.request_id):
-                n = await self._worker.suspend(request.request_id)
+                n = await self._worker.moves.suspend(request.request_id)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
@@ -126,7 +126,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
                 target = MoveTarget(request.transfer_id, list(request.block_ids),
                                     request.kv_endpoint, layout_from_proto(request.layout),
                                     request.skip_tokens, request.last_token)
-                moved = await self._worker.move_out(request.request_id, target)
+                moved = await self._worker.moves.move_out(request.request_id, target)
                 span.set_attributes({"tandem.bytes": moved.bytes,
                                      "tandem.blocks": len(target.block_ids)})
         except Exception as exc:
@@ -139,7 +139,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
     ) -> worker_pb2.ResumeResponse:
         try:
             with serving(context, "DecodeService/Resume", request.request_id):
-                resumed = await self._worker.resume(request.request_id)
+                resumed = await self._worker.moves.resume(request.request_id)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
