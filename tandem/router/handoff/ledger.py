@@ -190,7 +190,8 @@ class Handoff:
             return False
         try:
             moved, _ = await legs.move_out(self._calls, src.endpoint, src.leg_id,
-                                           target.reservation, self._sent[-1], self._span)
+                                           target.reservation, self._sent[-1],
+                                           self._deadline.remaining(), self._span)
         except WorkerCallError as err:
             await self._open.close(target.endpoint, target.leg_id)
             legs.raise_if_fatal(err)

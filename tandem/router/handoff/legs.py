@@ -328,17 +328,18 @@ async def suspend(calls: LegCalls, endpoint: str, leg_id: str, parent: tracing.P
 
 
 async def move_out(calls: LegCalls, endpoint: str, leg_id: str, target: Reservation,
-                   last_token: int, parent: tracing.Parent = None) -> tuple[int, float]:
+                   last_token: int, remaining: float | None, parent: tracing.Parent = None
+                   ) -> tuple[int, float]:
     """DecodeService.MoveOut: push the suspended leg's KV into ``target`` and commit
     ``last_token`` there; (bytes pushed, seconds). A push that failed at the target fails
-    with ``Fault.RECEIVER`` (the leg then runs on at ``endpoint``). Bounded by
-    ``prefill_timeout_s`` (a push)."""
-    timeout = calls.prefill_timeout_s
+    with ``Fault.RECEIVER`` (the leg then runs on at ``endpoint``). Bounded by the request's
+    ``remaining`` seconds and ``prefill_timeout_s`` (a push)."""
+    timeout, ours = bound(remaining, calls.prefill_timeout_s)
     with _call_span("DecodeService", "MoveOut", endpoint, leg_id, parent) as span:
         call = calls.clients.decode(endpoint).MoveOut(
             wire.move_out_request(leg_id, target, last_token), timeout=timeout,
             metadata=tracing.metadata(span))
-        reply = await _unary(calls, endpoint, "MoveOut", call, timeout, True)
+        reply = await _unary(calls, endpoint, "MoveOut", call, timeout, ours)
         return int(reply.bytes), float(reply.transfer_s)
 
 

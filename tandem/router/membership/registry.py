@@ -91,7 +91,9 @@ class _Entry:
     active: int = 0
     prefilling_tokens: int = 0  # prompt tokens of this router's prefills running there now
     generation: int = 0  # bumped by every (re)registration of this endpoint
-    drain_asked: bool = False  # an operator drains it (sticky until it registers again)
+    # an operator drains it: no new work until it registers again or comes back healthy
+    # after it was out of the pool (the drained process exited; a new one answers there)
+    drain_asked: bool = False
 
 
 class Registry:
@@ -194,6 +196,8 @@ class Registry:
         if not healthy and since is not None and since != entry.generation:
             return False
         entry.healthy = healthy
+        if healthy:  # back after it was gone: a drained worker's new process takes work
+            entry.drain_asked = False
         self._changed()
         return True
 
@@ -250,7 +254,8 @@ class Registry:
 
     def drain(self, endpoint: str) -> bool:
         """Send ``endpoint`` no new work from now on (an operator's drain), whatever its
-        heartbeats say until it registers again; False when unknown."""
+        heartbeats say, until it registers again or is healthy again after it was out of the
+        pool; False when unknown."""
         entry = self._by_endpoint.get(endpoint)
         if entry is None:
             return False
