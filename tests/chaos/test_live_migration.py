@@ -1,7 +1,7 @@
 """Live KV migration through real processes (tiny served model; two decode workers, a prefill
 worker, a router): a stream moved from one decode worker to the other mid-generation equals
-the undisturbed stream token for token and text for text (greedy; seeded with a penalty and a
-stop string), with both workers idle after and every block free; a move whose target is
+the undisturbed stream token for token and text for text (greedy; seeded with penalties and a
+stop string; a JSON schema), with both workers idle after and every block free; a move whose target is
 SIGKILLed mid-push leaves the stream on its source, which finishes it; and `tandem drain
 --migrate` of a worker holding several streams moves them all with zero failed requests
 (then `tandem drain` without it waits for the streams).
@@ -128,13 +128,24 @@ def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir) -> None:
         assert undisturbed[2] == "stop" and len(undisturbed[0]) > LONG // 2
         assert _moved_run(stub, router, d1, d2, text, seeded) == undisturbed
 
+        # Structured output: the target's grammar matcher replays the tokens so far.
+        schema = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
+        schema.structured.json_schema = ('{"type": "array", "items": {"type": "string"}, '
+                                         '"minItems": 64}')
+        undisturbed = Run(stub, text, schema).start().result()
+        assert len(undisturbed[0]) > LONG // 2
+        assert _moved_run(stub, router, d1, d2, text, schema) == undisturbed
+
         for d in (d1, d2):
             wait_until(lambda d=d: worker_idle(d, "decode"))
         samples = scrape.parse(scrape.fetch(router.info["http"]))
         assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
-                            outcome="moved") == 2
+                            outcome="moved") == 3
         assert scrape.value(samples, "tandem_live_migration_bytes_total") > 0
-        assert scrape.value(samples, "tandem_live_migration_gap_seconds_count") == 2
+        gaps = scrape.value(samples, "tandem_live_migration_gap_seconds_count")
+        assert gaps == 3
+        print(f"\nmean client-visible gap of a live move: "
+              f"{scrape.value(samples, 'tandem_live_migration_gap_seconds_sum') / gaps:.4f} s")
         assert scrape.value(samples, "tandem_migrations_total") == 0  # nothing re-prefilled
     finally:
         c.stop()

@@ -1,6 +1,7 @@
 """The decode worker's live-move RPCs over its streams: Suspend, MoveOut, Resume.
 
-    Suspend(rid) ──> the one stream of a decoding, single-sequence request: LiveMoves.suspend
+    Suspend(rid) ──> the one stream of a single-sequence request, once decoding (one whose
+        KV is still arriving is waited for): LiveMoves.suspend
         (engine: out of the batch) ──> its Decode reader gets Suspended after every token so
         far; the stream is kept, under the attach lease (``MoveHost.await_reader``)
     MoveOut(rid, target) ──> claimed (a second MoveOut or a Resume finds nothing) ──>
@@ -70,12 +71,15 @@ class StreamMoves:
     async def suspend(self, request_id: str) -> int:
         """Take a decoding request out of the batch for a live move; its Decode stream ends
         after every token so far. Returns its output token count. Raises UnknownRequest, or
-        WrongState when it cannot move now (forked, not decoding, already moving: the
-        reason says which); it then runs on."""
+        WrongState when it cannot move now (forked, ended, already moving: the reason says
+        which); it then runs on. A request whose KV is still arriving is waited for."""
         stream = self._host.single_stream(request_id)
-        if not stream.started or stream.ended or request_id in self._suspended:
-            raise WrongState(f"request {request_id!r} is not decoding (not started, ended or "
-                             "already moving)")
+        # A reservation whose KV is arriving decodes once committed (a move's target just
+        # committed, say): wait for that, within the caller's deadline.
+        await stream.under_way()
+        if stream.ended or request_id in self._suspended:
+            raise WrongState(f"request {request_id!r} is not decoding (ended or already "
+                             "moving)")
         moved = await self._moves.suspend(request_id)
         self._suspended[request_id] = moved
         return moved.num_output_tokens

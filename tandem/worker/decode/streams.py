@@ -63,6 +63,7 @@ class RequestStream:
         self._on_gap = on_gap
         self._last_token_at = 0.0
         self._moved_in = moved_in
+        self._under_way = asyncio.Event()  # set once started or ended
 
     def start(self) -> None:
         """Start moving the engine's outputs into the queue (the engine stream must be open)."""
@@ -98,11 +99,17 @@ class RequestStream:
     def take_first(self, out: RequestOutput) -> None:
         """Account for the first token's output: keep its text; end if it was the last."""
         self.started = True
+        self._under_way.set()
         self._last_token_at = time.monotonic()
         if not self._moved_in:
             self._text_prefix += out.new_text
         if out.finished:
             self._put(dataclasses.replace(out, new_token_ids=[], new_text="", logprobs=None))
+
+    async def under_way(self) -> None:
+        """Return once the first token is out (committed or prefilled here) or the stream
+        ended: a reservation whose COMMIT is being applied is decoding a moment later."""
+        await self._under_way.wait()
 
     def end(self, item: StreamItem) -> None:
         """End the stream from outside (abort, failed transfer); no-op once ended."""
@@ -123,6 +130,7 @@ class RequestStream:
         self._queue.put_nowait(item)
         if isinstance(item, WorkerError) or item.finished:
             self.ended = True
+            self._under_way.set()
             self._on_end(self)
 
     async def messages(self) -> AsyncIterator[StreamMessage]:

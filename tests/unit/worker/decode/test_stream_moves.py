@@ -1,6 +1,7 @@
 """A decode worker's live-move RPCs in one process (real engines, kv_transfer over TCP
 loopback): a stream moved to a reservation on the same worker (its own receiver the target)
-reads on equal to one engine's greedy output; what cannot move is refused with a reason; a
+reads on equal to one engine's greedy output; what cannot move (a forked request) is refused
+with a reason; a
 hostile MoveOut (a wrong last token, block count or layout) is refused and leaves the stream
 suspended, to be resumed; a suspension nobody resolves ends at the attach lease; nothing is
 left held on any path.
@@ -88,12 +89,13 @@ def test_refusals_and_a_hostile_move_out(engines) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.Suspend(worker_pb2.SuspendRequest(request_id="nobody"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
-            res = await c.reserve("r0", PROMPT, greedy(8))  # reserved, nothing decoded yet
+            await stub.Reserve(worker_pb2.ReserveRequest(  # forked: its sequences share blocks
+                request_id="r0", token_ids=PROMPT, sampling=greedy(8), lease_s=10, n=2))
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.Suspend(worker_pb2.SuspendRequest(request_id="r0"))
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "forked" in (err.value.details() or "")
             await stub.Abort(worker_pb2.AbortRequest(request_id="r0"))
-            assert res.transfer_id
 
             sent = await _suspended(c, "r1")
             target = await stub.Reserve(worker_pb2.ReserveRequest(
