@@ -128,8 +128,9 @@ def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir) -> None:
         assert undisturbed[2] == "stop" and len(undisturbed[0]) > LONG // 2
         assert _moved_run(stub, router, d1, d2, text, seeded) == undisturbed
 
-        # Structured output: the target's grammar matcher replays the tokens so far.
-        schema = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
+        # Structured output: the target's grammar matcher replays the tokens so far (64 items
+        # keep EOS out for far longer than the move takes).
+        schema = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0)
         schema.structured.json_schema = ('{"type": "array", "items": {"type": "string"}, '
                                          '"minItems": 64}')
         undisturbed = Run(stub, text, schema).start().result()
