@@ -15,6 +15,7 @@ One request's life here, from the front door's Prepared to the Chunks it streams
       -> first token                   straight from P's reply (TTFT does not wait for D)
       -> legs.decode_stream(D)         the rest of the tokens
            | D dies: migrate: reserve on D', prefill prompt + tokens sent, go on
+           | a live move (live_moves): D suspends it, D' reserves, D pushes its KV, go on at D'
       -> legs.abort(...)               every leg still open when the request ends abnormally
 
 - ``ledger``: ``Handoff`` (the loop above, migration included).
@@ -23,6 +24,8 @@ One request's life here, from the front door's Prepared to the Chunks it streams
   fallbacks, local on the decode worker) and learning its cost back.
 - ``open_legs``: the legs a request holds open (Aborted on every abnormal end), and what a
   failed call or a lost leg says about its worker.
+- ``live_moves``: every decode stream in flight by worker, and moving them live to another
+  decode worker (an operator's drain; the ledger follows its stream across the move).
 - ``legs``: the worker RPCs, gRPC failures turned into typed errors; each converts the plain
   ``leg_types`` (LegRequest, Reservation, PrefillReply) to its worker message and back.
 - ``prefill_placement``: the placement decision's inputs from the router's state (cached tokens per
