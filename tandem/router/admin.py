@@ -6,7 +6,8 @@ as for the Registry; `tandem drain` mints it from the cluster's credential file)
       ──> the registry routes it no new work (Registry.drain)
       ──> WorkerControl.Drain: the worker takes no new work and exits once idle
       ──> migrate (a decode worker): every stream on it moves live to another decode worker
-          (tandem/router/handoff/live_moves.py); each that cannot move finishes there
+          (tandem/router/handoff/live_moves.py); each that cannot move finishes there; one
+          still in its prefill then moves as soon as it starts decoding (not in the reply)
       <── how many moved, how many stayed and why, the seconds it took
     MoveStreams(worker): the same moves off a decode worker that stays in the pool (a hot
       worker rebalanced, maintenance ahead of a restart)
@@ -47,7 +48,8 @@ class RouterAdminServicer(worker_pb2_grpc.RouterAdminServicer):
         registry = self._deps.registry
         endpoint = await self._known(request.worker, context)
         t0 = time.monotonic()
-        registry.drain(endpoint)
+        migrate = request.migrate and registry.role_of(endpoint) is Role.DECODE
+        registry.drain(endpoint, move_streams=migrate)
         log.info("draining worker %s on an operator's word%s", endpoint,
                  " (its streams move)" if request.migrate else "")
         try:
@@ -58,7 +60,7 @@ class RouterAdminServicer(worker_pb2_grpc.RouterAdminServicer):
                                 f"the worker did not take the drain: {err.code().name}: "
                                 f"{err.details()}")
         outcomes = []
-        if request.migrate and registry.role_of(endpoint) is Role.DECODE:
+        if migrate:  # a stream that starts decoding there later moves as it starts (ledger)
             outcomes = await move_all(self._deps.live, self._calls, endpoint, MoveCause.DRAIN)
         return _report(endpoint, outcomes, t0)
 

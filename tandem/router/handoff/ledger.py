@@ -156,6 +156,8 @@ class Handoff:
         """The decode stream of ``self._leg`` to its end, followed through live moves
         (tandem/router/handoff/live_moves.py): ``self._leg`` is the leg it is on."""
         with self._deps.live.open(self._leg.endpoint, self._leg.leg_id) as ticket:
+            if self._deps.registry.moving_off(self._leg.endpoint):  # drained while prefilling
+                self._deps.live.move_soon(self._calls, ticket, MoveCause.DRAIN)
             moved_at: float | None = None  # when the last token before a move came
             last_at = time.monotonic()
             while True:

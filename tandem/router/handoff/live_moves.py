@@ -59,11 +59,14 @@ class MoveTicket:
         self.asked_at = 0.0
         self._outcome: asyncio.Future[MoveOutcome] | None = None
 
-    def ask(self, cause: MoveCause) -> asyncio.Future[MoveOutcome]:
-        """Mark a move asked for; the future the handoff settles."""
+    def ask(self, cause: MoveCause) -> tuple[asyncio.Future[MoveOutcome], bool]:
+        """Mark a move asked for: the future the handoff settles, and whether this ask is
+        the first (a move already asked for and not settled is the one answered)."""
+        if self._outcome is not None and not self._outcome.done():
+            return self._outcome, False
         self.cause, self.asked_at = cause, time.monotonic()
         self._outcome = asyncio.get_running_loop().create_future()
-        return self._outcome
+        return self._outcome, True
 
     def settle(self, outcome: MoveOutcome) -> None:
         """The asked-for move ended (no-op when none was asked for or it is settled)."""
@@ -77,6 +80,7 @@ class LiveStreams:
 
     def __init__(self) -> None:
         self._by_endpoint: dict[str, set[MoveTicket]] = {}
+        self._soon: set[asyncio.Task[MoveOutcome]] = set()
 
     @contextmanager
     def open(self, endpoint: str, leg_id: str) -> Iterator[MoveTicket]:
@@ -95,6 +99,13 @@ class LiveStreams:
         self._drop(ticket)
         ticket.endpoint, ticket.leg_id = endpoint, leg_id
         self._by_endpoint.setdefault(endpoint, set()).add(ticket)
+
+    def move_soon(self, calls: legs.LegCalls, ticket: MoveTicket, cause: MoveCause) -> None:
+        """Move ``ticket``'s stream as soon as it decodes (it started on a worker being
+        drained with migrate after the drain's moves were asked for)."""
+        task = asyncio.get_running_loop().create_task(_move(calls, ticket, cause))
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
 
     def on(self, endpoint: str) -> list[MoveTicket]:
         """The streams on ``endpoint`` now."""
@@ -116,9 +127,10 @@ async def move_all(live: LiveStreams, calls: legs.LegCalls, endpoint: str,
 
 
 async def _move(calls: legs.LegCalls, ticket: MoveTicket, cause: MoveCause) -> MoveOutcome:
-    outcome = ticket.ask(cause)
-    try:
-        await legs.suspend(calls, ticket.endpoint, ticket.leg_id)
-    except WorkerCallError as err:
-        ticket.settle(MoveOutcome(False, f"{err.code_name}: {err.details}"))
+    outcome, first = ticket.ask(cause)
+    if first:
+        try:
+            await legs.suspend(calls, ticket.endpoint, ticket.leg_id)
+        except WorkerCallError as err:
+            ticket.settle(MoveOutcome(False, f"{err.code_name}: {err.details}"))
     return await outcome

@@ -94,6 +94,7 @@ class _Entry:
     # an operator drains it: no new work until it registers again or comes back healthy
     # after it was out of the pool (the drained process exited; a new one answers there)
     drain_asked: bool = False
+    move_streams: bool = False  # and its decode streams move live, new ones as they start
 
 
 class Registry:
@@ -197,7 +198,7 @@ class Registry:
             return False
         entry.healthy = healthy
         if healthy:  # back after it was gone: a drained worker's new process takes work
-            entry.drain_asked = False
+            entry.drain_asked = entry.move_streams = False
         self._changed()
         return True
 
@@ -252,16 +253,24 @@ class Registry:
         if entry is not None:
             entry.prefilling_tokens = max(entry.prefilling_tokens + tokens, 0)
 
-    def drain(self, endpoint: str) -> bool:
+    def drain(self, endpoint: str, move_streams: bool = False) -> bool:
         """Send ``endpoint`` no new work from now on (an operator's drain), whatever its
         heartbeats say, until it registers again or is healthy again after it was out of the
-        pool; False when unknown."""
+        pool (``move_streams``: its decode streams are to move live meanwhile, those that
+        start decoding there later too); False when unknown."""
         entry = self._by_endpoint.get(endpoint)
         if entry is None:
             return False
         entry.drain_asked = True
+        entry.move_streams = entry.move_streams or move_streams
         self._changed()
         return True
+
+    def moving_off(self, endpoint: str) -> bool:
+        """Whether the decode streams on ``endpoint`` are to move live (a drain with
+        migrate)."""
+        entry = self._by_endpoint.get(endpoint)
+        return entry is not None and entry.drain_asked and entry.move_streams
 
     def endpoint_of(self, worker: str) -> str | None:
         """The endpoint of a worker named by its endpoint or its worker id; None: unknown."""

@@ -188,11 +188,12 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
 
     async def Suspend(self, request, context):  # noqa: N802
         r = self.reservations.get(request.request_id)
-        if r is None or not r.seqs:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not decoding")
+        if r is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "unknown request")
+        await r.committed.wait()  # as the real worker: one whose KV is arriving is waited for
         r.suspended = True
         self.resume.set()  # a stream held by hang_after goes on, to end for the move
-        return worker_pb2.SuspendResponse(num_output_tokens=len(r.seqs[0]) - len(r.token_ids))
+        return worker_pb2.SuspendResponse()
 
     async def MoveOut(self, request, context):  # noqa: N802
         """The "push": commit the last token on the target fake the reservation names."""
@@ -245,6 +246,7 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         self.stats: dict[str, Any] = {}  # extra WorkerStats fields, as on FakeDecode
         self.traceparents: dict[str, str] = {}  # as on FakeDecode
         self.push_s = 0.0  # how long its push takes after the first token (a slow link)
+        self.gate: asyncio.Event | None = None  # when set: each Prefill waits for it first
 
     async def Prefill(self, request, context):  # noqa: N802
         self.calls.append(request.request_id)
@@ -260,6 +262,8 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
                                 "KV push failed: cannot connect to 10.1.2.3:7100")
         if self.hang:
             await asyncio.Event().wait()
+        if self.gate is not None:
+            await self.gate.wait()
         firsts = [fork_token(list(request.token_ids), j) for j in range(request.n or 1)]
         if self.push_s:
             await asyncio.sleep(self.push_s)

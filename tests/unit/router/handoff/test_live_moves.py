@@ -91,6 +91,26 @@ def test_no_other_decode_worker_resumes(tokenizer: RouterTokenizer) -> None:
     asyncio.run(scenario())
 
 
+def test_a_stream_starting_on_a_worker_drained_with_migrate_moves(
+        tokenizer: RouterTokenizer) -> None:
+    """A request still in its prefill when its decode worker is drained with migrate moves
+    as soon as it starts decoding there (the drain's own moves did not see it)."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            source = c.first_decode(len(PROMPT) + N)
+            c.prefill[0].gate = gate = asyncio.Event()
+            task = asyncio.create_task(c.generate(_request()))
+            await asyncio.wait_for(c.prefill[0].started.wait(), 10)
+            assert c.router.registry.drain(c.decode_endpoints[source], move_streams=True)
+            gate.set()
+            responses = await asyncio.wait_for(task, 10)
+            assert [t for r in responses for t in r.token_ids] == expected_output(PROMPT, N)
+            assert len(c.decode[source].moves_out) == 1
+            assert c.router.deps.counters.live_moves[("drain", "moved")] == 1
+
+    asyncio.run(scenario())
+
+
 def test_admin_answers_members_only(tokenizer: RouterTokenizer) -> None:
     async def scenario() -> None:
         async with cluster(tokenizer) as c:
@@ -118,7 +138,8 @@ def test_tickets_follow_their_stream() -> None:
             assert live.on("d1:1") == [ticket]
             live.rehome(ticket, "d2:1", "r.1")
             assert live.on("d1:1") == [] and live.on("d2:1") == [ticket]
-            outcome = ticket.ask(MoveCause.DRAIN)
+            outcome, first = ticket.ask(MoveCause.DRAIN)
+            assert first and ticket.ask(MoveCause.DRAIN) == (outcome, False)  # one move
         # The stream ended with the move still asked for: settled as not moved.
         assert await outcome == MoveOutcome(False, "the request ended first")
         assert live.on("d2:1") == []
