@@ -7,6 +7,7 @@
     tandem offline --prompt TEXT [engine flags]      (the engine alone, no serving)
     tandem up      [--prefill N --decode N --address A --autoscale F.yaml]   (on Ray)
     tandem status | tandem down                      (what `up` runs; stop it)
+    tandem drain WORKER [--migrate]                  (one worker leaves, its streams moved)
 
 Each subcommand is the same program as ``python -m tandem.router`` / ``prefill_worker`` /
 ``decode_worker`` / ``engine``; modules are imported only when their command runs. The
@@ -35,6 +36,7 @@ COMMANDS = {
     "up": ("tandem.launcher.up", "a whole cluster on Ray (local or --address), autoscaled"),
     "status": ("tandem.launcher.status", "what `tandem up` runs, where, endpoints and health"),
     "down": ("tandem.launcher.down", "drain and stop everything `tandem up` started"),
+    "drain": ("tandem.cli.drain", "drain one worker via the router (--migrate: move its streams live)"),
     "generate": ("tandem.cli.generate", "stream one completion from a router"),
     "chat": ("tandem.cli.chat", "an interactive chat with a router (reads stdin)"),
     "top": ("tandem.cli.top", "a live view of every worker: load, KV, latency, transfer"),

@@ -23,6 +23,9 @@ READY_MARKER = "TANDEM_READY"
 RETRY_AFTER_KEY = "retry-after-ms"
 FAULT_KEY = "tandem-fault"
 RECEIVER_FAULT = "receiver"  # FAULT_KEY's value: the KV receiver failed, not the sender
+# FAULT_KEY's value on a Decode stream that ended because its request left the batch for a
+# live move (DecodeService.Suspend): nothing failed, the router moves or resumes it.
+SUSPENDED_FAULT = "suspended"
 BUSY_KEY = "tandem-busy"
 GRAMMAR_BUSY = "grammar"  # BUSY_KEY's value: the request's grammar is still compiling
 REQUEST_ID_HEADER = "X-Request-Id"

@@ -145,6 +145,13 @@ class AsyncEngine:
         """True while a stream for the request is open (until its finished output is read)."""
         return request_id in self._streams
 
+    def interrupt(self, request_id: str, exc: BaseException) -> None:
+        """End a request's open stream after the outputs already delivered to it: its reader
+        gets ``exc`` next (call on the event loop, after the engine call that stopped it)."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.queue.put_nowait(exc)
+
     def close_stream(self, request_id: str) -> None:
         """Forget a request's stream (after an abort whose output nobody will read)."""
         self._streams.pop(request_id, None)

@@ -30,6 +30,11 @@ class GrammarBusyError(EngineError):
     or other compiles hold it): a retry later may find it compiled; nothing was refused."""
 
 
+class NotMovableError(EngineError):
+    """A running request cannot be moved to another engine now; the message says why (not
+    decoding yet, finished, blocks freed behind its sliding window ...). It runs on here."""
+
+
 class UnknownRequestError(EngineError, KeyError):
     """An operation named a request id that the engine does not hold."""
 

@@ -227,6 +227,8 @@ class LLMEngine:
             return None
         if entry is not None and entry.transfer_id is not None:
             return self.remote.decode.end(entry.transfer_id)
+        if entry is not None and entry.state is RemoteState.SUSPENDED:
+            self.remote.ledger.unsuspend(request_id)  # out of the batch: freed like the rest
         live = self._live.get(request_id)
         if live is None:
             return None

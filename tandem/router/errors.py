@@ -76,6 +76,7 @@ class Fault(enum.Enum):
     WORKER = "worker"  # the worker called, or the channel to it
     RECEIVER = "receiver"  # the decode worker the called prefill worker pushed KV to
     SLOW = "slow"  # no answer within the router's own bound for the call: a slow call
+    SUSPENDED = "suspended"  # a Decode stream ended by its request's live move (not a fault)
 
 
 class WorkerCallError(RouterError):
@@ -117,6 +118,15 @@ class LegLostError(RouterError):
         self.endpoint = endpoint
         self.reason = reason
         self.down = down
+
+
+class LegSuspendedError(RouterError):
+    """A decode stream ended because its request left the batch for a live move
+    (DecodeService.Suspend): every token so far came before it; move or resume the leg."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__("decode leg suspended for a live move")
+        self.endpoint = endpoint
 
 
 # What an address looks like in an error's text: an IPv4 address (and port), a bracketed

@@ -21,8 +21,14 @@ import asyncio
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from tandem.common.obs.metrics_export import COMPAT_VLLM, Aliases, export_registry
 from tandem.placement.slo import ITL_BUCKETS, TTFT_BUCKETS
@@ -137,6 +143,25 @@ class _StateCollector(Collector):
         yield decisions
         yield _counter("tandem_migrations", "Requests moved to another decode worker "
                        "after theirs was lost (before or after the first token)", c.migrations)
+        moves = CounterMetricFamily(
+            "tandem_live_migrations", "Decode streams asked to move live to another decode "
+            "worker, by cause and outcome (moved, or stayed where they were)",
+            labels=["role", "cause", "outcome"])
+        for (cause, outcome), n in sorted(c.live_moves.items()):
+            moves.add_metric([ROLE, cause, outcome], n)
+        yield moves
+        yield _counter("tandem_live_migration_bytes", "KV bytes pushed by live moves",
+                       c.moved_bytes)
+        gap = HistogramMetricFamily(
+            "tandem_live_migration_gap_seconds", "A live move's client-visible gap: the last "
+            "token from the old decode worker to the first from the new one", labels=["role"])
+        cumulative, buckets = 0, []
+        for bound, n in zip((*c.move_gap.bounds, float("inf")), c.move_gap.counts,
+                            strict=True):
+            cumulative += n
+            buckets.append((floatToGoString(bound), cumulative))
+        gap.add_metric([ROLE], buckets, c.move_gap.total)
+        yield gap
         yield _counter("tandem_worker_aborts_sent", "Abort RPCs sent to workers",
                        c.aborts_sent)
         yield _gauge("tandem_num_requests_running", "Requests admitted and in flight",

@@ -32,6 +32,8 @@ from tandem.placement.link import LinkEstimates, LinkPrior
 from tandem.placement.log import PlacementLog
 from tandem.placement.worker_view import Role
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tandem.router.admin import SERVICE_NAME as ADMIN_SERVICE
+from tandem.router.admin import RouterAdminServicer
 from tandem.router.admission import AdmissionGate, AdmissionLedger
 from tandem.router.auth import AuthInterceptor
 from tandem.router.client_limits import ClientLimits
@@ -39,9 +41,9 @@ from tandem.router.config import RouterConfig
 from tandem.router.cost import NOTHING
 from tandem.router.frontend import Frontend
 from tandem.router.handoff.counters import HandoffCounters
+from tandem.router.handoff.deps import HandoffDeps
 from tandem.router.handoff.held_blocks import HeldBlocks
 from tandem.router.handoff.inflight import InflightCalls
-from tandem.router.handoff.ledger import HandoffDeps
 from tandem.router.http import HttpServer
 from tandem.router.membership.health_monitor import HealthMonitor
 from tandem.router.membership.registry import Registry
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 _SERVICES = (
     tandem_pb2.DESCRIPTOR.services_by_name["Tandem"].full_name,
     worker_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+    ADMIN_SERVICE,
 )
 
 
@@ -138,7 +141,7 @@ class RouterServer:
         """Bind, serve, start probing workers; returns the bound port."""
         # No SO_REUSEPORT: a second router on a busy port must fail, not share it silently.
         keys, tls = self.security.keys, self.security.server_tls
-        # Membership is proven: Registry calls need the cluster credential (workers hold it),
+        # Membership is proven: Registry and RouterAdmin calls need the cluster credential,
         # the public Tandem service needs an API key when keys are configured.
         interceptors: list[grpc.aio.ServerInterceptor] = [
             ClusterAuthInterceptor(self.security.credential, (ROUTER_AUDIENCE,),
@@ -155,6 +158,7 @@ class RouterServer:
         ])
         tandem_pb2_grpc.add_TandemServicer_to_server(self.servicer, server)
         worker_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(self.registry), server)
+        worker_pb2_grpc.add_RouterAdminServicer_to_server(RouterAdminServicer(self.deps), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((*_SERVICES, reflection.SERVICE_NAME), server)
         address = f"{self.config.host}:{self.config.port}"
@@ -200,7 +204,7 @@ class RouterServer:
                          len(self.registry.routable(Role.DECODE)))
             else:
                 log.warning("not ready: %s", reason)
-        tandem, registry = _SERVICES
+        tandem, registry, _ = _SERVICES
         for service in ("", tandem):
             await self._health.set(service, serving if reason is None else not_serving)
         await self._health.set(registry, not_serving if self.gate.closed else serving)

@@ -5,7 +5,7 @@
     ──> [serve /metrics on --metrics-port] ──> start: the service + Membership (the proof a
     discovering router asks for, tandem/worker/membership.py) + grpc.health.v1 + reflection ──> print TANDEM_READY {...} (with "metrics": "host:port" when served)
     ──> [register with the router and heartbeat]
-    SIGTERM/SIGINT ──> health NOT_SERVING, new work refused ("draining"), running work
+    SIGTERM/SIGINT, or WorkerControl.Drain from the router (an operator's drain) ──> health NOT_SERVING, new work refused ("draining"), running work
     finishes (bounded by drain_timeout_s) ──> stop the server ──> close the app ──> exit 0
 """
 
@@ -37,6 +37,21 @@ from tandem.worker.registration import RegistrationConfig, RegistryClient
 log = logging.getLogger(__name__)
 
 MEMBERSHIP_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Membership"].full_name
+CONTROL_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerControl"].full_name
+
+
+class ControlServicer(worker_pb2_grpc.WorkerControlServicer):
+    """``tandem.v1.WorkerControl``: the router asks this worker to drain (as SIGTERM does)."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+
+    async def Drain(  # noqa: N802 (gRPC method names)
+        self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.DrainResponse:
+        log.info("drain asked for by the router")
+        self._stop.set()
+        return worker_pb2.DrainResponse()
 
 
 def announce(role: str, grpc_address: str, extra: dict[str, str], out: TextIO) -> None:
@@ -115,10 +130,15 @@ async def _run(
     assert config.credential is not None  # serve() refuses to start without one
     worker_pb2_grpc.add_MembershipServicer_to_server(
         MembershipServicer(config.credential, app.role, audience), server)
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    worker_pb2_grpc.add_WorkerControlServicer_to_server(ControlServicer(stop), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
-        [app.service_name, MEMBERSHIP_SERVICE,
+        [app.service_name, MEMBERSHIP_SERVICE, CONTROL_SERVICE,
          health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
@@ -126,10 +146,6 @@ async def _run(
     for name in ("", app.service_name):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     loop = asyncio.get_running_loop()
-    if stop is None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
     registry: asyncio.Task[None] | None = None
     if config.router:
         registration = RegistrationConfig(config.router, credentials=config.router_credentials,

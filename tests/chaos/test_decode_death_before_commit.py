@@ -4,7 +4,7 @@ greedy output, the survivor ends idle with every KV block free, and the prefill 
 push failed only because its receiver died, stays in the pool and serves the next request.
 
     router --Reserve--> D (one of two)   router --Prefill--> P: computes, pushes to D, then
-    holds before its COMMIT (tandem/worker/prefill/commit_hold.py: a test-only pause the
+    holds before its COMMIT (tandem/worker/commit_hold.py: a test-only pause the
     worker honours only when started with TANDEM_TEST_COMMIT_HOLD_DIR)
     test: sees the hold, SIGKILLs D, releases P -> P's COMMIT fails at its receiver, P says so
     router: the leg is lost, not P: Reserve on the other D, prefill again on P, stream
@@ -20,7 +20,7 @@ import pytest
 
 from tandem.launcher.local_cluster import Cluster
 from tandem.protos.v1 import tandem_pb2_grpc
-from tandem.worker.prefill.commit_hold import ENV as HOLD_ENV
+from tandem.worker.commit_hold import ENV as HOLD_ENV
 from tests import scrape
 from tests.chaos.greedy import generate_ids, prompt_ids
 from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats

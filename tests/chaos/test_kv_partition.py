@@ -9,7 +9,7 @@ partition heals every KV block on the partitioned decode worker is free.
     PartitionProxy 127.0.0.2:Q1 -> 127.0.0.1:Q1, 127.0.0.3:Q2 -> 127.0.0.1:Q2
     router --Reserve--> D (one of two, gRPC: never partitioned)
     router --Prefill--> P: computes, pushes every layer through D's proxy, holds before its
-        COMMIT (tandem/worker/prefill/commit_hold.py)
+        COMMIT (tandem/worker/commit_hold.py)
     test: sees the hold, partitions D's proxy, releases P -> the COMMIT and its ACK are held;
         P's push runs out its --transfer-timeout-s, its first token having been ready within
         the first half of it: the receiver stopped answering (tandem/worker/prefill/service.py
@@ -31,7 +31,7 @@ import pytest
 
 from tandem.launcher.local_cluster import Cluster
 from tandem.protos.v1 import tandem_pb2_grpc
-from tandem.worker.prefill.commit_hold import ENV as HOLD_ENV
+from tandem.worker.commit_hold import ENV as HOLD_ENV
 from tests import scrape
 from tests.chaos.greedy import generate_ids, prompt_ids
 from tests.chaos.partition_proxy import PartitionProxy

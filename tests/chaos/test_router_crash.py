@@ -3,7 +3,7 @@ worker ends idle with no KV block held, and nothing is decoded for a reader that
 
     two streams decoding on D   their reader (the router's Decode call) is gone when the
                                 router's connection closes: D aborts them at once
-    one prompt held on P before its COMMIT (tandem/worker/prefill/commit_hold.py)
+    one prompt held on P before its COMMIT (tandem/worker/commit_hold.py)
                                 the router's Prefill call is gone: P aborts its push, D drops
                                 the reservation
     (a stream committed but never attached, the router dying between the prefill reply and
@@ -24,7 +24,7 @@ import pytest
 
 from tandem.launcher.local_cluster import Cluster
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
-from tandem.worker.prefill.commit_hold import ENV as HOLD_ENV
+from tandem.worker.commit_hold import ENV as HOLD_ENV
 from tests import scrape
 from tests.integration.sdk_cluster import LocalCluster, assert_idle, wait_until, worker_stats
 from tests.integration.served_model import start_workers, tiny_served_model

@@ -4,6 +4,9 @@
                                  ├──────end (aborted, expired)──> blocks freed (leaves)
                                  └──unreserve (local prefill)───> blocks freed, request queued
     prefill role: finish(hold_kv) ──> HELD ──release──> blocks freed, still prefix-cached
+    a move:       running ──suspend──> SUSPENDED (out of the batch, blocks pinned while
+                  another engine gets their KV) ──unsuspend──> running again, or aborted
+                  (moved: its blocks freed)
 
 This ledger is *the* record of a reservation: each entry knows its request id, its transfer id
 (an opaque tag the decode worker gives at reserve time) and its blocks.
@@ -39,6 +42,7 @@ class RemoteState(enum.Enum):
 
     RESERVED = "reserved"  # decode role: allocated, waiting for a prefill worker's push
     HELD = "held"  # prefill role: finished, kept until the push of its KV is done
+    SUSPENDED = "suspended"  # a running request out of the batch while its KV is pushed away
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +90,12 @@ class RemoteKV:
     @property
     def num_held(self) -> int:
         """Finished requests whose blocks are kept for a push."""
-        return len(self._by_request) - len(self._by_transfer)
+        return sum(e.state is RemoteState.HELD for e in self._by_request.values())
+
+    @property
+    def num_suspended(self) -> int:
+        """Running requests taken out of the batch while their KV is pushed away."""
+        return sum(e.state is RemoteState.SUSPENDED for e in self._by_request.values())
 
     def request_ids(self) -> list[str]:
         """Every reserved or held request, by id."""
@@ -191,3 +200,23 @@ class RemoteKV:
         del self._by_request[request_id]
         self.kv.free(request_id)
         return True
+
+    # -- a move (decode role) --------------------------------------------------------------
+    def suspend(self, request: Request) -> list[int]:
+        """Pin a running request's blocks while it is out of the batch (the caller took it
+        out); returns them in logical order."""
+        rid = request.request_id
+        if rid in self._by_request:
+            raise InvalidRequestError("request_id", f"{rid!r} already has pinned blocks")
+        entry = RemoteEntry(request, RemoteState.SUSPENDED, self.kv.block_ids(rid))
+        self._by_request[rid] = entry
+        return list(entry.block_ids)
+
+    def unsuspend(self, request_id: str) -> Request | None:
+        """Unpin a suspended request (it runs again, or is aborted: the caller frees its
+        blocks); None when it is not suspended."""
+        entry = self._by_request.get(request_id)
+        if entry is None or entry.state is not RemoteState.SUSPENDED:
+            return None
+        del self._by_request[request_id]
+        return entry.request

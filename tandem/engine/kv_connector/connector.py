@@ -2,6 +2,7 @@
 
     LLMEngine ──owns──> KVConnector ──.decode──> DecodeSide   (decode worker)
                                     ──.prefill─> PrefillSide  (prefill worker)
+                                    ──.migrate─> MigrateSide  (decode worker: a live move out)
                                     ──.ledger──> RemoteKV     (reserved and held requests)
                                     ──.kv_cache, kv_cache_spec()──> the transfer layer
 
@@ -20,6 +21,7 @@ from tandem.engine.core.scheduler import Scheduler
 from tandem.engine.kv_connector.decode_side import DecodeSide
 from tandem.engine.kv_connector.host import LiveRequestHost
 from tandem.engine.kv_connector.layer_ready import layer_ready_for
+from tandem.engine.kv_connector.migrate_side import MigrateSide
 from tandem.engine.kv_connector.prefill_side import PrefillSide
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.outputs import KVCacheSpec
@@ -43,6 +45,7 @@ class KVConnector:
         self.decode = DecodeSide(requests, self.ledger, scheduler, outputs, vocab_size)
         self.prefill = PrefillSide(requests, self.ledger, scheduler, kv,
                                    layer_ready_for(kv_cache.device))
+        self.migrate = MigrateSide(requests, self.ledger, scheduler, kv)
         self._kv_cache = kv_cache
         self._spec = spec
 

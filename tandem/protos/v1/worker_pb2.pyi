@@ -17,6 +17,92 @@ ROLE_UNSPECIFIED: Role
 ROLE_PREFILL: Role
 ROLE_DECODE: Role
 
+class SuspendRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class SuspendResponse(_message.Message):
+    __slots__ = ("num_output_tokens",)
+    NUM_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    num_output_tokens: int
+    def __init__(self, num_output_tokens: _Optional[int] = ...) -> None: ...
+
+class MoveOutRequest(_message.Message):
+    __slots__ = ("request_id", "transfer_id", "block_ids", "kv_endpoint", "layout", "skip_tokens", "last_token")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    transfer_id: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    kv_endpoint: str
+    layout: KVLayout
+    skip_tokens: int
+    last_token: int
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., skip_tokens: _Optional[int] = ..., last_token: _Optional[int] = ...) -> None: ...
+
+class MoveOutResponse(_message.Message):
+    __slots__ = ("bytes", "transfer_s")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    transfer_s: float
+    def __init__(self, bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class ResumeResponse(_message.Message):
+    __slots__ = ("resumed",)
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    resumed: bool
+    def __init__(self, resumed: _Optional[bool] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainWorkerRequest(_message.Message):
+    __slots__ = ("worker", "migrate")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    MIGRATE_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    migrate: bool
+    def __init__(self, worker: _Optional[str] = ..., migrate: _Optional[bool] = ...) -> None: ...
+
+class MoveStreamsRequest(_message.Message):
+    __slots__ = ("worker",)
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    def __init__(self, worker: _Optional[str] = ...) -> None: ...
+
+class MovedStreams(_message.Message):
+    __slots__ = ("endpoint", "moved", "stayed", "reasons", "seconds")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    STAYED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    moved: int
+    stayed: int
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    seconds: float
+    def __init__(self, endpoint: _Optional[str] = ..., moved: _Optional[int] = ..., stayed: _Optional[int] = ..., reasons: _Optional[_Iterable[str]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class ProveRequest(_message.Message):
     __slots__ = ("nonce", "audience")
     NONCE_FIELD_NUMBER: _ClassVar[int]
@@ -52,7 +138,7 @@ class KVLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s", "prior_output_tokens", "n")
+    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s", "prior_output_tokens", "n", "moved_in")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +146,7 @@ class ReserveRequest(_message.Message):
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     PRIOR_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    MOVED_IN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _tandem_pb2.SamplingParams
@@ -67,7 +154,8 @@ class ReserveRequest(_message.Message):
     lease_s: float
     prior_output_tokens: int
     n: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+    moved_in: bool
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ..., n: _Optional[int] = ..., moved_in: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout", "cached_tokens")

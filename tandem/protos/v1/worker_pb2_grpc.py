@@ -220,6 +220,21 @@ class DecodeServiceStub:
                 request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
                 response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.Suspend = channel.unary_unary(
+                '/tandem.v1.DecodeService/Suspend',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.SuspendRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.SuspendResponse.FromString,
+                _registered_method=True)
+        self.MoveOut = channel.unary_unary(
+                '/tandem.v1.DecodeService/MoveOut',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveOutRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveOutResponse.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/tandem.v1.DecodeService/Resume',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ResumeResponse.FromString,
+                _registered_method=True)
 
 
 class DecodeServiceServicer:
@@ -258,6 +273,29 @@ class DecodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Suspend(self, request, context):
+        """A live move of a decoding request to another decode worker (docs/design.md section 2):
+        Suspend takes it out of the batch between two steps (its Decode stream ends, after every
+        token so far, with ABORTED and the "tandem-fault: suspended" trailer); then MoveOut pushes
+        its KV into the target's reservation and commits there (its blocks here are freed), or
+        Resume puts it back (a new Decode call streams the rest). A MoveOut that fails resumes it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveOut(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +323,21 @@ def add_DecodeServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.StatsRequest.FromString,
                     response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'Suspend': grpc.unary_unary_rpc_method_handler(
+                    servicer.Suspend,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.SuspendRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.SuspendResponse.SerializeToString,
+            ),
+            'MoveOut': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveOut,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveOutRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveOutResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ResumeRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.ResumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -422,6 +475,288 @@ class DecodeService:
             '/tandem.v1.DecodeService/Stats',
             tandem_dot_protos_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
             tandem_dot_protos_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Suspend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DecodeService/Suspend',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.SuspendRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.SuspendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveOut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DecodeService/MoveOut',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MoveOutRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MoveOutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DecodeService/Resume',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.ResumeRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.ResumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class WorkerControlStub:
+    """Both roles: the worker's own life, asked for by the router (an operator's drain).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Drain = channel.unary_unary(
+                '/tandem.v1.WorkerControl/Drain',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainResponse.FromString,
+                _registered_method=True)
+
+
+class WorkerControlServicer:
+    """Both roles: the worker's own life, asked for by the router (an operator's drain).
+    """
+
+    def Drain(self, request, context):
+        """Take no new work, finish (or let the router move) what is running, then exit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkerControlServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tandem.v1.WorkerControl', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tandem.v1.WorkerControl', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorkerControl:
+    """Both roles: the worker's own life, asked for by the router (an operator's drain).
+    """
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.WorkerControl/Drain',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.DrainRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class RouterAdminStub:
+    """The router's operator surface, on its gRPC port, for cluster members only (the cluster
+    credential's per-call token, as the Registry).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.DrainWorker = channel.unary_unary(
+                '/tandem.v1.RouterAdmin/DrainWorker',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
+                _registered_method=True)
+        self.MoveStreams = channel.unary_unary(
+                '/tandem.v1.RouterAdmin/MoveStreams',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
+                _registered_method=True)
+
+
+class RouterAdminServicer:
+    """The router's operator surface, on its gRPC port, for cluster members only (the cluster
+    credential's per-call token, as the Registry).
+    """
+
+    def DrainWorker(self, request, context):
+        """Drain a worker: no new work goes to it; with migrate, its decode streams move live to
+        other decode workers (each that cannot move finishes there); then the worker exits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveStreams(self, request, context):
+        """Move every stream off a decode worker live, which stays in the pool (rebalancing a hot
+        worker, maintenance ahead of a restart).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RouterAdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'DrainWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainWorker,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.SerializeToString,
+            ),
+            'MoveStreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveStreams,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tandem.v1.RouterAdmin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tandem.v1.RouterAdmin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class RouterAdmin:
+    """The router's operator surface, on its gRPC port, for cluster members only (the cluster
+    credential's per-call token, as the Registry).
+    """
+
+    @staticmethod
+    def DrainWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.RouterAdmin/DrainWorker',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.DrainWorkerRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveStreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.RouterAdmin/MoveStreams',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,7 +2,9 @@
 
     out  LegRequest (+ lease)                -> ReserveRequest
          LegRequest + Reservation            -> PrefillRequest  (skip_tokens: the cached part)
-         leg id (+ sequence)                 -> PrefillLocalRequest, DecodeRequest, AbortRequest
+         leg id (+ sequence)                 -> PrefillLocalRequest, DecodeRequest, AbortRequest,
+                                                SuspendRequest, ResumeRequest
+         leg id + target Reservation + token -> MoveOutRequest (a live move)
     in   ReserveResponse                     -> Reservation
          PrefillResponse                     -> PrefillReply
          GenerateResponse (a Decode stream)  -> Chunk
@@ -31,7 +33,37 @@ def reserve_request(leg: LegRequest, lease_s: float) -> worker_pb2.ReserveReques
         lease_s=lease_s,
         prior_output_tokens=leg.prior_output_tokens,
         n=leg.n,
+        moved_in=leg.moved_in,
     )
+
+
+def suspend_request(leg_id: str) -> worker_pb2.SuspendRequest:
+    """DecodeService.Suspend's request."""
+    return worker_pb2.SuspendRequest(request_id=leg_id)
+
+
+def resume_request(leg_id: str) -> worker_pb2.ResumeRequest:
+    """DecodeService.Resume's request."""
+    return worker_pb2.ResumeRequest(request_id=leg_id)
+
+
+def move_out_request(leg_id: str, reservation: Reservation, last_token: int
+                     ) -> worker_pb2.MoveOutRequest:
+    """DecodeService.MoveOut's request: push ``leg_id``'s KV into the target's
+    ``reservation`` (all but what it caches), commit ``last_token`` there."""
+    out = worker_pb2.MoveOutRequest(
+        request_id=leg_id, transfer_id=reservation.transfer_id,
+        block_ids=reservation.block_ids, kv_endpoint=reservation.kv_endpoint,
+        skip_tokens=reservation.cached_tokens, last_token=last_token)
+    if reservation.layout is not None:
+        out.layout.CopyFrom(_layout_to_proto(reservation.layout))
+    return out
+
+
+def _layout_to_proto(lo: KvLayout) -> worker_pb2.KVLayout:
+    return worker_pb2.KVLayout(
+        model=lo.model, dtype=lo.dtype, block_size=lo.block_size, num_layers=lo.num_layers,
+        num_kv_heads=lo.num_kv_heads, head_dim=lo.head_dim, fingerprint=lo.fingerprint)
 
 
 def reservation_from_proto(reply: worker_pb2.ReserveResponse) -> Reservation:
@@ -59,12 +91,8 @@ def prefill_request(leg: LegRequest, reservation: Reservation) -> worker_pb2.Pre
         skip_tokens=reservation.cached_tokens,  # D holds this much: only the rest is pushed
         n=leg.n,
     )
-    lo = reservation.layout
-    if lo is not None:
-        out.layout.CopyFrom(worker_pb2.KVLayout(
-            model=lo.model, dtype=lo.dtype, block_size=lo.block_size, num_layers=lo.num_layers,
-            num_kv_heads=lo.num_kv_heads, head_dim=lo.head_dim, fingerprint=lo.fingerprint,
-        ))
+    if reservation.layout is not None:
+        out.layout.CopyFrom(_layout_to_proto(reservation.layout))
     return out
 
 

@@ -15,9 +15,17 @@ One request's life here, from the front door's Prepared to the Chunks it streams
       -> first token                   straight from P's reply (TTFT does not wait for D)
       -> legs.decode_stream(D)         the rest of the tokens
            | D dies: migrate: reserve on D', prefill prompt + tokens sent, go on
+           | a live move (live_moves): D suspends it, D' reserves, D pushes its KV, go on at D'
       -> legs.abort(...)               every leg still open when the request ends abnormally
 
-- ``ledger``: ``Handoff`` (the loop above, migration included) and ``HandoffDeps``.
+- ``ledger``: ``Handoff`` (the loop above, migration included).
+- ``deps``: ``HandoffDeps``, what every handoff shares (pool, channels, affinity, counters).
+- ``prefill_leg``: filling one decode leg's reservation (remote on a prefill worker, the
+  fallbacks, local on the decode worker) and learning its cost back.
+- ``open_legs``: the legs a request holds open (Aborted on every abnormal end), and what a
+  failed call or a lost leg says about its worker.
+- ``live_moves``: every decode stream in flight by worker, and moving them live to another
+  decode worker (an operator's drain; the ledger follows its stream across the move).
 - ``legs``: the worker RPCs, gRPC failures turned into typed errors; each converts the plain
   ``leg_types`` (LegRequest, Reservation, PrefillReply) to its worker message and back.
 - ``prefill_placement``: the placement decision's inputs from the router's state (cached tokens per

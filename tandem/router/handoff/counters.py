@@ -1,4 +1,5 @@
-"""Counts of every fallback and migration the handoff took (exported as metrics later)."""
+"""Counts of every fallback and migration the handoff took (exported as metrics later), and
+the live moves' figures (by cause and outcome, KV bytes moved, the stream's gap)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tandem.placement.cost_model import Decision, Placement, Reason
+from tandem.placement.slo import ITL_BUCKETS
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Counts of observations per upper bound (cumulative at export), and their sum."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound
+
+    def observe(self, value: float) -> None:
+        """One observation."""
+        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
+        self.counts[i] += 1
+        self.total += value
 
 
 @dataclass(slots=True)
@@ -26,6 +46,12 @@ class HandoffCounters:
     aborts_sent: int = 0
     # (decision, reason) of every placement (tandem/placement/cost_model.py)
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # live moves (tandem/router/handoff/live_moves.py): (cause, "moved" | "stayed")
+    live_moves: Counter[tuple[str, str]] = field(default_factory=Counter)
+    moved_bytes: int = 0  # KV pushed by live moves
+    # the client-visible gap of each live move: last token from the old worker to the first
+    # from the new one (ITL's buckets: it is an inter-token latency)
+    move_gap: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
 
     def count_placement(self, placed: Placement) -> None:
         """One placement decision: its (decision, reason), and for a local one why."""
@@ -38,3 +64,4 @@ class HandoffCounters:
             self.local_prefill_short += 1
         else:
             self.local_prefill_placed += 1
+

@@ -53,80 +53,35 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
 
 from tandem.common.obs import tracing
 from tandem.placement import policy
-from tandem.placement.affinity import PrefixAffinity, prefix_hashes
-from tandem.placement.cost_model import Decision
-from tandem.placement.link import LinkEstimates
-from tandem.placement.log import PlacementLog
-from tandem.placement.overheads import PrefillOverheads
+from tandem.placement.affinity import prefix_hashes
 from tandem.placement.worker_view import Role
 from tandem.router.api.response import TokenLogprob
-from tandem.router.config import RouterConfig
 from tandem.router.errors import (
     Busy,
+    Fault,
     LegLostError,
+    LegSuspendedError,
     NoWorkerError,
     OverloadedError,
     WorkerCallError,
     WorkerFailedError,
 )
-from tandem.router.handoff import blame, legs, prefill_placement
-from tandem.router.handoff.counters import HandoffCounters
+from tandem.router.handoff import blame, legs
 from tandem.router.handoff.deadline import Deadline
+from tandem.router.handoff.deps import HandoffDeps, refused_for_now
 from tandem.router.handoff.fork import merge_sequences
-from tandem.router.handoff.held_blocks import HeldBlocks
-from tandem.router.handoff.inflight import InflightCalls
-from tandem.router.handoff.leg_types import LegRequest, PrefillReply, Reservation
-from tandem.router.membership.registry import Registry
-from tandem.router.membership.worker_clients import WorkerClients
+from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply
+from tandem.router.handoff.live_moves import MoveCause, MoveOutcome, MoveTicket
+from tandem.router.handoff.open_legs import OpenLegs
+from tandem.router.handoff.prefill_leg import LegPrefill
 from tandem.router.request import Chunk, HandoffReport, Prepared
 
 log = logging.getLogger(__name__)
 
-
-GRAMMAR_COMPILING = ("the request's structured-output grammar is still compiling; retry "
-                     "after the advised delay")
-
-
-def _refused_for_now(refusals: list[tuple[int, Busy | None]]) -> OverloadedError:
-    """What the client is told when every decode worker refused the request for now
-    (RESOURCE_EXHAUSTED: ``(retry hint ms, reason)`` each): come back when the soonest
-    expects to take it; when a worker's reason was the request's own grammar still
-    compiling, that is the reason given (the wait is for the compile, not for room)."""
-    hint = min(ms for ms, _ in refusals)
-    if any(busy is Busy.GRAMMAR for _, busy in refusals):
-        return OverloadedError(GRAMMAR_COMPILING, hint, Busy.GRAMMAR)
-    return OverloadedError("every decode worker is full", hint)
-
-
-@dataclass(frozen=True, slots=True)
-class HandoffDeps:
-    """What every handoff shares: the pool, the channels, the affinity map, the counters,
-    the worker calls in flight (which the health monitor cuts: tandem/router/server.py), the remote
-    overheads placement learns, and the prefix blocks each worker is believed to hold."""
-
-    config: RouterConfig
-    registry: Registry
-    clients: WorkerClients
-    affinity: PrefixAffinity
-    counters: HandoffCounters
-    inflight: InflightCalls = field(default_factory=InflightCalls)
-    overheads: PrefillOverheads = field(default_factory=PrefillOverheads)
-    links: LinkEstimates = field(default_factory=LinkEstimates)  # per P->D pair (link.py)
-    held: HeldBlocks = field(default_factory=lambda: HeldBlocks(time.monotonic, 6.0))
-    placement_log: PlacementLog | None = None  # --placement-log
-
-
-@dataclass(slots=True)
-class _Leg:
-    """One reservation on a decode worker."""
-
-    endpoint: str
-    leg_id: str
-    reservation: Reservation
+__all__ = ["Handoff", "HandoffDeps"]
 
 
 class Handoff:
@@ -147,7 +102,11 @@ class Handoff:
         )
         self._sent: list[int] = list(sent)
         self._n_legs = 0
-        self._open: list[tuple[str, str, bool]] = []  # (endpoint, leg id, is decode) to abort
+        self._open = OpenLegs(request.request_id, self._calls, deps.registry, deps.counters,
+                              span)
+        self._prefill = LegPrefill(deps, request.request_id, deadline, span, self._calls,
+                                   self._open, self._renew)
+        self._leg: DecodeLeg  # the decode leg the request is on (set by _legs)
         self._lost = ""  # why the last decode leg was lost (said when no worker takes over)
         self._hashed, self._chain = -1, []  # _hashes' memo: token count and its chain
         self.report = HandoffReport()
@@ -158,7 +117,7 @@ class Handoff:
             async for chunk in self._legs():
                 yield chunk
         except BaseException:
-            await self._abort_open()
+            await self._open.abort_all()
             raise
 
     async def _legs(self) -> AsyncIterator[Chunk]:
@@ -169,8 +128,10 @@ class Handoff:
                 return
             leg = await self._reserve(self._rank_decode(excluded))
             self._deps.registry.acquire(leg.endpoint)
+            self._leg = leg
             try:
-                leg, first = await self._prefill(leg)
+                leg, first = await self._fill(leg)
+                self._leg = leg
                 if self._forks():
                     async for chunk in self._sequences(leg, first):
                         yield chunk
@@ -179,28 +140,104 @@ class Handoff:
                 self._sent.append(first.first_token)
                 yield Chunk([first.first_token], self._first_logprob(first), leg_start=True,
                             prompt_logprobs=prompt_logprobs)
-                stream = legs.decode_stream(
-                    self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining(),
-                    parent=self._span,
-                )
-                async with aclosing(stream):  # closed (RPC cancelled) however we leave
-                    async for chunk in stream:
-                        self._sent.extend(chunk.token_ids)
-                        yield chunk
-                self._open.remove((leg.endpoint, leg.leg_id, True))
+                async for chunk in self._decode():
+                    yield chunk
+                leg = self._leg  # where the stream ended (after any live move)
+                self._open.done(leg.endpoint, leg.leg_id, True)
                 # D now caches the whole sequence: a next turn that extends it goes there.
                 self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
                 return
             except LegLostError as lost:
                 await self._migrate(lost, excluded)
             finally:
-                self._deps.registry.release(leg.endpoint)
+                self._deps.registry.release(self._leg.endpoint)
+
+    async def _decode(self) -> AsyncIterator[Chunk]:
+        """The decode stream of ``self._leg`` to its end, followed through live moves
+        (tandem/router/handoff/live_moves.py): ``self._leg`` is the leg it is on."""
+        with self._deps.live.open(self._leg.endpoint, self._leg.leg_id) as ticket:
+            if self._deps.registry.moving_off(self._leg.endpoint):  # drained while prefilling
+                self._deps.live.move_soon(self._calls, ticket, MoveCause.DRAIN)
+            moved_at: float | None = None  # when the last token before a move came
+            last_at = time.monotonic()
+            while True:
+                leg = self._leg
+                stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
+                                            self._deadline.remaining(), parent=self._span)
+                try:
+                    async with aclosing(stream):  # closed (RPC cancelled) however we leave
+                        async for chunk in stream:
+                            if moved_at is not None:  # the new leg's first: a new text base
+                                chunk.leg_start = True
+                                self._deps.counters.move_gap.observe(time.monotonic() - moved_at)
+                                moved_at = None
+                            last_at = time.monotonic()
+                            self._sent.extend(chunk.token_ids)
+                            yield chunk
+                    return
+                except LegSuspendedError:
+                    if await self._move(ticket):
+                        moved_at = last_at
+
+    async def _move(self, ticket: MoveTicket) -> bool:
+        """``self._leg``'s stream was suspended for a live move: move it to another decode
+        worker (True), or resume it where it is (False; the ticket says why). Raises
+        LegLostError when its worker is gone meanwhile."""
+        src, deps = self._leg, self._deps
+        cause = (ticket.cause or MoveCause.DRAIN).value
+        try:
+            target = await self._reserve(self._rank_decode({src.endpoint}), moving=True)
+        except (NoWorkerError, OverloadedError) as err:
+            await self._resume(src, ticket, f"no decode worker could take it: {err}")
+            return False
+        try:
+            moved, _ = await legs.move_out(self._calls, src.endpoint, src.leg_id,
+                                           target.reservation, self._sent[-1],
+                                           self._deadline.remaining(), self._span)
+        except WorkerCallError as err:
+            await self._open.close(target.endpoint, target.leg_id)
+            legs.raise_if_fatal(err)
+            if err.fault is Fault.RECEIVER:  # the target failed: the source resumed it
+                deps.counters.live_moves[(cause, "stayed")] += 1
+                ticket.settle(MoveOutcome(False, f"the push failed: {err.details}"))
+                return False
+            if err.code_name in legs.WORKER_GONE:
+                raise LegLostError(src.endpoint, str(err),
+                                   down=blame.takes_out_of_pool(err)) from err
+            await self._resume(src, ticket, str(err))
+            return False
+        self._open.done(src.endpoint, src.leg_id, True)  # freed there once committed
+        deps.registry.release(src.endpoint)
+        deps.registry.acquire(target.endpoint)
+        self._leg = target
+        deps.live.rehome(ticket, target.endpoint, target.leg_id)
+        deps.counters.live_moves[(cause, "moved")] += 1
+        deps.counters.moved_bytes += moved
+        log.info("request %s: moved live from %s to %s (%d bytes of KV)",
+                 self._req.request_id, src.endpoint, target.endpoint, moved)
+        ticket.settle(MoveOutcome(True, bytes=moved))
+        return True
+
+    async def _resume(self, leg: DecodeLeg, ticket: MoveTicket, why: str) -> None:
+        """A suspended leg runs on where it is (its next Decode call reads on)."""
+        try:
+            resumed = await legs.resume(self._calls, leg.endpoint, leg.leg_id, self._span)
+        except WorkerCallError as err:
+            legs.raise_if_fatal(err)
+            raise LegLostError(leg.endpoint, f"could not resume it: {err}",
+                               down=blame.takes_out_of_pool(err)) from err
+        if not resumed:
+            raise LegLostError(leg.endpoint, "it ended while moving")
+        cause = (ticket.cause or MoveCause.DRAIN).value
+        self._deps.counters.live_moves[(cause, "stayed")] += 1
+        log.info("request %s: stays on %s: %s", self._req.request_id, leg.endpoint, why)
+        ticket.settle(MoveOutcome(False, why))
 
     def _forks(self) -> bool:
         """Whether this leg is a forked request's one shared leg (nothing sent yet)."""
         return self._req.n > 1 and not self._sent
 
-    async def _sequences(self, leg: _Leg, reply: PrefillReply) -> AsyncIterator[Chunk]:
+    async def _sequences(self, leg: DecodeLeg, reply: PrefillReply) -> AsyncIterator[Chunk]:
         """The n sequences of the forked leg, merged (tandem/router/handoff/fork.py)."""
         n = self._req.n
         if len(reply.first_tokens) != n:
@@ -219,8 +256,8 @@ class Handoff:
                                       self._deadline.remaining(), index=j, parent=self._span)
 
         async def migrate(j: int, sent: list[int], lost: LegLostError) -> AsyncIterator[Chunk]:
-            self._leg_lost(lost)
-            await self._abort(leg.endpoint, leg.leg_id, decode=True, index=j)
+            self._open.leg_lost(lost)
+            await self._open.abort(leg.endpoint, leg.leg_id, decode=True, index=j)
             self.report.migrations += 1
             if self._deps.config.max_migrations < 1:
                 raise WorkerFailedError(f"{lost}; gave up after 0 migrations")
@@ -237,7 +274,7 @@ class Handoff:
         async with aclosing(merge_sequences(firsts, stream_of, migrate)) as chunks:
             async for chunk in chunks:
                 yield chunk
-        self._open.remove((leg.endpoint, leg.leg_id, True))
+        self._open.done(leg.endpoint, leg.leg_id, True)
         self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
 
     def _sequence(self, j: int) -> Prepared:
@@ -252,10 +289,10 @@ class Handoff:
     async def _migrate(self, lost: LegLostError, excluded: set[str]) -> None:
         """Give up on a dead decode leg; the loop then opens the next one elsewhere (never on
         that worker again for this request)."""
-        self._leg_lost(lost)
+        self._open.leg_lost(lost)
         self._lost = str(lost)
         excluded.add(lost.endpoint)
-        await self._close_decode_legs(lost.endpoint)
+        await self._open.close_decode_legs(lost.endpoint)
         self.report.migrations += 1
         if self.report.migrations > self._deps.config.max_migrations:
             raise WorkerFailedError(
@@ -289,8 +326,9 @@ class Handoff:
             raise NoWorkerError(f"no healthy decode worker{after}")
         return [w.endpoint for w in ranked]
 
-    async def _reserve(self, endpoints: list[str]) -> _Leg:
-        """Reserve on the first of ``endpoints`` that accepts."""
+    async def _reserve(self, endpoints: list[str], moving: bool = False) -> DecodeLeg:
+        """Reserve on the first of ``endpoints`` that accepts (``moving``: as a live move's
+        target, for the tokens so far but the last, which the move's COMMIT carries)."""
         deps = self._deps
         exhausted: list[tuple[int, Busy | None]] = []  # the full workers' hints and reasons
         failed: WorkerCallError | None = None
@@ -304,7 +342,8 @@ class Handoff:
             )
             self._n_legs += 1
             try:
-                reply = await legs.reserve(self._calls, endpoint, self._leg_request(leg_id),
+                reply = await legs.reserve(self._calls, endpoint,
+                                           self._leg_request(leg_id, moving),
                                            deps.config.lease_s, self._deadline.remaining(),
                                            self._span)
             except WorkerCallError as err:
@@ -314,135 +353,39 @@ class Handoff:
                                       err.busy))
                     continue
                 failed = err
-                self._call_failed(err)
+                self._open.call_failed(err)
                 if blame.slow(err):  # it may have reserved after the router stopped waiting
-                    await self._abort(endpoint, leg_id, decode=True)
+                    await self._open.abort(endpoint, leg_id, decode=True)
                 continue
-            self._open.append((endpoint, leg_id, True))
+            self._open.add(endpoint, leg_id, True)
             self._deps.held.record(endpoint, self._hashes(self._tokens()))
-            return _Leg(endpoint, leg_id, reply)
+            return DecodeLeg(endpoint, leg_id, reply)
         if exhausted:
-            raise _refused_for_now(exhausted)
+            raise refused_for_now(exhausted)
         last = f" (last: {failed})" if failed is not None else ""
         raise NoWorkerError(f"no decode worker could take the request{last}")
 
-    async def _renew(self, leg: _Leg) -> _Leg:
+    async def _renew(self, leg: DecodeLeg) -> DecodeLeg:
         """Drop a reservation a failed prefill may have half-filled; reserve afresh on D. D
         not taking it (gone meanwhile) loses the leg: it moves to another decode worker."""
-        await self._close_decode_leg(leg)
+        await self._open.close(leg.endpoint, leg.leg_id)
         try:
             return await self._reserve([leg.endpoint])
         except NoWorkerError as err:
             raise LegLostError(leg.endpoint, f"could not reserve again: {err}") from err
 
-    async def _prefill(self, leg: _Leg) -> tuple[_Leg, PrefillReply]:
-        """Fill ``leg``'s reservation where placement says (remote on a prefill worker, or
-        local on D; remote falls back to local); returns the leg it ended on."""
-        deps, counters = self._deps, self._deps.counters
-        tokens = self._tokens()
-        workers = deps.registry.routable(Role.PREFILL)
+    async def _fill(self, leg: DecodeLeg) -> tuple[DecodeLeg, PrefillReply]:
+        """Fill ``leg``'s reservation (tandem/router/handoff/prefill_leg.py); returns the leg
+        it ended on. The first leg's figures describe the client's prompt."""
         started = time.perf_counter()
-        hashes = self._hashes(tokens)
-        owners = deps.affinity.lookup(hashes) if workers else []
-        ranked = policy.rank_prefill(workers, owners, deps.config.affinity_max_queue)
-        cached = prefill_placement.cached_tokens(
-            deps.config.block_size, deps.held, owners, ranked, hashes, leg.endpoint,
-            leg.reservation.cached_tokens)
-        with tracing.span("placement", self._span) as span:
-            placed = prefill_placement.place(
-                deps.config, deps.registry, deps.overheads, len(tokens), leg.endpoint, ranked,
-                cached, deps.placement_log, deps.links,
-                prefill_placement.push_bytes(leg.reservation, len(tokens)))
-            span.set_attributes({"tandem.decision": placed.decision.value,
-                                 "tandem.reason": placed.reason.value,
-                                 "tandem.prompt_tokens": len(tokens)})
-        counters.count_placement(placed)
-        # The KV blocks D lacks: what a remote prefill pushes, the size the overheads fit by.
-        blocks = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
-                                      deps.config.block_size)
-        reply: PrefillReply | None = None
-        if placed.decision is Decision.REMOTE:
-            ranked.sort(key=lambda w: w.endpoint != placed.endpoint)  # the chosen one first
-            for i, worker in enumerate(ranked[: deps.config.prefill_attempts]):
-                if i:
-                    leg = await self._renew(leg)
-                t0 = time.perf_counter()
-                new = max(len(tokens) - cached.get(worker.endpoint, 0), 1)
-                reply = await self._try_prefill(worker.endpoint, leg, new)
-                if reply is not None:
-                    call_s = time.perf_counter() - t0
-                    pushed = prefill_placement.push_bytes(leg.reservation, len(tokens))
-                    deps.affinity.record(hashes, worker.endpoint)
-                    deps.held.record(worker.endpoint, hashes)
-                    predicted = placed.predicted if i == 0 else prefill_placement.predict_remote(
-                        deps.registry, worker, leg.endpoint, new, deps.links, pushed)
-                    prefill_placement.learn_overhead(deps.overheads, predicted, blocks, call_s)
-                    prefill_placement.learn_link(deps.links, worker.endpoint, leg.endpoint,
-                                                 pushed, call_s, reply.prefill_s)
-                    break
-            if reply is None:
-                counters.local_prefill_fallbacks += 1
-                leg = await self._renew(leg)
-        if reply is None:
-            t0 = time.perf_counter()
-            reply = await self._prefill_local(leg, len(tokens) - leg.reservation.cached_tokens)
-            if placed.decision is Decision.LOCAL:  # a fallback's time was not predicted
-                prefill_placement.learn_overhead(deps.overheads, placed.predicted, blocks,
-                                                 time.perf_counter() - t0)
+        tokens = self._tokens()
+        leg, reply = await self._prefill.fill(leg, tokens, self._hashes(tokens),
+                                              self._leg_request)
         self.report.prefill_s += time.perf_counter() - started
-        if not self._sent:  # the first leg's figures describe the client's prompt
+        if not self._sent:
             self.report.cached_tokens = reply.cached_tokens
             self.report.transfer_s = reply.transfer_s
         return leg, reply
-
-    async def _try_prefill(self, endpoint: str, leg: _Leg, new_tokens: int
-                           ) -> PrefillReply | None:
-        """One prefill attempt (of ``new_tokens`` uncached prompt tokens there); None when
-        this worker failed and another may be tried."""
-        deps = self._deps
-        key = (endpoint, leg.leg_id, False)
-        self._open.append(key)
-        deps.registry.acquire(endpoint)
-        deps.registry.prefilling(endpoint, new_tokens)
-        try:
-            # D holds the reservation's cached tokens: only the rest is pushed
-            reply = await legs.prefill(self._calls, endpoint, self._leg_request(leg.leg_id),
-                                       leg.reservation, self._deadline.remaining(), self._span,
-                                       receiver=leg.endpoint)
-        except WorkerCallError as err:
-            legs.raise_if_fatal(err)  # the leg stays open: the caller's cleanup aborts it
-            self._open.remove(key)
-            await self._abort(endpoint, leg.leg_id, decode=False)
-            if blame.receiver_lost(err):  # P is fine: the decode leg is what was lost
-                log.warning("request %s: prefill worker %s could not push to decode worker "
-                            "%s: %s", self._req.request_id, endpoint, leg.endpoint, err)
-                deps.affinity.record(self._hashes(self._tokens()), endpoint)  # it cached them
-                raise LegLostError(leg.endpoint, f"the KV push to it failed: {err.details}"
-                                   ) from err
-            self._call_failed(err)
-            deps.counters.prefill_retries += 1
-            return None
-        finally:
-            deps.registry.release(endpoint)
-            deps.registry.prefilling(endpoint, -new_tokens)
-        self._open.remove(key)  # done: the KV now lives on the decode worker
-        return reply
-
-    async def _prefill_local(self, leg: _Leg, new_tokens: int) -> PrefillReply:
-        registry = self._deps.registry
-        registry.prefilling(leg.endpoint, new_tokens)
-        try:
-            return await legs.prefill_local(
-                self._calls, leg.endpoint, leg.leg_id, self._deadline.remaining(), self._span
-            )
-        except WorkerCallError as err:
-            legs.raise_if_fatal(err)
-            if err.code_name in legs.WORKER_GONE:  # D itself went (a drain, a crash): migrate
-                raise LegLostError(leg.endpoint, str(err),
-                                   down=blame.takes_out_of_pool(err)) from err
-            raise WorkerFailedError(f"no prefill succeeded; last: {err}") from err
-        finally:
-            registry.prefilling(leg.endpoint, -new_tokens)
 
     def _remaining(self) -> int:
         return self._req.max_tokens - len(self._sent)
@@ -451,8 +394,13 @@ class Handoff:
         """What the next leg prefills: the prompt plus every token already sent."""
         return self._req.prompt_ids + self._sent
 
-    def _leg_request(self, leg_id: str) -> LegRequest:
-        """The request as leg ``leg_id`` carries it: what is sent so far counts as output."""
+    def _leg_request(self, leg_id: str, moving: bool = False) -> LegRequest:
+        """The request as leg ``leg_id`` carries it: what is sent so far counts as output
+        (``moving``: a live move's target, for all but the last token: its KV is computed
+        by the target's first step after the move's COMMIT appends it)."""
+        if moving:
+            return LegRequest(leg_id, self._tokens()[:-1], self._req.sampling,
+                              self._req.logprobs, len(self._sent) - 1, moved_in=True)
         return LegRequest(
             leg_id=leg_id,
             token_ids=self._tokens(),
@@ -468,49 +416,3 @@ class Handoff:
         if reply.first_logprob is not None:
             return [reply.first_logprob]
         return [TokenLogprob(token_id=reply.first_token, logprob=reply.logprob)]
-
-    def _call_failed(self, err: WorkerCallError) -> None:
-        """Log a failed call (with its worker's address, which the client's error does not
-        name); the worker leaves the pool only when the failure says it is gone
-        (tandem/router/handoff/blame.py)."""
-        if blame.takes_out_of_pool(err):
-            self._mark_down(err.endpoint, str(err))
-        else:
-            log.info("request %s: %s on %s failed, trying elsewhere: %s",
-                     self._req.request_id, err.method, err.endpoint, err)
-
-    def _leg_lost(self, lost: LegLostError) -> None:
-        """Log a lost decode leg; its worker leaves the pool only when the loss says it is
-        gone (the channel failed, or the health monitor cut it)."""
-        if lost.down:
-            self._mark_down(lost.endpoint, lost.reason)
-        else:
-            log.warning("request %s: decode leg on %s lost, moving it: %s",
-                        self._req.request_id, lost.endpoint, lost.reason)
-
-    def _mark_down(self, endpoint: str, why: str) -> None:
-        """Take a failing worker out of the pool until a health probe passes again."""
-        if self._deps.registry.set_healthy(endpoint, False):
-            log.warning("worker %s left the pool: %s", endpoint, why)
-
-    async def _close_decode_leg(self, leg: _Leg) -> None:
-        self._open.remove((leg.endpoint, leg.leg_id, True))
-        await self._abort(leg.endpoint, leg.leg_id, decode=True)
-
-    async def _close_decode_legs(self, endpoint: str) -> None:
-        """Abort every decode leg still open on ``endpoint`` (a lost one, whichever of its
-        reservations it got to)."""
-        for key in [k for k in self._open if k[0] == endpoint and k[2]]:
-            self._open.remove(key)
-            await self._abort(endpoint, key[1], decode=True)
-
-    async def _abort(self, endpoint: str, leg_id: str, decode: bool,
-                     index: int | None = None) -> None:
-        self._deps.counters.aborts_sent += 1
-        await legs.abort(self._calls, endpoint, leg_id, decode, index, self._span)
-
-    async def _abort_open(self) -> None:
-        """Tell every worker still holding a leg of this request to drop it."""
-        open_legs, self._open = self._open, []
-        for endpoint, leg_id, decode in open_legs:
-            await self._abort(endpoint, leg_id, decode)

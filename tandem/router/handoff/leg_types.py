@@ -31,6 +31,7 @@ class LegRequest:
     logprobs: LogprobOptions
     prior_output_tokens: int = 0
     n: int = 1
+    moved_in: bool = False  # a live move's target: COMMIT's token was streamed already
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +80,12 @@ class PrefillReply:
     first_logprob: TokenLogprob | None = None
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     first_tokens: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLeg:
+    """One reservation on a decode worker: where, under which leg id, and what it granted."""
+
+    endpoint: str
+    leg_id: str
+    reservation: Reservation

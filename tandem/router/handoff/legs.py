@@ -40,13 +40,20 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from tandem.common.obs import tracing
-from tandem.common.wire import BUSY_KEY, FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
+from tandem.common.wire import (
+    BUSY_KEY,
+    FAULT_KEY,
+    RECEIVER_FAULT,
+    RETRY_AFTER_KEY,
+    SUSPENDED_FAULT,
+)
 from tandem.router.convert import legs as wire
 from tandem.router.errors import (
     Busy,
     DeadlineError,
     Fault,
     LegLostError,
+    LegSuspendedError,
     WorkerCallError,
     WorkerFailedError,
 )
@@ -122,6 +129,8 @@ def _fault(err: grpc.aio.AioRpcError) -> Fault:
     for key, value in err.trailing_metadata() or ():
         if key == FAULT_KEY and value == RECEIVER_FAULT:
             return Fault.RECEIVER
+        if key == FAULT_KEY and value == SUSPENDED_FAULT:
+            return Fault.SUSPENDED
     return Fault.WORKER
 
 
@@ -236,8 +245,9 @@ async def decode_stream(
     sequence of a forked leg), ending after the finished one; a span under ``parent`` for
     the whole stream.
 
-    A stream that breaks with a worker-gone code, is cut (its worker left the pool), or ends
-    without a finished message raises LegLostError (``down`` when the channel failed or the
+    A stream its worker ended for a live move (DecodeService.Suspend) raises
+    LegSuspendedError. A stream that breaks with a worker-gone code, is cut (its worker left
+    the pool), or ends without a finished message raises LegLostError (``down`` when the channel failed or the
     cut took the worker out: tandem/router/handoff/blame.py); any other failure raises
     WorkerCallError.
     """
@@ -252,6 +262,8 @@ async def decode_stream(
                     try:
                         message = await call.read()
                     except grpc.aio.AioRpcError as err:
+                        if _fault(err) is Fault.SUSPENDED:  # every token so far came first
+                            raise LegSuspendedError(endpoint) from err
                         if err.code().name in WORKER_GONE or err.code() == NOT_FOUND:
                             # NOT_FOUND: the worker no longer has the leg (it restarted, or
                             # dropped it unread at its attach lease): lost, not the request's.
@@ -299,6 +311,49 @@ async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
             tracing.fail(span, cut)
             return False
         return bool(reply.found)
+
+
+async def suspend(calls: LegCalls, endpoint: str, leg_id: str, parent: tracing.Parent = None
+                  ) -> int:
+    """DecodeService.Suspend: take the leg out of its worker's batch for a live move (its
+    Decode stream then ends with LegSuspendedError); its output token count. Bounded by
+    ``rpc_timeout_s``."""
+    timeout = calls.rpc_timeout_s
+    with _call_span("DecodeService", "Suspend", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).Suspend(
+            wire.suspend_request(leg_id), timeout=timeout,
+            metadata=tracing.metadata(span))
+        reply = await _unary(calls, endpoint, "Suspend", call, timeout, True)
+        return int(reply.num_output_tokens)
+
+
+async def move_out(calls: LegCalls, endpoint: str, leg_id: str, target: Reservation,
+                   last_token: int, remaining: float | None, parent: tracing.Parent = None
+                   ) -> tuple[int, float]:
+    """DecodeService.MoveOut: push the suspended leg's KV into ``target`` and commit
+    ``last_token`` there; (bytes pushed, seconds). A push that failed at the target fails
+    with ``Fault.RECEIVER`` (the leg then runs on at ``endpoint``). Bounded by the request's
+    ``remaining`` seconds and ``prefill_timeout_s`` (a push)."""
+    timeout, ours = bound(remaining, calls.prefill_timeout_s)
+    with _call_span("DecodeService", "MoveOut", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).MoveOut(
+            wire.move_out_request(leg_id, target, last_token), timeout=timeout,
+            metadata=tracing.metadata(span))
+        reply = await _unary(calls, endpoint, "MoveOut", call, timeout, ours)
+        return int(reply.bytes), float(reply.transfer_s)
+
+
+async def resume(calls: LegCalls, endpoint: str, leg_id: str, parent: tracing.Parent = None
+                 ) -> bool:
+    """DecodeService.Resume: a suspended leg back into its worker's batch (read it on with
+    a new Decode call); False when it is not suspended there. Bounded by ``rpc_timeout_s``."""
+    timeout = calls.rpc_timeout_s
+    with _call_span("DecodeService", "Resume", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).Resume(
+            wire.resume_request(leg_id), timeout=timeout,
+            metadata=tracing.metadata(span))
+        reply = await _unary(calls, endpoint, "Resume", call, timeout, True)
+        return bool(reply.resumed)
 
 
 def raise_if_fatal(err: WorkerCallError) -> None:

@@ -91,6 +91,10 @@ class _Entry:
     active: int = 0
     prefilling_tokens: int = 0  # prompt tokens of this router's prefills running there now
     generation: int = 0  # bumped by every (re)registration of this endpoint
+    # an operator drains it: no new work until it registers again or comes back healthy
+    # after it was out of the pool (the drained process exited; a new one answers there)
+    drain_asked: bool = False
+    move_streams: bool = False  # and its decode streams move live, new ones as they start
 
 
 class Registry:
@@ -193,6 +197,8 @@ class Registry:
         if not healthy and since is not None and since != entry.generation:
             return False
         entry.healthy = healthy
+        if healthy:  # back after it was gone: a drained worker's new process takes work
+            entry.drain_asked = entry.move_streams = False
         self._changed()
         return True
 
@@ -247,6 +253,31 @@ class Registry:
         if entry is not None:
             entry.prefilling_tokens = max(entry.prefilling_tokens + tokens, 0)
 
+    def drain(self, endpoint: str, move_streams: bool = False) -> bool:
+        """Send ``endpoint`` no new work from now on (an operator's drain), whatever its
+        heartbeats say, until it registers again or is healthy again after it was out of the
+        pool (``move_streams``: its decode streams are to move live meanwhile, those that
+        start decoding there later too); False when unknown."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is None:
+            return False
+        entry.drain_asked = True
+        entry.move_streams = entry.move_streams or move_streams
+        self._changed()
+        return True
+
+    def moving_off(self, endpoint: str) -> bool:
+        """Whether the decode streams on ``endpoint`` are to move live (a drain with
+        migrate)."""
+        entry = self._by_endpoint.get(endpoint)
+        return entry is not None and entry.drain_asked and entry.move_streams
+
+    def endpoint_of(self, worker: str) -> str | None:
+        """The endpoint of a worker named by its endpoint or its worker id; None: unknown."""
+        if worker in self._by_endpoint:
+            return worker
+        return self._endpoint_of.get(worker)
+
     def endpoints(self) -> list[str]:
         """Every known endpoint, routable or not (what the health monitor probes)."""
         return list(self._by_endpoint)
@@ -279,7 +310,7 @@ class Registry:
 
 
 def _routable(e: _Entry) -> bool:
-    return e.healthy and not e.load.draining
+    return e.healthy and not e.load.draining and not e.drain_asked
 
 
 def _view(e: _Entry) -> WorkerView:

@@ -64,6 +64,10 @@ class WorkerClients:
         """DecodeService stub for ``endpoint``."""
         return worker_pb2_grpc.DecodeServiceStub(self._channel(endpoint))
 
+    def control(self, endpoint: str) -> worker_pb2_grpc.WorkerControlStub:
+        """WorkerControl stub for ``endpoint`` (an operator's drain)."""
+        return worker_pb2_grpc.WorkerControlStub(self._channel(endpoint))
+
     def membership(self, endpoint: str) -> worker_pb2_grpc.MembershipStub:
         """Membership stub for ``endpoint`` (the proof a discovered worker gives)."""
         return worker_pb2_grpc.MembershipStub(self._channel(endpoint))

@@ -12,8 +12,9 @@ from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.omp_pools import intra_op_threads, release_this_threads_pool
 from tandem.engine.step_threads import AdaptiveThreads, LeasedThreads
-from tandem.kv_transfer import Receiver, ReceiverConfig
+from tandem.kv_transfer import Receiver, ReceiverConfig, Sender, SenderConfig
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
+from tandem.worker.commit_hold import CommitHold
 from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.convert import kv_layout
 from tandem.worker.core_lending import CoreBorrower
@@ -83,9 +84,13 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     except OSError as exc:
         await ae.shutdown()
         raise StartupError(f"cannot listen for KV on port {config.kv_port}: {exc}") from exc
+    # A live move pushes a stream's KV from here to another decode worker (moves.py).
+    sender = Sender(engine.remote.kv_cache, layout,
+                    SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls,
+                                 codec=wc.kv_codec, stripes=wc.kv_stripes or 1))
     worker = DecodeWorker(ae, receiver, DecodeConfig(
         worker_id=wc.resolved_worker_id("decode"), default_lease_s=config.default_lease_s),
-        metrics)
+        metrics, sender, CommitHold.from_env())
     await worker.start()
     return DecodeApp(worker, receiver)
 

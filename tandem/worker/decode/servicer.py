@@ -17,11 +17,13 @@ from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 from tandem.worker.app import worker_status
 from tandem.worker.convert import (
     first_token_to_proto,
+    layout_from_proto,
     layout_to_proto,
     response_from_output,
     sampling_from_proto,
     status_to_proto,
 )
+from tandem.worker.decode.moves import MoveTarget
 from tandem.worker.decode.service import DecodeWorker
 from tandem.worker.errors import abort_with_status
 from tandem.worker.rpc_context import serving
@@ -50,6 +52,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
                 res = await self._worker.reserve(
                     request.request_id, list(request.token_ids), params, request.lease_s,
                     prior_output_tokens=request.prior_output_tokens, n=request.n or 1,
+                    moved_in=request.moved_in,
                 )
                 span.set_attributes({"tandem.prompt_tokens": len(request.token_ids),
                                      "tandem.cached_tokens": res.cached_tokens,
@@ -103,6 +106,44 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
             await abort_with_status(context, exc)
             raise
         return worker_pb2.AbortResponse(found=found)
+
+    async def Suspend(  # noqa: N802
+        self, request: worker_pb2.SuspendRequest, context: Context
+    ) -> worker_pb2.SuspendResponse:
+        try:
+            with serving(context, "DecodeService/Suspend", request.request_id):
+                n = await self._worker.moves.suspend(request.request_id)
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.SuspendResponse(num_output_tokens=n)
+
+    async def MoveOut(  # noqa: N802
+        self, request: worker_pb2.MoveOutRequest, context: Context
+    ) -> worker_pb2.MoveOutResponse:
+        try:
+            with serving(context, "DecodeService/MoveOut", request.request_id) as span:
+                target = MoveTarget(request.transfer_id, list(request.block_ids),
+                                    request.kv_endpoint, layout_from_proto(request.layout),
+                                    request.skip_tokens, request.last_token)
+                moved = await self._worker.moves.move_out(request.request_id, target)
+                span.set_attributes({"tandem.bytes": moved.bytes,
+                                     "tandem.blocks": len(target.block_ids)})
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.MoveOutResponse(bytes=moved.bytes, transfer_s=moved.seconds)
+
+    async def Resume(  # noqa: N802
+        self, request: worker_pb2.ResumeRequest, context: Context
+    ) -> worker_pb2.ResumeResponse:
+        try:
+            with serving(context, "DecodeService/Resume", request.request_id):
+                resumed = await self._worker.moves.resume(request.request_id)
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.ResumeResponse(resumed=resumed)
 
     async def Stats(  # noqa: N802
         self, request: worker_pb2.StatsRequest, context: Context

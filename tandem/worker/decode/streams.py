@@ -39,12 +39,14 @@ class RequestStream:
         on_gap: Callable[[float], None] = lambda seconds: None,
         index: int = 0,
         group_id: str | None = None,
+        moved_in: bool = False,
     ) -> None:
         """``request_id``: the engine's id of the sequence streamed (a forked request's
         sequence ``index`` of ``group_id``; else the request's own). ``transfer_id``: the tag
         of the push that fills the request's reservation (minted at Reserve; the engine's
         ledger knows it too). ``on_gap(seconds)``: the time between successive token outputs
-        (ITL metric)."""
+        (ITL metric). ``moved_in``: a live move's target, whose first token (COMMIT's) the
+        worker it moved from streamed already, text and all: its text is not sent again."""
         self.request_id = request_id
         self.transfer_id = transfer_id
         self.index = index
@@ -60,6 +62,8 @@ class RequestStream:
         self._text_prefix = ""
         self._on_gap = on_gap
         self._last_token_at = 0.0
+        self._moved_in = moved_in
+        self._under_way = asyncio.Event()  # set once started or ended
 
     def start(self) -> None:
         """Start moving the engine's outputs into the queue (the engine stream must be open)."""
@@ -76,6 +80,8 @@ class RequestStream:
                     self._put(out)
         except EngineDeadError as exc:
             self._put(TransferEnded(f"engine stopped: {exc}"))
+        except WorkerError as exc:  # the engine stream was ended on purpose (a live move)
+            self._put(exc)
 
     def expect_first(self) -> asyncio.Future[RequestOutput]:
         """The next engine output is the first token (local prefill): resolve it here."""
@@ -93,10 +99,17 @@ class RequestStream:
     def take_first(self, out: RequestOutput) -> None:
         """Account for the first token's output: keep its text; end if it was the last."""
         self.started = True
+        self._under_way.set()
         self._last_token_at = time.monotonic()
-        self._text_prefix += out.new_text
+        if not self._moved_in:
+            self._text_prefix += out.new_text
         if out.finished:
             self._put(dataclasses.replace(out, new_token_ids=[], new_text="", logprobs=None))
+
+    async def under_way(self) -> None:
+        """Return once the first token is out (committed or prefilled here) or the stream
+        ended: a reservation whose COMMIT is being applied is decoding a moment later."""
+        await self._under_way.wait()
 
     def end(self, item: StreamItem) -> None:
         """End the stream from outside (abort, failed transfer); no-op once ended."""
@@ -117,6 +130,7 @@ class RequestStream:
         self._queue.put_nowait(item)
         if isinstance(item, WorkerError) or item.finished:
             self.ended = True
+            self._under_way.set()
             self._on_end(self)
 
     async def messages(self) -> AsyncIterator[StreamMessage]:

@@ -9,11 +9,11 @@ import grpc
 from tandem.engine.async_engine import AsyncEngine
 from tandem.kv_transfer import Sender, SenderConfig
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
+from tandem.worker.commit_hold import CommitHold
 from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.convert import kv_layout
 from tandem.worker.core_lending import CoreLender
 from tandem.worker.prefill import servicer
-from tandem.worker.prefill.commit_hold import CommitHold
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tandem.worker.prefill.service import PrefillConfig, PrefillWorker
 

@@ -24,23 +24,13 @@ import grpc
 
 from tandem.engine.kv_connector import LayerReady
 from tandem.engine.outputs import TokenLogprob
-from tandem.kv_transfer import ConfigError, Endpoint, KvTransferError, OutgoingTransfer, Sender
+from tandem.kv_transfer import Endpoint, KvTransferError, OutgoingTransfer, Sender
 from tandem.worker.prefill.errors import PushFailed, push_failed
 
 log = logging.getLogger(__name__)
 
 # (layer, source block ids, the engine's handle saying whether the layer is written yet)
 LayerItem = tuple[int, list[int], LayerReady]
-
-
-def parse_endpoint(text: str) -> Endpoint:
-    """A decode worker's KV endpoint: ``Endpoint.encode()`` output, or a bare TCP ``host:port``.
-    Raises ``ConfigError``."""
-    if "|" in text:
-        return Endpoint.decode(text)
-    if not text:
-        raise ConfigError("empty KV endpoint")
-    return Endpoint("remote", (("tcp", text),))
 
 
 class LayerPush:

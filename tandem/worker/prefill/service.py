@@ -36,14 +36,15 @@ from tandem.engine.kv_connector import LayerReady
 from tandem.engine.outputs import EngineStats, RequestOutput
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import ConfigError, Endpoint, Sender
+from tandem.worker.commit_hold import CommitHold
 from tandem.worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
 from tandem.worker.first_token import FirstToken
+from tandem.worker.kv_endpoint import parse_endpoint
 from tandem.worker.layout import LayoutSummary, layout_mismatch
 from tandem.worker.metrics import TransferTotals
-from tandem.worker.prefill.commit_hold import CommitHold
 from tandem.worker.prefill.errors import PushFailed
 from tandem.worker.prefill.metrics import PrefillMetrics
-from tandem.worker.prefill.push import LayerPush, parse_endpoint
+from tandem.worker.prefill.push import LayerPush
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class PrefillWorker:
         metrics: PrefillMetrics | None = None,
         hold: CommitHold | None = None,
     ) -> None:
-        """``hold``: a test-only pause before each COMMIT (tandem/worker/prefill/commit_hold.py;
+        """``hold``: a test-only pause before each COMMIT (tandem/worker/commit_hold.py;
         None: never)."""
         self.config = config
         self.metrics = metrics if metrics is not None else PrefillMetrics()

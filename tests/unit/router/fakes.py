@@ -21,7 +21,13 @@ import grpc
 
 from tandem.common.security.credential import ClusterCredential, new_secret, private_secret_file
 from tandem.common.security.grpc_auth import ClusterAuthInterceptor, worker_audience
-from tandem.common.wire import BUSY_KEY, FAULT_KEY, RECEIVER_FAULT, RETRY_AFTER_KEY
+from tandem.common.wire import (
+    BUSY_KEY,
+    FAULT_KEY,
+    RECEIVER_FAULT,
+    RETRY_AFTER_KEY,
+    SUSPENDED_FAULT,
+)
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -53,6 +59,9 @@ class Reservation:
     n: int = 1  # sequences of a forked request
     committed: asyncio.Event = field(default_factory=asyncio.Event)
     firsts: list[int] = field(default_factory=list)  # each sequence's first token
+    moved_in: bool = False  # a live move's target
+    seqs: dict[int, list[int]] = field(default_factory=dict)  # per sequence, so far
+    suspended: bool = False  # out of the "batch" for a live move
 
 
 class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
@@ -89,6 +98,9 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.text_of: Callable[[list[int]], str] | None = None
         self.traceparents: dict[str, str] = {}  # method -> the last call's traceparent
         self.layout: worker_pb2.KVLayout | None = None  # sent in Reserve's reply when set
+        self.registry = registry
+        self.move_fails = False  # MoveOut's push fails at its target (the target's fault)
+        self.moves_out: list[worker_pb2.MoveOutRequest] = []
 
     def commit(self, request_id: str, firsts: list[int]) -> None:
         r = self.reservations[request_id]
@@ -115,7 +127,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
                                 "grammar not compiled" if self.busy else "no free blocks")
         self.reservations[request.request_id] = Reservation(
             request.request_id, list(request.token_ids), request.sampling,
-            request.prior_output_tokens, request.n or 1,
+            request.prior_output_tokens, request.n or 1, moved_in=request.moved_in,
         )
         return worker_pb2.ReserveResponse(
             transfer_id=request.request_id, block_ids=[1, 2], kv_endpoint=self.kv_name,
@@ -141,8 +153,9 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown request {request.request_id!r}")
         r = self.reservations[request.request_id]
         await r.committed.wait()
-        seq = [*r.token_ids, r.firsts[request.index]]
-        made, sent, said = 1 + r.prior, 0, ""
+        # A sequence read again (resumed after a live move that did not happen) goes on.
+        seq = r.seqs.setdefault(request.index, [*r.token_ids, r.firsts[request.index]])
+        made, sent, said = len(seq) - len(r.token_ids) + r.prior, 0, ""
         if made >= r.sampling.max_tokens:
             yield tandem_pb2.GenerateResponse(finished=True, finish_reason="length")
             return
@@ -153,6 +166,9 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
                 self.hanging.set()
                 await self.resume.wait()
                 self.hang_after = None
+            if r.suspended:  # every token so far is out: the stream ends for the move
+                context.set_trailing_metadata(((FAULT_KEY, SUSPENDED_FAULT),))
+                await context.abort(grpc.StatusCode.ABORTED, "moving")
             token = next_token(seq)
             seq.append(token)
             made += 1
@@ -169,6 +185,35 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
                 finish_reason="length" if done else "",
                 index=request.index,
             )
+
+    async def Suspend(self, request, context):  # noqa: N802
+        r = self.reservations.get(request.request_id)
+        if r is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "unknown request")
+        await r.committed.wait()  # as the real worker: one whose KV is arriving is waited for
+        r.suspended = True
+        self.resume.set()  # a stream held by hang_after goes on, to end for the move
+        return worker_pb2.SuspendResponse()
+
+    async def MoveOut(self, request, context):  # noqa: N802
+        """The "push": commit the last token on the target fake the reservation names."""
+        self.moves_out.append(request)
+        r = self.reservations[request.request_id]
+        if self.move_fails:
+            r.suspended = False
+            context.set_trailing_metadata(((FAULT_KEY, RECEIVER_FAULT),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the push to the target failed")
+        assert request.last_token == r.seqs[0][-1]
+        self.registry[request.kv_endpoint].commit(request.transfer_id, [request.last_token])
+        del self.reservations[request.request_id]
+        return worker_pb2.MoveOutResponse(bytes=4096 * len(request.block_ids))
+
+    async def Resume(self, request, context):  # noqa: N802
+        r = self.reservations.get(request.request_id)
+        resumed = r is not None and r.suspended
+        if r is not None:
+            r.suspended = False
+        return worker_pb2.ResumeResponse(resumed=resumed)
 
     async def Abort(self, request, context):  # noqa: N802
         self.aborts.append(request.request_id)
@@ -201,6 +246,7 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
         self.stats: dict[str, Any] = {}  # extra WorkerStats fields, as on FakeDecode
         self.traceparents: dict[str, str] = {}  # as on FakeDecode
         self.push_s = 0.0  # how long its push takes after the first token (a slow link)
+        self.gate: asyncio.Event | None = None  # when set: each Prefill waits for it first
 
     async def Prefill(self, request, context):  # noqa: N802
         self.calls.append(request.request_id)
@@ -216,6 +262,8 @@ class FakePrefill(worker_pb2_grpc.PrefillServiceServicer):
                                 "KV push failed: cannot connect to 10.1.2.3:7100")
         if self.hang:
             await asyncio.Event().wait()
+        if self.gate is not None:
+            await self.gate.wait()
         firsts = [fork_token(list(request.token_ids), j) for j in range(request.n or 1)]
         if self.push_s:
             await asyncio.sleep(self.push_s)

@@ -147,7 +147,8 @@ def test_router_log_lines_name_the_request(tokenizer: RouterTokenizer) -> None:
         root.setLevel(level)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     ours = [line for line in lines if line.get("request_id")]
-    assert {line["logger"] for line in ours} >= {"tandem.router.handoff.ledger", "tandem.router.request_accounting"}
+    assert {line["logger"] for line in ours} >= {"tandem.router.handoff.open_legs",
+                                                "tandem.router.request_accounting"}
     assert all(line["request_id"] == minted and line["client_request_id"] == "client-7"
                for line in ours), ours
     assert any("left the pool" in line["message"] for line in ours)

@@ -114,15 +114,20 @@ class Cluster:
 @contextlib.asynccontextmanager
 async def cluster(decode_engine: Any, prefill_engine: Any, *, attach_lease_s: float = 60.0,
                   drain_orphan_grace_s: float = 5.0, connect_timeout_s: float = 5.0,
-                  transfer_timeout_s: float = 30.0) -> AsyncIterator[Cluster]:
-    """Start both workers in this process; on a clean exit, check nothing is left held."""
+                  transfer_timeout_s: float = 30.0, decode_sender: bool = False
+                  ) -> AsyncIterator[Cluster]:
+    """Start both workers in this process; on a clean exit, check nothing is left held.
+    ``decode_sender``: the decode worker can push a live move's KV (to itself, here)."""
     dae, pae = AsyncEngine(decode_engine), AsyncEngine(prefill_engine)
     receiver = Receiver(decode_engine.remote.kv_cache,
                         kv_layout(decode_engine.remote.kv_cache_spec()),
                         ReceiverConfig(secret=TEST_SECRET, enable_shm=False))
     await receiver.start()
+    mover = Sender(decode_engine.remote.kv_cache, kv_layout(decode_engine.remote.kv_cache_spec()),
+                   SenderConfig(secret=TEST_SECRET, prefer_shm=False)) if decode_sender else None
     decode = DecodeWorker(dae, receiver, DecodeConfig(
-        "decode-test", attach_lease_s=attach_lease_s, drain_orphan_grace_s=drain_orphan_grace_s))
+        "decode-test", attach_lease_s=attach_lease_s, drain_orphan_grace_s=drain_orphan_grace_s),
+        sender=mover)
     await decode.start()
     sender = Sender(prefill_engine.remote.kv_cache,
                     kv_layout(prefill_engine.remote.kv_cache_spec()),

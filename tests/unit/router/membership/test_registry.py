@@ -170,3 +170,21 @@ def test_reported_cached_blocks_reach_the_view() -> None:
     reg.add_static(Role.DECODE, "d")
     reg.update_load("d", WorkerLoad(cached_blocks=frozenset({7, 8})))
     assert reg.view("d").cached_blocks == {7, 8}  # type: ignore[union-attr]
+
+
+def test_an_operators_drain_holds_until_the_worker_comes_back() -> None:
+    clock = FakeClock()
+    reg = Registry(clock, heartbeat_interval_s=1.0, missed_heartbeats=3)
+    reg.add_static(Role.DECODE, "d:1")
+    reg.register(Role.DECODE, "d:2", "w2")
+    assert reg.endpoint_of("w2") == "d:2" and reg.endpoint_of("d:1") == "d:1"
+    assert reg.endpoint_of("nobody") is None and not reg.drain("nobody:1")
+    assert reg.drain("d:1") and reg.drain("d:2", move_streams=True)
+    assert _endpoints(reg, Role.DECODE) == []
+    assert not reg.moving_off("d:1") and reg.moving_off("d:2")
+    assert reg.heartbeat("w2", WorkerLoad(draining=False))  # a beat sent before it was told
+    assert _endpoints(reg, Role.DECODE) == []
+    reg.set_healthy("d:1", False)  # the drained process exited ...
+    reg.set_healthy("d:1", True)  # ... and a new one answers at its address
+    reg.register(Role.DECODE, "d:2", "w2b")  # a new process registered there
+    assert _endpoints(reg, Role.DECODE) == ["d:1", "d:2"] and not reg.moving_off("d:2")

@@ -1,0 +1,238 @@
+"""Live KV migration through real processes (tiny served model; two decode workers, a prefill
+worker, a router): a stream moved from one decode worker to the other mid-generation equals
+the undisturbed stream token for token and text for text (greedy; seeded with penalties and a
+stop string; a JSON schema), with both workers idle after and every block free; a move whose target is
+SIGKILLed mid-push leaves the stream on its source, which finishes it; and `tandem drain
+--migrate` of a worker holding several streams moves them all with zero failed requests
+(then `tandem drain` without it waits for the streams).
+
+Ordering: each moved stream asks for ``LONG`` tokens and the move is asked for as soon as its
+first token reaches the client, so the stream cannot end first by a margin of hundreds of
+decode steps; the move's outcome is asserted (it moved), never assumed. The target's death
+falls in a forced window: the source holds before its COMMIT (tandem/worker/commit_hold.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tandem.worker.commit_hold import ENV as HOLD_ENV
+from tests import scrape
+from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats
+from tests.integration.served_model import engine_flags, start_all, tiny_served_model
+
+pytestmark = pytest.mark.slow
+
+LONG = 320  # tokens per moved stream (20 blocks of 16)
+GREEDY = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
+
+
+@dataclass
+class Run:
+    """One streamed request in a thread: every message, and a flag at the first."""
+
+    stub: tandem_pb2_grpc.TandemStub
+    text: str
+    sampling: tandem_pb2.SamplingParams
+    messages: list[tandem_pb2.GenerateResponse] = field(default_factory=list)
+    error: grpc.RpcError | None = None
+    first: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> Run:
+        def go() -> None:
+            request = tandem_pb2.GenerateRequest(text=self.text, sampling=self.sampling)
+            try:
+                for m in self.stub.Generate(request, timeout=300):
+                    self.messages.append(m)
+                    self.first.set()
+            except grpc.RpcError as exc:
+                self.error = exc
+                self.first.set()
+
+        self.thread = threading.Thread(target=go)
+        self.thread.start()
+        return self
+
+    def result(self) -> tuple[list[int], str, str]:
+        """(token ids, text, finish reason) once the stream ended."""
+        assert self.thread is not None
+        self.thread.join(timeout=300)
+        assert self.error is None, self.error
+        return ([t for m in self.messages for t in m.token_ids],
+                "".join(m.text for m in self.messages), self.messages[-1].finish_reason)
+
+
+def _start(c: Cluster, model: Path) -> tuple[Proc, Proc, Proc, Proc]:
+    flags = engine_flags(model)
+    d1, d2, prefill = start_all(
+        c, ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
+        ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
+        ("tandem.worker.prefill", "--port", "0", *flags))
+    router = c.start(
+        "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL_ID,
+        "--prefill", prefill.grpc, "--decode", f"{d1.grpc},{d2.grpc}", "--placement", "remote")
+    return d1, d2, prefill, router
+
+
+def _holder(*decoders: Proc) -> Proc:
+    """The one decode worker running a stream now."""
+    (busy,) = [d for d in decoders if worker_stats(d, "decode").num_running]
+    return busy
+
+
+def _move(router: Proc, worker: Proc) -> worker_pb2.MovedStreams:
+    with router.channel() as channel:
+        return worker_pb2_grpc.RouterAdminStub(channel).MoveStreams(
+            worker_pb2.MoveStreamsRequest(worker=worker.grpc), timeout=300)
+
+
+def _moved_run(stub: tandem_pb2_grpc.TandemStub, router: Proc, d1: Proc, d2: Proc,
+               text: str, sampling: tandem_pb2.SamplingParams) -> tuple[list[int], str, str]:
+    run = Run(stub, text, sampling).start()
+    assert run.first.wait(120)
+    reply = _move(router, _holder(d1, d2))
+    assert (reply.moved, reply.stayed) == (1, 0), reply.reasons
+    return run.result()
+
+
+def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir) -> None:
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "The lighthouse keeper counted the ships"
+        assert _moved_run(stub, router, d1, d2, text, GREEDY) == Run(
+            stub, text, GREEDY).start().result()
+
+        seeded = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.9, top_p=0.95,
+                                           seed=1234, frequency_penalty=0.6,
+                                           repetition_penalty=1.1, ignore_eos=True)
+        tokens, full_text, _ = Run(stub, text, seeded).start().result()
+        # A stop string from late in the seeded text: it matches after the move.
+        stop = full_text[int(len(full_text) * 0.8):][:6]
+        assert stop.strip()
+        seeded.stop.append(stop)
+        undisturbed = Run(stub, text, seeded).start().result()
+        assert undisturbed[2] == "stop" and len(undisturbed[0]) > LONG // 2
+        assert _moved_run(stub, router, d1, d2, text, seeded) == undisturbed
+
+        # Structured output: the target's grammar matcher replays the tokens so far (64 items
+        # keep EOS out for far longer than the move takes).
+        schema = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0)
+        schema.structured.json_schema = ('{"type": "array", "items": {"type": "string"}, '
+                                         '"minItems": 64}')
+        undisturbed = Run(stub, text, schema).start().result()
+        assert len(undisturbed[0]) > LONG // 2
+        assert _moved_run(stub, router, d1, d2, text, schema) == undisturbed
+
+        for d in (d1, d2):
+            wait_until(lambda d=d: worker_idle(d, "decode"))
+        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
+                            outcome="moved") == 3
+        assert scrape.value(samples, "tandem_live_migration_bytes_total") > 0
+        gaps = scrape.value(samples, "tandem_live_migration_gap_seconds_count")
+        assert gaps == 3
+        print(f"\nmean client-visible gap of a live move: "
+              f"{scrape.value(samples, 'tandem_live_migration_gap_seconds_sum') / gaps:.4f} s")
+        assert scrape.value(samples, "tandem_migrations_total") == 0  # nothing re-prefilled
+    finally:
+        c.stop()
+
+
+def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv(HOLD_ENV, str(hold))  # read by the workers; no hold file: no pause
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "A second prompt about harbours"
+        undisturbed = Run(stub, text, GREEDY).start().result()
+        run = Run(stub, text, GREEDY).start()
+        assert run.first.wait(120)
+        source = _holder(d1, d2)
+        target = d2 if source is d1 else d1
+        (hold / "hold").touch()  # the move's COMMIT waits: the target dies meanwhile
+        replies: list[worker_pb2.MovedStreams] = []
+        mover = threading.Thread(target=lambda: replies.append(_move(router, source)))
+        mover.start()
+        try:
+            wait_until(lambda: (hold / "held").exists(), timeout=120)
+            target.kill()
+        finally:
+            (hold / "release").touch()
+            mover.join(timeout=300)
+        (reply,) = replies
+        assert (reply.moved, reply.stayed) == (0, 1) and "push failed" in reply.reasons[0]
+        assert run.result() == undisturbed  # it went on where it was
+        wait_until(lambda: worker_idle(source, "decode"))
+        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
+                            outcome="stayed") == 1
+        assert scrape.value(samples, "tandem_migrations_total") == 0
+    finally:
+        c.stop()
+
+
+def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir) -> None:
+    """Several streams, all gathered on d1 by a move; a drain with migrate of d1: every
+    stream completes, equal to its undisturbed run, and the worker exits; then the streams
+    again on the survivor and a plain drain of it, which waits for them (both drains' times
+    printed, indicative only)."""
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        texts = [f"Story {i}: the lighthouse keeper counted" for i in range(4)]
+        expected = [Run(stub, t, GREEDY).start().result() for t in texts]
+        runs = [Run(stub, t, GREEDY).start() for t in texts]
+        assert all(r.first.wait(120) for r in runs)
+        # Whatever placement put on d2 moves to d1 (the one other decode worker): d1 then
+        # holds every stream.
+        assert _move(router, d2).stayed == 0
+        drained, survivor = d1, d2
+        t0 = time.monotonic()
+        with router.channel() as channel:
+            reply = worker_pb2_grpc.RouterAdminStub(channel).DrainWorker(
+                worker_pb2.DrainWorkerRequest(worker=drained.grpc, migrate=True), timeout=300)
+        assert (reply.moved, reply.stayed) == (len(texts), 0), reply.reasons
+        assert drained.popen.wait(timeout=120) == 0
+        migrate_s = time.monotonic() - t0
+        assert [r.result() for r in runs] == expected  # zero failed, nothing changed
+
+        # The same streams again, all on the survivor now; a plain drain (the CLI's) waits
+        # for them.
+        runs = [Run(stub, t, GREEDY).start() for t in texts]
+        assert all(r.first.wait(120) for r in runs)
+        secret = c.credential_flags[c.credential_flags.index("--cluster-secret-file") + 1]
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "tandem.cli.main", "drain", survivor.grpc,
+             "--router", router.grpc, "--cluster-secret-file", secret],
+            capture_output=True, text=True, timeout=300, check=True)
+        assert f"draining {survivor.grpc}: 0 stay to finish there" in out.stdout, out.stdout
+        assert survivor.popen.wait(timeout=300) == 0
+        plain_s = time.monotonic() - t0
+        assert [r.result() for r in runs] == expected
+        print(f"\ndrain --migrate of a worker with {reply.moved} streams: {migrate_s:.2f} s to "
+              f"its exit (the moves: {reply.seconds:.3f} s); plain drain of one with "
+              f"{len(texts)}: {plain_s:.2f} s")
+    finally:
+        c.stop()

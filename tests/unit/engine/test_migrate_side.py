@@ -1,0 +1,90 @@
+"""A live move between two engines: a running request suspended on A between two steps, its
+KV blocks copied into the blocks B reserved for all but its last token, committed on B with
+that token, continues on B exactly as it would have on A (greedy and seeded with penalties);
+A frees every block; a resumed suspension carries on on A; what cannot move is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.engine import SamplingParams
+from tandem.engine.errors import NotMovableError, UnknownRequestError
+from tests.unit.engine._handoff import copy_blocks
+from tests.unit.engine.test_engine_tiny import _prompts
+
+SEEDED = SamplingParams(
+    temperature=1.0, top_p=0.9, seed=77, max_tokens=24, min_tokens=20,
+    frequency_penalty=0.7, presence_penalty=0.3, repetition_penalty=1.2,
+)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def _run(engine, rid: str, steps: int | None = None) -> list[int]:
+    """Step ``engine`` (``steps`` times, or to the end); ``rid``'s new tokens."""
+    tokens: list[int] = []
+    n = 0
+    while engine.has_unfinished() and (steps is None or n < steps):
+        for out in engine.step():
+            if out.request_id == rid:
+                tokens += out.new_token_ids
+        n += 1
+    return tokens
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("steps", [1, 9])
+def test_moved_request_continues_identically(tiny_dir, make_engine, params, steps) -> None:
+    path = str(tiny_dir("llama", 2))
+    a = make_engine(model=path, num_blocks=64, block_size=16)
+    b = make_engine(model=path, num_blocks=64, block_size=16)
+    prompt = _prompts([30], seed=5)[0]
+    a.add_request(prompt, params, request_id="ref")
+    full = _run(a, "ref")
+    assert len(full) == params.max_tokens
+
+    a.add_request(prompt, params, request_id="r")
+    sent = _run(a, "r", steps)
+    moved = a.remote.migrate.suspend("r")
+    assert moved.token_ids == prompt + sent and moved.num_output_tokens == len(sent)
+    assert not a.has_unfinished()  # out of the batch, blocks pinned
+    kv_tokens = moved.token_ids[:-1]  # the last token's KV is computed by the next step
+    got = b.remote.decode.reserve("r", kv_tokens, params,
+                                  prior_output_tokens=moved.num_output_tokens - 1)
+    skip = got.cached_tokens // 16
+    copy_blocks(a, moved.block_ids[skip:], b, got.fill_block_ids)
+    out = b.remote.decode.commit("r", moved.token_ids[-1])
+    assert out is not None and out.new_token_ids == [moved.token_ids[-1]]
+    assert a.abort("r") is not None
+    assert a.kv.pool.num_free == a.kv.pool.num_blocks  # every block A held for it is back
+    assert sent + _run(b, "r") == full
+    assert b.kv.pool.num_free == b.kv.pool.num_blocks
+
+
+def test_resumed_suspension_carries_on(tiny_dir, make_engine) -> None:
+    a = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, block_size=16)
+    prompt = _prompts([21], seed=6)[0]
+    a.add_request(prompt, SEEDED, request_id="ref")
+    full = _run(a, "ref")
+    a.add_request(prompt, SEEDED, request_id="r")
+    sent = _run(a, "r", 4)
+    a.remote.migrate.suspend("r")
+    assert a.remote.migrate.num_suspended == 1
+    assert a.remote.migrate.resume("r") and not a.remote.migrate.resume("r")
+    assert sent + _run(a, "r") == full
+
+
+def test_what_cannot_move_is_refused(tiny_dir, make_engine) -> None:
+    a = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, block_size=16)
+    prompt = _prompts([21], seed=7)[0]
+    with pytest.raises(UnknownRequestError):
+        a.remote.migrate.suspend("nobody")
+    a.add_request(prompt, GREEDY, request_id="r")
+    with pytest.raises(NotMovableError, match="not decoding"):  # waiting: nothing computed
+        a.remote.migrate.suspend("r")
+    _run(a, "r", 2)
+    a.remote.migrate.suspend("r")
+    with pytest.raises(NotMovableError):  # already out of the batch
+        a.remote.migrate.suspend("r")
+    a.abort("r")
+    assert a.remote.migrate.num_suspended == 0
+    assert a.kv.pool.num_free == a.kv.pool.num_blocks

@@ -1,0 +1,147 @@
+"""Live moves through the router against fake decode workers (tests/unit/router/fakes.py):
+RouterAdmin.MoveStreams moves a stream held mid-way to the other decode worker and the
+client's stream equals the undisturbed one; a failed push, or no other decode worker, leaves
+it where it is; the admin service answers cluster members only; and the ticket book."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from tandem.placement.worker_view import Role
+from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
+from tandem.router.handoff.live_moves import LiveStreams, MoveCause, MoveOutcome
+from tandem.router.tokenizer import RouterTokenizer
+from tests.unit.router.fakes import expected_output
+from tests.unit.router.harness import Cluster, cluster
+
+PROMPT = list(range(1000, 1040))
+N = 10
+
+
+def _request() -> tandem_pb2.GenerateRequest:
+    return tandem_pb2.GenerateRequest(
+        request_id="r1", token_ids=tandem_pb2.TokenIds(ids=PROMPT),
+        sampling=tandem_pb2.SamplingParams(max_tokens=N, temperature=0.0))
+
+
+async def _move_while_held(c: Cluster, source: int) -> tuple[list, worker_pb2.MovedStreams]:
+    """A request whose stream on decode ``source`` holds after 3 tokens, moved meanwhile."""
+    c.decode[source].hang_after = 3
+    task = asyncio.create_task(c.generate(_request()))
+    await asyncio.wait_for(c.decode[source].hanging.wait(), 10)
+    admin = worker_pb2_grpc.RouterAdminStub(c.channel)
+    reply = await admin.MoveStreams(
+        worker_pb2.MoveStreamsRequest(worker=c.decode_endpoints[source]), timeout=10)
+    return await asyncio.wait_for(task, 10), reply
+
+
+def test_moved_stream_equals_undisturbed(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            source = c.first_decode(len(PROMPT) + N)
+            target = 1 - source
+            responses, reply = await _move_while_held(c, source)
+            assert (reply.moved, reply.stayed) == (1, 0)
+            assert [t for r in responses for t in r.token_ids] == expected_output(PROMPT, N)
+            assert responses[-1].finish_reason == "length"
+            (moved,) = c.decode[source].moves_out
+            (leg,) = c.decode[target].reservations.values()
+            # The target reserved the tokens so far but the last, which the move commits.
+            sent = expected_output(PROMPT, N)[: leg.prior + 1]
+            assert leg.moved_in and leg.token_ids == PROMPT + sent[:-1]
+            assert moved.last_token == sent[-1] and moved.transfer_id == leg.request_id
+            assert not c.decode[source].aborts  # it freed the request itself
+            counters = c.router.deps.counters
+            assert counters.live_moves[("operator", "moved")] == 1
+            assert counters.moved_bytes == 4096 * 2 and sum(counters.move_gap.counts) == 1
+            assert counters.migrations == 0  # nothing was prefilled again
+
+    asyncio.run(scenario())
+
+
+def test_failed_push_stays_on_the_source(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            source = c.first_decode(len(PROMPT) + N)
+            c.decode[source].move_fails = True
+            responses, reply = await _move_while_held(c, source)
+            assert (reply.moved, reply.stayed) == (0, 1)
+            assert "push failed" in reply.reasons[0]
+            assert [t for r in responses for t in r.token_ids] == expected_output(PROMPT, N)
+            target = c.decode[1 - source]
+            (leg_id,) = target.reservations
+            assert leg_id in target.aborts  # the target's reservation was dropped
+            assert c.router.deps.counters.live_moves[("operator", "stayed")] == 1
+
+    asyncio.run(scenario())
+
+
+def test_no_other_decode_worker_resumes(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=1) as c:
+            responses, reply = await _move_while_held(c, 0)
+            assert (reply.moved, reply.stayed) == (0, 1)
+            assert "no decode worker could take it" in reply.reasons[0]
+            assert [t for r in responses for t in r.token_ids] == expected_output(PROMPT, N)
+            assert not c.decode[0].moves_out
+
+    asyncio.run(scenario())
+
+
+def test_a_stream_starting_on_a_worker_drained_with_migrate_moves(
+        tokenizer: RouterTokenizer) -> None:
+    """A request still in its prefill when its decode worker is drained with migrate moves
+    as soon as it starts decoding there (the drain's own moves did not see it)."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            source = c.first_decode(len(PROMPT) + N)
+            c.prefill[0].gate = gate = asyncio.Event()
+            task = asyncio.create_task(c.generate(_request()))
+            await asyncio.wait_for(c.prefill[0].started.wait(), 10)
+            assert c.router.registry.drain(c.decode_endpoints[source], move_streams=True)
+            gate.set()
+            responses = await asyncio.wait_for(task, 10)
+            assert [t for r in responses for t in r.token_ids] == expected_output(PROMPT, N)
+            assert len(c.decode[source].moves_out) == 1
+            assert c.router.deps.counters.live_moves[("drain", "moved")] == 1
+
+    asyncio.run(scenario())
+
+
+def test_admin_answers_members_only(tokenizer: RouterTokenizer) -> None:
+    async def scenario() -> None:
+        async with cluster(tokenizer) as c:
+            port = c.router.port
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as stranger:
+                admin = worker_pb2_grpc.RouterAdminStub(stranger)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await admin.DrainWorker(worker_pb2.DrainWorkerRequest(
+                        worker=c.decode_endpoints[0], migrate=True), timeout=10)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            member = worker_pb2_grpc.RouterAdminStub(c.channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await member.MoveStreams(worker_pb2.MoveStreamsRequest(worker="nobody:1"),
+                                         timeout=10)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            assert len(c.router.registry.routable(Role.DECODE)) == 1  # nothing drained
+
+    asyncio.run(scenario())
+
+
+def test_tickets_follow_their_stream() -> None:
+    async def scenario() -> None:
+        live = LiveStreams()
+        with live.open("d1:1", "r") as ticket:
+            assert live.on("d1:1") == [ticket]
+            live.rehome(ticket, "d2:1", "r.1")
+            assert live.on("d1:1") == [] and live.on("d2:1") == [ticket]
+            outcome, first = ticket.ask(MoveCause.DRAIN)
+            assert first and ticket.ask(MoveCause.DRAIN) == (outcome, False)  # one move
+        # The stream ended with the move still asked for: settled as not moved.
+        assert await outcome == MoveOutcome(False, "the request ended first")
+        assert live.on("d2:1") == []
+
+    asyncio.run(scenario())

@@ -1,0 +1,136 @@
+"""A decode worker's live-move RPCs in one process (real engines, kv_transfer over TCP
+loopback): a stream moved to a reservation on the same worker (its own receiver the target)
+reads on equal to one engine's greedy output; what cannot move (a forked request) is refused
+with a reason; a
+hostile MoveOut (a wrong last token, block count or layout) is refused and leaves the stream
+suspended, to be resumed; a suspension nobody resolves ends at the attach lease; nothing is
+left held on any path.
+
+Ordering: a moved request asks for ``LONG`` tokens and is suspended right after its first
+streamed message, so it cannot finish first by hundreds of decode steps; the suspension's
+success is asserted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from tandem.common.wire import FAULT_KEY, SUSPENDED_FAULT
+from tandem.protos.v1 import worker_pb2
+from tests.unit.worker.harness import Cluster, cluster, greedy, reference, until
+
+PROMPT = [5 + (i * 37) % 240 for i in range(41)]
+LONG = 300
+
+
+@pytest.fixture
+def engines(tiny_dir, make_engine):
+    path = str(tiny_dir("llama", 2))
+    return (make_engine(model=path, num_blocks=96, block_size=16),
+            make_engine(model=path, num_blocks=64, block_size=16),
+            make_engine(model=path, num_blocks=64, block_size=16))
+
+
+async def _suspended(c: Cluster, rid: str) -> list[int]:
+    """A long request prefilled and streaming, then suspended: every token it made (the
+    stream ends with the suspension's trailer after them)."""
+    res = await c.reserve(rid, PROMPT, greedy(LONG))
+    first = await c.prefill_into(rid, PROMPT, greedy(LONG), res)
+    tokens = [first.first_token]
+    stream = c.decode_stub.Decode(worker_pb2.DecodeRequest(request_id=rid))
+    tokens += (await stream.read()).token_ids
+    made = (await c.decode_stub.Suspend(worker_pb2.SuspendRequest(request_id=rid))
+            ).num_output_tokens
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        while (msg := await stream.read()) is not grpc.aio.EOF:
+            tokens += msg.token_ids
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    assert (FAULT_KEY, SUSPENDED_FAULT) in tuple(err.value.trailing_metadata())
+    assert len(tokens) == made < LONG
+    return tokens
+
+
+def test_moved_to_a_reservation_reads_on(engines) -> None:
+    decode_engine, prefill_engine, ref_engine = engines
+    want = reference(ref_engine, PROMPT, LONG)
+
+    async def main() -> None:
+        async with cluster(decode_engine, prefill_engine, decode_sender=True) as c:
+            sent = await _suspended(c, "r1")
+            target = await c.decode_stub.Reserve(worker_pb2.ReserveRequest(
+                request_id="r1.1", token_ids=PROMPT + sent[:-1], sampling=greedy(LONG),
+                lease_s=10, prior_output_tokens=len(sent) - 1, moved_in=True))
+            assert target.cached_tokens >= 32  # the prompt's full blocks, cached here
+            moved = await c.decode_stub.MoveOut(worker_pb2.MoveOutRequest(
+                request_id="r1", transfer_id=target.transfer_id, block_ids=target.block_ids,
+                kv_endpoint=target.kv_endpoint, layout=target.layout,
+                skip_tokens=target.cached_tokens, last_token=sent[-1]))
+            assert moved.bytes > 0
+            msgs = await c.decode_all("r1.1")
+            assert sent + [t for m in msgs for t in m.token_ids] == want
+            assert not msgs[0].text.startswith("\ufffd")
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # r1 is gone from here
+                await c.decode_stub.Resume(worker_pb2.ResumeRequest(request_id="r1"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
+def test_refusals_and_a_hostile_move_out(engines) -> None:
+    decode_engine, prefill_engine, ref_engine = engines
+    want = reference(ref_engine, PROMPT, LONG)
+
+    async def main() -> None:
+        async with cluster(decode_engine, prefill_engine, decode_sender=True,
+                           attach_lease_s=2.0) as c:
+            stub = c.decode_stub
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Suspend(worker_pb2.SuspendRequest(request_id="nobody"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            await stub.Reserve(worker_pb2.ReserveRequest(  # forked: its sequences share blocks
+                request_id="r0", token_ids=PROMPT, sampling=greedy(8), lease_s=10, n=2))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Suspend(worker_pb2.SuspendRequest(request_id="r0"))
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "forked" in (err.value.details() or "")
+            await stub.Abort(worker_pb2.AbortRequest(request_id="r0"))
+
+            sent = await _suspended(c, "r1")
+            target = await stub.Reserve(worker_pb2.ReserveRequest(
+                request_id="r1.1", token_ids=PROMPT + sent[:-1], sampling=greedy(LONG),
+                lease_s=10, prior_output_tokens=len(sent) - 1, moved_in=True))
+            good = worker_pb2.MoveOutRequest(
+                request_id="r1", transfer_id=target.transfer_id, block_ids=target.block_ids,
+                kv_endpoint=target.kv_endpoint, layout=target.layout,
+                skip_tokens=target.cached_tokens, last_token=sent[-1])
+            for field, value, code in (
+                    ("last_token", sent[-1] + 1, grpc.StatusCode.INVALID_ARGUMENT),
+                    ("block_ids", [*target.block_ids, 1], grpc.StatusCode.INVALID_ARGUMENT),
+                    ("skip_tokens", 5, grpc.StatusCode.INVALID_ARGUMENT),
+                    ("layout", worker_pb2.KVLayout(model="other", block_size=16),
+                     grpc.StatusCode.FAILED_PRECONDITION)):
+                bad = worker_pb2.MoveOutRequest()
+                bad.CopyFrom(good)
+                if field == "block_ids":
+                    del bad.block_ids[:]
+                    bad.block_ids.extend(value)
+                elif field == "layout":
+                    bad.layout.CopyFrom(value)
+                else:
+                    setattr(bad, field, value)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.MoveOut(bad)
+                assert err.value.code() == code, field
+            await stub.Abort(worker_pb2.AbortRequest(request_id="r1.1"))
+            assert (await stub.Resume(worker_pb2.ResumeRequest(request_id="r1"))).resumed
+            msgs = await c.decode_all("r1")
+            assert sent + [t for m in msgs for t in m.token_ids] == want
+
+            # Suspended and never resolved (the router went away): the attach lease ends it.
+            await _suspended(c, "r2")
+            await until(c.decode_stats, lambda s: s.num_running == 0
+                        and s.num_free_blocks == s.num_blocks, timeout=30)
+
+    asyncio.run(main())
