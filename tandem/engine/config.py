@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.engine.lora.config import LoraConfig
 from tandem.engine.spec.config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -119,6 +120,7 @@ class EngineConfig:
     # (None: the budget plus a second); keep the wait under the router's RPC timeout.
     grammar_compile_budget_s: float = GRAMMAR_COMPILE_BUDGET_S
     grammar_compile_wait_s: float | None = None
+    lora: LoraConfig = field(default_factory=LoraConfig)  # multi-LoRA (off by default)
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ("torch", "triton", "auto"):
@@ -169,7 +171,7 @@ class EngineConfig:
         }
         top: dict[str, Any] = {}
         top_fields = {"attention_backend", "use_cuda_graphs", "use_native_kernels",
-                      "grammar_compile_budget_s", "grammar_compile_wait_s"}
+                      "grammar_compile_budget_s", "grammar_compile_wait_s", "lora"}
         for key, value in kwargs.items():
             if key in top_fields:
                 top[key] = value

@@ -37,6 +37,7 @@ from tandem.engine.core.scheduler import ScheduledRequest, Scheduler
 from tandem.engine.errors import InvalidRequestError
 from tandem.engine.kv_budget import pool_blocks
 from tandem.engine.kv_connector import KVConnector, describe_cache
+from tandem.engine.lora.manager import LoraManager
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.models.weights import torch_dtype
 from tandem.engine.models.windows import block_free_window
@@ -98,9 +99,12 @@ class LLMEngine:
         free_window = None if sc.speculative_method == "draft" else block_free_window(self.arch)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching,
                                  free_window)
+        self.loras = (LoraManager(config.lora, ckpt.model, self.arch, self.dtype, self.device)
+                      if config.lora.enabled else None)
+        self.runner.lora = self.loras
         self.scheduler = Scheduler(
             config.scheduler, self.kv, sc.num_speculative_tokens if sc.enabled else 0,
-            self.max_model_len,
+            self.max_model_len, config.lora.max_loras if config.lora.enabled else 0,
         )
         self.sampler = Sampler(seed=mc.seed)
         self.spec = build_spec_decoder(  # a no-op decoder when speculation is off
@@ -114,7 +118,7 @@ class LLMEngine:
         )
         self.requests = RequestFactory(self.tokenizer, self.arch.vocab_size,
                                        self.eos_token_ids, self.max_model_len, self.kv,
-                                       self.grammars)
+                                       self.grammars, self.loras)
         self.outputs = OutputProcessor(self.eos_token_ids, self.max_model_len)
         self._live: dict[str, LiveRequest] = {}  # waiting, running and reserved requests
         self._ids = itertools.count()
