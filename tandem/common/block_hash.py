@@ -59,6 +59,12 @@ def _chained(parent: int | None, block: bytes, salt: int | None = None) -> int:
 _FIRST = bytes(8) + b"\x00"  # the head of a chain's first block: no parent
 
 
+def adapter_salt(identity: str) -> int | None:
+    """The chain salt of a LoRA adapter identity (``name@digest``; "" : the base model, no
+    salt): the engine's prefix cache and the router's affinity use this one function."""
+    return xxhash.xxh3_64_intdigest(b"lora\0" + identity.encode()) if identity else None
+
+
 def pack(hashes: Collection[int]) -> bytes:
     """Hashes as the wire carries them: little-endian uint64s, back to back."""
     return struct.pack(f"<{len(hashes)}Q", *hashes)

@@ -90,7 +90,7 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
         ("--enable-lora", dict(action="store_true",
                                help="serve LoRA adapters (named as the request's model)")),
         ("--lora-modules", dict(
-            type=lora_module, nargs="+", default=None, metavar="NAME=PATH",
+            type=lora_module, nargs="+", action="extend", default=None, metavar="NAME=PATH",
             help="PEFT adapter directories (adapter_config.json + "
                  "adapter_model.safetensors) to serve from the start")),
         ("--max-loras", dict(type=int, default=lora.max_loras,

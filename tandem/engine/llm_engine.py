@@ -180,6 +180,15 @@ class LLMEngine:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
         return self.requests.build(request_id, prompt, params, hold_kv, prior, n)
 
+    def lora_identity(self, name: str) -> str:
+        """The identity (``name@digest``) of adapter ``name`` here, "" for the base model.
+        Raises InvalidRequestError (unknown adapter, or LoRA off)."""
+        if not name:
+            return ""
+        if self.loras is None:
+            raise InvalidRequestError("lora", f"LoRA is not enabled here (adapter {name!r})")
+        return self.loras.get(name).identity
+
     def track(self, live: LiveRequest) -> None:
         """Know ``live`` from now on (``new_live`` made it; the caller queues or reserves it)."""
         self._live[live.request.request_id] = live
@@ -369,6 +378,7 @@ class LLMEngine:
             max_num_batched_tokens=self.scheduler.budget,
             cached_block_hashes=tuple(pool.cached_hashes(MAX_REPORTED_HASHES)),
             weights_format=self.weights_format,
+            loras=self.loras.identities() if self.loras is not None else {},
             num_stranded_blocks=self.kv.stranded_blocks(self._live_request_ids()),
         )
 

@@ -43,7 +43,7 @@ from typing import TypeVar
 from tandem.common.obs import log_context, tracing
 from tandem.common.wire import MAX_SEQUENCES
 from tandem.placement.worker_view import Role
-from tandem.router import validation
+from tandem.router import adapters, validation
 from tandem.router.admission import AdmissionGate
 from tandem.router.api.chat import Chat
 from tandem.router.api.request import GenerateRequest, TokenizeRequest
@@ -166,8 +166,12 @@ class Frontend:
             tools = ToolUse.from_chat(prompt, self.tokenizer.chat_template, config.tool_call_parser)
             if tools is not None:  # before validation checks the schema's size
                 request = replace(request, sampling=tools.constrain(request.sampling))
+        # a served LoRA adapter's name is a model too (its identity travels with the request)
+        lora = adapters.resolve(self.deps.registry, request.model) \
+            if request.model != config.model_name else ""
         validation.validate_request(
-            request, config.model_name, self.tokenizer.vocab_size, self.limits
+            request, request.model if lora else config.model_name, self.tokenizer.vocab_size,
+            self.limits,
         )
         if isinstance(prompt, str):
             validation.check_prompt_chars(
@@ -182,7 +186,7 @@ class Frontend:
         if request.separate_reasoning and isinstance(prompt, Chat) and config.reasoning_parser:
             reasoning = REASONING_PARSERS[config.reasoning_parser]
         return Accepted(request, request_id, request.request_id or request_id, arrival, tools,
-                        trace_parent, reasoning=reasoning)
+                        trace_parent, reasoning=reasoning, lora=lora)
 
     async def _prepare(self, accepted: Accepted, span: tracing.Span) -> Prepared:
         """Tokenize an admitted request (in the pool) and settle its max_tokens."""
@@ -217,6 +221,7 @@ class Frontend:
             label=accepted.label,
             score_only=score_only,
             n=accepted.n,
+            lora=accepted.lora,
         )
 
     def _encode(self, request: GenerateRequest) -> list[int]:
@@ -367,9 +372,12 @@ class Frontend:
         return self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
 
     def list_models(self) -> list[ModelInfo]:
-        """The one model this router serves, with how its routable workers hold the weights."""
+        """The model this router serves, with how its routable workers hold the weights, and
+        each LoRA adapter they serve (its ``parent`` the base model)."""
         config = self.deps.config
         formats = sorted({w.weights_format for role in (Role.PREFILL, Role.DECODE)
                           for w in self.deps.registry.routable(role) if w.weights_format})
-        return [ModelInfo(id=config.model_name, max_model_len=config.max_model_len,
-                          owned_by="tandem", weights_format="; ".join(formats))]
+        base = ModelInfo(id=config.model_name, max_model_len=config.max_model_len,
+                         owned_by="tandem", weights_format="; ".join(formats))
+        return [base, *(replace(base, id=name, parent=config.model_name, root=identity)
+                        for name, identity in sorted(adapters.served(self.deps.registry).items()))]

@@ -22,19 +22,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import xxhash
 from torch import nn
 
+from tandem.common.block_hash import adapter_salt
 from tandem.engine.errors import InvalidRequestError
 from tandem.engine.lora.adapter import GROUPS, LoraAdapter, LoraError, load_adapter
 from tandem.engine.lora.batch import LoraBatch
 from tandem.engine.lora.config import LoraConfig, check_name
 from tandem.engine.models.arch import ModelArch
-
-
-def identity_salt(identity: str) -> int:
-    """The prefix-cache salt of an adapter identity (``name@digest``): a 64-bit hash."""
-    return xxhash.xxh3_64_intdigest(b"lora\0" + identity.encode())
 
 
 class LoraManager:
@@ -105,7 +100,7 @@ class LoraManager:
 
     def salt(self, name: str) -> int | None:
         """The prefix-cache salt of a request under ``name`` ("" : the base model, None)."""
-        return identity_salt(self.get(name).identity) if name else None
+        return adapter_salt(self.get(name).identity) if name else None
 
     def identities(self) -> dict[str, str]:
         """name -> identity of every loaded adapter (what a worker reports)."""

@@ -25,15 +25,17 @@ _sym_db = _symbol_database.Default()
 from tandem.protos.v1 import tandem_pb2 as tandem_dot_protos_dot_v1_dot_tandem__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/protos/v1/worker.proto\x12\ttandem.v1\x1a\x1dtandem/protos/v1/tandem.proto\"/\n\x0cProveRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x10\n\x08\x61udience\x18\x02 \x01(\t\"=\n\rProveResponse\x12\r\n\x05proof\x18\x01 \x01(\x0c\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.tandem.v1.Role\"\x8d\x01\n\x08KVLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x07 \x01(\t\"\xca\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12+\n\x08logprobs\x18\x04 \x01(\x0b\x32\x19.tandem.v1.LogprobOptions\x12\x0f\n\x07lease_s\x18\x05 \x01(\x01\x12\x1b\n\x13prior_output_tokens\x18\x06 \x01(\r\x12\t\n\x01n\x18\x07 \x01(\r\"\x8a\x01\n\x0fReserveResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x13\n\x0bkv_endpoint\x18\x03 \x01(\t\x12#\n\x06layout\x18\x04 \x01(\x0b\x32\x13.tandem.v1.KVLayout\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\"\xb0\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12+\n\x08logprobs\x18\x04 \x01(\x0b\x32\x19.tandem.v1.LogprobOptions\x12\x13\n\x0btransfer_id\x18\x05 \x01(\t\x12\x11\n\tblock_ids\x18\x06 \x03(\r\x12\x13\n\x0bkv_endpoint\x18\x07 \x01(\t\x12#\n\x06layout\x18\x08 \x01(\x0b\x32\x13.tandem.v1.KVLayout\x12\x1b\n\x13prior_output_tokens\x18\t \x01(\r\x12\x13\n\x0bskip_tokens\x18\n \x01(\r\x12\t\n\x01n\x18\x0b \x01(\r\")\n\x13PrefillLocalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x86\x02\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x11\n\tprefill_s\x18\x04 \x01(\x01\x12\x12\n\ntransfer_s\x18\x05 \x01(\x01\x12.\n\rfirst_logprob\x18\x06 \x01(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x30\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12-\n\x0c\x66irst_tokens\x18\x08 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\"2\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\"@\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05index\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x08\n\x06_index\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xfa\x05\n\x0bWorkerStats\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.tandem.v1.Role\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x12\n\nnum_blocks\x18\x07 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x08 \x01(\x02\x12\x1c\n\x14prefix_cache_queries\x18\t \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\n \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x04\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12\x12\n\nttft_p50_s\x18\r \x01(\x01\x12\x12\n\nttft_p90_s\x18\x0e \x01(\x01\x12\x11\n\titl_p50_s\x18\x0f \x01(\x01\x12\x11\n\titl_p90_s\x18\x10 \x01(\x01\x12\x1f\n\x17kv_transfer_bytes_per_s\x18\x11 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x12 \x01(\x04\x12\x1c\n\x14kv_transfer_failures\x18\x13 \x01(\x04\x12\x19\n\x11num_leased_blocks\x18\x14 \x01(\r\x12\x18\n\x0bstep_base_s\x18\x15 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0estep_per_row_s\x18\x16 \x01(\x01H\x01\x88\x01\x01\x12%\n\x18step_per_prefill_token_s\x18\x17 \x01(\x01H\x02\x88\x01\x01\x12\x1e\n\x16pending_prefill_tokens\x18\x18 \x01(\x04\x12\x1a\n\x12max_batched_tokens\x18\x19 \x01(\r\x12\x1b\n\x13\x63\x61\x63hed_block_hashes\x18\x1a \x01(\x0c\x12\x16\n\x0eweights_format\x18\x1b \x01(\tB\x0e\n\x0c_step_base_sB\x11\n\x0f_step_per_row_sB\x1b\n\x19_step_per_prefill_token_s\"\x8f\x01\n\x0fRegisterRequest\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.tandem.v1.Role\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x13\n\x0bkv_endpoint\x18\x04 \x01(\t\x12#\n\x06layout\x18\x05 \x01(\x0b\x32\x13.tandem.v1.KVLayout\"0\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"L\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05stats\x18\x02 \x01(\x0b\x32\x16.tandem.v1.WorkerStats\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08*?\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x32\xc8\x01\n\x0ePrefillService\x12@\n\x07Prefill\x12\x19.tandem.v1.PrefillRequest\x1a\x1a.tandem.v1.PrefillResponse\x12:\n\x05\x41\x62ort\x12\x17.tandem.v1.AbortRequest\x1a\x18.tandem.v1.AbortResponse\x12\x38\n\x05Stats\x12\x17.tandem.v1.StatsRequest\x1a\x16.tandem.v1.WorkerStats2\xd6\x02\n\rDecodeService\x12@\n\x07Reserve\x12\x19.tandem.v1.ReserveRequest\x1a\x1a.tandem.v1.ReserveResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x18.tandem.v1.DecodeRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12J\n\x0cPrefillLocal\x12\x1e.tandem.v1.PrefillLocalRequest\x1a\x1a.tandem.v1.PrefillResponse\x12:\n\x05\x41\x62ort\x12\x17.tandem.v1.AbortRequest\x1a\x18.tandem.v1.AbortResponse\x12\x38\n\x05Stats\x12\x17.tandem.v1.StatsRequest\x1a\x16.tandem.v1.WorkerStats2\x97\x01\n\x08Registry\x12\x43\n\x08Register\x12\x1a.tandem.v1.RegisterRequest\x1a\x1b.tandem.v1.RegisterResponse\x12\x46\n\tHeartbeat\x12\x1b.tandem.v1.HeartbeatRequest\x1a\x1c.tandem.v1.HeartbeatResponse2H\n\nMembership\x12:\n\x05Prove\x12\x17.tandem.v1.ProveRequest\x1a\x18.tandem.v1.ProveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/protos/v1/worker.proto\x12\ttandem.v1\x1a\x1dtandem/protos/v1/tandem.proto\"/\n\x0cProveRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x10\n\x08\x61udience\x18\x02 \x01(\t\"=\n\rProveResponse\x12\r\n\x05proof\x18\x01 \x01(\x0c\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.tandem.v1.Role\"\x8d\x01\n\x08KVLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x07 \x01(\t\"\xd8\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12+\n\x08logprobs\x18\x04 \x01(\x0b\x32\x19.tandem.v1.LogprobOptions\x12\x0f\n\x07lease_s\x18\x05 \x01(\x01\x12\x1b\n\x13prior_output_tokens\x18\x06 \x01(\r\x12\t\n\x01n\x18\x07 \x01(\r\x12\x0c\n\x04lora\x18\x08 \x01(\t\"\xa1\x01\n\x0fReserveResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x13\n\x0bkv_endpoint\x18\x03 \x01(\t\x12#\n\x06layout\x18\x04 \x01(\x0b\x32\x13.tandem.v1.KVLayout\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\x12\x15\n\rlora_identity\x18\x06 \x01(\t\"\xd5\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12+\n\x08logprobs\x18\x04 \x01(\x0b\x32\x19.tandem.v1.LogprobOptions\x12\x13\n\x0btransfer_id\x18\x05 \x01(\t\x12\x11\n\tblock_ids\x18\x06 \x03(\r\x12\x13\n\x0bkv_endpoint\x18\x07 \x01(\t\x12#\n\x06layout\x18\x08 \x01(\x0b\x32\x13.tandem.v1.KVLayout\x12\x1b\n\x13prior_output_tokens\x18\t \x01(\r\x12\x13\n\x0bskip_tokens\x18\n \x01(\r\x12\t\n\x01n\x18\x0b \x01(\r\x12\x0c\n\x04lora\x18\x0c \x01(\t\x12\x15\n\rlora_identity\x18\r \x01(\t\")\n\x13PrefillLocalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x86\x02\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x11\n\tprefill_s\x18\x04 \x01(\x01\x12\x12\n\ntransfer_s\x18\x05 \x01(\x01\x12.\n\rfirst_logprob\x18\x06 \x01(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x30\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12-\n\x0c\x66irst_tokens\x18\x08 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\"2\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\"@\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05index\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x08\n\x06_index\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xda\x06\n\x0bWorkerStats\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.tandem.v1.Role\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x12\n\nnum_blocks\x18\x07 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x08 \x01(\x02\x12\x1c\n\x14prefix_cache_queries\x18\t \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\n \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x04\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12\x12\n\nttft_p50_s\x18\r \x01(\x01\x12\x12\n\nttft_p90_s\x18\x0e \x01(\x01\x12\x11\n\titl_p50_s\x18\x0f \x01(\x01\x12\x11\n\titl_p90_s\x18\x10 \x01(\x01\x12\x1f\n\x17kv_transfer_bytes_per_s\x18\x11 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x12 \x01(\x04\x12\x1c\n\x14kv_transfer_failures\x18\x13 \x01(\x04\x12\x19\n\x11num_leased_blocks\x18\x14 \x01(\r\x12\x18\n\x0bstep_base_s\x18\x15 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0estep_per_row_s\x18\x16 \x01(\x01H\x01\x88\x01\x01\x12%\n\x18step_per_prefill_token_s\x18\x17 \x01(\x01H\x02\x88\x01\x01\x12\x1e\n\x16pending_prefill_tokens\x18\x18 \x01(\x04\x12\x1a\n\x12max_batched_tokens\x18\x19 \x01(\r\x12\x1b\n\x13\x63\x61\x63hed_block_hashes\x18\x1a \x01(\x0c\x12\x16\n\x0eweights_format\x18\x1b \x01(\t\x12\x30\n\x05loras\x18\x1c \x03(\x0b\x32!.tandem.v1.WorkerStats.LorasEntry\x1a,\n\nLorasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0e\n\x0c_step_base_sB\x11\n\x0f_step_per_row_sB\x1b\n\x19_step_per_prefill_token_s\"\x8f\x01\n\x0fRegisterRequest\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.tandem.v1.Role\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x13\n\x0bkv_endpoint\x18\x04 \x01(\t\x12#\n\x06layout\x18\x05 \x01(\x0b\x32\x13.tandem.v1.KVLayout\"0\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"L\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12%\n\x05stats\x18\x02 \x01(\x0b\x32\x16.tandem.v1.WorkerStats\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08*?\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x32\xc8\x01\n\x0ePrefillService\x12@\n\x07Prefill\x12\x19.tandem.v1.PrefillRequest\x1a\x1a.tandem.v1.PrefillResponse\x12:\n\x05\x41\x62ort\x12\x17.tandem.v1.AbortRequest\x1a\x18.tandem.v1.AbortResponse\x12\x38\n\x05Stats\x12\x17.tandem.v1.StatsRequest\x1a\x16.tandem.v1.WorkerStats2\xd6\x02\n\rDecodeService\x12@\n\x07Reserve\x12\x19.tandem.v1.ReserveRequest\x1a\x1a.tandem.v1.ReserveResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x18.tandem.v1.DecodeRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12J\n\x0cPrefillLocal\x12\x1e.tandem.v1.PrefillLocalRequest\x1a\x1a.tandem.v1.PrefillResponse\x12:\n\x05\x41\x62ort\x12\x17.tandem.v1.AbortRequest\x1a\x18.tandem.v1.AbortResponse\x12\x38\n\x05Stats\x12\x17.tandem.v1.StatsRequest\x1a\x16.tandem.v1.WorkerStats2\x97\x01\n\x08Registry\x12\x43\n\x08Register\x12\x1a.tandem.v1.RegisterRequest\x1a\x1b.tandem.v1.RegisterResponse\x12\x46\n\tHeartbeat\x12\x1b.tandem.v1.HeartbeatRequest\x1a\x1c.tandem.v1.HeartbeatResponse2H\n\nMembership\x12:\n\x05Prove\x12\x17.tandem.v1.ProveRequest\x1a\x18.tandem.v1.ProveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.protos.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=2533
-  _globals['_ROLE']._serialized_end=2596
+  _globals['_WORKERSTATS_LORASENTRY']._loaded_options = None
+  _globals['_WORKERSTATS_LORASENTRY']._serialized_options = b'8\001'
+  _globals['_ROLE']._serialized_start=2703
+  _globals['_ROLE']._serialized_end=2766
   _globals['_PROVEREQUEST']._serialized_start=75
   _globals['_PROVEREQUEST']._serialized_end=122
   _globals['_PROVERESPONSE']._serialized_start=124
@@ -41,39 +43,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVLAYOUT']._serialized_start=188
   _globals['_KVLAYOUT']._serialized_end=329
   _globals['_RESERVEREQUEST']._serialized_start=332
-  _globals['_RESERVEREQUEST']._serialized_end=534
-  _globals['_RESERVERESPONSE']._serialized_start=537
-  _globals['_RESERVERESPONSE']._serialized_end=675
-  _globals['_PREFILLREQUEST']._serialized_start=678
-  _globals['_PREFILLREQUEST']._serialized_end=982
-  _globals['_PREFILLLOCALREQUEST']._serialized_start=984
-  _globals['_PREFILLLOCALREQUEST']._serialized_end=1025
-  _globals['_PREFILLRESPONSE']._serialized_start=1028
-  _globals['_PREFILLRESPONSE']._serialized_end=1290
-  _globals['_DECODEREQUEST']._serialized_start=1292
-  _globals['_DECODEREQUEST']._serialized_end=1342
-  _globals['_ABORTREQUEST']._serialized_start=1344
-  _globals['_ABORTREQUEST']._serialized_end=1408
-  _globals['_ABORTRESPONSE']._serialized_start=1410
-  _globals['_ABORTRESPONSE']._serialized_end=1440
-  _globals['_STATSREQUEST']._serialized_start=1442
-  _globals['_STATSREQUEST']._serialized_end=1456
-  _globals['_WORKERSTATS']._serialized_start=1459
-  _globals['_WORKERSTATS']._serialized_end=2221
-  _globals['_REGISTERREQUEST']._serialized_start=2224
-  _globals['_REGISTERREQUEST']._serialized_end=2367
-  _globals['_REGISTERRESPONSE']._serialized_start=2369
-  _globals['_REGISTERRESPONSE']._serialized_end=2417
-  _globals['_HEARTBEATREQUEST']._serialized_start=2419
-  _globals['_HEARTBEATREQUEST']._serialized_end=2495
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2497
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2531
-  _globals['_PREFILLSERVICE']._serialized_start=2599
-  _globals['_PREFILLSERVICE']._serialized_end=2799
-  _globals['_DECODESERVICE']._serialized_start=2802
-  _globals['_DECODESERVICE']._serialized_end=3144
-  _globals['_REGISTRY']._serialized_start=3147
-  _globals['_REGISTRY']._serialized_end=3298
-  _globals['_MEMBERSHIP']._serialized_start=3300
-  _globals['_MEMBERSHIP']._serialized_end=3372
+  _globals['_RESERVEREQUEST']._serialized_end=548
+  _globals['_RESERVERESPONSE']._serialized_start=551
+  _globals['_RESERVERESPONSE']._serialized_end=712
+  _globals['_PREFILLREQUEST']._serialized_start=715
+  _globals['_PREFILLREQUEST']._serialized_end=1056
+  _globals['_PREFILLLOCALREQUEST']._serialized_start=1058
+  _globals['_PREFILLLOCALREQUEST']._serialized_end=1099
+  _globals['_PREFILLRESPONSE']._serialized_start=1102
+  _globals['_PREFILLRESPONSE']._serialized_end=1364
+  _globals['_DECODEREQUEST']._serialized_start=1366
+  _globals['_DECODEREQUEST']._serialized_end=1416
+  _globals['_ABORTREQUEST']._serialized_start=1418
+  _globals['_ABORTREQUEST']._serialized_end=1482
+  _globals['_ABORTRESPONSE']._serialized_start=1484
+  _globals['_ABORTRESPONSE']._serialized_end=1514
+  _globals['_STATSREQUEST']._serialized_start=1516
+  _globals['_STATSREQUEST']._serialized_end=1530
+  _globals['_WORKERSTATS']._serialized_start=1533
+  _globals['_WORKERSTATS']._serialized_end=2391
+  _globals['_WORKERSTATS_LORASENTRY']._serialized_start=2283
+  _globals['_WORKERSTATS_LORASENTRY']._serialized_end=2327
+  _globals['_REGISTERREQUEST']._serialized_start=2394
+  _globals['_REGISTERREQUEST']._serialized_end=2537
+  _globals['_REGISTERRESPONSE']._serialized_start=2539
+  _globals['_REGISTERRESPONSE']._serialized_end=2587
+  _globals['_HEARTBEATREQUEST']._serialized_start=2589
+  _globals['_HEARTBEATREQUEST']._serialized_end=2665
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2667
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2701
+  _globals['_PREFILLSERVICE']._serialized_start=2769
+  _globals['_PREFILLSERVICE']._serialized_end=2969
+  _globals['_DECODESERVICE']._serialized_start=2972
+  _globals['_DECODESERVICE']._serialized_end=3314
+  _globals['_REGISTRY']._serialized_start=3317
+  _globals['_REGISTRY']._serialized_end=3468
+  _globals['_MEMBERSHIP']._serialized_start=3470
+  _globals['_MEMBERSHIP']._serialized_end=3542
 # @@protoc_insertion_point(module_scope)

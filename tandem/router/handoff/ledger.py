@@ -62,7 +62,7 @@ from tandem.placement.cost_model import Decision
 from tandem.placement.link import LinkEstimates
 from tandem.placement.log import PlacementLog
 from tandem.placement.overheads import PrefillOverheads
-from tandem.placement.worker_view import Role
+from tandem.placement.worker_view import Role, WorkerView
 from tandem.router.api.response import TokenLogprob
 from tandem.router.config import RouterConfig
 from tandem.router.errors import (
@@ -266,13 +266,19 @@ class Handoff:
     def _hashes(self, tokens: list[int]) -> list[int]:
         """The prefix-cache chain of ``tokens`` (the next leg's; memoized per length)."""
         if self._hashed != len(tokens):
-            self._chain = prefix_hashes(tokens, self._deps.config.block_size)
+            self._chain = prefix_hashes(tokens, self._deps.config.block_size,
+                                        adapter=self._req.lora)
             self._hashed = len(tokens)
         return self._chain
 
+    def _holders(self, role: Role) -> list[WorkerView]:
+        """The routable workers of ``role`` that serve the request's LoRA adapter."""
+        lora = self._req.lora
+        return [w for w in self._deps.registry.routable(role) if w.holds_adapter(lora)]
+
     def _rank_decode(self, excluded: set[str]) -> list[str]:
         deps = self._deps
-        workers = deps.registry.routable(Role.DECODE)
+        workers = self._holders(Role.DECODE)
         hashes = self._hashes(self._tokens())
         matched = {w.endpoint: deps.held.matched(w, hashes) for w in workers}
         ranked = policy.rank_decode(
@@ -340,7 +346,7 @@ class Handoff:
         local on D; remote falls back to local); returns the leg it ended on."""
         deps, counters = self._deps, self._deps.counters
         tokens = self._tokens()
-        workers = deps.registry.routable(Role.PREFILL)
+        workers = self._holders(Role.PREFILL)
         started = time.perf_counter()
         hashes = self._hashes(tokens)
         owners = deps.affinity.lookup(hashes) if workers else []
@@ -460,6 +466,7 @@ class Handoff:
             logprobs=self._req.logprobs,
             prior_output_tokens=len(self._sent),
             n=self._req.n if self._forks() else 1,
+            lora=self._req.lora,
         )
 
     def _first_logprob(self, reply: PrefillReply) -> list[TokenLogprob]:

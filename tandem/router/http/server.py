@@ -268,8 +268,8 @@ class HttpServer:
             budget = _budget(request)
             accepted = self._accept_one(request, api)
             config = self._frontend.deps.config
-            shaper = ResponsesShaper(parsed, config.model_name, accepted.label,
-                                     reasoning=bool(config.reasoning_parser))
+            shaper = ResponsesShaper(parsed, api.request.model or config.model_name,
+                                     accepted.label, reasoning=bool(config.reasoning_parser))
             responses = self._frontend.generate(accepted, budget)
             async with aclosing(responses):
                 if not api.stream:
@@ -325,7 +325,9 @@ class HttpServer:
 
     def _shaper(self, api: ApiRequest, label: str) -> ResponseShaper:
         config = self._frontend.deps.config
-        return ResponseShaper(api, config.model_name, label, self._token_text, self._decode,
+        # the model the client named (a LoRA adapter's name is echoed as vLLM does)
+        return ResponseShaper(api, api.request.model or config.model_name, label,
+                              self._token_text, self._decode,
                               reasoning=bool(config.reasoning_parser))
 
     def _key(self, request: web.Request) -> str | None:

@@ -157,9 +157,9 @@ class DecodeWorker:
         rid, tid, n = group[0].request_id, group[0].transfer_id, len(group)
         try:
             await self._ae.prepare(params)
-            granted = await self._ae.call(
-                lambda e: e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
-                                                  n=n),
+            granted, adapter = await self._ae.call(
+                lambda e: (e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
+                                                   n=n), e.lora_identity(params.lora)),
                 stream=[s.request_id for s in group],
             )
         except BaseException as exc:
@@ -167,7 +167,7 @@ class DecodeWorker:
             raise
         block_ids = granted.fill_block_ids  # the cached prefix's blocks are never leased
         try:
-            self._receiver.reserve(tid, block_ids, lease)
+            self._receiver.reserve(tid, block_ids, lease, adapter)  # BEGIN must match it
         except BaseException as exc:
             await self._ae.call(lambda e: e.remote.decode.end(tid))  # never leased: unwritten
             self._fail(group, exc)
@@ -175,7 +175,7 @@ class DecodeWorker:
         for stream in group:
             stream.start()
         return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout,
-                             granted.cached_tokens)
+                             granted.cached_tokens, adapter)
 
     async def decode(self, request_id: str, index: int = 0) -> AsyncIterator[StreamMessage]:
         """Stream the messages of a request's sequence ``index`` (0 unless it is forked)
