@@ -99,6 +99,10 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
                                  help="the largest adapter rank accepted")),
         ("--max-cpu-loras", dict(type=int, default=None,
                                  help="adapters held in memory at once (default: no bound)")),
+        ("--allow-runtime-lora-updates", dict(
+            action="store_true",
+            help="let the router's admin API load and unload adapters while serving (vLLM's "
+                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING)")),
         ("--grammar-compile-budget-s", dict(
             type=float, default=GRAMMAR_COMPILE_BUDGET_S,
             help="CPU seconds one structured-output grammar may take to compile; past it the "
@@ -193,7 +197,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         grammar_compile_wait_s=args.grammar_compile_wait_s,
         lora=LoraConfig(enabled=args.enable_lora, modules=tuple(args.lora_modules or ()),
                         max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-                        max_cpu_loras=args.max_cpu_loras),
+                        max_cpu_loras=args.max_cpu_loras,
+                        runtime_updates=args.allow_runtime_lora_updates),
     )
 
 

@@ -189,6 +189,11 @@ class LLMEngine:
             raise InvalidRequestError("lora", f"LoRA is not enabled here (adapter {name!r})")
         return self.loras.get(name).identity
 
+    def runs_adapter(self, name: str) -> bool:
+        """Whether a request this engine holds (waiting, running, reserved) runs under the
+        LoRA adapter ``name``."""
+        return any(live.request.lora == name for live in self._live.values())
+
     def track(self, live: LiveRequest) -> None:
         """Know ``live`` from now on (``new_live`` made it; the caller queues or reserves it)."""
         self._live[live.request.request_id] = live

@@ -6,6 +6,9 @@ name holds other bytes refused before it computes anything."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from tests.integration.sdk_cluster import wait_until, worker_idle
 from tests.integration.served_model import MODEL_ID, start_workers, tiny_served_model
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
+ADMIN_KEY = "admin-key-for-lora-tests"
 NEW = 8
 
 
@@ -33,6 +37,7 @@ class LoraCluster:
     decode: Proc
     prefill: Proc
     router: Proc
+    root: Path  # where the test's adapters are written
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +54,21 @@ def lora(tiny_dir, smollm2_dir, tmp_path_factory) -> Iterator[LoraCluster]:
     m_prefill = make_tiny_adapter(model, root / "m-prefill", rank=4, seed=15)
     # float32 KV: held to PEFT's float32 attention exactly (the native path's auto is float16)
     shared = ["--kv-cache-dtype", "float32", "--enable-lora", "--max-loras", "3",
-              "--max-lora-rank", "8",
+              "--max-lora-rank", "8", "--allow-runtime-lora-updates",
               "--lora-modules", *(f"{n}={p}" for n, p in adapters.items())]
     c = Cluster()
     try:
         decode, prefill = start_workers(
             c, model, *shared, decode_extra=("--lora-modules", f"m={m_decode}"),
             prefill_extra=("--lora-modules", f"m={m_prefill}"))
+        admin = root / "admin-keys"
+        admin.write_text(ADMIN_KEY + "\n")
+        admin.chmod(0o600)
         router = c.start("tandem.router", "--port", "0", "--tokenizer", str(model),
                          "--model-name", MODEL_ID, "--prefill", prefill.grpc,
-                         "--decode", decode.grpc, "--placement", "remote")
-        yield LoraCluster(model, adapters, decode, prefill, router)
+                         "--decode", decode.grpc, "--placement", "remote",
+                         "--allow-runtime-lora-updates", "--admin-key-file", str(admin))
+        yield LoraCluster(model, adapters, decode, prefill, router, root)
     finally:
         c.stop()
 
@@ -75,6 +84,19 @@ def client(lora: LoraCluster) -> Iterator[openai.OpenAI]:
 
 def _prompt(seed: int, n: int = 40) -> list[int]:
     return [3 + (seed * 7919 + i * 104729) % 49000 for i in range(n)]
+
+
+def _post(url: str, body: dict[str, str], key: str | None = None) -> tuple[int, str]:
+    """POST JSON; (status, body text) whatever the status."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 def _idle(lora: LoraCluster) -> bool:
@@ -147,3 +169,45 @@ def test_prefill_with_other_adapter_bytes_is_refused(lora: LoraCluster) -> None:
         assert "on the decode worker" in (info.value.details() or "")
         decode.Abort(worker_pb2.AbortRequest(request_id="mismatch"), timeout=30)
     wait_until(lambda: _idle(lora))
+
+
+def test_runtime_load_and_unload_behind_the_admin_key(lora: LoraCluster,
+                                                     client: openai.OpenAI) -> None:
+    http = f"http://{lora.router.info['http']}"
+    d = make_tiny_adapter(lora.model, lora.root / "d", rank=4, seed=16, scale=0.5)
+    big = make_tiny_adapter(lora.model, lora.root / "big", rank=16, seed=17)
+    load = {"lora_name": "d", "lora_path": str(d)}
+    assert _post(f"{http}/v1/load_lora_adapter", load)[0] == 401
+    assert _post(f"{http}/v1/load_lora_adapter", load, "wrong")[0] == 401
+    for body, status, words in (
+            ({"lora_name": "e", "lora_path": str(lora.root / "missing")}, 400, "not a directory"),
+            ({"lora_name": "e", "lora_path": str(big)}, 400, "--max-lora-rank"),
+            ({"lora_name": "e"}, 400, "lora_path"),
+            ({"lora_name": "a", "lora_path": str(d)}, 400, "already loaded")):
+        code, text = _post(f"{http}/v1/load_lora_adapter", body, ADMIN_KEY)
+        assert code == status and words in text, text
+    code, text = _post(f"{http}/v1/load_lora_adapter", load, ADMIN_KEY)
+    assert code == 200, text
+    wait_until(lambda: "d" in {m.id for m in client.models.list().data})
+    prompt = _prompt(50)
+    with tandem.Client(lora.router.grpc) as sdk:
+        got = sdk.generate(token_ids=prompt, model="d", max_tokens=NEW, **GREEDY)
+    assert list(got.token_ids) == peft_greedy(lora.model, d, prompt, NEW)
+    code, text = _post(f"{http}/v1/unload_lora_adapter", {"lora_name": "d"}, ADMIN_KEY)
+    assert code == 200, text
+    wait_until(lambda: "d" not in {m.id for m in client.models.list().data})
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="d", prompt="hi", max_tokens=2)
+    assert _post(f"{http}/v1/unload_lora_adapter", {"lora_name": "d"}, ADMIN_KEY)[0] == 404
+    # the prefill worker's failed load (no adapter "e" anywhere) left nothing behind
+    assert "e" not in {m.id for m in client.models.list().data}
+    wait_until(lambda: _idle(lora))
+
+
+def test_workers_without_the_flag_refuse_runtime_updates(tiny_workers) -> None:
+    with tiny_workers.decode.channel() as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            worker_pb2_grpc.LoraAdaptersStub(channel).Load(
+                worker_pb2.LoraAdapterRequest(name="x", path="/tmp"), timeout=30)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "--allow-runtime-lora-updates" in (info.value.details() or "")

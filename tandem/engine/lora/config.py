@@ -6,6 +6,8 @@
     --max-lora-rank R             the largest rank an adapter may have (default 16, as vLLM)
     --max-cpu-loras N             adapters held in memory at once (default: no bound); a
                                   registration past it is refused, never an eviction
+    --allow-runtime-lora-updates  adapters may be loaded and unloaded while serving (vLLM:
+                                  VLLM_ALLOW_RUNTIME_LORA_UPDATING); off, the worker refuses
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class LoraConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    runtime_updates: bool = False  # LoraAdapters.Load/Unload allowed (the router's admin API)
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
@@ -33,8 +36,9 @@ class LoraConfig:
             raise ValueError("max_lora_rank must be in [1, 512]")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError("max_cpu_loras must be >= max_loras")
-        if self.modules and not self.enabled:
-            raise ValueError("--lora-modules needs --enable-lora")
+        if (self.modules or self.runtime_updates) and not self.enabled:
+            raise ValueError("--lora-modules and --allow-runtime-lora-updates need "
+                             "--enable-lora")
         names = [name for name, _ in self.modules]
         for name in names:
             check_name(name)

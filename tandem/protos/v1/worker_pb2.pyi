@@ -17,6 +17,20 @@ ROLE_UNSPECIFIED: Role
 ROLE_PREFILL: Role
 ROLE_DECODE: Role
 
+class LoraAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoraAdapterResponse(_message.Message):
+    __slots__ = ("identity",)
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    identity: str
+    def __init__(self, identity: _Optional[str] = ...) -> None: ...
+
 class ProveRequest(_message.Message):
     __slots__ = ("nonce", "audience")
     NONCE_FIELD_NUMBER: _ClassVar[int]

@@ -62,7 +62,7 @@ from tandem.router.auth import ApiKeys
 from tandem.router.client_limits import key_of
 from tandem.router.errors import InvalidRequestError, OverloadedError, RouterError
 from tandem.router.frontend import Frontend
-from tandem.router.http import body_limits, fanout, sse
+from tandem.router.http import body_limits, fanout, lora_admin, sse
 from tandem.router.http.body_pool import ParsePool
 from tandem.router.http.connection_cap import AddressConnections, CappedSite
 from tandem.router.http.errors import HttpError, HttpRefusal, error_body, http_error
@@ -100,11 +100,13 @@ class HttpServer:
         metrics_keys: ApiKeys | None = None,
         *,
         readiness: Readiness,
+        admin_keys: ApiKeys | None = None,
     ) -> None:
         self._frontend = frontend
         self._registry = registry
         self._keys = keys
         self._metrics_keys = metrics_keys
+        self._admin_keys = admin_keys
         self._ssl = ssl_context
         self._readiness = readiness
         config = frontend.deps.config
@@ -134,6 +136,8 @@ class HttpServer:
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/livez", self._live)
         app.router.add_get(METRICS_PATH, self._metrics)
+        if self._frontend.deps.config.allow_runtime_lora_updates:
+            lora_admin.LoraAdmin(self._frontend).add_routes(app)
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -202,6 +206,8 @@ class HttpServer:
     def _allowed(self, request: web.Request) -> bool:
         """Whether the request's credential opens its path (open paths aside)."""
         header = request.headers.get("Authorization")
+        if request.path in lora_admin.PATHS:  # the admin key only, never open
+            return self._admin_keys is not None and self._admin_keys.allows(header)
         guards = [self._keys]
         if request.path == METRICS_PATH:
             guards.append(self._metrics_keys)

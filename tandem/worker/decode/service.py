@@ -101,6 +101,11 @@ class DecodeWorker:
         self._changed = asyncio.Event()
         self.draining = False
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine this worker serves (its LoraAdapters service runs over it too)."""
+        return self._ae
+
     async def start(self) -> None:
         """Start consuming the receiver's events."""
         self._events_task = asyncio.get_running_loop().create_task(self._consume_events())

@@ -115,6 +115,11 @@ class PrefillWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine this worker serves (its LoraAdapters service runs over it too)."""
+        return self._ae
+
     async def start(self) -> None:
         """Install the layer hook on the engine."""
         self._loop = asyncio.get_running_loop()

@@ -230,7 +230,7 @@ def test_lora_flags_reach_the_workers(through) -> None:  # type: ignore[no-untyp
 def test_lora_flags_refuse_what_cannot_work() -> None:
     with pytest.raises(SystemExit):  # not name=path
         _through_local("--enable-lora", "--lora-modules", "sql")
-    with pytest.raises(ValueError, match="needs --enable-lora"):
+    with pytest.raises(ValueError, match="need --enable-lora"):
         _through_local("--lora-modules", "sql=/ad/sql")
     with pytest.raises(ValueError, match="max_cpu_loras"):
         _through_local("--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2")
