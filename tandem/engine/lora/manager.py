@@ -17,6 +17,7 @@ one adapter is never found by a request under another, or under the base model.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,9 +28,11 @@ from torch import nn
 from tandem.common.block_hash import adapter_salt
 from tandem.engine.errors import InvalidRequestError
 from tandem.engine.lora.adapter import GROUPS, LoraAdapter, LoraError, load_adapter
-from tandem.engine.lora.batch import LoraBatch
+from tandem.engine.lora.batch import LoraBatch, Stacks, stack
 from tandem.engine.lora.config import LoraConfig, check_name
 from tandem.engine.models.arch import ModelArch
+
+_KEPT_STACKS = 4  # sets of adapters whose stacked weights are kept
 
 
 class LoraManager:
@@ -45,6 +48,13 @@ class LoraManager:
         self._dtype, self._device = dtype, device
         self.adapters: dict[str, LoraAdapter] = {}
         self._batch: LoraBatch | None = None
+        # stacked weights of the recent sets of adapters a step carried (lora/batch.py)
+        self._stacks: OrderedDict[tuple[str, ...], Stacks] = OrderedDict()
+        h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, \
+            arch.num_kv_heads * arch.head_dim
+        self._dims = {"qkv_proj": (h, q + 2 * kv), "o_proj": (q, h),
+                      "gate_up_proj": (h, 2 * arch.intermediate_size),
+                      "down_proj": (arch.intermediate_size, h)}
         self._hooks = [self._hook(model, i, layer, group)
                        for i, layer in enumerate(model.layers)  # type: ignore[attr-defined]
                        for group in GROUPS]
@@ -80,6 +90,7 @@ class LoraManager:
         adapter = load_adapter(name, path, self.arch, self.config.max_lora_rank,
                                self._dtype, self._device)
         self.adapters[name] = adapter
+        self._stacks.clear()
         return adapter
 
     def unregister(self, name: str, in_use: Callable[[str], bool]) -> None:
@@ -90,6 +101,7 @@ class LoraManager:
         if in_use(name):
             raise LoraError(f"LoRA adapter {name!r} has requests in flight")
         del self.adapters[name]
+        self._stacks.clear()
 
     def get(self, name: str) -> LoraAdapter:
         """The adapter a request names. Raises InvalidRequestError (unknown adapter)."""
@@ -110,8 +122,18 @@ class LoraManager:
     def step(self, row_adapters: Sequence[str], device: torch.device) -> Iterator[None]:
         """Within the block the model's forward adds the adapters' deltas, row ``i`` under
         ``row_adapters[i]`` ("": the base model)."""
-        self._batch = LoraBatch.build([self.adapters[n] if n else None for n in row_adapters],
-                                      device)
+        names = tuple(dict.fromkeys(n for n in row_adapters if n))
+        stacks = self._stacks.get(names)
+        if stacks is None:
+            stacks = stack([self.adapters[n] for n in names], self.arch.num_layers, self._dims)
+            self._stacks[names] = stacks
+            while len(self._stacks) > _KEPT_STACKS:
+                self._stacks.popitem(last=False)
+        self._stacks.move_to_end(names)
+        slot = {n: i for i, n in enumerate(names)}
+        self._batch = LoraBatch.build([self.adapters[n] for n in names],
+                                      [slot.get(n, -1) for n in row_adapters], stacks,
+                                      self._dtype, device)
         try:
             yield
         finally:
