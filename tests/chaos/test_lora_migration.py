@@ -14,12 +14,17 @@ import grpc
 import pytest
 
 from tandem.engine.testing.lora import make_tiny_adapter, peft_greedy
-from tandem.launcher.local_cluster import Cluster, Proc
+from tandem.launcher.local_cluster import Cluster
 from tandem.protos.v1 import tandem_pb2_grpc
 from tandem.worker.prefill.commit_hold import ENV as HOLD_ENV
-from tests import scrape
 from tests.chaos.greedy import generate_ids, prompt_ids
-from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats
+from tests.integration.sdk_cluster import (
+    MODEL_ID,
+    lora_holders,
+    wait_until,
+    worker_idle,
+    worker_stats,
+)
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 
 pytestmark = pytest.mark.slow
@@ -50,7 +55,8 @@ def test_decode_killed_mid_lora_request_migrates_under_the_adapter(
         text = "The lighthouse keeper counted the ships"
         want = peft_greedy(model, adapter, prompt_ids(model, text), MAX_TOKENS)
         # the router has read the adapter in both decode workers' stats (and the prefill's)
-        wait_until(lambda: _holders(router, "decode") == 2 and _holders(router, "prefill") == 1)
+        wait_until(lambda: lora_holders(router, "decode", "a") == 2
+                   and lora_holders(router, "prefill", "a") == 1)
         result: dict[str, object] = {}
 
         def run() -> None:
@@ -76,13 +82,3 @@ def test_decode_killed_mid_lora_request_migrates_under_the_adapter(
     finally:
         c.stop()
 
-
-
-def _holders(router: Proc, role: str) -> float:
-    """Routable workers of ``role`` the router has seen serving adapter "a"."""
-    samples = scrape.parse(scrape.fetch(router.info["http"]))
-    try:
-        return scrape.value(samples, "tandem_lora_adapter_workers", worker_role=role,
-                            adapter="a")
-    except KeyError:  # no report of it yet
-        return 0.0

@@ -22,7 +22,7 @@ import tandem
 from tandem.engine.testing.lora import make_tiny_adapter, peft_greedy
 from tandem.launcher.local_cluster import Cluster, Proc
 from tandem.protos.v1 import tandem_pb2, worker_pb2, worker_pb2_grpc
-from tests.integration.sdk_cluster import wait_until, worker_idle
+from tests.integration.sdk_cluster import lora_holders, wait_until, worker_idle, worker_stats
 from tests.integration.served_model import MODEL_ID, start_workers, tiny_served_model
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -77,8 +77,10 @@ def lora(tiny_dir, smollm2_dir, tmp_path_factory) -> Iterator[LoraCluster]:
 def client(lora: LoraCluster) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"http://{lora.router.info['http']}/v1", api_key="unused",
                        max_retries=0, timeout=120) as c:
-        # the router learns the workers' adapters from their stats
+        # the router learns the workers' adapters from their stats (the prefill worker's
+        # too: a request under an adapter goes only to workers serving it)
         wait_until(lambda: {"a", "b", "c", "m"} <= {m.id for m in c.models.list().data})
+        wait_until(lambda: all(lora_holders(lora.router, "prefill", n) == 1 for n in "abc"))
         yield c
 
 
@@ -99,6 +101,7 @@ def _post(url: str, body: dict[str, str], key: str | None = None) -> tuple[int, 
         return err.code, err.read().decode()
 
 
+
 def _idle(lora: LoraCluster) -> bool:
     return worker_idle(lora.decode, "decode") and worker_idle(lora.prefill, "prefill")
 
@@ -112,6 +115,7 @@ def test_models_lists_adapters_with_their_parent(client: openai.OpenAI) -> None:
 
 
 def test_mixed_adapters_through_pd_equal_peft(lora: LoraCluster, client: openai.OpenAI) -> None:
+    pushed = worker_stats(lora.prefill, "prefill").kv_transfer_bytes
     jobs = [(_prompt(i), name) for i, name in enumerate(["a", "b", "", "c", "a", "b", "c", ""])]
     with tandem.Client(lora.router.grpc) as sdk, ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(
@@ -120,6 +124,7 @@ def test_mixed_adapters_through_pd_equal_peft(lora: LoraCluster, client: openai.
     for (prompt, name), result in zip(jobs, results, strict=True):
         want = peft_greedy(lora.model, lora.adapters[name] if name else None, prompt, NEW)
         assert list(result.token_ids) == want, name
+    assert worker_stats(lora.prefill, "prefill").kv_transfer_bytes > pushed  # P/D, not local
     wait_until(lambda: _idle(lora))
 
 
