@@ -325,7 +325,8 @@ class Frontend:
     async def tokenize(self, request: TokenizeRequest) -> list[int]:
         """Token ids of a text or chat input, as Generate would see them (tokenized in the
         pool; a text too long to be any prompt is refused before that)."""
-        if request.model and request.model != self.deps.config.model_name:
+        if request.model and request.model != self.deps.config.model_name and \
+                not adapters.resolve(self.deps.registry, request.model):  # an adapter's too
             raise InvalidRequestError("model", f"unknown model {request.model!r}")
         if request.chat is not None:
             validation.validate_chat(request.chat)

@@ -55,13 +55,13 @@ class LoraManager:
         self._dims = {"qkv_proj": (h, q + 2 * kv), "o_proj": (q, h),
                       "gate_up_proj": (h, 2 * arch.intermediate_size),
                       "down_proj": (arch.intermediate_size, h)}
-        self._hooks = [self._hook(model, i, layer, group)
+        self._hooks = [self._hook(i, layer, group)
                        for i, layer in enumerate(model.layers)  # type: ignore[attr-defined]
                        for group in GROUPS]
         for name, path in config.modules:
             self.register(name, path)
 
-    def _hook(self, model: nn.Module, index: int, layer: nn.Module, group: str) -> Any:
+    def _hook(self, index: int, layer: nn.Module, group: str) -> Any:
         parent = layer.self_attn if group in ("qkv_proj", "o_proj") else layer.mlp
         module: nn.Module = getattr(parent, group)
 
