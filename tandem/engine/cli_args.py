@@ -27,6 +27,7 @@ from tandem.engine.config import (
     ModelConfig,
     SchedulerConfig,
 )
+from tandem.engine.lora.config import LoraConfig, parse_module
 from tandem.engine.spec.config import SPEC_METHODS, SpeculativeConfig
 
 
@@ -34,7 +35,7 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
     """Every engine flag with its argparse keywords: the one definition ``add_engine_args``
     and launchers that forward engine flags (``tandem local``/``tandem up``) both use."""
     cache, sched = CacheConfig(), SchedulerConfig()  # slots classes: defaults live on instances
-    spec = SpeculativeConfig()
+    spec, lora = SpeculativeConfig(), LoraConfig()
     return [
         ("--model", dict(default="smollm2", help="alias, HF directory or .gguf file")),
         ("--dtype", dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"])),
@@ -91,6 +92,22 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
         ("--trust-remote-code", dict(
             action=refused(TRUST_REMOTE_CODE), default=None,
             help="refused: architectures are built in, a checkpoint's code never runs")),
+        ("--enable-lora", dict(action="store_true",
+                               help="serve LoRA adapters (named as the request's model)")),
+        ("--lora-modules", dict(
+            type=lora_module, nargs="+", action="extend", default=None, metavar="NAME=PATH",
+            help="PEFT adapter directories (adapter_config.json + "
+                 "adapter_model.safetensors) to serve from the start")),
+        ("--max-loras", dict(type=int, default=lora.max_loras,
+                             help="distinct LoRA adapters one step may carry")),
+        ("--max-lora-rank", dict(type=int, default=lora.max_lora_rank,
+                                 help="the largest adapter rank accepted")),
+        ("--max-cpu-loras", dict(type=int, default=None,
+                                 help="adapters held in memory at once (default: no bound)")),
+        ("--allow-runtime-lora-updates", dict(
+            action="store_true",
+            help="let the router's admin API load and unload adapters while serving (vLLM's "
+                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING)")),
         ("--grammar-compile-budget-s", dict(
             type=float, default=GRAMMAR_COMPILE_BUDGET_S,
             help="CPU seconds one structured-output grammar may take to compile; past it the "
@@ -142,6 +159,8 @@ def forwarded_engine_argv(
             continue
         if kwargs.get("action") == "store_true":
             out += [flag] if value else []
+        elif flag == "--lora-modules":  # (name, path) pairs, given back as name=path
+            out += [flag, *(f"{name}={path}" for name, path in value)]
         else:
             out.append(f"{flag}={value}")
     return out
@@ -182,7 +201,19 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         grammar_compile_budget_s=args.grammar_compile_budget_s,
         grammar_compile_wait_s=args.grammar_compile_wait_s,
         tensor_parallel_size=args.tensor_parallel_size,
+        lora=LoraConfig(enabled=args.enable_lora, modules=tuple(args.lora_modules or ()),
+                        max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                        max_cpu_loras=args.max_cpu_loras,
+                        runtime_updates=args.allow_runtime_lora_updates),
     )
+
+
+def lora_module(text: str) -> tuple[str, str]:
+    """argparse type of one ``--lora-modules`` value: ``name=path`` or vLLM's JSON form."""
+    try:
+        return parse_module(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def _speculative(args: argparse.Namespace) -> SpeculativeConfig:

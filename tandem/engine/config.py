@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.engine.lora.config import LoraConfig
 from tandem.engine.spec.config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -122,6 +123,7 @@ class EngineConfig:
     # vLLM's --tensor-parallel-size: ranks (processes) one engine's model is split over
     # (tandem/engine/parallel); 1 runs it whole in this process
     tensor_parallel_size: int = 1
+    lora: LoraConfig = field(default_factory=LoraConfig)  # multi-LoRA (off by default)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -130,6 +132,9 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.speculative.speculative_method == "draft":
             raise ValueError("a draft model does not run in a tensor-parallel group: use "
                              "--speculative ngram or --tensor-parallel-size 1")
+        if self.tensor_parallel_size > 1 and self.lora.enabled:
+            raise ValueError("LoRA adapters are not sharded over a tensor-parallel group: "
+                             "use --tensor-parallel-size 1 with --enable-lora")
         if self.attention_backend not in ("torch", "triton", "auto"):
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         wait = self.grammar_compile_wait_s
@@ -179,7 +184,7 @@ class EngineConfig:
         top: dict[str, Any] = {}
         top_fields = {"attention_backend", "use_cuda_graphs", "use_native_kernels",
                       "grammar_compile_budget_s", "grammar_compile_wait_s",
-                      "tensor_parallel_size"}
+                      "tensor_parallel_size", "lora"}
         for key, value in kwargs.items():
             if key in top_fields:
                 top[key] = value

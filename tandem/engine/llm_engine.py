@@ -37,6 +37,7 @@ from tandem.engine.core.scheduler import ScheduledRequest, Scheduler
 from tandem.engine.errors import InvalidRequestError
 from tandem.engine.kv_budget import pool_blocks
 from tandem.engine.kv_connector import KVConnector, describe_cache
+from tandem.engine.lora.manager import LoraManager
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.models.weights import torch_dtype
 from tandem.engine.models.windows import block_free_window
@@ -121,9 +122,12 @@ class LLMEngine:
         free_window = None if sc.speculative_method == "draft" else block_free_window(self.arch)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching,
                                  free_window)
+        self.loras = (LoraManager(config.lora, ckpt.model, self.arch, self.dtype, self.device)
+                      if config.lora.enabled else None)
+        self.runner.lora = self.loras
         self.scheduler = Scheduler(
             config.scheduler, self.kv, sc.num_speculative_tokens if sc.enabled else 0,
-            self.max_model_len,
+            self.max_model_len, config.lora.max_loras if config.lora.enabled else 0,
         )
         self.sampler = Sampler(seed=mc.seed)
         self.spec = build_spec_decoder(  # a no-op decoder when speculation is off
@@ -137,7 +141,7 @@ class LLMEngine:
         )
         self.requests = RequestFactory(self.tokenizer, self.arch.vocab_size,
                                        self.eos_token_ids, self.max_model_len, self.kv,
-                                       self.grammars)
+                                       self.grammars, self.loras)
         self.outputs = OutputProcessor(self.eos_token_ids, self.max_model_len)
         self._live: dict[str, LiveRequest] = {}  # waiting, running and reserved requests
         self._ids = itertools.count()
@@ -205,6 +209,20 @@ class LLMEngine:
         if request_id in self._live or request_id in self.remote.ledger:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
         return self.requests.build(request_id, prompt, params, hold_kv, prior, n)
+
+    def lora_identity(self, name: str) -> str:
+        """The identity (``name@digest``) of adapter ``name`` here, "" for the base model.
+        Raises InvalidRequestError (unknown adapter, or LoRA off)."""
+        if not name:
+            return ""
+        if self.loras is None:
+            raise InvalidRequestError("lora", f"LoRA is not enabled here (adapter {name!r})")
+        return self.loras.get(name).identity
+
+    def runs_adapter(self, name: str) -> bool:
+        """Whether a request this engine holds (waiting, running, reserved) runs under the
+        LoRA adapter ``name``."""
+        return any(live.request.lora == name for live in self._live.values())
 
     def track(self, live: LiveRequest) -> None:
         """Know ``live`` from now on (``new_live`` made it; the caller queues or reserves it)."""
@@ -340,7 +358,10 @@ class LLMEngine:
         rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
         tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
         kind = tokens > 0
-        if kind in self._cold_kinds_seen:
+        # a step with a LoRA row runs the torch forward (model_runner.py): another cost
+        # curve than the base steps' the router places by, so it stays out of their fit
+        adapted = self.loras is not None and any(s.request.lora for s in scheduled)
+        if kind in self._cold_kinds_seen and not adapted:
             self.step_costs.observe(rows, tokens, seconds)
         else:
             self._cold_kinds_seen.add(kind)
@@ -397,6 +418,7 @@ class LLMEngine:
             max_num_batched_tokens=self.scheduler.budget,
             cached_block_hashes=tuple(pool.cached_hashes(MAX_REPORTED_HASHES)),
             weights_format=self.weights_format,
+            loras=self.loras.identities() if self.loras is not None else {},
             num_stranded_blocks=self.kv.stranded_blocks(self._live_request_ids()),
         )
 

@@ -9,7 +9,9 @@ On the CPU an fp32, bf16 or fp16 model (quantized or not) runs every step throug
 tandem/engine/native's fused forward: one native call instead of ~450 torch ops, matrix-vector
 products at memory speed for decodes (16-bit weights read as they are), a tiled GEMM for
 batched decodes and prefill chunks, and the prefill role's layer hook called back between
-layers.
+layers. A step with a row under a LoRA adapter takes the torch forward instead (and never
+a CUDA graph): the adapters' deltas are forward hooks on the torch modules
+(tandem/engine/lora/manager.py), which the fused forward does not call.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tandem.engine.attention import AttentionMetadata, get_backend
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.scheduler import ScheduledRequest
 from tandem.engine.cuda_graphs import DecodeGraphs
+from tandem.engine.lora.manager import LoraManager
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.linear import attach_fp32_shadows
@@ -92,6 +95,7 @@ class ModelRunner:
                 -(-rc.max_model_len // rc.block_size), rc.block_size,
             )
         self.fused = None
+        self.lora: LoraManager | None = None  # set by the engine when it serves adapters
         self.step_threads: StepThreads | None = None
         if rc.native_kernels and rc.device.type == "cpu":
             from tandem.engine.native import FusedForward, unsupported_reason
@@ -171,6 +175,13 @@ class ModelRunner:
                 sample_rows.extend(range(len(ids) - 1 - len(s.spec_token_ids), len(ids)))
                 samplers.append(s)
         logit_rows = sample_rows + scored_rows
+        adapters = self._row_adapters(order)
+        if adapters is not None:  # the torch forward, with each row's adapter delta
+            assert self.lora is not None
+            with self.lora.step(adapters, self.device):
+                return self._torch_step(ids, positions, slots, tables, query_lens,
+                                        seq_lens, logit_rows, sample_rows, scored, samplers,
+                                        layer_hook)
         if self.fused is not None:
             seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
             rule = self.step_threads
@@ -191,6 +202,23 @@ class ModelRunner:
                 keep = [i for i, s in enumerate(order) if _samples(s)]
                 logits = logits[torch.tensor(keep, device=self.device)]
             return logits, samplers, []
+        return self._torch_step(ids, positions, slots, tables, query_lens, seq_lens,
+                                logit_rows, sample_rows, scored, samplers, layer_hook)
+
+    def _row_adapters(self, order: list[ScheduledRequest]) -> list[str] | None:
+        """Each row's LoRA adapter ("": the base model), or None for a step without any."""
+        if self.lora is None or not any(s.request.lora for s in order):
+            return None
+        return [s.request.lora for s in order for _ in range(s.num_query_tokens)]
+
+    def _torch_step(
+        self, ids: list[int], positions: list[int],
+        slots: list[int], tables: list[list[int]], query_lens: list[int], seq_lens: list[int],
+        logit_rows: list[int], sample_rows: list[int], scored: list[tuple[ScheduledRequest, int]],
+        samplers: list[ScheduledRequest], layer_hook: Callable[[int], None] | None,
+    ) -> tuple[torch.Tensor, list[ScheduledRequest], PromptLogits]:
+        """The step on torch ops (the model's modules, LoRA hooks included); a
+        tensor-parallel group's followers are sent the same inputs first."""
         step = StepInputs(ids, positions, slots, tables, query_lens, seq_lens)
         if self.group is None:
             hidden = self.run_inputs(step, layer_hook)

@@ -80,6 +80,8 @@ class EngineStats:
     # MAX_REPORTED_HASHES): what a router matches prompts against
     cached_block_hashes: tuple[int, ...] = ()
     weights_format: str = ""  # tandem/engine/quant's QuantSummary.format of the loaded model
+    # the LoRA adapters served: name -> identity (name@digest of the adapter's bytes)
+    loras: dict[str, str] = field(default_factory=dict)
     # blocks in use that no running, waiting, reserved or held request holds (a leak: 0)
     num_stranded_blocks: int = 0
 

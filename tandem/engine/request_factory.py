@@ -28,6 +28,7 @@ from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.request import Request, RequestStatus, fork_seed, sequence_id
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.errors import InvalidRequestError
+from tandem.engine.lora.manager import LoraManager
 from tandem.engine.sampler import SamplingState, skip_draw
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.structured.constraint import Constraint
@@ -54,6 +55,7 @@ class RequestFactory:
         max_model_len: int,
         kv: KVCacheManager,
         grammars: GrammarEngine | None = None,
+        loras: LoraManager | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -61,6 +63,7 @@ class RequestFactory:
         self.max_model_len = max_model_len
         self.kv = kv
         self.grammars = grammars
+        self.loras = loras  # None: LoRA is off, a request naming an adapter is refused
 
     def build(
         self,
@@ -91,7 +94,8 @@ class RequestFactory:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
         n_prompt = len(token_ids) - prior
         req = Request(request_id, token_ids[:n_prompt], params, hold_kv=hold_kv,
-                      all_token_ids=list(token_ids), num_forks=n)
+                      all_token_ids=list(token_ids), num_forks=n,
+                      cache_salt=self._lora_salt(params.lora))
         live = self._live(req)
         for _ in range(prior):
             skip_draw(live.sampling)
@@ -112,12 +116,24 @@ class RequestFactory:
             arrival_time=parent.arrival_time, all_token_ids=list(parent.all_token_ids),
             num_computed_tokens=parent.num_computed_tokens,
             num_cached_tokens=parent.num_cached_tokens, status=RequestStatus.RUNNING,
+            cache_salt=parent.cache_salt,
         )
         req.prompt_logprobs = None  # sequence 0's first output carries them
         live = self._live(req)
         if params.structured is not None:
             live.sampling.constraint = self._constraint(params, ())
         return live
+
+    def _lora_salt(self, name: str) -> int | None:
+        """The prefix-cache salt of a request under adapter ``name``; an adapter this
+        engine does not hold (or any, with LoRA off) is refused."""
+        if not isinstance(name, str):
+            raise InvalidRequestError("lora", "must be a string")
+        if not name:
+            return None
+        if self.loras is None:
+            raise InvalidRequestError("lora", f"LoRA is not enabled here (adapter {name!r})")
+        return self.loras.salt(name)
 
     def _live(self, req: Request) -> LiveRequest:
         """The sampler's state and the detokenizer of a new request."""

@@ -43,6 +43,7 @@ class SamplingParams:
     speculative: bool = True  # False: never speculate for this request (engine-level opt-out)
     structured: StructuredOutput | None = None  # the output must match this grammar
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (-100..100)
+    lora: str = ""  # the LoRA adapter the request runs under ("": the base model)
 
     @property
     def greedy(self) -> bool:

@@ -53,8 +53,9 @@ _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
                  "nonce": (_BIN, False), "proof": (_BIN, False), "max_payload": (_INT, False),
                  "transport": (_STR, False), "keepalive_ms": (_INT, False),
                  "codec": (_STR, False)},
+    # "adapter": the LoRA adapter identity the KV was computed under (absent: the base model)
     Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True), "ttl_ms": (_INT, False),
-                  "stripes": (_INT, False)},
+                  "stripes": (_INT, False), "adapter": (_STR, False)},
     Kind.KV: {"transfer": (_STR, True), "layers": (_IDS, True), "blocks": (_IDS, True),
               "dtype": (_STR, True), "shape": (_IDS, True), "nbytes": (_INT, True),
               "slot": (_INT, False), "xxh": (_INT, False), "src_blocks": (_IDS, False),

@@ -127,7 +127,8 @@ class Receiver:
 
     # -- the decode worker's API --------------------------------------------------------------
 
-    def reserve(self, transfer_id: str, block_ids: Sequence[int], lease_s: float) -> None:
+    def reserve(self, transfer_id: str, block_ids: Sequence[int], lease_s: float,
+                adapter: str = "") -> None:
         """Reserve destination blocks for ``transfer_id``: the lease ends ``lease_s`` seconds
         from now unless a BEGIN binds it; then progress renews it (see ``ReceiverConfig``).
 
@@ -136,7 +137,8 @@ class Receiver:
         """
         if not lease_s > 0:
             raise ConfigError("lease_s must be > 0")
-        res = self.table.reserve(transfer_id, block_ids, now=time.monotonic(), lease_s=lease_s)
+        res = self.table.reserve(transfer_id, block_ids, now=time.monotonic(), lease_s=lease_s,
+                                 adapter=adapter)
         self._arm(res)
         self._touch()
 

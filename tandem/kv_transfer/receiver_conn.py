@@ -166,7 +166,8 @@ class InboundConnection:
             raise MalformedFrame(f"BEGIN.stripes {stripes} outside 1..{cfg.max_stripes}")
         try:
             res = rx.table.bind(tid, self.id, header["blocks"], now=time.monotonic(),
-                                window=cfg.progress_timeout_s, ttl=ttl, stripes=stripes)
+                                window=cfg.progress_timeout_s, ttl=ttl, stripes=stripes,
+                                adapter=header.get("adapter", ""))
         except TransferRejected as exc:
             await self._nack(Kind.BEGIN, exc.code, exc.reason, tid)
             return

@@ -50,6 +50,7 @@ class Reservation:
     deadline: float = math.inf  # once bound: no renewal reaches past this
     bound_at: float = 0.0  # time.monotonic() of its BEGIN
     first_kv_at: float = 0.0  # time.monotonic() of its first KV frame (the push's duration)
+    adapter: str = ""  # the LoRA adapter identity its request runs under ("": the base model)
 
     def alive(self) -> bool:
         """False once the reservation has ended: nothing may be written for it any more."""
@@ -89,9 +90,10 @@ class ReservationTable:
         return sum(1 for r in self._live.values() if r.conn is not None)
 
     def reserve(self, transfer_id: str, block_ids: Sequence[int], *, now: float = 0.0,
-                lease_s: float = math.inf) -> Reservation:
+                lease_s: float = math.inf, adapter: str = "") -> Reservation:
         """Register a reservation leased until ``now + lease_s``; ids must be unique, in range
-        and not held by another."""
+        and not held by another. ``adapter``: the LoRA adapter identity the pushed KV must
+        have been computed under (BEGIN says which; "": the base model)."""
         if not transfer_id or len(transfer_id) > 128:
             raise ReservationError("transfer id must be 1..128 characters")
         if transfer_id in self._live:
@@ -108,7 +110,7 @@ class ReservationTable:
             raise ReservationError(f"blocks {sorted(clash)[:8]} are held by another transfer")
         res = Reservation(transfer_id, ids, {b: i for i, b in enumerate(ids)},
                           bytearray(self.num_layers * len(ids)), self.num_layers * len(ids),
-                          expires_at=now + lease_s)
+                          expires_at=now + lease_s, adapter=adapter)
         self._live[transfer_id] = res
         self._held.update(ids)
         self._ended.pop(transfer_id, None)
@@ -139,13 +141,16 @@ class ReservationTable:
         return res
 
     def bind(self, transfer_id: str, conn: int, block_ids: Sequence[int], *, now: float = 0.0,
-             window: float = math.inf, ttl: float = math.inf, stripes: int = 1) -> Reservation:
+             window: float = math.inf, ttl: float = math.inf, stripes: int = 1,
+             adapter: str = "") -> Reservation:
         """BEGIN: attach a reservation to the connection that will fill it, and renew its
         lease for ``window`` seconds; no renewal reaches past ``now + ttl``.
 
         A striped transfer (``stripes`` > 1) sends its BEGIN on each of its connections: the
         first to arrive binds it, the others join it (same blocks, same ``stripes``) until it
-        spans ``stripes`` connections; whichever order they arrive in."""
+        spans ``stripes`` connections; whichever order they arrive in. KV computed under
+        another LoRA adapter than the reservation's (``adapter``) is refused
+        (``adapter_mismatch``): it would decode as garbage."""
         res = self._live.get(transfer_id)
         if res is None:
             why = self._ended.get(transfer_id)
@@ -155,6 +160,10 @@ class ReservationTable:
         if joins and not (stripes > 1 and stripes == res.stripes and conn not in res.conns
                           and len(res.conns) < res.stripes):
             raise TransferRejected(transfer_id, "already bound to a connection", "busy")
+        if adapter != res.adapter:
+            raise TransferRejected(
+                transfer_id, f"KV computed under adapter {adapter or '(base model)'!r}, the "
+                f"reservation is for {res.adapter or '(base model)'!r}", "adapter_mismatch")
         if set(block_ids) != set(res.block_ids) or len(block_ids) != len(res.block_ids):
             raise TransferRejected(transfer_id, "BEGIN blocks differ from the reservation",
                                    "block_mismatch")

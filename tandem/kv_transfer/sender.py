@@ -82,13 +82,15 @@ class Sender:
 
     async def open(self, transfer_id: str, endpoint: Endpoint,
                    src_block_ids: Sequence[int] | None, dst_block_ids: Sequence[int],
-                   deadline: float) -> OutgoingTransfer:
+                   deadline: float, adapter: str = "") -> OutgoingTransfer:
         """Start a transfer: pooled connection, BEGIN; returns the handle to push layers with.
         ``src_block_ids=None``: bind the reservation now, name the sources later
         (``OutgoingTransfer.set_source``).
 
         ``deadline`` is a ``time.monotonic()`` instant bounding every later wait; BEGIN tells
-        the receiver, which renews the lease no further. Raises
+        the receiver, which renews the lease no further. ``adapter``: the LoRA adapter
+        identity the KV is computed under ("": the base model), checked by the receiver
+        against its reservation's. Raises
         ``TransferSpecError`` (bad ids), ``NoRouteError``, a ``HandshakeError``
         (layout/auth/version/busy) or a ``TransferFailed`` (``ConnectionLost``,
         ``DeadlineExceeded``).
@@ -116,6 +118,8 @@ class Sender:
                                     "ttl_ms": ttl_ms}
         if len(conns) > 1:  # striped: a BEGIN on each connection, any may arrive first
             begin["stripes"] = len(conns)
+        if adapter:
+            begin["adapter"] = adapter
         try:
             await transfer._bounded(asyncio.gather(*(c.send(begin) for c in conns)))
             transfer.last_sent = time.monotonic()

@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from tandem.common.block_hash import block_hashes
+from tandem.common.block_hash import adapter_salt, block_hashes
 
 
-def prefix_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int = 256) -> list[int]:
+def prefix_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int = 256,
+                  adapter: str = "") -> list[int]:
     """Chained hashes of the first full blocks of ``token_ids`` (at most ``max_blocks``): the
-    engine's own prefix-cache chain (tandem/common/block_hash.py), so they match workers' reports."""
-    return block_hashes(token_ids, block_size, max_blocks)
+    engine's own prefix-cache chain (tandem/common/block_hash.py), so they match workers' reports;
+    salted by the LoRA adapter identity ``adapter`` as the engine salts its chain."""
+    return block_hashes(token_ids, block_size, max_blocks, adapter_salt(adapter))
 
 
 class PrefixAffinity:

@@ -39,6 +39,12 @@ class WorkerView:
     # Prefix-cache hashes of the blocks it reported holding (tandem/router/handoff/held_blocks.py)
     cached_blocks: frozenset[int] = frozenset()
     weights_format: str = ""  # tandem/engine/quant's summary of its weights ("" until reported)
+    # the LoRA adapters it serves, by identity (name@digest of the adapter's bytes)
+    loras: frozenset[str] = frozenset()
+
+    def holds_adapter(self, identity: str) -> bool:
+        """Whether it serves the LoRA adapter ``identity`` ("": the base model, always)."""
+        return not identity or identity in self.loras
 
     @property
     def queue_depth(self) -> int:

@@ -194,6 +194,11 @@ def add_edge_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-key-file", default="",
                    help="keys that open GET /metrics only, one per line (a Prometheus "
                    "scraper's bearer token; API keys open it too)")
+    p.add_argument("--admin-key-file", default="",
+                   help="keys that open the admin routes only, one per line")
+    p.add_argument("--allow-runtime-lora-updates", action="store_true",
+                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                   "(behind --admin-key-file; vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     p.add_argument("--tls-cert", default="", help="PEM certificate chain for gRPC and HTTP")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--worker-ca", default="", help="CA that signed the workers' certificates")
@@ -245,6 +250,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         api_key_file=args.api_key_file,
         api_keys=tuple(args.api_keys),
         metrics_key_file=args.metrics_key_file,
+        admin_key_file=args.admin_key_file,
+        allow_runtime_lora_updates=args.allow_runtime_lora_updates,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         worker_ca=args.worker_ca,

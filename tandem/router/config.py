@@ -136,6 +136,10 @@ class RouterConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # Keys that open GET /metrics only (a scraper's credential; API keys open it too).
     metrics_key_file: str = ""
+    # Keys that open the admin routes only (runtime LoRA updates); API keys never do.
+    admin_key_file: str = ""
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter exist (behind an admin key).
+    allow_runtime_lora_updates: bool = False
     tls_cert: str = ""
     tls_key: str = ""
     worker_ca: str = ""

@@ -18,7 +18,8 @@ prompt the workers compute once and fork into n sequences; each sequence is shap
 own (text, tool calls, usage on its last message) and its messages carry its ``index``.
 
 What the metrics record of each request (its clock, TTFT, ITL, TPOT, outcome) is
-tandem/router/request_accounting.py.
+tandem/router/request_accounting.py; how one sequence's chunks become its messages is
+tandem/router/sequence_shape.py.
 
 Only what costs nothing runs before admission; the tokenizer runs once the request holds a
 slot, in a bounded thread pool (the Rust tokenizer releases the GIL), so a flood of huge
@@ -36,19 +37,17 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TypeVar
 
 from tandem.common.obs import log_context, tracing
-from tandem.common.text.detokenizer import Detokenizer
 from tandem.common.wire import MAX_SEQUENCES
 from tandem.placement.worker_view import Role
-from tandem.router import validation
+from tandem.router import adapters, validation
 from tandem.router.admission import AdmissionGate
 from tandem.router.api.chat import Chat
 from tandem.router.api.request import GenerateRequest, TokenizeRequest
 from tandem.router.api.response import ModelInfo, ResponseChunk
-from tandem.router.api.sampling import SamplingSpec
 from tandem.router.client_limits import ClientLimits, Slot
 from tandem.router.cost import NOTHING, Cost, prompt_tokens, request_cost
 from tandem.router.errors import InvalidRequestError, OverloadedError
@@ -57,64 +56,17 @@ from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.ledger import Handoff, HandoffDeps
 from tandem.router.metrics import RouterMetrics
 from tandem.router.reasoning import PARSERS as REASONING_PARSERS
-from tandem.router.reasoning import ReasoningStream
-from tandem.router.request import Accepted, Chunk, Prepared
+from tandem.router.request import Accepted, Prepared
 from tandem.router.request_accounting import RequestAccounting, RequestClock
-from tandem.router.text_stream import TextStream
+from tandem.router.sequence_shape import Sequence, without_tokens
 from tandem.router.tokenizer import RouterTokenizer
-from tandem.router.tool_use import ToolOutput, ToolUse
-from tandem.router.tools.call import CallDelta
+from tandem.router.tool_use import ToolUse
 
 _A = TypeVar("_A")
 _TAIL_TOKENS = 32  # of the prompt, decoded to read where the output starts (thinking or not)
 _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
-
-
-def _skip_special_tokens(sampling: SamplingSpec) -> bool:
-    """Whether the output text leaves special tokens out (it does unless the request says)."""
-    return sampling.skip_special_tokens if sampling.skip_special_tokens is not None else True
-
-
-def _without_tokens(chunk: Chunk) -> Chunk:
-    """A chunk of a prompt-scoring request (max_tokens 0), its generated token dropped."""
-    return Chunk([], finished=chunk.finished, finish_reason="length" if chunk.finished else "",
-                 prompt_logprobs=chunk.prompt_logprobs, index=chunk.index)
-
-
-def _with_calls(response: ResponseChunk, calls: ToolOutput) -> ResponseChunk:
-    """The last message: the content and call pieces the tool parser still held, and the
-    whole calls (then the finish reason is OpenAI's ``tool_calls``)."""
-    rest, deltas, parsed = calls.finish()
-    finish_reason = response.finish_reason
-    if parsed and finish_reason == "stop":
-        finish_reason = "tool_calls"
-    return replace(response, text=response.text + rest,
-                   tool_call_deltas=response.tool_call_deltas + tuple(deltas),
-                   tool_calls=tuple(parsed), finish_reason=finish_reason)
-
-
-def _split(reasoning: ReasoningStream, text: str, last: bool) -> tuple[str, str]:
-    """(thinking, answer) of a text delta; the last one also gives what was held back."""
-    thought, answer = reasoning.feed(text)
-    if last:
-        more_thought, more_answer = reasoning.finish()
-        thought, answer = thought + more_thought, answer + more_answer
-    return thought, answer
-
-
-@dataclass(slots=True)
-class _Sequence:
-    """How one sequence's chunks become messages: its text, its thinking apart from its
-    answer (a reasoning parser's), its tool calls (read from the answer only), its counts."""
-
-    text: TextStream
-    calls: ToolOutput | None
-    reasoning: ReasoningStream | None = None
-    completion: int = 0
-    last: float = 0.0  # its latest chunk with tokens (ITL is per sequence)
-    done: bool = False
 
 
 class Frontend:
@@ -214,8 +166,12 @@ class Frontend:
             tools = ToolUse.from_chat(prompt, self.tokenizer.chat_template, config.tool_call_parser)
             if tools is not None:  # before validation checks the schema's size
                 request = replace(request, sampling=tools.constrain(request.sampling))
+        # a served LoRA adapter's name is a model too (its identity travels with the request)
+        lora = adapters.resolve(self.deps.registry, request.model) \
+            if request.model != config.model_name else ""
         validation.validate_request(
-            request, config.model_name, self.tokenizer.vocab_size, self.limits
+            request, request.model if lora else config.model_name, self.tokenizer.vocab_size,
+            self.limits,
         )
         if isinstance(prompt, str):
             validation.check_prompt_chars(
@@ -230,7 +186,7 @@ class Frontend:
         if request.separate_reasoning and isinstance(prompt, Chat) and config.reasoning_parser:
             reasoning = REASONING_PARSERS[config.reasoning_parser]
         return Accepted(request, request_id, request.request_id or request_id, arrival, tools,
-                        trace_parent, reasoning=reasoning)
+                        trace_parent, reasoning=reasoning, lora=lora)
 
     async def _prepare(self, accepted: Accepted, span: tracing.Span) -> Prepared:
         """Tokenize an admitted request (in the pool) and settle its max_tokens."""
@@ -265,6 +221,7 @@ class Frontend:
             label=accepted.label,
             score_only=score_only,
             n=accepted.n,
+            lora=accepted.lora,
         )
 
     def _encode(self, request: GenerateRequest) -> list[int]:
@@ -325,35 +282,11 @@ class Frontend:
             async with aclosing(handoff.stream()) as chunks:
                 async for chunk in chunks:
                     if prepared.score_only:  # the one token the workers had to generate
-                        chunk = _without_tokens(chunk)
+                        chunk = without_tokens(chunk)
                     seq = sequences[chunk.index]
-                    seq.completion += len(chunk.token_ids)
-                    text = seq.text.delta(chunk)
-                    thought = ""
-                    if seq.reasoning is not None:
-                        thought, text = _split(seq.reasoning, text, chunk.finished)
-                    call_deltas: list[CallDelta] = []
-                    if seq.calls is not None:
-                        text, call_deltas = seq.calls.feed(text)
-                    response = ResponseChunk(
-                        request_id=prepared.label or prepared.request_id,
-                        token_ids=tuple(chunk.token_ids),
-                        text=text,
-                        logprobs=tuple(chunk.logprobs),
-                        finished=chunk.finished,
-                        finish_reason=chunk.finish_reason,
-                        prompt_logprobs=tuple(chunk.prompt_logprobs),
-                        index=chunk.index,
-                        tool_call_deltas=tuple(call_deltas),
-                        reasoning=thought,
-                    )
+                    response = seq.shape(chunk, prepared.label or prepared.request_id)
                     seq.last = self.accounting.chunk(chunk.token_ids, clock, seq.last)
                     if chunk.finished:
-                        response = replace(response, stop_reason=(
-                            chunk.stop_reason or seq.text.stop_reason or ""))
-                        if seq.calls is not None:
-                            response = _with_calls(response, seq.calls)
-                        seq.done = True
                         last = all(s.done for s in sequences)
                         usage, timings = self.accounting.finish(
                             response.finish_reason, len(prepared.prompt_ids), handoff.report,
@@ -385,27 +318,15 @@ class Frontend:
                                      skip_special_tokens=False)
 
     def _sequence(self, prepared: Prepared, accepted: Accepted, prompt_tail: str = ""
-                  ) -> _Sequence:
+                  ) -> Sequence:
         """A fresh sequence's text stream, reasoning splitter and tool-call parser."""
-        text = TextStream(
-            Detokenizer(
-                self.tokenizer.backend,
-                prepared.prompt_ids,
-                skip_special_tokens=_skip_special_tokens(prepared.sampling),
-                stop=prepared.sampling.stop,
-                include_stop=prepared.sampling.include_stop_str_in_output,
-                min_tokens=prepared.sampling.min_tokens or 0,
-            )
-        )
-        return _Sequence(text, accepted.tools.output() if accepted.tools is not None else None,
-                         accepted.reasoning.stream(prompt_tail, prepared.sampling.structured
-                                                   is not None)
-                         if accepted.reasoning is not None else None)
+        return Sequence.open(self.tokenizer.backend, prepared, accepted, prompt_tail)
 
     async def tokenize(self, request: TokenizeRequest) -> list[int]:
         """Token ids of a text or chat input, as Generate would see them (tokenized in the
         pool; a text too long to be any prompt is refused before that)."""
-        if request.model and request.model != self.deps.config.model_name:
+        if request.model and request.model != self.deps.config.model_name and \
+                not adapters.resolve(self.deps.registry, request.model):  # an adapter's too
             raise InvalidRequestError("model", f"unknown model {request.model!r}")
         if request.chat is not None:
             validation.validate_chat(request.chat)
@@ -452,9 +373,12 @@ class Frontend:
         return self.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
 
     def list_models(self) -> list[ModelInfo]:
-        """The one model this router serves, with how its routable workers hold the weights."""
+        """The model this router serves, with how its routable workers hold the weights, and
+        each LoRA adapter they serve (its ``parent`` the base model)."""
         config = self.deps.config
         formats = sorted({w.weights_format for role in (Role.PREFILL, Role.DECODE)
                           for w in self.deps.registry.routable(role) if w.weights_format})
-        return [ModelInfo(id=config.model_name, max_model_len=config.max_model_len,
-                          owned_by="tandem", weights_format="; ".join(formats))]
+        base = ModelInfo(id=config.model_name, max_model_len=config.max_model_len,
+                         owned_by="tandem", weights_format="; ".join(formats))
+        return [base, *(replace(base, id=name, parent=config.model_name, root=identity)
+                        for name, identity in sorted(adapters.served(self.deps.registry).items()))]

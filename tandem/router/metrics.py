@@ -18,6 +18,7 @@ names (``VLLM_ALIASES``, tandem/common/obs/metrics_export.py, docs/metrics.md). 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -180,6 +181,16 @@ class _StateCollector(Collector):
             pool.add_metric([ROLE, worker_role.value, "true"], routable)
             pool.add_metric([ROLE, worker_role.value, "false"], known - routable)
         yield pool
+        loras = GaugeMetricFamily(
+            "tandem_lora_adapter_workers", "Routable workers serving each LoRA adapter (by "
+            "its name; what a request naming it may be routed to)",
+            labels=["role", "worker_role", "adapter"])
+        for worker_role in Role:
+            held = collections.Counter(i.rpartition("@")[0] for w in self._registry.routable(worker_role)
+                           for i in w.loras)
+            for name, n in sorted(held.items()):
+                loras.add_metric([ROLE, worker_role.value, name], n)
+        yield loras
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

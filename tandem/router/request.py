@@ -34,6 +34,7 @@ class Accepted:
     trace_parent: Parent = None  # the client's trace context its span continues
     n: int = 1  # sequences to fork the prompt into (the HTTP fan-out's n / best_of)
     reasoning: ReasoningParser | None = None  # splits its thinking from its answer
+    lora: str = ""  # the LoRA adapter identity (name@digest) its model names ("": the base)
 
 
 @dataclass(slots=True)
@@ -52,6 +53,9 @@ class Prepared:
     # sequences from this prompt (n / best_of): the workers compute and push the prompt once
     # and fork it; chunks and responses carry each sequence's index
     n: int = 1
+    # the LoRA adapter it runs under, by identity (name@digest; "": the base model): only
+    # workers serving exactly that adapter take it, and its prefix hashes are salted by it
+    lora: str = ""
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from tandem.common.security.credential import ClusterCredential, credential_from_flags
-from tandem.router.auth import ApiKeys
+from tandem.router.auth import ApiKeyFileError, ApiKeys
 from tandem.router.config import RouterConfig
 from tandem.router.tls import ServerTls, WorkerTls
 
@@ -48,6 +48,7 @@ class RouterSecurity:
     server_tls: ServerTls | None = None
     worker_tls: WorkerTls | None = None
     metrics_keys: ApiKeys | None = None
+    admin_keys: ApiKeys | None = None  # open the admin routes only (runtime LoRA updates)
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> RouterSecurity:
@@ -67,4 +68,14 @@ class RouterSecurity:
             ServerTls.load(config.tls_cert, config.tls_key),
             WorkerTls.load(config.worker_ca, config.worker_cert, config.worker_key),
             ApiKeys.load(config.metrics_key_file),
+            _admin_keys(config),
         )
+
+
+def _admin_keys(config: RouterConfig) -> ApiKeys | None:
+    """The admin keys; runtime LoRA updates without any are refused (no open admin API)."""
+    keys = ApiKeys.load(config.admin_key_file)
+    if config.allow_runtime_lora_updates and not keys:
+        raise ApiKeyFileError("--allow-runtime-lora-updates needs --admin-key-file (the "
+                              "admin routes are never open)")
+    return keys

@@ -215,7 +215,8 @@ class RouterServer:
         tls = self.security.server_tls
         http = HttpServer(self.frontend, self.metrics.registry, self.security.keys,
                           tls.ssl_context() if tls is not None else None,
-                          metrics_keys=self.security.metrics_keys, readiness=self.readiness)
+                          metrics_keys=self.security.metrics_keys, readiness=self.readiness,
+                          admin_keys=self.security.admin_keys)
         host = self.config.http_host or self.config.host
         try:
             self.http_port = await http.start(host, self.config.http_port)

@@ -158,6 +158,7 @@ def status_to_proto(status: WorkerStatus) -> worker_pb2.WorkerStats:
         num_leased_blocks=transfer.leased_blocks,
         cached_block_hashes=block_hash.pack(stats.cached_block_hashes),
         weights_format=stats.weights_format,
+        loras=stats.loras,
     )
 
 

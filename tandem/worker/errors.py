@@ -92,6 +92,13 @@ class LayoutMismatch(WorkerError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class AdapterMismatch(WorkerError):
+    """The decode worker's LoRA adapter for the request is not this worker's (another name or
+    other bytes): KV computed here would decode as garbage there."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class TransferEnded(WorkerError):
     """The request's KV never arrived (transfer aborted, lease expired) or it was aborted."""
 

@@ -8,10 +8,12 @@ from pathlib import Path
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc
 
 
-def generate_ids(stub: tandem_pb2_grpc.TandemStub, text: str, max_tokens: int) -> list[int]:
-    """Greedy, ``ignore_eos``: the ``max_tokens`` ids the router streams for ``text``."""
+def generate_ids(stub: tandem_pb2_grpc.TandemStub, text: str, max_tokens: int,
+                 model: str = "") -> list[int]:
+    """Greedy, ``ignore_eos``: the ``max_tokens`` ids the router streams for ``text`` (under
+    the LoRA adapter ``model`` names, when it names one)."""
     sampling = tandem_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    request = tandem_pb2.GenerateRequest(text=text, sampling=sampling)
+    request = tandem_pb2.GenerateRequest(text=text, sampling=sampling, model=model)
     return [t for m in stub.Generate(request, timeout=300) for t in m.token_ids]
 
 

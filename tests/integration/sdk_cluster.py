@@ -103,6 +103,17 @@ def worker_stats(proc: Proc, role: str) -> worker_pb2.WorkerStats:
         return stub.Stats(worker_pb2.StatsRequest(), timeout=30)
 
 
+def lora_holders(router: Proc, role: str, adapter: str) -> float:
+    """Routable workers of ``role`` the router has seen serving LoRA ``adapter`` (its
+    ``tandem_lora_adapter_workers`` gauge; 0 before any report of it)."""
+    samples = scrape.parse(scrape.fetch(router.info["http"]))
+    try:
+        return scrape.value(samples, "tandem_lora_adapter_workers", worker_role=role,
+                            adapter=adapter)
+    except KeyError:
+        return 0.0
+
+
 def worker_idle(proc: Proc, role: str) -> bool:
     """Whether ``proc`` runs, waits for and reserves nothing and has every KV block free."""
     st = worker_stats(proc, role)

@@ -278,5 +278,6 @@ class KVCacheManager:
         tokens = request.all_token_ids
         bs = self.block_size
         for i in range(len(hashes), len(tokens) // bs):
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else None,
+                                     tokens[i * bs : (i + 1) * bs], request.cache_salt))
         return hashes

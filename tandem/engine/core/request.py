@@ -87,6 +87,14 @@ class Request:
     # prompt logprobs scored so far, entry i for prompt token i ([0] is None); None when not
     # asked for or once handed out (a resumed request's prompt was scored on its first leg)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # heads the prefix-cache hash chain of its blocks: its LoRA adapter's identity, hashed
+    # (None: the base model), so KV is only ever reused under the same adapter
+    cache_salt: int | None = None
+
+    @property
+    def lora(self) -> str:
+        """The LoRA adapter the request runs under ("": the base model)."""
+        return self.params.lora
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -7,6 +7,8 @@ Each step:
   2. then waiting requests are admitted, oldest first, with their prefix-cache hits, while
      the token budget, max_num_seqs and free blocks allow (nothing is admitted in a step that
      had to preempt).
+A step carries at most ``max_loras`` distinct LoRA adapters: a running request under one
+more sits the step out, a waiting one waits (base-model rows always fit).
 A prompt longer than the remaining budget is split into chunks (chunked prefill); a request
 samples only in the step that computes its last known token. A forked request (``num_forks``
 > 1) is admitted as that many rows; its sequences join ``running`` when it forks (the
@@ -74,6 +76,7 @@ class Scheduler:
         kv: KVCacheManager,
         num_spec_tokens: int = 0,
         max_model_len: int = 0,
+        max_loras: int = 0,
     ) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.budget = config.max_num_batched_tokens
@@ -85,6 +88,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_spec_tokens = num_spec_tokens  # 0: no speculation
         self.max_model_len = max_model_len  # 0: unbounded (drafts never pass it)
+        self.max_loras = max_loras  # distinct LoRA adapters one step may carry (0: no bound)
 
     def add(self, request: Request) -> None:
         """Queue a new request."""
@@ -107,12 +111,13 @@ class Scheduler:
         """Pick this step's batch."""
         out = SchedulerOutput()
         budget = self.budget
+        adapters: set[str] = set()  # the LoRA adapters this step carries so far
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget, self.chunk_cap)
-            if n <= 0:
-                i += 1
+            if n <= 0 or not self._adapter_fits(req, adapters):
+                i += 1  # (an adapter past --max-loras: the request waits for a later step)
                 continue
             k = self._lookahead(req, n, budget)
             if k and self.kv.allocate_slots(req, n + k):
@@ -140,6 +145,8 @@ class Scheduler:
             # the batch it goes in whatever its n, so it never waits forever
             if self.running and len(self.running) + req.num_forks > self.max_num_seqs:
                 break
+            if not self._adapter_fits(req, adapters):
+                break
             if self.kv.blocks_needed(req.num_tokens + 1) > self.kv.pool.num_blocks:
                 self.waiting.popleft()
                 out.unschedulable.append(req)
@@ -162,6 +169,16 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n, num_hit))
             budget -= n
         return out
+
+    def _adapter_fits(self, req: Request, adapters: set[str]) -> bool:
+        """Whether ``req``'s LoRA adapter fits the step's ``max_loras`` distinct adapters
+        (noting it in ``adapters`` when it does); the base model always fits."""
+        if not req.lora or not self.max_loras or req.lora in adapters:
+            return True
+        if len(adapters) >= self.max_loras:
+            return False
+        adapters.add(req.lora)
+        return True
 
     def _lookahead(self, req: Request, n: int, budget: int) -> int:
         """Draft slots for a request in decode state: k, less what max_tokens, the context

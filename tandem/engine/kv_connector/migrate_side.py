@@ -30,12 +30,13 @@ from tandem.engine.kv_connector.host import LiveRequestHost
 @dataclass(frozen=True, slots=True)
 class Suspended:
     """A suspended request's continuation: ``token_ids`` (prompt + every output token; the
-    KV of all but the last is in ``block_ids``, in logical order) and how many of them are
-    output."""
+    KV of all but the last is in ``block_ids``, in logical order), how many of them are
+    output, and the LoRA adapter it runs under (its name here; "": the base model)."""
 
     token_ids: list[int]
     num_output_tokens: int
     block_ids: list[int]
+    lora: str = ""
 
 
 class MigrateSide:
@@ -74,7 +75,8 @@ class MigrateSide:
                                   "are freed")
         self._scheduler.remove(req)
         blocks = self._ledger.suspend(req)
-        return Suspended(list(req.all_token_ids), req.num_output_tokens, blocks[:needed])
+        return Suspended(list(req.all_token_ids), req.num_output_tokens, blocks[:needed],
+                         req.lora)
 
     def resume(self, request_id: str) -> bool:
         """Put a suspended request back into the running batch; False when it is not

@@ -103,6 +103,20 @@ class MovedStreams(_message.Message):
     seconds: float
     def __init__(self, endpoint: _Optional[str] = ..., moved: _Optional[int] = ..., stayed: _Optional[int] = ..., reasons: _Optional[_Iterable[str]] = ..., seconds: _Optional[float] = ...) -> None: ...
 
+class LoraAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoraAdapterResponse(_message.Message):
+    __slots__ = ("identity",)
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    identity: str
+    def __init__(self, identity: _Optional[str] = ...) -> None: ...
+
 class ProveRequest(_message.Message):
     __slots__ = ("nonce", "audience")
     NONCE_FIELD_NUMBER: _ClassVar[int]
@@ -138,7 +152,7 @@ class KVLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s", "prior_output_tokens", "n", "moved_in")
+    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s", "prior_output_tokens", "n", "moved_in", "lora")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +161,7 @@ class ReserveRequest(_message.Message):
     PRIOR_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     MOVED_IN_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _tandem_pb2.SamplingParams
@@ -155,24 +170,27 @@ class ReserveRequest(_message.Message):
     prior_output_tokens: int
     n: int
     moved_in: bool
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ..., n: _Optional[int] = ..., moved_in: _Optional[bool] = ...) -> None: ...
+    lora: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ..., n: _Optional[int] = ..., moved_in: _Optional[bool] = ..., lora: _Optional[str] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout", "cached_tokens")
+    __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout", "cached_tokens", "lora_identity")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LORA_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_endpoint: str
     layout: KVLayout
     cached_tokens: int
-    def __init__(self, transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    lora_identity: str
+    def __init__(self, transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., lora_identity: _Optional[str] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "transfer_id", "block_ids", "kv_endpoint", "layout", "prior_output_tokens", "skip_tokens", "n")
+    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "transfer_id", "block_ids", "kv_endpoint", "layout", "prior_output_tokens", "skip_tokens", "n", "lora", "lora_identity")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +202,8 @@ class PrefillRequest(_message.Message):
     PRIOR_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SKIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
+    LORA_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _tandem_pb2.SamplingParams
@@ -195,7 +215,9 @@ class PrefillRequest(_message.Message):
     prior_output_tokens: int
     skip_tokens: int
     n: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., prior_output_tokens: _Optional[int] = ..., skip_tokens: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+    lora: str
+    lora_identity: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., prior_output_tokens: _Optional[int] = ..., skip_tokens: _Optional[int] = ..., n: _Optional[int] = ..., lora: _Optional[str] = ..., lora_identity: _Optional[str] = ...) -> None: ...
 
 class PrefillLocalRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -250,7 +272,14 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "kv_transfer_bytes_per_s", "kv_transfer_bytes", "kv_transfer_failures", "num_leased_blocks", "step_base_s", "step_per_row_s", "step_per_prefill_token_s", "pending_prefill_tokens", "max_batched_tokens", "cached_block_hashes", "weights_format")
+    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_reserved", "num_free_blocks", "num_blocks", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "draining", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "kv_transfer_bytes_per_s", "kv_transfer_bytes", "kv_transfer_failures", "num_leased_blocks", "step_base_s", "step_per_row_s", "step_per_prefill_token_s", "pending_prefill_tokens", "max_batched_tokens", "cached_block_hashes", "weights_format", "loras")
+    class LorasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +307,7 @@ class WorkerStats(_message.Message):
     MAX_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LORAS_FIELD_NUMBER: _ClassVar[int]
     role: Role
     worker_id: str
     num_running: int
@@ -305,7 +335,8 @@ class WorkerStats(_message.Message):
     max_batched_tokens: int
     cached_block_hashes: bytes
     weights_format: str
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., itl_p50_s: _Optional[float] = ..., itl_p90_s: _Optional[float] = ..., kv_transfer_bytes_per_s: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failures: _Optional[int] = ..., num_leased_blocks: _Optional[int] = ..., step_base_s: _Optional[float] = ..., step_per_row_s: _Optional[float] = ..., step_per_prefill_token_s: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., cached_block_hashes: _Optional[bytes] = ..., weights_format: _Optional[str] = ...) -> None: ...
+    loras: _containers.ScalarMap[str, str]
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., itl_p50_s: _Optional[float] = ..., itl_p90_s: _Optional[float] = ..., kv_transfer_bytes_per_s: _Optional[float] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failures: _Optional[int] = ..., num_leased_blocks: _Optional[int] = ..., step_base_s: _Optional[float] = ..., step_per_row_s: _Optional[float] = ..., step_per_prefill_token_s: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., cached_block_hashes: _Optional[bytes] = ..., weights_format: _Optional[str] = ..., loras: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("role", "worker_id", "endpoint", "kv_endpoint", "layout")

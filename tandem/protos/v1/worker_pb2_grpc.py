@@ -959,3 +959,124 @@ class Membership:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class LoraAdaptersStub:
+    """Both roles, when started with --allow-runtime-lora-updates: load or unload a LoRA adapter
+    (the router's /v1/load_lora_adapter and /v1/unload_lora_adapter, behind its admin key).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Load = channel.unary_unary(
+                '/tandem.v1.LoraAdapters/Load',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.Unload = channel.unary_unary(
+                '/tandem.v1.LoraAdapters/Unload',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+
+
+class LoraAdaptersServicer:
+    """Both roles, when started with --allow-runtime-lora-updates: load or unload a LoRA adapter
+    (the router's /v1/load_lora_adapter and /v1/unload_lora_adapter, behind its admin key).
+    """
+
+    def Load(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LoraAdaptersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+            'Unload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unload,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tandem.v1.LoraAdapters', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tandem.v1.LoraAdapters', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class LoraAdapters:
+    """Both roles, when started with --allow-runtime-lora-updates: load or unload a LoRA adapter
+    (the router's /v1/load_lora_adapter and /v1/unload_lora_adapter, behind its admin key).
+    """
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.LoraAdapters/Load',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.LoraAdapters/Unload',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

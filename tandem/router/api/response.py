@@ -86,3 +86,5 @@ class ModelInfo:
     max_model_len: int
     owned_by: str = "tandem"
     weights_format: str = ""  # the workers' formats, distinct ones joined with "; "
+    parent: str = ""  # a LoRA adapter's base model ("": a base model)
+    root: str = ""  # a LoRA adapter's identity (name@digest of its bytes)

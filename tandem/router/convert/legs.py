@@ -34,6 +34,7 @@ def reserve_request(leg: LegRequest, lease_s: float) -> worker_pb2.ReserveReques
         prior_output_tokens=leg.prior_output_tokens,
         n=leg.n,
         moved_in=leg.moved_in,
+        lora=_name(leg.lora),
     )
 
 
@@ -66,6 +67,11 @@ def _layout_to_proto(lo: KvLayout) -> worker_pb2.KVLayout:
         num_kv_heads=lo.num_kv_heads, head_dim=lo.head_dim, fingerprint=lo.fingerprint)
 
 
+def _name(identity: str) -> str:
+    """The adapter name of an identity (``name@digest``; "" stays "")."""
+    return identity.rpartition("@")[0]
+
+
 def reservation_from_proto(reply: worker_pb2.ReserveResponse) -> Reservation:
     """DecodeService.Reserve's reply."""
     layout = None
@@ -74,7 +80,7 @@ def reservation_from_proto(reply: worker_pb2.ReserveResponse) -> Reservation:
         layout = KvLayout(lo.model, lo.dtype, lo.block_size, lo.num_layers, lo.num_kv_heads,
                           lo.head_dim, lo.fingerprint)
     return Reservation(reply.transfer_id, tuple(reply.block_ids), reply.kv_endpoint, layout,
-                       reply.cached_tokens)
+                       reply.cached_tokens, reply.lora_identity)
 
 
 def prefill_request(leg: LegRequest, reservation: Reservation) -> worker_pb2.PrefillRequest:
@@ -90,6 +96,8 @@ def prefill_request(leg: LegRequest, reservation: Reservation) -> worker_pb2.Pre
         prior_output_tokens=leg.prior_output_tokens,
         skip_tokens=reservation.cached_tokens,  # D holds this much: only the rest is pushed
         n=leg.n,
+        lora=_name(leg.lora),
+        lora_identity=reservation.lora_identity,  # P checks it is its own, BEGIN carries it
     )
     if reservation.layout is not None:
         out.layout.CopyFrom(_layout_to_proto(reservation.layout))

@@ -15,6 +15,8 @@ from tandem.router.membership.registry import WorkerLoad
 
 _ROLES = {worker_pb2.ROLE_PREFILL: Role.PREFILL, worker_pb2.ROLE_DECODE: Role.DECODE}
 _WEIGHTS_FORMAT_CHARS = 200  # a worker's report, not trusted to be short
+_MAX_LORAS = 1024  # adapters taken from one report; each identity at most _LORA_CHARS
+_LORA_CHARS = 160
 
 
 def stats_request() -> worker_pb2.StatsRequest:
@@ -42,6 +44,8 @@ def load_of(stats: worker_pb2.WorkerStats) -> WorkerLoad:
         max_batched_tokens=stats.max_batched_tokens,
         cached_blocks=block_hash.unpack(stats.cached_block_hashes),
         weights_format=stats.weights_format[:_WEIGHTS_FORMAT_CHARS],
+        loras=frozenset(identity for name, identity in list(stats.loras.items())[:_MAX_LORAS]
+                        if len(identity) <= _LORA_CHARS and identity.startswith(name + "@")),
     )
 
 

@@ -57,7 +57,7 @@ from contextlib import aclosing
 from tandem.common.obs import tracing
 from tandem.placement import policy
 from tandem.placement.affinity import prefix_hashes
-from tandem.placement.worker_view import Role
+from tandem.placement.worker_view import Role, WorkerView
 from tandem.router.api.response import TokenLogprob
 from tandem.router.errors import (
     Busy,
@@ -303,13 +303,19 @@ class Handoff:
     def _hashes(self, tokens: list[int]) -> list[int]:
         """The prefix-cache chain of ``tokens`` (the next leg's; memoized per length)."""
         if self._hashed != len(tokens):
-            self._chain = prefix_hashes(tokens, self._deps.config.block_size)
+            self._chain = prefix_hashes(tokens, self._deps.config.block_size,
+                                        adapter=self._req.lora)
             self._hashed = len(tokens)
         return self._chain
 
+    def _holders(self, role: Role) -> list[WorkerView]:
+        """The routable workers of ``role`` that serve the request's LoRA adapter."""
+        lora = self._req.lora
+        return [w for w in self._deps.registry.routable(role) if w.holds_adapter(lora)]
+
     def _rank_decode(self, excluded: set[str]) -> list[str]:
         deps = self._deps
-        workers = deps.registry.routable(Role.DECODE)
+        workers = self._holders(Role.DECODE)
         hashes = self._hashes(self._tokens())
         matched = {w.endpoint: deps.held.matched(w, hashes) for w in workers}
         ranked = policy.rank_decode(
@@ -380,7 +386,8 @@ class Handoff:
         started = time.perf_counter()
         tokens = self._tokens()
         leg, reply = await self._prefill.fill(leg, tokens, self._hashes(tokens),
-                                              self._leg_request)
+                                              self._leg_request,
+                                              self._holders(Role.PREFILL))
         self.report.prefill_s += time.perf_counter() - started
         if not self._sent:
             self.report.cached_tokens = reply.cached_tokens
@@ -400,7 +407,8 @@ class Handoff:
         by the target's first step after the move's COMMIT appends it)."""
         if moving:
             return LegRequest(leg_id, self._tokens()[:-1], self._req.sampling,
-                              self._req.logprobs, len(self._sent) - 1, moved_in=True)
+                              self._req.logprobs, len(self._sent) - 1, moved_in=True,
+                              lora=self._req.lora)
         return LegRequest(
             leg_id=leg_id,
             token_ids=self._tokens(),
@@ -408,6 +416,7 @@ class Handoff:
             logprobs=self._req.logprobs,
             prior_output_tokens=len(self._sent),
             n=self._req.n if self._forks() else 1,
+            lora=self._req.lora,
         )
 
     def _first_logprob(self, reply: PrefillReply) -> list[TokenLogprob]:

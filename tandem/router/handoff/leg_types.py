@@ -32,6 +32,7 @@ class LegRequest:
     prior_output_tokens: int = 0
     n: int = 1
     moved_in: bool = False  # a live move's target: COMMIT's token was streamed already
+    lora: str = ""  # the LoRA adapter identity (name@digest; "": the base model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class Reservation:
     kv_endpoint: str  # host:port of the worker's KV receiver
     layout: KvLayout | None = None
     cached_tokens: int = 0
+    lora_identity: str = ""  # the worker's identity of the request's LoRA adapter
 
 
 @dataclass(frozen=True, slots=True)

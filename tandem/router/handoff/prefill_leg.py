@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from tandem.common.obs import tracing
 from tandem.placement import policy
 from tandem.placement.cost_model import Decision
-from tandem.placement.worker_view import Role
+from tandem.placement.worker_view import WorkerView
 from tandem.router.errors import LegLostError, WorkerCallError, WorkerFailedError
 from tandem.router.handoff import blame, legs, prefill_placement
 from tandem.router.handoff.deadline import Deadline
@@ -49,11 +49,13 @@ class LegPrefill:
         self._renew = renew
 
     async def fill(self, leg: DecodeLeg, tokens: list[int], hashes: list[int],
-                   leg_request: LegRequestOf) -> tuple[DecodeLeg, PrefillReply]:
+                   leg_request: LegRequestOf, workers: list[WorkerView]
+                   ) -> tuple[DecodeLeg, PrefillReply]:
         """Fill ``leg``'s reservation with ``tokens``' KV (``hashes``: their prefix-cache
-        chain) where placement says; returns the leg it ended on and the prefill's reply."""
+        chain) where placement says, on one of ``workers`` (the routable prefill workers
+        serving the request's LoRA adapter) or locally; returns the leg it ended on and the
+        prefill's reply."""
         deps, counters = self._deps, self._deps.counters
-        workers = deps.registry.routable(Role.PREFILL)
         owners = deps.affinity.lookup(hashes) if workers else []
         ranked = policy.rank_prefill(workers, owners, deps.config.affinity_max_queue)
         cached = prefill_placement.cached_tokens(

@@ -271,7 +271,8 @@ def model_list(models: Sequence[ModelInfo]) -> dict[str, Any]:
         "object": "list",
         "data": [
             {"id": m.id, "object": "model", "created": 0, "owned_by": m.owned_by,
-             "max_model_len": m.max_model_len, "weights_format": m.weights_format}
+             "max_model_len": m.max_model_len, "weights_format": m.weights_format,
+             "root": m.root or m.id, "parent": m.parent or None}
             for m in models
         ],
     }

@@ -17,8 +17,9 @@ credential that opens nothing else), and needs one of either when only metrics k
 
 Requests go straight to ``Frontend`` (the same accept/generate the gRPC servicer calls) as
 the router's plain types (tandem/router/api), built from the JSON body: no protobuf, no gRPC
-hop and no second validator. A client that disconnects cancels its handler
-(``handler_cancellation``), which closes the generation and so both of its worker legs.
+hop and no second validator (the event streams: tandem/router/http/sse.py). A client that
+disconnects cancels its handler (``handler_cancellation``), which closes the generation and
+so both of its worker legs.
 
 What a client may cost (RouterConfig): a body of at most ``max_request_bytes`` (413), sent
 within ``http_read_timeout_s`` of the request's head (408), and the head itself within as
@@ -44,11 +45,10 @@ trace a continuation of the client's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -58,12 +58,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tandem.common.obs import tracing
 from tandem.common.wire import REQUEST_ID_HEADER
-from tandem.router.api.response import ResponseChunk
 from tandem.router.auth import ApiKeys
 from tandem.router.client_limits import key_of
 from tandem.router.errors import InvalidRequestError, OverloadedError, RouterError
 from tandem.router.frontend import Frontend
-from tandem.router.http import body_limits, fanout
+from tandem.router.http import body_limits, fanout, lora_admin, sse
 from tandem.router.http.body_pool import ParsePool
 from tandem.router.http.connection_cap import AddressConnections, CappedSite
 from tandem.router.http.errors import HttpError, HttpRefusal, error_body, http_error
@@ -101,11 +100,13 @@ class HttpServer:
         metrics_keys: ApiKeys | None = None,
         *,
         readiness: Readiness,
+        admin_keys: ApiKeys | None = None,
     ) -> None:
         self._frontend = frontend
         self._registry = registry
         self._keys = keys
         self._metrics_keys = metrics_keys
+        self._admin_keys = admin_keys
         self._ssl = ssl_context
         self._readiness = readiness
         config = frontend.deps.config
@@ -135,6 +136,8 @@ class HttpServer:
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/livez", self._live)
         app.router.add_get(METRICS_PATH, self._metrics)
+        if self._frontend.deps.config.allow_runtime_lora_updates:
+            lora_admin.LoraAdmin(self._frontend).add_routes(app)
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -203,6 +206,8 @@ class HttpServer:
     def _allowed(self, request: web.Request) -> bool:
         """Whether the request's credential opens its path (open paths aside)."""
         header = request.headers.get("Authorization")
+        if request.path in lora_admin.PATHS:  # the admin key only, never open
+            return self._admin_keys is not None and self._admin_keys.allows(header)
         guards = [self._keys]
         if request.path == METRICS_PATH:
             guards.append(self._metrics_keys)
@@ -269,14 +274,14 @@ class HttpServer:
             budget = _budget(request)
             accepted = self._accept_one(request, api)
             config = self._frontend.deps.config
-            shaper = ResponsesShaper(parsed, config.model_name, accepted.label,
-                                     reasoning=bool(config.reasoning_parser))
+            shaper = ResponsesShaper(parsed, api.request.model or config.model_name,
+                                     accepted.label, reasoning=bool(config.reasoning_parser))
             responses = self._frontend.generate(accepted, budget)
             async with aclosing(responses):
                 if not api.stream:
                     return web.json_response(shaper.whole([r async for r in responses]))
                 first = await anext(responses)  # before the headers: a refusal keeps its status
-                return await _stream_responses(request, shaper, first, responses)
+                return await sse.stream_responses(request, shaper, first, responses)
 
     async def _counted(self, request: web.Request, build: Callable[[str], _T]) -> _T:
         """``build`` over the body (``_parsed``), a refusal counted as accept() counts its."""
@@ -309,7 +314,7 @@ class HttpServer:
                 label = request[_ECHO_ID] = label or uuid.uuid4().hex  # one id for the choices
                 api.requests = [replace(r, request_id=label) for r in api.requests]
                 if api.stream:
-                    return await _stream_choices(request, api, self._shaper(api, label),
+                    return await sse.stream_choices(request, api, self._shaper(api, label),
                                                  self._frontend, budget, parent)
                 results = await fanout.run_all(self._frontend, api, budget, parent)
                 return web.json_response(self._shaper(api, label).whole_batch(results))
@@ -322,11 +327,13 @@ class HttpServer:
                     return web.json_response(shaper.whole(collected))
                 # The first message before the headers: a refusal is still a proper status.
                 first = await anext(responses)
-                return await _stream(request, api, shaper, first, responses)
+                return await sse.stream(request, api, shaper, first, responses)
 
     def _shaper(self, api: ApiRequest, label: str) -> ResponseShaper:
         config = self._frontend.deps.config
-        return ResponseShaper(api, config.model_name, label, self._token_text, self._decode,
+        # the model the client named (a LoRA adapter's name is echoed as vLLM does)
+        return ResponseShaper(api, api.request.model or config.model_name, label,
+                              self._token_text, self._decode,
                               reasoning=bool(config.reasoning_parser))
 
     def _key(self, request: web.Request) -> str | None:
@@ -357,99 +364,6 @@ class HttpServer:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self._frontend.tokenizer.decode(token_ids, skip_special_tokens=False)
-
-
-async def _stream(
-    request: web.Request,
-    api: ApiRequest,
-    shaper: ResponseShaper,
-    first: ResponseChunk,
-    rest: AsyncIterator[ResponseChunk],
-) -> web.StreamResponse:
-    """Server-sent events: one ``data:`` per message, the usage event, then ``[DONE]``."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    last = first
-    try:
-        await _event(response, shaper.chunk(first, api.include_usage))
-        async for message in rest:
-            last = message
-            await _event(response, shaper.chunk(message, api.include_usage))
-        if api.include_usage:
-            await _event(response, shaper.usage_chunk(last))
-    except RouterError as err:  # headers are gone: the error travels as an event
-        await _event(response, http_error(err).body)
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-async def _stream_choices(
-    request: web.Request, api: ApiRequest, shaper: ResponseShaper, frontend: Frontend,
-    budget: float | None, parent: tracing.Parent,
-) -> web.StreamResponse:
-    """Server-sent events of ``n`` choices, interleaved as they come (``index`` tells them
-    apart); the first message before the headers, so a refusal is still a proper status."""
-    events = fanout.stream_all(frontend, api, budget, parent)
-    async with aclosing(events):
-        first = await anext(events)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        lasts: dict[int, ResponseChunk] = {}
-        try:
-            i, message = first
-            while True:
-                lasts[i] = message
-                await _event(response, shaper.chunk(message, api.include_usage, i))
-                try:
-                    i, message = await anext(events)
-                except StopAsyncIteration:
-                    break
-            if api.include_usage:
-                await _event(response, shaper.usage_chunk(*(lasts[k] for k in sorted(lasts))))
-        except RouterError as err:  # headers are gone: the error travels as an event
-            await _event(response, http_error(err).body)
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-async def _stream_responses(
-    request: web.Request, shaper: ResponsesShaper, first: ResponseChunk,
-    rest: AsyncIterator[ResponseChunk],
-) -> web.StreamResponse:
-    """The Responses API's server-sent events (``event:`` named, no ``[DONE]``)."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    last = first
-    try:
-        for event in [*shaper.start(), *shaper.events(first)]:
-            await _named_event(response, event)
-        async for message in rest:
-            last = message
-            for event in shaper.events(message):
-                await _named_event(response, event)
-        for event in shaper.finish(last):
-            await _named_event(response, event)
-    except RouterError as err:  # headers are gone: the error travels as an event
-        await _named_event(response, shaper.error(http_error(err).body))
-    await response.write_eof()
-    return response
-
-
-async def _named_event(response: web.StreamResponse, body: dict[str, Any]) -> None:
-    await response.write(f"event: {body['type']}\n".encode() + b"data: "
-                         + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
-
-
-async def _event(response: web.StreamResponse, body: dict[str, Any]) -> None:
-    await response.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
 
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -77,6 +77,7 @@ class WorkerLoad:
     max_batched_tokens: int = 0
     cached_blocks: frozenset[int] = frozenset()  # prefix-cache hashes it holds
     weights_format: str = ""  # how it holds the model's weights ("" until reported)
+    loras: frozenset[str] = frozenset()  # the LoRA adapters it serves (name@digest each)
 
 
 @dataclass(slots=True)
@@ -331,4 +332,5 @@ def _view(e: _Entry) -> WorkerView:
         max_batched_tokens=e.load.max_batched_tokens,
         cached_blocks=e.load.cached_blocks,
         weights_format=e.load.weights_format,
+        loras=e.load.loras,
     )

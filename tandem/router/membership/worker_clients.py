@@ -13,7 +13,8 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from tandem.common.grpc_keepalive import CLIENT_OPTIONS
-from tandem.protos.v1 import worker_pb2_grpc
+from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
+from tandem.router.errors import WorkerCallError
 
 # Streams of many small messages: keep the channel's buffers modest but allow big prompts.
 _CHANNEL_OPTIONS = [
@@ -67,6 +68,19 @@ class WorkerClients:
     def control(self, endpoint: str) -> worker_pb2_grpc.WorkerControlStub:
         """WorkerControl stub for ``endpoint`` (an operator's drain)."""
         return worker_pb2_grpc.WorkerControlStub(self._channel(endpoint))
+
+    async def lora_adapter(self, endpoint: str, method: str, name: str, path: str,
+                           timeout: float) -> str:
+        """LoraAdapters ``method`` ("Load" or "Unload") of adapter ``name`` on ``endpoint``;
+        returns the adapter's identity there. Raises WorkerCallError (the worker's status)."""
+        stub = worker_pb2_grpc.LoraAdaptersStub(self._channel(endpoint))
+        try:
+            reply = await getattr(stub, method)(
+                worker_pb2.LoraAdapterRequest(name=name, path=path), timeout=timeout)
+        except grpc.aio.AioRpcError as err:
+            raise WorkerCallError(endpoint, f"LoraAdapters/{method}", err.code().name,
+                                  err.details() or "") from err
+        return str(reply.identity)
 
     def membership(self, endpoint: str) -> worker_pb2_grpc.MembershipStub:
         """Membership stub for ``endpoint`` (the proof a discovered worker gives)."""

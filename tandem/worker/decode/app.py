@@ -13,6 +13,7 @@ from tandem.engine.model_runner import ModelRunner
 from tandem.engine.omp_pools import intra_op_threads, release_this_threads_pool
 from tandem.engine.step_threads import AdaptiveThreads, LeasedThreads
 from tandem.kv_transfer import Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.worker import lora_admin
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.config import StartupError, WorkerConfig
@@ -52,6 +53,7 @@ class DecodeApp(WorkerAppShell):
         """Register the DecodeService servicer."""
         assert isinstance(self.worker, DecodeWorker)
         servicer.add_to_server(self.worker, server)
+        lora_admin.add_to_server(self.worker.engine, server)
 
     def ready_info(self) -> dict[str, str]:
         """The KV receiver's TCP address for the READY line."""

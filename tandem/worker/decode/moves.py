@@ -126,11 +126,14 @@ class LiveMoves:
         except ConfigError as exc:
             raise BadRequest("kv_endpoint", str(exc)) from exc
         assert self._sender is not None  # suspend refused without one
+        # BEGIN names the adapter the KV was computed under: the target refuses another.
+        adapter = await self._ae.call(lambda e: e.lora_identity(moved.lora))
         t0 = time.monotonic()
         transfer = None
         try:
             transfer = await self._sender.open(target.transfer_id, endpoint, src,
-                                               target.block_ids, t0 + self._timeout_s)
+                                               target.block_ids, t0 + self._timeout_s,
+                                               adapter)
             transfer.push(0, self._layout.num_layers)
             await self._hold.before_commit(request_id)
             await transfer.commit(target.last_token, 0.0)

@@ -22,6 +22,7 @@ class ReserveResult:
     kv_endpoint: str  # kv_transfer Endpoint.encode(): host id plus one address per transport
     layout: KvLayout
     cached_tokens: int = 0  # leading prompt tokens already held here (prefix cache)
+    lora_identity: str = ""  # the request's LoRA adapter here (name@digest; "": base model)
 
 
 @dataclass(frozen=True, slots=True)

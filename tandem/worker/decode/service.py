@@ -118,6 +118,11 @@ class DecodeWorker:
         self.moves = StreamMoves(self, self._live_moves)  # the live-move RPCs
         self.draining = False
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine this worker serves (its LoraAdapters service runs over it too)."""
+        return self._ae
+
     async def start(self) -> None:
         """Start consuming the receiver's events."""
         self._events_task = asyncio.get_running_loop().create_task(self._consume_events())
@@ -177,9 +182,9 @@ class DecodeWorker:
         rid, tid, n = group[0].request_id, group[0].transfer_id, len(group)
         try:
             await self._ae.prepare(params)
-            granted = await self._ae.call(
-                lambda e: e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
-                                                  n=n),
+            granted, adapter = await self._ae.call(
+                lambda e: (e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
+                                                   n=n), e.lora_identity(params.lora)),
                 stream=[s.request_id for s in group],
             )
         except BaseException as exc:
@@ -187,7 +192,7 @@ class DecodeWorker:
             raise
         block_ids = granted.fill_block_ids  # the cached prefix's blocks are never leased
         try:
-            self._receiver.reserve(tid, block_ids, lease)
+            self._receiver.reserve(tid, block_ids, lease, adapter)  # BEGIN must match it
         except BaseException as exc:
             await self._ae.call(lambda e: e.remote.decode.end(tid))  # never leased: unwritten
             self._fail(group, exc)
@@ -195,7 +200,7 @@ class DecodeWorker:
         for stream in group:
             stream.start()
         return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout,
-                             granted.cached_tokens)
+                             granted.cached_tokens, adapter)
 
     async def decode(self, request_id: str, index: int = 0) -> AsyncIterator[StreamMessage]:
         """Stream the messages of a request's sequence ``index`` (0 unless it is forked)

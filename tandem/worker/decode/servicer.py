@@ -49,6 +49,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         try:
             with serving(context, "DecodeService/Reserve", request.request_id) as span:
                 params = sampling_from_proto(request.sampling, request.logprobs)
+                params.lora = request.lora
                 res = await self._worker.reserve(
                     request.request_id, list(request.token_ids), params, request.lease_s,
                     prior_output_tokens=request.prior_output_tokens, n=request.n or 1,
@@ -63,6 +64,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         return worker_pb2.ReserveResponse(
             transfer_id=res.transfer_id, block_ids=res.block_ids, kv_endpoint=res.kv_endpoint,
             layout=layout_to_proto(res.layout), cached_tokens=res.cached_tokens,
+            lora_identity=res.lora_identity,
         )
 
     async def Decode(  # noqa: N802

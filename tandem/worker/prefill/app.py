@@ -8,6 +8,7 @@ import grpc
 
 from tandem.engine.async_engine import AsyncEngine
 from tandem.kv_transfer import Sender, SenderConfig
+from tandem.worker import lora_admin
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.config import StartupError, WorkerConfig
@@ -36,6 +37,7 @@ class PrefillApp(WorkerAppShell):
         """Register the PrefillService servicer."""
         assert isinstance(self.worker, PrefillWorker)
         servicer.add_to_server(self.worker, server)
+        lora_admin.add_to_server(self.worker.engine, server)
 
 
 async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:

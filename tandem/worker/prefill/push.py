@@ -38,10 +38,11 @@ class LayerPush:
 
     def __init__(
         self, sender: Sender, transfer_id: str, endpoint: Endpoint, dst_block_ids: Sequence[int],
-        deadline: float, skip_blocks: int = 0,
+        deadline: float, skip_blocks: int = 0, adapter: str = "",
     ) -> None:
         """``skip_blocks``: the request's leading blocks the destination already holds; the
-        push sends the blocks after them into ``dst_block_ids``."""
+        push sends the blocks after them into ``dst_block_ids``. ``adapter``: the LoRA
+        adapter identity the KV is computed under (BEGIN carries it)."""
         self.transfer_id = transfer_id
         self.transfer: OutgoingTransfer | None = None
         self.layers_pushed = 0
@@ -50,6 +51,7 @@ class LayerPush:
         self._dst = list(dst_block_ids)
         self._deadline = deadline
         self._skip = skip_blocks
+        self._adapter = adapter
         self._first_layer_at = 0.0
         self._stopping = False
         self._queue: asyncio.Queue[LayerItem | None] = asyncio.Queue()
@@ -64,7 +66,7 @@ class LayerPush:
         if self._stopping:
             return
         self.transfer = await self._sender.open(
-            self.transfer_id, self._endpoint, None, self._dst, self._deadline)
+            self.transfer_id, self._endpoint, None, self._dst, self._deadline, self._adapter)
         while not self._stopping and (item := await self._queue.get()) is not None:
             layer, src, ready = item
             if not self.layers_pushed:

@@ -37,7 +37,14 @@ from tandem.engine.outputs import EngineStats, RequestOutput
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import ConfigError, Endpoint, Sender
 from tandem.worker.commit_hold import CommitHold
-from tandem.worker.errors import BadRequest, Draining, LayoutMismatch, TransferEnded, WrongState
+from tandem.worker.errors import (
+    AdapterMismatch,
+    BadRequest,
+    Draining,
+    LayoutMismatch,
+    TransferEnded,
+    WrongState,
+)
 from tandem.worker.first_token import FirstToken
 from tandem.worker.kv_endpoint import parse_endpoint
 from tandem.worker.layout import LayoutSummary, layout_mismatch
@@ -72,6 +79,7 @@ class PrefillSpec:
     skip_tokens: int = 0  # the decode worker holds these leading tokens' KV: not pushed
     trace: tracing.Span = tracing.NO_SPAN  # the call's span, the parent of the prefill's own
     n: int = 1  # sequences of a forked request: n first tokens, one push
+    lora_identity: str = ""  # the decode worker's identity of params.lora: must be ours
 
     def skip_blocks(self, block_size: int) -> int:
         """Leading blocks of the prompt that are not pushed."""
@@ -107,6 +115,11 @@ class PrefillWorker:
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine this worker serves (its LoraAdapters service runs over it too)."""
+        return self._ae
 
     async def start(self) -> None:
         """Install the layer hook on the engine."""
@@ -171,6 +184,11 @@ class PrefillWorker:
                              f"prompt of {len(spec.token_ids)} tokens (the first "
                              f"{spec.skip_tokens} already there) that needs {need}")
         spec.params.validate(self._vocab_size)
+        ours = self._ae.engine.lora_identity(spec.params.lora)  # unknown: InvalidRequestError
+        if ours != spec.lora_identity:
+            raise AdapterMismatch(f"adapter {spec.params.lora or '(base model)'!r} is "
+                                  f"{ours or '(base model)'!r} here, "
+                                  f"{spec.lora_identity or '(base model)'!r} on the decode worker")
 
     async def _prefill(self, spec: PrefillSpec, deadline_s: float | None) -> FirstToken:
         t0 = time.monotonic()
@@ -198,7 +216,7 @@ class PrefillWorker:
                                 ) -> FirstToken:
         rid = spec.request_id
         push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout,
-                         spec.skip_blocks(self.layout.block_size))
+                         spec.skip_blocks(self.layout.block_size), spec.lora_identity)
         self._pushes[rid] = push
         self.leased_blocks += len(spec.block_ids)
         committed = False

@@ -68,10 +68,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillServiceServicer):
 
 def spec_from_proto(request: worker_pb2.PrefillRequest, trace: tracing.Span) -> PrefillSpec:
     """One Prefill call as the worker takes it (``trace``: the call's span)."""
+    params = sampling_from_proto(request.sampling, request.logprobs)
+    params.lora = request.lora
     return PrefillSpec(
         request_id=request.request_id,
         token_ids=list(request.token_ids),
-        params=sampling_from_proto(request.sampling, request.logprobs),
+        params=params,
         transfer_id=request.transfer_id,
         block_ids=list(request.block_ids),
         kv_endpoint=request.kv_endpoint,
@@ -80,4 +82,5 @@ def spec_from_proto(request: worker_pb2.PrefillRequest, trace: tracing.Span) -> 
         skip_tokens=request.skip_tokens,
         n=request.n or 1,
         trace=trace,
+        lora_identity=request.lora_identity,
     )

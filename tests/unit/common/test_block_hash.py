@@ -27,3 +27,16 @@ def test_pack_round_trips_and_ignores_a_torn_tail() -> None:
     assert unpack(data) == frozenset(hashes)
     assert unpack(data + b"\x01\x02") == frozenset(hashes)
     assert unpack(b"") == frozenset()
+
+
+def test_a_salt_heads_the_chain_and_separates_it() -> None:
+    from tandem.common.block_hash import block_hashes, hash_block
+
+    tokens = list(range(40))
+    plain = block_hashes(tokens, 16)
+    salted = block_hashes(tokens, 16, salt=7)
+    other = block_hashes(tokens, 16, salt=8)
+    assert len(salted) == 2 and not set(salted) & set(plain) and not set(salted) & set(other)
+    assert salted[0] == hash_block(None, tokens[:16], 7)
+    assert salted[1] == hash_block(salted[0], tokens[16:32])  # only the head is salted
+    assert block_hashes(tokens, 16, salt=None) == plain

@@ -13,9 +13,9 @@ import pytest
 
 from tandem.router.api.chat import Chat
 from tandem.router.api.response import ResponseChunk
-from tandem.router.frontend import _with_calls
 from tandem.router.http.openai_request import Endpoint, parse
 from tandem.router.http.openai_response import ResponseShaper
+from tandem.router.sequence_shape import with_calls
 from tandem.router.tool_use import ToolOutput, ToolUse
 from tandem.router.tools import PARSERS, ToolChoice, ToolRequest, ToolSpec
 
@@ -47,7 +47,7 @@ def messages(output: ToolOutput, text: str, finish_reason: str = "stop"
         content, deltas = output.feed(piece)
         out.append(ResponseChunk("rid", text=content, tool_call_deltas=tuple(deltas)))
     last = replace(out[-1], finished=True, finish_reason=finish_reason)
-    out[-1] = _with_calls(last, output)
+    out[-1] = with_calls(last, output)
     return out
 
 

@@ -215,3 +215,22 @@ def test_reasoning_and_tool_parsers_reach_the_router(smollm2_dir: Path) -> None:
         local.router_argv(local.build_parser().parse_args([]), "smollm2"))
     with pytest.raises(SystemExit):
         local.build_parser().parse_args(["--reasoning-parser", "granite"])
+
+
+@pytest.mark.parametrize("through", [_through_local, _through_up], ids=["local", "up"])
+def test_lora_flags_reach_the_workers(through) -> None:  # type: ignore[no-untyped-def]
+    lora = through("--enable-lora", "--lora-modules", "sql=/ad/sql",
+                   '{"name": "chat", "path": "/ad/chat"}', "--max-loras", "4",
+                   "--max-lora-rank", "32", "--max-cpu-loras", "8").lora
+    assert lora.enabled and lora.modules == (("sql", "/ad/sql"), ("chat", "/ad/chat"))
+    assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras) == (4, 32, 8)
+    assert not _through_local().lora.enabled
+
+
+def test_lora_flags_refuse_what_cannot_work() -> None:
+    with pytest.raises(SystemExit):  # not name=path
+        _through_local("--enable-lora", "--lora-modules", "sql")
+    with pytest.raises(ValueError, match="need --enable-lora"):
+        _through_local("--lora-modules", "sql=/ad/sql")
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        _through_local("--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2")

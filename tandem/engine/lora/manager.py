@@ -1,0 +1,140 @@
+"""The adapters one engine serves, and the hooks that add their deltas to the base model.
+
+    register(name, path) -> LoraAdapter   (checked against the base model; --max-cpu-loras)
+    unregister(name)                      (refused while a request runs under it)
+    step(row_adapters): with ...:         the model's forward adds each row's adapter delta
+
+Each adapted projection (q/k/v fused, o, gate/up fused, down: tandem/engine/lora/adapter.py)
+gets a forward hook that adds the step's batched delta (tandem/engine/lora/batch.py) to the
+base output: the base layer runs as it is, whatever holds its weights (float, int8/int4, GGUF
+blocks in PackedLinear), so adapters ride on quantized bases. The hooks only act inside
+``step``; the fused native CPU forward never calls these modules, which is why the model
+runner takes the torch forward for a step that carries an adapter.
+
+A block's prefix-cache hash is salted by the adapter's identity (``salt``): KV computed under
+one adapter is never found by a request under another, or under the base model.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from tandem.common.block_hash import adapter_salt
+from tandem.engine.errors import InvalidRequestError
+from tandem.engine.lora.adapter import GROUPS, LoraAdapter, LoraError, load_adapter
+from tandem.engine.lora.batch import LoraBatch, Stacks, stack
+from tandem.engine.lora.config import LoraConfig, check_name
+from tandem.engine.models.arch import ModelArch
+
+_KEPT_STACKS = 4  # sets of adapters whose stacked weights are kept
+
+
+class LoraManager:
+    """The registered adapters of one engine and the forward hooks on its model."""
+
+    def __init__(self, config: LoraConfig, model: nn.Module, arch: ModelArch,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        if arch.moe is not None or arch.mla is not None:
+            raise LoraError("LoRA adapters are served on dense attention models only (this "
+                            "model has mixture-of-experts or latent-attention layers)")
+        self.config = config
+        self.arch = arch
+        self._dtype, self._device = dtype, device
+        self.adapters: dict[str, LoraAdapter] = {}
+        self._batch: LoraBatch | None = None
+        # stacked weights of the recent sets of adapters a step carried (lora/batch.py)
+        self._stacks: OrderedDict[tuple[str, ...], Stacks] = OrderedDict()
+        h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, \
+            arch.num_kv_heads * arch.head_dim
+        self._dims = {"qkv_proj": (h, q + 2 * kv), "o_proj": (q, h),
+                      "gate_up_proj": (h, 2 * arch.intermediate_size),
+                      "down_proj": (arch.intermediate_size, h)}
+        self._hooks = [self._hook(i, layer, group)
+                       for i, layer in enumerate(model.layers)  # type: ignore[attr-defined]
+                       for group in GROUPS]
+        for name, path in config.modules:
+            self.register(name, path)
+
+    def _hook(self, index: int, layer: nn.Module, group: str) -> Any:
+        parent = layer.self_attn if group in ("qkv_proj", "o_proj") else layer.mlp
+        module: nn.Module = getattr(parent, group)
+
+        def add_delta(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor
+                      ) -> torch.Tensor | None:
+            batch = self._batch
+            if batch is None:
+                return None
+            batch.add_delta(out, args[0], index, group)
+            return out
+
+        return module.register_forward_hook(add_delta)
+
+    def register(self, name: str, path: str) -> LoraAdapter:
+        """Load and check the adapter at ``path`` under ``name``. Raises LoraError."""
+        try:
+            check_name(name)
+        except ValueError as err:
+            raise LoraError(str(err)) from err
+        if name in self.adapters:
+            raise LoraError(f"LoRA adapter {name!r} is already loaded")
+        bound = self.config.max_cpu_loras
+        if bound is not None and len(self.adapters) >= bound:
+            raise LoraError(f"{len(self.adapters)} LoRA adapters are loaded, --max-cpu-loras "
+                            f"is {bound}: unload one first")
+        adapter = load_adapter(name, path, self.arch, self.config.max_lora_rank,
+                               self._dtype, self._device)
+        self.adapters[name] = adapter
+        self._stacks.clear()
+        return adapter
+
+    def unregister(self, name: str, in_use: Callable[[str], bool]) -> None:
+        """Forget adapter ``name``; refused (LoraError) while ``in_use(name)``, KeyError when
+        it is not loaded."""
+        if name not in self.adapters:
+            raise KeyError(name)
+        if in_use(name):
+            raise LoraError(f"LoRA adapter {name!r} has requests in flight")
+        del self.adapters[name]
+        self._stacks.clear()
+
+    def get(self, name: str) -> LoraAdapter:
+        """The adapter a request names. Raises InvalidRequestError (unknown adapter)."""
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise InvalidRequestError("lora", f"unknown LoRA adapter {name!r}")
+        return adapter
+
+    def salt(self, name: str) -> int | None:
+        """The prefix-cache salt of a request under ``name`` ("" : the base model, None)."""
+        return adapter_salt(self.get(name).identity) if name else None
+
+    def identities(self) -> dict[str, str]:
+        """name -> identity of every loaded adapter (what a worker reports)."""
+        return {name: a.identity for name, a in self.adapters.items()}
+
+    @contextmanager
+    def step(self, row_adapters: Sequence[str], device: torch.device) -> Iterator[None]:
+        """Within the block the model's forward adds the adapters' deltas, row ``i`` under
+        ``row_adapters[i]`` ("": the base model)."""
+        names = tuple(dict.fromkeys(n for n in row_adapters if n))
+        stacks = self._stacks.get(names)
+        if stacks is None:
+            stacks = stack([self.adapters[n] for n in names], self.arch.num_layers, self._dims)
+            self._stacks[names] = stacks
+            while len(self._stacks) > _KEPT_STACKS:
+                self._stacks.popitem(last=False)
+        self._stacks.move_to_end(names)
+        slot = {n: i for i, n in enumerate(names)}
+        self._batch = LoraBatch.build([self.adapters[n] for n in names],
+                                      [slot.get(n, -1) for n in row_adapters], stacks,
+                                      self._dtype, device)
+        try:
+            yield
+        finally:
+            self._batch = None

@@ -1,0 +1,56 @@
+"""Tiny random PEFT LoRA adapters for tests, written by the ``peft`` package itself.
+
+Every B matrix is random and non-zero (PEFT's default starts B at zero, which would make an
+adapter a no-op and a comparison that cannot fail), so each adapter visibly moves the base
+model's output; the directory is what ``save_pretrained`` writes (adapter_config.json +
+adapter_model.safetensors), read by the engine exactly as a user's adapter would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def make_tiny_adapter(base: str | Path, out: str | Path, rank: int = 4, alpha: float = 8.0,
+                      targets: Sequence[str] = ALL_TARGETS, seed: int = 0,
+                      use_rslora: bool = False, scale: float = 0.2) -> Path:
+    """A PEFT LoRA adapter for the checkpoint at ``base``, A and B drawn from ``seed``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
+                        lora_dropout=0.0, bias="none", use_rslora=use_rslora,
+                        task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    path = Path(out)
+    peft_model.save_pretrained(path)
+    return path
+
+
+def peft_greedy(base: str | Path, adapter: str | Path | None, prompt: list[int],
+                max_new_tokens: int) -> list[int]:
+    """Greedy continuation under PEFT's adapter (None: the base model), EOS ignored."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        out = model.generate(input_ids=torch.tensor([prompt]),
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             generation_config=config)
+    return out[0, len(prompt):].tolist()
