@@ -122,7 +122,8 @@ class LLMEngine:
         cache = self.runner.kv_cache
         self.remote = KVConnector(  # the disaggregation seam: .decode and .prefill roles
             self, self.kv, self.scheduler, self.outputs, self.arch.vocab_size, cache,
-            describe_cache(cache, self.arch, self.model_path.name, self.dtype, cc.block_size))
+            describe_cache(cache, self.arch, self.model_path.name, self.dtype, cc.block_size,
+                           self.runner.fp8_scales.layout if self.runner.fp8_scales else ""))
 
     # -- requests --------------------------------------------------------------------------
     @staticmethod

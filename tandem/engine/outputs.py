@@ -93,10 +93,13 @@ class KVCacheSpec:
 
     model: str
     dtype: str  # the model's compute dtype
-    kv_dtype: str  # the cache's storage dtype ("int8": values + per-vector scales)
+    # the cache's storage dtype ("int8": values + per-vector scales; "float8_e4m3fn": values
+    # over per-tensor scales, kv_scales)
+    kv_dtype: str
     block_size: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
     scale_bytes: int = 0  # bytes of scales after each head vector (int8 caches)
     kv_lora_rank: int = 0  # > 0: the latent cache of multi-head latent attention
+    kv_scales: str = ""  # per-tensor scales no block carries (fp8: Fp8Scales.layout); "" none

@@ -182,6 +182,7 @@ def kv_layout(spec: KVCacheSpec) -> KvLayout:
         head_dim=spec.head_dim,
         scale_bytes=spec.scale_bytes,
         kv_lora_rank=spec.kv_lora_rank,
+        kv_scales=spec.kv_scales,
     )
 
 

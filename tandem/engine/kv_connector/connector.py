@@ -58,8 +58,9 @@ class KVConnector:
 
 
 def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: torch.dtype,
-                   block_size: int) -> KVCacheSpec:
-    """The ``KVCacheSpec`` of an engine's cache tensor."""
+                   block_size: int, kv_scales: str = "") -> KVCacheSpec:
+    """The ``KVCacheSpec`` of an engine's cache tensor (``kv_scales``: how its per-tensor
+    scales are named, an fp8 cache's ``Fp8Scales.layout``)."""
     return KVCacheSpec(
         model=model,
         dtype=str(dtype).removeprefix("torch."),
@@ -71,4 +72,5 @@ def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: t
         # an int8 cache carries a scale after each head vector (tandem/engine/quant/kv_int8.py)
         scale_bytes=(kv_cache.shape[-1] - arch.kv_cache_dim) * kv_cache.element_size(),
         kv_lora_rank=arch.mla.kv_lora_rank if arch.mla is not None else 0,
+        kv_scales=kv_scales,
     )
