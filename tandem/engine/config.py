@@ -32,7 +32,8 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0  # engine RNG for unseeded sampling
     cache_dir: str | None = None  # converted-weights cache (default ~/.cache/tandem)
-    # auto (the checkpoint's own format) | none (dequantized) | int8 | int4 (tandem/engine/quant)
+    # auto (the checkpoint's own format) | none (dequantized) | int8 | int4 | fp8 (a checkpoint
+    # stored in FP8, dequantized at load) (tandem/engine/quant)
     quantization: str = "auto"
 
     def __post_init__(self) -> None:
@@ -44,9 +45,9 @@ class ModelConfig:
             raise ValueError("num_threads must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
-        if self.quantization not in ("auto", "none", "int8", "int4"):
-            raise ValueError(
-                f"quantization must be auto, none, int8 or int4, got {self.quantization!r}")
+        if self.quantization not in ("auto", "none", "int8", "int4", "fp8"):
+            raise ValueError(f"quantization must be auto, none, int8, int4 or fp8, got "
+                             f"{self.quantization!r}")
 
     def resolved_dtype(self) -> str:
         """The dtype actually used: ``auto`` is bf16 on CUDA and fp32 on CPU."""
