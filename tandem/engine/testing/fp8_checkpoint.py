@@ -1,6 +1,6 @@
 """Write a dense checkpoint out again in FP8 (``quant_method: fp8``), for tests.
 
-The decoder linears (attention, MLP, experts) become ``float8_e4m3fn`` with the scales the
+The decoder linears (attention, MLA's projections, MLP, experts) become ``float8_e4m3fn`` with the scales the
 format stores, written the way DeepSeek-V3's and Qwen3-FP8's exports hold them; ``lm_head``,
 norms, embeddings and routers stay float (``modules_to_not_convert``). Nothing here imports
 the engine's loader (tandem/engine/quant/prequantized/fp8.py): the tests compare the two.
@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+            "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")  # the last: MLA's
 E4M3_MAX = 448.0
 
 

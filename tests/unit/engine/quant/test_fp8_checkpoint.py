@@ -63,7 +63,8 @@ def test_layers_equal_the_reference_dequantization(fp8_pair, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind,arch", [("tensor", "llama"), ("block48x32", "llama"),
-                                       ("block48x32", "qwen3"), ("tensor", "qwen3_moe")])
+                                       ("block48x32", "qwen3"), ("tensor", "qwen3_moe"),
+                                       ("block48x32", "deepseek_v3")])
 def test_engine_greedy_equals_transformers_on_the_dequantized_weights(
         fp8_pair, make_engine, kind: str, arch: str) -> None:
     qdir, refdir, _ = fp8_pair(kind, arch)
