@@ -115,9 +115,9 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write of forked sequences: block ``dst`` of every layer (K and V, int8
-        scales included; an fp8 cache's scales are per tensor) becomes a copy of block ``src``, for each (src, dst) pair. Runs
-        before the step's forward; the same cache tensor serves the torch, triton, native and
-        CUDA-graph paths."""
+        scales included; an fp8 cache's scales are per tensor) becomes a copy of block
+        ``src``, for each (src, dst) pair. Runs before the step's forward; the same cache
+        tensor serves the torch, triton, native and CUDA-graph paths."""
         copy_kv_blocks(self.kv_cache, pairs)
 
     @torch.inference_mode()

@@ -14,6 +14,7 @@ from tandem.engine import EngineConfig, SamplingParams
 from tandem.engine.attention import get_backend
 from tandem.engine.attention.base import AttentionMetadata
 from tandem.engine.cli_args import add_engine_args, engine_config_from_args
+from tandem.engine.model_runner import copy_kv_blocks
 from tandem.engine.quant.kv_fp8 import (
     FP8_MAX,
     Fp8KVBackend,
@@ -59,6 +60,16 @@ def test_round_trip_within_e4m3_precision_and_saturates() -> None:
         [FP8_MAX, -FP8_MAX, 448.0]
     # with scale 32: 1e4 / 32 = 312.5 lies in [256, 512), steps of 32: nearest 320
     assert dequantize_fp8(quantize_fp8(big, 32.0), 32.0, torch.float32)[0] == 320 * 32
+
+
+def test_copy_on_write_copies_fp8_blocks_bit_for_bit() -> None:
+    kv = quantize_fp8(torch.randn(2, 2, 6, 4, 2, 8, generator=torch.Generator().manual_seed(2)) * 9,
+                      1.0)
+    before = kv.view(torch.uint8).clone()
+    copy_kv_blocks(kv, [(1, 4), (3, 5)])
+    raw = kv.view(torch.uint8)
+    assert torch.equal(raw[:, :, 4], before[:, :, 1]) and torch.equal(raw[:, :, 5], before[:, :, 3])
+    assert torch.equal(raw[:, :, :4], before[:, :, :4])
 
 
 def test_scales_are_positive_and_named() -> None:
