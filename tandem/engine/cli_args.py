@@ -31,6 +31,18 @@ from tandem.engine.lora.config import LoraConfig, parse_module
 from tandem.engine.spec.config import SPEC_METHODS, SpeculativeConfig
 
 
+def _kv_cache_dtype(value: str) -> str:
+    """--kv-cache-dtype's value: one of ``KV_CACHE_DTYPES``; vLLM's ``fp8_e5m2`` refused by
+    name (the fp8 cache stores e4m3)."""
+    if value == "fp8_e5m2":
+        raise argparse.ArgumentTypeError(
+            "fp8_e5m2 is not supported: the fp8 KV cache stores e4m3 (fp8 or fp8_e4m3)")
+    if value not in KV_CACHE_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice {value!r} (choose from {', '.join(KV_CACHE_DTYPES)})")
+    return value
+
+
 def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
     """Every engine flag with its argparse keywords: the one definition ``add_engine_args``
     and launchers that forward engine flags (``tandem local``/``tandem up``) both use."""
@@ -53,13 +65,18 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
                  "--kv-cache-memory-gb)")),
         ("--no-prefix-caching", dict(action="store_true")),
         ("--quantization", dict(
-            default="auto", choices=["auto", "none", "int8", "int4"],
+            default="auto", choices=["auto", "none", "int8", "int4", "fp8"],
             help="weights: auto keeps the checkpoint's own format (a GGUF's Q4_0/Q4_1/Q8_0 "
-                 "blocks as stored), none dequantizes, int8/int4 requantize")),
+                 "blocks as stored), none dequantizes, int8/int4 requantize; fp8 loads a "
+                 "checkpoint stored in FP8 (quant_method fp8, per-tensor or block-wise "
+                 "scales), dequantized at load, and refuses any other")),
         ("--kv-cache-dtype", dict(
-            default="auto", choices=list(KV_CACHE_DTYPES),
+            default="auto", type=_kv_cache_dtype, metavar="{" + ",".join(KV_CACHE_DTYPES) + "}",
             help="KV cache storage: auto is float16 for a float32 model on the CPU's native "
-                 "path and the model dtype elsewhere; int8 keeps a scale per head vector")),
+                 "path and the model dtype elsewhere; int8 keeps a scale per head vector; "
+                 "fp8 (= fp8_e4m3) stores e4m3 over one scale for K and one for V, half a "
+                 "16-bit cache's bytes (torch attention on the CPU: the native forward has "
+                 "no fp8 kernels); fp8_e5m2 is refused")),
         ("--max-num-seqs", dict(type=int, default=sched.max_num_seqs)),
         ("--max-num-batched-tokens", dict(type=int, default=sched.max_num_batched_tokens)),
         ("--tensor-parallel-size", dict(

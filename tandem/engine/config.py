@@ -14,7 +14,9 @@ from tandem.engine.lora.config import LoraConfig
 from tandem.engine.spec.config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+# fp8 and fp8_e4m3 (vLLM's two spellings) are one cache: e4m3 over per-tensor scales
+# (tandem/engine/quant/kv_fp8.py); vLLM's fp8_e5m2 is refused by name.
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8", "fp8_e4m3")
 GRAMMAR_COMPILE_BUDGET_S = 10.0  # EngineConfig.grammar_compile_budget_s's default
 
 
@@ -31,7 +33,8 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0  # engine RNG for unseeded sampling
     cache_dir: str | None = None  # converted-weights cache (default ~/.cache/tandem)
-    # auto (the checkpoint's own format) | none (dequantized) | int8 | int4 (tandem/engine/quant)
+    # auto (the checkpoint's own format) | none (dequantized) | int8 | int4 | fp8 (a checkpoint
+    # stored in FP8, dequantized at load) (tandem/engine/quant)
     quantization: str = "auto"
 
     def __post_init__(self) -> None:
@@ -43,9 +46,9 @@ class ModelConfig:
             raise ValueError("num_threads must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
-        if self.quantization not in ("auto", "none", "int8", "int4"):
-            raise ValueError(
-                f"quantization must be auto, none, int8 or int4, got {self.quantization!r}")
+        if self.quantization not in ("auto", "none", "int8", "int4", "fp8"):
+            raise ValueError(f"quantization must be auto, none, int8, int4 or fp8, got "
+                             f"{self.quantization!r}")
 
     def resolved_dtype(self) -> str:
         """The dtype actually used: ``auto`` is bf16 on CUDA and fp32 on CPU."""
@@ -66,7 +69,8 @@ class CacheConfig:
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     # auto (EngineConfig.resolved_kv_cache_dtype) | float32 | bfloat16 | float16 | int8 (+ a
-    # scale per head vector, tandem/engine/quant/kv_int8.py)
+    # scale per head vector, tandem/engine/quant/kv_int8.py) | fp8 = fp8_e4m3 (per-tensor
+    # scales, tandem/engine/quant/kv_fp8.py)
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -79,6 +83,9 @@ class CacheConfig:
         u = self.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u}")
+        if self.kv_cache_dtype == "fp8_e5m2":
+            raise ValueError("kv_cache_dtype fp8_e5m2 is not supported: the fp8 KV cache "
+                             "stores e4m3 (fp8 or fp8_e4m3)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
                              f"got {self.kv_cache_dtype!r}")
@@ -132,6 +139,9 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.speculative.speculative_method == "draft":
             raise ValueError("a draft model does not run in a tensor-parallel group: use "
                              "--speculative ngram or --tensor-parallel-size 1")
+        if self.tensor_parallel_size > 1 and self.cache.kv_cache_dtype.startswith("fp8"):
+            raise ValueError("an fp8 KV cache is not split over a tensor-parallel group yet: "
+                             "use --tensor-parallel-size 1 with --kv-cache-dtype fp8")
         if self.tensor_parallel_size > 1 and self.lora.enabled:
             raise ValueError("LoRA adapters are not sharded over a tensor-parallel group: "
                              "use --tensor-parallel-size 1 with --enable-lora")
@@ -146,17 +156,21 @@ class EngineConfig:
                 "gpu_memory_utilization sizes the KV cache on CUDA devices; on "
                 f"{self.model.device!r} use kv_cache_memory_gb or num_blocks")
         kv, dtype = self.cache.kv_cache_dtype, self.model.resolved_dtype()
-        if self.model.device.startswith("cuda") and kv not in ("auto", "int8", dtype):
-            raise ValueError(f"on CUDA the KV cache holds the model dtype ({dtype}) or int8, "
-                             f"not {kv}")
+        if self.model.device.startswith("cuda") and kv not in (
+                "auto", "int8", "fp8", "fp8_e4m3", dtype):
+            raise ValueError(f"on CUDA the KV cache holds the model dtype ({dtype}), int8 or "
+                             f"fp8, not {kv}")
 
     def resolved_kv_cache_dtype(self, native: bool | None = None) -> str:
         """What the KV cache stores: ``auto`` is float16 for a float32 model on the CPU's
         fused native path (every decode step reads the whole context's K and V: half the
         bytes, as llama.cpp's default f16 cache; perplexity in docs/bench/quantization.md),
-        and the model dtype everywhere else. ``native``: whether the native kernels will run
-        (the engine knows once it tried to load them); default ``use_native_kernels``."""
+        and the model dtype everywhere else; ``fp8_e4m3`` is ``fp8``. ``native``: whether the
+        native kernels will run (the engine knows once it tried to load them); default
+        ``use_native_kernels``."""
         kv = self.cache.kv_cache_dtype
+        if kv == "fp8_e4m3":  # vLLM's other name for the one fp8 cache
+            return "fp8"
         if kv != "auto":
             return kv
         dtype = self.model.resolved_dtype()

@@ -150,7 +150,7 @@ class LLMEngine:
         self.remote = KVConnector(  # the disaggregation seam: .decode and .prefill roles
             self, self.kv, self.scheduler, self.outputs, self.arch.vocab_size, cache,
             describe_cache(cache, runner_arch, self.model_path.name, self.dtype, cc.block_size,
-                           tp))
+                           tp, self.runner.fp8_scales.layout if self.runner.fp8_scales else ""))
 
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel group (nothing to do for one rank)."""

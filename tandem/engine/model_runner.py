@@ -34,6 +34,7 @@ from tandem.engine.models.linear import attach_fp32_shadows
 from tandem.engine.models.weights import torch_dtype
 from tandem.engine.parallel.step_wire import StepInputs
 from tandem.engine.prompt_logprobs import prompt_rows
+from tandem.engine.quant.kv_fp8 import FP8_DTYPE, Fp8KVBackend, Fp8Scales
 from tandem.engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from tandem.engine.runner_config import RunnerConfig
 from tandem.engine.step_threads import AdaptiveThreads, Lease, LeasedThreads, StepThreads
@@ -68,12 +69,17 @@ class ModelRunner:
         self.block_size = rc.block_size
         self.device = rc.device
         self.backend = get_backend(rc.backend)
-        int8_kv = rc.kv_cache_dtype == "int8"
-        if int8_kv and arch.mla is not None:
-            raise ValueError("--kv-cache-dtype int8 is not supported for multi-head latent "
-                             "attention (its latent cache is stored in a float dtype)")
-        if int8_kv:  # int8 values + a scale per head vector (tandem/engine/quant/kv_int8.py)
+        quant_kv = rc.kv_cache_dtype in ("int8", "fp8")
+        if quant_kv and arch.mla is not None:
+            raise ValueError(f"--kv-cache-dtype {rc.kv_cache_dtype} is not supported for "
+                             "multi-head latent attention (its latent cache is stored in a "
+                             "float dtype)")
+        # the per-tensor scales of an fp8 cache (None: another cache), named in its layout
+        self.fp8_scales = Fp8Scales() if rc.kv_cache_dtype == "fp8" else None
+        if rc.kv_cache_dtype == "int8":  # int8 values + a scale per head vector (kv_int8.py)
             self.backend = Int8KVBackend(self.backend)
+        elif self.fp8_scales is not None:  # e4m3 over per-tensor scales (quant/kv_fp8.py)
+            self.backend = Fp8KVBackend(self.backend, self.fp8_scales)
         # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b]
         # (an MLA model: [layers, 1, blocks, block_size, 1, kv_lora_rank + rope dims]).
         shape = (arch.num_layers, arch.kv_planes, rc.num_blocks, rc.block_size,
@@ -89,7 +95,7 @@ class ModelRunner:
         # a MoE layer picks its experts' matmuls by the step's routing (a host sync): not
         # capturable, so its decode steps run eagerly
         if (rc.cuda_graph_batch and rc.device.type == "cuda" and rc.backend == "triton"
-                and not int8_kv and arch.moe is None and not rc.tensor_parallel):
+                and not quant_kv and arch.moe is None and not rc.tensor_parallel):
             self.graphs = DecodeGraphs(
                 model, self.kv_cache, self.backend, rc.cuda_graph_batch,
                 -(-rc.max_model_len // rc.block_size), rc.block_size,
@@ -125,9 +131,9 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write of forked sequences: block ``dst`` of every layer (K and V, int8
-        scales included) becomes a copy of block ``src``, for each (src, dst) pair. Runs
-        before the step's forward; the same cache tensor serves the torch, triton, native and
-        CUDA-graph paths."""
+        scales included; an fp8 cache's scales are per tensor) becomes a copy of block
+        ``src``, for each (src, dst) pair. Runs before the step's forward; the same cache
+        tensor serves the torch, triton, native and CUDA-graph paths."""
         if self.group is not None and pairs:
             self.group.copy_blocks(pairs)
         copy_kv_blocks(self.kv_cache, pairs)
@@ -289,6 +295,8 @@ def kv_storage_dtype(dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
     """The KV cache tensor's dtype for a model computing in ``dtype``."""
     if kv_cache_dtype == "int8":
         return torch.int8
+    if kv_cache_dtype == "fp8":
+        return FP8_DTYPE
     return dtype if kv_cache_dtype == "auto" else torch_dtype(kv_cache_dtype)
 
 
@@ -297,6 +305,8 @@ def copy_kv_blocks(kv_cache: torch.Tensor, pairs: list[tuple[int, int]]) -> None
     ``[layers, 2, blocks, ...]``); sources are read before any destination is written."""
     if not pairs:
         return
+    if kv_cache.dtype == FP8_DTYPE:  # the bytes: torch's CPU indexing has no fp8 kernels
+        kv_cache = kv_cache.view(torch.uint8)
     src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=kv_cache.device)
     dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=kv_cache.device)
     kv_cache[:, :, dst] = kv_cache[:, :, src]

@@ -95,7 +95,9 @@ class KVCacheSpec:
 
     model: str
     dtype: str  # the model's compute dtype
-    kv_dtype: str  # the cache's storage dtype ("int8": values + per-vector scales)
+    # the cache's storage dtype ("int8": values + per-vector scales; "float8_e4m3fn": values
+    # over per-tensor scales, kv_scales)
+    kv_dtype: str
     block_size: int
     num_layers: int
     num_kv_heads: int
@@ -105,3 +107,4 @@ class KVCacheSpec:
     # > 1: the cache of rank 0 of a tensor-parallel group, holding only its KV heads (the
     # others hold theirs): no single-rank peer may exchange blocks with it
     tensor_parallel_size: int = 1
+    kv_scales: str = ""  # per-tensor scales no block carries (fp8: Fp8Scales.layout); "" none

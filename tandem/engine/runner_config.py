@@ -19,6 +19,7 @@ class RunnerConfig:
     backend: str  # attention backend name (tandem/engine/attention): "torch" | "triton"
     max_model_len: int
     # "auto" (= dtype) | "float32" | "bfloat16" | "float16" | "int8" (+ a scale per head vector)
+    # | "fp8" (e4m3 over per-tensor scales)
     kv_cache_dtype: str = "auto"
     cuda_graph_batch: int = 0  # largest decode batch captured in CUDA graphs (0: none)
     native_kernels: bool = False  # CPU: every step through tandem/engine/native's fused forward

@@ -33,7 +33,7 @@ Buffer = np.ndarray | memoryview
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int8": torch.int8,
+    "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn,
 }
 
 
@@ -103,10 +103,10 @@ class KvBlocks:
 
     def gather(self, lo: int, hi: int, ids: Sequence[int]) -> torch.Tensor:
         """A host copy of ``kv[lo:hi, :, ids]`` (the staged send path)."""
-        out = self.kv[lo:hi].index_select(2, self._index(ids))
+        out = _indexable(self.kv[lo:hi]).index_select(2, self._index(ids))
         if out.device.type != "cpu":
             out = out.to("cpu", non_blocking=False)
-        return out.contiguous()
+        return out.contiguous().view(self.kv.dtype)
 
     def staging(self, lo: int, hi: int, count: int) -> torch.Tensor:
         """An empty host buffer shaped like a payload (the staged receive path)."""
@@ -139,10 +139,16 @@ class KvBlocks:
     def scatter(self, lo: int, hi: int, ids: Sequence[int], host: torch.Tensor) -> None:
         """Write a received host payload into ``kv[lo:hi, :, ids]``; on CUDA the copy has
         finished when this returns, so a ``release`` after it cannot race a write in flight."""
-        src = host.to(self.kv.device, non_blocking=False)
-        self.kv[lo:hi].index_copy_(2, self._index(ids), src)
+        src = _indexable(host.to(self.kv.device, non_blocking=False))
+        _indexable(self.kv[lo:hi]).index_copy_(2, self._index(ids), src)
         if self.is_cuda:
             torch.cuda.current_stream(self.kv.device).synchronize()
+
+
+def _indexable(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or its bytes (same shape) for an fp8 cache: torch has no float8 index kernels
+    on the CPU."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def tensor_bytes(t: torch.Tensor) -> Buffer:

@@ -4,7 +4,10 @@ The engine hands each worker one tensor ``kv: [num_layers, planes, num_blocks, b
 num_kv_heads, row_width]``. ``KvLayout`` describes everything about it except ``num_blocks``,
 which differs per worker. ``row_width`` is ``head_dim`` for float caches; an int8 cache appends
 each head vector's scale as ``scale_bytes`` raw bytes, so a block carries its own scales:
-``row_width = head_dim + scale_bytes / itemsize``.
+``row_width = head_dim + scale_bytes / itemsize``. An fp8 cache (``float8_e4m3fn``) has
+``row_width = head_dim`` and per-tensor scales, one for K and one for V, that no block carries:
+``kv_scales`` names them (``"per-tensor k=1.0 v=1.0"``), so two fp8 peers whose scales differ
+are refused at HELLO as surely as an fp8 peer and a 16-bit one.
 
     kv_lora_rank = 0   planes = 2 (0 = K, 1 = V), num_kv_heads heads of head_dim each
     kv_lora_rank > 0   planes = 1: multi-head latent attention's compressed cache (DeepSeek),
@@ -30,11 +33,12 @@ import xxhash
 from tandem.kv_transfer.errors import LayoutMismatchError, MalformedFrame
 
 # Fields a peer may omit (their default, 0, meaning "none"); digested only when set.
-_OPTIONAL = ("scale_bytes", "kv_lora_rank", "tensor_parallel_size")
+_OPTIONAL = ("scale_bytes", "kv_lora_rank", "tensor_parallel_size", "kv_scales")
 
-# Bytes per element of each cache dtype we can move. int8 is listed for the quantised caches
-# that may come later; nothing here depends on the element being a float.
-ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+# Bytes per element of each cache dtype we can move (int8: values and per-vector scales;
+# float8_e4m3fn: values, scales per tensor); nothing here depends on the element being a float.
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1,
+                            "float8_e4m3fn": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,8 @@ class KvLayout:
     kv_lora_rank: int = 0
     # 0: one process holds every KV head; N > 1: rank 0's share of a group of N ranks
     tensor_parallel_size: int = 0
+    # per-tensor scales no block carries (fp8 caches: tandem/engine/quant/kv_fp8.py); "" none
+    kv_scales: str = ""
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ITEMSIZE:
@@ -94,8 +100,8 @@ class KvLayout:
     @property
     def fingerprint(self) -> str:
         """Stable hex digest of the layout (same value in every process and on every host)."""
-        # scale_bytes and kv_lora_rank join only when set, so K/V float layouts keep their
-        # published digests.
+        # scale_bytes, kv_lora_rank and kv_scales join only when set, so K/V float layouts
+        # keep their published digests.
         packed = msgpack.packb([getattr(self, f.name) for f in fields(self)
                                 if f.name not in _OPTIONAL or getattr(self, f.name)])
         return xxhash.xxh3_64_hexdigest(packed)
@@ -122,7 +128,7 @@ class KvLayout:
         for f in fields(cls):
             value = data.get(f.name)
             if f.name in _OPTIONAL and value is None:  # absent from older peers' maps
-                value = 0
+                value = f.default
             want = str if f.type == "str" else int
             if type(value) is not want:
                 raise MalformedFrame(f"layout.{f.name} missing or not {want.__name__}")

@@ -34,7 +34,8 @@ LINK_HALF_LIFE_S = 120.0
 
 
 # Bytes per element of the KV cache's storage dtypes (kv_transfer.layout.ITEMSIZE's).
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1,
+                               "float8_e4m3fn": 1}
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:

@@ -184,6 +184,7 @@ def kv_layout(spec: KVCacheSpec) -> KvLayout:
         scale_bytes=spec.scale_bytes,
         kv_lora_rank=spec.kv_lora_rank,
         tensor_parallel_size=spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else 0,
+        kv_scales=spec.kv_scales,
     )
 
 

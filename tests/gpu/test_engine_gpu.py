@@ -163,3 +163,33 @@ def test_cuda_sliding_window_mistral_matches_transformers(tmp_path, make_engine)
     prompts = _prompts([5, 17, 40, 70, 3])
     for prompt, tokens in zip(prompts, _run(engine, prompts), strict=True):
         assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
+
+
+def test_cuda_fp8_kv_triton_equals_torch_and_hands_off(tiny_dir, make_engine) -> None:
+    """fp8 KV on the device (tandem/engine/quant/kv_fp8.py): the Triton kernels over the
+    dequantized blocks give the torch backend's tokens, no CUDA graphs are captured, and a
+    handoff of fp8 blocks (staged through the host as bytes) continues the same tokens."""
+    path = tiny_dir("llama", 2)
+    kw = dict(model=str(path), device="cuda", dtype="float32", num_blocks=128,
+              kv_cache_dtype="fp8")
+    tri = make_engine(**kw, attention_backend="triton")
+    assert tri.runner.kv_cache.dtype == torch.float8_e4m3fn and tri.runner.graphs is None
+    ref = make_engine(**kw, attention_backend="torch")
+    prompts = _prompts([40, 7, 90])
+    want = _run(ref, prompts)
+    assert _run(tri, prompts) == want
+    prefill, decode = make_engine(**kw, attention_backend="triton"), tri
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    rid = prefill.remote.prefill.add(prompts[0], one, request_id="f")
+    first = None
+    while prefill.has_unfinished():
+        for out in prefill.step():
+            first = out.token_ids[0]
+    dst = decode.remote.decode.reserve("f", prompts[0], GREEDY).fill_block_ids
+    copy_blocks(prefill, prefill.remote.prefill.held_block_ids(rid), decode, dst)
+    prefill.remote.prefill.release(rid)
+    tokens = list(decode.remote.decode.commit("f", first).new_token_ids)
+    while decode.has_unfinished():
+        for out in decode.step():
+            tokens += out.new_token_ids
+    assert tokens == want[0]

@@ -173,8 +173,8 @@ def test_values_no_worker_could_serve_fail_the_render(
 
 
 def test_engine_values_are_checked_by_the_schema() -> None:
-    for key, value, field in (("engine", {"quantization": "fp8"}, "/engine/quantization"),
-                              ("engine", {"kvCacheDtype": "fp8"}, "/engine/kvCacheDtype"),
+    for key, value, field in (("engine", {"quantization": "nvfp4"}, "/engine/quantization"),
+                              ("engine", {"kvCacheDtype": "fp8_e5m2"}, "/engine/kvCacheDtype"),
                               ("decode", {"maxNumSeqs": -1}, "/decode/maxNumSeqs"),
                               ("decode", {"speculative": {"method": "eagle"}},
                                "/decode/speculative/method")):

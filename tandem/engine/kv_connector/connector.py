@@ -61,9 +61,11 @@ class KVConnector:
 
 
 def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: torch.dtype,
-                   block_size: int, tensor_parallel_size: int = 1) -> KVCacheSpec:
+                   block_size: int, tensor_parallel_size: int = 1,
+                   kv_scales: str = "") -> KVCacheSpec:
     """The ``KVCacheSpec`` of an engine's cache tensor (``arch``: what this process's cache
-    holds, one rank's KV heads in a tensor-parallel group of ``tensor_parallel_size``)."""
+    holds, one rank's KV heads in a tensor-parallel group of ``tensor_parallel_size``;
+    ``kv_scales``: how its per-tensor scales are named, an fp8 cache's ``Fp8Scales.layout``)."""
     return KVCacheSpec(
         model=model,
         dtype=str(dtype).removeprefix("torch."),
@@ -76,4 +78,5 @@ def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: t
         scale_bytes=(kv_cache.shape[-1] - arch.kv_cache_dim) * kv_cache.element_size(),
         kv_lora_rank=arch.mla.kv_lora_rank if arch.mla is not None else 0,
         tensor_parallel_size=tensor_parallel_size,
+        kv_scales=kv_scales,
     )

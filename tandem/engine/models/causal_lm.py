@@ -59,6 +59,9 @@ class CausalLM(nn.Module):
     # How the checkpoint's weights were stored: "none" (float), or the pre-quantized format
     # the loader read, e.g. "awq-int4-g128" (tandem/engine/quant/prequantized; set by load_model).
     quant_format: str = "none"
+    # The format of a checkpoint whose weights were dequantized at load (an FP8 one:
+    # "fp8-block128x128"), None otherwise; --quantization fp8 requires one.
+    dequantized_from: str | None = None
 
     def __init__(self, arch: ModelArch, cos: torch.Tensor, sin: torch.Tensor) -> None:
         super().__init__()

@@ -9,7 +9,8 @@
 Tensors are streamed from safetensors and copied into our (fused) parameters layer by layer,
 with a progress bar; nothing is materialized twice, and each copy checks its shape. The
 linears of a pre-quantized checkpoint (tandem/engine/quant/prequantized) become Int4Linear /
-Int8Linear built from the stored values.
+Int8Linear built from the stored values; an FP8 checkpoint's are dequantized into float
+linears as they are copied (``PrequantizedFormat.float_weight``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from tandem.engine.quant.prequantized import (
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -115,6 +117,9 @@ def load_model(
             _check_tied_head(model, tensors)
     _check_all_used(tensors, spec.ignored_tensors, spec.extra_layers(hf_config))
     model.eval()
+    if fmt.dequantizes_at_load:
+        model.dequantized_from = fmt.label
+        log.info("%s checkpoint: weights dequantized at load", fmt.label)
     if quantized:
         model.quant_format = fmt.label
         log.info("pre-quantized checkpoint %s: %d of %d linear layers quantized (%d decoder "
@@ -186,7 +191,10 @@ def _stored_quantized(fmt: PrequantizedFormat, parts: tuple[str, ...], t: _Tenso
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
-    """``dst.copy_(src)`` for equal shapes only (copy_ would broadcast a wrong one)."""
+    """``dst.copy_(src)`` for equal shapes only (copy_ would broadcast a wrong one), never from
+    fp8 storage (its scales live beside it: only an fp8 checkpoint's linears read them)."""
+    if src.dtype in _FP8:
+        raise ModelLoadError(f"{name} is stored as {src.dtype} where no scale applies")
     if tuple(dst.shape) != tuple(src.shape):
         raise ModelLoadError(f"{name}: checkpoint shape {tuple(src.shape)}, the config says "
                              f"{tuple(dst.shape)}")
@@ -211,7 +219,8 @@ class _LinearLoader:
             set_module(self.model, name, build_linear(weight, b, self.device))
             return
         lin = self.model.get_submodule(name)
-        _copy(lin.weight, torch.cat([t.get(p + ".weight") for p in parts], dim=0), name)
+        weight = torch.cat([self.fmt.float_weight(p, t) for p in parts], dim=0)
+        _copy(lin.weight, weight, name)
         if bias is not None:
             _copy(lin.bias, bias, name + " bias")
 

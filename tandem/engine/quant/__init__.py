@@ -1,4 +1,4 @@
-"""Weight-only quantization of the linear layers and the int8 KV cache.
+"""Weight-only quantization of the linear layers and the int8 and fp8 KV caches.
 
     --quantization auto   (default) the checkpoint's own format: a GGUF's Q4_0/Q4_1/Q8_0
                           tensors as stored (tandem/engine/quant/gguf_blocks.py), embedding included
@@ -7,7 +7,10 @@
     --quantization int4   decoder Linears -> Int4Linear, groups of 32 with scale + zero point
                           (taken straight from a Q4_1 GGUF's blocks when the model is one);
                           lm_head -> Int8Linear (a 49k-row int4 head costs too much quality)
+    --quantization fp8    a checkpoint stored in FP8, dequantized at load (prequantized/fp8.py)
     --kv-cache-dtype int8 the paged cache stores int8 + one fp32 scale per head vector
+    --kv-cache-dtype fp8  the paged cache stores e4m3 over one scale for K and one for V
+                          (kv_fp8.py)
 
 On the CPU with the native kernels every quantized layer becomes a PackedLinear
 (tandem/engine/native/packed_linear.py) run by tandem/engine/native for any number of rows. Without them,

@@ -6,6 +6,9 @@
     int8   every linear layer, lm_head included, per output channel
     int4   decoder linears in groups of 32 (a GGUF's own Q4_1 blocks where it has them, else
            min/max of the float weights); lm_head int8
+    fp8    a checkpoint stored in FP8 (quant_method fp8: tandem/engine/quant/prequantized/
+           fp8.py), its weights dequantized at load; refused for any other checkpoint (no
+           online FP8 quantization). auto and none load such a checkpoint the same way.
 
 On the CPU with the native kernels (fp32 activations), every quantized layer is a
 PackedLinear: the kernels' layout is the one copy of its weights. Elsewhere (CUDA, no
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QUANT_METHODS = ("auto", "none", "int8", "int4")
+QUANT_METHODS = ("auto", "none", "int8", "int4", "fp8")
 
 
 @dataclass(slots=True)
@@ -47,11 +50,14 @@ class QuantSummary:
 
     method: str
     counts: Counter[str] = field(default_factory=Counter)  # format -> modules
+    dequantized_from: str | None = None  # an FP8 checkpoint's format, now float weights
 
     @property
     def format(self) -> str:
-        """One line for start-up logs and ``/v1/models``: ``Q4_1 x210 + Q8_0 x1`` or
-        ``unquantized``."""
+        """One line for start-up logs and ``/v1/models``: ``Q4_1 x210 + Q8_0 x1``,
+        ``fp8-block128x128 (dequantized at load)`` or ``unquantized``."""
+        if self.dequantized_from is not None:
+            return f"{self.dequantized_from} (dequantized at load)"
         if not self.counts:
             return "unquantized"
         return " + ".join(f"{k} x{v}" for k, v in sorted(self.counts.items(),
@@ -68,6 +74,15 @@ def quantize_model(
     if method not in QUANT_METHODS:
         raise ValueError(f"quantization must be one of {QUANT_METHODS}, got {method!r}")
     summary = QuantSummary(method)
+    source = model.dequantized_from  # an FP8 checkpoint's format, its weights now float
+    if method == "fp8" and source is None:
+        raise ModelLoadError(
+            "--quantization fp8 loads checkpoints stored in FP8 (quantization_config."
+            "quant_method fp8); this one is not (online FP8 quantization is not supported: "
+            "use auto, int8 or int4)")
+    if source is not None and method in ("auto", "none", "fp8"):
+        summary.dequantized_from = source
+        return summary
     if getattr(model, "quant_format", "none") != "none":
         return _prequantized(model, method, packed, summary)
     if method == "none" or (method == "auto" and gguf_path is None):

@@ -20,7 +20,7 @@ from tandem.kv_transfer.testing import (
     tiny_layout,
 )
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,14 +4,16 @@
       "awq"                 -> AwqFormat                 awq.py
       "gptq"                -> GptqFormat                gptq.py
       "compressed-tensors"  -> CompressedTensorsFormat   compressed_tensors.py
+      "fp8"                 -> Fp8Format                 fp8.py (dequantized at load)
       absent                -> DENSE (nothing quantized; quantized-looking tensors are refused)
       anything else         -> ModelLoadError naming it and what is supported
 
 Older AutoGPTQ / AutoAWQ exports keep the settings in ``quantize_config.json`` /
-``quant_config.json`` beside config.json; those are read too. Each format unpacks a linear's
-tensors into ``(q, scale, zero)`` (int4) or ``(q, scale)`` (int8) in our convention
-(``unpacked.py``); tandem/engine/models/weights.py builds the layers straight from them, never through
-float weights.
+``quant_config.json`` beside config.json; those are read too. Each integer format unpacks a
+linear's tensors into ``(q, scale, zero)`` (int4) or ``(q, scale)`` (int8) in our convention
+(``unpacked.py``); tandem/engine/models/weights.py builds the layers straight from them, never
+through float weights. FP8 is the exception: its weights are dequantized at load
+(``float_weight``) and the model holds float linears.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tandem.engine.quant.prequantized.base import (
     unsupported,
 )
 from tandem.engine.quant.prequantized.compressed_tensors import CompressedTensorsFormat
+from tandem.engine.quant.prequantized.fp8 import Fp8Format
 from tandem.engine.quant.prequantized.gptq import GptqFormat
 from tandem.engine.quant.prequantized.unpacked import (
     Int4Weight,
@@ -43,6 +46,7 @@ _READERS = {
     "awq": AwqFormat.from_config,
     "gptq": GptqFormat.from_config,
     "compressed-tensors": CompressedTensorsFormat.from_config,
+    "fp8": Fp8Format.from_config,
 }
 # Side files of older exports: file name -> the quant_method they imply.
 _SIDE_FILES = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
@@ -83,6 +87,7 @@ __all__ = [
     "SUPPORTED",
     "AwqFormat",
     "CompressedTensorsFormat",
+    "Fp8Format",
     "GptqFormat",
     "Int4Weight",
     "Int8Weight",

@@ -21,7 +21,9 @@ SUPPORTED = (
     "awq (GEMM, int4, zero points, group 32/64/128); "
     "gptq (int4, group 32/64/128, sym or asym, desc_act false); "
     "compressed-tensors (weight-only: pack-quantized int4 group 32/64/128 sym or asym, "
-    "int8 per channel in pack-quantized, int-quantized or naive-quantized)"
+    "int8 per channel in pack-quantized, int-quantized or naive-quantized); "
+    "fp8 (e4m3, per-tensor weight_scale or block-wise weight_scale_inv, dynamic activations; "
+    "dequantized at load)"
 )
 # Tensor suffixes that only quantized checkpoints hold.
 _QUANTIZED_SUFFIXES = (".qweight", ".weight_packed", ".weight_scale")
@@ -70,6 +72,17 @@ class PrequantizedFormat(ABC):
     @abstractmethod
     def unpack(self, prefix: str, tensors: TensorSource) -> QuantizedWeight:
         """The quantized linear at ``prefix`` in our convention; raises ModelLoadError."""
+
+    @property
+    def dequantizes_at_load(self) -> bool:
+        """Whether the format's weights become float at load (``float_weight``) rather than
+        quantized layers (``unpack``)."""
+        return False
+
+    def float_weight(self, prefix: str, tensors: TensorSource) -> torch.Tensor:
+        """The weight ``[N, K]`` of a linear loaded as float (``is_quantized`` false): as
+        stored, or dequantized by a format that ``dequantizes_at_load``."""
+        return tensors.get(prefix + ".weight")
 
 
 class Dense(PrequantizedFormat):

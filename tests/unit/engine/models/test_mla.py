@@ -152,9 +152,10 @@ def test_the_native_path_declines_mla_and_auto_keeps_the_model_dtype(family_dir,
     assert "multi-head latent attention" in reason or load() is None
 
 
-def test_an_int8_kv_cache_is_refused(family_dir, make_engine) -> None:
-    with pytest.raises(ValueError, match="int8 is not supported for multi-head latent"):
-        _engine(make_engine, family_dir("deepseek_v3"), kv_cache_dtype="int8")
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_a_quantized_kv_cache_is_refused(family_dir, make_engine, kv: str) -> None:
+    with pytest.raises(ValueError, match=f"{kv} is not supported for multi-head latent"):
+        _engine(make_engine, family_dir("deepseek_v3"), kv_cache_dtype=kv)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "deepseek_v2", "deepseek_v3"])

@@ -51,8 +51,8 @@ def test_without_native_kernels_auto_keeps_the_model_dtype() -> None:
 
 def test_unknown_or_mismatched_kv_dtypes_are_refused() -> None:
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
-        EngineConfig.from_kwargs(kv_cache_dtype="fp8")
-    # the Triton kernels read the model dtype's cache (or int8 through the wrapper)
+        EngineConfig.from_kwargs(kv_cache_dtype="fp4")
+    # the Triton kernels read the model dtype's cache (or int8/fp8 through a wrapper)
     with pytest.raises(ValueError, match="on CUDA the KV cache holds the model dtype"):
         EngineConfig.from_kwargs(device="cuda", kv_cache_dtype="float16")
 

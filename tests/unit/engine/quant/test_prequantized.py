@@ -1,4 +1,4 @@
-"""Pre-quantized checkpoints (AWQ, GPTQ, compressed-tensors) load exactly.
+"""Pre-quantized checkpoints (AWQ, GPTQ, compressed-tensors) load exactly (FP8 has its own file).
 
 Checkpoints are written by tandem/engine/testing/prequantized.py, whose packers follow each format's
 layout independently of the loader; every loaded layer must dequantize to the format's
@@ -263,7 +263,7 @@ W8A8["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": 
                                                           "strategy": "token", "dynamic": True}
 REFUSED = {
     "bitsandbytes": ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes"),
-    "fp8": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+    "fp8-static": ({"quant_method": "fp8", "activation_scheme": "static"}, "fp8.*static"),
     "awq-3bit": (_with(AWQ, bits=3), "awq.*3-bit"),
     "awq-gemv": (_with(AWQ, version="gemv"), "awq.*gemv"),
     "awq-no-zero-point": (_with(AWQ, zero_point=False), "awq.*zero_point"),

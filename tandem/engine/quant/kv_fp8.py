@@ -1,0 +1,122 @@
+"""The fp8 paged KV cache: float8 e4m3 values over one per-tensor scale for K and one for V.
+
+Each cached element is one byte, ``x ~= float(q) * scale``, ``q = e4m3(clamp(x / scale,
+-448, 448))``; the cache stays one tensor ``[L, 2, num_blocks, block_size, Hkv, D]`` of
+``torch.float8_e4m3fn``, half the bytes of a 16-bit cache (and of a 16-bit cache's push):
+
+    k_cache[..., d] = e4m3(k[..., d] / k_scale)      v_cache[..., d] = e4m3(v[..., d] / v_scale)
+
+Scales are per tensor, as vLLM's and SGLang's ``k_scale``/``v_scale``: a property of the
+cache, fixed when it is made, not of a block. So blocks need no scales beside them (the prefix
+cache, copy-on-write and the KV transfer move bytes only), a block written by one worker reads
+the same on a peer whose scales are equal, and the transfer layout names the scales
+(``Fp8Scales.layout``) so peers whose scales differ are refused at HELLO. Without calibrated
+scales from a checkpoint both are 1.0, vLLM's default too: e4m3 keeps a relative precision of
+2^-4 over [2^-6, 448] whatever the scale, so a scale only moves where values fall off either
+end. SmolLM2's K and V stay under 20 in magnitude and mostly above 2^-6 (but layer 0's V, 43%
+below it), and scales calibrated per layer (amax / 448 of each layer's K and V over the same
+text) measured no better than 1.0 on its perplexity (21.254 against 21.227, float16 KV 20.919,
+1,024 tokens of tests/data/ppl_text.txt): the loss is e4m3's 3-bit mantissa, not its range.
+A value past 448 * scale saturates (torch's cast would make it NaN).
+
+``Fp8KVBackend`` wraps any attention backend (torch, or Triton on CUDA), as the int8 cache's
+wrapper does: it quantizes on write and, per step, dequantizes only the blocks named in the
+step's block tables into a compact float cache the wrapped backend attends over. The fused
+native CPU forward has no fp8 kernels and declines an fp8 cache (the torch path serves it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
+from tandem.engine.platform import cpu_emulates_bf16
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3fn value
+# The spellings --kv-cache-dtype takes for this cache (vLLM's two), and the one it refuses.
+FP8_NAMES = ("fp8", "fp8_e4m3")
+FP8_E5M2 = "fp8_e5m2"
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Scales:
+    """The per-tensor scales of an fp8 cache: ``x = float(q) * scale``."""
+
+    k: float = 1.0
+    v: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("k", "v"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"fp8 KV {name}_scale must be finite and > 0, got {value}")
+
+    @property
+    def layout(self) -> str:
+        """How the transfer layout names them: equal strings only for equal scales."""
+        return f"per-tensor k={self.k!r} v={self.v!r}"
+
+
+def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:  # [...] float -> [...] e4m3
+    """``x / scale`` saturated to e4m3's range, rounded to nearest even."""
+    return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def dequantize_fp8(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``[...]`` e4m3 -> ``[...]`` in ``dtype``."""
+    return (q.float() * scale).to(dtype)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as uint8, same shape: torch's index_copy_ has no float8 kernel on the CPU."""
+    return t.view(torch.uint8)
+
+
+class Fp8KVBackend:
+    """An attention backend over an fp8 cache, delegating the attention math to ``inner``."""
+
+    def __init__(self, inner: AttentionBackend, scales: Fp8Scales) -> None:
+        self.inner = inner
+        self.scales = scales
+        self.name = f"{inner.name}+fp8kv"
+
+    def write_kv(
+        self,
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float8_e4m3fn
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [T] int64
+    ) -> None:
+        """Quantize the step's new K/V and scatter them into their slots."""
+        flat_k = _bytes(k_cache).view(-1, k_cache.shape[-2], k_cache.shape[-1])
+        flat_v = _bytes(v_cache).view(-1, v_cache.shape[-2], v_cache.shape[-1])
+        flat_k.index_copy_(0, slot_mapping, _bytes(quantize_fp8(key, self.scales.k)))
+        flat_v.index_copy_(0, slot_mapping, _bytes(quantize_fp8(value, self.scales.v)))
+
+    def attend(
+        self,
+        query: torch.Tensor,  # [T, Hq, D]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """Dequantize the step's blocks (``[B * W]`` of them, table order) and attend (through
+        a sliding ``window`` when set)."""
+        b, w = meta.block_tables.shape
+        # a block freed behind a sliding window is -1 and never read: dequantize block 0 there
+        flat = meta.block_tables.reshape(-1).long().clamp(min=0)
+        # bf16 attention on a CPU without bf16 math runs in fp32 anyway: skip a round trip.
+        dtype = torch.float32 if cpu_emulates_bf16(query) else query.dtype
+        k = dequantize_fp8(k_cache.index_select(0, flat), self.scales.k, dtype)  # [B*W, bs, Hkv, D]
+        v = dequantize_fp8(v_cache.index_select(0, flat), self.scales.v, dtype)
+        tables = torch.arange(b * w, dtype=torch.int32, device=flat.device).view(b, w)
+        local = dataclasses.replace(meta, block_tables=tables)
+        return self.inner.attend(query, k, v, local, scale, window).to(query.dtype)

@@ -1,0 +1,145 @@
+"""FP8 checkpoints (``quant_method: fp8``) load dequantized, exactly, and strictly.
+
+Checkpoints are written by tandem/engine/testing/fp8_checkpoint.py from a tiny perturbed
+model: e4m3 weights with one ``weight_scale`` per tensor, or block-wise ``weight_scale_inv``
+in blocks that do not divide the weights (partial edge blocks). Every loaded linear must equal
+the format's reference ``weight.float() * scale`` bit for bit, and the engine's greedy output
+must equal transformers' ``generate()`` on a float checkpoint holding those reference weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tandem.engine.errors import ModelLoadError, UnusedTensorsError
+from tandem.engine.models.weights import load_model
+from tandem.engine.quant.prequantized import Fp8Format, format_from_config
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.testing import make_tiny_checkpoint
+from tandem.engine.testing.fp8_checkpoint import write_dequantized, write_fp8
+from tests.unit.engine._reference import engine_token_ids, hf_greedy
+
+CPU = torch.device("cpu")
+BLOCKS = {"tensor": None, "block48x32": (48, 32)}
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "self_attn.o_proj": ("self_attn.o_proj",),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+         "mlp.down_proj": ("mlp.down_proj",)}
+
+
+@pytest.fixture(scope="module")
+def fp8_pair(tmp_path_factory: pytest.TempPathFactory):
+    """``fp8_pair(kind, arch)``: (fp8 dir, dequantized float dir, reference weights)."""
+    made: dict[tuple[str, str], tuple[Path, Path, dict[str, torch.Tensor]]] = {}
+
+    def get(kind: str, arch: str = "llama"):
+        if (kind, arch) not in made:
+            root = tmp_path_factory.mktemp(f"fp8-{kind}-{arch}")
+            dense = make_tiny_checkpoint(root / "dense", arch=arch, hidden_size=128)
+            ref = write_fp8(dense, root / "fp8", BLOCKS[kind])
+            write_dequantized(dense, root / "ref", ref)
+            made[kind, arch] = (root / "fp8", root / "ref", ref)
+        return made[kind, arch]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", list(BLOCKS))
+def test_layers_equal_the_reference_dequantization(fp8_pair, kind: str) -> None:
+    qdir, _, ref = fp8_pair(kind)
+    stored = load_file(str(qdir / "model.safetensors"))
+    assert stored["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    model = load_model(qdir, torch.float32, CPU, 256, progress=False)[0]
+    assert model.dequantized_from == ("fp8-tensor" if kind == "tensor" else "fp8-block48x32")
+    for i, layer in enumerate(model.layers):
+        for ours, parts in FUSED.items():
+            want = torch.cat([ref[f"model.layers.{i}.{p}"] for p in parts])
+            assert torch.equal(layer.get_submodule(ours).weight, want), (i, ours)
+
+
+@pytest.mark.parametrize("kind,arch", [("tensor", "llama"), ("block48x32", "llama"),
+                                       ("block48x32", "qwen3"), ("tensor", "qwen3_moe"),
+                                       ("block48x32", "deepseek_v3")])
+def test_engine_greedy_equals_transformers_on_the_dequantized_weights(
+        fp8_pair, make_engine, kind: str, arch: str) -> None:
+    qdir, refdir, _ = fp8_pair(kind, arch)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    prompts = [[5, 17, 33, 101, 7], list(range(40, 90))]
+    for quantization in ("fp8", "auto"):
+        engine = make_engine(model=str(qdir), num_blocks=32, quantization=quantization)
+        assert engine.weights_format.endswith("(dequantized at load)")
+        got = engine_token_ids(engine, prompts, params)
+        assert got == [hf_greedy(refdir, p, 10) for p in prompts]
+
+
+def test_fp8_quantization_refuses_a_checkpoint_not_in_fp8(tiny_dir, make_engine) -> None:
+    with pytest.raises(ModelLoadError, match="loads checkpoints stored in FP8"):
+        make_engine(model=str(tiny_dir("llama", 2)), num_blocks=8, quantization="fp8")
+
+
+def _rewrite(src: Path, dst: Path, edit_tensors=None, edit_qc=None) -> Path:
+    dst.mkdir()
+    state = load_file(str(src / "model.safetensors"))
+    if edit_tensors:
+        edit_tensors(state)
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    if edit_qc:
+        edit_qc(config["quantization_config"])
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+def test_loading_is_strict(fp8_pair, tmp_path: Path) -> None:
+    block, _, _ = fp8_pair("block48x32")
+    tensor, _, _ = fp8_pair("tensor")
+
+    def load(path: Path) -> None:
+        load_model(path, torch.float32, CPU, 256, progress=False)
+
+    # a static activation scale is refused by name, not left unused
+    with pytest.raises(ModelLoadError, match="input_scale"):
+        load(_rewrite(tensor, tmp_path / "a", lambda s: s.update(
+            {Q + ".input_scale": torch.ones(1)})))
+    # a scale beside a float weight
+    with pytest.raises(ModelLoadError, match="lm_head.weight_scale scales lm_head.weight"):
+        load(_rewrite(tensor, tmp_path / "b", lambda s: s.update(
+            {"lm_head.weight_scale": torch.ones(1)})))
+    # a tensor nobody reads (a calibrated KV scale) fails the load naming it
+    with pytest.raises(UnusedTensorsError, match="k_scale"):
+        load(_rewrite(tensor, tmp_path / "g", lambda s: s.update(
+            {"model.layers.0.self_attn.k_scale": torch.ones(1)})))
+    # an fp8 weight without its scale
+    with pytest.raises(ModelLoadError, match="no scale"):
+        load(_rewrite(block, tmp_path / "c", lambda s: s.pop(Q + ".weight_scale_inv")))
+    # block scales of the wrong shape
+    with pytest.raises(ModelLoadError, match="expected"):
+        load(_rewrite(block, tmp_path / "d", lambda s: s.update(
+            {Q + ".weight_scale_inv": torch.ones(1, 1)})))
+    # block scales without weight_block_size
+    with pytest.raises(ModelLoadError, match="without weight_block_size"):
+        load(_rewrite(block, tmp_path / "e", edit_qc=lambda qc: qc.pop("weight_block_size")))
+    # an fp8 tensor outside a linear (no scale applies to it)
+    with pytest.raises(ModelLoadError, match="no scale applies"):
+        load(_rewrite(tensor, tmp_path / "f", lambda s: s.update(
+            {"model.norm.weight": s["model.norm.weight"].to(torch.float8_e4m3fn)})))
+
+
+@pytest.mark.parametrize("qc,match", [
+    ({"activation_scheme": "static"}, "activation_scheme 'static'"),
+    ({"fmt": "e5m2"}, "fmt 'e5m2'"),
+    ({"weight_block_size": [128]}, "weight_block_size"),
+    ({"kv_cache_scheme": {"num_bits": 8}}, "kv_cache_scheme"),
+])
+def test_unsupported_configs_are_refused_by_name(qc: dict, match: str) -> None:
+    with pytest.raises(ModelLoadError, match=match):
+        format_from_config({"quant_method": "fp8", **qc})
+    assert format_from_config({"quant_method": "fp8"}) == Fp8Format(None)
