@@ -15,6 +15,8 @@ RANK = textwrap.dedent("""
     import sys, time, torch
     from tandem.engine.parallel.collectives import AllReduce, join, leave
     rank, store = int(sys.argv[1]), sys.argv[2]
+    print("imported", flush=True)
+    sys.stdin.readline()  # both ranks join once both are ready: the 3 s bound is the group's
     join(store, rank, 2, "cpu", timeout_s=3.0)
     layer = AllReduce(torch.nn.Identity())
     print("sum", layer(torch.full((3,), float(rank + 1))).tolist(), flush=True)
@@ -34,16 +36,27 @@ RANK = textwrap.dedent("""
 def test_an_all_reduce_whose_peer_hangs_raises_after_the_timeout(tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir(mode=0o700)
-    hung = subprocess.Popen([sys.executable, "-c", RANK, "1", str(store)], cwd=ROOT,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(store)], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    leader, hung = ranks
     try:
-        leader = subprocess.run([sys.executable, "-c", RANK, "0", str(store)], cwd=ROOT,
-                                capture_output=True, text=True, timeout=300)
-        assert leader.returncode == 0, leader.stderr[-2000:]
-        lines = leader.stdout.splitlines()
+        # Importing torch may take longer than the group's timeout on a busy host: the
+        # ranks are told to join only once both have.
+        for proc in ranks:
+            assert proc.stdout.readline() == "imported\n"  # type: ignore[union-attr]
+        for proc in ranks:
+            proc.stdin.write("go\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+        out, err = leader.communicate(timeout=300)
+        assert leader.returncode == 0, err[-2000:]
+        lines = out.splitlines()
         assert lines[0] == "sum [3.0, 3.0, 3.0]"  # the group worked while both took part
         assert lines[1].startswith("raised after")
     finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait(timeout=60)
         hung.stdin.close()  # type: ignore[union-attr]
         hung.wait(timeout=60)
     assert hung.stdout.read().startswith("sum [3.0, 3.0, 3.0]")  # type: ignore[union-attr]
