@@ -196,6 +196,7 @@ def layout_to_proto(layout: KvLayout) -> worker_pb2.KVLayout:
         model=summary.model, dtype=summary.dtype, block_size=summary.block_size,
         num_layers=summary.num_layers, num_kv_heads=summary.num_kv_heads,
         head_dim=summary.head_dim, fingerprint=summary.fingerprint,
+        bytes_per_token=summary.bytes_per_token,
     )
 
 
@@ -205,4 +206,5 @@ def layout_from_proto(layout: worker_pb2.KVLayout) -> LayoutSummary:
         model=layout.model, dtype=layout.dtype, block_size=layout.block_size,
         num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
         head_dim=layout.head_dim, fingerprint=layout.fingerprint,
+        bytes_per_token=layout.bytes_per_token,
     )

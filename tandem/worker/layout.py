@@ -29,13 +29,16 @@ class LayoutSummary:
     num_kv_heads: int
     head_dim: int
     fingerprint: str
+    bytes_per_token: int = 0  # on the wire, every layer (0: not stated)
 
     @classmethod
     def of(cls, layout: KvLayout) -> LayoutSummary:
         """The summary of a transfer layout."""
+        per_block = layout.payload_bytes(layout.num_layers, 1)
         return cls(model=layout.model_id, dtype=layout.kv_dtype, block_size=layout.block_size,
                    num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
-                   head_dim=layout.head_dim, fingerprint=layout.fingerprint)
+                   head_dim=layout.head_dim, fingerprint=layout.fingerprint,
+                   bytes_per_token=per_block // layout.block_size)
 
 
 def layout_mismatch(own: KvLayout, theirs: LayoutSummary) -> str | None:

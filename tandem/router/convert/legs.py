@@ -64,7 +64,8 @@ def move_out_request(leg_id: str, reservation: Reservation, last_token: int
 def _layout_to_proto(lo: KvLayout) -> worker_pb2.KVLayout:
     return worker_pb2.KVLayout(
         model=lo.model, dtype=lo.dtype, block_size=lo.block_size, num_layers=lo.num_layers,
-        num_kv_heads=lo.num_kv_heads, head_dim=lo.head_dim, fingerprint=lo.fingerprint)
+        num_kv_heads=lo.num_kv_heads, head_dim=lo.head_dim, fingerprint=lo.fingerprint,
+        bytes_per_token=lo.bytes_per_token)
 
 
 def _name(identity: str) -> str:
@@ -78,7 +79,7 @@ def reservation_from_proto(reply: worker_pb2.ReserveResponse) -> Reservation:
     if reply.HasField("layout"):
         lo = reply.layout
         layout = KvLayout(lo.model, lo.dtype, lo.block_size, lo.num_layers, lo.num_kv_heads,
-                          lo.head_dim, lo.fingerprint)
+                          lo.head_dim, lo.fingerprint, lo.bytes_per_token)
     return Reservation(reply.transfer_id, tuple(reply.block_ids), reply.kv_endpoint, layout,
                        reply.cached_tokens, reply.lora_identity)
 

@@ -46,6 +46,7 @@ class KvLayout:
     num_kv_heads: int
     head_dim: int
     fingerprint: str
+    bytes_per_token: int = 0  # KV bytes a token's blocks carry on the wire (0: not stated)
 
 
 @dataclass(frozen=True, slots=True)

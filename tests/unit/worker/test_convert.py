@@ -114,6 +114,18 @@ def test_layouts() -> None:
     assert why is not None and "block_size: 32 (decode) != 16 (prefill)" in why
 
 
+def test_layouts_state_the_bytes_a_token_pushes() -> None:
+    """The router prices a push by the bytes per token the decode worker states: K and V for
+    a K/V cache (int8's scales included), one plane for a latent cache, not 2 x heads x dim."""
+    fp16 = kv_layout(KVCacheSpec("m", "float32", "float16", 16, 4, 2, 16))
+    assert LayoutSummary.of(fp16).bytes_per_token == 4 * 2 * 2 * 16 * 2
+    int8 = kv_layout(KVCacheSpec("m", "float32", "int8", 16, 4, 2, 16, scale_bytes=4))
+    assert LayoutSummary.of(int8).bytes_per_token == 4 * 2 * 2 * (16 + 4)
+    latent = kv_layout(KVCacheSpec("m", "bfloat16", "bfloat16", 16, 4, 1, 72, kv_lora_rank=64))
+    assert LayoutSummary.of(latent).bytes_per_token == 4 * 1 * 72 * 2
+    assert layout_from_proto(layout_to_proto(latent)).bytes_per_token == 4 * 72 * 2
+
+
 @pytest.mark.parametrize("exc,code", [
     (InvalidRequestError("top_p", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
     (OutOfBlocksError("3 needed"), grpc.StatusCode.RESOURCE_EXHAUSTED),

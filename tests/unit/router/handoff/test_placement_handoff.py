@@ -213,3 +213,16 @@ def test_the_link_is_learnt_from_pushes_and_then_prices_them(
             assert _decisions(c) == {("remote", "slo"): 1, ("local", "slo"): 1}
 
     asyncio.run(scenario())
+
+
+def test_a_push_is_priced_at_the_bytes_per_token_the_decode_worker_states() -> None:
+    """A latent (MLA) or int8 cache states its own bytes per token; a layout stating none
+    (an older worker) is counted as K and V planes of its shape."""
+    from tandem.router.handoff.leg_types import KvLayout, Reservation
+    from tandem.router.handoff.prefill_placement import push_bytes
+
+    stated = KvLayout("m", "bfloat16", 16, 4, 1, 72, "f", bytes_per_token=576)
+    shape = KvLayout("m", "bfloat16", 16, 4, 1, 72, "f")
+    assert push_bytes(Reservation("t", (1, 2), "h:1", stated, cached_tokens=16), 40) == 24 * 576
+    assert push_bytes(Reservation("t", (1, 2), "h:1", shape), 40) == 40 * 2 * 4 * 72 * 2
+    assert push_bytes(Reservation("t", (1,), "h:1", None), 40) == 0
