@@ -122,3 +122,61 @@ def test_the_group_round_trips_its_wire_map_and_refuses_hostile_ones() -> None:
             GroupKv.from_wire(bad)
     with pytest.raises(ReshardError, match="2 head ranges"):  # the ranges and the layout's size
         GroupKv.from_wire({"layout": BASE.to_wire(), "head_ranges": [[0, 1], [1, 2]]})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize(("nkv", "a", "b"), [(3, 1, 3), (3, 3, 1), (2, 2, 1), (1, 1, 2)])
+def test_routes_move_their_head_windows_between_caches_and_nothing_else(
+        dtype: str, nkv: int, a: int, b: int) -> None:
+    """The issue's handoffs at the byte level: each route's slice goes from a prefill rank's
+    cache to a decode rank's through window spans (the frames' payload path), then the decode
+    group's copies; every decode rank ends with its heads of the prompt's blocks, nothing
+    else written, and the bytes sent are one whole cache's."""
+    import torch
+
+    from tandem.kv_transfer.blocks import TORCH_DTYPES, KvBlocks, RecvSpan, SendSpan
+
+    tdt = TORCH_DTYPES[dtype]
+    src, dst = _group(nkv, a), _group(nkv, b)
+    src_layout, dst_layout = (replace(g.layout, kv_dtype=dtype) for g in (src, dst))
+    whole = (torch.randn(2, 2, 6, 4, nkv, 8) * 20).to(tdt)
+    src_kvs = [whole[..., s:e, :].contiguous() for s, e in src.head_ranges]
+    dst_kvs = [torch.zeros(2, 2, 7, 4, e - s, 8, dtype=tdt) for s, e in dst.head_ranges]
+    src_ids, dst_ids = [4, 1, 3], [0, 5, 2]
+    sent_bytes = 0
+    for r in routes(src, dst):
+        out = KvBlocks(src_kvs[r.src], src_layout).window(r.src_offset, r.src_offset + r.heads)
+        into = KvBlocks(dst_kvs[r.dst], dst_layout).window(r.dst_offset, r.dst_offset + r.heads)
+        assert out.layout == into.layout  # both ends state the same route layout
+        sent, got = SendSpan(out, 0, 2, src_ids), RecvSpan(into, 0, 2, dst_ids)
+        bounce = np.empty(sent.nbytes, dtype=np.uint8)
+        at = 0
+        for piece in sent.chunks(bounce):
+            got.target(at, piece.nbytes, bounce)[:] = piece
+            got.land(at, got.target(at, piece.nbytes, bounce))
+            at += piece.nbytes
+        got.finish()
+        sent_bytes += at
+    for c in copies(dst):
+        dst_kvs[c.dst][..., c.dst_offset:c.dst_offset + c.heads, :] = \
+            dst_kvs[c.src][..., c.src_offset:c.src_offset + c.heads, :]
+    single = replace(BASE, kv_dtype=dtype, num_kv_heads=nkv)
+    assert sent_bytes == single.payload_bytes(2, 3)  # the single-rank handoff's bytes
+    untouched = [blk for blk in range(7) if blk not in dst_ids]
+    for (s, e), kv in zip(dst.head_ranges, dst_kvs, strict=True):
+        assert torch.equal(kv[:, :, dst_ids], whole[:, :, src_ids, :, s:e])
+        assert not kv[:, :, untouched].any()
+
+
+def test_a_window_outside_the_cache_is_refused() -> None:
+    import torch
+
+    from tandem.kv_transfer.blocks import KvBlocks
+    from tandem.kv_transfer.errors import TransferSpecError
+
+    blocks = KvBlocks(torch.zeros(2, 2, 3, 4, 2, 8), replace(BASE, num_kv_heads=2))
+    for start, stop in ((0, 3), (1, 1), (-1, 1)):
+        with pytest.raises(TransferSpecError):
+            blocks.window(start, stop)
+    with pytest.raises(TransferSpecError):
+        blocks.window(0, 1).window(0, 1)
