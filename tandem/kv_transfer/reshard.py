@@ -14,12 +14,14 @@ the two groups' head ranges alone (pure arithmetic, no torch):
     prefill TP=4 over 2 heads [0,1) [0,1) [1,2) [1,2) -> decode TP=1 [0,2)
         routes: 0->0 [0,1), 2->0 [1,2)           (a replicated head is sent once)
     prefill TP=1 [0,1) -> decode TP=2 over 1 head [0,1) [0,1)
-        routes: 0->0 [0,1); copies: 0->1 [0,1)   (the decode group fills its replica itself)
+        routes: 0->0 [0,1), 0->1 [0,1)           (each decode replica receives its copy)
 
-Every KV head crosses the wire exactly once (from the lowest prefill rank holding it to the
-lowest decode rank holding it), so a re-sharded push moves the same bytes as a single-rank
-handoff of the same prompt; a decode rank that holds a replica takes it from its group's
-primary (``copies``). Two groups whose layouts differ in anything but how the heads are
+Each KV head is sent by one prefill rank (the lowest holding it) to every decode rank holding
+it: once when the decode group splits its heads, so a re-sharded push moves the same bytes as
+a single-rank handoff of the same prompt, and once per replica when the decode group
+replicates them (its ranks share no memory to copy a replica through). Of the routes into one
+decode rank, the one from the lowest prefill rank commits it (``committer``); the others
+finish their frames and leave the COMMIT to it (``parts_into``: BEGIN's ``parts``). Two groups whose layouts differ in anything but how the heads are
 split (model, dtypes, block size, layers, head size, the number of KV heads) cannot be
 re-sharded: ``check_reshardable`` raises ``ReshardError``, a ``LayoutMismatchError``.
 """
@@ -125,6 +127,56 @@ class Route:
         return self.stop - self.start
 
 
+@dataclass(frozen=True, slots=True)
+class RouteHello:
+    """What a route's connection states at HELLO: the sending group and the heads it carries
+    (the model's numbering). The connection's layout is then the route's: those heads."""
+
+    group: GroupKv
+    start: int
+    stop: int
+
+    def to_wire(self) -> dict[str, object]:
+        """The statement as a msgpack-ready map (HELLO's ``route``)."""
+        return {"group": self.group.to_wire(), "heads": [self.start, self.stop]}
+
+    @classmethod
+    def from_wire(cls, data: object) -> RouteHello:
+        """Parse a peer's statement (MalformedFrame / ReshardError on anything else)."""
+        if not isinstance(data, dict):
+            raise MalformedFrame("HELLO.route is not a map")
+        heads = data.get("heads")
+        if not (isinstance(heads, list) and len(heads) == 2
+                and all(type(h) is int for h in heads) and 0 <= heads[0] < heads[1]):
+            raise MalformedFrame("HELLO.route.heads is not [start, stop]")
+        return cls(GroupKv.from_wire(data.get("group")), heads[0], heads[1])
+
+
+def route_layout(group: GroupKv, rank: int, start: int, stop: int) -> KvLayout:
+    """The layout a route's two ends state: rank ``rank``'s cache restricted to heads
+    ``[start, stop)`` (the model's numbering), as one process's (ReshardError when the rank
+    does not hold them)."""
+    lo, hi = group.head_ranges[rank]
+    if not lo <= start < stop <= hi:
+        raise ReshardError(f"heads [{start}, {stop}) are not held by rank {rank} "
+                           f"(heads [{lo}, {hi}))")
+    return replace(group.layout, num_kv_heads=stop - start, tensor_parallel_size=0)
+
+
+def accept_route(hello: RouteHello, own: GroupKv | None, own_rank: int
+                 ) -> tuple[tuple[int, int], KvLayout]:
+    """A receiver's check of a route HELLO against its own cache (rank ``own_rank`` of
+    ``own``): the window of its heads the route fills and the
+    route's layout. ReshardError when the groups cannot be re-sharded or this rank does not
+    hold the heads."""
+    if own is None:
+        raise ReshardError("this receiver takes no re-sharded pushes (it states no group)")
+    check_reshardable(hello.group, own)
+    lo = own.head_ranges[own_rank][0]
+    return (hello.start - lo, hello.stop - lo), route_layout(own, own_rank, hello.start,
+                                                             hello.stop)
+
+
 def check_reshardable(src: GroupKv, dst: GroupKv) -> None:
     """Raise ``ReshardError`` naming the fields unless the two groups hold the same cache split
     differently (then ``routes`` moves it)."""
@@ -135,33 +187,33 @@ def check_reshardable(src: GroupKv, dst: GroupKv) -> None:
 
 
 def routes(src: GroupKv, dst: GroupKv) -> list[Route]:
-    """Every head once, from its prefill primary to its decode primary, consecutive heads
+    """Each head from its prefill primary to every decode rank holding it, consecutive heads
     with the same pair merged; sorted by (src, dst, start). Checks ``check_reshardable``."""
     check_reshardable(src, dst)
     out: list[Route] = []
-    for h in range(src.total_kv_heads):
-        s, d = src.primary(h), dst.primary(h)
-        last = out[-1] if out else None
-        if last is not None and (last.src, last.dst, last.stop) == (s, d, h):
-            out[-1] = replace(last, stop=h + 1)
-        else:
-            out.append(Route(s, d, h, h + 1, h - src.head_ranges[s][0],
-                             h - dst.head_ranges[d][0]))
+    for d, (lo, hi) in enumerate(dst.head_ranges):
+        for h in range(lo, hi):
+            s = src.primary(h)
+            last = out[-1] if out else None
+            if last is not None and (last.src, last.dst, last.stop) == (s, d, h):
+                out[-1] = replace(last, stop=h + 1)
+            else:
+                out.append(Route(s, d, h, h + 1, h - src.head_ranges[s][0], h - lo))
     return sorted(out, key=lambda r: (r.src, r.dst, r.start))
 
 
-def copies(dst: GroupKv) -> list[Route]:
-    """The replicas a decode group fills itself after a push: heads a rank holds whose
-    primary is another rank (``src``: that primary, ``dst``: the replica's rank)."""
-    out: list[Route] = []
-    for r, (start, stop) in enumerate(dst.head_ranges):
-        for h in range(start, stop):
-            p = dst.primary(h)
-            if p != r:
-                out.append(Route(p, r, h, h + 1, h - dst.head_ranges[p][0], h - start))
-    return out
+def parts_into(all_routes: list[Route], dst_rank: int) -> int:
+    """How many routes fill decode rank ``dst_rank``'s reservation (BEGIN's ``parts``)."""
+    return sum(1 for r in all_routes if r.dst == dst_rank)
+
+
+def committer(all_routes: list[Route], dst_rank: int) -> int:
+    """The prefill rank whose route commits decode rank ``dst_rank`` (the lowest routing
+    into it; rank 0 for decode rank 0, which holds head 0 as prefill rank 0 does)."""
+    return min(r.src for r in all_routes if r.dst == dst_rank)
 
 
 def pushed_heads(src: GroupKv, dst: GroupKv) -> int:
-    """KV heads that cross the wire for each (layer, plane, block): always the model's."""
+    """KV heads sent for each (layer, plane, block): the model's, times the decode group's
+    replicas of each."""
     return sum(r.heads for r in routes(src, dst))

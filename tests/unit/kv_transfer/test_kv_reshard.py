@@ -1,7 +1,7 @@
 """Re-sharding a prompt's KV between tensor-parallel groups of different sizes
 (tandem/kv_transfer/reshard.py): over every group pair the engine's split allows, applying the
-routes and the decode group's copies to per-rank caches cut from one whole cache gives each
-decode rank exactly its own heads, and every head crosses the wire once."""
+routes to per-rank caches cut from one whole cache gives each decode rank exactly its own
+heads, and every head crosses the wire once per decode rank holding it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from tandem.kv_transfer.reshard import (
     GroupKv,
     ReshardError,
     check_reshardable,
-    copies,
+    committer,
+    parts_into,
     pushed_heads,
     routes,
 )
@@ -55,15 +56,19 @@ def test_routes_then_copies_give_every_decode_rank_its_heads(nkv: int, a: int, b
         piece = src_caches[r.src][:, r.src_offset:r.src_offset + r.heads]
         dst_caches[r.dst][:, r.dst_offset:r.dst_offset + r.heads] = piece
         sent += r.heads
-    for c in copies(dst):  # the decode group's own replicas, after the push
-        dst_caches[c.dst][:, c.dst_offset:c.dst_offset + c.heads] = \
-            dst_caches[c.src][:, c.src_offset:c.src_offset + c.heads]
     for (s, e), got in zip(dst.head_ranges, dst_caches, strict=True):
         np.testing.assert_array_equal(got, whole[:, s:e])
-    # every head crosses the wire once: a re-sharded push is the single-rank push's bytes
-    assert sent == pushed_heads(src, dst) == nkv
+    # every head crosses the wire once per decode rank holding it: with split decode heads,
+    # a re-sharded push is the single-rank push's bytes
+    replicas = max(1, b // nkv)
+    assert sent == pushed_heads(src, dst) == nkv * replicas
     assert sorted(h for r in routes(src, dst) for h in range(r.start, r.stop)) == \
-        list(range(nkv))
+        sorted(list(range(nkv)) * replicas)
+    every = routes(src, dst)
+    for d in range(b):
+        assert parts_into(every, d) == len({r.src for r in every if r.dst == d})
+        assert committer(every, d) == min(r.src for r in every if r.dst == d)
+    assert committer(every, 0) == 0  # decode rank 0's COMMIT comes from prefill rank 0
 
 
 def test_the_issue_s_three_handoffs_route_as_documented() -> None:
@@ -75,10 +80,10 @@ def test_the_issue_s_three_handoffs_route_as_documented() -> None:
     two_of_2 = _group(2, 2)
     assert [(r.src, r.dst, r.dst_offset) for r in routes(two_of_2, _group(2, 1))] == \
         [(0, 0, 0), (1, 0, 1)]
-    # one KV head over four ranks: rank 0 sends it, once; the decode replica copies locally
-    assert [(r.src, r.dst) for r in routes(_group(1, 4), _group(1, 2))] == [(0, 0)]
-    assert [(c.src, c.dst) for c in copies(_group(1, 2))] == [(0, 1)]
-    assert copies(one) == [] and copies(three) == []
+    # one KV head over four ranks: rank 0 sends it (never its replicas on ranks 1..3), to
+    # each decode rank that holds it
+    assert [(r.src, r.dst) for r in routes(_group(1, 4), _group(1, 2))] == [(0, 0), (0, 1)]
+    assert [(r.src, r.dst) for r in routes(_group(1, 4), _group(1, 1))] == [(0, 0)]
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -129,9 +134,9 @@ def test_the_group_round_trips_its_wire_map_and_refuses_hostile_ones() -> None:
 def test_routes_move_their_head_windows_between_caches_and_nothing_else(
         dtype: str, nkv: int, a: int, b: int) -> None:
     """The issue's handoffs at the byte level: each route's slice goes from a prefill rank's
-    cache to a decode rank's through window spans (the frames' payload path), then the decode
-    group's copies; every decode rank ends with its heads of the prompt's blocks, nothing
-    else written, and the bytes sent are one whole cache's."""
+    cache to a decode rank's through window spans (the frames' payload path); every decode
+    rank ends with its heads of the prompt's blocks, nothing else written, and the bytes
+    sent are one whole cache's (per decode replica)."""
     import torch
 
     from tandem.kv_transfer.blocks import TORCH_DTYPES, KvBlocks, RecvSpan, SendSpan
@@ -157,11 +162,9 @@ def test_routes_move_their_head_windows_between_caches_and_nothing_else(
             at += piece.nbytes
         got.finish()
         sent_bytes += at
-    for c in copies(dst):
-        dst_kvs[c.dst][..., c.dst_offset:c.dst_offset + c.heads, :] = \
-            dst_kvs[c.src][..., c.src_offset:c.src_offset + c.heads, :]
     single = replace(BASE, kv_dtype=dtype, num_kv_heads=nkv)
-    assert sent_bytes == single.payload_bytes(2, 3)  # the single-rank handoff's bytes
+    replicas = max(1, b // nkv)  # 1 but for (1, 1, 2): each decode replica gets its copy
+    assert sent_bytes == single.payload_bytes(2, 3) * replicas
     untouched = [blk for blk in range(7) if blk not in dst_ids]
     for (s, e), kv in zip(dst.head_ranges, dst_kvs, strict=True):
         assert torch.equal(kv[:, :, dst_ids], whole[:, :, src_ids, :, s:e])
