@@ -103,3 +103,6 @@ class KVCacheSpec:
     # > 1: the cache of rank 0 of a tensor-parallel group, holding only its KV heads (the
     # others hold theirs): no single-rank peer may exchange blocks with it
     tensor_parallel_size: int = 1
+    # each rank's KV heads [start, stop), by rank (tandem/engine/parallel/plan.py); empty for
+    # one process, which holds them all
+    kv_head_ranges: tuple[tuple[int, int], ...] = ()

@@ -3,9 +3,10 @@
 A worker's group size is the last ``--tensor-parallel-size`` among the flags it is given: the
 forwarded engine flag, ``--worker-arg``, then its role's ``--prefill-arg``/``--decode-arg``.
 
-    tandem local   a tensor-parallel worker serves colocated (--no-prefill: it prefills its
-                   own prompts); a prefill worker, or a decode worker that prefill workers
-                   would push KV into, refuses a group until the group's KV handoff is built
+    tandem local   any size per role (--prefill-arg=--tensor-parallel-size=A
+                   --decode-arg=--tensor-parallel-size=B): each rank of a prefill group
+                   pushes its KV heads to the decode ranks that hold them, whatever the two
+                   sizes (tandem/kv_transfer/reshard.py); the model must split over each
     tandem up      places one process per worker: a group (N ranks, one Ray placement group
                    of N devices) is refused until that placement is built
 """
@@ -16,13 +17,6 @@ from collections.abc import Sequence
 
 FLAG = "--tensor-parallel-size"
 
-PREFILL_REFUSED = (
-    "--tensor-parallel-size > 1 on a prefill worker needs the KV handoff of a tensor-parallel "
-    "group, which is not built yet: run the tensor-parallel worker colocated (a decode "
-    "worker that prefills itself: tandem local --no-prefill)")
-DECODE_PUSH_REFUSED = (
-    "a decode worker with --tensor-parallel-size > 1 takes no KV pushed by prefill workers "
-    "yet (each rank holds its own KV heads): add --no-prefill (colocated)")
 UP_REFUSED = (
     "tandem up does not place tensor-parallel workers yet (a group of N ranks as one Ray "
     "placement group of N devices): use tandem local --no-prefill --tensor-parallel-size N, "
@@ -48,14 +42,11 @@ def group_size(*argvs: Sequence[str]) -> int:
 
 def check_local(worker_args: Sequence[str], prefill_args: Sequence[str],
                 decode_args: Sequence[str], num_prefill: int) -> None:
-    """ValueError when ``tandem local`` would start a tensor-parallel worker that cannot
-    serve in this cluster (see the module docstring)."""
-    if num_prefill == 0:
-        return
-    if group_size(worker_args, prefill_args) > 1:
-        raise ValueError(PREFILL_REFUSED)
-    if group_size(worker_args, decode_args) > 1:
-        raise ValueError(DECODE_PUSH_REFUSED)
+    """ValueError when a role's ``--tensor-parallel-size`` is not a positive integer (whether
+    the model splits over it, each worker checks before any rank starts)."""
+    for role_args in ((prefill_args,) if num_prefill else ()) + (decode_args,):
+        if group_size(worker_args, role_args) < 1:
+            raise ValueError(f"{FLAG} must be >= 1")
 
 
 def check_up(worker_args: Sequence[str], prefill_args: Sequence[str],

@@ -58,7 +58,8 @@ class KVConnector:
 
 
 def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: torch.dtype,
-                   block_size: int, tensor_parallel_size: int = 1) -> KVCacheSpec:
+                   block_size: int, tensor_parallel_size: int = 1,
+                   kv_head_ranges: tuple[tuple[int, int], ...] = ()) -> KVCacheSpec:
     """The ``KVCacheSpec`` of an engine's cache tensor (``arch``: what this process's cache
     holds, one rank's KV heads in a tensor-parallel group of ``tensor_parallel_size``)."""
     return KVCacheSpec(
@@ -73,4 +74,5 @@ def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: t
         scale_bytes=(kv_cache.shape[-1] - arch.kv_cache_dim) * kv_cache.element_size(),
         kv_lora_rank=arch.mla.kv_lora_rank if arch.mla is not None else 0,
         tensor_parallel_size=tensor_parallel_size,
+        kv_head_ranges=kv_head_ranges,
     )
