@@ -34,12 +34,22 @@ def test_local_serves_a_group_colocated_and_per_role() -> None:
 
 @pytest.mark.parametrize("argv", [
     ["--tensor-parallel-size", "2"],
-    ["--prefill-arg=--tensor-parallel-size=2"],
-    ["--prefill-arg=--tensor-parallel-size=3", "--decode-arg=--tensor-parallel-size=1"],
-    ["--worker-arg=--tensor-parallel-size=2", "--prefill-arg=--tensor-parallel-size=1"],
+    ["--prefill-arg=--tensor-parallel-size=2", "--kv-cache-dtype", "float32"],
+    ["--prefill-arg=--tensor-parallel-size=3", "--decode-arg=--tensor-parallel-size=1",
+     "--worker-arg=--kv-cache-dtype=float16"],
+    ["--worker-arg=--tensor-parallel-size=2", "--prefill-arg=--tensor-parallel-size=1",
+     "--prefill-arg=--kv-cache-dtype=float32", "--decode-arg=--kv-cache-dtype=float32"],
 ])
 def test_local_takes_groups_of_different_sizes_per_role(argv) -> None:
     _check_local(argv)
+
+
+def test_roles_of_different_sizes_need_the_kv_cache_dtype_given() -> None:
+    with pytest.raises(ValueError, match="need --kv-cache-dtype given"):
+        _check_local(["--prefill-arg=--tensor-parallel-size=3"])
+    with pytest.raises(ValueError, match="need --kv-cache-dtype given"):  # one role only
+        _check_local(["--prefill-arg=--tensor-parallel-size=3",
+                      "--prefill-arg=--kv-cache-dtype=float32"])
 
 
 @pytest.mark.parametrize("argv", [["--decode-arg=--tensor-parallel-size=0"],
