@@ -3,8 +3,9 @@ pushes to a decode worker of size b (each rank's KV heads straight to the decode
 hold them, tandem/kv_transfer/reshard.py) and the greedy output equals the colocated
 engine's, for TP 1->3, 3->1 and 2->1 (a KV head replicated on the prefill side: sent once);
 a second request with the same prompt reuses the decode worker's cached prefix (only the
-rest is pushed). Both workers end with every block free, and every rank exits with its
-worker."""
+rest is pushed); a forked request (n = 2) shares the one re-sharded push, every decode rank's
+COMMIT carrying both first tokens. Both workers end with every block free, and every rank
+exits with its worker."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ import pytest
 
 from tandem.engine.sampling_params import SamplingParams
 from tandem.protos.v1 import worker_pb2
-from tests.integration.test_workers_handoff import PROMPT, Cluster, Worker, router  # noqa: F401
+from tests.integration.test_workers_handoff import (  # noqa: F401
+    PROMPT,
+    Cluster,
+    Worker,
+    _greedy,
+    router,
+)
 
 MAX_NEW = 10
 
@@ -72,4 +79,16 @@ def test_a_handoff_between_groups_of_different_sizes_equals_colocated(
         # the same prompt again: the decode worker holds its prefix; only the rest is pushed
         res, again = _handoff(c, "r2", PROMPT)
         assert res.cached_tokens > 0 and again == want
+        forked = PROMPT[:20] + [7, 8, 9]  # a new tail: pushed again, under two sequences
+        res = c.decode.Reserve(worker_pb2.ReserveRequest(
+            request_id="f", token_ids=forked, sampling=_greedy(MAX_NEW), lease_s=60.0, n=2))
+        req = c.prefill_request("f", forked, MAX_NEW, res)
+        req.n = 2
+        first = c.prefill.Prefill(req, timeout=120)
+        seqs = []
+        for j, tok in enumerate(t.token_id for t in first.first_tokens):
+            msgs = list(c.decode.Decode(worker_pb2.DecodeRequest(request_id="f", index=j),
+                                        timeout=120))
+            seqs.append([tok] + [t for m in msgs for t in m.token_ids])
+        assert seqs == [_colocated(make_engine, str(model), forked)] * 2
         c.both_idle()  # every block free on both workers (one manager decides for all ranks)
