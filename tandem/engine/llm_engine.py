@@ -49,6 +49,7 @@ from tandem.engine.outputs import (
 )
 from tandem.engine.parallel.collectives import rank_threads
 from tandem.engine.parallel.group import RankGroup, runner_settings
+from tandem.engine.parallel.plan import plan_shards
 from tandem.engine.parallel.shard import local_arch
 from tandem.engine.prompt_logprobs import record_prompt_logprobs
 from tandem.engine.request_factory import LiveRequest, RequestFactory
@@ -63,7 +64,11 @@ from tandem.engine.structured.grammar_engine import GrammarEngine
 class LLMEngine:
     """A continuous-batching engine over one model and one paged KV cache."""
 
-    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+    def __init__(self, config: EngineConfig, progress: bool = True,
+                 follower_module: str | None = None) -> None:
+        """``follower_module``: what ranks 1..N-1 of a tensor-parallel group run (``python -m``;
+        None: tandem.engine.parallel.follower); a worker names its own, which serves the
+        engine's follower with an agent beside it (``RankGroup.agents``)."""
         self.config = config
         mc = config.model
         tp = config.tensor_parallel_size
@@ -73,7 +78,8 @@ class LLMEngine:
         self.dtype = torch_dtype(mc.resolved_dtype())
         # ranks 1..tp-1 (tandem/engine/parallel): spawned first, they load their shards while
         # this process loads rank 0's
-        self.group = RankGroup.launch_for(config, self._native_ok(config)) if tp > 1 else None
+        self.group = RankGroup.launch_for(config, self._native_ok(config),
+                                          follower_module) if tp > 1 else None
         try:
             self._build(config, progress)
         except BaseException:
@@ -150,7 +156,17 @@ class LLMEngine:
         self.remote = KVConnector(  # the disaggregation seam: .decode and .prefill roles
             self, self.kv, self.scheduler, self.outputs, self.arch.vocab_size, cache,
             describe_cache(cache, runner_arch, self.model_path.name, self.dtype, cc.block_size,
-                           tp, self.runner.fp8_scales.layout if self.runner.fp8_scales else ""))
+                           tp, self.runner.fp8_scales.layout if self.runner.fp8_scales else "",
+                           self._kv_head_ranges(tp)))
+
+    def _kv_head_ranges(self, tp: int) -> tuple[tuple[int, int], ...]:
+        """Each rank's KV heads in a group of ``tp`` (empty for one process)."""
+        if tp == 1:
+            return ()
+        a = self.arch
+        plan = plan_shards(tp, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
+                           head_dim=a.head_dim, intermediate_size=a.intermediate_size)
+        return tuple((s.start, s.stop) for s in plan.kv_head_ranges())
 
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel group (nothing to do for one rank)."""

@@ -108,3 +108,6 @@ class KVCacheSpec:
     # others hold theirs): no single-rank peer may exchange blocks with it
     tensor_parallel_size: int = 1
     kv_scales: str = ""  # per-tensor scales no block carries (fp8: Fp8Scales.layout); "" none
+    # each rank's KV heads [start, stop), by rank (tandem/engine/parallel/plan.py); empty for
+    # one process, which holds them all
+    kv_head_ranges: tuple[tuple[int, int], ...] = ()

@@ -17,6 +17,7 @@ buffer per frame: gathered with ``index_select`` before sending, scattered with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -53,9 +54,13 @@ def check_cache_tensor(kv: torch.Tensor, layout: KvLayout) -> None:
 
 
 class KvBlocks:
-    """One worker's cache, addressed as (layer range, block ids) spans of bytes."""
+    """One worker's cache, addressed as (layer range, block ids) spans of bytes.
 
-    __slots__ = ("kv", "layout", "num_blocks", "staged", "_bytes")
+    ``window()`` gives the same cache restricted to a range of its KV heads (one route of a
+    re-sharded handoff, tandem/kv_transfer/reshard.py): its layout states the window's heads,
+    and its payloads, gathered and scattered through the staged path, hold only them."""
+
+    __slots__ = ("kv", "layout", "num_blocks", "staged", "heads", "_bytes")
 
     def __init__(self, kv: torch.Tensor, layout: KvLayout, *, staged: bool | None = None) -> None:
         check_cache_tensor(kv, layout)
@@ -63,8 +68,27 @@ class KvBlocks:
         self.layout = layout
         self.num_blocks = int(kv.shape[2])
         self.staged = kv.device.type != "cpu" if staged is None else staged
+        self.heads: tuple[int, int] | None = None  # a window's [start, stop) of kv's heads
         # [L * planes * N * block_bytes] bytes aliasing the tensor (CPU only).
         self._bytes = kv.view(torch.uint8).reshape(-1).numpy() if kv.device.type == "cpu" else None
+
+    def window(self, start: int, stop: int) -> KvBlocks:
+        """This cache's KV heads ``[start, stop)`` alone (staged: a head range is strided
+        inside each block, so it moves through a host copy). TransferSpecError when the range
+        is not within the cache's heads."""
+        if self.heads is not None or not 0 <= start < stop <= self.layout.num_kv_heads:
+            raise TransferSpecError(f"head window [{start}, {stop}) outside the cache's "
+                                    f"{self.layout.num_kv_heads} KV heads")
+        win = object.__new__(KvBlocks)
+        win.kv, win.num_blocks, win.staged = self.kv, self.num_blocks, True
+        win.layout = dataclasses.replace(self.layout, num_kv_heads=stop - start,
+                                         tensor_parallel_size=0)
+        win.heads, win._bytes = (start, stop), None
+        return win
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (``[..., heads, row]``) restricted to the window's heads, if any."""
+        return t if self.heads is None else t[..., self.heads[0]:self.heads[1], :]
 
     @property
     def is_cuda(self) -> bool:
@@ -103,7 +127,7 @@ class KvBlocks:
 
     def gather(self, lo: int, hi: int, ids: Sequence[int]) -> torch.Tensor:
         """A host copy of ``kv[lo:hi, :, ids]`` (the staged send path)."""
-        out = _indexable(self.kv[lo:hi]).index_select(2, self._index(ids))
+        out = self._heads(_indexable(self.kv[lo:hi]).index_select(2, self._index(ids)))
         if out.device.type != "cpu":
             out = out.to("cpu", non_blocking=False)
         return out.contiguous().view(self.kv.dtype)
@@ -140,7 +164,7 @@ class KvBlocks:
         """Write a received host payload into ``kv[lo:hi, :, ids]``; on CUDA the copy has
         finished when this returns, so a ``release`` after it cannot race a write in flight."""
         src = _indexable(host.to(self.kv.device, non_blocking=False))
-        _indexable(self.kv[lo:hi]).index_copy_(2, self._index(ids), src)
+        self._heads(_indexable(self.kv[lo:hi])).index_copy_(2, self._index(ids), src)
         if self.is_cuda:
             torch.cuda.current_stream(self.kv.device).synchronize()
 

@@ -21,7 +21,8 @@ from tandem.kv_transfer.errors import FrameTooLarge, MalformedFrame, UnknownFram
 # 2: KEEPALIVE, BEGIN.ttl_ms, HELLO.keepalive_ms (leases renewed); 3: the receiver reveals its
 # layout and limits only in the ACK, after the sender's proof; per-frame MACs after HELLO;
 # 4: GMAC payload tags, no checksum trailer under TLS, payload codecs negotiated at HELLO,
-# transfers striped over several connections (BEGIN.stripes, ACK.max_stripes)
+# transfers striped over several connections (BEGIN.stripes, ACK.max_stripes); optional,
+# ignored by older peers' schemas: a re-sharded push's routes (HELLO.route, BEGIN.parts)
 PROTOCOL_VERSION = 4
 PREFIX = struct.Struct(">I")  # header length
 MAX_ID_LEN = 128
@@ -52,10 +53,10 @@ _SCHEMA: dict[Kind, dict[str, tuple[str, bool]]] = {
     Kind.HELLO: {"version": (_INT, False), "layout": (_MAP, False), "fingerprint": (_STR, False),
                  "nonce": (_BIN, False), "proof": (_BIN, False), "max_payload": (_INT, False),
                  "transport": (_STR, False), "keepalive_ms": (_INT, False),
-                 "codec": (_STR, False)},
+                 "codec": (_STR, False), "route": (_MAP, False)},
     # "adapter": the LoRA adapter identity the KV was computed under (absent: the base model)
     Kind.BEGIN: {"transfer": (_STR, True), "blocks": (_IDS, True), "ttl_ms": (_INT, False),
-                  "stripes": (_INT, False), "adapter": (_STR, False)},
+                  "stripes": (_INT, False), "parts": (_INT, False), "adapter": (_STR, False)},
     Kind.KV: {"transfer": (_STR, True), "layers": (_IDS, True), "blocks": (_IDS, True),
               "dtype": (_STR, True), "shape": (_IDS, True), "nbytes": (_INT, True),
               "slot": (_INT, False), "xxh": (_INT, False), "src_blocks": (_IDS, False),

@@ -44,6 +44,7 @@ from tandem.kv_transfer.errors import (
 from tandem.kv_transfer.frame_mac import session_keys
 from tandem.kv_transfer.frames import PROTOCOL_VERSION, Header, Kind, ack, nack
 from tandem.kv_transfer.layout import KvLayout
+from tandem.kv_transfer.reshard import GroupKv, RouteHello, accept_route
 from tandem.kv_transfer.transport.base import Channel
 
 NONCE_BYTES = 16
@@ -101,9 +102,10 @@ def _str(header: Header, name: str) -> str:
 
 
 async def client_handshake(ch: Channel, layout: KvLayout, secret: bytes,
-                           codec: Codec = RAW) -> PeerInfo:
-    """Sender side; asks for ``codec``. Raises a ``HandshakeError`` subclass (or
-    ``ChannelClosed``) on refusal."""
+                           codec: Codec = RAW, route: RouteHello | None = None) -> PeerInfo:
+    """Sender side; asks for ``codec``. ``route``: this connection carries one route of a
+    re-sharded push (``layout`` is then the route's: its heads alone). Raises a
+    ``HandshakeError`` subclass (or ``ChannelClosed``) on refusal."""
     nonce_s = secrets.token_bytes(NONCE_BYTES)
     fp = layout.fingerprint
     await ch.send({"kind": Kind.HELLO, "version": PROTOCOL_VERSION, "nonce": nonce_s,
@@ -118,6 +120,7 @@ async def client_handshake(ch: Channel, layout: KvLayout, secret: bytes,
     ask = {"codec": codec.name} if codec is not RAW else {}
     await ch.send({"kind": Kind.HELLO, "proof": proof(secret, SENDER_LABEL, nonce_r, nonce_s, fp),
                    "layout": layout.to_wire(), "fingerprint": fp, **ask,
+                   **({"route": route.to_wire()} if route is not None else {}),
                    **ch.client_hello_extras()})
     ch.start_macs(session_keys(secret, nonce_s, nonce_r, fp, sender=True))
     done = _expect(await ch.recv(), Kind.ACK, "ACK")
@@ -153,13 +156,19 @@ def choose_codec(asked: object, allowed: Collection[str], ch: Channel,
 
 async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes, keepalive_s: float,
                            admit: Callable[[], None] = _admit_all,
-                           codecs: Collection[str] = (), max_stripes: int = 1) -> None:
+                           codecs: Collection[str] = (), max_stripes: int = 1,
+                           group: GroupKv | None = None, rank: int = 0
+                           ) -> tuple[int, int] | None:
     """Receiver side; ``keepalive_s`` is the KEEPALIVE interval asked of the sender; ``admit``
     is called once the sender has proven itself and its layout matches, and raises
     ``PeerBusy`` when there is no room for it; ``codecs`` are the payload codecs this
-    receiver accepts besides raw; ``max_stripes`` how many connections one transfer may span.
-    On refusal sends a NACK, then raises the matching ``HandshakeError``."""
+    receiver accepts besides raw; ``max_stripes`` how many connections one transfer may span;
+    ``group``, ``rank``: this cache as rank ``rank`` of its group (None: route HELLOs are
+    refused).
+    Returns the window of this cache's heads a route connection fills (None: a whole-cache
+    connection). On refusal sends a NACK, then raises the matching ``HandshakeError``."""
     fp = layout.fingerprint
+    window: tuple[int, int] | None = None
     try:
         hello = _expect(await ch.recv(), Kind.HELLO, "HELLO")
         if hello.get("version") != PROTOCOL_VERSION:
@@ -181,6 +190,9 @@ async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes, keepali
         theirs = KvLayout.from_wire(final.get("layout"))  # a member's: parsed after its proof
         if theirs.fingerprint != claimed:
             raise MalformedFrame("HELLO layout does not match its fingerprint")
+        if "route" in final:
+            window, layout = accept_route(RouteHello.from_wire(final["route"]), group, rank)
+            fp = layout.fingerprint
         layout.check_compatible(theirs)
         admit()
         chosen = choose_codec(final.get("codec"), codecs, ch, layout)
@@ -195,6 +207,7 @@ async def server_handshake(ch: Channel, layout: KvLayout, secret: bytes, keepali
     await ch.send(ack(Kind.HELLO, fingerprint=fp, max_payload=ch.max_payload,
                       keepalive_ms=max(1, int(keepalive_s * 1000)), codec=chosen.name,
                       max_stripes=max_stripes, **extras))
+    return window
 
 
 async def _refuse(ch: Channel, code: str, reason: str) -> None:

@@ -283,6 +283,18 @@ class OutgoingTransfer:
         self._committed = True
         self._unregister()
 
+    async def finish_part(self) -> None:
+        """End one part of a re-sharded push that another part commits (tandem/kv_transfer/
+        reshard.py): every queued layer goes on the wire, then the transfer is over here; the
+        COMMIT, on the committing part's connection, waits at the receiver until these
+        frames have landed. Raises the transfer's error if it failed."""
+        await self.flush()
+        if self.done:
+            return
+        self._ending = True
+        self._committed = True
+        self._unregister()
+
     async def abort(self, reason: str = "aborted by the sender") -> None:
         """End the transfer: the frame on the wire finishes, the rest is dropped, ABORT is sent."""
         if self.done:

@@ -21,6 +21,7 @@ from tandem.kv_transfer.endpoint import Endpoint
 from tandem.kv_transfer.errors import ChannelClosed, NoRouteError
 from tandem.kv_transfer.handshake import client_handshake
 from tandem.kv_transfer.layout import KvLayout
+from tandem.kv_transfer.reshard import RouteHello
 from tandem.kv_transfer.sender_conn import OutboundConnection
 from tandem.kv_transfer.transport.base import Transport
 
@@ -31,8 +32,11 @@ class ConnectionPool:
     """Open, authenticated connections by endpoint."""
 
     def __init__(self, blocks: KvBlocks, layout: KvLayout, config: SenderConfig,
-                 transports: Sequence[Transport]) -> None:
+                 transports: Sequence[Transport], route: RouteHello | None = None) -> None:
+        """``route``: every connection carries this route of a re-sharded push (``blocks``
+        and ``layout`` are then the route's head window)."""
         self._blocks = blocks
+        self._route = route
         self._layout = layout
         self._config = config
         self._transports = list(transports)
@@ -111,7 +115,8 @@ class ConnectionPool:
                 continue
             try:
                 info = await asyncio.wait_for(
-                    client_handshake(channel, self._layout, cfg.secret, self._codec), timeout)
+                    client_handshake(channel, self._layout, cfg.secret, self._codec,
+                                     self._route), timeout)
             except asyncio.TimeoutError:
                 channel.close()
                 raise ChannelClosed(f"handshake with {address} timed out") from None

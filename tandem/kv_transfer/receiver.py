@@ -33,6 +33,7 @@ from tandem.kv_transfer.frames import abort
 from tandem.kv_transfer.layout import KvLayout
 from tandem.kv_transfer.receiver_conn import InboundConnection
 from tandem.kv_transfer.reservations import Reservation, ReservationTable
+from tandem.kv_transfer.reshard import GroupKv
 from tandem.kv_transfer.transport import receiver_transports
 from tandem.kv_transfer.transport.base import Channel, Listener, Transport
 
@@ -66,13 +67,21 @@ class Receiver:
 
     def __init__(self, kv: torch.Tensor, layout: KvLayout, config: ReceiverConfig,
                  transports: Sequence[Transport] | None = None, *,
-                 staged: bool | None = None) -> None:
+                 staged: bool | None = None, group: GroupKv | None = None,
+                 rank: int = 0) -> None:
+        """``group``, ``rank``: this cache as rank ``rank`` of a tensor-parallel group, which
+        a re-sharded push's routes fill head window by head window (tandem/kv_transfer/
+        reshard.py); a one-process cache is a group of one by default."""
         self.blocks = KvBlocks(kv, layout, staged=staged)
         self.layout = layout
         self.config = config
         self._transports = (list(transports) if transports is not None
                             else receiver_transports(config, self.blocks.is_cuda))
-        self.table = ReservationTable(self.blocks.num_blocks, layout.num_layers)
+        self.group = group if group is not None or layout.tensor_parallel_size else \
+            GroupKv.single(layout)
+        self.rank = rank
+        self.table = ReservationTable(self.blocks.num_blocks, layout.num_layers,
+                                      num_heads=layout.num_kv_heads)
         self.events: asyncio.Queue[TransferEvent] = asyncio.Queue()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._landing: dict[str, asyncio.Future[None]] = {}  # striped COMMITs waiting

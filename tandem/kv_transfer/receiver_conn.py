@@ -55,6 +55,8 @@ class InboundConnection:
         self.id = conn_id
         self.ch = channel
         self._span: RecvSpan | None = None
+        self.blocks = rx.blocks  # the cache, or the head window a route connection fills
+        self.layout = rx.layout
         self.receiving = False  # in the middle of a KV payload (stats; tests gate on it)
         self._done = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -103,8 +105,12 @@ class InboundConnection:
         reason = "connection ended"
         try:
             self._arm(cfg.handshake_timeout_s, "handshake timeout")
-            await server_handshake(ch, rx.layout, cfg.secret, cfg.keepalive_s,
-                                   lambda: rx._admit(self), cfg.codecs, cfg.max_stripes)
+            window = await server_handshake(ch, rx.layout, cfg.secret, cfg.keepalive_s,
+                                            lambda: rx._admit(self), cfg.codecs,
+                                            cfg.max_stripes, rx.group, rx.rank)
+            if window is not None:  # one route of a re-sharded push: its heads only
+                self.blocks = rx.blocks.window(*window)
+                self.layout = self.blocks.layout
             while True:
                 self._arm(cfg.idle_timeout_s, "idle timeout")
                 header = await ch.recv()
@@ -161,13 +167,16 @@ class InboundConnection:
         cfg = rx.config
         ttl_ms = header.get("ttl_ms")
         ttl = cfg.max_transfer_s if ttl_ms is None else min(ttl_ms / 1000, cfg.max_transfer_s)
-        stripes = header.get("stripes", 1)
+        stripes, parts = header.get("stripes", 1), header.get("parts", 1)
         if not 1 <= stripes <= cfg.max_stripes:
             raise MalformedFrame(f"BEGIN.stripes {stripes} outside 1..{cfg.max_stripes}")
+        if not 1 <= parts <= rx.table.num_heads:
+            raise MalformedFrame(f"BEGIN.parts {parts} outside 1..{rx.table.num_heads}")
+        heads = self.blocks.heads  # a route's window, None for the whole cache
         try:
             res = rx.table.bind(tid, self.id, header["blocks"], now=time.monotonic(),
                                 window=cfg.progress_timeout_s, ttl=ttl, stripes=stripes,
-                                adapter=header.get("adapter", ""))
+                                parts=parts, heads=heads, adapter=header.get("adapter", ""))
         except TransferRejected as exc:
             await self._nack(Kind.BEGIN, exc.code, exc.reason, tid)
             return
@@ -186,7 +195,7 @@ class InboundConnection:
 
     def _check_kv(self, header: Header) -> tuple[int, int, list[int]]:
         """Layer range and ids of a KV frame, after checking every field against the layout."""
-        layout = self.rx.layout
+        layout = self.layout
         layers, ids = header["layers"], header["blocks"]
         if len(layers) != 2:
             raise MalformedFrame("KV.layers must be [lo, hi]")
@@ -217,7 +226,7 @@ class InboundConnection:
         rx._renew(res)
         if not res.first_kv_at:
             res.first_kv_at = time.monotonic()
-        self._span = RecvSpan(rx.blocks, lo, hi, ids)
+        self._span = RecvSpan(self.blocks, lo, hi, ids)
         self.receiving = True
         rx._touch()
         try:
@@ -233,7 +242,7 @@ class InboundConnection:
             self._disarm()
         rx._touch()
         if landed:
-            rx.table.mark(res, lo, hi, ids)
+            rx.table.mark(res, lo, hi, ids, self.id)
             rx.bytes_received += header["nbytes"]
             rx._renew(res)
             if res.complete:
@@ -262,7 +271,7 @@ class InboundConnection:
             await self._nack(Kind.COMMIT, code, f"no transfer bound here ({why or 'unknown'})", tid)
             return
         if not res.complete:
-            reason = f"{res.missing} (layer, block) pairs never arrived"
+            reason = f"{res.missing} (layer, block, head) triples never arrived"
             rx._end(tid, "aborted", code="incomplete", reason=reason, by="sender")
             await self._nack(Kind.COMMIT, "incomplete", reason, tid)
             return

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.kv_transfer.errors import OutsideReservation, ReservationError, TransferRejected
 
@@ -40,11 +40,17 @@ class Reservation:
     transfer_id: str
     block_ids: tuple[int, ...]
     position: dict[int, int]  # block id -> index in block_ids
-    written: bytearray  # [num_layers * len(block_ids)]: 1 once (layer, block) has landed
-    missing: int
+    # by head window [start, stop) of the cache's heads: [num_layers * len(block_ids)], 1 once
+    # (layer, block) of those heads has landed (one window, every head, but in a re-shard)
+    written: dict[tuple[int, int], bytearray]
+    missing: int  # (layer, block, head) triples not landed yet
     conn: int | None = None  # the connection whose BEGIN bound it
-    conns: tuple[int, ...] = ()  # every connection carrying it: conn, then its stripes' joins
+    conns: tuple[int, ...] = ()  # every connection carrying it: conn, then its joins
     stripes: int = 1  # how many connections it may span (its BEGIN says)
+    # a re-sharded push: how many senders' head windows fill it (its BEGINs say), and which
+    # window each connection carries
+    parts: int = 1
+    windows: dict[int, tuple[int, int]] = field(default_factory=dict)
     ended: bool = False
     expires_at: float = 0.0  # time.monotonic() instant the lease ends unless renewed
     deadline: float = math.inf  # once bound: no renewal reaches past this
@@ -65,9 +71,11 @@ class Reservation:
 class ReservationTable:
     """Live reservations by transfer id, plus a short memory of recent ends (for NACK codes)."""
 
-    def __init__(self, num_blocks: int, num_layers: int, remember: int = 4096) -> None:
+    def __init__(self, num_blocks: int, num_layers: int, remember: int = 4096,
+                 num_heads: int = 1) -> None:
         self.num_blocks = num_blocks
         self.num_layers = num_layers
+        self.num_heads = num_heads  # the cache's KV heads (head windows are ranges of them)
         self._live: dict[str, Reservation] = {}
         self._held: set[int] = set()
         self._ended: OrderedDict[str, str] = OrderedDict()
@@ -108,9 +116,9 @@ class ReservationTable:
         clash = self._held.intersection(ids)
         if clash:
             raise ReservationError(f"blocks {sorted(clash)[:8]} are held by another transfer")
-        res = Reservation(transfer_id, ids, {b: i for i, b in enumerate(ids)},
-                          bytearray(self.num_layers * len(ids)), self.num_layers * len(ids),
-                          expires_at=now + lease_s, adapter=adapter)
+        res = Reservation(transfer_id, ids, {b: i for i, b in enumerate(ids)}, {},
+                          self.num_layers * len(ids) * self.num_heads, expires_at=now + lease_s,
+                          adapter=adapter)
         self._live[transfer_id] = res
         self._held.update(ids)
         self._ended.pop(transfer_id, None)
@@ -142,7 +150,8 @@ class ReservationTable:
 
     def bind(self, transfer_id: str, conn: int, block_ids: Sequence[int], *, now: float = 0.0,
              window: float = math.inf, ttl: float = math.inf, stripes: int = 1,
-             adapter: str = "") -> Reservation:
+             adapter: str = "", parts: int = 1, heads: tuple[int, int] | None = None
+             ) -> Reservation:
         """BEGIN: attach a reservation to the connection that will fill it, and renew its
         lease for ``window`` seconds; no renewal reaches past ``now + ttl``.
 
@@ -150,15 +159,21 @@ class ReservationTable:
         first to arrive binds it, the others join it (same blocks, same ``stripes``) until it
         spans ``stripes`` connections; whichever order they arrive in. KV computed under
         another LoRA adapter than the reservation's (``adapter``) is refused
-        (``adapter_mismatch``): it would decode as garbage."""
+        (``adapter_mismatch``): it would decode as garbage.
+
+        A re-sharded push (``parts`` > 1, tandem/kv_transfer/reshard.py) is filled by that
+        many senders, each over its own connection with its own window ``heads`` of the
+        cache's KV heads (None: all of them): each joins with the same ``parts`` and a window
+        no other part holds, until ``parts`` have joined."""
         res = self._live.get(transfer_id)
         if res is None:
             why = self._ended.get(transfer_id)
             code = "expired" if why == "expired" else "unknown_transfer"
             raise TransferRejected(transfer_id, f"no live reservation ({why or 'unknown'})", code)
+        win = (0, self.num_heads) if heads is None else heads
         joins = res.conn is not None
-        if joins and not (stripes > 1 and stripes == res.stripes and conn not in res.conns
-                          and len(res.conns) < res.stripes):
+        if joins and not (self._joins_stripes(res, conn, stripes, parts, win)
+                          or self._joins_parts(res, conn, stripes, parts, win)):
             raise TransferRejected(transfer_id, "already bound to a connection", "busy")
         if adapter != res.adapter:
             raise TransferRejected(
@@ -168,15 +183,36 @@ class ReservationTable:
             raise TransferRejected(transfer_id, "BEGIN blocks differ from the reservation",
                                    "block_mismatch")
         res.conns += (conn,)
+        res.windows[conn] = win
+        res.written.setdefault(win, bytearray(self.num_layers * len(res.block_ids)))
         if joins:
             self.renew(res, now, window)
             return res
         res.conn = conn
         res.stripes = stripes
+        res.parts = parts
         res.bound_at = now
         res.deadline = now + ttl
         self.renew(res, now, window)
         return res
+
+    @staticmethod
+    def _joins_stripes(res: Reservation, conn: int, stripes: int, parts: int,
+                       win: tuple[int, int]) -> bool:
+        """A stripe of the same part: same stripes, same window, room for it."""
+        same = [c for c, w in res.windows.items() if w == win]
+        return (stripes > 1 and stripes == res.stripes and parts == res.parts
+                and conn not in res.conns and 0 < len(same) < stripes)
+
+    @staticmethod
+    def _joins_parts(res: Reservation, conn: int, stripes: int, parts: int,
+                     win: tuple[int, int]) -> bool:
+        """Another part of a re-sharded push: same parts, a window no part holds (disjoint
+        from theirs), fewer than ``parts`` windows so far."""
+        held = set(res.windows.values())
+        return (parts > 1 and parts == res.parts and stripes == res.stripes
+                and conn not in res.conns and len(held) < parts
+                and all(win[1] <= a or b <= win[0] for a, b in held))
 
     @staticmethod
     def renew(res: Reservation, now: float, window: float) -> float:
@@ -200,14 +236,19 @@ class ReservationTable:
             if b not in position:
                 raise OutsideReservation(f"block {b} is not reserved for {res.transfer_id!r}")
 
-    def mark(self, res: Reservation, lo: int, hi: int, block_ids: Sequence[int]) -> None:
-        """Record that ``block_ids`` of layers ``[lo, hi)`` landed."""
+    def mark(self, res: Reservation, lo: int, hi: int, block_ids: Sequence[int],
+             conn: int | None = None) -> None:
+        """Record that ``block_ids`` of layers ``[lo, hi)`` landed, in the head window of
+        connection ``conn`` (None: every head)."""
         n = len(res.block_ids)
-        written = res.written
+        win = res.windows.get(conn, (0, self.num_heads)) if conn is not None \
+            else (0, self.num_heads)
+        written = res.written.setdefault(win, bytearray(self.num_layers * n))
+        heads = win[1] - win[0]
         slots = [res.position[b] for b in block_ids]
         for layer in range(lo, hi):
             base = layer * n
             for p in slots:
                 if not written[base + p]:
                     written[base + p] = 1
-                    res.missing -= 1
+                    res.missing -= heads

@@ -38,6 +38,7 @@ from tandem.kv_transfer.frames import Kind
 from tandem.kv_transfer.layout import KvLayout
 from tandem.kv_transfer.outgoing import OutgoingTransfer, check_source
 from tandem.kv_transfer.pool import ConnectionPool
+from tandem.kv_transfer.reshard import GroupKv, Route, RouteHello, route_layout
 from tandem.kv_transfer.transport import sender_transports
 from tandem.kv_transfer.transport.base import Transport
 
@@ -57,19 +58,47 @@ class Sender:
 
     def __init__(self, kv: torch.Tensor, layout: KvLayout, config: SenderConfig,
                  transports: Sequence[Transport] | None = None, *,
-                 staged: bool | None = None) -> None:
+                 staged: bool | None = None, group: GroupKv | None = None,
+                 rank: int = 0) -> None:
+        """``group``, ``rank``: this cache as rank ``rank`` of a tensor-parallel group, whose
+        routes to another group's ranks ``open(route=...)`` pushes (a one-process cache is a
+        group of one by default)."""
         self.blocks = KvBlocks(kv, layout, staged=staged)
         self.layout = layout
         self.config = config
-        chosen = (list(transports) if transports is not None
-                  else sender_transports(config, self.blocks.is_cuda))
-        self._pool = ConnectionPool(self.blocks, layout, config, chosen)
-        self._transfers: dict[str, OutgoingTransfer] = {}
+        self.group = group if group is not None or layout.tensor_parallel_size else \
+            GroupKv.single(layout)
+        self.rank = rank
+        self._transports = (list(transports) if transports is not None
+                            else sender_transports(config, self.blocks.is_cuda))
+        self._pool = ConnectionPool(self.blocks, layout, config, self._transports)
+        self._route_pools: dict[tuple[int, int], ConnectionPool] = {}
+        # by transfer id, and the decode rank for a route (one transfer id, several routes)
+        self._transfers: dict[tuple[str, int], OutgoingTransfer] = {}
 
-    def _check(self, transfer_id: str, src: list[int] | None, dst: list[int]) -> None:
+    def _pool_for(self, route: Route | None) -> tuple[ConnectionPool, KvBlocks]:
+        """The connections (and the cache window) a route's frames go by."""
+        if route is None:
+            return self._pool, self.blocks
+        if self.group is None or route.src != self.rank:
+            raise TransferSpecError(f"route {route} does not start at this sender's rank "
+                                    f"{self.rank}")
+        key = (route.start, route.stop)
+        window = self.blocks.window(route.src_offset, route.src_offset + route.heads)
+        pool = self._route_pools.get(key)
+        if pool is None:
+            # connections of a route carry its heads only; CUDA IPC maps whole caches
+            byte_transports = [t for t in self._transports if t.name != "cuda_ipc"]
+            pool = self._route_pools[key] = ConnectionPool(
+                window, route_layout(self.group, self.rank, route.start, route.stop),
+                self.config, byte_transports, RouteHello(self.group, route.start, route.stop))
+        return pool, window
+
+    def _check(self, key: tuple[str, int], src: list[int] | None, dst: list[int]) -> None:
+        transfer_id = key[0]
         if not transfer_id or len(transfer_id) > 128:
             raise TransferSpecError("transfer id must be 1..128 characters")
-        if transfer_id in self._transfers:
+        if key in self._transfers:
             raise TransferSpecError(f"transfer {transfer_id!r} is already in flight")
         if not dst:
             raise TransferSpecError("a transfer needs at least one destination block")
@@ -82,7 +111,8 @@ class Sender:
 
     async def open(self, transfer_id: str, endpoint: Endpoint,
                    src_block_ids: Sequence[int] | None, dst_block_ids: Sequence[int],
-                   deadline: float, adapter: str = "") -> OutgoingTransfer:
+                   deadline: float, adapter: str = "", *, route: Route | None = None,
+                   parts: int = 1) -> OutgoingTransfer:
         """Start a transfer: pooled connection, BEGIN; returns the handle to push layers with.
         ``src_block_ids=None``: bind the reservation now, name the sources later
         (``OutgoingTransfer.set_source``).
@@ -94,25 +124,32 @@ class Sender:
         ``TransferSpecError`` (bad ids), ``NoRouteError``, a ``HandshakeError``
         (layout/auth/version/busy) or a ``TransferFailed`` (``ConnectionLost``,
         ``DeadlineExceeded``).
+
+        ``route``: push only that route of a re-sharded handoff (its heads, from this rank's
+        cache, over connections that state it at HELLO); ``parts``: how many routes fill
+        the receiver's reservation (each BEGINs with it; one of them commits, the others
+        ``finish_part``).
         """
         src = None if src_block_ids is None else [int(b) for b in src_block_ids]
         dst = [int(b) for b in dst_block_ids]
-        self._check(transfer_id, src, dst)
+        key = (transfer_id, -1 if route is None else route.dst)
+        self._check(key, src, dst)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded(transfer_id, "deadline passed before open")
         try:
-            conns = await self._pool.acquire_stripes(
+            pool, blocks = self._pool_for(route)
+            conns = await pool.acquire_stripes(
                 endpoint, min(remaining, self.config.connect_timeout_s))
         except ChannelClosed as exc:
             raise ConnectionLost(transfer_id, f"cannot connect: {exc}") from exc
-        if transfer_id in self._transfers:  # opened concurrently while we dialled
+        if key in self._transfers:  # opened concurrently while we dialled
             raise TransferSpecError(f"transfer {transfer_id!r} is already in flight")
-        transfer = OutgoingTransfer(self.blocks, conns, transfer_id, src, dst, deadline,
+        transfer = OutgoingTransfer(blocks, conns, transfer_id, src, dst, deadline,
                                     self._forget)
         for conn in conns:
             conn.transfers[transfer_id] = transfer
-        self._transfers[transfer_id] = transfer
+        self._transfers[key] = transfer
         ttl_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
         begin: dict[str, object] = {"kind": Kind.BEGIN, "transfer": transfer_id, "blocks": dst,
                                     "ttl_ms": ttl_ms}
@@ -120,6 +157,8 @@ class Sender:
             begin["stripes"] = len(conns)
         if adapter:
             begin["adapter"] = adapter
+        if parts > 1:
+            begin["parts"] = parts
         try:
             await transfer._bounded(asyncio.gather(*(c.send(begin) for c in conns)))
             transfer.last_sent = time.monotonic()
@@ -141,12 +180,14 @@ class Sender:
             raise
 
     def _forget(self, transfer: OutgoingTransfer) -> None:
-        if self._transfers.get(transfer.transfer_id) is transfer:
-            del self._transfers[transfer.transfer_id]
+        for key, t in list(self._transfers.items()):
+            if t is transfer:
+                del self._transfers[key]
 
     def stats(self) -> SenderStats:
         """Transfers in flight, open connections, and memory held for them."""
-        conns = self._pool.connections()
+        conns = [c for p in (self._pool, *self._route_pools.values())
+                 for c in p.connections()]
         return SenderStats(
             transfers=len(self._transfers), connections=len(conns),
             buffered_bytes=sum(c.buffered_bytes for c in conns),
@@ -154,4 +195,5 @@ class Sender:
 
     async def close(self) -> None:
         """Close every connection; transfers still in flight fail with ``ConnectionLost``."""
-        await self._pool.close()
+        for pool in (self._pool, *self._route_pools.values()):
+            await pool.close()

@@ -80,12 +80,14 @@ async def worker_status(worker: RoleWorker, role: str) -> WorkerStatus:
                         worker.transfer_totals(), worker.metrics.recent())
 
 
-def load_engine(config: EngineConfig, warmup: bool = True) -> LLMEngine:
+def load_engine(config: EngineConfig, warmup: bool = True,
+                follower_module: str | None = None) -> LLMEngine:
     """Load the model and, unless ``warmup`` is False, warm it up (tandem/engine/warmup.py: its
     first-call costs paid and a step-cost fit in place before the first request); a missing
-    or unreadable checkpoint, or a warm-up that fails, is a StartupError."""
+    or unreadable checkpoint, or a warm-up that fails, is a StartupError. ``follower_module``:
+    what ranks 1..N-1 of a tensor-parallel group run (tandem/worker/tp_group.py)."""
     try:
-        engine = LLMEngine(config, progress=False)
+        engine = LLMEngine(config, progress=False, follower_module=follower_module)
     except (ModelLoadError, OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {config.model.model!r}: {exc}") from exc
     if warmup:

@@ -20,6 +20,7 @@ from tandem.engine.outputs import KVCacheSpec, RequestOutput, TokenLogprob
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.structured.spec import StructuredOutput
 from tandem.kv_transfer import KvLayout
+from tandem.kv_transfer.reshard import GroupKv
 from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tandem.worker.first_token import FirstToken, prompt_logprob_list
 from tandem.worker.layout import LayoutSummary
@@ -186,6 +187,13 @@ def kv_layout(spec: KVCacheSpec) -> KvLayout:
         tensor_parallel_size=spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else 0,
         kv_scales=spec.kv_scales,
     )
+
+
+def kv_group(spec: KVCacheSpec) -> GroupKv:
+    """The engine's cache as part of its tensor-parallel group (a group of one for one
+    process): what re-sharded pushes route by (tandem/kv_transfer/reshard.py)."""
+    layout = kv_layout(spec)
+    return GroupKv(layout, spec.kv_head_ranges or ((0, layout.num_kv_heads),))
 
 
 def layout_to_proto(layout: KvLayout) -> worker_pb2.KVLayout:

@@ -8,6 +8,10 @@ push failed only because its receiver died, stays in the pool and serves the nex
     worker honours only when started with TANDEM_TEST_COMMIT_HOLD_DIR)
     test: sees the hold, SIGKILLs D, releases P -> P's COMMIT fails at its receiver, P says so
     router: the leg is lost, not P: Reserve on the other D, prefill again on P, stream
+
+The same with decode workers of two tensor-parallel ranks fed by a single-rank prefill
+worker (each decode rank takes its KV head over its own connection): killing D's rank 0
+takes its other rank down with it, and the re-sharded push fails at its receiver alike.
 """
 
 from __future__ import annotations
@@ -33,18 +37,23 @@ MAX_TOKENS = 12
 
 
 
+@pytest.mark.parametrize("decode_tp", [1, 2], ids=["single", "decode-tp2"])
 def test_decode_killed_before_commit_migrates(tiny_dir, smollm2_dir, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              decode_tp: int) -> None:
     model = tiny_served_model(tiny_dir, smollm2_dir)
     hold = tmp_path / "hold"
     hold.mkdir()
     monkeypatch.setenv(HOLD_ENV, str(hold))  # only the prefill worker reads it
     flags = engine_flags(model)
+    if decode_tp > 1:  # one KV cache dtype on both sides (auto differs between them)
+        flags = [*flags, "--kv-cache-dtype", "float32"]
+    dflags = [*flags, f"--tensor-parallel-size={decode_tp}"]
     c = Cluster()
     try:
         d1, d2, prefill = start_all(
-            c, ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
-            ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
+            c, ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *dflags),
+            ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *dflags),
             ("tandem.worker.prefill", "--port", "0", *flags))
         router = c.start(
             "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", MODEL_ID,

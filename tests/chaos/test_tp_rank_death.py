@@ -60,7 +60,7 @@ def test_a_rank_killed_mid_stream_takes_its_worker_down_and_the_stream_migrates(
                                    routable="true") == 2)
         migrations = _metric(router, "tandem_migrations_total")
         ranks = [p for p in psutil.Process(group.popen.pid).children()
-                 if "tandem.engine.parallel.follower" in " ".join(p.cmdline())]
+                 if "tandem.worker.tp_rank" in " ".join(p.cmdline())]  # a worker's rank
         assert len(ranks) == 1
         sampling = tandem_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
                                              ignore_eos=True)

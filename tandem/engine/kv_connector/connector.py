@@ -62,7 +62,8 @@ class KVConnector:
 
 def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: torch.dtype,
                    block_size: int, tensor_parallel_size: int = 1,
-                   kv_scales: str = "") -> KVCacheSpec:
+                   kv_scales: str = "",
+                   kv_head_ranges: tuple[tuple[int, int], ...] = ()) -> KVCacheSpec:
     """The ``KVCacheSpec`` of an engine's cache tensor (``arch``: what this process's cache
     holds, one rank's KV heads in a tensor-parallel group of ``tensor_parallel_size``;
     ``kv_scales``: how its per-tensor scales are named, an fp8 cache's ``Fp8Scales.layout``)."""
@@ -79,4 +80,5 @@ def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: t
         kv_lora_rank=arch.mla.kv_lora_rank if arch.mla is not None else 0,
         tensor_parallel_size=tensor_parallel_size,
         kv_scales=kv_scales,
+        kv_head_ranges=kv_head_ranges,
     )

@@ -9,6 +9,12 @@
 A follower never samples: the lm_head is replicated and rank 0 computes the logits. It exits
 non-zero when rank 0 is gone (end of its stdin) or a collective fails (a peer died, or the
 group's timeout passed), so no rank outlives its group.
+
+A worker's follower module (RankGroup's ``follower_module``) calls ``main(make_agent)``: once
+the runner is built, ``make_agent(kv_cache, rank, world, agent_in, agent_out)`` starts the
+worker's agent for this rank over its own pipe pair (e.g. the rank's KV transfer endpoint,
+moving this rank's KV heads); the step loop goes on beside it, and the agent is closed when
+the loop ends.
 """
 
 from __future__ import annotations
@@ -17,14 +23,27 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO, Protocol
 
 from tandem.engine.parallel.step_wire import StepInputs, StepWireError, read_frame, write_frame
 
 log = logging.getLogger("tandem.engine.parallel.follower")
 
 
-def serve(inp: BinaryIO, reply: BinaryIO) -> int:
+class RankAgent(Protocol):
+    """What a worker runs beside a follower's step loop (see the module docstring)."""
+
+    def close(self) -> None:
+        """Stop, releasing whatever the agent holds (its connections, its threads)."""
+
+
+# (this rank's KV cache tensor, rank, world, the agent's read pipe, its write pipe)
+MakeAgent = Callable[[Any, int, int, BinaryIO, BinaryIO], RankAgent]
+
+
+def serve(inp: BinaryIO, reply: BinaryIO, make_agent: MakeAgent | None = None,
+          agent_pipes: tuple[BinaryIO, BinaryIO] | None = None) -> int:
     """Follow rank 0's frames until ``stop`` (0) or until it is gone (1)."""
     import torch
 
@@ -32,7 +51,7 @@ def serve(inp: BinaryIO, reply: BinaryIO) -> int:
     from tandem.engine.config import ModelConfig
     from tandem.engine.model_runner import ModelRunner
     from tandem.engine.models.weights import torch_dtype
-    from tandem.engine.parallel.collectives import join, leave, rank_device, rank_threads
+    from tandem.engine.parallel.collectives import join, rank_device, rank_threads
     from tandem.engine.parallel.shard import local_arch
     from tandem.engine.runner_config import RunnerConfig
 
@@ -53,11 +72,23 @@ def serve(inp: BinaryIO, reply: BinaryIO) -> int:
                           str(msg["kv_cache_dtype"]), native_kernels=bool(msg["native_kernels"]),
                           tensor_parallel=True)
         runner = ModelRunner(ckpt.model, local_arch(ckpt.arch, ckpt.shard), rc)
+        agent = (make_agent(runner.kv_cache, rank, world, *agent_pipes)
+                 if make_agent is not None and agent_pipes is not None else None)
     except Exception as exc:
         log.exception("rank %d failed to start", rank)
         write_frame(reply, {"kind": "failed", "error": f"{type(exc).__name__}: {exc}"})
         return 1
     write_frame(reply, {"kind": "ready"})
+    try:
+        return _follow(inp, runner, rank)
+    finally:
+        if agent is not None:
+            agent.close()
+
+
+def _follow(inp: BinaryIO, runner: Any, rank: int) -> int:
+    from tandem.engine.parallel.collectives import leave
+
     while True:
         msg = read_frame(inp)
         if msg is None:
@@ -84,8 +115,9 @@ def _expect(inp: BinaryIO, kind: str) -> dict[str, Any]:
     return msg
 
 
-def main() -> int:
-    """Entry point of a follower process (argv: the reply pipe's fd)."""
+def main(make_agent: MakeAgent | None = None) -> int:
+    """Entry point of a follower process (argv: the reply pipe's fd, then, with an agent, its
+    read and write pipes' fds)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s tp-follower %(message)s")
     # Rank 0 decides when this rank ends (a stop frame, or its pipe closing): a Ctrl-C meant
@@ -94,8 +126,10 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     reply = os.fdopen(int(sys.argv[1]), "wb", buffering=0)
+    pipes = ((os.fdopen(int(sys.argv[2]), "rb", buffering=0),
+              os.fdopen(int(sys.argv[3]), "wb", buffering=0)) if len(sys.argv) == 4 else None)
     try:
-        return serve(sys.stdin.buffer, reply)
+        return serve(sys.stdin.buffer, reply, make_agent, pipes)
     except Exception:  # a failed collective (a peer died, the timeout passed), a bad frame
         log.exception("tensor-parallel follower stopped")
         return 1

@@ -9,6 +9,11 @@ take the whole worker down when one of them dies.
         the forwards meet in the row-parallel all-reduces
     RankGroup.close ──stop frame──> followers leave the group and exit 0
 
+A caller may name the module the followers run (``follower_module``: a worker's, which serves
+``follower.serve`` with an agent of its own beside it, e.g. each rank's KV transfer endpoint);
+each follower then also has an agent pipe pair, which ``agents`` hands out: frames between
+rank 0's caller and the follower's agent, never in the way of the step frames.
+
 Rank 0 keeps the worker's gRPC, its scheduler and KV cache manager: one scheduler decides for
 all ranks, and each rank's paged cache holds its own KV heads at the same block ids.
 
@@ -58,6 +63,7 @@ class _Follower:
     rank: int
     proc: subprocess.Popen[bytes]
     reply: Any  # the read end of its reply pipe (a binary file)
+    agent: tuple[Any, Any] | None = None  # (write to its agent, read from it), binary files
 
 
 class RankGroup:
@@ -77,7 +83,8 @@ class RankGroup:
         atexit.register(self.close)
 
     @classmethod
-    def launch_for(cls, config: EngineConfig, native: bool) -> RankGroup:
+    def launch_for(cls, config: EngineConfig, native: bool,
+                   follower_module: str | None = None) -> RankGroup:
         """The group ``config.tensor_parallel_size`` asks for, after checking that the model
         splits over it (TensorParallelError, naming the numbers, before any rank starts).
         The checkpoint is resolved here, once (a GGUF converted once, not by every rank)."""
@@ -90,20 +97,23 @@ class RankGroup:
         mc, world = config.model, config.tensor_parallel_size
         _, arch = read_arch(resolve_model(mc.model, mc.cache_dir))
         rank_shard(arch, world, 0, tp_quantized(mc, gguf_source(mc.model)))
-        return cls.launch(world, mc, native)
+        return cls.launch(world, mc, native, follower_module)
 
     @classmethod
-    def launch(cls, world: int, model: ModelConfig, native: bool) -> RankGroup:
+    def launch(cls, world: int, model: ModelConfig, native: bool,
+               follower_module: str | None = None) -> RankGroup:
         """Spawn ranks 1..world-1 for ``model`` and form the process group with them (this
         process is rank 0). ``native``: whether rank 0 builds the native kernels' layout, so
-        every rank quantizes alike."""
+        every rank quantizes alike. ``follower_module``: what the followers run (module
+        docstring)."""
         from tandem.engine.parallel.collectives import join
 
         store_dir = tempfile.mkdtemp(prefix="tandem-tp-")  # mode 0700: this user only
         followers: list[_Follower] = []
         try:
             for rank in range(1, world):
-                followers.append(_spawn(rank, world, store_dir, model, native))
+                followers.append(_spawn(rank, world, store_dir, model, native,
+                                        follower_module))
             group = cls(world, store_dir, followers)
         except BaseException:
             _kill(followers)
@@ -128,6 +138,11 @@ class RankGroup:
             if f.proc.poll() is not None:
                 raise RankGroupError(f"tensor-parallel rank {f.rank} exited during start-up")
         log.info("tensor-parallel group of %d ranks ready", self.world)
+
+    def agents(self) -> list[tuple[Any, Any]]:
+        """Each follower's agent pipes, by rank 1..N-1: (write end, read end) as binary files
+        (empty unless the group was launched with a ``follower_module``)."""
+        return [f.agent for f in self._followers if f.agent is not None]
 
     def step(self, inputs: StepInputs) -> None:
         """Have every follower run this forward (rank 0 runs it right after)."""
@@ -158,6 +173,9 @@ class RankGroup:
                 f.proc.kill()
                 f.proc.wait()
             f.reply.close()
+            if f.agent is not None:
+                for end in f.agent:
+                    end.close()
         leave()
         shutil.rmtree(self._store_dir, ignore_errors=True)
 
@@ -199,23 +217,32 @@ def runner_settings(rc: RunnerConfig) -> dict[str, Any]:
 
 
 def _spawn(rank: int, world: int, store_dir: str, model: ModelConfig,
-           native: bool) -> _Follower:
+           native: bool, module: str | None = None) -> _Follower:
     read_end, write_end = os.pipe()
+    # an agent's pipes: (its stdin-like read end, our write end), (our read end, its write end)
+    agent_fds = (*os.pipe(), *os.pipe()) if module is not None else ()
+    theirs = (write_end, agent_fds[0], agent_fds[3]) if agent_fds else (write_end,)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.engine.parallel.follower", str(write_end)],
-            stdin=subprocess.PIPE, pass_fds=(write_end,),
+            [sys.executable, "-m", module or "tandem.engine.parallel.follower",
+             *map(str, theirs)],
+            stdin=subprocess.PIPE, pass_fds=theirs,
         )
     except BaseException:
         os.close(read_end)
+        for fd in agent_fds[1:3]:
+            os.close(fd)
         raise
     finally:
-        os.close(write_end)
+        for fd in theirs:
+            os.close(fd)
     assert proc.stdin is not None
     write_frame(proc.stdin, {"kind": "init", "rank": rank, "world": world,
                              "store_dir": store_dir, "native": native,
                              "model": dataclasses.asdict(model)})
-    return _Follower(rank, proc, os.fdopen(read_end, "rb", buffering=0))
+    agent = ((os.fdopen(agent_fds[1], "wb", buffering=0),
+              os.fdopen(agent_fds[2], "rb", buffering=0)) if agent_fds else None)
+    return _Follower(rank, proc, os.fdopen(read_end, "rb", buffering=0), agent)
 
 
 def _await_ready(f: _Follower, deadline: float) -> None:

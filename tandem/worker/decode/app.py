@@ -12,16 +12,18 @@ from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.omp_pools import intra_op_threads, release_this_threads_pool
 from tandem.engine.step_threads import AdaptiveThreads, LeasedThreads
-from tandem.kv_transfer import Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer import Endpoint, Receiver, ReceiverConfig, Sender, SenderConfig
+from tandem.kv_transfer.group_endpoint import GroupEndpoint
 from tandem.worker import lora_admin
 from tandem.worker.app import WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.config import StartupError, WorkerConfig
-from tandem.worker.convert import kv_layout
+from tandem.worker.convert import kv_group
 from tandem.worker.core_lending import CoreBorrower
 from tandem.worker.decode import servicer
 from tandem.worker.decode.service import DecodeConfig, DecodeWorker
 from tandem.worker.metrics import WorkerMetrics
+from tandem.worker.tp_group import FOLLOWER_MODULE, GroupAgents, agent_settings
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +62,15 @@ class DecodeApp(WorkerAppShell):
         return {"kv": self.receiver.endpoint.address("tcp") or ""}
 
     def kv_endpoint(self) -> str:
-        """Every transport the receiver listens on."""
-        return self.receiver.endpoint.encode()
+        """Every transport the receiver listens on (a group's: every rank's)."""
+        assert isinstance(self.worker, DecodeWorker)
+        return self.worker.kv_endpoint
 
 
 async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     """Load the engine, start the KV receiver on ``kv_port`` and the worker logic."""
     wc = config.worker
-    engine = load_engine(wc.engine, wc.warmup)
+    engine = load_engine(wc.engine, wc.warmup, FOLLOWER_MODULE)
     attach_step_log(engine, wc.step_log)
     rule = choose_step_threads(engine.runner, wc.core_share, wc.adaptive_threads)
     metrics = WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat)
@@ -75,24 +78,39 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
         metrics.borrowed_steps = lambda: rule.wide_steps
     release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
-    layout = kv_layout(engine.remote.kv_cache_spec())
-    receiver = Receiver(engine.remote.kv_cache, layout, ReceiverConfig(
+    group = kv_group(engine.remote.kv_cache_spec())
+    receiver = Receiver(engine.remote.kv_cache, group.layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
         advertise_host=config.kv_advertise_host, enable_shm=wc.kv_shm, tls=wc.kv_tls,
         codecs=() if wc.kv_codec == "raw" else (wc.kv_codec,),
-        **({"max_stripes": wc.kv_stripes} if wc.kv_stripes else {})))
+        **({"max_stripes": wc.kv_stripes} if wc.kv_stripes else {})), group=group, rank=0)
     try:
         await receiver.start()
     except OSError as exc:
         await ae.shutdown()
         raise StartupError(f"cannot listen for KV on port {config.kv_port}: {exc}") from exc
-    # A live move pushes a stream's KV from here to another decode worker (moves.py).
-    sender = Sender(engine.remote.kv_cache, layout,
-                    SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls,
-                                 codec=wc.kv_codec, stripes=wc.kv_stripes or 1))
+    agents, kv_endpoint, sender = None, None, None
+    if engine.group is not None:  # ranks 1..N-1 take the KV of their own heads
+        agents = GroupAgents(engine.group.agents())
+        try:
+            ranks = await agents.start(agent_settings(
+                "decode", wc, group, config.kv_host or wc.serve.host, config.kv_advertise_host))
+            kv_endpoint = GroupEndpoint(group, (receiver.endpoint, *map(Endpoint.decode, ranks))
+                                        ).encode()
+        except Exception as exc:
+            await receiver.close()
+            await ae.shutdown()
+            raise StartupError(f"cannot start the group's KV endpoints: {exc}") from exc
+    else:
+        # A live move pushes a stream's KV from here to another decode worker (moves.py); a
+        # group's streams do not move live (each rank holds only its heads).
+        sender = Sender(engine.remote.kv_cache, group.layout,
+                        SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls,
+                                     codec=wc.kv_codec, stripes=wc.kv_stripes or 1))
     worker = DecodeWorker(ae, receiver, DecodeConfig(
         worker_id=wc.resolved_worker_id("decode"), default_lease_s=config.default_lease_s),
-        metrics, sender, CommitHold.from_env())
+        metrics, sender=sender, hold=CommitHold.from_env(), agents=agents,
+        kv_endpoint=kv_endpoint)
     await worker.start()
     return DecodeApp(worker, receiver)
 

@@ -66,6 +66,7 @@ from tandem.worker.decode.streams import RequestStream
 from tandem.worker.errors import BadRequest, Draining, TransferEnded, UnknownRequest, WrongState
 from tandem.worker.first_token import FirstToken
 from tandem.worker.metrics import TransferTotals, WorkerMetrics
+from tandem.worker.tp_group import GroupAgents
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,17 @@ class DecodeWorker:
         metrics: WorkerMetrics | None = None,
         sender: Sender | None = None,
         hold: CommitHold | None = None,
+        agents: GroupAgents | None = None,
+        kv_endpoint: str | None = None,
     ) -> None:
         """``sender``: pushes a live move's KV (None: this worker's streams cannot move);
-        ``hold``: a test-only pause before a move's COMMIT (tandem/worker/commit_hold.py)."""
+        ``hold``: a test-only pause before a move's COMMIT (tandem/worker/commit_hold.py);
+        ``agents``: ranks 1..N-1 of this worker's tensor-parallel group, each holding every
+        reservation for its own KV heads (tandem/worker/tp_group.py); ``kv_endpoint``: what
+        Reserve answers (the group's endpoint; None: the receiver's)."""
         self.config = config
+        self._agents = agents
+        self.kv_endpoint = kv_endpoint or receiver.endpoint.encode()
         self.metrics = metrics if metrics is not None else WorkerMetrics("decode")
         self.layout = receiver.layout
         self._ae = ae
@@ -193,13 +201,16 @@ class DecodeWorker:
         block_ids = granted.fill_block_ids  # the cached prefix's blocks are never leased
         try:
             self._receiver.reserve(tid, block_ids, lease, adapter)  # BEGIN must match it
+            if self._agents is not None:  # every rank holds the blocks for its own heads
+                await self._agents.reserve(tid, block_ids, lease)
         except BaseException as exc:
+            self._receiver.release(tid, "the group could not reserve")
             await self._ae.call(lambda e: e.remote.decode.end(tid))  # never leased: unwritten
             self._fail(group, exc)
             raise
         for stream in group:
             stream.start()
-        return ReserveResult(tid, block_ids, self._receiver.endpoint.encode(), self.layout,
+        return ReserveResult(tid, block_ids, self.kv_endpoint, self.layout,
                              granted.cached_tokens, adapter)
 
     async def decode(self, request_id: str, index: int = 0) -> AsyncIterator[StreamMessage]:
@@ -252,7 +263,7 @@ class DecodeWorker:
     async def _prefill_local(self, group: list[RequestStream], t0: float) -> FirstToken:
         rid = group[0].request_id
         # release before free: no frame lands in the blocks once this returns
-        self._receiver.release(group[0].transfer_id, "prefilled locally by the decode worker")
+        self._release(group[0].transfer_id, "prefilled locally by the decode worker")
         try:
             await self._ae.call(lambda e: e.remote.decode.prefill_locally(rid))
         except UnknownRequestError:
@@ -295,7 +306,7 @@ class DecodeWorker:
             if one.started:  # forked: the others go on
                 streams = [one]
         # release before free: no frame lands in the blocks once this returns
-        self._receiver.release(group[0].transfer_id, "request aborted")
+        self._release(group[0].transfer_id, "request aborted")
         ids = [s.request_id for s in streams]
         for sid in ids:
             self.moves.forget(sid)
@@ -359,8 +370,16 @@ class DecodeWorker:
             except Exception:  # a bug in one request's handling must not stop every commit
                 log.exception("handling %r failed", event)
 
+    def _release(self, tid: str, reason: str) -> None:
+        """End a reservation's lease here and on every other rank of the group."""
+        self._receiver.release(tid, reason)
+        if self._agents is not None:
+            self._agents.release(tid)
+
     async def _on_event(self, event: TransferEvent) -> None:
         tid = event.transfer_id
+        if self._agents is not None:  # ended here: the other ranks' leases end too
+            self._agents.release(tid)
         if isinstance(event, Committed):
             try:
                 outs = await self._ae.call(

@@ -44,10 +44,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_ports(parser, args, "port")
     if not args.transfer_timeout_s > 0:
         parser.error("--transfer-timeout-s must be > 0")
-    if args.tensor_parallel_size > 1:
-        # a prefill worker exists to push KV, and a group's push (each rank's heads to the
-        # ranks that own them) is not built yet
-        parser.error("--tensor-parallel-size > 1 on a prefill worker needs the KV handoff of "
-                     "a tensor-parallel group, not built yet: serve the group colocated (a "
-                     "decode worker prefills its own prompts)")
     return run_worker("prefill_worker", args, config_from_args, build_prefill_app)

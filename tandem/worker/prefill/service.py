@@ -35,23 +35,23 @@ from tandem.engine.core.request import sequence_id
 from tandem.engine.kv_connector import LayerReady
 from tandem.engine.outputs import EngineStats, RequestOutput
 from tandem.engine.sampling_params import SamplingParams
-from tandem.kv_transfer import ConfigError, Endpoint, Sender
+from tandem.kv_transfer import Sender
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.errors import (
     AdapterMismatch,
     BadRequest,
     Draining,
-    LayoutMismatch,
     TransferEnded,
     WrongState,
 )
 from tandem.worker.first_token import FirstToken
-from tandem.worker.kv_endpoint import parse_endpoint
-from tandem.worker.layout import LayoutSummary, layout_mismatch
+from tandem.worker.layout import LayoutSummary
 from tandem.worker.metrics import TransferTotals
 from tandem.worker.prefill.errors import PushFailed
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tandem.worker.prefill.push import LayerPush
+from tandem.worker.prefill.routing import PushPlan, plan_push
+from tandem.worker.tp_group import GroupAgents
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +96,22 @@ class PrefillWorker:
         config: PrefillConfig,
         metrics: PrefillMetrics | None = None,
         hold: CommitHold | None = None,
+        agents: GroupAgents | None = None,
     ) -> None:
         """``hold``: a test-only pause before each COMMIT (tandem/worker/commit_hold.py;
-        None: never)."""
+        None: never). ``agents``: ranks 1..N-1 of this worker's tensor-parallel group, each
+        pushing its own KV heads (tandem/worker/tp_group.py)."""
         self.config = config
         self.metrics = metrics if metrics is not None else PrefillMetrics()
         self._hold = hold if hold is not None else CommitHold()
         self.leased_blocks = 0  # destination blocks of the pushes in flight
         engine = ae.engine
         self.layout = sender.layout
+        assert sender.group is not None
+        self.group = sender.group
+        # what a push moves, for the metrics: every head of the prompt (all ranks' together)
+        self._whole = sender.group.whole() if sender.group.world > 1 else sender.layout
+        self._agents = agents
         self._vocab_size = engine.arch.vocab_size
         self._ae = ae
         self._sender = sender
@@ -151,8 +158,8 @@ class PrefillWorker:
             raise BadRequest("request_id", "must be 1..256 characters")
         if rid in self._tasks or rid in self._releasing:
             raise BadRequest("request_id", f"{rid!r} is already in use")
-        self._check(spec)
-        task = asyncio.get_running_loop().create_task(self._prefill(spec, deadline_s))
+        plan = self._check(spec)
+        task = asyncio.get_running_loop().create_task(self._prefill(spec, plan, deadline_s))
         self._tasks[rid] = task
         try:
             return await task
@@ -166,10 +173,8 @@ class PrefillWorker:
             self._aborted.discard(rid)
             self._touch()
 
-    def _check(self, spec: PrefillSpec) -> None:
-        mismatch = layout_mismatch(self.layout, spec.layout)
-        if mismatch is not None:
-            raise LayoutMismatch(mismatch)
+    def _check(self, spec: PrefillSpec) -> PushPlan:
+        plan = plan_push(self.group, spec.kv_endpoint, spec.layout)  # or LayoutMismatch
         if not spec.transfer_id:
             raise BadRequest("transfer_id", "must not be empty")
         if not 1 <= spec.n <= MAX_SEQUENCES:
@@ -189,13 +194,11 @@ class PrefillWorker:
             raise AdapterMismatch(f"adapter {spec.params.lora or '(base model)'!r} is "
                                   f"{ours or '(base model)'!r} here, "
                                   f"{spec.lora_identity or '(base model)'!r} on the decode worker")
+        return plan
 
-    async def _prefill(self, spec: PrefillSpec, deadline_s: float | None) -> FirstToken:
+    async def _prefill(self, spec: PrefillSpec, plan: PushPlan,
+                       deadline_s: float | None) -> FirstToken:
         t0 = time.monotonic()
-        try:
-            endpoint = parse_endpoint(spec.kv_endpoint)
-        except ConfigError as exc:
-            raise BadRequest("kv_endpoint", str(exc)) from exc
         timeout = self.config.transfer_timeout_s
         if deadline_s is not None:
             timeout = min(timeout, deadline_s)
@@ -207,16 +210,17 @@ class PrefillWorker:
         push_span = tracing.start_span("kv.push", spec.trace, attributes={
             "tandem.transfer_id": spec.transfer_id, "tandem.blocks": len(spec.block_ids)})
         with tracing.ended(push_span):
-            return await self._prefill_and_push(spec, first, endpoint, t0, timeout,
+            return await self._prefill_and_push(spec, first, plan, t0, timeout,
                                                 deadline_s, push_span)
 
     async def _prefill_and_push(self, spec: PrefillSpec, first: SamplingParams,
-                                endpoint: Endpoint, t0: float, timeout: float,
+                                plan: PushPlan, t0: float, timeout: float,
                                 deadline_s: float | None, push_span: tracing.Span
                                 ) -> FirstToken:
         rid = spec.request_id
-        push = LayerPush(self._sender, spec.transfer_id, endpoint, spec.block_ids, t0 + timeout,
-                         spec.skip_blocks(self.layout.block_size), spec.lora_identity)
+        push = LayerPush(self._sender, spec.transfer_id, plan, spec.block_ids, t0 + timeout,
+                         spec.skip_blocks(self.layout.block_size), self._agents,
+                         spec.lora_identity)
         self._pushes[rid] = push
         self.leased_blocks += len(spec.block_ids)
         committed = False
@@ -287,7 +291,7 @@ class PrefillWorker:
         self._releasing[request_id] = asyncio.get_running_loop().create_task(release())
 
     def _pushed_bytes(self, push: LayerPush, spec: PrefillSpec) -> int:
-        return self.layout.payload_bytes(push.layers_pushed, len(spec.block_ids))
+        return self._whole.payload_bytes(push.layers_pushed, len(spec.block_ids))
 
     async def _first_output(self, request_id: str) -> RequestOutput:
         async for out in self._ae.outputs(request_id):

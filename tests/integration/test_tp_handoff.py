@@ -1,0 +1,94 @@
+"""Heterogeneous handoffs through real workers: a prefill worker of tensor-parallel size a
+pushes to a decode worker of size b (each rank's KV heads straight to the decode ranks that
+hold them, tandem/kv_transfer/reshard.py) and the greedy output equals the colocated
+engine's, for TP 1->3, 3->1 and 2->1 (a KV head replicated on the prefill side: sent once);
+a second request with the same prompt reuses the decode worker's cached prefix (only the
+rest is pushed); a forked request (n = 2) shares the one re-sharded push, every decode rank's
+COMMIT carrying both first tokens. Both workers end with every block free, and every rank
+exits with its worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tandem.engine.sampling_params import SamplingParams
+from tandem.protos.v1 import worker_pb2
+from tests.integration.test_workers_handoff import (  # noqa: F401
+    PROMPT,
+    Cluster,
+    Worker,
+    _greedy,
+    router,
+)
+
+MAX_NEW = 10
+
+
+def _colocated(make_engine, model: str, prompt: list[int]) -> list[int]:
+    engine = make_engine(model=model, num_blocks=64, block_size=16)
+    rid = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
+                                                    ignore_eos=True))
+    out: list[int] = []
+    while engine.has_unfinished():
+        out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+    return out
+
+
+def _start(model: Path, router_address: str, logs: Path, a: int, b: int) -> Iterator[Cluster]:
+    engine = ["--model", str(model), "--block-size", "16", "--threads", "1", "--num-blocks",
+              "64", "--kv-cache-dtype", "float32", "--router", router_address]
+    decode = Worker("tandem.worker.decode", ["--port", "0", "--kv-port", "0", *engine,
+                                             f"--tensor-parallel-size={b}"],
+                    logs / f"decode-{a}-{b}.log")
+    prefill = Worker("tandem.worker.prefill", ["--port", "0", *engine,
+                                               f"--tensor-parallel-size={a}"],
+                     logs / f"prefill-{a}-{b}.log")
+    c = None
+    try:
+        d_info, p_info = decode.wait_ready(), prefill.wait_ready()
+        c = Cluster(decode, d_info, prefill, p_info, str(model))
+        yield c
+    finally:
+        if c is not None:
+            c.close()
+        codes = (decode.stop(), prefill.stop())
+    assert codes == (0, 0), f"exit codes {codes}; logs in {logs}"
+
+
+def _handoff(c: Cluster, rid: str, prompt: list[int]
+             ) -> tuple[worker_pb2.ReserveResponse, list[int]]:
+    res = c.reserve(rid, prompt, MAX_NEW)
+    first = c.prefill.Prefill(c.prefill_request(rid, prompt, MAX_NEW, res), timeout=120)
+    msgs = list(c.decode.Decode(worker_pb2.DecodeRequest(request_id=rid), timeout=120))
+    assert msgs[-1].finished
+    return res, [first.first_token] + [t for m in msgs for t in m.token_ids]
+
+
+@pytest.mark.parametrize(("nkv", "a", "b"), [(3, 1, 3), (3, 3, 1), (1, 2, 1)],
+                         ids=["tp1-to-tp3", "tp3-to-tp1", "tp2-to-tp1-replicated"])
+def test_a_handoff_between_groups_of_different_sizes_equals_colocated(
+        tiny_dir, tmp_path, router, make_engine, nkv: int, a: int, b: int) -> None:  # noqa: F811
+    model = tiny_dir("llama", nkv, num_heads=6, hidden_size=96)
+    want = _colocated(make_engine, str(model), PROMPT)
+    for c in _start(model, router[1], tmp_path, a, b):
+        res, got = _handoff(c, "r1", PROMPT)
+        assert res.cached_tokens == 0 and got == want
+        # the same prompt again: the decode worker holds its prefix; only the rest is pushed
+        res, again = _handoff(c, "r2", PROMPT)
+        assert res.cached_tokens > 0 and again == want
+        forked = PROMPT[:20] + [7, 8, 9]  # a new tail: pushed again, under two sequences
+        res = c.decode.Reserve(worker_pb2.ReserveRequest(
+            request_id="f", token_ids=forked, sampling=_greedy(MAX_NEW), lease_s=60.0, n=2))
+        req = c.prefill_request("f", forked, MAX_NEW, res)
+        req.n = 2
+        first = c.prefill.Prefill(req, timeout=120)
+        seqs = []
+        for j, tok in enumerate(t.token_id for t in first.first_tokens):
+            msgs = list(c.decode.Decode(worker_pb2.DecodeRequest(request_id="f", index=j),
+                                        timeout=120))
+            seqs.append([tok] + [t for m in msgs for t in m.token_ids])
+        assert seqs == [_colocated(make_engine, str(model), forked)] * 2
+        c.both_idle()  # every block free on both workers (one manager decides for all ranks)
