@@ -37,6 +37,7 @@ class MoveCause(enum.Enum):
 
     DRAIN = "drain"  # an operator drained its worker with --migrate
     OPERATOR = "operator"  # an operator moved a worker's streams (RouterAdmin.MoveStreams)
+    FLIP = "flip"  # its decode worker flips to prefill (RouterAdmin.FlipWorker)
 
 
 @dataclass(frozen=True, slots=True)
