@@ -149,7 +149,7 @@ async def _run(
     app.add_to_server(server)
     assert config.credential is not None  # serve() refuses to start without one
     worker_pb2_grpc.add_MembershipServicer_to_server(
-        MembershipServicer(config.credential, app.role, audience), server)
+        MembershipServicer(config.credential, lambda: app.role, audience), server)
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
