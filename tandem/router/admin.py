@@ -58,6 +58,8 @@ class RouterAdminServicer(worker_pb2_grpc.RouterAdminServicer):
         endpoint = await self._known(request.worker, context)
         t0 = time.monotonic()
         migrate = request.migrate and registry.role_of(endpoint) is Role.DECODE
+        if migrate:
+            self._deps.live.moving_off(endpoint, MoveCause.DRAIN)
         registry.drain(endpoint, move_streams=migrate)
         log.info("draining worker %s on an operator's word%s", endpoint,
                  " (its streams move)" if request.migrate else "")
@@ -112,6 +114,8 @@ class RouterAdminServicer(worker_pb2_grpc.RouterAdminServicer):
         the new pool (the old one again when the worker refused)."""
         registry = self._deps.registry
         t0 = time.monotonic()
+        if old is Role.DECODE:
+            self._deps.live.moving_off(endpoint, MoveCause.FLIP)
         registry.drain(endpoint, move_streams=old is Role.DECODE)
         log.info("flipping worker %s from %s to %s on an operator's word", endpoint,
                  old.value, to.value)

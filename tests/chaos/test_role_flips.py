@@ -85,6 +85,8 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
 
         code, why = _refused(router, "no-such-worker:1", worker_pb2.ROLE_PREFILL)
         assert code is grpc.StatusCode.NOT_FOUND, why
+        code, why = _refused(router, flipper.grpc, worker_pb2.ROLE_UNSPECIFIED)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, why
         code, why = _refused(router, flipper.grpc, worker_pb2.ROLE_DECODE)
         assert code is grpc.StatusCode.FAILED_PRECONDITION and "already" in why, why
         code, why = _refused(router, other.grpc, worker_pb2.ROLE_PREFILL)  # single-role
@@ -95,7 +97,15 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
         runs = [Run(stub, t, GREEDY).start() for t in texts]
         assert all(r.first.wait(120) for r in runs)
         # Whatever placement put on the other worker moves to the flipper: it holds them all.
-        assert _move(router, other).stayed == 0
+        gather = _move(router, other)
+        assert gather.stayed == 0
+
+        def gaps_seen() -> scrape.Samples:  # each moved stream's gap: at its next token
+            return scrape.parse(scrape.fetch(router.info["http"]))
+
+        wait_until(lambda: scrape.value(gaps_seen(), "tandem_live_migration_gap_seconds_count")
+                   == gather.moved)
+        gathered = gaps_seen()
         out = _cli_flip(c, router, flipper, "prefill")
         assert f"{flipper.grpc} serves prefill" in out and f"{len(texts)} streams moved" in out
         assert [r.result() for r in runs] == expected  # zero failed, nothing changed
@@ -109,14 +119,17 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
         assert prefill.popen.wait(timeout=120) == 0
         text = "A prompt the flipped worker prefills"
         assert Run(stub, text, SHORT).start().result()[2] == "length"
-        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        wait_until(lambda: scrape.value(gaps_seen(), "tandem_live_migration_gap_seconds_count")
+                   == gather.moved + len(texts))
+        samples = gaps_seen()
         assert scrape.value(samples, "tandem_live_migrations_total", cause="flip",
                             outcome="moved") == len(texts)
         assert scrape.value(samples, "tandem_migrations_total") == 0  # nothing re-prefilled
-        gaps = scrape.value(samples, "tandem_live_migration_gap_seconds_count")
-        print(f"\nmean client-visible gap of the streams moved by a flip (two moves each: "
-              f"gathered, then flipped off): "
-              f"{scrape.value(samples, 'tandem_live_migration_gap_seconds_sum') / gaps:.4f} s")
+        gaps, gap_s = (scrape.value(samples, f"tandem_live_migration_gap_seconds_{k}")
+                       - scrape.value(gathered, f"tandem_live_migration_gap_seconds_{k}")
+                       for k in ("count", "sum"))
+        print(f"\nmean client-visible gap of the {gaps:.0f} streams a flip moved: "
+              f"{gap_s / gaps:.4f} s")
         wait_until(lambda: worker_idle(other, "decode"))
         wait_until(lambda: worker_idle(flipper, "prefill"))
     finally:
