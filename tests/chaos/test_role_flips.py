@@ -77,7 +77,7 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
     try:
         flipper, other, prefill = start_all(
             c, ("tandem.worker.dual", "--role", "decode", "--port", "0", "--kv-port", "0",
-                *flags),
+                "--metrics-port", "0", *flags),
             ("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags),
             ("tandem.worker.prefill", "--port", "0", *flags))
         router = _router(c, model, [prefill], [flipper, other])
@@ -109,6 +109,14 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
         out = _cli_flip(c, router, flipper, "prefill")
         assert f"{flipper.grpc} serves prefill" in out and f"{len(texts)} streams moved" in out
         assert [r.result() for r in runs] == expected  # zero failed, nothing changed
+        roles = {dict(labels).get("role") for _, labels in scrape.parse(
+            scrape.fetch(flipper.info["metrics"]))} - {None}
+        assert roles == {"prefill"}  # /metrics follows the role
+        with flipper.channel() as channel, pytest.raises(grpc.RpcError) as gated:
+            worker_pb2_grpc.DecodeServiceStub(channel).Stats(worker_pb2.StatsRequest(),
+                                                             timeout=30)
+        assert gated.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "serves prefill now" in gated.value.details()
         code, why = _refused(router, other.grpc, worker_pb2.ROLE_PREFILL)
         assert code is grpc.StatusCode.FAILED_PRECONDITION and "last routable" in why, why
 
@@ -167,6 +175,15 @@ def test_prefill_flips_to_decode_with_prompts_on_it(tiny_dir, smollm2_dir, tmp_p
         try:  # the flip waits for the held prefill: a second flip meanwhile is refused
             wait_until(lambda: _refused(router, flipper.grpc, worker_pb2.ROLE_DECODE)[1]
                        .endswith("is in progress"), timeout=120)
+            # by the worker too, asked directly once the router's call is there (its own
+            # guard, not only the router's)
+            wait_until(lambda: any("flip to decode asked for" in line
+                                   for line in list(flipper.log)), timeout=120)
+            with flipper.channel() as channel, pytest.raises(grpc.RpcError) as again:
+                worker_pb2_grpc.WorkerControlStub(channel).Flip(
+                    worker_pb2.FlipRequest(to=worker_pb2.ROLE_DECODE), timeout=30)
+            assert again.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert "in progress" in again.value.details()
         finally:
             (hold / "release").touch()
             flip.join(timeout=300)
