@@ -127,6 +127,9 @@ class WorkerAppShell:
     def __init__(self, worker: RoleWorker) -> None:
         self.worker = worker
         self.metrics: WorkerMetrics = worker.metrics
+        # why ``flip`` refuses: a role's worker alone serves that role only
+        self.flip_refusal = (f"this worker serves {self.role} only: a worker that can flip "
+                             "is started with python -m tandem.worker.dual")
 
     def servicer(self) -> object:
         """The role's gRPC servicer over its worker (a new one per call)."""
@@ -174,6 +177,5 @@ class WorkerAppShell:
         await self.worker.close()
 
     async def flip(self, to: str) -> float:
-        """A single-role worker cannot flip (tandem/worker/dual/ serves both roles)."""
-        raise FlipRefused(f"this worker serves {self.role} only: a worker that can flip is "
-                          "started with python -m tandem.worker.dual")
+        """A role's worker alone cannot flip (tandem/worker/dual/ serves both roles)."""
+        raise FlipRefused(self.flip_refusal)

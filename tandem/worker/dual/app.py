@@ -33,10 +33,15 @@ from tandem.engine.omp_pools import release_this_threads_pool
 from tandem.protos.v1 import worker_pb2_grpc
 from tandem.worker.app import FlipRefused, WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.config import StartupError, WorkerConfig
-from tandem.worker.decode.app import DecodeAppConfig, start_decode_app
+from tandem.worker.decode.app import (
+    DecodeAppConfig,
+    build_decode_app,
+    choose_step_threads,
+    start_decode_app,
+)
 from tandem.worker.dual.gate import RoleGate
 from tandem.worker.metrics import WorkerMetrics
-from tandem.worker.prefill.app import PrefillAppConfig, start_prefill_app
+from tandem.worker.prefill.app import PrefillAppConfig, build_prefill_app, start_prefill_app
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tandem.worker.reports import Registration, WorkerStatus
 
@@ -189,8 +194,19 @@ class DualApp:
         return await start_prefill_app(self._ae, self._config.prefill, prefill_metrics)
 
 
-async def build_dual_app(config: DualAppConfig) -> DualApp:
-    """Load the engine once, start the first role over it."""
+async def build_dual_app(config: DualAppConfig) -> DualApp | WorkerAppShell:
+    """Load the engine once, start the first role over it.
+
+    A worker given a host's core share (``--core-share``: it lends its idle cores to the
+    decode worker beside it, or borrows them) starts as that role's worker alone and refuses
+    flips: lender and borrower are the two roles, and a flip would leave both, or neither,
+    on the host."""
+    if config.worker.core_share:
+        app: WorkerAppShell = await (build_decode_app(config.decode) if config.role == "decode"
+                                     else build_prefill_app(config.prefill))
+        app.flip_refusal = ("this worker shares its host's cores with the other role's "
+                            "worker (--core-share): it keeps its role")
+        return app
     wc = config.decode.worker
     worker_id = wc.worker_id or f"worker-{socket.gethostname()}-{os.getpid()}"
     wc = dataclasses.replace(wc, worker_id=worker_id)  # one id across flips
@@ -198,6 +214,7 @@ async def build_dual_app(config: DualAppConfig) -> DualApp:
                            dataclasses.replace(config.prefill, worker=wc))
     engine = load_engine(wc.engine, wc.warmup)
     attach_step_log(engine, wc.step_log)
+    choose_step_threads(engine.runner, None, wc.adaptive_threads)  # either role's steps
     metrics: dict[str, WorkerMetrics] = {
         "decode": WorkerMetrics("decode", model_name=wc.model_name, compat=wc.metrics_compat),
         "prefill": PrefillMetrics(model_name=wc.model_name, compat=wc.metrics_compat)}
