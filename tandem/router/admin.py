@@ -23,6 +23,7 @@ Without migrate the reply comes once the worker was told; its streams finish whe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -102,16 +103,26 @@ class RouterAdminServicer(worker_pb2_grpc.RouterAdminServicer):
                            endpoint in self._flipping)
         if why:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        # The flip runs to its end even if the caller goes away (a half-done flip would
+        # leave the worker out of both pools): the call only waits for it.
         self._flipping.add(endpoint)
-        try:
-            return await self._flip(endpoint, old, to, context)
-        finally:
-            self._flipping.discard(endpoint)
+        flip = asyncio.get_running_loop().create_task(self._flip(endpoint, old, to))
 
-    async def _flip(self, endpoint: str, old: Role, to: Role,
-                    context: grpc.aio.ServicerContext) -> worker_pb2.FlipWorkerResponse:
+        def ended(task: asyncio.Task[worker_pb2.FlipWorkerResponse]) -> None:
+            self._flipping.discard(endpoint)
+            if not task.cancelled():
+                task.exception()  # retrieved: a caller gone does not leave it unread
+
+        flip.add_done_callback(ended)
+        try:
+            return await asyncio.shield(flip)
+        except _FlipFailed as failed:
+            await context.abort(failed.code, failed.details)
+            raise  # unreachable: abort raises
+
+    async def _flip(self, endpoint: str, old: Role, to: Role) -> worker_pb2.FlipWorkerResponse:
         """No more of ``old``'s work to it, its streams moved off, the worker's switch, then
-        the new pool (the old one again when the worker refused)."""
+        the new pool (the old one again when the worker refused: _FlipFailed)."""
         registry = self._deps.registry
         t0 = time.monotonic()
         if old is Role.DECODE:
@@ -129,10 +140,11 @@ class RouterAdminServicer(worker_pb2_grpc.RouterAdminServicer):
                 worker_pb2.FlipRequest(to=ROLE_PROTOS[to]))
         except grpc.aio.AioRpcError as err:
             registry.serve_as(endpoint, old)
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION if err.code() is
-                grpc.StatusCode.FAILED_PRECONDITION else grpc.StatusCode.UNAVAILABLE,
-                f"the worker did not flip: {err.code().name}: {err.details()}")
+            code = err.code()
+            raise _FlipFailed(
+                code if code is grpc.StatusCode.FAILED_PRECONDITION
+                else grpc.StatusCode.UNAVAILABLE,
+                f"the worker did not flip: {code.name}: {err.details()}") from err
         registry.serve_as(endpoint, to)
         seconds = time.monotonic() - t0
         log.info("worker %s serves %s after a flip of %.3f s", endpoint, to.value, seconds)
@@ -145,6 +157,14 @@ class RouterAdminServicer(worker_pb2_grpc.RouterAdminServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {worker!r}")
         assert endpoint is not None
         return endpoint
+
+
+class _FlipFailed(Exception):
+    """The worker did not flip: the status the caller gets."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
 
 
 def _report(endpoint: str, outcomes: list[MoveOutcome], t0: float) -> worker_pb2.MovedStreams:

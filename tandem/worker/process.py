@@ -60,8 +60,9 @@ class ControlServicer(worker_pb2_grpc.WorkerControlServicer):
         if self._stop.is_set():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this worker is draining")
         log.info("flip to %s asked for by the router", to)
-        try:
-            seconds = await self._app.flip(to)
+        try:  # a flip runs to its end even if the router's call goes away: half done,
+            # neither role would serve
+            seconds = await asyncio.shield(self._app.flip(to))
         except FlipRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return worker_pb2.FlipResponse(seconds=seconds)
