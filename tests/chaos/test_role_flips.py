@@ -83,6 +83,15 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
         router = _router(c, model, [prefill], [flipper, other])
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
 
+        # Without the cluster credential's token: refused by the router and by the worker.
+        with grpc.insecure_channel(router.grpc) as channel, pytest.raises(grpc.RpcError) as no:
+            worker_pb2_grpc.RouterAdminStub(channel).FlipWorker(worker_pb2.FlipWorkerRequest(
+                worker=flipper.grpc, to=worker_pb2.ROLE_PREFILL), timeout=30)
+        assert no.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        with grpc.insecure_channel(flipper.grpc) as channel, pytest.raises(grpc.RpcError) as no:
+            worker_pb2_grpc.WorkerControlStub(channel).Flip(
+                worker_pb2.FlipRequest(to=worker_pb2.ROLE_PREFILL), timeout=30)
+        assert no.value.code() is grpc.StatusCode.UNAUTHENTICATED
         code, why = _refused(router, "no-such-worker:1", worker_pb2.ROLE_PREFILL)
         assert code is grpc.StatusCode.NOT_FOUND, why
         code, why = _refused(router, flipper.grpc, worker_pb2.ROLE_UNSPECIFIED)
