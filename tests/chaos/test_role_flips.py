@@ -4,11 +4,13 @@
 - decode -> prefill under load (``tandem flip``, the CLI): every stream on it moves live to
   the other decode worker, each equal to its undisturbed run (greedy), zero failed; then it
   serves prefills (the only prefill worker left: the other was drained and exited); the
-  refusals: an unknown worker, a role it has already, a single-role worker, the last
-  routable decode worker without ``--force``.
+  refusals: no credential, an unknown worker or role, a role it has already, a
+  single-role worker, the last routable decode worker without ``--force``; /metrics and the
+  gated services follow the role.
 - prefill -> decode with prompts on it (one held before its COMMIT by the test-only hold,
   tandem/worker/commit_hold.py, so the flip surely finds work there): the last prefill
-  worker is refused without force, flips with it; every request completes (zero failed),
+  worker is refused without force, flips with it (a second flip meanwhile is refused by the
+  router and by the worker); every request completes (zero failed),
   then it serves decode (a stream moved onto it equals its undisturbed run).
 Both end with every worker idle and every KV block free.
 """
