@@ -94,7 +94,8 @@ class DualApp:
         self._config = config
         self.current: WorkerAppShell = first
         self._role_metrics = metrics
-        self._serving: WorkerAppShell | None = first  # None while a flip switches
+        # the role served and its servicer; None while a flip switches (both gates refuse)
+        self._serving: tuple[str, object] | None = (first.role, first.servicer())
         self._flipping = False
         self.metrics = _Metrics(self)
 
@@ -116,10 +117,10 @@ class DualApp:
             RoleGate("DecodeService", "decode", self._servicer, lambda: self.role), server)
 
     def _servicer(self, role: str) -> object | None:
-        app = self._serving
-        if app is None or app.role != role:
+        serving = self._serving
+        if serving is None or serving[0] != role:
             return None
-        return app.servicer()
+        return serving[1]
 
     def ready_info(self) -> dict[str, str]:
         return {**self.current.ready_info(), "flippable": "1"}
@@ -181,7 +182,7 @@ class DualApp:
                 self.current = await self._start(old.role)
                 raise FlipRefused(f"the {to} role could not start: {exc}") from exc
             finally:
-                self._serving = self.current
+                self._serving = (self.current.role, self.current.servicer())
         finally:
             self._flipping = False
         seconds = time.monotonic() - t0
