@@ -13,27 +13,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import grpc
 
+from tandem.cli.router_admin import add_admin_args, admin_channel, admin_stub
 from tandem.common.arg_parser import ArgParser
 from tandem.common.security.credential import ClusterCredential, CredentialError
-from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, sync_channel
-from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
+from tandem.protos.v1 import worker_pb2
 
 
 def build_parser() -> ArgParser:
     """The command's flags."""
     p = ArgParser(prog="tandem drain", description=__doc__.split("\n\n")[0])
-    p.add_argument("worker", help="the worker's gRPC endpoint (host:port) or worker id")
-    p.add_argument("--router", default="127.0.0.1:50051", help="the router's gRPC address")
     p.add_argument("--migrate", action="store_true",
                    help="move the worker's decode streams live to other decode workers")
-    p.add_argument("--cluster-secret-file", required=True,
-                   help="the cluster credential (the router drains for members only)")
-    p.add_argument("--router-ca", default=None, help="CA of the router's TLS certificate")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the reply")
+    add_admin_args(p)
     return p
 
 
@@ -45,16 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         credential = ClusterCredential.from_file(args.cluster_secret_file)
     except CredentialError as exc:
         parser.error(str(exc))
-    if args.router_ca:
-        tls = grpc.ssl_channel_credentials(Path(args.router_ca).read_bytes())
-        channel = grpc.secure_channel(args.router, tls)
-    else:
-        channel = grpc.insecure_channel(args.router)
-    with channel:
-        stub = worker_pb2_grpc.RouterAdminStub(sync_channel(channel, credential,
-                                                            ROUTER_AUDIENCE))
+    with admin_channel(args) as channel:
         try:
-            reply = stub.DrainWorker(
+            reply = admin_stub(channel, credential).DrainWorker(
                 worker_pb2.DrainWorkerRequest(worker=args.worker, migrate=args.migrate),
                 timeout=args.timeout)
         except grpc.RpcError as err:

@@ -8,6 +8,7 @@
     tandem up      [--prefill N --decode N --address A --autoscale F.yaml]   (on Ray)
     tandem status | tandem down                      (what `up` runs; stop it)
     tandem drain WORKER [--migrate]                  (one worker leaves, its streams moved)
+    tandem flip WORKER --to prefill|decode [--force] (a worker switches role, weights loaded)
 
 Each subcommand is the same program as ``python -m tandem.router`` / ``prefill_worker`` /
 ``decode_worker`` / ``engine``; modules are imported only when their command runs. The
@@ -37,6 +38,8 @@ COMMANDS = {
     "status": ("tandem.launcher.status", "what `tandem up` runs, where, endpoints and health"),
     "down": ("tandem.launcher.down", "drain and stop everything `tandem up` started"),
     "drain": ("tandem.cli.drain", "drain one worker via the router (--migrate: move its streams live)"),
+    "flip": ("tandem.cli.flip", "switch a worker between prefill and decode via the router"),
+    "worker": ("tandem.worker.dual.cli", "a worker that serves --role and can flip (tandem flip)"),
     "generate": ("tandem.cli.generate", "stream one completion from a router"),
     "chat": ("tandem.cli.chat", "an interactive chat with a router (reads stdin)"),
     "top": ("tandem.cli.top", "a live view of every worker: load, KV, latency, transfer"),

@@ -13,7 +13,8 @@ command line.
 Cores: one prefill and one decode worker lay out as :func:`thread_split` says and the decode
 worker borrows the prefill worker's cores while they are idle (tandem/worker/core_lending.py,
 built for that one pair). With more workers the cores are divided among them, at least one
-thread each, and no cores are lent.
+thread each, and no cores are lent. ``--flippable`` starts workers that can switch roles
+(``tandem flip``; tandem/worker/dual/), with no cores lent.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "prefill and one decode worker, it may run a step on every core while the "
                    "prefill worker is idle, when that measures faster: "
                    "tandem/worker/core_lending.py; off with more workers)")
+    p.add_argument("--flippable", action="store_true",
+                   help="workers that can switch between prefill and decode with their weights "
+                   "loaded (tandem flip WORKER --to ROLE; tandem/worker/dual/); core lending "
+                   "is then off (its lender and borrower are the two roles)")
     p.add_argument("--worker-metrics-port", type=int, default=0,
                    help="workers' Prometheus /metrics port on loopback (default 0: a free "
                    "one each, printed; -1: none)")
@@ -158,7 +163,8 @@ def role_threads(args: argparse.Namespace, role: str, cores: int | None = None) 
 def lends_cores(args: argparse.Namespace) -> bool:
     """Whether the decode worker borrows the prefill worker's idle cores: one prefill and
     one decode worker (what tandem/worker/core_lending.py is built for), not turned off."""
-    return (args.num_prefill, args.num_decode) == (1, 1) and not args.no_core_share
+    return ((args.num_prefill, args.num_decode) == (1, 1) and not args.no_core_share
+            and not args.flippable)
 
 
 def worker_names(role: str, count: int) -> list[str]:
@@ -267,6 +273,16 @@ def _stop(cluster: Cluster) -> None:
         cluster.stop()
 
 
+def worker_commands(flippable: bool) -> dict[str, tuple[str, ...]]:
+    """Each role's worker command (module and ports): a role's own worker, or (``flippable``)
+    the runtime that serves either, starting with that role."""
+    if flippable:
+        return {role: ("tandem.worker.dual", "--role", role, "--port", "0", "--kv-port", "0")
+                for role in ("decode", "prefill")}
+    return {"decode": ("tandem.worker.decode", "--port", "0", "--kv-port", "0"),
+            "prefill": ("tandem.worker.prefill", "--port", "0")}
+
+
 def _start_workers(cluster: Cluster, args: argparse.Namespace, spec: str,
                    share: list[str]) -> dict[str, Any]:
     """Start every decode and prefill worker side by side (their imports and model loads
@@ -274,8 +290,7 @@ def _start_workers(cluster: Cluster, args: argparse.Namespace, spec: str,
     tandem/worker/core_lending.py) and its role's ``--prefill-arg``/``--decode-arg`` last;
     name -> Proc (:func:`worker_names`) once all serve. RuntimeError when one fails
     (``Cluster.wait_ready`` has stopped everything then)."""
-    roles = {"decode": ("tandem.worker.decode", "--port", "0", "--kv-port", "0"),
-             "prefill": ("tandem.worker.prefill", "--port", "0")}
+    roles = worker_commands(args.flippable)
     counts = {"decode": args.num_decode, "prefill": args.num_prefill}
     extra = {"decode": args.decode_arg, "prefill": args.prefill_arg}
     print(f"[tandem] starting {args.num_decode} decode and {args.num_prefill} prefill "

@@ -66,7 +66,8 @@ class Proc:
             self.popen.wait(timeout=30)
 
 
-MEMBERS = ("tandem.router", "tandem.worker.prefill", "tandem.worker.decode")  # hold the credential
+MEMBERS = ("tandem.router", "tandem.worker.prefill", "tandem.worker.decode",
+           "tandem.worker.dual")  # hold the credential
 
 
 @dataclass

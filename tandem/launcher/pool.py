@@ -42,6 +42,13 @@ class _Worker:
     info: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     watcher: asyncio.Task[None] | None = None
+    flipped_to: str | None = None  # the role it serves after a flip (None: ``role``)
+    flipping: bool = False
+
+    @property
+    def serves(self) -> str:
+        """The role it serves now (``role``, its name's, until a flip)."""
+        return self.flipped_to or self.role
 
     @property
     def counted(self) -> bool:
@@ -133,7 +140,7 @@ class PoolActor:
     # -- scaling (the Ray actuator calls these) ----------------------------------------------
     async def replicas(self) -> dict[str, int]:
         """Workers per role that serve or will (draining and dead ones excluded)."""
-        return {r: sum(1 for w in self._workers if w.role == r and w.counted) for r in ROLES}
+        return {r: sum(1 for w in self._workers if w.serves == r and w.counted) for r in ROLES}
 
     async def scale(self, role: str, replicas: int, victims: Sequence[str] = ()
                     ) -> dict[str, int]:
@@ -145,7 +152,7 @@ class PoolActor:
             raise ValueError(f"cannot scale {role!r} to {replicas}")
         if self._closing:
             return await self.replicas()
-        live = [w for w in self._workers if w.role == role and w.counted]
+        live = [w for w in self._workers if w.serves == role and w.counted and not w.flipping]
         for _ in range(replicas - len(live)):
             self._add(role, pair=None)
         named = {wid: i for i, wid in enumerate(victims)}
@@ -165,9 +172,35 @@ class PoolActor:
         log.info("scaled %s from %d to %d", role, len(live), replicas)
         return await self.replicas()
 
+    async def flip(self, worker_id: str, to_role: str) -> dict[str, int]:
+        """Flip the serving worker ``worker_id`` to ``to_role`` through the router (which
+        moves its streams and counts it in its new pool; tandem/launcher/router_flip.py).
+        It counts in ``to_role`` from the call on; a refused flip puts it back. Returns the
+        new counts. Raises ValueError (no such serving worker, or a role it serves) or
+        FlipFailedError (the router's reason)."""
+        from tandem.launcher.router_flip import flip_via_router
+
+        found = [w for w in self._workers if w.state == "serving"
+                 and str(w.info.get("worker_id", "")) == worker_id]
+        if to_role not in ROLES or not found or found[0].serves == to_role or found[0].flipping:
+            raise ValueError(f"cannot flip {worker_id!r} to {to_role!r}: no serving worker "
+                             "of another role by that id, or a flip of it is in progress")
+        w = found[0]
+        before, w.flipped_to, w.flipping = w.flipped_to, to_role, True
+        try:
+            await flip_via_router(await self.router_endpoint(), self._cluster_secret,
+                                  worker_id, to_role)
+        except BaseException:
+            w.flipped_to = before
+            raise
+        finally:
+            w.flipping = False
+        log.info("flipped %s to %s", worker_name(w.role, w.index), to_role)
+        return await self.replicas()
+
     async def targets(self) -> list[tuple[str, str, Any]]:
         """(role, gRPC endpoint, actor handle) of every serving worker, for scraping."""
-        return [(w.role, str(w.info["grpc"]), w.handle) for w in self._workers
+        return [(w.serves, str(w.info["grpc"]), w.handle) for w in self._workers
                 if w.state == "serving" and "grpc" in w.info]
 
     # -- status and shutdown -----------------------------------------------------------------
@@ -176,7 +209,7 @@ class PoolActor:
         ordered = sorted(self._workers, key=lambda w: (w.role, w.index))
         fresh = await asyncio.gather(*(self._probe(w) for w in ordered))
         workers = [
-            {**w.info, **now, "name": worker_name(w.role, w.index), "role": w.role,
+            {**w.info, **now, "name": worker_name(w.role, w.index), "role": w.serves,
              "index": w.index, "state": w.state, "restarts": w.restarts, "pair": w.pair}
             for w, now in zip(ordered, fresh, strict=True)
         ]
@@ -287,6 +320,7 @@ class PoolActor:
                 info = await w.handle.ready.remote(self.spec.ready_timeout_s)
                 if w.info.get("worker_id") and info.get("worker_id") != w.info["worker_id"]:
                     w.restarts += 1
+                    w.flipped_to = None  # a restarted worker serves its first role again
                     log.warning("%s restarted: now %s", worker_name(w.role, w.index),
                                 info.get("grpc"))
                 if not w.counted:

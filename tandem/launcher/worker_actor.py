@@ -173,17 +173,13 @@ class WorkerActor:
         self._secret = await registry.cluster_secret.remote()
         self._router = await registry.router_endpoint.remote()
         host = self._host or ray.util.get_node_ip_address()
-        if self.role == "decode":
-            from tandem.worker.decode import cli
-            from tandem.worker.decode.app import build_decode_app as build
-
-            first = ["--kv-port", "0"]
-        else:
-            from tandem.worker.prefill import cli  # type: ignore[no-redef]
-            from tandem.worker.prefill.app import build_prefill_app as build  # type: ignore[assignment]
-
-            first = []
+        # Every worker can flip its role (the pool's flip, through the router): one runtime
+        # serves either, starting with this actor's (tandem/worker/dual/).
         from tandem.worker.cli import setup_observability
+        from tandem.worker.dual import cli
+        from tandem.worker.dual.app import build_dual_app as build
+
+        first = ["--role", self.role, "--kv-port", "0"]
 
         with credential_argv(self._secret) as credential:  # read while the config is built
             args = cli.build_parser().parse_args(

@@ -31,6 +31,10 @@ from tandem.worker.step_log import StepLog
 log = logging.getLogger(__name__)
 
 
+class FlipRefused(Exception):
+    """A role flip this worker will not make (the reason is the message)."""
+
+
 class WorkerApp(Protocol):
     """What ``serve`` needs from a worker role."""
 
@@ -46,6 +50,7 @@ class WorkerApp(Protocol):
     def begin_drain(self) -> None: ...
     async def wait_idle(self) -> None: ...
     async def close(self) -> None: ...
+    async def flip(self, to: str) -> float: ...
 
 
 class RoleConfig(Protocol):
@@ -71,6 +76,7 @@ class RoleWorker(Protocol):
     def transfer_totals(self) -> TransferTotals: ...
     def begin_drain(self) -> None: ...
     async def wait_idle(self) -> None: ...
+    async def retire(self) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -123,6 +129,13 @@ class WorkerAppShell:
     def __init__(self, worker: RoleWorker) -> None:
         self.worker = worker
         self.metrics: WorkerMetrics = worker.metrics
+        # why ``flip`` refuses: a role's worker alone serves that role only
+        self.flip_refusal = (f"this worker serves {self.role} only: a worker that can flip "
+                             "is started with python -m tandem.worker.dual")
+
+    def servicer(self) -> object:
+        """The role's gRPC servicer over its worker (a new one per call)."""
+        raise NotImplementedError
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the role's servicer."""
@@ -157,6 +170,14 @@ class WorkerAppShell:
         """Until nothing is in progress."""
         await self.worker.wait_idle()
 
+    async def retire(self) -> None:
+        """Abort leftovers and stop the transfer side; the engine goes on (a role flip)."""
+        await self.worker.retire()
+
     async def close(self) -> None:
         """Abort leftovers; stop the transfer side and the engine."""
         await self.worker.close()
+
+    async def flip(self, to: str) -> float:
+        """A role's worker alone cannot flip (tandem/worker/dual/ serves both roles)."""
+        raise FlipRefused(self.flip_refusal)

@@ -12,7 +12,7 @@ impostor cannot relay the challenge to a real worker and pass its answer off as 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import grpc
 
@@ -24,12 +24,13 @@ _ROLES = {"prefill": worker_pb2.ROLE_PREFILL, "decode": worker_pb2.ROLE_DECODE}
 
 
 class MembershipServicer(worker_pb2_grpc.MembershipServicer):
-    """``tandem.v1.Membership`` for a worker of ``role`` answering to ``audience``."""
+    """``tandem.v1.Membership`` for a worker of ``role`` answering to ``audience``
+    (``role`` a callable for a worker that flips: the role it serves when asked)."""
 
-    def __init__(self, credential: ClusterCredential, role: str,
+    def __init__(self, credential: ClusterCredential, role: str | Callable[[], str],
                  audience: Collection[str]) -> None:
         self._credential = credential
-        self._role = role
+        self._role = role if callable(role) else (lambda: role)
         self._audience = frozenset(audience)
 
     async def Prove(  # noqa: N802 - gRPC method name
@@ -42,5 +43,6 @@ class MembershipServicer(worker_pb2_grpc.MembershipServicer):
         if request.audience not in self._audience:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 "the challenge names an address this worker does not answer to")
-        proof = self._credential.member_proof(request.nonce, request.audience, self._role)
-        return worker_pb2.ProveResponse(proof=proof, role=_ROLES[self._role])
+        role = self._role()
+        proof = self._credential.member_proof(request.nonce, request.audience, role)
+        return worker_pb2.ProveResponse(proof=proof, role=_ROLES[role])

@@ -28,7 +28,7 @@ from tandem.common.grpc_keepalive import SERVER_OPTIONS
 from tandem.common.security.grpc_auth import ClusterAuthInterceptor, worker_audience
 from tandem.common.wire import ready_line
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
-from tandem.worker.app import WorkerApp
+from tandem.worker.app import FlipRefused, WorkerApp
 from tandem.worker.config import ServeConfig, StartupError
 from tandem.worker.membership import MembershipServicer
 from tandem.worker.metrics_http import MetricsBindError, MetricsServer
@@ -38,13 +38,34 @@ log = logging.getLogger(__name__)
 
 MEMBERSHIP_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Membership"].full_name
 CONTROL_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerControl"].full_name
+_ROLE_NAMES = {worker_pb2.ROLE_PREFILL: "prefill", worker_pb2.ROLE_DECODE: "decode"}
 
 
 class ControlServicer(worker_pb2_grpc.WorkerControlServicer):
-    """``tandem.v1.WorkerControl``: the router asks this worker to drain (as SIGTERM does)."""
+    """``tandem.v1.WorkerControl``: the router asks this worker to drain (as SIGTERM does)
+    or to flip its role (a worker started by tandem/worker/dual/; any other refuses)."""
 
-    def __init__(self, stop: asyncio.Event) -> None:
+    def __init__(self, stop: asyncio.Event, app: WorkerApp) -> None:
         self._stop = stop
+        self._app = app
+
+    async def Flip(  # noqa: N802 (gRPC method names)
+        self, request: worker_pb2.FlipRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.FlipResponse:
+        to = _ROLE_NAMES.get(request.to)
+        if to is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "to: must be ROLE_PREFILL or ROLE_DECODE")
+        assert to is not None
+        if self._stop.is_set():
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this worker is draining")
+        log.info("flip to %s asked for by the router", to)
+        try:  # a flip runs to its end even if the router's call goes away: half done,
+            # neither role would serve
+            seconds = await asyncio.shield(self._app.flip(to))
+        except FlipRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return worker_pb2.FlipResponse(seconds=seconds)
 
     async def Drain(  # noqa: N802 (gRPC method names)
         self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
@@ -129,12 +150,12 @@ async def _run(
     app.add_to_server(server)
     assert config.credential is not None  # serve() refuses to start without one
     worker_pb2_grpc.add_MembershipServicer_to_server(
-        MembershipServicer(config.credential, app.role, audience), server)
+        MembershipServicer(config.credential, lambda: app.role, audience), server)
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    worker_pb2_grpc.add_WorkerControlServicer_to_server(ControlServicer(stop), server)
+    worker_pb2_grpc.add_WorkerControlServicer_to_server(ControlServicer(stop, app), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(

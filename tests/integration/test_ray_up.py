@@ -403,6 +403,25 @@ def test_status_shows_what_runs_where(up: Up) -> None:
     assert "metrics " in table
 
 
+def test_pool_flip_goes_through_the_router_which_keeps_the_last_of_a_role(up: Up) -> None:
+    """The Ray actuator's flip (the pool actor's, through RouterAdmin.FlipWorker): every
+    worker actor runs the runtime that can flip, and the router refuses to flip the last
+    routable worker of a role; the refusal comes back with its reason, and the pool's counts
+    and the workers' roles are as before (both still serve)."""
+    before = up.status()
+    for role, to in (("decode", "prefill"), ("prefill", "decode")):
+        (worker,) = up.workers(role)
+        with pytest.raises(Exception, match="last routable"):
+            ray.get(up.pool().flip.remote(worker["worker_id"], to), timeout=120)
+    after = up.status()
+    assert after["replicas"] == before["replicas"]
+    assert sorted(w["role"] for w in after["workers"]) == sorted(
+        w["role"] for w in before["workers"])
+    prompt = [1, 504, 3458, 6354, 28, 1014, 3758, 253]
+    with grpc.insecure_channel(up.grpc) as channel:
+        assert _generate(tandem_pb2_grpc.TandemStub(channel), prompt, 8)
+
+
 def test_burst_scales_prefill_up_then_idle_scales_down_without_failures(up: Up) -> None:
     # Every burst prompt is a new one of 1000 tokens (the tiny model takes 1024): the prefill
     # worker is then the bottleneck and the prompt tokens it holds stay far above the 300 of the

@@ -10,9 +10,13 @@ worker process drains (no new work, finishes what it has) before exiting, within
 ``terminationGracePeriodSeconds`` (the chart sets it above the workers' drain timeout).
 The client is synchronous; calls run in a thread so the control loop never blocks.
 
-Role flips: not supported (``can_flip`` is false, so the autoscaler plans none). Each role
-is its own Deployment, so a flipped pod would have to leave one ReplicaSet for the other, and
-the workers have no runtime role switch yet; ``flip`` refuses with that reason.
+Role flips: not supported (``can_flip`` is false, so the autoscaler plans none). A worker can
+switch roles at runtime (tandem/worker/dual/), but here each role is its own Deployment: a
+flipped pod would still count in its old Deployment's replicas (so a scale of either role
+would act on the wrong pods), its role label (which the router's discovery reads) would
+disagree with what it serves, and a restart would bring it back in the old role. Making that
+consistent (a pod relabelled and moved between ReplicaSets) is not done; ``flip`` refuses
+with that reason.
 """
 
 from __future__ import annotations
@@ -70,10 +74,10 @@ class KubernetesActuator:
         return False
 
     async def flip(self, worker: str, to_role: RoleName) -> None:
-        """Refused: a pod belongs to its role's Deployment and workers cannot switch roles."""
+        """Refused: a pod belongs to its role's Deployment (the module docstring)."""
         raise FlipUnsupportedError(
             f"cannot flip {worker} to {to_role}: Kubernetes pods belong to one role's "
-            "Deployment and the workers have no runtime role switch")
+            "Deployment, which a runtime role switch would leave counting them")
 
     async def _deployment(self, role: RoleName) -> str:
         selector = f"{COMPONENT_LABEL}={role}" + (f",{self._selector}" if self._selector else "")

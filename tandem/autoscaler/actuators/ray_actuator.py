@@ -9,10 +9,11 @@ The pool actor (``tandem.launcher.pool``) owns the actors; this side only asks. 
 resources first lets a KubeRay or VM cluster start nodes while the actors are being created,
 instead of after they are found pending.
 
-Role flips: ``can_flip`` is false and ``flip`` refuses. A flip has to switch a running
-worker actor's role in place (its decode streams live-migrated away or its queued prefills
-finished, then it re-registers in the other pool) and the worker runtime and the pool actor
-have no such operation yet; until they do, the autoscaler plans no flips on Ray.
+Role flips: ``flip(worker, role)`` asks the pool actor, which asks the router
+(RouterAdmin.FlipWorker): the router stops sending the worker its old role's work, moves its
+decode streams live to other decode workers, has the worker switch with its weights loaded
+(every worker actor runs the runtime that serves either role, tandem/worker/dual/) and counts
+it in its new pool; the pool counts it in the new role from the call on.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from tandem.autoscaler.flips import FlipUnsupportedError
 from tandem.autoscaler.roles import ROLES, RoleName
 
 log = logging.getLogger(__name__)
@@ -54,13 +54,13 @@ class RayActuator:
 
     @property
     def can_flip(self) -> bool:
-        """False: the workers have no runtime role switch yet (see the module docstring)."""
-        return False
+        """True: every worker actor can switch roles at runtime (the module docstring)."""
+        return True
 
     async def flip(self, worker: str, to_role: RoleName) -> None:
-        """Refused until the worker runtime can switch roles (``can_flip`` is false)."""
-        raise FlipUnsupportedError(
-            f"cannot flip {worker} to {to_role}: the workers have no runtime role switch yet")
+        """Flip ``worker`` (a worker id) to ``to_role`` through the pool actor and the router;
+        raises what the pool raises (no such serving worker, the router's refusal)."""
+        await self._pool.flip.remote(worker, to_role)
 
 
 def request_bundles(bundles: list[dict[str, float]]) -> None:

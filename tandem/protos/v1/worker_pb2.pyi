@@ -75,6 +75,36 @@ class DrainResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class FlipRequest(_message.Message):
+    __slots__ = ("to",)
+    TO_FIELD_NUMBER: _ClassVar[int]
+    to: Role
+    def __init__(self, to: _Optional[_Union[Role, str]] = ...) -> None: ...
+
+class FlipResponse(_message.Message):
+    __slots__ = ("seconds",)
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    def __init__(self, seconds: _Optional[float] = ...) -> None: ...
+
+class FlipWorkerRequest(_message.Message):
+    __slots__ = ("worker", "to", "force")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    to: Role
+    force: bool
+    def __init__(self, worker: _Optional[str] = ..., to: _Optional[_Union[Role, str]] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class FlipWorkerResponse(_message.Message):
+    __slots__ = ("moved", "seconds")
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    moved: MovedStreams
+    seconds: float
+    def __init__(self, moved: _Optional[_Union[MovedStreams, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class DrainWorkerRequest(_message.Message):
     __slots__ = ("worker", "migrate")
     WORKER_FIELD_NUMBER: _ClassVar[int]

@@ -582,6 +582,11 @@ class WorkerControlStub:
                 request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainRequest.SerializeToString,
                 response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Flip = channel.unary_unary(
+                '/tandem.v1.WorkerControl/Flip',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerControlServicer:
@@ -595,6 +600,16 @@ class WorkerControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Flip(self, request, context):
+        """Switch this worker's role with its weights loaded: the old role takes no new work and
+        finishes what it holds (the router moved its decode streams first), then the new role
+        serves. FAILED_PRECONDITION: it already serves that role, a flip is in progress, or it
+        cannot serve both roles (started as a single-role worker).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -602,6 +617,11 @@ def add_WorkerControlServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainRequest.FromString,
                     response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.DrainResponse.SerializeToString,
+            ),
+            'Flip': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flip,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -642,6 +662,33 @@ class WorkerControl:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Flip(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.WorkerControl/Flip',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.FlipRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.FlipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class RouterAdminStub:
     """The router's operator surface, on its gRPC port, for cluster members only (the cluster
@@ -663,6 +710,11 @@ class RouterAdminStub:
                 '/tandem.v1.RouterAdmin/MoveStreams',
                 request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.SerializeToString,
                 response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
+                _registered_method=True)
+        self.FlipWorker = channel.unary_unary(
+                '/tandem.v1.RouterAdmin/FlipWorker',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipWorkerRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipWorkerResponse.FromString,
                 _registered_method=True)
 
 
@@ -687,6 +739,17 @@ class RouterAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FlipWorker(self, request, context):
+        """Flip a worker's role: the router stops sending it the old role's work, moves its decode
+        streams live (a decode worker), has the worker switch (WorkerControl.Flip), then counts
+        it in the new pool. Refused: an unknown worker (NOT_FOUND), one already of that role, a
+        flip in progress, or the last routable worker of its role without force
+        (FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -699,6 +762,11 @@ def add_RouterAdminServicer_to_server(servicer, server):
                     servicer.MoveStreams,
                     request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.FromString,
                     response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.SerializeToString,
+            ),
+            'FlipWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.FlipWorker,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipWorkerRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.FlipWorkerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -757,6 +825,33 @@ class RouterAdmin:
             '/tandem.v1.RouterAdmin/MoveStreams',
             tandem_dot_protos_dot_v1_dot_worker__pb2.MoveStreamsRequest.SerializeToString,
             tandem_dot_protos_dot_v1_dot_worker__pb2.MovedStreams.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FlipWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.RouterAdmin/FlipWorker',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.FlipWorkerRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.FlipWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,6 +14,7 @@ from tandem.protos.v1 import worker_pb2
 from tandem.router.membership.registry import WorkerLoad
 
 _ROLES = {worker_pb2.ROLE_PREFILL: Role.PREFILL, worker_pb2.ROLE_DECODE: Role.DECODE}
+ROLE_PROTOS = {role: proto for proto, role in _ROLES.items()}  # Role -> its wire value
 _WEIGHTS_FORMAT_CHARS = 200  # a worker's report, not trusted to be short
 _MAX_LORAS = 1024  # adapters taken from one report; each identity at most _LORA_CHARS
 _LORA_CHARS = 160

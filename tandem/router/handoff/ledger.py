@@ -157,7 +157,8 @@ class Handoff:
         (tandem/router/handoff/live_moves.py): ``self._leg`` is the leg it is on."""
         with self._deps.live.open(self._leg.endpoint, self._leg.leg_id) as ticket:
             if self._deps.registry.moving_off(self._leg.endpoint):  # drained while prefilling
-                self._deps.live.move_soon(self._calls, ticket, MoveCause.DRAIN)
+                self._deps.live.move_soon(self._calls, ticket,
+                                          self._deps.live.cause_of(self._leg.endpoint))
             moved_at: float | None = None  # when the last token before a move came
             last_at = time.monotonic()
             while True:

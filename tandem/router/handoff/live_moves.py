@@ -37,6 +37,7 @@ class MoveCause(enum.Enum):
 
     DRAIN = "drain"  # an operator drained its worker with --migrate
     OPERATOR = "operator"  # an operator moved a worker's streams (RouterAdmin.MoveStreams)
+    FLIP = "flip"  # its decode worker flips to prefill (RouterAdmin.FlipWorker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,16 @@ class LiveStreams:
     def __init__(self) -> None:
         self._by_endpoint: dict[str, set[MoveTicket]] = {}
         self._soon: set[asyncio.Task[MoveOutcome]] = set()
+        self._causes: dict[str, MoveCause] = {}  # why streams move off an endpoint now
+
+    def moving_off(self, endpoint: str, cause: MoveCause) -> None:
+        """Streams move off ``endpoint`` for ``cause`` (what ``cause_of`` says of it until
+        it is asked again)."""
+        self._causes[endpoint] = cause
+
+    def cause_of(self, endpoint: str) -> MoveCause:
+        """Why streams move off ``endpoint`` (a drain unless said otherwise)."""
+        return self._causes.get(endpoint, MoveCause.DRAIN)
 
     @contextmanager
     def open(self, endpoint: str, leg_id: str) -> Iterator[MoveTicket]:

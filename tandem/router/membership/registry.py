@@ -267,6 +267,25 @@ class Registry:
         self._changed()
         return True
 
+    def serve_as(self, endpoint: str, role: Role) -> bool:
+        """``endpoint`` serves ``role`` from now on and takes work again (a role flip ended,
+        or was refused and the old role goes on); its old role's load is forgotten until
+        its next heartbeat. False when unknown."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is None:
+            return False
+        entry.role = role
+        entry.drain_asked = entry.move_streams = False
+        entry.load = WorkerLoad()
+        entry.prefilling_tokens = 0
+        self._changed()
+        return True
+
+    def draining(self, endpoint: str) -> bool:
+        """Whether ``endpoint`` is being drained (an operator asked, or it says so)."""
+        entry = self._by_endpoint.get(endpoint)
+        return entry is not None and (entry.drain_asked or entry.load.draining)
+
     def moving_off(self, endpoint: str) -> bool:
         """Whether the decode streams on ``endpoint`` are to move live (a drain with
         migrate)."""

@@ -51,6 +51,11 @@ class DecodeApp(WorkerAppShell):
         super().__init__(worker)
         self.receiver = receiver
 
+    def servicer(self) -> servicer.DecodeServicer:
+        """The DecodeService servicer over this worker."""
+        assert isinstance(self.worker, DecodeWorker)
+        return servicer.DecodeServicer(self.worker)
+
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the DecodeService servicer."""
         assert isinstance(self.worker, DecodeWorker)
@@ -78,6 +83,19 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
         metrics.borrowed_steps = lambda: rule.wide_steps
     release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
     ae = AsyncEngine(engine, on_step=metrics.observe_step)
+    try:
+        return await start_decode_app(ae, config, metrics)
+    except StartupError:
+        await ae.shutdown()
+        raise
+
+
+async def start_decode_app(ae: AsyncEngine, config: DecodeAppConfig,
+                           metrics: WorkerMetrics) -> DecodeApp:
+    """The decode role over a loaded, running engine: its KV receiver started on
+    ``kv_port``, its live-move sender, the worker logic (a role flip calls this too)."""
+    wc = config.worker
+    engine = ae.engine
     group = kv_group(engine.remote.kv_cache_spec())
     receiver = Receiver(engine.remote.kv_cache, group.layout, ReceiverConfig(
         secret=wc.kv_secret, host=config.kv_host or wc.serve.host, port=config.kv_port,
@@ -87,7 +105,6 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     try:
         await receiver.start()
     except OSError as exc:
-        await ae.shutdown()
         raise StartupError(f"cannot listen for KV on port {config.kv_port}: {exc}") from exc
     agents, kv_endpoint, sender = None, None, None
     if engine.group is not None:  # ranks 1..N-1 take the KV of their own heads
@@ -99,7 +116,6 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
                                         ).encode()
         except Exception as exc:
             await receiver.close()
-            await ae.shutdown()
             raise StartupError(f"cannot start the group's KV endpoints: {exc}") from exc
     else:
         # A live move pushes a stream's KV from here to another decode worker (moves.py); a

@@ -509,8 +509,9 @@ class DecodeWorker:
         while self.busy():
             await self._changed.wait()
 
-    async def close(self) -> None:
-        """Abort what is left, stop the event consumer, the receiver and the engine thread."""
+    async def retire(self) -> None:
+        """Abort what is left, stop the event consumer and the receiver; the engine goes on
+        (a role flip hands it to the other role, tandem/worker/dual/)."""
         if self._ae.alive:
             for rid in list(self._groups):
                 await self.abort(rid)
@@ -518,6 +519,10 @@ class DecodeWorker:
             self._events_task.cancel()
         await self._receiver.close()
         await self._live_moves.close()
+
+    async def close(self) -> None:
+        """``retire``, then stop the engine thread."""
+        await self.retire()
         await self._ae.shutdown()
 
 

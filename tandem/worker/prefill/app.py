@@ -34,6 +34,11 @@ class PrefillApp(WorkerAppShell):
     role = "prefill"
     service_name = servicer.SERVICE_NAME
 
+    def servicer(self) -> servicer.PrefillServicer:
+        """The PrefillService servicer over this worker."""
+        assert isinstance(self.worker, PrefillWorker)
+        return servicer.PrefillServicer(self.worker)
+
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the PrefillService servicer."""
         assert isinstance(self.worker, PrefillWorker)
@@ -53,6 +58,15 @@ async def build_prefill_app(config: PrefillAppConfig) -> PrefillApp:
         raise StartupError(str(exc)) from exc
     ae = AsyncEngine(engine, on_step=metrics.observe_step,
                      on_busy=lender.set_busy if lender is not None else None)
+    return await start_prefill_app(ae, config, metrics)
+
+
+async def start_prefill_app(ae: AsyncEngine, config: PrefillAppConfig,
+                            metrics: PrefillMetrics) -> PrefillApp:
+    """The prefill role over a loaded, running engine: its KV sender, the layer hook, the
+    worker logic (a role flip calls this too)."""
+    wc = config.worker
+    engine = ae.engine
     group = kv_group(engine.remote.kv_cache_spec())
     sender = Sender(engine.remote.kv_cache, group.layout,
                     SenderConfig(secret=wc.kv_secret, prefer_shm=wc.kv_shm, tls=wc.kv_tls,

@@ -335,8 +335,9 @@ class PrefillWorker:
         while self.busy():
             await self._changed.wait()
 
-    async def close(self) -> None:
-        """Abort what is left, close the sender's connections, stop the engine thread."""
+    async def retire(self) -> None:
+        """Abort what is left (held KV leases released), close the sender's connections and
+        take the layer hook off; the engine goes on (a role flip, tandem/worker/dual/)."""
         for rid in list(self._tasks):
             await self.abort(rid)
         tasks = list(self._tasks.values())
@@ -345,6 +346,10 @@ class PrefillWorker:
         await self._sender.close()
         if self._ae.alive:
             await self._ae.call(lambda e: e.remote.prefill.set_layer_hook(None))
+
+    async def close(self) -> None:
+        """``retire``, then stop the engine thread."""
+        await self.retire()
         await self._ae.shutdown()
 
 

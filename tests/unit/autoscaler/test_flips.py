@@ -185,12 +185,14 @@ def test_flips_are_logged_and_counted() -> None:
         in exporter.text()
 
 
-def test_todays_actuators_cannot_flip_and_refuse_to_pretend() -> None:
+def test_the_kubernetes_actuator_cannot_flip_and_refuses_to_pretend() -> None:
+    """Its pods' role is in their Deployment (and the router's discovery reads it from
+    their labels): a flip would need the pod moved between Deployments, which it does not
+    do. The Ray actuator flips (tests/integration/test_ray_up.py)."""
     from kubernetes import client
 
-    actuators = [RayActuator(pool=None, bundles={}, request_resources=False),
-                 KubernetesActuator(client.ApiClient(), "ns")]
-    for actuator in actuators:
-        assert actuator.can_flip is False
-        with pytest.raises(FlipUnsupportedError, match="no runtime role switch"):
-            asyncio.run(actuator.flip("d3", "prefill"))
+    actuator = KubernetesActuator(client.ApiClient(), "ns")
+    assert actuator.can_flip is False
+    with pytest.raises(FlipUnsupportedError, match="one role's Deployment"):
+        asyncio.run(actuator.flip("d3", "prefill"))
+    assert RayActuator(pool=None, bundles={}, request_resources=False).can_flip is True
