@@ -31,6 +31,7 @@ from prometheus_client.registry import CollectorRegistry
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.omp_pools import release_this_threads_pool
 from tandem.protos.v1 import worker_pb2_grpc
+from tandem.worker import lora_admin
 from tandem.worker.app import FlipRefused, WorkerAppShell, attach_step_log, load_engine
 from tandem.worker.config import StartupError, WorkerConfig
 from tandem.worker.decode.app import (
@@ -115,6 +116,7 @@ class DualApp:
             RoleGate("PrefillService", "prefill", self._servicer, lambda: self.role), server)
         worker_pb2_grpc.add_DecodeServiceServicer_to_server(
             RoleGate("DecodeService", "decode", self._servicer, lambda: self.role), server)
+        lora_admin.add_to_server(self._ae, server)  # the engine's adapters, either role
 
     def _servicer(self, role: str) -> object | None:
         serving = self._serving
