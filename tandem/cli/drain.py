@@ -14,11 +14,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import grpc
-
-from tandem.cli.router_admin import add_admin_args, admin_channel, admin_stub
+from tandem.cli.router_admin import add_admin_args, call_admin
 from tandem.common.arg_parser import ArgParser
-from tandem.common.security.credential import ClusterCredential, CredentialError
 from tandem.protos.v1 import worker_pb2
 
 
@@ -35,18 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Drain; print what moved. 1 when the router refused or could not be reached."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        credential = ClusterCredential.from_file(args.cluster_secret_file)
-    except CredentialError as exc:
-        parser.error(str(exc))
-    with admin_channel(args) as channel:
-        try:
-            reply = admin_stub(channel, credential).DrainWorker(
-                worker_pb2.DrainWorkerRequest(worker=args.worker, migrate=args.migrate),
-                timeout=args.timeout)
-        except grpc.RpcError as err:
-            print(f"tandem drain: {err.code().name}: {err.details()}", file=sys.stderr)
-            return 1
+    reply = call_admin(parser, args, lambda stub: stub.DrainWorker(
+        worker_pb2.DrainWorkerRequest(worker=args.worker, migrate=args.migrate),
+        timeout=args.timeout))
+    if reply is None:
+        return 1
     moved = f"{reply.moved} streams moved live, " if args.migrate else ""
     print(f"draining {reply.endpoint}: {moved}{reply.stayed} stay to finish there "
           f"({reply.seconds:.3f} s)")

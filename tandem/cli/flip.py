@@ -15,11 +15,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import grpc
-
-from tandem.cli.router_admin import add_admin_args, admin_channel, admin_stub
+from tandem.cli.router_admin import add_admin_args, call_admin
 from tandem.common.arg_parser import ArgParser
-from tandem.common.security.credential import ClusterCredential, CredentialError
 from tandem.protos.v1 import worker_pb2
 
 ROLES = {"prefill": worker_pb2.ROLE_PREFILL, "decode": worker_pb2.ROLE_DECODE}
@@ -40,19 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     reached (the reason on stderr)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        credential = ClusterCredential.from_file(args.cluster_secret_file)
-    except CredentialError as exc:
-        parser.error(str(exc))
-    with admin_channel(args) as channel:
-        try:
-            reply = admin_stub(channel, credential).FlipWorker(
-                worker_pb2.FlipWorkerRequest(worker=args.worker, to=ROLES[args.to],
-                                             force=args.force),
-                timeout=args.timeout)
-        except grpc.RpcError as err:
-            print(f"tandem flip: {err.code().name}: {err.details()}", file=sys.stderr)
-            return 1
+    reply = call_admin(parser, args, lambda stub: stub.FlipWorker(
+        worker_pb2.FlipWorkerRequest(worker=args.worker, to=ROLES[args.to], force=args.force),
+        timeout=args.timeout))
+    if reply is None:
+        return 1
     moved = reply.moved
     print(f"{moved.endpoint} serves {args.to} ({reply.seconds:.3f} s; {moved.moved} streams "
           f"moved live, {moved.stayed} finished there first)")

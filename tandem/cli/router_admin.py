@@ -1,15 +1,19 @@
 """The RouterAdmin channel the operator's commands share (``tandem drain``, ``tandem flip``):
-their common flags, and a stub whose every call carries the cluster credential's token."""
+their common flags, a stub whose every call carries the cluster credential's token, and one
+call made with them."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
 from tandem.common.arg_parser import ArgParser
-from tandem.common.security.credential import ClusterCredential
+from tandem.common.security.credential import ClusterCredential, CredentialError
 from tandem.common.security.grpc_auth import ROUTER_AUDIENCE, sync_channel
 from tandem.protos.v1 import worker_pb2_grpc
 
@@ -36,3 +40,23 @@ def admin_stub(channel: grpc.Channel, credential: ClusterCredential
                ) -> worker_pb2_grpc.RouterAdminStub:
     """RouterAdmin over ``channel``, every call with ``credential``'s token."""
     return worker_pb2_grpc.RouterAdminStub(sync_channel(channel, credential, ROUTER_AUDIENCE))
+
+
+Reply = TypeVar("Reply")
+
+
+def call_admin(parser: ArgParser, args: argparse.Namespace,
+               call: Callable[[worker_pb2_grpc.RouterAdminStub], Reply]) -> Reply | None:
+    """``call`` on the router's RouterAdmin as ``args`` say (add_admin_args); a credential
+    that cannot be read is the parser's error; None (the status and reason on stderr, as
+    ``parser.prog``) when the router refused or could not be reached."""
+    try:
+        credential = ClusterCredential.from_file(args.cluster_secret_file)
+    except CredentialError as exc:
+        parser.error(str(exc))
+    with admin_channel(args) as channel:
+        try:
+            return call(admin_stub(channel, credential))
+        except grpc.RpcError as err:
+            print(f"{parser.prog}: {err.code().name}: {err.details()}", file=sys.stderr)
+            return None
