@@ -57,9 +57,10 @@ from tandem.engine.core.request import FORK_SEPARATOR, sequence_id
 from tandem.engine.errors import UnknownRequestError
 from tandem.engine.outputs import EngineStats
 from tandem.engine.sampling_params import SamplingParams
-from tandem.kv_transfer import Aborted, Committed, Expired, Receiver, Sender, TransferEvent
+from tandem.kv_transfer import Receiver, Sender
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.decode.moves import LiveMoves, Suspended
+from tandem.worker.decode.receiver_events import ReceiverEvents
 from tandem.worker.decode.results import ReserveResult, StreamMessage
 from tandem.worker.decode.stream_moves import StreamMoves
 from tandem.worker.decode.streams import RequestStream
@@ -121,6 +122,8 @@ class DecodeWorker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._changed = asyncio.Event()
+        self._events = ReceiverEvents(ae, receiver, agents, self.metrics, self._streams,
+                                      self._groups, self.await_reader)
         self._live_moves = LiveMoves(ae, sender, receiver.layout, config.transfer_timeout_s,
                                      hold)
         self.moves = StreamMoves(self, self._live_moves)  # the live-move RPCs
@@ -133,7 +136,7 @@ class DecodeWorker:
 
     async def start(self) -> None:
         """Start consuming the receiver's events."""
-        self._events_task = asyncio.get_running_loop().create_task(self._consume_events())
+        self._events_task = asyncio.get_running_loop().create_task(self._events.consume())
 
     # -- RPCs ------------------------------------------------------------------------------
     async def reserve(
@@ -263,7 +266,7 @@ class DecodeWorker:
     async def _prefill_local(self, group: list[RequestStream], t0: float) -> FirstToken:
         rid = group[0].request_id
         # release before free: no frame lands in the blocks once this returns
-        self._release(group[0].transfer_id, "prefilled locally by the decode worker")
+        self._events.release(group[0].transfer_id, "prefilled locally by the decode worker")
         try:
             await self._ae.call(lambda e: e.remote.decode.prefill_locally(rid))
         except UnknownRequestError:
@@ -306,7 +309,7 @@ class DecodeWorker:
             if one.started:  # forked: the others go on
                 streams = [one]
         # release before free: no frame lands in the blocks once this returns
-        self._release(group[0].transfer_id, "request aborted")
+        self._events.release(group[0].transfer_id, "request aborted")
         ids = [s.request_id for s in streams]
         for sid in ids:
             self.moves.forget(sid)
@@ -360,65 +363,6 @@ class DecodeWorker:
         """KV received, transfers that failed (aborted or expired), blocks leased right now."""
         rx = self._receiver.stats()
         return TransferTotals(rx.bytes_received, rx.aborted + rx.expired, rx.held_blocks)
-
-    # -- receiver events ---------------------------------------------------------------------
-    async def _consume_events(self) -> None:
-        while True:
-            event = await self._receiver.events.get()
-            try:
-                await self._on_event(event)
-            except Exception:  # a bug in one request's handling must not stop every commit
-                log.exception("handling %r failed", event)
-
-    def _release(self, tid: str, reason: str) -> None:
-        """End a reservation's lease here and on every other rank of the group."""
-        self._receiver.release(tid, reason)
-        if self._agents is not None:
-            self._agents.release(tid)
-
-    async def _on_event(self, event: TransferEvent) -> None:
-        tid = event.transfer_id
-        if self._agents is not None:  # ended here: the other ranks' leases end too
-            self._agents.release(tid)
-        if isinstance(event, Committed):
-            try:
-                outs = await self._ae.call(
-                    lambda e: e.remote.decode.commit_forked(tid, event.first_tokens,
-                                                            event.first_logprobs)
-                )
-            except Exception as exc:  # a first token outside the vocabulary, a wrong count
-                self._count_commit(event)
-                await self._end(tid, TransferEnded(f"commit refused: {exc}"))
-                return
-            if outs is None:  # already ended here (Abort, PrefillLocal) while it was queued
-                log.debug("commit for a reservation already ended: %r", event)
-                return
-            self._count_commit(event)
-            for out in outs:  # one per sequence of a forked request
-                stream = self._streams.get(out.request_id)
-                if stream is not None:
-                    stream.take_first(out)
-                    self.await_reader(stream)
-        elif isinstance(event, Expired):
-            await self._end(tid, TransferEnded("lease expired before the KV arrived"))
-        elif isinstance(event, Aborted):
-            await self._end(tid, TransferEnded(
-                f"KV transfer aborted by the {event.by} ({event.code}): {event.reason}"))
-
-    def _count_commit(self, event: Committed) -> None:
-        layout = self.layout
-        self.metrics.transfer_committed(
-            layout.payload_bytes(layout.num_layers, len(event.block_ids)), event.seconds)
-
-    async def _end(self, transfer_id: str, why: TransferEnded) -> None:
-        """A transfer that will not commit: the engine frees its reservation, if still live."""
-        out = await self._ae.call(lambda e: e.remote.decode.end(transfer_id))
-        if out is None:
-            log.debug("transfer %s ended after its reservation: %s", transfer_id, why)
-            return
-        log.info("request %s ended before decoding: %s", out.request_id, why)
-        for stream in self._groups.get(out.request_id, ()):  # every sequence it was to fork
-            stream.end(why)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _lease(self, lease_s: float) -> float:
