@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from tandem.common.step_costs import StepCostModel
 from tandem.engine.checkpoint import load_checkpoint
 from tandem.engine.config import EngineConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
@@ -58,6 +57,7 @@ from tandem.engine.sampler import Sampler
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.spec.build import build_spec_decoder
 from tandem.engine.spec.verifier import SpecStats
+from tandem.engine.step_cost_feed import StepCostFeed
 from tandem.engine.structured.grammar_engine import GrammarEngine
 
 
@@ -95,13 +95,9 @@ class LLMEngine:
         self.model_path, self.tokenizer, self.arch = ckpt.path, ckpt.tokenizer, ckpt.arch
         self.weights_format, self.weight_bytes = ckpt.weights.format, ckpt.weight_bytes
         self.max_model_len = ckpt.max_model_len
-        self.step_costs = StepCostModel()  # what a step costs here (router placement reads it)
-        # The kinds of step (prompt tokens or not) the fit has seen once: the first of each
-        # kind is cold and stays out of it (_observe_step).
-        self._cold_kinds_seen: set[bool] = set()
-        # Called after every step that ran the model with (decode rows, prompt tokens, context
-        # tokens, seconds), on the thread that steps; a worker's --step-log (tandem/worker/step_log.py).
-        self.step_observer: Callable[[int, int, int, float], None] | None = None
+        # what a step costs here (router placement reads it); its observer: a worker's
+        # --step-log (tandem/worker/step_log.py)
+        self.step_costs = StepCostFeed()
         # "auto"'s float16 cache is the fused native forward's, which never runs an MLA model
         # (and never a tensor-parallel group's ranks: torch's forward serves them)
         self.kv_cache_dtype = config.resolved_kv_cache_dtype(
@@ -288,7 +284,9 @@ class LLMEngine:
         self.num_steps += 1
         started = time.perf_counter()
         outputs += self._run_step(sched.scheduled)
-        self._observe_step(sched.scheduled, time.perf_counter() - started)
+        self.step_costs.observe(  # adapted: a step with a LoRA row
+            sched.scheduled, time.perf_counter() - started,
+            self.loras is not None and any(s.request.lora for s in sched.scheduled))
         return outputs
 
     def _run_step(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
@@ -359,31 +357,6 @@ class LLMEngine:
             self.scheduler.admit_running(child.request)
             children.append(child)
         return children
-
-    def _observe_step(self, scheduled: list[ScheduledRequest], seconds: float) -> None:
-        """Feed the step-cost fit: a one-token query (plus drafts) is a decode row, anything
-        longer is prompt tokens. On a GPU a step that samples is timed to its end (sampling
-        reads the logits); a chunk step that samples nothing is timed at its launch.
-
-        The engine's first step with prompt tokens and its first without are left out of the
-        fit (the step observer still gets them): they pay first-call costs (thread pools,
-        allocations, page faults; on a 2-core CPU a prefill worker's first 40-token step took
-        0.9-1.1 s against ~0.1 s after), and one such step made a fresh prefill worker's fit
-        report a 0.4-0.6 s base for as long as few prompts reached it, so the router placed
-        every short prompt locally."""
-        rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
-        tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
-        kind = tokens > 0
-        # a step with a LoRA row runs the torch forward (model_runner.py): another cost
-        # curve than the base steps' the router places by, so it stays out of their fit
-        adapted = self.loras is not None and any(s.request.lora for s in scheduled)
-        if kind in self._cold_kinds_seen and not adapted:
-            self.step_costs.observe(rows, tokens, seconds)
-        else:
-            self._cold_kinds_seen.add(kind)
-        if self.step_observer is not None:  # context: the tokens the step's queries attend to
-            context = sum(s.request.num_computed_tokens for s in scheduled)
-            self.step_observer(rows, tokens, context, seconds)
 
     def append(self, live: LiveRequest, results: list[SampleResult]) -> RequestOutput:
         """Append sampled tokens (and feed the grammar); retire the request when finished."""

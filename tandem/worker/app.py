@@ -116,7 +116,7 @@ def attach_step_log(engine: LLMEngine, path: str | None) -> StepLog | None:
         log = StepLog(path)
     except OSError as exc:
         raise StartupError(f"cannot open --step-log {path}: {exc}") from exc
-    engine.step_observer = log.record
+    engine.step_costs.observer = log.record
     return log
 
 

@@ -1,7 +1,7 @@
 """A worker's step log (``--step-log FILE``): one line per model step, for measuring what
 steps cost under serving.
 
-    engine thread ──LLMEngine.step_observer(rows, tokens, seconds)──> StepLog.record
+    engine thread ──LLMEngine.step_costs.observer(rows, tokens, context, seconds)──> StepLog.record
         ──> FILE, one JSON object a line, appended:
             {"start": wall-clock seconds, "s": seconds, "rows": decode rows,
              "tokens": prompt tokens, "context": tokens attended (every query's own context)}
@@ -53,7 +53,7 @@ class StepLog:
 
     def record(self, rows: int, tokens: int, context: int, seconds: float) -> None:
         """A step of ``rows`` decode rows and ``tokens`` prompt tokens over ``context``
-        tokens just ended after ``seconds`` (the signature of ``LLMEngine.step_observer``)."""
+        tokens just ended after ``seconds`` (the signature of ``StepCostFeed.observer``, tandem/engine/step_cost_feed.py)."""
         if self._fd is None:
             return
         line = json.dumps({"start": round(time.time() - seconds, 6), "s": round(seconds, 6),

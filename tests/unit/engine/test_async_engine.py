@@ -97,7 +97,7 @@ def test_stats_while_a_step_runs_does_not_wait_for_its_end(tiny_dir, make_engine
             entered.set()
             release.wait()
 
-    engine.step_observer = observer
+    engine.step_costs.observer = observer
 
     async def main() -> None:
         ae = AsyncEngine(engine)

@@ -17,7 +17,7 @@ def _finish(engine, prompt: list[int], tokens: int) -> None:
 def test_the_first_step_of_each_kind_stays_out_of_the_fit(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, block_size=16)
     seen: list[tuple[int, int]] = []
-    engine.step_observer = lambda rows, tokens, context, seconds: seen.append((rows, tokens))
+    engine.step_costs.observer = lambda rows, tokens, context, seconds: seen.append((rows, tokens))
     assert engine.step_costs.costs().base_s is None
     _finish(engine, list(range(5, 25)), 1)  # one prefill step, nothing else
     assert seen == [(0, 20)]

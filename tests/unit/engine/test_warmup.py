@@ -26,7 +26,7 @@ def _greedy(engine, prompt: list[int], tokens: int) -> list[int]:
 def test_warm_up_fits_every_step_cost_and_leaves_nothing_behind(tiny_dir, make_engine) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=128, block_size=16)
     seen: list[tuple[int, int, int]] = []
-    engine.step_observer = lambda rows, tokens, context, seconds: seen.append(
+    engine.step_costs.observer = lambda rows, tokens, context, seconds: seen.append(
         (rows, tokens, context))
     report = warm_up(engine)
     # the steps tandem/common/warmup_plan.py says it makes (what the simulated workers fit)

@@ -67,6 +67,6 @@ def test_no_path_no_log_and_an_unopenable_one_stops_the_start(
     tiny_dir, make_engine, tmp_path: Path,
 ) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=16, block_size=16)
-    assert attach_step_log(engine, None) is None and engine.step_observer is None
+    assert attach_step_log(engine, None) is None and engine.step_costs.observer is None
     with pytest.raises(StartupError, match="cannot open --step-log"):
         attach_step_log(engine, str(tmp_path / "missing" / "steps.jsonl"))
