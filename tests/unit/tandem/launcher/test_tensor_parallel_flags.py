@@ -14,8 +14,8 @@ from tandem.launcher.argv import worker_argv
 from tandem.launcher.placement import worker_resources
 from tandem.launcher.spec import LaunchSpec
 from tandem.launcher.tensor_parallel import group_size
-from tandem.planner.devices import get_device
 from tandem.placement.slo import Slo
+from tandem.planner.devices import get_device
 
 
 def test_the_last_flag_given_wins_in_either_spelling() -> None:
