@@ -42,6 +42,7 @@ from typing import Any
 
 from tandem.launcher.argv import router_argv, served_name, worker_argv
 from tandem.launcher.placement import (
+    fits_one_node,
     home_strategy,
     pair_group,
     worker_resources,
@@ -126,7 +127,7 @@ class PoolActor:
         ).remote(router_argv(spec, self._model), spec.namespace)
         self._router_info = await self._router.ready.remote()
         self._router_up.set()
-        pairs = min(spec.prefill, spec.decode) if spec.pack_pairs else 0
+        pairs = min(spec.prefill, spec.decode) if self._pack() else 0
         for pair in range(pairs):
             self._pgs[pair] = await pair_group(spec, pair)
         for role, count in (("decode", spec.decode), ("prefill", spec.prefill)):
@@ -143,6 +144,21 @@ class PoolActor:
                      flips=spec.flips)
             await self._controller.start.remote()
         return await self.status()
+
+    def _pack(self) -> bool:
+        """Whether to pack prefill-decode pairs: asked for, and for tensor-parallel workers
+        only where a live node holds both groups' bundles (else each goes on its own)."""
+        spec = self.spec
+        if not spec.pack_pairs or spec.flips:  # one-rank workers: packed as always
+            return spec.pack_pairs
+        import ray
+
+        nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+        if fits_one_node([spec.bundle(r) for r in ROLES], nodes):
+            return True
+        log.info("not packing prefill-decode pairs: no node holds a %s and a %s worker",
+                 spec.bundle("prefill"), spec.bundle("decode"))
+        return False
 
     async def router_endpoint(self) -> str:
         """The router's gRPC endpoint (waits until it serves)."""

@@ -134,11 +134,6 @@ class LaunchSpec:
         """Rank processes (``--tensor-parallel-size``) of one worker of ``role``."""
         return self.prefill_ranks if role == "prefill" else self.decode_ranks
 
-    def devices(self, role: str) -> int:
-        """Devices one worker of ``role`` occupies: a GPU, or a CPU share, per rank (what
-        the autoscaler's resource requests and ``tandem plan``'s GPU counts weigh it by)."""
-        return self.ranks(role)
-
     def cpus(self, role: str) -> float:
         """Ray CPUs one worker of ``role`` asks for: ``cpus_per_worker`` per rank."""
         return self.cpus_per_worker * self.ranks(role)

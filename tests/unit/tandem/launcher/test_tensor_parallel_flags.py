@@ -90,7 +90,6 @@ def test_up_places_a_group_as_one_actor_of_all_its_devices() -> None:
     assert spec.bundle("decode") == {"CPU": 2.0, "GPU": 2.0}
     assert worker_resources(spec, "prefill") == {"num_cpus": 4.0, "num_gpus": 4.0,
                                                  "resources": {}}
-    assert spec.devices("prefill") == 4 and spec.devices("decode") == 2
     argv = worker_argv(spec, "decode", "m")
     assert "--device" in argv and argv[-1] == "--tensor-parallel-size=2"
     assert not spec.flips and _up_spec([]).flips
@@ -167,3 +166,18 @@ def test_workers_take_the_flag(tmp_path: Path) -> None:
     assert engine_config_from_args(args).tensor_parallel_size == 3
     assert prefill_parser().parse_args(
         ["--port", "0", "--tensor-parallel-size", "2"]).tensor_parallel_size == 2
+
+
+def test_pairs_of_groups_are_packed_only_where_one_node_holds_both() -> None:
+    """Two 4-GPU groups pack on an 8-GPU node; two 8-GPU groups fit none of 8 (their pair
+    group would never be placed), and a node's CPUs count too."""
+    from tandem.launcher.placement import fits_one_node
+
+    four = _up_spec(["--tensor-parallel-size", "4", "--prefill-gpus", "4", "--decode-gpus", "4"])
+    eight = _up_spec(["--tensor-parallel-size", "8", "--prefill-gpus", "8",
+                      "--decode-gpus", "8"])
+    nodes = [{"CPU": 64.0, "GPU": 8.0}, {"CPU": 8.0, "GPU": 0.0}]
+    assert fits_one_node([four.bundle("prefill"), four.bundle("decode")], nodes)
+    assert not fits_one_node([eight.bundle("prefill"), eight.bundle("decode")], nodes)
+    assert not fits_one_node([four.bundle("prefill"), four.bundle("decode")],
+                             [{"CPU": 4.0, "GPU": 8.0}])
