@@ -104,6 +104,7 @@ def test_up_serves_a_tensor_parallel_group_and_restarts_it_whole(
         before = _decode(env)
         (rank1,) = _followers(before["pid"])
         assert before["state"] == "serving" and before["restarts"] == 0
+        assert before["pair"] == 0  # the node holds both workers: packed beside prefill-0
         with Streamer(target, SHORT) as streamer:
             _wait(lambda: streamer.done >= 1, 120, "the stream to start")
             rank1.send_signal(signal.SIGKILL)
