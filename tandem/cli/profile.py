@@ -2,10 +2,14 @@
 
     tandem profile --model smollm2 --threads 2 --out smollm2-cpu2.json
     tandem profile --model smollm2 --threads 1 --out smollm2-cpu1.json --no-transfer
+    tandem profile --model llama-70b --device cuda --tensor-parallel-size 4 --out 70b-tp4.json
 
 Takes the workers' own engine flags (the same model, dtype, quantization, threads and chunk
 budget make the same costs), times engine steps of known shape, fits the step-cost model of
 tandem/planner/profile.py and writes it as JSON (tandem/profiler says what is measured).
+With ``--tensor-parallel-size N`` it measures a worker of that group (N rank processes, as
+``tandem decode --tensor-parallel-size N`` runs them): the profile counts N devices a worker
+(``gpus_per_worker``) and one rank's KV bytes per token.
 For hardware this machine lacks, ``tandem plan --device h100`` uses a datasheet roofline
 instead (tandem/planner/roofline.py).
 """
@@ -53,8 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tandem profile: {err}", file=sys.stderr)
         return 2
     options = ProfileOptions(args.repeats, args.quick, not args.no_transfer)
-    profile = profile_engine(engine, options, label=args.label or args.model,
-                             device=_device_name(config.model.device))
+    try:
+        profile = profile_engine(engine, options, label=args.label or args.model,
+                                 device=_device_name(config.model.device))
+    finally:
+        engine.close()  # a group's other ranks stop with it
     profile.save(args.out)
     print(f"wrote {args.out}")
     return 0

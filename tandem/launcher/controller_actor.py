@@ -24,7 +24,11 @@ class ControllerActor:
     """Runs the control loop until ``stop`` (wrap with ``ray.remote``)."""
 
     def __init__(self, config: AutoscaleConfig, namespace: str,
-                 bundles: dict[str, dict[str, float]]) -> None:
+                 bundles: dict[str, dict[str, float]], flips: bool = True) -> None:
+        """``bundles``: one worker's Ray resources per role (a tensor-parallel worker's
+        holds all its ranks' devices); ``flips``: whether the workers can switch roles (a
+        tensor-parallel group keeps its role: tandem/worker/dual/app.py)."""
+        self._flips = flips
         self._config = config
         self._namespace = namespace
         self._bundles = bundles
@@ -43,7 +47,8 @@ class ControllerActor:
 
         logging.basicConfig(level=logging.INFO)
         pool = ray.get_actor(REGISTRY, namespace=self._namespace)
-        actuator = RayActuator(pool, self._bundles, self._config.request_resources)
+        actuator = RayActuator(pool, self._bundles, self._config.request_resources,
+                               flips=self._flips)
 
         async def targets() -> list[ScrapeTarget]:
             found = await pool.targets.remote()

@@ -4,6 +4,12 @@
              -> prefill-i and decode-i share a node (KV over shared memory / CUDA IPC)
     others:  SPREAD -> replicas of a role on different nodes where there are several
     router, pool, controller: hard affinity to the node `tandem up` ran on ("home")
+
+A tensor-parallel worker of N ranks is one actor asking for all N devices at once
+(:func:`worker_resources`): Ray places it on one node with all of them, or not yet
+(tandem/launcher/pool.py says why one actor rather than N). Pairs of such workers are packed
+only where a node of the cluster holds both (:func:`fits_one_node`): two 8-GPU groups fit
+no 8-GPU node, and their pair group would never be placed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,23 @@ def home_strategy(node_id: str | None) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+def fits_one_node(bundles: list[dict[str, float]], nodes: list[dict[str, float]]) -> bool:
+    """Whether some node of ``nodes`` (each its total resources) holds all ``bundles`` at
+    once: what a STRICT_PACK group of them needs to be placed at all."""
+    need: dict[str, float] = {}
+    for bundle in bundles:
+        for key, amount in bundle.items():
+            need[key] = need.get(key, 0.0) + amount
+    return any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes)
+
+
+def worker_resources(spec: LaunchSpec, role: str) -> dict[str, Any]:
+    """The Ray actor options of one worker of ``role``: its CPUs (per rank), its GPUs (one
+    per rank of a tensor-parallel worker on GPUs) and the custom resources, as ``bundle``."""
+    return {"num_cpus": spec.cpus(role), "num_gpus": spec.gpus(role),
+            "resources": dict(spec.resources)}
 
 
 async def pair_group(spec: LaunchSpec, pair: int) -> Any:

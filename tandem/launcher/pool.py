@@ -10,6 +10,24 @@
 A watcher per worker keeps it alive in the books: after a crash Ray restarts the actor
 (``max_restarts``); the watcher calls ``ready()`` on the new incarnation, which serves and
 registers again, while the router's health checks have already taken the dead endpoint out.
+
+A tensor-parallel worker (``--tensor-parallel-size N``) is one actor too, holding all its
+group's devices (``num_gpus=N``, or N ranks' CPUs: ``LaunchSpec.bundle``); rank 0 serves in
+the actor and starts ranks 1..N-1 as its child processes, as ``tandem decode
+--tensor-parallel-size N`` does on its own (tandem/engine/parallel/group.py):
+
+    actor (N GPUs; CUDA_VISIBLE_DEVICES = those N) ── rank 0: gRPC, scheduler, KV endpoint
+        ├── rank 1 (python -m tandem.worker.tp_rank, cuda:1) ┐ step frames over pipes,
+        └── rank N-1                                         ┘ a FileStore rendezvous
+
+Why one actor and not N one-GPU actors in a STRICT_PACK placement group (vLLM's Ray
+executor): the group's steps travel over pipes and it meets in a rendezvous file, so its
+ranks share a node and a parent anyway; a rank that dies ends rank 0's process
+(EXIT_RANK_DIED), so the actor dies and Ray restarts the whole group, with its devices,
+through the same ``max_restarts`` and watcher as any worker, where N actors would each be
+restarted alone into a group that can no longer compute (its shard and KV gone) and would
+need a supervisor of their own; and an actor asking for N GPUs is placed on one node or not
+at all, what STRICT_PACK would give. The pair group packs such a bundle beside its partner's.
 """
 
 from __future__ import annotations
@@ -23,7 +41,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.launcher.argv import router_argv, served_name, worker_argv
-from tandem.launcher.placement import home_strategy, pair_group, worker_strategy
+from tandem.launcher.placement import (
+    fits_one_node,
+    home_strategy,
+    pair_group,
+    worker_resources,
+    worker_strategy,
+)
 from tandem.launcher.spec import CONTROLLER, ROUTER, LaunchSpec, worker_name
 
 log = logging.getLogger(__name__)
@@ -103,7 +127,7 @@ class PoolActor:
         ).remote(router_argv(spec, self._model), spec.namespace)
         self._router_info = await self._router.ready.remote()
         self._router_up.set()
-        pairs = min(spec.prefill, spec.decode) if spec.pack_pairs else 0
+        pairs = min(spec.prefill, spec.decode) if self._pack() else 0
         for pair in range(pairs):
             self._pgs[pair] = await pair_group(spec, pair)
         for role, count in (("decode", spec.decode), ("prefill", spec.prefill)):
@@ -116,9 +140,25 @@ class PoolActor:
             self._controller = ray.remote(ControllerActor).options(
                 name=CONTROLLER, namespace=spec.namespace, num_cpus=0, max_restarts=-1,
                 max_concurrency=16, scheduling_strategy=home_strategy(self._home),
-            ).remote(spec.autoscale, spec.namespace, {r: spec.bundle(r) for r in ROLES})
+            ).remote(spec.autoscale, spec.namespace, {r: spec.bundle(r) for r in ROLES},
+                     flips=spec.flips)
             await self._controller.start.remote()
         return await self.status()
+
+    def _pack(self) -> bool:
+        """Whether to pack prefill-decode pairs: asked for, and for tensor-parallel workers
+        only where a live node holds both groups' bundles (else each goes on its own)."""
+        spec = self.spec
+        if not spec.pack_pairs or spec.flips:  # one-rank workers: packed as always
+            return spec.pack_pairs
+        import ray
+
+        nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+        if fits_one_node([spec.bundle(r) for r in ROLES], nodes):
+            return True
+        log.info("not packing prefill-decode pairs: no node holds a %s and a %s worker",
+                 spec.bundle("prefill"), spec.bundle("decode"))
+        return False
 
     async def router_endpoint(self) -> str:
         """The router's gRPC endpoint (waits until it serves)."""
@@ -279,8 +319,7 @@ class PoolActor:
         argv = worker_argv(spec, role, self._model, served_name(spec))
         handle = ray.remote(WorkerActor).options(
             name=worker_name(role, index), namespace=spec.namespace,
-            num_cpus=spec.cpus_per_worker, num_gpus=spec.gpus(role),
-            resources=dict(spec.resources), max_restarts=spec.max_restarts,
+            **worker_resources(spec, role), max_restarts=spec.max_restarts,
             max_concurrency=64, scheduling_strategy=strategy,
         ).remote(role, index, argv, spec.namespace, spec.signal_window_s, spec.worker_host)
         worker = _Worker(role, index, handle, pair)

@@ -32,6 +32,11 @@ class LaunchSpec:
     commands' parsers (``tandem prefill|decode`` and ``tandem router``), so every flag those
     commands have works here too; ``prefill_args`` / ``decode_args`` go to one role's workers
     only, after ``worker_args``. ``resources`` are Ray custom resources every worker asks for.
+
+    ``prefill_ranks`` / ``decode_ranks``: the role's ``--tensor-parallel-size`` (what its
+    flags above say; tandem/launcher/tensor_parallel.py reads it). A worker of N ranks is one
+    actor holding N devices: ``prefill_gpus``/``decode_gpus`` are GPUs per worker, 0 or N
+    (one whole device per rank), and it asks for ``cpus_per_worker`` CPUs per rank.
     """
 
     model: str = "smollm2"
@@ -43,6 +48,8 @@ class LaunchSpec:
     http_port: int | None = 8000  # None: the router's own default
     prefill_gpus: float = 0.0
     decode_gpus: float = 0.0
+    prefill_ranks: int = 1  # --tensor-parallel-size of a prefill worker
+    decode_ranks: int = 1
     cpus_per_worker: float = 1.0
     router_cpus: float = 0.0
     resources: tuple[tuple[str, float], ...] = ()
@@ -82,6 +89,8 @@ class LaunchSpec:
             "http_port": self.http_port is None or -1 <= self.http_port <= 65535,
             "prefill_gpus": self.prefill_gpus >= 0,
             "decode_gpus": self.decode_gpus >= 0,
+            "prefill_ranks": self.prefill_ranks >= 1,
+            "decode_ranks": self.decode_ranks >= 1,
             "cpus_per_worker": self.cpus_per_worker >= 0,
             "router_cpus": self.router_cpus >= 0,
             "threads": self.threads is None or self.threads >= 1,
@@ -96,6 +105,13 @@ class LaunchSpec:
             raise ValueError(f"invalid launch spec: {', '.join(bad)} out of range")
         if not self.model:
             raise ValueError("invalid launch spec: --model is empty")
+        for role in ("prefill", "decode"):
+            ranks, gpus = self.ranks(role), self.gpus(role)
+            if ranks > 1 and gpus not in (0, ranks):
+                raise ValueError(
+                    f"--{role}-gpus {gpus:g} with --tensor-parallel-size {ranks}: a "
+                    f"tensor-parallel worker holds one whole GPU per rank, so --{role}-gpus "
+                    f"is {ranks} (GPUs per worker) or 0 (ranks on the CPU)")
         if self.secrets_apart:
             if self.cluster_secret or self.api_keys:
                 raise ValueError("invalid launch spec: secrets in a spec that holds none")
@@ -114,13 +130,29 @@ class LaunchSpec:
         """GPUs one worker of ``role`` asks for."""
         return self.prefill_gpus if role == "prefill" else self.decode_gpus
 
+    def ranks(self, role: str) -> int:
+        """Rank processes (``--tensor-parallel-size``) of one worker of ``role``."""
+        return self.prefill_ranks if role == "prefill" else self.decode_ranks
+
+    def cpus(self, role: str) -> float:
+        """Ray CPUs one worker of ``role`` asks for: ``cpus_per_worker`` per rank."""
+        return self.cpus_per_worker * self.ranks(role)
+
+    @property
+    def flips(self) -> bool:
+        """Whether the workers may switch roles: not when either role is a tensor-parallel
+        group (its ranks' KV endpoints serve one role: tandem/worker/dual/app.py)."""
+        return self.prefill_ranks == self.decode_ranks == 1
+
     def role_args(self, role: str) -> tuple[str, ...]:
         """The extra flags of ``role``'s workers alone (``--prefill-arg`` / ``--decode-arg``)."""
         return self.prefill_args if role == "prefill" else self.decode_args
 
     def bundle(self, role: str) -> dict[str, float]:
-        """The Ray resource bundle of one worker of ``role`` (placement groups, autoscaler)."""
-        out: dict[str, float] = {"CPU": self.cpus_per_worker} if self.cpus_per_worker else {}
+        """The Ray resource bundle of one worker of ``role`` (placement groups, autoscaler):
+        a tensor-parallel worker's is one bundle of all its ranks' devices, so Ray places
+        the whole group on one node or not at all."""
+        out: dict[str, float] = {"CPU": self.cpus(role)} if self.cpus_per_worker else {}
         if self.gpus(role):
             out["GPU"] = self.gpus(role)
         out.update(dict(self.resources))

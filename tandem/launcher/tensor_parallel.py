@@ -10,8 +10,10 @@ forwarded engine flag, ``--worker-arg``, then its role's ``--prefill-arg``/``--d
                    Roles of different sizes need a --kv-cache-dtype given: "auto" stores
                    float16 in one process on the CPU (its native kernels) and the model's
                    dtype in a group, and caches of two dtypes cannot exchange blocks
-    tandem up      places one process per worker: a group (N ranks, one Ray placement group
-                   of N devices) is refused until that placement is built
+    tandem up      the same sizes, each worker one Ray actor holding its N devices (N GPUs,
+                   or N CPU shares), which starts its N rank processes as tandem decode
+                   --tensor-parallel-size N does; a rank that dies ends the actor and Ray
+                   restarts the group whole (tandem/launcher/pool.py has why)
 """
 
 from __future__ import annotations
@@ -20,11 +22,6 @@ from collections.abc import Sequence
 
 FLAG = "--tensor-parallel-size"
 KV_DTYPE = "--kv-cache-dtype"
-
-UP_REFUSED = (
-    "tandem up does not place tensor-parallel workers yet (a group of N ranks as one Ray "
-    "placement group of N devices): use tandem local --no-prefill --tensor-parallel-size N, "
-    "or start tandem decode --tensor-parallel-size N yourself")
 
 
 def group_size(*argvs: Sequence[str]) -> int:
@@ -48,25 +45,28 @@ def check_local(worker_args: Sequence[str], prefill_args: Sequence[str],
                 decode_args: Sequence[str], num_prefill: int) -> None:
     """ValueError when a role's ``--tensor-parallel-size`` is not a positive integer (whether
     the model splits over it, each worker checks before any rank starts)."""
+    role_sizes(worker_args, prefill_args, decode_args, num_prefill)
+
+
+def role_sizes(worker_args: Sequence[str], prefill_args: Sequence[str],
+               decode_args: Sequence[str], num_prefill: int,
+               cuda: bool = False) -> tuple[int, int]:
+    """(prefill, decode) group sizes, checked as :func:`check_local` says (ValueError); the
+    prefill size is 1 when there are no prefill workers. ``cuda``: both roles run on CUDA,
+    where "auto" is the model's dtype in one process and in a group alike."""
     sizes = [group_size(worker_args, role_args)
              for role_args in ((prefill_args,) if num_prefill else ()) + (decode_args,)]
     if min(sizes) < 1:
         raise ValueError(f"{FLAG} must be >= 1")
-    if len(set(sizes)) > 1 and not all(
+    if len(set(sizes)) > 1 and not cuda and not all(
             _has(KV_DTYPE, worker_args, role_args) for role_args in (prefill_args, decode_args)):
         raise ValueError(
             f"prefill workers of {FLAG} {sizes[0]} and decode workers of {sizes[1]} need "
             f"{KV_DTYPE} given (e.g. {KV_DTYPE} float32): 'auto' picks float16 for one "
             "process on the CPU and the model's dtype for a group, and their KV cannot move "
             "between caches of two dtypes")
+    return (sizes[0] if num_prefill else 1), sizes[-1]
 
 
 def _has(flag: str, *argvs: Sequence[str]) -> bool:
     return any(a == flag or a.startswith(flag + "=") for argv in argvs for a in argv)
-
-
-def check_up(worker_args: Sequence[str], prefill_args: Sequence[str],
-             decode_args: Sequence[str]) -> None:
-    """ValueError when ``tandem up`` is asked for a tensor-parallel worker."""
-    if group_size(worker_args, prefill_args) > 1 or group_size(worker_args, decode_args) > 1:
-        raise ValueError(UP_REFUSED)

@@ -82,9 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-restarts", type=int, default=3, help="restarts per actor (-1: always)")
     g.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait")
     g = p.add_argument_group("placement and resources")
-    g.add_argument("--prefill-gpus", type=float, default=0.0, help="GPUs per prefill worker")
-    g.add_argument("--decode-gpus", type=float, default=0.0, help="GPUs per decode worker")
-    g.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per worker")
+    g.add_argument("--prefill-gpus", type=float, default=0.0,
+                   help="GPUs per prefill worker (a worker of --tensor-parallel-size N: N, "
+                   "one per rank, or 0)")
+    g.add_argument("--decode-gpus", type=float, default=0.0,
+                   help="GPUs per decode worker (as --prefill-gpus)")
+    g.add_argument("--cpus-per-worker", type=float, default=1.0,
+                   help="Ray CPUs per worker, per rank of a tensor-parallel one")
     g.add_argument("--router-cpus", type=float, default=0.0, help="CPUs for the router")
     g.add_argument("--resources", default="{}",
                    help='custom Ray resources per worker, JSON: \'{"accel": 1}\'')
@@ -137,13 +141,16 @@ def spec_from_args(args: argparse.Namespace, autoscale: AutoscaleConfig | None) 
     ):
         raise ValueError('--resources must be a JSON object of numbers, e.g. {"accel": 1}')
     window = args.signal_window or (autoscale.window_s if autoscale else 10.0)
-    tensor_parallel.check_up([*worker_engine_argv(args), *args.worker_arg], args.prefill_arg,
-                             args.decode_arg)
+    prefill_workers = max(args.prefill, autoscale.prefill.max if autoscale else 0)
+    prefill_ranks, decode_ranks = tensor_parallel.role_sizes(
+        [*worker_engine_argv(args), *args.worker_arg], args.prefill_arg, args.decode_arg,
+        prefill_workers, cuda=args.prefill_gpus > 0 and args.decode_gpus > 0)
     return LaunchSpec(
         model=args.model, model_name=args.model_name, prefill=args.prefill,
         decode=args.decode, host=args.host, port=args.port,
         http_port=_http_port(args),
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
+        prefill_ranks=prefill_ranks, decode_ranks=decode_ranks,
         cpus_per_worker=args.cpus_per_worker, router_cpus=args.router_cpus,
         resources=tuple(sorted((str(k), float(v)) for k, v in resources.items())),
         threads=args.threads,
@@ -234,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         share_dir = Path(tempfile.mkdtemp(prefix="tandem-up-"))
         spec = lend_cores(spec, make_core_share_file(share_dir), len(os.sched_getaffinity(0)))
     elif args.address is None and spec.threads is None:
-        spec = dataclasses.replace(spec, threads=_local_threads(spec))
+        spec = share_threads(spec, os.cpu_count() or 1)
     try:
         return _serve(args, spec, model)
     finally:
@@ -348,10 +355,13 @@ def _stop(pool: object, namespace: str) -> None:
 
 
 def _one_local_pair(spec: LaunchSpec) -> bool:
-    """One prefill and one decode worker, no autoscaling, no GPUs: ``make serve``'s cluster,
-    laid out as ``tandem local`` lays out its two workers (:func:`lend_cores`)."""
+    """One prefill and one decode worker, no autoscaling, no GPUs, one rank each: ``make
+    serve``'s cluster, laid out as ``tandem local`` lays out its two workers
+    (:func:`lend_cores`). Not for tensor-parallel workers: the core share resizes one
+    process's thread pool, and a group's other ranks keep theirs."""
     return (spec.prefill == 1 and spec.decode == 1 and spec.autoscale is None
-            and not spec.prefill_gpus and not spec.decode_gpus)
+            and not spec.prefill_gpus and not spec.decode_gpus
+            and spec.prefill_ranks == spec.decode_ranks == 1)
 
 
 def lend_cores(spec: LaunchSpec, share: Path, cores: int) -> LaunchSpec:
@@ -369,24 +379,36 @@ def lend_cores(spec: LaunchSpec, share: Path, cores: int) -> LaunchSpec:
         decode_args=("--threads", str(decode), *flags, *spec.decode_args))
 
 
-def _local_threads(spec: LaunchSpec) -> int:
-    """Engine threads per worker on a local instance: this machine's cores shared out among
-    the workers it may run. Engines that all take every core stall each other at every OpenMP
-    barrier: two int4 decode loops with 2 threads each on 2 cores ran at a 113 ms p90 step
-    against 17 ms with 1 thread each (9 ms alone). ``--threads`` overrides it."""
+def share_threads(spec: LaunchSpec, cores: int) -> LaunchSpec:
+    """``spec`` with engine threads for a local instance: this machine's ``cores`` shared
+    out among the rank processes it may run (a worker's ``--threads`` is its ranks' total,
+    tandem/engine/parallel/collectives.rank_threads splits it), at least 1 a rank. Engines
+    that all take every core stall each other at every OpenMP barrier: two int4 decode
+    loops with 2 threads each on 2 cores ran at a 113 ms p90 step against 17 ms with 1 thread
+    each (9 ms alone). A role's own ``--threads`` (``--prefill-arg``) still wins."""
+    per_rank = max(1, cores // max(1, _local_ranks(spec)))
+    if spec.prefill_ranks == spec.decode_ranks == 1:
+        return dataclasses.replace(spec, threads=per_rank)
+    return dataclasses.replace(
+        spec, prefill_args=("--threads", str(per_rank * spec.prefill_ranks), *spec.prefill_args),
+        decode_args=("--threads", str(per_rank * spec.decode_ranks), *spec.decode_args))
+
+
+def _local_ranks(spec: LaunchSpec) -> int:
+    """Rank processes of every worker the cluster may run (the autoscaler's maxima)."""
     auto = spec.autoscale
-    workers = (auto.prefill.max + auto.decode.max) if auto else spec.prefill + spec.decode
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
+    prefill, decode = (auto.prefill.max, auto.decode.max) if auto else (spec.prefill,
+                                                                         spec.decode)
+    return prefill * spec.prefill_ranks + decode * spec.decode_ranks
 
 
 def _local_cpus(args: argparse.Namespace, spec: LaunchSpec) -> int | None:
-    """CPUs of a new local instance: enough logical CPUs for every worker it may run (Ray's
-    CPUs are scheduling tokens; the engines' threads are set by --threads)."""
+    """CPUs of a new local instance: enough logical CPUs for every worker it may run, each
+    rank of a tensor-parallel one ``--cpus-per-worker`` (Ray's CPUs are scheduling tokens; the
+    engines' threads are set by --threads)."""
     if args.address is not None or args.num_cpus is not None:
         return args.num_cpus
-    auto = spec.autoscale
-    workers = (auto.prefill.max + auto.decode.max) if auto else spec.prefill + spec.decode
-    need = math.ceil(workers * spec.cpus_per_worker + spec.router_cpus)
+    need = math.ceil(_local_ranks(spec) * spec.cpus_per_worker + spec.router_cpus)
     return max(os.cpu_count() or 1, need)
 
 

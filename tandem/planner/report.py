@@ -45,19 +45,26 @@ def table(plan: Plan, decision: Decision, top: int = 8) -> str:
 
 def up_flags(c: Candidate, prefill: Profile, decode: Profile, slo: Slo) -> str:
     """``tandem up`` flags that deploy ``c`` (a colocated pool: no prefill workers), with the
-    router's SLO targets."""
+    router's SLO targets; a worker of several GPUs is a tensor-parallel group of that size
+    (``--prefill-arg=--tensor-parallel-size=N``: one rank per GPU)."""
     router = (f"--router-arg=--slo-ttft-s={slo.ttft_s:g} "
               f"--router-arg=--slo-tpot-s={slo.tpot_s:g}")
     if c.kind == "colocated":
         return (f"tandem up --prefill 0 --decode {c.decode} "
-                f"--decode-gpus {decode.gpus_per_worker} {router}")
+                f"{_role_flags('decode', decode)}{router}")
     return (f"tandem up --prefill {c.prefill} --decode {c.decode} "
-            f"--prefill-gpus {prefill.gpus_per_worker} --decode-gpus {decode.gpus_per_worker} "
-            f"{router}")
+            f"{_role_flags('prefill', prefill)}{_role_flags('decode', decode)}{router}")
+
+
+def _role_flags(role: str, profile: Profile) -> str:
+    gpus = profile.gpus_per_worker
+    group = f"--{role}-arg=--tensor-parallel-size={gpus} " if gpus > 1 else ""
+    return f"--{role}-gpus {gpus} {group}"
 
 
 def helm_values(c: Candidate, prefill: Profile, decode: Profile, slo: Slo) -> str:
-    """A values.yaml fragment for deploy/helm/tandem that deploys ``c``."""
+    """A values.yaml fragment for deploy/helm/tandem that deploys ``c`` (an
+    ``accelerator.count`` above 1 makes each worker a tensor-parallel group of that size)."""
     gpu = "cpu" if decode.device.lower().startswith("cpu") else "cuda"
 
     def pool(name: str, replicas: int, profile: Profile) -> str:

@@ -10,6 +10,10 @@ and fits tandem/planner/profile.py's step-cost model to them:
     transfer  kv_transfer's own TCP transport over loopback, 2,048-token SmolLM2-shaped
               requests (tandem/profiler/transfer_probe.py; a receiver child process)
 
+An engine of ``--tensor-parallel-size`` N is a worker of N devices (``gpus_per_worker``);
+its KV bytes per token are one rank's (its share of the heads) and its transfer the one
+stream measured above (a group's ranks push in parallel: on N links, up to N times that).
+
 ``repeats`` rounds go through every shape and each timed step's median is fitted. The
 spread between rounds is reported and stored, the fit's relative error too, with the
 samples, so a reader can judge the model before trusting a plan built on it.
@@ -127,6 +131,9 @@ def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
     kv_tokens = cache.shape[2] * cache.shape[3]  # [layers, 2, blocks, block_size, ...]
     per_token = cache.numel() * cache.element_size() // kv_tokens
     threads = engine.config.model.num_threads
+    # A tensor-parallel worker: N devices, and this rank's cache holds its share of the KV
+    # heads at every block (what roofline.py calls KV bytes per token per GPU).
+    ranks = engine.config.tensor_parallel_size
     return Profile(
         model=label or engine.model_path.name,
         device=device,
@@ -137,8 +144,11 @@ def profile_engine(engine, options: ProfileOptions = ProfileOptions(),
         chunk_tokens=budget,
         max_num_seqs=sched.max_num_seqs,
         block_size=engine.kv.block_size,
+        gpus_per_worker=ranks,
         source="measured",
-        notes=(f"{engine.weights_format}; threads={threads}; median of {reps} rounds; "
+        notes=(f"{engine.weights_format}; threads={threads}; "
+               + (f"tensor-parallel-size={ranks}; " if ranks > 1 else "")
+               + f"median of {reps} rounds; "
                f"fit rms {fit.rms_relative_error:.3f} max {fit.max_relative_error:.3f}; "
                f"transfer {'measured' if options.transfer else 'not measured (1 GB/s)'}"),
         samples={

@@ -24,6 +24,7 @@ from tests.helm.chart import (
     objects,
     pod_specs,
     render,
+    validate,
 )
 
 QUICKSTART = EXAMPLES / "cpu-quickstart.yaml"
@@ -155,8 +156,6 @@ GPU = {"resourceName": "nvidia.com/gpu", "count": 1}
     [
         ({"decode": {"dtype": "float16"}},
          r"prefill.dtype \(bfloat16\) and decode.dtype \(float16\) must be equal"),
-        ({"prefill": {"device": "cuda", "accelerator": {**GPU, "count": 4}}},
-         r"prefill.accelerator.count: 4, but a worker runs on one device"),
         ({"decode": {"device": "cuda"}},
          r"decode.device is cuda but decode.accelerator.count is 0"),
         ({"decode": {"accelerator": GPU}},
@@ -164,12 +163,91 @@ GPU = {"resourceName": "nvidia.com/gpu", "count": 1}
         ({"decode": {"speculative": {"method": "draft"}}},
          r"decode.speculative.method draft needs draftModel or draftLayers"),
     ],
-    ids=["dtype-mismatch", "tensor-parallel", "cuda-without-gpu", "gpu-unused", "draft-nothing"],
+    ids=["dtype-mismatch", "cuda-without-gpu", "gpu-unused", "draft-nothing"],
 )
 def test_values_no_worker_could_serve_fail_the_render(
         mode: str, roles: dict[str, dict[str, Any]], message: str) -> None:
     with pytest.raises(helm.HelmError, match=message):
         render(_bad(mode, **roles))
+
+
+# ------------------------------------------------------------ tensor-parallel workers
+
+
+@pytest.mark.parametrize("mode", ["deployments", "ray"])
+@pytest.mark.parametrize("counts", [(8, 8), (8, 2)], ids=["both-8", "prefill-8-decode-2"])
+def test_a_worker_of_several_accelerators_is_a_tensor_parallel_group(
+        mode: str, counts: tuple[int, int]) -> None:
+    """``accelerator.count`` N > 1: every object renders valid (the CRD schemas for the
+    RayCluster), each worker's process is a group of N ranks (parsed by its real CLI; in
+    ray mode through tandem up's own code, whose actor asks Ray for N GPUs and N CPUs), its
+    pod holds N accelerators (a Ray node offering N GPUs and N CPUs) and a memory-backed
+    /dev/shm for NCCL."""
+    values = _values(mode, "cuda")
+    for role, count in zip(("prefill", "decode"), counts, strict=True):
+        values[role]["accelerator"] = {**GPU, "count": count}
+    objs = objects(render(values))
+    for obj in objs:
+        validate(obj)
+    procs = {p.role: p for p in launched(objs)}
+    for role, count in zip(("prefill", "decode"), counts, strict=True):
+        args = procs[role].args
+        assert (args.tensor_parallel_size, args.device) == (count, "cuda"), role
+        assert engine_config_from_args(args).tensor_parallel_size == count
+    pods = {role: (group, pod) for role, group, pod in _worker_pods(objs)}
+    for role, count in zip(("prefill", "decode"), counts, strict=True):
+        group, pod = pods[role]
+        container = pod["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == count
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == count
+        shm = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["dshm"]
+        assert shm == "/dev/shm"
+        (dshm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+        assert dshm["emptyDir"]["medium"] == "Memory"
+        if mode == "ray":
+            assert group["rayStartParams"]["num-gpus"] == str(count)
+            assert group["rayStartParams"]["num-cpus"] == str(count)
+    if mode == "ray":
+        spec = _ray_spec(objs)
+        for role, count in zip(("prefill", "decode"), counts, strict=True):
+            assert spec.bundle(role) == {"CPU": float(count), "GPU": float(count)}
+
+
+def test_one_accelerator_a_worker_stays_one_rank() -> None:
+    for mode in ("deployments", "ray"):
+        objs = objects(render(_values(mode, "cuda")))
+        for role, p in {p.role: p for p in launched(objs)}.items():
+            if role != "router":
+                assert p.args.tensor_parallel_size == 1, (mode, role)
+        for _, _, pod in _worker_pods(objs):
+            assert all(v["name"] != "dshm" for v in pod.get("volumes", []))
+
+
+def _worker_pods(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(role, its Ray worker group or Deployment, its pod spec) of each worker role."""
+    out = []
+    for obj in objs:
+        if obj["kind"] == "RayCluster":
+            out += [(g["groupName"], g, g["template"]["spec"])
+                    for g in obj["spec"]["workerGroupSpecs"]]
+        elif obj["kind"] == "Deployment":
+            role = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+            if role in ("prefill", "decode"):
+                out.append((role, obj, obj["spec"]["template"]["spec"]))
+    return out
+
+
+def _ray_spec(objs: list[dict[str, Any]]) -> Any:
+    """The LaunchSpec tandem up builds from the Ray head's command line."""
+    from tandem.launcher.up import build_parser, spec_from_args
+
+    (cluster,) = [o for o in objs if o["kind"] == "RayCluster"]
+    script = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["args"][0]
+    line = next(ln for ln in script.replace("\\\n", " ").splitlines()
+                if ln.strip().startswith("tandem up"))
+    args = build_parser().parse_args(shlex.split(line.rstrip("& "))[2:])
+    args.cluster_secret_file, args.insecure = None, True
+    return spec_from_args(args, None)
 
 
 def test_engine_values_are_checked_by_the_schema() -> None:

@@ -32,8 +32,12 @@ class RayActuator:
     """An ``tandem.autoscaler.controller.Actuator`` over a pool actor handle."""
 
     def __init__(self, pool: Any, bundles: dict[str, dict[str, float]],
-                 request_resources: bool = True) -> None:
+                 request_resources: bool = True, flips: bool = True) -> None:
+        """``bundles``: one worker's resources per role, the whole group's for a
+        tensor-parallel worker (N GPUs: what a scale-up asks the cluster for); ``flips``:
+        False where the workers cannot switch roles (tensor-parallel groups keep theirs)."""
         self._pool = pool
+        self._flips = flips
         self._bundles = bundles
         self._request = request_resources
 
@@ -54,8 +58,10 @@ class RayActuator:
 
     @property
     def can_flip(self) -> bool:
-        """True: every worker actor can switch roles at runtime (the module docstring)."""
-        return True
+        """Whether the workers can switch roles at runtime: every worker actor runs the
+        runtime that serves either (the module docstring), but a tensor-parallel group keeps
+        its role (its ranks' KV endpoints serve one), so a pool of groups does not flip."""
+        return self._flips
 
     async def flip(self, worker: str, to_role: RoleName) -> None:
         """Flip ``worker`` (a worker id) to ``to_role`` through the pool actor and the router;

@@ -196,3 +196,13 @@ def test_the_kubernetes_actuator_cannot_flip_and_refuses_to_pretend() -> None:
     with pytest.raises(FlipUnsupportedError, match="one role's Deployment"):
         asyncio.run(actuator.flip("d3", "prefill"))
     assert RayActuator(pool=None, bundles={}, request_resources=False).can_flip is True
+
+
+def test_the_ray_actuator_does_not_flip_tensor_parallel_groups() -> None:
+    """A pool of tensor-parallel workers (tandem up's spec says so: LaunchSpec.flips) gets
+    no flips planned: a group keeps its role."""
+    from tandem.launcher.spec import LaunchSpec
+
+    spec = LaunchSpec(insecure=True, decode_ranks=2)
+    actuator = RayActuator(pool=None, bundles={}, request_resources=False, flips=spec.flips)
+    assert actuator.can_flip is False

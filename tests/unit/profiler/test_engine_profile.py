@@ -84,3 +84,25 @@ def test_tandem_profile_refuses_a_missing_model(tmp_path: Path, capsys) -> None:
     assert rc == 2
     assert "nope" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_tandem_profile_of_a_tensor_parallel_group(tiny_dir, tmp_path: Path) -> None:
+    """``--tensor-parallel-size 2``: the profile is a worker of two devices, its KV bytes a
+    rank's (the tiny model's 2 KV heads, one a rank), and the group's other rank is stopped
+    once the profile is written."""
+    import psutil
+
+    out = tmp_path / "p.json"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rc = profile_main(["--model", str(tiny_dir()), "--quick", "--no-transfer", "--out", str(out),
+                       "--max-num-seqs", "4", "--max-num-batched-tokens", "128",
+                       "--num-blocks", "32", "--tensor-parallel-size", "2", "--dtype",
+                       "float32", "--threads", "2"])
+    assert rc == 0
+    loaded = Profile.load(out)
+    assert loaded.gpus_per_worker == 2 and "tensor-parallel-size=2" in loaded.notes
+    # 2 layers x (K + V) x 1 kv head x 16 dims x 4 bytes (fp32): half the one-rank cache's
+    assert loaded.kv_bytes_per_token == 2 * 2 * 1 * 16 * 4
+    assert loaded.kv_capacity_tokens == 32 * 16
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert left == set(), f"ranks left running: {left}"

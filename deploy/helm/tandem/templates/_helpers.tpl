@@ -353,6 +353,7 @@ RAY_AUTH_TOKEN from the Secret), as YAML list items. */}}
 
 {{/* Volumes: the model PVC and the secrets a pod needs; role is "router", "worker" or "head". */}}
 {{- define "tandem.volumes" -}}
+{{- /* Call with (dict "ctx" $ "role" head|router|worker ["ranks" accelerators a worker pod]). */}}
 {{- $v := .ctx.Values -}}
 {{- /* What the processes write under a read-only root filesystem (tandem.volumeMounts). */}}
 - name: tmp
@@ -406,6 +407,14 @@ RAY_AUTH_TOKEN from the Secret), as YAML list items. */}}
   configMap:
     name: {{ include "tandem.fullname" .ctx }}-autoscale
 {{- end }}
+{{- if gt (int (default 0 .ranks)) 1 }}
+{{- /* A tensor-parallel worker's ranks meet over NCCL, which keeps its buffers in /dev/shm:
+a container's own is 64 MiB, too little for it. */}}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: 2Gi
+{{- end }}
 {{- end -}}
 
 {{- define "tandem.volumeMounts" -}}
@@ -454,6 +463,10 @@ RAY_AUTH_TOKEN from the Secret), as YAML list items. */}}
   mountPath: /etc/tandem/autoscale
   readOnly: true
 {{- end }}
+{{- if gt (int (default 0 .ranks)) 1 }}
+- name: dshm                   # NCCL's buffers between a tensor-parallel worker's ranks
+  mountPath: /dev/shm
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -478,12 +491,17 @@ tandem.validate checks decode's equals it) and the KV cache dtype are one per re
 
 {{/*
 Engine flags of one worker role alone, its extraArgs last (they win), as a YAML list: the
-Deployment's args, or tandem up's --prefill-arg / --decode-arg. Call with
-(dict "ctx" $ "name" "prefill").
+Deployment's args, or tandem up's --prefill-arg / --decode-arg. An accelerator.count above 1
+makes each worker a tensor-parallel group of that many ranks, one per device
+(--tensor-parallel-size). Call with (dict "ctx" $ "name" "prefill").
 */}}
 {{- define "tandem.roleEngineArgs" -}}
 {{- $w := index .ctx.Values .name -}}
 {{- $args := list (printf "--device=%s" $w.device) -}}
+{{- /* More than one accelerator: the worker is a tensor-parallel group, a rank on each. */ -}}
+{{- if gt (int $w.accelerator.count) 1 -}}
+{{- $args = append $args (printf "--tensor-parallel-size=%d" (int $w.accelerator.count)) -}}
+{{- end -}}
 {{- if gt (int $w.threads) 0 -}}
 {{- $args = append $args (printf "--threads=%d" (int $w.threads)) -}}
 {{- end -}}
@@ -541,9 +559,6 @@ prompts, and nothing of the prefill role is rendered). */}}
 {{- range $name := list "prefill" "decode" }}
 {{- $w := index $.Values $name }}
 {{- $count := int $w.accelerator.count }}
-{{- if gt $count 1 }}
-{{- fail (printf "%s.accelerator.count: %d, but a worker runs on one device (there is no tensor parallelism): use 1 per pod and more replicas, or a model that fits one device" $name $count) }}
-{{- end }}
 {{- if and (hasPrefix "cuda" $w.device) (eq $count 0) }}
 {{- fail (printf "%s.device is %s but %s.accelerator.count is 0: the pod would get no GPU" $name $w.device $name) }}
 {{- end }}

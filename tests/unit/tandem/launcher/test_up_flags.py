@@ -8,6 +8,7 @@ import pytest
 
 from tandem.autoscaler.config import load_config
 from tandem.common.security.credential import generate_secret_file
+from tandem.launcher.argv import worker_argv
 from tandem.launcher.spec import LaunchSpec
 from tandem.launcher.up import _check_public_bind, build_parser, main, spec_from_args
 
@@ -63,20 +64,35 @@ def test_up_exits_2_before_starting_anything(argv: list[str], message: str,
     (16, ["--prefill", "3", "--decode", "1"], 4),
     (1, ["--prefill", "2", "--decode", "2"], 1),  # never below one
 ])
-def test_local_threads_share_the_cores(monkeypatch, cores: int, argv: list[str], want: int):
+def test_local_threads_share_the_cores(cores: int, argv: list[str], want: int):
     from tandem.launcher import up
 
-    monkeypatch.setattr(up.os, "cpu_count", lambda: cores)
-    assert up._local_threads(spec_from_args(build_parser().parse_args(argv), None)) == want
+    spec = up.share_threads(spec_from_args(build_parser().parse_args(argv), None), cores)
+    assert spec.threads == want
 
 
-def test_local_threads_count_autoscale_maximums(monkeypatch) -> None:
+def test_local_threads_count_autoscale_maximums() -> None:
     from tandem.launcher import up
 
-    monkeypatch.setattr(up.os, "cpu_count", lambda: 16)
     auto = load_config(EXAMPLES / "slo.yaml")
-    spec = spec_from_args(build_parser().parse_args([]), auto)
-    assert up._local_threads(spec) == max(1, 16 // (auto.prefill.max + auto.decode.max))
+    spec = up.share_threads(spec_from_args(build_parser().parse_args([]), auto), 16)
+    assert spec.threads == max(1, 16 // (auto.prefill.max + auto.decode.max))
+
+
+def test_local_threads_are_shared_by_rank_and_given_per_worker() -> None:
+    """12 cores, a prefill worker of 1 rank and a decode worker of 3: 3 cores a rank, the
+    decode worker's --threads its ranks' total (the engine splits it among them); the
+    role's own --threads still wins (it comes last)."""
+    from tandem.launcher import up
+
+    argv = ["--decode-arg=--tensor-parallel-size=3", "--kv-cache-dtype", "float32",
+            "--prefill-arg=--threads=5"]
+    spec = up.share_threads(spec_from_args(build_parser().parse_args(argv), None), 12)
+    assert spec.threads is None and not up._one_local_pair(spec)
+    prefill = worker_argv(spec, "prefill", "m")
+    decode = worker_argv(spec, "decode", "m")
+    assert decode[decode.index("--threads") + 1] == "9"
+    assert prefill[prefill.index("--threads") + 1] == "3" and prefill[-1] == "--threads=5"
 
 
 def test_every_cluster_gets_a_credential(tmp_path: Path) -> None:
