@@ -160,9 +160,9 @@ class DualApp:
             raise FlipRefused(f"this worker serves {to} already")
         if self.current.worker.draining:
             raise FlipRefused("this worker is draining")
-        if to == "prefill" and self._config.worker.engine.tensor_parallel_size > 1:
-            raise FlipRefused("a tensor-parallel group cannot serve prefill (its KV handoff "
-                              "is not built)")
+        if self._config.worker.engine.tensor_parallel_size > 1:  # build_dual_app never makes one
+            raise FlipRefused("a tensor-parallel group keeps its role (its ranks' KV endpoints "
+                              "serve one role)")
         self._flipping = True
         t0 = time.monotonic()
         old = self.current

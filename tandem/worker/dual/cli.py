@@ -44,10 +44,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_ports(parser, args, "port", "kv_port")
     if not args.transfer_timeout_s > 0:
         parser.error("--transfer-timeout-s must be > 0")
-    if args.tensor_parallel_size > 1 and args.role == "prefill":
-        parser.error("--tensor-parallel-size > 1 on a prefill worker needs the KV handoff of "
-                     "a tensor-parallel group, not built yet (start it as decode: it then "
-                     "refuses flips to prefill)")
     if args.kv_advertise_host is not None:
         why = decode_cli.advertise_host_error(args.kv_advertise_host)
         if why is not None:
