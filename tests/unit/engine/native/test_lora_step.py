@@ -180,6 +180,24 @@ def test_a_bad_row_slot_is_refused(make_engine, adapters) -> None:
     assert torch.equal(kv, before)
 
 
+def test_a_reloaded_adapter_gets_a_new_table(make_engine, adapters) -> None:
+    """An adapter unloaded and loaded again under its name with other weights (runtime
+    updates) runs with the new weights: its old table is dropped, never reused."""
+    base, dirs = adapters
+    engine = _engine(make_engine, adapters, dtype="float32", num_blocks=16)
+    runner = engine.runner
+    step = [("a", [1, 2], 0, list(range(10, 17)))]
+    first = _native_logits(runner, torch.zeros_like(runner.kv_cache), step)
+    runner.lora.unregister("a", lambda _name: False)
+    runner.lora.register("a", str(dirs["b"]))  # b's weights under a's name
+    kv_nat, kv_ref = (torch.zeros_like(runner.kv_cache) for _ in range(2))
+    nat = _native_logits(runner, kv_nat, step)
+    ref = _torch_logits(runner, runner.model, runner.lora, kv_ref, step)
+    assert _rel(nat, ref) < 1e-3
+    assert _rel(nat, first) > 1e-2
+    assert list(runner._native_loras._tables) == [runner.lora.adapters["a"].identity]
+
+
 def _greedy(engine, prompts: list[list[int]], loras: list[str]) -> tuple[list[list[int]], int]:
     """Each request's tokens, and how many steps the fused forward ran with adapter rows."""
     fused, adapted = engine.runner.fused, []
