@@ -374,8 +374,8 @@ class LLMEngine:
         rows = sum(1 for s in scheduled if s.num_new_tokens == 1)
         tokens = sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
         kind = tokens > 0
-        # a step with a LoRA row adds the deltas (or runs torch's forward: model_runner.py):
-        # another cost curve than the base steps' the router places by: kept out of their fit
+        # a step with a LoRA row runs the torch forward (model_runner.py): another cost
+        # curve than the base steps' the router places by, so it stays out of their fit
         adapted = self.loras is not None and any(s.request.lora for s in scheduled)
         if kind in self._cold_kinds_seen and not adapted:
             self.step_costs.observe(rows, tokens, seconds)
