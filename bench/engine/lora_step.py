@@ -8,11 +8,15 @@ On the default model (SmolLM2-135M's Q4_1 GGUF), with ``--adapters`` random PEFT
 together; the fastest of ``--steps`` decode steps is taken for each of:
 
     base, native     every row on the base model: the fused native CPU forward
-    base, torch      the same rows on the torch forward (the path adapter steps take)
-    lora, torch      rows spread over the adapters round-robin (torch forward + the deltas)
+    lora, native     rows spread over the adapters round-robin: the fused forward adding each
+                     row's delta (tandem/engine/native/lora_delta.h)
+    lora, torch      the same rows on the torch forward (the adapters' hooks: the reference,
+                     and the path where the fused forward is off)
+    base, torch      every row on the base model, torch forward
 
-and the ratios lora/base-native (what serving adapters costs a step today) and
-lora/base-torch (the adapters' gather-matmuls alone). Indicative: one run, a shared machine.
+and the ratios lora-native/base-native (what serving adapters costs a CPU step),
+lora-torch/lora-native and lora-torch/base-torch (the torch path's deltas alone). Indicative:
+one run, a shared machine.
 """
 
 from __future__ import annotations
@@ -66,18 +70,22 @@ def main() -> None:
             model="smollm2", num_blocks=256, lora=LoraConfig(
                 enabled=True, modules=modules, max_loras=a.adapters, max_lora_rank=a.rank)),
             progress=False)
+        rows = [names[i % a.adapters] for i in range(a.rows)]
         native = _step_time(engine, [""] * a.rows, a.steps)
-        lora = _step_time(engine, [names[i % a.adapters] for i in range(a.rows)], a.steps)
+        lora_native = _step_time(engine, rows, a.steps)
         fused, engine.runner.fused = engine.runner.fused, None
+        lora_torch = _step_time(engine, rows, a.steps)
         torch_base = _step_time(engine, [""] * a.rows, a.steps)
         engine.runner.fused = fused
     print(f"{a.rows} decode rows, {a.adapters} adapters of rank {a.rank}, "
           f"{a.threads} threads ({engine.weights_format})")
     print(f"  base, native  {native * 1e3:8.2f} ms")
+    print(f"  lora, native  {lora_native * 1e3:8.2f} ms")
+    print(f"  lora, torch   {lora_torch * 1e3:8.2f} ms")
     print(f"  base, torch   {torch_base * 1e3:8.2f} ms")
-    print(f"  lora, torch   {lora * 1e3:8.2f} ms")
-    print(f"  lora / base-native {lora / native:.2f}x   lora / base-torch "
-          f"{lora / torch_base:.2f}x")
+    print(f"  lora-native / base-native {lora_native / native:.2f}x   lora-torch / "
+          f"lora-native {lora_torch / lora_native:.2f}x   lora-torch / base-torch "
+          f"{lora_torch / torch_base:.2f}x")
 
 
 if __name__ == "__main__":

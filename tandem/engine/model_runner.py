@@ -9,9 +9,12 @@ On the CPU an fp32, bf16 or fp16 model (quantized or not) runs every step throug
 tandem/engine/native's fused forward: one native call instead of ~450 torch ops, matrix-vector
 products at memory speed for decodes (16-bit weights read as they are), a tiled GEMM for
 batched decodes and prefill chunks, and the prefill role's layer hook called back between
-layers. A step with a row under a LoRA adapter takes the torch forward instead (and never
-a CUDA graph): the adapters' deltas are forward hooks on the torch modules
-(tandem/engine/lora/manager.py), which the fused forward does not call.
+layers. Rows under LoRA adapters stay on it: the fused forward adds each row's delta itself
+(tandem/engine/native/lora_step.py, lora_delta.h: per projection, a shrink and an expand GEMM
+per adapter over that adapter's rows). Elsewhere (CUDA, tensor parallel, a model the fused
+forward declines) a step with an adapter row takes the torch forward, never a CUDA graph: the
+deltas are forward hooks on the torch modules (tandem/engine/lora/manager.py), the reference
+the native deltas are tested against.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from tandem.engine.runner_config import RunnerConfig
 from tandem.engine.step_threads import AdaptiveThreads, Lease, LeasedThreads, StepThreads
 
 if TYPE_CHECKING:
+    from tandem.engine.native.lora_step import NativeLoras, NativeLoraStep
     from tandem.engine.parallel.group import RankGroup
 
 log = logging.getLogger(__name__)
@@ -102,6 +106,7 @@ class ModelRunner:
             )
         self.fused = None
         self.lora: LoraManager | None = None  # set by the engine when it serves adapters
+        self._native_loras: NativeLoras | None = None  # the adapters' fused-forward tables
         self.step_threads: StepThreads | None = None
         if rc.native_kernels and rc.device.type == "cpu":
             from tandem.engine.native import FusedForward, unsupported_reason
@@ -182,7 +187,7 @@ class ModelRunner:
                 samplers.append(s)
         logit_rows = sample_rows + scored_rows
         adapters = self._row_adapters(order)
-        if adapters is not None:  # the torch forward, with each row's adapter delta
+        if adapters is not None and self.fused is None:  # torch, with the adapters' hooks
             assert self.lora is not None
             with self.lora.step(adapters, self.device):
                 return self._torch_step(ids, positions, slots, tables, query_lens,
@@ -192,10 +197,12 @@ class ModelRunner:
             seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
             rule = self.step_threads
             threads = rule.choose(len(ids)) if rule is not None else None
+            lora = self._native_lora(adapters) if adapters is not None else None
             started = time.perf_counter()
             try:
                 logits = self.fused(ids, positions, seq_index, tables, self.kv_cache,
-                                    logit_rows, threads=threads, layer_hook=layer_hook)
+                                    logit_rows, threads=threads, layer_hook=layer_hook,
+                                    lora=lora)
             finally:  # a failed step gives back a lease it took, too
                 if rule is not None:
                     rule.observed(len(ids), threads, time.perf_counter() - started)
@@ -216,6 +223,17 @@ class ModelRunner:
         if self.lora is None or not any(s.request.lora for s in order):
             return None
         return [s.request.lora for s in order for _ in range(s.num_query_tokens)]
+
+    def _native_lora(self, row_adapters: list[str]) -> NativeLoraStep:
+        """The step's adapters for the fused forward: the manager's slots, each adapter's
+        native table (made on its first step)."""
+        assert self.lora is not None
+        if self._native_loras is None:
+            from tandem.engine.native.lora_step import NativeLoras
+
+            self._native_loras = NativeLoras(self.arch)
+        adapters, row_slots = self.lora.slots(row_adapters)
+        return self._native_loras.step(adapters, row_slots, self.lora.adapters.values())
 
     def _torch_step(
         self, ids: list[int], positions: list[int],

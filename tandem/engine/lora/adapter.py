@@ -147,7 +147,7 @@ def _read_tensors(name: str, data: bytes) -> dict[str, torch.Tensor]:
         raise LoraError(f"LoRA adapter {name!r}: {WEIGHTS_FILE} is unreadable: {err}") from err
 
 
-def _dims(arch: ModelArch) -> dict[str, tuple[int, int]]:
+def module_dims(arch: ModelArch) -> dict[str, tuple[int, int]]:
     """(in, out) features of each target module of the base model."""
     h, q, kv, inter = (arch.hidden_size, arch.num_heads * arch.head_dim,
                        arch.num_kv_heads * arch.head_dim, arch.intermediate_size)
@@ -158,7 +158,7 @@ def _dims(arch: ModelArch) -> dict[str, tuple[int, int]]:
 def _fuse(name: str, tensors: dict[str, torch.Tensor], arch: ModelArch, rank: int,
           scaling: float, targets: frozenset[str], dtype: torch.dtype, device: torch.device,
           ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    dims = _dims(arch)
+    dims = module_dims(arch)
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
         m = _KEY.match(key)

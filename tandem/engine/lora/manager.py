@@ -2,14 +2,16 @@
 
     register(name, path) -> LoraAdapter   (checked against the base model; --max-cpu-loras)
     unregister(name)                      (refused while a request runs under it)
+    slots(row_adapters) -> (adapters, row_slots)   the step's adapters, one slot each
     step(row_adapters): with ...:         the model's forward adds each row's adapter delta
 
 Each adapted projection (q/k/v fused, o, gate/up fused, down: tandem/engine/lora/adapter.py)
 gets a forward hook that adds the step's batched delta (tandem/engine/lora/batch.py) to the
 base output: the base layer runs as it is, whatever holds its weights (float, int8/int4, GGUF
 blocks in PackedLinear), so adapters ride on quantized bases. The hooks only act inside
-``step``; the fused native CPU forward never calls these modules, which is why the model
-runner takes the torch forward for a step that carries an adapter.
+``step``: the torch forward's path, and the reference of the fused native CPU forward, which
+never calls these modules and adds the deltas itself from the same ``slots``
+(tandem/engine/native/lora_step.py).
 
 A block's prefix-cache hash is salted by the adapter's identity (``salt``): KV computed under
 one adapter is never found by a request under another, or under the base model.
@@ -118,22 +120,27 @@ class LoraManager:
         """name -> identity of every loaded adapter (what a worker reports)."""
         return {name: a.identity for name, a in self.adapters.items()}
 
+    def slots(self, row_adapters: Sequence[str]) -> tuple[list[LoraAdapter], list[int]]:
+        """The step's distinct adapters in order of first appearance (slot ``i``:
+        ``adapters[i]``) and each row's slot (-1: the base model, ``""``)."""
+        names = list(dict.fromkeys(n for n in row_adapters if n))
+        slot = {n: i for i, n in enumerate(names)}
+        return [self.adapters[n] for n in names], [slot.get(n, -1) for n in row_adapters]
+
     @contextmanager
     def step(self, row_adapters: Sequence[str], device: torch.device) -> Iterator[None]:
         """Within the block the model's forward adds the adapters' deltas, row ``i`` under
         ``row_adapters[i]`` ("": the base model)."""
-        names = tuple(dict.fromkeys(n for n in row_adapters if n))
+        adapters, row_slots = self.slots(row_adapters)
+        names = tuple(a.name for a in adapters)
         stacks = self._stacks.get(names)
         if stacks is None:
-            stacks = stack([self.adapters[n] for n in names], self.arch.num_layers, self._dims)
+            stacks = stack(adapters, self.arch.num_layers, self._dims)
             self._stacks[names] = stacks
             while len(self._stacks) > _KEPT_STACKS:
                 self._stacks.popitem(last=False)
         self._stacks.move_to_end(names)
-        slot = {n: i for i, n in enumerate(names)}
-        self._batch = LoraBatch.build([self.adapters[n] for n in names],
-                                      [slot.get(n, -1) for n in row_adapters], stacks,
-                                      self._dtype, device)
+        self._batch = LoraBatch.build(adapters, row_slots, stacks, self._dtype, device)
         try:
             yield
         finally:

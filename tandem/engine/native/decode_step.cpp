@@ -15,6 +15,8 @@
 // multiply fp32 activations: a bf16 model runs here as its weights upcast to fp32 would, not
 // with the torch path's bf16 activations.
 //
+// LoRA: a step may carry adapters (Step::lora), each row under its own or none; their deltas
+// are added to the q/k/v, o, gate/up and down outputs (lora_delta.h).
 // Weight formats: quant_linear.h; the few-row loops: linear_rows.h (dot_rows.h,
 // dot_rows512.h); many rows (batched decodes, prefill chunks): gemm_tiled.h, whose linear()
 // picks between the two. Attention: paged_attention.h (KV head vectors: kv_head.h; prefill
@@ -44,6 +46,7 @@
 #include "kv_head.h"
 #include "quant_linear.h"
 #include "vec_math.h"
+#include "lora_delta.h"
 
 namespace {
 
@@ -109,6 +112,8 @@ struct Step {
   // Called (on the calling thread) once layer l's K/V are in the cache; nonzero stops the
   // forward (it returns -2). May be null.
   int32_t (*layer_done)(int32_t layer);
+  // The step's LoRA adapters and each row's (lora_delta.h); null: no row has one.
+  const tnd::LoraStep* lora;
 };
 
 // a[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, n % 8 == 0.
@@ -125,7 +130,7 @@ inline void silu_mul(const float* g, const float* u, float* a, int n) {
 
 extern "C" {
 
-int tnd_abi_version() { return 6; }
+int tnd_abi_version() { return 7; }
 
 // Width of the hot loops this build compiled: 512 (the AVX-512/VNNI paths) or 256 (AVX2).
 int tnd_isa_width() { return TND_AVX512 ? 512 : 256; }
@@ -200,6 +205,15 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   grow(h, R * H), grow(xn, R * H), grow(qkv, R * qkvsz), grow(att, R * qsz);
   grow(gu, R * 2 * I), grow(act, R * I);
   QuantRows xq;
+  static thread_local tnd::LoraPlan lora_plan;
+  if (st->lora && !tnd::plan_lora(*st->lora, rows, md.num_layers, lora_plan)) return -1;
+  // output column ranges of the fused projections' sub-projections, for the LoRA deltas
+  const int qkv_cols[4] = {0, qsz, qsz + kvsz, qkvsz}, gu_cols[3] = {0, I, 2 * I};
+  const int o_cols[2] = {0, H};
+  auto lora = [&](int l, int proj, const float* x, int in, float* y, int ldy, const int* cols,
+                  int nsub) {
+    if (st->lora) tnd::lora_delta(*st->lora, lora_plan, l, proj, x, in, in, y, ldy, cols, nsub, threads);
+  };
   const bool par = rows >= tnd::TILED_MIN_ROWS;  // elementwise loops: threads pay from here
 #pragma omp parallel for num_threads(threads) if (par)
   for (int r = 0; r < rows; ++r) {
@@ -226,6 +240,7 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.input_norm, md.eps, H, &xn[r * H]);
     tnd::linear(ly.qkv, xn.data(), rows, xq, qkv.data(), qkvsz, false, threads);
+    lora(l, 0, xn.data(), H, qkv.data(), qkvsz, qkv_cols, 3);
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) {
       float* q = &qkv[static_cast<size_t>(r) * qkvsz];
@@ -247,9 +262,11 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
     tnd::paged_attention<F>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
                          att.data(), threads, ly.window);
     tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
+    lora(l, 1, att.data(), qsz, h.data(), H, o_cols, 1);
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);
     tnd::linear(ly.gate_up, xn.data(), rows, xq, gu.data(), 2 * I, false, threads);
+    lora(l, 2, xn.data(), H, gu.data(), 2 * I, gu_cols, 2);
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) {
       const float* g = &gu[static_cast<size_t>(r) * 2 * I];
@@ -261,6 +278,7 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
       }
     }
     tnd::linear(ly.down, act.data(), rows, xq, h.data(), H, true, threads);
+    lora(l, 3, act.data(), I, h.data(), H, o_cols, 1);
     if (st->layer_done && st->layer_done(l) != 0) return -2;
   }
   std::vector<float> fin(static_cast<size_t>(num_samples) * H);
@@ -279,8 +297,8 @@ extern "C" {
 // rows sample_rows[0 .. num_samples) into logits [num_samples, vocab]. Returns 0, or -1 (with
 // nothing written) when a position is outside the RoPE table, a block a position needs is
 // missing from its table or outside the cache, a token id is outside the vocabulary, or a
-// sample row is not one of the rows or the KV format is unknown; -2 when the layer callback
-// asked to stop. The caller checks that seq[r] indexes a table.
+// sample row is not one of the rows, a row's LoRA slot or an adapter's rank is out of range,
+// or the KV format is unknown; -2 when the layer callback asked to stop. The caller checks that seq[r] indexes a table.
 int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
                 int num_samples, float* logits, int threads) {
   const ModelDesc& md = static_cast<Model*>(model)->desc;

@@ -9,7 +9,9 @@
     fused(rows..., kv_cache)    one ctypes call per step (the GIL is released inside): embeds
                                 (a quantized or 16-bit table's rows widened on use), the
                                 layers, the final norm, lm_head for the sampling rows; a layer
-                                hook is called back between layers
+                                hook is called back between layers; a step's LoRA adapters
+                                (tandem/engine/native/lora_step.py) add each row's delta to
+                                the q/k/v, o, gate/up and down outputs (lora_delta.h)
 
 It computes the dense decoder of tandem/engine/models/causal_lm.py (Llama, Mistral, Qwen2,
 Qwen3): biases on any linear (q/k/v, o, gate/up, down: each Lin carries its own), per-head
@@ -40,6 +42,7 @@ from torch import nn
 from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.layers import MLP, Attention
 from tandem.engine.native.build import load
+from tandem.engine.native.lora_step import NativeLoraStep
 from tandem.engine.native.packed_linear import FLOAT_KINDS, LinStruct, PackedEmbedding, PackedLinear
 from tandem.engine.quant.int4 import Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
@@ -81,7 +84,7 @@ class _Step(ctypes.Structure):
                 ("block_tables", ctypes.c_void_p), ("table_width", ctypes.c_int32),
                 ("block_size", ctypes.c_int32), ("num_blocks", ctypes.c_int32),
                 ("kv", ctypes.c_void_p), ("kv_format", ctypes.c_int32),
-                ("layer_done", _LAYER_DONE)]
+                ("layer_done", _LAYER_DONE), ("lora", ctypes.c_void_p)]
 
 
 class NativeLinear:
@@ -277,9 +280,11 @@ class FusedForward:
         sample_rows: Sequence[int],
         threads: int | None = None,
         layer_hook: Callable[[int], None] | None = None,
+        lora: NativeLoraStep | None = None,
     ) -> torch.Tensor:
         """Logits ``[len(sample_rows), V]`` fp32; row r is token ``ids[r]`` at ``positions[r]``
-        of sequence ``seq_index[r]`` (whose blocks are ``block_tables[seq_index[r]]``).
+        of sequence ``seq_index[r]`` (whose blocks are ``block_tables[seq_index[r]]``), under
+        the LoRA adapter of its slot in ``lora`` when given (tandem/engine/native/lora_step.py).
 
         ``layer_hook(l)`` runs on this thread once layer l's K/V are in the cache (the prefill
         role pushes them from there); an exception it raises ends the step and is re-raised."""
@@ -298,6 +303,9 @@ class FusedForward:
             raise ValueError("ids, positions and seq_index must be non-empty and equally long")
         if min(seq_index) < 0 or max(seq_index) >= len(block_tables):
             raise ValueError("fused forward refused the step: sequence index out of range")
+        if lora is not None and lora.rows != rows:
+            raise ValueError(f"fused forward refused the step: {lora.rows} LoRA row slots for "
+                             f"{rows} rows")
         if sample_rows and (min(sample_rows) < 0 or max(sample_rows) >= rows):
             raise ValueError("fused forward refused the step: sample row out of range")
         width = max(len(t) for t in block_tables)
@@ -323,7 +331,8 @@ class FusedForward:
         callback = _LAYER_DONE(done) if layer_hook is not None else _LAYER_DONE()
         step = _Step(ids_t.data_ptr(), pos_t.data_ptr(), seq_t.data_ptr(), tables.data_ptr(),
                      width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr(),
-                     KV_FORMATS[kv_cache.dtype], callback)
+                     KV_FORMATS[kv_cache.dtype], callback,
+                     None if lora is None else ctypes.addressof(lora.struct))
         rc = self._lib.tnd_forward(
             self._handle, ctypes.byref(step), rows, ctypes.c_void_p(rows_t.data_ptr()),
             len(sample_rows), ctypes.c_void_p(logits.data_ptr()),
@@ -332,5 +341,6 @@ class FusedForward:
         if raised:
             raise raised[0]
         if rc != 0:
-            raise ValueError("fused forward refused the step: position or block id out of range")
+            raise ValueError("fused forward refused the step: position, block id or LoRA slot "
+                             "out of range")
         return logits

@@ -52,7 +52,8 @@ def test_mixed_adapters_match_peft(make_engine, adapters, native) -> None:
                              (n, str(p)) for n, p in dirs.items()), max_loras=3,
                              max_lora_rank=8))
     prompts = _prompts(8, seed=4)
-    # base rows run longer: the last steps carry no adapter (the fused path, when on)
+    # base rows run longer: the last steps carry no adapter (native: every step runs the fused
+    # forward, adding the adapter rows' deltas itself)
     jobs = [(prompts[0], "a", MAX_NEW), (prompts[1], "b", MAX_NEW), (prompts[2], "", 20),
             (prompts[3], "c", MAX_NEW), (prompts[4], "a", MAX_NEW), (prompts[5], "", 20),
             (prompts[6], "b", MAX_NEW), (prompts[7], "c", MAX_NEW)]
