@@ -12,8 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tandem.engine.quant.int4 as int4_mod
-import tandem.engine.quant.int8 as int8_mod
 from tandem.engine import SamplingParams
 from tandem.engine.attention import AttentionMetadata
 from tandem.engine.native import NativeLinear, load
@@ -38,13 +36,6 @@ def test_linear_matches_the_dequantized_matmul(kind: str, rows: int) -> None:
     x = torch.randn(rows, 96, generator=g) * torch.logspace(-2, 1, 96)  # uneven magnitudes
     ref = x @ layer.dequantize().T + bias
     assert _rel(NativeLinear(layer)(x), ref) < 1e-4
-
-
-@pytest.fixture
-def exact_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Quantized layers multiply by their fp32 dequantized weights at every row count."""
-    monkeypatch.setattr(int4_mod, "DEQUANT_MIN_ROWS", 0)
-    monkeypatch.setattr(int8_mod, "DEQUANT_MIN_ROWS", 0)
 
 
 def _torch_forward(runner, ids, positions, table, kv) -> torch.Tensor:

@@ -17,8 +17,6 @@ import dataclasses
 import pytest
 import torch
 
-import tandem.engine.quant.int4 as int4_mod
-import tandem.engine.quant.int8 as int8_mod
 from tandem.engine import SamplingParams
 from tandem.engine.attention import AttentionMetadata
 from tandem.engine.lora import LoraConfig
@@ -45,13 +43,6 @@ def adapters(tmp_path_factory, tiny_dir):
         "b": make_tiny_adapter(base, root / "b", rank=8, alpha=4.0, seed=2, use_rslora=True,
                                targets=("q_proj", "v_proj", "down_proj")),
     }
-
-
-@pytest.fixture
-def exact_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Quantized layers multiply by their fp32 dequantized weights at every row count."""
-    monkeypatch.setattr(int4_mod, "DEQUANT_MIN_ROWS", 0)
-    monkeypatch.setattr(int8_mod, "DEQUANT_MIN_ROWS", 0)
 
 
 def _engine(make_engine, adapters, **kw):
