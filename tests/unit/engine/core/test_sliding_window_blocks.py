@@ -231,3 +231,34 @@ def test_scheduler_runs_long_sequences_through_a_small_pool(chunk: int) -> None:
 def test_a_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="sliding_window"):
         KVCacheManager(num_blocks=4, block_size=BS, sliding_window=0)
+
+
+@pytest.mark.parametrize("n", [1, 5, 6, 8, 13, 23, 24])
+def test_a_pushed_prompt_gets_only_its_first_decoded_tokens_window(n: int) -> None:
+    """The decode role's reservation of an n-token prompt: the blocks before the window of
+    position n (the first decoded token) are never held, the rest are, and at least the block
+    holding the last prompt token is filled; what the push skips is exactly those."""
+    kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
+    req = _req("a", list(range(n)))
+    skip = kv.allocate_pushed(req, [])
+    total = kv.blocks_needed(n)
+    assert skip == min(_behind(n), total - 1)
+    ids = kv.block_ids("a")
+    assert len(ids) == total and ids[:skip] == [FREED] * skip and FREED not in ids[skip:]
+    assert kv.pool.num_free == 16 - (total - skip)
+    # the first decode step frees nothing more: the window it reads is all there
+    req.num_computed_tokens = n
+    req.append_token(7)
+    assert kv.allocate_slots(req, 1) and kv.block_ids("a")[:skip] == [FREED] * skip
+    assert FREED not in kv.block_ids("a")[_behind(n):]
+    kv.free("a")
+    _assert_no_leak(kv)
+
+
+def test_a_pushed_prompt_is_refused_whole_when_the_window_does_not_fit() -> None:
+    kv = KVCacheManager(num_blocks=2, block_size=BS, sliding_window=W)
+    assert kv.allocate_pushed(_req("a", list(range(40))), []) == 8  # keys 35..40: blocks 8, 9
+    assert kv.allocate_pushed(_req("b", list(range(40))), []) is None
+    assert not kv.holds("b") and kv.pool.num_free == 0
+    kv.free("a")
+    _assert_no_leak(kv)
