@@ -3,8 +3,9 @@ DeepSeek-V2 and V3 checkpoints (a dense first layer, then MoE layers with shared
 written as llama.cpp writes them (tandem/engine/testing/gguf_writer.py: ``attn_k_b`` /
 ``attn_v_b`` as its MLA graph wants them, or ``attn_kv_b`` as files of before it), served
 greedy, fp32, token for token as transformers serves the same weights: the checkpoint itself
-for an F32 file, the gguf package's dequantization of a Q8_0 one. Refusals by name of what
-this engine does not compute, before anything is converted."""
+for an F32 file, the gguf package's dequantization of a Q8_0/Q4_0/Q4_1 one, whose expert
+blocks the engine keeps. Refusals by name of what this engine does not compute, before
+anything is converted."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tandem.engine.errors import ModelLoadError, UnsupportedConfigError
 from tandem.engine.gguf_deepseek import merge_kv_b
 from tandem.engine.loader import gguf_metadata, gguf_spec, resolve_model
 from tandem.engine.models.layers import SparseMoE
+from tandem.engine.native import load
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
 gguf_py = pytest.importorskip("gguf")
@@ -79,19 +81,28 @@ def test_a_float_gguf_serves_the_checkpoints_tokens(family_dir, make_engine, tmp
         assert tokens == hf_greedy(checkpoint, prompt, GREEDY.max_tokens), case
 
 
-@pytest.mark.parametrize("case", ["v2", "v3"])
-def test_a_q8_0_gguf_serves_its_dequantization(family_dir, make_engine, tmp_path,
-                                               case: str) -> None:
-    checkpoint, gguf = _gguf(family_dir, tmp_path, case, "Q8_0")
+@pytest.mark.parametrize(("case", "qtype"), [("v2", "Q8_0"), ("v3", "Q4_0"), ("v2", "Q4_1")])
+def test_a_quantized_gguf_serves_its_blocks(family_dir, make_engine, tmp_path, case: str,
+                                            qtype: str) -> None:
+    """The experts' and shared experts' blocks run as stored where the native kernels are
+    built (the latent attention itself runs the torch forward); the tokens are transformers'
+    on the gguf package's dequantization of the file."""
+    _, gguf = _gguf(family_dir, tmp_path, case, qtype)
     types = {t.name: t.tensor_type.name for t in gguf_py.GGUFReader(str(gguf)).tensors}
-    assert types["blk.1.ffn_gate_exps.weight"] == "Q8_0"
-    assert types["blk.1.attn_v_b.weight"] == "Q8_0"  # rows of kv_lora_rank: whole blocks
+    assert types["blk.1.ffn_gate_exps.weight"] == qtype
+    assert types["blk.1.attn_v_b.weight"] == qtype  # rows of kv_lora_rank: whole blocks
     cache = tmp_path / "cache"
     engine = _engine(make_engine, gguf, cache)
+    if load() is not None:
+        for layer in engine.runner.model.layers[1:]:
+            modules = [layer.mlp.shared_expert.gate_up_proj, layer.mlp.shared_expert.down_proj]
+            modules += [e.gate_up_proj for e in layer.mlp.experts]
+            modules += [e.down_proj for e in layer.mlp.experts]
+            assert {getattr(m, "format", None) for m in modules} == {qtype}
     dequantized = resolve_model(str(gguf), cache)
     prompts = _prompts()
     for prompt, tokens in zip(prompts, engine_token_ids(engine, prompts, GREEDY), strict=True):
-        assert tokens == hf_greedy(dequantized, prompt, GREEDY.max_tokens), case
+        assert tokens == hf_greedy(dequantized, prompt, GREEDY.max_tokens), (case, qtype)
 
 
 def test_the_kv_b_split_merges_back_exactly(family_dir) -> None:
