@@ -1,7 +1,8 @@
 """A sliding-window model through real prefill and decode worker processes: the decode
 worker reserves only the blocks its first decoded token's window reads, the prefill worker
-pushes only those (its byte count says so), the streamed output equals one engine's, and
-every block is back in both pools afterwards.
+(whose chunked prefill frees the blocks behind its window) pushes only those (its byte count
+says so), the streamed output equals one engine's, and every block is back in both pools
+afterwards.
 
 Mistral with a window of 12 over every layer, blocks of 4, weights away from transformers'
 initialisation (tests/unit/engine/_perturbed.py)."""
@@ -34,8 +35,9 @@ def mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def workers(mistral: Path) -> Iterator[tuple[Proc, Proc]]:
     cluster = Cluster()
     try:
+        # chunks of 8: the prefill worker frees behind its window while it computes a prompt
         yield start_workers(cluster, mistral, "--block-size", str(BLOCK),
-                            "--kv-cache-dtype", "float32")
+                            "--kv-cache-dtype", "float32", "--max-num-batched-tokens", "8")
     finally:
         cluster.stop()
 

@@ -26,9 +26,11 @@ entries)::
     [ b0 | b1 | b2 | b3 ]  ->  [ - | - | b2 | b3 ]       b0, b1 back in the pool
 
 A freed block keeps its hash and its KV until the pool hands it out again (and then its hash is
-dropped first), so a prefix-cache hit on it is still exact. A request holding its KV for a push
-(``hold_kv``, the prefill role) frees nothing: the push reads its blocks once it has finished.
-Prefix hits that lie wholly behind a new request's window are not taken at all.
+dropped first), so a prefix-cache hit on it is still exact. Prefix hits that lie wholly behind
+a new request's window are not taken at all. A request holding its KV for a push (``hold_kv``,
+the prefill role) frees the same way as its chunked prefill advances: what it frees lies
+before its last chunk's window, so before the window of the first decoded token, which is all
+the push ships (below).
 
 A prompt another engine computes (the decode role's reservation, ``allocate_pushed``) gets only
 the blocks its first decoded token's window reads, ``None`` before them: the push fills those
@@ -285,10 +287,7 @@ class KVCacheManager:
 
     def _behind_window(self, request: Request, computed: Sequence[Block] | None) -> int:
         """Leading blocks of the request that no query from its next token to compute on
-        reads: those wholly before that token's window. 0 without a window, or for a request
-        holding its KV for a push."""
-        if request.hold_kv:
-            return 0
+        reads: those wholly before that token's window (0 without a window)."""
         start = request.num_computed_tokens + len(computed or ()) * self.block_size
         return self._window_start_block(start)
 

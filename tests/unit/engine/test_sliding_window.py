@@ -138,12 +138,15 @@ def test_qwen2_full_and_sliding_layers(make_engine, qwen2_mixed: Path, kind: str
 
 
 @pytest.mark.parametrize("kind", list(PATHS))
-def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str) -> None:
-    """Prefill on P (which keeps the whole prompt until the push has read it); D reserves only
-    the blocks its first decoded token's window reads, and only those are shipped; decode on
-    D, which frees the blocks behind the window as it goes. Every block is back in both pools
-    at the end."""
-    prefill = _engine(make_engine, mistral, kind, num_blocks=64)
+@pytest.mark.parametrize("budget", [None, 8], ids=["whole", "chunked"])
+def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str,
+                                          budget: int | None) -> None:
+    """Prefill on P (a chunked prefill frees behind its window as it goes, keeping what the
+    push reads); D reserves only the blocks its first decoded token's window reads, and only
+    those are shipped; decode on D, which frees the blocks behind the window as it goes.
+    Every block is back in both pools at the end."""
+    extra = {} if budget is None else {"max_num_batched_tokens": budget}
+    prefill = _engine(make_engine, mistral, kind, num_blocks=64, **extra)
     decode = _engine(make_engine, mistral, kind, num_blocks=64)
     prompt = _prompts([45], seed=6)[0]
     expected = hf_greedy(mistral, prompt, GREEDY.max_tokens)
@@ -155,7 +158,9 @@ def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str)
         for out in prefill.step():
             first = out.token_ids[0]
     src = prefill.remote.prefill.held_block_ids(rid)
-    assert len(src) == -(-45 // BLOCK) and -1 not in src  # held whole until the push reads it
+    assert len(src) == -(-45 // BLOCK) and -1 not in src[8:]  # what the push reads is held
+    if budget is not None:  # the last chunk (from 40) no longer read blocks 0 .. 6
+        assert src[:7] == [-1] * 7
 
     granted = decode.remote.decode.reserve("r1", prompt, GREEDY)
     # the first decoded token (position 45) reads keys 34 .. 45: blocks 8 .. 11 of the prompt

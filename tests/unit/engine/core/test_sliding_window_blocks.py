@@ -91,14 +91,19 @@ def test_chunked_prefill_frees_behind_each_chunk() -> None:
     _assert_no_leak(kv)
 
 
-def test_a_request_holding_kv_for_a_push_frees_nothing() -> None:
-    """The prefill role pushes the whole prompt once it is computed: every block stays."""
+def test_a_request_holding_kv_for_a_push_keeps_what_the_push_ships() -> None:
+    """The prefill role's chunked prefill frees behind its last chunk's window, never a block
+    the decode side's reservation of the same prompt fills."""
     kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
     req = _req("p", list(range(40)), hold_kv=True)
     for _ in range(5):
         assert kv.allocate_slots(req, 8)
         req.num_computed_tokens += 8
-    assert FREED not in kv.block_ids("p") and kv.num_held_blocks("p") == 10
+    assert kv.block_ids("p")[:_behind(32)] == [FREED] * _behind(32)  # last chunk from 32
+    pushed = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W).allocate_pushed(
+        _req("d", list(range(40))), [])
+    assert pushed is not None and pushed >= _behind(32)
+    assert FREED not in kv.block_ids("p")[pushed:]
     kv.free("p")
     _assert_no_leak(kv)
 
