@@ -221,8 +221,8 @@ def hf_tensors(reader: Any, config: dict) -> Iterator[tuple[int | None, str, np.
 
 def convert_moe_gguf(gguf_path: Path, metadata: dict[str, Any], out: Path) -> None:
     """Write ``gguf_path`` (a GGUF of ``MOE_MODEL_TYPES``, ``metadata`` its key/values) to
-    ``out`` as an HF directory: config.json, safetensors shards (one per run of a layer's tensors, in file
-    order) with their index, and the tokenizer when the GGUF carries one."""
+    ``out`` as an HF directory: config.json, safetensors shards (one per run of a layer's
+    tensors, in file order) with their index, and the tokenizer when the GGUF carries one."""
     import gguf
     import torch
     from safetensors.torch import save_file

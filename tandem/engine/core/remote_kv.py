@@ -24,10 +24,10 @@ window over every layer, the blocks wholly before the window of the first decode
 neither held nor pushed (``KVCacheManager.allocate_pushed``)::
 
     prompt blocks:  [ - | - | - | fill | fill (partial) ]       skip_tokens = 3 blocks' worth
- A forked request (n
-sequences, tandem/engine/core/request.py) reserves its prompt once: after ``commit`` the engine forks
-the request's blocks to its other sequences by reference count. kv_transfer's
-``ReservationTable`` only tracks the transfer's progress on the receive path. Every transition
+
+A forked request (n sequences, tandem/engine/core/request.py) reserves its prompt once: after
+``commit`` the engine forks the request's blocks to its other sequences by reference count.
+kv_transfer's ``ReservationTable`` only tracks the transfer's progress on the receive path. Every transition
 takes an entry out exactly once, so of two ends racing (a commit and an abort) the first wins
 and the other sees None; the engine serializes them on its thread.
 """

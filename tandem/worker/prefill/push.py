@@ -53,7 +53,7 @@ def source_blocks(block_ids: Sequence[int], skip: int, count: int) -> list[int]:
     src = list(block_ids[skip : skip + count])
     if FREED in src:
         raise PushFailed(f"the reservation starts at block {skip}, but this engine freed "
-                         f"blocks up to {skip + src.index(FREED)} behind the sliding window",
+                         f"block {skip + src.index(FREED)} behind the sliding window",
                          grpc.StatusCode.FAILED_PRECONDITION)
     return src
 

@@ -76,4 +76,4 @@ def test_the_push_never_reads_a_block_freed_behind_the_window() -> None:
     with pytest.raises(PushFailed) as err:
         source_blocks([-1, -1, 7, 8, 9], 1, 3)
     assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "freed blocks up to 1" in str(err.value)
+    assert "freed block 1 behind the sliding window" in str(err.value)
