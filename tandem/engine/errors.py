@@ -32,7 +32,7 @@ class GrammarBusyError(EngineError):
 
 class NotMovableError(EngineError):
     """A running request cannot be moved to another engine now; the message says why (not
-    decoding yet, finished, blocks freed behind its sliding window ...). It runs on here."""
+    decoding yet, finished, not forked yet ...). It runs on here."""
 
 
 class UnknownRequestError(EngineError, KeyError):

@@ -10,6 +10,8 @@ by this module, from the GGUF's metadata and tensors alone:
     qwen2moe                     qwen2_moe   model.layers.i.mlp.experts.e.{gate,up,down}_proj,
                                              mlp.shared_expert.*, mlp.shared_expert_gate
     qwen3moe                     qwen3_moe   model.layers.i.mlp.experts.e.{gate,up,down}_proj
+    deepseek2                    deepseek_v2 (softmax router) / deepseek_v3 (sigmoid): latent
+                                 attention and DeepSeek's MoE (tandem/engine/gguf_deepseek.py)
 
     blk.i.ffn_{gate,up,down}_exps  [E, out, in]  --split on E--> expert e's [out, in]
     blk.i.ffn_{gate,up,down}.e     [out, in]     Mixtral GGUFs of before the stacked tensors
@@ -39,8 +41,11 @@ from typing import Any
 import numpy as np
 
 from tandem.engine.errors import ModelLoadError, UnsupportedConfigError
+from tandem.engine.gguf_deepseek import ARCHITECTURE as DEEPSEEK
+from tandem.engine.gguf_deepseek import deepseek_config, deepseek_tensors, save_gguf_tokenizer
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# the families whose GGUFs this module converts (not transformers)
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 _ARCHITECTURES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 _HF_CLASS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
              "qwen3_moe": "Qwen3MoeForCausalLM"}
@@ -215,16 +220,21 @@ def hf_tensors(reader: Any, config: dict) -> Iterator[tuple[int | None, str, np.
 
 
 def convert_moe_gguf(gguf_path: Path, metadata: dict[str, Any], out: Path) -> None:
-    """Write ``gguf_path`` (a MoE GGUF, ``metadata`` its key/values) to ``out`` as an HF
-    directory: config.json, safetensors shards (one per run of a layer's tensors, in file
-    order) with their index, and the tokenizer when the GGUF carries one."""
+    """Write ``gguf_path`` (a GGUF of ``MOE_MODEL_TYPES``, ``metadata`` its key/values) to
+    ``out`` as an HF directory: config.json, safetensors shards (one per run of a layer's
+    tensors, in file order) with their index, and the tokenizer when the GGUF carries one."""
     import gguf
     import torch
     from safetensors.torch import save_file
 
     reader = gguf.GGUFReader(str(gguf_path))
     shapes = {t.name: tuple(np.asarray(t.data).shape) for t in reader.tensors}
-    config = hf_config(metadata, shapes)
+    if metadata.get("general.architecture") == DEEPSEEK:
+        config = deepseek_config(metadata, shapes)
+        tensors = deepseek_tensors(reader, config)
+    else:
+        config = hf_config(metadata, shapes)
+        tensors = hf_tensors(reader, config)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     index: dict[str, str] = {}
@@ -238,7 +248,7 @@ def convert_moe_gguf(gguf_path: Path, metadata: dict[str, Any], out: Path) -> No
             pending.clear()
 
     current: object = object()
-    for layer, name, values in hf_tensors(reader, config):
+    for layer, name, values in tensors:
         if layer != current:
             flush()
             current = layer
@@ -247,7 +257,10 @@ def convert_moe_gguf(gguf_path: Path, metadata: dict[str, Any], out: Path) -> No
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": index}, indent=2))
     if "tokenizer.ggml.model" in metadata:
-        from transformers import AutoTokenizer
+        if metadata.get("general.architecture") == DEEPSEEK:
+            save_gguf_tokenizer(gguf_path, out)
+        else:
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        tokenizer.save_pretrained(out)
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            tokenizer.save_pretrained(out)

@@ -9,7 +9,8 @@ converted directory is cached, keyed by a hash of the GGUF's bytes, so later loa
 A GGUF's ``general.architecture`` is read from its header first: an architecture no model
 family loads (tandem/engine/models/registry.py) is refused before the file is hashed or
 converted. The mixture-of-experts families (Mixtral, which llama.cpp writes as ``llama`` with
-experts, Qwen2-MoE, Qwen3-MoE) are converted by tandem/engine/gguf_moe.py, not transformers.
+experts, Qwen2-MoE, Qwen3-MoE) and DeepSeek (``deepseek2``) are converted by
+tandem/engine/gguf_moe.py (DeepSeek's mapping: tandem/engine/gguf_deepseek.py), not transformers.
 Nothing is ever fetched from a model hub. What a spec names and where its conversion lives is
 tandem/common/model_spec.py (torch-free: the router and the launchers resolve specs with it too).
 """

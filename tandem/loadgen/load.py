@@ -338,7 +338,7 @@ async def _direct_one(
                     sampling=sampling,
                     transfer_id=reservation.transfer_id,
                     block_ids=reservation.block_ids,
-                    skip_tokens=reservation.cached_tokens,
+                    skip_tokens=reservation.skip_tokens,
                     kv_endpoint=reservation.kv_endpoint,
                     layout=reservation.layout,
                 ),

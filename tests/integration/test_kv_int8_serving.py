@@ -112,7 +112,7 @@ def test_float_kv_decode_refuses_int8_prefill(cluster) -> None:
         with pytest.raises(grpc.RpcError) as err:
             prefill.Prefill(worker_pb2.PrefillRequest(
                 request_id="mix", token_ids=tokens, sampling=_greedy(4),
-                transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.cached_tokens,
+                transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.skip_tokens,
                 kv_endpoint=res.kv_endpoint, layout=res.layout), timeout=60)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "int8" in err.value.details() and "float16" in err.value.details()

@@ -168,7 +168,7 @@ def test_prefill_with_other_adapter_bytes_is_refused(lora: LoraCluster) -> None:
             prefill.Prefill(worker_pb2.PrefillRequest(
                 request_id="mismatch", token_ids=prompt, sampling=sampling,
                 transfer_id=res.transfer_id, block_ids=res.block_ids,
-                kv_endpoint=res.kv_endpoint, layout=res.layout, skip_tokens=res.cached_tokens,
+                kv_endpoint=res.kv_endpoint, layout=res.layout, skip_tokens=res.skip_tokens,
                 lora="m", lora_identity=res.lora_identity), timeout=30)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "on the decode worker" in (info.value.details() or "")

@@ -62,7 +62,7 @@ def test_speculative_decode_worker_equals_plain(workers, make_engine, tiny_dir, 
             request_id=method, token_ids=PROMPT, sampling=_greedy(MAX_NEW), lease_s=60.0))
         first = prefill.Prefill(worker_pb2.PrefillRequest(
             request_id=method, token_ids=PROMPT, sampling=_greedy(MAX_NEW),
-            transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.cached_tokens, kv_endpoint=res.kv_endpoint,
+            transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.skip_tokens, kv_endpoint=res.kv_endpoint,
             layout=res.layout))
         msgs = list(decode.Decode(worker_pb2.DecodeRequest(request_id=method)))
         got = [first.first_token] + [t for m in msgs for t in m.token_ids]

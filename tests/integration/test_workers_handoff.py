@@ -132,7 +132,8 @@ class Cluster:
                         res: worker_pb2.ReserveResponse) -> worker_pb2.PrefillRequest:
         return worker_pb2.PrefillRequest(
             request_id=rid, token_ids=prompt, sampling=_greedy(n), transfer_id=res.transfer_id,
-            block_ids=res.block_ids, skip_tokens=res.cached_tokens, kv_endpoint=res.kv_endpoint, layout=res.layout)
+            block_ids=res.block_ids, skip_tokens=res.skip_tokens, kv_endpoint=res.kv_endpoint,
+            layout=res.layout)
 
     def both_idle(self) -> None:
         stats = worker_pb2.StatsRequest()

@@ -26,10 +26,18 @@ entries)::
     [ b0 | b1 | b2 | b3 ]  ->  [ - | - | b2 | b3 ]       b0, b1 back in the pool
 
 A freed block keeps its hash and its KV until the pool hands it out again (and then its hash is
-dropped first), so a prefix-cache hit on it is still exact. A request holding its KV for a push
-(``hold_kv``, the prefill role) frees nothing: the push sends the whole prompt, and the decode
-side frees what its window no longer needs at its first step. Prefix hits that lie wholly
-behind a new request's window are not taken at all.
+dropped first), so a prefix-cache hit on it is still exact. Prefix hits that lie wholly behind
+a new request's window are not taken at all. A request holding its KV for a push (``hold_kv``,
+the prefill role) frees the same way as its chunked prefill advances: what it frees lies
+before its last chunk's window, so before the window of the first decoded token, which is all
+the push ships (below).
+
+A prompt another engine computes (the decode role's reservation, ``allocate_pushed``) gets only
+the blocks its first decoded token's window reads, ``None`` before them: the push fills those
+and no others (with a window of 6 and blocks of 4, a 13-token prompt's first decoded token,
+at position 13, reads keys 8 .. 13: blocks b2, b3 and the one it writes)::
+
+    [ - | - | b2 | b3 ]          skip = 2 blocks: the push ships 2 of the prompt's 4
 """
 
 from __future__ import annotations
@@ -157,6 +165,29 @@ class KVCacheManager:
             self.cache_full_blocks(request, min(done + num_new_tokens, request.num_tokens))
         return True
 
+    def allocate_pushed(self, request: Request, computed: list[Block]) -> int | None:
+        """Grant the blocks of a prompt whose KV another engine computes and pushes; returns
+        how many leading blocks the push does not fill, or None when the pool is short
+        (nothing changed). Those are the prefix hits ``computed`` taken as they are and, with
+        a sliding window, every block wholly before the window of the first decoded token
+        (``None`` in their place, as if freed behind it; module docstring). At least the
+        block holding the last prompt token is filled. The request must hold nothing yet."""
+        total = self.blocks_needed(request.num_tokens)
+        behind = min(self._window_start_block(request.num_tokens), total - 1)
+        taken = computed[behind:]
+        skip = max(behind, len(computed))
+        need = total - skip
+        if need > self.pool.num_free - sum(1 for b in taken if b.ref_cnt == 0):
+            return None
+        blocks = self._blocks.setdefault(request.request_id, [])
+        if blocks:
+            raise RuntimeError(f"{request.request_id!r} already holds blocks")
+        self.pool.touch(taken)
+        blocks.extend([None] * behind)
+        blocks.extend(taken)
+        blocks.extend(self.pool.allocate(need))
+        return skip
+
     def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Index the request's blocks fully covered by its first ``num_tokens`` tokens."""
         if not self.enable_caching:
@@ -256,12 +287,16 @@ class KVCacheManager:
 
     def _behind_window(self, request: Request, computed: Sequence[Block] | None) -> int:
         """Leading blocks of the request that no query from its next token to compute on
-        reads: those wholly before that token's window. 0 without a window, or for a request
-        holding its KV for a push."""
-        if self.sliding_window is None or request.hold_kv:
-            return 0
+        reads: those wholly before that token's window (0 without a window)."""
         start = request.num_computed_tokens + len(computed or ()) * self.block_size
-        return max(0, start - self.sliding_window + 1) // self.block_size
+        return self._window_start_block(start)
+
+    def _window_start_block(self, position: int) -> int:
+        """Leading blocks wholly before the window of a query at ``position`` (0 without a
+        window): keys position - W + 1 .. position are read."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, position - self.sliding_window + 1) // self.block_size
 
     def _free_behind_window(self, request: Request, blocks: list[Block | None]) -> None:
         """Drop the request's references on its blocks behind its window (``None`` in their

@@ -19,10 +19,15 @@ taken as they are, and only the blocks after them are left for the push to fill:
                       ^ ref taken, never written       ^ Reservation.fill_block_ids
 
 The cached blocks are referenced from reserve on, so nothing evicts them before the push
-lands; at least the block holding the last prompt token is always filled. A forked request (n
-sequences, tandem/engine/core/request.py) reserves its prompt once: after ``commit`` the engine forks
-the request's blocks to its other sequences by reference count. kv_transfer's
-``ReservationTable`` only tracks the transfer's progress on the receive path. Every transition
+lands; at least the block holding the last prompt token is always filled. With a sliding
+window over every layer, the blocks wholly before the window of the first decoded token are
+neither held nor pushed (``KVCacheManager.allocate_pushed``)::
+
+    prompt blocks:  [ - | - | - | fill | fill (partial) ]       skip_tokens = 3 blocks' worth
+
+A forked request (n sequences, tandem/engine/core/request.py) reserves its prompt once: after
+``commit`` the engine forks the request's blocks to its other sequences by reference count.
+kv_transfer's ``ReservationTable`` only tracks the transfer's progress on the receive path. Every transition
 takes an entry out exactly once, so of two ends racing (a commit and an abort) the first wins
 and the other sees None; the engine serializes them on its thread.
 """
@@ -51,6 +56,9 @@ class Reservation:
 
     fill_block_ids: list[int]  # destination blocks of the push, in logical order
     cached_tokens: int  # leading prompt tokens whose KV is already here (whole blocks)
+    # leading prompt tokens the push does not fill (whole blocks): the cached ones, or more
+    # with a sliding window (those no query from the first decoded token on reads)
+    skip_tokens: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -122,9 +130,8 @@ class RemoteKV:
         if not transfer_id or transfer_id in self._by_transfer:
             raise InvalidRequestError("transfer_id", f"{transfer_id!r} is empty or in use")
         computed, n_cached = self.kv.get_computed_blocks(request)
-        if not self.kv.allocate_slots(request, request.num_tokens - n_cached, computed,
-                                      cache_tokens=False):
-            self.kv.free(rid)
+        skip = self.kv.allocate_pushed(request, computed)
+        if skip is None:
             raise OutOfBlocksError(
                 f"{self.kv.blocks_needed(request.num_tokens) - len(computed)} blocks needed, "
                 f"{self.kv.pool.num_free} free"
@@ -134,7 +141,7 @@ class RemoteKV:
         entry = RemoteEntry(request, RemoteState.RESERVED, self.kv.block_ids(rid), transfer_id)
         self._by_request[rid] = entry
         self._by_transfer[transfer_id] = entry
-        return Reservation(entry.block_ids[len(computed):], n_cached)
+        return Reservation(entry.block_ids[skip:], n_cached, skip * self.kv.block_size)
 
     def commit(self, transfer_id: str) -> Request | None:
         """Every block has arrived: the request's KV is computed and its full blocks are

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.engine.core.kv_cache_manager import FREED, KVCacheManager
+from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.remote_kv import RemoteKV
 from tandem.engine.core.request import RequestStatus
 from tandem.engine.core.scheduler import Scheduler
@@ -30,7 +30,8 @@ from tandem.engine.kv_connector.host import LiveRequestHost
 @dataclass(frozen=True, slots=True)
 class Suspended:
     """A suspended request's continuation: ``token_ids`` (prompt + every output token; the
-    KV of all but the last is in ``block_ids``, in logical order), how many of them are
+    KV of all but the last is in ``block_ids``, in logical order: ``FREED`` for those behind
+    a sliding window, which the target's reservation skips too), how many of them are
     output, and the LoRA adapter it runs under (its name here; "": the base model)."""
 
     token_ids: list[int]
@@ -70,9 +71,6 @@ class MigrateSide:
         if req.num_forks > 1:
             raise NotMovableError(f"request {request_id!r} has not forked yet")
         needed = self._kv.blocks_needed(req.num_computed_tokens)
-        if FREED in self._kv.block_ids(request_id)[:needed]:
-            raise NotMovableError(f"request {request_id!r}'s blocks behind its sliding window "
-                                  "are freed")
         self._scheduler.remove(req)
         blocks = self._ledger.suspend(req)
         return Suspended(list(req.all_token_ids), req.num_output_tokens, blocks[:needed],

@@ -87,6 +87,8 @@ SPEC = FamilySpec(
     ),
     features=_features,
     forward=MLA_FORWARD,
+    # V2 and V3 alike: the file's router says which (tandem/engine/gguf_deepseek.py)
+    gguf_architectures=("deepseek2",),
     plan=mla_moe_plan,
     inert=DEEPSEEK_INERT_FIELDS,
 )

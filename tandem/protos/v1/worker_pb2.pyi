@@ -206,20 +206,22 @@ class ReserveRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ..., n: _Optional[int] = ..., moved_in: _Optional[bool] = ..., lora: _Optional[str] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout", "cached_tokens", "lora_identity")
+    __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout", "cached_tokens", "lora_identity", "skip_tokens")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LORA_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_endpoint: str
     layout: KVLayout
     cached_tokens: int
     lora_identity: str
-    def __init__(self, transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., lora_identity: _Optional[str] = ...) -> None: ...
+    skip_tokens: int
+    def __init__(self, transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., lora_identity: _Optional[str] = ..., skip_tokens: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "transfer_id", "block_ids", "kv_endpoint", "layout", "prior_output_tokens", "skip_tokens", "n", "lora", "lora_identity")

@@ -55,7 +55,7 @@ def move_out_request(leg_id: str, reservation: Reservation, last_token: int
     out = worker_pb2.MoveOutRequest(
         request_id=leg_id, transfer_id=reservation.transfer_id,
         block_ids=reservation.block_ids, kv_endpoint=reservation.kv_endpoint,
-        skip_tokens=reservation.cached_tokens, last_token=last_token)
+        skip_tokens=reservation.skip_tokens, last_token=last_token)
     if reservation.layout is not None:
         out.layout.CopyFrom(_layout_to_proto(reservation.layout))
     return out
@@ -81,7 +81,7 @@ def reservation_from_proto(reply: worker_pb2.ReserveResponse) -> Reservation:
         layout = KvLayout(lo.model, lo.dtype, lo.block_size, lo.num_layers, lo.num_kv_heads,
                           lo.head_dim, lo.fingerprint, lo.bytes_per_token)
     return Reservation(reply.transfer_id, tuple(reply.block_ids), reply.kv_endpoint, layout,
-                       reply.cached_tokens, reply.lora_identity)
+                       reply.cached_tokens, reply.lora_identity, reply.skip_tokens)
 
 
 def prefill_request(leg: LegRequest, reservation: Reservation) -> worker_pb2.PrefillRequest:
@@ -95,7 +95,7 @@ def prefill_request(leg: LegRequest, reservation: Reservation) -> worker_pb2.Pre
         block_ids=reservation.block_ids,
         kv_endpoint=reservation.kv_endpoint,
         prior_output_tokens=leg.prior_output_tokens,
-        skip_tokens=reservation.cached_tokens,  # D holds this much: only the rest is pushed
+        skip_tokens=reservation.skip_tokens,  # D needs only the KV after these: it is pushed
         n=leg.n,
         lora=_name(leg.lora),
         lora_identity=reservation.lora_identity,  # P checks it is its own, BEGIN carries it

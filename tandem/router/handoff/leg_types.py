@@ -54,8 +54,10 @@ class Reservation:
     """KV blocks leased on a decode worker for one leg.
 
     ``cached_tokens``: leading prompt tokens whose KV the worker already holds (its prefix
-    cache, whole blocks); ``block_ids`` are the blocks after them, the only ones a push may
-    fill. ``layout`` None: the worker reported none.
+    cache, whole blocks); ``skip_tokens``: those whose KV is not pushed (the cached ones, or
+    more when every layer of the model slides: those before the first decoded token's
+    window); ``block_ids`` are the blocks after them, the only ones a push may fill.
+    ``layout`` None: the worker reported none.
     """
 
     transfer_id: str
@@ -64,6 +66,11 @@ class Reservation:
     layout: KvLayout | None = None
     cached_tokens: int = 0
     lora_identity: str = ""  # the worker's identity of the request's LoRA adapter
+    skip_tokens: int = 0  # never below cached_tokens (a worker that states none: those)
+
+    def __post_init__(self) -> None:
+        if self.skip_tokens < self.cached_tokens:
+            object.__setattr__(self, "skip_tokens", self.cached_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ class LegPrefill:
                                  "tandem.prompt_tokens": len(tokens)})
         counters.count_placement(placed)
         # The KV blocks D lacks: what a remote prefill pushes, the size the overheads fit by.
-        blocks = policy.blocks_needed(len(tokens) - leg.reservation.cached_tokens,
+        blocks = policy.blocks_needed(len(tokens) - leg.reservation.skip_tokens,
                                       deps.config.block_size)
         reply: PrefillReply | None = None
         if placed.decision is Decision.REMOTE:

@@ -50,8 +50,9 @@ def cached_tokens(block_size: int, held: HeldBlocks, owners: list[tuple[str, int
 
 
 def push_bytes(reservation: Reservation, n_tokens: int) -> int:
-    """KV bytes a remote prefill of ``n_tokens`` pushes into ``reservation`` (the tokens the
-    decode worker lacks, at the bytes per token its layout states: a latent cache's one
+    """KV bytes a remote prefill of ``n_tokens`` pushes into ``reservation`` (the tokens
+    after its ``skip_tokens``: the decode worker lacks or, behind a sliding window, never
+    reads them), at the bytes per token its layout states: a latent cache's one
     plane, int8's scales; counted from the shape, K and V, when it states none; 0: it
     reported no layout)."""
     lo = reservation.layout
@@ -59,7 +60,7 @@ def push_bytes(reservation: Reservation, n_tokens: int) -> int:
         return 0
     per_token = lo.bytes_per_token or kv_bytes_per_token(
         lo.num_layers, lo.num_kv_heads, lo.head_dim, lo.dtype)
-    return max(n_tokens - reservation.cached_tokens, 0) * per_token
+    return max(n_tokens - reservation.skip_tokens, 0) * per_token
 
 
 def place(config: RouterConfig, registry: Registry, overheads: PrefillOverheads, n_tokens: int,

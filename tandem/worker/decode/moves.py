@@ -25,6 +25,7 @@ import grpc
 
 from tandem.common.wire import RECEIVER_FAULT, SUSPENDED_FAULT
 from tandem.engine.async_engine import AsyncEngine
+from tandem.engine.core.kv_cache_manager import FREED
 from tandem.engine.errors import NotMovableError
 from tandem.engine.kv_connector import Suspended as Continuation
 from tandem.kv_transfer import ConfigError, KvLayout, KvTransferError, Sender
@@ -121,6 +122,9 @@ class LiveMoves:
         if len(target.block_ids) != len(src):
             raise BadRequest("block_ids", f"{len(target.block_ids)} destination blocks for "
                              f"the {len(src)} blocks after the target's cached prefix")
+        if FREED in src:  # a target that skips less than this engine freed behind the window
+            raise BadRequest("skip_tokens", f"{target.skip_tokens} skipped tokens: the "
+                             "blocks after them are not all held here (sliding window)")
         try:
             endpoint = parse_endpoint(target.kv_endpoint)
         except ConfigError as exc:

@@ -18,11 +18,14 @@ class ReserveResult:
     """Where and into which blocks a prefill worker pushes a request's KV."""
 
     transfer_id: str
-    block_ids: list[int]  # the blocks the push fills: those after the cached prefix
+    block_ids: list[int]  # the blocks the push fills: those after skip_tokens
     kv_endpoint: str  # kv_transfer Endpoint.encode(): host id plus one address per transport
     layout: KvLayout
     cached_tokens: int = 0  # leading prompt tokens already held here (prefix cache)
     lora_identity: str = ""  # the request's LoRA adapter here (name@digest; "": base model)
+    # leading prompt tokens not pushed: the cached ones, or (every layer sliding) those
+    # before the first decoded token's window
+    skip_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

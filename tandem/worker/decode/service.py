@@ -201,7 +201,7 @@ class DecodeWorker:
         except BaseException as exc:
             self._fail(group, exc)
             raise
-        block_ids = granted.fill_block_ids  # the cached prefix's blocks are never leased
+        block_ids = granted.fill_block_ids  # the skipped blocks (cached, behind the window)
         try:
             self._receiver.reserve(tid, block_ids, lease, adapter)  # BEGIN must match it
             if self._agents is not None:  # every rank holds the blocks for its own heads
@@ -214,7 +214,7 @@ class DecodeWorker:
         for stream in group:
             stream.start()
         return ReserveResult(tid, block_ids, self.kv_endpoint, self.layout,
-                             granted.cached_tokens, adapter)
+                             granted.cached_tokens, adapter, granted.skip_tokens)
 
     async def decode(self, request_id: str, index: int = 0) -> AsyncIterator[StreamMessage]:
         """Stream the messages of a request's sequence ``index`` (0 unless it is forked)

@@ -64,7 +64,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
         return worker_pb2.ReserveResponse(
             transfer_id=res.transfer_id, block_ids=res.block_ids, kv_endpoint=res.kv_endpoint,
             layout=layout_to_proto(res.layout), cached_tokens=res.cached_tokens,
-            lora_identity=res.lora_identity,
+            lora_identity=res.lora_identity, skip_tokens=res.skip_tokens,
         )
 
     async def Decode(  # noqa: N802

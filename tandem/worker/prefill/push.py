@@ -4,7 +4,8 @@
                    worker's reservation is bound, and the connection's KEEPALIVEs renew its
                    lease while the request waits in the engine's queue (up to the deadline)
     engine thread: layer hook fires as layer l's KV lands (the step that completes the prefill;
-                   earlier chunks are already in the cache, so every block is pushed)
+                   earlier chunks are already in the cache, so every block is pushed but
+                   those a sliding window left behind, which the reservation skips too)
         --call_soon_threadsafe--> on_layer(l, src block ids, ready)
     event loop:    pusher task: (sources named on the first layer) ready.wait() on a pool
                    thread while the device still writes the layer -> push(l)
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from tandem.engine.core.kv_cache_manager import FREED
 from tandem.engine.kv_connector import LayerReady
 from tandem.engine.outputs import TokenLogprob
 from tandem.kv_transfer import KvTransferError, OutgoingTransfer, Sender
@@ -40,6 +42,20 @@ log = logging.getLogger(__name__)
 
 # (layer, source block ids, the engine's handle saying whether the layer is written yet)
 LayerItem = tuple[int, list[int], LayerReady]
+
+
+def source_blocks(block_ids: Sequence[int], skip: int, count: int) -> list[int]:
+    """The ``count`` blocks after the ``skip`` leading ones of a request's ``block_ids`` (the
+    engine may hold more blocks than the prompt fills; never fewer). PushFailed when one of
+    them was freed behind a sliding window: a reservation that skips fewer blocks than this
+    engine freed (the decode worker must skip at least every block before the first decoded
+    token's window, and this engine frees no more)."""
+    src = list(block_ids[skip : skip + count])
+    if FREED in src:
+        raise PushFailed(f"the reservation starts at block {skip}, but this engine freed "
+                         f"block {skip + src.index(FREED)} behind the sliding window",
+                         grpc.StatusCode.FAILED_PRECONDITION)
+    return src
 
 
 class LayerPush:
@@ -92,8 +108,7 @@ class LayerPush:
             layer, src, ready = item
             if not self.layers_pushed:
                 self._first_layer_at = time.monotonic()
-                # The prefill engine may hold more blocks than the prompt fills; never fewer.
-                self._src = src[self._skip : self._skip + len(self._dst)]
+                self._src = source_blocks(src, self._skip, len(self._dst))
                 for _, t in self._transfers:
                     t.set_source(self._src)
             if ready.pending:  # the device still runs the layer's kernels

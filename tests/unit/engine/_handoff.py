@@ -27,8 +27,9 @@ def handoff_token_ids(prefill: Any, decode: Any, prompt: list[int], params: Any,
                       request_id: str = "r1") -> list[int]:
     """One request through a P/D handoff between two engines: ``prompt`` prefilled on
     ``prefill`` (its first token), its blocks copied layer by layer into the blocks ``decode``
-    reserved (as the push would), then decoded there to the end; every generated token id.
-    The prefill side's blocks are released once copied."""
+    reserved after its ``skip_tokens`` (as the push would: a cached prefix, or the blocks
+    behind a sliding window, are not shipped), then decoded there to the end; every generated
+    token id. The prefill side's blocks are released once copied."""
     from tandem.engine import SamplingParams
 
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -39,9 +40,11 @@ def handoff_token_ids(prefill: Any, decode: Any, prompt: list[int], params: Any,
             first = out.token_ids[0]
     assert first is not None
     src = prefill.remote.prefill.held_block_ids(rid)
-    dst = decode.remote.decode.reserve(request_id, prompt, params).fill_block_ids
-    assert len(dst) == len(src)
-    copy_blocks(prefill, src, decode, dst, layer_by_layer=True)
+    granted = decode.remote.decode.reserve(request_id, prompt, params)
+    skip = granted.skip_tokens // decode.kv.block_size
+    dst = granted.fill_block_ids
+    assert len(dst) == len(src) - skip
+    copy_blocks(prefill, src[skip:], decode, dst, layer_by_layer=True)
     prefill.remote.prefill.release(rid)
     tokens = list(decode.remote.decode.commit(request_id, first).new_token_ids)
     while decode.has_unfinished():

@@ -88,3 +88,34 @@ def test_what_cannot_move_is_refused(tiny_dir, make_engine) -> None:
     a.abort("r")
     assert a.remote.migrate.num_suspended == 0
     assert a.kv.pool.num_free == a.kv.pool.num_blocks
+
+
+def test_a_sliding_window_request_moves_with_its_window_only(make_engine, tmp_path) -> None:
+    """Every layer slides (window 12, blocks of 4): A has freed the blocks behind the window
+    of the request it moves; B reserves only the window's, which are the ones A still holds,
+    and the request continues on B as it would have on A."""
+    from tests.unit.engine._perturbed import perturbed_checkpoint
+
+    path = str(perturbed_checkpoint(tmp_path, "mistral", sliding_window=12))
+    a = make_engine(model=path, num_blocks=64, block_size=4, use_native_kernels=False)
+    b = make_engine(model=path, num_blocks=64, block_size=4, use_native_kernels=False)
+    prompt = _prompts([30], seed=8)[0]
+    a.add_request(prompt, GREEDY, request_id="ref")
+    full = _run(a, "ref")
+    a.add_request(prompt, GREEDY, request_id="r")
+    sent = _run(a, "r", 6)
+    moved = a.remote.migrate.suspend("r")
+    kv_tokens = moved.token_ids[:-1]
+    freed = moved.block_ids.count(-1)
+    assert freed > 0  # the window has left the prompt's first blocks behind
+    got = b.remote.decode.reserve("r", kv_tokens, GREEDY,
+                                  prior_output_tokens=moved.num_output_tokens - 1)
+    skip = got.skip_tokens // 4
+    assert skip >= freed and -1 not in moved.block_ids[skip:]
+    assert b.kv.num_held_blocks("r") == len(got.fill_block_ids) == len(moved.block_ids) - skip
+    copy_blocks(a, moved.block_ids[skip:], b, got.fill_block_ids)
+    assert b.remote.decode.commit("r", moved.token_ids[-1]) is not None
+    assert a.abort("r") is not None
+    assert sent + _run(b, "r") == full
+    for engine in (a, b):
+        assert engine.kv.pool.num_free == engine.kv.pool.num_blocks

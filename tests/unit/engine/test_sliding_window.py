@@ -3,7 +3,8 @@
 Mistral with a window shorter than the prompts (every layer slides: the engine frees the
 blocks behind the window as requests run), and Qwen2 with ``use_sliding_window`` on its upper
 layers only (full and sliding layers alternate: nothing is freed). Both on the torch path and
-the native fused forward, colocated and through a P/D handoff. The checkpoints' every
+the native fused forward, colocated and through a P/D handoff (Mistral's ships only the
+blocks inside the window). The checkpoints' every
 parameter is non-trivial (tests/unit/engine/_perturbed.py).
 """
 
@@ -137,10 +138,15 @@ def test_qwen2_full_and_sliding_layers(make_engine, qwen2_mixed: Path, kind: str
 
 
 @pytest.mark.parametrize("kind", list(PATHS))
-def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str) -> None:
-    """Prefill on P (which keeps the whole prompt for the push), every prompt block shipped,
-    decode on D, which frees the blocks behind the window from its first step on."""
-    prefill = _engine(make_engine, mistral, kind, num_blocks=64)
+@pytest.mark.parametrize("budget", [None, 8], ids=["whole", "chunked"])
+def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str,
+                                          budget: int | None) -> None:
+    """Prefill on P (a chunked prefill frees behind its window as it goes, keeping what the
+    push reads); D reserves only the blocks its first decoded token's window reads, and only
+    those are shipped; decode on D, which frees the blocks behind the window as it goes.
+    Every block is back in both pools at the end."""
+    extra = {} if budget is None else {"max_num_batched_tokens": budget}
+    prefill = _engine(make_engine, mistral, kind, num_blocks=64, **extra)
     decode = _engine(make_engine, mistral, kind, num_blocks=64)
     prompt = _prompts([45], seed=6)[0]
     expected = hf_greedy(mistral, prompt, GREEDY.max_tokens)
@@ -152,11 +158,18 @@ def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str)
         for out in prefill.step():
             first = out.token_ids[0]
     src = prefill.remote.prefill.held_block_ids(rid)
-    assert len(src) == -(-45 // BLOCK) and -1 not in src  # held whole for the push
+    assert len(src) == -(-45 // BLOCK) and -1 not in src[8:]  # what the push reads is held
+    if budget is not None:  # the last chunk (from 40) no longer read blocks 0 .. 6
+        assert src[:7] == [-1] * 7
 
-    dst = decode.remote.decode.reserve("r1", prompt, GREEDY).fill_block_ids
-    assert len(dst) == len(src)
-    copy_blocks(prefill, src, decode, dst, layer_by_layer=True)  # as the transfer layer would
+    granted = decode.remote.decode.reserve("r1", prompt, GREEDY)
+    # the first decoded token (position 45) reads keys 34 .. 45: blocks 8 .. 11 of the prompt
+    assert granted.skip_tokens == (45 - WINDOW + 1) // BLOCK * BLOCK == 32
+    assert granted.cached_tokens == 0
+    dst = granted.fill_block_ids
+    assert len(dst) == len(src) - 8 and decode.kv.num_held_blocks("r1") == len(dst)
+    assert decode.kv.block_ids("r1")[:8] == [-1] * 8  # never held, never pushed
+    copy_blocks(prefill, src[8:], decode, dst, layer_by_layer=True)  # as the transfer would
     prefill.remote.prefill.release(rid)
     tokens = list(decode.remote.decode.commit("r1", first).new_token_ids)
     held = []
@@ -166,4 +179,22 @@ def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str)
         if decode.kv.holds("r1"):
             held.append(decode.kv.num_held_blocks("r1"))
     assert tokens == expected
-    assert held and max(held) <= -(-WINDOW // BLOCK) + 1  # dropped right after the handoff
+    assert held and max(held) <= -(-WINDOW // BLOCK) + 1
+    for engine in (prefill, decode):
+        assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
+
+
+def test_a_window_reservation_reuses_cached_blocks_inside_the_window(make_engine,
+                                                                     mistral: Path) -> None:
+    """D already caches a prompt's prefix reaching into the window: the reservation takes the
+    hits inside the window, skips them and everything before, and the push fills the rest."""
+    decode = _engine(make_engine, mistral, "torch", num_blocks=64)
+    shared = _prompts([40], seed=7)[0]
+    engine_token_ids(decode, [shared + [4]], SamplingParams(temperature=0.0, max_tokens=1))
+    prompt = shared + [9, 9, 9]  # 43 tokens: the window of position 43 starts at key 32
+    granted = decode.remote.decode.reserve("r2", prompt, GREEDY)
+    assert granted.cached_tokens == 40 and granted.skip_tokens == 40
+    assert decode.kv.block_ids("r2")[:8] == [-1] * 8  # hits behind the window are not taken
+    assert decode.kv.num_held_blocks("r2") == 3 and len(granted.fill_block_ids) == 1
+    decode.remote.decode.end("r2")
+    assert decode.kv.pool.num_free == decode.kv.pool.num_blocks

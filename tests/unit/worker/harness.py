@@ -93,7 +93,7 @@ class Cluster:
         """Prefill on the prefill worker into a reservation."""
         return await self.prefill_stub.Prefill(worker_pb2.PrefillRequest(
             request_id=rid, token_ids=prompt, sampling=sampling, transfer_id=res.transfer_id,
-            block_ids=res.block_ids, skip_tokens=res.cached_tokens, kv_endpoint=res.kv_endpoint, layout=res.layout))
+            block_ids=res.block_ids, skip_tokens=res.skip_tokens, kv_endpoint=res.kv_endpoint, layout=res.layout))
 
     async def decode_all(self, rid: str) -> list[tandem_pb2.GenerateResponse]:
         """Read a Decode stream to its end."""

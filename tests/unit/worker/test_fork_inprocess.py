@@ -66,7 +66,7 @@ def test_forked_request_pushes_the_prompt_once(engines) -> None:
             first = await c.prefill_stub.Prefill(worker_pb2.PrefillRequest(
                 request_id="f", token_ids=PROMPT, sampling=_sampled(10), logprobs=lp,
                 transfer_id=res.transfer_id, block_ids=res.block_ids,
-                skip_tokens=res.cached_tokens, kv_endpoint=res.kv_endpoint, layout=res.layout,
+                skip_tokens=res.skip_tokens, kv_endpoint=res.kv_endpoint, layout=res.layout,
                 n=4))
             assert [t.token_id for t in first.first_tokens][0] == first.first_token
             assert len(first.first_tokens) == 4 and all(t.logprob < 0 for t in first.first_tokens)

@@ -62,7 +62,7 @@ def test_logprobs_and_max_tokens_one(engines) -> None:
                 request_id="one", token_ids=PROMPT, sampling=greedy(1), logprobs=lp))
             first = await c.prefill_stub.Prefill(worker_pb2.PrefillRequest(
                 request_id="one", token_ids=PROMPT, sampling=greedy(1), logprobs=lp,
-                transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.cached_tokens,
+                transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.skip_tokens,
                 kv_endpoint=res.kv_endpoint, layout=res.layout))
             assert first.logprob < 0 and len(first.first_logprob.top) == 2
             assert first.first_logprob.token_id == first.first_token
@@ -74,7 +74,7 @@ def test_logprobs_and_max_tokens_one(engines) -> None:
                 request_id="lp", token_ids=PROMPT, sampling=greedy(4), logprobs=lp))
             await c.prefill_stub.Prefill(worker_pb2.PrefillRequest(
                 request_id="lp", token_ids=PROMPT, sampling=greedy(4), logprobs=lp,
-                transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.cached_tokens,
+                transfer_id=res.transfer_id, block_ids=res.block_ids, skip_tokens=res.skip_tokens,
                 kv_endpoint=res.kv_endpoint, layout=res.layout))
             msgs = await c.decode_all("lp")
             assert [len(m.logprobs) for m in msgs] == [1, 1, 1]

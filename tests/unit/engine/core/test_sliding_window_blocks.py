@@ -91,14 +91,19 @@ def test_chunked_prefill_frees_behind_each_chunk() -> None:
     _assert_no_leak(kv)
 
 
-def test_a_request_holding_kv_for_a_push_frees_nothing() -> None:
-    """The prefill role pushes the whole prompt once it is computed: every block stays."""
+def test_a_request_holding_kv_for_a_push_keeps_what_the_push_ships() -> None:
+    """The prefill role's chunked prefill frees behind its last chunk's window, never a block
+    the decode side's reservation of the same prompt fills."""
     kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
     req = _req("p", list(range(40)), hold_kv=True)
     for _ in range(5):
         assert kv.allocate_slots(req, 8)
         req.num_computed_tokens += 8
-    assert FREED not in kv.block_ids("p") and kv.num_held_blocks("p") == 10
+    assert kv.block_ids("p")[:_behind(32)] == [FREED] * _behind(32)  # last chunk from 32
+    pushed = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W).allocate_pushed(
+        _req("d", list(range(40))), [])
+    assert pushed is not None and pushed >= _behind(32)
+    assert FREED not in kv.block_ids("p")[pushed:]
     kv.free("p")
     _assert_no_leak(kv)
 
@@ -231,3 +236,34 @@ def test_scheduler_runs_long_sequences_through_a_small_pool(chunk: int) -> None:
 def test_a_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="sliding_window"):
         KVCacheManager(num_blocks=4, block_size=BS, sliding_window=0)
+
+
+@pytest.mark.parametrize("n", [1, 5, 6, 8, 13, 23, 24])
+def test_a_pushed_prompt_gets_only_its_first_decoded_tokens_window(n: int) -> None:
+    """The decode role's reservation of an n-token prompt: the blocks before the window of
+    position n (the first decoded token) are never held, the rest are, and at least the block
+    holding the last prompt token is filled; what the push skips is exactly those."""
+    kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
+    req = _req("a", list(range(n)))
+    skip = kv.allocate_pushed(req, [])
+    total = kv.blocks_needed(n)
+    assert skip == min(_behind(n), total - 1)
+    ids = kv.block_ids("a")
+    assert len(ids) == total and ids[:skip] == [FREED] * skip and FREED not in ids[skip:]
+    assert kv.pool.num_free == 16 - (total - skip)
+    # the first decode step frees nothing more: the window it reads is all there
+    req.num_computed_tokens = n
+    req.append_token(7)
+    assert kv.allocate_slots(req, 1) and kv.block_ids("a")[:skip] == [FREED] * skip
+    assert FREED not in kv.block_ids("a")[_behind(n):]
+    kv.free("a")
+    _assert_no_leak(kv)
+
+
+def test_a_pushed_prompt_is_refused_whole_when_the_window_does_not_fit() -> None:
+    kv = KVCacheManager(num_blocks=2, block_size=BS, sliding_window=W)
+    assert kv.allocate_pushed(_req("a", list(range(40))), []) == 8  # keys 35..40: blocks 8, 9
+    assert kv.allocate_pushed(_req("b", list(range(40))), []) is None
+    assert not kv.holds("b") and kv.pool.num_free == 0
+    kv.free("a")
+    _assert_no_leak(kv)

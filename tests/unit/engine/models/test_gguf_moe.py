@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tandem.engine import SamplingParams
-from tandem.engine.errors import ModelLoadError, UnsupportedConfigError, UnsupportedModelError
+from tandem.engine.errors import ModelLoadError, UnsupportedConfigError
 from tandem.engine.loader import gguf_metadata, gguf_spec, resolve_model
 from tandem.engine.models.layers import SparseMoE
 from tandem.engine.models.linear import Linear
@@ -144,22 +144,6 @@ def _reference_experts(path: Path, arch: str) -> dict[tuple[int, int, str], torc
 
 
 # -- refusals ------------------------------------------------------------------------------
-
-def test_a_deepseek_gguf_is_refused_before_conversion(family_dir, tmp_path) -> None:
-    """Latent attention's GGUF tensors are not mapped: the header alone refuses the file."""
-    path = tmp_path / "ds.gguf"
-    writer = gguf_py.GGUFWriter(str(path), "deepseek2")
-    writer.add_block_count(1)
-    writer.add_uint32("deepseek2.expert_count", 8)
-    writer.add_tensor("token_embd.weight", np.ones((8, 32), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(UnsupportedModelError, match="'deepseek2'"):
-        resolve_model(str(path), tmp_path / "cache")
-    assert not (tmp_path / "cache").exists()
-
 
 def test_a_forward_changing_key_is_refused_by_name(family_dir, tmp_path) -> None:
     _, gguf = _gguf(family_dir, tmp_path, "mixtral", "F32",

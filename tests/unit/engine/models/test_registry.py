@@ -54,8 +54,8 @@ def test_families_and_gguf_architectures() -> None:
     assert gguf_family("llama", experts=8) is family("mixtral")
     assert gguf_family("qwen2moe") is family("qwen2_moe")
     assert gguf_family("qwen3moe") is family("qwen3_moe")
-    with pytest.raises(UnsupportedModelError, match="GGUF architecture 'deepseek2'"):
-        gguf_family("deepseek2")  # latent attention's GGUF names: not mapped
+    # V2 or V3: the file's router says which (tandem/engine/gguf_deepseek.py)
+    assert gguf_family("deepseek2") is family("deepseek_v2")
     with pytest.raises(UnsupportedModelError, match="GGUF architecture 'mamba'.*llama"):
         gguf_family("mamba")
 

@@ -10,6 +10,7 @@ from tandem.router.api.sampling import LogprobOptions, SamplingSpec
 from tandem.router.convert.legs import (
     abort_request,
     chunk_from_proto,
+    move_out_request,
     prefill_reply_from_proto,
     prefill_request,
     reservation_from_proto,
@@ -43,6 +44,17 @@ def test_a_reservation_and_the_prefill_it_leads_to() -> None:
         logprobs=tandem_pb2.LogprobOptions(enabled=True, top_logprobs=1),
         transfer_id="t", block_ids=[4, 5], kv_endpoint="kv:1", layout=LAYOUT,
         prior_output_tokens=1, skip_tokens=16, n=2)
+
+
+def test_a_reservation_skipping_more_than_its_cached_prefix() -> None:
+    """A sliding-window model's reservation: the push skips the blocks before the first
+    decoded token's window, more than the worker caches."""
+    reply = worker_pb2.ReserveResponse(transfer_id="t", block_ids=[4], kv_endpoint="kv:1",
+                                       layout=LAYOUT, cached_tokens=16, skip_tokens=48)
+    reservation = reservation_from_proto(reply)
+    assert (reservation.cached_tokens, reservation.skip_tokens) == (16, 48)
+    assert prefill_request(LEG, reservation).skip_tokens == 48
+    assert move_out_request("rid.1", reservation, 9).skip_tokens == 48
     bare = reservation_from_proto(worker_pb2.ReserveResponse(transfer_id="t"))
     assert bare.layout is None
     assert not prefill_request(LEG, bare).HasField("layout")

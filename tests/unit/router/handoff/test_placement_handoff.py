@@ -224,5 +224,8 @@ def test_a_push_is_priced_at_the_bytes_per_token_the_decode_worker_states() -> N
     stated = KvLayout("m", "bfloat16", 16, 4, 1, 72, "f", bytes_per_token=576)
     shape = KvLayout("m", "bfloat16", 16, 4, 1, 72, "f")
     assert push_bytes(Reservation("t", (1, 2), "h:1", stated, cached_tokens=16), 40) == 24 * 576
+    # a sliding window's reservation skips more than it caches: only the window is pushed
+    assert push_bytes(Reservation("t", (1,), "h:1", stated, cached_tokens=16,
+                                  skip_tokens=32), 40) == 8 * 576
     assert push_bytes(Reservation("t", (1, 2), "h:1", shape), 40) == 40 * 2 * 4 * 72 * 2
     assert push_bytes(Reservation("t", (1,), "h:1", None), 40) == 0

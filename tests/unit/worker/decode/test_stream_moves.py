@@ -66,7 +66,7 @@ def test_moved_to_a_reservation_reads_on(engines) -> None:
             moved = await c.decode_stub.MoveOut(worker_pb2.MoveOutRequest(
                 request_id="r1", transfer_id=target.transfer_id, block_ids=target.block_ids,
                 kv_endpoint=target.kv_endpoint, layout=target.layout,
-                skip_tokens=target.cached_tokens, last_token=sent[-1]))
+                skip_tokens=target.skip_tokens, last_token=sent[-1]))
             assert moved.bytes > 0
             msgs = await c.decode_all("r1.1")
             assert sent + [t for m in msgs for t in m.token_ids] == want
@@ -104,7 +104,7 @@ def test_refusals_and_a_hostile_move_out(engines) -> None:
             good = worker_pb2.MoveOutRequest(
                 request_id="r1", transfer_id=target.transfer_id, block_ids=target.block_ids,
                 kv_endpoint=target.kv_endpoint, layout=target.layout,
-                skip_tokens=target.cached_tokens, last_token=sent[-1])
+                skip_tokens=target.skip_tokens, last_token=sent[-1])
             for field, value, code in (
                     ("last_token", sent[-1] + 1, grpc.StatusCode.INVALID_ARGUMENT),
                     ("block_ids", [*target.block_ids, 1], grpc.StatusCode.INVALID_ARGUMENT),

@@ -23,6 +23,7 @@ from tandem.kv_transfer import (
 )
 from tandem.worker.errors import LayoutMismatch, receiver_failed
 from tandem.worker.prefill.errors import PushFailed, push_failed
+from tandem.worker.prefill.push import source_blocks
 from tandem.worker.prefill.service import _out_of_time
 
 
@@ -66,3 +67,13 @@ def test_whose_time_ran_out() -> None:
     assert busy.code == grpc.StatusCode.RESOURCE_EXHAUSTED and busy.fault is None
     on_time = _out_of_time(late, time.monotonic(), 30.0, 1.0, callers=False)
     assert on_time is late  # failed before the deadline: what the transfer layer said
+
+
+def test_the_push_never_reads_a_block_freed_behind_the_window() -> None:
+    """The source blocks a push reads: those after the reservation's skipped ones; one this
+    engine freed behind a sliding window (-1) fails the push instead of being read."""
+    assert source_blocks([-1, -1, 7, 8, 9, 10], 2, 3) == [7, 8, 9]
+    with pytest.raises(PushFailed) as err:
+        source_blocks([-1, -1, 7, 8, 9], 1, 3)
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "freed block 1 behind the sliding window" in str(err.value)
