@@ -2,8 +2,9 @@
 sending a recorded output, a Qwen3-style template that opens the thinking, ``</think>`` one
 token as in Qwen3's vocabulary): the workers are asked to start the grammar after that token,
 the thinking comes back as ``reasoning_content`` (whole and streamed) and the answer as
-``content`` matching the schema; with ``enable_thinking: false``, or ``</think>`` no single
-token, the grammar starts at the first token and the whole output is the answer."""
+``content`` matching the schema (a forced tool call read from the answer alone); with
+``enable_thinking: false``, or ``</think>`` no single token, the grammar starts at the first
+token and the whole output is the answer."""
 
 from __future__ import annotations
 
@@ -158,5 +159,38 @@ def test_without_a_structured_output_nothing_is_deferred(qwen3: RouterTokenizer)
             assert message["content"] == ANSWER
             assert not any(r.sampling.HasField("structured")
                            for r in c.decode[0].reservations.values())
+
+    asyncio.run(scenario())
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_forced_tool_call_is_read_from_the_answer_after_the_thinking(
+    qwen3: RouterTokenizer, choice: str,
+) -> None:
+    """tool_choice required / named: the call's grammar waits for ``</think>`` too, and the
+    call is read from the answer alone (a call-like text while thinking is no call)."""
+    call = ('[{"name": "get_weather", "parameters": {"city": "Paris"}}]' if choice == "required"
+            else '{"city": "Paris"}')
+    recorded = "\nA call? [{\"name\": \"x\"}] no.\n</think>\n\n" + call
+    tool_choice: Any = ("required" if choice == "required"
+                        else {"type": "function", "function": {"name": "get_weather"}})
+
+    async def scenario() -> None:
+        async with cluster(qwen3, http_port=0, reasoning_parser="qwen3") as c, \
+                aiohttp.ClientSession() as http:
+            c.decode[0].text_of = _recording(qwen3, recorded)
+            url = f"http://127.0.0.1:{c.router.http_port}/v1/chat/completions"
+            body = _body(recorded, tools=[WEATHER], tool_choice=tool_choice)
+            async with http.post(url, json=body) as r:
+                assert r.status == 200, await r.text()
+                message = (await r.json())["choices"][0]["message"]
+            assert message["reasoning_content"].endswith("\nA call? [{\"name\": \"x\"}] no.\n")
+            assert [(t["function"]["name"], json.loads(t["function"]["arguments"]))
+                    for t in message["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+            assert _asked_after(c) == [END_THINK_ID]
 
     asyncio.run(scenario())
