@@ -37,7 +37,7 @@ from tandem.engine.models.linear import attach_fp32_shadows
 from tandem.engine.models.weights import torch_dtype
 from tandem.engine.parallel.step_wire import StepInputs
 from tandem.engine.prompt_logprobs import prompt_rows
-from tandem.engine.quant.kv_fp8 import FP8_DTYPE, Fp8KVBackend, Fp8Scales
+from tandem.engine.quant.kv_fp8 import FP8_DTYPE, Fp8KVBackend, fp8_scales
 from tandem.engine.quant.kv_int8 import Int8KVBackend, storage_head_dim
 from tandem.engine.runner_config import RunnerConfig
 from tandem.engine.step_threads import AdaptiveThreads, Lease, LeasedThreads, StepThreads
@@ -79,7 +79,10 @@ class ModelRunner:
                              "multi-head latent attention (its latent cache is stored in a "
                              "float dtype)")
         # the per-tensor scales of an fp8 cache (None: another cache), named in its layout
-        self.fp8_scales = Fp8Scales() if rc.kv_cache_dtype == "fp8" else None
+        self.fp8_scales = fp8_scales(model) if rc.kv_cache_dtype == "fp8" else None
+        if self.fp8_scales is None and model.kv_scales is not None:
+            log.info("the checkpoint's fp8 KV scales are unused: the KV cache is %s",
+                     rc.kv_cache_dtype)
         if rc.kv_cache_dtype == "int8":  # int8 values + a scale per head vector (kv_int8.py)
             self.backend = Int8KVBackend(self.backend)
         elif self.fp8_scales is not None:  # e4m3 over per-tensor scales (quant/kv_fp8.py)

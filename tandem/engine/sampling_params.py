@@ -103,19 +103,23 @@ class SamplingParams:
             _check_int(self.logprobs, "logprobs", lo=0)
             if self.logprobs > 20:
                 raise InvalidRequestError("logprobs", "at most 20 top logprobs")
-        self._validate_structured()
+        self._validate_structured(vocab_size)
         self._validate_logit_bias(vocab_size)
         if self.prompt_logprobs is not None:
             _check_int(self.prompt_logprobs, "prompt_logprobs", lo=0)
             if self.prompt_logprobs > 20:
                 raise InvalidRequestError("prompt_logprobs", "at most 20 top logprobs")
 
-    def _validate_structured(self) -> None:
+    def _validate_structured(self, vocab_size: int) -> None:
         if self.structured is None:
             return
         if not isinstance(self.structured, StructuredOutput):
             raise InvalidRequestError("structured_outputs", "must be a StructuredOutput")
         self.structured.validate()
+        after = self.structured.after_token
+        if after is not None and after >= vocab_size:
+            raise InvalidRequestError("structured_outputs.after_token",
+                                      f"token id {after} >= vocab size {vocab_size}")
         if self.ignore_eos:
             raise InvalidRequestError(
                 "ignore_eos", "cannot be combined with structured outputs (a grammar ends with EOS)"

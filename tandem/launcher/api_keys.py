@@ -9,6 +9,10 @@ command line.
 ``tandem local`` writes the file itself and passes its path to the router process; ``tandem
 up`` ships the text to the router actor as it ships the cluster secret, and the actor writes
 the file on its node and removes it once the router has read it. A key is never logged.
+
+The admin keys (``--admin-key-file``: they open the router's runtime LoRA routes only, which
+``--allow-runtime-lora-updates`` turns on) stay in the user's own file: ``tandem local`` checks
+it before anything starts and hands the router its absolute path.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 KEY_FILE = "api-keys"
@@ -58,3 +63,37 @@ def write_key_file(text: str) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     return path
+
+
+def add_admin_key_arg(parser: argparse.ArgumentParser) -> None:
+    """``--admin-key-file FILE``: the keys of the router's admin routes."""
+    parser.add_argument("--admin-key-file", default="", metavar="FILE",
+                        help="keys that open the router's admin routes only (POST "
+                        "/v1/load_lora_adapter and /v1/unload_lora_adapter, served with "
+                        "--allow-runtime-lora-updates), one per line")
+
+
+def admin_key_argv(args: argparse.Namespace, runtime_updates: bool) -> list[str]:
+    """The router's ``--admin-key-file`` flag (the file's absolute path: the router may run
+    in another folder), or [] when none is given. Raises ValueError (ApiKeyFileError) for a
+    file that is unreadable or holds no key, and when ``runtime_updates`` (the runtime LoRA
+    routes) would have no key to open them: those routes are never open."""
+    from tandem.router.auth import ApiKeyFileError, ApiKeys
+
+    if not args.admin_key_file:
+        if runtime_updates:
+            raise ApiKeyFileError("--allow-runtime-lora-updates needs --admin-key-file (the "
+                                  "router's admin routes are never open)")
+        return []
+    ApiKeys.load(args.admin_key_file)
+    return ["--admin-key-file", str(Path(args.admin_key_file).resolve())]
+
+
+def check_admin_flags(router_args: Sequence[str]) -> None:
+    """Refuse, before anything starts, router flags (``tandem up``'s, ``--router-arg`` among
+    them) that turn the runtime LoRA routes on without ``--admin-key-file``: the router would
+    refuse to start (its admin routes are never open)."""
+    flags = {a.split("=", 1)[0] for a in router_args}
+    if "--allow-runtime-lora-updates" in flags and "--admin-key-file" not in flags:
+        raise ValueError("--allow-runtime-lora-updates needs the router's --admin-key-file "
+                         "(--router-arg=--admin-key-file=FILE, a file on the router's node)")

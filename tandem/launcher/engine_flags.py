@@ -27,8 +27,9 @@ from tandem.engine.cli_args import add_forwarded_engine_args, forwarded_engine_a
 # among the workers of one machine).
 OWN_FLAGS = ("--model", "--threads")
 # Engine flags the router takes too, with the same meaning: the context length it validates
-# prompts against and the block size its prefix affinity hashes by.
-ROUTER_FLAGS = ("--max-model-len", "--block-size")
+# prompts against, the block size its prefix affinity hashes by, and the runtime LoRA updates
+# (its admin routes fan a load or unload out to every worker, each of which must allow it).
+ROUTER_FLAGS = ("--max-model-len", "--block-size", "--allow-runtime-lora-updates")
 
 _ArgGroup = argparse._ArgumentGroup  # what add_argument_group returns
 

@@ -10,6 +10,14 @@ removed at exit): nothing else can call the workers or join the router. API keys
 (``--api-key``, ``--api-key-file``) reach the router in another such file, never on its
 command line.
 
+LoRA (vLLM's flags): ``--enable-lora``, ``--lora-modules``, ``--max-loras``,
+``--max-lora-rank`` and ``--max-cpu-loras`` reach every worker of both roles (a prefill
+worker must hold the adapter the decode worker checks at the KV handoff), the adapter
+directories as absolute paths (the processes run in the project's folder, not the caller's);
+``--allow-runtime-lora-updates`` reaches every worker and the router, whose admin routes
+(``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``) then open with a key of
+``--admin-key-file`` only.
+
 Cores: one prefill and one decode worker lay out as :func:`thread_split` says and the decode
 worker borrows the prefill worker's cores while they are idle (tandem/worker/core_lending.py,
 built for that one pair). With more workers the cores are divided among them, at least one
@@ -36,7 +44,13 @@ from tandem.common.model_spec import served_name as default_served_name
 from tandem.common.router_ports import router_http_port
 from tandem.common.wire import ready_line
 from tandem.launcher import tensor_parallel
-from tandem.launcher.api_keys import add_api_key_args, key_file_text, write_key_file
+from tandem.launcher.api_keys import (
+    add_admin_key_arg,
+    add_api_key_args,
+    admin_key_argv,
+    key_file_text,
+    write_key_file,
+)
 from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
     add_observability_args,
@@ -95,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="no credential: any local user can act on the cluster's ports")
     add_api_key_args(p)
+    add_admin_key_arg(p)
     add_passthrough_args(p)
     p.add_argument("--prefill-arg", action="append", default=[], metavar="FLAG",
                    help="extra flag for prefill workers only, after --worker-arg (repeat)")
@@ -129,6 +144,15 @@ def router_argv(args: argparse.Namespace, model: str) -> list[str]:
     workers, the logging, tracing and metric-name flags, then ``--router-arg``s."""
     return ["--model", model, "--model-name", served_name(args), *router_engine_argv(args),
             *observability_argv(args), *args.router_arg]
+
+
+def absolute_adapters(args: argparse.Namespace) -> None:
+    """``--lora-modules`` with each adapter directory made absolute against this process's
+    folder, where the user named it (the started processes run in another: ``Cluster``)."""
+    modules = args.engine_lora_modules
+    if modules:
+        args.engine_lora_modules = [(name, os.path.abspath(os.path.expanduser(path)))
+                                    for name, path in modules]
 
 
 def thread_split(cores: int) -> tuple[int, int]:
@@ -185,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         if notice:
             print(f"[tandem] {notice}", file=sys.stderr, flush=True)
         keys = key_file_text(args)  # checked before anything starts; never printed
+        key_flags = admin_key_argv(args, bool(args.engine_allow_runtime_lora_updates))
+        absolute_adapters(args)
         resolve_model(args.model)  # converts a GGUF once, before workers start
         cluster = Cluster(echo=True, credential_flags=_credential_flags(args))
     except (ModelLoadError, ValueError) as exc:
@@ -195,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     # above, and the router reads only its tokenizer.
     spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     key_file = write_key_file(keys) if keys else None
-    key_flags = ["--api-key-file", str(key_file)] if key_file else []
+    key_flags += ["--api-key-file", str(key_file)] if key_file else []
     if (args.num_prefill, args.num_decode) != (1, 1) and args.num_prefill and \
             not args.no_core_share:
         print("[tandem] core lending is off: it pairs one prefill with one decode worker "

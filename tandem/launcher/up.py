@@ -38,7 +38,7 @@ from tandem.common.router_ports import router_http_port
 from tandem.common.security.credential import ClusterCredential, new_secret
 from tandem.common.wire import ready_line
 from tandem.launcher import tensor_parallel, up_state
-from tandem.launcher.api_keys import add_api_key_args, key_file_text
+from tandem.launcher.api_keys import add_api_key_args, check_admin_flags, key_file_text
 from tandem.launcher.engine_flags import (
     add_launcher_engine_args,
     add_observability_args,
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         autoscale = load_config(args.autoscale) if args.autoscale else None
         spec = spec_from_args(args, autoscale)
         _check_public_bind(spec)
+        check_admin_flags(spec.router_args)
         if args.address is not None and spec.host in ("127.0.0.1", "localhost", "::1"):
             print("[tandem] the router listens on loopback: workers on other nodes cannot "
                   "register (pass --host 0.0.0.0 or this node's address)", file=sys.stderr)

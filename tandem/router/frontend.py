@@ -56,6 +56,7 @@ from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.ledger import Handoff, HandoffDeps
 from tandem.router.metrics import RouterMetrics
 from tandem.router.reasoning import PARSERS as REASONING_PARSERS
+from tandem.router.reasoning_grammar import defer_grammar
 from tandem.router.request import Accepted, Prepared
 from tandem.router.request_accounting import RequestAccounting, RequestClock
 from tandem.router.sequence_shape import Sequence, without_tokens
@@ -276,8 +277,12 @@ class Frontend:
             prepared = await self._prepare(accepted, span)
             metrics.prompt_tokens.inc(len(prepared.prompt_ids))
             span.set_attribute("tandem.prompt_tokens", len(prepared.prompt_ids))
+            tail = ""
+            if accepted.reasoning is not None:  # a grammar then constrains the answer alone
+                tail = self._prompt_tail(prepared)
+                prepared.sampling = defer_grammar(accepted.reasoning, self.tokenizer.backend,
+                                                  tail, prepared.sampling)
             handoff = Handoff(self.deps, prepared, deadline, span)
-            tail = self._prompt_tail(prepared) if accepted.reasoning is not None else ""
             sequences = [self._sequence(prepared, accepted, tail) for _ in range(prepared.n)]
             async with aclosing(handoff.stream()) as chunks:
                 async for chunk in chunks:

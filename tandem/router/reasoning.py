@@ -15,10 +15,12 @@ rendered prompt, so one parser serves every template of its family:
 
 An output that never closes its thinking is all reasoning (a budget spent thinking); one that
 never opens it (qwen3) is all answer. A constrained output (a structured output, a required or
-named tool call) is all answer: its grammar covers the whole output, from the first token,
-and leaves the model no room to think (the model answers at once). Text that may be the start of a marker split across
-deltas is held back until the next delta settles it (at most ``len(marker) - 1``
-characters), so no marker ever reaches the client, and nothing else is delayed.
+named tool call) constrains the answer alone: its grammar starts after the end marker's token
+(tandem/router/reasoning_grammar.py), so the thinking is read as any other; only a grammar
+that covers the whole output (the prompt closed the thinking, or the marker is no single
+token) makes it all answer. Text that may be the start of a marker split across deltas is
+held back until the next delta settles it (at most ``len(marker) - 1`` characters), so no
+marker ever reaches the client, and nothing else is delayed.
 """
 
 from __future__ import annotations

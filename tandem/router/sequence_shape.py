@@ -19,6 +19,7 @@ from tandem.common.text.detokenizer import Detokenizer
 from tandem.router.api.response import ResponseChunk
 from tandem.router.api.sampling import SamplingSpec
 from tandem.router.reasoning import ReasoningStream
+from tandem.router.reasoning_grammar import grammar_from_start
 from tandem.router.request import Accepted, Chunk, Prepared
 from tandem.router.text_stream import TextStream
 from tandem.router.tool_use import ToolOutput
@@ -85,7 +86,7 @@ class Sequence:
             )
         )
         calls = accepted.tools.output() if accepted.tools is not None else None
-        reasoning = (accepted.reasoning.stream(prompt_tail, sampling.structured is not None)
+        reasoning = (accepted.reasoning.stream(prompt_tail, grammar_from_start(sampling))
                      if accepted.reasoning is not None else None)
         return cls(text, calls, reasoning)
 

@@ -196,6 +196,9 @@ def validate_sampling(
     validate_logit_bias(s.logit_bias, vocab_size)
     if s.structured is not None:
         validate_structured(s, limits.grammar)
+        after = s.structured.after_token
+        if after is not None:
+            check_token_ids([after], vocab_size, "structured_outputs.after_token")
     if s.prompt_logprobs is not None and s.prompt_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidRequestError("prompt_logprobs", f"at most {MAX_TOP_LOGPROBS}")
 

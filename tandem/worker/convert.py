@@ -63,11 +63,12 @@ def structured_from_proto(so: tandem_pb2.StructuredOutput) -> StructuredOutput |
     kind = so.WhichOneof("kind")
     if kind is None:
         return None
+    after = so.after_token if so.HasField("after_token") else None
     if kind == "choice":
-        return StructuredOutput("choice", tuple(so.choice.choices))
+        return StructuredOutput("choice", tuple(so.choice.choices), after)
     if kind == "json_object":
-        return StructuredOutput("json_object") if so.json_object else None
-    return StructuredOutput(kind, getattr(so, kind))
+        return StructuredOutput("json_object", "", after) if so.json_object else None
+    return StructuredOutput(kind, getattr(so, kind), after)
 
 
 def first_token_to_proto(first: FirstToken) -> worker_pb2.PrefillResponse:

@@ -12,6 +12,7 @@ fp32 cast to the activation dtype) so greedy decoding matches ``generate()``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.layers import Attention, RMSNorm, feed_forward
 from tandem.engine.models.linear import Linear
 from tandem.engine.models.windows import layer_windows
+
+if TYPE_CHECKING:  # tandem.engine.quant imports this module
+    from tandem.engine.quant.kv_scales import CheckpointKvScales
 
 
 class DecoderLayer(nn.Module):
@@ -62,6 +66,9 @@ class CausalLM(nn.Module):
     # The format of a checkpoint whose weights were dequantized at load (an FP8 one:
     # "fp8-block128x128"), None otherwise; --quantization fp8 requires one.
     dequantized_from: str | None = None
+    # Calibrated fp8 KV scales the checkpoint carries, per layer (k_scale/v_scale), None
+    # when it has none (tandem/engine/quant/kv_scales.py; set by load_model).
+    kv_scales: CheckpointKvScales | None = None
 
     def __init__(self, arch: ModelArch, cos: torch.Tensor, sin: torch.Tensor) -> None:
         super().__init__()

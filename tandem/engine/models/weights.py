@@ -34,6 +34,7 @@ from tandem.engine.models.registry import arch_of, checkpoint_family, family, re
 from tandem.engine.models.spec import ExtraLayers
 from tandem.engine.models.tensor_plan import Group, LinearSlot
 from tandem.engine.quant.apply import set_module
+from tandem.engine.quant.kv_scales import read_kv_scales
 from tandem.engine.quant.prequantized import (
     PrequantizedFormat,
     build_linear,
@@ -115,6 +116,7 @@ def load_model(
             _load_group(model, group, tensors, load)
         if arch.tie_word_embeddings and "lm_head.weight" in tensors:
             _check_tied_head(model, tensors)
+        model.kv_scales = read_kv_scales(tensors.names(), tensors.get, arch.num_layers)
     _check_all_used(tensors, spec.ignored_tensors, spec.extra_layers(hf_config))
     model.eval()
     if fmt.dequantizes_at_load:
@@ -150,6 +152,10 @@ class _Tensors:
             raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
         self._used.add(name)
         return self._where[name].get_tensor(name)
+
+    def names(self) -> list[str]:
+        """Every tensor name of the checkpoint."""
+        return list(self._where)
 
     def unused(self, ignorable: tuple[str, ...]) -> list[str]:
         """Every tensor never read (``ignorable`` suffixes aside), sorted."""

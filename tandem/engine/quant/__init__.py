@@ -10,7 +10,8 @@
     --quantization fp8    a checkpoint stored in FP8, dequantized at load (prequantized/fp8.py)
     --kv-cache-dtype int8 the paged cache stores int8 + one fp32 scale per head vector
     --kv-cache-dtype fp8  the paged cache stores e4m3 over one scale for K and one for V
-                          (kv_fp8.py)
+                          (kv_fp8.py): 1.0, or the checkpoint's calibrated k_scale/v_scale
+                          folded per tensor (kv_scales.py)
 
 On the CPU with the native kernels every quantized layer becomes a PackedLinear
 (tandem/engine/native/packed_linear.py) run by tandem/engine/native for any number of rows. Without them,

@@ -11,7 +11,8 @@ cache, fixed when it is made, not of a block. So blocks need no scales beside th
 cache, copy-on-write and the KV transfer move bytes only), a block written by one worker reads
 the same on a peer whose scales are equal, and the transfer layout names the scales
 (``Fp8Scales.layout``) so peers whose scales differ are refused at HELLO. Without calibrated
-scales from a checkpoint both are 1.0, vLLM's default too: e4m3 keeps a relative precision of
+scales from a checkpoint (its ``k_scale``/``v_scale``, folded per tensor:
+tandem/engine/quant/kv_scales.py) both are 1.0, vLLM's default too: e4m3 keeps a relative precision of
 2^-4 over [2^-6, 448] whatever the scale, so a scale only moves where values fall off either
 end. SmolLM2's K and V stay under 20 in magnitude and mostly above 2^-6 (but layer 0's V, 43%
 below it), and scales calibrated per layer (amax / 448 of each layer's K and V over the same
@@ -28,6 +29,7 @@ native CPU forward has no fp8 kernels and declines an fp8 cache (the torch path 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 
@@ -35,6 +37,8 @@ import torch
 
 from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
 from tandem.engine.platform import cpu_emulates_bf16
+
+log = logging.getLogger(__name__)
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3fn value
@@ -60,6 +64,18 @@ class Fp8Scales:
     def layout(self) -> str:
         """How the transfer layout names them: equal strings only for equal scales."""
         return f"per-tensor k={self.k!r} v={self.v!r}"
+
+
+def fp8_scales(model: object) -> Fp8Scales:
+    """The fp8 cache's scales for ``model``: its checkpoint's calibrated ones folded per
+    tensor (``model.kv_scales``, tandem/engine/quant/kv_scales.py), else 1.0 each."""
+    calibrated = getattr(model, "kv_scales", None)
+    if calibrated is None:
+        return Fp8Scales()
+    k, v = calibrated.folded()
+    log.info("fp8 KV cache: the checkpoint's scales, k=%g v=%g (the largest of its layers')",
+             k, v)
+    return Fp8Scales(k, v)
 
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:  # [...] float -> [...] e4m3

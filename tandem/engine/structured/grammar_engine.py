@@ -180,8 +180,8 @@ class GrammarEngine:
             return self._compiled_bytes
 
     def constraint(self, spec: StructuredOutput) -> Constraint:
-        """A fresh matcher for one request."""
-        return Constraint(self.compile(spec), spec.describe())
+        """A fresh matcher for one request (deferred past ``spec.after_token`` when set)."""
+        return Constraint(self.compile(spec), spec.describe(), spec.after_token)
 
     def close(self) -> None:
         """Stop taking compiles (one running finishes on its own thread)."""

@@ -3,6 +3,10 @@
 The five shapes are OpenAI's ``response_format`` (``json_object``, ``json_schema``) and vLLM's
 structured outputs (``regex``, ``choice``, ``grammar``: EBNF as xgrammar reads it). Sizes are
 bounded here so a hostile schema costs its sender a 400, not the worker's memory.
+
+``after_token`` defers the grammar for a reasoning model (vLLM's structured output after
+reasoning ends): the output is free up to and including that token's first occurrence (its
+end-of-thinking token), the grammar constrains what follows.
 """
 
 from __future__ import annotations
@@ -24,14 +28,21 @@ MAX_CHOICE_CHARS = 1024
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """One constraint. ``value``: the schema's JSON text, the regex, the grammar, or the
-    choices (a tuple); empty for ``json_object``. Hashable: the compile cache's key."""
+    choices (a tuple); empty for ``json_object``. ``after_token``: the grammar starts after
+    this token's first occurrence in the output (None: from the first token). Hashable; the
+    compile cache keys on ``kind`` and ``value`` alone (tandem/engine/structured/grammar_engine.py)."""
 
     kind: Kind
     value: str | tuple[str, ...] = ""
+    after_token: int | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming what is wrong (sizes, types, schema syntax)."""
         field = "structured_outputs"
+        if self.after_token is not None and (
+                isinstance(self.after_token, bool) or not isinstance(self.after_token, int)
+                or self.after_token < 0):
+            raise InvalidRequestError(f"{field}.after_token", "must be a token id")
         if self.kind not in KINDS:
             raise InvalidRequestError(field, f"unknown kind {self.kind!r}; one of {KINDS}")
         if self.kind == "choice":

@@ -20,11 +20,14 @@ class StructuredOutput:
 
     ``value`` by ``kind``: json_schema, regex and grammar a text (a JSON Schema's text, a
     regex, EBNF); choice a tuple of strings (the output is exactly one of them); json_object
-    a flag (true: any JSON object).
+    a flag (true: any JSON object). ``after_token``: the grammar constrains only the output
+    after this token's first occurrence (a reasoning model's end of thinking, set by the
+    router's reasoning parser: tandem/router/reasoning_grammar.py); None: from the first token.
     """
 
     kind: StructuredKind
     value: str | bool | tuple[str, ...]
+    after_token: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,18 +57,22 @@ def structured_from_proto(so: tandem_pb2.StructuredOutput) -> StructuredOutput |
     kind = so.WhichOneof("kind")
     if kind is None:
         return None
+    after = so.after_token if so.HasField("after_token") else None
     if kind == "choice":
-        return StructuredOutput("choice", tuple(so.choice.choices))
-    return StructuredOutput(kind, getattr(so, kind))
+        return StructuredOutput("choice", tuple(so.choice.choices), after)
+    return StructuredOutput(kind, getattr(so, kind), after)
 
 
 def structured_to_proto(so: StructuredOutput) -> tandem_pb2.StructuredOutput:
     """A constraint as the wire's oneof."""
     if so.kind == "choice":
         assert isinstance(so.value, tuple)
-        return tandem_pb2.StructuredOutput(choice=tandem_pb2.ChoiceList(choices=so.value))
-    out = tandem_pb2.StructuredOutput()
-    setattr(out, so.kind, so.value)
+        out = tandem_pb2.StructuredOutput(choice=tandem_pb2.ChoiceList(choices=so.value))
+    else:
+        out = tandem_pb2.StructuredOutput()
+        setattr(out, so.kind, so.value)
+    if so.after_token is not None:
+        out.after_token = so.after_token
     return out
 
 

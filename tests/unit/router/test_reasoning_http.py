@@ -128,9 +128,11 @@ def test_chat_template_kwargs_switch_the_thinking_off(thinking: RouterTokenizer)
 
 
 def test_a_constrained_output_is_the_answer(thinking: RouterTokenizer) -> None:
-    """Under a template that opened the thinking, a structured output still comes back as the
-    answer: the grammar wrote the whole output (a forced tool call, under a real grammar:
-    tests/integration/test_openai_responses.py)."""
+    """Under a template that opened the thinking, with a vocabulary whose ``</think>`` is no
+    single token, a structured output comes back as the answer: the grammar wrote the whole
+    output (a forced tool call, under a real grammar: tests/integration/
+    test_openai_responses.py; with ``</think>`` one token the grammar waits for it:
+    tests/unit/router/test_reasoning_structured.py)."""
     async def scenario() -> None:
         async with cluster(thinking, http_port=0, reasoning_parser="qwen3") as c, \
                 aiohttp.ClientSession() as http:

@@ -234,3 +234,60 @@ def test_lora_flags_refuse_what_cannot_work() -> None:
         _through_local("--lora-modules", "sql=/ad/sql")
     with pytest.raises(ValueError, match="max_cpu_loras"):
         _through_local("--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2")
+
+
+def test_runtime_lora_updates_reach_every_worker_and_the_router(tmp_path: Path) -> None:
+    admin = tmp_path / "admin-keys"
+    admin.write_text("admin-0123\n")
+    args = local.build_parser().parse_args([
+        "--enable-lora", "--allow-runtime-lora-updates", "--admin-key-file", str(admin)])
+    for role, parser, ports in (("decode", decode_parser, ["--port", "0", "--kv-port", "0"]),
+                                ("prefill", prefill_parser, ["--port", "0"])):
+        worker = parser().parse_args([*ports, *local.worker_argv(args, "smollm2", 1)])
+        assert engine_config_from_args(worker).lora.runtime_updates, role
+    router = [*local.admin_key_argv(args, True), *local.router_argv(args, "smollm2")]
+    config = config_from_args(router_parser().parse_args([*router, "--insecure"]))
+    assert config.allow_runtime_lora_updates
+    assert config.admin_key_file == str(admin.resolve())
+    assert local.admin_key_argv(local.build_parser().parse_args([]), False) == []
+
+
+def test_runtime_lora_updates_without_an_admin_key_stop_the_launch(tmp_path: Path) -> None:
+    args = local.build_parser().parse_args(["--enable-lora", "--allow-runtime-lora-updates"])
+    with pytest.raises(ValueError, match="needs --admin-key-file"):
+        local.admin_key_argv(args, True)
+    empty = tmp_path / "admin-keys"
+    empty.write_text("# no key\n")
+    with pytest.raises(ValueError):
+        local.admin_key_argv(local.build_parser().parse_args(
+            ["--admin-key-file", str(empty)]), True)
+    assert local.main(["--enable-lora", "--allow-runtime-lora-updates"]) == 2  # nothing started
+
+
+def test_local_hands_the_workers_absolute_adapter_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = local.build_parser().parse_args(
+        ["--enable-lora", "--lora-modules", "sql=adapters/sql", "chat=/ad/chat"])
+    local.absolute_adapters(args)
+    worker = decode_parser().parse_args(
+        ["--port", "0", "--kv-port", "0", *local.worker_argv(args, "smollm2", 1)])
+    assert engine_config_from_args(worker).lora.modules == (
+        ("sql", str(tmp_path / "adapters" / "sql")), ("chat", "/ad/chat"))
+
+
+def test_tandem_up_refuses_runtime_lora_updates_without_the_routers_admin_keys(
+    tmp_path: Path,
+) -> None:
+    from tandem.launcher.argv import router_argv as up_router_argv
+
+    flags = ["--insecure", "--enable-lora", "--allow-runtime-lora-updates"]
+    assert up.main(flags) == 2  # before Ray starts
+    admin = tmp_path / "admin-keys"
+    admin.write_text("admin-0123\n")
+    spec = up.spec_from_args(up.build_parser().parse_args(
+        [*flags, f"--router-arg=--admin-key-file={admin}"]), None)
+    config = config_from_args(router_parser().parse_args(
+        [*up_router_argv(spec, "smollm2"), "--insecure"]))
+    assert config.allow_runtime_lora_updates and config.admin_key_file == str(admin)

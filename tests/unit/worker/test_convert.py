@@ -50,6 +50,24 @@ def test_every_field_is_carried() -> None:
     assert sampling_from_proto(tandem_pb2.SamplingParams()).speculative is True  # unset
 
 
+@pytest.mark.parametrize("after", [None, 0, 151668])
+def test_a_structured_output_crosses_from_the_router_with_its_after_token(
+    after: int | None,
+) -> None:
+    from tandem.engine.structured.spec import StructuredOutput
+    from tandem.router.api.sampling import SamplingSpec
+    from tandem.router.api.sampling import StructuredOutput as RouterStructured
+    from tandem.router.convert.sampling import sampling_from_proto as router_from_proto
+    from tandem.router.convert.sampling import sampling_to_proto
+
+    for kind, value, engine_value in (("json_schema", "{}", "{}"), ("regex", "a+", "a+"),
+                                      ("choice", ("x", "y"), ("x", "y"))):
+        spec = SamplingSpec(structured=RouterStructured(kind, value, after))
+        proto = sampling_to_proto(spec)
+        assert router_from_proto(proto).structured == spec.structured  # the router's own trip
+        assert sampling_from_proto(proto).structured == StructuredOutput(kind, engine_value, after)
+
+
 def test_logprob_options() -> None:
     sp = tandem_pb2.SamplingParams()
     assert sampling_from_proto(sp, tandem_pb2.LogprobOptions()).logprobs is None

@@ -344,6 +344,9 @@ RAY_AUTH_TOKEN from the Secret), as YAML list items. */}}
 - --tls-cert=/etc/tandem/tls/tls.crt
 - --tls-key=/etc/tandem/tls/tls.key
 {{- end }}
+{{- if include "tandem.loraRuntimeUpdates" . }}
+- --admin-key-file=/etc/tandem/admin-keys/admin-keys
+{{- end }}
 {{- if .Values.workerTls.enabled }}
 - --worker-ca=/etc/tandem/worker-tls/ca.crt
 - --worker-cert=/etc/tandem/worker-tls/tls.crt
@@ -382,6 +385,19 @@ RAY_AUTH_TOKEN from the Secret), as YAML list items. */}}
 - name: tls
   secret:
     secretName: {{ include "tandem.tlsSecret" .ctx }}
+{{- end }}
+{{- if and (ne .role "worker") (include "tandem.loraRuntimeUpdates" .ctx) }}
+- name: admin-keys
+  secret:
+    secretName: {{ $v.lora.runtimeUpdates.existingSecret }}
+    items:
+      - {key: admin-keys, path: admin-keys}
+{{- end }}
+{{- if and (eq .role "worker") $v.lora.enabled $v.lora.pvc.enabled }}
+- name: adapters
+  persistentVolumeClaim:
+    claimName: {{ $v.lora.pvc.claimName }}
+    readOnly: {{ $v.lora.pvc.readOnly }}
 {{- end }}
 {{- if $v.workerTls.enabled }}
 - name: worker-tls
@@ -443,6 +459,16 @@ a container's own is 64 MiB, too little for it. */}}
   mountPath: /etc/tandem/tls
   readOnly: true
 {{- end }}
+{{- if and (ne .role "worker") (include "tandem.loraRuntimeUpdates" .ctx) }}
+- name: admin-keys
+  mountPath: /etc/tandem/admin-keys
+  readOnly: true
+{{- end }}
+{{- if and (eq .role "worker") $v.lora.enabled $v.lora.pvc.enabled }}
+- name: adapters
+  mountPath: {{ $v.lora.pvc.mountPath }}
+  readOnly: {{ $v.lora.pvc.readOnly }}
+{{- end }}
 {{- if $v.workerTls.enabled }}
 - name: worker-tls
   mountPath: /etc/tandem/worker-tls
@@ -486,7 +512,42 @@ tandem.validate checks decode's equals it) and the KV cache dtype are one per re
 {{- if gt (int $v.model.maxModelLen) 0 -}}
 {{- $args = append $args (printf "--max-model-len=%d" (int $v.model.maxModelLen)) -}}
 {{- end -}}
+{{- toYaml (concat $args (include "tandem.loraArgs" . | fromYamlArray)) -}}
+{{- end -}}
+
+{{/*
+LoRA flags of every worker (both roles: the KV handoff checks the adapter on each side), as a
+YAML list ([] with lora.enabled false): each module as --lora-modules=NAME=PATH, its path under
+lora.pvc's mount when that is on. In ray mode tandem up passes --allow-runtime-lora-updates to
+the router too (tandem/launcher/engine_flags.py ROUTER_FLAGS).
+*/}}
+{{- define "tandem.loraArgs" -}}
+{{- $l := .Values.lora -}}
+{{- $args := list -}}
+{{- if $l.enabled -}}
+{{- $args = append $args "--enable-lora" -}}
+{{- range $l.modules -}}
+{{- $path := .path -}}
+{{- if $l.pvc.enabled -}}
+{{- $path = printf "%s/%s" (trimSuffix "/" $l.pvc.mountPath) (trimPrefix "/" .path) -}}
+{{- end -}}
+{{- $args = append $args (printf "--lora-modules=%s=%s" .name $path) -}}
+{{- end -}}
+{{- range $key, $flag := dict "maxLoras" "--max-loras" "maxLoraRank" "--max-lora-rank" "maxCpuLoras" "--max-cpu-loras" -}}
+{{- if gt (int (index $l $key)) 0 -}}
+{{- $args = append $args (printf "%s=%d" $flag (int (index $l $key))) -}}
+{{- end -}}
+{{- end -}}
+{{- if $l.runtimeUpdates.enabled -}}
+{{- $args = append $args "--allow-runtime-lora-updates" -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $args -}}
+{{- end -}}
+
+{{/* True when the router serves the runtime LoRA routes (behind the admin Secret). */}}
+{{- define "tandem.loraRuntimeUpdates" -}}
+{{- if and .Values.lora.enabled .Values.lora.runtimeUpdates.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{/*
@@ -569,6 +630,21 @@ prompts, and nothing of the prefill role is rendered). */}}
 {{- with .Values.decode.speculative }}
 {{- if and (eq .method "draft") (not .draftModel) (eq (int .draftLayers) 0) }}
 {{- fail "decode.speculative.method draft needs draftModel or draftLayers" }}
+{{- end }}
+{{- end }}
+{{- with .Values.lora }}
+{{- if and (not .enabled) (or .modules .runtimeUpdates.enabled) }}
+{{- fail "lora.modules and lora.runtimeUpdates need lora.enabled=true" }}
+{{- end }}
+{{- if and .runtimeUpdates.enabled (not .runtimeUpdates.existingSecret) }}
+{{- fail "lora.runtimeUpdates.enabled needs lora.runtimeUpdates.existingSecret: a Secret with key admin-keys (the admin routes are never open, and never open with an API key)" }}
+{{- end }}
+{{- $seen := dict }}
+{{- range .modules }}
+{{- if hasKey $seen .name }}
+{{- fail (printf "lora.modules: the name %s is given twice" .name) }}
+{{- end }}
+{{- $_ := set $seen .name true }}
 {{- end }}
 {{- end }}
 {{- if and (not .Values.apiKey.enabled) (not .Values.apiKey.allowUnauthenticated) }}
