@@ -12,10 +12,15 @@ this process to a receiver in a child process, and prints in the same run:
 * a single-threaded in-memory copy of the same number of bytes -- the ceiling,
 
 then the latency a 2,048-token prompt's KV adds to its prefill when pushed layer by layer.
-The per-layer compute is simulated with ``asyncio.sleep`` (the CPU is idle meanwhile, as when
-the compute runs on a GPU) at (a) the time one SmolLM2-shaped decoder layer takes on this CPU
-over 2,048 tokens (random weights, measured here) and (b) stated GPU-like times;
-``--real-compute`` also runs that layer for real in a thread, competing for the CPUs.
+The layers run on a step thread, as the prefill worker's engine thread does, which hands each
+finished layer to the event loop with ``call_soon_threadsafe`` (the push then ships it while the
+thread computes the next). Their compute is simulated with ``time.sleep`` (the CPU is idle
+meanwhile, as when the compute runs on a GPU) at (a) the time one SmolLM2-shaped decoder layer
+takes on this CPU over 2,048 tokens (random weights, measured here) and (b) stated GPU-like
+times; ``--real-compute`` also runs that layer for real, competing for the CPUs.
+``--layer-clock loop`` times the layers with ``asyncio.sleep`` on the event loop instead (the
+method before): there epoll's millisecond timeouts round every wait that starts after the
+push's work up to the next millisecond, which at 1 ms layers costs up to a layer per layer.
 
 Rounds are interleaved (raw, tcp, shm, memcpy, repeat) and medians reported, because a shared
 machine is noisy; each side's CPU time per GiB is recorded too, which noise affects far less.
@@ -32,6 +37,7 @@ import platform
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -171,11 +177,13 @@ class LayerSim:
 
 
 async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float | None,
-                          reps: int, stripes: int = 1) -> dict[str, float]:
+                          reps: int, stripes: int = 1, clock: str = "thread") -> dict[str, float]:
     """Median prefill time alone vs with a layer-by-layer push and commit of its KV.
 
-    ``layer_s``: per-layer compute simulated with ``asyncio.sleep``; None runs the real CPU
-    layer in a thread. ``tail_ms`` is from the last layer's end to the COMMIT's ACK.
+    ``layer_s``: per-layer compute simulated with a sleep; None runs the real CPU layer.
+    ``clock``: "thread" runs the layers on a step thread that hands each finished layer to the
+    loop (the prefill worker's engine thread and layer hook); "loop" awaits ``asyncio.sleep``
+    on the loop itself. ``tail_ms`` is from the last layer's end to the COMMIT's ACK.
     """
     secret = new_secret()
     child = await start_receiver(transport, reps, "shuffled", secret)
@@ -187,11 +195,33 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
     params = sim.make() if layer_s is None else {}
     loop = asyncio.get_running_loop()
 
-    async def layer() -> None:
+    def compute() -> None:
         if layer_s is None:
-            await loop.run_in_executor(None, sim.forward, params)
+            sim.forward(params)
         else:
-            await asyncio.sleep(layer_s)
+            time.sleep(layer_s)
+
+    def step_thread(on_layer: Callable[[int], None] | None) -> float:
+        """All layers on this (executor) thread; returns when the last one ended."""
+        for i in range(LAYOUT.num_layers):
+            compute()
+            if on_layer is not None:
+                loop.call_soon_threadsafe(on_layer, i)
+        return time.perf_counter()
+
+    async def prefill(on_layer: Callable[[int], None] | None) -> float:
+        """Run the layers (calling ``on_layer(i)`` on the loop after each); the time the
+        last one ended."""
+        if clock == "thread":
+            return await loop.run_in_executor(None, step_thread, on_layer)
+        for i in range(LAYOUT.num_layers):
+            if layer_s is None:
+                await loop.run_in_executor(None, compute)
+            else:
+                await asyncio.sleep(layer_s)
+            if on_layer is not None:
+                on_layer(i)
+        return time.perf_counter()
 
     src_sets, dst_sets = block_sets(seed=3), block_sets(seed=2)
     alone: list[float] = []
@@ -200,18 +230,14 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
     reserved: set[int] = set()
     for k in range(reps):
         t0 = time.perf_counter()
-        for _ in range(LAYOUT.num_layers):
-            await layer()
+        await prefill(None)
         alone.append(time.perf_counter() - t0)
         while k not in reserved:
             reserved.add((await child.line())["reserved"])
         t0 = time.perf_counter()
         transfer = await tx.open(f"r{k}", endpoint, src_sets[k % SETS], dst_sets[k % SETS],
                                  time.monotonic() + 600)
-        for i in range(LAYOUT.num_layers):
-            await layer()
-            transfer.push(i, i + 1)
-        t_last = time.perf_counter()
+        t_last = await prefill(lambda i, t=transfer: t.push(i, i + 1))
         await transfer.commit(1, -0.1)
         shipped.append(time.perf_counter() - t0)
         tails.append(time.perf_counter() - t_last)
@@ -323,12 +349,13 @@ async def main(args: argparse.Namespace) -> dict:
     if args.real_compute:
         cases.append(("real cpu compute", None))
     say(f"added latency of a {PROMPT_TOKENS}-token prompt's KV ({req_bytes / 1e6:.1f} MB), "
-        f"layer by layer (median of {args.reps} for the stated times, 1 run for CPU-sized layers):")
+        f"layer by layer (layers on the {args.layer_clock} clock; median of {args.reps} for the "
+        f"stated times, 1 run for CPU-sized layers):")
     for name, lay in cases:
         ways = [("tcp", 1), ("shm", 1)] + ([("tcp", args.stripes)] if args.stripes > 1 else [])
         for transport, stripes in ways:
             reps = args.reps if lay is not None and lay < 0.1 else 1  # a CPU prefill takes ~40 s
-            res = await prefill_latency(transport, src_kv, lay, reps, stripes)
+            res = await prefill_latency(transport, src_kv, lay, reps, stripes, args.layer_clock)
             label = transport if stripes == 1 else f"tcp x{stripes}"
             res["load"] = os.getloadavg()[0]
             latency[f"{name}/{label}"] = res
@@ -383,6 +410,10 @@ def cli() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions per latency case")
     parser.add_argument("--layer-ms", type=float, nargs="*", default=[1.0, 10.0],
                         help="stated per-layer compute times to simulate")
+    parser.add_argument("--layer-clock", choices=("thread", "loop"), default="thread",
+                        help="latency cases: layers on a step thread that hands each to the "
+                             "loop, as the prefill worker's engine does (default), or "
+                             "asyncio.sleep on the loop (the method before)")
     parser.add_argument("--real-compute", action="store_true",
                         help="also run the CPU layer for real (slow: ~1 s per layer here)")
     parser.add_argument("--throughput-only", action="store_true",

@@ -4,7 +4,8 @@
 
 Each round runs, one after another: the raw socket baseline, then for each case (TCP with
 shuffled ids, TCP with contiguous ids, shm with shuffled ids) the baseline tree's transport and
-this tree's, then memcpy. Each transport run is tandem/profiler/transfer_probe.py's
+this tree's (``--this-only``: then the cases only this tree has, shm with slot hashes off),
+then memcpy. Each transport run is tandem/profiler/transfer_probe.py's
 ``run_ours`` started with the tree as its working directory, so parent and receiver child both
 run that tree's code. Rounds interleave because the machine is shared: compare ratios within a
 round (printed per round), not GB/s across runs. The load average goes beside every sample.
@@ -35,6 +36,8 @@ s = asyncio.run(run_raw(n)) if sys.argv[1] == "raw" else run_memcpy(n)
 print(json.dumps({"gbps": s.gbps, "tx": s.tx_cpu_per_gib, "rx": s.rx_cpu_per_gib}))
 '''
 CASES = [("tcp", "shuffled"), ("tcp", "contiguous"), ("shm", "shuffled")]
+# Cases only this tree has (no baseline run): shm with the receiver's slot hashes off.
+THIS_ONLY = [("shm_unhashed", "shuffled")]
 
 
 def sample(root: Path, code: str, *args: object) -> dict[str, float]:
@@ -51,6 +54,8 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, required=True, help="the other checkout's root")
     ap.add_argument("--requests", type=int, default=12, help="2,048-token requests per run")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--this-only", action="store_true",
+                    help="also the cases only this tree has (shm with slot hashes off)")
     args = ap.parse_args()
     nbytes = args.requests * 30 * 2 * 128 * 6144  # SmolLM2-shaped requests (transfer_probe)
     runs: list[tuple[str, Path, str, tuple[object, ...]]] = [("raw", HERE, BASE, ("raw", nbytes))]
@@ -58,6 +63,8 @@ def main() -> None:
         for tree, root in (("baseline", args.baseline), ("this", HERE)):
             runs.append((f"{transport} {order} {tree}", root, OURS,
                          (transport, args.requests, order)))
+    for transport, order in THIS_ONLY if args.this_only else []:
+        runs.append((f"{transport} {order} this", HERE, OURS, (transport, args.requests, order)))
     runs.append(("memcpy", HERE, BASE, ("memcpy", nbytes)))
     res: dict[str, list[dict[str, float]]] = {}
     for r in range(args.rounds):

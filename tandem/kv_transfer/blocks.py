@@ -138,28 +138,6 @@ class KvBlocks:
         pin = self.is_cuda and torch.cuda.is_available()
         return torch.empty(shape, dtype=self.kv.dtype, pin_memory=pin)
 
-    def gather_into(self, lo: int, hi: int, ids: Sequence[int], out: np.ndarray) -> None:
-        """Copy ``kv[lo:hi, :, ids]`` into the flat uint8 host array ``out`` in one C loop (the
-        shm sender; zero-copy is impossible there)."""
-        bb = self.layout.block_bytes
-        rows_out = out.reshape(-1, bb)
-        if self._bytes is not None:
-            # mode="wrap" skips numpy's buffered bounds checking; ids are checked already.
-            np.take(self.row_array(), self.rows(lo, hi, ids), axis=0, out=rows_out, mode="wrap")
-        else:
-            gathered = self.gather(lo, hi, ids)
-            rows_out[...] = tensor_bytes(gathered).reshape(-1, bb)
-
-    def scatter_from(self, lo: int, hi: int, ids: Sequence[int], src: np.ndarray) -> None:
-        """Copy the flat uint8 host array ``src`` into ``kv[lo:hi, :, ids]`` in one C loop."""
-        bb = self.layout.block_bytes
-        if self._bytes is not None:
-            self.row_array()[self.rows(lo, hi, ids)] = src.reshape(-1, bb)
-        else:
-            shape = self.layout.payload_shape(hi - lo, len(ids))
-            host = torch.from_numpy(src).view(self.kv.dtype).view(shape)
-            self.scatter(lo, hi, ids, host)
-
     def scatter(self, lo: int, hi: int, ids: Sequence[int], host: torch.Tensor) -> None:
         """Write a received host payload into ``kv[lo:hi, :, ids]``; on CUDA the copy has
         finished when this returns, so a ``release`` after it cannot race a write in flight."""
@@ -227,13 +205,39 @@ class SendSpan:
             np.take(table, sub, axis=0, out=out, mode="wrap")
             yield out.reshape(-1)
 
+    def fill(self, out: np.ndarray, step: int) -> Iterator[np.ndarray]:
+        """Gather the payload straight into the flat uint8 array ``out`` (``nbytes`` long),
+        piece by piece in order, yielding each piece (a view of ``out``, whole rows of about
+        ``step`` bytes) once it is written: the caller can hash it while it is in cache. On
+        a CPU cache each piece is one ``np.take`` from the blocks into ``out``; a staged span
+        gathers the frame to the host first and copies it over piece by piece."""
+        bb = self.blocks.layout.block_bytes
+        per = max(1, step // bb)
+        flat = out[:self.nbytes]
+        if self.blocks.staged:
+            host = self.gather_all()
+            for a in range(0, self.nbytes, per * bb):
+                piece = flat[a:a + per * bb]
+                piece[...] = host[a:a + per * bb]
+                yield piece
+            return
+        rows = self.blocks.rows(self.lo, self.hi, self.ids)
+        table = self.blocks.row_array()
+        for i in range(0, len(rows), per):
+            sub = rows[i:i + per]
+            piece = flat[i * bb:(i + len(sub)) * bb]
+            # mode="wrap" skips numpy's buffered bounds checking; ids are checked already.
+            np.take(table, sub, axis=0, out=piece.reshape(-1, bb), mode="wrap")
+            yield piece
+
     def gather_all(self) -> np.ndarray:
         """The whole payload in one contiguous host array (codecs encode whole frames)."""
         if self.blocks.staged:
             self._host = self.blocks.gather(self.lo, self.hi, self.ids)
             return tensor_bytes(self._host)
         out = np.empty(self.nbytes, dtype=np.uint8)
-        self.blocks.gather_into(self.lo, self.hi, self.ids, out)
+        for _ in self.fill(out, self.nbytes):  # one np.take of every row
+            pass
         return out
 
     def release(self) -> None:

@@ -96,8 +96,14 @@ class ReceiverConfig:
     progress_timeout_s: float = 10.0
     max_transfer_s: float = 600.0
     socket_buffer_bytes: int = 4 * MIB
-    shm_slots: int = 8
-    shm_slot_bytes: int = 4 * MIB
+    # The shm segment each connection gets: slots of a sender's whole frame (frame_bytes), so a
+    # bulk push moves in few frames (each costs a sealed header, a CREDIT and its bookkeeping).
+    shm_slots: int = 4
+    shm_slot_bytes: int = 8 * MIB
+    # Hash each shm slot on both sides (xxh3, folded into the copies; transport/shm.py): it
+    # catches a sender that reuses a slot before its CREDIT. Not authentication (the sealed
+    # header is), so a deployment may trade it for throughput. Told to senders in the ACK.
+    shm_checksum: bool = True
     # KV payload codecs (codecs.py) this receiver accepts on TCP besides raw: "zstd"
     # (lossless), "int8" (lossy). A sender asking for one not listed gets raw.
     codecs: tuple[str, ...] = ()

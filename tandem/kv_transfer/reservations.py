@@ -246,6 +246,14 @@ class ReservationTable:
         written = res.written.setdefault(win, bytearray(self.num_layers * n))
         heads = win[1] - win[0]
         slots = [res.position[b] for b in block_ids]
+        first = min(slots)
+        if max(slots) - first == len(slots) - 1:  # (a permutation of) a run of positions: the
+            ones = b"\x01" * len(slots)            # usual frame, marked a layer at a time
+            for layer in range(lo, hi):
+                a = layer * n + first
+                res.missing -= written.count(0, a, a + len(slots)) * heads
+                written[a:a + len(slots)] = ones
+            return
         for layer in range(lo, hi):
             base = layer * n
             for p in slots:

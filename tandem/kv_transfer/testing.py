@@ -143,7 +143,7 @@ async def make_pair(kind: str, layout: KvLayout, *, src_blocks: int = 16, dst_bl
     elif kind in ("shm", "shm_staged"):
         staged = kind == "shm_staged" or None
         rx_t = [ShmTransport(limits_rx, slots=rx_cfg.shm_slots, slot_bytes=rx_cfg.shm_slot_bytes,
-                             socket_dir=rx_cfg.socket_dir)]
+                             socket_dir=rx_cfg.socket_dir, checksum=rx_cfg.shm_checksum)]
         tx_t = [ShmTransport(limits_tx)]
     else:
         raise ValueError(f"unknown pair kind {kind!r}")
@@ -331,8 +331,11 @@ class HandSender:
         return await asyncio.wait_for(self.ch.recv(), timeout)
 
     async def hold_kv(self, transfer: str, blocks: list[int], lo: int, hi: int,
-                      payload: bytes) -> Callable[[], Awaitable[None]]:
-        """Send the first part of a KV frame now; await the returned function for the rest."""
+                      payload: bytes, rewrite: bytes | None = None
+                      ) -> Callable[[], Awaitable[None]]:
+        """Send the first part of a KV frame now; await the returned function for the rest.
+        ``rewrite`` (shm): bytes written over the slot after it was hashed, as a sender that
+        reuses a slot before its CREDIT would."""
         header = kv_frame(self.layout, transfer, blocks, lo, hi)
         assert len(payload) == header["nbytes"], "payload size does not match the frame"
         digest = xxhash.xxh3_64_intdigest(payload)
@@ -342,6 +345,8 @@ class HandSender:
             slot = await ch._take_slot()
             ch._slot_array(slot, len(payload))[:] = np.frombuffer(payload, dtype=np.uint8)
             head, _ = ch._seal({**header, "slot": slot, "xxh": digest})
+            if rewrite is not None:
+                ch._slot_array(slot, len(rewrite))[:] = np.frombuffer(rewrite, dtype=np.uint8)
             first, rest = head[: len(head) // 2], head[len(head) // 2:]
         else:
             first, mac = ch._seal(header)

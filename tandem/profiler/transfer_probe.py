@@ -11,7 +11,8 @@ The child is this module run as a program (``run_ours`` starts it):
 
     python -m tandem.profiler.transfer_probe tcp 8 shuffled     # TRANSPORT REQUESTS ORDER [DEVICE]
 
-(TRANSPORT tcp, shm or cuda_ipc; DEVICE cpu by default, or cuda: both caches on the GPU,
+(TRANSPORT tcp, shm, shm_unhashed (a receiver that turned shm slot hashes off) or cuda_ipc;
+DEVICE cpu by default, or cuda: both caches on the GPU,
 moved over TCP staged through host memory, or device to device over CUDA IPC) and speaks
 JSON lines on stdout: its endpoint, each reservation, then the landed bytes' digest.
 Sender and receiver authenticate with a secret drawn fresh for each run (``new_secret``) and
@@ -122,7 +123,8 @@ async def child_ours(secret: bytes, transport: str, n_requests: int, order: str,
     A CUDA cache offers CUDA IPC beside TCP (the sender picks), so ``cuda_ipc`` leaves TCP on."""
     kv = make_cache(fill=False, device=device)
     cfg = ReceiverConfig(secret, enable_tcp=transport in ("tcp", "cuda_ipc"),
-                         enable_shm=transport == "shm")
+                         enable_shm=transport.startswith("shm"),
+                         shm_checksum=transport != "shm_unhashed")
     rx = Receiver(kv, LAYOUT, cfg)
     endpoint = await rx.start()
     say(json.dumps({"endpoint": endpoint.encode()}))
@@ -217,7 +219,7 @@ async def run_ours(transport: str, n_requests: int, src_kv: torch.Tensor,
         from tandem.kv_transfer.transport.cuda_ipc import CudaIpcTransport
 
         transports = [CudaIpcTransport(cfg.limits)]
-    elif transport == "shm":
+    elif transport.startswith("shm"):  # the receiver says whether slots are hashed
         transports = [ShmTransport(cfg.limits)]
     else:
         transports = [TcpTransport(cfg.limits)]
@@ -263,14 +265,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"python -m {_MODULE}", allow_abbrev=False,
                                 description="The receiving side of the KV transfer probe "
                                             "(started by run_ours; the secret comes on stdin).")
-    p.add_argument("transport", choices=("tcp", "shm", "cuda_ipc"))
+    p.add_argument("transport", choices=("tcp", "shm", "shm_unhashed", "cuda_ipc"))
     p.add_argument("requests", type=int)
     p.add_argument("order", choices=("shuffled", "contiguous"))
     p.add_argument("device", nargs="?", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
     if (args.transport == "cuda_ipc") and args.device != "cuda":
         p.error("cuda_ipc moves a CUDA cache: give the device cuda")
-    if args.transport == "shm" and args.device == "cuda":
+    if args.transport.startswith("shm") and args.device == "cuda":
         p.error("a CUDA cache moves over tcp or cuda_ipc")
     secret = read_secret()
     asyncio.run(child_ours(secret, args.transport, args.requests, args.order, args.device))

@@ -27,7 +27,8 @@ def receiver_transports(config: ReceiverConfig, cuda: bool) -> list[Transport]:
         out.append(CudaIpcTransport(config.limits, socket_dir=config.socket_dir))
     if config.enable_shm:
         out.append(ShmTransport(config.limits, slots=config.shm_slots,
-                                slot_bytes=config.shm_slot_bytes, socket_dir=config.socket_dir))
+                                slot_bytes=config.shm_slot_bytes, socket_dir=config.socket_dir,
+                                checksum=config.shm_checksum))
     if config.enable_tcp:
         out.append(TcpTransport(config.limits, socket_buffer_bytes=config.socket_buffer_bytes,
                                 tls=config.tls, host=config.host, port=config.port,

@@ -2,15 +2,24 @@
 
     sender                               receiver
     take a free slot  <---- CREDIT ----  (slot copied out)
-    copy blocks -> slot, hash
-    KV {slot, xxh} -------------------->  copy slot -> reserved blocks, hash the copy, CREDIT
+    gather blocks -> slot (hash each piece while hot)
+    KV {slot, xxh} -------------------->  copy slot -> reserved blocks, piece by piece, hashing
+                                          each piece right after copying it; CREDIT
 
 The receiver creates one anonymous ``memfd`` segment (``slots * slot_bytes``) per accepted
 connection after authentication and passes the fd with the handshake ACK (``SCM_RIGHTS``). The
-segment has no name, so nothing leaks when either process dies. Copies in and out of a slot are
-one numpy gather/scatter each (zero-copy is impossible here, so make the copy a C loop). The
-receiver hashes the slot after copying out of it, so a sender rewriting a slot before the
-receiver is done is caught as corruption.
+segment has no name, so nothing leaks when either process dies. A payload is copied once per
+side: the sender gathers the blocks straight into the slot, the receiver scatters straight out
+of it into the reserved blocks (one numpy call per ~512 KiB piece of whole rows; zero-copy is
+impossible here, since the sender must not write the receiver's cache). Each side hashes a
+piece right after copying it, while it is in cache, so the hash costs no memory pass of its
+own. The receiver hashes a piece after copying it out, so a sender rewriting a slot before
+the receiver is done with it is caught as corruption.
+
+The hash is an integrity check of one peer's slot discipline, not authentication: the sealed
+header carries it, and an authenticated sender can write any bytes into its reserved blocks
+anyway. A receiver may turn it off (``checksum=False``, ``ReceiverConfig.shm_checksum``); it
+says so in the handshake ACK (``shm_xxh``) and its senders then compute none.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from tandem.kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan
+from tandem.kv_transfer.blocks import KvBlocks, RecvSpan, SendSpan, chunk_bytes
 from tandem.kv_transfer.config import Limits
 from tandem.kv_transfer.endpoint import Endpoint
 from tandem.kv_transfer.errors import (
@@ -53,12 +62,13 @@ class ShmChannel(SocketChannel):
     takes_codecs = False
 
     def __init__(self, sock: socket.socket, codec: HeaderCodec, *, server: bool, slots: int,
-                 slot_bytes: int, max_payload: int, peer: str) -> None:
+                 slot_bytes: int, max_payload: int, peer: str, checksum: bool = True) -> None:
         super().__init__(sock, codec, min(max_payload, slot_bytes), "shm", peer,
                          accept_fds=not server)
         self._server = server
         self._slots = slots
         self._slot_bytes = slot_bytes
+        self.checksum = checksum  # the receiver's choice; a sender learns it from the ACK
         self._mm: mmap.mmap | None = None
         self._seg: memoryview | None = None
         self._fd_to_send: int | None = None
@@ -78,20 +88,24 @@ class ShmChannel(SocketChannel):
             os.close(fd)
             raise
         self._fd_to_send = fd
-        return {"shm_slots": self._slots, "shm_slot_bytes": self._slot_bytes}
+        return {"shm_slots": self._slots, "shm_slot_bytes": self._slot_bytes,
+                "shm_xxh": self.checksum}
 
     def client_setup(self, ack: Header) -> None:
         fds = self.take_fds()
         try:
             slots, slot_bytes = ack.get("shm_slots"), ack.get("shm_slot_bytes")
+            checksum = ack.get("shm_xxh", True)
             if type(slots) is not int or type(slot_bytes) is not int or len(fds) != 1 \
-                    or not 0 < slots <= 1024 or not 0 < slot_bytes <= 1 << 30:
+                    or not 0 < slots <= 1024 or not 0 < slot_bytes <= 1 << 30 \
+                    or type(checksum) is not bool:
                 raise MalformedFrame("shm handshake ACK lacks a segment")
             size = slots * slot_bytes
             if os.fstat(fds[0]).st_size != size:
                 raise MalformedFrame("shm segment size does not match the ACK")
             self._slots, self._slot_bytes = slots, slot_bytes
             self._max_payload = slot_bytes
+            self.checksum = checksum
             self._map(fds[0], size)
         finally:
             for fd in fds:
@@ -127,10 +141,17 @@ class ShmChannel(SocketChannel):
         slot = await self._take_slot()
         try:
             out = self._slot_array(slot, span.nbytes)
-            span.blocks.gather_into(span.lo, span.hi, span.ids, out)
-            digest = xxhash.xxh3_64_intdigest(out)
+            hasher = xxhash.xxh3_64() if self.checksum else None
+            try:
+                for piece in span.fill(out, self._piece_bytes(span.blocks)):
+                    if hasher is not None:
+                        hasher.update(piece)  # while the piece is in cache
+            finally:
+                span.release()
             del out  # drop the export of the mapping before anything can close it
-            await super().send({**header, "slot": slot, "xxh": digest})
+            extra = {"slot": slot} if hasher is None else {"slot": slot,
+                                                           "xxh": hasher.intdigest()}
+            await super().send({**header, **extra})
         except BaseException:
             self._give_back(slot)
             raise
@@ -177,7 +198,8 @@ class ShmChannel(SocketChannel):
 
     async def recv_payload(self, header: Header, span: RecvSpan | None, alive: Alive) -> bool:
         slot, digest, nbytes = header.get("slot"), header.get("xxh"), header["nbytes"]
-        if slot is None or digest is None or not 0 <= slot < self._slots or self._seg is None:
+        if slot is None or (digest is None and self.checksum) or not 0 <= slot < self._slots \
+                or self._seg is None:
             raise MalformedFrame("shm KV frame lacks a valid slot and hash")
         if nbytes > self._slot_bytes:
             raise FrameTooLarge(f"shm payload of {nbytes} bytes over the slot size")
@@ -186,7 +208,8 @@ class ShmChannel(SocketChannel):
         # the scatter into the blocks run with no await in between.
         if span is not None and alive():
             try:
-                landed = self._land(slot, nbytes, span) == digest
+                got = self._land(slot, nbytes, span)
+                landed = got is None or got == digest
                 if landed:
                     span.finish()
             finally:
@@ -202,16 +225,28 @@ class ShmChannel(SocketChannel):
         return np.frombuffer(self._mm, dtype=np.uint8, count=nbytes,
                              offset=slot * self._slot_bytes)
 
-    def _land(self, slot: int, nbytes: int, span: RecvSpan) -> int:
-        """Copy a slot into the span's blocks, then hash the slot.
+    @staticmethod
+    def _piece_bytes(blocks: KvBlocks) -> int:
+        """Bytes of one copy-and-hash piece: whole rows, small enough to stay in cache."""
+        return chunk_bytes(blocks.layout.block_bytes)
 
-        Hashing after the copy catches a sender that rewrites the slot before the receiver is
-        done with it (a write before or during the copy changes what the hash sees), without a
-        second pass over the scattered blocks.
+    def _land(self, slot: int, nbytes: int, span: RecvSpan) -> int | None:
+        """Copy a slot into the span's blocks piece by piece; the slot's hash (None when this
+        link has no checksum).
+
+        Each piece is hashed right after it is copied out: a sender that rewrites a piece
+        before or during its copy changes what the hash sees, one that rewrites it later
+        changes nothing the receiver keeps; and the piece is still in cache for the hash.
         """
         data = self._slot_array(slot, nbytes)
-        span.land(0, data)
-        return xxhash.xxh3_64_intdigest(data)
+        hasher = xxhash.xxh3_64() if self.checksum else None
+        step = self._piece_bytes(span.blocks)
+        for at in range(0, nbytes, step):
+            piece = data[at:at + step]
+            span.land(at, piece)
+            if hasher is not None:
+                hasher.update(piece)
+        return None if hasher is None else hasher.intdigest()
 
     def close(self) -> None:
         if self._closed:
@@ -240,9 +275,13 @@ class ShmTransport(Transport):
 
     name = "shm"
 
-    def __init__(self, limits: Limits, *, slots: int = 8, slot_bytes: int = 4 << 20,
-                 socket_dir: str | None = None) -> None:
+    def __init__(self, limits: Limits, *, slots: int = 4, slot_bytes: int = 8 << 20,
+                 socket_dir: str | None = None, checksum: bool = True) -> None:
+        """``slots``, ``slot_bytes``, ``checksum``: the segment a listener offers each
+        connection and whether its slots are hashed (a connecting sender follows the
+        receiver's ACK)."""
         self._codec = HeaderCodec(limits)
+        self._checksum = checksum
         self._max_payload = limits.max_payload_bytes
         self._slots, self._slot_bytes = slots, slot_bytes
         self._dir = socket_dir or tempfile.gettempdir()
@@ -261,7 +300,7 @@ class ShmTransport(Transport):
         def make(conn: socket.socket, peer: str) -> Channel:
             return ShmChannel(conn, self._codec, server=True, slots=self._slots,
                               slot_bytes=self._slot_bytes, max_payload=self._max_payload,
-                              peer=peer)
+                              peer=peer, checksum=self._checksum)
 
         def unlink() -> None:
             with contextlib.suppress(FileNotFoundError):
