@@ -6,6 +6,10 @@ when the link hashes, and lands only in the transfer's own blocks when it does n
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +17,9 @@ import xxhash
 
 from tandem.kv_transfer import Aborted, Committed, ReceiverConfig, SenderConfig
 from tandem.kv_transfer.blocks import KvBlocks, SendSpan
-from tandem.kv_transfer.frames import Kind
+from tandem.kv_transfer.config import Limits
+from tandem.kv_transfer.errors import MalformedFrame
+from tandem.kv_transfer.frames import HeaderCodec, Kind
 from tandem.kv_transfer.testing import (
     TEST_SECRET,
     HandSender,
@@ -25,6 +31,7 @@ from tandem.kv_transfer.testing import (
     tiny_layout,
 )
 from tandem.kv_transfer.transport import ShmTransport
+from tandem.kv_transfer.transport.shm import ShmChannel
 
 FRAGMENTED = ([13, 2, 9, 0, 31, 7, 22, 5], [4, 30, 11, 19, 1, 26, 8, 15])
 CONTIGUOUS = (list(range(8, 16)), list(range(20, 28)))
@@ -144,3 +151,34 @@ def test_a_slot_rewritten_after_its_hash_is_refused_or_stays_in_its_blocks(
         await finish(p)
 
     run(body())
+
+
+@pytest.mark.parametrize("flag", ["no", 0, 1, None, [True]])
+def test_an_ack_whose_hash_choice_is_not_a_bool_is_refused_and_its_segment_closed(flag) -> None:
+    """The receiver's ACK says whether senders hash (``shm_xxh``); anything but a bool is a
+    malformed ACK: refused before the segment is mapped, the received descriptor closed."""
+    async def body() -> None:
+        a, b = socket.socketpair(socket.AF_UNIX)
+        try:
+            ch = ShmChannel(a, HeaderCodec(Limits()), server=False, slots=2, slot_bytes=4096,
+                            max_payload=4096, peer="test")
+            good = {"shm_slots": 2, "shm_slot_bytes": 4096}
+            fd = os.memfd_create("t", os.MFD_CLOEXEC)
+            os.ftruncate(fd, 2 * 4096)
+            ch.received_fds = [fd]
+            with pytest.raises(MalformedFrame):
+                ch.client_setup({**good, "shm_xxh": flag})
+            with pytest.raises(OSError):
+                os.fstat(fd)  # closed by the refusal
+            assert ch.checksum is True and ch.buffered_bytes == 0  # nothing mapped
+            fd = os.memfd_create("t", os.MFD_CLOEXEC)
+            os.ftruncate(fd, 2 * 4096)
+            ch.received_fds = [fd]
+            ch.client_setup({**good, "shm_xxh": False})  # a bool: the sender stops hashing
+            assert ch.checksum is False and ch.buffered_bytes >= 2 * 4096
+            ch.close()
+        finally:
+            a.close()
+            b.close()
+
+    asyncio.run(body())
