@@ -60,6 +60,7 @@ from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import Receiver, Sender
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.decode.moves import LiveMoves, Suspended
+from tandem.worker.decode.reader_leases import ReaderLeases
 from tandem.worker.decode.receiver_events import ReceiverEvents
 from tandem.worker.decode.results import ReserveResult, StreamMessage
 from tandem.worker.decode.stream_moves import StreamMoves
@@ -120,7 +121,8 @@ class DecodeWorker:
         self._reserving: dict[str, asyncio.Task[ReserveResult]] = {}  # Reserves in flight
         self._events_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._leases = ReaderLeases(config.attach_lease_s, config.drain_orphan_grace_s,
+                                    self._unread)
         self._changed = asyncio.Event()
         self._events = ReceiverEvents(ae, receiver, agents, self.metrics, self._streams,
                                       self._groups, self.await_reader)
@@ -227,9 +229,7 @@ class DecodeWorker:
         if stream.attached:
             raise WrongState(f"request {request_id!r} is already being streamed")
         stream.attached = True
-        timer = self._timers.pop(stream.request_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._leases.cancel(stream)
         done = suspended = False
         try:
             async for msg in stream.messages():
@@ -350,9 +350,7 @@ class DecodeWorker:
 
     def cancel_reader_wait(self, stream: RequestStream) -> None:
         """Stop ``stream``'s attach lease."""
-        timer = self._timers.pop(stream.request_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._leases.cancel(stream)
 
     async def stats(self) -> EngineStats:
         """The engine's counters right now (as of its current step's start while one runs:
@@ -379,20 +377,12 @@ class DecodeWorker:
         self._touch()
 
     def await_reader(self, stream: RequestStream) -> None:
-        """Give a stream that has something to read and no reader the attach lease (while
-        draining, at most drain_orphan_grace_s: the drain waits for it that long); a lease
-        already running goes on (it counts from the first token)."""
-        if stream.attached or stream.request_id in self._timers:
-            return
-        loop = asyncio.get_running_loop()
-        ttl = self.config.attach_lease_s
-        if self.draining:
-            ttl = min(ttl, self.config.drain_orphan_grace_s)
-        self._timers[stream.request_id] = loop.call_later(ttl, self._unread, stream)
+        """Give a stream that has something to read and no reader the attach lease
+        (tandem/worker/decode/reader_leases.py)."""
+        self._leases.lease(stream)
 
     def _unread(self, stream: RequestStream) -> None:
         """The attach lease of ``stream`` ran out with no reader: stop it and drop it."""
-        self._timers.pop(stream.request_id, None)
         if stream.attached or self._streams.get(stream.request_id) is not stream:
             return
         if stream.ended and not self.moves.holds(stream.request_id):
@@ -409,9 +399,7 @@ class DecodeWorker:
             self._forget(stream)
 
     def _forget(self, stream: RequestStream) -> None:
-        timer = self._timers.pop(stream.request_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._leases.cancel(stream)
         if self._streams.get(stream.request_id) is stream:
             del self._streams[stream.request_id]
         group = self._groups.get(stream.group_id)
@@ -439,13 +427,7 @@ class DecodeWorker:
         """Take no new reservations; what is running finishes and ended streams wait for
         their reader (each at most ``drain_orphan_grace_s``)."""
         self.draining = True
-        loop = asyncio.get_running_loop()
-        latest = loop.time() + self.config.drain_orphan_grace_s
-        for request_id, timer in list(self._timers.items()):
-            stream = self._streams.get(request_id)
-            if stream is not None and timer.when() > latest:  # an orphan: shorten its wait
-                timer.cancel()
-                self._timers[request_id] = loop.call_at(latest, self._unread, stream)
+        self._leases.begin_drain(self._streams.get)
         self._touch()
 
     async def wait_idle(self) -> None:

@@ -11,8 +11,8 @@
     Resume(rid) ──> a fresh stream, the request back in the batch
     the lease runs out first (the router went away) ──> the host aborts it (``holds``)
 
-The stream table itself (streams, groups, reader leases) is the host's:
-tandem/worker/decode/service.py.
+The stream table itself (streams, groups) is the host's: tandem/worker/decode/service.py;
+the reader leases are tandem/worker/decode/reader_leases.py, held by the host.
 """
 
 from __future__ import annotations
