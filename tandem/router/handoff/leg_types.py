@@ -92,3 +92,4 @@ class DecodeLeg:
     endpoint: str
     leg_id: str
     reservation: Reservation
+    index: int = 0  # which sequence of a forked leg a stream reads (0 otherwise)

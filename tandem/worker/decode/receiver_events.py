@@ -7,10 +7,16 @@ waiting on it.
                   with the reason
 
 Either way a tensor-parallel group's other ranks end their leases on the same blocks.
+
+A Reserve waits until the events reported so far are applied (``caught_up``): a commit the
+receiver has acknowledged is then in the engine, its full blocks prefix-cached, so a forked
+request's next sequence moving here finds its prompt's blocks (tandem/router/handoff/ledger.py
+moves them one at a time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -40,15 +46,29 @@ class ReceiverEvents:
         self._streams = streams
         self._groups = groups
         self._await_reader = await_reader
+        self._taken = self._applied = 0  # events taken off the queue, and applied since
+        self._handled = asyncio.Event()  # set (and replaced) after each event
 
     async def consume(self) -> None:
         """Apply every event the receiver reports, one after another, for as long as it runs."""
         while True:
             event = await self._receiver.events.get()
+            self._taken += 1
             try:
                 await self._on_event(event)
             except Exception:  # a bug in one request's handling must not stop every commit
                 log.exception("handling %r failed", event)
+            finally:
+                self._applied += 1
+                handled, self._handled = self._handled, asyncio.Event()
+                handled.set()
+
+    async def caught_up(self) -> None:
+        """Return once every event the receiver has reported so far is applied (those
+        reported later are not waited for)."""
+        reported = self._taken + self._receiver.events.qsize()
+        while self._applied < reported:
+            await self._handled.wait()
 
     def release(self, tid: str, reason: str) -> None:
         """End a reservation's lease here and on every other rank of the group."""

@@ -28,7 +28,9 @@ and kept on the request's ``RequestStream``; receiver events map to requests thr
 A forked request (``n`` > 1) is one reservation, one push and one COMMIT carrying n first
 tokens; the engine forks it into n sequences sharing the pushed blocks, each with its own
 ``RequestStream`` (Decode names it by index). Abort without an index ends them all; with one,
-that sequence only (before the fork, a sequence cannot leave alone: the request goes).
+that sequence only (before the fork, a sequence cannot leave alone: the request goes). After
+the fork a sequence moves live on its own (Suspend, MoveOut and Resume name it by index); the
+blocks it shares with its siblings stay here until the last of them is freed.
 
 Two orderings keep the blocks safe:
   release before free: Abort and PrefillLocal end the receiver's lease (after which no frame
@@ -194,6 +196,7 @@ class DecodeWorker:
     ) -> ReserveResult:
         rid, tid, n = group[0].request_id, group[0].transfer_id, len(group)
         try:
+            await self._events.caught_up()  # an acknowledged commit's blocks are cached
             await self._ae.prepare(params)
             granted, adapter = await self._ae.call(
                 lambda e: (e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
@@ -222,10 +225,7 @@ class DecodeWorker:
         """Stream the messages of a request's sequence ``index`` (0 unless it is forked)
         after its first token; a client that goes away aborts that sequence. Raises
         UnknownRequest, WrongState, TransferEnded."""
-        group = self._groups.get(request_id)
-        stream = self._streams.get(sequence_id(request_id, index)) if group else None
-        if stream is None:
-            raise UnknownRequest(request_id if not index else f"{request_id} sequence {index}")
+        stream = self.sequence_stream(request_id, index)
         if stream.attached:
             raise WrongState(f"request {request_id!r} is already being streamed")
         stream.attached = True
@@ -327,25 +327,24 @@ class DecodeWorker:
             await asyncio.wait([task])
 
     # -- the stream table, as the live moves see it (stream_moves.MoveHost) --------------------
-    def single_stream(self, request_id: str) -> RequestStream:
-        """The one stream of a request. Raises UnknownRequest, or WrongState when it is
-        forked (its sequences share blocks and do not move live)."""
+    def sequence_stream(self, request_id: str, index: int) -> RequestStream:
+        """The stream of a request's sequence ``index`` (0 unless it is forked). Raises
+        UnknownRequest."""
         group = self._groups.get(request_id)
-        stream = self._streams.get(request_id)
-        if group is None or stream is None:
-            raise UnknownRequest(request_id)
-        if len(group) > 1:
-            raise WrongState(f"request {request_id!r} is forked: its sequences share blocks "
-                             "and do not move live")
+        stream = self._streams.get(sequence_id(request_id, index)) if group else None
+        if stream is None:
+            raise UnknownRequest(request_id if not index else f"{request_id} sequence {index}")
         return stream
 
     def renew_stream(self, old: RequestStream) -> RequestStream:
-        """A fresh stream in ``old``'s place (a resumed request's), not started."""
+        """A fresh stream in ``old``'s place (a resumed sequence's), not started."""
         stream = RequestStream(old.request_id, old.transfer_id, self._ae, self._on_stream_end,
-                               self.metrics.inter_token, group_id=old.group_id)
+                               self.metrics.inter_token, index=old.index,
+                               group_id=old.group_id)
         stream.started = True
         self._streams[old.request_id] = stream
-        self._groups[old.group_id] = [stream]
+        group = self._groups[old.group_id]
+        group[group.index(old)] = stream
         return stream
 
     def cancel_reader_wait(self, stream: RequestStream) -> None:
