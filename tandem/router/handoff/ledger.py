@@ -76,6 +76,7 @@ from tandem.router.handoff.fork import merge_sequences
 from tandem.router.handoff.leg_move import LegMove
 from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply
 from tandem.router.handoff.live_moves import MoveTicket
+from tandem.router.handoff.move_gap import MoveGap
 from tandem.router.handoff.open_legs import OpenLegs
 from tandem.router.handoff.prefill_leg import LegPrefill
 from tandem.router.request import Chunk, HandoffReport, Prepared
@@ -206,8 +207,7 @@ class Handoff:
         if self._deps.registry.moving_off(self._leg.endpoint):  # drained while prefilling
             self._deps.live.move_soon(self._calls, ticket,
                                       self._deps.live.cause_of(self._leg.endpoint))
-        moved_at: float | None = None  # when the last token before a move came
-        last_at = time.monotonic()
+        gap = MoveGap(self._deps.counters)
         while True:
             leg = self._leg
             stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
@@ -216,18 +216,15 @@ class Handoff:
             try:
                 async with aclosing(stream):  # closed (RPC cancelled) however we leave
                     async for chunk in stream:
-                        if moved_at is not None:  # the new leg's first: a new text base
-                            chunk.leg_start = True
-                            self._deps.counters.move_gap.observe(time.monotonic() - moved_at)
-                            moved_at = None
-                        last_at = time.monotonic()
+                        if gap.tick(len(chunk.token_ids)):  # the new leg's first: a new text
+                            chunk.leg_start = True  # base
                         self._sent.extend(chunk.token_ids)
                         yield chunk
                 return
             except LegSuspendedError:
                 async with self._moves:  # a forked request's sequences: one at a time
                     if await self._move(ticket):
-                        moved_at = last_at
+                        gap.moved()
 
     async def _move(self, ticket: MoveTicket) -> bool:
         """``self._leg``'s stream was suspended for a live move: move it to another decode

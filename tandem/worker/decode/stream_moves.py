@@ -5,8 +5,9 @@
         (engine: out of the batch) ──> its Decode reader gets Suspended after every token so
         far; the stream is kept, under the attach lease (``MoveHost.await_reader``)
     MoveOut(rid, j, target) ──> claimed (a second MoveOut or a Resume finds nothing) ──>
-        LiveMoves.push ──> committed there: abort sequence j here (its blocks freed, but
-                           those its siblings still share; the stream forgotten)
+        LiveMoves.push ──> committed there: the reply, then sequence j aborted here (its
+                           blocks freed, but those its siblings still share; the stream
+                           forgotten)
                         ──> MoveFailed: resumed here (a fresh stream, a new Decode reads on)
                         ──> a bad target (BadRequest, LayoutMismatch): still suspended
     Resume(rid, j) ──> a fresh stream, the sequence back in the batch
@@ -27,8 +28,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from tandem.engine.kv_connector import Suspended as Continuation
-from tandem.worker.decode.moves import LiveMoves, Moved, MoveFailed, MoveTarget
+from tandem.worker.decode.moves import Departure, LiveMoves, Moved, MoveFailed, MoveTarget
 from tandem.worker.decode.streams import RequestStream
 from tandem.worker.errors import TransferEnded, WrongState
 
@@ -63,7 +63,7 @@ class StreamMoves:
     def __init__(self, host: MoveHost, moves: LiveMoves) -> None:
         self._host = host
         self._moves = moves
-        self._suspended: dict[str, Continuation] = {}  # by the sequence's engine id
+        self._suspended: dict[str, Departure] = {}  # by the sequence's engine id
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def holds(self, sequence_id: str) -> bool:
@@ -88,9 +88,9 @@ class StreamMoves:
         if stream.ended or sid in self._suspended:
             raise WrongState(f"request {request_id!r} sequence {index} is not decoding (ended "
                              "or already moving)")
-        moved = await self._moves.suspend(sid)
-        self._suspended[sid] = moved
-        return moved.num_output_tokens
+        departure = await self._moves.suspend(sid)
+        self._suspended[sid] = departure
+        return departure.continuation.num_output_tokens
 
     async def move_out(self, request_id: str, target: MoveTarget, index: int = 0) -> Moved:
         """Push a suspended sequence's KV into ``target`` and commit it there, then free it
@@ -101,20 +101,21 @@ class StreamMoves:
     async def _move_out(self, request_id: str, index: int, target: MoveTarget) -> Moved:
         stream = self._host.sequence_stream(request_id, index)
         sid = stream.request_id
-        continuation = self._suspended.pop(sid, None)  # claimed: one move at a time
-        if continuation is None:
+        departure = self._suspended.pop(sid, None)  # claimed: one move at a time
+        if departure is None:
             raise WrongState(f"request {request_id!r} sequence {index} is not suspended")
         self._host.cancel_reader_wait(stream)
         try:
-            moved = await self._moves.push(sid, continuation, target)
+            moved = await self._moves.push(sid, departure, target)
         except MoveFailed:
             await self._resume(stream)
             raise
         except BaseException:
-            self._suspended[sid] = continuation  # still suspended: Resume, or its lease,
+            self._suspended[sid] = departure  # still suspended: Resume, or its lease,
             self._host.await_reader(stream)  # ends it
             raise
-        await self._host.abort(request_id, index)  # committed on the target: freed here
+        # Committed on the target: freed here, while the caller already reads on there.
+        self._spawn(self._host.abort(request_id, index))
         return moved
 
     async def resume(self, request_id: str, index: int = 0) -> bool:

@@ -70,6 +70,7 @@ def test_moved_to_a_reservation_reads_on(engines) -> None:
             msgs = await c.decode_all("r1.1")
             assert sent + [t for m in msgs for t in m.token_ids] == want
             assert not msgs[0].text.startswith("\ufffd")
+            await c.settle()  # r1 freed here once committed there (after MoveOut's reply)
             with pytest.raises(grpc.aio.AioRpcError) as err:  # r1 is gone from here
                 await c.decode_stub.Resume(worker_pb2.ResumeRequest(request_id="r1"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -102,7 +103,10 @@ def test_a_forked_sequence_moves_alone(engines) -> None:
             target = await stub.Reserve(worker_pb2.ReserveRequest(
                 request_id="f-1", token_ids=PROMPT + sent[:-1], sampling=greedy(LONG),
                 lease_s=10, prior_output_tokens=len(sent) - 1, moved_in=True))
-            assert target.cached_tokens == len(PROMPT) // 16 * 16  # the shared prompt blocks
+            # at least the prompt's full blocks (greedy, the sibling's output is the same, so
+            # its blocks cached since may match further)
+            assert len(PROMPT) // 16 * 16 <= target.cached_tokens < len(PROMPT) + len(sent) - 1
+            assert target.cached_tokens % 16 == 0
             moved = await stub.MoveOut(worker_pb2.MoveOutRequest(
                 request_id="f", index=1, transfer_id=target.transfer_id,
                 block_ids=target.block_ids, kv_endpoint=target.kv_endpoint,
