@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SNAPSHOT_EVERY_S = 0.1  # the engine thread's stats snapshots, taken at step starts, this apart
+PAUSE_POLL_S = 0.01  # how often a paused engine thread asks its pause again (when no call comes)
 
 
 class EngineDeadError(RuntimeError):
@@ -56,13 +57,17 @@ class AsyncEngine:
     (the workers' step-time metric); ``on_busy(busy)`` there too, whenever the engine goes from
     idle to having work (True) or back (False), first with False at start (a prefill worker
     lending its idle cores: tandem/worker/core_lending.py). Both must be quick and thread-safe.
+    ``pause(engine)``, if given, is asked there before every step: while it answers True the
+    thread runs calls but takes no step (a test-only hold: tandem/worker/step_hold.py).
     """
 
     def __init__(
         self, engine: LLMEngine, on_step: Callable[[float], None] | None = None,
         on_busy: Callable[[bool], None] | None = None,
+        pause: Callable[[LLMEngine], bool] | None = None,
     ) -> None:
         self.engine = engine
+        self._pause = pause
         self._on_step = on_step if on_step is not None else _ignore_step
         self._on_busy = on_busy
         self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Any] | None] = (
@@ -178,8 +183,10 @@ class AsyncEngine:
                 if busy != was_busy and self._on_busy is not None:
                     self._on_busy(busy)
                 was_busy = busy
+                paused = busy and self._pause is not None and self._pause(self.engine)
                 try:
-                    item = self._calls.get(block=not busy)
+                    item = (self._calls.get(timeout=PAUSE_POLL_S) if paused
+                            else self._calls.get(block=not busy))
                 except queue.Empty:
                     item = ...
                 if item is None:
@@ -187,6 +194,8 @@ class AsyncEngine:
                 if item is not ...:
                     self._run_call(*item)
                     continue  # drain every queued call before the next step
+                if paused:
+                    continue
                 steps, started = self.engine.num_steps, time.perf_counter()
                 if started - self._snapshot_at >= SNAPSHOT_EVERY_S:
                     self._snapshot, self._snapshot_at = self.engine.stats(), started

@@ -45,6 +45,7 @@ from tandem.router.errors import (
     WorkerFailedError,
 )
 from tandem.router.handoff.counters import HandoffCounters
+from tandem.router.handoff.counters import Histogram as Counts
 from tandem.router.membership.registry import Registry
 
 ROLE = "router"
@@ -153,16 +154,12 @@ class _StateCollector(Collector):
         yield moves
         yield _counter("tandem_live_migration_bytes", "KV bytes pushed by live moves",
                        c.moved_bytes)
-        gap = HistogramMetricFamily(
-            "tandem_live_migration_gap_seconds", "A live move's client-visible gap: the last "
-            "token from the old decode worker to the first from the new one", labels=["role"])
-        cumulative, buckets = 0, []
-        for bound, n in zip((*c.move_gap.bounds, float("inf")), c.move_gap.counts,
-                            strict=True):
-            cumulative += n
-            buckets.append((floatToGoString(bound), cumulative))
-        gap.add_metric([ROLE], buckets, c.move_gap.total)
-        yield gap
+        yield _histogram("tandem_live_migration_gap_seconds", "A live move's client-visible "
+                         "gap: the last token from the old decode worker to the first from "
+                         "the new one", c.move_gap)
+        yield _histogram("tandem_live_migration_gap_steps", "That gap over the old decode "
+                         "worker's recent step (the stream's mean token spacing there)",
+                         c.move_gap_steps)
         yield _counter("tandem_worker_aborts_sent", "Abort RPCs sent to workers",
                        c.aborts_sent)
         yield _gauge("tandem_num_requests_running", "Requests admitted and in flight",
@@ -196,6 +193,16 @@ class _StateCollector(Collector):
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=["role"])
     family.add_metric([ROLE], value)
+    return family
+
+
+def _histogram(name: str, doc: str, counts: Counts) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=["role"])
+    cumulative, buckets = 0, []
+    for bound, n in zip((*counts.bounds, float("inf")), counts.counts, strict=True):
+        cumulative += n
+        buckets.append((floatToGoString(bound), cumulative))
+    family.add_metric([ROLE], buckets, counts.total)
     return family
 
 

@@ -1,15 +1,18 @@
 """Live KV migration through real processes (tiny served model; two decode workers, a prefill
 worker, a router): a stream moved from one decode worker to the other mid-generation equals
 the undisturbed stream token for token and text for text (greedy; seeded with penalties and a
-stop string; a JSON schema), with both workers idle after and every block free; a move whose target is
-SIGKILLed mid-push leaves the stream on its source, which finishes it; and `tandem drain
---migrate` of a worker holding several streams moves them all with zero failed requests
-(then `tandem drain` without it waits for the streams).
+stop string; a JSON schema; both choices of a seeded n=2 request, whose prompt crosses once),
+with both workers idle after and every block free; a move whose target is SIGKILLed mid-push
+leaves the stream on its source, which finishes it; and `tandem drain --migrate` of a worker
+holding several streams moves them all with zero failed requests (then `tandem drain` without
+it waits for the streams).
 
-Ordering: each moved stream asks for ``LONG`` tokens and the move is asked for as soon as its
-first token reaches the client, so the stream cannot end first by a margin of hundreds of
-decode steps; the move's outcome is asserted (it moved), never assumed. The target's death
-falls in a forced window: the source holds before its COMMIT (tandem/worker/commit_hold.py).
+Ordering, forced: the decode workers run with the test-only step hold
+(tandem/worker/step_hold.py): while the test holds it, a worker takes no step once a request
+it runs has ``K`` output tokens, so no stream passes ``K`` tokens; the test waits until the
+client has them (a stream's move ticket is open from its first token on), asks for the move
+and lifts the hold only after the move's reply, so no stream can end before its move. The target's death falls in a forced window too: the source holds before its
+COMMIT (tandem/worker/commit_hold.py).
 """
 
 from __future__ import annotations
@@ -18,23 +21,49 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
+import openai
 import pytest
 
 from tandem.launcher.local_cluster import Cluster, Proc
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.worker.commit_hold import ENV as HOLD_ENV
+from tandem.worker.step_hold import ENV as STEP_HOLD_ENV
 from tests import scrape
 from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 
 pytestmark = pytest.mark.slow
 
-LONG = 320  # tokens per moved stream (20 blocks of 16)
+LONG = 128  # tokens per moved stream
+K = 2  # output tokens a held stream stops at (the step hold): its second is its worker's
+BLOCK = 16  # the engine's block size (tandem/engine/config.py)
 GREEDY = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The step hold's directory, in the environment the workers are started with."""
+    d = tmp_path / "steps"
+    d.mkdir()
+    monkeypatch.setenv(STEP_HOLD_ENV, str(d))
+    return d
+
+
+def _hold(steps: Path) -> None:
+    """No request steps past ``K`` output tokens from now on (the file written whole)."""
+    (steps / "hold.partial").write_text(str(K))
+    (steps / "hold.partial").rename(steps / "hold")
+
+
+def _lift(steps: Path) -> None:
+    """Every worker steps again."""
+    (steps / "hold").unlink()
 
 
 @dataclass
@@ -48,6 +77,10 @@ class Run:
     error: grpc.RpcError | None = None
     first: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+
+    def tokens(self) -> int:
+        """Tokens received so far."""
+        return sum(len(m.token_ids) for m in list(self.messages))
 
     def start(self) -> Run:
         def go() -> None:
@@ -71,6 +104,43 @@ class Run:
         assert self.error is None, self.error
         return ([t for m in self.messages for t in m.token_ids],
                 "".join(m.text for m in self.messages), self.messages[-1].finish_reason)
+
+
+@dataclass
+class Forked:
+    """One streamed n=2 completion over HTTP in a thread: each choice's tokens (logprobs'
+    token texts), text and finish reason."""
+
+    client: openai.OpenAI
+    body: dict[str, Any]
+    tokens: dict[int, list[str]] = field(default_factory=lambda: {0: [], 1: []})
+    texts: dict[int, str] = field(default_factory=lambda: {0: "", 1: ""})
+    finish: dict[int, str] = field(default_factory=dict)
+    error: Exception | None = None
+    thread: threading.Thread | None = None
+
+    def start(self) -> Forked:
+        def go() -> None:
+            try:
+                for chunk in self.client.completions.create(stream=True, **self.body):
+                    for c in chunk.choices:
+                        self.tokens[c.index] += c.logprobs.tokens if c.logprobs else []
+                        self.texts[c.index] += c.text
+                        if c.finish_reason:
+                            self.finish[c.index] = c.finish_reason
+            except Exception as exc:  # noqa: BLE001  # asserted in result()
+                self.error = exc
+
+        self.thread = threading.Thread(target=go)
+        self.thread.start()
+        return self
+
+    def result(self) -> list[tuple[list[str], str, str]]:
+        """Each choice's (tokens, text, finish reason) once the stream ended."""
+        assert self.thread is not None
+        self.thread.join(timeout=300)
+        assert self.error is None, self.error
+        return [(self.tokens[j], self.texts[j], self.finish[j]) for j in (0, 1)]
 
 
 def _start(c: Cluster, model: Path) -> tuple[Proc, Proc, Proc, Proc]:
@@ -97,24 +167,43 @@ def _move(router: Proc, worker: Proc) -> worker_pb2.MovedStreams:
             worker_pb2.MoveStreamsRequest(worker=worker.grpc), timeout=300)
 
 
+def _reached(*received: Callable[[], int]) -> None:
+    """Wait until each stream's client has ``K`` tokens (held there: no more come)."""
+    wait_until(lambda: all(r() >= K for r in received), timeout=120)
+
+
 def _moved_run(stub: tandem_pb2_grpc.TandemStub, router: Proc, d1: Proc, d2: Proc,
-               text: str, sampling: tandem_pb2.SamplingParams) -> tuple[list[int], str, str]:
+               text: str, sampling: tandem_pb2.SamplingParams, steps: Path
+               ) -> tuple[list[int], str, str]:
+    _hold(steps)
     run = Run(stub, text, sampling).start()
-    assert run.first.wait(120)
+    _reached(run.tokens)
     reply = _move(router, _holder(d1, d2))
+    _lift(steps)
     assert (reply.moved, reply.stayed) == (1, 0), reply.reasons
     return run.result()
 
 
-def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir) -> None:
+def _moved_bytes(router: Proc) -> float:
+    return scrape.value(scrape.parse(scrape.fetch(router.info["http"])),
+                        "tandem_live_migration_bytes_total")
+
+
+def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir, steps: Path) -> None:
     model = tiny_served_model(tiny_dir, smollm2_dir)
     c = Cluster()
     try:
         d1, d2, prefill, router = _start(c, model)
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
         text = "The lighthouse keeper counted the ships"
-        assert _moved_run(stub, router, d1, d2, text, GREEDY) == Run(
-            stub, text, GREEDY).start().result()
+        moved = _moved_run(stub, router, d1, d2, text, GREEDY, steps)
+        undisturbed_run = Run(stub, text, GREEDY).start()
+        assert moved == undisturbed_run.result()
+        # The first move: its target had none of the prompt, so every block crossed; the
+        # KV of all the tokens but the last (the COMMIT carries that one).
+        blocks = -(-(undisturbed_run.messages[-1].usage.prompt_tokens + K - 1) // BLOCK)
+        per_block, rest = divmod(int(_moved_bytes(router)), blocks)
+        assert per_block > 0 and rest == 0
 
         seeded = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.9, top_p=0.95,
                                            seed=1234, frequency_penalty=0.6,
@@ -126,25 +215,48 @@ def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir) -> None:
         seeded.stop.append(stop)
         undisturbed = Run(stub, text, seeded).start().result()
         assert undisturbed[2] == "stop" and len(undisturbed[0]) > LONG // 2
-        assert _moved_run(stub, router, d1, d2, text, seeded) == undisturbed
+        assert _moved_run(stub, router, d1, d2, text, seeded, steps) == undisturbed
 
-        # Structured output: the target's grammar matcher replays the tokens so far (64 items
-        # keep EOS out for far longer than the move takes).
+        # Structured output: the target's grammar matcher replays the tokens so far.
         schema = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0)
         schema.structured.json_schema = ('{"type": "array", "items": {"type": "string"}, '
                                          '"minItems": 64}')
         undisturbed = Run(stub, text, schema).start().result()
         assert len(undisturbed[0]) > LONG // 2
-        assert _moved_run(stub, router, d1, d2, text, schema) == undisturbed
+        assert _moved_run(stub, router, d1, d2, text, schema, steps) == undisturbed
+
+        # n=2, seeded: each sequence moves as a single request of its own (seed + j), one at
+        # a time; the second finds the prompt's blocks on the target (the first's), so they
+        # cross once. A prompt no worker has seen: the target caches nothing of it before.
+        client = openai.OpenAI(base_url=f"http://{router.info['http']}/v1", api_key="unused")
+        forked = {"model": MODEL_ID, "prompt": "Two keepers wrote letters to the harbour",
+                  "max_tokens": LONG, "n": 2, "temperature": 0.9, "top_p": 0.95, "seed": 77,
+                  "logprobs": 0, "extra_body": {"ignore_eos": True}}
+        before = _moved_bytes(router)
+        _hold(steps)
+        run = Forked(client, forked).start()
+        _reached(lambda: len(run.tokens[0]), lambda: len(run.tokens[1]))
+        reply = _move(router, _holder(d1, d2))
+        _lift(steps)
+        assert (reply.moved, reply.stayed) == (2, 0), reply.reasons
+        whole = client.completions.create(**forked)
+        assert run.result() == [(c.logprobs.tokens, c.text, c.finish_reason)
+                                for c in whole.choices]
+        assert whole.usage is not None
+        kv = whole.usage.prompt_tokens + K - 1  # each sequence's KV at the move
+        a, b = (c.logprobs.tokens for c in whole.choices)
+        common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), K)
+        shared = min(whole.usage.prompt_tokens + common, kv) // BLOCK  # full blocks alike
+        assert _moved_bytes(router) - before == per_block * (2 * -(-kv // BLOCK) - shared)
 
         for d in (d1, d2):
             wait_until(lambda d=d: worker_idle(d, "decode"))
         samples = scrape.parse(scrape.fetch(router.info["http"]))
         assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
-                            outcome="moved") == 3
-        assert scrape.value(samples, "tandem_live_migration_bytes_total") > 0
+                            outcome="moved") == 5
         gaps = scrape.value(samples, "tandem_live_migration_gap_seconds_count")
-        assert gaps == 3
+        assert gaps == 5  # in decode steps too (long here: each move waited on the test)
+        assert scrape.value(samples, "tandem_live_migration_gap_steps_count") == 5
         print(f"\nmean client-visible gap of a live move: "
               f"{scrape.value(samples, 'tandem_live_migration_gap_seconds_sum') / gaps:.4f} s")
         assert scrape.value(samples, "tandem_migrations_total") == 0  # nothing re-prefilled
@@ -153,7 +265,8 @@ def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir) -> None:
 
 
 def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              steps: Path) -> None:
     model = tiny_served_model(tiny_dir, smollm2_dir)
     hold = tmp_path / "hold"
     hold.mkdir()
@@ -164,8 +277,9 @@ def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Pa
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
         text = "A second prompt about harbours"
         undisturbed = Run(stub, text, GREEDY).start().result()
+        _hold(steps)
         run = Run(stub, text, GREEDY).start()
-        assert run.first.wait(120)
+        _reached(run.tokens)
         source = _holder(d1, d2)
         target = d2 if source is d1 else d1
         (hold / "hold").touch()  # the move's COMMIT waits: the target dies meanwhile
@@ -178,6 +292,7 @@ def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Pa
         finally:
             (hold / "release").touch()
             mover.join(timeout=300)
+        _lift(steps)
         (reply,) = replies
         assert (reply.moved, reply.stayed) == (0, 1) and "push failed" in reply.reasons[0]
         assert run.result() == undisturbed  # it went on where it was
@@ -190,7 +305,7 @@ def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Pa
         c.stop()
 
 
-def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir) -> None:
+def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir, steps: Path) -> None:
     """Several streams, all gathered on d1 by a move; a drain with migrate of d1: every
     stream completes, equal to its undisturbed run, and the worker exits; then the streams
     again on the survivor and a plain drain of it, which waits for them (both drains' times
@@ -202,6 +317,7 @@ def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir) -> None:
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
         texts = [f"Story {i}: the lighthouse keeper counted" for i in range(4)]
         expected = [Run(stub, t, GREEDY).start().result() for t in texts]
+        _hold(steps)  # each stream stops at its first token or its K-th, until lifted
         runs = [Run(stub, t, GREEDY).start() for t in texts]
         assert all(r.first.wait(120) for r in runs)
         # Whatever placement put on d2 moves to d1 (the one other decode worker): d1 then
@@ -215,6 +331,7 @@ def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir) -> None:
         assert (reply.moved, reply.stayed) == (len(texts), 0), reply.reasons
         assert drained.popen.wait(timeout=120) == 0
         migrate_s = time.monotonic() - t0
+        _lift(steps)
         assert [r.result() for r in runs] == expected  # zero failed, nothing changed
 
         # The same streams again, all on the survivor now; a plain drain (the CLI's) waits

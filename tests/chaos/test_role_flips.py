@@ -29,13 +29,15 @@ from tandem.launcher.local_cluster import Cluster, Proc
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.worker.commit_hold import ENV as HOLD_ENV
 from tests import scrape
-from tests.chaos.test_live_migration import GREEDY, Run
+from tests.chaos.test_live_migration import Run
 from tests.integration.sdk_cluster import wait_until, worker_idle
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 
 pytestmark = pytest.mark.slow
 
 SHORT = tandem_pb2.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+# Streams long enough that the flips find them mid-stream (a margin of hundreds of steps).
+GREEDY = tandem_pb2.SamplingParams(max_tokens=320, temperature=0.0, ignore_eos=True)
 
 
 def _flip(router: Proc, worker: str, to: int, force: bool = False

@@ -18,10 +18,12 @@ ROLE_PREFILL: Role
 ROLE_DECODE: Role
 
 class SuspendRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class SuspendResponse(_message.Message):
     __slots__ = ("num_output_tokens",)
@@ -30,7 +32,7 @@ class SuspendResponse(_message.Message):
     def __init__(self, num_output_tokens: _Optional[int] = ...) -> None: ...
 
 class MoveOutRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_id", "block_ids", "kv_endpoint", "layout", "skip_tokens", "last_token")
+    __slots__ = ("request_id", "transfer_id", "block_ids", "kv_endpoint", "layout", "skip_tokens", "last_token", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +40,7 @@ class MoveOutRequest(_message.Message):
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SKIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -45,7 +48,8 @@ class MoveOutRequest(_message.Message):
     layout: KVLayout
     skip_tokens: int
     last_token: int
-    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., skip_tokens: _Optional[int] = ..., last_token: _Optional[int] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., skip_tokens: _Optional[int] = ..., last_token: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class MoveOutResponse(_message.Message):
     __slots__ = ("bytes", "transfer_s")
@@ -56,10 +60,12 @@ class MoveOutResponse(_message.Message):
     def __init__(self, bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ...) -> None: ...
 
 class ResumeRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class ResumeResponse(_message.Message):
     __slots__ = ("resumed",)

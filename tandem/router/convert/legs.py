@@ -38,24 +38,25 @@ def reserve_request(leg: LegRequest, lease_s: float) -> worker_pb2.ReserveReques
     )
 
 
-def suspend_request(leg_id: str) -> worker_pb2.SuspendRequest:
-    """DecodeService.Suspend's request."""
-    return worker_pb2.SuspendRequest(request_id=leg_id)
+def suspend_request(leg_id: str, index: int = 0) -> worker_pb2.SuspendRequest:
+    """DecodeService.Suspend's request (``index``: a forked leg's sequence)."""
+    return worker_pb2.SuspendRequest(request_id=leg_id, index=index)
 
 
-def resume_request(leg_id: str) -> worker_pb2.ResumeRequest:
-    """DecodeService.Resume's request."""
-    return worker_pb2.ResumeRequest(request_id=leg_id)
+def resume_request(leg_id: str, index: int = 0) -> worker_pb2.ResumeRequest:
+    """DecodeService.Resume's request (``index``: a forked leg's sequence)."""
+    return worker_pb2.ResumeRequest(request_id=leg_id, index=index)
 
 
-def move_out_request(leg_id: str, reservation: Reservation, last_token: int
+def move_out_request(leg_id: str, reservation: Reservation, last_token: int, index: int = 0
                      ) -> worker_pb2.MoveOutRequest:
-    """DecodeService.MoveOut's request: push ``leg_id``'s KV into the target's
-    ``reservation`` (all but what it caches), commit ``last_token`` there."""
+    """DecodeService.MoveOut's request: push the KV of ``leg_id`` (its sequence ``index``)
+    into the target's ``reservation`` (all but what it caches), commit ``last_token``
+    there."""
     out = worker_pb2.MoveOutRequest(
         request_id=leg_id, transfer_id=reservation.transfer_id,
         block_ids=reservation.block_ids, kv_endpoint=reservation.kv_endpoint,
-        skip_tokens=reservation.skip_tokens, last_token=last_token)
+        skip_tokens=reservation.skip_tokens, last_token=last_token, index=index)
     if reservation.layout is not None:
         out.layout.CopyFrom(_layout_to_proto(reservation.layout))
     return out

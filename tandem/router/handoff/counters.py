@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from tandem.placement.cost_model import Decision, Placement, Reason
 from tandem.placement.slo import ITL_BUCKETS
 
+GAP_STEP_BUCKETS = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 10.0, 20.0, 50.0, 100.0)
+
 
 @dataclass(slots=True)
 class Histogram:
@@ -52,6 +54,8 @@ class HandoffCounters:
     # the client-visible gap of each live move: last token from the old worker to the first
     # from the new one (ITL's buckets: it is an inter-token latency)
     move_gap: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    # that gap over the source's recent decode step (tandem/router/handoff/move_gap.py)
+    move_gap_steps: Histogram = field(default_factory=lambda: Histogram(GAP_STEP_BUCKETS))
 
     def count_placement(self, placed: Placement) -> None:
         """One placement decision: its (decision, reason), and for a local one why."""

@@ -14,8 +14,9 @@ One leg at a time, normally just one::
 
 A forked request (``n`` > 1: the HTTP API's n / best_of) runs that first leg once with n:
 one Reserve, one prefill and push of the prompt, n first tokens; then its sequences stream
-side by side (tandem/router/handoff/fork.py). A sequence whose decode worker dies migrates alone, as
-a single request (``rid-j``, seed + j) carrying its tokens so far.
+side by side (tandem/router/handoff/fork.py), each followed as a single request of its own
+(``rid-j``, seed + j, ``follow``): one whose decode worker dies migrates alone carrying its
+tokens so far; live moves take them one at a time, the first pushing the prompt's blocks.
 
 Every reservation gets its own leg id (``rid``, ``rid.1``, ``rid.2`` ...), so a retry never
 depends on what a failed push left behind; ``rid`` is the id the router minted for the
@@ -48,6 +49,7 @@ carries to the worker.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -61,11 +63,9 @@ from tandem.placement.worker_view import Role, WorkerView
 from tandem.router.api.response import TokenLogprob
 from tandem.router.errors import (
     Busy,
-    Fault,
     LegLostError,
     LegSuspendedError,
     NoWorkerError,
-    OverloadedError,
     WorkerCallError,
     WorkerFailedError,
 )
@@ -73,8 +73,10 @@ from tandem.router.handoff import blame, legs
 from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.deps import HandoffDeps, refused_for_now
 from tandem.router.handoff.fork import merge_sequences
+from tandem.router.handoff.leg_move import LegMove
 from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply
-from tandem.router.handoff.live_moves import MoveCause, MoveOutcome, MoveTicket
+from tandem.router.handoff.live_moves import MoveTicket
+from tandem.router.handoff.move_gap import MoveGap
 from tandem.router.handoff.open_legs import OpenLegs
 from tandem.router.handoff.prefill_leg import LegPrefill
 from tandem.router.request import Chunk, HandoffReport, Prepared
@@ -104,9 +106,12 @@ class Handoff:
         self._n_legs = 0
         self._open = OpenLegs(request.request_id, self._calls, deps.registry, deps.counters,
                               span)
+        self._mover = LegMove(deps, self._calls, self._open, request.request_id, deadline, span)
         self._prefill = LegPrefill(deps, request.request_id, deadline, span, self._calls,
                                    self._open, self._renew)
         self._leg: DecodeLeg  # the decode leg the request is on (set by _legs)
+        self._adopted: DecodeLeg | None = None  # a forked request's shared leg (``follow``)
+        self._moves = asyncio.Lock()  # held over a live move (a forked request: one for all)
         self._lost = ""  # why the last decode leg was lost (said when no worker takes over)
         self._hashed, self._chain = -1, []  # _hashes' memo: token count and its chain
         self.report = HandoffReport()
@@ -120,8 +125,48 @@ class Handoff:
             await self._open.abort_all()
             raise
 
-    async def _legs(self) -> AsyncIterator[Chunk]:
+    async def follow(self, leg: DecodeLeg, moves: asyncio.Lock) -> AsyncIterator[Chunk]:
+        """This request is sequence ``leg.index`` of a forked one (``_sequence``) whose first
+        token the client has: its chunks from the shared ``leg`` on, followed through live
+        moves as a single request's are. Raises LegLostError for ``after_loss``.
+        ``moves``: the forked request's, so its sequences move one at a time: a target's
+        Reserve waits for the commits it acknowledged (tandem/worker/decode/
+        receiver_events.py), so the next one finds the prompt's blocks there, pushed once."""
+        self._adopted = self._leg = leg
+        self._moves = moves
+        try:
+            with self._deps.live.open(leg.endpoint, leg.leg_id, leg.index) as ticket:
+                async for chunk in self._decode(ticket):
+                    yield chunk
+            if self._leg is not leg:  # it ended where a live move took it
+                self._open.done(self._leg.endpoint, self._leg.leg_id, True)
+                self._deps.held.record(self._leg.endpoint, self._hashes(self._tokens()))
+        except LegLostError:
+            raise
+        except BaseException:
+            await self._open.abort_all()
+            raise
+        finally:
+            if self._leg is not leg:  # the shared leg's worker is the forked request's
+                self._deps.registry.release(self._leg.endpoint)
+
+    async def after_loss(self, lost: LegLostError) -> AsyncIterator[Chunk]:
+        """The rest of a sequence ``follow`` lost: on another decode worker, prefilled again
+        (a sequence lost on the shared leg is dropped there first)."""
+        if self._leg is self._adopted:
+            await self._open.abort(self._leg.endpoint, self._leg.leg_id, decode=True,
+                                   index=self._leg.index)
+        try:
+            async for chunk in self._legs(lost):
+                yield chunk
+        except BaseException:
+            await self._open.abort_all()
+            raise
+
+    async def _legs(self, lost: LegLostError | None = None) -> AsyncIterator[Chunk]:
         excluded: set[str] = set()
+        if lost is not None:
+            await self._migrate(lost, excluded)
         while True:
             if self._remaining() <= 0:  # the worker died after the last token, before saying so
                 yield Chunk([], finished=True, finish_reason="length")
@@ -138,10 +183,13 @@ class Handoff:
                     return
                 prompt_logprobs = [] if self._sent else list(first.prompt_logprobs)
                 self._sent.append(first.first_token)
-                yield Chunk([first.first_token], self._first_logprob(first), leg_start=True,
-                            prompt_logprobs=prompt_logprobs)
-                async for chunk in self._decode():
-                    yield chunk
+                # movable from the first token on (a move asked for once the client has it
+                # finds the stream)
+                with self._deps.live.open(leg.endpoint, leg.leg_id) as ticket:
+                    yield Chunk([first.first_token], self._first_logprob(first),
+                                leg_start=True, prompt_logprobs=prompt_logprobs)
+                    async for chunk in self._decode(ticket):
+                        yield chunk
                 leg = self._leg  # where the stream ended (after any live move)
                 self._open.done(leg.endpoint, leg.leg_id, True)
                 # D now caches the whole sequence: a next turn that extends it goes there.
@@ -152,87 +200,44 @@ class Handoff:
             finally:
                 self._deps.registry.release(self._leg.endpoint)
 
-    async def _decode(self) -> AsyncIterator[Chunk]:
+    async def _decode(self, ticket: MoveTicket) -> AsyncIterator[Chunk]:
         """The decode stream of ``self._leg`` to its end, followed through live moves
-        (tandem/router/handoff/live_moves.py): ``self._leg`` is the leg it is on."""
-        with self._deps.live.open(self._leg.endpoint, self._leg.leg_id) as ticket:
-            if self._deps.registry.moving_off(self._leg.endpoint):  # drained while prefilling
-                self._deps.live.move_soon(self._calls, ticket,
-                                          self._deps.live.cause_of(self._leg.endpoint))
-            moved_at: float | None = None  # when the last token before a move came
-            last_at = time.monotonic()
-            while True:
-                leg = self._leg
-                stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
-                                            self._deadline.remaining(), parent=self._span)
-                try:
-                    async with aclosing(stream):  # closed (RPC cancelled) however we leave
-                        async for chunk in stream:
-                            if moved_at is not None:  # the new leg's first: a new text base
-                                chunk.leg_start = True
-                                self._deps.counters.move_gap.observe(time.monotonic() - moved_at)
-                                moved_at = None
-                            last_at = time.monotonic()
-                            self._sent.extend(chunk.token_ids)
-                            yield chunk
-                    return
-                except LegSuspendedError:
+        (tandem/router/handoff/live_moves.py, ``ticket`` its entry there): ``self._leg`` is
+        the leg it is on."""
+        if self._deps.registry.moving_off(self._leg.endpoint):  # drained while prefilling
+            self._deps.live.move_soon(self._calls, ticket,
+                                      self._deps.live.cause_of(self._leg.endpoint))
+        gap = MoveGap(self._deps.counters)
+        while True:
+            leg = self._leg
+            stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
+                                        self._deadline.remaining(), index=leg.index,
+                                        parent=self._span)
+            try:
+                async with aclosing(stream):  # closed (RPC cancelled) however we leave
+                    async for chunk in stream:
+                        if gap.tick(len(chunk.token_ids)):  # the new leg's first: a new text
+                            chunk.leg_start = True  # base
+                        self._sent.extend(chunk.token_ids)
+                        yield chunk
+                return
+            except LegSuspendedError:
+                async with self._moves:  # a forked request's sequences: one at a time
                     if await self._move(ticket):
-                        moved_at = last_at
+                        gap.moved()
 
     async def _move(self, ticket: MoveTicket) -> bool:
         """``self._leg``'s stream was suspended for a live move: move it to another decode
         worker (True), or resume it where it is (False; the ticket says why). Raises
-        LegLostError when its worker is gone meanwhile."""
-        src, deps = self._leg, self._deps
-        cause = (ticket.cause or MoveCause.DRAIN).value
-        try:
-            target = await self._reserve(self._rank_decode({src.endpoint}), moving=True)
-        except (NoWorkerError, OverloadedError) as err:
-            await self._resume(src, ticket, f"no decode worker could take it: {err}")
+        LegLostError when its worker is gone meanwhile (tandem/router/handoff/leg_move.py)."""
+        src = self._leg
+        target = await self._mover.move(
+            src, ticket, lambda: self._reserve(self._rank_decode({src.endpoint}), moving=True),
+            self._sent[-1], shared=src is self._adopted)
+        if target is None:
             return False
-        try:
-            moved, _ = await legs.move_out(self._calls, src.endpoint, src.leg_id,
-                                           target.reservation, self._sent[-1],
-                                           self._deadline.remaining(), self._span)
-        except WorkerCallError as err:
-            await self._open.close(target.endpoint, target.leg_id)
-            legs.raise_if_fatal(err)
-            if err.fault is Fault.RECEIVER:  # the target failed: the source resumed it
-                deps.counters.live_moves[(cause, "stayed")] += 1
-                ticket.settle(MoveOutcome(False, f"the push failed: {err.details}"))
-                return False
-            if err.code_name in legs.WORKER_GONE:
-                raise LegLostError(src.endpoint, str(err),
-                                   down=blame.takes_out_of_pool(err)) from err
-            await self._resume(src, ticket, str(err))
-            return False
-        self._open.done(src.endpoint, src.leg_id, True)  # freed there once committed
-        deps.registry.release(src.endpoint)
-        deps.registry.acquire(target.endpoint)
         self._leg = target
-        deps.live.rehome(ticket, target.endpoint, target.leg_id)
-        deps.counters.live_moves[(cause, "moved")] += 1
-        deps.counters.moved_bytes += moved
-        log.info("request %s: moved live from %s to %s (%d bytes of KV)",
-                 self._req.request_id, src.endpoint, target.endpoint, moved)
-        ticket.settle(MoveOutcome(True, bytes=moved))
         return True
-
-    async def _resume(self, leg: DecodeLeg, ticket: MoveTicket, why: str) -> None:
-        """A suspended leg runs on where it is (its next Decode call reads on)."""
-        try:
-            resumed = await legs.resume(self._calls, leg.endpoint, leg.leg_id, self._span)
-        except WorkerCallError as err:
-            legs.raise_if_fatal(err)
-            raise LegLostError(leg.endpoint, f"could not resume it: {err}",
-                               down=blame.takes_out_of_pool(err)) from err
-        if not resumed:
-            raise LegLostError(leg.endpoint, "it ended while moving")
-        cause = (ticket.cause or MoveCause.DRAIN).value
-        self._deps.counters.live_moves[(cause, "stayed")] += 1
-        log.info("request %s: stays on %s: %s", self._req.request_id, leg.endpoint, why)
-        ticket.settle(MoveOutcome(False, why))
 
     def _forks(self) -> bool:
         """Whether this leg is a forked request's one shared leg (nothing sent yet)."""
@@ -252,29 +257,24 @@ class Handoff:
                         prompt_logprobs=prompt_logprobs, index=j)
                   for j, t in enumerate(reply.first_tokens)]
 
+        # Each sequence is a single request of its own from its second token on (its moves,
+        # live or after a loss, are its own), over the shared leg until it leaves it.
+        moves = asyncio.Lock()
+        alone = [Handoff(self._deps, self._sequence(j), self._deadline, self._span,
+                         first.token_ids) for j, first in enumerate(firsts)]
+
         def stream_of(j: int) -> AsyncIterator[Chunk]:
-            return legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
-                                      self._deadline.remaining(), index=j, parent=self._span)
+            return alone[j].follow(dataclasses.replace(leg, index=j), moves)
 
-        async def migrate(j: int, sent: list[int], lost: LegLostError) -> AsyncIterator[Chunk]:
-            self._open.leg_lost(lost)
-            await self._open.abort(leg.endpoint, leg.leg_id, decode=True, index=j)
-            self.report.migrations += 1
-            if self._deps.config.max_migrations < 1:
-                raise WorkerFailedError(f"{lost}; gave up after 0 migrations")
-            self._deps.counters.migrations += 1
-            alone = Handoff(self._deps, self._sequence(j), self._deadline, self._span, sent)
-            alone._lost = str(lost)
-            try:
-                async with aclosing(alone.stream()) as chunks:
-                    async for chunk in chunks:
-                        yield chunk
-            finally:
-                self.report.migrations += alone.report.migrations
+        def migrate(j: int, sent: list[int], lost: LegLostError) -> AsyncIterator[Chunk]:
+            return alone[j].after_loss(lost)
 
-        async with aclosing(merge_sequences(firsts, stream_of, migrate)) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        try:
+            async with aclosing(merge_sequences(firsts, stream_of, migrate)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self.report.migrations += sum(one.report.migrations for one in alone)
         self._open.done(leg.endpoint, leg.leg_id, True)
         self._deps.held.record(leg.endpoint, self._hashes(self._tokens()))
 

@@ -99,3 +99,4 @@ class DecodeLeg:
     endpoint: str
     leg_id: str
     reservation: Reservation
+    index: int = 0  # which sequence of a forked leg a stream reads (0 otherwise)

@@ -313,44 +313,44 @@ async def abort(calls: LegCalls, endpoint: str, leg_id: str, decode: bool,
         return bool(reply.found)
 
 
-async def suspend(calls: LegCalls, endpoint: str, leg_id: str, parent: tracing.Parent = None
-                  ) -> int:
-    """DecodeService.Suspend: take the leg out of its worker's batch for a live move (its
-    Decode stream then ends with LegSuspendedError); its output token count. Bounded by
-    ``rpc_timeout_s``."""
+async def suspend(calls: LegCalls, endpoint: str, leg_id: str, index: int = 0,
+                  parent: tracing.Parent = None) -> int:
+    """DecodeService.Suspend: take the leg (its sequence ``index``) out of its worker's batch
+    for a live move (its Decode stream then ends with LegSuspendedError); its output token
+    count. Bounded by ``rpc_timeout_s``."""
     timeout = calls.rpc_timeout_s
     with _call_span("DecodeService", "Suspend", endpoint, leg_id, parent) as span:
         call = calls.clients.decode(endpoint).Suspend(
-            wire.suspend_request(leg_id), timeout=timeout,
+            wire.suspend_request(leg_id, index), timeout=timeout,
             metadata=tracing.metadata(span))
         reply = await _unary(calls, endpoint, "Suspend", call, timeout, True)
         return int(reply.num_output_tokens)
 
 
 async def move_out(calls: LegCalls, endpoint: str, leg_id: str, target: Reservation,
-                   last_token: int, remaining: float | None, parent: tracing.Parent = None
-                   ) -> tuple[int, float]:
-    """DecodeService.MoveOut: push the suspended leg's KV into ``target`` and commit
+                   last_token: int, remaining: float | None, parent: tracing.Parent = None,
+                   index: int = 0) -> tuple[int, float]:
+    """DecodeService.MoveOut: push the suspended leg's (sequence ``index``'s) KV into ``target`` and commit
     ``last_token`` there; (bytes pushed, seconds). A push that failed at the target fails
     with ``Fault.RECEIVER`` (the leg then runs on at ``endpoint``). Bounded by the request's
     ``remaining`` seconds and ``prefill_timeout_s`` (a push)."""
     timeout, ours = bound(remaining, calls.prefill_timeout_s)
     with _call_span("DecodeService", "MoveOut", endpoint, leg_id, parent) as span:
         call = calls.clients.decode(endpoint).MoveOut(
-            wire.move_out_request(leg_id, target, last_token), timeout=timeout,
+            wire.move_out_request(leg_id, target, last_token, index), timeout=timeout,
             metadata=tracing.metadata(span))
         reply = await _unary(calls, endpoint, "MoveOut", call, timeout, ours)
         return int(reply.bytes), float(reply.transfer_s)
 
 
-async def resume(calls: LegCalls, endpoint: str, leg_id: str, parent: tracing.Parent = None
-                 ) -> bool:
-    """DecodeService.Resume: a suspended leg back into its worker's batch (read it on with
+async def resume(calls: LegCalls, endpoint: str, leg_id: str, index: int = 0,
+                 parent: tracing.Parent = None) -> bool:
+    """DecodeService.Resume: a suspended leg (sequence ``index``) back into its worker's batch (read it on with
     a new Decode call); False when it is not suspended there. Bounded by ``rpc_timeout_s``."""
     timeout = calls.rpc_timeout_s
     with _call_span("DecodeService", "Resume", endpoint, leg_id, parent) as span:
         call = calls.clients.decode(endpoint).Resume(
-            wire.resume_request(leg_id), timeout=timeout,
+            wire.resume_request(leg_id, index), timeout=timeout,
             metadata=tracing.metadata(span))
         reply = await _unary(calls, endpoint, "Resume", call, timeout, True)
         return bool(reply.resumed)

@@ -1,7 +1,9 @@
 """Live moves of decode streams between decode workers (docs/design.md section 2).
 
-Every single-sequence decode stream in flight has a ``MoveTicket`` in ``LiveStreams``, filed
-under the worker it is on. Moving the streams off a worker (an operator's drain with
+Every decode stream in flight has a ``MoveTicket`` in ``LiveStreams``, filed under the worker
+it is on (each sequence of a forked request has its own: they move one at a time, the
+prompt's blocks pushed with the first, the others' reservations finding them cached on the
+target, tandem/router/handoff/ledger.py). Moving the streams off a worker (an operator's drain with
 --migrate)::
 
     move_all(endpoint) ──> per ticket: ticket.ask(cause); Suspend(D1, leg)
@@ -53,9 +55,10 @@ class MoveTicket:
     """One decode stream in flight, as a move sees it: where it is, and whether a move of it
     was asked for (its handoff settles the outcome)."""
 
-    def __init__(self, endpoint: str, leg_id: str) -> None:
+    def __init__(self, endpoint: str, leg_id: str, index: int = 0) -> None:
         self.endpoint = endpoint
         self.leg_id = leg_id
+        self.index = index  # the sequence of a forked leg
         self.cause: MoveCause | None = None
         self.asked_at = 0.0
         self._outcome: asyncio.Future[MoveOutcome] | None = None
@@ -94,10 +97,11 @@ class LiveStreams:
         return self._causes.get(endpoint, MoveCause.DRAIN)
 
     @contextmanager
-    def open(self, endpoint: str, leg_id: str) -> Iterator[MoveTicket]:
-        """A ticket for the stream of ``leg_id`` on ``endpoint`` while the block runs; an
-        asked-for move still open when it ends is settled as not moved (the request ended)."""
-        ticket = MoveTicket(endpoint, leg_id)
+    def open(self, endpoint: str, leg_id: str, index: int = 0) -> Iterator[MoveTicket]:
+        """A ticket for the stream of ``leg_id`` (its sequence ``index``) on ``endpoint``
+        while the block runs; an asked-for move still open when it ends is settled as not
+        moved (the request ended)."""
+        ticket = MoveTicket(endpoint, leg_id, index)
         self._by_endpoint.setdefault(endpoint, set()).add(ticket)
         try:
             yield ticket
@@ -106,9 +110,9 @@ class LiveStreams:
             ticket.settle(MoveOutcome(False, "the request ended first"))
 
     def rehome(self, ticket: MoveTicket, endpoint: str, leg_id: str) -> None:
-        """The stream moved to ``leg_id`` on ``endpoint``."""
+        """The stream moved to ``leg_id`` on ``endpoint`` (a single-sequence leg)."""
         self._drop(ticket)
-        ticket.endpoint, ticket.leg_id = endpoint, leg_id
+        ticket.endpoint, ticket.leg_id, ticket.index = endpoint, leg_id, 0
         self._by_endpoint.setdefault(endpoint, set()).add(ticket)
 
     def move_soon(self, calls: legs.LegCalls, ticket: MoveTicket, cause: MoveCause) -> None:
@@ -141,7 +145,7 @@ async def _move(calls: legs.LegCalls, ticket: MoveTicket, cause: MoveCause) -> M
     outcome, first = ticket.ask(cause)
     if first:
         try:
-            await legs.suspend(calls, ticket.endpoint, ticket.leg_id)
+            await legs.suspend(calls, ticket.endpoint, ticket.leg_id, ticket.index)
         except WorkerCallError as err:
             ticket.settle(MoveOutcome(False, f"{err.code_name}: {err.details}"))
     return await outcome

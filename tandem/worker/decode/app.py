@@ -23,6 +23,7 @@ from tandem.worker.core_lending import CoreBorrower
 from tandem.worker.decode import servicer
 from tandem.worker.decode.service import DecodeConfig, DecodeWorker
 from tandem.worker.metrics import WorkerMetrics
+from tandem.worker.step_hold import StepHold
 from tandem.worker.tp_group import FOLLOWER_MODULE, GroupAgents, agent_settings
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,9 @@ async def build_decode_app(config: DecodeAppConfig) -> DecodeApp:
     if rule is not None and wc.core_share:
         metrics.borrowed_steps = lambda: rule.wide_steps
     release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
-    ae = AsyncEngine(engine, on_step=metrics.observe_step)
+    hold = StepHold.from_env()  # test-only; None in every deployment
+    ae = AsyncEngine(engine, on_step=metrics.observe_step,
+                     pause=hold.paused if hold is not None else None)
     try:
         return await start_decode_app(ae, config, metrics)
     except StartupError:

@@ -28,6 +28,7 @@ from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.core.kv_cache_manager import FREED
 from tandem.engine.errors import NotMovableError
 from tandem.engine.kv_connector import Suspended as Continuation
+from tandem.engine.llm_engine import LLMEngine
 from tandem.kv_transfer import ConfigError, KvLayout, KvTransferError, Sender
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.errors import BadRequest, LayoutMismatch, WorkerError, WrongState
@@ -64,6 +65,15 @@ class MoveTarget:
 
 
 @dataclass(frozen=True, slots=True)
+class Departure:
+    """A suspended request's continuation and the identity of the adapter its KV was
+    computed under (what the push's BEGIN names), both taken in the suspend's engine call."""
+
+    continuation: Continuation
+    adapter: str
+
+
+@dataclass(frozen=True, slots=True)
 class Moved:
     """What a move pushed."""
 
@@ -83,29 +93,35 @@ class LiveMoves:
         self._timeout_s = transfer_timeout_s
         self._hold = hold if hold is not None else CommitHold()
 
-    async def suspend(self, request_id: str) -> Continuation:
+    async def suspend(self, request_id: str) -> Departure:
         """Take the request out of the batch; its engine stream then ends with Suspended.
         Raises WrongState when it cannot move (the reason says why) and runs on."""
         if self._sender is None:
             raise WrongState("this decode worker has no KV sender: its streams cannot move")
+
+        def leave(e: LLMEngine) -> Departure:  # one engine call: none waits in the push
+            moved = e.remote.migrate.suspend(request_id)
+            return Departure(moved, e.lora_identity(moved.lora))
+
         try:
-            moved = await self._ae.call(lambda e: e.remote.migrate.suspend(request_id))
+            departure = await self._ae.call(leave)
         except NotMovableError as exc:
             raise WrongState(str(exc)) from exc
         # Every output of the steps before is queued on the stream by now (the engine thread
         # delivers a step's outputs before a later call's reply): the end goes after them.
         self._ae.interrupt(request_id, Suspended(f"request {request_id!r} is moving"))
-        return moved
+        return departure
 
     async def resume(self, request_id: str) -> bool:
         """Back into the batch, with a new engine stream (read it afresh)."""
         return await self._ae.call(lambda e: e.remote.migrate.resume(request_id),
                                    stream=request_id)
 
-    async def push(self, request_id: str, moved: Continuation, target: MoveTarget) -> Moved:
-        """Push ``moved``'s blocks the target lacks into its reservation and commit the last
-        token there. Raises BadRequest, LayoutMismatch, or MoveFailed (nothing committed:
-        the request can resume here)."""
+    async def push(self, request_id: str, departure: Departure, target: MoveTarget) -> Moved:
+        """Push the blocks the target lacks into its reservation and commit the last token
+        there. Raises BadRequest, LayoutMismatch, or MoveFailed (nothing committed: the
+        request can resume here)."""
+        moved = departure.continuation
         mismatch = layout_mismatch(self._layout, target.layout)
         if mismatch is not None:
             raise LayoutMismatch(mismatch)
@@ -131,7 +147,7 @@ class LiveMoves:
             raise BadRequest("kv_endpoint", str(exc)) from exc
         assert self._sender is not None  # suspend refused without one
         # BEGIN names the adapter the KV was computed under: the target refuses another.
-        adapter = await self._ae.call(lambda e: e.lora_identity(moved.lora))
+        adapter = departure.adapter
         t0 = time.monotonic()
         transfer = None
         try:

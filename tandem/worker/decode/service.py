@@ -28,7 +28,9 @@ and kept on the request's ``RequestStream``; receiver events map to requests thr
 A forked request (``n`` > 1) is one reservation, one push and one COMMIT carrying n first
 tokens; the engine forks it into n sequences sharing the pushed blocks, each with its own
 ``RequestStream`` (Decode names it by index). Abort without an index ends them all; with one,
-that sequence only (before the fork, a sequence cannot leave alone: the request goes).
+that sequence only (before the fork, a sequence cannot leave alone: the request goes). After
+the fork a sequence moves live on its own (Suspend, MoveOut and Resume name it by index); the
+blocks it shares with its siblings stay here until the last of them is freed.
 
 Two orderings keep the blocks safe:
   release before free: Abort and PrefillLocal end the receiver's lease (after which no frame
@@ -60,6 +62,7 @@ from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import Receiver, Sender
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.decode.moves import LiveMoves, Suspended
+from tandem.worker.decode.reader_leases import ReaderLeases
 from tandem.worker.decode.receiver_events import ReceiverEvents
 from tandem.worker.decode.results import ReserveResult, StreamMessage
 from tandem.worker.decode.stream_moves import StreamMoves
@@ -120,7 +123,8 @@ class DecodeWorker:
         self._reserving: dict[str, asyncio.Task[ReserveResult]] = {}  # Reserves in flight
         self._events_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._leases = ReaderLeases(config.attach_lease_s, config.drain_orphan_grace_s,
+                                    self._unread)
         self._changed = asyncio.Event()
         self._events = ReceiverEvents(ae, receiver, agents, self.metrics, self._streams,
                                       self._groups, self.await_reader)
@@ -192,6 +196,7 @@ class DecodeWorker:
     ) -> ReserveResult:
         rid, tid, n = group[0].request_id, group[0].transfer_id, len(group)
         try:
+            await self._events.caught_up()  # an acknowledged commit's blocks are cached
             await self._ae.prepare(params)
             granted, adapter = await self._ae.call(
                 lambda e: (e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
@@ -220,16 +225,11 @@ class DecodeWorker:
         """Stream the messages of a request's sequence ``index`` (0 unless it is forked)
         after its first token; a client that goes away aborts that sequence. Raises
         UnknownRequest, WrongState, TransferEnded."""
-        group = self._groups.get(request_id)
-        stream = self._streams.get(sequence_id(request_id, index)) if group else None
-        if stream is None:
-            raise UnknownRequest(request_id if not index else f"{request_id} sequence {index}")
+        stream = self.sequence_stream(request_id, index)
         if stream.attached:
             raise WrongState(f"request {request_id!r} is already being streamed")
         stream.attached = True
-        timer = self._timers.pop(stream.request_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._leases.cancel(stream)
         done = suspended = False
         try:
             async for msg in stream.messages():
@@ -327,32 +327,29 @@ class DecodeWorker:
             await asyncio.wait([task])
 
     # -- the stream table, as the live moves see it (stream_moves.MoveHost) --------------------
-    def single_stream(self, request_id: str) -> RequestStream:
-        """The one stream of a request. Raises UnknownRequest, or WrongState when it is
-        forked (its sequences share blocks and do not move live)."""
+    def sequence_stream(self, request_id: str, index: int) -> RequestStream:
+        """The stream of a request's sequence ``index`` (0 unless it is forked). Raises
+        UnknownRequest."""
         group = self._groups.get(request_id)
-        stream = self._streams.get(request_id)
-        if group is None or stream is None:
-            raise UnknownRequest(request_id)
-        if len(group) > 1:
-            raise WrongState(f"request {request_id!r} is forked: its sequences share blocks "
-                             "and do not move live")
+        stream = self._streams.get(sequence_id(request_id, index)) if group else None
+        if stream is None:
+            raise UnknownRequest(request_id if not index else f"{request_id} sequence {index}")
         return stream
 
     def renew_stream(self, old: RequestStream) -> RequestStream:
-        """A fresh stream in ``old``'s place (a resumed request's), not started."""
+        """A fresh stream in ``old``'s place (a resumed sequence's), not started."""
         stream = RequestStream(old.request_id, old.transfer_id, self._ae, self._on_stream_end,
-                               self.metrics.inter_token, group_id=old.group_id)
+                               self.metrics.inter_token, index=old.index,
+                               group_id=old.group_id)
         stream.started = True
         self._streams[old.request_id] = stream
-        self._groups[old.group_id] = [stream]
+        group = self._groups[old.group_id]
+        group[group.index(old)] = stream
         return stream
 
     def cancel_reader_wait(self, stream: RequestStream) -> None:
         """Stop ``stream``'s attach lease."""
-        timer = self._timers.pop(stream.request_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._leases.cancel(stream)
 
     async def stats(self) -> EngineStats:
         """The engine's counters right now (as of its current step's start while one runs:
@@ -379,20 +376,12 @@ class DecodeWorker:
         self._touch()
 
     def await_reader(self, stream: RequestStream) -> None:
-        """Give a stream that has something to read and no reader the attach lease (while
-        draining, at most drain_orphan_grace_s: the drain waits for it that long); a lease
-        already running goes on (it counts from the first token)."""
-        if stream.attached or stream.request_id in self._timers:
-            return
-        loop = asyncio.get_running_loop()
-        ttl = self.config.attach_lease_s
-        if self.draining:
-            ttl = min(ttl, self.config.drain_orphan_grace_s)
-        self._timers[stream.request_id] = loop.call_later(ttl, self._unread, stream)
+        """Give a stream that has something to read and no reader the attach lease
+        (tandem/worker/decode/reader_leases.py)."""
+        self._leases.lease(stream)
 
     def _unread(self, stream: RequestStream) -> None:
         """The attach lease of ``stream`` ran out with no reader: stop it and drop it."""
-        self._timers.pop(stream.request_id, None)
         if stream.attached or self._streams.get(stream.request_id) is not stream:
             return
         if stream.ended and not self.moves.holds(stream.request_id):
@@ -409,9 +398,7 @@ class DecodeWorker:
             self._forget(stream)
 
     def _forget(self, stream: RequestStream) -> None:
-        timer = self._timers.pop(stream.request_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._leases.cancel(stream)
         if self._streams.get(stream.request_id) is stream:
             del self._streams[stream.request_id]
         group = self._groups.get(stream.group_id)
@@ -439,13 +426,7 @@ class DecodeWorker:
         """Take no new reservations; what is running finishes and ended streams wait for
         their reader (each at most ``drain_orphan_grace_s``)."""
         self.draining = True
-        loop = asyncio.get_running_loop()
-        latest = loop.time() + self.config.drain_orphan_grace_s
-        for request_id, timer in list(self._timers.items()):
-            stream = self._streams.get(request_id)
-            if stream is not None and timer.when() > latest:  # an orphan: shorten its wait
-                timer.cancel()
-                self._timers[request_id] = loop.call_at(latest, self._unread, stream)
+        self._leases.begin_drain(self._streams.get)
         self._touch()
 
     async def wait_idle(self) -> None:

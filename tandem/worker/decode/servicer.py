@@ -114,7 +114,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
     ) -> worker_pb2.SuspendResponse:
         try:
             with serving(context, "DecodeService/Suspend", request.request_id):
-                n = await self._worker.moves.suspend(request.request_id)
+                n = await self._worker.moves.suspend(request.request_id, request.index)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise
@@ -128,7 +128,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
                 target = MoveTarget(request.transfer_id, list(request.block_ids),
                                     request.kv_endpoint, layout_from_proto(request.layout),
                                     request.skip_tokens, request.last_token)
-                moved = await self._worker.moves.move_out(request.request_id, target)
+                moved = await self._worker.moves.move_out(request.request_id, target,
+                                                          request.index)
                 span.set_attributes({"tandem.bytes": moved.bytes,
                                      "tandem.blocks": len(target.block_ids)})
         except Exception as exc:
@@ -141,7 +142,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
     ) -> worker_pb2.ResumeResponse:
         try:
             with serving(context, "DecodeService/Resume", request.request_id):
-                resumed = await self._worker.moves.resume(request.request_id)
+                resumed = await self._worker.moves.resume(request.request_id, request.index)
         except Exception as exc:
             await abort_with_status(context, exc)
             raise

@@ -12,7 +12,7 @@ import pytest
 
 from tandem.common.wire import BUSY_KEY, GRAMMAR_BUSY, RETRY_AFTER_KEY
 from tandem.engine.sampling_params import SamplingParams
-from tandem.kv_transfer import Endpoint
+from tandem.kv_transfer import Committed, Endpoint
 from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tandem.worker.errors import GRAMMAR_RETRY_AFTER_MS
 from tests.integration.served_model import tiny_served_model
@@ -325,5 +325,31 @@ def test_drain_timeout_still_frees_an_orphan_never_read(engines) -> None:
         assert not c.decode.busy()  # closed: the stream is gone
         stats = engine.stats()
         assert stats.num_free_blocks == stats.num_blocks and stats.num_running == 0
+
+    asyncio.run(main())
+
+
+def test_commits_reported_together_apply_together_a_refused_one_alone(engines) -> None:
+    """Two COMMITs on the receiver's queue at once (put there in one go; the receiver's
+    leases on both ended first, so nothing else reports them) are applied as one batch: the
+    one whose first token is outside the vocabulary ends its stream with the reason, the
+    other decodes to its end; every block comes back."""
+
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            good = await c.reserve("good", PROMPT[:20], greedy(4))
+            bad = await c.reserve("bad", PROMPT[20:], greedy(4))
+            for r in (good, bad):
+                c.receiver.release(r.transfer_id, "the test reports the commit itself")
+            c.receiver.events.put_nowait(
+                Committed(good.transfer_id, tuple(good.block_ids), 7, 0.0))
+            c.receiver.events.put_nowait(
+                Committed(bad.transfer_id, tuple(bad.block_ids), 10**6, 0.0))
+            msgs = await c.decode_all("good")
+            assert sum(len(m.token_ids) for m in msgs) == 3
+            assert msgs[-1].finish_reason == "length"
+            code, why = await _code(c.decode_all("bad"))
+            assert "commit refused" in why, (code, why)
+            await until(c.decode_stats, idle)
 
     asyncio.run(main())

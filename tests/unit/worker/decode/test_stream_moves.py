@@ -1,8 +1,7 @@
 """A decode worker's live-move RPCs in one process (real engines, kv_transfer over TCP
 loopback): a stream moved to a reservation on the same worker (its own receiver the target)
-reads on equal to one engine's greedy output; what cannot move (a forked request) is refused
-with a reason; a
-hostile MoveOut (a wrong last token, block count or layout) is refused and leaves the stream
+reads on equal to one engine's greedy output; so does one sequence of a forked request,
+moved alone while its sibling reads on where it was; a hostile MoveOut (a wrong last token, block count or layout) is refused and leaves the stream
 suspended, to be resumed; a suspension nobody resolves ends at the attach lease; nothing is
 left held on any path.
 
@@ -71,9 +70,53 @@ def test_moved_to_a_reservation_reads_on(engines) -> None:
             msgs = await c.decode_all("r1.1")
             assert sent + [t for m in msgs for t in m.token_ids] == want
             assert not msgs[0].text.startswith("\ufffd")
+            await c.settle()  # r1 freed here once committed there (after MoveOut's reply)
             with pytest.raises(grpc.aio.AioRpcError) as err:  # r1 is gone from here
                 await c.decode_stub.Resume(worker_pb2.ResumeRequest(request_id="r1"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
+def test_a_forked_sequence_moves_alone(engines) -> None:
+    """Sequence 1 of a request forked in two (prefilled on the decode worker itself) moves to
+    a reservation of its own; its prompt's full blocks are cached there already (its
+    sibling's), so only the blocks after them are pushed. Both read on to the greedy output."""
+    decode_engine, prefill_engine, ref_engine = engines
+    want = reference(ref_engine, PROMPT, LONG)
+
+    async def main() -> None:
+        async with cluster(decode_engine, prefill_engine, decode_sender=True) as c:
+            stub = c.decode_stub
+            await stub.Reserve(worker_pb2.ReserveRequest(
+                request_id="f", token_ids=PROMPT, sampling=greedy(LONG), lease_s=10, n=2))
+            first = await stub.PrefillLocal(worker_pb2.PrefillLocalRequest(request_id="f"))
+            assert [t.token_id for t in first.first_tokens] == want[:1] * 2
+            stream = stub.Decode(worker_pb2.DecodeRequest(request_id="f", index=1))
+            sent = want[:1] + list((await stream.read()).token_ids)
+            made = (await stub.Suspend(worker_pb2.SuspendRequest(request_id="f", index=1))
+                    ).num_output_tokens
+            with pytest.raises(grpc.aio.AioRpcError):
+                while (msg := await stream.read()) is not grpc.aio.EOF:
+                    sent += msg.token_ids
+            assert len(sent) == made < LONG
+            target = await stub.Reserve(worker_pb2.ReserveRequest(
+                request_id="f-1", token_ids=PROMPT + sent[:-1], sampling=greedy(LONG),
+                lease_s=10, prior_output_tokens=len(sent) - 1, moved_in=True))
+            # at least the prompt's full blocks (greedy, the sibling's output is the same, so
+            # its blocks cached since may match further)
+            assert len(PROMPT) // 16 * 16 <= target.cached_tokens < len(PROMPT) + len(sent) - 1
+            assert target.cached_tokens % 16 == 0
+            moved = await stub.MoveOut(worker_pb2.MoveOutRequest(
+                request_id="f", index=1, transfer_id=target.transfer_id,
+                block_ids=target.block_ids, kv_endpoint=target.kv_endpoint,
+                layout=target.layout, skip_tokens=target.cached_tokens, last_token=sent[-1]))
+            assert moved.bytes > 0
+            msgs = await c.decode_all("f-1")
+            assert sent + [t for m in msgs for t in m.token_ids] == want
+            rest = [m async for m in stub.Decode(worker_pb2.DecodeRequest(request_id="f"))]
+            assert want[:1] + [t for m in rest for t in m.token_ids] == want
+            await c.settle()  # every block back: the moved sequence's and the shared ones
 
     asyncio.run(main())
 
@@ -89,12 +132,11 @@ def test_refusals_and_a_hostile_move_out(engines) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.Suspend(worker_pb2.SuspendRequest(request_id="nobody"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
-            await stub.Reserve(worker_pb2.ReserveRequest(  # forked: its sequences share blocks
+            await stub.Reserve(worker_pb2.ReserveRequest(
                 request_id="r0", token_ids=PROMPT, sampling=greedy(8), lease_s=10, n=2))
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.Suspend(worker_pb2.SuspendRequest(request_id="r0"))
-            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "forked" in (err.value.details() or "")
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # a sequence it does not fork
+                await stub.Suspend(worker_pb2.SuspendRequest(request_id="r0", index=2))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
             await stub.Abort(worker_pb2.AbortRequest(request_id="r0"))
 
             sent = await _suspended(c, "r1")
