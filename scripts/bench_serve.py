@@ -16,6 +16,9 @@ Setups (each a fresh set of real processes, started and stopped here):
 the decode worker on the second, N/2 threads each, a colocated worker on all N (the layout
 scripts/gpu_check.sh measures on a device machine's 16 cores).
 
+Each setup's processes and their pinning: bench/serving/setups.py; what a point reads from
+their /metrics pages: bench/serving/setup_metrics.py.
+
 Every setup gets the same Poisson arrival sequence (tandem/loadgen/workload.py). The router and
 this load generator are not pinned: they share the machine with the workers in every setup.
 Then the router's own cost: sequential short requests through the router and straight to the
@@ -59,23 +62,18 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from bench.planner.placement_inputs import placement_inputs
 from bench.serving.logs import (
     PointLogs,
-    placement_log_path,
     read_point_logs,
-    step_log_path,
     steps_dir,
 )
 from bench.serving.prefill_residuals import point_residuals
+from bench.serving.setup_metrics import placement_decisions, wait_idle, worker_reads
+from bench.serving.setups import core_split, start_warm
 from bench.serving.step_overlap import host_overlap
 from tandem.common.security.credential import ClusterCredential
 from tandem.engine.loader import resolve_model
@@ -87,11 +85,9 @@ from tandem.loadgen.stats import (
     RequestResult,
     attainment,
     by_turn,
-    decision_counts,
     percentile,
     summarize,
     worker_activity,
-    worker_counters,
 )
 from tandem.loadgen.sweep import (
     MULTITURN,
@@ -102,80 +98,6 @@ from tandem.loadgen.sweep import (
     sweep_points,
 )
 from tandem.loadgen.workload import CHAT, MIXES, RequestSpec, make_requests
-
-METRICS = ("--metrics-port", "0")  # each worker's /metrics: how busy it was at each point
-
-
-def _engine_flags(model: str, threads: int, extra: list[str]) -> list[str]:
-    # The model as the user names it, in its own format (a GGUF's blocks: what `make serve`
-    # runs); --engine-arg=--quantization=none benchmarks the dequantized weights instead.
-    return ["--model", model, "--threads", str(threads), *extra]
-
-
-def core_split(cores: int) -> tuple[str, str, str]:
-    """``--cores N``'s pinning (taskset lists): the prefill worker's first half, the decode
-    worker's second half, a colocated worker's all N."""
-    if cores < 2 or cores % 2:
-        raise ValueError(f"--cores needs an even number >= 2 (got {cores})")
-    half = cores // 2
-    return f"0-{half - 1}", f"{half}-{cores - 1}", f"0-{cores - 1}"
-
-
-def start_setup(
-    cluster: Cluster, name: str, model_dir: Path, engine_extra: list[str],
-    router_extra: Sequence[str] = (), prefill_threads: int = 1, model: str = "",
-    step_logs: Path | None = None, cores: int = 0,
-) -> dict[str, Proc]:
-    """Start one setup's processes; returns them by role. ``router_extra``: router flags
-    (the SLO the placement keeps, the same targets the benchmark scores against). ``model``:
-    what the workers load (default: ``model_dir``, which the router's tokenizer reads).
-    ``prefill_threads`` > 1: the prefill worker runs that many threads on every core (the
-    decode worker keeps core 1, which it then shares). ``step_logs``: a folder where each
-    worker logs its steps (``--step-log ROLE.jsonl``: step_log_path). ``cores`` N > 0: the
-    prefill worker on cores 0..N/2-1 and the decode worker on N/2..N-1, N/2 threads each, a
-    colocated worker on all N with N threads (``prefill_threads`` ignored; core_split)."""
-    pin = len(os.sched_getaffinity(0)) >= 2
-    model = model or str(model_dir)
-    core0 = ("taskset", "-c", "0") if pin and prefill_threads == 1 else ()
-    core1 = ("taskset", "-c", "1") if pin else ()
-    decode_threads, colocated_threads, colocated_pin = 1, 2, ()
-    if cores:
-        first, second, every = core_split(cores)
-        core0, core1 = ("taskset", "-c", first), ("taskset", "-c", second)
-        prefill_threads = decode_threads = cores // 2
-        colocated_threads, colocated_pin = cores, ("taskset", "-c", every)
-    procs: dict[str, Proc] = {}
-
-    def log(role: str) -> list[str]:
-        return [] if step_logs is None else ["--step-log", str(step_log_path(step_logs, role))]
-
-    if name.startswith("disagg"):
-        procs["decode"] = cluster.start(
-            "tandem.worker.decode", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
-            *_engine_flags(model, decode_threads, engine_extra), wrap=core1,
-        )
-        procs["prefill"] = cluster.start(
-            "tandem.worker.prefill", "--port", "0", *METRICS, *log("prefill"),
-            *_engine_flags(model, prefill_threads, engine_extra),
-            wrap=core0,
-        )
-    else:
-        budget = ["--max-num-batched-tokens", "256"] if name == "colocated-chunked" else []
-        procs["decode"] = cluster.start(
-            "tandem.worker.decode", "--port", "0", "--kv-port", "0", *METRICS, *log("decode"),
-            *_engine_flags(model, colocated_threads, engine_extra + budget), wrap=colocated_pin,
-        )
-    prefill = ["--prefill", procs["prefill"].grpc] if "prefill" in procs else []
-    if name == "disagg-remote":
-        prefill += ["--placement", "remote"]
-    placements = [] if step_logs is None else ["--placement-log",
-                                               str(placement_log_path(step_logs))]
-    procs["router"] = cluster.start(
-        "tandem.router", "--port", "0", "--http-port", "0", "--tokenizer", str(model_dir),
-        "--model-name", "bench",
-        "--decode", procs["decode"].grpc, *prefill, *router_extra, *placements,
-    )
-    return procs
 
 
 def log_summaries(logs: PointLogs, window: tuple[float, float], records: list[dict]
@@ -196,57 +118,6 @@ def log_summaries(logs: PointLogs, window: tuple[float, float], records: list[di
         if prefill is not None and decode is not None:
             out["prefill_residuals"] = point_residuals(records, placements, prefill, decode)
     return {k: v for k, v in out.items() if v is not None}
-
-
-def start_warm(cluster: Cluster, name: str, model_dir: Path, args: argparse.Namespace,
-               warmup: list[RequestSpec], step_logs: Path | None = None) -> dict[str, Proc]:
-    """Start a setup with the scored SLO on its router, then send one throwaway request (not
-    one of the measured ones: no prefix-cache head start) that warms every process
-    (first-call allocations, JIT paths). ``step_logs``: start_setup's."""
-    print(f"[bench] starting {name} ...", file=sys.stderr, flush=True)
-    slo = ["--slo-ttft-s", str(args.slo_ttft), "--slo-tpot-s", str(args.slo_tpot)]
-    procs = start_setup(cluster, name, model_dir, args.engine_arg, slo, args.prefill_threads,
-                        args.model, step_logs, args.cores)
-    asyncio.run(run_load(procs["router"].grpc, warmup))
-    return procs
-
-
-def _metrics_text(address: str) -> str:
-    """A process's /metrics page at ``address`` (HOST:PORT)."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as reply:
-        return reply.read().decode()
-
-
-def _samples(router: Proc) -> list[Sample]:
-    text = _metrics_text(router.info["http"])
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
-
-
-def placement_decisions(router: Proc) -> dict[str, float]:
-    """``decision/reason`` -> count, from the router's tandem_disagg_decision_total."""
-    return decision_counts(_metrics_text(router.info["http"]))
-
-
-def worker_reads(procs: dict[str, Proc]) -> dict[str, dict[str, float]]:
-    """Each worker's busy counters now (tandem/loadgen/stats.WORKER_COUNTERS), by role."""
-    out = {}
-    for role in ("prefill", "decode"):
-        proc = procs.get(role)
-        if proc is None or "metrics" not in proc.info:
-            continue
-        out[role] = worker_counters(_metrics_text(proc.info["metrics"]))
-    return out
-
-
-def wait_idle(router: Proc, timeout_s: float = 120.0) -> None:
-    """Return once the router has no request running or queued (or after ``timeout_s``)."""
-    busy = ("tandem_num_requests_running", "tandem_num_requests_waiting")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(s.value for s in _samples(router) if s.name in busy):
-            return
-        time.sleep(0.5)  # polling a gauge over HTTP: there is nothing to wait on
-    print(f"[bench] router still busy after {timeout_s:.0f} s; going on", file=sys.stderr)
 
 
 def run_sweep(

@@ -24,7 +24,6 @@ from typing import Any
 
 from tandem.common.arg_parser import ArgParser
 from tandem.launcher import up_state
-from tandem.launcher.spec import NAMESPACE
 
 # How long a foreground `tandem up` may take to notice its pool is gone and exit (it looks
 # every second; its Ray instance's shutdown takes a few more), then after a SIGTERM.
@@ -36,10 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem down``."""
     p = ArgParser(prog="tandem down", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address (default: the one tandem up on this machine "
-                   "recorded for --namespace, else auto)")
-    p.add_argument("--namespace", default=NAMESPACE)
+    up_state.add_cluster_args(p)
     p.add_argument("--json", action="store_true", help="print what was stopped as JSON")
     return p
 

@@ -14,17 +14,14 @@ import sys
 from typing import Any
 
 from tandem.common.arg_parser import ArgParser
-from tandem.launcher.spec import NAMESPACE
+from tandem.launcher.up_state import add_cluster_args
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``tandem status``."""
     p = ArgParser(prog="tandem status", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address (default: the one tandem up on this machine "
-                   "recorded for --namespace, else auto)")
-    p.add_argument("--namespace", default=NAMESPACE)
+    add_cluster_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 

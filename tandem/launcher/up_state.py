@@ -23,6 +23,7 @@ The file is read as untrusted input: one that is not a regular file of this user
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -34,6 +35,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from tandem.launcher.spec import NAMESPACE
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -187,6 +190,15 @@ def _check_private_dir(folder: Path) -> None:
     info = folder.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise OSError(f"{folder} is not a private folder of this user's")
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The flags that name the cluster ``tandem down`` and ``tandem status`` dial
+    (dial_target): ``--address`` and ``--namespace``."""
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (default: the one tandem up on this machine "
+                   "recorded for --namespace, else auto)")
+    p.add_argument("--namespace", default=NAMESPACE)
 
 
 def dial_target(address: str | None, namespace: str) -> tuple[str | None, UpState | None]:

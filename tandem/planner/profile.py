@@ -165,6 +165,11 @@ class Profile:
         if self.source not in ("measured", "roofline"):
             raise ProfileError(f"source must be 'measured' or 'roofline', not {self.source!r}")
 
+    def served_shape_s(self, rows: int, prefill_tokens: int = 0) -> float:
+        """A served step's cost before attention: the engine's (``step.shape_s``) plus what
+        the serving loop adds to every step (``serving_step_s``)."""
+        return self.step.shape_s(rows, prefill_tokens) + self.serving_step_s
+
     @property
     def kv_capacity_blocks(self) -> int:
         """KV blocks the worker's cache holds."""

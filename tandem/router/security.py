@@ -7,10 +7,10 @@ than a refused connection later.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 from tandem.common.security.credential import ClusterCredential, credential_from_flags
+from tandem.common.security.grpc_auth import is_loopback
 from tandem.router.auth import ApiKeyFileError, ApiKeys
 from tandem.router.config import RouterConfig
 from tandem.router.tls import ServerTls, WorkerTls
@@ -25,16 +25,6 @@ def _public_hosts(config: RouterConfig) -> list[str]:
     if config.http_enabled:
         hosts.append(config.http_host or config.host)
     return hosts
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether only this machine can reach ``host`` (a wildcard or a name is not)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +46,7 @@ class RouterSecurity:
         unusable file), ApiKeyFileError, TlsConfigError, or UnauthenticatedBindError (the
         public API on a non-loopback address without keys, unless allowed)."""
         if not (config.api_key_file or config.api_keys) and not config.allow_unauthenticated:
-            public = [h for h in _public_hosts(config) if not _is_loopback(h)]
+            public = [h for h in _public_hosts(config) if not is_loopback(h)]
             if public:
                 raise UnauthenticatedBindError(
                     f"the public API would listen on {public[0]!r} without API keys: pass "

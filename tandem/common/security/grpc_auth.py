@@ -48,11 +48,12 @@ _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 
 __all__ = [
     "HEALTH_SERVICE", "METADATA_KEY", "ROUTER_AUDIENCE", "ClusterAuthInterceptor",
-    "aio_interceptors", "refusing", "sync_channel", "worker_audience",
+    "aio_interceptors", "is_loopback", "refusing", "sync_channel", "worker_audience",
 ]
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host`` (a wildcard or a name is not)."""
     if host == "localhost":
         return True
     try:
@@ -78,7 +79,7 @@ def worker_audience(host: str, port: int) -> frozenset[str]:
     loopback bind; this host's names too for a wildcard bind). A worker on another port or
     another host answers to none of them."""
     names = {f"{host}:{port}"}
-    if _is_loopback(host) or host in _WILDCARDS:
+    if is_loopback(host) or host in _WILDCARDS:
         names.update(f"{n}:{port}" for n in _LOOPBACK_NAMES)
     if host in _WILDCARDS:
         names.update(f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in _host_names())

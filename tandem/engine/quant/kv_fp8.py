@@ -20,23 +20,23 @@ text) measured no better than 1.0 on its perplexity (21.254 against 21.227, floa
 1,024 tokens of tests/data/ppl_text.txt): the loss is e4m3's 3-bit mantissa, not its range.
 A value past 448 * scale saturates (torch's cast would make it NaN).
 
-``Fp8KVBackend`` wraps any attention backend (torch, or Triton on CUDA), as the int8 cache's
-wrapper does: it quantizes on write and, per step, dequantizes only the blocks named in the
-step's block tables into a compact float cache the wrapped backend attends over. The fused
+``Fp8KVBackend`` wraps any attention backend (torch, or Triton on CUDA): kv_backend.py's
+QuantizedKVBackend, as the int8 cache's, with a codec each for K and V over their scales; it
+quantizes on write and, per step, dequantizes only the blocks named in the step's block
+tables into a compact float cache the wrapped backend attends over. The fused
 native CPU forward has no fp8 kernels and declines an fp8 cache (the torch path serves it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from dataclasses import dataclass
 
 import torch
 
-from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
-from tandem.engine.platform import cpu_emulates_bf16
+from tandem.engine.attention.base import AttentionBackend
+from tandem.engine.quant.kv_backend import QuantizedKVBackend
 
 log = logging.getLogger(__name__)
 
@@ -88,51 +88,24 @@ def dequantize_fp8(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.T
     return (q.float() * scale).to(dtype)
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as uint8, same shape: torch's index_copy_ has no float8 kernel on the CPU."""
-    return t.view(torch.uint8)
+@dataclass(frozen=True, slots=True)
+class Fp8Codec:
+    """One fp8 cache tensor's codec (K's or V's): e4m3 over its per-tensor ``scale``."""
+
+    scale: float
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., D]`` float -> ``[..., D]`` e4m3 (quantize_fp8)."""
+        return quantize_fp8(x, self.scale)
+
+    def dequantize(self, q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``[..., D]`` e4m3 -> ``[..., D]`` in ``dtype`` (dequantize_fp8)."""
+        return dequantize_fp8(q, self.scale, dtype)
 
 
-class Fp8KVBackend:
+class Fp8KVBackend(QuantizedKVBackend):
     """An attention backend over an fp8 cache, delegating the attention math to ``inner``."""
 
     def __init__(self, inner: AttentionBackend, scales: Fp8Scales) -> None:
-        self.inner = inner
+        super().__init__(inner, "fp8kv", Fp8Codec(scales.k), Fp8Codec(scales.v))
         self.scales = scales
-        self.name = f"{inner.name}+fp8kv"
-
-    def write_kv(
-        self,
-        key: torch.Tensor,  # [T, Hkv, D]
-        value: torch.Tensor,
-        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float8_e4m3fn
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,  # [T] int64
-    ) -> None:
-        """Quantize the step's new K/V and scatter them into their slots."""
-        flat_k = _bytes(k_cache).view(-1, k_cache.shape[-2], k_cache.shape[-1])
-        flat_v = _bytes(v_cache).view(-1, v_cache.shape[-2], v_cache.shape[-1])
-        flat_k.index_copy_(0, slot_mapping, _bytes(quantize_fp8(key, self.scales.k)))
-        flat_v.index_copy_(0, slot_mapping, _bytes(quantize_fp8(value, self.scales.v)))
-
-    def attend(
-        self,
-        query: torch.Tensor,  # [T, Hq, D]
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-    ) -> torch.Tensor:
-        """Dequantize the step's blocks (``[B * W]`` of them, table order) and attend (through
-        a sliding ``window`` when set)."""
-        b, w = meta.block_tables.shape
-        # a block freed behind a sliding window is -1 and never read: dequantize block 0 there
-        flat = meta.block_tables.reshape(-1).long().clamp(min=0)
-        # bf16 attention on a CPU without bf16 math runs in fp32 anyway: skip a round trip.
-        dtype = torch.float32 if cpu_emulates_bf16(query) else query.dtype
-        k = dequantize_fp8(k_cache.index_select(0, flat), self.scales.k, dtype)  # [B*W, bs, Hkv, D]
-        v = dequantize_fp8(v_cache.index_select(0, flat), self.scales.v, dtype)
-        tables = torch.arange(b * w, dtype=torch.int32, device=flat.device).view(b, w)
-        local = dataclasses.replace(meta, block_tables=tables)
-        return self.inner.attend(query, k, v, local, scale, window).to(query.dtype)

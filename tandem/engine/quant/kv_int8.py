@@ -10,19 +10,17 @@ layer) needs no second tensor. A scale per 64-value vector, fixed when the token
 suits a cache that grows a token at a time (a per-block scale would need rescaling as the
 block fills). For D = 64: 68 bytes instead of 128 (bf16) or 256 (fp32).
 
-``Int8KVBackend`` wraps any attention backend: it quantizes on write and, per step,
-dequantizes only the blocks named in the step's block tables into a compact float cache that
-the wrapped backend attends over with renumbered tables.
+``Int8KVBackend`` wraps any attention backend (kv_backend.py's QuantizedKVBackend with this
+cache's codec): it quantizes on write and, per step, dequantizes only the blocks named in the
+step's block tables into a compact float cache that the wrapped backend attends over.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from tandem.engine.attention.base import AttentionBackend, AttentionMetadata
-from tandem.engine.platform import cpu_emulates_bf16
+from tandem.engine.attention.base import AttentionBackend
+from tandem.engine.quant.kv_backend import QuantizedKVBackend
 
 SCALE_BYTES = 4  # one fp32 scale after each head vector
 
@@ -47,45 +45,21 @@ def dequantize_heads(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (packed[..., :d].float() * scale).to(dtype)
 
 
-class Int8KVBackend:
+class Int8Codec:
+    """The int8 cache's codec for K and for V alike: the scales travel in the cache."""
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., D]`` float -> ``[..., D + 4]`` int8 (quantize_heads)."""
+        return quantize_heads(x)
+
+    def dequantize(self, q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``[..., D + 4]`` int8 -> ``[..., D]`` in ``dtype`` (dequantize_heads)."""
+        return dequantize_heads(q, dtype)
+
+
+class Int8KVBackend(QuantizedKVBackend):
     """An attention backend over an int8 cache, delegating the attention math to ``inner``."""
 
     def __init__(self, inner: AttentionBackend) -> None:
-        self.inner = inner
-        self.name = f"{inner.name}+int8kv"
-
-    def write_kv(
-        self,
-        key: torch.Tensor,  # [T, Hkv, D]
-        value: torch.Tensor,
-        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D + 4] int8
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,  # [T] int64
-    ) -> None:
-        """Quantize the step's new K/V and scatter them into their slots."""
-        flat_k = k_cache.view(-1, k_cache.shape[-2], k_cache.shape[-1])
-        flat_v = v_cache.view(-1, v_cache.shape[-2], v_cache.shape[-1])
-        flat_k.index_copy_(0, slot_mapping, quantize_heads(key))
-        flat_v.index_copy_(0, slot_mapping, quantize_heads(value))
-
-    def attend(
-        self,
-        query: torch.Tensor,  # [T, Hq, D]
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-    ) -> torch.Tensor:
-        """Dequantize the step's blocks (``[B * W]`` of them, table order) and attend (through
-        a sliding ``window`` when set)."""
-        b, w = meta.block_tables.shape
-        # a block freed behind a sliding window is -1 and never read: dequantize block 0 there
-        flat = meta.block_tables.reshape(-1).long().clamp(min=0)
-        # bf16 attention on a CPU without bf16 math runs in fp32 anyway: skip a round trip.
-        dtype = torch.float32 if cpu_emulates_bf16(query) else query.dtype
-        k = dequantize_heads(k_cache.index_select(0, flat), dtype)  # [B*W, bs, Hkv, D]
-        v = dequantize_heads(v_cache.index_select(0, flat), dtype)
-        tables = torch.arange(b * w, dtype=torch.int32, device=flat.device).view(b, w)
-        local = dataclasses.replace(meta, block_tables=tables)
-        return self.inner.attend(query, k, v, local, scale, window).to(query.dtype)
+        codec = Int8Codec()
+        super().__init__(inner, "int8kv", codec, codec)

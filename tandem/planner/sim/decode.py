@@ -18,6 +18,9 @@ between summed in closed form (tandem/planner/sim/steps.py); a row arriving mean
 the first step boundary after it. ``exact=True`` wakes it every step instead: the reference
 the macro steps are tested against.
 
+A step's local prefill chunks: tandem/planner/sim/chunk_plan.py; a row's longest token gap,
+the longest step since it joined: tandem/planner/sim/step_gaps.py.
+
 Its step-cost report (``view()``): the profile's costs, or with ``signals`` its own online fit
 of the steps it ran (tandem/planner/sim/signals.py), as a real worker reports.
 
@@ -30,7 +33,6 @@ arrival), and a batch's new size at the boundary where it changes.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -38,11 +40,13 @@ from typing import Any, Protocol
 from tandem.placement.worker_view import Role, WorkerView
 from tandem.planner.profile import Profile
 from tandem.planner.sim.cache import DecodeBlocks
+from tandem.planner.sim.chunk_plan import plan_chunks
 from tandem.planner.sim.events import EventQueue
 from tandem.planner.sim.host import HostPeer
 from tandem.planner.sim.reports import ReportedQueue
 from tandem.planner.sim.request import SimRequest
-from tandem.planner.sim.signals import FittedSignals
+from tandem.planner.sim.signals import FittedSignals, reported_costs
+from tandem.planner.sim.step_gaps import StepGaps
 from tandem.planner.sim.steps import boundary_after, span, steps_by
 
 
@@ -64,11 +68,11 @@ class DecodeWorker:
     """One decode worker (see the module docstring)."""
 
     __slots__ = ("index", "endpoint", "profile", "blocks", "requests", "_events", "_hooks",
-                 "_exact", "_base", "_per_row", "_per_token", "_per_ctx", "_per_pair", "_shape",
+                 "_exact", "_per_ctx", "_per_pair", "_shape",
                  "_prompt_scale", "_chunk", "_cap",
                  "block_size", "_rows", "rows", "_ctx", "_n0", "_t0", "ready", "_local",
                  "local_tokens", "_busy", "_version", "_wake_n", "_chunks", "_in_wake",
-                 "_itl_idx", "_itl_val", "_seq", "_chunk_step_s", "busy_s", "row_s",
+                 "_gaps", "_seq", "_chunk_step_s", "busy_s", "row_s",
                  "row_steps", "routable", "draining", "dead", "key", "streamed", "_join_sum",
                  "peer", "_host_slow", "_slow", "_peer_on", "signals", "_reports")
 
@@ -85,16 +89,9 @@ class DecodeWorker:
         self._hooks = hooks
         self._exact = exact
         step = profile.step
-        self._base, self._per_row = step.base_s, step.per_row_s
-        self._per_token, self._per_ctx = step.per_prefill_token_s, step.per_context_token_s
-        self._per_pair = step.per_prefill_pair_s
+        self._per_ctx, self._per_pair = step.per_context_token_s, step.per_prefill_pair_s
         self._prompt_scale = profile.serving_prompt_scale  # a step with a prompt chunk
-        serving = profile.serving_step_s  # the served loop's cost on top of the engine's
-
-        def shape(rows: int, tokens: int) -> float:  # the step before attention
-            return step.shape_s(rows, tokens) + serving
-
-        self._shape = shape
+        self._shape = profile.served_shape_s  # the step before attention, served
         self._chunk, self._cap = profile.chunk_tokens, profile.max_num_seqs
         self.block_size = profile.block_size
         self._rows: list[tuple[int, int, SimRequest]] = []  # (finish step, seq, request)
@@ -110,8 +107,7 @@ class DecodeWorker:
         self._wake_n = 0
         self._chunks: list[tuple[SimRequest, int]] | None = None  # a prefill step's chunks
         self._in_wake = False
-        self._itl_idx: list[int] = []  # suffix maxima of step lengths: (last step, seconds)
-        self._itl_val: list[float] = []
+        self._gaps = StepGaps()  # the longest step since any step: a row's worst gap
         self._seq = 0
         self._chunk_step_s = 0.0  # the running prefill step's length
         self.busy_s = 0.0  # seconds spent stepping, and rows x seconds (mean batch)
@@ -136,10 +132,7 @@ class DecodeWorker:
         tandem/planner/sim/reports.py), the rest exact (the router's own count of its streams,
         ``active``, is what the placement takes over the reported rows)."""
         n = len(self.requests)
-        base, per_row, per_token = self._base, self._per_row, self._per_token
-        if self.signals is not None:
-            fit = self.signals.costs()
-            base, per_row, per_token = fit.base_s, fit.per_row_s, fit.per_prefill_token_s
+        base, per_row, per_token = reported_costs(self.profile, self.signals)
         return WorkerView(
             self.endpoint, Role.DECODE, num_running=self.rows, num_waiting=n - self.rows,
             num_free_blocks=self.blocks.free, num_blocks=self.blocks.num_blocks, active=n,
@@ -371,12 +364,8 @@ class DecodeWorker:
                 self.signals.run(r, *self._plain(), k)
             self._ctx += r * k
         self._n0, self._t0 = n, now
-        idx, val = self._itl_idx, self._itl_val  # suffix maxima of step lengths
-        while val and val[-1] <= last:
-            val.pop()
-            idx.pop()
-        idx.append(n - 1)
-        val.append(last)
+        gaps = self._gaps
+        gaps.record(n - 1, last)
         rows = self._rows
         if rows and rows[0][0] == n:
             finished = []
@@ -388,9 +377,9 @@ class DecodeWorker:
             self.rows = r
             hooks = self._hooks
             for req in finished:
-                i = bisect_left(idx, req.join_step)
-                if i < len(val) and val[i] > req.itl_max_s:
-                    req.itl_max_s = val[i]
+                gap = gaps.longest_since(req.join_step)
+                if gap is not None and gap > req.itl_max_s:
+                    req.itl_max_s = gap
                 self.streamed += req.output - req.sent
                 self._join_sum -= req.join_step
                 req.sent = req.output
@@ -421,19 +410,7 @@ class DecodeWorker:
                 joined.append(req)
         self._slow = self._factor()
         if self._local:
-            chunks, budget = [], max(self._chunk - self.rows, 1)
-            tokens, attention = 0, 0.0
-            for req in self._local:
-                done = req.job_done
-                take = req.tokens - done
-                if take > budget:
-                    take = budget
-                chunks.append((req, take))
-                tokens += take
-                attention += take * done + take * (take + 1) / 2
-                budget -= take
-                if budget == 0:
-                    break
+            chunks, tokens, attention = plan_chunks(self._local, max(self._chunk - self.rows, 1))
             self._chunks = chunks
             first = self._chunk_step_s = self._slow * self._prompt_scale * (
                 self._shape(self.rows, tokens) + self._per_ctx * self._ctx

@@ -32,7 +32,7 @@ from tandem.planner.sim.events import EventQueue
 from tandem.planner.sim.host import HostPeer, HostSharing
 from tandem.planner.sim.reports import ReportedQueue
 from tandem.planner.sim.request import SimRequest
-from tandem.planner.sim.signals import FittedSignals
+from tandem.planner.sim.signals import FittedSignals, reported_costs
 
 
 class PrefillHooks(Protocol):
@@ -47,7 +47,7 @@ class PrefillWorker:
     router's policies break ties (by endpoint)."""
 
     __slots__ = ("index", "endpoint", "profile", "transfer", "kv_bytes", "_events", "_hooks",
-                 "_base", "_per_token", "_per_pair", "_prompt_scale", "_shape", "_chunk",
+                 "_per_pair", "_prompt_scale", "_shape", "_chunk",
                  "block_size", "cache", "_queue", "depth", "queued_tokens", "busy", "_version",
                  "_chunks", "routable", "draining", "dead", "key", "_view", "busy_s", "done_log",
                  "peer", "_host", "_peer_busy", "_step_slow", "_slow", "_left", "_mark",
@@ -63,17 +63,9 @@ class PrefillWorker:
         self.kv_bytes = profile.kv_bytes_per_token
         self._events = events
         self._hooks = hooks
-        step = profile.step
-        self._base = step.base_s
-        self._per_token = step.per_prefill_token_s
-        self._per_pair = step.per_prefill_pair_s
+        self._per_pair = profile.step.per_prefill_pair_s
         self._prompt_scale = profile.serving_prompt_scale  # every step here carries a prompt
-        serving = profile.serving_step_s  # the served loop's cost on top of the engine's
-
-        def shape(rows: int, tokens: int) -> float:  # the step before attention
-            return step.shape_s(rows, tokens) + serving
-
-        self._shape = shape
+        self._shape = profile.served_shape_s  # the step before attention, served
         self._chunk = profile.chunk_tokens
         self.block_size = profile.block_size
         self.cache = PrefixLru(profile.kv_capacity_blocks, profile.block_size)
@@ -146,10 +138,7 @@ class PrefillWorker:
         queued = self._reports.seen(self.queued_tokens, self._events.now)
         if view is None or view.queued_prefill_tokens != queued:
             capacity = self.cache.capacity
-            base, per_row, per_token = self._base, self.profile.step.per_row_s, self._per_token
-            if self.signals is not None:
-                fit = self.signals.costs()
-                base, per_row, per_token = fit.base_s, fit.per_row_s, fit.per_prefill_token_s
+            base, per_row, per_token = reported_costs(self.profile, self.signals)
             view = self._view = WorkerView(
                 self.endpoint, Role.PREFILL, num_waiting=self.depth,
                 num_free_blocks=capacity, num_blocks=capacity, active=self.depth,

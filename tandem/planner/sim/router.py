@@ -138,9 +138,21 @@ class SimRouter:
         now = self._events.now
         self._dindex.drop(worker)
         lost, done, whole = worker.evict(now)
+        self._orphaned(lost, done)
+        live = self._cluster.live_migration and self._link is not None
+        for req in lost:
+            req.carry_kv = live and req.index in whole
+            if req.sent > 0:
+                req.leg_token_s = now  # its last token here: the stream's gap starts now
+        self._waiting.extendleft(reversed(lost))
+        self._pump()
+
+    def _orphaned(self, lost: list[SimRequest], done: list[SimRequest]) -> None:
+        """A decode worker left holding these: each of ``done`` is complete; each of
+        ``lost`` starts a new leg (its queue entries and KV in flight go stale), its prefill
+        job cancelled and its reservation gone, one more migration."""
         for req in done:
             req.completed, req.leg = True, req.leg + 1
-        live = self._cluster.live_migration and self._link is not None
         for req in lost:
             req.leg += 1  # stale: its queue entries and KV in flight
             if (p := req.job_p) is not None:
@@ -149,11 +161,6 @@ class SimRouter:
             req.decode, req.private_blocks, req.pinned = None, 0, False
             req.migrations += 1
             self.migrations += 1
-            req.carry_kv = live and req.index in whole
-            if req.sent > 0:
-                req.leg_token_s = now  # its last token here: the stream's gap starts now
-        self._waiting.extendleft(reversed(lost))
-        self._pump()
 
     def endpoint(self, endpoint: str) -> DecodeWorker | PrefillWorker | None:
         """The worker at ``endpoint`` (None: no such worker)."""
@@ -172,17 +179,9 @@ class SimRouter:
             return
         self._dindex.drop(worker)
         lost, done = worker.kill(now)
-        for req in done:
-            req.completed, req.leg = True, req.leg + 1
+        self._orphaned(lost, done)
         moving = []
         for req in lost:
-            req.leg += 1  # stale: its queue entries and KV in flight
-            if (p := req.job_p) is not None:
-                p.cancel(req)
-                self._touch_p(p)
-            req.decode, req.private_blocks, req.pinned = None, 0, False
-            req.migrations += 1
-            self.migrations += 1
             if req.migrations > self._cluster.max_migrations:
                 req.failed = "migrations"
                 continue

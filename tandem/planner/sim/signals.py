@@ -57,6 +57,17 @@ class FittedSignals:
         return self._costs
 
 
+def reported_costs(profile: Profile, signals: FittedSignals | None
+                   ) -> tuple[float, float, float]:
+    """``(base_s, per_row_s, per_prefill_token_s)`` a simulated worker reports: its own fit
+    (``signals``), or without one the profile's step costs, exact."""
+    if signals is None:
+        step = profile.step
+        return step.base_s, step.per_row_s, step.per_prefill_token_s
+    fit = signals.costs()
+    return fit.base_s, fit.per_row_s, fit.per_prefill_token_s
+
+
 def profile_warmup_steps(profile: Profile) -> list[WarmupStep]:
     """The start-up warm-up's steps on a worker with ``profile``'s limits (its KV capacity
     stands for the context length, which a profile does not record)."""

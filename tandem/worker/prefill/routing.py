@@ -26,6 +26,7 @@ from tandem.kv_transfer.reshard import (
     routes,
 )
 from tandem.worker.errors import BadRequest, LayoutMismatch
+from tandem.worker.kv_endpoint import parse_endpoint
 from tandem.worker.layout import LayoutSummary, layout_mismatch
 
 
@@ -54,16 +55,6 @@ class PushPlan:
                            for r in mine],
                 "parts": list(self.parts), "endpoints": [e.encode() for e in self.endpoints],
                 "commit": [r.dst for r in mine if self.committers[r.dst] == rank]}
-
-
-def parse_endpoint(text: str) -> Endpoint:
-    """A decode worker's KV endpoint: ``Endpoint.encode()`` output, or a bare TCP ``host:port``.
-    Raises ``ConfigError``."""
-    if "|" in text:
-        return Endpoint.decode(text)
-    if not text:
-        raise ConfigError("empty KV endpoint")
-    return Endpoint("remote", (("tcp", text),))
 
 
 def plan_push(own: GroupKv, kv_endpoint: str, theirs: LayoutSummary) -> PushPlan:

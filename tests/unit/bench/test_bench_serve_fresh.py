@@ -1,7 +1,7 @@
 """scripts/bench_serve.py's sweep loop: a setup's processes start once for all its points, or
 again for every point with --fresh-workers (the processes themselves are replaced by
 recorders here: what is checked is when the loop starts and stops them); and --cores' split
-of the cores between the prefill and the decode worker."""
+of the cores between the prefill and the decode worker (bench/serving/setups.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.serving.logs import PointLogs
+from bench.serving.setups import core_split
 from scripts import bench_serve
 from tandem.loadgen.stats import RequestResult
 
@@ -65,10 +66,10 @@ def test_fresh_workers_needs_a_sweep() -> None:
 @pytest.mark.parametrize(("cores", "split"), [(2, ("0-0", "1-1", "0-1")),
                                               (16, ("0-7", "8-15", "0-15"))])
 def test_cores_split_prefill_first_half_decode_second(cores: int, split: tuple) -> None:
-    assert bench_serve.core_split(cores) == split
+    assert core_split(cores) == split
 
 
 @pytest.mark.parametrize("cores", [0, 1, 3, 15])
 def test_cores_must_be_even_and_at_least_two(cores: int) -> None:
     with pytest.raises(ValueError, match="even number"):
-        bench_serve.core_split(cores)
+        core_split(cores)
