@@ -69,6 +69,15 @@ _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 _SPLIT_KV_B = ("attn_k_b.weight", "attn_v_b.weight")
 
 
+def vocab_size(tensor_shapes: dict[str, tuple[int, ...]]) -> int:
+    """The vocabulary a GGUF's token embedding holds (GGUF shapes: fastest dimension first);
+    ModelLoadError when the file has none."""
+    shape = tensor_shapes.get("token_embd.weight")
+    if not shape:
+        raise ModelLoadError("the GGUF file has no token embedding (token_embd.weight)")
+    return int(shape[0])
+
+
 def deepseek_config(metadata: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]
                     ) -> dict[str, Any]:
     """config.json of the HF checkpoint a ``deepseek2`` GGUF holds (``tensor_shapes``: GGUF
@@ -103,7 +112,7 @@ def deepseek_config(metadata: dict[str, Any], tensor_shapes: dict[str, tuple[int
     config: dict[str, Any] = {
         "model_type": model_type,
         "architectures": [_HF_CLASS[model_type]],
-        "vocab_size": tensor_shapes["token_embd.weight"][0],
+        "vocab_size": vocab_size(tensor_shapes),
         "hidden_size": int(get("embedding_length")),
         "intermediate_size": int(get("feed_forward_length")),
         "num_hidden_layers": layers,

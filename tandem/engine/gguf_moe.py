@@ -42,7 +42,12 @@ import numpy as np
 
 from tandem.engine.errors import ModelLoadError, UnsupportedConfigError
 from tandem.engine.gguf_deepseek import ARCHITECTURE as DEEPSEEK
-from tandem.engine.gguf_deepseek import deepseek_config, deepseek_tensors, save_gguf_tokenizer
+from tandem.engine.gguf_deepseek import (
+    deepseek_config,
+    deepseek_tensors,
+    save_gguf_tokenizer,
+    vocab_size,
+)
 
 # the families whose GGUFs this module converts (not transformers)
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
@@ -99,7 +104,7 @@ def hf_config(metadata: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]
     config: dict[str, Any] = {
         "model_type": model_type,
         "architectures": [_HF_CLASS[model_type]],
-        "vocab_size": tensor_shapes["token_embd.weight"][0],
+        "vocab_size": vocab_size(tensor_shapes),
         "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),

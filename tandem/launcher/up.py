@@ -386,7 +386,10 @@ def share_threads(spec: LaunchSpec, cores: int) -> LaunchSpec:
     tandem/engine/parallel/collectives.rank_threads splits it), at least 1 a rank. Engines
     that all take every core stall each other at every OpenMP barrier: two int4 decode
     loops with 2 threads each on 2 cores ran at a 113 ms p90 step against 17 ms with 1 thread
-    each (9 ms alone). A role's own ``--threads`` (``--prefill-arg``) still wins."""
+    each (9 ms alone). A role's own ``--threads`` (``--prefill-arg``) still wins, and a
+    ``--worker-arg=--threads`` leaves every worker to it."""
+    if any(a == "--threads" or a.startswith("--threads=") for a in spec.worker_args):
+        return spec
     per_rank = max(1, cores // max(1, _local_ranks(spec)))
     if spec.prefill_ranks == spec.decode_ranks == 1:
         return dataclasses.replace(spec, threads=per_rank)

@@ -28,9 +28,10 @@ entries)::
 A freed block keeps its hash and its KV until the pool hands it out again (and then its hash is
 dropped first), so a prefix-cache hit on it is still exact. Prefix hits that lie wholly behind
 a new request's window are not taken at all. A request holding its KV for a push (``hold_kv``,
-the prefill role) frees the same way as its chunked prefill advances: what it frees lies
-before its last chunk's window, so before the window of the first decoded token, which is all
-the push ships (below).
+the prefill role) frees the same way as its chunked prefill advances, but never past the
+blocks its decode worker's reservation skips (``Request.push_skip_tokens``): a decode worker
+that keeps every block (one running a draft model, which frees nothing behind the window, or
+one that reports no skip) gets the whole prompt pushed.
 
 A prompt another engine computes (the decode role's reservation, ``allocate_pushed``) gets only
 the blocks its first decoded token's window reads, ``None`` before them: the push fills those
@@ -287,9 +288,14 @@ class KVCacheManager:
 
     def _behind_window(self, request: Request, computed: Sequence[Block] | None) -> int:
         """Leading blocks of the request that no query from its next token to compute on
-        reads: those wholly before that token's window (0 without a window)."""
+        reads: those wholly before that token's window (0 without a window). A request held
+        for a push keeps every block its push ships: at most the blocks its reservation skips
+        (``push_skip_tokens``) are behind."""
         start = request.num_computed_tokens + len(computed or ()) * self.block_size
-        return self._window_start_block(start)
+        behind = self._window_start_block(start)
+        if request.hold_kv:
+            behind = min(behind, request.push_skip_tokens // self.block_size)
+        return behind
 
     def _window_start_block(self, position: int) -> int:
         """Leading blocks wholly before the window of a query at ``position`` (0 without a

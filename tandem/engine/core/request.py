@@ -76,6 +76,10 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     hold_kv: bool = False  # keep blocks after finishing (prefill role: until the push ends)
+    # hold_kv with a sliding window: leading tokens whose blocks the push skips (the decode
+    # worker's reservation does not take them), the only ones that may be freed behind the
+    # window; 0 keeps every block (a reservation that skips nothing)
+    push_skip_tokens: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     all_token_ids: list[int] = field(default_factory=list)  # prompt + output, appended in place
     num_computed_tokens: int = 0  # tokens whose KV is in the cache

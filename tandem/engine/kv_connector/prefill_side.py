@@ -50,11 +50,15 @@ class PrefillSide:
         request_id: str | None = None,
         prior_output_tokens: int = 0,
         n: int = 1,
+        push_skip_tokens: int = 0,
     ) -> str:
         """Queue a request whose blocks are held once it finishes (until ``release``); returns
-        its id. Options as in ``LLMEngine.add_request``. Raises InvalidRequestError."""
+        its id. Options as in ``LLMEngine.add_request``; ``push_skip_tokens``: the leading
+        tokens whose blocks the push skips (with a sliding window, the only blocks the engine
+        may free behind it; ``Request.push_skip_tokens``). Raises InvalidRequestError."""
         live = self._requests.new_live(request_id, prompt, params, hold_kv=True,
                                        prior=prior_output_tokens, n=n)
+        live.request.push_skip_tokens = push_skip_tokens
         self._requests.track(live)
         self._scheduler.add(live.request)
         return live.request.request_id

@@ -10,9 +10,9 @@ transfer layout names), so the per-layer scales are folded into their maximum: n
 values then saturate, and e4m3 keeps its 2^-4 relative precision over [2^-6, 448] times the
 scale whatever the scale (a layer calibrated far below the largest loses only its values
 that fall under 2^-6 of it). They are used with ``--kv-cache-dtype fp8`` only; any other cache
-reads K and V unquantized and leaves them unused (logged).
+reads K and V unquantized and leaves well-formed scales unused (logged).
 
-Refused loudly (ModelLoadError naming the tensor), never guessed around: a scale that is not
+Refused loudly, whatever the cache dtype (a malformed checkpoint is not served) (ModelLoadError naming the tensor), never guessed around: a scale that is not
 one value (per-channel or per-head scales: the cache has no room for them), not finite or
 not above 0, K's without V's, a layer without them while others have them, a layer outside
 the model, two spellings for one layer. ``q_scale`` and ``prob_scale`` (an fp8 attention's

@@ -232,7 +232,8 @@ class PrefillWorker:
                 await self._ae.prepare(first)
                 await self._ae.call(
                     lambda e: e.remote.prefill.add(tokens, first, request_id=rid,
-                                                   prior_output_tokens=prior, n=n),
+                                                   prior_output_tokens=prior, n=n,
+                                                   push_skip_tokens=spec.skip_tokens),
                     stream=seqs,
                 )
                 outs = [await self._first_output(sid) for sid in seqs]

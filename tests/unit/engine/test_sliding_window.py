@@ -151,8 +151,14 @@ def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str,
     prompt = _prompts([45], seed=6)[0]
     expected = hf_greedy(mistral, prompt, GREEDY.max_tokens)
 
+    # as the router does: D reserves first, P is told what the push skips
+    granted = decode.remote.decode.reserve("r1", prompt, GREEDY)
+    # the first decoded token (position 45) reads keys 34 .. 45: blocks 8 .. 11 of the prompt
+    assert granted.skip_tokens == (45 - WINDOW + 1) // BLOCK * BLOCK == 32
+    assert granted.cached_tokens == 0
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    rid = prefill.remote.prefill.add(prompt, one, request_id="r1")
+    rid = prefill.remote.prefill.add(prompt, one, request_id="r1",
+                                     push_skip_tokens=granted.skip_tokens)
     first = None
     while prefill.has_unfinished():
         for out in prefill.step():
@@ -162,10 +168,6 @@ def test_mistral_handoff_equals_colocated(make_engine, mistral: Path, kind: str,
     if budget is not None:  # the last chunk (from 40) no longer read blocks 0 .. 6
         assert src[:7] == [-1] * 7
 
-    granted = decode.remote.decode.reserve("r1", prompt, GREEDY)
-    # the first decoded token (position 45) reads keys 34 .. 45: blocks 8 .. 11 of the prompt
-    assert granted.skip_tokens == (45 - WINDOW + 1) // BLOCK * BLOCK == 32
-    assert granted.cached_tokens == 0
     dst = granted.fill_block_ids
     assert len(dst) == len(src) - 8 and decode.kv.num_held_blocks("r1") == len(dst)
     assert decode.kv.block_ids("r1")[:8] == [-1] * 8  # never held, never pushed

@@ -92,20 +92,25 @@ def test_chunked_prefill_frees_behind_each_chunk() -> None:
 
 
 def test_a_request_holding_kv_for_a_push_keeps_what_the_push_ships() -> None:
-    """The prefill role's chunked prefill frees behind its last chunk's window, never a block
-    the decode side's reservation of the same prompt fills."""
-    kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
-    req = _req("p", list(range(40)), hold_kv=True)
-    for _ in range(5):
-        assert kv.allocate_slots(req, 8)
-        req.num_computed_tokens += 8
-    assert kv.block_ids("p")[:_behind(32)] == [FREED] * _behind(32)  # last chunk from 32
+    """The prefill role's chunked prefill frees behind its last chunk's window, but never past
+    the blocks the decode side's reservation skips: with a reservation that skips its window's
+    leading blocks, those are freed; with one that skips nothing (a decode worker that keeps
+    every block: a draft model, or one reporting no skip), nothing is."""
     pushed = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W).allocate_pushed(
         _req("d", list(range(40))), [])
-    assert pushed is not None and pushed >= _behind(32)
-    assert FREED not in kv.block_ids("p")[pushed:]
-    kv.free("p")
-    _assert_no_leak(kv)
+    assert pushed is not None and pushed == _behind(39) > _behind(32)
+    for skip_blocks, freed in ((pushed, _behind(32)), (0, 0), (2, 2)):
+        kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
+        req = _req("p", list(range(40)), hold_kv=True)
+        req.push_skip_tokens = skip_blocks * BS
+        for _ in range(5):
+            assert kv.allocate_slots(req, 8)
+            req.num_computed_tokens += 8
+        ids = kv.block_ids("p")
+        assert ids[:freed] == [FREED] * freed  # last chunk from 32
+        assert FREED not in ids[freed:] and FREED not in ids[skip_blocks:]
+        kv.free("p")
+        _assert_no_leak(kv)
 
 
 def test_the_freed_blocks_make_room_and_can_allocate_agrees() -> None:

@@ -188,3 +188,13 @@ def test_the_tokenizer_a_deepseek_gguf_carries_is_kept(tmp_path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
     assert tokenizer("abc a")["input_ids"] == [4, 8]  # "abc" merged whole, " a" as Ġa
     assert (tokenizer.bos_token, tokenizer.eos_token) == ("<s>", "</s>")
+
+
+def test_a_file_without_a_token_embedding_is_refused_by_name() -> None:
+    """The vocabulary comes from token_embd.weight's shape: a file without it is a load error
+    naming it (not a KeyError), for DeepSeek's and the other MoE families' GGUFs alike."""
+    from tandem.engine.gguf_deepseek import vocab_size
+
+    assert vocab_size({"token_embd.weight": (300, 64)}) == 300
+    with pytest.raises(ModelLoadError, match="token_embd.weight"):
+        vocab_size({"output.weight": (300, 64)})

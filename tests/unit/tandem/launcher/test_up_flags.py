@@ -95,6 +95,21 @@ def test_local_threads_are_shared_by_rank_and_given_per_worker() -> None:
     assert prefill[prefill.index("--threads") + 1] == "3" and prefill[-1] == "--threads=5"
 
 
+@pytest.mark.parametrize("flag", [["--worker-arg=--threads=8"], ["--worker-arg=--threads",
+                                                                 "--worker-arg=8"]])
+def test_a_worker_arg_threads_is_left_to_every_worker(flag: list[str]) -> None:
+    """The user's --worker-arg=--threads is every worker's, tensor-parallel groups too: no
+    share of the cores is computed beside it (the role args come last and would win)."""
+    from tandem.launcher import up
+
+    argv = ["--decode-arg=--tensor-parallel-size=2", "--kv-cache-dtype", "float32", *flag]
+    spec = up.share_threads(spec_from_args(build_parser().parse_args(argv), None), 12)
+    for role in ("prefill", "decode"):
+        args = worker_argv(spec, role, "m")
+        assert [a for a in args if a.startswith("--threads")] == (
+            ["--threads=8"] if len(flag) == 1 else ["--threads"])
+
+
 def test_every_cluster_gets_a_credential(tmp_path: Path) -> None:
     """A new secret per cluster by default, the user's file when named, none only when asked;
     the secret never shows in the spec's repr."""
