@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import json
 import math
 import os
@@ -36,6 +35,7 @@ from tandem.common.arg_parser import ArgParser
 from tandem.common.model_spec import served_name
 from tandem.common.router_ports import router_http_port
 from tandem.common.security.credential import ClusterCredential, new_secret
+from tandem.common.security.grpc_auth import is_loopback
 from tandem.common.wire import ready_line
 from tandem.launcher import tensor_parallel, up_state
 from tandem.launcher.api_keys import add_api_key_args, check_admin_flags, key_file_text
@@ -184,11 +184,7 @@ def _check_public_bind(spec: LaunchSpec) -> None:
     flags = {a.split("=", 1)[0] for a in spec.router_args}
     if spec.api_keys or flags & {"--api-key-file", "--api-key", "--allow-unauthenticated"}:
         return
-    try:
-        loopback = spec.host == "localhost" or ipaddress.ip_address(spec.host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(spec.host):  # the router's own test ([::1] too)
         raise ValueError(f"--host {spec.host} without API keys: pass --api-key-file FILE "
                          "(or --api-key), or --router-arg=--allow-unauthenticated if that "
                          "network is trusted")

@@ -164,6 +164,8 @@ def test_a_public_router_needs_keys_or_an_explicit_allow(capsys) -> None:
         spec = spec_from_args(build_parser().parse_args(["--host", "0.0.0.0", *extra]), None)
         _check_public_bind(spec)  # no error
     _check_public_bind(spec_from_args(build_parser().parse_args([]), None))  # loopback default
+    for host in ("::1", "[::1]", "localhost", "127.0.0.2"):  # loopback as the router reads it
+        _check_public_bind(spec_from_args(build_parser().parse_args(["--host", host]), None))
 
 
 def test_make_serves_pair_is_laid_out_as_tandem_local(tmp_path: Path) -> None:
