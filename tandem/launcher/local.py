@@ -177,8 +177,9 @@ def worker_names(role: str, count: int) -> list[str]:
 # the pool, each message a decode stream carries woke the router 6-8 times (a pool thread
 # polls, another reads, the completion poller, the event loop), against 3-4 without it. On a
 # host whose cores a decode step's threads fill, every wake-up takes a core from the step
-# (one HTTP stream under other load: TPOT median 6.5 ms without the pool, 8.2 ms with it,
-# 10 runs each, interleaved). A GRPC_EXPERIMENTS the user set is kept as it is.
+# (one HTTP stream on a 2-core host running other work: TPOT median 6.5 ms without the
+# pool, 8.2 ms with it, 10 runs each, interleaved; on a quieter host the two were within
+# noise). A GRPC_EXPERIMENTS the user set is kept as it is.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 
 
