@@ -120,3 +120,109 @@ def test_stats_while_a_step_runs_does_not_wait_for_its_end(tiny_dir, make_engine
         await ae.shutdown()
 
     asyncio.run(main())
+
+
+def test_deliver_to_hands_buffered_then_live_outputs_to_the_sink(tiny_dir, make_engine) -> None:
+    """A reader that takes outputs as a callback (the decode worker's streams): what was
+    buffered before it came first, then each step's, in order; the stream closes after the
+    finished one. Two streams stepping together both get theirs."""
+    path = tiny_dir("llama", 2)
+    engine = make_engine(model=str(path), num_blocks=64)
+    prompts = {"a": [5, 6, 7], "b": list(range(10, 30))}
+
+    async def main() -> dict[str, list[int]]:
+        ae = AsyncEngine(engine)
+        got: dict[str, list[int]] = {rid: [] for rid in prompts}
+        done = {rid: asyncio.Event() for rid in prompts}
+        for rid, prompt in prompts.items():
+            await ae.call(lambda e, rid=rid, p=prompt: e.add_request(p, GREEDY, request_id=rid),
+                          stream=rid)
+        # let a few steps' outputs pile up in the buffer before "a" takes a sink
+        async for out in ae.outputs("b"):
+            got["b"] += out.new_token_ids
+            if len(got["b"]) == 3:
+                break
+
+        def sink(rid: str):
+            def take(item) -> None:
+                assert not done[rid].is_set(), "an item after the finished one"
+                assert not isinstance(item, BaseException), item
+                got[rid] += item.new_token_ids
+                if item.finished:
+                    done[rid].set()
+            return take
+
+        ae.deliver_to("a", sink("a"))
+        ae.deliver_to("b", sink("b"))
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in done.values())), 60)
+        assert not ae.has_stream("a") and not ae.has_stream("b")
+        await ae.shutdown()
+        return got
+
+    got = asyncio.run(main())
+    for rid, prompt in prompts.items():
+        assert got[rid] == hf_greedy(path, prompt, GREEDY.max_tokens)
+
+
+def test_a_closed_stream_gets_nothing_more_and_interrupt_reaches_the_sink(
+        tiny_dir, make_engine) -> None:
+    """close_stream drops what is still on its way (an aborted request's reader is gone);
+    interrupt ends a sink's stream after what was delivered before it."""
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
+    long = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+    async def main() -> None:
+        ae = AsyncEngine(engine)
+        items: dict[str, list] = {"a": [], "b": []}
+        for rid in items:
+            await ae.call(lambda e, rid=rid: e.add_request([3, 4, 5], long, request_id=rid),
+                          stream=rid)
+            ae.deliver_to(rid, items[rid].append)
+        while len(items["a"]) < 2 or len(items["b"]) < 2:
+            await ae.call(lambda e: None)  # a step or more between two looks
+        ae.close_stream("a")
+        kept = len(items["a"])
+        stop = RuntimeError("moved")
+        ae.interrupt("b", stop)
+        assert items["b"][-1] is stop and not ae.has_stream("b")
+        interrupted = len(items["b"])
+        for rid in items:
+            await ae.call(lambda e, rid=rid: e.abort(rid))
+        await ae.call(lambda e: None)  # the abort's step has run, its outputs were sent
+        assert len(items["a"]) == kept and len(items["b"]) == interrupted
+        await ae.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_steps_outputs_leave_before_its_metrics_callback_runs(tiny_dir, make_engine) -> None:
+    """The token goes first: on_step (the worker's step metrics) runs after the step's
+    outputs were handed to the event loop, so a reader can have them while it runs. Each
+    on_step below waits for its step's output to arrive; were it handed over after on_step,
+    every wait would run out instead."""
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
+    arrived = threading.Event()
+    seen_in_time: list[bool] = []
+
+    def on_step(seconds: float) -> None:
+        seen_in_time.append(arrived.wait(10))
+        arrived.clear()
+
+    async def main() -> None:
+        ae = AsyncEngine(engine, on_step=on_step)
+        four = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        await ae.call(lambda e: e.add_request([5, 6, 7], four, request_id="a"), stream="a")
+        done = asyncio.Event()
+
+        def take(item) -> None:
+            arrived.set()
+            if item.finished:
+                done.set()
+
+        ae.deliver_to("a", take)
+        await asyncio.wait_for(done.wait(), 120)
+        await ae.call(lambda e: None)  # the last on_step has returned
+        await ae.shutdown()
+
+    asyncio.run(main())
+    assert seen_in_time == [True] * 4
