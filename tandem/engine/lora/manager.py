@@ -77,6 +77,7 @@ class LoraManager:
         subs = module_dims(arch)
         self._shapes = {group: (subs[names[0]][0], tuple(subs[n][1] for n in names))
                         for group, names in GROUPS.items()}
+        self._bounds: dict[str, tuple[torch.Tensor, int]] | None = None  # Triton: made once
         self._hooks = [self._hook(i, layer, group)
                        for i, layer in enumerate(model.layers)  # type: ignore[attr-defined]
                        for group in GROUPS]
@@ -168,8 +169,10 @@ class LoraManager:
 
             padded = self._stacked(adapters, lambda: triton_lora.stack_padded(
                 adapters, self.arch.num_layers, self._shapes))
+            if self._bounds is None:
+                self._bounds = triton_lora.column_bounds(self._shapes, device)
             self._batch = triton_lora.TritonLoraBatch.build(row_slots, len(adapters), padded,
-                                                            self._shapes, device)
+                                                            self._bounds, device)
         else:
             stacks = self._stacked(adapters, lambda: stack(adapters, self.arch.num_layers,
                                                            self._dims))

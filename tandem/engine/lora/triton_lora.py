@@ -228,6 +228,17 @@ def lora_expand(y: torch.Tensor, t: torch.Tensor, b: torch.Tensor, seg: Segments
     )  # fmt: skip
 
 
+def column_bounds(shapes: GroupShapes, device: torch.device
+                  ) -> dict[str, tuple[torch.Tensor, int]]:
+    """group -> (its sub-projections' output column boundaries, int32 ``[n + 1]`` on
+    ``device``; the widest sub-projection): what ``lora_expand`` takes."""
+    out: dict[str, tuple[torch.Tensor, int]] = {}
+    for group, (_, widths) in shapes.items():
+        bounds = [sum(widths[:j]) for j in range(len(widths) + 1)]
+        out[group] = (torch.tensor(bounds, dtype=torch.int32).to(device), max(widths))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TritonLoraBatch:
     """A step's padded stacks, its rows grouped by slot, and each group's sub-projection
@@ -240,12 +251,10 @@ class TritonLoraBatch:
 
     @classmethod
     def build(cls, row_slots: Sequence[int], num_slots: int, stacks: PaddedStacks,
-              shapes: GroupShapes, device: torch.device) -> TritonLoraBatch:
-        """``row_slots[t]``: row t's slot (-1: the base model) in the stacks' adapters."""
-        subs: dict[str, tuple[torch.Tensor, int]] = {}
-        for group, (_, widths) in shapes.items():
-            bounds = [sum(widths[:j]) for j in range(len(widths) + 1)]
-            subs[group] = (torch.tensor(bounds, dtype=torch.int32).to(device), max(widths))
+              subs: dict[str, tuple[torch.Tensor, int]], device: torch.device
+              ) -> TritonLoraBatch:
+        """``row_slots[t]``: row t's slot (-1: the base model) in the stacks' adapters;
+        ``subs``: ``column_bounds`` of the model's groups."""
         return cls(stacks, Segments.build(row_slots, num_slots, device), subs)
 
     def add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str) -> None:

@@ -27,6 +27,7 @@ from tandem.engine.lora.triton_lora import (  # noqa: E402
     GroupShapes,
     Segments,
     TritonLoraBatch,
+    column_bounds,
     lora_shrink,
     stack_padded,
 )
@@ -38,6 +39,9 @@ if not torch.cuda.is_available() and not _INTERPRETED:
                 "(set TRITON_INTERPRET=1)", allow_module_level=True)
 
 DEVICE = torch.device("cpu" if _INTERPRETED else "cuda")
+# With CUDA the kernel checks run compiled and are gpu-marked, so scripts/gpu_check.sh (which
+# runs ``-m gpu``) takes them; without it they run interpreted with the unit tests.
+pytestmark = [] if _INTERPRETED else [pytest.mark.gpu]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # tiny dims with GQA-like unequal sub-projections: q 24, k/v 8; gate/up 40
 HIDDEN, Q, KV, INTER = 20, 24, 8, 40
@@ -94,7 +98,7 @@ def test_delta_matches_torch_reference(group: str, rows: str, dtype: torch.dtype
         .add_delta(ref, x, 0, group)
     got = y0.clone()
     TritonLoraBatch.build(row_slots, len(adapters), stack_padded(adapters, 1, SHAPES),
-                          SHAPES, DEVICE).add_delta(got, x, 0, group)
+                          column_bounds(SHAPES, DEVICE), DEVICE).add_delta(got, x, 0, group)
 
     # atol scaled to the output: the kernels keep t in fp32 where the reference rounds it to
     # the dtype, so fp16/bf16 outputs may differ by an ulp of the largest values
