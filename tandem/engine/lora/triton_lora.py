@@ -207,7 +207,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, seg: Segments) -> torch.Tensor
 
 def lora_expand(y: torch.Tensor, t: torch.Tensor, b: torch.Tensor, seg: Segments,
                 sub_offsets: torch.Tensor, widest: int) -> None:
-    """``y[rows, o_j:o_j+1]`` (in place) += ``t[rows, jR:(j+1)R] @ B[slot, o_j:o_j+1]^T``
+    """``y[rows, o_j:o_(j+1)]`` (in place) += ``t[rows, jR:(j+1)R] @ B[slot, o_j:o_(j+1)]^T``
     for each sub-projection ``j`` and each adapter row; ``b``: ``[S, out, R]``,
     ``sub_offsets``: int32 ``[n + 1]`` column boundaries on the device, ``widest``: the
     widest sub-projection (host value: sizes the grid)."""
