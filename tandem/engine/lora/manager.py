@@ -13,28 +13,41 @@ blocks in PackedLinear), so adapters ride on quantized bases. The hooks only act
 never calls these modules and adds the deltas itself from the same ``slots``
 (tandem/engine/native/lora_step.py).
 
+On CUDA with Triton importable the delta is Triton's instead (``use_triton``): per projection
+one segmented shrink and one expand launch over the rows grouped by adapter slot
+(tandem/engine/lora/triton_lora.py), the torch gather-matmul staying the reference.
+
 A block's prefix-cache hash is salted by the adapter's identity (``salt``): KV computed under
 one adapter is never found by a request under another, or under the base model.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from tandem.common.block_hash import adapter_salt
 from tandem.engine.errors import InvalidRequestError
-from tandem.engine.lora.adapter import GROUPS, LoraAdapter, LoraError, load_adapter
+from tandem.engine.lora.adapter import GROUPS, LoraAdapter, LoraError, load_adapter, module_dims
 from tandem.engine.lora.batch import LoraBatch, Stacks, stack
 from tandem.engine.lora.config import LoraConfig, check_name
 from tandem.engine.models.arch import ModelArch
 
+if TYPE_CHECKING:  # triton_lora imports triton: loaded only when a CUDA step uses it
+    from tandem.engine.lora.triton_lora import TritonLoraBatch
+
 _KEPT_STACKS = 4  # sets of adapters whose stacked weights are kept
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Whether a step's deltas on ``device`` run the Triton kernels: CUDA, Triton installed."""
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 class LoraManager:
@@ -49,14 +62,22 @@ class LoraManager:
         self.arch = arch
         self._dtype, self._device = dtype, device
         self.adapters: dict[str, LoraAdapter] = {}
-        self._batch: LoraBatch | None = None
-        # stacked weights of the recent sets of adapters a step carried (lora/batch.py)
-        self._stacks: OrderedDict[tuple[str, ...], Stacks] = OrderedDict()
+        # the delta's kernels: Triton's on CUDA where importable, else the torch reference
+        # (a test sets it False to compare the two on one device)
+        self.use_triton = triton_usable(device)
+        self._batch: LoraBatch | TritonLoraBatch | None = None
+        # stacked weights of the recent sets of adapters a step carried (lora/batch.py, or
+        # padded per slot for the Triton kernels), keyed by kernel kind and adapter names
+        self._stacks: OrderedDict[tuple[bool, tuple[str, ...]], Stacks] = OrderedDict()
         h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, \
             arch.num_kv_heads * arch.head_dim
         self._dims = {"qkv_proj": (h, q + 2 * kv), "o_proj": (q, h),
                       "gate_up_proj": (h, 2 * arch.intermediate_size),
                       "down_proj": (arch.intermediate_size, h)}
+        subs = module_dims(arch)
+        self._shapes = {group: (subs[names[0]][0], tuple(subs[n][1] for n in names))
+                        for group, names in GROUPS.items()}
+        self._bounds: dict[str, tuple[torch.Tensor, int]] | None = None  # Triton: made once
         self._hooks = [self._hook(i, layer, group)
                        for i, layer in enumerate(model.layers)  # type: ignore[attr-defined]
                        for group in GROUPS]
@@ -127,20 +148,35 @@ class LoraManager:
         slot = {n: i for i, n in enumerate(names)}
         return [self.adapters[n] for n in names], [slot.get(n, -1) for n in row_adapters]
 
+    def _stacked(self, adapters: Sequence[LoraAdapter], make: Callable[[], Stacks]) -> Stacks:
+        """The stacked weights of ``adapters`` for the current kernels, made on a miss."""
+        key = (self.use_triton, tuple(a.name for a in adapters))
+        stacks = self._stacks.get(key)
+        if stacks is None:
+            stacks = self._stacks[key] = make()
+            while len(self._stacks) > _KEPT_STACKS:
+                self._stacks.popitem(last=False)
+        self._stacks.move_to_end(key)
+        return stacks
+
     @contextmanager
     def step(self, row_adapters: Sequence[str], device: torch.device) -> Iterator[None]:
         """Within the block the model's forward adds the adapters' deltas, row ``i`` under
         ``row_adapters[i]`` ("": the base model)."""
         adapters, row_slots = self.slots(row_adapters)
-        names = tuple(a.name for a in adapters)
-        stacks = self._stacks.get(names)
-        if stacks is None:
-            stacks = stack(adapters, self.arch.num_layers, self._dims)
-            self._stacks[names] = stacks
-            while len(self._stacks) > _KEPT_STACKS:
-                self._stacks.popitem(last=False)
-        self._stacks.move_to_end(names)
-        self._batch = LoraBatch.build(adapters, row_slots, stacks, self._dtype, device)
+        if self.use_triton:
+            from tandem.engine.lora import triton_lora
+
+            padded = self._stacked(adapters, lambda: triton_lora.stack_padded(
+                adapters, self.arch.num_layers, self._shapes))
+            if self._bounds is None:
+                self._bounds = triton_lora.column_bounds(self._shapes, device)
+            self._batch = triton_lora.TritonLoraBatch.build(row_slots, len(adapters), padded,
+                                                            self._bounds, device)
+        else:
+            stacks = self._stacked(adapters, lambda: stack(adapters, self.arch.num_layers,
+                                                           self._dims))
+            self._batch = LoraBatch.build(adapters, row_slots, stacks, self._dtype, device)
         try:
             yield
         finally:

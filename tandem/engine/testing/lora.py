@@ -4,10 +4,13 @@ Every B matrix is random and non-zero (PEFT's default starts B at zero, which wo
 adapter a no-op and a comparison that cannot fail), so each adapter visibly moves the base
 model's output; the directory is what ``save_pretrained`` writes (adapter_config.json +
 adapter_model.safetensors), read by the engine exactly as a user's adapter would be.
+``write_random_adapter`` writes the same layout with safetensors alone, for machines without
+``peft`` (the lent GPU machines' image).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,3 +57,35 @@ def peft_greedy(base: str | Path, adapter: str | Path | None, prompt: list[int],
                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              generation_config=config)
     return out[0, len(prompt):].tolist()
+
+
+def write_random_adapter(base: str | Path, out: str | Path, rank: int, seed: int,
+                         targets: Sequence[str] = ALL_TARGETS, alpha: float | None = None,
+                         scale: float = 0.2) -> Path:
+    """A random LoRA adapter directory in PEFT's saved layout for the checkpoint at ``base``
+    (A and B drawn from ``seed`` times ``scale``; ``lora_alpha`` 2 r unless given), written
+    without ``peft``."""
+    from safetensors.torch import save_file
+
+    cfg = json.loads((Path(base) / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for m in targets:
+            part = "self_attn" if m in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            key = f"base_model.model.model.layers.{layer}.{part}.{m}"
+            fan_in, fan_out = dims[m]
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=g) * scale
+            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=g) * scale
+    path = Path(out)
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank if alpha is None else alpha,
+         "bias": "none", "target_modules": list(targets)}))
+    return path
