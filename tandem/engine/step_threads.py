@@ -14,7 +14,7 @@ measured, per step size::
     observed(tokens, threads, seconds)  adds the step to its arm's times
 
 Wide runs while its estimate beats narrow's by ``margin``. The losing arm is tried again after
-``retry_s`` for a few consecutive steps (its stale times forgotten first), an interval that
+``retry_s`` for ``PROBE_STEPS`` consecutive steps (its stale times forgotten first), an interval that
 doubles each time it loses again (up to ``max_retry_s``) and resets when it wins. So a busy
 host costs a few slow steps per interval at most, and a host that frees up is noticed at the
 next re-try (a re-try whose step takes over ``PROBE_GIVE_UP`` times the winner's estimate is judged
@@ -102,7 +102,12 @@ def bucket(tokens: int) -> int:
 
 
 WINDOW = 8  # the step times an arm's estimate for one size keeps
-PROBE_STEPS = 3  # consecutive steps a re-try of the losing arm runs before it is judged
+# Consecutive steps a re-try of the losing arm runs before it is judged. A borrowed team's
+# first steps are slow while the cores warm up (the lender's OpenMP threads spin on after its
+# own step, the caches hold its data): one stream's wide steps after a prefill ran 6.7, 5.3,
+# 4.5, then 3.5 ms against 4.9 ms narrow, so a 3-step re-try judged wide the loser (and
+# doubled its interval) on every prefill; 8 steps see it settle.
+PROBE_STEPS = 8
 # A re-try step this many times slower than the winner's estimate ends the re-try at once: on
 # a busy host a wide step can take ten times a narrow one, and three of them would cost more
 # than the re-try can win back.

@@ -152,3 +152,28 @@ def test_a_retry_runs_a_few_steps_unless_its_first_is_hopeless() -> None:
         assert len(starts) >= 3
         assert all(chosen[i:i + run_length] == [2] * run_length
                    and chosen[i + run_length] == 1 for i in starts), wide_s
+
+
+def test_a_borrowed_team_that_warms_up_over_a_few_steps_wins_its_retry() -> None:
+    """Wide steps right after the lender's own work are slow for a few steps (its threads
+    still spin, the caches hold its data), then settle well below narrow's: the re-try sees
+    them settle and wide wins, instead of losing on its cold steps every time."""
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    ramp = [0.0067, 0.0053, 0.0045]  # a wide run's first steps; then 3.5 ms
+
+    def step(run_index: int) -> int:
+        threads = rule.choose(1)
+        seconds = 0.0049 if threads == 1 else (
+            ramp[run_index] if run_index < len(ramp) else 0.0035)
+        clock.now += seconds
+        rule.observed(1, threads, seconds)
+        return threads
+
+    chosen: list[int] = []
+    wide_run = 0
+    for _ in range(1500):
+        t = step(wide_run)
+        wide_run = wide_run + 1 if t == 2 else 0
+        chosen.append(t)
+    assert chosen[-200:].count(2) >= 190  # wide won a re-try and kept winning
