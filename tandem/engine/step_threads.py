@@ -14,12 +14,12 @@ measured, per step size::
     observed(tokens, threads, seconds)  adds the step to its arm's times
 
 Wide runs while its estimate beats narrow's by ``margin``. The losing arm is tried again after
-``retry_s`` for ``PROBE_STEPS`` consecutive steps (its stale times forgotten first), an interval that
-doubles each time it loses again (up to ``max_retry_s``) and resets when it wins. So a busy
-host costs a few slow steps per interval at most, and a host that frees up is noticed at the
-next re-try (a re-try whose step takes over ``PROBE_GIVE_UP`` times the winner's estimate is judged
-on that one step). Each size measures both arms before choosing: another size's time says nothing
-of this one's. A wide step may need a lease (a prefill worker's idle
+``retry_s`` for a few consecutive steps (3 narrow, 8 wide: its stale times forgotten first),
+an interval that doubles each time it loses again (up to ``max_retry_s``) and resets when it
+wins. So a busy host costs a few slow steps per interval at most, and a host that frees up is
+noticed at the next re-try (a re-try whose step takes over ``PROBE_GIVE_UP`` times the
+winner's estimate is judged on that one step). Each size measures both arms before choosing:
+another size's time says nothing of this one's. A wide step may need a lease (a prefill worker's idle
 cores, tandem/worker/core_lending.py): without one it runs narrow.
 """
 
@@ -102,12 +102,14 @@ def bucket(tokens: int) -> int:
 
 
 WINDOW = 8  # the step times an arm's estimate for one size keeps
-# Consecutive steps a re-try of the losing arm runs before it is judged. A borrowed team's
-# first steps are slow while the cores warm up (the lender's OpenMP threads spin on after its
-# own step, the caches hold its data): one stream's wide steps after a prefill ran 6.7, 5.3,
-# 4.5, then 3.5 ms against 4.9 ms narrow, so a 3-step re-try judged wide the loser (and
-# doubled its interval) on every prefill; 8 steps see it settle.
-PROBE_STEPS = 8
+# Consecutive steps a re-try of the losing arm runs before it is judged: narrow's own cores
+# are warm, 3 steps judge it. A wide team's first steps are slow while the cores it takes
+# warm up (a lender's OpenMP threads spin on after its own step, the caches hold its data):
+# one stream's wide steps after a prefill ran 6.7, 5.3, 4.5, then 3.5 ms against 4.9 ms
+# narrow, so a 3-step re-try judged wide the loser (and doubled its interval) after every
+# prefill; 8 steps see it settle.
+PROBE_STEPS = 3
+WIDE_PROBE_STEPS = 8
 # A re-try step this many times slower than the winner's estimate ends the re-try at once: on
 # a busy host a wide step can take ten times a narrow one, and three of them would cost more
 # than the re-try can win back.
@@ -210,7 +212,8 @@ class AdaptiveThreads:
         done = probe[2] + 1  # type: ignore[index]
         other = (self.narrow if arm is self.wide else self.wide).guess(b)
         hopeless = other is not None and seconds > PROBE_GIVE_UP * other
-        if done < PROBE_STEPS and not hopeless:
+        length = WIDE_PROBE_STEPS if arm is self.wide else PROBE_STEPS
+        if done < length and not hopeless:
             self._probe = (arm, b, done)
             return
         self._probe = None  # judged: did it lose again?

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.engine.step_threads import PROBE_STEPS, AdaptiveThreads, FixedThreads, bucket
+from tandem.engine.step_threads import (
+    PROBE_STEPS,
+    WIDE_PROBE_STEPS,
+    AdaptiveThreads,
+    FixedThreads,
+    bucket,
+)
 
 
 class Clock:
@@ -141,9 +147,9 @@ def test_one_stalled_step_does_not_decide_but_frequent_stalls_do() -> None:
 
 
 def test_a_retry_runs_a_few_steps_unless_its_first_is_hopeless() -> None:
-    """A re-try of the losing arm is judged on PROBE_STEPS steps while they are close to the
-    winner's estimate, on its first step when that takes over PROBE_GIVE_UP times it."""
-    for wide_s, run_length in ((0.026, PROBE_STEPS), (0.200, 1)):
+    """A re-try of the losing wide arm is judged on WIDE_PROBE_STEPS steps while they are close
+    to the winner's estimate, on its first step when that takes over PROBE_GIVE_UP times it."""
+    for wide_s, run_length in ((0.026, WIDE_PROBE_STEPS), (0.200, 1)):
         clock = Clock()
         rule = AdaptiveThreads(1, 2, clock=clock)
         host = {1: 0.020, 2: wide_s}
@@ -177,3 +183,15 @@ def test_a_borrowed_team_that_warms_up_over_a_few_steps_wins_its_retry() -> None
         wide_run = wide_run + 1 if t == 2 else 0
         chosen.append(t)
     assert chosen[-200:].count(2) >= 190  # wide won a re-try and kept winning
+
+
+def test_a_retry_of_narrow_runs_fewer_steps() -> None:
+    """Narrow's own cores need no warming: its re-tries (wide winning) are PROBE_STEPS long."""
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    host = {1: 0.020, 2: 0.012}
+    chosen = [run(rule, clock, 8, host) for _ in range(2000)]
+    starts = [i for i, t in enumerate(chosen) if i > 2 and t == 1 and chosen[i - 1] == 2]
+    assert len(starts) >= 3 and PROBE_STEPS < WIDE_PROBE_STEPS
+    assert all(chosen[i:i + PROBE_STEPS] == [1] * PROBE_STEPS
+               and chosen[i + PROBE_STEPS] == 2 for i in starts)
