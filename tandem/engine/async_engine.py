@@ -5,13 +5,10 @@ alternates between running queued calls and taking steps:
 
     asyncio tasks ──call(fn)──> [call queue] ──> engine thread: fn(engine); step(); step(); ...
                  <──future────                    │
-    outputs(rid) <──RequestOutput (per-request asyncio.Queue, buffered until read)──┘
-    or deliver_to(rid, sink): sink(output) on the event loop, no queue or task in between
+    stream(rid) <──RequestOutput (per-request asyncio.Queue, buffered until read)──┘
 
 A request's stream is opened inside the same engine-thread call that creates the request, so
 no output can be produced before someone can receive it; outputs are buffered until read.
-A step's outputs cross to the event loop in one hand-off (one wake-up of the loop, however
-many streams progressed), before the step's metrics callback runs: the token goes first.
 
 ``stats()`` does not wait for a step: while one runs it answers with the counters the engine
 thread took at that step's start (at most ``SNAPSHOT_EVERY_S`` apart). A prefill worker's
@@ -47,24 +44,10 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped (shutdown or a failed step); no more work is taken."""
 
 
-StreamItem = RequestOutput | BaseException
-
-
 @dataclass(slots=True)
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[StreamItem]
-    sink: Callable[[StreamItem], None] | None = None  # deliver_to's: items skip the queue
-    closed: bool = False  # close_stream: items still on their way are dropped
-
-    def deliver(self, item: StreamItem) -> None:
-        """Hand ``item`` on (on the event loop): to the sink when there is one, else queued."""
-        if self.closed:
-            return
-        if self.sink is not None:
-            self.sink(item)
-        else:
-            self.queue.put_nowait(item)
+    queue: asyncio.Queue[RequestOutput | BaseException]
 
 
 class AsyncEngine:
@@ -163,27 +146,6 @@ class AsyncEngine:
         if params.structured is not None and grammars is not None:
             await grammars.prepare(params.structured)
 
-    def deliver_to(self, request_id: str, sink: Callable[[StreamItem], None]) -> None:
-        """Hand a request's outputs to ``sink`` on the event loop instead of ``outputs``: the
-        ones buffered so far at once, each later one as its step's outputs arrive, up to its
-        finished output or an error (an exception item: ``interrupt``'s, or EngineDeadError),
-        after which the stream is closed. Saves a reader a queue and a task wake-up a token.
-        Call on the event loop; the stream must be open and have no other reader."""
-        stream = self._streams.get(request_id)
-        if stream is None:
-            raise KeyError(f"no open stream for {request_id!r}")
-
-        def sink_then_close(item: StreamItem) -> None:
-            if isinstance(item, BaseException) or item.finished:
-                stream.closed = True
-                if self._streams.get(request_id) is stream:
-                    del self._streams[request_id]
-            sink(item)
-
-        stream.sink = sink_then_close
-        while not stream.queue.empty() and not stream.closed:
-            sink_then_close(stream.queue.get_nowait())
-
     def has_stream(self, request_id: str) -> bool:
         """True while a stream for the request is open (until its finished output is read)."""
         return request_id in self._streams
@@ -193,14 +155,11 @@ class AsyncEngine:
         gets ``exc`` next (call on the event loop, after the engine call that stopped it)."""
         stream = self._streams.get(request_id)
         if stream is not None:
-            stream.deliver(exc)
+            stream.queue.put_nowait(exc)
 
     def close_stream(self, request_id: str) -> None:
-        """Forget a request's stream (after an abort whose output nobody will read): what
-        is still on its way to it is dropped."""
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            stream.closed = True
+        """Forget a request's stream (after an abort whose output nobody will read)."""
+        self._streams.pop(request_id, None)
 
     async def shutdown(self) -> None:
         """Stop the engine thread after the calls already queued, then the engine's other
@@ -245,10 +204,9 @@ class AsyncEngine:
                     outputs = self.engine.step()
                 finally:
                     self._stepping = False
-                ended = time.perf_counter()
-                self._dispatch(outputs)  # the tokens first, the step's bookkeeping after
                 if self.engine.num_steps != steps:
-                    self._on_step(ended - started)
+                    self._on_step(time.perf_counter() - started)
+                self._dispatch(outputs)
         except BaseException as exc:  # a failed step: fail every waiter, take no more work
             log.exception("engine loop died")
             self._dead = exc
@@ -267,21 +225,17 @@ class AsyncEngine:
             loop.call_soon_threadsafe(_set_result, fut, result)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        """Send a step's outputs to their streams: one hand-off per event loop (each
-        ``call_soon_threadsafe`` writes the loop's wake-up pipe)."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
-            if stream is not None:
-                batches.setdefault(stream.loop, []).append((stream, out))
-        for loop, batch in batches.items():
-            loop.call_soon_threadsafe(_deliver, batch)
+            if stream is None:
+                continue
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
 
     def _fail_all(self, exc: BaseException) -> None:
         # The event loop pops streams while this thread fails them: work on a copy (dict.copy
         # runs without releasing the GIL) and drop only the streams failed here.
         for request_id, stream in self._streams.copy().items():
-            stream.loop.call_soon_threadsafe(stream.deliver, EngineDeadError(str(exc)))
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineDeadError(str(exc)))
             self._streams.pop(request_id, None)
         while True:
             try:
@@ -291,11 +245,6 @@ class AsyncEngine:
             if item is not None:
                 loop, fut = item[1]
                 loop.call_soon_threadsafe(_set_exception, fut, EngineDeadError(str(exc)))
-
-
-def _deliver(batch: list[tuple[_Stream, RequestOutput]]) -> None:
-    for stream, out in batch:
-        stream.deliver(out)
 
 
 def _ignore_step(seconds: float) -> None:

@@ -112,14 +112,11 @@ def response_from_output(out: RequestOutput, text_prefix: str = "") -> tandem_pb
         request_id=out.request_id,
         token_ids=out.new_token_ids,
         text=text_prefix + out.new_text,
+        logprobs=logprobs_to_proto(out.logprobs),
         finished=out.finished,
+        prompt_logprobs=logprobs_to_proto(
+            prompt_logprob_list(out.prompt_logprobs, out.prompt_token_ids)),
     )
-    # Sent once per token: the logprob fields are filled only when the request asked for them.
-    if out.logprobs:
-        msg.logprobs.extend(logprobs_to_proto(out.logprobs))
-    if out.prompt_logprobs:
-        msg.prompt_logprobs.extend(logprobs_to_proto(
-            prompt_logprob_list(out.prompt_logprobs, out.prompt_token_ids)))
     if out.finished:
         msg.finish_reason = out.finish_reason or ""
         msg.stop_reason = "" if out.stop_reason is None else str(out.stop_reason)

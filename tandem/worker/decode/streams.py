@@ -1,13 +1,11 @@
 """One request's messages on the decode worker, from Reserve to its last message.
 
-    engine outputs (AsyncEngine stream, opened at Reserve; handed to ``_on_output`` on the
-        event loop, no task in between) --> queue --> StreamMessage --> Decode RPC (the
-        servicer makes the protos)
+    engine outputs (AsyncEngine stream, opened at Reserve) --pump--> queue --> StreamMessage
+        --> Decode RPC (the servicer makes the protos)
     first token (COMMIT or local prefill): not streamed (the router has it from the prefill
         reply) but its text delta is carried into the next message, so the stream's texts
         concatenate to the whole completion
-    external end (Abort, lease expiry, failed transfer): a final item, the engine stream
-        closed
+    external end (Abort, lease expiry, failed transfer): a final item, the pump stopped
 
 Exactly one final item is queued: an output with ``finished`` set, or a ``WorkerError``.
 A forked request has one stream per sequence (``index``; messages carry it), all under the
@@ -21,8 +19,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 
-from tandem.engine.async_engine import AsyncEngine
-from tandem.engine.async_engine import StreamItem as EngineItem
+from tandem.engine.async_engine import AsyncEngine, EngineDeadError
 from tandem.engine.outputs import RequestOutput
 from tandem.worker.decode.results import StreamMessage
 from tandem.worker.errors import TransferEnded, WorkerError
@@ -60,6 +57,7 @@ class RequestStream:
         self._ae = ae
         self._on_end = on_end
         self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self._pump: asyncio.Task[None] | None = None
         self._first: asyncio.Future[RequestOutput] | None = None
         self._text_prefix = ""
         self._on_gap = on_gap
@@ -68,21 +66,22 @@ class RequestStream:
         self._under_way = asyncio.Event()  # set once started or ended
 
     def start(self) -> None:
-        """Start taking the engine's outputs into the queue (the engine stream must be
-        open): each arrives in ``_on_output`` straight from the engine thread's hand-off."""
-        self._ae.deliver_to(self.request_id, self._on_output)
+        """Start moving the engine's outputs into the queue (the engine stream must be open)."""
+        self._pump = asyncio.get_running_loop().create_task(self._run_pump())
 
-    def _on_output(self, item: EngineItem) -> None:
-        if isinstance(item, WorkerError):  # the engine stream was ended on purpose (a live move)
-            self._put(item)
-        elif isinstance(item, BaseException):  # EngineDeadError: the engine thread stopped
-            self._put(TransferEnded(f"engine stopped: {item}"))
-        elif self._first is not None and not self._first.done():
-            self._first.set_result(item)
-            self.take_first(item)
-        else:
-            self._timed(item)
-            self._put(item)
+    async def _run_pump(self) -> None:
+        try:
+            async for out in self._ae.outputs(self.request_id):
+                if self._first is not None and not self._first.done():
+                    self._first.set_result(out)
+                    self.take_first(out)
+                else:
+                    self._timed(out)
+                    self._put(out)
+        except EngineDeadError as exc:
+            self._put(TransferEnded(f"engine stopped: {exc}"))
+        except WorkerError as exc:  # the engine stream was ended on purpose (a live move)
+            self._put(exc)
 
     def expect_first(self) -> asyncio.Future[RequestOutput]:
         """The next engine output is the first token (local prefill): resolve it here."""
@@ -116,6 +115,8 @@ class RequestStream:
         """End the stream from outside (abort, failed transfer); no-op once ended."""
         if self.ended:
             return
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
         self._ae.close_stream(self.request_id)
         if self._first is not None and not self._first.done():
             self._first.set_exception(
