@@ -13,26 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engine import SamplingParams
 from tandem.engine.lora import LoraConfig
-from tandem.engine.testing.lora import ALL_TARGETS, write_random_adapter
+from tandem.engine.testing.lora import ALL_TARGETS, greedy_under_adapters, write_random_adapter
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-def _run(engine, jobs: list[tuple[list[int], str, int]]) -> list[list[int]]:
-    ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=m,
-                                                ignore_eos=True, lora=lora))
-           for p, lora, m in jobs]
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-    return [done[i] for i in ids]
 
 
 def test_cuda_triton_lora_equals_torch_path(tiny_dir, make_engine, tmp_path) -> None:
@@ -54,8 +41,8 @@ def test_cuda_triton_lora_equals_torch_path(tiny_dir, make_engine, tmp_path) -> 
                for n in torch.randint(5, 60, (8,), generator=g)]
     names = ["a", "b", "", "c", "a", "", "b", "c"]
     jobs = [(p, n, 12 if n else 20) for p, n in zip(prompts, names, strict=True)]
-    got = _run(tri, jobs)
-    assert got == _run(ref, jobs)
-    base_out = _run(ref, [(p, "", m) for p, _, m in jobs])
+    got = greedy_under_adapters(tri, jobs)
+    assert got == greedy_under_adapters(ref, jobs)
+    base_out = greedy_under_adapters(ref, [(p, "", m) for p, _, m in jobs])
     for (_, n, _), tokens, plain in zip(jobs, got, base_out, strict=True):
         assert (tokens != plain) == bool(n), n  # adapters move the output, base rows do not

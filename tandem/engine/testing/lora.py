@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -89,3 +90,21 @@ def write_random_adapter(base: str | Path, out: str | Path, rank: int, seed: int
         {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank if alpha is None else alpha,
          "bias": "none", "target_modules": list(targets)}))
     return path
+
+
+def greedy_under_adapters(engine: Any, jobs: Sequence[tuple[list[int], str, int]]
+                          ) -> list[list[int]]:
+    """Greedy tokens of each job (prompt ids, adapter name or "" for the base, max tokens),
+    all queued on ``engine`` (an LLMEngine) at once and stepped to the end: mixed adapters
+    in one batch."""
+    from tandem.engine.sampling_params import SamplingParams
+
+    ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=m,
+                                                ignore_eos=True, lora=lora))
+           for p, lora, m in jobs]
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    return [done[i] for i in ids]

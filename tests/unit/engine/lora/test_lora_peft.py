@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engine import SamplingParams
 from tandem.engine.lora import LoraConfig
-from tandem.engine.testing.lora import make_tiny_adapter, peft_greedy
+from tandem.engine.testing.lora import greedy_under_adapters, make_tiny_adapter, peft_greedy
 
 MAX_NEW = 12
 
@@ -31,18 +30,6 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
             for k in torch.randint(5, 40, (n,), generator=g)]
 
 
-def _run(engine, jobs: list[tuple[list[int], str, int]]) -> list[list[int]]:
-    ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=m,
-                                                ignore_eos=True, lora=lora))
-           for p, lora, m in jobs]
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-    return [done[i] for i in ids]
-
-
 @pytest.mark.parametrize("native", [True, False])
 def test_mixed_adapters_match_peft(make_engine, adapters, native) -> None:
     base, dirs = adapters
@@ -57,7 +44,7 @@ def test_mixed_adapters_match_peft(make_engine, adapters, native) -> None:
     jobs = [(prompts[0], "a", MAX_NEW), (prompts[1], "b", MAX_NEW), (prompts[2], "", 20),
             (prompts[3], "c", MAX_NEW), (prompts[4], "a", MAX_NEW), (prompts[5], "", 20),
             (prompts[6], "b", MAX_NEW), (prompts[7], "c", MAX_NEW)]
-    got = _run(engine, jobs)
+    got = greedy_under_adapters(engine, jobs)
     for (prompt, lora, m), tokens in zip(jobs, got, strict=True):
         assert tokens == peft_greedy(base, dirs[lora] if lora else None, prompt, m), lora
     # every adapter moved the output away from the base model's
@@ -83,7 +70,7 @@ def test_more_adapters_than_max_loras_wait_their_turn(make_engine, adapters) -> 
     engine.runner.execute = spy
     prompts = _prompts(3, seed=5)
     jobs = [(prompts[0], "a", 4), (prompts[1], "b", 4), (prompts[2], "c", 4)]
-    got = _run(engine, jobs)
+    got = greedy_under_adapters(engine, jobs)
     assert all(len(s) <= 1 for s in seen) and len(seen) >= 3
     for (prompt, lora, m), tokens in zip(jobs, got, strict=True):
         assert tokens == peft_greedy(base, dirs[lora], prompt, m)

@@ -18,7 +18,6 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from tandem.engine import SamplingParams  # noqa: E402
 from tandem.engine.lora import LoraConfig  # noqa: E402
 from tandem.engine.lora.adapter import GROUPS, LoraAdapter  # noqa: E402
 from tandem.engine.lora.batch import LoraBatch, stack  # noqa: E402
@@ -31,7 +30,7 @@ from tandem.engine.lora.triton_lora import (  # noqa: E402
     lora_shrink,
     stack_padded,
 )
-from tandem.engine.testing.lora import write_random_adapter  # noqa: E402
+from tandem.engine.testing.lora import greedy_under_adapters, write_random_adapter  # noqa: E402
 
 if not torch.cuda.is_available() and not _INTERPRETED:
     # A module collected earlier imported the kernels before TRITON_INTERPRET was set.
@@ -137,18 +136,6 @@ def test_segments_group_rows_by_slot() -> None:
     assert seg.max_len == 2
 
 
-def _run(engine, jobs: list[tuple[list[int], str, int]]) -> list[list[int]]:
-    ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=m,
-                                                ignore_eos=True, lora=lora))
-           for p, lora, m in jobs]
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-    return [done[i] for i in ids]
-
-
 @pytest.mark.skipif(not _INTERPRETED, reason="CPU engine on interpreted kernels (CUDA: "
                     "tests/gpu/test_lora_gpu.py)")
 def test_manager_on_triton_kernels_equals_torch_path(make_engine, tiny_dir, tmp_path) -> None:
@@ -168,7 +155,7 @@ def test_manager_on_triton_kernels_equals_torch_path(make_engine, tiny_dir, tmp_
     prompts = [torch.randint(3, 256, (int(n),), generator=g).tolist()
                for n in torch.randint(5, 30, (4,), generator=g)]
     jobs = [(p, n, 4) for p, n in zip(prompts, ["a", "", "b", "a"], strict=True)]
-    got = _run(tri, jobs)
-    assert got == _run(ref, jobs)
-    plain = _run(ref, [(p, "", m) for p, _, m in jobs])
+    got = greedy_under_adapters(tri, jobs)
+    assert got == greedy_under_adapters(ref, jobs)
+    plain = greedy_under_adapters(ref, [(p, "", m) for p, _, m in jobs])
     assert [g != p for g, p in zip(got, plain, strict=True)] == [True, False, True, True]
