@@ -171,12 +171,15 @@ def _rope(metadata: dict[str, Any], theta: float) -> dict[str, Any]:
             "beta_slow": float(metadata.get(key + "yarn_beta_slow", 1.0))}
 
 
+# the HF tensors of a GGUF's tensors outside the layers (every family's the same)
+OUTSIDE_LAYERS = {"token_embd.weight": "model.embed_tokens.weight",
+                  "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
 def _hf_name(gguf_name: str) -> str | None:
     """The HF tensor a (non-expert, non-split) GGUF tensor becomes; None: no place here."""
-    fixed = {"token_embd.weight": "model.embed_tokens.weight",
-             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-    if gguf_name in fixed:
-        return fixed[gguf_name]
+    if gguf_name in OUTSIDE_LAYERS:
+        return OUTSIDE_LAYERS[gguf_name]
     m = _LAYER.fullmatch(gguf_name)
     if m is None:
         return None

@@ -43,6 +43,7 @@ import numpy as np
 from tandem.engine.errors import ModelLoadError, UnsupportedConfigError
 from tandem.engine.gguf_deepseek import ARCHITECTURE as DEEPSEEK
 from tandem.engine.gguf_deepseek import (
+    OUTSIDE_LAYERS,
     deepseek_config,
     deepseek_tensors,
     save_gguf_tokenizer,
@@ -143,10 +144,8 @@ def hf_config(metadata: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]
 
 def _hf_name(model_type: str, gguf_name: str) -> str | None:
     """The HF tensor a (non-expert) GGUF tensor becomes; None: not one of this family's."""
-    fixed = {"token_embd.weight": "model.embed_tokens.weight",
-             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-    if gguf_name in fixed:
-        return fixed[gguf_name]
+    if gguf_name in OUTSIDE_LAYERS:
+        return OUTSIDE_LAYERS[gguf_name]
     m = _LAYER.fullmatch(gguf_name)
     if m is None:
         return None
