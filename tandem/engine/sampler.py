@@ -90,13 +90,22 @@ class Sampler:
         if len(sample_rows) == batch:
             tokens = _sample(x, penalized, states, self._generator)  # [B]
         else:
-            tokens = x.argmax(dim=-1)  # [B]; exact in any dtype
+            tokens = greedy(x)  # [B]; exact in any dtype
             if sample_rows:
                 idx = torch.tensor(sample_rows)
                 sub_states = [states[i] for i in sample_rows]
                 tokens[idx] = _sample(x[idx], True, sub_states, self._generator)
         token_ids: list[int] = tokens.tolist()
         return _with_logprobs(logits, token_ids, params)
+
+
+def greedy(x: Tensor) -> Tensor:
+    """Each row's argmax (the first index of its largest value), [B] int64. An fp32 CPU tensor
+    takes numpy's: torch's CPU argmax costs ~70 us over a 49k vocabulary, numpy's ~4 us, and
+    a one-row decode step of a small model is ~3 ms."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(np.argmax(x.numpy(), axis=-1).astype(np.int64, copy=False))
+    return x.argmax(dim=-1)
 
 
 def _mask_stop_tokens(x: Tensor, states: Sequence[SamplingState], rows: list[int]) -> None:

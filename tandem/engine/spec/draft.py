@@ -24,7 +24,7 @@ from tandem.engine.core.scheduler import ScheduledRequest
 from tandem.engine.model_runner import copy_kv_blocks
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.runner_config import RunnerConfig
-from tandem.engine.sampler import SamplingState, _uniform
+from tandem.engine.sampler import SamplingState, _uniform, greedy
 from tandem.engine.spec.probs import draw, filtered_probs
 from tandem.engine.spec.proposer import Proposal
 
@@ -117,7 +117,7 @@ class DraftProposer:
         qs: list[list[torch.Tensor]],
     ) -> None:
         """Append one draft per row: argmax for greedy requests, else a draw from q."""
-        greedy = logits.argmax(dim=-1).tolist()
+        picks = greedy(logits).tolist()
         rows = [i for i, s in enumerate(batch) if not s.request.params.greedy]
         if rows:
             states = [
@@ -126,7 +126,7 @@ class DraftProposer:
             q = filtered_probs(logits[torch.tensor(rows)].cpu(), states, penalize=False)
         for i, s in enumerate(batch):
             if s.request.params.greedy:
-                drafts[i].append(greedy[i])
+                drafts[i].append(picks[i])
         for r, i in enumerate(rows):
             drafts[i].append(draw(q[r], _uniform(self._rng(batch[i]))))
             qs[i].append(q[r])

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tandem.engine.sampler import Sampler, SamplingState, _apply_penalties, _top_p_cut
+from tandem.engine.sampler import Sampler, SamplingState, _apply_penalties, _top_p_cut, greedy
 from tandem.engine.sampling_params import SamplingParams
 
 EOS = 2
@@ -54,6 +54,20 @@ def test_greedy_is_argmax(dtype: torch.dtype) -> None:
     results = Sampler(seed=0)(logits, [_state(SamplingParams(temperature=0.0))] * 16)
     assert [r.token_id for r in results] == logits.argmax(-1).tolist()
     assert all(r.logprob is None and r.top_logprobs is None for r in results)
+
+
+def test_greedy_takes_the_first_of_tied_maxima_in_every_layout() -> None:
+    """greedy() (numpy's argmax on fp32 CPU rows) agrees with torch's: ties go to the first
+    index, a NaN wins as in torch, strided views and other dtypes take torch's own path."""
+    x = torch.zeros(3, 9)
+    x[0, [2, 7]] = 5.0  # a tie: the first
+    x[1, 4] = float("nan")
+    x[2] = -1.0  # all equal: index 0
+    assert greedy(x).tolist() == x.argmax(-1).tolist() == [2, 4, 0]
+    wide = torch.randn(8, 49152, generator=torch.Generator().manual_seed(3))
+    for view in (wide, wide[:, ::3], wide.t().contiguous().t(), wide.bfloat16()):
+        assert greedy(view).dtype == torch.int64
+        assert torch.equal(greedy(view), view.argmax(-1))
 
 
 def test_greedy_rows_in_a_mixed_batch_stay_argmax() -> None:
