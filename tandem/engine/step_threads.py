@@ -14,7 +14,8 @@ measured, per step size::
     observed(tokens, threads, seconds)  adds the step to its arm's times
 
 Wide runs while its estimate beats narrow's by ``margin``. The losing arm is tried again after
-``retry_s`` for a few consecutive steps (3 narrow, 8 wide: its stale times forgotten first),
+``retry_s`` for a few consecutive steps (3 narrow, 8 wide: its stale times forgotten first;
+a size's first wide step, when it loses to the first narrow one, is re-tried so at once),
 an interval that doubles each time it loses again (up to ``max_retry_s``) and resets when it
 wins. So a busy host costs a few slow steps per interval at most, and a host that frees up is
 noticed at the next re-try (a re-try whose step takes over ``PROBE_GIVE_UP`` times the
@@ -202,11 +203,18 @@ class AdaptiveThreads:
         b = bucket(tokens)
         probe = self._probe
         probing = probe is not None and probe[0] is arm and probe[1] == b
+        first = arm.guess(b) is None
         # A re-try's first step forgets the arm's older times here: they are stale.
         arm.record(b, seconds, fresh=probing and probe[2] == 0)  # type: ignore[index]
         arm.last, arm.steps = self._clock(), arm.steps + 1
         if arm is self.wide:
             self.wide_steps += 1
+        if first and not probing:
+            ranked = self._winner(b)
+            if ranked is not None and ranked[1] is self.wide:
+                # Each arm has one step of this size, and wide's may have run on cold cores
+                # (module docstring): its re-try, a run of WIDE_PROBE_STEPS, comes at once.
+                self.wide.last = -math.inf
         if not probing:
             return
         done = probe[2] + 1  # type: ignore[index]

@@ -185,6 +185,28 @@ def test_a_borrowed_team_that_warms_up_over_a_few_steps_wins_its_retry() -> None
     assert chosen[-200:].count(2) >= 190  # wide won a re-try and kept winning
 
 
+def test_a_first_wide_step_on_cold_cores_is_retried_at_once() -> None:
+    """A step size's first wide step may run on cold borrowed cores (slow for a few steps):
+    when it loses to the first narrow step, wide's re-try (WIDE_PROBE_STEPS long) follows at
+    once, not a re-try interval later, and wins once the cores settle below narrow's time. On
+    a busy host that re-try's first step is hopeless and ends it: one step more."""
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    ramp = iter([0.0067, 0.0053, 0.0045])
+    chosen = []
+    for _ in range(2 + WIDE_PROBE_STEPS + 20):
+        threads = rule.choose(1)
+        seconds = 0.0049 if threads == 1 else next(ramp, 0.0035)
+        clock.now += seconds
+        rule.observed(1, threads, seconds)
+        chosen.append(threads)
+    assert chosen[:2] == [2, 1] and chosen[2:] == [2] * (WIDE_PROBE_STEPS + 20)
+    clock = Clock()
+    rule = AdaptiveThreads(1, 2, clock=clock)
+    busy = [run(rule, clock, 1, {1: 0.005, 2: 0.050}) for _ in range(12)]
+    assert busy == [2, 1, 2] + [1] * 9
+
+
 def test_a_retry_of_narrow_runs_fewer_steps() -> None:
     """Narrow's own cores need no warming: its re-tries (wide winning) are PROBE_STEPS long."""
     clock = Clock()
