@@ -92,12 +92,14 @@ def test_a_moe_gguf_over_two_ranks_runs_its_experts_blocks(tiny_dir, tmp_path: P
 
 @pytest.mark.parametrize(("spec", "arch"), [
     (QuantSpec("awq", 32), "llama"), (QuantSpec("gptq", 64), "qwen2"),
-    (QuantSpec("compressed-tensors", 32, symmetric=True), "llama")],
-    ids=["awq-g32", "gptq-g64-qkv-bias", "compressed-tensors-int4-g32"])
+    (QuantSpec("compressed-tensors", 32, symmetric=True), "llama"),
+    (QuantSpec("awq", 32), "qwen3_moe")],
+    ids=["awq-g32", "gptq-g64-qkv-bias", "compressed-tensors-int4-g32", "awq-g32-moe-experts"])
 def test_prequantized_over_two_ranks_equals_one_rank(tiny_dir, tmp_path: Path,
                                                      spec: QuantSpec, arch: str) -> None:
     """The checkpoint's own int4 groups, cut on group boundaries (64 o_proj and 128
-    down_proj columns per rank), against the same checkpoint served by one process."""
+    down_proj columns per rank; Qwen3-MoE: 32 of each quantized expert's 64), against the
+    same checkpoint served by one process."""
     path = tmp_path / "q"
     write_prequantized(tiny_dir(arch, 2, hidden_size=128), path, spec)
     # the group's KV cache dtype (the model's): "auto" is float16 only for one process
