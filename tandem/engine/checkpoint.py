@@ -26,6 +26,7 @@ from tandem.engine.models.weights import load_model, read_arch
 from tandem.engine.parallel.plan import RankShard
 from tandem.engine.quant import QuantSummary, quantize_model, weight_bytes
 from tandem.engine.quant.gguf_blocks import gguf_source
+from tandem.engine.quant.prequantized import detect_format
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,9 @@ def load_checkpoint(
     if tp is not None:
         from tandem.engine.parallel import shard as sharding
 
-        shard = sharding.rank_shard(arch, *tp, quantized=tp_quantized(mc, gguf))
-        sharding.shard_model(model, shard)
-        select = functools.partial(sharding.shard_blocks, shard=shard)
+        shard = sharding.rank_shard(arch, *tp, group=tp_group(mc, gguf, path))
+        cuts = sharding.shard_model(model, shard)
+        select = functools.partial(sharding.shard_blocks, cuts=cuts)
     weights = quantize_model(model, mc.quantization, gguf, packed, select)
     if tp is not None:
         sharding.reduce_row_parallel(model)
@@ -83,11 +84,17 @@ def load_checkpoint(
     return Checkpoint(path, model, arch, tokenizer, max_model_len, weights, held, shard)
 
 
-def tp_quantized(mc: ModelConfig, gguf: Path | None) -> bool:
-    """Whether ``mc``'s weights end up block-quantized (a GGUF's blocks, int4 groups), so a
-    tensor-parallel split must fall on their 32-value boundaries."""
-    return mc.quantization in ("int4", "int8") or (mc.quantization == "auto" and
-                                                   gguf is not None)
+def tp_group(mc: ModelConfig, gguf: Path | None, path: Path) -> int | None:
+    """The quantization group a tensor-parallel split of ``mc`` (checkpoint directory
+    ``path``) must fall on, None when any column will do: 32 when the weights end up
+    block-quantized here (a GGUF's blocks, int4 groups), the checkpoint's own group when it
+    is stored pre-quantized (AWQ, GPTQ, compressed-tensors int4: whole groups per rank)."""
+    from tandem.engine.parallel.shard import GGUF_GROUP
+
+    if mc.quantization in ("int4", "int8") or (mc.quantization == "auto" and
+                                               gguf is not None):
+        return GGUF_GROUP
+    return detect_format(path).split_group
 
 
 def context_limit(arch: ModelArch) -> tuple[int, str]:

@@ -1,9 +1,11 @@
 """Tensor parallelism (tandem/engine/parallel): an engine whose model is split over 2 or 3 rank
 processes (gloo on loopback) generates exactly transformers' greedy tokens, on tiny perturbed
-checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, and on the
-default model (SmolLM2's Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks. Every KV block is back
-in the pool afterwards: one scheduler (rank 0's) allocates for every rank, whose caches hold
-their own heads at the same block ids. Closing the engine ends every rank."""
+checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, on mixture-
+of-experts ones (every expert split across the ranks), and on the default model (SmolLM2's
+Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a pre-quantized checkpoint (AWQ, GPTQ,
+compressed-tensors) split on its groups generates exactly what one rank does. Every KV block
+is back in the pool afterwards: one scheduler (rank 0's) allocates for every rank, whose
+caches hold their own heads at the same block ids. Closing the engine ends every rank."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 from tandem.engine import EngineConfig, LLMEngine, SamplingParams
 from tandem.engine.core.request import sequence_id
+from tandem.engine.testing.prequantized import QuantSpec, write_prequantized
 from tests.conftest import assert_no_leaks
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
@@ -26,7 +29,9 @@ def _prompts() -> list[list[int]]:
     return [[5, 9, 33, 7, 100, 3], long, long[:40] + [11, 12], [200, 1, 4, 6, 9, 10, 11]]
 
 
-def _run_group(path: Path, tp: int, **extra: object) -> None:
+def _run_group(path: Path, tp: int, want: list[list[int]] | None = None,
+               **extra: object) -> None:
+    """The group's greedy tokens for _prompts() are ``want`` (None: transformers')."""
     engine = LLMEngine(EngineConfig.from_kwargs(
         model=str(path), num_blocks=64, block_size=16, max_num_batched_tokens=32,
         tensor_parallel_size=tp, num_threads=1, **extra), progress=False)
@@ -35,7 +40,7 @@ def _run_group(path: Path, tp: int, **extra: object) -> None:
         params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
         prompts = _prompts()
         got = engine_token_ids(engine, prompts, params)
-        assert got == [hf_greedy(path, p, MAX_NEW) for p in prompts]
+        assert got == (want or [hf_greedy(path, p, MAX_NEW) for p in prompts])
         # two sequences sharing the prompt's blocks: their copy-on-write runs on every rank
         engine.add_request(prompts[0], params, request_id="forked", n=2)
         outs: dict[str, list[int]] = {}
@@ -60,6 +65,55 @@ def test_fewer_kv_heads_than_ranks_equals_transformers(tiny_dir, tp: int) -> Non
 def test_kv_heads_split_over_three_ranks_equals_transformers(tiny_dir) -> None:
     """Qwen2 (q/k/v biases), 6 heads and 3 KV heads: one KV head on each rank."""
     _run_group(tiny_dir("qwen2", 3, num_heads=6, hidden_size=96), 3)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_moe_over_two_ranks_equals_transformers(tiny_dir, arch: str) -> None:
+    """Each rank holds every expert's half, the router whole, one all-reduce per MoE layer.
+    Qwen2-MoE: a shared expert behind its sigmoid gate, q/k/v biases, layers 0 and 2
+    dense."""
+    extra = {"num_layers": 3, "decoder_sparse_step": 2} if arch == "qwen2_moe" else {}
+    _run_group(tiny_dir(arch, 2, **extra), 2)
+
+
+def test_a_moe_gguf_over_two_ranks_runs_its_experts_blocks(tiny_dir, tmp_path: Path) -> None:
+    """A Mixtral Q8_0 GGUF: every expert's stored blocks cut on block boundaries (64 of the
+    expert width's 128 columns per rank), against transformers on the file's dequantization."""
+    pytest.importorskip("gguf")
+    from tandem.engine.loader import resolve_model
+    from tandem.engine.testing.gguf_writer import write_gguf
+
+    gguf = write_gguf(tiny_dir("mixtral", 2), tmp_path / "mixtral-q8_0.gguf", "Q8_0")
+    cache = tmp_path / "cache"
+    reference = resolve_model(str(gguf), cache)  # what the engine converts it to
+    want = [hf_greedy(reference, p, MAX_NEW) for p in _prompts()]
+    _run_group(gguf, 2, want, cache_dir=str(cache), dtype="float32")
+
+
+@pytest.mark.parametrize(("spec", "arch"), [
+    (QuantSpec("awq", 32), "llama"), (QuantSpec("gptq", 64), "qwen2"),
+    (QuantSpec("compressed-tensors", 32, symmetric=True), "llama"),
+    (QuantSpec("awq", 32), "qwen3_moe")],
+    ids=["awq-g32", "gptq-g64-qkv-bias", "compressed-tensors-int4-g32", "awq-g32-moe-experts"])
+def test_prequantized_over_two_ranks_equals_one_rank(tiny_dir, tmp_path: Path,
+                                                     spec: QuantSpec, arch: str) -> None:
+    """The checkpoint's own int4 groups, cut on group boundaries (64 o_proj and 128
+    down_proj columns per rank; Qwen3-MoE: 32 of each quantized expert's 64), against the
+    same checkpoint served by one process."""
+    path = tmp_path / "q"
+    write_prequantized(tiny_dir(arch, 2, hidden_size=128), path, spec)
+    # the group's KV cache dtype (the model's): "auto" is float16 only for one process
+    # running the fused native forward
+    one = LLMEngine(EngineConfig.from_kwargs(
+        model=str(path), num_blocks=64, block_size=16, max_num_batched_tokens=32,
+        num_threads=1, kv_cache_dtype="float32"), progress=False)
+    try:
+        assert one.weights_format.startswith(spec.method)
+        params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+        want = engine_token_ids(one, _prompts(), params)
+    finally:
+        one.close()
+    _run_group(path, 2, want)
 
 
 def test_ngram_speculation_in_a_group_equals_transformers(tiny_dir) -> None:

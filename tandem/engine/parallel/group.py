@@ -88,15 +88,16 @@ class RankGroup:
         """The group ``config.tensor_parallel_size`` asks for, after checking that the model
         splits over it (TensorParallelError, naming the numbers, before any rank starts).
         The checkpoint is resolved here, once (a GGUF converted once, not by every rank)."""
-        from tandem.engine.checkpoint import tp_quantized
+        from tandem.engine.checkpoint import tp_group
         from tandem.engine.loader import resolve_model
         from tandem.engine.models.weights import read_arch
         from tandem.engine.parallel.shard import rank_shard
         from tandem.engine.quant.gguf_blocks import gguf_source
 
         mc, world = config.model, config.tensor_parallel_size
-        _, arch = read_arch(resolve_model(mc.model, mc.cache_dir))
-        rank_shard(arch, world, 0, tp_quantized(mc, gguf_source(mc.model)))
+        path = resolve_model(mc.model, mc.cache_dir)
+        _, arch = read_arch(path)
+        rank_shard(arch, world, 0, tp_group(mc, gguf_source(mc.model), path))
         return cls.launch(world, mc, native, follower_module)
 
     @classmethod

@@ -9,6 +9,9 @@ and a later handoff between groups of different sizes can read the same head ran
       gate_up_proj column-parallel: gate rows [r*I/N, (r+1)*I/N) and the same up rows
       down_proj    row-parallel:    input columns [r*I/N, (r+1)*I/N), then all-reduce
       embed_tokens, lm_head, norms  replicated (every rank holds them whole)
+      a MoE layer    every expert's gate_up/down split like the dense MLP's over the expert
+                     width (each rank holds every expert's slice), the shared expert over its
+                     own width, the router replicated; the block's output all-reduced once
 
 KV heads split when the group divides them (rank r holds K/V heads [r*nkv/N, (r+1)*nkv/N));
 with fewer KV heads than ranks each KV head is replicated on N/nkv consecutive ranks (rank r
@@ -16,9 +19,10 @@ holds head r // (N/nkv)), as vLLM does. Each rank's paged KV cache holds exactly
 ``kv_heads`` (``ShardPlan.kv_head_ranges``): the per-rank layout a handoff between groups
 re-shards by.
 
-Block-quantized weights (GGUF's 32-value blocks, int4 groups) are split only on group
-boundaries: a row-parallel split must fall on a multiple of ``group``. Any size that does not
-divide is refused with a ``TensorParallelError`` naming the numbers.
+Block-quantized weights (GGUF's 32-value blocks, int4 groups, a pre-quantized checkpoint's
+groups) are split only on group boundaries: a row-parallel split must fall on a multiple of
+``group``. Any size that does not divide is refused with a ``TensorParallelError`` naming the
+numbers.
 """
 
 from __future__ import annotations
@@ -76,14 +80,21 @@ class RankShard:
         """Input columns of ``o_proj`` this rank keeps (its q heads' outputs)."""
         return self.q_heads.scaled(self.head_dim)
 
-    def gate_up_rows(self) -> list[Span]:
-        """Output rows of the fused ``gate_up_proj`` this rank keeps: its gate and up rows."""
-        i = self.intermediate
-        return [i, Span(self.intermediate_size + i.start, self.intermediate_size + i.stop)]
+    def split(self, width: int) -> Span:
+        """This rank's even share of ``width`` (an MLP's intermediate width)."""
+        return _even(width, self.world, self.rank)
 
-    def down_cols(self) -> Span:
-        """Input columns of ``down_proj`` this rank keeps."""
-        return self.intermediate
+    def gate_up_rows(self, width: int | None = None) -> list[Span]:
+        """Output rows of a fused ``gate_up_proj`` of intermediate ``width`` (None: the dense
+        MLP's) this rank keeps: its gate and up rows."""
+        width = self.intermediate_size if width is None else width
+        i = self.split(width)
+        return [i, Span(width + i.start, width + i.stop)]
+
+    def down_cols(self, width: int | None = None) -> Span:
+        """Input columns of a ``down_proj`` of intermediate ``width`` (None: the dense
+        MLP's) this rank keeps."""
+        return self.split(self.intermediate_size if width is None else width)
 
     @property
     def adds_bias(self) -> bool:
@@ -135,21 +146,20 @@ def plan_shards(
     head_dim: int,
     intermediate_size: int,
     group: int | None = None,
-    moe: bool = False,
+    expert_intermediate_size: int | None = None,
+    shared_intermediate_size: int = 0,
     mla: bool = False,
 ) -> ShardPlan:
     """The split of a model of this shape over ``world`` ranks; TensorParallelError when a
     size does not divide (or a row-parallel split would cut a quantization group of
-    ``group`` values), or for layers the split does not cover yet (mixture of experts,
-    multi-head latent attention)."""
+    ``group`` values), or for layers the split does not cover yet (multi-head latent
+    attention). A mixture-of-experts model gives its routed experts' width
+    (``expert_intermediate_size``) and its shared expert's (0: none): both split as the
+    dense MLP's ``intermediate_size`` does."""
     if world < 1:
         raise TensorParallelError(f"--tensor-parallel-size must be >= 1, got {world}")
     if world == 1:
         return ShardPlan(1, num_heads, num_kv_heads, head_dim, intermediate_size, group)
-    if moe:
-        raise TensorParallelError(
-            f"tensor parallelism over {world} ranks does not split mixture-of-experts layers "
-            "yet: serve this model with --tensor-parallel-size 1")
     if mla:
         raise TensorParallelError(
             f"tensor parallelism over {world} ranks does not split multi-head latent "
@@ -161,13 +171,19 @@ def plan_shards(
         raise TensorParallelError(
             f"{num_kv_heads} KV heads neither divide over --tensor-parallel-size {world} nor "
             f"replicate evenly ({world} is not a multiple of {num_kv_heads})")
-    if intermediate_size % world:
-        raise TensorParallelError(
-            f"the MLP's intermediate size {intermediate_size} does not divide over "
-            f"--tensor-parallel-size {world}")
+    mlps = [("the MLP's intermediate size", intermediate_size)]
+    if expert_intermediate_size is not None:
+        mlps.append(("an expert's intermediate size", expert_intermediate_size))
+    if shared_intermediate_size:
+        mlps.append(("the shared expert's intermediate size", shared_intermediate_size))
+    for what, width in mlps:
+        if width % world:
+            raise TensorParallelError(
+                f"{what} {width} does not divide over --tensor-parallel-size {world}")
     if group is not None:
-        for what, width in (("o_proj's input (heads x head_dim)", num_heads // world * head_dim),
-                            ("down_proj's input (intermediate size)", intermediate_size // world)):
+        inputs = [("o_proj's input (heads x head_dim)", num_heads // world * head_dim)]
+        inputs += [(f"down_proj's input ({what})", width // world) for what, width in mlps]
+        for what, width in inputs:
             if width % group:
                 raise TensorParallelError(
                     f"{what} splits into {width} columns per rank over "

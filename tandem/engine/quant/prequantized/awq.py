@@ -46,6 +46,10 @@ class AwqFormat(PrequantizedFormat):
         return cls(check_group_size("awq", cfg.get("group_size", cfg.get("q_group_size"))))
 
     @property
+    def split_group(self) -> int | None:
+        return self.group_size
+
+    @property
     def label(self) -> str:
         return f"awq-int4-g{self.group_size}"
 

@@ -74,6 +74,12 @@ class PrequantizedFormat(ABC):
         """The quantized linear at ``prefix`` in our convention; raises ModelLoadError."""
 
     @property
+    def split_group(self) -> int | None:
+        """The input columns one scale covers, which a tensor-parallel split of a row-parallel
+        layer must keep whole (None: per-channel scales, or float weights)."""
+        return None
+
+    @property
     def dequantizes_at_load(self) -> bool:
         """Whether the format's weights become float at load (``float_weight``) rather than
         quantized layers (``unpack``)."""

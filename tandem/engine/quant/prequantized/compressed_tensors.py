@@ -170,6 +170,12 @@ class CompressedTensorsFormat(PrequantizedFormat):
         labels = sorted({s.label for s in self.schemes})
         return f"{NAME}-{labels[0] if len(labels) == 1 else 'mixed'}"
 
+    @property
+    def split_group(self) -> int | None:
+        # the largest int4 group: the supported sizes (32, 64, 128) each divide the next
+        return max((s.group_size for s in self.schemes if s.bits == 4 and s.group_size),
+                   default=None)
+
     def scheme(self, prefix: str) -> WeightScheme | None:
         """The scheme of the Linear ``prefix``, or None when it is ignored or untargeted."""
         if any(_match(prefix, i) for i in self.ignore):

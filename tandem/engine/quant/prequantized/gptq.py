@@ -57,6 +57,10 @@ class GptqFormat(PrequantizedFormat):
         return cls(group_size, bool(cfg.get("sym", True)), ZERO_OFFSETS[fmt])
 
     @property
+    def split_group(self) -> int | None:
+        return self.group_size
+
+    @property
     def label(self) -> str:
         return f"gptq-int4-g{self.group_size}-{'sym' if self.symmetric else 'asym'}"
 

@@ -45,6 +45,11 @@ def test_every_head_and_row_is_owned_as_the_split_says(nh: int, nkv: int, world:
         assert v.start == (nh + nkv) * hd + s.kv_heads.start * hd and v.size == k.size
         gate, up = s.gate_up_rows()
         assert up.start - gate.start == inter and gate.size == up.size == inter // world
+        # an expert's (or shared expert's) own width splits the same way
+        egate, eup = s.gate_up_rows(2 * world)
+        assert (egate, eup) == (Span(2 * s.rank, 2 * s.rank + 2),
+                                Span(2 * world + 2 * s.rank, 2 * world + 2 * s.rank + 2))
+        assert s.down_cols(2 * world) == egate == s.split(2 * world)
         assert s.adds_bias == (s.rank == 0)
 
 
@@ -69,7 +74,12 @@ def test_fewer_kv_heads_than_ranks_replicates_them() -> None:
     (dict(world=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=96, group=32),
      ["48 columns", "32"]),
     (dict(world=0), [">= 1", "0"]),
-    (dict(world=2, moe=True), ["mixture-of-experts"]),
+    (dict(world=2, expert_intermediate_size=33), ["an expert's intermediate size 33", "2"]),
+    (dict(world=3, num_heads=6, num_kv_heads=3, intermediate_size=96, shared_intermediate_size=64),
+     ["the shared expert's intermediate size 64", "3"]),
+    (dict(world=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=128,
+          expert_intermediate_size=64, shared_intermediate_size=96, group=32),
+     ["shared expert", "48 columns", "32"]),
     (dict(world=2, mla=True), ["latent attention"]),
 ])
 def test_sizes_that_do_not_divide_are_refused_naming_the_numbers(kwargs, names) -> None:
@@ -84,7 +94,7 @@ def test_sizes_that_do_not_divide_are_refused_naming_the_numbers(kwargs, names) 
 
 def test_a_single_rank_owns_everything_and_checks_nothing() -> None:
     s = plan_shards(1, num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=1536,
-                    moe=True).rank(0)
+                    expert_intermediate_size=7, mla=True).rank(0)
     assert s.q_heads == Span(0, 9) and s.kv_heads == Span(0, 3)
     assert s.intermediate == Span(0, 1536)
     with pytest.raises(TensorParallelError, match="rank 1"):

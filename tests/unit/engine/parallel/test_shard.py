@@ -1,7 +1,8 @@
 """Cutting a model to one rank's shard (tandem/engine/parallel/shard.py), in one process: the
 column-parallel layers keep their rows, the row-parallel layers' partial products summed over
 the ranks (what the all-reduce does) equal the whole layer, and a GGUF's stored blocks cut on
-block boundaries dequantize to the same slice of the weight."""
+block boundaries dequantize to the same slice of the weight (pre-quantized layers:
+test_shard_quantized.py; mixture-of-experts blocks: test_shard_moe.py)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_row_parallel_partials_sum_to_the_whole_layer(tiny_dir, kv: int, world: 
         o_sum = torch.zeros(5, arch.hidden_size)
         for r in range(world):
             part, _ = _load(path)
-            shard = rank_shard(arch, world, r, quantized=False)
+            shard = rank_shard(arch, world, r, group=None)
             shard_model(part, shard)
             attn, mlp = part.layers[1].self_attn, part.layers[1].mlp
             rows = torch.cat([torch.arange(s.start, s.stop) for s in shard.qkv_rows()])
@@ -75,7 +76,11 @@ def test_stored_blocks_are_cut_on_block_boundaries(kind: str) -> None:
               for k, w in weights.items()}
     for r in range(3):
         s = plan.rank(r)
-        cut = shard_blocks(stored, s)
+        cut = shard_blocks(stored, {  # what shard_model returns for this layer
+            "layers.0.self_attn.qkv_proj": s.qkv_rows(),
+            "layers.0.self_attn.o_proj": s.o_cols(),
+            "layers.0.mlp.gate_up_proj": s.gate_up_rows(),
+            "layers.0.mlp.down_proj": s.down_cols()})
         full = {k: quants.dequantize(b.rows, qtype) for k, b in stored.items()}
         mine = {k: quants.dequantize(b.rows, qtype) for k, b in cut.items()}
         rows = lambda spans: np.concatenate([np.arange(x.start, x.stop) for x in spans])  # noqa: E731
@@ -91,11 +96,8 @@ def test_stored_blocks_are_cut_on_block_boundaries(kind: str) -> None:
         np.testing.assert_array_equal(mine["embed_tokens"], full["embed_tokens"])  # replicated
 
 
-def test_a_quantized_split_off_block_boundaries_and_moe_are_refused(tiny_dir) -> None:
+def test_a_quantized_split_off_block_boundaries_is_refused(tiny_dir) -> None:
     _, arch = _load(tiny_dir("llama", 2))  # 4 heads of 16: 2 heads = 32 columns per rank
-    rank_shard(arch, 2, 1, quantized=True)
+    rank_shard(arch, 2, 1, group=32)
     with pytest.raises(TensorParallelError, match="not a multiple of the quantization group"):
-        rank_shard(arch, 4, 1, quantized=True)  # 16 columns per rank
-    _, moe = _load(tiny_dir("mixtral", 2))
-    with pytest.raises(TensorParallelError, match="mixture-of-experts"):
-        rank_shard(moe, 2, 0, quantized=False)
+        rank_shard(arch, 4, 1, group=32)  # 16 columns per rank

@@ -1,0 +1,64 @@
+"""Cutting a mixture-of-experts model over a group (tandem/engine/parallel/shard.py), in one
+process: each rank keeps every routed expert's slice of the expert width and its slice of the
+shared expert, the router and the shared expert's gate whole; the ranks' block outputs summed
+(the one all-reduce a MoE layer runs) equal the whole block, a dense layer beside it splits as
+before, and the rank's arch carries its widths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.engine.models.layers import MLP, SparseMoE
+from tandem.engine.models.weights import load_model
+from tandem.engine.parallel.collectives import AllReduce
+from tandem.engine.parallel.cut import span_index
+from tandem.engine.parallel.shard import local_arch, rank_shard, reduce_row_parallel, shard_model
+
+
+def _load(path):
+    return load_model(path, torch.float32, torch.device("cpu"), 64, progress=False)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_moe_block_partials_sum_to_the_whole_block(tiny_dir, world: int) -> None:
+    """Qwen2-MoE: 8 experts of 32, a shared expert of 64 behind its sigmoid gate in layer 1;
+    layer 0 dense (128 wide)."""
+    path = tiny_dir("qwen2_moe", 2, num_layers=3, decoder_sparse_step=2)
+    whole, arch = _load(path)
+    assert arch.moe is not None
+    width, shared = arch.moe.expert_intermediate_size, arch.moe.shared_intermediate_size
+    block, dense = whole.layers[1].mlp, whole.layers[0].mlp
+    assert isinstance(block, SparseMoE) and block.shared_expert_gate is not None
+    assert isinstance(dense, MLP)
+    torch.manual_seed(0)
+    x = torch.randn(7, arch.hidden_size)
+    with torch.no_grad():
+        moe_sum, dense_sum = torch.zeros_like(x), torch.zeros_like(x)
+        for r in range(world):
+            part, _ = _load(path)
+            shard = rank_shard(arch, world, r, group=None)
+            cuts = shard_model(part, shard)
+            moe = part.layers[1].mlp
+            assert torch.equal(moe.gate.weight, block.gate.weight)  # the router, whole
+            assert torch.equal(moe.shared_expert_gate, block.shared_expert_gate)
+            rows = torch.from_numpy(span_index(shard.gate_up_rows(width)))
+            for e in range(len(block.experts)):
+                assert torch.equal(moe.experts[e].gate_up_proj.weight,
+                                   block.experts[e].gate_up_proj.weight[rows])
+                assert cuts[f"layers.1.mlp.experts.{e}.down_proj"] == shard.split(width)
+            assert moe.shared_expert.inter == shared // world
+            assert cuts["layers.1.mlp.shared_expert.down_proj"] == shard.split(shared)
+            moe_sum += moe(x)
+            dense_sum += part.layers[0].mlp(x)
+            small = local_arch(arch, shard)
+            assert small.moe is not None
+            assert (small.moe.expert_intermediate_size, small.moe.shared_intermediate_size,
+                    small.intermediate_size) == (width // world, shared // world,
+                                                 arch.intermediate_size // world)
+            reduce_row_parallel(part)  # wraps only: nothing runs a collective here
+            assert isinstance(part.layers[1].mlp, AllReduce)  # the block's output, once
+            assert not isinstance(part.layers[1].mlp.inner.experts[0].down_proj, AllReduce)
+            assert isinstance(part.layers[0].mlp.down_proj, AllReduce)
+        torch.testing.assert_close(moe_sum, block(x))
+        torch.testing.assert_close(dense_sum, dense(x))
