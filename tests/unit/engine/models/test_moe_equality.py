@@ -61,12 +61,14 @@ def test_greedy_equals_transformers(family_dir, make_engine, case: str, path_kin
         assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens), case
 
 
-def test_qwen2_moe_handoff_equals_colocated(family_dir, make_engine) -> None:
-    """Prefill on P, the prompt's blocks copied layer by layer as the push would, decode on
-    D: transformers' tokens."""
+@pytest.mark.parametrize("prefill_kind", PATHS)
+def test_qwen2_moe_handoff_equals_colocated(family_dir, make_engine, prefill_kind: str) -> None:
+    """Prefill on P (torch, or the fused native forward), the prompt's blocks copied layer by
+    layer as the push would, decode on D (torch): transformers' tokens."""
     path = family_dir("qwen2_moe")
     prefill = make_engine(model=str(path), num_blocks=32, block_size=16,
-                          use_native_kernels=False)
+                          use_native_kernels=prefill_kind == "native")
+    assert (prefill.runner.fused is not None) == (prefill_kind == "native")
     decode = make_engine(model=str(path), num_blocks=32, block_size=16, use_native_kernels=False)
     prompt = _prompts((45,))[0]
     expected = hf_greedy(path, prompt, GREEDY.max_tokens)
