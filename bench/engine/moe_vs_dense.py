@@ -4,17 +4,21 @@ one with the MoE's *active* feed-forward (top_k x expert width) and one with all
     python -m bench.engine.moe_vs_dense [--rows 1,4,16,64] [--hidden 768] [--expert-width 1024]
                                         [--experts 8] [--top-k 2] [--layers 4] [--repeats 5]
                                         [--threads 2] [--dtype float32|bfloat16]
+                                        [--paths native,torch]
 
 Three random checkpoints (tandem/engine/testing/tiny.py), written to a temporary folder:
 Mixtral with ``--experts`` experts of ``--expert-width``, ``--top-k`` per token; Mistral (the
 same attention, no experts) with an MLP ``top_k x expert-width`` wide (the active dense: the
 same active parameters, the router's ``experts x hidden`` aside); and Mistral with an MLP
-``experts x expert-width`` wide (the total dense: every expert's parameters in one MLP). Each
-is timed on the same path (the fastest of ``--repeats`` steps, the models taking turns), the torch forward (the fused native forward computes dense MLPs
-only), over ``rows`` sequences of 256 cached tokens, one decode row each. Prints ms per step
-and MoE / active-dense, with the experts a step reads per layer (each active expert's
-weights once, whatever its rows): the MoE costs close to its active share where a step's rows
-reach few experts, and moves towards the total dense as they spread over all of them.
+``experts x expert-width`` wide (the total dense: every expert's parameters in one MLP). The
+three are timed on each of ``--paths``: ``native`` (the fused native CPU forward,
+tandem/engine/native: the MoE's experts in moe_experts.h) and ``torch`` (the torch forward,
+tandem/engine/models/layers/moe_experts.py), over ``rows`` sequences of 256 cached tokens,
+one decode row each; each figure is the fastest of ``--repeats`` steps, all models and paths
+taking turns. Prints ms per step and MoE / active-dense, with the experts a step reads per
+layer (counted on the torch forward's routers; each active expert's weights are read once,
+whatever its rows): the MoE costs close to its active share where a step's rows reach few
+experts, and moves towards the total dense as they spread over all of them.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ def _checkpoints(root: Path, a: argparse.Namespace) -> dict[str, Path]:
     }
 
 
-def _interleaved_min(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+def _interleaved_min(steps: dict[tuple[str, str], Callable[[], None]], repeats: int,
+                     ) -> dict[tuple[str, str], float]:
     """Each step's fastest of ``repeats`` runs (after one warm-up), the models taking turns
     so that a busy machine slows them alike; the minimum is the run least disturbed."""
     best = {name: float("inf") for name in steps}
@@ -60,6 +65,26 @@ def _interleaved_min(steps: dict[str, Callable[[], None]], repeats: int) -> dict
             step()
             best[name] = min(best[name], time.perf_counter() - t0)
     return best
+
+
+def _runners(keys: list[tuple[str, str]], checkpoints: dict[str, Path], blocks: int,
+             dtype: str) -> dict[tuple[str, str], object]:
+    """(path, model) -> that model's runner on that path, for each of ``keys``."""
+    runners = {}
+    for path, name in keys:
+        runner = LLM(str(checkpoints[name]), progress=False, num_blocks=blocks, dtype=dtype,
+                     use_native_kernels=path == "native").engine.runner
+        if path == "native" and runner.fused is None:
+            raise SystemExit(f"the fused native forward does not take the {name} model here")
+        runners[path, name] = runner
+    return runners
+
+
+def _step_fn(path: str, runner, step: tuple) -> Callable[[], None]:
+    """One decode step of ``runner`` on ``path`` (every row sampled, as a decode samples)."""
+    if path == "native":
+        return functools.partial(runner.fused, *step, runner.kv_cache, list(range(len(step[0]))))
+    return functools.partial(_torch_step, runner, *step)
 
 
 def _experts_read(runner, step: tuple) -> float:
@@ -86,35 +111,41 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--paths", default="native,torch")
     args = ap.parse_args()
+    paths = args.paths.split(",")
+    if not paths or set(paths) - {"native", "torch"}:
+        raise SystemExit("--paths: native, torch or both")
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     rows = [int(r) for r in args.rows.split(",")]
     blocks = max(rows) * BLOCKS_PER_SEQ + 8
+    timed = [(path, name) for path in paths for name in ("moe", "active", "total")]
     with tempfile.TemporaryDirectory() as tmp:
-        runners = {name: LLM(str(path), progress=False, num_blocks=blocks, dtype=args.dtype,
-                             use_native_kernels=False).engine.runner
-                   for name, path in _checkpoints(Path(tmp), args).items()}
+        # the torch MoE runner counts the experts a step reads (its routers' choices)
+        runners = _runners(timed + [("torch", "moe")] * ("torch" not in paths),
+                           _checkpoints(Path(tmp), args), blocks, args.dtype)
+    counter = runners["torch", "moe"]
     params = {name: sum(p.numel() for n, p in r.model.named_parameters() if "layers." in n)
-              for name, r in runners.items()}
+              for (path, name), r in runners.items() if path == paths[0]}
     print(f"{args.layers} layers, hidden {args.hidden}, {args.experts} experts x "
-          f"{args.expert_width} (top {args.top_k}); {args.dtype}, torch path, "
-          f"{args.threads} threads")
+          f"{args.expert_width} (top {args.top_k}); {args.dtype}, {args.threads} threads")
     print("decoder parameters: " + ", ".join(f"{n} {p / 1e6:.1f}M" for n, p in params.items()))
-    print(f"{'rows':>5} {'experts read':>13} {'moe ms':>8} {'active ms':>10} {'total ms':>9} "
-          f"{'moe/active':>11} {'moe/total':>10}")
+    print(f"{'path':>6} {'rows':>5} {'experts read':>13} {'moe ms':>8} {'active ms':>10} "
+          f"{'total ms':>9} {'moe/active':>11} {'moe/total':>10}")
     for n in rows:
-        step = _shape(n, "decode", runners["moe"].block_size)
-        secs = _interleaved_min({name: functools.partial(_torch_step, r, *step)
-                                 for name, r in runners.items()}, args.repeats)
-        ms = {name: s * 1e3 for name, s in secs.items()}
-        read = _experts_read(runners["moe"], step)
-        print(f"{n:>5} {read:>6.2f} of {args.experts:<4} {ms['moe']:>8.2f} {ms['active']:>10.2f} "
-              f"{ms['total']:>9.2f} "
-              f"{ms['moe'] / ms['active']:>10.2f}x {ms['moe'] / ms['total']:>9.2f}x",
-              flush=True)
+        step = _shape(n, "decode", counter.block_size)
+        secs = _interleaved_min({key: _step_fn(key[0], runners[key], step) for key in timed},
+                                args.repeats)
+        read = _experts_read(counter, step)
+        for path in paths:
+            ms = {name: secs[path, name] * 1e3 for name in ("moe", "active", "total")}
+            print(f"{path:>6} {n:>5} {read:>6.2f} of {args.experts:<4} {ms['moe']:>8.2f} "
+                  f"{ms['active']:>10.2f} {ms['total']:>9.2f} "
+                  f"{ms['moe'] / ms['active']:>10.2f}x {ms['moe'] / ms['total']:>9.2f}x",
+                  flush=True)
 
 
 if __name__ == "__main__":

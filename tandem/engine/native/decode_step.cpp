@@ -17,6 +17,8 @@
 //
 // LoRA: a step may carry adapters (Step::lora), each row under its own or none; their deltas
 // are added to the q/k/v, o, gate/up and down outputs (lora_delta.h).
+// Mixture-of-experts layers (Mixtral, Qwen2/Qwen3-MoE): moe_experts.h, in place of a layer's
+// dense MLP where its Layer::moe says so.
 // Weight formats: quant_linear.h; the few-row loops: linear_rows.h (dot_rows.h,
 // dot_rows512.h); many rows (batched decodes, prefill chunks): gemm_tiled.h, whose linear()
 // picks between the two. Attention: paged_attention.h (KV head vectors: kv_head.h; prefill
@@ -47,6 +49,7 @@
 #include "quant_linear.h"
 #include "vec_math.h"
 #include "lora_delta.h"
+#include "moe_experts.h"
 
 namespace {
 
@@ -60,6 +63,7 @@ struct Layer {
   const float* k_norm;
   Lin qkv, o, gate_up, down;
   int32_t window;  // sliding-window layer: keys it sees, itself included; 0: every key
+  const tnd::MoeLayer* moe;  // mixture of experts in place of gate_up/down; null: dense MLP
 };
 
 struct ModelDesc {
@@ -116,21 +120,11 @@ struct Step {
   const tnd::LoraStep* lora;
 };
 
-// a[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, n % 8 == 0.
-inline void silu_mul(const float* g, const float* u, float* a, int n) {
-  const __m256 one = _mm256_set1_ps(1.f);
-  for (int i = 0; i < n; i += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + i);
-    const __m256 den = _mm256_add_ps(one, tnd::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
-    _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
-  }
-}
-
 }  // namespace
 
 extern "C" {
 
-int tnd_abi_version() { return 7; }
+int tnd_abi_version() { return 8; }
 
 // Width of the hot loops this build compiled: 512 (the AVX-512/VNNI paths) or 256 (AVX2).
 int tnd_isa_width() { return TND_AVX512 ? 512 : 256; }
@@ -265,20 +259,19 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
     lora(l, 1, att.data(), qsz, h.data(), H, o_cols, 1);
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);
-    tnd::linear(ly.gate_up, xn.data(), rows, xq, gu.data(), 2 * I, false, threads);
-    lora(l, 2, xn.data(), H, gu.data(), 2 * I, gu_cols, 2);
+    if (ly.moe) {  // experts: no LoRA (the adapter manager refuses a MoE model)
+      tnd::moe_forward(*ly.moe, xn.data(), rows, H, h.data(), xq, threads);
+    } else {
+      tnd::linear(ly.gate_up, xn.data(), rows, xq, gu.data(), 2 * I, false, threads);
+      lora(l, 2, xn.data(), H, gu.data(), 2 * I, gu_cols, 2);
 #pragma omp parallel for num_threads(threads) if (par)
-    for (int r = 0; r < rows; ++r) {
-      const float* g = &gu[static_cast<size_t>(r) * 2 * I];
-      float* a = &act[static_cast<size_t>(r) * I];
-      if (I % 8 == 0) {
-        silu_mul(g, g + I, a, I);
-      } else {
-        for (int i = 0; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];
+      for (int r = 0; r < rows; ++r) {
+        const float* g = &gu[static_cast<size_t>(r) * 2 * I];
+        tnd::silu_mul(g, g + I, &act[static_cast<size_t>(r) * I], I);
       }
+      tnd::linear(ly.down, act.data(), rows, xq, h.data(), H, true, threads);
+      lora(l, 3, act.data(), I, h.data(), H, o_cols, 1);
     }
-    tnd::linear(ly.down, act.data(), rows, xq, h.data(), H, true, threads);
-    lora(l, 3, act.data(), I, h.data(), H, o_cols, 1);
     if (st->layer_done && st->layer_done(l) != 0) return -2;
   }
   std::vector<float> fin(static_cast<size_t>(num_samples) * H);

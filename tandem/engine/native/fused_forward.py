@@ -1,4 +1,4 @@
-"""The whole-model forward of ``decode_step.cpp`` for the dense families on the CPU.
+"""The whole-model forward of ``decode_step.cpp`` for the Llama-like families on the CPU.
 
     FusedForward(model)         reads each PackedLinear (the CPU layout of quantized layers,
                                 tandem/engine/native/packed_linear.py) and each fp32, bf16 or fp16
@@ -13,10 +13,13 @@
                                 (tandem/engine/native/lora_step.py) add each row's delta to
                                 the q/k/v, o, gate/up and down outputs (lora_delta.h)
 
-It computes the dense decoder of tandem/engine/models/causal_lm.py (Llama, Mistral, Qwen2,
-Qwen3): biases on any linear (q/k/v, o, gate/up, down: each Lin carries its own), per-head
-q/k norms, SiLU-gated MLPs. ``unsupported_reason`` names what it does not compute (another
-model class, another activation), and the model runner keeps torch for that model.
+It computes the decoder of tandem/engine/models/causal_lm.py (Llama, Mistral, Qwen2, Qwen3,
+and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE): biases on any linear (q/k/v, o,
+gate/up, down: each Lin carries its own), per-head q/k norms, SiLU-gated MLPs, and softmax-
+routed experts where a layer is sparse (tandem/engine/native/moe_layer.py, moe_experts.h:
+each active expert's weights read once a step for all its rows). ``unsupported_reason`` names
+what it does not compute (another model class, another activation, DeepSeek's routers and
+latent attention), and the model runner keeps torch for that model.
 
 It serves every CPU step of an fp32, bf16 or fp16 model, decodes and prefill chunks alike:
 few-row steps run the matrix-vector loops (integer ones for quantized weights), many-row steps
@@ -40,9 +43,15 @@ import torch
 from torch import nn
 
 from tandem.engine.models.causal_lm import CausalLM
-from tandem.engine.models.layers import MLP, Attention
+from tandem.engine.models.layers import MLP, Attention, SparseMoE
 from tandem.engine.native.build import load
 from tandem.engine.native.lora_step import NativeLoraStep
+from tandem.engine.native.moe_layer import (
+    MoeLayerStruct,
+    NativeMoe,
+    feed_forward_linears,
+    moe_unsupported,
+)
 from tandem.engine.native.packed_linear import FLOAT_KINDS, LinStruct, PackedEmbedding, PackedLinear
 from tandem.engine.quant.int4 import Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
@@ -64,7 +73,7 @@ _Lin = LinStruct
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _F), ("post_norm", _F), ("q_norm", _F), ("k_norm", _F),
                 ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin),
-                ("window", ctypes.c_int32)]
+                ("window", ctypes.c_int32), ("moe", ctypes.POINTER(MoeLayerStruct))]
 
 
 class _ModelDesc(ctypes.Structure):
@@ -164,8 +173,8 @@ def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
         return f"hidden size {embed.embedding_dim} is not a multiple of {QK}"
     linears = [model.lm_head]
     for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        attn = layer.self_attn
+        linears += [attn.qkv_proj, attn.o_proj, *feed_forward_linears(layer.mlp)]
     for lin in linears:
         if not isinstance(lin, _LinTypes) or lin.in_features % QK:
             return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
@@ -189,17 +198,17 @@ def _unsupported_model(model: nn.Module) -> str | None:
         return f"the kernels compute the dense decoder, not {type(model).__name__}"
     if model.arch.hidden_act not in NATIVE_ACTIVATIONS:
         return f"hidden_act {model.arch.hidden_act!r}"
-    if model.arch.moe is not None:  # its experts' linears still run the kernels when packed
-        return "mixture-of-experts layers (the kernels compute dense MLPs)"
     for layer in model.layers:
-        if type(layer.self_attn) is not Attention or type(layer.mlp) is not MLP:
-            return "a decoder layer other than attention + gated MLP"
+        if type(layer.self_attn) is not Attention or type(layer.mlp) not in (MLP, SparseMoE):
+            return "a decoder layer other than attention + gated MLP or mixture of experts"
+        if isinstance(layer.mlp, SparseMoE) and (reason := moe_unsupported(layer.mlp)):
+            return reason
     return None
 
 
 class FusedForward:
-    """One-call forward of an fp32, bf16 or fp16 model (quantized or not) over the paged KV
-    cache (fp32, bf16, fp16 or int8)."""
+    """One-call forward of an fp32, bf16 or fp16 model (quantized or not; dense or with
+    softmax-routed experts) over the paged KV cache (fp32, bf16, fp16 or int8)."""
 
     def __init__(self, model: CausalLM) -> None:
         reason = unsupported_reason(model)
@@ -214,17 +223,27 @@ class FusedForward:
         self.num_layers, self.num_kv_heads = arch.num_layers, arch.num_kv_heads
         self._keep: list[object] = []
         layers = (_Layer * arch.num_layers)()
+        dense_width = 0  # the dense MLP layers' width (0: every layer is MoE)
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            lins = [NativeLinear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                              mlp.down_proj)]
+            lins = [NativeLinear(m) for m in (attn.qkv_proj, attn.o_proj)]
+            moe = None
+            if isinstance(mlp, SparseMoE):  # its experts in place of gate_up/down
+                moe = NativeMoe(mlp, NativeLinear)
+                self._keep.extend([moe, *moe.linears])
+                ffn = [_Lin(), _Lin()]
+            else:
+                lins += [NativeLinear(mlp.gate_up_proj), NativeLinear(mlp.down_proj)]
+                ffn = [lins[2].struct, lins[3].struct]
+                dense_width = mlp.inter
             self._keep.extend(lins)
             layers[i] = _Layer(
                 self._f(layer.input_layernorm.weight), self._f(layer.post_attention_layernorm.weight),
                 self._f(attn.q_norm.weight if attn.q_norm is not None else None),
                 self._f(attn.k_norm.weight if attn.k_norm is not None else None),
-                *(lin.struct for lin in lins),
+                lins[0].struct, lins[1].struct, *ffn,
                 attn.window or 0,  # a sliding-window layer's window; 0: full attention
+                None if moe is None else ctypes.pointer(moe.struct),
             )
         head = NativeLinear(model.lm_head)
         self._keep.extend([head, layers])
@@ -246,7 +265,7 @@ class FusedForward:
             self._keep.append(table)
         desc = _ModelDesc(
             arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
-            arch.intermediate_size, arch.vocab_size, cos.shape[0], arch.rms_norm_eps,
+            dense_width, arch.vocab_size, cos.shape[0], arch.rms_norm_eps,
             embed_f, self._f(cos), self._f(sin),
             self._f(model.norm.weight), head.struct, layers, embed_lin,
         )
@@ -260,7 +279,8 @@ class FusedForward:
         return ctypes.cast(t.data_ptr(), _F)
 
     def weight_bytes(self) -> int:
-        """Bytes of weights one decode step reads (quantized linears and norms)."""
+        """Bytes of weights the forward reads (quantized linears and norms): all of a step's
+        for a dense model; a MoE model's every expert, of which a step reads the active ones."""
         return self._weight_bytes
 
     def __del__(self) -> None:

@@ -1,8 +1,10 @@
 // Vector building blocks the kernels share (AVX2; 512-bit loads in the AVX-512 build): a
 // horizontal sum, 8 or 16 cache or weight values widened to floats (fp32, int8; bf16 and
 // fp16 in half.h), dot and axpy over any of those, a vectorized exp and a NaN-skipping max
-// (the attention's softmax), and four 8-lane sums in one reduction. The few-row linears
-// (dot_rows.h) and the attention (kv_head.h, paged_attention.h) include them from here.
+// (the attention's softmax), four 8-lane sums in one reduction, and the gated MLP's
+// silu(gate) * up (the dense MLP of decode_step.cpp and the experts of moe_experts.h). The
+// few-row linears (dot_rows.h) and the attention (kv_head.h, paged_attention.h) include them
+// from here.
 #pragma once
 
 #include <immintrin.h>
@@ -92,6 +94,19 @@ inline __m256 exp8(__m256 x) {
   const __m256i e =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// a[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u for i < n (8 lanes at a time, the tail
+// with std::exp).
+inline void silu_mul(const float* g, const float* u, float* a, int n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 den = _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+    _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
 // The largest of x[0..n), -inf for none; NaNs are skipped, as std::fmax skips them. 8 lanes

@@ -66,7 +66,7 @@ QUANTIZED = [("mixtral", "Q8_0"), ("qwen2_moe", "Q4_0"), ("qwen3_moe", "Q4_1")]
 def test_quantized_experts_are_served_from_their_blocks(family_dir, make_engine, tmp_path,
                                                         arch: str, qtype: str,
                                                         native: bool) -> None:
-    """The native CPU kernels run every expert's Q4_0/Q4_1/Q8_0 blocks as stored; the torch
+    """The fused native CPU forward runs every expert's Q4_0/Q4_1/Q8_0 blocks as stored; the torch
     path keeps Q4_1 (Int4Linear) and dequantizes the others. Either way each expert holds,
     bit for bit, the gguf package's dequantization of its rows of the stacked tensor, and
     the tokens are transformers' on that dequantization (but where torch's int4 kernel
@@ -76,6 +76,7 @@ def test_quantized_experts_are_served_from_their_blocks(family_dir, make_engine,
     _, gguf = _gguf(family_dir, tmp_path, arch, qtype)
     cache = tmp_path / "cache"
     engine = _engine(make_engine, gguf, cache, use_native_kernels=native)
+    assert (engine.runner.fused is not None) == native  # the fused forward runs the experts
     dequantized = resolve_model(str(gguf), cache)  # what the engine converted it to
     reference = _reference_experts(dequantized, arch)
     layers = engine.runner.model.layers

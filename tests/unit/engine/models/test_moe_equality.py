@@ -1,9 +1,8 @@
 """Mixture-of-experts families against transformers: greedy output equal token for token,
 fp32, on tiny checkpoints (8 experts, 2 per token) whose every parameter is perturbed
 (routers, experts, shared experts and their gate, biases, norms: tandem/engine/testing/
-perturb.py), with and without sliding windows; colocated, and for one family through a P/D
-handoff. The native fused forward computes dense MLPs only: asked for, the model runner
-serves a MoE model through torch."""
+perturb.py), with and without sliding windows, through the torch forward and the fused
+native one (moe_experts.h); colocated, and for one family through a P/D handoff."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import torch
 
 from tandem.engine import SamplingParams
 from tandem.engine.models.layers import MLP, SparseMoE
+from tandem.engine.native import load
 from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 
@@ -33,17 +33,23 @@ CASES = {
 }
 
 
+PATHS = ["torch", pytest.param("native", marks=pytest.mark.skipif(
+    load() is None, reason="native kernels unavailable here"))]
+
+
 def _prompts(lengths: tuple[int, ...] = (9, 60, 200)) -> list[list[int]]:
     g = torch.Generator().manual_seed(11)
     return [torch.randint(3, 256, (n,), generator=g).tolist() for n in lengths]
 
 
+@pytest.mark.parametrize("path_kind", PATHS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_greedy_equals_transformers(family_dir, make_engine, case: str) -> None:
+def test_greedy_equals_transformers(family_dir, make_engine, case: str, path_kind: str) -> None:
     arch, options, sparse = CASES[case]
     path = family_dir(arch, **options)
     engine = make_engine(model=str(path), num_blocks=64, block_size=16,
-                         use_native_kernels=False)
+                         use_native_kernels=path_kind == "native")
+    assert (engine.runner.fused is not None) == (path_kind == "native")
     layers = engine.runner.model.layers
     assert [isinstance(layer.mlp, SparseMoE) for layer in layers] == sparse
     assert [layer.self_attn.window for layer in layers] == [options.get("sliding_window")] * len(
@@ -55,28 +61,14 @@ def test_greedy_equals_transformers(family_dir, make_engine, case: str) -> None:
         assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens), case
 
 
-def test_native_kernels_asked_for_serve_moe_through_torch(family_dir, make_engine) -> None:
-    """The fused native forward refuses a MoE model by name; the runner keeps torch, and the
-    output is transformers'."""
-    from tandem.engine.native import load, unsupported_reason
-
-    path = family_dir("qwen3_moe")
-    engine = make_engine(model=str(path), num_blocks=64, block_size=16, use_native_kernels=True)
-    assert engine.runner.fused is None
-    if load() is not None:
-        assert "mixture-of-experts" in (unsupported_reason(engine.runner.model) or "")
-    prompts = _prompts((17, 90))
-    got = engine_token_ids(engine, prompts, GREEDY)
-    for prompt, tokens in zip(prompts, got, strict=True):
-        assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
-
-
-def test_qwen2_moe_handoff_equals_colocated(family_dir, make_engine) -> None:
-    """Prefill on P, the prompt's blocks copied layer by layer as the push would, decode on
-    D: transformers' tokens."""
+@pytest.mark.parametrize("prefill_kind", PATHS)
+def test_qwen2_moe_handoff_equals_colocated(family_dir, make_engine, prefill_kind: str) -> None:
+    """Prefill on P (torch, or the fused native forward), the prompt's blocks copied layer by
+    layer as the push would, decode on D (torch): transformers' tokens."""
     path = family_dir("qwen2_moe")
     prefill = make_engine(model=str(path), num_blocks=32, block_size=16,
-                          use_native_kernels=False)
+                          use_native_kernels=prefill_kind == "native")
+    assert (prefill.runner.fused is not None) == (prefill_kind == "native")
     decode = make_engine(model=str(path), num_blocks=32, block_size=16, use_native_kernels=False)
     prompt = _prompts((45,))[0]
     expected = hf_greedy(path, prompt, GREEDY.max_tokens)

@@ -76,6 +76,7 @@ def _ulps_at_scale(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ("qwen3", "bfloat16", 2, False, "auto"),  # q/k norms, head_dim 32
     ("llama", "float16", 2, False, "auto"),
     ("llama", "bfloat16", 2, False, "int8"),  # bf16 weights over the int8 cache
+    ("qwen2_moe", "bfloat16", 2, False, "auto"),  # bf16 router, experts, gated shared expert
 ])
 def test_fused_16bit_matches_the_upcast_torch_path(make_engine, tiny_dir, arch, dtype, kv_heads,
                                                    tied, kv_dtype):
