@@ -246,9 +246,14 @@ re-prefilling prompt + tokens sent.
 
 ![GPUs held and the decode pool over time](role_flips.png)
 
-Today this is the simulator's answer only: the Ray and Kubernetes actuators report
-`can_flip` false (the workers have no runtime role switch yet), so a live cluster plans no
-flips whatever `flip.enabled` says.
+These are the simulator's figures. On a live cluster the autoscaler plans flips where its
+actuator can flip (`Actuator.can_flip`): the Ray actuator can when every worker is one
+process (each worker actor runs the runtime that serves either role, tandem/worker/dual/;
+a tensor-parallel group keeps its role), flipping through the router's
+RouterAdmin.FlipWorker (docs/ray.md); the Kubernetes actuator cannot (a pod belongs to one
+role's Deployment). `tandem local --flippable` starts workers that flip on `tandem flip`
+but runs no autoscaler; docs/bench/flip_mixshift.md measures flips there under a mix
+shift, chosen by an explicit mix policy.
 """
 
 

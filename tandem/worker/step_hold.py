@@ -2,6 +2,9 @@
 chaos test can move it live (or drain its worker) while it is sure to be mid-stream, without
 racing its end (tests/chaos/test_live_migration.py).
 
+A decode worker honours it, and a flippable worker (tandem/worker/dual/) in either role: in
+its prefill role a request asks for one output token, so a hold of k >= 2 never pauses it.
+
 Off unless the worker was started with ``TANDEM_TEST_STEP_HOLD_DIR`` in its environment,
 which only whoever starts the process can set: no RPC, flag, peer or client can turn it on,
 and with it unset (every deployment) the engine thread is given no pause at all. With it set

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,37 +32,16 @@ import pytest
 from tandem.launcher.local_cluster import Cluster, Proc
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.worker.commit_hold import ENV as HOLD_ENV
-from tandem.worker.step_hold import ENV as STEP_HOLD_ENV
 from tests import scrape
-from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats
+from tests.chaos.step_holds import K, hold_steps, holder, lift_steps, reached
+from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 
 pytestmark = pytest.mark.slow
 
 LONG = 128  # tokens per moved stream
-K = 2  # output tokens a held stream stops at (the step hold): its second is its worker's
 BLOCK = 16  # the engine's block size (tandem/engine/config.py)
 GREEDY = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture
-def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The step hold's directory, in the environment the workers are started with."""
-    d = tmp_path / "steps"
-    d.mkdir()
-    monkeypatch.setenv(STEP_HOLD_ENV, str(d))
-    return d
-
-
-def _hold(steps: Path) -> None:
-    """No request steps past ``K`` output tokens from now on (the file written whole)."""
-    (steps / "hold.partial").write_text(str(K))
-    (steps / "hold.partial").rename(steps / "hold")
-
-
-def _lift(steps: Path) -> None:
-    """Every worker steps again."""
-    (steps / "hold").unlink()
 
 
 @dataclass
@@ -155,31 +133,20 @@ def _start(c: Cluster, model: Path) -> tuple[Proc, Proc, Proc, Proc]:
     return d1, d2, prefill, router
 
 
-def _holder(*decoders: Proc) -> Proc:
-    """The one decode worker running a stream now."""
-    (busy,) = [d for d in decoders if worker_stats(d, "decode").num_running]
-    return busy
-
-
 def _move(router: Proc, worker: Proc) -> worker_pb2.MovedStreams:
     with router.channel() as channel:
         return worker_pb2_grpc.RouterAdminStub(channel).MoveStreams(
             worker_pb2.MoveStreamsRequest(worker=worker.grpc), timeout=300)
 
 
-def _reached(*received: Callable[[], int]) -> None:
-    """Wait until each stream's client has ``K`` tokens (held there: no more come)."""
-    wait_until(lambda: all(r() >= K for r in received), timeout=120)
-
-
 def _moved_run(stub: tandem_pb2_grpc.TandemStub, router: Proc, d1: Proc, d2: Proc,
                text: str, sampling: tandem_pb2.SamplingParams, steps: Path
                ) -> tuple[list[int], str, str]:
-    _hold(steps)
+    hold_steps(steps)
     run = Run(stub, text, sampling).start()
-    _reached(run.tokens)
-    reply = _move(router, _holder(d1, d2))
-    _lift(steps)
+    reached(run.tokens)
+    reply = _move(router, holder(d1, d2))
+    lift_steps(steps)
     assert (reply.moved, reply.stayed) == (1, 0), reply.reasons
     return run.result()
 
@@ -233,11 +200,11 @@ def test_moved_stream_equals_undisturbed(tiny_dir, smollm2_dir, steps: Path) -> 
                   "max_tokens": LONG, "n": 2, "temperature": 0.9, "top_p": 0.95, "seed": 77,
                   "logprobs": 0, "extra_body": {"ignore_eos": True}}
         before = _moved_bytes(router)
-        _hold(steps)
+        hold_steps(steps)
         run = Forked(client, forked).start()
-        _reached(lambda: len(run.tokens[0]), lambda: len(run.tokens[1]))
-        reply = _move(router, _holder(d1, d2))
-        _lift(steps)
+        reached(lambda: len(run.tokens[0]), lambda: len(run.tokens[1]))
+        reply = _move(router, holder(d1, d2))
+        lift_steps(steps)
         assert (reply.moved, reply.stayed) == (2, 0), reply.reasons
         whole = client.completions.create(**forked)
         assert run.result() == [(c.logprobs.tokens, c.text, c.finish_reason)
@@ -277,10 +244,10 @@ def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Pa
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
         text = "A second prompt about harbours"
         undisturbed = Run(stub, text, GREEDY).start().result()
-        _hold(steps)
+        hold_steps(steps)
         run = Run(stub, text, GREEDY).start()
-        _reached(run.tokens)
-        source = _holder(d1, d2)
+        reached(run.tokens)
+        source = holder(d1, d2)
         target = d2 if source is d1 else d1
         (hold / "hold").touch()  # the move's COMMIT waits: the target dies meanwhile
         replies: list[worker_pb2.MovedStreams] = []
@@ -292,7 +259,7 @@ def test_target_killed_mid_push_stream_stays(tiny_dir, smollm2_dir, tmp_path: Pa
         finally:
             (hold / "release").touch()
             mover.join(timeout=300)
-        _lift(steps)
+        lift_steps(steps)
         (reply,) = replies
         assert (reply.moved, reply.stayed) == (0, 1) and "push failed" in reply.reasons[0]
         assert run.result() == undisturbed  # it went on where it was
@@ -317,7 +284,7 @@ def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir, steps: Path) ->
         stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
         texts = [f"Story {i}: the lighthouse keeper counted" for i in range(4)]
         expected = [Run(stub, t, GREEDY).start().result() for t in texts]
-        _hold(steps)  # each stream stops at its first token or its K-th, until lifted
+        hold_steps(steps)  # each stream stops at its first token or its K-th, until lifted
         runs = [Run(stub, t, GREEDY).start() for t in texts]
         assert all(r.first.wait(120) for r in runs)
         # Whatever placement put on d2 moves to d1 (the one other decode worker): d1 then
@@ -331,7 +298,7 @@ def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir, steps: Path) ->
         assert (reply.moved, reply.stayed) == (len(texts), 0), reply.reasons
         assert drained.popen.wait(timeout=120) == 0
         migrate_s = time.monotonic() - t0
-        _lift(steps)
+        lift_steps(steps)
         assert [r.result() for r in runs] == expected  # zero failed, nothing changed
 
         # The same streams again, all on the survivor now; a plain drain (the CLI's) waits

@@ -10,9 +10,17 @@
 - prefill -> decode with prompts on it (one held before its COMMIT by the test-only hold,
   tandem/worker/commit_hold.py, so the flip surely finds work there): the last prefill
   worker is refused without force, flips with it (a second flip meanwhile is refused by the
-  router and by the worker); every request completes (zero failed),
-  then it serves decode (a stream moved onto it equals its undisturbed run).
+  router and by the worker; a prompt that arrives meanwhile is prefilled on the decode
+  worker, the flipper taking none); every request completes (zero failed), then it serves
+  decode (streams moved onto it equal their undisturbed runs).
 Both end with every worker idle and every KV block free.
+
+Ordering, forced: the decode workers (the flippable one too) run with the test-only step
+hold (tandem/worker/step_hold.py, tests/chaos/step_holds.py): while the test holds it at
+``k``, a worker takes no step once a request it runs has ``k`` output tokens. Every move and
+flip of a stream is asked while the hold stands and the stream has its first token, so the
+stream is surely mid-stream (at most ``k`` of its 320 tokens) when it moves; the hold is
+lifted only after the reply.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from tandem.launcher.local_cluster import Cluster, Proc
 from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.worker.commit_hold import ENV as HOLD_ENV
 from tests import scrape
+from tests.chaos.step_holds import K, hold_steps, holder, lift_steps, reached
 from tests.chaos.test_live_migration import Run
 from tests.integration.sdk_cluster import wait_until, worker_idle
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
@@ -36,7 +45,6 @@ from tests.integration.served_model import engine_flags, start_all, tiny_served_
 pytestmark = pytest.mark.slow
 
 SHORT = tandem_pb2.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-# Streams long enough that the flips find them mid-stream (a margin of hundreds of steps).
 GREEDY = tandem_pb2.SamplingParams(max_tokens=320, temperature=0.0, ignore_eos=True)
 
 
@@ -74,7 +82,7 @@ def _router(c: Cluster, model: Path, prefill: list[Proc], decode: list[Proc]) ->
         "--decode", ",".join(d.grpc for d in decode), "--placement", "remote")
 
 
-def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
+def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir, steps: Path) -> None:
     model = tiny_served_model(tiny_dir, smollm2_dir)
     flags = engine_flags(model)
     c = Cluster()
@@ -107,6 +115,7 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
 
         texts = [f"Flip {i}: the lighthouse keeper counted" for i in range(3)]
         expected = [Run(stub, t, GREEDY).start().result() for t in texts]
+        hold_steps(steps)  # each stream stops at its first token or its K-th, until lifted
         runs = [Run(stub, t, GREEDY).start() for t in texts]
         assert all(r.first.wait(120) for r in runs)
         # Whatever placement put on the other worker moves to the flipper: it holds them all.
@@ -116,10 +125,14 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
         def gaps_seen() -> scrape.Samples:  # each moved stream's gap: at its next token
             return scrape.parse(scrape.fetch(router.info["http"]))
 
+        # One step more for every held worker (none had a stream past K): each moved stream
+        # takes its next token, where its gap is seen, and stops again at K + 1 at most.
+        hold_steps(steps, K + 1)
         wait_until(lambda: scrape.value(gaps_seen(), "tandem_live_migration_gap_seconds_count")
                    == gather.moved)
         gathered = gaps_seen()
-        out = _cli_flip(c, router, flipper, "prefill")
+        out = _cli_flip(c, router, flipper, "prefill")  # every stream mid-stream: held
+        lift_steps(steps)
         assert f"{flipper.grpc} serves prefill" in out and f"{len(texts)} streams moved" in out
         assert [r.result() for r in runs] == expected  # zero failed, nothing changed
         roles = {dict(labels).get("role") for _, labels in scrape.parse(
@@ -150,7 +163,7 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
                        - scrape.value(gathered, f"tandem_live_migration_gap_seconds_{k}")
                        for k in ("count", "sum"))
         print(f"\nmean client-visible gap of the {gaps:.0f} streams a flip moved: "
-              f"{gap_s / gaps:.4f} s")
+              f"{gap_s / gaps:.4f} s (the test's hold until the flip's reply included)")
         wait_until(lambda: worker_idle(other, "decode"))
         wait_until(lambda: worker_idle(flipper, "prefill"))
     finally:
@@ -158,7 +171,8 @@ def test_decode_flips_to_prefill_under_load(tiny_dir, smollm2_dir) -> None:
 
 
 def test_prefill_flips_to_decode_with_prompts_on_it(tiny_dir, smollm2_dir, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    steps: Path) -> None:
     model = tiny_served_model(tiny_dir, smollm2_dir)
     flags = engine_flags(model)
     hold = tmp_path / "hold"
@@ -178,7 +192,10 @@ def test_prefill_flips_to_decode_with_prompts_on_it(tiny_dir, smollm2_dir, tmp_p
         (hold / "hold").touch()  # the next prefill's COMMIT waits: the flip finds it there
         runs = [Run(stub, texts[0], GREEDY).start()]
         wait_until(lambda: (hold / "held").exists(), timeout=120)
-        runs += [Run(stub, t, GREEDY).start() for t in texts[1:]]
+        # Another prompt prefilled by the flipper beside the held one (only the first COMMIT
+        # waits), its stream on the decode worker before the flip.
+        runs.append(Run(stub, texts[1], GREEDY).start())
+        assert runs[1].first.wait(120)
         code, why = _refused(router, flipper.grpc, worker_pb2.ROLE_DECODE)
         assert code is grpc.StatusCode.FAILED_PRECONDITION and "last routable" in why, why
         replies: list[worker_pb2.FlipWorkerResponse] = []
@@ -197,20 +214,36 @@ def test_prefill_flips_to_decode_with_prompts_on_it(tiny_dir, smollm2_dir, tmp_p
                     worker_pb2.FlipRequest(to=worker_pb2.ROLE_DECODE), timeout=30)
             assert again.value.code() is grpc.StatusCode.FAILED_PRECONDITION
             assert "in progress" in again.value.details()
+            # A prompt arriving mid-flip: the router sends the flipper none (it was taken
+            # out of the prefill pool before the worker was asked), the decode worker
+            # prefills it itself.
+            runs.append(Run(stub, texts[2], GREEDY).start())
+            assert runs[2].first.wait(120)
         finally:
             (hold / "release").touch()
             flip.join(timeout=300)
         (reply,) = replies
         assert reply.moved.moved == reply.moved.stayed == 0
         assert [r.result() for r in runs] == expected  # zero failed, nothing changed
+        assert scrape.value(scrape.parse(scrape.fetch(router.info["http"])),
+                            "tandem_handoff_fallbacks_total",
+                            kind="local_prefill_colocated") == 1
 
-        # It decodes now: streams prefilled on the decode worker (no prefill worker left)
-        # move onto it live and finish there, unchanged.
-        runs = [Run(stub, t, GREEDY).start() for t in texts]
-        assert all(r.first.wait(120) for r in runs)
-        assert _move(router, decode).stayed == 0
-        assert [r.result() for r in runs] == expected
-        for worker in (flipper, decode):
-            wait_until(lambda w=worker: worker_idle(w, "decode"))
+        # It decodes now: streams prefilled on a decode worker (no prefill worker left),
+        # each moved onto it live (off it first where placement put it there) while held
+        # mid-stream, each finishing there unchanged. One at a time: a decode worker's own
+        # prefill is a step, which the hold would keep from a second stream beside a held one.
+        for text, want in zip(texts, expected, strict=True):
+            wait_until(lambda: all(worker_idle(w, "decode") for w in (flipper, decode)))
+            hold_steps(steps)
+            run = Run(stub, text, GREEDY).start()
+            reached(run.tokens)
+            if holder(flipper, decode) is flipper:
+                assert _move(router, flipper).moved == 1
+            onto = _move(router, decode)
+            lift_steps(steps)
+            assert (onto.moved, onto.stayed) == (1, 0), onto.reasons
+            assert run.result() == want
+        wait_until(lambda: all(worker_idle(w, "decode") for w in (flipper, decode)))
     finally:
         c.stop()

@@ -45,6 +45,7 @@ from tandem.worker.metrics import WorkerMetrics
 from tandem.worker.prefill.app import PrefillAppConfig, build_prefill_app, start_prefill_app
 from tandem.worker.prefill.metrics import PrefillMetrics
 from tandem.worker.reports import Registration, WorkerStatus
+from tandem.worker.step_hold import StepHold
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +231,9 @@ async def build_dual_app(config: DualAppConfig) -> DualApp | WorkerAppShell:
         "prefill": PrefillMetrics(model_name=wc.model_name, compat=wc.metrics_compat)}
     holder: list[DualApp] = []
     release_this_threads_pool()  # the engine thread's OpenMP pool is to be the only one
+    hold = StepHold.from_env()  # test-only, either role's steps; None in every deployment
     ae = AsyncEngine(engine, on_step=lambda s: holder[0].current.metrics.observe_step(s)
-                     if holder else None)
+                     if holder else None, pause=hold.paused if hold is not None else None)
     app = DualApp(ae, config, await _first(ae, config, metrics), metrics)
     holder.append(app)
     return app
