@@ -155,10 +155,12 @@ def _prequantized(model: CausalLM, method: str, packed: bool,
             f"the checkpoint is already quantized ({fmt}); --quantization {method} would "
             "quantize it again: use auto (keep its format) or none (dequantize it)")
     if packed:
-        from tandem.engine.native.packed_linear import PackedLinear
+        from tandem.engine.native.packed_linear import KIND_FP8, PackedLinear
 
         # an FP8 checkpoint's linears, built in the kernels' layout at load
-        summary.counts[fmt] += sum(isinstance(m, PackedLinear) for m in model.modules())
+        kept = sum(isinstance(m, PackedLinear) and m.kind == KIND_FP8 for m in model.modules())
+        if kept:
+            summary.counts[fmt] += kept
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, Int4Linear | Int8Linear)]
     with torch.no_grad():
         for name, lin in layers:
