@@ -117,3 +117,12 @@ def test_engine_greedy_fp8_kept_equals_dequantized_at_load(make_engine, fp8_dir,
     kept_bytes = sum(m.weight_bytes() for m in kept)
     assert kept_bytes < 0.3 * float_bytes
     assert fp8.weight_bytes == ref.weight_bytes - float_bytes + kept_bytes
+
+
+@pytest.mark.parametrize("opts", [{"dtype": "bfloat16"}, {"quantization": "none"},
+                                  {"use_native_kernels": False}])
+def test_fp8_is_dequantized_at_load_where_it_is_not_kept(make_engine, fp8_dir, opts):
+    """A bf16 model, ``--quantization none`` and the torch path get float linears."""
+    engine = make_engine(model=str(fp8_dir("block48x32")), num_blocks=16, **opts)
+    assert engine.weights_format == "fp8-block48x32 (dequantized at load)"
+    assert not any(isinstance(m, PackedLinear) for m in engine.runner.model.modules())
