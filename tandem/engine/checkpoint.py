@@ -60,11 +60,14 @@ def load_checkpoint(
     hf_config, arch = read_arch(path)
     max_model_len = served_context(arch, mc.max_model_len)
     tokenizer = _load_tokenizer(path)
-    # the native fused forward widens bf16 weights itself: no fp32 copies for torch's GEMMs
-    # (the model runner makes them if that path refuses the model after all)
-    model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
-                             fp32_shadows=not (native and device.type == "cpu"))
     packed = native and device.type == "cpu" and dtype == torch.float32
+    # the native fused forward widens bf16 weights itself: no fp32 copies for torch's GEMMs
+    # (the model runner makes them if that path refuses the model after all); an FP8
+    # checkpoint stays e4m3 for the kernels when its format is kept (auto, fp8) on one rank
+    model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
+                             fp32_shadows=not (native and device.type == "cpu"),
+                             native_layout=(packed and tp is None
+                                            and mc.quantization in ("auto", "fp8")))
     gguf = gguf_source(mc.model)
     shard, select = None, None
     if tp is not None:

@@ -34,7 +34,8 @@ class ModelConfig:
     seed: int = 0  # engine RNG for unseeded sampling
     cache_dir: str | None = None  # converted-weights cache (default ~/.cache/tandem)
     # auto (the checkpoint's own format) | none (dequantized) | int8 | int4 | fp8 (a checkpoint
-    # stored in FP8, dequantized at load) (tandem/engine/quant)
+    # stored in FP8: e4m3 in the native CPU kernels, dequantized at load elsewhere)
+    # (tandem/engine/quant)
     quantization: str = "auto"
 
     def __post_init__(self) -> None:

@@ -64,7 +64,8 @@ class CausalLM(nn.Module):
     # the loader read, e.g. "awq-int4-g128" (tandem/engine/quant/prequantized; set by load_model).
     quant_format: str = "none"
     # The format of a checkpoint whose weights were dequantized at load (an FP8 one:
-    # "fp8-block128x128"), None otherwise; --quantization fp8 requires one.
+    # "fp8-block128x128"), None otherwise; --quantization fp8 requires one, or an FP8
+    # quant_format (its linears kept in e4m3 for the native CPU kernels).
     dequantized_from: str | None = None
     # Calibrated fp8 KV scales the checkpoint carries, per layer (k_scale/v_scale), None
     # when it has none (tandem/engine/quant/kv_scales.py; set by load_model).

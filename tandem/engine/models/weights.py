@@ -9,7 +9,8 @@
 Tensors are streamed from safetensors and copied into our (fused) parameters layer by layer,
 with a progress bar; nothing is materialized twice, and each copy checks its shape. The
 linears of a pre-quantized checkpoint (tandem/engine/quant/prequantized) become Int4Linear /
-Int8Linear built from the stored values; an FP8 checkpoint's are dequantized into float
+Int8Linear built from the stored values; an FP8 checkpoint's become PackedLinear layers of
+e4m3 bytes for the native CPU kernels (``native_layout``), else are dequantized into float
 linears as they are copied (``PrequantizedFormat.float_weight``).
 """
 
@@ -77,6 +78,7 @@ def load_model(
     progress: bool = True,
     config: tuple[Any, ModelArch] | None = None,
     fp32_shadows: bool = True,
+    native_layout: bool = False,
 ) -> tuple[CausalLM, ModelArch]:
     """Instantiate our model for the checkpoint at ``path`` and load its weights.
 
@@ -86,17 +88,23 @@ def load_model(
     no float copy of them ever made; ``model.quant_format`` names the format ("none" if dense).
     ``config`` is ``read_arch(path)``'s result when the caller already has it.
     ``fp32_shadows``: give a CPU bf16 model's linears their fp32 copies for the torch path
-    (tandem/engine/models/linear.py); off where the native fused forward will serve it."""
+    (tandem/engine/models/linear.py); off where the native fused forward will serve it.
+    ``native_layout``: the native CPU kernels will serve this fp32 model, so a format with a
+    layout of its own there keeps it (an FP8 checkpoint's e4m3 linears: PackedLinear) instead
+    of being dequantized at load."""
     hf_config, arch = config or read_arch(path)
     spec = family(arch.model_type)
     plan = spec.plan(arch)
     fmt = detect_format(path)
+    if native_layout:
+        fmt = fmt.for_native_kernels()
     tensors = _open_tensors(path)
     cos, sin = rotary_tables(hf_config, max_positions)
     with torch.device("meta"):
         model = spec.model_class()(arch, cos, sin)
     linears = plan.linears()
-    quantized = {lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)}
+    quantized = {lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)
+                 and fmt.keeps(lin.module, model.get_submodule(lin.module).in_features)}
     absorbed = sorted(n for n in quantized if n.endswith(".kv_b_proj"))
     if absorbed:  # MLA's decode folds its rows into the queries (layers/mla.py)
         raise ModelLoadError(f"{absorbed[0]} is stored quantized ({fmt.label}): multi-head "
@@ -119,7 +127,7 @@ def load_model(
         model.kv_scales = read_kv_scales(tensors.names(), tensors.get, arch.num_layers)
     _check_all_used(tensors, spec.ignored_tensors, spec.extra_layers(hf_config))
     model.eval()
-    if fmt.dequantizes_at_load:
+    if fmt.dequantizes_at_load and not quantized:
         model.dequantized_from = fmt.label
         log.info("%s checkpoint: weights dequantized at load", fmt.label)
     if quantized:

@@ -214,6 +214,7 @@ inline void linear_tiled(const Lin& w, const float* x, int rows, float* y, int l
     case 4: linear_tiled_kind<4>(w, x, rows, y, ldy, accumulate, threads); break;
     case 5: linear_tiled_kind<5>(w, x, rows, y, ldy, accumulate, threads); break;
     case 6: linear_tiled_kind<6>(w, x, rows, y, ldy, accumulate, threads); break;
+    case 7: linear_tiled_kind<7>(w, x, rows, y, ldy, accumulate, threads); break;
     default: linear_tiled_kind<3>(w, x, rows, y, ldy, accumulate, threads); break;
   }
 }
@@ -228,6 +229,7 @@ inline void lin_row(const Lin& w, int64_t n, float* dst) {
     case 4: dequant_groups<4>(w, row, 0, g, dst); break;
     case 5: dequant_groups<5>(w, row, 0, g, dst); break;
     case 6: dequant_groups<6>(w, row, 0, g, dst); break;
+    case 7: dequant_groups<7>(w, row, 0, g, dst); break;
     default: dequant_groups<3>(w, row, 0, g, dst); break;
   }
 }

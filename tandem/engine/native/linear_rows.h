@@ -1,5 +1,5 @@
 // A linear layer for a few activation rows (decodes, speculative verification): quantizes the
-// activations once (unless the weights are floats), then picks the loop for the weight kind
+// activations once (unless the weights are floats or FP8), then picks the loop for the weight kind
 // and the row count (dot_rows.h, dot_rows512.h) and splits the output rows over OpenMP
 // threads. Steps of 8 or more rows take the tiled GEMM instead (gemm_tiled.h's linear()).
 #pragma once
@@ -11,6 +11,7 @@
 
 #include "dot_rows.h"
 #include "dot_rows512.h"
+#include "fp8_weights.h"
 #include "quant_linear.h"
 
 namespace tnd {
@@ -19,7 +20,14 @@ namespace tnd {
 template <int Kind>
 inline void dot_block(const Lin& w, int n, const float* xf, const QuantRows& x, int r0, int cnt,
                       float* out) {
-  if constexpr (float_kind(Kind)) {
+  if constexpr (Kind == KIND_FP8) {
+    switch (cnt) {
+      case 1: dot_rows_fp8<1>(w, n, xf, w.k, r0, out); break;
+      case 2: dot_rows_fp8<2>(w, n, xf, w.k, r0, out); break;
+      case 3: dot_rows_fp8<3>(w, n, xf, w.k, r0, out); break;
+      default: dot_rows_fp8<4>(w, n, xf, w.k, r0, out); break;
+    }
+  } else if constexpr (float_kind(Kind)) {
     switch (cnt) {
       case 1: dot_rows_f32<Kind, 1>(w, n, xf, w.k, r0, out); break;
       case 2: dot_rows_f32<Kind, 2>(w, n, xf, w.k, r0, out); break;
@@ -109,6 +117,7 @@ inline void linear_rows(const Lin& w, const float* x, int rows, QuantRows& scrat
     case 4: linear_kind<4>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 5: linear_kind<5>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     case 6: linear_kind<6>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
+    case 7: linear_kind<7>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
     default: linear_kind<3>(w, x, scratch, rows, y, ldy, accumulate, threads); break;
   }
 }

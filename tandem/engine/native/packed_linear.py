@@ -3,7 +3,9 @@
     GGUF Q4_1 / Q4_0 blocks ─┐                      q     d      m       w[n, k]
     GGUF Q8_0 blocks ────────┼─> PackedLinear   Q4: nibbles fp16  fp16    d * q + m
     Int4Linear (any group) ──┤   (kind, q, d, m) Q8: int8    fp16  -       d * q   (groups of 32)
-    Int8Linear ──────────────┘                  I8: int8    fp32 [N] -   d * q   (per row)
+    Int8Linear ──────────────┤                  I8: int8    fp32 [N] -   d * q   (per row)
+    FP8 checkpoint linears ──┘                  F8: e4m3    fp32 [R, K] int32 [N]
+                                                    e4m3(q) * d[m[n], k] / 256 (fp8_weights.h)
 
 ``forward`` runs tandem/engine/native's ``tnd_linear`` for any number of rows (few-row integer loops
 or the tiled fp32 path, linear_rows.h / gemm_tiled.h); the fused forward reads the same
@@ -30,6 +32,11 @@ KIND_Q4_F32, KIND_Q8_ROW, KIND_Q4_F16, KIND_F32, KIND_Q8_F16 = 0, 1, 2, 3, 4
 # A float model's own weights, read in place (fused_forward.NativeLinear): fp32, or bf16/fp16
 # rows widened to fp32 in registers (quant_linear.h kinds 5, 6); activations stay fp32.
 KIND_BF16, KIND_F16 = 5, 6
+# An FP8 checkpoint's e4m3 weights with their block scales (fp8_weights.h), fp32 activations.
+KIND_FP8 = 7
+# The kernels widen an e4m3 byte to its value times 2^-8 (through fp16): the scale rows hold
+# the scales times 2^8 (exact).
+FP8_SCALE_SHIFT = 256.0
 FLOAT_KINDS = {torch.float32: KIND_F32, torch.bfloat16: KIND_BF16, torch.float16: KIND_F16}
 _F = ctypes.POINTER(ctypes.c_float)
 _U8 = ctypes.POINTER(ctypes.c_uint8)
@@ -123,6 +130,19 @@ class PackedLinear(nn.Module):
         return cls(KIND_Q8_ROW, layer.out_features, layer.in_features, layer.qweight,
                    layer.scale.float(), None, layer.bias, "int8 (per row)")
 
+    @classmethod
+    def from_fp8(cls, q: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor, block_k: int,
+                 bias: torch.Tensor | None = None) -> PackedLinear:
+        """FP8 weights as stored: ``q`` ``[N, K]`` uint8 (float8_e4m3fn codes, no NaN),
+        ``scale`` ``[R, ceil(K / block_k)]`` fp32 block scales (below 2^120), ``rows`` ``[N]``
+        the scale row of each weight row: ``w[n, k] = e4m3(q[n, k]) * scale[rows[n], k //
+        block_k]``. Each scale row is widened to one scale per input (4 bytes per input and
+        scale row: ``4 / bn`` bytes per weight in blocks of ``bn`` rows)."""
+        n, k = q.shape
+        d = (scale.float() * FP8_SCALE_SHIFT).repeat_interleave(block_k, dim=1)[:, :k]
+        fmt = f"fp8 e4m3 ({'per tensor' if block_k == k else f'{block_k}-input blocks'})"
+        return cls(KIND_FP8, n, k, q.view(torch.uint8), d, rows.to(torch.int32), bias, fmt)
+
     # -- use -----------------------------------------------------------------------------------
     def struct(self) -> LinStruct:
         """The ``tnd::Lin`` pointing at this module's buffers (rebuilt if they moved)."""
@@ -141,6 +161,9 @@ class PackedLinear(nn.Module):
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows ``rows`` of the fp32 weight: ``[len(rows), K]``."""
         n, g = rows.numel(), self.in_features // QK
+        if self.kind == KIND_FP8:  # the scale shift undone exactly (a power of two)
+            scale = self.d[self.m[rows].long()] / FP8_SCALE_SHIFT
+            return self.q[rows].view(torch.float8_e4m3fn).float() * scale
         if self.kind in (KIND_Q4_F16, KIND_Q4_F32):
             nib = self.q[rows]  # [n, G, 16]
             q = torch.cat([nib & 0x0F, nib >> 4], dim=-1).float()  # [n, G, 32]

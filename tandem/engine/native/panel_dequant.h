@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "fp8_weights.h"
 #include "quant_linear.h"
 
 namespace tnd {
@@ -24,10 +25,13 @@ namespace tnd {
 constexpr int PANEL_N = 16;   // weight rows per panel (two vectors of outputs)
 constexpr int PANEL_K = 256;  // inputs per panel: 16 KB of floats, in L1
 
-// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied; kinds 5 and 6: widened).
+// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied; kinds 5 and 6: widened;
+// kind 7: widened and scaled).
 template <int Kind>
 inline void dequant_groups(const Lin& w, int n, int g0, int g1, float* dst) {
-  if constexpr (Kind == 3) {
+  if constexpr (Kind == KIND_FP8) {
+    dequant_fp8(w, n, g0 * QK, g1 * QK, dst);
+  } else if constexpr (Kind == 3) {
     const float* src = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
     std::copy(src + g0 * QK, src + g1 * QK, dst);
   } else if constexpr (Kind == 5 || Kind == 6) {

@@ -13,6 +13,9 @@
 //   kind 5, bf16 rows: q [N, K] bf16 (a bf16 model's own weight), widened in registers (a
 //           16-bit shift); activations stay fp32, as for kind 3.
 //   kind 6, fp16 rows: q [N, K] fp16 (an fp16 model's own weight), widened with F16C.
+//   kind 7, FP8 rows: q [N, K] e4m3 bytes (an FP8 checkpoint's own weight), d its block
+//           scales as rows [R, K] (times 256), m [N] int32 the scale row of each weight row;
+//           w = e4m3 * scale, widened in registers (fp8_weights.h); activations stay fp32.
 // For kinds 0, 1, 2 and 4 the few-row loops quantize activations to int16 in groups of 32 and
 // run the products on integers; the tiled GEMM widens the weights to fp32 instead
 // (panel_dequant.h). This header also sets the build's ISA switches (TND_AVX512,
@@ -42,17 +45,17 @@ constexpr int QK = 32;  // quantization group (weights and activations)
 
 struct Lin {
   int32_t kind;  // 0 = Q4 groups, 1 = Q8 rows, 2 = Q4 groups with fp16 d and m, 3 = fp32,
-                 // 4 = Q8 groups with fp16 d, 5 = bf16, 6 = fp16
+                 // 4 = Q8 groups with fp16 d, 5 = bf16, 6 = fp16, 7 = FP8 (e4m3)
   int32_t n, k;
   const uint8_t* q;
   const float* d;
-  const float* m;     // Q4 only (kinds 0 and 2; fp16 for kind 2, as d)
+  const float* m;     // Q4 (kinds 0 and 2; fp16 for kind 2, as d); kind 7: int32 scale rows
   const float* bias;  // may be null
 };
 
-// Kinds whose weights are floats (fp32, bf16, fp16): activations stay fp32, nothing is
+// Kinds whose weights are floats (fp32, bf16, fp16, FP8): activations stay fp32, nothing is
 // quantized.
-constexpr bool float_kind(int kind) { return kind == 3 || kind == 5 || kind == 6; }
+constexpr bool float_kind(int kind) { return kind == 3 || kind == 5 || kind == 6 || kind == 7; }
 
 // Weight type of a float kind.
 template <int Kind> struct FloatWeight { using T = float; };

@@ -7,8 +7,9 @@
     int4   decoder linears in groups of 32 (a GGUF's own Q4_1 blocks where it has them, else
            min/max of the float weights); lm_head int8
     fp8    a checkpoint stored in FP8 (quant_method fp8: tandem/engine/quant/prequantized/
-           fp8.py), its weights dequantized at load; refused for any other checkpoint (no
-           online FP8 quantization). auto and none load such a checkpoint the same way.
+           fp8.py), kept in e4m3 for the native CPU kernels of an fp32 model (PackedLinear),
+           dequantized at load elsewhere; refused for any other checkpoint (no online FP8
+           quantization). auto loads such a checkpoint the same way; none dequantizes it.
 
 On the CPU with the native kernels (fp32 activations), every quantized layer is a
 PackedLinear: the kernels' layout is the one copy of its weights. Elsewhere (CUDA, no
@@ -35,6 +36,7 @@ from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.linear import Linear
 from tandem.engine.quant.int4 import GROUP_SIZE, Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
+from tandem.engine.quant.prequantized.fp8 import NAME as FP8_NAME
 
 if TYPE_CHECKING:
     from tandem.engine.quant.gguf_blocks import Blocks
@@ -75,7 +77,9 @@ def quantize_model(
         raise ValueError(f"quantization must be one of {QUANT_METHODS}, got {method!r}")
     summary = QuantSummary(method)
     source = model.dequantized_from  # an FP8 checkpoint's format, its weights now float
-    if method == "fp8" and source is None:
+    # an FP8 checkpoint kept in e4m3 for the native kernels (load_model's native_layout)
+    kept = getattr(model, "quant_format", "none").startswith(FP8_NAME + "-")
+    if method == "fp8" and source is None and not kept:
         raise ModelLoadError(
             "--quantization fp8 loads checkpoints stored in FP8 (quantization_config."
             "quant_method fp8); this one is not (online FP8 quantization is not supported: "
@@ -144,12 +148,19 @@ def _prequantized(model: CausalLM, method: str, packed: bool,
     prequantized): ``auto`` keeps its layers (packed for the native kernels), ``none``
     dequantizes them, int4/int8 are refused (they would quantize twice)."""
     fmt = model.quant_format
+    if method == "fp8":  # a checkpoint kept in FP8 (its PackedLinear layers): as auto
+        method = "auto"
     if method in ("int4", "int8"):
         raise ModelLoadError(
             f"the checkpoint is already quantized ({fmt}); --quantization {method} would "
             "quantize it again: use auto (keep its format) or none (dequantize it)")
     if packed:
-        from tandem.engine.native.packed_linear import PackedLinear
+        from tandem.engine.native.packed_linear import KIND_FP8, PackedLinear
+
+        # an FP8 checkpoint's linears, built in the kernels' layout at load
+        kept = sum(isinstance(m, PackedLinear) and m.kind == KIND_FP8 for m in model.modules())
+        if kept:
+            summary.counts[fmt] += kept
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, Int4Linear | Int8Linear)]
     with torch.no_grad():
         for name, lin in layers:

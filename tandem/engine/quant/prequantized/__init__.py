@@ -4,7 +4,7 @@
       "awq"                 -> AwqFormat                 awq.py
       "gptq"                -> GptqFormat                gptq.py
       "compressed-tensors"  -> CompressedTensorsFormat   compressed_tensors.py
-      "fp8"                 -> Fp8Format                 fp8.py (dequantized at load)
+      "fp8"                 -> Fp8Format                 fp8.py
       absent                -> DENSE (nothing quantized; quantized-looking tensors are refused)
       anything else         -> ModelLoadError naming it and what is supported
 
@@ -12,8 +12,9 @@ Older AutoGPTQ / AutoAWQ exports keep the settings in ``quantize_config.json`` /
 ``quant_config.json`` beside config.json; those are read too. Each integer format unpacks a
 linear's tensors into ``(q, scale, zero)`` (int4) or ``(q, scale)`` (int8) in our convention
 (``unpacked.py``); tandem/engine/models/weights.py builds the layers straight from them, never
-through float weights. FP8 is the exception: its weights are dequantized at load
-(``float_weight``) and the model holds float linears.
+through float weights. FP8 keeps its e4m3 bytes and scales (``Fp8Weight``) for the native CPU
+kernels of an fp32 model (``for_native_kernels``) and is dequantized at load (``float_weight``)
+everywhere else.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tandem.engine.quant.prequantized.compressed_tensors import CompressedTensor
 from tandem.engine.quant.prequantized.fp8 import Fp8Format
 from tandem.engine.quant.prequantized.gptq import GptqFormat
 from tandem.engine.quant.prequantized.unpacked import (
+    Fp8Weight,
     Int4Weight,
     Int8Weight,
     QuantizedWeight,
@@ -88,6 +90,7 @@ __all__ = [
     "AwqFormat",
     "CompressedTensorsFormat",
     "Fp8Format",
+    "Fp8Weight",
     "GptqFormat",
     "Int4Weight",
     "Int8Weight",

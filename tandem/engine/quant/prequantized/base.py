@@ -23,7 +23,7 @@ SUPPORTED = (
     "compressed-tensors (weight-only: pack-quantized int4 group 32/64/128 sym or asym, "
     "int8 per channel in pack-quantized, int-quantized or naive-quantized); "
     "fp8 (e4m3, per-tensor weight_scale or block-wise weight_scale_inv, dynamic activations; "
-    "dequantized at load)"
+    "kept in e4m3 for the native CPU kernels of an fp32 model, dequantized at load elsewhere)"
 )
 # Tensor suffixes that only quantized checkpoints hold.
 _QUANTIZED_SUFFIXES = (".qweight", ".weight_packed", ".weight_scale")
@@ -73,6 +73,18 @@ class PrequantizedFormat(ABC):
     def unpack(self, prefix: str, tensors: TensorSource) -> QuantizedWeight:
         """The quantized linear at ``prefix`` in our convention; raises ModelLoadError."""
 
+    def for_native_kernels(self) -> PrequantizedFormat:
+        """This format as read for the native CPU kernels of an fp32 model: one that has a
+        layout of its own there (FP8) keeps its linears in it rather than dequantizing them;
+        the others are read the same way everywhere."""
+        return self
+
+    def keeps(self, module: str, in_features: int) -> bool:
+        """Whether our linear ``module`` (``layers.0.mlp.down_proj``), stored quantized,
+        stays quantized; False: ``float_weight`` dequantizes it (only a format that can,
+        FP8, answers False)."""
+        return True
+
     @property
     def split_group(self) -> int | None:
         """The input columns one scale covers, which a tensor-parallel split of a row-parallel
@@ -81,8 +93,9 @@ class PrequantizedFormat(ABC):
 
     @property
     def dequantizes_at_load(self) -> bool:
-        """Whether the format's weights become float at load (``float_weight``) rather than
-        quantized layers (``unpack``)."""
+        """Whether the format's stored weights become float at load (``float_weight``)
+        rather than quantized layers (``unpack``): all of them, or those it does not keep
+        (``for_native_kernels``, ``keeps``)."""
         return False
 
     def float_weight(self, prefix: str, tensors: TensorSource) -> torch.Tensor:

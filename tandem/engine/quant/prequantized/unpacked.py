@@ -2,8 +2,10 @@
 
     Int4Weight   w[n, k] = (q[n, k] - 8) * scale[n, k // g] + zero[n, k // g]   -> Int4Linear
     Int8Weight   w[n, k] = q[n, k] * scale[n]                                   -> Int8Linear
+    Fp8Weight    w[n, k] = e4m3(q[n, k]) * scale[rows[n], k // block_k]         -> PackedLinear
+                                                          (kind 7, the native CPU kernels)
 
-Each format's reader (awq.py, gptq.py, compressed_tensors.py) returns one of these per
+Each format's reader (awq.py, gptq.py, compressed_tensors.py, fp8.py) returns one of these per
 checkpoint linear; a fused layer (q/k/v, gate/up) is the row concatenation of its parts, each
 part keeping its own groups.
 """
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from tandem.engine.errors import ModelLoadError
 from tandem.engine.quant.int4 import Int4Linear
@@ -89,7 +92,24 @@ class Int8Weight:
         return self.q.float() * self.scale[:, None]
 
 
-QuantizedWeight = Int4Weight | Int8Weight
+@dataclass(frozen=True, slots=True)
+class Fp8Weight:
+    """FP8 weights as an FP8 checkpoint stores them: e4m3 bytes and a grid of block scales,
+    each weight row pointing at its row of the grid (a fused layer's parts keep their own)."""
+
+    q: torch.Tensor  # [N, K] uint8: float8_e4m3fn codes
+    scale: torch.Tensor  # [R, ceil(K / block_k)] fp32
+    rows: torch.Tensor  # [N] int32: the scale row of each weight row
+    block_k: int  # inputs per scale (K for a per-tensor scale)
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] fp32
+        """The weight these values stand for: ``e4m3 * scale`` rounded once to fp32."""
+        k = self.q.shape[1]
+        wide = self.scale.repeat_interleave(self.block_k, dim=1)[:, :k]
+        return self.q.view(torch.float8_e4m3fn).float() * wide[self.rows.long()]
+
+
+QuantizedWeight = Int4Weight | Int8Weight | Fp8Weight
 
 
 def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
@@ -107,6 +127,14 @@ def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
             torch.cat([p.zero for p in int4]),
             first.group_size,
         )
+    if isinstance(first, Fp8Weight):
+        fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
+        if len(fp8) != len(parts) or len({(p.q.shape[1], p.block_k) for p in fp8}) > 1:
+            raise ModelLoadError("the parts of a fused linear layer are quantized differently")
+        offsets = torch.tensor([0, *(p.scale.shape[0] for p in fp8[:-1])]).cumsum(0).tolist()
+        return Fp8Weight(torch.cat([p.q for p in fp8]), torch.cat([p.scale for p in fp8]),
+                         torch.cat([p.rows + off for p, off in zip(fp8, offsets, strict=True)]),
+                         first.block_k)
     int8 = [p for p in parts if isinstance(p, Int8Weight)]
     if len(int8) != len(parts):
         raise ModelLoadError("the parts of a fused linear layer are quantized differently")
@@ -115,9 +143,15 @@ def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
 
 def build_linear(
     w: QuantizedWeight, bias: torch.Tensor | None, device: torch.device
-) -> Int4Linear | Int8Linear:
+) -> nn.Module:
     """The layer for ``w``, its buffers made on ``device`` (so only a CPU layer builds the
-    CPU kernel's pack)."""
+    CPU kernel's pack); FP8 weights are kept for the native CPU kernels only."""
+    if isinstance(w, Fp8Weight):
+        if device.type != "cpu":
+            raise ModelLoadError(f"FP8 weights are kept as e4m3 on the CPU only, not {device}")
+        from tandem.engine.native.packed_linear import PackedLinear
+
+        return PackedLinear.from_fp8(w.q, w.scale, w.rows, w.block_k, bias)
     b = None if bias is None else bias.to(device)
     if isinstance(w, Int4Weight):
         return Int4Linear(

@@ -167,7 +167,8 @@ def test_the_variants_agree(rows: int) -> None:
             assert rel < 1e-6, (qtype, rel)
 
 
-KERNEL_TESTS = ["test_kernels.py", "test_fused_forward.py", "test_fused_16bit.py"]
+KERNEL_TESTS = ["test_kernels.py", "test_fused_forward.py", "test_fused_16bit.py",
+                "test_fused_fp8.py"]
 
 
 @pytest.mark.parametrize("isa", sorted(VARIANTS))

@@ -1,10 +1,12 @@
-"""FP8 checkpoints (``quant_method: fp8``) load dequantized, exactly, and strictly.
+"""FP8 checkpoints (``quant_method: fp8``) load exactly and strictly: dequantized, or kept in
+e4m3 for the native CPU kernels.
 
 Checkpoints are written by tandem/engine/testing/fp8_checkpoint.py from a tiny perturbed
 model: e4m3 weights with one ``weight_scale`` per tensor, or block-wise ``weight_scale_inv``
 in blocks that do not divide the weights (partial edge blocks). Every loaded linear must equal
-the format's reference ``weight.float() * scale`` bit for bit, and the engine's greedy output
-must equal transformers' ``generate()`` on a float checkpoint holding those reference weights.
+the format's reference ``weight.float() * scale`` bit for bit (a kept one: what its bytes and
+scales stand for), and the engine's greedy output must equal transformers' ``generate()`` on
+a float checkpoint holding those reference weights.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from tandem.engine.errors import ModelLoadError
 from tandem.engine.models.weights import load_model
+from tandem.engine.native import load as native_lib
+from tandem.engine.native.packed_linear import KIND_FP8, PackedLinear
 from tandem.engine.quant.prequantized import Fp8Format, format_from_config
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.testing import make_tiny_checkpoint
@@ -60,6 +64,17 @@ def test_layers_equal_the_reference_dequantization(fp8_pair, kind: str) -> None:
         for ours, parts in FUSED.items():
             want = torch.cat([ref[f"model.layers.{i}.{p}"] for p in parts])
             assert torch.equal(layer.get_submodule(ours).weight, want), (i, ours)
+    # kept for the native CPU kernels: e4m3 bytes and scales standing for the same weights
+    kept = load_model(qdir, torch.float32, CPU, 256, progress=False, native_layout=True)[0]
+    assert kept.quant_format == model.dequantized_from and kept.dequantized_from is None
+    for i, layer in enumerate(kept.layers):
+        for ours, parts in FUSED.items():
+            lin = layer.get_submodule(ours)
+            assert isinstance(lin, PackedLinear) and lin.kind == KIND_FP8, (i, ours)
+            assert lin.q.element_size() == 1
+            want = torch.cat([ref[f"model.layers.{i}.{p}"] for p in parts])
+            assert torch.equal(lin.dequantize(), want), (i, ours)
+    assert type(kept.lm_head) is type(model.lm_head)  # stored in float: loaded as it is
 
 
 @pytest.mark.parametrize("kind,arch", [("tensor", "llama"), ("block48x32", "llama"),
@@ -70,9 +85,14 @@ def test_engine_greedy_equals_transformers_on_the_dequantized_weights(
     qdir, refdir, _ = fp8_pair(kind, arch)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     prompts = [[5, 17, 33, 101, 7], list(range(40, 90))]
-    for quantization in ("fp8", "auto"):
+    label = "fp8-tensor" if kind == "tensor" else "fp8-block48x32"
+    for quantization in ("fp8", "auto", "none"):
         engine = make_engine(model=str(qdir), num_blocks=32, quantization=quantization)
-        assert engine.weights_format.endswith("(dequantized at load)")
+        # fp32 on the CPU: kept in e4m3 where the native kernels run (fp8, auto)
+        if native_lib() is not None and quantization != "none":
+            assert engine.weights_format.startswith(f"{label} x"), engine.weights_format
+        else:
+            assert engine.weights_format == f"{label} (dequantized at load)"
         got = engine_token_ids(engine, prompts, params)
         assert got == [hf_greedy(refdir, p, 10) for p in prompts]
 
@@ -128,6 +148,18 @@ def test_loading_is_strict(fp8_pair, tmp_path: Path) -> None:
     # block scales without weight_block_size
     with pytest.raises(ModelLoadError, match="without weight_block_size"):
         load(_rewrite(block, tmp_path / "e", edit_qc=lambda qc: qc.pop("weight_block_size")))
+    # a NaN code in an e4m3 weight (the kernels have no NaN); a scale that is not finite
+    def nan(state: dict) -> None:
+        state[Q + ".weight"].view(torch.uint8)[3, 5] = 0xFF
+
+    for native in (False, True):
+        with pytest.raises(ModelLoadError, match="holds NaN"):
+            load_model(_rewrite(tensor, tmp_path / f"h{native}", nan), torch.float32, CPU, 256,
+                       progress=False, native_layout=native)
+        with pytest.raises(ModelLoadError, match="not finite"):
+            load_model(_rewrite(block, tmp_path / f"i{native}", lambda s: s[
+                Q + ".weight_scale_inv"].__setitem__((0, 0), float("inf"))),
+                torch.float32, CPU, 256, progress=False, native_layout=native)
     # an fp8 tensor outside a linear (no scale applies to it)
     with pytest.raises(ModelLoadError, match="no scale applies"):
         load(_rewrite(tensor, tmp_path / "f", lambda s: s.update(

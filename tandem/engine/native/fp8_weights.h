@@ -1,0 +1,126 @@
+// FP8 weights (kind 7 of quant_linear.h): a checkpoint's e4m3 bytes, one per weight, widened
+// to fp32 in registers and multiplied by their block's scale, in the few-row loop
+// (dot_rows_fp8, fp32 activations as for the float kinds) and in the tiled GEMM's panels
+// (dequant_fp8).
+//
+//   q  [N, K] e4m3 bytes (float8_e4m3fn: sign, 4 exponent bits of bias 7, 3 mantissa bits)
+//   d  [R, K] fp32 scale rows: row r holds, for every input k, the scale of block (r, k / bk)
+//      times 256 (a per-tensor scale is one row of one value)
+//   m  [N] int32 (through Lin's float pointer): the scale row of each weight row, so a fused
+//      layer's parts (q/k/v, gate/up) keep their own blocks and scales
+//   w[n, k] = e4m3(q[n, k]) * d[m[n], k] / 256
+//
+// Widening: e4m3 byte s.eeee.mmm placed in an fp16 as s.0eeee.mmm0000000 is the same value
+// times 2^-8 (fp16's exponent bias is 15, e4m3's 7; a subnormal's mantissa lands on fp16's
+// subnormal mantissa, so subnormals too), and F16C widens that exactly whatever MXCSR's
+// denormal flags say. The 2^8 lives in the scale rows (exact: a power of two), so each weight
+// is e4m3 * scale rounded once to fp32, the float the torch path's dequantization computes.
+// The two NaN codes (0x7F, 0xFF) would read as +-480 * scale: packed_linear.py refuses them.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant_linear.h"
+#include "vec_math.h"
+
+namespace tnd {
+
+constexpr int KIND_FP8 = 7;
+
+// Bytes of q ahead of the one being read that a weight row's loop prefetches.
+constexpr int FP8_PREFETCH_BYTES = 512;
+
+// 16 e4m3 bytes as the fp16 codes of their values times 2^-8 (16 lanes of 16 bits).
+inline __m256i e4m3_to_f16_bits(__m128i bytes) {
+  const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 7);  // sign now at bit 14
+  return _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));  // ... at 15
+}
+
+// Weights p[0..16) times their scale rows' s[0..16): two vectors of 8 floats.
+inline void fp8_load16(const uint8_t* p, const float* s, __m256& lo, __m256& hi) {
+  const __m256i h = e4m3_to_f16_bits(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(s));
+  hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_loadu_ps(s + 8));
+}
+
+#if TND_FEW_ROWS_512
+// The same, 16 weights in one 512-bit register.
+inline __m512 fp8_load16_512(const uint8_t* p, const float* s) {
+  const __m256i h = e4m3_to_f16_bits(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_loadu_ps(s));
+}
+#endif
+
+// The scale row (times 256) of weight row n.
+inline const float* fp8_scales(const Lin& w, int n) {
+  const int32_t row = reinterpret_cast<const int32_t*>(w.m)[n];
+  return w.d + static_cast<size_t>(row) * w.k;
+}
+
+// out[i] = w[n] . x[r0 + i] for i < R (1-4 fp32 activation rows, `ldx` floats apart). K is
+// a multiple of 32: 32 weights a step, four independent FMA chains a row (two in the 512-bit
+// build), as dot_rows_f32 does for the float kinds.
+template <int R>
+inline void dot_rows_fp8(const Lin& w, int n, const float* x, int ldx, int r0, float* out) {
+  const uint8_t* wr = w.q + static_cast<size_t>(n) * w.k;
+  const float* s = fp8_scales(w, n);
+  const float* xr[R];
+  for (int i = 0; i < R; ++i) xr[i] = x + static_cast<size_t>(r0 + i) * ldx;
+#if TND_FEW_ROWS_512
+  __m512 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int j = 0; j < w.k; j += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(wr + j + FP8_PREFETCH_BYTES), _MM_HINT_T0);
+    const __m512 w0 = fp8_load16_512(wr + j, s + j), w1 = fp8_load16_512(wr + j + 16, s + j + 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      acc[i][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr[i] + j), acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr[i] + j + 16), acc[i][1]);
+    }
+  }
+  for (int i = 0; i < R; ++i) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+#else
+  __m256 acc[R][4];
+  for (int i = 0; i < R; ++i) {
+    for (int u = 0; u < 4; ++u) acc[i][u] = _mm256_setzero_ps();
+  }
+  for (int j = 0; j < w.k; j += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(wr + j + FP8_PREFETCH_BYTES), _MM_HINT_T0);
+    __m256 wv[4];
+    fp8_load16(wr + j, s + j, wv[0], wv[1]);
+    fp8_load16(wr + j + 16, s + j + 16, wv[2], wv[3]);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      for (int u = 0; u < 4; ++u) {
+        acc[i][u] = _mm256_fmadd_ps(wv[u], _mm256_loadu_ps(xr[i] + j + 8 * u), acc[i][u]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    out[i] = hsum(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]),
+                                _mm256_add_ps(acc[i][2], acc[i][3])));
+  }
+#endif
+}
+
+// Inputs [k0, k1) of weight row n as floats in dst (k0 and k1 multiples of 32): the tiled
+// GEMM's panels and the embedding rows of lin_row.
+inline void dequant_fp8(const Lin& w, int n, int k0, int k1, float* dst) {
+  const uint8_t* wr = w.q + static_cast<size_t>(n) * w.k;
+  const float* s = fp8_scales(w, n);
+  for (int j = k0; j < k1; j += 16) {
+#if TND_FEW_ROWS_512
+    _mm512_storeu_ps(dst + (j - k0), fp8_load16_512(wr + j, s + j));
+#else
+    __m256 lo, hi;
+    fp8_load16(wr + j, s + j, lo, hi);
+    _mm256_storeu_ps(dst + (j - k0), lo);
+    _mm256_storeu_ps(dst + (j - k0) + 8, hi);
+#endif
+  }
+}
+
+}  // namespace tnd

@@ -1,0 +1,128 @@
+"""FP8 checkpoints on the fused native CPU forward, their linears kept in e4m3 (PackedLinear
+kind 7), against the torch path over the same checkpoint dequantized at load.
+
+The kernels use the dequantized weights bit for bit (tests/unit/engine/native/
+test_fp8_kernel.py) with fp32 activations, as the torch path over the dequantized fp32 model
+does: only the summation order of the matmuls and the attention differs (~1e-7 relative per
+op): logits measured 4e-7 to 8e-7 apart (relative) on these tiny models, bounded here by
+1e-5, and greedy tokens equal. The
+checkpoints are tandem/engine/testing/fp8_checkpoint.py's: per-tensor scales, and blocks that
+divide the layers or leave partial edge blocks (48 x 32, 40 x 96).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tandem.engine import SamplingParams
+from tandem.engine.attention import AttentionMetadata
+from tandem.engine.attention.torch_backend import TorchAttentionBackend
+from tandem.engine.models.weights import load_model
+from tandem.engine.native import load
+from tandem.engine.native.packed_linear import KIND_FP8, PackedLinear
+from tandem.engine.testing import make_tiny_checkpoint
+from tandem.engine.testing.fp8_checkpoint import write_fp8
+from tests.unit.engine._reference import engine_token_ids
+
+pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
+
+CPU = torch.device("cpu")
+BLOCKS = {"tensor": None, "block48x32": (48, 32), "block40x96": (40, 96)}
+
+
+@pytest.fixture(scope="module")
+def fp8_dir(tmp_path_factory: pytest.TempPathFactory):
+    """``fp8_dir(kind, arch)``: a tiny checkpoint written in FP8 with ``BLOCKS[kind]``."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(kind: str, arch: str = "llama") -> Path:
+        if (kind, arch) not in made:
+            root = tmp_path_factory.mktemp(f"fp8-{kind}-{arch}")
+            dense = make_tiny_checkpoint(root / "dense", arch=arch, hidden_size=128)
+            write_fp8(dense, root / "fp8", BLOCKS[kind])
+            made[kind, arch] = root / "fp8"
+        return made[kind, arch]
+
+    return get
+
+
+def _torch_forward(model, ids, positions, table, kv, bs) -> torch.Tensor:  # noqa: ANN001
+    t = len(ids)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor([0, t], dtype=torch.int32),
+        seq_lens=torch.tensor([positions[-1] + 1], dtype=torch.int32),
+        block_tables=torch.tensor([table], dtype=torch.int32),
+        slot_mapping=torch.tensor([table[p // bs] * bs + p % bs for p in positions]),
+        query_lens_cpu=[t], seq_lens_cpu=[positions[-1] + 1], num_decodes=int(t == 1),
+        block_size=bs,
+    )
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.tensor(positions), kv, meta,
+                       TorchAttentionBackend())
+        return model.compute_logits(hidden)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("kind,arch", [("tensor", "llama"), ("block48x32", "llama"),
+                                       ("block40x96", "qwen3"), ("tensor", "qwen2")])
+def test_fused_fp8_matches_the_dequantized_torch_path(make_engine, fp8_dir, kind, arch):
+    qdir = fp8_dir(kind, arch)
+    engine = make_engine(model=str(qdir), num_blocks=40, block_size=4, quantization="fp8")
+    runner = engine.runner
+    assert runner.fused is not None
+    kept = [m for m in runner.model.modules() if isinstance(m, PackedLinear)]
+    assert len(kept) == 4 * runner.model.arch.num_layers  # qkv, o, gate_up, down
+    assert all(m.kind == KIND_FP8 and m.q.dtype == torch.uint8 for m in kept)
+    ref = load_model(qdir, torch.float32, CPU, 256, progress=False)[0]  # dequantized at load
+    assert ref.dequantized_from is not None
+    bs = runner.block_size
+    kv_nat, kv_ref = torch.zeros_like(runner.kv_cache), torch.zeros_like(runner.kv_cache)
+    g = torch.Generator().manual_seed(7)
+    table = list(range(39, 39 - 18, -1))  # 18 blocks, descending ids: positions 0..71
+    # a 40-row prefill chunk (tiled GEMM), a chunk of 9, three one-row decodes, a 3-row step
+    steps = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (40, 9, 1, 1, 1, 3)]
+    pos = 0
+    for i, ids in enumerate(steps):
+        positions = list(range(pos, pos + len(ids)))
+        nat = runner.fused(ids, positions, [0] * len(ids), [table], kv_nat, range(len(ids)))
+        want = _torch_forward(ref, ids, positions, table, kv_ref, bs)
+        assert _rel(nat, want) < 1e-5, (i, _rel(nat, want))
+        assert torch.equal(nat.argmax(-1), want.argmax(-1)), i
+        pos += len(ids)
+    assert _rel(kv_nat, kv_ref) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["tensor", "block48x32"])
+def test_engine_greedy_fp8_kept_equals_dequantized_at_load(make_engine, fp8_dir, kind):
+    """Whole engine runs, batched (prefill chunks and decodes fused), give the tokens of the
+    torch path over the checkpoint dequantized at load; the kept model holds about a quarter
+    of the dequantized linears' bytes."""
+    qdir = str(fp8_dir(kind))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 40, 17)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    fp8 = make_engine(model=qdir, num_blocks=64, quantization="fp8")
+    assert fp8.runner.fused is not None
+    ref = make_engine(model=qdir, num_blocks=64, quantization="fp8", use_native_kernels=False)
+    assert ref.runner.fused is None and ref.weights_format.endswith("(dequantized at load)")
+    assert engine_token_ids(fp8, prompts, params) == engine_token_ids(ref, prompts, params)
+    kept = [m for m in fp8.runner.model.modules() if isinstance(m, PackedLinear)]
+    float_bytes = sum(4 * m.out_features * m.in_features for m in kept)
+    kept_bytes = sum(m.weight_bytes() for m in kept)
+    assert kept_bytes < 0.3 * float_bytes
+    assert fp8.weight_bytes == ref.weight_bytes - float_bytes + kept_bytes
+
+
+@pytest.mark.parametrize("opts", [{"dtype": "bfloat16"}, {"quantization": "none"},
+                                  {"use_native_kernels": False}])
+def test_fp8_is_dequantized_at_load_where_it_is_not_kept(make_engine, fp8_dir, opts):
+    """A bf16 model, ``--quantization none`` and the torch path get float linears."""
+    engine = make_engine(model=str(fp8_dir("block48x32")), num_blocks=16, **opts)
+    assert engine.weights_format == "fp8-block48x32 (dequantized at load)"
+    assert not any(isinstance(m, PackedLinear) for m in engine.runner.model.modules())
