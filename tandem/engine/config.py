@@ -140,12 +140,6 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.speculative.speculative_method == "draft":
             raise ValueError("a draft model does not run in a tensor-parallel group: use "
                              "--speculative ngram or --tensor-parallel-size 1")
-        if self.tensor_parallel_size > 1 and self.cache.kv_cache_dtype.startswith("fp8"):
-            raise ValueError("an fp8 KV cache is not split over a tensor-parallel group yet: "
-                             "use --tensor-parallel-size 1 with --kv-cache-dtype fp8")
-        if self.tensor_parallel_size > 1 and self.lora.enabled:
-            raise ValueError("LoRA adapters are not sharded over a tensor-parallel group: "
-                             "use --tensor-parallel-size 1 with --enable-lora")
         if self.attention_backend not in ("torch", "triton", "auto"):
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         wait = self.grammar_compile_wait_s

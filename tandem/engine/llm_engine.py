@@ -117,14 +117,16 @@ class LLMEngine:
             native_kernels=config.use_native_kernels, tensor_parallel=tp > 1,
         )
         if self.group is not None:
-            self.group.start(runner_settings(rc))
+            lora = {"max_lora_rank": config.lora.max_lora_rank} if config.lora.enabled else None
+            self.group.start({**runner_settings(rc), "lora": lora})
         self.runner = ModelRunner(ckpt.model, runner_arch, rc, self.group)
         # Blocks behind every layer's sliding window go back to the pool as a request runs;
         # not with a draft model, whose own pass over a request may start far behind it.
         free_window = None if sc.speculative_method == "draft" else block_free_window(self.arch)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching,
                                  free_window)
-        self.loras = (LoraManager(config.lora, ckpt.model, self.arch, self.dtype, self.device)
+        self.loras = (LoraManager(config.lora, ckpt.model, self.arch, self.dtype, self.device,
+                                  ckpt.shard, self.group)
                       if config.lora.enabled else None)
         self.runner.lora = self.loras
         self.scheduler = Scheduler(

@@ -195,7 +195,7 @@ class ModelRunner:
             with self.lora.step(adapters, self.device):
                 return self._torch_step(ids, positions, slots, tables, query_lens,
                                         seq_lens, logit_rows, sample_rows, scored, samplers,
-                                        layer_hook)
+                                        layer_hook, adapters)
         if self.fused is not None:
             seq_index = [i for i, n in enumerate(query_lens) for _ in range(n)]
             rule = self.step_threads
@@ -243,10 +243,12 @@ class ModelRunner:
         slots: list[int], tables: list[list[int]], query_lens: list[int], seq_lens: list[int],
         logit_rows: list[int], sample_rows: list[int], scored: list[tuple[ScheduledRequest, int]],
         samplers: list[ScheduledRequest], layer_hook: Callable[[int], None] | None,
+        adapters: list[str] | None = None,
     ) -> tuple[torch.Tensor, list[ScheduledRequest], PromptLogits]:
         """The step on torch ops (the model's modules, LoRA hooks included); a
-        tensor-parallel group's followers are sent the same inputs first."""
-        step = StepInputs(ids, positions, slots, tables, query_lens, seq_lens)
+        tensor-parallel group's followers are sent the same inputs (and each row's adapter)
+        first."""
+        step = StepInputs(ids, positions, slots, tables, query_lens, seq_lens, adapters)
         if self.group is None:
             hidden = self.run_inputs(step, layer_hook)
         else:

@@ -105,16 +105,17 @@ class GroupAgents:
                 raise GroupAgentError(f"rank {rank}'s KV endpoint: {msg['error']}")
         return [str(m["kv_endpoint"]) for m in replies]
 
-    async def reserve(self, tid: str, blocks: list[int], lease_s: float,
+    async def reserve(self, tid: str, blocks: list[int], lease_s: float, adapter: str = "",
                       timeout: float = 30.0) -> None:
-        """Every decode rank reserves ``blocks`` for ``tid``; GroupAgentError when one cannot
-        (the others' reservations are released)."""
+        """Every decode rank reserves ``blocks`` for ``tid`` under the request's LoRA
+        ``adapter`` identity (each rank's BEGIN must match it, as rank 0's); GroupAgentError
+        when one cannot (the others' reservations are released)."""
         futs = []
         for rank in range(1, self.world):
             i = next(self._ids)
             futs.append(self._expect(i))
             self._send(rank, {"kind": "reserve", "id": i, "tid": tid, "blocks": blocks,
-                              "lease_s": lease_s})
+                              "lease_s": lease_s, "adapter": adapter})
         replies = await self._gather(futs, timeout)
         errors = [f"rank {r}: {m['error']}" for r, m in enumerate(replies, start=1)
                   if m.get("error")]

@@ -136,7 +136,7 @@ class KvAgent:
         try:
             assert self._receiver is not None, "not a decode rank"
             self._receiver.reserve(str(msg["tid"]), [int(b) for b in msg["blocks"]],
-                                   float(msg["lease_s"]))
+                                   float(msg["lease_s"]), str(msg.get("adapter", "")))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         self._reply({"kind": "reserved", "id": msg["id"], "error": error})

@@ -4,7 +4,12 @@ hold them, tandem/kv_transfer/reshard.py) and the greedy output equals the coloc
 engine's, for TP 1->3, 3->1 and 2->1 (a KV head replicated on the prefill side: sent once);
 a second request with the same prompt reuses the decode worker's cached prefix (only the
 rest is pushed); a forked request (n = 2) shares the one re-sharded push, every decode rank's
-COMMIT carrying both first tokens. Both workers end with every block free, and every rank
+COMMIT carrying both first tokens; with an fp8 KV cache on both sides (TP 3->1) each
+rank's e4m3 heads move as bytes under the same scales and the output equals the colocated
+fp8 engine's, and a float32 decode worker's reservation is refused by an fp8 prefill group
+(a typed FAILED_PRECONDITION naming both dtypes) before anything is pushed. A LoRA adapter
+loaded at runtime through the workers' LoraAdapters service reaches every rank of a TP 2
+prefill and a TP 2 decode group, and a handoff under it equals the colocated engine's. Both workers end with every block free, and every rank
 exits with its worker."""
 
 from __future__ import annotations
@@ -12,23 +17,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from tandem.engine.lora import LoraConfig
 from tandem.engine.sampling_params import SamplingParams
-from tandem.protos.v1 import worker_pb2
+from tandem.engine.testing.lora import greedy_under_adapters, write_random_adapter
+from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
 from tests.integration.test_workers_handoff import (  # noqa: F401
     PROMPT,
     Cluster,
     Worker,
     _greedy,
+    _member,
     router,
 )
 
 MAX_NEW = 10
 
 
-def _colocated(make_engine, model: str, prompt: list[int]) -> list[int]:
-    engine = make_engine(model=model, num_blocks=64, block_size=16)
+def _colocated(make_engine, model: str, prompt: list[int], kv: str = "auto") -> list[int]:
+    engine = make_engine(model=model, num_blocks=64, block_size=16, kv_cache_dtype=kv)
     rid = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
                                                     ignore_eos=True))
     out: list[int] = []
@@ -37,14 +46,18 @@ def _colocated(make_engine, model: str, prompt: list[int]) -> list[int]:
     return out
 
 
-def _start(model: Path, router_address: str, logs: Path, a: int, b: int) -> Iterator[Cluster]:
+def _start(model: Path, router_address: str, logs: Path, a: int, b: int,
+           kv: str = "float32", decode_kv: str | None = None, extra: tuple[str, ...] = ()
+           ) -> Iterator[Cluster]:
     engine = ["--model", str(model), "--block-size", "16", "--threads", "1", "--num-blocks",
-              "64", "--kv-cache-dtype", "float32", "--router", router_address]
+              "64", "--router", router_address, *extra]
     decode = Worker("tandem.worker.decode", ["--port", "0", "--kv-port", "0", *engine,
-                                             f"--tensor-parallel-size={b}"],
+                                             f"--tensor-parallel-size={b}",
+                                             f"--kv-cache-dtype={decode_kv or kv}"],
                     logs / f"decode-{a}-{b}.log")
     prefill = Worker("tandem.worker.prefill", ["--port", "0", *engine,
-                                               f"--tensor-parallel-size={a}"],
+                                               f"--tensor-parallel-size={a}",
+                                               f"--kv-cache-dtype={kv}"],
                      logs / f"prefill-{a}-{b}.log")
     c = None
     try:
@@ -67,13 +80,16 @@ def _handoff(c: Cluster, rid: str, prompt: list[int]
     return res, [first.first_token] + [t for m in msgs for t in m.token_ids]
 
 
-@pytest.mark.parametrize(("nkv", "a", "b"), [(3, 1, 3), (3, 3, 1), (1, 2, 1)],
-                         ids=["tp1-to-tp3", "tp3-to-tp1", "tp2-to-tp1-replicated"])
+@pytest.mark.parametrize(("nkv", "a", "b", "kv"), [
+    (3, 1, 3, "float32"), (3, 3, 1, "float32"), (1, 2, 1, "float32"), (3, 3, 1, "fp8")],
+    ids=["tp1-to-tp3", "tp3-to-tp1", "tp2-to-tp1-replicated", "tp3-to-tp1-fp8"])
 def test_a_handoff_between_groups_of_different_sizes_equals_colocated(
-        tiny_dir, tmp_path, router, make_engine, nkv: int, a: int, b: int) -> None:  # noqa: F811
+        tiny_dir, tmp_path, router, make_engine, nkv: int, a: int, b: int,  # noqa: F811
+        kv: str) -> None:
     model = tiny_dir("llama", nkv, num_heads=6, hidden_size=96)
-    want = _colocated(make_engine, str(model), PROMPT)
-    for c in _start(model, router[1], tmp_path, a, b):
+    colocated_kv = "fp8" if kv == "fp8" else "auto"
+    want = _colocated(make_engine, str(model), PROMPT, colocated_kv)
+    for c in _start(model, router[1], tmp_path, a, b, kv):
         res, got = _handoff(c, "r1", PROMPT)
         assert res.cached_tokens == 0 and got == want
         # the same prompt again: the decode worker holds its prefix; only the rest is pushed
@@ -90,5 +106,47 @@ def test_a_handoff_between_groups_of_different_sizes_equals_colocated(
             msgs = list(c.decode.Decode(worker_pb2.DecodeRequest(request_id="f", index=j),
                                         timeout=120))
             seqs.append([tok] + [t for m in msgs for t in m.token_ids])
-        assert seqs == [_colocated(make_engine, str(model), forked)] * 2
+        assert seqs == [_colocated(make_engine, str(model), forked, colocated_kv)] * 2
         c.both_idle()  # every block free on both workers (one manager decides for all ranks)
+
+
+def test_a_float_decode_refuses_an_fp8_prefill_group(tiny_dir, tmp_path, router  # noqa: F811
+                                                     ) -> None:
+    model = tiny_dir("llama", 1, num_heads=6, hidden_size=96)
+    for c in _start(model, router[1], tmp_path, 2, 1, "fp8", "float32"):
+        res = c.reserve("mix", PROMPT, 4)
+        assert res.layout.dtype == "float32"
+        with pytest.raises(grpc.RpcError) as err:
+            c.prefill.Prefill(c.prefill_request("mix", PROMPT, 4, res), timeout=60)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "float8_e4m3fn" in err.value.details() and "float32" in err.value.details()
+        c.decode.Abort(worker_pb2.AbortRequest(request_id="mix"), timeout=30)
+        c.both_idle()
+
+
+def test_a_runtime_adapter_reaches_every_rank_of_both_groups(
+        tiny_dir, tmp_path, router, make_engine) -> None:  # noqa: F811
+    model = tiny_dir("llama", 1, num_heads=6, hidden_size=96)
+    adapter = str(write_random_adapter(model, tmp_path / "x", rank=4, seed=5))
+    one = make_engine(model=str(model), num_blocks=64, block_size=16, kv_cache_dtype="float32",
+                      lora=LoraConfig(enabled=True, modules=(("x", adapter),)))
+    want = greedy_under_adapters(one, [(PROMPT, "x", MAX_NEW)])[0]
+    assert want != _colocated(make_engine, str(model), PROMPT)  # the adapter moves the output
+    lora = ("--enable-lora", "--allow-runtime-lora-updates")
+    for c in _start(model, router[1], tmp_path, 2, 2, extra=lora):
+        load = worker_pb2.LoraAdapterRequest(name="x", path=adapter)
+        for address in (c.decode_address, c.prefill_address):
+            with _member(address) as channel:
+                worker_pb2_grpc.LoraAdaptersStub(channel).Load(load, timeout=60)
+        sampling = _greedy(MAX_NEW)
+        res = c.decode.Reserve(worker_pb2.ReserveRequest(
+            request_id="x1", token_ids=PROMPT, sampling=sampling, lease_s=60.0, lora="x"))
+        req = c.prefill_request("x1", PROMPT, MAX_NEW, res)
+        req.lora, req.lora_identity = "x", res.lora_identity
+        first = c.prefill.Prefill(req, timeout=120)
+        msgs = list(c.decode.Decode(worker_pb2.DecodeRequest(request_id="x1"), timeout=120))
+        assert [first.first_token] + [t for m in msgs for t in m.token_ids] == want
+        with _member(c.prefill_address) as channel:
+            worker_pb2_grpc.LoraAdaptersStub(channel).Unload(
+                worker_pb2.LoraAdapterRequest(name="x"), timeout=60)
+        c.both_idle()

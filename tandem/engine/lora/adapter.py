@@ -74,6 +74,13 @@ class LoraAdapter:
 def load_adapter(name: str, path: str | Path, arch: ModelArch, max_rank: int,
                  dtype: torch.dtype, device: torch.device) -> LoraAdapter:
     """Read and check the PEFT directory ``path`` against the base model. Raises LoraError."""
+    config_bytes, weights_bytes = read_adapter_files(name, path)
+    return parse_adapter(name, str(Path(path)), config_bytes, weights_bytes, arch, max_rank,
+                         dtype, device)
+
+
+def read_adapter_files(name: str, path: str | Path) -> tuple[bytes, bytes]:
+    """The config and weights files of the PEFT directory ``path``. Raises LoraError."""
     root = Path(path)
     if not root.is_dir():
         raise LoraError(f"LoRA adapter {name!r}: {str(path)!r} is not a directory")
@@ -86,8 +93,15 @@ def load_adapter(name: str, path: str | Path, arch: ModelArch, max_rank: int,
         raise LoraError(f"LoRA adapter {name!r}: no {WEIGHTS_FILE} in {str(path)!r}{extra}")
     if config_path.stat().st_size > _MAX_CONFIG_BYTES:
         raise LoraError(f"LoRA adapter {name!r}: {CONFIG_FILE} is over 1 MiB")
-    config_bytes = config_path.read_bytes()
-    weights_bytes = weights_path.read_bytes()
+    return config_path.read_bytes(), weights_path.read_bytes()
+
+
+def parse_adapter(name: str, path: str, config_bytes: bytes, weights_bytes: bytes,
+                  arch: ModelArch, max_rank: int, dtype: torch.dtype, device: torch.device
+                  ) -> LoraAdapter:
+    """The adapter the files' bytes hold, checked against the base model (a tensor-parallel
+    group's other ranks parse the bytes rank 0 read: tandem/engine/lora/manager.py).
+    Raises LoraError."""
     try:
         config = json.loads(config_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -96,7 +110,7 @@ def load_adapter(name: str, path: str | Path, arch: ModelArch, max_rank: int,
     tensors = _read_tensors(name, weights_bytes)
     digest = hashlib.sha256(config_bytes + b"\0" + weights_bytes).hexdigest()[:16]
     weights = _fuse(name, tensors, arch, rank, scaling, targets, dtype, device)
-    return LoraAdapter(name, str(root), rank, digest, weights)
+    return LoraAdapter(name, path, rank, digest, weights)
 
 
 def _check_config(name: str, config: Any, max_rank: int) -> tuple[int, float, frozenset[str]]:

@@ -17,6 +17,13 @@ On CUDA with Triton importable the delta is Triton's instead (``use_triton``): p
 one segmented shrink and one expand launch over the rows grouped by adapter slot
 (tandem/engine/lora/triton_lora.py), the torch gather-matmul staying the reference.
 
+In a tensor-parallel group (``shard``) every rank's manager holds its cut of each adapter
+(tandem/engine/parallel/lora_cut.py) and hooks a row-parallel layer inside its all-reduce, so
+the delta joins the rank's partial sum. Rank 0 reads an adapter's files once and hands their
+bytes to the other ranks (``mirror``: the RankGroup) before it serves the adapter, so every
+rank holds the same adapter, loaded at start or at runtime; an unload reaches them the same
+way.
+
 A block's prefix-cache hash is salted by the adapter's identity (``salt``): KV computed under
 one adapter is never found by a request under another, or under the base model.
 """
@@ -27,22 +34,43 @@ import importlib.util
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from tandem.common.block_hash import adapter_salt
 from tandem.engine.errors import InvalidRequestError
-from tandem.engine.lora.adapter import GROUPS, LoraAdapter, LoraError, load_adapter, module_dims
+from tandem.engine.lora.adapter import (
+    GROUPS,
+    LoraAdapter,
+    LoraError,
+    module_dims,
+    parse_adapter,
+    read_adapter_files,
+)
 from tandem.engine.lora.batch import LoraBatch, Stacks, stack
 from tandem.engine.lora.config import LoraConfig, check_name
 from tandem.engine.models.arch import ModelArch
+from tandem.engine.parallel.collectives import AllReduce
+from tandem.engine.parallel.lora_cut import cut_adapter
+from tandem.engine.parallel.plan import RankShard
+from tandem.engine.parallel.shard import local_arch
 
 if TYPE_CHECKING:  # triton_lora imports triton: loaded only when a CUDA step uses it
     from tandem.engine.lora.triton_lora import TritonLoraBatch
 
 _KEPT_STACKS = 4  # sets of adapters whose stacked weights are kept
+
+
+class AdapterMirror(Protocol):
+    """The other ranks of a tensor-parallel group, as rank 0's manager keeps them in step."""
+
+    def load_adapter(self, name: str, path: str, config: bytes, weights: bytes) -> None:
+        """Have every other rank hold adapter ``name`` (its files' bytes, checked here)."""
+
+    def unload_adapter(self, name: str) -> None:
+        """Have every other rank forget adapter ``name``."""
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -54,13 +82,18 @@ class LoraManager:
     """The registered adapters of one engine and the forward hooks on its model."""
 
     def __init__(self, config: LoraConfig, model: nn.Module, arch: ModelArch,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, shard: RankShard | None = None,
+                 mirror: AdapterMirror | None = None) -> None:
+        """``arch``: the whole model's; ``shard``: this rank's slice in a tensor-parallel
+        group (None: one process); ``mirror``: on rank 0, the group's other ranks."""
         if arch.moe is not None or arch.mla is not None:
             raise LoraError("LoRA adapters are served on dense attention models only (this "
                             "model has mixture-of-experts or latent-attention layers)")
         self.config = config
         self.arch = arch
         self._dtype, self._device = dtype, device
+        self._shard, self._mirror = shard, mirror
+        local = arch if shard is None else local_arch(arch, shard)  # what the hooks see
         self.adapters: dict[str, LoraAdapter] = {}
         # the delta's kernels: Triton's on CUDA where importable, else the torch reference
         # (a test sets it False to compare the two on one device)
@@ -69,12 +102,12 @@ class LoraManager:
         # stacked weights of the recent sets of adapters a step carried (lora/batch.py, or
         # padded per slot for the Triton kernels), keyed by kernel kind and adapter names
         self._stacks: OrderedDict[tuple[bool, tuple[str, ...]], Stacks] = OrderedDict()
-        h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, \
-            arch.num_kv_heads * arch.head_dim
+        h, q, kv = local.hidden_size, local.num_heads * local.head_dim, \
+            local.num_kv_heads * local.head_dim
         self._dims = {"qkv_proj": (h, q + 2 * kv), "o_proj": (q, h),
-                      "gate_up_proj": (h, 2 * arch.intermediate_size),
-                      "down_proj": (arch.intermediate_size, h)}
-        subs = module_dims(arch)
+                      "gate_up_proj": (h, 2 * local.intermediate_size),
+                      "down_proj": (local.intermediate_size, h)}
+        subs = module_dims(local)
         self._shapes = {group: (subs[names[0]][0], tuple(subs[n][1] for n in names))
                         for group, names in GROUPS.items()}
         self._bounds: dict[str, tuple[torch.Tensor, int]] | None = None  # Triton: made once
@@ -87,6 +120,8 @@ class LoraManager:
     def _hook(self, index: int, layer: nn.Module, group: str) -> Any:
         parent = layer.self_attn if group in ("qkv_proj", "o_proj") else layer.mlp
         module: nn.Module = getattr(parent, group)
+        if isinstance(module, AllReduce):  # row-parallel: the delta joins the partial sum
+            module = module.inner
 
         def add_delta(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor
                       ) -> torch.Tensor | None:
@@ -110,11 +145,32 @@ class LoraManager:
         if bound is not None and len(self.adapters) >= bound:
             raise LoraError(f"{len(self.adapters)} LoRA adapters are loaded, --max-cpu-loras "
                             f"is {bound}: unload one first")
-        adapter = load_adapter(name, path, self.arch, self.config.max_lora_rank,
-                               self._dtype, self._device)
+        config_bytes, weights_bytes = read_adapter_files(name, path)
+        adapter = self.add(name, str(path), config_bytes, weights_bytes)
+        if self._mirror is not None:
+            try:
+                self._mirror.load_adapter(name, str(path), config_bytes, weights_bytes)
+            except BaseException:
+                self.forget(name)
+                raise
+        return adapter
+
+    def add(self, name: str, path: str, config: bytes, weights: bytes) -> LoraAdapter:
+        """Hold the adapter whose files' bytes are ``config`` and ``weights`` (this rank's
+        cut of it); what ``register`` does after reading the files, and what a
+        tensor-parallel follower does with the bytes rank 0 sent. Raises LoraError."""
+        adapter = parse_adapter(name, path, config, weights, self.arch,
+                                self.config.max_lora_rank, self._dtype, self._device)
+        if self._shard is not None:
+            adapter = cut_adapter(adapter, self._shard)
         self.adapters[name] = adapter
         self._stacks.clear()
         return adapter
+
+    def forget(self, name: str) -> None:
+        """Drop adapter ``name`` here only (a follower told by rank 0; no check)."""
+        self.adapters.pop(name, None)
+        self._stacks.clear()
 
     def unregister(self, name: str, in_use: Callable[[str], bool]) -> None:
         """Forget adapter ``name``; refused (LoraError) while ``in_use(name)``, KeyError when
@@ -123,8 +179,9 @@ class LoraManager:
             raise KeyError(name)
         if in_use(name):
             raise LoraError(f"LoRA adapter {name!r} has requests in flight")
-        del self.adapters[name]
-        self._stacks.clear()
+        if self._mirror is not None:
+            self._mirror.unload_adapter(name)
+        self.forget(name)
 
     def get(self, name: str) -> LoraAdapter:
         """The adapter a request names. Raises InvalidRequestError (unknown adapter)."""

@@ -5,8 +5,11 @@
     stdin: init ──> join the process group ──> load this rank's shard
            runner ──> build the model runner and its KV cache (this rank's KV heads) ──> ready
            step | copy ... (each the forward or block copy rank 0 runs) ... stop ──> exit 0
+           lora_load | lora_unload (an adapter rank 0 checked: this rank holds its cut)
 
-A follower never samples: the lm_head is replicated and rank 0 computes the logits. It exits
+A follower never samples; a step under LoRA adapters runs with its rows' adapters, as on rank
+0 (tandem/engine/lora/manager.py; an adapter rank 0 accepted but this rank cannot hold, short
+of memory, ends the rank and so the worker). A follower never samples: the lm_head is replicated and rank 0 computes the logits. It exits
 non-zero when rank 0 is gone (end of its stdin) or a collective fails (a peer died, or the
 group's timeout passed), so no rank outlives its group.
 
@@ -72,6 +75,13 @@ def serve(inp: BinaryIO, reply: BinaryIO, make_agent: MakeAgent | None = None,
                           str(msg["kv_cache_dtype"]), native_kernels=bool(msg["native_kernels"]),
                           tensor_parallel=True)
         runner = ModelRunner(ckpt.model, local_arch(ckpt.arch, ckpt.shard), rc)
+        if msg.get("lora") is not None:  # rank 0 sends every adapter it registers
+            from tandem.engine.lora.config import LoraConfig
+            from tandem.engine.lora.manager import LoraManager
+
+            lc = LoraConfig(enabled=True, max_lora_rank=int(msg["lora"]["max_lora_rank"]))
+            runner.lora = LoraManager(lc, ckpt.model, ckpt.arch, dtype, torch.device(device),
+                                      shard=ckpt.shard)
         agent = (make_agent(runner.kv_cache, rank, world, *agent_pipes)
                  if make_agent is not None and agent_pipes is not None else None)
     except Exception as exc:
@@ -96,7 +106,17 @@ def _follow(inp: BinaryIO, runner: Any, rank: int) -> int:
             return 1
         kind = msg["kind"]
         if kind == "step":
-            runner.run_inputs(StepInputs.from_wire(msg))
+            step = StepInputs.from_wire(msg)
+            if step.loras is None:
+                runner.run_inputs(step)
+            else:
+                with runner.lora.step(step.loras, runner.device):
+                    runner.run_inputs(step)
+        elif kind == "lora_load":
+            runner.lora.add(str(msg["name"]), str(msg["path"]), bytes(msg["config"]),
+                            bytes(msg["weights"]))
+        elif kind == "lora_unload":
+            runner.lora.forget(str(msg["name"]))
         elif kind == "copy":
             runner.copy_blocks([(int(a), int(b)) for a, b in msg["pairs"]])
         elif kind == "stop":

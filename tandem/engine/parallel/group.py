@@ -149,6 +149,17 @@ class RankGroup:
         """Have every follower run this forward (rank 0 runs it right after)."""
         self._send(inputs.to_wire())
 
+    def load_adapter(self, name: str, path: str, config: bytes, weights: bytes) -> None:
+        """Have every follower hold LoRA adapter ``name``, from the bytes of its files rank 0
+        read and checked (the same bytes everywhere: no rank re-reads a file that may have
+        changed). Sent before any step that names it, on the same pipe."""
+        self._send({"kind": "lora_load", "name": name, "path": path, "config": config,
+                    "weights": weights})
+
+    def unload_adapter(self, name: str) -> None:
+        """Have every follower forget LoRA adapter ``name``."""
+        self._send({"kind": "lora_unload", "name": name})
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Have every follower copy these KV blocks (copy-on-write of forked sequences)."""
         self._send({"kind": "copy", "pairs": [list(p) for p in pairs]})

@@ -1,11 +1,13 @@
 """What rank 0 tells the other ranks of its group, and how: msgpack frames on a pipe.
 
     rank 0 ──stdin pipe of each follower──> init, runner, then per step: step | copy, ... stop
+                                            (lora_load | lora_unload between steps)
     follower ──its reply pipe──> ready | failed
 
 A frame is a 4-byte big-endian length and a msgpack map with a ``kind``. The pipes are the
 followers' own (inherited at spawn, nobody else holds them): an end of file means rank 0 is
-gone, and the follower exits. No pickle: every field is a plain int, str or list of them.
+gone, and the follower exits. No pickle: every field is a plain int, str, bytes (a LoRA
+adapter's files) or list of them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class StepInputs:
     """One forward's flattened batch: what every rank needs to run the same step.
 
     ``ids``/``positions``/``slots`` are per token ``[T]``; ``tables``, ``query_lens`` and
-    ``seq_lens`` per sequence (tandem/engine/attention/base.py's metadata)."""
+    ``seq_lens`` per sequence (tandem/engine/attention/base.py's metadata); ``loras`` per
+    token, the LoRA adapter its row runs under ("": the base; None: a step without any)."""
 
     ids: list[int]
     positions: list[int]
@@ -37,19 +40,20 @@ class StepInputs:
     tables: list[list[int]]
     query_lens: list[int]
     seq_lens: list[int]
+    loras: list[str] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The step as a frame."""
         return {"kind": "step", "ids": self.ids, "positions": self.positions,
                 "slots": self.slots, "tables": self.tables, "query_lens": self.query_lens,
-                "seq_lens": self.seq_lens}
+                "seq_lens": self.seq_lens, "loras": self.loras}
 
     @classmethod
     def from_wire(cls, msg: dict[str, Any]) -> StepInputs:
         """The step a frame carries (StepWireError when a field is missing)."""
         try:
             return cls(msg["ids"], msg["positions"], msg["slots"], msg["tables"],
-                       msg["query_lens"], msg["seq_lens"])
+                       msg["query_lens"], msg["seq_lens"], msg.get("loras"))
         except KeyError as exc:
             raise StepWireError(f"a step frame without {exc}") from None
 

@@ -210,7 +210,7 @@ class DecodeWorker:
         try:
             self._receiver.reserve(tid, block_ids, lease, adapter)  # BEGIN must match it
             if self._agents is not None:  # every rank holds the blocks for its own heads
-                await self._agents.reserve(tid, block_ids, lease)
+                await self._agents.reserve(tid, block_ids, lease, adapter)
         except BaseException as exc:
             self._receiver.release(tid, "the group could not reserve")
             await self._ae.call(lambda e: e.remote.decode.end(tid))  # never leased: unwritten

@@ -28,6 +28,19 @@ def test_a_step_round_trips_and_the_end_of_the_stream_is_none() -> None:
     assert read_frame(buf) is None
 
 
+def test_a_lora_step_and_an_adapters_bytes_round_trip() -> None:
+    """Each row's adapter rides its step; an adapter's files travel as bytes, not text."""
+    step = StepInputs([1, 2], [0, 1], [16, 17], [[1]], [2], [2], ["a", ""])
+    files = {"kind": "lora_load", "name": "a", "path": "/x", "config": b"{}",
+             "weights": bytes(range(256))}
+    buf = io.BytesIO()
+    write_frame(buf, step.to_wire())
+    write_frame(buf, files)
+    buf.seek(0)
+    assert StepInputs.from_wire(read_frame(buf)) == step
+    assert read_frame(buf) == files
+
+
 @pytest.mark.parametrize(("raw", "match"), [
     (struct.pack(">I", 10) + b"abc", "inside a frame"),
     (b"\x00\x00", "inside a frame"),
