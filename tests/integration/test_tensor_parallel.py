@@ -1,7 +1,8 @@
 """Tensor parallelism (tandem/engine/parallel): an engine whose model is split over 2 or 3 rank
 processes (gloo on loopback) generates exactly transformers' greedy tokens, on tiny perturbed
 checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, on mixture-
-of-experts ones (every expert split across the ranks), and on the default model (SmolLM2's
+of-experts ones (every expert split across the ranks), on latent-attention ones (DeepSeek-V2/V3:
+query heads split, the latent cache whole on every rank), and on the default model (SmolLM2's
 Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a pre-quantized checkpoint (AWQ, GPTQ,
 compressed-tensors) split on its groups generates exactly what one rank does. Every KV block
 is back in the pool afterwards: one scheduler (rank 0's) allocates for every rank, whose
@@ -74,6 +75,14 @@ def test_moe_over_two_ranks_equals_transformers(tiny_dir, arch: str) -> None:
     dense."""
     extra = {"num_layers": 3, "decoder_sparse_step": 2} if arch == "qwen2_moe" else {}
     _run_group(tiny_dir(arch, 2, **extra), 2)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_latent_attention_over_two_ranks_equals_transformers(tiny_dir, arch: str) -> None:
+    """DeepSeek MLA: 4 query heads, 2 per rank, the latent projections and cache whole on both
+    ranks; layers 1 and 2 DeepSeek MoE (shared experts split, the router whole: V3's grouped
+    sigmoid scores), biased latent and o projections."""
+    _run_group(tiny_dir(arch, 4, num_layers=3, first_k_dense_replace=1, attention_bias=True), 2)
 
 
 def test_a_moe_gguf_over_two_ranks_runs_its_experts_blocks(tiny_dir, tmp_path: Path) -> None:
