@@ -2,7 +2,7 @@
 processes (gloo on loopback) generates exactly transformers' greedy tokens, on tiny perturbed
 checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, on mixture-
 of-experts ones (every expert split across the ranks), on latent-attention ones (DeepSeek-V2/V3:
-query heads split, the latent cache whole on every rank), and on the default model (SmolLM2's
+query heads split, the latent cache whole on every rank; a DeepSeek GGUF's blocks), and on the default model (SmolLM2's
 Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a pre-quantized checkpoint (AWQ, GPTQ,
 compressed-tensors) split on its groups generates exactly what one rank does. Every KV block
 is back in the pool afterwards: one scheduler (rank 0's) allocates for every rank, whose
@@ -96,6 +96,23 @@ def test_a_moe_gguf_over_two_ranks_runs_its_experts_blocks(tiny_dir, tmp_path: P
     cache = tmp_path / "cache"
     reference = resolve_model(str(gguf), cache)  # what the engine converts it to
     want = [hf_greedy(reference, p, MAX_NEW) for p in _prompts()]
+    _run_group(gguf, 2, want, cache_dir=str(cache), dtype="float32")
+
+
+def test_a_deepseek_gguf_over_two_ranks_cuts_its_heads_blocks(tiny_dir, tmp_path: Path) -> None:
+    """A DeepSeek-V2 Q8_0 GGUF (llama.cpp's attn_k_b/attn_v_b split, merged at load): q_proj's
+    and o_proj's stored blocks cut by the rank's heads (v_head_dim 16: 32 o_proj columns per
+    rank, one block), the experts' blocks as for any MoE; against transformers on the file's
+    dequantization."""
+    pytest.importorskip("gguf")
+    from tandem.engine.loader import resolve_model
+    from tandem.engine.testing.gguf_writer import write_gguf
+
+    model = tiny_dir("deepseek_v2", 4, hidden_size=128, num_layers=3, first_k_dense_replace=1,
+                     v_head_dim=16)
+    gguf = write_gguf(model, tmp_path / "deepseek-q8_0.gguf", "Q8_0")
+    cache = tmp_path / "cache"
+    want = [hf_greedy(resolve_model(str(gguf), cache), p, MAX_NEW) for p in _prompts()]
     _run_group(gguf, 2, want, cache_dir=str(cache), dtype="float32")
 
 
