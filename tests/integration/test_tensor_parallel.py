@@ -2,11 +2,12 @@
 processes (gloo on loopback) generates exactly transformers' greedy tokens, on tiny perturbed
 checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, on mixture-
 of-experts ones (every expert split across the ranks), on latent-attention ones (DeepSeek-V2/V3:
-query heads split, the latent cache whole on every rank; a DeepSeek GGUF's blocks), and on the default model (SmolLM2's
-Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a pre-quantized checkpoint (AWQ, GPTQ,
-compressed-tensors) split on its groups generates exactly what one rank does. Every KV block
-is back in the pool afterwards: one scheduler (rank 0's) allocates for every rank, whose
-caches hold their own heads at the same block ids. Closing the engine ends every rank."""
+query heads split, the latent cache whole on every rank; a DeepSeek GGUF's blocks cut by
+heads), and on the default model (SmolLM2's Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a
+pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors) split on its groups generates exactly
+what one rank does. Every KV block is back in the pool afterwards: one scheduler (rank 0's)
+allocates for every rank, whose caches hold their own heads at the same block ids. Closing the
+engine ends every rank."""
 
 from __future__ import annotations
 
