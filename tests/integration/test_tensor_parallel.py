@@ -86,6 +86,13 @@ def test_latent_attention_over_two_ranks_equals_transformers(tiny_dir, arch: str
     _run_group(tiny_dir(arch, 4, num_layers=3, first_k_dense_replace=1, attention_bias=True), 2)
 
 
+def test_latent_attention_over_three_ranks_equals_transformers(tiny_dir) -> None:
+    """DeepSeek-V3 (q-LoRA, grouped sigmoid routing): 6 query heads, 2 per rank; the expert
+    width 48 and the dense MLP's 192 split in three."""
+    _run_group(tiny_dir("deepseek_v3", 6, num_heads=6, hidden_size=96, num_layers=3,
+                        first_k_dense_replace=1), 3)
+
+
 def test_a_moe_gguf_over_two_ranks_runs_its_experts_blocks(tiny_dir, tmp_path: Path) -> None:
     """A Mixtral Q8_0 GGUF: every expert's stored blocks cut on block boundaries (64 of the
     expert width's 128 columns per rank), against transformers on the file's dequantization."""
