@@ -163,7 +163,8 @@ class LLMEngine:
             return ()
         a = self.arch
         plan = plan_shards(tp, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
-                           head_dim=a.head_dim, intermediate_size=a.intermediate_size)
+                           head_dim=a.head_dim, intermediate_size=a.intermediate_size,
+                           mla=a.mla is not None)
         return tuple((s.start, s.stop) for s in plan.kv_head_ranges())
 
     def close(self) -> None:

@@ -1,11 +1,13 @@
 """Tensor parallelism (tandem/engine/parallel): an engine whose model is split over 2 or 3 rank
 processes (gloo on loopback) generates exactly transformers' greedy tokens, on tiny perturbed
 checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, on mixture-
-of-experts ones (every expert split across the ranks), and on the default model (SmolLM2's
-Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a pre-quantized checkpoint (AWQ, GPTQ,
-compressed-tensors) split on its groups generates exactly what one rank does. Every KV block
-is back in the pool afterwards: one scheduler (rank 0's) allocates for every rank, whose
-caches hold their own heads at the same block ids. Closing the engine ends every rank."""
+of-experts ones (every expert split across the ranks), on latent-attention ones (DeepSeek-V2/V3:
+query heads split, the latent cache whole on every rank; a DeepSeek GGUF's blocks cut by
+heads), and on the default model (SmolLM2's Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a
+pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors) split on its groups generates exactly
+what one rank does. Every KV block is back in the pool afterwards: one scheduler (rank 0's)
+allocates for every rank, whose caches hold their own heads at the same block ids. Closing the
+engine ends every rank."""
 
 from __future__ import annotations
 
@@ -76,6 +78,21 @@ def test_moe_over_two_ranks_equals_transformers(tiny_dir, arch: str) -> None:
     _run_group(tiny_dir(arch, 2, **extra), 2)
 
 
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_latent_attention_over_two_ranks_equals_transformers(tiny_dir, arch: str) -> None:
+    """DeepSeek MLA: 4 query heads, 2 per rank, the latent projections and cache whole on both
+    ranks; layers 1 and 2 DeepSeek MoE (shared experts split, the router whole: V3's grouped
+    sigmoid scores), biased latent and o projections."""
+    _run_group(tiny_dir(arch, 4, num_layers=3, first_k_dense_replace=1, attention_bias=True), 2)
+
+
+def test_latent_attention_over_three_ranks_equals_transformers(tiny_dir) -> None:
+    """DeepSeek-V3 (q-LoRA, grouped sigmoid routing): 6 query heads, 2 per rank; the expert
+    width 48 and the dense MLP's 192 split in three."""
+    _run_group(tiny_dir("deepseek_v3", 6, num_heads=6, hidden_size=96, num_layers=3,
+                        first_k_dense_replace=1), 3)
+
+
 def test_a_moe_gguf_over_two_ranks_runs_its_experts_blocks(tiny_dir, tmp_path: Path) -> None:
     """A Mixtral Q8_0 GGUF: every expert's stored blocks cut on block boundaries (64 of the
     expert width's 128 columns per rank), against transformers on the file's dequantization."""
@@ -87,6 +104,23 @@ def test_a_moe_gguf_over_two_ranks_runs_its_experts_blocks(tiny_dir, tmp_path: P
     cache = tmp_path / "cache"
     reference = resolve_model(str(gguf), cache)  # what the engine converts it to
     want = [hf_greedy(reference, p, MAX_NEW) for p in _prompts()]
+    _run_group(gguf, 2, want, cache_dir=str(cache), dtype="float32")
+
+
+def test_a_deepseek_gguf_over_two_ranks_cuts_its_heads_blocks(tiny_dir, tmp_path: Path) -> None:
+    """A DeepSeek-V2 Q8_0 GGUF (llama.cpp's attn_k_b/attn_v_b split, merged at load): q_proj's
+    and o_proj's stored blocks cut by the rank's heads (v_head_dim 16: 32 o_proj columns per
+    rank, one block), the experts' blocks as for any MoE; against transformers on the file's
+    dequantization."""
+    pytest.importorskip("gguf")
+    from tandem.engine.loader import resolve_model
+    from tandem.engine.testing.gguf_writer import write_gguf
+
+    model = tiny_dir("deepseek_v2", 4, hidden_size=128, num_layers=3, first_k_dense_replace=1,
+                     v_head_dim=16)
+    gguf = write_gguf(model, tmp_path / "deepseek-q8_0.gguf", "Q8_0")
+    cache = tmp_path / "cache"
+    want = [hf_greedy(resolve_model(str(gguf), cache), p, MAX_NEW) for p in _prompts()]
     _run_group(gguf, 2, want, cache_dir=str(cache), dtype="float32")
 
 

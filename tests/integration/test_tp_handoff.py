@@ -150,3 +150,20 @@ def test_a_runtime_adapter_reaches_every_rank_of_both_groups(
             worker_pb2_grpc.LoraAdaptersStub(channel).Unload(
                 worker_pb2.LoraAdapterRequest(name="x"), timeout=60)
         c.both_idle()
+
+
+@pytest.mark.parametrize(("a", "b"), [(2, 1), (1, 2)], ids=["tp2-to-tp1", "tp1-to-tp2"])
+def test_a_latent_cache_handoff_between_group_sizes_equals_colocated(
+        tiny_dir, tmp_path, router, make_engine, a: int, b: int) -> None:  # noqa: F811
+    """DeepSeek-V2 (MLA, layers 1 and 2 MoE): every rank of a group holds the whole latent
+    cache (one KV head, replicated), so a TP 2 prefill group's rank 0 alone sends it, and each
+    rank of a TP 2 decode group receives its own copy; the output equals colocated, the
+    prefix is reused, every block is free afterwards."""
+    model = tiny_dir("deepseek_v2", 4, num_layers=3, first_k_dense_replace=1)
+    want = _colocated(make_engine, str(model), PROMPT)
+    for c in _start(model, router[1], tmp_path, a, b):
+        res, got = _handoff(c, "r1", PROMPT)
+        assert res.cached_tokens == 0 and got == want
+        res, again = _handoff(c, "r2", PROMPT)
+        assert res.cached_tokens > 0 and again == want
+        c.both_idle()

@@ -13,6 +13,12 @@ and a later handoff between groups of different sizes can read the same head ran
                      width (each rank holds every expert's slice), the shared expert over its
                      own width, the router replicated; the block's output all-reduced once
 
+Multi-head latent attention (DeepSeek-V2/V3) splits its query heads the same way (q_proj or
+q_b_proj and kv_b_proj by head rows, o_proj by their input columns, then all-reduce), while the
+compressed latent (kv_a_proj_with_mqa, kv_a_layernorm, q_a_proj, q_a_layernorm) stays whole:
+its cache is one latent "head" every query head reads, so every rank holds all of it (the
+plan's one KV head, replicated on every rank: tandem/engine/parallel/shard_mla.py).
+
 KV heads split when the group divides them (rank r holds K/V heads [r*nkv/N, (r+1)*nkv/N));
 with fewer KV heads than ranks each KV head is replicated on N/nkv consecutive ranks (rank r
 holds head r // (N/nkv)), as vLLM does. Each rank's paged KV cache holds exactly its
@@ -152,18 +158,17 @@ def plan_shards(
 ) -> ShardPlan:
     """The split of a model of this shape over ``world`` ranks; TensorParallelError when a
     size does not divide (or a row-parallel split would cut a quantization group of
-    ``group`` values), or for layers the split does not cover yet (multi-head latent
-    attention). A mixture-of-experts model gives its routed experts' width
+    ``group`` values). ``mla``: multi-head latent attention, whose cache is one latent head
+    (``num_kv_heads`` is taken as 1: every rank holds it whole) and whose ``head_dim`` is
+    o_proj's input per head (v_head_dim). A mixture-of-experts model gives its routed experts' width
     (``expert_intermediate_size``) and its shared expert's (0: none): both split as the
     dense MLP's ``intermediate_size`` does."""
     if world < 1:
         raise TensorParallelError(f"--tensor-parallel-size must be >= 1, got {world}")
+    if mla:
+        num_kv_heads = 1  # the latent, replicated on every rank
     if world == 1:
         return ShardPlan(1, num_heads, num_kv_heads, head_dim, intermediate_size, group)
-    if mla:
-        raise TensorParallelError(
-            f"tensor parallelism over {world} ranks does not split multi-head latent "
-            "attention yet: serve this model with --tensor-parallel-size 1")
     if num_heads % world:
         raise TensorParallelError(
             f"{num_heads} attention heads do not divide over --tensor-parallel-size {world}")

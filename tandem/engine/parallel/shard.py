@@ -17,6 +17,9 @@ vLLM's fused MoE does): each rank holds every routed expert's slice of the exper
 its slice of the shared expert, the router (and a shared expert's gate) whole. Every rank
 routes the same hidden states to the same experts, sums its slices' partial products over
 its tokens, and the block's output is all-reduced once per layer.
+
+Multi-head latent attention (DeepSeek-V2/V3) splits its query heads and keeps the latent whole
+on every rank (shard_mla.py).
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from torch import nn
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.layers.attention import Attention
+from tandem.engine.models.layers.mla import MlaAttention
 from tandem.engine.models.layers.mlp import MLP
 from tandem.engine.models.layers.moe import SparseMoE
 from tandem.engine.parallel.collectives import AllReduce
 from tandem.engine.parallel.cut import cut_cols, cut_rows, span_index
 from tandem.engine.parallel.plan import RankShard, Span, TensorParallelError, plan_shards
+from tandem.engine.parallel.shard_mla import shard_mla
 from tandem.engine.quant.gguf_blocks import Blocks
 
 GGUF_GROUP = 32  # values per Q4_0/Q4_1/Q8_0 block, and per int4 group
@@ -47,8 +52,10 @@ def rank_shard(arch: ModelArch, world: int, rank: int, group: int | None) -> Ran
     """This rank's shard of ``arch``, every row-parallel split on a multiple of ``group``
     (None: any column); TensorParallelError when the model does not split."""
     moe = arch.moe
+    # MLA: o_proj's input per head is v_head_dim; the latent cache is one replicated head
+    head_dim = arch.head_dim if arch.mla is None else arch.mla.v_head_dim
     plan = plan_shards(world, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads,
-                       head_dim=arch.head_dim, intermediate_size=arch.intermediate_size,
+                       head_dim=head_dim, intermediate_size=arch.intermediate_size,
                        group=group,
                        expert_intermediate_size=None if moe is None else
                        moe.expert_intermediate_size,
@@ -60,14 +67,15 @@ def rank_shard(arch: ModelArch, world: int, rank: int, group: int | None) -> Ran
 
 def local_arch(arch: ModelArch, shard: RankShard) -> ModelArch:
     """The arch as one rank sees it: its heads, KV heads and MLP widths (the KV cache, the
-    runner and the activation budget are sized by it)."""
+    runner and the activation budget are sized by it). MLA keeps its config's KV heads equal
+    to its query heads (its cache is the latent, whole on every rank: ``kv_shape``)."""
     moe = arch.moe
     if moe is not None:
         moe = dataclasses.replace(
             moe, expert_intermediate_size=shard.split(moe.expert_intermediate_size).size,
             shared_intermediate_size=shard.split(moe.shared_intermediate_size).size)
-    return dataclasses.replace(arch, num_heads=shard.q_heads.size,
-                               num_kv_heads=shard.kv_heads.size,
+    kv_heads = shard.kv_heads.size if arch.mla is None else shard.q_heads.size
+    return dataclasses.replace(arch, num_heads=shard.q_heads.size, num_kv_heads=kv_heads,
                                intermediate_size=shard.intermediate.size, moe=moe)
 
 
@@ -77,17 +85,15 @@ def shard_model(model: CausalLM, shard: RankShard) -> Cuts:
     cuts: Cuts = {}
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        if not isinstance(attn, Attention) or not isinstance(mlp, MLP | SparseMoE):
+        if not isinstance(attn, Attention | MlaAttention) or not isinstance(mlp,
+                                                                           MLP | SparseMoE):
             raise TensorParallelError(f"{type(attn).__name__}/{type(mlp).__name__} layers "
                                       "have no tensor-parallel split")
         p = f"layers.{i}."
-        cuts[p + "self_attn.qkv_proj"] = shard.qkv_rows()
-        cuts[p + "self_attn.o_proj"] = shard.o_cols()
-        attn.qkv_proj = cut_rows(attn.qkv_proj, shard.qkv_rows(), p + "self_attn.qkv_proj")
-        attn.o_proj = cut_cols(attn.o_proj, shard.o_cols(), shard.adds_bias,
-                               p + "self_attn.o_proj")
-        attn.nh, attn.nkv = shard.q_heads.size, shard.kv_heads.size
-        attn.q_size, attn.kv_size = attn.nh * attn.hd, attn.nkv * attn.hd
+        if isinstance(attn, MlaAttention):  # query heads split, the latent whole
+            shard_mla(attn, shard, p + "self_attn.", cuts)
+        else:
+            _shard_attention(attn, shard, p + "self_attn.", cuts)
         if isinstance(mlp, MLP):
             _shard_mlp(mlp, shard, p + "mlp.", cuts)
             continue
@@ -96,6 +102,15 @@ def shard_model(model: CausalLM, shard: RankShard) -> Cuts:
         if mlp.shared_expert is not None:
             _shard_mlp(mlp.shared_expert, shard, p + "mlp.shared_expert.", cuts)
     return cuts
+
+
+def _shard_attention(attn: Attention, shard: RankShard, prefix: str, cuts: Cuts) -> None:
+    """Cut one grouped-query attention to ``shard``'s Q heads and their KV heads."""
+    cuts[prefix + "qkv_proj"], cuts[prefix + "o_proj"] = shard.qkv_rows(), shard.o_cols()
+    attn.qkv_proj = cut_rows(attn.qkv_proj, shard.qkv_rows(), prefix + "qkv_proj")
+    attn.o_proj = cut_cols(attn.o_proj, shard.o_cols(), shard.adds_bias, prefix + "o_proj")
+    attn.nh, attn.nkv = shard.q_heads.size, shard.kv_heads.size
+    attn.q_size, attn.kv_size = attn.nh * attn.hd, attn.nkv * attn.hd
 
 
 def _shard_mlp(mlp: nn.Module, shard: RankShard, prefix: str, cuts: Cuts) -> None:

@@ -183,3 +183,22 @@ def test_a_window_outside_the_cache_is_refused() -> None:
             blocks.window(start, stop)
     with pytest.raises(TransferSpecError):
         blocks.window(0, 1).window(0, 1)
+
+
+@pytest.mark.parametrize(("a", "b"), [(1, 2), (2, 1), (2, 4), (4, 2), (8, 1)])
+def test_a_latent_cache_is_sent_once_from_a_group_and_copied_into_each_rank(a: int,
+                                                                            b: int) -> None:
+    """MLA: every rank holds the one latent head (the plan replicates it), so a prefill group
+    sends it from rank 0 only (the bytes of a single-rank push) and each decode rank gets it."""
+    latent = replace(BASE, head_dim=40, kv_lora_rank=32)
+
+    def group(world: int) -> GroupKv:
+        plan = plan_shards(world, num_heads=8, num_kv_heads=8, head_dim=12,
+                           intermediate_size=8, mla=True)
+        return GroupKv(replace(latent, tensor_parallel_size=world if world > 1 else 0),
+                       tuple((s.start, s.stop) for s in plan.kv_head_ranges()))
+
+    got = routes(group(a), group(b))
+    assert [(r.src, r.dst, r.start, r.stop) for r in got] == [(0, d, 0, 1) for d in range(b)]
+    assert pushed_heads(group(a), group(b)) == b
+    assert all(committer(got, d) == 0 and parts_into(got, d) == 1 for d in range(b))

@@ -80,7 +80,8 @@ def test_fewer_kv_heads_than_ranks_replicates_them() -> None:
     (dict(world=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=128,
           expert_intermediate_size=64, shared_intermediate_size=96, group=32),
      ["shared expert", "48 columns", "32"]),
-    (dict(world=2, mla=True), ["latent attention"]),
+    (dict(world=3, mla=True), ["4 attention heads", "3"]),
+    (dict(world=2, head_dim=12, group=32, mla=True), ["24 columns", "32"]),
 ])
 def test_sizes_that_do_not_divide_are_refused_naming_the_numbers(kwargs, names) -> None:
     args = dict(num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96)
@@ -94,9 +95,25 @@ def test_sizes_that_do_not_divide_are_refused_naming_the_numbers(kwargs, names) 
 
 def test_a_single_rank_owns_everything_and_checks_nothing() -> None:
     s = plan_shards(1, num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=1536,
-                    expert_intermediate_size=7, mla=True).rank(0)
+                    expert_intermediate_size=7).rank(0)
     assert s.q_heads == Span(0, 9) and s.kv_heads == Span(0, 3)
     assert s.intermediate == Span(0, 1536)
     with pytest.raises(TensorParallelError, match="rank 1"):
         plan_shards(1, num_heads=9, num_kv_heads=3, head_dim=64,
                     intermediate_size=1536).rank(1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_latent_attention_splits_its_heads_and_replicates_the_latent(world: int) -> None:
+    """MLA: 8 query heads split; the latent cache is one head every rank holds whole (the
+    config's KV heads, equal to the query heads, play no part); o_proj's input per head is
+    ``head_dim`` (v_head_dim)."""
+    plan = plan_shards(world, num_heads=8, num_kv_heads=8, head_dim=12, intermediate_size=64,
+                       expert_intermediate_size=32, shared_intermediate_size=64, mla=True)
+    shards = [plan.rank(r) for r in range(world)]
+    assert [s.q_heads for s in shards] == [Span(r * 8 // world, (r + 1) * 8 // world)
+                                          for r in range(world)]
+    assert plan.kv_head_ranges() == [Span(0, 1)] * world
+    assert all(s.kv_replicas == world for s in shards)
+    assert sorted(c for s in shards for c in range(s.o_cols().start, s.o_cols().stop)) == \
+        list(range(8 * 12))
