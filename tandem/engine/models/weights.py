@@ -109,14 +109,17 @@ def load_model(
     if absorbed:  # MLA's decode folds its rows into the queries (layers/mla.py)
         raise ModelLoadError(f"{absorbed[0]} is stored quantized ({fmt.label}): multi-head "
                              "latent attention reads kv_b_proj as float weights")
+    shapes = {}  # what each quantized layer must be: the checkpoint's is checked against it
     for name in quantized:  # a storage-less placeholder until the layer is built below
+        meta = model.get_submodule(name)
+        shapes[name] = (meta.out_features, meta.in_features)
         set_module(model, name, nn.Identity())
     model = model.to_empty(device=device).to(dtype)
     model.cos_table = cos.to(device)
     model.sin_table = sin.to(device)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    load = _LinearLoader(model, tensors, fmt, quantized, dtype, device)
+    load = _LinearLoader(model, tensors, fmt, shapes, dtype, device)
     groups = tqdm([plan.top, *plan.layers], desc="Loading weights", unit="layer",
                   disable=not progress)
     with torch.no_grad():
@@ -220,7 +223,8 @@ class _LinearLoader:
     built from the checkpoint's values (replacing the placeholder)."""
 
     def __init__(self, model: nn.Module, t: _Tensors, fmt: PrequantizedFormat,
-                 quantized: set[str], dtype: torch.dtype, device: torch.device) -> None:
+                 quantized: dict[str, tuple[int, int]], dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.model, self.t, self.fmt, self.quantized = model, t, fmt, quantized
         self.dtype, self.device = dtype, device
 
@@ -230,7 +234,16 @@ class _LinearLoader:
         if name in self.quantized:
             weight = concat_rows([self.fmt.unpack(part, t) for part in parts])
             b = None if bias is None else bias.to(self.dtype)
-            set_module(self.model, name, build_linear(weight, b, self.device))
+            layer = build_linear(weight, b, self.device)
+            # The kernels write out_features values a row and read in_features: a checkpoint
+            # whose stored shape is not the model's must fail here, not overrun a buffer.
+            want, got = self.quantized[name], (layer.out_features, layer.in_features)
+            if got != want or (b is not None and tuple(b.shape) != (want[0],)):
+                raise ModelLoadError(
+                    f"{name}: the checkpoint's {self.fmt.label} weights are {got[0]} x {got[1]}"
+                    f"{'' if b is None else f' (bias {tuple(b.shape)})'}, the model's "
+                    f"{want[0]} x {want[1]}")
+            set_module(self.model, name, layer)
             return
         lin = self.model.get_submodule(name)
         weight = torch.cat([self.fmt.float_weight(p, t) for p in parts], dim=0)

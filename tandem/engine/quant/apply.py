@@ -131,6 +131,11 @@ def quantize_model(
                 summary.counts["int8"] += 1
             if new is None:
                 continue
+            if (new.out_features, new.in_features) != (lin.out_features, lin.in_features):
+                # stored blocks not cut to this layer (a rank's shard): the kernels would
+                # write past its output
+                raise ValueError(f"{name}: stored {new.out_features} x {new.in_features} "
+                                 f"for a {lin.out_features} x {lin.in_features} layer")
             if packed and new.in_features % 32 == 0:  # the kernels' groups of 32
                 if isinstance(new, Int4Linear):
                     new = PackedLinear.from_int4(new)

@@ -161,4 +161,6 @@ class Fp8Format(PrequantizedFormat):
         if tuple(scale.shape) != want:
             raise ModelLoadError(f"{per_block} has shape {tuple(scale.shape)}, expected {want} "
                                  f"for a [{n}, {k}] weight in blocks of {bn}x{bk}")
-        return weight, scale, (bn, bk)
+        # A block past the weight's edge scales what a block of the weight's size does: the
+        # widened scales are sized by the clamped block, not by a config's 2^30.
+        return weight, scale, (min(bn, n), min(bk, k))

@@ -160,6 +160,18 @@ def test_loading_is_strict(fp8_pair, tmp_path: Path) -> None:
             load_model(_rewrite(block, tmp_path / f"i{native}", lambda s: s[
                 Q + ".weight_scale_inv"].__setitem__((0, 0), float("inf"))),
                 torch.float32, CPU, 256, progress=False, native_layout=native)
+    # a weight stored in another shape than the model's: kept in e4m3 or dequantized, the
+    # load fails (the kernels would write its rows past the layer's output)
+    down = "model.layers.0.mlp.down_proj.weight"
+
+    def reshape(state: dict) -> None:
+        w = state[down]
+        state[down] = torch.cat([w] * 4)[:, :32].contiguous()
+
+    for native in (False, True):
+        with pytest.raises(ModelLoadError, match="down_proj"):
+            load_model(_rewrite(tensor, tmp_path / f"s{native}", reshape), torch.float32, CPU,
+                       256, progress=False, native_layout=native)
     # an fp8 tensor outside a linear (no scale applies to it)
     with pytest.raises(ModelLoadError, match="no scale applies"):
         load(_rewrite(tensor, tmp_path / "f", lambda s: s.update(
@@ -176,3 +188,27 @@ def test_unsupported_configs_are_refused_by_name(qc: dict, match: str) -> None:
     with pytest.raises(ModelLoadError, match=match):
         format_from_config({"quant_method": "fp8", **qc})
     assert format_from_config({"quant_method": "fp8"}) == Fp8Format(None)
+
+
+def test_blocks_larger_than_the_weight_scale_it_whole(fp8_pair, tmp_path: Path) -> None:
+    """A weight_block_size past every weight's edge (a hostile 2^30 included) is one block per
+    weight: the same values as per-tensor scales, without sizing anything by the config."""
+    tensor, _, _ = fp8_pair("tensor")
+
+    def to_blocks(state: dict) -> None:
+        for name in [n for n in state if n.endswith(".weight_scale")]:
+            state[name + "_inv"] = state.pop(name).reshape(1, 1)
+
+    huge = _rewrite(tensor, tmp_path / "huge", to_blocks,
+                    lambda qc: qc.update(weight_block_size=[2**20, 2**30]))
+    for native in (False, True):
+        want, _ = load_model(tensor, torch.float32, CPU, 256, progress=False,
+                             native_layout=native)
+        got, _ = load_model(huge, torch.float32, CPU, 256, progress=False,
+                            native_layout=native)
+        for (name, a), (_, b) in zip(want.state_dict().items(), got.state_dict().items(),
+                                     strict=True):
+            assert torch.equal(a, b), name
+        layer = lambda m: m.get_submodule("layers.0.self_attn.qkv_proj")  # noqa: E731
+        if native:  # kept in e4m3: its dequantization, the same values
+            assert torch.equal(layer(want).dequantize(), layer(got).dequantize())
