@@ -54,8 +54,12 @@ def rank_shard(arch: ModelArch, world: int, rank: int, group: int | None) -> Ran
     moe = arch.moe
     # MLA: o_proj's input per head is v_head_dim; the latent cache is one replicated head
     head_dim = arch.head_dim if arch.mla is None else arch.mla.v_head_dim
+    # a MoE model whose every layer is sparse has no dense MLP to split: its config's
+    # intermediate_size must not refuse a split
+    all_sparse = moe is not None and len(moe.sparse_layers) == arch.num_layers
     plan = plan_shards(world, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads,
-                       head_dim=head_dim, intermediate_size=arch.intermediate_size,
+                       head_dim=head_dim,
+                       intermediate_size=0 if all_sparse else arch.intermediate_size,
                        group=group,
                        expert_intermediate_size=None if moe is None else
                        moe.expert_intermediate_size,

@@ -62,3 +62,20 @@ def test_moe_block_partials_sum_to_the_whole_block(tiny_dir, world: int) -> None
             assert isinstance(part.layers[0].mlp.down_proj, AllReduce)
         torch.testing.assert_close(moe_sum, block(x))
         torch.testing.assert_close(dense_sum, dense(x))
+
+
+def test_a_model_without_dense_layers_splits_whatever_its_dense_width(tiny_dir) -> None:
+    """Every layer sparse: the config's intermediate_size (a width no layer has) does not
+    refuse the split; with a dense layer beside the experts it still must divide."""
+    import dataclasses
+
+    from tandem.engine.parallel.plan import TensorParallelError
+
+    _, sparse = _load(tiny_dir("qwen3_moe", 2))
+    assert sparse.moe is not None and len(sparse.moe.sparse_layers) == sparse.num_layers
+    odd = dataclasses.replace(sparse, intermediate_size=99)
+    assert local_arch(odd, rank_shard(odd, 2, 1, group=None)).intermediate_size == 0
+    _, mixed = _load(tiny_dir("qwen2_moe", 2, num_layers=3, decoder_sparse_step=2))
+    assert mixed.moe is not None and len(mixed.moe.sparse_layers) < mixed.num_layers
+    with pytest.raises(TensorParallelError, match="intermediate size 99"):
+        rank_shard(dataclasses.replace(mixed, intermediate_size=99), 2, 1, group=None)
