@@ -63,10 +63,12 @@ def load_checkpoint(
     packed = native and device.type == "cpu" and dtype == torch.float32
     # the native fused forward widens bf16 weights itself: no fp32 copies for torch's GEMMs
     # (the model runner makes them if that path refuses the model after all); an FP8
-    # checkpoint stays e4m3 for the kernels when its format is kept (auto, fp8) on one rank
+    # checkpoint stays e4m3 for the kernels when its format is kept (auto, fp8) on one rank,
+    # in a model of any float dtype (the kernels take fp32 activations from all of them)
+    native_cpu = native and device.type == "cpu"
     model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
-                             fp32_shadows=not (native and device.type == "cpu"),
-                             native_layout=(packed and tp is None
+                             fp32_shadows=not native_cpu,
+                             native_layout=(native_cpu and tp is None
                                             and mc.quantization in ("auto", "fp8")))
     gguf = gguf_source(mc.model)
     shard, select = None, None

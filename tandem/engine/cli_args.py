@@ -69,7 +69,7 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
             help="weights: auto keeps the checkpoint's own format (a GGUF's Q4_0/Q4_1/Q8_0 "
                  "blocks as stored), none dequantizes, int8/int4 requantize; fp8 loads a "
                  "checkpoint stored in FP8 (quant_method fp8, per-tensor or block-wise "
-                 "scales), kept in e4m3 for the native CPU kernels of an fp32 model and "
+                 "scales), kept in e4m3 for the native CPU kernels (any --dtype) and "
                  "dequantized at load elsewhere, and refuses any other")),
         ("--kv-cache-dtype", dict(
             default="auto", type=_kv_cache_dtype, metavar="{" + ",".join(KV_CACHE_DTYPES) + "}",

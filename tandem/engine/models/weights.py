@@ -89,7 +89,7 @@ def load_model(
     ``config`` is ``read_arch(path)``'s result when the caller already has it.
     ``fp32_shadows``: give a CPU bf16 model's linears their fp32 copies for the torch path
     (tandem/engine/models/linear.py); off where the native fused forward will serve it.
-    ``native_layout``: the native CPU kernels will serve this fp32 model, so a format with a
+    ``native_layout``: the native CPU kernels will serve this model, so a format with a
     layout of its own there keeps it (an FP8 checkpoint's e4m3 linears: PackedLinear) instead
     of being dequantized at load."""
     hf_config, arch = config or read_arch(path)

@@ -8,7 +8,7 @@
                           (taken straight from a Q4_1 GGUF's blocks when the model is one);
                           lm_head -> Int8Linear (a 49k-row int4 head costs too much quality)
     --quantization fp8    a checkpoint stored in FP8 (prequantized/fp8.py): e4m3 bytes in the
-                          native CPU kernels of an fp32 model, dequantized at load elsewhere
+                          native CPU kernels (any float model dtype), dequantized elsewhere
     --kv-cache-dtype int8 the paged cache stores int8 + one fp32 scale per head vector
     --kv-cache-dtype fp8  the paged cache stores e4m3 over one scale for K and one for V
                           (kv_fp8.py): 1.0, or the checkpoint's calibrated k_scale/v_scale

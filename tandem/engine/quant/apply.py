@@ -7,7 +7,7 @@
     int4   decoder linears in groups of 32 (a GGUF's own Q4_1 blocks where it has them, else
            min/max of the float weights); lm_head int8
     fp8    a checkpoint stored in FP8 (quant_method fp8: tandem/engine/quant/prequantized/
-           fp8.py), kept in e4m3 for the native CPU kernels of an fp32 model (PackedLinear),
+           fp8.py), kept in e4m3 for the native CPU kernels (PackedLinear; a model of any float dtype),
            dequantized at load elsewhere; refused for any other checkpoint (no online FP8
            quantization). auto loads such a checkpoint the same way; none dequantizes it.
 
@@ -159,13 +159,14 @@ def _prequantized(model: CausalLM, method: str, packed: bool,
         raise ModelLoadError(
             f"the checkpoint is already quantized ({fmt}); --quantization {method} would "
             "quantize it again: use auto (keep its format) or none (dequantize it)")
-    if packed:
+    if fmt.startswith(FP8_NAME + "-"):  # its linears built in the kernels' layout at load
         from tandem.engine.native.packed_linear import KIND_FP8, PackedLinear
 
-        # an FP8 checkpoint's linears, built in the kernels' layout at load
         kept = sum(isinstance(m, PackedLinear) and m.kind == KIND_FP8 for m in model.modules())
         if kept:
             summary.counts[fmt] += kept
+    elif packed:
+        from tandem.engine.native.packed_linear import PackedLinear
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, Int4Linear | Int8Linear)]
     with torch.no_grad():
         for name, lin in layers:

@@ -13,8 +13,8 @@ Older AutoGPTQ / AutoAWQ exports keep the settings in ``quantize_config.json`` /
 linear's tensors into ``(q, scale, zero)`` (int4) or ``(q, scale)`` (int8) in our convention
 (``unpacked.py``); tandem/engine/models/weights.py builds the layers straight from them, never
 through float weights. FP8 keeps its e4m3 bytes and scales (``Fp8Weight``) for the native CPU
-kernels of an fp32 model (``for_native_kernels``) and is dequantized at load (``float_weight``)
-everywhere else.
+kernels, whatever the model's float dtype (``for_native_kernels``), and is dequantized at load
+(``float_weight``) everywhere else.
 """
 
 from __future__ import annotations

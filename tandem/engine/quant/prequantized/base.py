@@ -23,7 +23,7 @@ SUPPORTED = (
     "compressed-tensors (weight-only: pack-quantized int4 group 32/64/128 sym or asym, "
     "int8 per channel in pack-quantized, int-quantized or naive-quantized); "
     "fp8 (e4m3, per-tensor weight_scale or block-wise weight_scale_inv, dynamic activations; "
-    "kept in e4m3 for the native CPU kernels of an fp32 model, dequantized at load elsewhere)"
+    "kept in e4m3 for the native CPU kernels, dequantized at load elsewhere)"
 )
 # Tensor suffixes that only quantized checkpoints hold.
 _QUANTIZED_SUFFIXES = (".qweight", ".weight_packed", ".weight_scale")
@@ -74,9 +74,9 @@ class PrequantizedFormat(ABC):
         """The quantized linear at ``prefix`` in our convention; raises ModelLoadError."""
 
     def for_native_kernels(self) -> PrequantizedFormat:
-        """This format as read for the native CPU kernels of an fp32 model: one that has a
-        layout of its own there (FP8) keeps its linears in it rather than dequantizing them;
-        the others are read the same way everywhere."""
+        """This format as read for the native CPU kernels (a model of any float dtype): one
+        that has a layout of its own there (FP8) keeps its linears in it rather than
+        dequantizing them; the others are read the same way everywhere."""
         return self
 
     def keeps(self, module: str, in_features: int) -> bool:

@@ -18,14 +18,16 @@ weight, a scale that is not finite or not below 2^120.
 
 Two ways to hold the weights:
 
-* kept (``Fp8Format.native``, the native CPU kernels serving an fp32 model): each linear
-  stays one byte per weight, its scales beside it (``Fp8Weight``), and the kernels widen and
-  scale the bytes as they multiply (tandem/engine/native/fp8_weights.h, PackedLinear kind 7).
-  Every weight the kernels use is ``e4m3 * scale`` rounded once to fp32: the dequantized
-  value. The scales are held as one fp32 per input per block of rows (4 / bn bytes a weight:
-  SmolLM2's decoder linears in 128 x 128 blocks 110 MB kept, 425 MB dequantized to fp32). A linear the kernels cannot take stays float, dequantized at load: MLA's
+* kept (``Fp8Format.native``, the native CPU kernels serving an fp32, bf16 or fp16 model):
+  each linear stays one byte per weight, its scales beside it (``Fp8Weight``), and the
+  kernels widen and scale the bytes as they multiply (tandem/engine/native/fp8_weights.h,
+  PackedLinear kind 7). Every weight the kernels use is ``e4m3 * scale`` rounded once to
+  fp32: the dequantized value, with fp32 activations whatever the model's dtype (a bf16
+  model's kept linears are not rounded to bf16 as its dequantized ones would be). The scales are held as one fp32 per input per block of rows (4 / bn bytes a weight:
+  SmolLM2's decoder linears in 128 x 128 blocks 110 MB kept, 425 MB dequantized to fp32, 213 MB
+  to bf16). A linear the kernels cannot take stays float, dequantized at load: MLA's
   ``kv_b_proj`` (read as float weights) and a width that is not a multiple of 32.
-* dequantized at load (everywhere else: CUDA, no compiler, bf16/fp16 models, tensor
+* dequantized at load (everywhere else: CUDA, no compiler, ``--no-native-kernels``, tensor
   parallelism, ``--quantization none|int8|int4``): the model holds float linears of the same
   values, at the model dtype's bytes per weight.
 """

@@ -8,6 +8,14 @@ op): logits measured 4e-7 to 8e-7 apart (relative) on these tiny models, bounded
 1e-5, and greedy tokens equal. The
 checkpoints are tandem/engine/testing/fp8_checkpoint.py's: per-tensor scales, and blocks that
 divide the layers or leave partial edge blocks (48 x 32, 40 x 96).
+
+A bf16/fp16 model keeps them too: its kept linears are the same fp32 weights, the rest of
+the model (embedding, norms, lm_head, biases) its 16-bit weights widened, its KV cache 16-bit.
+The exact reference is then test_fused_16bit.py's: the torch path in fp32 over those very
+weights (the checkpoint dequantized to fp32, everything but the kept linears' weights rounded
+to the model dtype) with the K/V rounded to the 16-bit cache as written: logits within 1e-4,
+greedy tokens equal. Against the torch path's own 16-bit model (the checkpoint dequantized at
+load into bf16: its linears rounded too, its activations bf16) they agree to bf16 rounding.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from tandem.engine.native.packed_linear import KIND_FP8, PackedLinear
 from tandem.engine.testing import make_tiny_checkpoint
 from tandem.engine.testing.fp8_checkpoint import write_fp8
 from tests.unit.engine._reference import engine_token_ids
+from tests.unit.engine.native.test_fused_16bit import _forward, _ulps_at_scale, _UpcastCacheBackend
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
 
@@ -119,10 +128,110 @@ def test_engine_greedy_fp8_kept_equals_dequantized_at_load(make_engine, fp8_dir,
     assert fp8.weight_bytes == ref.weight_bytes - float_bytes + kept_bytes
 
 
-@pytest.mark.parametrize("opts", [{"dtype": "bfloat16"}, {"quantization": "none"},
-                                  {"use_native_kernels": False}])
+@pytest.mark.parametrize("opts", [{"dtype": "bfloat16", "use_native_kernels": False},
+                                  {"quantization": "none"}, {"use_native_kernels": False}])
 def test_fp8_is_dequantized_at_load_where_it_is_not_kept(make_engine, fp8_dir, opts):
-    """A bf16 model, ``--quantization none`` and the torch path get float linears."""
+    """The torch path (fp32 or bf16) and ``--quantization none`` get float linears."""
     engine = make_engine(model=str(fp8_dir("block48x32")), num_blocks=16, **opts)
     assert engine.weights_format == "fp8-block48x32 (dequantized at load)"
     assert not any(isinstance(m, PackedLinear) for m in engine.runner.model.modules())
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _upcast_reference(qdir: Path, kept: set[str], dtype: torch.dtype) -> torch.nn.Module:
+    """The fp32 model a ``dtype`` model keeping ``kept`` in e4m3 computes: the checkpoint
+    dequantized to fp32, every weight but the kept linears' rounded to ``dtype``."""
+    ref = load_model(qdir, torch.float32, CPU, 256, progress=False)[0]
+    assert ref.dequantized_from is not None
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.removesuffix(".weight") not in kept:
+                p.copy_(p.to(dtype).float())
+    return ref
+
+
+@pytest.mark.parametrize("kind,arch,dtype", [("block48x32", "llama", "bfloat16"),
+                                             ("tensor", "qwen2", "bfloat16"),  # qkv bias
+                                             ("block40x96", "qwen3", "float16")])
+def test_fused_16bit_model_keeps_fp8_and_matches_the_upcast_torch_path(make_engine, fp8_dir,
+                                                                       kind, arch, dtype):
+    qdir = fp8_dir(kind, arch)
+    engine = make_engine(model=str(qdir), dtype=dtype, num_blocks=40, block_size=4,
+                         kv_cache_dtype="auto")  # the model's own 16-bit cache
+    runner = engine.runner
+    assert runner.fused is not None and runner.kv_cache.dtype == DTYPES[dtype]
+    kept = {n for n, m in runner.model.named_modules() if isinstance(m, PackedLinear)}
+    n_kept = 4 * runner.model.arch.num_layers  # qkv, o, gate_up, down
+    assert len(kept) == n_kept
+    assert engine.weights_format == f"fp8-{kind} x{n_kept}"
+    assert all(runner.model.get_submodule(n).kind == KIND_FP8 for n in kept)
+    assert runner.model.norm.weight.dtype == DTYPES[dtype]
+    upcast = _upcast_reference(qdir, kept, DTYPES[dtype])
+    own = load_model(qdir, DTYPES[dtype], CPU, 256, progress=False)[0]  # dequantized to bf16
+    bs, backend = runner.block_size, _UpcastCacheBackend()
+    kv_nat, kv_ref, kv_own = (torch.zeros_like(runner.kv_cache) for _ in range(3))
+    g = torch.Generator().manual_seed(5)
+    table = list(range(39, 39 - 18, -1))
+    steps = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (40, 9, 1, 1, 1, 3)]
+    pos = 0
+    for i, ids in enumerate(steps):
+        positions = list(range(pos, pos + len(ids)))
+        nat = runner.fused(ids, positions, [0] * len(ids), [table], kv_nat, range(len(ids)))
+        ref = _forward(upcast, backend, ids, positions, table, kv_ref, bs)
+        assert _rel(nat, ref) < 1e-4, (i, _rel(nat, ref))
+        assert torch.equal(nat.argmax(-1), ref.argmax(-1)), i
+        if i == 0:  # the torch path's own 16-bit model: weights and activations rounded
+            mine = _forward(own, TorchAttentionBackend(), ids, positions, table, kv_own, bs)
+            assert _rel(nat, mine) < 3e-2, _rel(nat, mine)
+        pos += len(ids)
+    assert (kv_nat != kv_ref).float().mean().item() < 1e-3
+    assert _ulps_at_scale(kv_nat, kv_ref).max().item() <= 2
+
+
+def test_engine_greedy_bf16_fp8_kept_equals_the_upcast_torch_path(make_engine, fp8_dir):
+    """Whole engine runs of a bf16 model keeping its FP8 linears give the tokens of the torch
+    path over the same weights in fp32 (test_fused_16bit.py's reference); the kept linears
+    hold about half the bytes of the bf16 ones dequantized at load."""
+    qdir = fp8_dir("block48x32")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 40, 17)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    fp8 = make_engine(model=str(qdir), num_blocks=64, dtype="bfloat16")
+    assert fp8.runner.fused is not None
+    ref = make_engine(model=str(qdir), num_blocks=64, dtype="bfloat16", use_native_kernels=False)
+    assert ref.runner.fused is None and ref.weights_format.endswith("(dequantized at load)")
+    kept = [m for m in fp8.runner.model.modules() if isinstance(m, PackedLinear)]
+    bf16_bytes = sum(2 * m.out_features * m.in_features for m in kept)
+    kept_bytes = sum(m.weight_bytes() for m in kept)
+    assert kept_bytes < 0.6 * bf16_bytes
+    assert fp8.weight_bytes == ref.weight_bytes - bf16_bytes + kept_bytes
+    names = {n for n, m in fp8.runner.model.named_modules() if isinstance(m, PackedLinear)}
+    ref.runner.model = _upcast_reference(qdir, names, torch.bfloat16)
+    ref.runner.backend = _UpcastCacheBackend()
+    assert engine_token_ids(fp8, prompts, params) == engine_token_ids(ref, prompts, params)
+
+
+def test_a_16bit_model_the_kernels_refuse_runs_its_kept_fp8_linears_on_torch(make_engine,
+                                                                             fp8_dir):
+    """An fp8 KV cache, which the fused forward declines: the runner keeps torch ops over the
+    kept layers, each widening its bf16 input to fp32 for the kernel and rounding the result
+    back (one bf16 rounding of the fp32 matmul over the dequantized weights)."""
+    qdir = fp8_dir("block48x32")
+    engine = make_engine(model=str(qdir), dtype="bfloat16", num_blocks=16, kv_cache_dtype="fp8")
+    assert engine.runner.fused is None
+    kept = {n: m for n, m in engine.runner.model.named_modules() if isinstance(m, PackedLinear)}
+    assert engine.weights_format == f"fp8-block48x32 x{len(kept)}" and kept
+    ref = load_model(qdir, torch.float32, CPU, 256, progress=False)[0]  # dequantized in fp32
+    g = torch.Generator().manual_seed(9)
+    for name, lin in kept.items():
+        for rows in (1, 9):
+            x = torch.randn(rows, lin.in_features, generator=g).bfloat16()
+            y = lin(x)
+            assert y.dtype == torch.bfloat16
+            want = torch.nn.functional.linear(x.float(), ref.get_submodule(name).weight,
+                                              lin.bias)
+            torch.testing.assert_close(y.float(), want, rtol=2 ** -8, atol=1e-6)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    assert len(engine_token_ids(engine, [[5, 6, 7, 8, 9, 10, 11, 12, 13]], params)[0]) == 3
