@@ -137,9 +137,15 @@ class EngineConfig:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got "
                              f"{self.tensor_parallel_size}")
-        if self.tensor_parallel_size > 1 and self.speculative.speculative_method == "draft":
-            raise ValueError("a draft model does not run in a tensor-parallel group: use "
-                             "--speculative ngram or --tensor-parallel-size 1")
+        # A group's draft runs whole on rank 0 (tandem/engine/spec/draft.py); the target's own
+        # first layers cannot be that draft: they are split over the ranks and all-reduce.
+        sc = self.speculative
+        if self.tensor_parallel_size > 1 and sc.speculative_method == "draft" \
+                and not sc.draft_model:
+            raise ValueError("a draft of the target's first layers does not run in a "
+                             "tensor-parallel group (its layers are split over the ranks): "
+                             "name a draft checkpoint (--draft-model), use --speculative "
+                             "ngram or --tensor-parallel-size 1")
         if self.attention_backend not in ("torch", "triton", "auto"):
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         wait = self.grammar_compile_wait_s

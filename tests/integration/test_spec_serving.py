@@ -1,6 +1,8 @@
 """Speculative decoding through the disaggregated path: a plain prefill worker pushes the
 prompt's KV to decode workers started with ``--speculative ngram`` and ``--speculative draft``
-(the draft builds its own KV for the prompt there); greedy output equals one plain engine's."""
+(the draft builds its own KV for the prompt there), and to a tensor-parallel decode group of 2
+ranks speculating with a draft checkpoint (run whole on its rank 0, each rank receiving its
+own KV heads); greedy output equals one plain engine's."""
 
 from __future__ import annotations
 
@@ -25,13 +27,19 @@ def _greedy(n: int) -> tandem_pb2.SamplingParams:
 @pytest.fixture(scope="module")
 def workers(tiny_dir) -> Iterator[tuple[Proc, dict[str, Proc]]]:
     model = str(tiny_dir("llama", 2))
-    common = ["--model", model, "--block-size", "4", "--threads", "1", "--num-blocks", "128"]
+    # float32 KV everywhere: a group's cache is in the model dtype ("auto" is float16 only for
+    # one process on the fused native forward), and a handoff needs one dtype on both sides
+    common = ["--model", model, "--block-size", "4", "--threads", "1", "--num-blocks", "128",
+              "--kv-cache-dtype", "float32"]
     cluster = Cluster()
     try:
         speculative = {
             "ngram": ["--speculative", "ngram", "--num-speculative-tokens", "4"],
             "draft": ["--speculative", "draft", "--draft-layers", "2",
                       "--num-speculative-tokens", "3"],
+            # the target's own checkpoint as the draft: every guess is accepted
+            "draft-tp2": ["--tensor-parallel-size", "2", "--speculative", "draft",
+                          "--draft-model", model, "--num-speculative-tokens", "3"],
         }
         prefill, *started = start_all(
             cluster, ("tandem.worker.prefill", "--port", "0", *common),
@@ -44,10 +52,10 @@ def workers(tiny_dir) -> Iterator[tuple[Proc, dict[str, Proc]]]:
         cluster.stop()
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "draft", "draft-tp2"])
 def test_speculative_decode_worker_equals_plain(workers, make_engine, tiny_dir, method) -> None:
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64, block_size=4,
-                         num_threads=1)
+                         num_threads=1, kv_cache_dtype="float32")
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
                                                     ignore_eos=True))
     want: list[int] = []

@@ -5,12 +5,14 @@ of-experts ones (every expert split across the ranks), on latent-attention ones 
 query heads split, the latent cache whole on every rank; a DeepSeek GGUF's blocks cut by
 heads), and on the default model (SmolLM2's Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a
 pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors) split on its groups generates exactly
-what one rank does. Every KV block is back in the pool afterwards: one scheduler (rank 0's)
+what one rank does, and so does a group speculating with a draft checkpoint run whole on rank
+0. Every KV block is back in the pool afterwards: one scheduler (rank 0's)
 allocates for every rank, whose caches hold their own heads at the same block ids. Closing the
 engine ends every rank."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +167,46 @@ def test_ngram_speculation_in_a_group_equals_transformers(tiny_dir) -> None:
         assert_no_leaks(engine)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("smaller", [True, False], ids=["smaller-draft", "target-as-draft"])
+def test_draft_model_speculation_in_a_group_equals_one_rank(tiny_dir, smaller: bool) -> None:
+    """The draft checkpoint runs whole on rank 0 over its own cache; the target verifies its
+    tokens in ordinary steps of the group. Greedy output equals one rank's without
+    speculation (a smaller draft; the target's own checkpoint as the draft, whose guesses the
+    group accepts), with a request that opts out in the same batch; no block leaks."""
+    path = tiny_dir("llama", 2)  # 4 heads, 2 KV heads: one KV head per rank
+    draft = tiny_dir("llama", 2, num_layers=1, hidden_size=32) if smaller else path
+    plain = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+    one = LLMEngine(EngineConfig.from_kwargs(
+        model=str(path), num_blocks=64, block_size=16, max_num_batched_tokens=32,
+        num_threads=1), progress=False)
+    try:
+        want = engine_token_ids(one, _prompts(), plain)
+    finally:
+        one.close()
+    # the second request opts out: it shares the group's steps without drafts
+    params = [dataclasses.replace(plain, speculative=i != 1) for i in range(len(want))]
+    engine = LLMEngine(EngineConfig.from_kwargs(
+        model=str(path), num_blocks=64, block_size=16, max_num_batched_tokens=32,
+        tensor_parallel_size=2, num_threads=1, speculative_method="draft",
+        draft_model=str(draft), num_speculative_tokens=3), progress=False)
+    followers = [f.proc for f in engine.group._followers]  # type: ignore[union-attr]
+    try:
+        ids = [engine.add_request(p, sp) for p, sp in zip(_prompts(), params, strict=True)]
+        got: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    got[out.request_id] = out.token_ids
+        assert [got[i] for i in ids] == want
+        stats = engine.stats()
+        assert stats.spec_proposed_tokens > 0
+        assert smaller or stats.spec_accepted_tokens > 0  # multi-token steps on every rank
+        assert_no_leaks(engine)
+    finally:
+        engine.close()
+    assert [p.wait(timeout=60) for p in followers] == [0]
 
 
 @pytest.mark.slow

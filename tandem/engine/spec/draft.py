@@ -6,6 +6,11 @@ simply stop being read. After a prefill worker's handoff the draft has no KV for
 its first proposal runs a draft prefill over prompt + output on the decode worker (see
 docs/speculative.md for why it is built there and not shipped).
 
+In a tensor-parallel group the draft is a checkpoint of its own, loaded whole on rank 0 (no
+rank holds a shard of it, none all-reduces for it); its cache is rank 0's alone, and the
+followers never see it. The target's verify pass over the drafts is an ordinary multi-token
+step, which rank 0 sends to every rank like any other (tandem/engine/parallel/group.py).
+
     step: catch-up chunk  tokens[computed : n]  -> q1, d1      (one forward, all requests)
           then k-1 decode passes  d_i at position n+i-1 -> q_{i+1}, d_{i+1}
     next step: draft KV is valid up to the first draft the target rejected.

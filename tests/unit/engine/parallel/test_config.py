@@ -14,9 +14,12 @@ def test_group_size_is_validated() -> None:
         EngineConfig.from_kwargs(tensor_parallel_size=0)
 
 
-def test_a_draft_model_is_refused_in_a_group() -> None:
-    """The draft model would run on rank 0 alone over a model whose layers all-reduce."""
-    with pytest.raises(ValueError, match="draft model"):
+def test_a_first_layers_draft_is_refused_in_a_group() -> None:
+    """The target's first layers would run on rank 0 alone, yet they are split and
+    all-reduce; a draft checkpoint of its own runs whole on rank 0."""
+    with pytest.raises(ValueError, match="first layers .* tensor-parallel group"):
         EngineConfig.from_kwargs(tensor_parallel_size=2, speculative_method="draft",
                                  draft_layers=1)
+    EngineConfig.from_kwargs(tensor_parallel_size=2, speculative_method="draft",
+                             draft_model="some-draft")
     EngineConfig.from_kwargs(tensor_parallel_size=2, speculative_method="ngram")
