@@ -171,8 +171,9 @@ class KvAgent:
 
 async def push_routes(sender: Sender | None, msg: dict[str, Any],
                       opened: list[OutgoingTransfer]) -> None:
-    """Push every route of ``msg`` (a push frame) from this rank's cache, all at once: open,
-    every layer, then commit the decode ranks this rank commits and finish the others."""
+    """Push every route of ``msg`` (a push frame) from this rank's cache, all at once: open
+    (under the request's LoRA adapter identity, as rank 0's BEGIN), every layer, then commit
+    the decode ranks this rank commits and finish the others."""
     if sender is None:
         raise RuntimeError("not a prefill rank")
     deadline = time.monotonic() + float(msg["timeout_s"])
@@ -183,7 +184,7 @@ async def push_routes(sender: Sender | None, msg: dict[str, Any],
 
     async def one(route: Route) -> None:
         t = await sender.open(str(msg["tid"]), Endpoint.decode(msg["endpoints"][route.dst]),
-                              src, dst, deadline, route=route,
+                              src, dst, deadline, str(msg.get("adapter", "")), route=route,
                               parts=int(msg["parts"][route.dst]))
         opened.append(t)
         t.push(0, sender.layout.num_layers)

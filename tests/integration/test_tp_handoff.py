@@ -126,7 +126,8 @@ def test_a_float_decode_refuses_an_fp8_prefill_group(tiny_dir, tmp_path, router 
 
 def test_a_runtime_adapter_reaches_every_rank_of_both_groups(
         tiny_dir, tmp_path, router, make_engine) -> None:  # noqa: F811
-    model = tiny_dir("llama", 1, num_heads=6, hidden_size=96)
+    # two KV heads over two prefill ranks: rank 1 pushes its own head, under the adapter too
+    model = tiny_dir("llama", 2, num_heads=6, hidden_size=96)
     adapter = str(write_random_adapter(model, tmp_path / "x", rank=4, seed=5))
     one = make_engine(model=str(model), num_blocks=64, block_size=16, kv_cache_dtype="float32",
                       lora=LoraConfig(enabled=True, modules=(("x", adapter),)))

@@ -56,11 +56,14 @@ from tandem.engine.parallel.collectives import AllReduce
 from tandem.engine.parallel.lora_cut import cut_adapter
 from tandem.engine.parallel.plan import RankShard
 from tandem.engine.parallel.shard import local_arch
+from tandem.engine.parallel.step_wire import MAX_FRAME
 
 if TYPE_CHECKING:  # triton_lora imports triton: loaded only when a CUDA step uses it
     from tandem.engine.lora.triton_lora import TritonLoraBatch
 
 _KEPT_STACKS = 4  # sets of adapters whose stacked weights are kept
+# An adapter's files in a group's step frame (lora_load), with room for the frame's own fields
+MIRROR_BYTES = MAX_FRAME - (1 << 20)
 
 
 class AdapterMirror(Protocol):
@@ -146,6 +149,10 @@ class LoraManager:
             raise LoraError(f"{len(self.adapters)} LoRA adapters are loaded, --max-cpu-loras "
                             f"is {bound}: unload one first")
         config_bytes, weights_bytes = read_adapter_files(name, path)
+        if self._mirror is not None and len(config_bytes) + len(weights_bytes) > MIRROR_BYTES:
+            # the followers get the files' bytes in one step frame (step_wire.MAX_FRAME)
+            raise LoraError(f"LoRA adapter {name!r} is {len(weights_bytes)} bytes: a "
+                            f"tensor-parallel group takes adapters up to {MIRROR_BYTES} bytes")
         adapter = self.add(name, str(path), config_bytes, weights_bytes)
         if self._mirror is not None:
             try:

@@ -7,10 +7,10 @@
            step | copy ... (each the forward or block copy rank 0 runs) ... stop ──> exit 0
            lora_load | lora_unload (an adapter rank 0 checked: this rank holds its cut)
 
-A follower never samples; a step under LoRA adapters runs with its rows' adapters, as on rank
-0 (tandem/engine/lora/manager.py; an adapter rank 0 accepted but this rank cannot hold, short
-of memory, ends the rank and so the worker). A follower never samples: the lm_head is replicated and rank 0 computes the logits. It exits
-non-zero when rank 0 is gone (end of its stdin) or a collective fails (a peer died, or the
+A follower never samples: the lm_head is replicated and rank 0 computes the logits. A step
+under LoRA adapters runs with its rows' adapters, as on rank 0 (tandem/engine/lora/manager.py;
+an adapter rank 0 accepted but this rank cannot hold, short of memory, ends the rank and so
+the worker). It exits non-zero when rank 0 is gone (end of its stdin) or a collective fails (a peer died, or the
 group's timeout passed), so no rank outlives its group.
 
 A worker's follower module (RankGroup's ``follower_module``) calls ``main(make_agent)``: once

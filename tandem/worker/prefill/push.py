@@ -147,7 +147,8 @@ class LayerPush:
         if self._agents is not None:
             frames = {rank: {**plan.frame(rank), "src": self._src, "dst": self._dst,
                              "timeout_s": max(0.0, self._deadline - time.monotonic()),
-                             "first": list(sent[0]), "forked": [list(f) for f in sent[1:]]}
+                             "first": list(sent[0]), "forked": [list(f) for f in sent[1:]],
+                             "adapter": self._adapter}
                       for rank in range(1, self._agents.world) if plan.of_rank(rank)}
             others = asyncio.ensure_future(self._agents.push(
                 self.transfer_id, frames, max(0.1, self._deadline - time.monotonic())))

@@ -115,3 +115,32 @@ def test_prefix_cache_is_salted_by_adapter(make_engine, base_and_adapter) -> Non
     plain, hit = run("")
     assert hit == 0 and plain == peft_greedy(base, None, prompt, 6)
     assert engine.stats().num_stranded_blocks == 0
+
+
+def test_a_group_refuses_an_adapter_over_its_frame_limit(base_and_adapter, monkeypatch) -> None:
+    """A tensor-parallel group sends an adapter's file bytes to its other ranks in one step
+    frame: one larger than that is refused by name (LoraError) before any rank holds it."""
+    from tandem.engine.lora import manager as lora_manager
+    from tandem.engine.models.weights import load_model
+
+    base, good, _ = base_and_adapter
+    model, arch = load_model(base, torch.float32, torch.device("cpu"), 64, progress=False)
+
+    class Mirror:
+        loads: list[str] = []
+
+        def load_adapter(self, name: str, *_: object) -> None:
+            self.loads.append(name)
+
+        def unload_adapter(self, name: str) -> None:
+            raise AssertionError("nothing was loaded")
+
+    mirror = Mirror()
+    lora = lora_manager.LoraManager(LoraConfig(enabled=True), model, arch, torch.float32,
+                                    torch.device("cpu"), mirror=mirror)
+    lora.register("a", str(good))  # fits: every rank gets it
+    assert mirror.loads == ["a"]
+    monkeypatch.setattr(lora_manager, "MIRROR_BYTES", 1000)
+    with pytest.raises(LoraError, match="up to 1000 bytes"):
+        lora.register("big", str(good))
+    assert "big" not in lora.adapters and mirror.loads == ["a"]
