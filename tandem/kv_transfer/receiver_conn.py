@@ -260,9 +260,10 @@ class InboundConnection:
         rx, tid = self.rx, header["transfer"]
         res = rx.table.get(tid)
         if res is not None and self.id in res.conns and not res.complete \
-                and len(res.conns) > 1:
-            # Striped: the other connections' last frames may still be landing. Wait for them
-            # or for the transfer's end (its lease bounds the wait).
+                and (len(res.conns) > 1 or res.parts > 1 or res.stripes > 1):
+            # Striped or re-sharded: the other connections' last frames, or their very BEGIN
+            # (each connection is read on its own), may still be on the way. Wait for them or
+            # for the transfer's end (its lease bounds the wait).
             await rx.wait_landed(res)
             res = rx.table.get(tid)
         if res is None or self.id not in res.conns:

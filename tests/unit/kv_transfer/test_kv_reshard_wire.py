@@ -123,3 +123,49 @@ def test_a_group_that_cannot_be_re_sharded_is_refused_at_hello() -> None:
         await rx.close()
 
     run(body())
+
+
+def test_a_commit_that_overtakes_the_other_parts_begin_waits_for_them() -> None:
+    """Each part of a re-sharded push is its own connection, read on its own: the committing
+    part's COMMIT can reach the receiver before another part's BEGIN does. Forced here: the
+    committing part commits before the others even open; the receiver waits for them (its
+    lease bounds the wait) instead of refusing the push as incomplete."""
+    base = tiny_layout("bfloat16", layers=3, heads=1)
+    src, dst = _group(base, 3, 3), _group(base, 3, 1)
+
+    async def go() -> None:
+        whole = torch.randn(3, 2, 9, 4, 3, 8, generator=torch.Generator().manual_seed(4)
+                            ).to(torch.bfloat16)
+        kv = torch.zeros(3, 2, 12, 4, 3, 8, dtype=torch.bfloat16)
+        rx = Receiver(kv, dst.layout, ReceiverConfig(TEST_SECRET), _transports("tcp", True),
+                      group=dst, rank=0)
+        endpoint = await rx.start()
+        txs = [Sender(whole[..., r:r + 1, :].contiguous(), src.layout,
+                      SenderConfig(TEST_SECRET), _transports("tcp", False), group=src, rank=r)
+               for r in range(3)]
+        rx.reserve("t1", [10, 0, 4], lease_s=30)
+        every = routes(src, dst)
+        first = next(r for r in every if committer(every, r.dst) == r.src)
+        others = [r for r in every if r != first]
+
+        async def part(r):
+            t = await txs[r.src].open("t1", endpoint, [7, 2, 5], [10, 0, 4], deadline(),
+                                      route=r, parts=parts_into(every, r.dst))
+            t.push(0, base.num_layers)
+            return t
+
+        committing = await part(first)
+        commit = asyncio.ensure_future(committing.commit(5, -0.5))
+        while not (commit.done() or "t1" in rx._landing):  # the COMMIT has been read
+            await asyncio.sleep(0)
+        assert not commit.done(), commit.exception()
+        for t in [await part(r) for r in others]:
+            await t.finish_part()
+        await commit
+        event = await rx.events.get()
+        assert isinstance(event, Committed) and event.transfer_id == "t1"
+        assert torch.equal(kv[:, :, [10, 0, 4]], whole[:, :, [7, 2, 5]])
+        await settle_and_check(rx, *txs)
+        await rx.close()
+
+    run(go())
