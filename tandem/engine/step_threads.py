@@ -203,7 +203,7 @@ class AdaptiveThreads:
         b = bucket(tokens)
         probe = self._probe
         probing = probe is not None and probe[0] is arm and probe[1] == b
-        first = arm.guess(b) is None
+        first = not arm.times.get(b)  # its first step of this size
         # A re-try's first step forgets the arm's older times here: they are stale.
         arm.record(b, seconds, fresh=probing and probe[2] == 0)  # type: ignore[index]
         arm.last, arm.steps = self._clock(), arm.steps + 1

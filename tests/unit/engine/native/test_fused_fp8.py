@@ -26,7 +26,6 @@ import pytest
 import torch
 
 from tandem.engine import SamplingParams
-from tandem.engine.attention import AttentionMetadata
 from tandem.engine.attention.torch_backend import TorchAttentionBackend
 from tandem.engine.models.weights import load_model
 from tandem.engine.native import load
@@ -58,22 +57,6 @@ def fp8_dir(tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
-def _torch_forward(model, ids, positions, table, kv, bs) -> torch.Tensor:  # noqa: ANN001
-    t = len(ids)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, t], dtype=torch.int32),
-        seq_lens=torch.tensor([positions[-1] + 1], dtype=torch.int32),
-        block_tables=torch.tensor([table], dtype=torch.int32),
-        slot_mapping=torch.tensor([table[p // bs] * bs + p % bs for p in positions]),
-        query_lens_cpu=[t], seq_lens_cpu=[positions[-1] + 1], num_decodes=int(t == 1),
-        block_size=bs,
-    )
-    with torch.inference_mode():
-        hidden = model(torch.tensor(ids), torch.tensor(positions), kv, meta,
-                       TorchAttentionBackend())
-        return model.compute_logits(hidden)
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
@@ -100,7 +83,7 @@ def test_fused_fp8_matches_the_dequantized_torch_path(make_engine, fp8_dir, kind
     for i, ids in enumerate(steps):
         positions = list(range(pos, pos + len(ids)))
         nat = runner.fused(ids, positions, [0] * len(ids), [table], kv_nat, range(len(ids)))
-        want = _torch_forward(ref, ids, positions, table, kv_ref, bs)
+        want = _forward(ref, TorchAttentionBackend(), ids, positions, table, kv_ref, bs)
         assert _rel(nat, want) < 1e-5, (i, _rel(nat, want))
         assert torch.equal(nat.argmax(-1), want.argmax(-1)), i
         pos += len(ids)
