@@ -117,7 +117,9 @@ class LLMEngine:
             native_kernels=config.use_native_kernels, tensor_parallel=tp > 1,
         )
         if self.group is not None:
-            lora = {"max_lora_rank": config.lora.max_lora_rank} if config.lora.enabled else None
+            lora = ({"max_lora_rank": config.lora.max_lora_rank,
+                     "max_cpu_loras": config.lora.max_cpu_loras}
+                    if config.lora.enabled else None)
             self.group.start({**runner_settings(rc), "lora": lora})
         self.runner = ModelRunner(ckpt.model, runner_arch, rc, self.group)
         # Blocks behind every layer's sliding window go back to the pool as a request runs;

@@ -9,8 +9,10 @@ rank's e4m3 heads move as bytes under the same scales and the output equals the 
 fp8 engine's, and a float32 decode worker's reservation is refused by an fp8 prefill group
 (a typed FAILED_PRECONDITION naming both dtypes) before anything is pushed. A LoRA adapter
 loaded at runtime through the workers' LoraAdapters service reaches every rank of a TP 2
-prefill and a TP 2 decode group, and a handoff under it equals the colocated engine's. Both workers end with every block free, and every rank
-exits with its worker."""
+prefill and a TP 2 decode group, and a handoff under it equals the colocated engine's; one a
+follower cannot hold (its adapter slots full) fails the Load naming that rank, no rank keeps
+it, and the group serves on. Both workers end with every block free, and every rank exits
+with its worker."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import grpc
 import pytest
 
 from tandem.engine.lora import LoraConfig
+from tandem.engine.parallel import rank_slots
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.testing.lora import greedy_under_adapters, write_random_adapter
 from tandem.protos.v1 import worker_pb2, worker_pb2_grpc
@@ -150,6 +153,60 @@ def test_a_runtime_adapter_reaches_every_rank_of_both_groups(
         with _member(c.prefill_address) as channel:
             worker_pb2_grpc.LoraAdaptersStub(channel).Unload(
                 worker_pb2.LoraAdapterRequest(name="x"), timeout=60)
+        c.both_idle()
+
+
+def _handoff_under(c: Cluster, rid: str, lora: str) -> list[int]:
+    """A handoff of PROMPT under adapter ``lora`` ("": the base model)."""
+    res = c.decode.Reserve(worker_pb2.ReserveRequest(
+        request_id=rid, token_ids=PROMPT, sampling=_greedy(MAX_NEW), lease_s=60.0, lora=lora))
+    req = c.prefill_request(rid, PROMPT, MAX_NEW, res)
+    req.lora, req.lora_identity = lora, res.lora_identity
+    first = c.prefill.Prefill(req, timeout=120)
+    msgs = list(c.decode.Decode(worker_pb2.DecodeRequest(request_id=rid), timeout=120))
+    return [first.first_token] + [t for m in msgs for t in m.token_ids]
+
+
+def test_an_adapter_one_rank_cannot_hold_is_refused_and_the_group_serves_on(
+        tiny_dir, tmp_path, router, make_engine, monkeypatch) -> None:  # noqa: F811
+    """Rank 1 of a TP 2 decode group holds at most one adapter (tandem/engine/parallel/
+    rank_slots.py, a test-only bound on that rank alone), and holds a from start. Loading b
+    there: rank 0 accepts it, rank 1 refuses it, so the Load RPC fails naming rank 1 and its
+    reason, and no rank keeps b; the group still serves a and the base model exactly, and once
+    a is unloaded (on every rank) b loads and serves exactly."""
+    model = tiny_dir("llama", 2, num_heads=6, hidden_size=96)
+    a = str(write_random_adapter(model, tmp_path / "a", rank=4, seed=5))
+    b = str(write_random_adapter(model, tmp_path / "b", rank=4, seed=6))
+    one = make_engine(model=str(model), num_blocks=64, block_size=16, kv_cache_dtype="float32",
+                      lora=LoraConfig(enabled=True, modules=(("a", a), ("b", b))))
+    want = dict(zip("ab", greedy_under_adapters(one, [(PROMPT, "a", MAX_NEW),
+                                                      (PROMPT, "b", MAX_NEW)]), strict=True))
+    want[""] = _colocated(make_engine, str(model), PROMPT, "float32")
+    assert len({tuple(t) for t in want.values()}) == 3  # each adapter moves the output
+    monkeypatch.setenv(rank_slots.ENV, "1:1")  # the workers' environment: rank 1's bound
+    lora = ("--enable-lora", "--allow-runtime-lora-updates", "--lora-modules", f"a={a}")
+    for c in _start(model, router[1], tmp_path, 1, 2, extra=lora):
+        with _member(c.prefill_address) as channel:
+            worker_pb2_grpc.LoraAdaptersStub(channel).Load(
+                worker_pb2.LoraAdapterRequest(name="b", path=b), timeout=60)
+        with _member(c.decode_address) as channel:
+            admin = worker_pb2_grpc.LoraAdaptersStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                admin.Load(worker_pb2.LoraAdapterRequest(name="b", path=b), timeout=60)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = err.value.details()
+            assert "tensor-parallel rank 1 could not load LoRA adapter 'b'" in details
+            assert "its limit is 1" in details, details
+            with pytest.raises(grpc.RpcError) as err:  # rank 0 did not keep it either
+                c.decode.Reserve(worker_pb2.ReserveRequest(
+                    request_id="b0", token_ids=PROMPT, sampling=_greedy(MAX_NEW), lease_s=60.0,
+                    lora="b"))
+            assert "unknown LoRA adapter 'b'" in err.value.details()
+            assert _handoff_under(c, "a1", "a") == want["a"]
+            assert _handoff_under(c, "base1", "") == want[""]
+            admin.Unload(worker_pb2.LoraAdapterRequest(name="a"), timeout=60)
+            admin.Load(worker_pb2.LoraAdapterRequest(name="b", path=b), timeout=60)
+        assert _handoff_under(c, "b1", "b") == want["b"]
         c.both_idle()
 
 

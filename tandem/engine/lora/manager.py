@@ -20,9 +20,10 @@ one segmented shrink and one expand launch over the rows grouped by adapter slot
 In a tensor-parallel group (``shard``) every rank's manager holds its cut of each adapter
 (tandem/engine/parallel/lora_cut.py) and hooks a row-parallel layer inside its all-reduce, so
 the delta joins the rank's partial sum. Rank 0 reads an adapter's files once and hands their
-bytes to the other ranks (``mirror``: the RankGroup) before it serves the adapter, so every
-rank holds the same adapter, loaded at start or at runtime; an unload reaches them the same
-way.
+bytes to the other ranks (``mirror``: the RankGroup), and serves the adapter only once every
+rank answered that it holds its cut, so every rank holds the same adapters, loaded at start
+or at runtime. A rank that cannot (its adapter slots, its memory) fails the load with its
+reason and no rank keeps the adapter; an unload reaches every rank the same way.
 
 A block's prefix-cache hash is salted by the adapter's identity (``salt``): KV computed under
 one adapter is never found by a request under another, or under the base model.
@@ -70,10 +71,13 @@ class AdapterMirror(Protocol):
     """The other ranks of a tensor-parallel group, as rank 0's manager keeps them in step."""
 
     def load_adapter(self, name: str, path: str, config: bytes, weights: bytes) -> None:
-        """Have every other rank hold adapter ``name`` (its files' bytes, checked here)."""
+        """Have every other rank hold adapter ``name`` (its files' bytes, checked here); once
+        this returns, each does. Raises LoraError naming a rank that could not, after the
+        others dropped it again."""
 
     def unload_adapter(self, name: str) -> None:
-        """Have every other rank forget adapter ``name``."""
+        """Have every other rank forget adapter ``name``; once this returns, each has.
+        Raises LoraError naming a rank that reported an error."""
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -153,26 +157,35 @@ class LoraManager:
             # the followers get the files' bytes in one step frame (step_wire.MAX_FRAME)
             raise LoraError(f"LoRA adapter {name!r} is {len(weights_bytes)} bytes: a "
                             f"tensor-parallel group takes adapters up to {MIRROR_BYTES} bytes")
-        adapter = self.add(name, str(path), config_bytes, weights_bytes)
+        adapter = self._parse(name, str(path), config_bytes, weights_bytes)
         if self._mirror is not None:
-            try:
-                self._mirror.load_adapter(name, str(path), config_bytes, weights_bytes)
-            except BaseException:
-                self.forget(name)
-                raise
+            # held by every other rank before any request can name it here; LoraError (the
+            # rank that could not, and why) when one could not: then no rank holds it
+            self._mirror.load_adapter(name, str(path), config_bytes, weights_bytes)
+        self._hold(name, adapter)
         return adapter
 
     def add(self, name: str, path: str, config: bytes, weights: bytes) -> LoraAdapter:
         """Hold the adapter whose files' bytes are ``config`` and ``weights`` (this rank's
-        cut of it); what ``register`` does after reading the files, and what a
-        tensor-parallel follower does with the bytes rank 0 sent. Raises LoraError."""
+        cut of it): what a tensor-parallel follower does with the bytes rank 0 sent. Raises
+        LoraError, also when this rank already holds ``max_cpu_loras`` other adapters."""
+        bound = self.config.max_cpu_loras
+        if bound is not None and name not in self.adapters and len(self.adapters) >= bound:
+            raise LoraError(f"this rank holds {len(self.adapters)} LoRA adapters, its limit "
+                            f"is {bound}")
+        adapter = self._parse(name, path, config, weights)
+        self._hold(name, adapter)
+        return adapter
+
+    def _parse(self, name: str, path: str, config: bytes, weights: bytes) -> LoraAdapter:
+        """The adapter these bytes hold, checked against the base model, cut to this rank."""
         adapter = parse_adapter(name, path, config, weights, self.arch,
                                 self.config.max_lora_rank, self._dtype, self._device)
-        if self._shard is not None:
-            adapter = cut_adapter(adapter, self._shard)
+        return adapter if self._shard is None else cut_adapter(adapter, self._shard)
+
+    def _hold(self, name: str, adapter: LoraAdapter) -> None:
         self.adapters[name] = adapter
         self._stacks.clear()
-        return adapter
 
     def forget(self, name: str) -> None:
         """Drop adapter ``name`` here only (a follower told by rank 0; no check)."""
@@ -181,14 +194,17 @@ class LoraManager:
 
     def unregister(self, name: str, in_use: Callable[[str], bool]) -> None:
         """Forget adapter ``name``; refused (LoraError) while ``in_use(name)``, KeyError when
-        it is not loaded."""
+        it is not loaded. In a group every rank forgets it before this returns (rank 0 even
+        when a follower reported an error dropping it, raised after: no step names it)."""
         if name not in self.adapters:
             raise KeyError(name)
         if in_use(name):
             raise LoraError(f"LoRA adapter {name!r} has requests in flight")
-        if self._mirror is not None:
-            self._mirror.unload_adapter(name)
-        self.forget(name)
+        try:
+            if self._mirror is not None:
+                self._mirror.unload_adapter(name)
+        finally:
+            self.forget(name)
 
     def get(self, name: str) -> LoraAdapter:
         """The adapter a request names. Raises InvalidRequestError (unknown adapter)."""

@@ -5,13 +5,16 @@
     stdin: init ──> join the process group ──> load this rank's shard
            runner ──> build the model runner and its KV cache (this rank's KV heads) ──> ready
            step | copy ... (each the forward or block copy rank 0 runs) ... stop ──> exit 0
-           lora_load | lora_unload (an adapter rank 0 checked: this rank holds its cut)
+           lora_load | lora_unload (an adapter rank 0 checked: this rank holds its cut, or
+               drops it) ──> done {of, error} on the reply pipe
 
 A follower never samples: the lm_head is replicated and rank 0 computes the logits. A step
-under LoRA adapters runs with its rows' adapters, as on rank 0 (tandem/engine/lora/manager.py;
-an adapter rank 0 accepted but this rank cannot hold, short of memory, ends the rank and so
-the worker). It exits non-zero when rank 0 is gone (end of its stdin) or a collective fails (a peer died, or the
-group's timeout passed), so no rank outlives its group.
+under LoRA adapters runs with its rows' adapters, as on rank 0 (tandem/engine/lora/manager.py).
+An adapter this rank cannot hold (over its adapter slots, short of memory, an error cutting
+it) is answered with the reason, and the rank serves on: rank 0 undoes the load on the
+other ranks and refuses it (tandem/engine/parallel/group.py), so no step names it. The rank
+exits non-zero when rank 0 is gone (end of its stdin) or a collective fails (a peer died, or
+the group's timeout passed), so no rank outlives its group.
 
 A worker's follower module (RankGroup's ``follower_module``) calls ``main(make_agent)``: once
 the runner is built, ``make_agent(kv_cache, rank, world, agent_in, agent_out)`` starts the
@@ -79,7 +82,12 @@ def serve(inp: BinaryIO, reply: BinaryIO, make_agent: MakeAgent | None = None,
             from tandem.engine.lora.config import LoraConfig
             from tandem.engine.lora.manager import LoraManager
 
-            lc = LoraConfig(enabled=True, max_lora_rank=int(msg["lora"]["max_lora_rank"]))
+            from tandem.engine.parallel.rank_slots import rank_lora_slots
+
+            bound = msg["lora"].get("max_cpu_loras")
+            lc = LoraConfig(enabled=True, max_lora_rank=int(msg["lora"]["max_lora_rank"]),
+                            max_cpu_loras=rank_lora_slots(
+                                rank, None if bound is None else int(bound)))
             runner.lora = LoraManager(lc, ckpt.model, ckpt.arch, dtype, torch.device(device),
                                       shard=ckpt.shard)
         agent = (make_agent(runner.kv_cache, rank, world, *agent_pipes)
@@ -90,13 +98,13 @@ def serve(inp: BinaryIO, reply: BinaryIO, make_agent: MakeAgent | None = None,
         return 1
     write_frame(reply, {"kind": "ready"})
     try:
-        return _follow(inp, runner, rank)
+        return _follow(inp, reply, runner, rank)
     finally:
         if agent is not None:
             agent.close()
 
 
-def _follow(inp: BinaryIO, runner: Any, rank: int) -> int:
+def _follow(inp: BinaryIO, reply: BinaryIO, runner: Any, rank: int) -> int:
     from tandem.engine.parallel.collectives import leave
 
     while True:
@@ -112,11 +120,8 @@ def _follow(inp: BinaryIO, runner: Any, rank: int) -> int:
             else:
                 with runner.lora.step(step.loras, runner.device):
                     runner.run_inputs(step)
-        elif kind == "lora_load":
-            runner.lora.add(str(msg["name"]), str(msg["path"]), bytes(msg["config"]),
-                            bytes(msg["weights"]))
-        elif kind == "lora_unload":
-            runner.lora.forget(str(msg["name"]))
+        elif kind in ("lora_load", "lora_unload"):
+            write_frame(reply, {"kind": "done", "of": kind, "error": _adapter(runner, msg, rank)})
         elif kind == "copy":
             runner.copy_blocks([(int(a), int(b)) for a, b in msg["pairs"]])
         elif kind == "stop":
@@ -124,6 +129,21 @@ def _follow(inp: BinaryIO, runner: Any, rank: int) -> int:
             return 0
         else:
             raise StepWireError(f"unexpected frame {kind!r}")
+
+
+def _adapter(runner: Any, msg: dict[str, Any], rank: int) -> str | None:
+    """Load or drop the adapter ``msg`` names; the reason this rank could not, or None."""
+    name = str(msg["name"])
+    try:
+        if msg["kind"] == "lora_load":
+            runner.lora.add(name, str(msg["path"]), bytes(msg["config"]), bytes(msg["weights"]))
+        else:
+            runner.lora.forget(name)
+    except Exception as exc:  # LoraError, out of memory: this rank's refusal, not its end
+        log.exception("rank %d could not %s LoRA adapter %r", rank,
+                      "load" if msg["kind"] == "lora_load" else "drop", name)
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _expect(inp: BinaryIO, kind: str) -> dict[str, Any]:

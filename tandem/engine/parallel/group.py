@@ -7,6 +7,8 @@ take the whole worker down when one of them dies.
         answers "ready" on its reply pipe (bounded wait; a follower that exits fails it)
     ModelRunner.execute ──RankGroup.step(inputs)──> every follower runs the same forward;
         the forwards meet in the row-parallel all-reduces
+    RankGroup.load_adapter / unload_adapter ──lora_load | lora_unload──> every follower answers
+        done (with its error, if any) on its reply pipe before the call returns
     RankGroup.close ──stop frame──> followers leave the group and exit 0
 
 A caller may name the module the followers run (``follower_module``: a worker's, which serves
@@ -16,6 +18,11 @@ rank 0's caller and the follower's agent, never in the way of the step frames.
 
 Rank 0 keeps the worker's gRPC, its scheduler and KV cache manager: one scheduler decides for
 all ranks, and each rank's paged cache holds its own KV heads at the same block ids.
+
+A LoRA adapter is held by every rank or by none: a follower that cannot hold one rank 0
+accepted (over its adapter slots, short of memory, an error cutting it) answers with its
+reason, the followers that loaded it drop it again, and the load fails with LoraError naming
+the rank; the group serves on with the adapters it had.
 
 A follower that exits while the group serves cannot be replaced inside a live group (its
 shard and its KV blocks are gone): a watcher thread logs which rank died and ends this
@@ -52,6 +59,9 @@ log = logging.getLogger(__name__)
 
 EXIT_RANK_DIED = 3  # this worker's status when a rank of its group died under it
 READY_TIMEOUT_S = 900.0  # loading a shard may take this long before start-up fails
+# a follower parses and cuts an adapter (up to a step frame's size) within this; one that does
+# not answer by then is stuck, and the group with it
+ADAPTER_ANSWER_TIMEOUT_S = 600.0
 
 
 class RankGroupError(ModelLoadError):
@@ -76,6 +86,7 @@ class RankGroup:
         self._closing = False
         self._serving = False  # before start() returns, start-up reports a follower's exit
         self._lock = threading.Lock()  # one frame at a time on every pipe
+        self._asking = threading.Lock()  # one adapter change at a time, answers read in turn
         for f in followers:
             threading.Thread(target=self._watch, args=(f,), name=f"tp-rank-{f.rank}",
                              daemon=True).start()
@@ -152,13 +163,37 @@ class RankGroup:
     def load_adapter(self, name: str, path: str, config: bytes, weights: bytes) -> None:
         """Have every follower hold LoRA adapter ``name``, from the bytes of its files rank 0
         read and checked (the same bytes everywhere: no rank re-reads a file that may have
-        changed). Sent before any step that names it, on the same pipe."""
-        self._send({"kind": "lora_load", "name": name, "path": path, "config": config,
-                    "weights": weights})
+        changed). Sent before any step that names it, on the same pipe; returns once every
+        follower holds it. Raises LoraError naming the first rank that could not, and why,
+        after the followers that loaded it dropped it again."""
+        from tandem.engine.lora.adapter import LoraError
+
+        with self._asking:
+            refused = self._ask(self._followers, {"kind": "lora_load", "name": name,
+                                                  "path": path, "config": config,
+                                                  "weights": weights})
+            if not refused:
+                return
+            loaded = [f for f in self._followers if f.rank not in refused]
+            for rank, why in self._ask(loaded, {"kind": "lora_unload", "name": name}).items():
+                log.error("tensor-parallel rank %d could not drop LoRA adapter %r: %s",
+                          rank, name, why)
+        rank, why = min(refused.items())
+        others = f" (and rank(s) {sorted(refused)[1:]})" if len(refused) > 1 else ""
+        raise LoraError(f"tensor-parallel rank {rank}{others} could not load LoRA adapter "
+                        f"{name!r}: {why}; no rank holds it, the worker serves on without it")
 
     def unload_adapter(self, name: str) -> None:
-        """Have every follower forget LoRA adapter ``name``."""
-        self._send({"kind": "lora_unload", "name": name})
+        """Have every follower forget LoRA adapter ``name``; returns once each has. Raises
+        LoraError naming a rank that reported an error."""
+        from tandem.engine.lora.adapter import LoraError
+
+        with self._asking:
+            refused = self._ask(self._followers, {"kind": "lora_unload", "name": name})
+        if refused:
+            rank, why = min(refused.items())
+            raise LoraError(f"tensor-parallel rank {rank} could not drop LoRA adapter "
+                            f"{name!r}: {why}")
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Have every follower copy these KV blocks (copy-on-write of forked sequences)."""
@@ -200,16 +235,46 @@ class RankGroup:
         logging.shutdown()
         os._exit(EXIT_RANK_DIED)
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: dict[str, Any], followers: list[_Follower] | None = None) -> None:
         with self._lock:
             try:
-                for f in self._followers:
+                for f in self._followers if followers is None else followers:
                     assert f.proc.stdin is not None
                     write_frame(f.proc.stdin, msg)
             except OSError as exc:  # a follower's pipe closed: it is gone
                 if self._closing:
                     raise
                 self.abort(exc)
+
+    def _ask(self, followers: list[_Follower], msg: dict[str, Any]) -> dict[int, str]:
+        """Send ``msg`` to ``followers`` and read each one's answer: rank -> its error, for
+        those that reported one. A follower that does not answer in time, or answers out of
+        turn, has left the group's step: the worker ends (``abort``)."""
+        self._send(msg, followers)
+        deadline = time.monotonic() + ADAPTER_ANSWER_TIMEOUT_S
+        refused: dict[int, str] = {}
+        for f in followers:
+            error = self._answer(f, str(msg["kind"]), deadline)
+            if error is not None:
+                refused[f.rank] = error
+        return refused
+
+    def _answer(self, f: _Follower, kind: str, deadline: float) -> str | None:
+        ready, _, _ = select.select([f.reply], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            self.abort(TimeoutError(f"rank {f.rank} did not answer {kind} within "
+                                    f"{ADAPTER_ANSWER_TIMEOUT_S:.0f}s"))
+        try:
+            msg = read_frame(f.reply)
+        except StepWireError as exc:
+            self.abort(exc)
+        if msg is None:
+            self.abort(EOFError(f"rank {f.rank} exited (status {f.proc.wait()})"))
+        if msg.get("kind") != "done" or msg.get("of") != kind:
+            self.abort(StepWireError(f"rank {f.rank} answered {msg.get('kind')!r} "
+                                     f"({msg.get('of')!r}) to {kind}"))
+        error = msg.get("error")
+        return None if error is None else str(error)
 
     def _watch(self, f: _Follower) -> None:
         status = f.proc.wait()
