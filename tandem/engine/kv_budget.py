@@ -7,8 +7,19 @@ With the weights already on the device::
     budget = utilization x total - (total - free) - activation reserve
     blocks = budget // bytes per block
 
-``total - free`` counts everything the device holds now (this engine's weights, other
-processes, the CUDA context), as vLLM counts it. The activation reserve is an estimate of a
+``total - free`` counts everything the device holds now (this engine's weights, a draft
+model's, other processes, the CUDA context), as vLLM counts it: the draft model is loaded
+before the pool is sized (tandem/engine/spec/build.py ``load_draft``). A draft's own KV
+cache has the target's blocks (the same block ids), so each block costs its bytes too.
+
+A tensor-parallel group has one pool (rank 0's scheduler hands out the same block ids on
+every rank), so it gets the fewest blocks any rank fits: each rank's figures are read after
+it loaded its shard, and rank 0's blocks also cost the draft's KV (a draft runs whole on
+rank 0, its weights in rank 0's memory in use)::
+
+    group blocks = min over ranks r of blocks(rank r's free and total,
+                                              per block + (draft KV per block if r == 0))
+ The activation reserve is an estimate of a
 step's peak beside weights and KV, not a profiled figure: every step-sized activation a
 layer keeps at once, for the step's token budget, the fp32 logits of a full batch twice
 (logits and the sampler's working copy), and a fixed margin for the allocator, CUDA graphs
@@ -23,7 +34,7 @@ Torch-free: the engine passes it torch's figures (``mem_info``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tandem.common.ffn_activations import gated_mlp_bytes, moe_layer_bytes
@@ -86,18 +97,42 @@ def blocks_for_utilization(utilization: float, total: int, free: int, reserve: i
     return int(budget // per_block)
 
 
+def group_blocks(utilization: float, ranks: Sequence[tuple[int, int]], reserve: int,
+                 per_block: int, draft_per_block: int = 0) -> int:
+    """KV blocks for the ranks whose devices have ``ranks`` (free, total) bytes, rank 0's
+    first (one entry: one process): the fewest any rank fits, rank 0's blocks costing
+    ``draft_per_block`` more (see the module docstring). Raises ValueError as
+    ``blocks_for_utilization``, naming the rank in a group."""
+    fits = []
+    for rank, (free, total) in enumerate(ranks):
+        cost = per_block + (draft_per_block if rank == 0 else 0)
+        try:
+            fits.append(blocks_for_utilization(utilization, total, free, reserve, cost))
+        except ValueError as err:
+            if len(ranks) == 1:
+                raise
+            raise ValueError(f"tensor-parallel rank {rank}: {err}") from None
+    return min(fits)
+
+
 def pool_blocks(config: EngineConfig, arch: _Shape, per_block: int, act_bytes: int,
-                mem_info: Callable[[], tuple[int, int]]) -> int:
+                mem_info: Callable[[], Sequence[tuple[int, int]]],
+                draft_per_block: int = 0) -> int:
     """The KV pool's blocks when ``num_blocks`` is not set: from ``gpu_memory_utilization``
-    when given (``mem_info()`` -> the device's (free, total) bytes, asked only then), else
-    from ``kv_cache_memory_gb``."""
+    when given (``mem_info()`` -> each rank's device's (free, total) bytes, rank 0's first,
+    asked only then; ``draft_per_block``: a draft model's KV bytes per block, on rank 0),
+    else from ``kv_cache_memory_gb`` (the target's KV alone)."""
     cc = config.cache
     if cc.gpu_memory_utilization is None:
         return max(1, int(cc.kv_cache_memory_gb * 2**30) // per_block)
-    free, total = mem_info()
+    ranks = mem_info()
     reserve = activation_reserve(arch, config.scheduler.max_num_batched_tokens,
                                  config.scheduler.max_num_seqs, act_bytes)
-    blocks = blocks_for_utilization(cc.gpu_memory_utilization, total, free, reserve, per_block)
-    log.info("KV cache: %d blocks (%.2f GiB) in %.2f of %.1f GiB", blocks,
-             blocks * per_block / 2**30, cc.gpu_memory_utilization, total / 2**30)
+    blocks = group_blocks(cc.gpu_memory_utilization, ranks, reserve, per_block,
+                          draft_per_block)
+    draft = (f", and {blocks * draft_per_block / 2**30:.2f} GiB of draft KV on rank 0"
+             if draft_per_block else "")
+    log.info("KV cache: %d blocks (%.2f GiB a rank%s) in %.2f of %.1f GiB", blocks,
+             blocks * per_block / 2**30, draft, cc.gpu_memory_utilization,
+             ranks[0][1] / 2**30)
     return blocks

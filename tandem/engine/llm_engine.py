@@ -55,7 +55,7 @@ from tandem.engine.request_factory import LiveRequest, RequestFactory
 from tandem.engine.runner_config import RunnerConfig
 from tandem.engine.sampler import Sampler
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.spec.build import build_spec_decoder
+from tandem.engine.spec.build import build_spec_decoder, load_draft
 from tandem.engine.spec.verifier import SpecStats
 from tandem.engine.step_cost_feed import StepCostFeed
 from tandem.engine.structured.grammar_engine import GrammarEngine
@@ -107,9 +107,15 @@ class LLMEngine:
         per_block = ModelRunner.kv_bytes_per_block(
             runner_arch, cc.block_size, self.dtype, self.kv_cache_dtype
         )
+        # a draft model (rank 0's, whole) is loaded before the pool is sized: the device's
+        # memory in use then counts its weights, and each block also costs its KV
+        draft = load_draft(sc, ckpt.model, self.arch, self.dtype, self.device,
+                           self.max_model_len, mc.cache_dir)
+        draft_per_block = 0 if draft is None else ModelRunner.kv_bytes_per_block(
+            draft[1], cc.block_size, self.dtype)
         num_blocks = cc.num_blocks or pool_blocks(
-            config, runner_arch, per_block, self.dtype.itemsize,
-            lambda: torch.cuda.mem_get_info(self.device))
+            config, runner_arch, per_block, self.dtype.itemsize, self._device_memory,
+            draft_per_block)
         rc = RunnerConfig(
             num_blocks, cc.block_size, self.dtype, self.device, config.resolved_backend(),
             self.max_model_len, self.kv_cache_dtype,
@@ -137,7 +143,7 @@ class LLMEngine:
         )
         self.sampler = Sampler(seed=mc.seed)
         self.spec = build_spec_decoder(  # a no-op decoder when speculation is off
-            sc, ckpt.model, self.arch, rc, self.sampler, mc.seed, mc.cache_dir
+            sc, draft, rc, self.sampler, mc.seed
         )
         self.eos_token_ids = frozenset(self.arch.eos_token_ids)
         self.grammars = (
@@ -158,6 +164,11 @@ class LLMEngine:
             describe_cache(cache, runner_arch, self.model_path.name, self.dtype, cc.block_size,
                            tp, self.runner.fp8_scales.layout if self.runner.fp8_scales else "",
                            self._kv_head_ranges(tp)))
+
+    def _device_memory(self) -> list[tuple[int, int]]:
+        """Each rank's device's (free, total) bytes now, rank 0's first (CUDA only)."""
+        own = torch.cuda.mem_get_info(self.device)
+        return [own, *(self.group.memory() if self.group is not None else ())]
 
     def _kv_head_ranges(self, tp: int) -> tuple[tuple[int, int], ...]:
         """Each rank's KV heads in a group of ``tp`` (empty for one process)."""

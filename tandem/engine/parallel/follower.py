@@ -3,6 +3,7 @@
     python -m tandem.engine.parallel.follower REPLY_FD   (spawned by group.RankGroup only)
 
     stdin: init ──> join the process group ──> load this rank's shard
+           [memory ──> this rank's device's free and total bytes (rank 0 sizes the pool)]
            runner ──> build the model runner and its KV cache (this rank's KV heads) ──> ready
            step | copy ... (each the forward or block copy rank 0 runs) ... stop ──> exit 0
            lora_load | lora_unload (an adapter rank 0 checked: this rank holds its cut, or
@@ -72,7 +73,11 @@ def serve(inp: BinaryIO, reply: BinaryIO, make_agent: MakeAgent | None = None,
         ckpt = load_checkpoint(mc, dtype, torch.device(device), progress=False,
                                native=bool(init["native"]), tp=(world, rank))
         assert ckpt.shard is not None
-        msg = _expect(inp, "runner")
+        msg = _expect(inp, "runner", "memory")
+        if msg["kind"] == "memory":  # rank 0 sizes the pool by every rank's room
+            free, total = torch.cuda.mem_get_info(torch.device(device))
+            write_frame(reply, {"kind": "memory", "free": int(free), "total": int(total)})
+            msg = _expect(inp, "runner")
         rc = RunnerConfig(int(msg["num_blocks"]), int(msg["block_size"]), dtype,
                           torch.device(device), str(msg["backend"]), int(msg["max_model_len"]),
                           str(msg["kv_cache_dtype"]), native_kernels=bool(msg["native_kernels"]),
@@ -146,12 +151,12 @@ def _adapter(runner: Any, msg: dict[str, Any], rank: int) -> str | None:
     return None
 
 
-def _expect(inp: BinaryIO, kind: str) -> dict[str, Any]:
+def _expect(inp: BinaryIO, *kinds: str) -> dict[str, Any]:
     msg = read_frame(inp)
     if msg is None:
         raise SystemExit(1)  # rank 0 went away before the group formed
-    if msg["kind"] != kind:
-        raise StepWireError(f"expected a {kind} frame, got {msg['kind']!r}")
+    if msg["kind"] not in kinds:
+        raise StepWireError(f"expected a {' or '.join(kinds)} frame, got {msg['kind']!r}")
     return msg
 
 

@@ -3,6 +3,8 @@ take the whole worker down when one of them dies.
 
     RankGroup.launch ──spawn ranks 1..N-1 (python -m tandem.engine.parallel.follower)──>
         init frame (rank, world, rendezvous dir, model) ──> every rank joins the process group
+    RankGroup.memory() (sizing the KV pool from device memory) ──> each follower answers its
+        device's free and total bytes once its shard is loaded
     RankGroup.start(runner config) ──> each follower loads its shard, builds its runner,
         answers "ready" on its reply pipe (bounded wait; a follower that exits fails it)
     ModelRunner.execute ──RankGroup.step(inputs)──> every follower runs the same forward;
@@ -144,12 +146,21 @@ class RankGroup:
         self._send({"kind": "runner", **runner})
         deadline = time.monotonic() + READY_TIMEOUT_S
         for f in self._followers:
-            _await_ready(f, deadline)
+            _await(f, "ready", deadline)
         self._serving = True
         for f in self._followers:  # one that died while the others got ready
             if f.proc.poll() is not None:
                 raise RankGroupError(f"tensor-parallel rank {f.rank} exited during start-up")
         log.info("tensor-parallel group of %d ranks ready", self.world)
+
+    def memory(self) -> list[tuple[int, int]]:
+        """Each follower's device's (free, total) bytes once it has loaded its shard, ranks
+        1..N-1 in order: rank 0 sizes the group's one KV pool by the rank with the least room
+        (tandem/engine/kv_budget.py). Asked before ``start``; raises RankGroupError as it."""
+        self._send({"kind": "memory"})
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        answers = [_await(f, "memory", deadline) for f in self._followers]
+        return [(int(m["free"]), int(m["total"])) for m in answers]
 
     def agents(self) -> list[tuple[Any, Any]]:
         """Each follower's agent pipes, by rank 1..N-1: (write end, read end) as binary files
@@ -322,19 +333,22 @@ def _spawn(rank: int, world: int, store_dir: str, model: ModelConfig,
     return _Follower(rank, proc, os.fdopen(read_end, "rb", buffering=0), agent)
 
 
-def _await_ready(f: _Follower, deadline: float) -> None:
+def _await(f: _Follower, kind: str, deadline: float) -> dict[str, Any]:
+    """The follower's next start-up answer, which must be ``kind`` (RankGroupError if it
+    failed, exited, said something else or did not answer by ``deadline``)."""
     left = deadline - time.monotonic()
     ready, _, _ = select.select([f.reply], [], [], max(0.0, left))
     if not ready:
-        raise RankGroupError(f"tensor-parallel rank {f.rank} was not ready within "
+        raise RankGroupError(f"tensor-parallel rank {f.rank} did not answer ({kind}) within "
                              f"{READY_TIMEOUT_S:.0f}s")
     msg = read_frame(f.reply)
     if msg is None:
         raise RankGroupError(f"tensor-parallel rank {f.rank} exited during start-up "
                              f"(status {f.proc.wait()})")
-    if msg["kind"] != "ready":
+    if msg["kind"] != kind:
         raise RankGroupError(f"tensor-parallel rank {f.rank} failed to start: "
                              f"{msg.get('error', msg['kind'])}")
+    return msg
 
 
 def _kill(followers: list[_Follower]) -> None:

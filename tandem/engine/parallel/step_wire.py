@@ -1,9 +1,10 @@
 """What rank 0 tells the other ranks of its group, and how: msgpack frames on a pipe.
 
-    rank 0 ──stdin pipe of each follower──> init, runner, then per step: step | copy, ... stop
+    rank 0 ──stdin pipe of each follower──> init, [memory,] runner, then per step: step | copy,
+                                            ... stop
                                             (lora_load | lora_unload between steps)
-    follower ──its reply pipe──> ready | failed, then done {of, error} for each lora_load |
-                                 lora_unload (rank 0 waits for every follower's)
+    follower ──its reply pipe──> [memory,] ready | failed, then done {of, error} for each
+                                 lora_load | lora_unload (rank 0 waits for every follower's)
 
 A frame is a 4-byte big-endian length and a msgpack map with a ``kind``. The pipes are the
 followers' own (inherited at spawn, nobody else holds them): an end of file means rank 0 is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from tandem.engine.models.arch import ModelArch
@@ -16,24 +17,39 @@ from tandem.engine.spec.proposer import Proposer
 from tandem.engine.spec.verifier import SpecDecoder
 
 
-def build_spec_decoder(
+def load_draft(
     spec: SpeculativeConfig,
     target: nn.Module,
     arch: ModelArch,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    cache_dir: str | None,
+) -> tuple[nn.Module, ModelArch] | None:
+    """The draft model ``spec`` names and its arch (None: no draft model), loaded now: before
+    the KV pool is sized, so the device's memory in use counts its weights
+    (tandem/engine/kv_budget.py). In a tensor-parallel group rank 0 alone loads it, whole."""
+    if not spec.enabled or spec.speculative_method != "draft":
+        return None
+    return build_draft(target, arch, spec.draft_model, spec.draft_layers, dtype, device,
+                       max_model_len, cache_dir)
+
+
+def build_spec_decoder(
+    spec: SpeculativeConfig,
+    draft: tuple[nn.Module, ModelArch] | None,
     rc: RunnerConfig,
     sampler: Sampler,
     seed: int,
-    cache_dir: str | None,
 ) -> SpecDecoder | NoSpecDecoder:
-    """The proposer named by ``spec`` behind a ``SpecDecoder``; ``rc`` is the target's."""
+    """The proposer named by ``spec`` behind a ``SpecDecoder``; ``draft``: ``load_draft``'s
+    model (the draft method's); ``rc`` is the target's."""
     if not spec.enabled:
         return NoSpecDecoder(sampler)
     proposer: Proposer
     if spec.speculative_method == "ngram":
         proposer = NgramProposer(spec.ngram_max, spec.ngram_min, spec.num_speculative_tokens)
     else:
-        model, draft_arch = build_draft(
-            target, arch, spec.draft_model, spec.draft_layers, rc, cache_dir
-        )
-        proposer = DraftProposer(model, draft_arch, rc, seed)
+        assert draft is not None  # load_draft's, for the draft method
+        proposer = DraftProposer(*draft, rc, seed)
     return SpecDecoder(proposer, sampler, seed)

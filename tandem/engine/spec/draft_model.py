@@ -19,7 +19,6 @@ from tandem.engine.loader import resolve_model
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.weights import load_model, read_arch
-from tandem.engine.runner_config import RunnerConfig
 
 
 class FirstLayers(nn.Module):
@@ -58,10 +57,13 @@ def build_draft(
     target_arch: ModelArch,
     draft_model: str | None,
     draft_layers: int,
-    rc: RunnerConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
     cache_dir: str | None,
 ) -> tuple[nn.Module, ModelArch]:
-    """The draft module and its arch; a checkpoint must share the target's vocabulary."""
+    """The draft module and its arch, in ``dtype`` on ``device``; a checkpoint must share the
+    target's vocabulary and serve ``max_model_len`` (the target's context)."""
     if not draft_model:
         model = FirstLayers(target, draft_layers)
         return model, dataclasses.replace(target_arch, num_layers=draft_layers)
@@ -71,7 +73,6 @@ def build_draft(
         raise ModelLoadError(
             f"draft vocabulary {arch.vocab_size} != target vocabulary {target_arch.vocab_size}"
         )
-    served_context(arch, rc.max_model_len)  # the draft computes the whole context exactly
-    model, arch = load_model(path, rc.dtype, rc.device, rc.max_model_len, False,
-                             (hf_config, arch))
+    served_context(arch, max_model_len)  # the draft computes the whole context exactly
+    model, arch = load_model(path, dtype, device, max_model_len, False, (hf_config, arch))
     return model, arch

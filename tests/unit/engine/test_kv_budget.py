@@ -12,7 +12,12 @@ import pytest
 
 from tandem.engine.cli_args import add_engine_args, engine_config_from_args
 from tandem.engine.config import CacheConfig, EngineConfig, ModelConfig
-from tandem.engine.kv_budget import MARGIN_BYTES, activation_reserve, blocks_for_utilization
+from tandem.engine.kv_budget import (
+    MARGIN_BYTES,
+    activation_reserve,
+    blocks_for_utilization,
+    group_blocks,
+)
 from tandem.engine.models.arch import MoeArch
 
 GIB = 2**30
@@ -85,6 +90,34 @@ def test_a_share_that_leaves_no_block_is_refused_with_the_figures() -> None:
     assert "16.00 GiB already in use" in text and "2.00 GiB reserved" in text
 
 
+MIB = 2**20
+
+
+def test_a_group_gets_the_fewest_blocks_any_rank_fits_rank_0_paying_for_its_draft() -> None:
+    """Two 80 GiB devices at 0.9 (72 GiB each), 2 GiB of activation reserve, 1 MiB of the
+    target's KV per block on every rank. Rank 0 holds its 30 GiB shard and a 6 GiB draft
+    model (36 GiB in use): 72 - 36 - 2 = 34 GiB, at 1 MiB + 0.25 MiB of draft KV a block,
+    27852 blocks. Rank 1 holds its 30 GiB shard only: 72 - 30 - 2 = 40 GiB, 40960 blocks.
+    The group's one pool is rank 0's 27852."""
+    ranks = [(44 * GIB, 80 * GIB), (50 * GIB, 80 * GIB)]
+    assert group_blocks(0.9, ranks, 2 * GIB, MIB, MIB // 4) == 27852
+    assert (34 * GIB) // (MIB + MIB // 4) == 27852
+    # without the draft's KV, rank 0's 34 GiB would take 34816 blocks: 6963 more than fit
+    assert group_blocks(0.9, ranks, 2 * GIB, MIB) == 34816
+    # a follower with less room (another process holds 20 GiB of its device) decides:
+    # 72 - 50 - 2 = 20 GiB, 20480 blocks; the draft's KV costs rank 0 only
+    crowded = [(44 * GIB, 80 * GIB), (30 * GIB, 80 * GIB)]
+    assert group_blocks(0.9, crowded, 2 * GIB, MIB, MIB // 4) == 20480
+    # one process: its own figures, the draft's KV included
+    assert group_blocks(0.9, ranks[:1], 2 * GIB, MIB, MIB // 4) == 27852
+
+
+def test_a_rank_with_no_room_is_refused_by_rank() -> None:
+    ranks = [(44 * GIB, 80 * GIB), (GIB, 80 * GIB)]  # rank 1: 79 GiB in use, over 72
+    with pytest.raises(ValueError, match="tensor-parallel rank 1: --gpu-memory-utilization"):
+        group_blocks(0.9, ranks, 2 * GIB, MIB)
+
+
 @pytest.mark.parametrize("u", [0.0, -0.5, 1.5])
 def test_the_share_must_be_a_fraction(u: float) -> None:
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
@@ -119,5 +152,9 @@ def test_the_pool_asks_the_device_only_when_the_share_is_set() -> None:
                        cache=CacheConfig(gpu_memory_utilization=0.5))
     reserve = activation_reserve(LLAMA8B, cfg.scheduler.max_num_batched_tokens,
                                  cfg.scheduler.max_num_seqs, 2)
-    got = pool_blocks(cfg, LLAMA8B, per_block, 2, lambda: (70 * GIB, 80 * GIB))
+    got = pool_blocks(cfg, LLAMA8B, per_block, 2, lambda: [(70 * GIB, 80 * GIB)])
     assert got == blocks_for_utilization(0.5, 80 * GIB, 70 * GIB, reserve, per_block)
+    group = [(70 * GIB, 80 * GIB), (72 * GIB, 80 * GIB)]  # a group: rank 0 first, its draft
+    got = pool_blocks(cfg, LLAMA8B, per_block, 2, lambda: group, per_block // 2)
+    assert got == group_blocks(0.5, group, reserve, per_block, per_block // 2)
+    assert got == blocks_for_utilization(0.5, 80 * GIB, 70 * GIB, reserve, per_block * 3 // 2)
