@@ -213,6 +213,32 @@ def test_a_worker_of_several_accelerators_is_a_tensor_parallel_group(
             assert spec.bundle(role) == {"CPU": float(count), "GPU": float(count)}
 
 
+@pytest.mark.parametrize("mode", ["deployments", "ray"])
+def test_a_first_layers_draft_in_a_tensor_parallel_worker_fails_the_render(mode: str) -> None:
+    """draftLayers (the target's own first layers as the draft) with decode.accelerator.count
+    8 fails at template time, naming the fix, as the engine would refuse it at start: the
+    same decode flags at one accelerator render, and the engine refuses them with
+    --tensor-parallel-size 8. A draft checkpoint in a group of 8 renders and parses."""
+    values = _values(mode, "cuda")
+    values["decode"].update(extraArgs=[], speculative={"method": "draft", "draftLayers": 2})
+    one = {p.role: p for p in launched(objects(render(values)))}["decode"].args
+    assert engine_config_from_args(one).speculative.draft_layers == 2
+    one.tensor_parallel_size = 8
+    with pytest.raises(ValueError, match="does not run in a tensor-parallel group"):
+        engine_config_from_args(one)
+    values["decode"]["accelerator"] = {**GPU, "count": 8}
+    with pytest.raises(helm.HelmError, match=(
+            r"decode.speculative.draftLayers 2 \(a draft of the target's own first layers\) "
+            r"does not run with decode.accelerator.count 8: .* Set "
+            r"decode.speculative.draftModel")):
+        render(values)
+    values["decode"]["speculative"] = {"method": "draft", "draftModel": "smollm2-draft"}
+    args = {p.role: p for p in launched(objects(render(values)))}["decode"].args
+    config = engine_config_from_args(args)
+    assert (config.tensor_parallel_size, config.speculative.draft_model) == (
+        8, "smollm2-draft")
+
+
 def test_one_accelerator_a_worker_stays_one_rank() -> None:
     for mode in ("deployments", "ray"):
         objs = objects(render(_values(mode, "cuda")))

@@ -86,7 +86,6 @@ def serve(inp: BinaryIO, reply: BinaryIO, make_agent: MakeAgent | None = None,
         if msg.get("lora") is not None:  # rank 0 sends every adapter it registers
             from tandem.engine.lora.config import LoraConfig
             from tandem.engine.lora.manager import LoraManager
-
             from tandem.engine.parallel.rank_slots import rank_lora_slots
 
             bound = msg["lora"].get("max_cpu_loras")

@@ -631,6 +631,12 @@ prompts, and nothing of the prefill role is rendered). */}}
 {{- if and (eq .method "draft") (not .draftModel) (eq (int .draftLayers) 0) }}
 {{- fail "decode.speculative.method draft needs draftModel or draftLayers" }}
 {{- end }}
+{{- /* The engine refuses this at start (tandem/engine/config.py): a group's draft runs whole
+on rank 0, and the target's own first layers are split over the ranks. */}}
+{{- $count := int $.Values.decode.accelerator.count }}
+{{- if and (eq .method "draft") (not .draftModel) (gt (int .draftLayers) 0) (gt $count 1) }}
+{{- fail (printf "decode.speculative.draftLayers %d (a draft of the target's own first layers) does not run with decode.accelerator.count %d: each worker is a tensor-parallel group of %d ranks, over which those layers are split. Set decode.speculative.draftModel (a draft checkpoint, run whole on rank 0), use method ngram, or decode.accelerator.count 1" (int .draftLayers) $count $count) }}
+{{- end }}
 {{- end }}
 {{- with .Values.lora }}
 {{- if and (not .enabled) (or .modules .runtimeUpdates.enabled) }}
