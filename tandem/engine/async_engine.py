@@ -7,6 +7,22 @@ alternates between running queued calls and taking steps:
                  <──future────                    │
     stream(rid) <──RequestOutput (per-request asyncio.Queue, buffered until read)──┘
 
+Calls run in the order they were queued, every queued one before the next step: ``submit``
+queues one without waiting (what is queued after it runs after it), ``call`` waits for its
+result too.
+
+The engine's bookkeeping (requests, blocks, the prefix cache, the reservation ledger) is
+guarded by one lock, held by the engine thread throughout except while it waits for work and
+inside the model's forward (``ModelRunner.forward_window``: the forward reads only tensors and
+the step's inputs, built before it)::
+
+    engine thread: [calls][schedule] forward [sample, append][calls][schedule] forward ...
+    lock:           held  held       free    held            held  held       free
+
+``submit_now`` (``call_now``) runs a call on the caller's thread at once when it gets the
+lock and nothing queued is still to run ahead of it: a decode worker's Reserve, or a commit
+of pushed KV, then does not wait for the step in flight.
+
 A request's stream is opened inside the same engine-thread call that creates the request, so
 no output can be produced before someone can receive it; outputs are buffered until read.
 
@@ -21,11 +37,12 @@ ms-a-token fit for 20 s while the worker's steps ran 2.8-3.3 ms a token (docs/pl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,6 +55,9 @@ T = TypeVar("T")
 
 SNAPSHOT_EVERY_S = 0.1  # the engine thread's stats snapshots, taken at step starts, this apart
 PAUSE_POLL_S = 0.01  # how often a paused engine thread asks its pause again (when no call comes)
+
+
+_WAKE = object()  # queued by submit_now for an engine thread waiting for work: look again
 
 
 class EngineDeadError(RuntimeError):
@@ -70,10 +90,16 @@ class AsyncEngine:
         self._pause = pause
         self._on_step = on_step if on_step is not None else _ignore_step
         self._on_busy = on_busy
-        self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Any] | None] = (
-            queue.SimpleQueue()
-        )
+        # (job, (loop, future)) each; None: stop; _WAKE: look for work again
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
+        # the bookkeeping lock (module docstring); taken by the engine thread in _run
+        self._book = threading.Lock()
+        self._counted = threading.Lock()  # guards _submitted (callers may be on any thread)
+        self._submitted = 0  # calls queued so far
+        self._ran = 0  # calls the engine thread has run (written under _book only)
+        self._waiting = False  # the engine thread waits for a call, no step to take (_book)
+        engine.runner.forward_window = self._forward_window
         self._dead: BaseException | None = None
         self._stepping = False  # the engine thread is inside a step
         self._snapshot: EngineStats | None = None  # stats() while it is (module docstring)
@@ -91,25 +117,81 @@ class AsyncEngine:
         the sequences of a forked request) is opened first, in the same critical section
         (read each with ``outputs``).
         """
+        return await self.submit(fn, stream)
+
+    def submit(
+        self, fn: Callable[[LLMEngine], T], stream: str | Sequence[str] | None = None
+    ) -> asyncio.Future[T]:
+        """``call`` without waiting: ``fn`` is queued on return (calls run in the order they
+        were queued, every queued one before the next step), its result the future's.
+        Call on the event loop. Raises EngineDeadError."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
+        with self._counted:  # counted before it can run: _ran never passes _submitted
+            self._submitted += 1
+            self._calls.put((self._job(fn, stream, loop), (loop, fut)))
+        return fut
+
+    def submit_now(
+        self, fn: Callable[[LLMEngine], T], stream: str | Sequence[str] | None = None
+    ) -> asyncio.Future[T]:
+        """``submit``, but run on this thread at once (the future done on return) when the
+        engine thread is outside its bookkeeping (waiting for work, or inside the model's
+        forward) and every call queued before has run. Either way ``fn`` runs after every
+        call queued before it and never beside the engine thread's bookkeeping (module
+        docstring). Call on the event loop. Raises EngineDeadError.
+
+        ``fn`` may touch the bookkeeping only, and no request a step has scheduled: the
+        reservations' transitions (reserve, commit, end) qualify. The forward it may overlap
+        reads no bookkeeping and no free block; the step's own bookkeeping, before and after
+        the forward, holds the lock; so does every call."""
+        loop = asyncio.get_running_loop()
+        if self._dead is None and self._book.acquire(blocking=False):
+            try:
+                if self._ran == self._submitted:  # nothing queued is still to run
+                    fut: asyncio.Future[T] = loop.create_future()
+                    try:
+                        fut.set_result(self._job(fn, stream, loop)(self.engine))
+                    except Exception as exc:  # the caller's error, as a call's
+                        fut.set_exception(exc)
+                    if self._waiting:  # it may have given the steps work: look again
+                        self._calls.put(_WAKE)
+                    return fut
+            finally:
+                self._book.release()
+        return self.submit(fn, stream)
+
+    async def call_now(
+        self, fn: Callable[[LLMEngine], T], stream: str | Sequence[str] | None = None
+    ) -> T:
+        """``submit_now``, waiting for the result."""
+        return await self.submit_now(fn, stream)
+
+    def _job(self, fn: Callable[[LLMEngine], T], stream: str | Sequence[str] | None,
+             loop: asyncio.AbstractEventLoop) -> Callable[[LLMEngine], T]:
+        """``fn`` with the streams named by ``stream`` opened first, in the same critical
+        section (dropped again if it raises)."""
         names = [stream] if isinstance(stream, str) else list(stream or ())
 
-        def job(engine: LLMEngine) -> Any:
+        def job(engine: LLMEngine) -> T:
             for name in names:
                 self._streams[name] = _Stream(loop, asyncio.Queue())
             try:
-                result = fn(engine)
+                return fn(engine)
             except BaseException:
                 for name in names:
                     self._streams.pop(name, None)
                 raise
-            return result
 
-        self._calls.put((job, (loop, fut)))
-        return await fut
+        return job
+
+    def pending_calls(self) -> int:
+        """Calls queued that the engine thread has not taken yet, wake-ups included
+        (approximate while it runs; exact while it is held inside a call or a forward, as a
+        test's forced ordering holds it)."""
+        return self._calls.qsize()
 
     async def stats(self) -> EngineStats:
         """The engine's counters: between steps, from the engine thread after the calls queued
@@ -177,7 +259,8 @@ class AsyncEngine:
     # -- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         was_busy: bool | None = None
-        try:
+        self._book.acquire()  # held from here on but while waiting and in the forward; kept
+        try:                  # when the thread ends (call_now then finds it dead or taken)
             while True:
                 busy = self.engine.has_unfinished()
                 if busy != was_busy and self._on_busy is not None:
@@ -185,14 +268,16 @@ class AsyncEngine:
                 was_busy = busy
                 paused = busy and self._pause is not None and self._pause(self.engine)
                 try:
-                    item = (self._calls.get(timeout=PAUSE_POLL_S) if paused
-                            else self._calls.get(block=not busy))
+                    item = self._take(busy, paused)
                 except queue.Empty:
                     item = ...
                 if item is None:
                     break
+                if item is _WAKE:  # a call_now gave it work, maybe
+                    continue
                 if item is not ...:
                     self._run_call(*item)
+                    self._ran += 1
                     continue  # drain every queued call before the next step
                 if paused:
                     continue
@@ -214,6 +299,32 @@ class AsyncEngine:
         else:
             self._dead = EngineDeadError("engine shut down")
             self._fail_all(self._dead)
+
+    def _take(self, busy: bool, paused: bool) -> Any:
+        """The next queued call (raises queue.Empty): at once while there are steps to take,
+        else waiting for one (at most ``PAUSE_POLL_S`` while paused), the lock free then."""
+        if busy and not paused:
+            return self._calls.get_nowait()
+        self._waiting = not paused  # a paused thread looks again on its own
+        self._book.release()
+        try:
+            return self._calls.get(timeout=PAUSE_POLL_S) if paused else self._calls.get()
+        finally:
+            self._book.acquire()
+            self._waiting = False
+
+    @contextlib.contextmanager
+    def _forward_window(self) -> Iterator[None]:
+        """Around the model's forward: the lock is free meanwhile (on this engine thread
+        only; an engine stepped from elsewhere holds no lock of this one's)."""
+        if threading.current_thread() is not self._thread:
+            yield
+            return
+        self._book.release()
+        try:
+            yield
+        finally:
+            self._book.acquire()
 
     def _run_call(self, job: Callable[[LLMEngine], Any], where: Any) -> None:
         loop, fut = where
@@ -242,7 +353,7 @@ class AsyncEngine:
                 item = self._calls.get_nowait()
             except queue.Empty:
                 return
-            if item is not None:
+            if isinstance(item, tuple):
                 loop, fut = item[1]
                 loop.call_soon_threadsafe(_set_exception, fut, EngineDeadError(str(exc)))
 

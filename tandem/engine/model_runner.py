@@ -19,9 +19,11 @@ the native deltas are tested against.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import torch
@@ -111,6 +113,10 @@ class ModelRunner:
         self.lora: LoraManager | None = None  # set by the engine when it serves adapters
         self._native_loras: NativeLoras | None = None  # the adapters' fused-forward tables
         self.step_threads: StepThreads | None = None
+        # Entered around the model's forward alone, its inputs built (the one stretch of a
+        # step that reads no bookkeeping: requests, blocks, the prefix cache): AsyncEngine
+        # frees its bookkeeping lock there (tandem/engine/async_engine.py).
+        self.forward_window: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
         if rc.native_kernels and rc.device.type == "cpu":
             from tandem.engine.native import FusedForward, unsupported_reason
 
@@ -202,18 +208,24 @@ class ModelRunner:
             threads = rule.choose(len(ids)) if rule is not None else None
             lora = self._native_lora(adapters) if adapters is not None else None
             started = time.perf_counter()
+            seconds = 0.0
             try:
-                logits = self.fused(ids, positions, seq_index, tables, self.kv_cache,
-                                    logit_rows, threads=threads, layer_hook=layer_hook,
-                                    lora=lora)
+                with self.forward_window():
+                    try:
+                        logits = self.fused(ids, positions, seq_index, tables, self.kv_cache,
+                                            logit_rows, threads=threads,
+                                            layer_hook=layer_hook, lora=lora)
+                    finally:  # timed in the window: not any wait for the lock after it
+                        seconds = time.perf_counter() - started
             finally:  # a failed step gives back a lease it took, too
                 if rule is not None:
-                    rule.observed(len(ids), threads, time.perf_counter() - started)
+                    rule.observed(len(ids), threads, seconds)
             return self._split(logits, len(sample_rows), scored, samplers)
         width = max(len(t) for t in tables)
         if (self.graphs is not None and not scored and len(ids) == len(order)
                 and self.graphs.fits(len(ids), width)):
-            logits = self.graphs.run(ids, positions, slots, seq_lens, tables)
+            with self.forward_window():
+                logits = self.graphs.run(ids, positions, slots, seq_lens, tables)
             if len(samplers) < len(order):  # no drafts here: one row per request
                 keep = [i for i, s in enumerate(order) if _samples(s)]
                 logits = logits[torch.tensor(keep, device=self.device)]
@@ -250,11 +262,13 @@ class ModelRunner:
         first."""
         step = StepInputs(ids, positions, slots, tables, query_lens, seq_lens, adapters)
         if self.group is None:
-            hidden = self.run_inputs(step, layer_hook)
+            with self.forward_window():
+                hidden = self.run_inputs(step, layer_hook)
         else:
             self.group.step(step)
             try:
-                hidden = self.run_inputs(step, layer_hook)
+                with self.forward_window():
+                    hidden = self.run_inputs(step, layer_hook)
             except Exception as exc:  # the other ranks cannot go on without this one
                 self.group.abort(exc)
         dev = self.device

@@ -29,7 +29,8 @@ A forked request (n sequences, tandem/engine/core/request.py) reserves its promp
 ``commit`` the engine forks the request's blocks to its other sequences by reference count.
 kv_transfer's ``ReservationTable`` only tracks the transfer's progress on the receive path. Every transition
 takes an entry out exactly once, so of two ends racing (a commit and an abort) the first wins
-and the other sees None; the engine serializes them on its thread.
+and the other sees None; the engine serializes them (its bookkeeping lock: tandem/engine/
+async_engine.py).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class Handoff:
         token the client has: its chunks from the shared ``leg`` on, followed through live
         moves as a single request's are. Raises LegLostError for ``after_loss``.
         ``moves``: the forked request's, so its sequences move one at a time: a target's
-        Reserve waits for the commits it acknowledged (tandem/worker/decode/
+        Reserve runs after the commits it acknowledged (tandem/worker/decode/
         receiver_events.py), so the next one finds the prompt's blocks there, pushed once."""
         self._adopted = self._leg = leg
         self._moves = moves

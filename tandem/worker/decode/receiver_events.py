@@ -8,10 +8,23 @@ waiting on it.
 
 Either way a tensor-parallel group's other ranks end their leases on the same blocks.
 
-A Reserve waits until the events reported so far are applied (``caught_up``): a commit the
-receiver has acknowledged is then in the engine, its full blocks prefix-cached, so a forked
-request's next sequence moving here finds its prompt's blocks (tandem/router/handoff/ledger.py
-moves them one at a time).
+Each event's engine work (the commit, or the end) is done the moment the event is taken off
+the receiver's queue: at once beside the forward of a step in flight (or an idle engine), or
+queued on the engine when its thread is in its bookkeeping or a call is queued ahead
+(``AsyncEngine.submit_now``), never behind the reply to an earlier event: every event
+reported during a step applies before the next step, however many arrive (a burst of
+handoffs or of live moves lands in one step). Its outcome (the streams' first tokens, or
+their end) is handled when the engine work is done::
+
+    receiver.events ──take (consume, or take_reported)──> engine work, now or queued at once
+                                                          └──> done: streams fed or ended
+
+A Reserve takes every event reported so far (``take_reported``) just before its own engine
+work, with no await between: the engine runs its work in the order submitted, so a commit
+the receiver has acknowledged is in the engine, its full blocks prefix-cached, when the
+reservation looks for its prompt's blocks (a forked request's next sequence moving here
+finds them: tandem/router/handoff/ledger.py moves them one at a time), without the Reserve
+waiting for a step to apply it first.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from tandem.engine.async_engine import AsyncEngine
+from tandem.engine.async_engine import AsyncEngine, EngineDeadError
 from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.outputs import RequestOutput
 from tandem.kv_transfer import Aborted, Committed, Expired, Receiver, TransferEvent
@@ -48,34 +61,24 @@ class ReceiverEvents:
         self._streams = streams
         self._groups = groups
         self._await_reader = await_reader
-        self._taken = self._applied = 0  # events taken off the queue, and applied since
-        self._handled = asyncio.Event()  # set (and replaced) after each event
+        self._outcomes: set[asyncio.Task[None]] = set()  # engine work submitted, unhandled
 
     async def consume(self) -> None:
-        """Apply every event the receiver reports, for as long as it runs: those queued
-        together at once, their commits in one engine call (none waits a step behind
-        another's: a burst of handoffs or of live moves lands in one step)."""
+        """Do (or queue) every event's engine work as the receiver reports it, for as long
+        as it runs (those reported together in one engine call)."""
         events = self._receiver.events
         while True:
-            batch = [await events.get()]
-            while not events.empty():
-                batch.append(events.get_nowait())
-            self._taken += len(batch)
+            first = await events.get()
             try:
-                await self._apply(batch)
-            except Exception:  # a bug in one request's handling must not stop every commit
-                log.exception("handling %r failed", batch)
-            finally:
-                self._applied += len(batch)
-                handled, self._handled = self._handled, asyncio.Event()
-                handled.set()
+                self._queue([first, *self._take()])
+            except Exception:  # a bug in one batch's handling must not stop every commit
+                log.exception("queueing transfer events failed")
 
-    async def caught_up(self) -> None:
-        """Return once every event the receiver has reported so far is applied (those
-        reported later are not waited for)."""
-        reported = self._taken + self._receiver.events.qsize()
-        while self._applied < reported:
-            await self._handled.wait()
+    def take_reported(self) -> None:
+        """Do (or queue) the engine work of every event the receiver has reported so far:
+        engine work submitted after this returns runs after it (those reported later are
+        not taken)."""
+        self._queue(self._take())
 
     def release(self, tid: str, reason: str) -> None:
         """End a reservation's lease here and on every other rank of the group."""
@@ -83,31 +86,57 @@ class ReceiverEvents:
         if self._agents is not None:
             self._agents.release(tid)
 
-    async def _apply(self, batch: list[TransferEvent]) -> None:
+    def _take(self) -> list[TransferEvent]:
+        events = self._receiver.events
+        batch: list[TransferEvent] = []
+        while not events.empty():
+            batch.append(events.get_nowait())
+        return batch
+
+    def _queue(self, batch: list[TransferEvent]) -> None:
+        if not batch:
+            return
         if self._agents is not None:  # ended here: the other ranks' leases end too
             for event in batch:
                 self._agents.release(event.transfer_id)
-        commits = [event for event in batch if isinstance(event, Committed)]
-        if commits:
-            results = await self._ae.call(lambda e: [_commit(e, c) for c in commits])
-            for event, result in zip(commits, results, strict=True):
-                await self._committed(event, result)
-        for event in batch:
-            if isinstance(event, Expired):
-                await self.end(event.transfer_id,
-                               TransferEnded("lease expired before the KV arrived"))
-            elif isinstance(event, Aborted):
-                await self.end(event.transfer_id, TransferEnded(
-                    f"KV transfer aborted by the {event.by} ({event.code}): {event.reason}"))
+        try:
+            done = self._ae.submit_now(lambda e: [_apply(e, event) for event in batch])
+        except EngineDeadError:
+            log.warning("engine stopped: %d transfer events not applied", len(batch))
+            return
+        task = asyncio.get_running_loop().create_task(self._handle(batch, done))
+        self._outcomes.add(task)
+        task.add_done_callback(self._outcomes.discard)
 
-    async def _committed(self, event: Committed,
-                         result: list[RequestOutput] | Exception | None) -> None:
+    async def _handle(self, batch: list[TransferEvent],
+                      done: asyncio.Future[list[_Applied]]) -> None:
+        try:
+            results = await done
+        except Exception:  # the engine stopped: every stream waiting on it fails with it
+            log.exception("applying %r failed", batch)
+            return
+        for event, result in zip(batch, results, strict=True):
+            try:
+                if isinstance(event, Committed):
+                    await self._committed(event, result)
+                elif isinstance(event, Expired):
+                    self._ended(event.transfer_id, result,
+                                TransferEnded("lease expired before the KV arrived"))
+                elif isinstance(event, Aborted):
+                    self._ended(event.transfer_id, result, TransferEnded(
+                        f"KV transfer aborted by the {event.by} ({event.code}): "
+                        f"{event.reason}"))
+            except Exception:  # a bug in one request's handling must not stop the others
+                log.exception("handling %r failed", event)
+
+    async def _committed(self, event: Committed, result: _Applied) -> None:
         if isinstance(result, Exception):  # a first token outside the vocabulary, a count
             self._count_commit(event)
             await self.end(event.transfer_id, TransferEnded(f"commit refused: {result}"))
         elif result is None:  # already ended here (Abort, PrefillLocal) while it was queued
             log.debug("commit for a reservation already ended: %r", event)
         else:
+            assert isinstance(result, list)
             self._count_commit(event)
             for out in result:  # one per sequence of a forked request
                 stream = self._streams.get(out.request_id)
@@ -123,7 +152,12 @@ class ReceiverEvents:
     async def end(self, transfer_id: str, why: TransferEnded) -> None:
         """A transfer that will not commit: the engine frees its reservation, if still live."""
         out = await self._ae.call(lambda e: e.remote.decode.end(transfer_id))
-        if out is None:
+        self._ended(transfer_id, out, why)
+
+    def _ended(self, transfer_id: str, out: _Applied, why: TransferEnded) -> None:
+        """The engine's answer to ending a reservation: its final output, or None (it had
+        ended already)."""
+        if not isinstance(out, RequestOutput):
             log.debug("transfer %s ended after its reservation: %s", transfer_id, why)
             return
         log.info("request %s ended before decoding: %s", out.request_id, why)
@@ -131,10 +165,16 @@ class ReceiverEvents:
             stream.end(why)
 
 
-def _commit(engine: LLMEngine, event: Committed) -> list[RequestOutput] | Exception | None:
-    """One commit on the engine thread; its error is returned, so the others still apply."""
-    try:
-        return engine.remote.decode.commit_forked(event.transfer_id, event.first_tokens,
-                                                  event.first_logprobs)
-    except Exception as exc:  # the caller ends that one reservation
-        return exc
+_Applied = list[RequestOutput] | RequestOutput | Exception | None  # one event's outcome
+
+
+def _apply(engine: LLMEngine, event: TransferEvent) -> _Applied:
+    """One event's engine work on the engine thread: a commit's outputs (its error is
+    returned, so the others still apply), or an ended reservation's final output."""
+    if isinstance(event, Committed):
+        try:
+            return engine.remote.decode.commit_forked(event.transfer_id, event.first_tokens,
+                                                      event.first_logprobs)
+        except Exception as exc:  # the caller ends that one reservation
+            return exc
+    return engine.remote.decode.end(event.transfer_id)  # Aborted, Expired

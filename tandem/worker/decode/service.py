@@ -36,8 +36,9 @@ Two orderings keep the blocks safe:
   release before free: Abort and PrefillLocal end the receiver's lease (after which no frame
       is written into the blocks) before the engine call that frees them; Committed, Aborted
       and Expired come from a receiver that has ended the lease itself.
-  first end wins: every end of a reservation (commit, end, abort, local prefill) is an engine
-      call, serialized on the engine thread; the ledger gives the reservation to the first and
+  first end wins: every end of a reservation (commit, end, abort, local prefill) is engine
+      work, serialized by the engine's bookkeeping lock (on its thread, or beside a step's
+      forward: AsyncEngine.submit_now); the ledger gives the reservation to the first and
       answers the others None (or UnknownRequestError). Abort and PrefillLocal wait for a
       Reserve still in flight, so a lease is never granted on blocks already freed.
 """
@@ -196,9 +197,12 @@ class DecodeWorker:
     ) -> ReserveResult:
         rid, tid, n = group[0].request_id, group[0].transfer_id, len(group)
         try:
-            await self._events.caught_up()  # an acknowledged commit's blocks are cached
             await self._ae.prepare(params)
-            granted, adapter = await self._ae.call(
+            # The commits acknowledged so far are queued ahead of this call, with no await
+            # between: their blocks are cached when it looks (receiver_events.py). With none
+            # queued it runs at once, beside a step's forward (AsyncEngine.call_now).
+            self._events.take_reported()
+            granted, adapter = await self._ae.call_now(
                 lambda e: (e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
                                                    n=n), e.lora_identity(params.lora)),
                 stream=[s.request_id for s in group],

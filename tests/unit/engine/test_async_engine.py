@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 
 from tandem.engine import InvalidRequestError, SamplingParams
 from tandem.engine.async_engine import AsyncEngine, EngineDeadError
+from tandem.engine.llm_engine import LLMEngine
+from tandem.engine.outputs import RequestOutput
+from tests.unit.engine._forward_hold import ForwardHold
 from tests.unit.engine._reference import hf_greedy
+from tests.unit.worker.harness import until
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -118,5 +123,72 @@ def test_stats_while_a_step_runs_does_not_wait_for_its_end(tiny_dir, make_engine
         after = await ae.stats()  # idle: from the engine thread, fresh
         assert after.num_running == after.num_waiting == 0 and after.num_steps == 2
         await ae.shutdown()
+
+    asyncio.run(main())
+
+
+def test_call_now_runs_at_once_only_with_nothing_queued_ahead(tiny_dir, make_engine) -> None:
+    """call_now on an idle engine runs on the calling thread, and a request it adds is
+    stepped (the waiting engine thread is woken). Forced order: the engine thread held
+    inside a step's forward (the bookkeeping lock free), call_now runs on the calling
+    thread at once; with a call queued (it waits for the step's end), call_now queues behind
+    it instead and runs after it, on the engine thread. Held inside a call (the lock
+    taken), call_now queues too. After shutdown it raises."""
+    engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=64)
+
+    async def main() -> None:
+        ae = AsyncEngine(engine)
+        here = threading.get_ident()
+
+        def mark(name: str) -> Callable[[LLMEngine], int]:
+            def fn(e: LLMEngine) -> int:
+                order.append(name)
+                return threading.get_ident()
+            return fn
+
+        async def queued() -> int:
+            return ae.pending_calls()
+
+        async def inside() -> bool:
+            return hold.inside.is_set()
+
+        order: list[str] = []
+        assert await ae.call_now(mark("idle")) == here
+        await ae.call_now(lambda e: e.add_request([3, 4, 5], GREEDY, request_id="w"),
+                          stream="w")
+
+        async def read(rid: str) -> list[RequestOutput]:
+            return [out async for out in ae.outputs(rid)]
+
+        outs = await asyncio.wait_for(read("w"), 60)  # stepped: not left waiting
+        assert outs[-1].finished and len(outs[-1].token_ids) == GREEDY.max_tokens
+        hold = ForwardHold(engine.runner)
+        try:
+            await ae.call(lambda e: e.add_request([3, 4, 5], GREEDY, request_id="a"),
+                          stream="a")
+            await until(inside, bool)  # its first step is held in the forward
+            assert await ae.call_now(mark("inline")) == here  # beside the forward
+            behind = ae.submit(mark("queued"))
+            now = asyncio.ensure_future(ae.call_now(mark("after")))
+            await until(queued, lambda n: n == 2)  # both wait for the step's end
+        finally:
+            hold.lift.set()
+        assert await behind != here and await now != here
+        assert order == ["idle", "inline", "queued", "after"]
+        outs = await read("a")
+        assert outs[-1].finished and len(outs[-1].token_ids) == GREEDY.max_tokens
+
+        gate = threading.Event()
+        held = ae.submit(lambda e: gate.wait(60))
+        await until(queued, lambda n: n == 0)  # the engine thread is inside it
+        try:
+            now = asyncio.ensure_future(ae.call_now(mark("behind a call")))
+            await until(queued, lambda n: n == 1)  # the lock taken: queued
+        finally:
+            gate.set()
+        assert await held and await now != here
+        await ae.shutdown()
+        with pytest.raises(EngineDeadError):
+            await ae.call_now(lambda e: e.stats())
 
     asyncio.run(main())

@@ -16,6 +16,7 @@ from tandem.kv_transfer import Committed, Endpoint
 from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tandem.worker.errors import GRAMMAR_RETRY_AFTER_MS
 from tests.integration.served_model import tiny_served_model
+from tests.unit.engine._forward_hold import ForwardHold
 from tests.unit.worker.harness import cluster, greedy, idle, until
 
 PROMPT = list(range(10, 50))  # 40 tokens: three blocks of 16
@@ -350,6 +351,93 @@ def test_commits_reported_together_apply_together_a_refused_one_alone(engines) -
             assert msgs[-1].finish_reason == "length"
             code, why = await _code(c.decode_all("bad"))
             assert "commit refused" in why, (code, why)
+            await until(c.decode_stats, idle)
+
+    asyncio.run(main())
+
+
+def test_commits_and_a_reserve_queue_at_once_behind_a_held_engine(engines) -> None:
+    """Forced order: the engine thread is held inside a call. Each COMMIT the receiver then
+    reports has its engine work queued at once (the second not behind the first's reply),
+    and a Reserve queues its own call behind them without waiting for them to apply.
+    Released, they run in that order: the Reserve of a committed request's prompt finds its
+    full blocks cached; both committed streams decode to their end; every block comes back."""
+
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            ae = c.decode.engine
+
+            async def queued() -> int:
+                return ae.pending_calls()
+
+            a = await c.reserve("a", PROMPT, greedy(4))  # 40 tokens: 2 full blocks + 8
+            b = await c.reserve("b", PROMPT[:20], greedy(4))
+            for r in (a, b):
+                c.receiver.release(r.transfer_id, "the test reports the commit itself")
+            gate = threading.Event()
+            held = ae.submit(lambda e: gate.wait(60))
+            await until(queued, lambda n: n == 0)  # the engine thread is inside it
+            try:
+                c.receiver.events.put_nowait(Committed(a.transfer_id, tuple(a.block_ids), 7,
+                                                       0.0))
+                await until(queued, lambda n: n == 1)
+                c.receiver.events.put_nowait(Committed(b.transfer_id, tuple(b.block_ids), 8,
+                                                       0.0))
+                await until(queued, lambda n: n == 2)  # not behind a's reply
+                reserving = asyncio.create_task(c.reserve("c", PROMPT, greedy(4)))
+                await until(queued, lambda n: n == 3)  # behind both, not waiting for them
+            finally:
+                gate.set()
+            assert await held
+            assert (await reserving).cached_tokens == 32  # a's commit ran first
+            for rid in ("a", "b"):
+                msgs = await c.decode_all(rid)
+                assert sum(len(m.token_ids) for m in msgs) == 3
+                assert msgs[-1].finish_reason == "length"
+            assert (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="c"))).found
+            await until(c.decode_stats, idle)  # every block free (the cluster checks more)
+
+    asyncio.run(main())
+
+
+def test_a_commit_and_a_reserve_are_done_while_a_step_is_in_its_forward(engines) -> None:
+    """Forced order: the decode engine's thread is held inside a step's forward (a stream
+    decoding). A COMMIT the receiver reports meanwhile is applied at once (its stream runs
+    from the next step), and a Reserve, nothing queued before it, is answered meanwhile:
+    neither waits for the step's end. Lifted, both streams decode to their end, the
+    reservation is aborted and every block comes back."""
+
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            engine = engines[0]
+            waiting = await c.reserve("b", list(range(60, 80)), greedy(4))
+            c.receiver.release(waiting.transfer_id, "the test reports the commit itself")
+            hold = ForwardHold(engine.runner)
+
+            async def inside() -> bool:
+                return hold.inside.is_set()
+
+            async def reserved() -> int:
+                return engine.remote.decode.num_reserved
+
+            try:
+                res = await c.reserve("long", PROMPT, greedy(8))
+                await c.prefill_into("long", PROMPT, greedy(8), res)
+                await until(inside, bool)  # its first decode step is held in the forward
+                assert await reserved() == 1  # b's
+                c.receiver.events.put_nowait(Committed(
+                    waiting.transfer_id, tuple(waiting.block_ids), 7, 0.0))
+                await until(reserved, lambda n: n == 0)  # committed beside the forward
+                got = await asyncio.wait_for(c.reserve("x", list(range(100, 120)),
+                                                       greedy(4)), 30)
+                assert len(got.block_ids) == 2 and not hold.lift.is_set()
+            finally:
+                hold.lift.set()
+            for rid, n in (("long", 7), ("b", 3)):
+                msgs = await c.decode_all(rid)
+                assert sum(len(m.token_ids) for m in msgs) == n
+                assert msgs[-1].finish_reason == "length"
+            assert (await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="x"))).found
             await until(c.decode_stats, idle)
 
     asyncio.run(main())
