@@ -32,6 +32,7 @@ from tandem.engine.models.layers import SparseMoE
 from tandem.engine.models.layers.moe_routing import deepseek_v2_topk, deepseek_v3_topk
 from tandem.engine.native import NativeLinear, load, unsupported_reason
 from tandem.engine.native.moe_layer import NativeMoe, moe_unsupported
+from tandem.engine.testing import make_tiny_checkpoint
 from tests.unit.engine._handoff import handoff_token_ids
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 from tests.unit.engine.native._torch_steps import rel_err, torch_logits
@@ -58,6 +59,11 @@ CASES = {
     "v3-unnormalised": ("deepseek_v3", {**NATIVE_MLA, "q_lora_rank": 96,
                                         "norm_topk_prob": False, "routed_scaling_factor": 0.7,
                                         "rope_interleave": False, "attention_bias": True}),
+    # yarn: mscale_all_dim in the softmax scale, the attention factor in the RoPE tables;
+    # prompts cross the original context
+    "v3-yarn": ("deepseek_v3", {**NATIVE_MLA, "q_lora_rank": 96, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1}}),
 }
 
 
@@ -212,9 +218,18 @@ def test_every_router_is_native_up_to_the_group_limit() -> None:
 # --- whole models ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def ds_dir(tiny_dir) -> Callable[[str], Path]:  # noqa: ANN001
-    """``ds_dir(case)``: the checkpoint of one of CASES."""
-    return lambda case: tiny_dir(CASES[case][0], **CASES[case][1])
+def ds_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``ds_dir(case)``: the checkpoint of one of CASES, written once per module."""
+    made: dict[str, Path] = {}
+
+    def get(case: str) -> Path:
+        if case not in made:
+            arch, options = CASES[case]
+            made[case] = make_tiny_checkpoint(tmp_path_factory.mktemp(case), arch=arch,
+                                              **options)
+        return made[case]
+
+    return get
 
 
 def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
@@ -284,6 +299,21 @@ def test_handoff_between_the_paths(make_engine, ds_dir, case: str,
     prompt = _prompts([41], seed=4)[0]
     tokens = handoff_token_ids(prefill, decode, prompt, GREEDY)
     assert tokens == hf_greedy(path, prompt, GREEDY.max_tokens)
+
+
+def test_prefix_cache_hits_on_latent_blocks(make_engine, ds_dir) -> None:
+    """A second request sharing 24 prompt tokens reads their latent blocks from the prefix
+    cache (written by the native path) and still gives transformers' tokens."""
+    path = ds_dir("v3")
+    engine = make_engine(model=str(path), num_blocks=128, block_size=BLOCK)
+    assert engine.runner.fused is not None
+    shared = _prompts([24], seed=2)[0]
+    first = engine_token_ids(engine, [shared + [5, 6]], GREEDY)[0]
+    hits = engine.stats().prefix_cache_hits
+    second = engine_token_ids(engine, [shared + [9, 10, 11]], GREEDY)[0]
+    assert engine.stats().prefix_cache_hits - hits == 24
+    assert first == hf_greedy(path, shared + [5, 6], GREEDY.max_tokens)
+    assert second == hf_greedy(path, shared + [9, 10, 11], GREEDY.max_tokens)
 
 
 def test_auto_keeps_the_latent_cache_in_the_model_dtype(make_engine, ds_dir) -> None:
