@@ -4,7 +4,7 @@ one with the MoE's *active* feed-forward (top_k x expert width) and one with all
     python -m bench.engine.moe_vs_dense [--rows 1,4,16,64] [--hidden 768] [--expert-width 1024]
                                         [--experts 8] [--top-k 2] [--layers 4] [--repeats 5]
                                         [--threads 2] [--dtype float32|bfloat16]
-                                        [--paths native,torch]
+                                        [--paths native,torch] [--many-experts]
 
 Three random checkpoints (tandem/engine/testing/tiny.py), written to a temporary folder:
 Mixtral with ``--experts`` experts of ``--expert-width``, ``--top-k`` per token; Mistral (the
@@ -19,6 +19,10 @@ taking turns. Prints ms per step and MoE / active-dense, with the experts a step
 layer (counted on the torch forward's routers; each active expert's weights are read once,
 whatever its rows): the MoE costs close to its active share where a step's rows reach few
 experts, and moves towards the total dense as they spread over all of them.
+
+``--many-experts`` is the many-small-experts shape of Qwen3-MoE and DeepSeek-V3 (128 experts
+of width 256, top 8: ``--experts 128 --top-k 8 --expert-width 256``): a step's rows spread
+over many more experts than Mixtral's top 2 of 8 (the total dense is then 16x the active).
 """
 
 from __future__ import annotations
@@ -112,7 +116,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--paths", default="native,torch")
+    ap.add_argument("--many-experts", action="store_true",
+                    help="128 experts x 256 wide, top 8 (overrides the three flags above)")
     args = ap.parse_args()
+    if args.many_experts:
+        args.experts, args.top_k, args.expert_width = 128, 8, 256
     paths = args.paths.split(",")
     if not paths or set(paths) - {"native", "torch"}:
         raise SystemExit("--paths: native, torch or both")

@@ -98,8 +98,9 @@ class LLMEngine:
         # what a step costs here (router placement reads it); its observer: a worker's
         # --step-log (tandem/worker/step_log.py)
         self.step_costs = StepCostFeed()
-        # "auto"'s float16 cache is the fused native forward's, which never runs an MLA model
-        # (and never a tensor-parallel group's ranks: torch's forward serves them)
+        # "auto"'s float16 cache is the fused native forward's for GQA models: an MLA model's
+        # latent cache stays in the model dtype on either path (the torch path attends in it),
+        # and a tensor-parallel group's ranks run torch's forward
         self.kv_cache_dtype = config.resolved_kv_cache_dtype(
             self._native_ok(config) and self.arch.mla is None and tp == 1)
         # this rank's heads: each rank's cache holds its own KV heads at the same block ids

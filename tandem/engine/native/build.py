@@ -64,7 +64,7 @@ PREFERENCE = ("avx512", "avx2")  # best first
 ISA_ENV = "TANDEM_NATIVE_ISA"
 REQUIRED_CPU_FLAGS = VARIANTS["avx2"][1]  # the baseline: without it, no native kernels
 FLAGS = [*COMMON_FLAGS, *VARIANTS["avx2"][0]]  # the avx2 variant's command line
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 
 class NativeISAError(ValueError):
@@ -195,6 +195,7 @@ def open_variant(isa: str) -> ctypes.CDLL | None:
     lib.tnd_model_free.argtypes, lib.tnd_model_free.restype = [ptr], None
     lib.tnd_linear.argtypes, lib.tnd_linear.restype = [ptr, ptr, i32, ptr, i32], None
     lib.tnd_embed.argtypes, lib.tnd_embed.restype = [ptr, ptr, i32, ptr], i32
+    lib.tnd_moe_route.argtypes, lib.tnd_moe_route.restype = [ptr, ptr, i32, ptr, ptr], None
     lib.tnd_forward.argtypes = [ptr, ptr, i32, ptr, i32, ptr, i32]
     lib.tnd_forward.restype = i32
     lib.tnd_isa_width.argtypes, lib.tnd_isa_width.restype = [], i32

@@ -17,8 +17,11 @@
 //
 // LoRA: a step may carry adapters (Step::lora), each row under its own or none; their deltas
 // are added to the q/k/v, o, gate/up and down outputs (lora_delta.h).
-// Mixture-of-experts layers (Mixtral, Qwen2/Qwen3-MoE): moe_experts.h, in place of a layer's
-// dense MLP where its Layer::moe says so.
+// Mixture-of-experts layers (Mixtral, Qwen2/Qwen3-MoE, DeepSeek-V2/V3's routers):
+// moe_experts.h, in place of a layer's dense MLP where its Layer::moe says so.
+// Multi-head latent attention (DeepSeek-V2/V3): mla_attention.h, in place of a layer's q/k/v
+// attention where its Layer::mla says so (every layer of such a model: ModelDesc::latent_dim),
+// over the latent cache [L, 1, num_blocks, block_size, 1, latent_dim] (fp32, bf16 or fp16).
 // Weight formats: quant_linear.h; the few-row loops: linear_rows.h (dot_rows.h,
 // dot_rows512.h); many rows (batched decodes, prefill chunks): gemm_tiled.h, whose linear()
 // picks between the two. Attention: paged_attention.h (KV head vectors: kv_head.h; prefill
@@ -50,6 +53,7 @@
 #include "vec_math.h"
 #include "lora_delta.h"
 #include "moe_experts.h"
+#include "mla_attention.h"
 
 namespace {
 
@@ -64,6 +68,7 @@ struct Layer {
   Lin qkv, o, gate_up, down;
   int32_t window;  // sliding-window layer: keys it sees, itself included; 0: every key
   const tnd::MoeLayer* moe;  // mixture of experts in place of gate_up/down; null: dense MLP
+  const tnd::MlaLayer* mla;  // latent attention in place of qkv (o is its o_proj); null: GQA
 };
 
 struct ModelDesc {
@@ -71,12 +76,13 @@ struct ModelDesc {
   int32_t max_positions;
   float eps;
   const float* embed;  // [vocab, hidden] fp32, or null: embed_lin
-  const float* cos;    // [max_positions, head_dim]
+  const float* cos;    // [max_positions, head_dim] (MLA: head_dim is qk_rope_head_dim)
   const float* sin;
   const float* final_norm;
   Lin lm_head;
   const Layer* layers;  // [num_layers]
   Lin embed_lin;        // the embedding table when embed is null (any Lin kind)
+  int32_t latent_dim;   // MLA: the latent cache's row width, one plane of one head; 0: K and V
 };
 
 struct Model {
@@ -84,23 +90,8 @@ struct Model {
   std::vector<Layer> layers;
 };
 
-// out = weight * (x * rsqrt(mean(x^2) + eps)), one row of length n.
-inline void rms_norm(const float* x, const float* weight, float eps, int n, float* out) {
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float inv = 1.f / std::sqrt(static_cast<float>(ss / n) + eps);
-  for (int i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
-}
-
-// x * cos + rotate_half(x) * sin, in place, one head vector.
-inline void rope(float* x, const float* cos, const float* sin, int hd) {
-  const int half = hd / 2;
-  for (int i = 0; i < half; ++i) {
-    const float a = x[i], b = x[i + half];
-    x[i] = a * cos[i] - b * sin[i];
-    x[i + half] = b * cos[i + half] + a * sin[i + half];
-  }
-}
+using tnd::rms_norm;  // norm_rope.h
+using tnd::rope;
 
 struct Step {
   const int64_t* ids;
@@ -124,7 +115,7 @@ struct Step {
 
 extern "C" {
 
-int tnd_abi_version() { return 8; }
+int tnd_abi_version() { return 9; }
 
 // Width of the hot loops this build compiled: 512 (the AVX-512/VNNI paths) or 256 (AVX2).
 int tnd_isa_width() { return TND_AVX512 ? 512 : 256; }
@@ -142,6 +133,14 @@ void tnd_model_free(void* model) { delete static_cast<Model*>(model); }
 void tnd_linear(const Lin* w, const float* x, int rows, float* y, int threads) {
   QuantRows xq;
   tnd::linear(*w, x, rows, xq, y, w->n, false, threads);
+}
+
+// One MoE layer's router alone (tests): logits [rows, E] -> each row's k expert ids and their
+// weights, ids and w [rows, k] (moe_experts.h's route_row, as the forward routes).
+void tnd_moe_route(const tnd::MoeLayer* m, const float* logits, int rows, int32_t* ids,
+                   float* w) {
+  const size_t E = static_cast<size_t>(m->num_experts), k = static_cast<size_t>(m->top_k);
+  for (int r = 0; r < rows; ++r) tnd::route_row(*m, logits + r * E, ids + r * k, w + r * k);
 }
 
 // Rows ids[0 .. n) of an embedding table stored as a Lin: out [n, w.k]. Returns -1 when an id
@@ -218,10 +217,12 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
       tnd::lin_row(md.embed_lin, st->ids[r], dst);
     }
   }
-  const int head_bytes = tnd::KVHead<F>::bytes(hd);
-  const size_t slot_bytes = static_cast<size_t>(nkv) * head_bytes;
+  const int lat = md.latent_dim;  // MLA: one plane of one latent head per layer
+  const int head_bytes = tnd::KVHead<F>::bytes(lat ? lat : hd);
+  const size_t slot_bytes = static_cast<size_t>(lat ? 1 : nkv) * head_bytes;
   const size_t kv_half = static_cast<size_t>(st->num_blocks) * bs * slot_bytes;  // bytes
-  const size_t layer_stride = 2 * kv_half;
+  const size_t layer_stride = (lat ? 1 : 2) * kv_half;
+  if (lat) grow(att, R * md.num_heads * md.layers[0].mla->v_dim);
   const tnd::AttnShape attn{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd))};
   std::vector<const int32_t*> tables(rows);
   for (int r = 0; r < rows; ++r) {
@@ -233,30 +234,36 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
     uint8_t* vc = kc + kv_half;
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.input_norm, md.eps, H, &xn[r * H]);
-    tnd::linear(ly.qkv, xn.data(), rows, xq, qkv.data(), qkvsz, false, threads);
-    lora(l, 0, xn.data(), H, qkv.data(), qkvsz, qkv_cols, 3);
+    if (ly.mla) {  // no LoRA (the adapter manager refuses a latent-attention model)
+      tnd::mla_attention<F>(*ly.mla, nh, xn.data(), rows, st->pos, slot.data(), tables.data(),
+                            bs, kc, md.cos, md.sin, att.data(), xq, threads);
+      tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
+    } else {
+      tnd::linear(ly.qkv, xn.data(), rows, xq, qkv.data(), qkvsz, false, threads);
+      lora(l, 0, xn.data(), H, qkv.data(), qkvsz, qkv_cols, 3);
 #pragma omp parallel for num_threads(threads) if (par)
-    for (int r = 0; r < rows; ++r) {
-      float* q = &qkv[static_cast<size_t>(r) * qkvsz];
-      float* k = q + qsz;
-      const float* v = k + kvsz;
-      if (ly.q_norm) {
-        for (int i = 0; i < nh; ++i) rms_norm(q + i * hd, ly.q_norm, md.eps, hd, q + i * hd);
-        for (int i = 0; i < nkv; ++i) rms_norm(k + i * hd, ly.k_norm, md.eps, hd, k + i * hd);
+      for (int r = 0; r < rows; ++r) {
+        float* q = &qkv[static_cast<size_t>(r) * qkvsz];
+        float* k = q + qsz;
+        const float* v = k + kvsz;
+        if (ly.q_norm) {
+          for (int i = 0; i < nh; ++i) rms_norm(q + i * hd, ly.q_norm, md.eps, hd, q + i * hd);
+          for (int i = 0; i < nkv; ++i) rms_norm(k + i * hd, ly.k_norm, md.eps, hd, k + i * hd);
+        }
+        const float* c = md.cos + st->pos[r] * hd;
+        const float* s = md.sin + st->pos[r] * hd;
+        for (int i = 0; i < nh; ++i) rope(q + i * hd, c, s, hd);
+        for (int i = 0; i < nkv; ++i) rope(k + i * hd, c, s, hd);
+        for (int i = 0; i < nkv; ++i) {
+          tnd::store_head<F>(k + i * hd, hd, kc + slot[r] * slot_bytes + i * head_bytes);
+          tnd::store_head<F>(v + i * hd, hd, vc + slot[r] * slot_bytes + i * head_bytes);
+        }
       }
-      const float* c = md.cos + st->pos[r] * hd;
-      const float* s = md.sin + st->pos[r] * hd;
-      for (int i = 0; i < nh; ++i) rope(q + i * hd, c, s, hd);
-      for (int i = 0; i < nkv; ++i) rope(k + i * hd, c, s, hd);
-      for (int i = 0; i < nkv; ++i) {
-        tnd::store_head<F>(k + i * hd, hd, kc + slot[r] * slot_bytes + i * head_bytes);
-        tnd::store_head<F>(v + i * hd, hd, vc + slot[r] * slot_bytes + i * head_bytes);
-      }
+      tnd::paged_attention<F>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
+                           att.data(), threads, ly.window);
+      tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
+      lora(l, 1, att.data(), qsz, h.data(), H, o_cols, 1);
     }
-    tnd::paged_attention<F>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
-                         att.data(), threads, ly.window);
-    tnd::linear(ly.o, att.data(), rows, xq, h.data(), H, true, threads);
-    lora(l, 1, att.data(), qsz, h.data(), H, o_cols, 1);
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.post_norm, md.eps, H, &xn[r * H]);
     if (ly.moe) {  // experts: no LoRA (the adapter manager refuses a MoE model)

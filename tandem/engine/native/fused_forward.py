@@ -14,12 +14,14 @@
                                 the q/k/v, o, gate/up and down outputs (lora_delta.h)
 
 It computes the decoder of tandem/engine/models/causal_lm.py (Llama, Mistral, Qwen2, Qwen3,
-and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE): biases on any linear (q/k/v, o,
-gate/up, down: each Lin carries its own), per-head q/k norms, SiLU-gated MLPs, and softmax-
-routed experts where a layer is sparse (tandem/engine/native/moe_layer.py, moe_experts.h:
-each active expert's weights read once a step for all its rows). ``unsupported_reason`` names
-what it does not compute (another model class, another activation, DeepSeek's routers and
-latent attention), and the model runner keeps torch for that model.
+and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE) and of mla_lm.py (DeepSeek-V2/V3):
+biases on any linear (q/k/v, o, gate/up, down: each Lin carries its own), per-head q/k norms,
+SiLU-gated MLPs, routed experts where a layer is sparse (tandem/engine/native/moe_layer.py,
+moe_experts.h: every router of layers/moe_routing.py, each active expert's weights read once a
+step for all its rows), and multi-head latent attention over the latent cache
+(tandem/engine/native/mla_layer.py, mla_attention.h). ``unsupported_reason`` names what it
+does not compute (another model class, another activation), and the model runner keeps torch
+for that model.
 
 It serves every CPU step of an fp32, bf16 or fp16 model, decodes and prefill chunks alike:
 few-row steps run the matrix-vector loops (integer ones for quantized weights), many-row steps
@@ -29,8 +31,9 @@ the torch path's bf16 activations), reading half the bytes. The model runner kee
 what this path does not cover (no compiler, a quantized layer of a bf16/fp16 model not in the
 kernels' layout). The KV cache may be fp32, bf16 or fp16 (a 16-bit model's own cache dtype,
 rounded to nearest even as torch rounds) or int8 with per-head-vector scales
-(tandem/engine/quant/kv_int8.py), written with the torch path's rounding. Each layer carries
-its sliding window (0: full attention), as the torch model's attention modules do.
+(tandem/engine/quant/kv_int8.py), written with the torch path's rounding; an MLA model's
+latent cache fp32, bf16 or fp16. Each layer carries its sliding window (0: full attention), as
+the torch model's attention modules do.
 """
 
 from __future__ import annotations
@@ -44,8 +47,16 @@ from torch import nn
 
 from tandem.engine.models.causal_lm import CausalLM
 from tandem.engine.models.layers import MLP, Attention, SparseMoE
+from tandem.engine.models.layers.mla import MlaAttention
+from tandem.engine.models.mla_lm import MlaCausalLM
 from tandem.engine.native.build import load
 from tandem.engine.native.lora_step import NativeLoraStep
+from tandem.engine.native.mla_layer import (
+    MlaLayerStruct,
+    NativeMla,
+    attention_linears,
+    mla_unsupported,
+)
 from tandem.engine.native.moe_layer import (
     MoeLayerStruct,
     NativeMoe,
@@ -73,7 +84,8 @@ _Lin = LinStruct
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _F), ("post_norm", _F), ("q_norm", _F), ("k_norm", _F),
                 ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin),
-                ("window", ctypes.c_int32), ("moe", ctypes.POINTER(MoeLayerStruct))]
+                ("window", ctypes.c_int32), ("moe", ctypes.POINTER(MoeLayerStruct)),
+                ("mla", ctypes.POINTER(MlaLayerStruct))]
 
 
 class _ModelDesc(ctypes.Structure):
@@ -82,7 +94,7 @@ class _ModelDesc(ctypes.Structure):
         "vocab", "max_positions")] + [
         ("eps", ctypes.c_float), ("embed", _F), ("cos", _F), ("sin", _F),
         ("final_norm", _F), ("lm_head", _Lin), ("layers", ctypes.POINTER(_Layer)),
-        ("embed_lin", _Lin)]
+        ("embed_lin", _Lin), ("latent_dim", ctypes.c_int32)]
 
 
 _LAYER_DONE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
@@ -158,6 +170,8 @@ def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
         return reason
     if kv_dtype is not None and kv_dtype not in KV_FORMATS:
         return f"a {kv_dtype} KV cache"
+    if kv_dtype == torch.int8 and model.arch.mla is not None:
+        return "an int8 latent (MLA) cache"
     dtype = model.norm.weight.dtype  # the model's own float dtype (norms are never quantized)
     if dtype not in FLOAT_KINDS:
         return f"a {dtype} model"
@@ -174,7 +188,7 @@ def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
     linears = [model.lm_head]
     for layer in model.layers:
         attn = layer.self_attn
-        linears += [attn.qkv_proj, attn.o_proj, *feed_forward_linears(layer.mlp)]
+        linears += [*_attention_linears(attn), *feed_forward_linears(layer.mlp)]
     for lin in linears:
         if not isinstance(lin, _LinTypes) or lin.in_features % QK:
             return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
@@ -190,17 +204,28 @@ def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
 NATIVE_ACTIVATIONS = ("silu",)
 
 
+def _attention_linears(attn: nn.Module) -> list[nn.Module]:
+    """The linears of a layer's attention the kernels read as Lins, o_proj last."""
+    if isinstance(attn, MlaAttention):
+        return attention_linears(attn)
+    return [attn.qkv_proj, attn.o_proj]
+
+
 def _unsupported_model(model: nn.Module) -> str | None:
     """Why the kernels' model (decode_step.cpp's ModelDesc) cannot describe ``model``."""
-    if getattr(getattr(model, "arch", None), "mla", None) is not None:  # torch serves it (tandem/engine/models/layers/mla.py)
-        return "multi-head latent attention (MLA) runs on the torch path"
-    if type(model) is not CausalLM:
-        return f"the kernels compute the dense decoder, not {type(model).__name__}"
+    if type(model) not in (CausalLM, MlaCausalLM):
+        return f"the kernels compute the decoder of CausalLM, not {type(model).__name__}"
     if model.arch.hidden_act not in NATIVE_ACTIVATIONS:
         return f"hidden_act {model.arch.hidden_act!r}"
+    mla = model.arch.mla
+    attention = MlaAttention if mla is not None else Attention
+    if mla is not None and model.cos_table.shape[-1] != mla.qk_rope_head_dim:
+        return "RoPE tables of another width than qk_rope_head_dim"
     for layer in model.layers:
-        if type(layer.self_attn) is not Attention or type(layer.mlp) not in (MLP, SparseMoE):
+        if type(layer.self_attn) is not attention or type(layer.mlp) not in (MLP, SparseMoE):
             return "a decoder layer other than attention + gated MLP or mixture of experts"
+        if mla is not None and (reason := mla_unsupported(layer.self_attn, mla)):
+            return reason
         if isinstance(layer.mlp, SparseMoE) and (reason := moe_unsupported(layer.mlp)):
             return reason
     return None
@@ -208,7 +233,8 @@ def _unsupported_model(model: nn.Module) -> str | None:
 
 class FusedForward:
     """One-call forward of an fp32, bf16 or fp16 model (quantized or not; dense or with
-    softmax-routed experts) over the paged KV cache (fp32, bf16, fp16 or int8)."""
+    routed experts; GQA or latent attention) over the paged KV cache (fp32, bf16, fp16 or
+    int8; the latent cache fp32, bf16 or fp16)."""
 
     def __init__(self, model: CausalLM) -> None:
         reason = unsupported_reason(model)
@@ -219,37 +245,54 @@ class FusedForward:
         self._lib = lib
         arch = model.arch
         self.vocab = arch.vocab_size
-        self.head_dim = arch.head_dim
-        self.num_layers, self.num_kv_heads = arch.num_layers, arch.num_kv_heads
+        mla_dims = arch.mla
+        # the cache's [planes, heads, head vector] per layer (the int8 one's head vectors hold
+        # a scale too: storage_head_dim)
+        self._kv_heads = ((1, 1, mla_dims.latent_dim) if mla_dims is not None
+                          else (2, arch.num_kv_heads, arch.head_dim))
+        self.num_layers = arch.num_layers
         self._keep: list[object] = []
         layers = (_Layer * arch.num_layers)()
         dense_width = 0  # the dense MLP layers' width (0: every layer is MoE)
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            lins = [NativeLinear(m) for m in (attn.qkv_proj, attn.o_proj)]
-            moe = None
+            mla = moe = None
+            o = NativeLinear(attn.o_proj)
+            if isinstance(attn, MlaAttention):  # its q/kv_a Lins in place of qkv
+                mla = NativeMla(attn, mla_dims, NativeLinear)
+                self._keep.extend([mla, *mla.linears])
+                qkv = _Lin()
+            else:
+                qkv_lin = NativeLinear(attn.qkv_proj)
+                self._keep.append(qkv_lin)
+                qkv = qkv_lin.struct
             if isinstance(mlp, SparseMoE):  # its experts in place of gate_up/down
                 moe = NativeMoe(mlp, NativeLinear)
                 self._keep.extend([moe, *moe.linears])
                 ffn = [_Lin(), _Lin()]
             else:
-                lins += [NativeLinear(mlp.gate_up_proj), NativeLinear(mlp.down_proj)]
-                ffn = [lins[2].struct, lins[3].struct]
+                dense = [NativeLinear(mlp.gate_up_proj), NativeLinear(mlp.down_proj)]
+                self._keep.extend(dense)
+                ffn = [lin.struct for lin in dense]
                 dense_width = mlp.inter
-            self._keep.extend(lins)
+            self._keep.append(o)
+            q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             layers[i] = _Layer(
                 self._f(layer.input_layernorm.weight), self._f(layer.post_attention_layernorm.weight),
-                self._f(attn.q_norm.weight if attn.q_norm is not None else None),
-                self._f(attn.k_norm.weight if attn.k_norm is not None else None),
-                lins[0].struct, lins[1].struct, *ffn,
-                attn.window or 0,  # a sliding-window layer's window; 0: full attention
+                self._f(q_norm.weight if q_norm is not None else None),
+                self._f(k_norm.weight if k_norm is not None else None),
+                qkv, o.struct, *ffn,
+                getattr(attn, "window", None) or 0,  # a sliding window; 0: full attention
                 None if moe is None else ctypes.pointer(moe.struct),
+                None if mla is None else ctypes.pointer(mla.struct),
             )
         head = NativeLinear(model.lm_head)
         self._keep.extend([head, layers])
         norms = [p for n, p in model.named_parameters() if "norm" in n]
         self._weight_bytes = sum(t.numel() * t.element_size() for lin in [*self._keep]
                                  if isinstance(lin, NativeLinear) for t in lin.tensors)
+        self._weight_bytes += sum(t.numel() * t.element_size() for m in self._keep
+                                  if isinstance(m, NativeMla) for t in m.tensors)
         self._weight_bytes += sum(p.numel() * 4 for p in norms)  # held in fp32
         cos, sin = model.cos_table.float().contiguous(), model.sin_table.float().contiguous()
         embed = model.embed_tokens
@@ -263,11 +306,15 @@ class FusedForward:
             table = NativeLinear(embed)
             embed_f, embed_lin = self._f(None), table.struct
             self._keep.append(table)
+        # MLA: one latent head; the RoPE tables' width is qk_rope_head_dim
+        kv_heads, head_dim = ((1, mla_dims.qk_rope_head_dim) if mla_dims is not None
+                              else (arch.num_kv_heads, arch.head_dim))
         desc = _ModelDesc(
-            arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
+            arch.num_layers, arch.hidden_size, arch.num_heads, kv_heads, head_dim,
             dense_width, arch.vocab_size, cos.shape[0], arch.rms_norm_eps,
             embed_f, self._f(cos), self._f(sin),
             self._f(model.norm.weight), head.struct, layers, embed_lin,
+            0 if mla_dims is None else mla_dims.latent_dim,
         )
         self._handle = ctypes.c_void_p(lib.tnd_model_create(ctypes.byref(desc)))
 
@@ -309,15 +356,17 @@ class FusedForward:
         ``layer_hook(l)`` runs on this thread once layer l's K/V are in the cache (the prefill
         role pushes them from there); an exception it raises ends the step and is re-raised."""
         int8_kv = kv_cache.dtype == torch.int8
-        if kv_cache.dtype not in KV_FORMATS or not kv_cache.is_contiguous():
+        planes, heads, dim = self._kv_heads
+        if (kv_cache.dtype not in KV_FORMATS or not kv_cache.is_contiguous()
+                or (int8_kv and planes == 1)):
             raise ValueError("the fused forward needs a contiguous fp32, bf16, fp16 or int8 KV "
-                             "cache")
-        want = (self.num_layers, 2, self.num_kv_heads,
-                storage_head_dim(self.head_dim, "int8" if int8_kv else "auto"))
+                             "cache (the latent cache: fp32, bf16 or fp16)")
+        want = (self.num_layers, planes, heads,
+                storage_head_dim(dim, "int8" if int8_kv else "auto"))
         shape = tuple(kv_cache.shape)
         if len(shape) != 6 or (shape[:2] + shape[4:]) != want:
             raise ValueError(f"KV cache of shape {shape} does not fit the model ({want} expected "
-                             "for [layers, 2, -, -, kv heads, head dim])")
+                             "for [layers, planes, -, -, heads, head vector])")
         rows = len(ids)
         if not rows or len(positions) != rows or len(seq_index) != rows:
             raise ValueError("ids, positions and seq_index must be non-empty and equally long")

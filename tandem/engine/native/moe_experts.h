@@ -1,16 +1,27 @@
 // The mixture-of-experts feed-forward of one decoder layer in the fused forward
-// (decode_step.cpp), computing what engine/models/layers/moe.py computes for the softmax
-// routers (Mixtral, Qwen2-MoE, Qwen3-MoE):
+// (decode_step.cpp), computing what engine/models/layers/moe.py computes for every router
+// engine/models/layers/moe_routing.py has:
 //
-//   xn [R, H] --router (a float Lin, [E, H])--> logits [R, E]
-//     --softmax, the k best (renormalised to sum to one when norm_topk_prob)--> per row
-//       k experts and their weights
+//   xn [R, H] --router (a float Lin, [E, H])--> logits [R, E] --MoeLayer::routing-->
+//       per row k experts and their weights:
+//     ROUTE_SOFTMAX      softmax, the k best (renormalised to sum to one when
+//                        norm_topk_prob): Mixtral, Qwen2-MoE, Qwen3-MoE
+//     ROUTE_DEEPSEEK_V2  softmax; the k best among the topk_group groups (of n_group) whose
+//                        best expert scores highest (one group: plain greedy); weights the
+//                        scores x routed_scaling
+//     ROUTE_DEEPSEEK_V3  sigmoid; the k best of scores + correction_bias among the topk_group
+//                        groups whose two best corrected scores sum highest; weights the
+//                        chosen *uncorrected* scores (renormalised when norm_topk_prob) x
+//                        routed_scaling
+//   Equal scores (softmax: the lower id first; DeepSeek's: the experts and groups torch.topk
+//   chooses on the CPU, torch_topk).
 //   the R x k (row, expert) slots sorted by expert, row order within (a counting sort):
 //       e0 e0 e0 | e2 | e5 e5 ...
 //   each active expert e, its n_e rows gathered [n_e, H]:
 //       --gate_up[e]--> [n_e, 2I] --silu(g) * u--> [n_e, I] --down[e]--> y [n_e, H]
 //       h[row] += weight * y                       (a row meets an expert at most once)
-//   shared expert (Qwen2-MoE): h += sigmoid(xn . shared_gate) * down(silu(g) * u), over all rows
+//   shared expert: h += down(silu(g) * u) over all rows (DeepSeek's n_shared_experts as one
+//   MLP), scaled by sigmoid(xn . shared_gate) where there is one (Qwen2-MoE)
 //
 // Each active expert's weights are read once a step for all the rows routed to it: one
 // tnd::linear call over its n_e rows, which picks the few-row integer loops or the tiled GEMM
@@ -23,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "gemm_tiled.h"
@@ -31,9 +43,19 @@
 
 namespace tnd {
 
+// Expert groups a DeepSeek router may have (moe_layer.py refuses more; released models: 8).
+constexpr int MAX_MOE_GROUPS = 256;
+
+enum Routing : int32_t { ROUTE_SOFTMAX = 0, ROUTE_DEEPSEEK_V2 = 1, ROUTE_DEEPSEEK_V3 = 2 };
+
 struct MoeLayer {
   int32_t num_experts, top_k, inter;  // routed experts, experts per row, each one's width
   int32_t norm_topk_prob;             // nonzero: the k weights renormalised to sum to one
+  int32_t routing;                    // tnd::Routing
+  int32_t n_group, topk_group;        // DeepSeek: experts in n_group equal groups, the best
+                                      // topk_group of them eligible (1, 1: all)
+  float routed_scaling;               // DeepSeek: the weights' factor
+  const float* correction_bias;       // [E] fp32, ROUTE_DEEPSEEK_V3's choice-only bias
   Lin router;                         // [E, H], a float kind (never quantized)
   const Lin* gate_up;                 // [E] of [2 inter, H]: gate rows, then up rows
   const Lin* down;                    // [E] of [H, inter]
@@ -66,6 +88,87 @@ inline void route_softmax_topk(const float* logits, int E, int k, bool norm, int
   if (norm) {
     for (int j = 0; j < k; ++j) w[j] /= chosen;
   }
+}
+
+// The k best of v[0 .. n) as torch.topk(sorted=False) chooses them on the CPU (ATen's
+// topk_impl_loop): (value, index) pairs in index order, then std::partial_sort of the first k
+// when k * 64 <= n, else std::nth_element at k - 1, both by value (NaN first). Neither is
+// stable: among equal values, which are chosen is the algorithm's doing, so the same
+// algorithm (libstdc++'s, as torch's CPU build) over the same sequence chooses the same ones.
+using ScorePairs = std::vector<std::pair<float, int64_t>>;
+inline void torch_topk(const float* v, int n, int k, int32_t* ids, ScorePairs& q) {
+  q.resize(n);
+  for (int i = 0; i < n; ++i) q[i] = {v[i], i};
+  auto larger = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
+    return (std::isnan(x.first) && !std::isnan(y.first)) || x.first > y.first;
+  };
+  if (static_cast<int64_t>(k) * 64 <= n) {
+    std::partial_sort(q.begin(), q.begin() + k, q.end(), larger);
+  } else {
+    std::nth_element(q.begin(), q.begin() + k - 1, q.end(), larger);
+  }
+  for (int j = 0; j < k; ++j) ids[j] = static_cast<int32_t>(q[j].second);
+}
+
+// DeepSeek-V2 (softmax) and V3 (sigmoid) routing of one row (the header's diagram): the
+// group-limited choice of k experts and their weights, each top-k as torch's (torch_topk).
+// `score`, `choice`, `allowed`: E-long scratch; `q`: torch_topk's.
+inline void route_deepseek(const MoeLayer& m, const float* logits, int32_t* ids, float* w,
+                           float* score, float* choice, uint8_t* allowed, ScorePairs& q) {
+  const int E = m.num_experts, k = m.top_k, G = m.n_group, per = E / G;
+  const bool v3 = m.routing == ROUTE_DEEPSEEK_V3;
+  if (v3) {
+    for (int e = 0; e < E; ++e) {
+      score[e] = 1.f / (1.f + std::exp(-logits[e]));
+      choice[e] = score[e] + m.correction_bias[e];
+    }
+  } else {
+    float mx = logits[0], sum = 0.f;
+    for (int e = 1; e < E; ++e) mx = std::max(mx, logits[e]);
+    for (int e = 0; e < E; ++e) sum += (score[e] = std::exp(logits[e] - mx));
+    for (int e = 0; e < E; ++e) choice[e] = (score[e] /= sum);
+  }
+  // a group's rank: its best score (V2) or the sum of its two best corrected scores (V3)
+  float group_score[MAX_MOE_GROUPS];
+  int32_t best_groups[MAX_MOE_GROUPS];
+  for (int g = 0; g < G; ++g) {
+    const float* c = choice + g * per;
+    float a = -INFINITY, b = -INFINITY;  // the best two
+    for (int i = 0; i < per; ++i) {
+      if (c[i] > a) {
+        b = a, a = c[i];
+      } else if (c[i] > b) {
+        b = c[i];
+      }
+    }
+    group_score[g] = v3 ? a + (per > 1 ? b : 0.f) : a;
+  }
+  torch_topk(group_score, G, m.topk_group, best_groups, q);
+  std::memset(allowed, 0, E);
+  for (int j = 0; j < m.topk_group; ++j) std::memset(allowed + best_groups[j] * per, 1, per);
+  // the other groups' experts as the torch path masks them (V2: score 0, V3: -inf): a pick
+  // among them (k past the allowed experts) is the torch path's too
+  for (int e = 0; e < E; ++e) {
+    if (!allowed[e]) choice[e] = v3 ? -INFINITY : 0.f;
+  }
+  torch_topk(choice, E, k, ids, q);
+  float sum = 0.f;
+  for (int j = 0; j < k; ++j) sum += (w[j] = v3 ? score[ids[j]] : choice[ids[j]]);
+  const float norm = v3 && m.norm_topk_prob ? sum + 1e-20f : 1.f;
+  for (int j = 0; j < k; ++j) w[j] = w[j] / norm * m.routed_scaling;
+}
+
+// One row's k experts and weights under m's router (logits: the row's E router outputs).
+inline void route_row(const MoeLayer& m, const float* logits, int32_t* ids, float* w) {
+  const int E = m.num_experts;
+  if (m.routing == ROUTE_SOFTMAX) {
+    route_softmax_topk(logits, E, m.top_k, m.norm_topk_prob != 0, ids, w);
+    return;
+  }
+  std::vector<float> score(2 * static_cast<size_t>(E));
+  std::vector<uint8_t> allowed(E);
+  ScorePairs q;
+  route_deepseek(m, logits, ids, w, score.data(), score.data() + E, allowed.data(), q);
 }
 
 // The step's activations and bookkeeping, kept by the calling thread from step to step and
@@ -127,8 +230,7 @@ inline void moe_forward(const MoeLayer& m, const float* xn, int rows, int H, flo
   linear(m.router, xn, rows, xq, s.logits.data(), E, false, threads);
 #pragma omp parallel for num_threads(threads) if (rows >= TILED_MIN_ROWS)
   for (int r = 0; r < rows; ++r) {
-    route_softmax_topk(&s.logits[r * static_cast<size_t>(E)], E, k, m.norm_topk_prob != 0,
-                       &s.ids[r * k], &s.weights[r * k]);
+    route_row(m, &s.logits[r * static_cast<size_t>(E)], &s.ids[r * k], &s.weights[r * k]);
   }
   // slot (row r, choice j) = r * k + j; order[start[e] .. start[e + 1]) are expert e's slots
   s.start.assign(E + 1, 0);

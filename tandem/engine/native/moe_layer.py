@@ -2,6 +2,9 @@
 
     SparseMoE (tandem/engine/models/layers/moe.py)       tnd::MoeLayer
         gate.weight [E, hidden]                    ->    router: a float Lin, read in place
+        gate.moe.routing, n_group, topk_group,     ->    routing (tnd::Routing), n_group,
+          routed_scaling_factor                          topk_group, routed_scaling
+        gate.e_score_correction_bias [E]           ->    correction_bias: fp32 (DeepSeek-V3)
         experts[e].gate_up_proj, .down_proj        ->    gate_up[e], down[e]: any Lin kind
         shared_expert.gate_up_proj, .down_proj     ->    shared_gate_up, shared_down
         shared_expert_gate [1, hidden]             ->    shared_gate: fp32 (a small copy)
@@ -9,9 +12,10 @@
 The experts' linears become Lins as the dense MLP's do (the fused forward's ``NativeLinear``:
 GGUF Q4_0/Q4_1/Q8_0 blocks, int4/int8 and the model's own fp32/bf16/fp16 weights, read in
 place), so every weight format the dense path runs serves the experts unchanged. The kernels
-compute the softmax routers (Mixtral, Qwen2-MoE, Qwen3-MoE, with ``norm_topk_prob``);
-DeepSeek's routers (grouped choice, sigmoid scores, routed scaling) stay on the torch path and
-:func:`moe_unsupported` names them.
+compute every router of tandem/engine/models/layers/moe_routing.py: softmax (Mixtral,
+Qwen2-MoE, Qwen3-MoE, with ``norm_topk_prob``), DeepSeek-V2's softmax with greedy or
+group-limited greedy choice and DeepSeek-V3's sigmoid scores with the bias-corrected grouped
+choice, both with routed scaling.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from torch import nn
 
 from tandem.engine.models.layers import SparseMoE
+from tandem.engine.native.build import load
 from tandem.engine.native.packed_linear import FLOAT_KINDS, LinStruct
 
 _F = ctypes.POINTER(ctypes.c_float)
@@ -35,10 +40,17 @@ class MoeLayerStruct(ctypes.Structure):
     """``tnd::MoeLayer`` (moe_experts.h)."""
 
     _fields_ = [("num_experts", _I32), ("top_k", _I32), ("inter", _I32),
-                ("norm_topk_prob", _I32), ("router", LinStruct),
+                ("norm_topk_prob", _I32), ("routing", _I32), ("n_group", _I32),
+                ("topk_group", _I32), ("routed_scaling", ctypes.c_float),
+                ("correction_bias", _F), ("router", LinStruct),
                 ("gate_up", ctypes.POINTER(LinStruct)), ("down", ctypes.POINTER(LinStruct)),
                 ("shared_inter", _I32), ("shared_gate_up", LinStruct),
                 ("shared_down", LinStruct), ("shared_gate", _F)]
+
+
+# MoeArch.routing -> tnd::Routing (moe_experts.h)
+ROUTINGS = {"softmax": 0, "deepseek_v2": 1, "deepseek_v3": 2}
+MAX_GROUPS = 256  # moe_experts.h's MAX_MOE_GROUPS
 
 
 class _Lin(Protocol):
@@ -62,10 +74,13 @@ def feed_forward_linears(mlp: nn.Module) -> list[nn.Module]:
 def moe_unsupported(mlp: SparseMoE) -> str | None:
     """Why moe_experts.h cannot compute ``mlp`` (its linears are checked with the dense
     ones); ``None`` when it can."""
-    routing = mlp.gate.moe.routing
-    if routing != "softmax":
-        return f"{routing} routing (DeepSeek's grouped/sigmoid routers) runs on the torch path"
-    for name, p in (("router", mlp.gate.weight), ("shared expert gate", mlp.shared_expert_gate)):
+    moe = mlp.gate.moe
+    if moe.routing not in ROUTINGS:
+        return f"{moe.routing} routing"
+    if moe.n_group > MAX_GROUPS:
+        return f"{moe.n_group} expert groups (at most {MAX_GROUPS})"
+    for name, p in (("router", mlp.gate.weight), ("shared expert gate", mlp.shared_expert_gate),
+                    ("router correction bias", mlp.gate.e_score_correction_bias)):
         if p is not None and p.dtype not in FLOAT_KINDS:
             return f"a {name} of {p.dtype}"
     return None
@@ -88,13 +103,17 @@ class NativeMoe:
                   if mlp.shared_expert is not None else [])
         gate = (None if mlp.shared_expert_gate is None
                 else mlp.shared_expert_gate.detach().float().reshape(-1).contiguous())
+        bias = mlp.gate.e_score_correction_bias
+        bias = None if bias is None else bias.detach().float().contiguous()
         #: every linear the layer reads (the experts', then the shared expert's)
         self.linears: list[_Lin] = [*gate_up, *down, *shared]
         gate_up_table = (LinStruct * len(gate_up))(*(lin.struct for lin in gate_up))
         down_table = (LinStruct * len(down))(*(lin.struct for lin in down))
-        self._keep: list[object] = [router, gate, gate_up_table, down_table]
+        self._keep: list[object] = [router, gate, bias, gate_up_table, down_table]
         self.struct = MoeLayerStruct(
             moe.num_experts, moe.top_k, moe.expert_intermediate_size, int(moe.norm_topk_prob),
+            ROUTINGS[moe.routing], moe.n_group, moe.topk_group, moe.routed_scaling_factor,
+            ctypes.cast(None if bias is None else bias.data_ptr(), _F),
             LinStruct(FLOAT_KINDS[router.dtype], router.shape[0], router.shape[1],
                       ctypes.cast(router.data_ptr(), _U8), ctypes.cast(None, _F),
                       ctypes.cast(None, _F), ctypes.cast(None, _F)),
@@ -102,3 +121,21 @@ class NativeMoe:
             *([lin.struct for lin in shared] or [LinStruct(), LinStruct()]),
             ctypes.cast(None if gate is None else gate.data_ptr(), _F),
         )
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernels' routing of router logits ``[T, E]``: (weights ``[T, k]`` fp32, expert
+        ids ``[T, k]`` int64), as the forward routes (the torch path's
+        :class:`~tandem.engine.models.layers.moe_routing.Router` returns the same)."""
+        lib = load()
+        if lib is None:
+            raise RuntimeError("native kernels are unavailable on this machine")
+        m = self.struct
+        if logits.dim() != 2 or logits.shape[1] != m.num_experts:
+            raise ValueError(f"logits of shape {tuple(logits.shape)}: [T, {m.num_experts}] "
+                             "expected")
+        x = logits.detach().float().contiguous()
+        ids = torch.empty(x.shape[0], m.top_k, dtype=torch.int32)
+        weights = torch.empty(x.shape[0], m.top_k, dtype=torch.float32)
+        lib.tnd_moe_route(ctypes.byref(m), ctypes.c_void_p(x.data_ptr()), x.shape[0],
+                          ctypes.c_void_p(ids.data_ptr()), ctypes.c_void_p(weights.data_ptr()))
+        return weights, ids.long()

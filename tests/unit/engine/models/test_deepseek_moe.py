@@ -55,7 +55,10 @@ def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 
 def _engine(make_engine, path: Path, **kw):
-    return make_engine(model=str(path), block_size=BLOCK, **{"num_blocks": 128, **kw})
+    """The torch path's engine (the fused native one: tests/unit/engine/native/
+    test_fused_deepseek.py)."""
+    return make_engine(model=str(path), block_size=BLOCK,
+                       **{"num_blocks": 128, "use_native_kernels": False, **kw})
 
 
 def _copy(src: Path, dst: Path, **changes: object) -> Path:

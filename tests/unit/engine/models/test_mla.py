@@ -2,7 +2,8 @@
 token, over the latent KV cache: V2-style (q straight from the hidden state) and V3-style
 (q-LoRA) tiny checkpoints whose every layer is dense and every parameter non-trivial
 (tandem/engine/testing/perturb.py); prompts of several blocks, whole and chunked prefill,
-prefix-cache hits, and a P/D handoff of the latent blocks. With DeepSeek's MoE layers:
+prefix-cache hits, and a P/D handoff of the latent blocks; on the torch path (the fused
+native one: tests/unit/engine/native/test_fused_deepseek.py). With DeepSeek's MoE layers:
 test_deepseek_moe.py."""
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import torch
 
 from tandem.engine import SamplingParams
 from tandem.engine.models.weights import read_arch
-from tandem.engine.native import load, unsupported_reason
 from tandem.worker.convert import kv_layout
 from tests.unit.engine._handoff import handoff_token_ids
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
@@ -41,7 +41,10 @@ def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 
 def _engine(make_engine, path: Path, **kw):
-    return make_engine(model=str(path), block_size=BLOCK, **{"num_blocks": 128, **kw})
+    """The torch path's engine (the fused native one: tests/unit/engine/native/
+    test_fused_deepseek.py)."""
+    return make_engine(model=str(path), block_size=BLOCK,
+                       **{"num_blocks": 128, "use_native_kernels": False, **kw})
 
 
 @pytest.mark.parametrize("budget", [None, 8], ids=["whole", "chunked"])
@@ -53,7 +56,7 @@ def test_greedy_equals_transformers(family_dir, make_engine, case: str,
     extra = {} if budget is None else {"max_num_batched_tokens": budget}
     engine = _engine(make_engine, path, **extra)
     mla = engine.arch.mla
-    assert mla is not None and engine.runner.fused is None  # the torch path serves MLA
+    assert mla is not None and engine.runner.fused is None
     # the latent cache: one plane, one head of kv_lora_rank + rope values per token
     assert engine.runner.kv_cache.shape[1:] == (1, 128, BLOCK, 1, 32 + 8)
     prompts = _prompts([3, 9, 30, 75], seed=1)
@@ -141,15 +144,6 @@ def test_kv_bytes_per_token_are_the_latents(family_dir, make_engine) -> None:
     assert per_block * 128 == engine.runner.kv_cache.numel() * 4
     layout = kv_layout(engine.remote.kv_cache_spec())
     assert layout.payload_bytes(arch.num_layers, 1) == per_block
-
-
-def test_the_native_path_declines_mla_and_auto_keeps_the_model_dtype(family_dir,
-                                                                     make_engine) -> None:
-    engine = _engine(make_engine, family_dir("deepseek_v2"), kv_cache_dtype="auto")
-    assert engine.runner.fused is None
-    assert engine.runner.kv_cache.dtype == torch.float32  # no float16 cache for the fused path
-    reason = unsupported_reason(engine.runner.model, engine.runner.kv_cache.dtype) or ""
-    assert "multi-head latent attention" in reason or load() is None
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])

@@ -27,13 +27,11 @@ import pytest
 import torch
 
 from tandem.engine import SamplingParams
-from tandem.engine.attention import AttentionMetadata
-from tandem.engine.models.arch import ModelArch, MoeArch
 from tandem.engine.models.layers import SparseMoE
 from tandem.engine.native import load, unsupported_reason
-from tandem.engine.native.moe_layer import moe_unsupported
 from tandem.engine.testing import make_tiny_checkpoint
 from tests.unit.engine._reference import engine_token_ids
+from tests.unit.engine.native._torch_steps import rel_err, torch_logits
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
 
@@ -61,26 +59,6 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
         return made[case]
 
     return get
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def _torch_forward(runner, ids, positions, seq, tables, kv) -> torch.Tensor:  # noqa: ANN001
-    """The torch forward over rows of several sequences (each sequence's rows together, in
-    order; all of one step decode rows or all prefill), logits of every row."""
-    bs, order = runner.block_size, sorted(set(seq), key=seq.index)
-    qlens = [seq.count(s) for s in order]
-    seq_lens = [max(p for p, s2 in zip(positions, seq, strict=True) if s2 == s) + 1
-                for s in order]
-    slots = [tables[s][p // bs] * bs + p % bs for p, s in zip(positions, seq, strict=True)]
-    meta = AttentionMetadata.build(qlens, seq_lens, [tables[s] for s in order], slots, bs,
-                                   torch.device("cpu"))
-    with torch.inference_mode():
-        hidden = runner.model(torch.tensor(ids), torch.tensor(positions), kv, meta,
-                              runner.backend)
-        return runner.model.compute_logits(hidden)
 
 
 def _with_busiest_expert(runner, forward) -> tuple[torch.Tensor, int]:  # noqa: ANN001
@@ -118,9 +96,9 @@ def test_moe_forward_matches_torch(make_engine, moe_dir, exact_torch_path, case:
 
     def step(ids: list[int], positions: list[int], seq: list[int]) -> int:
         ref, busiest = _with_busiest_expert(
-            runner, lambda: _torch_forward(runner, ids, positions, seq, tables, kv_ref))
+            runner, lambda: torch_logits(runner, ids, positions, seq, tables, kv_ref))
         nat = runner.fused(ids, positions, seq, tables, kv_nat, range(len(ids)))
-        assert _rel(nat, ref) < tol, (case, quant, len(ids), _rel(nat, ref))
+        assert rel_err(nat, ref) < tol, (case, quant, len(ids), rel_err(nat, ref))
         assert torch.equal(nat.argmax(-1), ref.argmax(-1)), (case, quant, len(ids))
         return busiest
 
@@ -140,7 +118,7 @@ def test_moe_forward_matches_torch(make_engine, moe_dir, exact_torch_path, case:
         assert busiest in want, (n, busiest)
         for s in seqs:
             lengths[s] += 1
-    assert _rel(kv_nat, kv_ref) < tol
+    assert rel_err(kv_nat, kv_ref) < tol
 
 
 @pytest.mark.parametrize("case", ["mixtral", "qwen2-moe"])
@@ -161,18 +139,3 @@ def test_engine_greedy_native_equals_exact_torch(make_engine, moe_dir, exact_tor
         outs.append(engine_token_ids(engine, prompts, params))  # make_engine checks the blocks
     assert outs[0] == outs[1]
 
-
-def test_deepseek_routing_is_left_to_torch() -> None:
-    """DeepSeek's routers are refused by name (a DeepSeek model is refused before that, for
-    its latent attention); a softmax router is taken."""
-    for routing, extra in (("softmax", {}), ("deepseek_v2", {}),
-                           ("deepseek_v3", {"n_group": 4, "topk_group": 2})):
-        moe = MoeArch(num_experts=8, top_k=2, expert_intermediate_size=32, sparse_layers=(0,),
-                      routing=routing, **extra)
-        arch = ModelArch(model_type="test", vocab_size=256, hidden_size=64,
-                         intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2,
-                         head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                         max_position_embeddings=256, eos_token_ids=(2,), moe=moe)
-        reason = moe_unsupported(SparseMoE(arch))
-        assert (reason is None) == (routing == "softmax"), routing
-        assert reason is None or routing in reason

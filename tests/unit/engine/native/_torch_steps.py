@@ -1,0 +1,29 @@
+"""The torch forward of an engine's model over one step's rows, the reference the fused native
+forward's logits are compared with (test_fused_moe.py, test_fused_deepseek.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.engine.attention import AttentionMetadata
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |b|`` (Frobenius), in float64."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def torch_logits(runner, ids, positions, seq, tables, kv) -> torch.Tensor:  # noqa: ANN001
+    """The torch forward over rows of several sequences (each sequence's rows together, in
+    order; all of one step decode rows or all prefill), logits of every row."""
+    bs, order = runner.block_size, sorted(set(seq), key=seq.index)
+    qlens = [seq.count(s) for s in order]
+    seq_lens = [max(p for p, s2 in zip(positions, seq, strict=True) if s2 == s) + 1
+                for s in order]
+    slots = [tables[s][p // bs] * bs + p % bs for p, s in zip(positions, seq, strict=True)]
+    meta = AttentionMetadata.build(qlens, seq_lens, [tables[s] for s in order], slots, bs,
+                                   torch.device("cpu"))
+    with torch.inference_mode():
+        hidden = runner.model(torch.tensor(ids), torch.tensor(positions), kv, meta,
+                              runner.backend)
+        return runner.model.compute_logits(hidden)
