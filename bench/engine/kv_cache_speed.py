@@ -1,4 +1,4 @@
-"""Decode speed by KV cache dtype: float32 against float16 (the CPU default) and int8.
+"""Decode speed by KV cache dtype: float32 against float16 (the CPU default), int8 and fp8.
 
     .venv/bin/python -m bench.engine.kv_cache_speed [--threads 2] [--rounds 3] [--out docs/bench]
 
@@ -13,7 +13,8 @@ on one dtype); the medians over rounds are compared with float32's:
     one stream  ms per output token of one greedy stream from a short prompt
 
 A decode step reads every running sequence's whole context of K and V; the KV dtype sets how
-many bytes that is (float32 4 per value, float16 2, int8 1 plus a 4-byte scale per 64).
+many bytes that is (float32 4 per value, float16 2, int8 1 plus a 4-byte scale per 64, fp8 1:
+e4m3 over per-tensor scales, widened in registers).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from bench.vs_llama_cpp.ours import (
 )
 from tandem.engine import LLM
 
-DTYPES = ("float32", "float16", "int8")
+DTYPES = ("float32", "float16", "int8", "fp8")
 SHAPES = ((32, 128, 128), (16, 1000, 48), (4, 2000, 48))  # (sequences, prompt, output)
 
 

@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.quality.fp8_kv [--tokens 0] [--out docs/bench]
 
 SmolLM2-135M-Instruct from its Q4_1 GGUF (the default model, weights as stored), one row per
-KV cache dtype, both on the torch path (``use_native_kernels=False``: the fused native forward
-has no fp8 kernels, so the float16 row runs the same ops and only the cache differs):
+KV cache dtype, all on the torch path (``use_native_kernels=False``: every row runs the same
+ops and only the cache differs; the fused native forward serves each of these caches too, to
+its own summation order):
 
     fp16-kv   the float16 cache (the CPU default's dtype)      the reference
     fp8-kv    e4m3 over per-tensor scales (1.0 for K and V: tandem/engine/quant/kv_fp8.py)

@@ -76,8 +76,8 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
             help="KV cache storage: auto is float16 for a float32 model on the CPU's native "
                  "path and the model dtype elsewhere; int8 keeps a scale per head vector; "
                  "fp8 (= fp8_e4m3) stores e4m3 over one scale for K and one for V, half a "
-                 "16-bit cache's bytes (torch attention on the CPU: the native forward has "
-                 "no fp8 kernels); fp8_e5m2 is refused")),
+                 "16-bit cache's bytes (on the CPU the native forward reads it in its "
+                 "kernels); fp8_e5m2 is refused")),
         ("--max-num-seqs", dict(type=int, default=sched.max_num_seqs)),
         ("--max-num-batched-tokens", dict(type=int, default=sched.max_num_batched_tokens)),
         ("--tensor-parallel-size", dict(

@@ -126,7 +126,7 @@ class ModelRunner:
                 from tandem.engine.native import huge_pages
 
                 huge_pages.gather(model)  # one 2 MiB-paged buffer: fewer TLB misses a step
-                self.fused = FusedForward(model)
+                self.fused = FusedForward(model, kv_scales=self.fp8_scales)
                 log.info("fused native CPU forward on (KV cache %s)",
                          str(self.kv_cache.dtype).removeprefix("torch."))
             else:  # torch ops serve it: a bf16 model gets fp32 copies for large steps

@@ -176,8 +176,9 @@ inline void pv_tiles(const std::vector<LaneTile>& tiles, const float* sc, int nu
   }
 }
 
-// A task's K and V for the tiles above, widened to fp32 (int8 times its scale): kt, per KV
-// head, (n + 15) / 16 panels of [hd][16] (positions past n zero); vt, per KV head, [n][hd].
+// A task's K and V for the tiles above, widened to fp32 (int8 times its scale; fp8 as read,
+// times 2^-8, its tensor scales applied by the caller): kt, per KV head, (n + 15) / 16 panels
+// of [hd][16] (positions past n zero); vt, per KV head, [n][hd].
 // slot(j) is position p0 + j's slot. False if a V value is not finite: a masked weight of 0
 // would not hide it there, so the task keeps the row-at-a-time loops.
 template <int F, class Slot>

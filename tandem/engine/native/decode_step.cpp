@@ -27,10 +27,11 @@
 // picks between the two. Attention: paged_attention.h (KV head vectors: kv_head.h; prefill
 // tiles: attention_tiles.h). The embedding table may be a Lin of any kind (a GGUF's Q8_0
 // token_embd shared with the tied lm_head, a bf16 model's own table): rows are widened on
-// use. KV cache: the engine's layout, fp32, bf16 or fp16
-// [L, 2, num_blocks, block_size, Hkv, hd] or int8 [L, 2, num_blocks, block_size, Hkv, hd + 4]
-// (each head vector's fp32 scale in its last 4 bytes; engine/quant/kv_int8.py), written and
-// read with the same rounding as the torch path.
+// use. KV cache: the engine's layout, fp32, bf16, fp16 or fp8 (e4m3 bytes over Step::k_scale
+// and v_scale, one per tensor: engine/quant/kv_fp8.py) [L, 2, num_blocks, block_size, Hkv, hd],
+// or int8 [L, 2, num_blocks, block_size, Hkv, hd + 4] (each head vector's fp32 scale in its
+// last 4 bytes; engine/quant/kv_int8.py), written and read with the same rounding as the torch
+// path (an fp8 cache's bytes are the ones torch's quantize_fp8 writes for the same K/V).
 // Rows: row r is token ids[r] at position pos[r] of sequence seq[r]; it attends to positions
 // 0..pos[r] of its sequence (pos[r] - window + 1 .. pos[r] in a sliding-window layer, whose
 // blocks before that may be freed: table entries there are not checked or read) (keys of all rows of this call are written before attending, so
@@ -103,19 +104,21 @@ struct Step {
   int32_t num_blocks;
   void* kv;           // [L, 2, num_blocks, block_size, Hkv, hd (+ 4 for int8)]
   int32_t kv_format;  // tnd::KVFormat: 0 fp32, 1 int8 with per-head-vector scales, 2 bf16,
-                      // 3 fp16
+                      // 3 fp16, 4 fp8 (e4m3 over k_scale and v_scale)
   // Called (on the calling thread) once layer l's K/V are in the cache; nonzero stops the
   // forward (it returns -2). May be null.
   int32_t (*layer_done)(int32_t layer);
   // The step's LoRA adapters and each row's (lora_delta.h); null: no row has one.
   const tnd::LoraStep* lora;
+  // An fp8 cache's per-tensor scales (x = e4m3 * scale: finite, > 0); unread otherwise.
+  float k_scale, v_scale;
 };
 
 }  // namespace
 
 extern "C" {
 
-int tnd_abi_version() { return 9; }
+int tnd_abi_version() { return 10; }
 
 // Width of the hot loops this build compiled: 512 (the AVX-512/VNNI paths) or 256 (AVX2).
 int tnd_isa_width() { return TND_AVX512 ? 512 : 256; }
@@ -166,6 +169,8 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   for (int i = 0; i < num_samples; ++i) {
     if (sample_rows[i] < 0 || sample_rows[i] >= rows) return -1;
   }
+  auto usable = [](float s) { return std::isfinite(s) && s > 0.f; };
+  if (F == tnd::KV_FP8 && !(usable(st->k_scale) && usable(st->v_scale))) return -1;
   // The widest window when every layer slides (0: some layer sees every key): blocks before
   // it may be freed (table entry -1), so only the blocks from there on must be present.
   int64_t reach = 0;
@@ -223,7 +228,11 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   const size_t kv_half = static_cast<size_t>(st->num_blocks) * bs * slot_bytes;  // bytes
   const size_t layer_stride = (lat ? 1 : 2) * kv_half;
   if (lat) grow(att, R * md.num_heads * md.layers[0].mla->v_dim);
-  const tnd::AttnShape attn{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd))};
+  // an fp8 cache's scales (the other formats store and read values as they are)
+  const float k_scale = F == tnd::KV_FP8 ? st->k_scale : 1.f;
+  const float v_scale = F == tnd::KV_FP8 ? st->v_scale : 1.f;
+  const tnd::AttnShape attn{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd)), k_scale,
+                            v_scale};
   std::vector<const int32_t*> tables(rows);
   for (int r = 0; r < rows; ++r) {
     tables[r] = st->block_tables + static_cast<size_t>(st->seq[r]) * st->table_width;
@@ -255,8 +264,10 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
         for (int i = 0; i < nh; ++i) rope(q + i * hd, c, s, hd);
         for (int i = 0; i < nkv; ++i) rope(k + i * hd, c, s, hd);
         for (int i = 0; i < nkv; ++i) {
-          tnd::store_head<F>(k + i * hd, hd, kc + slot[r] * slot_bytes + i * head_bytes);
-          tnd::store_head<F>(v + i * hd, hd, vc + slot[r] * slot_bytes + i * head_bytes);
+          tnd::store_head<F>(k + i * hd, hd, kc + slot[r] * slot_bytes + i * head_bytes,
+                             k_scale);
+          tnd::store_head<F>(v + i * hd, hd, vc + slot[r] * slot_bytes + i * head_bytes,
+                             v_scale);
         }
       }
       tnd::paged_attention<F>(attn, qkv.data(), qkvsz, rows, st->pos, tables.data(), kc, vc,
@@ -298,7 +309,7 @@ extern "C" {
 // nothing written) when a position is outside the RoPE table, a block a position needs is
 // missing from its table or outside the cache, a token id is outside the vocabulary, or a
 // sample row is not one of the rows, a row's LoRA slot or an adapter's rank is out of range,
-// or the KV format is unknown; -2 when the layer callback asked to stop. The caller checks that seq[r] indexes a table.
+// the KV format is unknown, or an fp8 cache's scale is not finite and positive; -2 when the layer callback asked to stop. The caller checks that seq[r] indexes a table.
 int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_rows,
                 int num_samples, float* logits, int threads) {
   const ModelDesc& md = static_cast<Model*>(model)->desc;
@@ -307,6 +318,7 @@ int tnd_forward(void* model, const Step* st, int rows, const int32_t* sample_row
     case tnd::KV_I8: return forward<tnd::KV_I8>(md, st, rows, sample_rows, num_samples, logits, threads);
     case tnd::KV_BF16: return forward<tnd::KV_BF16>(md, st, rows, sample_rows, num_samples, logits, threads);
     case tnd::KV_F16: return forward<tnd::KV_F16>(md, st, rows, sample_rows, num_samples, logits, threads);
+    case tnd::KV_FP8: return forward<tnd::KV_FP8>(md, st, rows, sample_rows, num_samples, logits, threads);
     default: return -1;
   }
 }

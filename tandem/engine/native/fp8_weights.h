@@ -10,12 +10,10 @@
 //      layer's parts (q/k/v, gate/up) keep their own blocks and scales
 //   w[n, k] = e4m3(q[n, k]) * d[m[n], k] / 256
 //
-// Widening: e4m3 byte s.eeee.mmm placed in an fp16 as s.0eeee.mmm0000000 is the same value
-// times 2^-8 (fp16's exponent bias is 15, e4m3's 7; a subnormal's mantissa lands on fp16's
-// subnormal mantissa, so subnormals too), and F16C widens that exactly whatever MXCSR's
-// denormal flags say. The 2^8 lives in the scale rows (exact: a power of two), so each weight
-// is e4m3 * scale rounded once to fp32, the float the torch path's dequantization computes.
-// The two NaN codes (0x7F, 0xFF) would read as +-480 * scale: packed_linear.py refuses them.
+// Widening (e4m3.h): each byte becomes the fp16 code of its value times 2^-8, widened exactly
+// by F16C. The 2^8 lives in the scale rows (exact: a power of two), so each weight is e4m3 *
+// scale rounded once to fp32, the float the torch path's dequantization computes. The two NaN
+// codes (0x7F, 0xFF) would read as +-480 * scale: packed_linear.py refuses them.
 #pragma once
 
 #include <immintrin.h>
@@ -23,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "e4m3.h"
 #include "quant_linear.h"
 #include "vec_math.h"
 
@@ -32,12 +31,6 @@ constexpr int KIND_FP8 = 7;
 
 // Bytes of q ahead of the one being read that a weight row's loop prefetches.
 constexpr int FP8_PREFETCH_BYTES = 512;
-
-// 16 e4m3 bytes as the fp16 codes of their values times 2^-8 (16 lanes of 16 bits).
-inline __m256i e4m3_to_f16_bits(__m128i bytes) {
-  const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 7);  // sign now at bit 14
-  return _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));  // ... at 15
-}
 
 // Weights p[0..16) times their scale rows' s[0..16): two vectors of 8 floats.
 inline void fp8_load16(const uint8_t* p, const float* s, __m256& lo, __m256& hi) {

@@ -30,16 +30,20 @@ in registers, so it computes what the same weights upcast to fp32 compute (close
 the torch path's bf16 activations), reading half the bytes. The model runner keeps torch for
 what this path does not cover (no compiler, a quantized layer of a bf16/fp16 model not in the
 kernels' layout). The KV cache may be fp32, bf16 or fp16 (a 16-bit model's own cache dtype,
-rounded to nearest even as torch rounds) or int8 with per-head-vector scales
-(tandem/engine/quant/kv_int8.py), written with the torch path's rounding; an MLA model's
-latent cache fp32, bf16 or fp16. Each layer carries its sliding window (0: full attention), as
-the torch model's attention modules do.
+rounded to nearest even as torch rounds), int8 with per-head-vector scales
+(tandem/engine/quant/kv_int8.py) or fp8: e4m3 bytes over the per-tensor K and V scales the
+forward is made with (tandem/engine/quant/kv_fp8.py), read by widening each byte in registers;
+each written with the torch path's rounding (an fp8 cache gets the bytes quantize_fp8 writes
+for the same K/V). An fp8 e5m2 cache is declined by name. An MLA model's latent cache is fp32,
+bf16 or fp16. Each layer carries its sliding window (0: full attention), as the torch model's
+attention modules do.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -66,6 +70,7 @@ from tandem.engine.native.moe_layer import (
 from tandem.engine.native.packed_linear import FLOAT_KINDS, LinStruct, PackedEmbedding, PackedLinear
 from tandem.engine.quant.int4 import Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
+from tandem.engine.quant.kv_fp8 import FP8_DTYPE, Fp8Scales
 from tandem.engine.quant.kv_int8 import storage_head_dim
 
 log = logging.getLogger(__name__)
@@ -75,7 +80,8 @@ _F = ctypes.POINTER(ctypes.c_float)
 _U8 = ctypes.POINTER(ctypes.c_uint8)
 _LinTypes = (PackedLinear, Int4Linear, Int8Linear, nn.Linear)
 # KV cache dtype -> decode_step.cpp's Step::kv_format (tnd::KVFormat)
-KV_FORMATS = {torch.float32: 0, torch.int8: 1, torch.bfloat16: 2, torch.float16: 3}
+KV_FORMATS = {torch.float32: 0, torch.int8: 1, torch.bfloat16: 2, torch.float16: 3,
+              FP8_DTYPE: 4}
 
 
 _Lin = LinStruct
@@ -105,7 +111,8 @@ class _Step(ctypes.Structure):
                 ("block_tables", ctypes.c_void_p), ("table_width", ctypes.c_int32),
                 ("block_size", ctypes.c_int32), ("num_blocks", ctypes.c_int32),
                 ("kv", ctypes.c_void_p), ("kv_format", ctypes.c_int32),
-                ("layer_done", _LAYER_DONE), ("lora", ctypes.c_void_p)]
+                ("layer_done", _LAYER_DONE), ("lora", ctypes.c_void_p),
+                ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float)]
 
 
 class NativeLinear:
@@ -170,8 +177,8 @@ def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
         return reason
     if kv_dtype is not None and kv_dtype not in KV_FORMATS:
         return f"a {kv_dtype} KV cache"
-    if kv_dtype == torch.int8 and model.arch.mla is not None:
-        return "an int8 latent (MLA) cache"
+    if kv_dtype in (torch.int8, FP8_DTYPE) and model.arch.mla is not None:
+        return f"an {'int8' if kv_dtype == torch.int8 else 'fp8'} latent (MLA) cache"
     dtype = model.norm.weight.dtype  # the model's own float dtype (norms are never quantized)
     if dtype not in FLOAT_KINDS:
         return f"a {dtype} model"
@@ -233,16 +240,23 @@ def _unsupported_model(model: nn.Module) -> str | None:
 
 class FusedForward:
     """One-call forward of an fp32, bf16 or fp16 model (quantized or not; dense or with
-    routed experts; GQA or latent attention) over the paged KV cache (fp32, bf16, fp16 or
-    int8; the latent cache fp32, bf16 or fp16)."""
+    routed experts; GQA or latent attention) over the paged KV cache (fp32, bf16, fp16, int8,
+    or fp8 under ``kv_scales``: the cache's per-tensor scales, as the torch path's Fp8KVBackend
+    holds them; the latent cache fp32, bf16 or fp16)."""
 
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, kv_scales: Fp8Scales | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fused CPU forward unavailable: {reason}")
         lib = load()
         assert lib is not None
         self._lib = lib
+        for name, value in (() if kv_scales is None else (("k", kv_scales.k), ("v", kv_scales.v))):
+            single = ctypes.c_float(value).value  # the kernels', as torch's fp32 math, in fp32
+            if not (math.isfinite(single) and single > 0):
+                raise ValueError(f"fp8 KV {name}_scale {value!r} is not a positive finite "
+                                 "float32")
+        self.kv_scales = kv_scales
         arch = model.arch
         self.vocab = arch.vocab_size
         mla_dims = arch.mla
@@ -354,13 +368,20 @@ class FusedForward:
         the LoRA adapter of its slot in ``lora`` when given (tandem/engine/native/lora_step.py).
 
         ``layer_hook(l)`` runs on this thread once layer l's K/V are in the cache (the prefill
-        role pushes them from there); an exception it raises ends the step and is re-raised."""
+        role pushes them from there); an exception it raises ends the step and is re-raised.
+
+        An fp8 cache is read and written under the forward's ``kv_scales``; without them it is
+        refused (its bytes mean nothing without their scales)."""
         int8_kv = kv_cache.dtype == torch.int8
         planes, heads, dim = self._kv_heads
+        fp8 = kv_cache.dtype == FP8_DTYPE
         if (kv_cache.dtype not in KV_FORMATS or not kv_cache.is_contiguous()
-                or (int8_kv and planes == 1)):
-            raise ValueError("the fused forward needs a contiguous fp32, bf16, fp16 or int8 KV "
-                             "cache (the latent cache: fp32, bf16 or fp16)")
+                or ((int8_kv or fp8) and planes == 1)):
+            raise ValueError("the fused forward needs a contiguous fp32, bf16, fp16, int8 or "
+                             "fp8 (e4m3) KV cache (the latent cache: fp32, bf16 or fp16)")
+        if fp8 and self.kv_scales is None:
+            raise ValueError("an fp8 KV cache needs its scales: FusedForward(model, kv_scales=...)")
+        k_scale, v_scale = (self.kv_scales.k, self.kv_scales.v) if fp8 else (1.0, 1.0)
         want = (self.num_layers, planes, heads,
                 storage_head_dim(dim, "int8" if int8_kv else "auto"))
         shape = tuple(kv_cache.shape)
@@ -401,7 +422,7 @@ class FusedForward:
         step = _Step(ids_t.data_ptr(), pos_t.data_ptr(), seq_t.data_ptr(), tables.data_ptr(),
                      width, kv_cache.shape[3], kv_cache.shape[2], kv_cache.data_ptr(),
                      KV_FORMATS[kv_cache.dtype], callback,
-                     None if lora is None else ctypes.addressof(lora.struct))
+                     None if lora is None else ctypes.addressof(lora.struct), k_scale, v_scale)
         rc = self._lib.tnd_forward(
             self._handle, ctypes.byref(step), rows, ctypes.c_void_p(rows_t.data_ptr()),
             len(sample_rows), ctypes.c_void_p(logits.data_ptr()),

@@ -1,11 +1,14 @@
 // One head vector in a slot of the paged KV cache, per cache format: fp32, bf16 or fp16 (a
-// bf16/fp16 model's own cache dtype; values widened on load), or int8 with one fp32 scale per
+// bf16/fp16 model's own cache dtype; values widened on load), int8 with one fp32 scale per
 // head vector (engine/quant/kv_int8.py: hd int8 values, then the scale's 4 bytes; k = q *
-// scale). KVHead<F> reads it (dot products, axpy, and the loops where the query heads of a GQA
-// group share each K or V vector's load and widening, 512-bit in the AVX-512 build);
-// store_head writes it with the torch path's rounding. paged_attention.h's row-at-a-time
-// loops (decodes, verification) run on these; attention_tiles.h widens a prefill task's
-// vectors to fp32 through them.
+// scale), or fp8: hd e4m3 bytes over one scale per tensor, K's and V's (engine/quant/
+// kv_fp8.py: k = e4m3 * k_scale). KVHead<F> reads it (dot products, axpy, and the loops where
+// the query heads of a GQA group share each K or V vector's load and widening, 512-bit in the
+// AVX-512 build); store_head writes it with the torch path's rounding. An fp8 vector is read
+// as its bytes' values times 2^-8 (KVHead::unread; e4m3.h widens them so, exactly): the
+// tensor's scale and the 2^8 are applied by paged_attention.h to the scores and to the
+// weighted V. paged_attention.h's row-at-a-time loops (decodes, verification) run on these;
+// attention_tiles.h widens a prefill task's vectors to fp32 through them.
 #pragma once
 
 #include <immintrin.h>
@@ -14,25 +17,30 @@
 #include <cstdint>
 #include <cstring>
 
+#include "e4m3.h"
 #include "half.h"
 #include "vec_math.h"
 
 namespace tnd {
 
 // How the cache holds K/V (Step::kv_format in decode_step.cpp).
-enum KVFormat : int { KV_F32 = 0, KV_I8 = 1, KV_BF16 = 2, KV_F16 = 3 };
+enum KVFormat : int { KV_F32 = 0, KV_I8 = 1, KV_BF16 = 2, KV_F16 = 3, KV_FP8 = 4 };
 
 template <int F> struct KVElem { using T = float; };
 template <> struct KVElem<KV_I8> { using T = int8_t; };
 template <> struct KVElem<KV_BF16> { using T = bf16; };
 template <> struct KVElem<KV_F16> { using T = f16; };
+template <> struct KVElem<KV_FP8> { using T = e4m3; };
 
-// One head vector of a cache slot: fp32, bf16 or fp16 values, or int8 values followed by
-// their fp32 scale.
+// One head vector of a cache slot: fp32, bf16, fp16 or e4m3 values, or int8 values followed
+// by their fp32 scale.
 template <int F>
 struct KVHead {
   using T = typename KVElem<F>::T;
   static constexpr bool Int8 = F == KV_I8;
+  // A value as read times this is the value stored (before an fp8 cache's per-tensor scale):
+  // 2^8 for fp8, read as its bytes' values times 2^-8; 1 for the others.
+  static constexpr float unread = F == KV_FP8 ? E4M3_UNWIDEN : 1.f;
   static constexpr int bytes(int hd) {
     return Int8 ? hd + 4 : hd * static_cast<int>(sizeof(T));
   }
@@ -187,10 +195,15 @@ struct KVHead {
 
 // Store one head vector into a slot: fp32 as is; bf16 and fp16 rounded as torch rounds (to
 // nearest even); int8 exactly as engine/quant/kv_int8.py's quantize_heads
-// (scale = max(amax / 127, 1e-12), q = round-half-even(x / scale)).
+// (scale = max(amax / 127, 1e-12), q = round-half-even(x / scale)); fp8 exactly as
+// engine/quant/kv_fp8.py's quantize_fp8 over the tensor's scale (K's or V's; the other
+// formats ignore it): e4m3(clamp(x / tensor_scale, -448, 448)), f32_to_e4m3's saturation
+// being that clamp (a NaN stays NaN through both).
 template <int F>
-inline void store_head(const float* x, int hd, uint8_t* dst) {
-  if constexpr (F == KV_I8) {
+inline void store_head(const float* x, int hd, uint8_t* dst, float tensor_scale = 1.f) {
+  if constexpr (F == KV_FP8) {
+    for (int i = 0; i < hd; ++i) dst[i] = f32_to_e4m3(x[i] / tensor_scale);
+  } else if constexpr (F == KV_I8) {
     float amax = 0.f;
     for (int i = 0; i < hd; ++i) amax = std::fmax(amax, std::fabs(x[i]));
     const float scale = std::fmax(amax / 127.f, 1e-12f);

@@ -1,7 +1,10 @@
 // Paged attention for a few query rows over the engine's KV cache (split-K, AVX2): fp32, bf16
-// or fp16 (a bf16/fp16 model's own cache dtype; values widened on load), or int8 with one fp32
+// or fp16 (a bf16/fp16 model's own cache dtype; values widened on load), int8 with one fp32
 // scale per head vector (engine/quant/kv_int8.py: hd int8 values, then the scale's 4 bytes;
-// k = q * scale).
+// k = q * scale), or fp8 (e4m3 over one scale for K and one for V, engine/quant/kv_fp8.py):
+// its values are read times 2^-8 (kv_head.h), and K's scale times 2^8 joins the softmax
+// scale of every score, V's the division by the softmax sum of every output, so the loops
+// multiply nothing more than for a float cache.
 //
 // Rows of one sequence that sit next to each other form a segment (a decode is a segment of
 // one row; speculative verification k+1 rows; a prefill chunk several of MAX_SEGMENT_ROWS). A segment's context is cut into chunks of
@@ -50,6 +53,8 @@ constexpr int MAX_SEGMENT_ROWS = 32;
 struct AttnShape {
   int num_heads, num_kv_heads, head_dim, block_size;
   float scale;
+  // An fp8 cache's per-tensor scales (x = e4m3 * scale); 1 for the other formats.
+  float k_scale = 1.f, v_scale = 1.f;
 };
 
 // Calls f(kv, h0, std::integral_constant<int, G>) for each KV head kv and each run of G <= 3
@@ -81,6 +86,11 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
   const int nh = sh.num_heads, hd = sh.head_dim, bs = sh.block_size;
   const int head_bytes = KV::bytes(hd), nkv = sh.num_kv_heads, group = nh / nkv;
   const size_t slot_bytes = static_cast<size_t>(sh.num_kv_heads) * head_bytes;
+  // Scores: q . k as read times this; outputs: the weighted sum of V as read times out_scale
+  // / the softmax sum (KV::unread: what a value as read is short of the stored one). They are
+  // the softmax scale and 1 but for an fp8 cache.
+  const float qk_scale = sh.scale * (sh.k_scale * KV::unread);
+  const float out_scale = sh.v_scale * KV::unread;
   // The first position row r sees.
   auto low = [&](int r) { return window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0; };
   // A segment's positions [start, len): start is the block holding its rows' first seen one.
@@ -148,7 +158,7 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
           lane_tiles(pos + sg.first, sg.count, group, kv, tiles);
           qk_tiles(tiles, q + static_cast<size_t>(sg.first) * q_stride, q_stride, pos + sg.first, nh,
                    hd, kt.data() + static_cast<size_t>(kv) * panels * hd * TILE_POS, tk.p0, n,
-                   sh.scale, sc.data());
+                   qk_scale, sc.data());
         }
       } else {
         // Scores, 8 positions at a time: their K rows stay in L1 for every row and head of
@@ -168,7 +178,7 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
               for (int h = 0; h < nh; ++h) {
                 const int kvh = (h / group) * head_bytes;
                 for (int j = 0; j < nb && p + j <= pos[r]; ++j) {
-                  row_sc[static_cast<size_t>(h) * n + j] = KV::dot(qr + h * hd, kb[j] + kvh, hd) * sh.scale;
+                  row_sc[static_cast<size_t>(h) * n + j] = KV::dot(qr + h * hd, kb[j] + kvh, hd) * qk_scale;
                 }
               }
               continue;
@@ -184,7 +194,7 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
                 KV::template dot4_shared<G>(qg, kh, hd, s4);
                 for (int g = 0; g < G; ++g) {
                   alignas(16) float v4[4];
-                  _mm_store_ps(v4, _mm_mul_ps(s4[g], _mm_set1_ps(sh.scale)));
+                  _mm_store_ps(v4, _mm_mul_ps(s4[g], _mm_set1_ps(qk_scale)));
                   float* dst = row_sc + static_cast<size_t>(h0 + g) * n + half;
                   for (int j = 0; j < 4 && half + j < nb && p + half + j <= pos[r]; ++j) dst[j] = v4[j];
                 }
@@ -289,7 +299,7 @@ inline void paged_attention(const AttnShape& sh, const float* q, int q_stride, i
         total += f * pl[i];
         axpy(f, &po[i * hd], o, hd);
       }
-      const float inv = 1.f / total;
+      const float inv = out_scale / total;
       for (int j = 0; j < hd; ++j) o[j] *= inv;
     }
   }

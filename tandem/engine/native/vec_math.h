@@ -1,6 +1,6 @@
 // Vector building blocks the kernels share (AVX2; 512-bit loads in the AVX-512 build): a
 // horizontal sum, 8 or 16 cache or weight values widened to floats (fp32, int8; bf16 and
-// fp16 in half.h), dot and axpy over any of those, a vectorized exp and a NaN-skipping max
+// fp16 in half.h; e4m3 in e4m3.h), dot and axpy over any of those, a vectorized exp and a NaN-skipping max
 // (the attention's softmax), four 8-lane sums in one reduction, and the gated MLP's
 // silu(gate) * up (the dense MLP of decode_step.cpp and the experts of moe_experts.h). The
 // few-row linears (dot_rows.h) and the attention (kv_head.h, paged_attention.h) include them
@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "e4m3.h"
 #include "half.h"
 
 namespace tnd {
@@ -51,7 +52,7 @@ inline __m512 load16(const f16* x) {
 #define TND_ATTN_512 0
 #endif
 
-// sum_i a[i] * b[i], b fp32, int8, bf16 or fp16.
+// sum_i a[i] * b[i], b fp32, int8, bf16, fp16 or e4m3 (its values times 2^-8).
 template <class T>
 inline float dot(const float* a, const T* b, int n) {
   if (n % 8 == 0) {
@@ -64,7 +65,7 @@ inline float dot(const float* a, const T* b, int n) {
   return s;
 }
 
-// y += w * x, x fp32, int8, bf16 or fp16.
+// y += w * x, x fp32, int8, bf16, fp16 or e4m3 (its values times 2^-8).
 template <class T>
 inline void axpy(float w, const T* x, float* y, int n) {
   int i = 0;

@@ -23,8 +23,10 @@ A value past 448 * scale saturates (torch's cast would make it NaN).
 ``Fp8KVBackend`` wraps any attention backend (torch, or Triton on CUDA): kv_backend.py's
 QuantizedKVBackend, as the int8 cache's, with a codec each for K and V over their scales; it
 quantizes on write and, per step, dequantizes only the blocks named in the step's block
-tables into a compact float cache the wrapped backend attends over. The fused
-native CPU forward has no fp8 kernels and declines an fp8 cache (the torch path serves it).
+tables into a compact float cache the wrapped backend attends over. The fused native CPU
+forward (tandem/engine/native) serves the same cache without it: the runner gives it these
+scales, its kernels write the bytes quantize_fp8 writes for the same K/V and read each byte
+widened in registers (kv_head.h, e4m3.h).
 """
 
 from __future__ import annotations

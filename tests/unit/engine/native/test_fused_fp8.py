@@ -28,7 +28,7 @@ import torch
 from tandem.engine import SamplingParams
 from tandem.engine.attention.torch_backend import TorchAttentionBackend
 from tandem.engine.models.weights import load_model
-from tandem.engine.native import load
+from tandem.engine.native import load, unsupported_reason
 from tandem.engine.native.packed_linear import KIND_FP8, PackedLinear
 from tandem.engine.testing import make_tiny_checkpoint
 from tandem.engine.testing.fp8_checkpoint import write_fp8
@@ -43,16 +43,16 @@ BLOCKS = {"tensor": None, "block48x32": (48, 32), "block40x96": (40, 96)}
 
 @pytest.fixture(scope="module")
 def fp8_dir(tmp_path_factory: pytest.TempPathFactory):
-    """``fp8_dir(kind, arch)``: a tiny checkpoint written in FP8 with ``BLOCKS[kind]``."""
-    made: dict[tuple[str, str], Path] = {}
+    """``fp8_dir(kind, arch, hidden)``: a tiny checkpoint written in FP8 with ``BLOCKS[kind]``."""
+    made: dict[tuple[str, str, int], Path] = {}
 
-    def get(kind: str, arch: str = "llama") -> Path:
-        if (kind, arch) not in made:
-            root = tmp_path_factory.mktemp(f"fp8-{kind}-{arch}")
-            dense = make_tiny_checkpoint(root / "dense", arch=arch, hidden_size=128)
+    def get(kind: str, arch: str = "llama", hidden: int = 128) -> Path:
+        if (kind, arch, hidden) not in made:
+            root = tmp_path_factory.mktemp(f"fp8-{kind}-{arch}-{hidden}")
+            dense = make_tiny_checkpoint(root / "dense", arch=arch, hidden_size=hidden)
             write_fp8(dense, root / "fp8", BLOCKS[kind])
-            made[kind, arch] = root / "fp8"
-        return made[kind, arch]
+            made[kind, arch, hidden] = root / "fp8"
+        return made[kind, arch, hidden]
 
     return get
 
@@ -198,12 +198,14 @@ def test_engine_greedy_bf16_fp8_kept_equals_the_upcast_torch_path(make_engine, f
 
 def test_a_16bit_model_the_kernels_refuse_runs_its_kept_fp8_linears_on_torch(make_engine,
                                                                              fp8_dir):
-    """An fp8 KV cache, which the fused forward declines: the runner keeps torch ops over the
-    kept layers, each widening its bf16 input to fp32 for the kernel and rounding the result
-    back (one bf16 rounding of the fp32 matmul over the dequantized weights)."""
-    qdir = fp8_dir("block48x32")
-    engine = make_engine(model=str(qdir), dtype="bfloat16", num_blocks=16, kv_cache_dtype="fp8")
+    """Hidden size 48 (not a multiple of 32), which the fused forward declines, while the
+    down projections (96 inputs) are kept in e4m3: the runner keeps torch ops over the kept
+    layers, each widening its bf16 input to fp32 for the kernel and rounding the result back
+    (one bf16 rounding of the fp32 matmul over the dequantized weights)."""
+    qdir = fp8_dir("block48x32", hidden=48)
+    engine = make_engine(model=str(qdir), dtype="bfloat16", num_blocks=16)
     assert engine.runner.fused is None
+    assert unsupported_reason(engine.runner.model) == "hidden size 48 is not a multiple of 32"
     kept = {n: m for n, m in engine.runner.model.named_modules() if isinstance(m, PackedLinear)}
     assert engine.weights_format == f"fp8-block48x32 x{len(kept)}" and kept
     ref = load_model(qdir, torch.float32, CPU, 256, progress=False)[0]  # dequantized in fp32

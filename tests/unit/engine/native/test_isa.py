@@ -168,7 +168,7 @@ def test_the_variants_agree(rows: int) -> None:
 
 
 KERNEL_TESTS = ["test_kernels.py", "test_fused_forward.py", "test_fused_16bit.py",
-                "test_fused_fp8.py"]
+                "test_fused_fp8.py", "test_fused_fp8_kv.py"]
 
 
 @pytest.mark.parametrize("isa", sorted(VARIANTS))

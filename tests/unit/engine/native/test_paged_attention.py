@@ -2,8 +2,9 @@
 
 The kernel shares each K and V vector among the query heads of a GQA group, in runs of up to
 three heads (a group of 8 is 3 + 3 + 2), and has separate paths for head sizes that are not
-a multiple of 32 or of 8. A small C++ program fills a paged cache (fp32, bf16, fp16 or int8;
-every slot no row may see holds NaN, so a masked position that leaks shows), runs the kernel
+a multiple of 32 or of 8. A small C++ program fills a paged cache (fp32, bf16, fp16, int8, or
+fp8 under K and V scales far from 1 and from each other; every slot no row may see holds NaN's
+bytes, so a masked position that leaks shows: an fp8 cache reads them as 0, -2 and 480), runs the kernel
 for rows of several sequences (decode rows, multi-row segments, prefill segments of 8-40 rows
 that take the register tiles, one with an infinite V only its last row sees; scattered
 blocks) on 1 and 2 threads, and compares each output with a double-precision softmax over the same stored
@@ -31,18 +32,20 @@ PROGRAM = r"""
 
 using namespace tnd;
 
-// The value a stored head vector holds at d, as the kernel reads it.
+// The value a stored head vector holds at d (an fp8 cache's under its tensor's scale).
 template <int F>
-double stored(const uint8_t* head, int hd, int d) {
+double stored(const uint8_t* head, int hd, int d, float tensor_scale) {
   using T = typename KVElem<F>::T;
   const double x = static_cast<float>(reinterpret_cast<const T*>(head)[d]);
-  return x * KVHead<F>::scale_of(head, hd);
+  return x * KVHead<F>::scale_of(head, hd) * KVHead<F>::unread * tensor_scale;
 }
 
 template <int F>
 double run_case(int nh, int nkv, int hd, int threads, int window, std::mt19937& gen) {
   using KV = KVHead<F>;
   const int bs = 4, head_bytes = KV::bytes(hd);
+  // an fp8 cache's per-tensor scales (K up to ~8, V ~4 stay well inside 448 times them)
+  const float ks = F == KV_FP8 ? 0.0375f : 1.f, vs = F == KV_FP8 ? 0.0140625f : 1.f;
   const size_t slot_bytes = static_cast<size_t>(nkv) * head_bytes;
   // Sequences: (rows in this step, context length); a sequence's rows are its last positions.
   // Segments of 8 or more rows take the register tiles (attention_tiles.h): {8, 8}, {20, 70},
@@ -81,9 +84,9 @@ double run_case(int nh, int nkv, int hd, int threads, int window, std::mt19937& 
       const size_t slot = (static_cast<size_t>(table[p / bs]) * bs + p % bs) * slot_bytes;
       for (int h = 0; h < nkv; ++h) {
         for (auto& e : x) e = 2.f * normal(gen);
-        store_head<F>(x.data(), hd, &k[slot + h * head_bytes]);
+        store_head<F>(x.data(), hd, &k[slot + h * head_bytes], ks);
         for (auto& e : x) e = s == num_seqs - 1 && p == len - 1 ? INFINITY : normal(gen);
-        store_head<F>(x.data(), hd, &v[slot + h * head_bytes]);
+        store_head<F>(x.data(), hd, &v[slot + h * head_bytes], vs);
       }
     }
     for (int r = 0; r < rows; ++r) {
@@ -95,7 +98,7 @@ double run_case(int nh, int nkv, int hd, int threads, int window, std::mt19937& 
   const int rows = static_cast<int>(pos.size()), q_stride = nh * hd + 3;
   std::vector<float> q(static_cast<size_t>(rows) * q_stride), out(static_cast<size_t>(rows) * nh * hd);
   for (auto& e : q) e = normal(gen);
-  const AttnShape sh{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd))};
+  const AttnShape sh{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd)), ks, vs};
   paged_attention<F>(sh, q.data(), q_stride, rows, pos.data(), tables.data(), k.data(), v.data(),
                      out.data(), threads, window);
   double worst = 0.;
@@ -110,7 +113,7 @@ double run_case(int nh, int nkv, int hd, int threads, int window, std::mt19937& 
       for (int p = lo; p < n; ++p) {
         const size_t slot = (static_cast<size_t>(tables[r][p / bs]) * bs + p % bs) * slot_bytes;
         double dot = 0.;
-        for (int d = 0; d < hd; ++d) dot += qr[d] * stored<F>(&k[slot + (h / group) * head_bytes], hd, d);
+        for (int d = 0; d < hd; ++d) dot += qr[d] * stored<F>(&k[slot + (h / group) * head_bytes], hd, d, ks);
         score[p] = dot * sh.scale;
         mx = std::fmax(mx, score[p]);
       }
@@ -118,7 +121,7 @@ double run_case(int nh, int nkv, int hd, int threads, int window, std::mt19937& 
         const size_t slot = (static_cast<size_t>(tables[r][p / bs]) * bs + p % bs) * slot_bytes;
         const double w = std::exp(score[p] - mx);
         total += w;
-        for (int d = 0; d < hd; ++d) ref[d] += w * stored<F>(&v[slot + (h / group) * head_bytes], hd, d);
+        for (int d = 0; d < hd; ++d) ref[d] += w * stored<F>(&v[slot + (h / group) * head_bytes], hd, d, vs);
       }
       bool seen_inf = false;
       for (int d = 0; d < hd; ++d) seen_inf = seen_inf || !std::isfinite(ref[d] / total);
@@ -142,7 +145,7 @@ int main() {
   // head sizes 64 and 32 (shared paths), 40 (shared scores, V one head at a time), 20 (neither).
   const int shapes[][3] = {{4, 4, 64}, {4, 2, 64}, {9, 3, 64}, {8, 2, 32}, {10, 2, 64},
                            {8, 1, 64}, {6, 2, 40}, {4, 2, 20}};
-  const char* names[] = {"f32", "i8", "bf16", "f16"};
+  const char* names[] = {"f32", "i8", "bf16", "f16", "fp8"};
   // windows: none, shorter than a block, a few blocks, wider than a prefill segment
   const int windows[] = {0, 3, 13, 36};
   for (auto& s : shapes) {
@@ -151,8 +154,9 @@ int main() {
         const double e[] = {run_case<KV_F32>(s[0], s[1], s[2], threads, w, gen),
                             run_case<KV_I8>(s[0], s[1], s[2], threads, w, gen),
                             run_case<KV_BF16>(s[0], s[1], s[2], threads, w, gen),
-                            run_case<KV_F16>(s[0], s[1], s[2], threads, w, gen)};
-        for (int f = 0; f < 4; ++f) {
+                            run_case<KV_F16>(s[0], s[1], s[2], threads, w, gen),
+                            run_case<KV_FP8>(s[0], s[1], s[2], threads, w, gen)};
+        for (int f = 0; f < 5; ++f) {
           std::printf("heads %d kv %d hd %d window %d threads %d %s %.3g\n", s[0], s[1], s[2], w,
                       threads, names[f], e[f]);
         }
@@ -180,8 +184,9 @@ def test_paged_attention_matches_a_scalar_softmax_for_every_gqa_group(
         assert proc.returncode == 0, proc.stdout + proc.stderr
         lines = proc.stdout.split("\n")
         cases = [line.rsplit(" ", 1) for line in lines if line]
-        assert len(cases) == 8 * 4 * 2 * 4, proc.stdout
+        assert len(cases) == 8 * 4 * 2 * 5, proc.stdout
         for case, err in cases:
-            # fp32 sums in another order than the double reference: ~1e-6; the 16-bit and int8
-            # caches are compared over the values they store, so the same bound holds.
+            # fp32 sums in another order than the double reference: ~1e-6; the 16-bit, int8
+            # and fp8 caches are compared over the values they store, so the same bound holds
+            # (an fp8 score's K scale and an output's V scale are each one more rounding).
             assert float(err) < 2e-5, f"{isa}: {case} relative error {err}"

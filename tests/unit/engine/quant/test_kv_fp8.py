@@ -15,6 +15,7 @@ from tandem.engine.attention import get_backend
 from tandem.engine.attention.base import AttentionMetadata
 from tandem.engine.cli_args import add_engine_args, engine_config_from_args
 from tandem.engine.model_runner import copy_kv_blocks
+from tandem.engine.native import load
 from tandem.engine.quant.kv_fp8 import (
     FP8_MAX,
     Fp8KVBackend,
@@ -133,9 +134,16 @@ def test_fp8_cache_is_half_of_float16_and_tracks_it(make_engine, tiny_dir) -> No
     assert _run(f8)[:4] == _run(f16)[:4]
 
 
-def test_native_path_declines_fp8_for_torch(make_engine, tiny_dir) -> None:
+def test_the_native_path_serves_fp8_where_it_runs(make_engine, tiny_dir) -> None:
+    """The fused native CPU forward reads and writes the fp8 cache under the runner's scales
+    (tests/unit/engine/native/test_fused_fp8_kv.py compares it with the torch path); without
+    the kernels the torch path's fp8 backend serves it."""
     engine = make_engine(model=str(tiny_dir("llama", 2)), num_blocks=16, kv_cache_dtype="fp8")
-    assert engine.runner.fused is None and engine.runner.backend.name == "torch+fp8kv"
+    runner = engine.runner
+    assert runner.backend.name == "torch+fp8kv"
+    assert (runner.fused is not None) == (load() is not None)
+    if runner.fused is not None:
+        assert runner.fused.kv_scales == runner.fp8_scales == Fp8Scales()
     assert len(_run(engine)) == GREEDY.max_tokens
 
 
