@@ -324,10 +324,12 @@ def test_prefix_cache_hits_on_latent_blocks(make_engine, ds_dir) -> None:
 
 def test_auto_keeps_the_latent_cache_in_the_model_dtype(make_engine, ds_dir) -> None:
     """The fused path serves the MLA model over an fp32 latent cache under ``auto`` (no
-    float16 cache as for a GQA model), and refuses an int8 one by name."""
+    float16 cache as for a GQA model), and refuses an int8 or fp8 one by name."""
     engine = make_engine(model=str(ds_dir("v3")), num_blocks=32, block_size=BLOCK,
                          kv_cache_dtype="auto")
     assert engine.runner.fused is not None
     assert engine.runner.kv_cache.dtype == torch.float32
     reason = unsupported_reason(engine.runner.model, torch.int8) or ""
     assert "int8 latent" in reason
+    reason = unsupported_reason(engine.runner.model, torch.float8_e4m3fn) or ""
+    assert "fp8 latent" in reason
