@@ -169,12 +169,16 @@ _Applied = list[RequestOutput] | RequestOutput | Exception | None  # one event's
 
 
 def _apply(engine: LLMEngine, event: TransferEvent) -> _Applied:
-    """One event's engine work on the engine thread: a commit's outputs (its error is
-    returned, so the others still apply), or an ended reservation's final output."""
+    """One event's engine work on the engine thread: a commit's outputs, or an ended
+    reservation's final output (either one's error is returned, so the others still apply)."""
     if isinstance(event, Committed):
         try:
             return engine.remote.decode.commit_forked(event.transfer_id, event.first_tokens,
                                                       event.first_logprobs)
         except Exception as exc:  # the caller ends that one reservation
             return exc
-    return engine.remote.decode.end(event.transfer_id)  # Aborted, Expired
+    try:
+        return engine.remote.decode.end(event.transfer_id)  # Aborted, Expired
+    except Exception as exc:  # logged; the batch's other events still apply and are answered
+        log.exception("ending reservation %s failed", event.transfer_id)
+        return exc

@@ -12,7 +12,7 @@ import pytest
 
 from tandem.common.wire import BUSY_KEY, GRAMMAR_BUSY, RETRY_AFTER_KEY
 from tandem.engine.sampling_params import SamplingParams
-from tandem.kv_transfer import Committed, Endpoint
+from tandem.kv_transfer import Aborted, Committed, Endpoint
 from tandem.protos.v1 import tandem_pb2, worker_pb2
 from tandem.worker.errors import GRAMMAR_RETRY_AFTER_MS
 from tests.integration.served_model import tiny_served_model
@@ -351,6 +351,53 @@ def test_commits_reported_together_apply_together_a_refused_one_alone(engines) -
             assert msgs[-1].finish_reason == "length"
             code, why = await _code(c.decode_all("bad"))
             assert "commit refused" in why, (code, why)
+            await until(c.decode_stats, idle)
+
+    asyncio.run(main())
+
+
+def test_an_end_that_fails_costs_only_its_own_event_in_a_batch(engines) -> None:
+    """A COMMIT and an ABORT reported together apply as one engine job: when ending the
+    aborted reservation raises (a bug, forced here after the real end freed its blocks), the
+    commit beside it still applies, is counted as committed, and its stream says what a commit
+    alone says."""
+
+    async def main() -> None:
+        async with cluster(*engines) as c:
+            decode = c.decode.engine.engine.remote.decode
+            alone = await c.reserve("alone", PROMPT[:20], greedy(4))
+            c.receiver.release(alone.transfer_id, "the test reports the events itself")
+            c.receiver.events.put_nowait(
+                Committed(alone.transfer_id, tuple(alone.block_ids), 40, 0.0))
+            expected = "".join(m.text for m in await c.decode_all("alone"))
+            good = await c.reserve("good", PROMPT[:20], greedy(4))
+            bad = await c.reserve("bad", PROMPT[20:], greedy(4))
+            for r in (good, bad):
+                c.receiver.release(r.transfer_id, "the test reports the events itself")
+            real_end = decode.end
+
+            def end(transfer_id: str):  # type: ignore[no-untyped-def]
+                out = real_end(transfer_id)
+                if transfer_id == bad.transfer_id:
+                    raise RuntimeError("forced: ending this reservation failed")
+                return out
+
+            decode.end = end
+            try:
+                c.receiver.events.put_nowait(
+                    Committed(good.transfer_id, tuple(good.block_ids), 40, 0.0))
+                c.receiver.events.put_nowait(Aborted(bad.transfer_id, tuple(bad.block_ids),
+                                                     "test", "forced", "sender"))
+                msgs = await c.decode_all("good")
+            finally:
+                decode.end = real_end
+            assert sum(len(m.token_ids) for m in msgs) == 3
+            assert msgs[-1].finish_reason == "length"
+            assert "".join(m.text for m in msgs) == expected
+            # the commit's handling ran: both commits counted (the batch's failure lost it)
+            assert c.decode.metrics.instruments.get_sample_value(
+                "tandem_kv_transfer_seconds_count", {"role": "decode"}) == 2
+            await c.decode_stub.Abort(worker_pb2.AbortRequest(request_id="bad"))
             await until(c.decode_stats, idle)
 
     asyncio.run(main())
