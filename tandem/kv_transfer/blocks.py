@@ -161,8 +161,9 @@ def _indexable(t: torch.Tensor) -> torch.Tensor:
 
 def row_dtype(block_bytes: int) -> np.dtype:
     """One block row as a single numpy item. Indexing whole rows as items of a 1-D array
-    copies each with one memcpy: a scatter of 6 KiB rows ran ~12% faster than the same
-    through a ``[rows, block_bytes]`` uint8 view (0.128 against 0.146 CPU-s/GiB), a gather ~4%."""
+    copies each with one memcpy: a scatter of 6 KiB rows takes 6-12% less CPU than through a
+    ``[rows, block_bytes]`` uint8 view, a gather the same or a little less
+    (bench/transfer/tcp_paths.py)."""
     return np.dtype((np.void, block_bytes))
 
 
