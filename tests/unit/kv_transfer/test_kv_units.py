@@ -236,6 +236,26 @@ def test_received_chunks_land_in_their_blocks(staged: bool) -> None:
     assert not dst[:, :, [0, 1, 4, 5, 7]].view(torch.int16).any()  # nothing else written
 
 
+@pytest.mark.parametrize("ids", [[4, 0, 5, 2], [1, 2, 3, 4]], ids=["fragmented", "contiguous"])
+def test_rows_of_any_size_gather_and_land_as_whole_items(ids: list[int]) -> None:
+    """Rows are indexed as one numpy item each (blocks.row_dtype): a 30-byte block (no power
+    of two, no multiple of 8) goes out and lands byte for byte, and nothing else is written."""
+    layout = tiny_layout("float16", layers=2, heads=1, head_dim=5, block_size=3)
+    assert layout.block_bytes == 30
+    src, dst = random_cache(layout, 6, seed=7), zero_cache(layout, 6)
+    into = [5, 3, 1, 0]
+    bounce = np.empty(3 * layout.block_bytes, dtype=np.uint8)
+    out = SendSpan(KvBlocks(src, layout), 0, 2, ids)
+    got = RecvSpan(KvBlocks(dst, layout), 0, 2, into)
+    at = 0
+    for piece in out.chunks(bounce):
+        got.land(at, piece.copy())
+        at += piece.nbytes
+    assert at == out.nbytes == got.nbytes
+    assert torch.equal(dst[:, :, into].view(torch.int16), src[:, :, ids].view(torch.int16))
+    assert not dst[:, :, [2, 4]].view(torch.int16).any()
+
+
 def test_chunks_hold_whole_rows() -> None:
     assert chunk_bytes(6144) % 6144 == 0 and chunk_bytes(6144) <= 512 << 10
     assert chunk_bytes(1 << 20) == 1 << 20  # one row when a block is larger than a chunk
