@@ -18,7 +18,7 @@ def _cells(f: dict) -> list[str]:
 def _ratio_lines(r: dict) -> list[str]:
     each = r.get("rounds_default_vs_best_tok_s", [])
     rounds = (" (rounds: " + ", ".join(
-        f"{x:.2f}x of {c}" for x, c in zip(each, r["rounds_best_tok_s_config"])) + ")"
+        f"{x:.2f}x of {c}" for x, c in zip(each, r["rounds_best_tok_s_config"], strict=True)) + ")"
               if len(each) > 1 else "")
     lines = [f"default / best Tandem ({r['best_tok_s_config']}): "
              f"{r['default_vs_best_tok_s']:.2f}x output tok/s{rounds}; ITL p50 best "
