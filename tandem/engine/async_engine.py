@@ -139,9 +139,10 @@ class AsyncEngine:
     def submit_now(
         self, fn: Callable[[LLMEngine], T], stream: str | Sequence[str] | None = None
     ) -> asyncio.Future[T]:
-        """``submit``, but run on this thread at once (the future done on return) when the
-        engine thread is outside its bookkeeping (waiting for work, or inside the model's
-        forward) and every call queued before has run. Either way ``fn`` runs after every
+        """``submit``, but run on this thread at once (its result then follows the engine
+        thread's earlier hand-overs to the loop) when the engine thread is outside its
+        bookkeeping (waiting for work, or inside the model's forward) and every call queued
+        before has run. Either way ``fn`` runs after every
         call queued before it and never beside the engine thread's bookkeeping (module
         docstring). Call on the event loop. Raises EngineDeadError.
 
@@ -154,10 +155,13 @@ class AsyncEngine:
             try:
                 if self._ran == self._submitted:  # nothing queued is still to run
                     fut: asyncio.Future[T] = loop.create_future()
+                    # The result goes the way the engine thread's do, so it reaches the loop
+                    # after the outputs and results that thread handed over before it.
                     try:
-                        fut.set_result(self._job(fn, stream, loop)(self.engine))
+                        self._delivery.send(loop, _set_result, fut,
+                                            self._job(fn, stream, loop)(self.engine))
                     except Exception as exc:  # the caller's error, as a call's
-                        fut.set_exception(exc)
+                        self._delivery.send(loop, _set_exception, fut, exc)
                     if self._waiting:  # it may have given the steps work: look again
                         self._calls.put(_WAKE)
                     return fut
