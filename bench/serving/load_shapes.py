@@ -1,6 +1,7 @@
 """Serving under the load shapes users run, every configuration against llama-server, one run.
 
-    python -m bench.serving.load_shapes [--threads 2] [--configs ...] [--shapes ...] [--out DIR]
+    python -m bench.serving.load_shapes [--threads 2] [--configs ...] [--shapes ...] [--rounds N]
+                                        [--out DIR]
 
 Each server runs on the same ``--threads`` cores (taskset), the client on this machine beside it
 (as on a laptop or a shared node: its CPU counts), SmolLM2-135M-Instruct's Q4_1 GGUF on both
@@ -43,6 +44,7 @@ import platform
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -174,29 +176,82 @@ def server(config: str, shape: Shape, threads: int, lc: LlamaCpp | None,
 
 def run(args: argparse.Namespace, lc: LlamaCpp | None, gguf: Path,
         progress: Callable[[str], None] = note) -> dict:
-    """Every configuration under every shape (a server started once per configuration and
-    shape, so no shape runs on another's warm caches); the JSON-ready results."""
+    """Every configuration under every shape, ``args.rounds`` times over (each round runs every
+    configuration once, so a round's rows share the machine's state of the moment; a server
+    started once per configuration and shape, so no shape runs on another's warm caches); the
+    JSON-ready results: each row the median of its rounds, each ratio the median of the
+    rounds' own ratios."""
     loads = shapes(args.shapes, args.rate, args.poisson_requests, args.seed)
-    rows: dict[str, dict[str, dict]] = {s.name: {} for s in loads}
-    for config in args.configs:
-        if config == "llama-server" and lc is None:
-            progress("llama-server: no binaries (bench/vs_llama_cpp/binaries.py --build); skipped")
-            continue
-        for shape in loads:
-            progress(f"{config}: {shape.name} ({len(shape.specs)} requests)")
-            try:
-                with server(config, shape, args.threads, lc, gguf, args.tandem_flag) as base:
-                    rows[shape.name][config] = fig = (
-                        measure_aiperf(base, args.aiperf, args.seed) if shape.name == "aiperf"
-                        else measure(base, shape))
-            except Exception as exc:  # a server that fails is a row that says so
-                rows[shape.name][config] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                progress(f"  failed: {exc}")
-                continue
-            progress(f"  {fig['output_tok_s']:.1f} tok/s, ITL p50 {fig['itl_p50_ms']:.0f} ms, "
-                     f"TTFT p50 {fig['ttft_p50_s']:.2f} s, errors {fig['errors']}")
-    return {"rows": rows, "ratios": ratios(rows), "machine": machine(args.threads),
+    configs = list(args.configs)
+    if "llama-server" in configs and lc is None:
+        progress("llama-server: no binaries (bench/vs_llama_cpp/binaries.py --build); skipped")
+        configs.remove("llama-server")
+    rounds: list[dict[str, dict[str, dict]]] = []
+    for k in range(args.rounds):
+        rows: dict[str, dict[str, dict]] = {s.name: {} for s in loads}
+        for config in configs:
+            for shape in loads:
+                progress(f"round {k + 1}/{args.rounds}, {config}: {shape.name} "
+                         f"({len(shape.specs)} requests)")
+                try:
+                    with server(config, shape, args.threads, lc, gguf, args.tandem_flag) as base:
+                        rows[shape.name][config] = fig = (
+                            measure_aiperf(base, args.aiperf, args.seed)
+                            if shape.name == "aiperf" else measure(base, shape))
+                except Exception as exc:  # a server that fails is a row that says so
+                    rows[shape.name][config] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                    progress(f"  failed: {exc}")
+                    continue
+                progress(f"  {fig['output_tok_s']:.1f} tok/s, ITL p50 {fig['itl_p50_ms']:.0f} "
+                         f"ms, TTFT p50 {fig['ttft_p50_s']:.2f} s, errors {fig['errors']}")
+        rounds.append(rows)
+    return {"rows": median_rows(rounds), "ratios": median_ratios(rounds),
+            "rounds": rounds, "machine": machine(args.threads),
             "command": "python -m bench.serving.load_shapes " + " ".join(args.argv)}
+
+
+def median_rows(rounds: list[dict[str, dict[str, dict]]]) -> dict[str, dict[str, dict]]:
+    """Each (shape, configuration)'s figures, the median over the rounds it did not fail in
+    (errors summed, each round's output tok/s kept as ``rounds_tok_s``); a row that failed
+    in every round keeps its first error."""
+    out: dict[str, dict[str, dict]] = {}
+    for shape in rounds[0]:
+        out[shape] = {}
+        for config in rounds[0][shape]:
+            runs = [r[shape][config] for r in rounds if config in r.get(shape, {})]
+            ok = [f for f in runs if "error" not in f]
+            if not ok:
+                out[shape][config] = runs[0]
+                continue
+            row = {key: statistics.median(f[key] for f in ok)
+                   for key in ok[0] if isinstance(ok[0][key], (int, float))}
+            row["errors"] = sum(f["errors"] for f in ok)
+            row["error_sample"] = next((f["error_sample"] for f in ok if f["error_sample"]), [])
+            row["rounds_tok_s"] = [f["output_tok_s"] for f in ok]
+            row["failed_rounds"] = len(runs) - len(ok)
+            out[shape][config] = row
+    return out
+
+
+def median_ratios(rounds: list[dict[str, dict[str, dict]]]) -> dict[str, dict]:
+    """Each shape's ratios (:func:`ratios`) taken within each round, then the median over the
+    rounds (each round's default against that round's best: a pair measured minutes apart,
+    not hours); ``rounds_default_vs_best_tok_s`` keeps every round's figure."""
+    per_round = [ratios(r) for r in rounds]
+    out: dict[str, dict] = {}
+    for shape in rounds[0]:
+        rs = [r[shape] for r in per_round if shape in r]
+        if not rs:
+            continue
+        merged: dict = {key: statistics.median(r[key] for r in rs if key in r)
+                        for key in rs[0] if isinstance(rs[0][key], float)}
+        for key in ("best_tok_s_config", "best_itl_config"):  # the configuration best most often
+            names = [r[key] for r in rs]
+            merged[key] = max(names, key=names.count)
+        merged["rounds_default_vs_best_tok_s"] = [r["default_vs_best_tok_s"] for r in rs]
+        merged["rounds_best_tok_s_config"] = [r["best_tok_s_config"] for r in rs]
+        out[shape] = merged
+    return out
 
 
 def ratios(rows: dict[str, dict[str, dict]]) -> dict[str, dict]:
@@ -241,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=0.8, help="poisson: arrivals per second")
     p.add_argument("--poisson-requests", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, round by round; rows are "
+                   "medians, ratios the median of each round's own (the machine drifts "
+                   "between rounds less than between runs)")
     p.add_argument("--tandem-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag for every tandem local configuration (repeat): a "
                    "candidate default, measured on every shape")
@@ -253,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = set(args.configs) - set(CONFIGS) | set(args.shapes) - set(SHAPES)
     if bad:
         p.error(f"unknown configuration or shape: {sorted(bad)}")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if "aiperf" in args.shapes and not args.aiperf:
         note("no aiperf executable (pip install aiperf, or --aiperf PATH): its shape skipped")
         args.shapes = [s for s in args.shapes if s != "aiperf"]

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLUMNS = ("output tok/s", "ITL p50 ms", "TTFT p50 s", "errors")
+COLUMNS = ("output tok/s", "ITL p50 ms", "TTFT p50 s", "errors", "tok/s per round")
 
 
 def _cells(f: dict) -> list[str]:
     if "error" in f:
-        return ["failed", "-", "-", f["error"][:60]]
+        return ["failed", "-", "-", f["error"][:60], ""]
+    rounds = f.get("rounds_tok_s", [])
     return [f"{f['output_tok_s']:.1f}", f"{f['itl_p50_ms']:.0f}", f"{f['ttft_p50_s']:.2f}",
-            str(f["errors"])]
+            str(f["errors"]), " / ".join(f"{x:.0f}" for x in rounds) if len(rounds) > 1 else ""]
 
 
 def _ratio_lines(r: dict) -> list[str]:
+    each = r.get("rounds_default_vs_best_tok_s", [])
+    rounds = (" (rounds: " + ", ".join(
+        f"{x:.2f}x of {c}" for x, c in zip(each, r["rounds_best_tok_s_config"], strict=True)) + ")"
+              if len(each) > 1 else "")
     lines = [f"default / best Tandem ({r['best_tok_s_config']}): "
-             f"{r['default_vs_best_tok_s']:.2f}x output tok/s; ITL p50 best "
+             f"{r['default_vs_best_tok_s']:.2f}x output tok/s{rounds}; ITL p50 best "
              f"({r['best_itl_config']}) / default: {r['default_vs_best_itl']:.2f}x"]
     if "default_vs_llama_tok_s" in r:
         lines.append(f"default / llama-server: {r['default_vs_llama_tok_s']:.2f}x output tok/s, "
@@ -29,9 +34,9 @@ def table(results: dict) -> str:
     out = []
     for shape, rows in results["rows"].items():
         out.append(f"\n{shape}")
-        out.append(f"  {'config':15s}" + "".join(f"{c:>14s}" for c in COLUMNS))
+        out.append(f"  {'config':15s}" + "".join(f"{c:>16s}" for c in COLUMNS))
         for config, f in rows.items():
-            out.append(f"  {config:15s}" + "".join(f"{c:>14s}" for c in _cells(f)))
+            out.append(f"  {config:15s}" + "".join(f"{c:>16s}" for c in _cells(f)))
         if shape in results["ratios"]:
             out += ["  " + line for line in _ratio_lines(results["ratios"][shape])]
     return "\n".join(out)

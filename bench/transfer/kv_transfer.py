@@ -13,8 +13,9 @@ this process to a receiver in a child process, and prints in the same run:
 
 then the latency a 2,048-token prompt's KV adds to its prefill when pushed layer by layer.
 The layers run on a step thread, as the prefill worker's engine thread does, which hands each
-finished layer to the event loop with ``call_soon_threadsafe`` (the push then ships it while the
-thread computes the next). Their compute is simulated with ``time.sleep`` (the CPU is idle
+finished layer to the event loop through a ``LoopDelivery`` (tandem/engine/loop_delivery.py:
+the push then ships it while the thread computes the next, and the thread never waits for the
+loop's turn to get the GIL back). Their compute is simulated with ``time.sleep`` (the CPU is idle
 meanwhile, as when the compute runs on a GPU) at (a) the time one SmolLM2-shaped decoder layer
 takes on this CPU over 2,048 tokens (random weights, measured here) and (b) stated GPU-like
 times; ``--real-compute`` also runs that layer for real, competing for the CPUs.
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.engine.loop_delivery import LoopDelivery
 from tandem.kv_transfer import Sender, SenderConfig
 from tandem.kv_transfer.endpoint import Endpoint
 from tandem.kv_transfer.transport import ShmTransport, TcpTransport
@@ -194,6 +196,7 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
     sim = LayerSim()
     params = sim.make() if layer_s is None else {}
     loop = asyncio.get_running_loop()
+    delivery = LoopDelivery()
 
     def compute() -> None:
         if layer_s is None:
@@ -206,7 +209,7 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
         for i in range(LAYOUT.num_layers):
             compute()
             if on_layer is not None:
-                loop.call_soon_threadsafe(on_layer, i)
+                delivery.send(loop, on_layer, i)
         return time.perf_counter()
 
     async def prefill(on_layer: Callable[[int], None] | None) -> float:
@@ -244,6 +247,7 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
     while not (await child.line()).get("done"):
         pass
     await tx.close()
+    delivery.close()
     await child.finish()
     a, s = statistics.median(alone), statistics.median(shipped)
     return {"prefill_ms": a * 1e3, "with_transfer_ms": s * 1e3, "added_ms": (s - a) * 1e3,

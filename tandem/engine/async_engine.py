@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tandem.engine.llm_engine import LLMEngine
+from tandem.engine.loop_delivery import LoopDelivery
 from tandem.engine.outputs import EngineStats, RequestOutput
 from tandem.engine.sampling_params import SamplingParams
 
@@ -104,6 +105,7 @@ class AsyncEngine:
         self._stepping = False  # the engine thread is inside a step
         self._snapshot: EngineStats | None = None  # stats() while it is (module docstring)
         self._snapshot_at = -SNAPSHOT_EVERY_S
+        self._delivery = LoopDelivery()  # the engine thread's results reach their loops
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -137,9 +139,10 @@ class AsyncEngine:
     def submit_now(
         self, fn: Callable[[LLMEngine], T], stream: str | Sequence[str] | None = None
     ) -> asyncio.Future[T]:
-        """``submit``, but run on this thread at once (the future done on return) when the
-        engine thread is outside its bookkeeping (waiting for work, or inside the model's
-        forward) and every call queued before has run. Either way ``fn`` runs after every
+        """``submit``, but run on this thread at once (its result then follows the engine
+        thread's earlier hand-overs to the loop) when the engine thread is outside its
+        bookkeeping (waiting for work, or inside the model's forward) and every call queued
+        before has run. Either way ``fn`` runs after every
         call queued before it and never beside the engine thread's bookkeeping (module
         docstring). Call on the event loop. Raises EngineDeadError.
 
@@ -152,10 +155,13 @@ class AsyncEngine:
             try:
                 if self._ran == self._submitted:  # nothing queued is still to run
                     fut: asyncio.Future[T] = loop.create_future()
+                    # The result goes the way the engine thread's do, so it reaches the loop
+                    # after the outputs and results that thread handed over before it.
                     try:
-                        fut.set_result(self._job(fn, stream, loop)(self.engine))
+                        self._delivery.send(loop, _set_result, fut,
+                                            self._job(fn, stream, loop)(self.engine))
                     except Exception as exc:  # the caller's error, as a call's
-                        fut.set_exception(exc)
+                        self._delivery.send(loop, _set_exception, fut, exc)
                     if self._waiting:  # it may have given the steps work: look again
                         self._calls.put(_WAKE)
                     return fut
@@ -228,6 +234,12 @@ class AsyncEngine:
         if params.structured is not None and grammars is not None:
             await grammars.prepare(params.structured)
 
+    def deliver(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+        """Engine thread (an engine hook): run ``fn(*args)`` on ``loop``, in order with the
+        outputs and results this thread hands over (tandem/engine/loop_delivery.py: without
+        giving up the GIL, so the step goes on while the loop wakes)."""
+        self._delivery.send(loop, fn, *args)
+
     def has_stream(self, request_id: str) -> bool:
         """True while a stream for the request is open (until its finished output is read)."""
         return request_id in self._streams
@@ -299,6 +311,8 @@ class AsyncEngine:
         else:
             self._dead = EngineDeadError("engine shut down")
             self._fail_all(self._dead)
+        finally:
+            self._delivery.close()  # what was handed over reaches its loop, then it ends
 
     def _take(self, busy: bool, paused: bool) -> Any:
         """The next queued call (raises queue.Empty): at once while there are steps to take,
@@ -331,22 +345,23 @@ class AsyncEngine:
         try:
             result = job(self.engine)
         except Exception as exc:  # the caller's error, not the engine's
-            loop.call_soon_threadsafe(_set_exception, fut, exc)
+            self._delivery.send(loop, _set_exception, fut, exc)
         else:
-            loop.call_soon_threadsafe(_set_result, fut, result)
+            self._delivery.send(loop, _set_result, fut, result)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+            self._delivery.send(stream.loop, stream.queue.put_nowait, out)
 
     def _fail_all(self, exc: BaseException) -> None:
         # The event loop pops streams while this thread fails them: work on a copy (dict.copy
         # runs without releasing the GIL) and drop only the streams failed here.
         for request_id, stream in self._streams.copy().items():
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineDeadError(str(exc)))
+            self._delivery.send(stream.loop, stream.queue.put_nowait,
+                                EngineDeadError(str(exc)))
             self._streams.pop(request_id, None)
         while True:
             try:
@@ -355,7 +370,7 @@ class AsyncEngine:
                 return
             if isinstance(item, tuple):
                 loop, fut = item[1]
-                loop.call_soon_threadsafe(_set_exception, fut, EngineDeadError(str(exc)))
+                self._delivery.send(loop, _set_exception, fut, EngineDeadError(str(exc)))
 
 
 def _ignore_step(seconds: float) -> None:

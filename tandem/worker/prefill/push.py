@@ -6,7 +6,7 @@
     engine thread: layer hook fires as layer l's KV lands (the step that completes the prefill;
                    earlier chunks are already in the cache, so every block is pushed but
                    those a sliding window left behind, which the reservation skips too)
-        --call_soon_threadsafe--> on_layer(l, src block ids, ready)
+        --AsyncEngine.deliver--> on_layer(l, src block ids, ready)
     event loop:    pusher task: (sources named on the first layer) ready.wait() on a pool
                    thread while the device still writes the layer -> push(l)
                    (layer l ships while the engine computes layer l + 1; never blocks the engine)

@@ -136,8 +136,8 @@ class PrefillWorker:
     def _hook(self, layer: int, done: list[tuple[str, list[int]]], ready: LayerReady) -> None:
         """Engine thread: layer ``layer`` of ``done``'s requests is being written into the
         cache (``ready``: the engine's handle the pusher waits on before reading it)."""
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._on_layer, layer, done, ready)
+        assert self._loop is not None  # in order with the step's outputs, keeping the GIL
+        self._ae.deliver(self._loop, self._on_layer, layer, done, ready)
 
     def _on_layer(self, layer: int, done: list[tuple[str, list[int]]], ready: LayerReady
                   ) -> None:
