@@ -105,17 +105,18 @@ class LLMEngine:
             self._native_ok(config) and self.arch.mla is None and tp == 1)
         # this rank's heads: each rank's cache holds its own KV heads at the same block ids
         runner_arch = self.arch if ckpt.shard is None else local_arch(self.arch, ckpt.shard)
-        per_block = ModelRunner.kv_bytes_per_block(
-            runner_arch, cc.block_size, self.dtype, self.kv_cache_dtype
-        )
+        per_block = ModelRunner.kv_bytes_per_block(runner_arch, cc.block_size, self.dtype,
+                                                   self.kv_cache_dtype)
         # a draft model (rank 0's, whole) is loaded before the pool is sized: the device's
         # memory in use then counts its weights, and each block also costs its KV
         draft = load_draft(sc, ckpt.model, self.arch, self.dtype, self.device,
                            self.max_model_len, mc.cache_dir)
         draft_per_block = 0 if draft is None else ModelRunner.kv_bytes_per_block(
             draft[1], cc.block_size, self.dtype)
-        num_blocks = cc.num_blocks or pool_blocks(
-            config, runner_arch, per_block, self.dtype.itemsize, self._device_memory,
+        num_blocks = cc.num_blocks or pool_blocks(  # each rank's device's (free, total) now
+            config, runner_arch, per_block, self.dtype.itemsize,
+            lambda: [torch.cuda.mem_get_info(self.device), *(self.group.memory() if self.group
+                                                             is not None else ())],
             draft_per_block)
         rc = RunnerConfig(
             num_blocks, cc.block_size, self.dtype, self.device, config.resolved_backend(),
@@ -124,9 +125,8 @@ class LLMEngine:
             native_kernels=config.use_native_kernels, tensor_parallel=tp > 1,
         )
         if self.group is not None:
-            lora = ({"max_lora_rank": config.lora.max_lora_rank,
-                     "max_cpu_loras": config.lora.max_cpu_loras}
-                    if config.lora.enabled else None)
+            lora = ({"max_lora_rank": config.lora.max_lora_rank, "max_cpu_loras":
+                     config.lora.max_cpu_loras} if config.lora.enabled else None)
             self.group.start({**runner_settings(rc), "lora": lora})
         self.runner = ModelRunner(ckpt.model, runner_arch, rc, self.group)
         # Blocks behind every layer's sliding window go back to the pool as a request runs;
@@ -140,12 +140,10 @@ class LLMEngine:
         self.runner.lora = self.loras
         self.scheduler = Scheduler(
             config.scheduler, self.kv, sc.num_speculative_tokens if sc.enabled else 0,
-            self.max_model_len, config.lora.max_loras if config.lora.enabled else 0,
-        )
+            self.max_model_len, config.lora.max_loras if config.lora.enabled else 0)
         self.sampler = Sampler(seed=mc.seed)
-        self.spec = build_spec_decoder(  # a no-op decoder when speculation is off
-            sc, draft, rc, self.sampler, mc.seed
-        )
+        # a no-op decoder when speculation is off
+        self.spec = build_spec_decoder(sc, draft, rc, self.sampler, mc.seed)
         self.eos_token_ids = frozenset(self.arch.eos_token_ids)
         self.grammars = (
             GrammarEngine(self.tokenizer, self.arch.vocab_size, self.eos_token_ids,
@@ -165,11 +163,6 @@ class LLMEngine:
             describe_cache(cache, runner_arch, self.model_path.name, self.dtype, cc.block_size,
                            tp, self.runner.fp8_scales.layout if self.runner.fp8_scales else "",
                            self._kv_head_ranges(tp)))
-
-    def _device_memory(self) -> list[tuple[int, int]]:
-        """Each rank's device's (free, total) bytes now, rank 0's first (CUDA only)."""
-        own = torch.cuda.mem_get_info(self.device)
-        return [own, *(self.group.memory() if self.group is not None else ())]
 
     def _kv_head_ranges(self, tp: int) -> tuple[tuple[int, int], ...]:
         """Each rank's KV heads in a group of ``tp`` (empty for one process)."""
