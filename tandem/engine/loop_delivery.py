@@ -60,3 +60,5 @@ class LoopDelivery:
                 loop.call_soon_threadsafe(fn, *args)
             except RuntimeError:  # the loop was closed: nobody is left to receive it
                 log.debug("dropped a delivery to a closed event loop")
+            except Exception:  # anything else costs that one item, never the thread
+                log.exception("delivering %r to its event loop failed", fn)

@@ -169,8 +169,10 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   for (int i = 0; i < num_samples; ++i) {
     if (sample_rows[i] < 0 || sample_rows[i] >= rows) return -1;
   }
-  auto usable = [](float s) { return std::isfinite(s) && s > 0.f; };
+  // an fp8 cache's scales, times the 2^8 its reads carry, stay finite; no fp8 latent cache
+  auto usable = [](float s) { return std::isfinite(s * 256.f) && s > 0.f; };
   if (F == tnd::KV_FP8 && !(usable(st->k_scale) && usable(st->v_scale))) return -1;
+  if ((F == tnd::KV_FP8 || F == tnd::KV_I8) && md.latent_dim) return -1;
   // The widest window when every layer slides (0: some layer sees every key): blocks before
   // it may be freed (table entry -1), so only the blocks from there on must be present.
   int64_t reach = 0;

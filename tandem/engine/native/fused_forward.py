@@ -253,9 +253,9 @@ class FusedForward:
         self._lib = lib
         for name, value in (() if kv_scales is None else (("k", kv_scales.k), ("v", kv_scales.v))):
             single = ctypes.c_float(value).value  # the kernels', as torch's fp32 math, in fp32
-            if not (math.isfinite(single) and single > 0):
-                raise ValueError(f"fp8 KV {name}_scale {value!r} is not a positive finite "
-                                 "float32")
+            if not (math.isfinite(ctypes.c_float(single * 256).value) and single > 0):
+                raise ValueError(f"fp8 KV {name}_scale {value!r} is not a positive float32 "
+                                 "below 2^120")
         self.kv_scales = kv_scales
         arch = model.arch
         self.vocab = arch.vocab_size

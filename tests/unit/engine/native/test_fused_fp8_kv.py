@@ -294,9 +294,11 @@ def test_fp8_cache_needs_usable_scales(make_engine, scaled_dir) -> None:
     before = kv.view(torch.uint8).clone()
     with pytest.raises(ValueError, match="fp8 KV cache needs its scales"):
         FusedForward(model)([5], [0], [0], [[1]], kv, [0])
-    with pytest.raises(ValueError, match="not a positive finite float32"):
+    with pytest.raises(ValueError, match="not a positive float32 below 2"):
         FusedForward(model, kv_scales=Fp8Scales(k=1e39))  # finite in Python, inf in float32
-    with pytest.raises(ValueError, match="not a positive finite float32"):
+    with pytest.raises(ValueError, match="not a positive float32 below 2"):
+        FusedForward(model, kv_scales=Fp8Scales(k=1e37))  # finite, but inf times the reads' 2^8
+    with pytest.raises(ValueError, match="not a positive float32 below 2"):
         FusedForward(model, kv_scales=Fp8Scales(v=1e-50))  # 0 in float32
     assert torch.equal(kv.view(torch.uint8), before)
 
