@@ -204,19 +204,24 @@ async def prefill_latency(transport: str, src_kv: torch.Tensor, layer_s: float |
         else:
             time.sleep(layer_s)
 
-    def step_thread(on_layer: Callable[[int], None] | None) -> float:
-        """All layers on this (executor) thread; returns when the last one ended."""
+    def step_thread(on_layer: Callable[[int], None] | None, ended: asyncio.Future[float]
+                    ) -> None:
+        """All layers on this (executor) thread; ``ended`` gets the time the last one ended,
+        through the delivery after every layer's hand-over (as the worker's step outputs
+        follow its layer hooks), so a commit never overtakes a layer's push."""
         for i in range(LAYOUT.num_layers):
             compute()
             if on_layer is not None:
                 delivery.send(loop, on_layer, i)
-        return time.perf_counter()
+        delivery.send(loop, ended.set_result, time.perf_counter())
 
     async def prefill(on_layer: Callable[[int], None] | None) -> float:
         """Run the layers (calling ``on_layer(i)`` on the loop after each); the time the
         last one ended."""
         if clock == "thread":
-            return await loop.run_in_executor(None, step_thread, on_layer)
+            ended: asyncio.Future[float] = loop.create_future()
+            await loop.run_in_executor(None, step_thread, on_layer, ended)
+            return await ended
         for i in range(LAYOUT.num_layers):
             if layer_s is None:
                 await loop.run_in_executor(None, compute)
