@@ -155,8 +155,15 @@ class ReceiverEvents:
         self._ended(transfer_id, out, why)
 
     def _ended(self, transfer_id: str, out: _Applied, why: TransferEnded) -> None:
-        """The engine's answer to ending a reservation: its final output, or None (it had
-        ended already)."""
+        """The engine's answer to ending a reservation: its final output, None (it had ended
+        already), or the error ending it raised (logged where it was raised: the request's
+        streams still end, so no reader waits on a reservation that is gone)."""
+        if isinstance(out, Exception):
+            for group in list(self._groups.values()):
+                if group and group[0].transfer_id == transfer_id:
+                    for stream in group:
+                        stream.end(why)
+            return
         if not isinstance(out, RequestOutput):
             log.debug("transfer %s ended after its reservation: %s", transfer_id, why)
             return
