@@ -32,7 +32,6 @@ from tandem.engine.models.layers import SparseMoE
 from tandem.engine.models.layers.moe_routing import deepseek_v2_topk, deepseek_v3_topk
 from tandem.engine.native import NativeLinear, load, unsupported_reason
 from tandem.engine.native.moe_layer import NativeMoe, moe_unsupported
-from tandem.engine.testing import make_tiny_checkpoint
 from tests.unit.engine._handoff import handoff_token_ids
 from tests.unit.engine._reference import engine_token_ids, hf_greedy
 from tests.unit.engine.native._torch_steps import rel_err, torch_logits
@@ -218,16 +217,13 @@ def test_every_router_is_native_up_to_the_group_limit() -> None:
 # --- whole models ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def ds_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``ds_dir(case)``: the checkpoint of one of CASES, written once per module."""
-    made: dict[str, Path] = {}
+def ds_dir(family_dir: Callable[..., Path]) -> Callable[[str], Path]:
+    """``ds_dir(case)``: the checkpoint of one of CASES (tests/unit/engine/conftest.py's
+    ``family_dir``: written once per session)."""
 
     def get(case: str) -> Path:
-        if case not in made:
-            arch, options = CASES[case]
-            made[case] = make_tiny_checkpoint(tmp_path_factory.mktemp(case), arch=arch,
-                                              **options)
-        return made[case]
+        arch, options = CASES[case]
+        return family_dir(arch, **options)
 
     return get
 

@@ -1,4 +1,5 @@
-"""Tiny perturbed checkpoints keyed by any options (rope_scaling dicts included)."""
+"""Tiny perturbed checkpoints keyed by any options (rope_scaling dicts included), for every
+engine test (the model families' and the native kernels')."""
 
 from __future__ import annotations
 
