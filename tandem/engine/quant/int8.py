@@ -19,6 +19,10 @@ DEQUANT_MIN_ROWS = 32
 # torch's int8 CPU kernel loads the weight with aligned AVX-512 loads where the CPU has them:
 # a weight at an odd address (a view into a safetensors file or a packed buffer) segfaults it.
 ALIGN_BYTES = 64
+# torch's int8 CPU kernel reads the reduction dimension in blocks of 32: for any other K it
+# reads past each weight row and returns garbage or segfaults (K = 8, 72, 104 on an AVX-512
+# Xeon), so such layers take the dequantized fp32 path at every row count.
+KERNEL_K = 32
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -58,7 +62,7 @@ class Int8Linear(nn.Module):
             from tandem.engine.quant.triton_matmul import int8_matmul
 
             y = int8_matmul(x, self.qweight, self.scale)
-        elif x.shape[0] >= DEQUANT_MIN_ROWS:
+        elif x.shape[0] >= DEQUANT_MIN_ROWS or self.in_features % KERNEL_K:
             return cpu_linear(x.float(), self.dequantize(), _f32(self.bias)).to(x.dtype)
         else:
             y = torch.ops.aten._weight_int8pack_mm(

@@ -157,3 +157,15 @@ def test_int8_weight_at_an_odd_address_is_copied_aligned() -> None:
     assert torch.equal(lin.qweight, w)
     x = torch.randn(3, K)  # few rows: torch's packed int8 kernel
     assert _rel(lin(x), x @ w.float().T) < 1e-2  # bf16 activations' rounding
+
+
+@pytest.mark.parametrize("k", [8, 72, 104, 96])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_int8_any_in_features_gives_the_dequantized_product(k: int, rows: int) -> None:
+    """torch's packed int8 kernel reads K in blocks of 32 and, for any other K, returned
+    garbage or segfaulted: such layers run the dequantized product instead (K = 96 keeps the
+    kernel)."""
+    torch.manual_seed(k + rows)
+    lin = Int8Linear.from_float(torch.randn(33, k))
+    x = torch.randn(rows, k)
+    assert _rel(lin(x), x @ lin.dequantize().T) < 1e-2  # bf16 activations' rounding at most
