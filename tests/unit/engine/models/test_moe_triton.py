@@ -23,7 +23,7 @@ pytest.importorskip("triton", reason="Triton (and its CPU interpreter) is not in
 
 from tandem.engine.models.arch import ModelArch, MoeArch  # noqa: E402
 from tandem.engine.models.layers import SparseMoE  # noqa: E402
-from tandem.engine.models.layers.moe_experts import Experts  # noqa: E402
+from tandem.engine.models.layers.moe_experts import Experts, stack_expert_weights  # noqa: E402
 from tandem.engine.models.layers.moe_triton import _INTERPRETED, fused_experts  # noqa: E402
 from tandem.engine.testing.perturb import perturb_parameters  # noqa: E402
 
@@ -127,6 +127,22 @@ def test_the_stack_is_the_experts_weights() -> None:
     assert experts.stacked() is None
     experts.kernel = "triton"
     assert experts.triton_weights(x.double()) is None
+
+
+def test_quantized_experts_keep_the_torch_path() -> None:
+    """An int8 expert layer (its own CUDA kernel) leaves the block off the Triton kernels:
+    nothing is stacked at load, and the per-expert calls serve it (forward not run here:
+    torch's CPU int8 kernel takes no in_features of 71)."""
+    from tandem.engine.quant.int8 import Int8Linear
+
+    block = SparseMoE(_arch(HIDDEN, BLOCKS["mixtral"]))
+    perturb_parameters(block, seed=9)
+    block.experts[2].down_proj = Int8Linear.from_float(block.experts[2].down_proj.weight)
+    assert stack_expert_weights(block) == 0
+    block.experts.kernel = "triton"
+    assert block.experts.triton_weights(torch.zeros(1, HIDDEN)) is None
+    plain = SparseMoE(_arch(HIDDEN, BLOCKS["mixtral"]))
+    assert stack_expert_weights(plain) == 1
 
 
 def test_no_rows() -> None:
