@@ -26,8 +26,10 @@ BUDGET_S=${BUDGET_S:-570}
 ceil() { local left=$((BUDGET_S - SECONDS)); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
 # Every test marked gpu, wherever it lives: tests/gpu (Triton attention incl. sliding-window
 # and MLA shapes, CUDA-graph decode, a windowed Mistral engine against transformers, a prefill
-# and a decode worker process handing over on one device), CUDA IPC and CUDA caches over TCP
-# (tests/unit/kv_transfer), quantized CUDA matmuls (tests/unit/engine/quant).
+# and a decode worker process handing over on one device, MoE engines on the Triton experts
+# against the torch path), CUDA IPC and CUDA caches over TCP (tests/unit/kv_transfer),
+# quantized CUDA matmuls (tests/unit/engine/quant), the Triton MoE kernels compiled
+# (tests/unit/engine/models/test_moe_triton.py).
 mapfile -t gpu_tests < <(grep -rl --include='test_*.py' 'pytest.mark.gpu' tests | sort)
 timeout $(ceil 300) python3 -m pytest "${gpu_tests[@]}" -q -m gpu -p no:cacheprovider 2>&1 | tee "$W/gpu_tests.log" || status=1
 # GPU -> TCP -> GPU and CUDA IPC between two processes, against a raw host socket and a

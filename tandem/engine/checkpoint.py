@@ -4,6 +4,7 @@
                       --read_arch, load_model (tandem/engine/models/weights.py)--> CausalLM
                       --quantize_model (tandem/engine/quant)--> layers in the checkpoint's own format
                                                          (auto) or requantized
+                      --stack_expert_weights (CUDA)--> float MoE experts stacked for Triton
                       --AutoTokenizer, when the checkpoint has one--> tokenizer
 """
 
@@ -22,6 +23,7 @@ from tandem.engine.errors import ContextLengthError
 from tandem.engine.loader import resolve_model
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.causal_lm import CausalLM
+from tandem.engine.models.layers.moe_experts import stack_expert_weights
 from tandem.engine.models.weights import load_model, read_arch
 from tandem.engine.parallel.plan import RankShard
 from tandem.engine.quant import QuantSummary, quantize_model, weight_bytes
@@ -81,6 +83,8 @@ def load_checkpoint(
     weights = quantize_model(model, mc.quantization, gguf, packed, select)
     if tp is not None:
         sharding.reduce_row_parallel(model)
+    if device.type == "cuda" and stack_expert_weights(model):
+        torch.cuda.empty_cache()  # the per-expert tensors the stacks replaced
     held = weight_bytes(model)
     log.info("loaded %s: weights %s, %.1f MiB", mc.model, weights.format, held / 2**20)
     if progress:

@@ -13,9 +13,19 @@ batch. Decoding many sequences, an expert serves many rows at the cost of one.
 The experts are ordinary gated MLPs (tandem/engine/models/layers/mlp.py) of our ``Linear``
 layers, so every weight format the dense path loads (float, int8/int4, AWQ/GPTQ/
 compressed-tensors, the native kernels' packed layout) serves them unchanged.
+
+On CUDA with Triton importable, float experts (fp32, fp16, bf16) run two grouped-GEMM
+launches over every active expert at once instead (moe_triton.py): their weights are held
+stacked, ``[E, 2I, H]`` and ``[E, H, I]``, each expert's layers viewing its slice
+(:meth:`Experts.stacked`). Quantized experts (int8/int4, pre-quantized checkpoints) keep the
+per-expert calls above on CUDA too, each through its layer's own kernel.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,18 +33,80 @@ from torch import nn
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.layers.mlp import MLP
 
+# Experts.kernel: "auto" runs the Triton kernels on CUDA where Triton is importable
+KERNELS = ("auto", "triton", "torch")
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_TRITON = importlib.util.find_spec("triton") is not None
+
+
+@dataclass(frozen=True, slots=True)
+class StackedWeights:
+    """Every expert's weights in one tensor each: ``gate_up`` ``[E, 2I, H]`` (each expert's
+    gate rows, then its up rows) and ``down`` ``[E, H, I]``."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
 
 class Experts(nn.ModuleList):
     """``num_experts`` gated MLPs of width ``intermediate_size``, no biases (expert ``e`` is
-    ``self[e]``)."""
+    ``self[e]``).
+
+    ``kernel`` picks the compute: ``"auto"`` (the Triton kernels for CUDA inputs where Triton
+    is importable and the experts are float, the per-expert torch calls otherwise),
+    ``"triton"`` (the kernels wherever the experts are float: on CPU tensors under
+    ``TRITON_INTERPRET=1``, for tests), ``"torch"`` (the per-expert calls: the reference)."""
+
+    kernel: str = "auto"
 
     def __init__(self, arch: ModelArch, num_experts: int, intermediate_size: int) -> None:
         super().__init__(MLP(arch, intermediate_size, bias=False) for _ in range(num_experts))
+        self._stack: StackedWeights | None = None
+        self._stack_made = False
+
+    def stacked(self) -> StackedWeights | None:
+        """The experts' weights stacked for the Triton kernels, made on first call: every
+        expert's ``gate_up_proj``/``down_proj`` weight becomes a view of its slice, so the
+        stack costs no memory beyond one layer's copy while it is made. None where an
+        expert's layers are not unbiased float ``nn.Linear`` of one dtype and device (a
+        quantized layer). Made after loading, sharding and quantization (at load on CUDA:
+        :func:`stack_expert_weights`); an expert layer replaced afterwards is not seen, a
+        move (``.to``) drops the stack."""
+        if not self._stack_made:
+            self._stack = _stack(self)
+            self._stack_made = True
+        return self._stack
+
+    def triton_weights(self, x: torch.Tensor) -> StackedWeights | None:
+        """The stacked weights :meth:`forward` hands the Triton kernels for input ``x``, None
+        where the per-expert torch calls serve it (``kernel`` and the rules above; ``x`` of
+        another dtype or device than the weights)."""
+        if self.kernel not in KERNELS:
+            raise ValueError(f"Experts.kernel {self.kernel!r}: one of {KERNELS}")
+        if self.kernel == "torch" or (self.kernel == "auto"
+                                      and not (x.device.type == "cuda" and _TRITON)):
+            return None
+        stack = self.stacked()
+        if stack is None or stack.gate_up.dtype != x.dtype or stack.gate_up.device != x.device:
+            return None
+        return stack
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Experts:
+        """A move or cast (``.to``, ``.cuda``, ``to_empty``) gives each expert's weights
+        tensors of their own: the stack is made again on next use."""
+        super()._apply(fn, recurse)
+        self._stack, self._stack_made = None, False
+        return self
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 ) -> torch.Tensor:
         """``x`` ``[T, hidden]``, each token's experts ``ids`` ``[T, k]`` and their ``weights``
         ``[T, k]`` (fp32) -> ``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`` ``[T, hidden]``."""
+        stack = self.triton_weights(x)
+        if stack is not None:
+            from tandem.engine.models.layers.moe_triton import fused_experts
+
+            return fused_experts(x, stack.gate_up, stack.down, ids, weights)
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # slots grouped by expert, token order within
@@ -49,6 +121,35 @@ class Experts(nn.ModuleList):
                 lo += n
         ys = (ys.float() * weights.reshape(-1)[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, rows, ys)
+
+
+def _stack(experts: Experts) -> StackedWeights | None:
+    """Stack the experts' float weights and point each expert's layers at its slice (one
+    projection at a time: the old tensors go as the new ones come)."""
+    pairs = [(e.gate_up_proj, e.down_proj) for e in experts]
+    layers = [lin for pair in pairs for lin in pair]
+    if not layers or not all(isinstance(lin, nn.Linear) and lin.bias is None for lin in layers):
+        return None
+    first = layers[0].weight
+    if first.dtype not in _FLOATS or any(lin.weight.dtype != first.dtype
+                                         or lin.weight.device != first.device
+                                         for lin in layers):
+        return None
+    stacks = []
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, whatever the caller's
+        for which in (0, 1):
+            stack = torch.stack([pair[which].weight for pair in pairs])
+            for e, pair in enumerate(pairs):
+                pair[which].weight.data = stack[e]
+            stacks.append(stack)
+    return StackedWeights(*stacks)
+
+
+def stack_expert_weights(model: nn.Module) -> int:
+    """Stack every float :class:`Experts` of ``model`` now (:meth:`Experts.stacked`) rather
+    than at its first step: at load, before the KV cache is sized from the free memory, so the
+    transient copy of one layer's experts finds room. Returns the layers stacked."""
+    return sum(m.stacked() is not None for m in model.modules() if isinstance(m, Experts))
 
 
 def per_row_reference(experts: Experts, x: torch.Tensor, ids: torch.Tensor,
