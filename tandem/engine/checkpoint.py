@@ -51,12 +51,13 @@ class Checkpoint:
 
 def load_checkpoint(
     mc: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True,
-    native: bool = False, tp: tuple[int, int] | None = None,
+    native: bool = False, tp: tuple[int, int] | None = None, expert_parallel: bool = False,
 ) -> Checkpoint:
     """Resolve, load and quantize ``mc.model`` (``mc.quantization``; ``native``: into the
     native CPU kernels' layout); ``tp`` (world, rank): keep that rank's shard of a
-    tensor-parallel group (tandem/engine/parallel). Raises ModelLoadError
-    (ContextLengthError for a ``max_model_len`` above :func:`context_limit`;
+    tensor-parallel group (tandem/engine/parallel), whole routed experts of a MoE model when
+    ``expert_parallel`` (read alone: no other expert's tensors are loaded). Raises
+    ModelLoadError (ContextLengthError for a ``max_model_len`` above :func:`context_limit`;
     TensorParallelError for a model that does not split over ``world``)."""
     path = resolve_model(mc.model, mc.cache_dir)
     hf_config, arch = read_arch(path)
@@ -68,16 +69,24 @@ def load_checkpoint(
     # checkpoint stays e4m3 for the kernels when its format is kept (auto, fp8) on one rank,
     # in a model of any float dtype (the kernels take fp32 activations from all of them)
     native_cpu = native and device.type == "cpu"
-    model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
-                             fp32_shadows=not native_cpu,
-                             native_layout=(native_cpu and tp is None
-                                            and mc.quantization in ("auto", "fp8")))
     gguf = gguf_source(mc.model)
+    if expert_parallel and (tp is None or arch.moe is None):  # as vLLM: nothing to place
+        log.info("--enable-expert-parallel has no effect on %s", "one rank" if tp is None
+                 else "a model without mixture-of-experts layers")
     shard, select = None, None
     if tp is not None:
         from tandem.engine.parallel import shard as sharding
 
-        shard = sharding.rank_shard(arch, *tp, group=tp_group(mc, gguf, path))
+        shard = sharding.rank_shard(arch, *tp, group=tp_group(mc, gguf, path),
+                                    expert_parallel=expert_parallel)
+    experts = None if shard is None or shard.experts is None else range(shard.experts.start,
+                                                                        shard.experts.stop)
+    model, arch = load_model(path, dtype, device, max_model_len, progress, (hf_config, arch),
+                             fp32_shadows=not native_cpu,
+                             native_layout=(native_cpu and tp is None
+                                            and mc.quantization in ("auto", "fp8")),
+                             experts=experts)
+    if shard is not None:
         cuts = sharding.shard_model(model, shard)
         select = functools.partial(sharding.shard_blocks, cuts=cuts)
     weights = quantize_model(model, mc.quantization, gguf, packed, select)

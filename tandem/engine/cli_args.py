@@ -85,6 +85,11 @@ def _engine_flags() -> list[tuple[str, dict[str, Any]]]:
             help="split the model over N rank processes (vLLM's flag): attention heads and "
                  "MLP columns divide over them, KV heads divide or are replicated; on the "
                  "CPU over gloo")),
+        ("--enable-expert-parallel", dict(
+            action="store_true",
+            help="with --tensor-parallel-size N, each rank holds whole routed experts of a "
+                 "mixture-of-experts model (E/N each, contiguous) instead of every expert's "
+                 "1/N slice (vLLM's flag); a no-op on a dense model or one rank")),
         ("--attention-backend", dict(default="auto", choices=["auto", "torch", "triton"])),
         ("--no-cuda-graphs", dict(action="store_true")),
         ("--enforce-eager", dict(action="store_true",
@@ -219,6 +224,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         grammar_compile_budget_s=args.grammar_compile_budget_s,
         grammar_compile_wait_s=args.grammar_compile_wait_s,
         tensor_parallel_size=args.tensor_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
         lora=LoraConfig(enabled=args.enable_lora, modules=tuple(args.lora_modules or ()),
                         max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
                         max_cpu_loras=args.max_cpu_loras,

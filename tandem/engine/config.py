@@ -131,6 +131,10 @@ class EngineConfig:
     # vLLM's --tensor-parallel-size: ranks (processes) one engine's model is split over
     # (tandem/engine/parallel); 1 runs it whole in this process
     tensor_parallel_size: int = 1
+    # vLLM's --enable-expert-parallel: in a group, each rank holds whole routed experts of a
+    # MoE model (tandem/engine/parallel/plan.py) instead of every expert's slice; a no-op on
+    # one rank and on a dense model, as in vLLM
+    enable_expert_parallel: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)  # multi-LoRA (off by default)
 
     def __post_init__(self) -> None:
@@ -199,7 +203,7 @@ class EngineConfig:
         top: dict[str, Any] = {}
         top_fields = {"attention_backend", "use_cuda_graphs", "use_native_kernels",
                       "grammar_compile_budget_s", "grammar_compile_wait_s",
-                      "tensor_parallel_size", "lora"}
+                      "tensor_parallel_size", "enable_expert_parallel", "lora"}
         for key, value in kwargs.items():
             if key in top_fields:
                 top[key] = value

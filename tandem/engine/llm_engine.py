@@ -91,7 +91,8 @@ class LLMEngine:
         mc, cc, sc = config.model, config.cache, config.speculative
         tp = config.tensor_parallel_size
         ckpt = load_checkpoint(mc, self.dtype, self.device, progress, self._native_ok(config),
-                               tp=(tp, 0) if tp > 1 else None)
+                               tp=(tp, 0) if tp > 1 else None,
+                               expert_parallel=config.enable_expert_parallel)
         self.model_path, self.tokenizer, self.arch = ckpt.path, ckpt.tokenizer, ckpt.arch
         self.weights_format, self.weight_bytes = ckpt.weights.format, ckpt.weight_bytes
         self.max_model_len = ckpt.max_model_len
@@ -168,10 +169,9 @@ class LLMEngine:
         """Each rank's KV heads in a group of ``tp`` (empty for one process)."""
         if tp == 1:
             return ()
-        a = self.arch
+        a = self.arch  # the heads alone say where KV lives (the MLP widths were checked)
         plan = plan_shards(tp, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
-                           head_dim=a.head_dim, intermediate_size=a.intermediate_size,
-                           mla=a.mla is not None)
+                           head_dim=a.head_dim, intermediate_size=0, mla=a.mla is not None)
         return tuple((s.start, s.stop) for s in plan.kv_head_ranges())
 
     def close(self) -> None:

@@ -182,10 +182,12 @@ def test_a_worker_of_several_accelerators_is_a_tensor_parallel_group(
     RayCluster), each worker's process is a group of N ranks (parsed by its real CLI; in
     ray mode through tandem up's own code, whose actor asks Ray for N GPUs and N CPUs), its
     pod holds N accelerators (a Ray node offering N GPUs and N CPUs) and a memory-backed
-    /dev/shm for NCCL."""
+    /dev/shm for NCCL. ``accelerator.expertParallel`` (prefill's here) makes its group hold
+    whole experts per rank (--enable-expert-parallel), the other role's stays expert-sliced."""
     values = _values(mode, "cuda")
     for role, count in zip(("prefill", "decode"), counts, strict=True):
-        values[role]["accelerator"] = {**GPU, "count": count}
+        values[role]["accelerator"] = {**GPU, "count": count,
+                                       "expertParallel": role == "prefill"}
     objs = objects(render(values))
     for obj in objs:
         validate(obj)
@@ -193,7 +195,9 @@ def test_a_worker_of_several_accelerators_is_a_tensor_parallel_group(
     for role, count in zip(("prefill", "decode"), counts, strict=True):
         args = procs[role].args
         assert (args.tensor_parallel_size, args.device) == (count, "cuda"), role
-        assert engine_config_from_args(args).tensor_parallel_size == count
+        config = engine_config_from_args(args)
+        assert config.tensor_parallel_size == count
+        assert config.enable_expert_parallel == (role == "prefill"), role
     pods = {role: (group, pod) for role, group, pod in _worker_pods(objs)}
     for role, count in zip(("prefill", "decode"), counts, strict=True):
         group, pod = pods[role]

@@ -3,7 +3,9 @@ processes (gloo on loopback) generates exactly transformers' greedy tokens, on t
 checkpoints with fewer KV heads than ranks (replicated) and with KV heads split, on mixture-
 of-experts ones (every expert split across the ranks), on latent-attention ones (DeepSeek-V2/V3:
 query heads split, the latent cache whole on every rank; a DeepSeek GGUF's blocks cut by
-heads), and on the default model (SmolLM2's Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a
+heads), on mixture-of-experts ones with expert parallelism (Mixtral, Qwen3-MoE, DeepSeek-V2 at
+2 and 3 ranks: whole experts per rank, 3/3/2 of 8 over 3; a Mixtral GGUF's expert blocks),
+and on the default model (SmolLM2's Q4_1 GGUF: 9 heads, 3 KV heads) over 3 ranks; a
 pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors) split on its groups generates exactly
 what one rank does, and so does a group speculating with a draft checkpoint run whole on rank
 0. Every KV block is back in the pool afterwards: one scheduler (rank 0's)
@@ -78,6 +80,43 @@ def test_moe_over_two_ranks_equals_transformers(tiny_dir, arch: str) -> None:
     dense."""
     extra = {"num_layers": 3, "decoder_sparse_step": 2} if arch == "qwen2_moe" else {}
     _run_group(tiny_dir(arch, 2, **extra), 2)
+
+
+# expert widths 3 does not divide (100, 40, 40; transformers' grouped matmuls want widths of
+# whole 16-byte rows): only whole experts per rank serve them over 3 ranks
+_EP_MODELS = {
+    "mixtral": dict(intermediate_size=100),
+    "qwen3_moe": dict(moe_intermediate_size=40),
+    # layer 0 dense (192 wide, split); 3 shared experts of 40: 120, split over 2 or 3
+    "deepseek_v2": dict(num_layers=3, first_k_dense_replace=1, moe_intermediate_size=40,
+                        n_shared_experts=3),
+}
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+@pytest.mark.parametrize("arch", list(_EP_MODELS))
+def test_expert_parallel_equals_transformers(tiny_dir, arch: str, tp: int) -> None:
+    """--enable-expert-parallel: each rank holds whole routed experts (8 over 3 ranks: 3, 3,
+    2), computes its experts' terms only, the router whole on every rank; DeepSeek-V2's
+    shared experts split over their width and its latent attention split by heads; one
+    all-reduce per MoE layer. 6 heads (1 KV head, replicated, on the GQA models)."""
+    path = tiny_dir(arch, 1, num_heads=6, hidden_size=96, **_EP_MODELS[arch])
+    _run_group(path, tp, enable_expert_parallel=True)
+
+
+def test_expert_parallel_gguf_cuts_no_expert_block(tiny_dir, tmp_path: Path) -> None:
+    """A Mixtral Q8_0 GGUF over 3 ranks, expert parallel: each rank builds only its own
+    experts' stored blocks, whole (3, 3 and 2 experts of 192), against transformers on the
+    file's dequantization."""
+    pytest.importorskip("gguf")
+    from tandem.engine.loader import resolve_model
+    from tandem.engine.testing.gguf_writer import write_gguf
+
+    gguf = write_gguf(tiny_dir("mixtral", 1, num_heads=6, hidden_size=96),
+                      tmp_path / "mixtral-q8_0.gguf", "Q8_0")
+    cache = tmp_path / "cache"
+    want = [hf_greedy(resolve_model(str(gguf), cache), p, MAX_NEW) for p in _prompts()]
+    _run_group(gguf, 3, want, cache_dir=str(cache), dtype="float32", enable_expert_parallel=True)
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])

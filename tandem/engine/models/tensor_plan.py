@@ -57,6 +57,13 @@ class WeightPlan:
         """Every linear layer, the top level's first."""
         return [lin for g in (self.top, *self.layers) for lin in g.linears]
 
+    def without(self, modules: set[str]) -> WeightPlan:
+        """This plan with the linears of ``modules`` left out (weights held elsewhere)."""
+        def keep(g: Group) -> Group:
+            return Group(tuple(lin for lin in g.linears if lin.module not in modules),
+                         g.tensors)
+        return WeightPlan(keep(self.top), tuple(keep(g) for g in self.layers))
+
     def tensor_names(self) -> list[str]:
         """The names a float checkpoint of this model holds (a tied lm_head left out)."""
         names: list[str] = []

@@ -5,6 +5,8 @@
                 --> ModelArch --plan--> every tensor to consume, copied layer by layer
     tensors left over (not consumed, not ignorable) --> UnusedTensorsError naming them
     (but a family's extra layers past the forward's, skipped with a log line: spec.ExtraLayers)
+    experts held elsewhere (``experts``: one rank's range under expert parallelism) --> their
+    slots dropped from the plan, their tensors never read
 
 Tensors are streamed from safetensors and copied into our (fused) parameters layer by layer,
 with a progress bar; nothing is materialized twice, and each copy checks its shape. The
@@ -29,11 +31,12 @@ from tqdm import tqdm
 from tandem.engine.errors import ModelLoadError, UnsupportedConfigError, UnusedTensorsError
 from tandem.engine.models.arch import ModelArch
 from tandem.engine.models.causal_lm import CausalLM
+from tandem.engine.models.layers.moe_experts import AbsentExpert, Experts
 from tandem.engine.models.layers.rotary import rotary_tables
 from tandem.engine.models.linear import attach_fp32_shadows
 from tandem.engine.models.registry import arch_of, checkpoint_family, family, read_config_json
 from tandem.engine.models.spec import ExtraLayers
-from tandem.engine.models.tensor_plan import Group, LinearSlot
+from tandem.engine.models.tensor_plan import Group, LinearSlot, WeightPlan
 from tandem.engine.quant.apply import set_module
 from tandem.engine.quant.kv_scales import read_kv_scales
 from tandem.engine.quant.prequantized import (
@@ -79,6 +82,7 @@ def load_model(
     config: tuple[Any, ModelArch] | None = None,
     fp32_shadows: bool = True,
     native_layout: bool = False,
+    experts: range | None = None,
 ) -> tuple[CausalLM, ModelArch]:
     """Instantiate our model for the checkpoint at ``path`` and load its weights.
 
@@ -91,7 +95,10 @@ def load_model(
     (tandem/engine/models/linear.py); off where the native fused forward will serve it.
     ``native_layout``: the native CPU kernels will serve this model, so a format with a
     layout of its own there keeps it (an FP8 checkpoint's e4m3 linears: PackedLinear) instead
-    of being dequantized at load."""
+    of being dequantized at load.
+    ``experts``: the routed experts of every MoE layer this process holds (one rank's under
+    expert parallelism: tandem/engine/parallel/plan.py); the others' tensors are never read
+    (counted as consumed) and :class:`AbsentExpert` stands in their place."""
     hf_config, arch = config or read_arch(path)
     spec = family(arch.model_type)
     plan = spec.plan(arch)
@@ -102,6 +109,8 @@ def load_model(
     cos, sin = rotary_tables(hf_config, max_positions)
     with torch.device("meta"):
         model = spec.model_class()(arch, cos, sin)
+    if experts is not None:
+        plan = _hold_experts(model, plan, tensors, experts)
     linears = plan.linears()
     quantized = {lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)
                  and fmt.keeps(lin.module, model.get_submodule(lin.module).in_features)}
@@ -164,6 +173,12 @@ class _Tensors:
         self._used.add(name)
         return self._where[name].get_tensor(name)
 
+    def skip(self, prefixes: tuple[str, ...]) -> None:
+        """Count every tensor under ``prefixes`` as consumed without reading it (weights
+        another process holds)."""
+        if prefixes:
+            self._used.update(n for n in self._where if n.startswith(prefixes))
+
     def names(self) -> list[str]:
         """Every tensor name of the checkpoint."""
         return list(self._where)
@@ -172,6 +187,19 @@ class _Tensors:
         """Every tensor never read (``ignorable`` suffixes aside), sorted."""
         return sorted(n for n in self._where
                       if n not in self._used and not n.endswith(ignorable))
+
+
+def _hold_experts(model: nn.Module, plan: WeightPlan, t: _Tensors, held: range) -> WeightPlan:
+    """Keep experts ``held`` of every MoE layer of ``model`` (still on the meta device);
+    ``plan`` without the other experts' linears, whose checkpoint tensors count as consumed
+    unread."""
+    for m in model.modules():
+        if isinstance(m, Experts):
+            m.keep(held)
+    absent = [lin for lin in plan.linears()
+              if isinstance(model.get_submodule(lin.module.rpartition(".")[0]), AbsentExpert)]
+    t.skip(tuple(part + "." for lin in absent for part in lin.parts))
+    return plan.without({lin.module for lin in absent})
 
 
 def _check_all_used(t: _Tensors, ignorable: tuple[str, ...], extra: ExtraLayers | None) -> None:

@@ -2,7 +2,8 @@
 
     python -m tandem.engine.parallel.follower REPLY_FD   (spawned by group.RankGroup only)
 
-    stdin: init ──> join the process group ──> load this rank's shard
+    stdin: init ──> join the process group ──> load this rank's shard (its routed experts
+           only, under expert parallelism)
            [memory ──> this rank's device's free and total bytes (rank 0 sizes the pool)]
            runner ──> build the model runner and its KV cache (this rank's KV heads) ──> ready
            step | copy ... (each the forward or block copy rank 0 runs) ... stop ──> exit 0
@@ -71,7 +72,8 @@ def serve(inp: BinaryIO, reply: BinaryIO, make_agent: MakeAgent | None = None,
     try:
         dtype = torch_dtype(mc.resolved_dtype())
         ckpt = load_checkpoint(mc, dtype, torch.device(device), progress=False,
-                               native=bool(init["native"]), tp=(world, rank))
+                               native=bool(init["native"]), tp=(world, rank),
+                               expert_parallel=bool(init.get("expert_parallel", False)))
         assert ckpt.shard is not None
         msg = _expect(inp, "runner", "memory")
         if msg["kind"] == "memory":  # rank 0 sizes the pool by every rank's room

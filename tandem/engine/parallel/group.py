@@ -2,7 +2,8 @@
 take the whole worker down when one of them dies.
 
     RankGroup.launch ──spawn ranks 1..N-1 (python -m tandem.engine.parallel.follower)──>
-        init frame (rank, world, rendezvous dir, model) ──> every rank joins the process group
+        init frame (rank, world, rendezvous dir, model, expert parallel or not) ──> every
+        rank joins the process group
     RankGroup.memory() (sizing the KV pool from device memory) ──> each follower answers its
         device's free and total bytes once its shard is loaded
     RankGroup.start(runner config) ──> each follower loads its shard, builds its runner,
@@ -108,18 +109,21 @@ class RankGroup:
         from tandem.engine.quant.gguf_blocks import gguf_source
 
         mc, world = config.model, config.tensor_parallel_size
+        ep = config.enable_expert_parallel
         path = resolve_model(mc.model, mc.cache_dir)
         _, arch = read_arch(path)
-        rank_shard(arch, world, 0, tp_group(mc, gguf_source(mc.model), path))
-        return cls.launch(world, mc, native, follower_module)
+        rank_shard(arch, world, 0, tp_group(mc, gguf_source(mc.model), path), ep)
+        return cls.launch(world, mc, native, follower_module, ep)
 
     @classmethod
     def launch(cls, world: int, model: ModelConfig, native: bool,
-               follower_module: str | None = None) -> RankGroup:
+               follower_module: str | None = None,
+               expert_parallel: bool = False) -> RankGroup:
         """Spawn ranks 1..world-1 for ``model`` and form the process group with them (this
         process is rank 0). ``native``: whether rank 0 builds the native kernels' layout, so
         every rank quantizes alike. ``follower_module``: what the followers run (module
-        docstring)."""
+        docstring). ``expert_parallel``: each rank holds whole routed experts
+        (tandem/engine/parallel/plan.py)."""
         from tandem.engine.parallel.collectives import join
 
         store_dir = tempfile.mkdtemp(prefix="tandem-tp-")  # mode 0700: this user only
@@ -127,7 +131,7 @@ class RankGroup:
         try:
             for rank in range(1, world):
                 followers.append(_spawn(rank, world, store_dir, model, native,
-                                        follower_module))
+                                        follower_module, expert_parallel))
             group = cls(world, store_dir, followers)
         except BaseException:
             _kill(followers)
@@ -305,7 +309,8 @@ def runner_settings(rc: RunnerConfig) -> dict[str, Any]:
 
 
 def _spawn(rank: int, world: int, store_dir: str, model: ModelConfig,
-           native: bool, module: str | None = None) -> _Follower:
+           native: bool, module: str | None = None,
+           expert_parallel: bool = False) -> _Follower:
     read_end, write_end = os.pipe()
     # an agent's pipes: (its stdin-like read end, our write end), (our read end, its write end)
     agent_fds = (*os.pipe(), *os.pipe()) if module is not None else ()
@@ -327,6 +332,7 @@ def _spawn(rank: int, world: int, store_dir: str, model: ModelConfig,
     assert proc.stdin is not None
     write_frame(proc.stdin, {"kind": "init", "rank": rank, "world": world,
                              "store_dir": store_dir, "native": native,
+                             "expert_parallel": expert_parallel,
                              "model": dataclasses.asdict(model)})
     agent = ((os.fdopen(agent_fds[1], "wb", buffering=0),
               os.fdopen(agent_fds[2], "rb", buffering=0)) if agent_fds else None)

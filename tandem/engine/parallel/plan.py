@@ -12,6 +12,16 @@ and a later handoff between groups of different sizes can read the same head ran
       a MoE layer    every expert's gate_up/down split like the dense MLP's over the expert
                      width (each rank holds every expert's slice), the shared expert over its
                      own width, the router replicated; the block's output all-reduced once
+      a MoE layer, expert parallel (vLLM's --enable-expert-parallel): rank r holds whole
+                     routed experts [start_r, start_r + n_r) (``expert_span``), the shared
+                     expert still split over its width, the router replicated; the block's
+                     output all-reduced once
+
+Expert placement is vLLM's "linear" one: contiguous ranges, E // N experts each and one more
+on each of the first E % N ranks (8 experts over 3 ranks: [0, 3), [3, 6), [6, 8)). A
+contiguous range keeps a rank's routed slots one run of the expert-sorted slots
+(tandem/engine/models/layers/moe_experts.py), and a rank with no experts (fewer experts than
+ranks) contributes zero. The expert width need not divide: no expert is cut.
 
 Multi-head latent attention (DeepSeek-V2/V3) splits its query heads the same way (q_proj or
 q_b_proj and kv_b_proj by head rows, o_proj by their input columns, then all-reduce), while the
@@ -70,6 +80,9 @@ class RankShard:
     q_heads: Span
     kv_heads: Span
     intermediate: Span
+    # expert parallel: the routed experts this rank holds whole (None: every expert, each
+    # split over the expert width)
+    experts: Span | None = None
 
     @property
     def kv_replicas(self) -> int:
@@ -119,6 +132,8 @@ class ShardPlan:
     head_dim: int
     intermediate_size: int
     group: int | None  # quantization group every row-parallel split falls on (None: any)
+    num_experts: int = 0  # routed experts per MoE layer (0: a dense model)
+    expert_parallel: bool = False  # routed experts placed whole (``expert_span``)
 
     def rank(self, r: int) -> RankShard:
         """Rank ``r``'s shard."""
@@ -131,12 +146,25 @@ class ShardPlan:
         else:  # replicated: N / nkv consecutive ranks share each KV head
             head = r // (w // self.num_kv_heads)
             kv = Span(head, head + 1)
+        experts = (expert_span(self.num_experts, w, r)
+                   if self.expert_parallel and self.num_experts else None)
         return RankShard(r, w, self.head_dim, self.num_heads, self.num_kv_heads,
-                         self.intermediate_size, q, kv, _even(self.intermediate_size, w, r))
+                         self.intermediate_size, q, kv, _even(self.intermediate_size, w, r),
+                         experts)
 
     def kv_head_ranges(self) -> list[Span]:
         """Each rank's KV heads, by rank: the layout of the group's KV cache."""
         return [self.rank(r).kv_heads for r in range(self.world)]
+
+
+def expert_span(num_experts: int, world: int, r: int) -> Span:
+    """The routed experts rank ``r`` of ``world`` holds under expert parallelism: a
+    contiguous range, ``num_experts // world`` long plus one on the first
+    ``num_experts % world`` ranks (vLLM's linear placement); empty when there are fewer
+    experts than ranks and ``r`` is past them."""
+    per, extra = divmod(num_experts, world)
+    start = r * per + min(r, extra)
+    return Span(start, start + per + int(r < extra))
 
 
 def _even(n: int, world: int, r: int) -> Span:
@@ -155,6 +183,8 @@ def plan_shards(
     expert_intermediate_size: int | None = None,
     shared_intermediate_size: int = 0,
     mla: bool = False,
+    num_experts: int = 0,
+    expert_parallel: bool = False,
 ) -> ShardPlan:
     """The split of a model of this shape over ``world`` ranks; TensorParallelError when a
     size does not divide (or a row-parallel split would cut a quantization group of
@@ -162,13 +192,17 @@ def plan_shards(
     (``num_kv_heads`` is taken as 1: every rank holds it whole) and whose ``head_dim`` is
     o_proj's input per head (v_head_dim). A mixture-of-experts model gives its routed experts' width
     (``expert_intermediate_size``) and its shared expert's (0: none): both split as the
-    dense MLP's ``intermediate_size`` does."""
+    dense MLP's ``intermediate_size`` does. ``expert_parallel`` (with ``num_experts`` routed
+    experts a layer): each rank holds whole experts instead (``expert_span``), so the
+    expert width need not divide; the shared expert still splits over its width."""
     if world < 1:
         raise TensorParallelError(f"--tensor-parallel-size must be >= 1, got {world}")
     if mla:
         num_kv_heads = 1  # the latent, replicated on every rank
+    expert_parallel = expert_parallel and num_experts > 0  # a dense model: nothing to place
     if world == 1:
-        return ShardPlan(1, num_heads, num_kv_heads, head_dim, intermediate_size, group)
+        return ShardPlan(1, num_heads, num_kv_heads, head_dim, intermediate_size, group,
+                         num_experts, expert_parallel)
     if num_heads % world:
         raise TensorParallelError(
             f"{num_heads} attention heads do not divide over --tensor-parallel-size {world}")
@@ -177,7 +211,7 @@ def plan_shards(
             f"{num_kv_heads} KV heads neither divide over --tensor-parallel-size {world} nor "
             f"replicate evenly ({world} is not a multiple of {num_kv_heads})")
     mlps = [("the MLP's intermediate size", intermediate_size)]
-    if expert_intermediate_size is not None:
+    if expert_intermediate_size is not None and not expert_parallel:
         mlps.append(("an expert's intermediate size", expert_intermediate_size))
     if shared_intermediate_size:
         mlps.append(("the shared expert's intermediate size", shared_intermediate_size))
@@ -194,4 +228,5 @@ def plan_shards(
                     f"{what} splits into {width} columns per rank over "
                     f"--tensor-parallel-size {world}, not a multiple of the quantization "
                     f"group of {group}")
-    return ShardPlan(world, num_heads, num_kv_heads, head_dim, intermediate_size, group)
+    return ShardPlan(world, num_heads, num_kv_heads, head_dim, intermediate_size, group,
+                     num_experts, expert_parallel)

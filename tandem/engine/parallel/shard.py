@@ -18,6 +18,12 @@ its slice of the shared expert, the router (and a shared expert's gate) whole. E
 routes the same hidden states to the same experts, sums its slices' partial products over
 its tokens, and the block's output is all-reduced once per layer.
 
+With expert parallelism (``--enable-expert-parallel``: ``RankShard.experts``) each rank holds
+whole routed experts instead, loaded alone (load_model's ``experts``: the others' tensors are
+never read, a GGUF's blocks of them never built), and computes every token's terms of its own
+experts (zero for a token routed to none of them); the shared expert is split as above, and
+the block's output is all-reduced once as above, which adds the ranks' experts' terms.
+
 Multi-head latent attention (DeepSeek-V2/V3) splits its query heads and keeps the latent whole
 on every rank (shard_mla.py).
 """
@@ -48,9 +54,11 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 Cuts = dict[str, list[Span] | Span]
 
 
-def rank_shard(arch: ModelArch, world: int, rank: int, group: int | None) -> RankShard:
+def rank_shard(arch: ModelArch, world: int, rank: int, group: int | None,
+               expert_parallel: bool = False) -> RankShard:
     """This rank's shard of ``arch``, every row-parallel split on a multiple of ``group``
-    (None: any column); TensorParallelError when the model does not split."""
+    (None: any column); ``expert_parallel``: whole routed experts per rank (a dense model
+    has none: then no-op). TensorParallelError when the model does not split."""
     moe = arch.moe
     # MLA: o_proj's input per head is v_head_dim; the latent cache is one replicated head
     head_dim = arch.head_dim if arch.mla is None else arch.mla.v_head_dim
@@ -65,18 +73,24 @@ def rank_shard(arch: ModelArch, world: int, rank: int, group: int | None) -> Ran
                        moe.expert_intermediate_size,
                        shared_intermediate_size=0 if moe is None else
                        moe.shared_intermediate_size,
-                       mla=arch.mla is not None)
+                       mla=arch.mla is not None,
+                       num_experts=0 if moe is None else moe.num_experts,
+                       expert_parallel=expert_parallel)
     return plan.rank(rank)
 
 
 def local_arch(arch: ModelArch, shard: RankShard) -> ModelArch:
     """The arch as one rank sees it: its heads, KV heads and MLP widths (the KV cache, the
     runner and the activation budget are sized by it). MLA keeps its config's KV heads equal
-    to its query heads (its cache is the latent, whole on every rank: ``kv_shape``)."""
+    to its query heads (its cache is the latent, whole on every rank: ``kv_shape``). Under
+    expert parallelism the routed experts keep their whole width (the router, whole, still
+    picks among all of them)."""
     moe = arch.moe
     if moe is not None:
+        width = moe.expert_intermediate_size
         moe = dataclasses.replace(
-            moe, expert_intermediate_size=shard.split(moe.expert_intermediate_size).size,
+            moe, expert_intermediate_size=width if shard.experts is not None else
+            shard.split(width).size,
             shared_intermediate_size=shard.split(moe.shared_intermediate_size).size)
     kv_heads = shard.kv_heads.size if arch.mla is None else shard.q_heads.size
     return dataclasses.replace(arch, num_heads=shard.q_heads.size, num_kv_heads=kv_heads,
@@ -101,8 +115,13 @@ def shard_model(model: CausalLM, shard: RankShard) -> Cuts:
         if isinstance(mlp, MLP):
             _shard_mlp(mlp, shard, p + "mlp.", cuts)
             continue
-        for e, expert in enumerate(mlp.experts):
-            _shard_mlp(expert, shard, f"{p}mlp.experts.{e}.", cuts)
+        if shard.experts is not None:  # expert parallel: the held experts stay whole
+            if mlp.experts.held != range(shard.experts.start, shard.experts.stop):
+                raise TensorParallelError(f"{p}mlp holds experts {mlp.experts.held}, rank "
+                                          f"{shard.rank}'s are {shard.experts}")
+        else:
+            for e, expert in enumerate(mlp.experts):
+                _shard_mlp(expert, shard, f"{p}mlp.experts.{e}.", cuts)
         if mlp.shared_expert is not None:
             _shard_mlp(mlp.shared_expert, shard, p + "mlp.shared_expert.", cuts)
     return cuts

@@ -33,6 +33,7 @@ from torch import nn
 
 from tandem.engine.errors import ModelLoadError
 from tandem.engine.models.causal_lm import CausalLM
+from tandem.engine.models.layers.moe_experts import Experts
 from tandem.engine.models.linear import Linear
 from tandem.engine.quant.int4 import GROUP_SIZE, Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
@@ -96,7 +97,7 @@ def quantize_model(
     types = ("Q4_1",) if method == "int4" or not packed else ("Q4_0", "Q4_1", "Q8_0")
     stored = {}
     if gguf_path is not None and method in ("auto", "int4"):
-        stored = read_blocks(gguf_path, model.arch, types)
+        stored = read_blocks(gguf_path, model.arch, types, _held_experts(model))
         if select is not None:
             stored = select(stored)
     if method == "int4":  # the head stays int8 (a 49k-row int4 head costs too much quality)
@@ -224,3 +225,11 @@ def set_module(root: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, attr = name.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
     setattr(parent, attr, module)
+
+
+def _held_experts(model: nn.Module) -> range | None:
+    """The routed experts ``model`` holds (one rank's under expert parallelism), None: all."""
+    for m in model.modules():
+        if isinstance(m, Experts) and len(m.held) < len(m):
+            return m.held
+    return None

@@ -81,11 +81,12 @@ def _reader(path: Path):  # -> gguf.GGUFReader
     return gguf.GGUFReader(str(path))
 
 
-def read_blocks(path: Path, arch: ModelArch, types: tuple[str, ...] = BLOCK_TYPES
-                ) -> dict[str, Blocks]:
+def read_blocks(path: Path, arch: ModelArch, types: tuple[str, ...] = BLOCK_TYPES,
+                experts: range | None = None) -> dict[str, Blocks]:
     """Stored blocks keyed by our module name (``layers.3.self_attn.qkv_proj``,
     ``embed_tokens``, ``lm_head``) for every module whose GGUF tensors are all of one type in
-    ``types``."""
+    ``types``; of a MoE layer's routed experts only ``experts`` (None: all; one rank's under
+    expert parallelism: no other expert's blocks are copied out of the file)."""
     reader = _reader(path)
     raw: dict[str, tuple[str, np.ndarray]] = {}
     for t in reader.tensors:
@@ -117,10 +118,11 @@ def read_blocks(path: Path, arch: ModelArch, types: tuple[str, ...] = BLOCK_TYPE
             if not all(n in raw for n in names) or len({raw[n][0] for n in names}) != 1:
                 continue
             stacked = [raw[n][1] for n in names]  # each [E, rows, K/32 * block bytes]
-            for e in range(stacked[0].shape[0]):
+            for e in experts if experts is not None else range(stacked[0].shape[0]):
                 out[f"layers.{i}.mlp.experts.{e}.{ours}"] = Blocks(
                     raw[names[0]][0], np.concatenate([s[e] for s in stacked], axis=0))
-        for e in range(arch.moe.num_experts if arch.moe is not None else 0):
+        every = range(arch.moe.num_experts if arch.moe is not None else 0)
+        for e in experts if experts is not None else every:
             for ours, parts in _PARTS.items():  # one tensor per expert (Mixtral GGUFs of 2023)
                 if not ours.startswith("mlp.") or "shared" in ours:
                     continue

@@ -554,7 +554,8 @@ the router too (tandem/launcher/engine_flags.py ROUTER_FLAGS).
 Engine flags of one worker role alone, its extraArgs last (they win), as a YAML list: the
 Deployment's args, or tandem up's --prefill-arg / --decode-arg. An accelerator.count above 1
 makes each worker a tensor-parallel group of that many ranks, one per device
-(--tensor-parallel-size). Call with (dict "ctx" $ "name" "prefill").
+(--tensor-parallel-size); accelerator.expertParallel adds --enable-expert-parallel.
+Call with (dict "ctx" $ "name" "prefill").
 */}}
 {{- define "tandem.roleEngineArgs" -}}
 {{- $w := index .ctx.Values .name -}}
@@ -562,6 +563,10 @@ makes each worker a tensor-parallel group of that many ranks, one per device
 {{- /* More than one accelerator: the worker is a tensor-parallel group, a rank on each. */ -}}
 {{- if gt (int $w.accelerator.count) 1 -}}
 {{- $args = append $args (printf "--tensor-parallel-size=%d" (int $w.accelerator.count)) -}}
+{{- end -}}
+{{- /* Whole routed experts per rank of a MoE model (vLLM's flag; no-op on a dense one). */ -}}
+{{- if $w.accelerator.expertParallel -}}
+{{- $args = append $args "--enable-expert-parallel" -}}
 {{- end -}}
 {{- if gt (int $w.threads) 0 -}}
 {{- $args = append $args (printf "--threads=%d" (int $w.threads)) -}}

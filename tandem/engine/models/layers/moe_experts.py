@@ -10,6 +10,13 @@ batch. Decoding many sequences, an expert serves many rows at the cost of one.
     x[token of slot] --expert e's MLP, one call per group--> y [T*k, hidden]
     out[token] += weight[slot] * y[slot]                    (index_add, in expert order)
 
+Under expert parallelism (tandem/engine/parallel/plan.py) a rank holds a contiguous range
+``held`` of the experts; the others are :class:`AbsentExpert` placeholders (no weights, so
+their names stay the checkpoint's expert ids). Sorted by expert, the held experts' slots are
+one run ``[lo, hi)`` of the sorted slots, so only those rows are gathered and computed; a
+token routed to none of them gets zero here (its experts' ranks add theirs in the block's
+all-reduce).
+
 The experts are ordinary gated MLPs (tandem/engine/models/layers/mlp.py) of our ``Linear``
 layers, so every weight format the dense path loads (float, int8/int4, AWQ/GPTQ/
 compressed-tensors, the native kernels' packed layout) serves them unchanged.
@@ -48,9 +55,13 @@ class StackedWeights:
     down: torch.Tensor
 
 
+class AbsentExpert(nn.Module):
+    """The place of an expert another rank of an expert-parallel group holds: no weights."""
+
+
 class Experts(nn.ModuleList):
     """``num_experts`` gated MLPs of width ``intermediate_size``, no biases (expert ``e`` is
-    ``self[e]``).
+    ``self[e]``); ``held`` the ones this process holds (all, until :meth:`keep`).
 
     ``kernel`` picks the compute: ``"auto"`` (the Triton kernels for CUDA inputs where Triton
     is importable and the experts are float, the per-expert torch calls otherwise),
@@ -63,6 +74,18 @@ class Experts(nn.ModuleList):
         super().__init__(MLP(arch, intermediate_size, bias=False) for _ in range(num_experts))
         self._stack: StackedWeights | None = None
         self._stack_made = False
+        self.held = range(num_experts)
+
+    def keep(self, held: range) -> None:
+        """Hold experts ``held`` only (one rank's under expert parallelism), an
+        :class:`AbsentExpert` in each other's place: done before the weights are loaded."""
+        if held.step != 1 or held.start < 0 or held.stop > len(self) or held.start > held.stop:
+            raise ValueError(f"held experts {held} are not a range of the {len(self)}")
+        for e in range(len(self)):
+            if e not in held:
+                self[e] = AbsentExpert()
+        self.held = held
+        self._stack, self._stack_made = None, False
 
     def stacked(self) -> StackedWeights | None:
         """The experts' weights stacked for the Triton kernels, made on first call: every
@@ -86,6 +109,8 @@ class Experts(nn.ModuleList):
         if self.kernel == "torch" or (self.kernel == "auto"
                                       and not (x.device.type == "cuda" and _TRITON)):
             return None
+        if len(self.held) != len(self):  # expert parallel: the held experts' torch calls
+            return None
         stack = self.stacked()
         if stack is None or stack.gate_up.dtype != x.dtype or stack.gate_up.device != x.device:
             return None
@@ -101,7 +126,8 @@ class Experts(nn.ModuleList):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 ) -> torch.Tensor:
         """``x`` ``[T, hidden]``, each token's experts ``ids`` ``[T, k]`` and their ``weights``
-        ``[T, k]`` (fp32) -> ``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`` ``[T, hidden]``."""
+        ``[T, k]`` (fp32) -> ``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`` ``[T, hidden]``,
+        the sum over the held experts only."""
         stack = self.triton_weights(x)
         if stack is not None:
             from tandem.engine.models.layers.moe_triton import fused_experts
@@ -111,13 +137,18 @@ class Experts(nn.ModuleList):
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # slots grouped by expert, token order within
         counts = torch.bincount(flat, minlength=len(self)).tolist()
+        held = self.held
+        if len(held) < len(self):  # the held experts' slots: one run of the sorted ones
+            lo = sum(counts[:held.start])
+            order = order[lo:lo + sum(counts[held.start:held.stop])]
         rows = order // k  # the token of each sorted slot
-        xs = x.index_select(0, rows)  # [T*k, hidden]
+        xs = x.index_select(0, rows)  # [S, hidden], S = T*k when every expert is held
         ys = torch.empty_like(xs)
         lo = 0
-        for expert, n in zip(self, counts, strict=True):
+        for e in held:
+            n = counts[e]
             if n:
-                ys[lo:lo + n] = expert(xs[lo:lo + n])
+                ys[lo:lo + n] = self[e](xs[lo:lo + n])
                 lo += n
         ys = (ys.float() * weights.reshape(-1)[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, rows, ys)
@@ -125,7 +156,10 @@ class Experts(nn.ModuleList):
 
 def _stack(experts: Experts) -> StackedWeights | None:
     """Stack the experts' float weights and point each expert's layers at its slice (one
-    projection at a time: the old tensors go as the new ones come)."""
+    projection at a time: the old tensors go as the new ones come). None under expert
+    parallelism (another rank's experts are absent: the held ones' torch calls serve)."""
+    if any(isinstance(e, AbsentExpert) for e in experts):
+        return None
     pairs = [(e.gate_up_proj, e.down_proj) for e in experts]
     layers = [lin for pair in pairs for lin in pair]
     if not layers or not all(isinstance(lin, nn.Linear) and lin.bias is None for lin in layers):
@@ -159,6 +193,8 @@ def per_row_reference(experts: Experts, x: torch.Tensor, ids: torch.Tensor,
     out = torch.zeros_like(x, dtype=torch.float32)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
+            if int(ids[t, j]) not in experts.held:
+                continue
             y = experts[int(ids[t, j])](x[t:t + 1])[0]
             out[t] += weights[t, j].float() * y.float()
     return out.to(x.dtype)

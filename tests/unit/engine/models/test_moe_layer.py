@@ -1,10 +1,11 @@
 """The mixture-of-experts block at module level: the grouped expert compute against the
 per-row reference (1, few and many rows per expert; each active expert called once, idle
-ones never), and the DeepSeek-V2/V3 block (routers, routed scaling, shared experts) against
+ones never), one rank's held experts under expert parallelism (their terms only), and the DeepSeek-V2/V3 block (routers, routed scaling, shared experts) against
 transformers' own DeepseekV2Moe / DeepseekV3Moe on the same perturbed weights."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -66,6 +67,28 @@ def test_one_row_per_expert() -> None:
     got = experts(x, ids, weights)
     assert calls == [1] * 8
     torch.testing.assert_close(got, per_row_reference(experts, x, ids, weights))
+
+
+def test_held_experts_compute_their_own_terms_and_sum_to_all() -> None:
+    """Expert parallel over 3 ranks (experts [0, 3), [3, 6), [6, 8) of 8): each rank's
+    experts compute only their own slots (a row routed to none of them is zero), each active
+    held expert once, the others never; the ranks' outputs sum to every expert's."""
+    whole = _experts()
+    x, ids, weights = _routing(40, 2, 8, seed=7)
+    want = whole(x, ids, weights)
+    active = set(ids.flatten().tolist())
+    total = torch.zeros_like(want)
+    for held in (range(0, 3), range(3, 6), range(6, 8)):
+        part = copy.deepcopy(whole)
+        part.keep(held)
+        calls = _count_calls(part)
+        got = part(x, ids, weights)
+        assert calls == [int(e in active and e in held) for e in range(8)]
+        torch.testing.assert_close(got, per_row_reference(part, x, ids, weights))
+        elsewhere = ~torch.isin(ids, torch.tensor(list(held))).any(dim=1)
+        assert elsewhere.any() and not got[elsewhere].any()
+        total += got
+    torch.testing.assert_close(total, want)
 
 
 def test_all_rows_on_one_expert() -> None:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tandem.engine.parallel.plan import Span, TensorParallelError, plan_shards
+from tandem.engine.parallel.plan import Span, TensorParallelError, expert_span, plan_shards
 
 
 def _shapes():
@@ -80,6 +80,9 @@ def test_fewer_kv_heads_than_ranks_replicates_them() -> None:
     (dict(world=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=128,
           expert_intermediate_size=64, shared_intermediate_size=96, group=32),
      ["shared expert", "48 columns", "32"]),
+    (dict(world=3, num_heads=6, num_kv_heads=3, intermediate_size=96,
+          expert_intermediate_size=33, shared_intermediate_size=64, num_experts=8,
+          expert_parallel=True), ["the shared expert's intermediate size 64", "3"]),
     (dict(world=3, mla=True), ["4 attention heads", "3"]),
     (dict(world=2, head_dim=12, group=32, mla=True), ["24 columns", "32"]),
 ])
@@ -117,3 +120,33 @@ def test_latent_attention_splits_its_heads_and_replicates_the_latent(world: int)
     assert all(s.kv_replicas == world for s in shards)
     assert sorted(c for s in shards for c in range(s.o_cols().start, s.o_cols().stop)) == \
         list(range(8 * 12))
+
+
+@pytest.mark.parametrize(("experts", "world"), list(itertools.product(range(1, 21), range(1, 10))))
+def test_expert_parallel_places_every_expert_on_exactly_one_rank(experts: int,
+                                                                 world: int) -> None:
+    """vLLM's linear placement: contiguous ranges in rank order covering every expert once,
+    sizes E // N, one more on each of the first E % N ranks (empty past the experts)."""
+    spans = [expert_span(experts, world, r) for r in range(world)]
+    assert spans[0].start == 0 and spans[-1].stop == experts
+    assert all(a.stop == b.start for a, b in itertools.pairwise(spans))
+    assert [s.size for s in spans] == [experts // world + (r < experts % world)
+                                       for r in range(world)]
+
+
+def test_expert_parallel_holds_whole_experts_of_any_width() -> None:
+    """8 experts over 3 ranks: [0, 3), [3, 6), [6, 8); an expert width of 34 splits nowhere
+    (no expert is cut), while the shared expert's 96 still splits; without the flag the
+    same width is refused, and a dense model (no experts) places nothing."""
+    shape = dict(num_heads=6, num_kv_heads=3, head_dim=16, intermediate_size=96,
+                 expert_intermediate_size=34, shared_intermediate_size=96)
+    plan = plan_shards(3, **shape, num_experts=8, expert_parallel=True)
+    assert [plan.rank(r).experts for r in range(3)] == [Span(0, 3), Span(3, 6), Span(6, 8)]
+    assert plan.rank(2).split(96) == Span(64, 96)
+    with pytest.raises(TensorParallelError, match="an expert's intermediate size 34"):
+        plan_shards(3, **shape, num_experts=8)
+    sliced = plan_shards(3, **{**shape, "expert_intermediate_size": 36}, num_experts=8)
+    assert sliced.rank(0).experts is None  # every expert, split over its width
+    dense = plan_shards(2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                        expert_parallel=True)
+    assert not dense.expert_parallel and dense.rank(1).experts is None

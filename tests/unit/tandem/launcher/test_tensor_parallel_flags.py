@@ -181,3 +181,21 @@ def test_pairs_of_groups_are_packed_only_where_one_node_holds_both() -> None:
     assert not fits_one_node([eight.bundle("prefill"), eight.bundle("decode")], nodes)
     assert not fits_one_node([four.bundle("prefill"), four.bundle("decode")],
                              [{"CPU": 4.0, "GPU": 8.0}])
+
+
+def test_expert_parallel_reaches_every_worker_from_flag_and_config_file(tmp_path: Path) -> None:
+    """``--enable-expert-parallel`` (vLLM's flag) is an engine flag: ``tandem local`` and
+    ``tandem up`` hand it to each worker beside the group size, from the command line or
+    the config file; a launcher without it passes nothing (the worker's default: off)."""
+    args = local.build_parser().parse_args(["--no-prefill", "--tensor-parallel-size", "2",
+                                            "--enable-expert-parallel"])
+    assert "--enable-expert-parallel" in local.worker_argv(args, "m", 2)
+    cfg = tmp_path / "local.yaml"
+    cfg.write_text("tensor_parallel_size: 3\nenable_expert_parallel: true\nnum_prefill: 0\n")
+    from_file = local.build_parser().parse_args(["--config", str(cfg)])
+    local._check_counts(from_file)
+    assert {"--tensor-parallel-size=3", "--enable-expert-parallel"} <= set(
+        local.worker_argv(from_file, "m", 1))
+    spec = _up_spec(["--tensor-parallel-size", "2", "--enable-expert-parallel"])
+    assert "--enable-expert-parallel" in worker_argv(spec, "decode", "m")
+    assert "--enable-expert-parallel" not in worker_argv(_up_spec([]), "decode", "m")
