@@ -80,14 +80,14 @@ class ModelRunner:
             raise ValueError(f"--kv-cache-dtype {rc.kv_cache_dtype} is not supported for "
                              "multi-head latent attention (its latent cache is stored in a "
                              "float dtype)")
-        # the per-tensor scales of an fp8 cache (None: another cache), named in its layout
+        # an fp8 cache's K and V scales, per layer (None: another cache), named in its layout
         self.fp8_scales = fp8_scales(model) if rc.kv_cache_dtype == "fp8" else None
         if self.fp8_scales is None and model.kv_scales is not None:
             log.info("the checkpoint's fp8 KV scales are unused: the KV cache is %s",
                      rc.kv_cache_dtype)
         if rc.kv_cache_dtype == "int8":  # int8 values + a scale per head vector (kv_int8.py)
             self.backend = Int8KVBackend(self.backend)
-        elif self.fp8_scales is not None:  # e4m3 over per-tensor scales (quant/kv_fp8.py)
+        elif self.fp8_scales is not None:  # e4m3 over per-layer scales (quant/kv_fp8.py)
             self.backend = Fp8KVBackend(self.backend, self.fp8_scales)
         # [layers, K/V, blocks, block_size, kv heads, head dim]: block b of layer l is kv[l, :, b]
         # (an MLA model: [layers, 1, blocks, block_size, 1, kv_lora_rank + rope dims]).
@@ -145,7 +145,7 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write of forked sequences: block ``dst`` of every layer (K and V, int8
-        scales included; an fp8 cache's scales are per tensor) becomes a copy of block
+        scales included; an fp8 cache's scales are per tensor and layer) becomes a copy of block
         ``src``, for each (src, dst) pair. Runs before the step's forward; the same cache
         tensor serves the torch, triton, native and CUDA-graph paths."""
         if self.group is not None and pairs:

@@ -96,7 +96,7 @@ class KVCacheSpec:
     model: str
     dtype: str  # the model's compute dtype
     # the cache's storage dtype ("int8": values + per-vector scales; "float8_e4m3fn": values
-    # over per-tensor scales, kv_scales)
+    # over per-layer scales, kv_scales)
     kv_dtype: str
     block_size: int
     num_layers: int
@@ -107,7 +107,7 @@ class KVCacheSpec:
     # > 1: the cache of rank 0 of a tensor-parallel group, holding only its KV heads (the
     # others hold theirs): no single-rank peer may exchange blocks with it
     tensor_parallel_size: int = 1
-    kv_scales: str = ""  # per-tensor scales no block carries (fp8: Fp8Scales.layout); "" none
+    kv_scales: str = ""  # scales no block carries (fp8: Fp8Scales.layout); "" none
     # each rank's KV heads [start, stop), by rank (tandem/engine/parallel/plan.py); empty for
     # one process, which holds them all
     kv_head_ranges: tuple[tuple[int, int], ...] = ()

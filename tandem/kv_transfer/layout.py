@@ -5,9 +5,11 @@ num_kv_heads, row_width]``. ``KvLayout`` describes everything about it except ``
 which differs per worker. ``row_width`` is ``head_dim`` for float caches; an int8 cache appends
 each head vector's scale as ``scale_bytes`` raw bytes, so a block carries its own scales:
 ``row_width = head_dim + scale_bytes / itemsize``. An fp8 cache (``float8_e4m3fn``) has
-``row_width = head_dim`` and per-tensor scales, one for K and one for V, that no block carries:
-``kv_scales`` names them (``"per-tensor k=1.0 v=1.0"``), so two fp8 peers whose scales differ
-are refused at HELLO as surely as an fp8 peer and a 16-bit one.
+``row_width = head_dim`` and scales that no block carries, one for K and one for V in every
+layer (``"per-tensor k=1.0 v=1.0"``) or in each (a checkpoint's calibrated ones: ``"per-layer
+k=[0.11, 0.07] v=[...]"``, a deep model's by their range and a digest): ``kv_scales`` names
+them, so two fp8 peers whose scales differ in any layer are refused at HELLO
+(LayoutMismatchError) as surely as an fp8 peer and a 16-bit one.
 
     kv_lora_rank = 0   planes = 2 (0 = K, 1 = V), num_kv_heads heads of head_dim each
     kv_lora_rank > 0   planes = 1: multi-head latent attention's compressed cache (DeepSeek),
@@ -36,7 +38,7 @@ from tandem.kv_transfer.errors import LayoutMismatchError, MalformedFrame
 _OPTIONAL = ("scale_bytes", "kv_lora_rank", "tensor_parallel_size", "kv_scales")
 
 # Bytes per element of each cache dtype we can move (int8: values and per-vector scales;
-# float8_e4m3fn: values, scales per tensor); nothing here depends on the element being a float.
+# float8_e4m3fn: values, scales per tensor and layer); nothing here depends on the element being a float.
 ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1,
                             "float8_e4m3fn": 1}
 
@@ -57,7 +59,8 @@ class KvLayout:
     kv_lora_rank: int = 0
     # 0: one process holds every KV head; N > 1: rank 0's share of a group of N ranks
     tensor_parallel_size: int = 0
-    # per-tensor scales no block carries (fp8 caches: tandem/engine/quant/kv_fp8.py); "" none
+    # scales no block carries (fp8 caches' per-tensor or per-layer ones:
+    # tandem/engine/quant/kv_fp8.py Fp8Scales.layout); "" none
     kv_scales: str = ""
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """An fp8 KV cache in a tensor-parallel group: each rank's cache holds its own KV heads in
-e4m3 over the per-tensor scales every rank reads from the checkpoint (its calibrated
-``k_scale``/``v_scale`` folded, or 1.0 each without them), so a group of two or three rank
+e4m3 over the scales every rank reads from the checkpoint (its calibrated ``k_scale``/
+``v_scale`` of each layer, or 1.0 each without them), so a group of two or three rank
 processes generates exactly the single-process fp8 engine's greedy tokens, and names the
 same scales in its KV layout. Every KV block is back in the pool afterwards and closing the
 engine ends every rank."""
@@ -21,7 +21,7 @@ from tests.conftest import assert_no_leaks
 from tests.unit.engine._reference import engine_token_ids
 
 PROMPTS = [[5, 9, 33, 7, 100, 3], [(7 * i + 3) % 250 + 3 for i in range(40)]]
-# per layer (exact in float32); folded (the largest layer's): k 0.5, v 0.25
+# per layer (exact in float32), each layer's cache under its own
 SCALES = {"model.layers.0.self_attn.k_scale": 0.5, "model.layers.0.self_attn.v_scale": 0.125,
           "model.layers.1.self_attn.k_scale": 0.25, "model.layers.1.self_attn.v_scale": 0.25}
 
@@ -60,5 +60,6 @@ def test_a_group_with_an_fp8_cache_equals_one_rank(tiny_dir, tmp_path: Path, kv:
     base = tiny_dir("llama", kv, num_heads=6, hidden_size=96)
     model = _with_scales(base, tmp_path / "scaled") if calibrated else base
     want, one_scales = _tokens(model, 1)
-    assert one_scales == (Fp8Scales(0.5, 0.25) if calibrated else Fp8Scales()).layout
+    assert one_scales == (Fp8Scales((0.5, 0.25), (0.125, 0.25)) if calibrated
+                          else Fp8Scales()).layout
     assert _tokens(model, tp) == (want, one_scales)

@@ -108,3 +108,8 @@ class AttentionBackend(Protocol):
         """Causal attention of every query row over its sequence's cached keys (GQA aware);
         with ``window``, over the last ``window`` positions up to its own only."""
         ...
+
+    def for_layer(self, layer: int) -> AttentionBackend:
+        """The backend decoder layer ``layer`` runs through: this one, but over a cache whose
+        layers have scales of their own (an fp8 cache's per-layer k/v scales)."""
+        ...

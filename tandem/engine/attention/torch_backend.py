@@ -21,6 +21,10 @@ class TorchAttentionBackend:
 
     name = "torch"
 
+    def for_layer(self, layer: int) -> TorchAttentionBackend:
+        """Every layer's backend: this one (its cache has no per-layer scales)."""
+        return self
+
     def write_kv(
         self,
         key: torch.Tensor,

@@ -33,6 +33,10 @@ class TritonAttentionBackend:
         self._decode_splits = decode_splits
         self._num_sms: dict[int, int] = {}
 
+    def for_layer(self, layer: int) -> TritonAttentionBackend:
+        """Every layer's backend: this one (its cache has no per-layer scales)."""
+        return self
+
     def write_kv(
         self,
         key: torch.Tensor,  # [T, Hkv, D]

@@ -66,7 +66,7 @@ def describe_cache(kv_cache: torch.Tensor, arch: ModelArch, model: str, dtype: t
                    kv_head_ranges: tuple[tuple[int, int], ...] = ()) -> KVCacheSpec:
     """The ``KVCacheSpec`` of an engine's cache tensor (``arch``: what this process's cache
     holds, one rank's KV heads in a tensor-parallel group of ``tensor_parallel_size``;
-    ``kv_scales``: how its per-tensor scales are named, an fp8 cache's ``Fp8Scales.layout``)."""
+    ``kv_scales``: how its per-tensor or per-layer scales are named, an fp8 cache's ``Fp8Scales.layout``)."""
     return KVCacheSpec(
         model=model,
         dtype=str(dtype).removeprefix("torch."),

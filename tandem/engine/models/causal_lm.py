@@ -101,7 +101,7 @@ class CausalLM(nn.Module):
         cos = self.cos_table[positions].to(h.dtype)[:, None, :]  # [T, 1, rotary dims]
         sin = self.sin_table[positions].to(h.dtype)[:, None, :]
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv_cache[i], meta, backend)
+            h = layer(h, cos, sin, kv_cache[i], meta, backend.for_layer(i))
             if layer_hook is not None:
                 layer_hook(i)  # layer i's KV for this step is now in the cache
         return self.norm(h)

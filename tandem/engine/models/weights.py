@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +115,9 @@ def load_model(
     if experts is not None:
         plan = _hold_experts(model, plan, tensors, experts)
     linears = plan.linears()
-    quantized = {lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)
-                 and fmt.keeps(lin.module, model.get_submodule(lin.module).in_features)}
+    stored = [lin.module for lin in linears if _stored_quantized(fmt, lin.parts, tensors)]
+    dequantized = {n: why for n in stored if (why := fmt.dequantizes(n)) is not None}
+    quantized = {n for n in stored if n not in dequantized}
     absorbed = sorted(n for n in quantized if n.endswith(".kv_b_proj"))
     if absorbed:  # MLA's decode folds its rows into the queries (layers/mla.py)
         raise ModelLoadError(f"{absorbed[0]} is stored quantized ({fmt.label}): multi-head "
@@ -147,9 +151,21 @@ def load_model(
         log.info("pre-quantized checkpoint %s: %d of %d linear layers quantized (%d decoder "
                  "layers, lm_head %s)", fmt.label, len(quantized), len(linears),
                  arch.num_layers, "quantized" if "lm_head" in quantized else "not quantized")
+    if fmt.dequantizes_at_load and stored:  # what a format that can dequantize kept
+        log.info("%s checkpoint: kept quantized: %s; dequantized at load: %s", fmt.label,
+                 linear_names(quantized) or "none", "; ".join(
+                     f"{linear_names(n for n, w in dequantized.items() if w == why)} ({why})"
+                     for why in sorted(set(dequantized.values()))) or "none")
     if fp32_shadows and device.type == "cpu" and dtype == torch.bfloat16:
         attach_fp32_shadows(model)
     return model, arch
+
+
+def linear_names(names: Iterable[str]) -> str:
+    """Module names for a log line, each decoder layer's alike counted once:
+    ``layers.*.mlp.down_proj x24, lm_head``."""
+    counts = Counter(re.sub(r"^layers\.\d+\.", "layers.*.", n) for n in names)
+    return ", ".join(name if c == 1 else f"{name} x{c}" for name, c in sorted(counts.items()))
 
 
 class _Tensors:

@@ -64,7 +64,7 @@ PREFERENCE = ("avx512", "avx2")  # best first
 ISA_ENV = "TANDEM_NATIVE_ISA"
 REQUIRED_CPU_FLAGS = VARIANTS["avx2"][1]  # the baseline: without it, no native kernels
 FLAGS = [*COMMON_FLAGS, *VARIANTS["avx2"][0]]  # the avx2 variant's command line
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 
 class NativeISAError(ValueError):

@@ -28,7 +28,8 @@
 // tiles: attention_tiles.h). The embedding table may be a Lin of any kind (a GGUF's Q8_0
 // token_embd shared with the tied lm_head, a bf16 model's own table): rows are widened on
 // use. KV cache: the engine's layout, fp32, bf16, fp16 or fp8 (e4m3 bytes over Step::k_scale
-// and v_scale, one per tensor: engine/quant/kv_fp8.py) [L, 2, num_blocks, block_size, Hkv, hd],
+// and v_scale, one K and one V scale per layer: engine/quant/kv_fp8.py) [L, 2, num_blocks,
+// block_size, Hkv, hd],
 // or int8 [L, 2, num_blocks, block_size, Hkv, hd + 4] (each head vector's fp32 scale in its
 // last 4 bytes; engine/quant/kv_int8.py), written and read with the same rounding as the torch
 // path (an fp8 cache's bytes are the ones torch's quantize_fp8 writes for the same K/V).
@@ -104,21 +105,23 @@ struct Step {
   int32_t num_blocks;
   void* kv;           // [L, 2, num_blocks, block_size, Hkv, hd (+ 4 for int8)]
   int32_t kv_format;  // tnd::KVFormat: 0 fp32, 1 int8 with per-head-vector scales, 2 bf16,
-                      // 3 fp16, 4 fp8 (e4m3 over k_scale and v_scale)
+                      // 3 fp16, 4 fp8 (e4m3 over each layer's k_scale and v_scale)
   // Called (on the calling thread) once layer l's K/V are in the cache; nonzero stops the
   // forward (it returns -2). May be null.
   int32_t (*layer_done)(int32_t layer);
   // The step's LoRA adapters and each row's (lora_delta.h); null: no row has one.
   const tnd::LoraStep* lora;
-  // An fp8 cache's per-tensor scales (x = e4m3 * scale: finite, > 0); unread otherwise.
-  float k_scale, v_scale;
+  // An fp8 cache's scales, one K and one V per layer ([num_layers] each; x = e4m3 * scale:
+  // finite, > 0); unread (may be null) otherwise.
+  const float* k_scale;
+  const float* v_scale;
 };
 
 }  // namespace
 
 extern "C" {
 
-int tnd_abi_version() { return 10; }
+int tnd_abi_version() { return 11; }
 
 // Width of the hot loops this build compiled: 512 (the AVX-512/VNNI paths) or 256 (AVX2).
 int tnd_isa_width() { return TND_AVX512 ? 512 : 256; }
@@ -171,7 +174,12 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   }
   // an fp8 cache's scales, times the 2^8 its reads carry, stay finite; no fp8 latent cache
   auto usable = [](float s) { return std::isfinite(s * 256.f) && s > 0.f; };
-  if (F == tnd::KV_FP8 && !(usable(st->k_scale) && usable(st->v_scale))) return -1;
+  if (F == tnd::KV_FP8) {
+    if (!st->k_scale || !st->v_scale) return -1;
+    for (int l = 0; l < md.num_layers; ++l) {
+      if (!(usable(st->k_scale[l]) && usable(st->v_scale[l]))) return -1;
+    }
+  }
   if ((F == tnd::KV_FP8 || F == tnd::KV_I8) && md.latent_dim) return -1;
   // The widest window when every layer slides (0: some layer sees every key): blocks before
   // it may be freed (table entry -1), so only the blocks from there on must be present.
@@ -230,11 +238,6 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
   const size_t kv_half = static_cast<size_t>(st->num_blocks) * bs * slot_bytes;  // bytes
   const size_t layer_stride = (lat ? 1 : 2) * kv_half;
   if (lat) grow(att, R * md.num_heads * md.layers[0].mla->v_dim);
-  // an fp8 cache's scales (the other formats store and read values as they are)
-  const float k_scale = F == tnd::KV_FP8 ? st->k_scale : 1.f;
-  const float v_scale = F == tnd::KV_FP8 ? st->v_scale : 1.f;
-  const tnd::AttnShape attn{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd)), k_scale,
-                            v_scale};
   std::vector<const int32_t*> tables(rows);
   for (int r = 0; r < rows; ++r) {
     tables[r] = st->block_tables + static_cast<size_t>(st->seq[r]) * st->table_width;
@@ -243,6 +246,11 @@ int forward(const ModelDesc& md, const Step* st, int rows, const int32_t* sample
     const Layer& ly = md.layers[l];
     uint8_t* kc = static_cast<uint8_t*>(st->kv) + l * layer_stride;
     uint8_t* vc = kc + kv_half;
+    // an fp8 cache's scales for this layer (the other formats store and read values as they are)
+    const float k_scale = F == tnd::KV_FP8 ? st->k_scale[l] : 1.f;
+    const float v_scale = F == tnd::KV_FP8 ? st->v_scale[l] : 1.f;
+    const tnd::AttnShape attn{nh, nkv, hd, bs, 1.f / std::sqrt(static_cast<float>(hd)), k_scale,
+                              v_scale};
 #pragma omp parallel for num_threads(threads) if (par)
     for (int r = 0; r < rows; ++r) rms_norm(&h[r * H], ly.input_norm, md.eps, H, &xn[r * H]);
     if (ly.mla) {  // no LoRA (the adapter manager refuses a latent-attention model)

@@ -31,7 +31,7 @@ the torch path's bf16 activations), reading half the bytes. The model runner kee
 what this path does not cover (no compiler, a quantized layer of a bf16/fp16 model not in the
 kernels' layout). The KV cache may be fp32, bf16 or fp16 (a 16-bit model's own cache dtype,
 rounded to nearest even as torch rounds), int8 with per-head-vector scales
-(tandem/engine/quant/kv_int8.py) or fp8: e4m3 bytes over the per-tensor K and V scales the
+(tandem/engine/quant/kv_int8.py) or fp8: e4m3 bytes over each layer's K and V scales the
 forward is made with (tandem/engine/quant/kv_fp8.py), read by widening each byte in registers;
 each written with the torch path's rounding (an fp8 cache gets the bytes quantize_fp8 writes
 for the same K/V). An fp8 e5m2 cache is declined by name. An MLA model's latent cache is fp32,
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -67,7 +66,13 @@ from tandem.engine.native.moe_layer import (
     feed_forward_linears,
     moe_unsupported,
 )
-from tandem.engine.native.packed_linear import FLOAT_KINDS, LinStruct, PackedEmbedding, PackedLinear
+from tandem.engine.native.packed_linear import (
+    FLOAT_KINDS,
+    KIND_FP8,
+    LinStruct,
+    PackedEmbedding,
+    PackedLinear,
+)
 from tandem.engine.quant.int4 import Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
 from tandem.engine.quant.kv_fp8 import FP8_DTYPE, Fp8Scales
@@ -112,7 +117,7 @@ class _Step(ctypes.Structure):
                 ("block_size", ctypes.c_int32), ("num_blocks", ctypes.c_int32),
                 ("kv", ctypes.c_void_p), ("kv_format", ctypes.c_int32),
                 ("layer_done", _LAYER_DONE), ("lora", ctypes.c_void_p),
-                ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float)]
+                ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p)]
 
 
 class NativeLinear:
@@ -127,7 +132,7 @@ class NativeLinear:
             self.out_features, self.in_features = layer.num_embeddings, layer.embedding_dim
         else:
             self.out_features, self.in_features = layer.out_features, layer.in_features
-        if self.in_features % QK:
+        if not _any_k(layer) and self.in_features % QK:
             raise ValueError(f"in_features {self.in_features} is not a multiple of {QK}")
         self.tensors: list[torch.Tensor] = []
         if isinstance(layer, Int4Linear):
@@ -166,6 +171,12 @@ class NativeLinear:
         return y
 
 
+def _any_k(layer: nn.Module) -> bool:
+    """Whether the kernels take ``layer`` whatever its input width: FP8 rows (fp8_weights.h);
+    the other kinds read whole groups of 32 inputs."""
+    return isinstance(layer, PackedLinear) and layer.kind == KIND_FP8
+
+
 def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
                        ) -> str | None:
     """Why :class:`FusedForward` cannot run ``model`` (over a KV cache of ``kv_dtype``, when
@@ -197,7 +208,7 @@ def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
         attn = layer.self_attn
         linears += [*_attention_linears(attn), *feed_forward_linears(layer.mlp)]
     for lin in linears:
-        if not isinstance(lin, _LinTypes) or lin.in_features % QK:
+        if not isinstance(lin, _LinTypes) or (lin.in_features % QK and not _any_k(lin)):
             return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
         if isinstance(lin, nn.Linear) and lin.weight.dtype not in FLOAT_KINDS:
             return f"a linear layer holds {lin.weight.dtype} weights"
@@ -241,8 +252,8 @@ def _unsupported_model(model: nn.Module) -> str | None:
 class FusedForward:
     """One-call forward of an fp32, bf16 or fp16 model (quantized or not; dense or with
     routed experts; GQA or latent attention) over the paged KV cache (fp32, bf16, fp16, int8,
-    or fp8 under ``kv_scales``: the cache's per-tensor scales, as the torch path's Fp8KVBackend
-    holds them; the latent cache fp32, bf16 or fp16)."""
+    or fp8 under ``kv_scales``: the cache's K and V scales of each layer, as the torch path's
+    Fp8KVBackend holds them; the latent cache fp32, bf16 or fp16)."""
 
     def __init__(self, model: CausalLM, kv_scales: Fp8Scales | None = None) -> None:
         reason = unsupported_reason(model)
@@ -251,13 +262,21 @@ class FusedForward:
         lib = load()
         assert lib is not None
         self._lib = lib
-        for name, value in (() if kv_scales is None else (("k", kv_scales.k), ("v", kv_scales.v))):
-            single = ctypes.c_float(value).value  # the kernels', as torch's fp32 math, in fp32
-            if not (math.isfinite(ctypes.c_float(single * 256).value) and single > 0):
-                raise ValueError(f"fp8 KV {name}_scale {value!r} is not a positive float32 "
-                                 "below 2^120")
-        self.kv_scales = kv_scales
         arch = model.arch
+        # an fp8 cache's k and v scale of each layer, [2, L] fp32 (the kernels', as torch's
+        # fp32 math, in fp32); None: no fp8 cache can be served
+        self._fp8_scales: torch.Tensor | None = None
+        if kv_scales is not None:
+            per_layer = kv_scales.for_layers(arch.num_layers)  # ValueError: another layer count
+            table = torch.tensor(per_layer, dtype=torch.float64).T.contiguous()  # [2, L]
+            single = table.float()
+            for name, values, row in (("k", table[0], single[0]), ("v", table[1], single[1])):
+                bad = ~((row * 256).isfinite() & (row > 0))
+                if bool(bad.any()):
+                    raise ValueError(f"fp8 KV {name}_scale {values[bad][0].item()!r} is not a "
+                                     "positive float32 below 2^120")
+            self._fp8_scales = single.contiguous()
+        self.kv_scales = kv_scales
         self.vocab = arch.vocab_size
         mla_dims = arch.mla
         # the cache's [planes, heads, head vector] per layer (the int8 one's head vectors hold
@@ -379,9 +398,11 @@ class FusedForward:
                 or ((int8_kv or fp8) and planes == 1)):
             raise ValueError("the fused forward needs a contiguous fp32, bf16, fp16, int8 or "
                              "fp8 (e4m3) KV cache (the latent cache: fp32, bf16 or fp16)")
-        if fp8 and self.kv_scales is None:
+        if fp8 and self._fp8_scales is None:
             raise ValueError("an fp8 KV cache needs its scales: FusedForward(model, kv_scales=...)")
-        k_scale, v_scale = (self.kv_scales.k, self.kv_scales.v) if fp8 else (1.0, 1.0)
+        # each layer's k and v scale ([L] fp32 each) for an fp8 cache; unread otherwise
+        k_scale, v_scale = ((self._fp8_scales[0].data_ptr(), self._fp8_scales[1].data_ptr())
+                            if fp8 and self._fp8_scales is not None else (None, None))
         want = (self.num_layers, planes, heads,
                 storage_head_dim(dim, "int8" if int8_kv else "auto"))
         shape = tuple(kv_cache.shape)

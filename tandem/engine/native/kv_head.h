@@ -1,8 +1,8 @@
 // One head vector in a slot of the paged KV cache, per cache format: fp32, bf16 or fp16 (a
 // bf16/fp16 model's own cache dtype; values widened on load), int8 with one fp32 scale per
 // head vector (engine/quant/kv_int8.py: hd int8 values, then the scale's 4 bytes; k = q *
-// scale), or fp8: hd e4m3 bytes over one scale per tensor, K's and V's (engine/quant/
-// kv_fp8.py: k = e4m3 * k_scale). KVHead<F> reads it (dot products, axpy, and the loops where
+// scale), or fp8: hd e4m3 bytes over one scale per tensor and layer, K's and V's
+// (engine/quant/kv_fp8.py: k = e4m3 * k_scale). KVHead<F> reads it (dot products, axpy, and the loops where
 // the query heads of a GQA group share each K or V vector's load and widening, 512-bit in the
 // AVX-512 build); store_head writes it with the torch path's rounding. An fp8 vector is read
 // as its bytes' values times 2^-8 (KVHead::unread; e4m3.h widens them so, exactly): the
@@ -38,7 +38,7 @@ template <int F>
 struct KVHead {
   using T = typename KVElem<F>::T;
   static constexpr bool Int8 = F == KV_I8;
-  // A value as read times this is the value stored (before an fp8 cache's per-tensor scale):
+  // A value as read times this is the value stored (before an fp8 cache's layer scale):
   // 2^8 for fp8, read as its bytes' values times 2^-8; 1 for the others.
   static constexpr float unread = F == KV_FP8 ? E4M3_UNWIDEN : 1.f;
   static constexpr int bytes(int hd) {

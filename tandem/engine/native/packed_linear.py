@@ -71,7 +71,7 @@ class PackedLinear(nn.Module):
     def __init__(self, kind: int, n: int, k: int, q: torch.Tensor, d: torch.Tensor,
                  m: torch.Tensor | None, bias: torch.Tensor | None, fmt: str) -> None:
         super().__init__()
-        if k % QK:
+        if k % QK and kind != KIND_FP8:  # FP8 rows take any K (fp8_weights.h)
             raise ValueError(f"in_features {k} is not a multiple of {QK}")
         self.kind, self.out_features, self.in_features, self.format = kind, n, k, fmt
         self.register_buffer("q", q.contiguous())
@@ -137,7 +137,8 @@ class PackedLinear(nn.Module):
         ``scale`` ``[R, ceil(K / block_k)]`` fp32 block scales (below 2^120), ``rows`` ``[N]``
         the scale row of each weight row: ``w[n, k] = e4m3(q[n, k]) * scale[rows[n], k //
         block_k]``. Each scale row is widened to one scale per input (4 bytes per input and
-        scale row: ``4 / bn`` bytes per weight in blocks of ``bn`` rows)."""
+        scale row: ``4 / bn`` bytes per weight in blocks of ``bn`` rows). Any ``K``: the
+        kernels widen a row's last ``K % 32`` from a zero-padded copy."""
         n, k = q.shape
         d = (scale.float() * FP8_SCALE_SHIFT).repeat_interleave(block_k, dim=1)[:, :k]
         fmt = f"fp8 e4m3 ({'per tensor' if block_k == k else f'{block_k}-input blocks'})"

@@ -53,7 +53,7 @@ constexpr int MAX_SEGMENT_ROWS = 32;
 struct AttnShape {
   int num_heads, num_kv_heads, head_dim, block_size;
   float scale;
-  // An fp8 cache's per-tensor scales (x = e4m3 * scale); 1 for the other formats.
+  // An fp8 cache's scales of this layer (x = e4m3 * scale); 1 for the other formats.
   float k_scale = 1.f, v_scale = 1.f;
 };
 

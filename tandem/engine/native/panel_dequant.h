@@ -25,13 +25,12 @@ namespace tnd {
 constexpr int PANEL_N = 16;   // weight rows per panel (two vectors of outputs)
 constexpr int PANEL_K = 256;  // inputs per panel: 16 KB of floats, in L1
 
-// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied; kinds 5 and 6: widened;
-// kind 7: widened and scaled).
+// Groups [g0, g1) of weight row n as floats in dst (kind 3: copied; kinds 5 and 6: widened).
+// FP8 rows (any K) go through dequant_fp8 instead (dequant_inputs).
 template <int Kind>
 inline void dequant_groups(const Lin& w, int n, int g0, int g1, float* dst) {
-  if constexpr (Kind == KIND_FP8) {
-    dequant_fp8(w, n, g0 * QK, g1 * QK, dst);
-  } else if constexpr (Kind == 3) {
+  static_assert(Kind != KIND_FP8, "FP8 rows: dequant_fp8");
+  if constexpr (Kind == 3) {
     const float* src = reinterpret_cast<const float*>(w.q) + static_cast<size_t>(n) * w.k;
     std::copy(src + g0 * QK, src + g1 * QK, dst);
   } else if constexpr (Kind == 5 || Kind == 6) {
@@ -71,6 +70,17 @@ inline void dequant_groups(const Lin& w, int n, int g0, int g1, float* dst) {
   }
 }
 
+// Inputs [k0, k1) of weight row n as floats in dst: whole groups of 32 for the grouped and
+// float kinds, any range of an FP8 row (its K need not be a multiple of 32).
+template <int Kind>
+inline void dequant_inputs(const Lin& w, int n, int k0, int k1, float* dst) {
+  if constexpr (Kind == KIND_FP8) {
+    dequant_fp8(w, n, k0, k1, dst);
+  } else {
+    dequant_groups<Kind>(w, n, k0 / QK, k1 / QK, dst);
+  }
+}
+
 // 8x8 transpose: rows r[0..8) (8 floats each, `ld` apart) -> columns, written to dst rows
 // (`ldd` apart).
 inline void transpose8(const float* src, int ld, float* dst, int ldd) {
@@ -97,21 +107,24 @@ inline void transpose8(const float* src, int ld, float* dst, int ldd) {
   }
 }
 
-// Groups [g0, g1) of weight rows n0 .. n0 + nr (nr <= 16; missing rows are zeros) into
-// panel[(b - g0) * 32 + k][16], by way of `rowbuf` (16 rows of PANEL_K floats).
+// Inputs [k0, k0 + kc) of weight rows n0 .. n0 + nr (nr <= 16; missing rows are zeros) into
+// panel[k - k0][16], by way of `rowbuf` (16 rows of PANEL_K floats). kc is a multiple of 32
+// but for an FP8 row's last window; the transposes then run to the next multiple of 8 over
+// zeros, and panel rows past kc are never read (the micro-kernels stop at kc).
 template <int Kind>
-inline void panel_by_rows(const Lin& w, int n0, int nr, int g0, int g1, float* rowbuf,
+inline void panel_by_rows(const Lin& w, int n0, int nr, int k0, int kc, float* rowbuf,
                           float* panel) {
-  const int kc = (g1 - g0) * QK;
+  const int kc8 = (kc + 7) & ~7;
   for (int j = 0; j < PANEL_N; ++j) {
     float* dst = rowbuf + j * PANEL_K;
     if (j < nr) {
-      dequant_groups<Kind>(w, n0 + j, g0, g1, dst);
+      dequant_inputs<Kind>(w, n0 + j, k0, k0 + kc, dst);
+      std::fill(dst + kc, dst + kc8, 0.f);
     } else {
-      std::fill(dst, dst + kc, 0.f);
+      std::fill(dst, dst + kc8, 0.f);
     }
   }
-  for (int kk = 0; kk < kc; kk += 8) {
+  for (int kk = 0; kk < kc8; kk += 8) {
     transpose8(rowbuf + kk, PANEL_K, panel + kk * PANEL_N, PANEL_N);
     transpose8(rowbuf + 8 * PANEL_K + kk, PANEL_K, panel + kk * PANEL_N + 8, PANEL_N);
   }
@@ -190,8 +203,9 @@ inline void q4_pair_panel(const Lin& w, int n0, int b, float* panel) {
 }
 
 // Weight rows n0 .. n0 + nr (nr <= 16) over inputs [k0, k0 + kc) as panel[kc][16] (rows past
-// nr are zeros). k0 and kc are multiples of 32. `rowbuf` (16 x PANEL_K floats) is scratch for
-// the kinds and panels the direct path does not take.
+// nr are zeros). k0 is a multiple of 32, and kc too but for an FP8 row's last window.
+// `rowbuf` (16 x PANEL_K floats) is scratch for the kinds and panels the direct path does not
+// take.
 template <int Kind>
 inline void fill_panel(const Lin& w, int n0, int nr, int k0, int kc, float* rowbuf,
                        float* panel) {
@@ -202,7 +216,10 @@ inline void fill_panel(const Lin& w, int n0, int nr, int k0, int kc, float* rowb
       for (; b + 2 <= g1; b += 2) q4_pair_panel<Kind>(w, n0, b, panel + (b - g0) * QK * PANEL_N);
     }
   }
-  if (b < g1) panel_by_rows<Kind>(w, n0, nr, b, g1, rowbuf, panel + (b - g0) * QK * PANEL_N);
+  const int done = (b - g0) * QK;
+  if (done < kc) {
+    panel_by_rows<Kind>(w, n0, nr, k0 + done, kc - done, rowbuf, panel + done * PANEL_N);
+  }
 }
 
 }  // namespace tnd

@@ -10,9 +10,9 @@
     --quantization fp8    a checkpoint stored in FP8 (prequantized/fp8.py): e4m3 bytes in the
                           native CPU kernels (any float model dtype), dequantized elsewhere
     --kv-cache-dtype int8 the paged cache stores int8 + one fp32 scale per head vector
-    --kv-cache-dtype fp8  the paged cache stores e4m3 over one scale for K and one for V
-                          (kv_fp8.py): 1.0, or the checkpoint's calibrated k_scale/v_scale
-                          folded per tensor (kv_scales.py)
+    --kv-cache-dtype fp8  the paged cache stores e4m3 over one scale for K and one for V in
+                          each layer (kv_fp8.py): 1.0, or the checkpoint's calibrated
+                          k_scale/v_scale of that layer (kv_scales.py)
 
 On the CPU with the native kernels every quantized layer becomes a PackedLinear
 (tandem/engine/native/packed_linear.py) run by tandem/engine/native for any number of rows. Without them,

@@ -51,6 +51,11 @@ class QuantizedKVBackend:
         self.name = f"{inner.name}+{tag}"
         self.k_codec, self.v_codec = k, v
 
+    def for_layer(self, layer: int) -> QuantizedKVBackend:
+        """Layer ``layer``'s backend: this one, its codecs every layer's (Fp8KVBackend's
+        per-layer scales give each layer its own)."""
+        return self
+
     def write_kv(
         self,
         key: torch.Tensor,  # [T, Hkv, D]

@@ -3,14 +3,12 @@
     model.layers.N.self_attn.k_scale / v_scale                (vLLM, compressed-tensors)
     model.layers.N.self_attn.k_proj.output_scale / v_proj...  (AutoFP8's older spelling)
       --read_kv_scales--> CheckpointKvScales (one K and one V scale per layer)
-      --folded()--> the fp8 cache's per-tensor Fp8Scales (tandem/engine/quant/kv_fp8.py)
+      --> the fp8 cache's Fp8Scales (tandem/engine/quant/kv_fp8.py), layer by layer
 
-The fp8 cache holds one scale for K and one for V (a property of the cache that the KV
-transfer layout names), so the per-layer scales are folded into their maximum: no layer's
-values then saturate, and e4m3 keeps its 2^-4 relative precision over [2^-6, 448] times the
-scale whatever the scale (a layer calibrated far below the largest loses only its values
-that fall under 2^-6 of it). They are used with ``--kv-cache-dtype fp8`` only; any other cache
-reads K and V unquantized and leaves well-formed scales unused (logged).
+The fp8 cache writes and reads each layer's K and V under that layer's scales, as vLLM does
+(the KV transfer layout names them all, so peers whose scales differ in any layer are
+refused). They are used with ``--kv-cache-dtype fp8`` only; any other cache reads K and V
+unquantized and leaves well-formed scales unused (logged).
 
 Refused loudly, whatever the cache dtype (a malformed checkpoint is not served) (ModelLoadError naming the tensor), never guessed around: a scale that is not
 one value (per-channel or per-head scales: the cache has no room for them), not finite or
@@ -41,10 +39,6 @@ class CheckpointKvScales:
 
     k: tuple[float, ...]
     v: tuple[float, ...]
-
-    def folded(self) -> tuple[float, float]:
-        """(k, v): the per-tensor scales of an fp8 cache holding every layer."""
-        return max(self.k), max(self.v)
 
 
 def is_kv_scale(name: str) -> bool:
@@ -89,7 +83,7 @@ def _one_value(name: str, tensor: torch.Tensor) -> float:
         raise ModelLoadError(
             f"{name} holds {tensor.numel()} values (shape {tuple(tensor.shape)}): per-channel "
             "or per-head KV scales are not supported (the fp8 cache keeps one scale for K "
-            "and one for V)")
+            "and one for V in each layer)")
     value = float(tensor.float().reshape(()))
     if not (math.isfinite(value) and value > 0):
         raise ModelLoadError(f"{name} is {value}: a KV scale must be finite and > 0")

@@ -44,7 +44,7 @@ class FirstLayers(nn.Module):
         cos = t.cos_table[positions].to(h.dtype)[:, None, :]
         sin = t.sin_table[positions].to(h.dtype)[:, None, :]
         for i in range(self.num_layers):
-            h = t.layers[i](h, cos, sin, kv_cache[i], meta, backend)
+            h = t.layers[i](h, cos, sin, kv_cache[i], meta, backend.for_layer(i))
         return t.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

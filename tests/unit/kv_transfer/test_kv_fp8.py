@@ -1,5 +1,5 @@
 """An fp8 (e4m3) cache over the wire: half a float16 cache's bytes for the same blocks, and
-peers refused at HELLO when their dtype or their per-tensor scales differ."""
+peers refused at HELLO when their dtype or their scales (per tensor, or any layer's) differ."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from tandem.kv_transfer.testing import (
 from tandem.kv_transfer.transport import TcpTransport
 
 SCALES = "per-tensor k=1.0 v=1.0"  # tandem/engine/quant/kv_fp8.py Fp8Scales().layout
+# Fp8Scales((0.5, 0.25, 0.5, 1.0), (0.125, 0.25, 0.25, 2.0)).layout: a checkpoint's, per layer
+PER_LAYER = "per-layer k=[0.5, 0.25, 0.5, 1.0] v=[0.125, 0.25, 0.25, 2.0]"
 
 
 def _fp8(kv_scales: str = SCALES) -> KvLayout:
@@ -56,13 +58,23 @@ def test_fp8_blocks_cross_in_half_the_float16_bytes() -> None:
     assert pushed8 * 2 == pushed16
 
 
-@pytest.mark.parametrize("sender,field", [
-    (dataclasses.replace(tiny_layout("float16", layers=4), dtype="float32"), "kv_dtype"),
-    (_fp8("per-tensor k=0.5 v=1.0"), "kv_scales"),
+def test_per_layer_scales_cross_as_plain_bytes() -> None:
+    f8 = _fp8(PER_LAYER)
+    assert _pushed_bytes(f8, [3, 7], [9, 2]) == f8.payload_bytes(4, 2)
+    assert f8.fingerprint != _fp8().fingerprint
+
+
+@pytest.mark.parametrize("receiver,sender,field", [
+    (_fp8(), dataclasses.replace(tiny_layout("float16", layers=4), dtype="float32"),
+     "kv_dtype"),
+    (_fp8(), _fp8("per-tensor k=0.5 v=1.0"), "kv_scales"),
+    (_fp8(PER_LAYER), _fp8(PER_LAYER.replace("0.25, 2.0]", "0.25, 1.0]")), "kv_scales"),
+    (_fp8(PER_LAYER), _fp8("per-tensor k=0.5 v=0.25"), "kv_scales"),
 ])
-def test_hello_refuses_another_dtype_or_other_scales(sender: KvLayout, field: str) -> None:
+def test_hello_refuses_another_dtype_or_other_scales(receiver: KvLayout, sender: KvLayout,
+                                                     field: str) -> None:
     async def body() -> None:
-        p = await make_pair("tcp", _fp8())
+        p = await make_pair("tcp", receiver)
         cfg = SenderConfig(TEST_SECRET)
         tx = Sender(random_cache(sender, 4), sender, cfg, [TcpTransport(cfg.limits)])
         with pytest.raises(LayoutMismatchError, match=field):

@@ -79,11 +79,11 @@ class PrequantizedFormat(ABC):
         dequantizing them; the others are read the same way everywhere."""
         return self
 
-    def keeps(self, module: str, in_features: int) -> bool:
-        """Whether our linear ``module`` (``layers.0.mlp.down_proj``), stored quantized,
-        stays quantized; False: ``float_weight`` dequantizes it (only a format that can,
-        FP8, answers False)."""
-        return True
+    def dequantizes(self, module: str) -> str | None:
+        """Why our linear ``module`` (``layers.0.self_attn.kv_b_proj``), stored quantized, is
+        dequantized at load by ``float_weight`` instead of kept quantized; None: it is kept
+        (only a format that can dequantize, FP8, ever gives a reason)."""
+        return None
 
     @property
     def split_group(self) -> int | None:
@@ -95,7 +95,7 @@ class PrequantizedFormat(ABC):
     def dequantizes_at_load(self) -> bool:
         """Whether the format's stored weights become float at load (``float_weight``)
         rather than quantized layers (``unpack``): all of them, or those it does not keep
-        (``for_native_kernels``, ``keeps``)."""
+        (``for_native_kernels``, ``dequantizes``)."""
         return False
 
     def float_weight(self, prefix: str, tensors: TensorSource) -> torch.Tensor:

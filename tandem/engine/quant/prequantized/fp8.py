@@ -25,8 +25,9 @@ Two ways to hold the weights:
   fp32: the dequantized value, with fp32 activations whatever the model's dtype (a bf16
   model's kept linears are not rounded to bf16 as its dequantized ones would be). The scales are held as one fp32 per input per block of rows (4 / bn bytes a weight:
   SmolLM2's decoder linears in 128 x 128 blocks 110 MB kept, 425 MB dequantized to fp32, 213 MB
-  to bf16). A linear the kernels cannot take stays float, dequantized at load: MLA's
-  ``kv_b_proj`` (read as float weights) and a width that is not a multiple of 32.
+  to bf16). Every linear of any width is kept (the kernels take any K) but MLA's
+  ``kv_b_proj``, dequantized at load: its decode absorbs it into float matrices, as vLLM's
+  does. The load log names the linears kept and those dequantized, with the reason.
 * dequantized at load (everywhere else: CUDA, no compiler, ``--no-native-kernels``, tensor
   parallelism, ``--quantization none|int8|int4``): the model holds float linears of the same
   values, at the model dtype's bytes per weight.
@@ -46,7 +47,6 @@ from tandem.engine.quant.prequantized.unpacked import Fp8Weight
 
 NAME = "fp8"
 FP8 = torch.float8_e4m3fn
-KERNEL_GROUP = 32  # the native kernels' inputs come in multiples of 32
 SCALE_LIMIT = 2.0 ** 120  # the kernels hold scale * 2^8 in fp32 (fp8_weights.h)
 
 
@@ -94,9 +94,10 @@ class Fp8Format(PrequantizedFormat):
         return self.native and any(prefix + s in tensors
                                    for s in (".weight_scale", ".weight_scale_inv"))
 
-    def keeps(self, module: str, in_features: int) -> bool:
-        return (in_features % KERNEL_GROUP == 0
-                and not module.endswith(".kv_b_proj"))  # MLA reads it as float weights
+    def dequantizes(self, module: str) -> str | None:
+        if module.endswith(".kv_b_proj"):  # as vLLM: its rows are folded into the queries
+            return "multi-head latent attention absorbs kv_b_proj into float matrices"
+        return None
 
     def unpack(self, prefix: str, tensors: TensorSource) -> Fp8Weight:
         """The e4m3 bytes of the linear at ``prefix`` and their scales, as stored."""

@@ -217,7 +217,8 @@ def test_fp8_cache_through_triton_matches_torch(batch: str) -> None:
 
     c = case(batch, torch.float32, (8, 2))
     scales = Fp8Scales(k=0.5, v=0.25)
-    k8, v8 = quantize_fp8(c.k_cache, scales.k), quantize_fp8(c.v_cache, scales.v)
+    k_scale, v_scale = scales.layer(0)
+    k8, v8 = quantize_fp8(c.k_cache, k_scale), quantize_fp8(c.v_cache, v_scale)
     out = Fp8KVBackend(TritonAttentionBackend(), scales).attend(c.query, k8, v8, c.meta, SCALE)
     ref = Fp8KVBackend(TorchAttentionBackend(), scales).attend(c.query, k8, v8, c.meta, SCALE)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

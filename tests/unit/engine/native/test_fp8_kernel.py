@@ -174,3 +174,53 @@ def test_bytes_held_per_weight() -> None:
     layer = PackedLinear.from_fp8(w8.q, w8.scale, w8.rows, w8.block_k)
     assert layer.weight_bytes() == n * k + (n // 128) * k * 4 + n * 4
     assert layer.weight_bytes() == n * k * (1 + 4 / 128) + 4 * n
+
+
+TAIL_BLOCKS = {"tensor": None, "7x24": (7, 24), "3x40": (3, 40), "5x12": (5, 12)}
+
+
+@pytest.mark.parametrize("block", list(TAIL_BLOCKS))
+@pytest.mark.parametrize("k", [1, 17, 33, 100, 130])
+def test_any_width_reads_every_weight_bit_for_bit(lib: ctypes.CDLL, k: int, block: str) -> None:
+    """K that is not a multiple of 32: a row's last K % 32 weights (their scale blocks
+    straddling the last whole 32) are each the reference's float, through the few-row loop
+    (1-7 rows), the tiled GEMM's last window (8 or more, two passes at 300) and the embedding
+    rows; a product over them agrees with the fp64 one to summation order."""
+    g = torch.Generator().manual_seed(k)
+    n = 37
+    w8 = _quantize(_weights(n, k, g), TAIL_BLOCKS[block])
+    layer = PackedLinear.from_fp8(w8.q, w8.scale, w8.rows, w8.block_k)
+    assert layer.in_features == k and layer.q.shape == (n, k)  # one byte a weight, no padding
+    want = w8.dequantize()
+    eye = torch.eye(k)
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 33, 300):
+        pick = torch.arange(rows) % k  # each row reads one input: the weight itself
+        assert torch.equal(_run(lib, layer, eye[pick]), want.T[pick]), rows
+        x = torch.randn(rows, k, generator=g)
+        ref = x.double() @ want.double().T
+        out = _run(lib, layer, x).double()
+        assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-6, rows
+    ids = torch.arange(n, dtype=torch.int64)
+    table = torch.empty(n, k)
+    assert lib.tnd_embed(ctypes.byref(layer.struct()), ctypes.c_void_p(ids.data_ptr()), n,
+                         ctypes.c_void_p(table.data_ptr())) == 0
+    assert torch.equal(table, want)
+
+
+def test_a_tail_reads_nothing_past_its_row(lib: ctypes.CDLL) -> None:
+    """Rows of K = 33 packed back to back, the activations' last input followed by NaN in
+    the same buffer: the tail step copies exactly K % 32 values, so no NaN reaches an
+    output."""
+    g = torch.Generator().manual_seed(9)
+    n, k = 20, 33
+    w8 = _quantize(_weights(n, k, g), (7, 24))
+    layer = PackedLinear.from_fp8(w8.q, w8.scale, w8.rows, w8.block_k)
+    for rows in (1, 3, 4, 8):
+        buf = torch.full((rows * k + 64,), float("nan"))
+        buf[:rows * k] = torch.randn(rows * k, generator=g)
+        y = torch.empty(rows, n)
+        lib.tnd_linear(ctypes.byref(layer.struct()), ctypes.c_void_p(buf.data_ptr()), rows,
+                       ctypes.c_void_p(y.data_ptr()), 2)
+        ref = buf[:rows * k].view(rows, k).double() @ w8.dequantize().double().T
+        assert not y.isnan().any(), rows
+        assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6

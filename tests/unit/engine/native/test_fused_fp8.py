@@ -111,6 +111,31 @@ def test_engine_greedy_fp8_kept_equals_dequantized_at_load(make_engine, fp8_dir,
     assert fp8.weight_bytes == ref.weight_bytes - float_bytes + kept_bytes
 
 
+def test_a_width_not_a_multiple_of_32_stays_fp8_on_the_fused_forward(make_engine,
+                                                                    tmp_path: Path) -> None:
+    """intermediate_size 100: down_proj reads 100 inputs, its 40-wide scale blocks straddling
+    the last whole 32. It stays e4m3 like every other linear, the fused forward serves it, and
+    whole engine runs give the tokens of the torch path over the checkpoint dequantized at
+    load."""
+    dense = make_tiny_checkpoint(tmp_path / "dense", hidden_size=128, intermediate_size=100)
+    qdir = tmp_path / "fp8"
+    write_fp8(dense, qdir, (48, 40))
+    fp8 = make_engine(model=str(qdir), num_blocks=64, quantization="fp8")
+    runner = fp8.runner
+    assert runner.fused is not None, unsupported_reason(runner.model, runner.kv_cache.dtype)
+    kept = {n: m for n, m in runner.model.named_modules() if isinstance(m, PackedLinear)}
+    assert len(kept) == 4 * runner.model.arch.num_layers
+    assert all(m.kind == KIND_FP8 for m in kept.values())
+    assert [m.in_features for n, m in kept.items() if n.endswith("down_proj")] == [100, 100]
+    ref = make_engine(model=str(qdir), num_blocks=64, quantization="fp8",
+                      use_native_kernels=False)
+    assert ref.weights_format.endswith("(dequantized at load)")
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 40, 17)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    assert engine_token_ids(fp8, prompts, params) == engine_token_ids(ref, prompts, params)
+
+
 @pytest.mark.parametrize("opts", [{"dtype": "bfloat16", "use_native_kernels": False},
                                   {"quantization": "none"}, {"use_native_kernels": False}])
 def test_fp8_is_dequantized_at_load_where_it_is_not_kept(make_engine, fp8_dir, opts):
@@ -198,8 +223,8 @@ def test_engine_greedy_bf16_fp8_kept_equals_the_upcast_torch_path(make_engine, f
 
 def test_a_16bit_model_the_kernels_refuse_runs_its_kept_fp8_linears_on_torch(make_engine,
                                                                              fp8_dir):
-    """Hidden size 48 (not a multiple of 32), which the fused forward declines, while the
-    down projections (96 inputs) are kept in e4m3: the runner keeps torch ops over the kept
+    """Hidden size 48 (not a multiple of 32), which the fused forward declines, while every
+    linear is kept in e4m3 (48 inputs as 96): the runner keeps torch ops over the kept
     layers, each widening its bf16 input to fp32 for the kernel and rounding the result back
     (one bf16 rounding of the fp32 matmul over the dequantized weights)."""
     qdir = fp8_dir("block48x32", hidden=48)
@@ -207,7 +232,8 @@ def test_a_16bit_model_the_kernels_refuse_runs_its_kept_fp8_linears_on_torch(mak
     assert engine.runner.fused is None
     assert unsupported_reason(engine.runner.model) == "hidden size 48 is not a multiple of 32"
     kept = {n: m for n, m in engine.runner.model.named_modules() if isinstance(m, PackedLinear)}
-    assert engine.weights_format == f"fp8-block48x32 x{len(kept)}" and kept
+    assert engine.weights_format == f"fp8-block48x32 x{len(kept)}"
+    assert len(kept) == 4 * engine.runner.model.arch.num_layers  # every width kept
     ref = load_model(qdir, torch.float32, CPU, 256, progress=False)[0]  # dequantized in fp32
     g = torch.Generator().manual_seed(9)
     for name, lin in kept.items():

@@ -1,6 +1,6 @@
 """The fp8 (e4m3) KV cache on the fused native CPU forward, against the torch path's
 (tandem/engine/quant/kv_fp8.py's Fp8KVBackend over the torch attention) on the same cache layout
-and per-tensor scales.
+and a checkpoint's per-layer K and V scales (each layer's cache under its own).
 
 The write is the same function of the same floats: ``store_head<KV_FP8>`` (kv_head.h,
 e4m3.h) gives quantize_fp8's bytes for every float, ties, e4m3 subnormals, saturation and NaN
@@ -41,9 +41,9 @@ from tests.unit.engine.quant.test_kv_fp8_checkpoint_scales import _with_tensors
 pytestmark = pytest.mark.skipif(load() is None, reason="native kernels unavailable here")
 
 # A checkpoint's per-layer K and V scales (exact in float32, as a checkpoint stores them; not
-# powers of two, so the division rounds), folded per tensor into their largest.
+# powers of two, so the division rounds), each layer's cache written and read under its own.
 K_SCALES, V_SCALES = (0.037109375 * 3, 0.0703125), (0.0546875, 0.01953125 * 5)
-SCALES = Fp8Scales(max(K_SCALES), max(V_SCALES))
+SCALES = Fp8Scales(K_SCALES, V_SCALES)
 
 PROGRAM = r"""
 #include <cstdio>
@@ -249,6 +249,64 @@ def test_fused_fp8_kv_matches_the_torch_fp8_path(make_engine, scaled_dir, arch, 
     want = runner.fused([7], [55], [0], [TABLE], kv_ref.clone(), [0])
     got = dropped([7], [55], [0], [TABLE], kv_ref.clone(), [0])
     assert _rel(got, want) > 0.5, _rel(got, want)
+
+
+class _Recorder:
+    """The torch path's fp8 backend, recording the K and V each layer writes: (layer, k, v,
+    slots) in ``writes`` (the model asks ``for_layer(l)`` for layer l's backend)."""
+
+    def __init__(self, backend) -> None:  # noqa: ANN001
+        self.backend, self.name, self.writes = backend, backend.name, []
+
+    def for_layer(self, layer: int) -> _LayerRecorder:
+        return _LayerRecorder(self, layer)
+
+
+class _LayerRecorder:
+    """Layer ``layer``'s backend of a :class:`_Recorder`."""
+
+    def __init__(self, recorder: _Recorder, layer: int) -> None:
+        self.recorder, self.layer = recorder, layer
+        self.inner = recorder.backend.for_layer(layer)
+        self.name = self.inner.name
+
+    def for_layer(self, layer: int) -> _LayerRecorder:
+        return self.recorder.for_layer(layer)
+
+    def write_kv(self, key, value, k_cache, v_cache, slots) -> None:  # noqa: ANN001
+        self.recorder.writes.append((self.layer, key.clone(), value.clone(), slots.clone()))
+        self.inner.write_kv(key, value, k_cache, v_cache, slots)
+
+    def attend(self, *args, **kwargs) -> torch.Tensor:  # noqa: ANN002, ANN003
+        return self.inner.attend(*args, **kwargs)
+
+
+def test_each_layers_cache_holds_quantize_fp8_under_its_own_scales(make_engine,
+                                                                   scaled_dir) -> None:
+    """The bytes of layer l's K and V, on the torch path and natively, are quantize_fp8 of the
+    K/V the torch path computed with layer l's checkpoint scales (not another layer's, not
+    their largest)."""
+    engine = make_engine(model=str(scaled_dir("llama")), dtype="float32", num_blocks=40,
+                         block_size=BLOCK, kv_cache_dtype="fp8")
+    runner = engine.runner
+    assert runner.fp8_scales.per_layer and runner.fused.kv_scales == SCALES
+    recorder = _Recorder(runner.backend)
+    kv_nat, kv_ref = torch.zeros_like(runner.kv_cache), torch.zeros_like(runner.kv_cache)
+    ids = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(11)).tolist()
+    _forward(runner.model, recorder, ids, list(range(40)), TABLE, kv_ref, BLOCK)
+    runner.fused(ids, list(range(40)), [0] * 40, [TABLE], kv_nat, [39])
+    assert [w[0] for w in recorder.writes] == list(range(runner.kv_cache.shape[0]))
+    for layer, key, value, slots in recorder.writes:
+        for plane, x, scale, others in ((0, key, K_SCALES[layer], K_SCALES),
+                                        (1, value, V_SCALES[layer], V_SCALES)):
+            want = quantize_fp8(x, scale).view(torch.uint8)
+            stored = kv_ref[layer, plane].view(torch.uint8).flatten(0, 1)[slots]
+            assert torch.equal(stored, want), (layer, plane)
+            native = kv_nat[layer, plane].view(torch.uint8).flatten(0, 1)[slots]
+            assert (native != want).float().mean().item() < 1e-3, (layer, plane)
+            wrong = quantize_fp8(x, max(others)).view(torch.uint8)  # what folding wrote
+            if scale != max(others):
+                assert (wrong != want).float().mean().item() > 0.5, (layer, plane)
 
 
 def test_engine_greedy_native_fp8_equals_torch_fp8(make_engine, scaled_dir) -> None:

@@ -12,6 +12,7 @@ a float checkpoint holding those reference weights.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,38 @@ def test_engine_greedy_equals_transformers_on_the_dequantized_weights(
             assert engine.weights_format == f"{label} (dequantized at load)"
         got = engine_token_ids(engine, prompts, params)
         assert got == [hf_greedy(refdir, p, 10) for p in prompts]
+
+
+def test_every_fp8_linear_is_kept_but_mlas_kv_b_proj(fp8_pair, caplog) -> None:
+    """Kept for the native kernels whatever its width (DeepSeek-V3's q_b_proj reads
+    q_lora_rank = 24 inputs, its o_proj 4 heads x 12 = 48): one byte a weight, the reference
+    dequantization bit for bit. kv_b_proj alone is dequantized (MLA absorbs it into float
+    matrices), and the load log names both sets and the reason."""
+    qdir, _, ref = fp8_pair("block48x32", "deepseek_v3")
+    with caplog.at_level(logging.INFO, logger="tandem.engine.models.weights"):
+        kept = load_model(qdir, torch.float32, CPU, 256, progress=False, native_layout=True)[0]
+    odd = 0
+    for i, layer in enumerate(kept.layers):
+        attn = layer.self_attn
+        for name in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"):
+            lin = attn.get_submodule(name)
+            assert isinstance(lin, PackedLinear) and lin.kind == KIND_FP8, (i, name)
+            assert lin.q.shape == (lin.out_features, lin.in_features)  # no padding
+            assert torch.equal(lin.dequantize(), ref[f"model.layers.{i}.self_attn.{name}"])
+            odd += lin.in_features % 32 != 0
+        kv_b = attn.kv_b_proj
+        assert not isinstance(kv_b, PackedLinear)
+        assert torch.equal(kv_b.weight, ref[f"model.layers.{i}.self_attn.kv_b_proj"])
+    assert odd == 2 * len(kept.layers)  # q_b_proj and o_proj
+    said = [r.getMessage() for r in caplog.records if "kept quantized" in r.getMessage()]
+    assert len(said) == 1, said
+    kept_part, _, dequantized_part = said[0].partition("; dequantized at load: ")
+    n = len(kept.layers)
+    for name in ("q_b_proj", "o_proj", "kv_a_proj_with_mqa"):
+        assert f"layers.*.self_attn.{name} x{n}" in kept_part
+    assert "kv_b_proj" not in kept_part
+    assert dequantized_part == (f"layers.*.self_attn.kv_b_proj x{n} (multi-head latent "
+                                "attention absorbs kv_b_proj into float matrices)")
 
 
 def test_fp8_quantization_refuses_a_checkpoint_not_in_fp8(tiny_dir, make_engine) -> None:

@@ -1,10 +1,11 @@
-"""The fp8 (e4m3) KV cache: its write/read and per-tensor scales, greedy agreement with the
+"""The fp8 (e4m3) KV cache: its write/read and its per-tensor or per-layer scales, greedy agreement with the
 float cache on tiny models, the prefix cache, and the block handoff carrying fp8 blocks under
 a layout that names the scales (an fp16 or differently scaled peer refused)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 import torch
@@ -79,6 +80,64 @@ def test_scales_are_positive_and_named() -> None:
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="finite and > 0"):
             Fp8Scales(k=bad)
+
+
+def test_per_layer_scales_are_canonical_and_named() -> None:
+    one = Fp8Scales((0.5, 0.5), (2.0, 2.0))  # every layer alike: per tensor
+    assert one == Fp8Scales(0.5, 2.0) and not one.per_layer
+    assert one.layout == Fp8Scales(0.5, 2.0).layout == "per-tensor k=0.5 v=2.0"
+    mixed = Fp8Scales((0.5, 0.25, 0.5), 2.0)
+    assert mixed.per_layer and mixed.v == (2.0,)
+    assert [mixed.layer(i) for i in range(3)] == [(0.5, 2.0), (0.25, 2.0), (0.5, 2.0)]
+    assert mixed.for_layers(3) == [(0.5, 2.0), (0.25, 2.0), (0.5, 2.0)]
+    assert mixed.layout == "per-layer k=[0.5, 0.25, 0.5] v=[2.0]"
+    assert mixed.layout != Fp8Scales((0.5, 0.5, 0.25), 2.0).layout
+    assert Fp8Scales(0.5, 2.0).for_layers(4) == [(0.5, 2.0)] * 4
+    with pytest.raises(ValueError, match="for 3 layers, the model has 2"):
+        mixed.for_layers(2)
+    with pytest.raises(ValueError, match="3 layers of K and 2 of V"):
+        Fp8Scales((0.5, 0.25, 0.5), (1.0, 2.0))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        Fp8Scales((0.5, float("nan")))
+    with pytest.raises(ValueError, match="no values"):
+        Fp8Scales(())
+    # a deep model's scales: named by a digest of every value, short enough for the HELLO
+    k = tuple(0.01 + i / 7919 for i in range(126))
+    deep = Fp8Scales(k, 0.5).layout
+    assert deep.startswith("per-layer k=[0.01..") and " sha256=" in deep
+    assert len(deep) < 200 and deep == Fp8Scales(k, 0.5).layout
+    moved = k[:60] + (math.nextafter(k[60], 1.0),) + k[61:]  # one layer, one ulp
+    assert Fp8Scales(moved, 0.5).layout != deep
+
+
+def test_each_layer_writes_and_reads_under_its_own_scales() -> None:
+    """``for_layer(l)``: layer l's K and V quantized with its scales, and attended over as
+    the torch backend over the cache dequantized with them."""
+    g = torch.Generator().manual_seed(4)
+    nb, bs, hkv, d, t = 4, 4, 2, 16, 6
+    scales = Fp8Scales((0.25, 0.5), (2.0, 0.125))
+    backend = Fp8KVBackend(get_backend("torch"), scales)
+    slots = torch.tensor([9, 10, 11, 12, 13, 14])
+    meta = AttentionMetadata.build([t], [15], [[0, 1, 2, 3]], slots.tolist(), bs,
+                                   torch.device("cpu"))
+    q = torch.randn(t, 4, d, generator=g)
+    for layer, (ks, vs) in enumerate(((0.25, 2.0), (0.5, 0.125))):
+        view = backend.for_layer(layer)
+        assert view is backend.for_layer(layer) and view.name == "torch+fp8kv"
+        key, value = torch.randn(t, hkv, d, generator=g), torch.randn(t, hkv, d, generator=g)
+        kc = torch.zeros(nb, bs, hkv, d, dtype=torch.float8_e4m3fn)
+        vc = torch.zeros_like(kc)
+        view.write_kv(key, value, kc, vc, slots)
+        flat_k, flat_v = kc.view(-1, hkv, d), vc.view(-1, hkv, d)
+        assert torch.equal(flat_k[slots].view(torch.uint8), quantize_fp8(key, ks).view(torch.uint8))
+        assert torch.equal(flat_v[slots].view(torch.uint8),
+                           quantize_fp8(value, vs).view(torch.uint8))
+        got = view.attend(q, kc, vc, meta, d**-0.5)
+        want = get_backend("torch").attend(q, dequantize_fp8(kc, ks, torch.float32),
+                                           dequantize_fp8(vc, vs, torch.float32), meta, d**-0.5)
+        assert torch.allclose(got, want, atol=1e-6)
+    per_tensor = Fp8KVBackend(get_backend("torch"), Fp8Scales(0.5, 2.0))
+    assert per_tensor.for_layer(1) is per_tensor
 
 
 def test_backend_writes_scaled_e4m3_and_attends_as_the_float_cache() -> None:
