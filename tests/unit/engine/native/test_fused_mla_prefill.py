@@ -8,9 +8,9 @@ of the rule shows here): a fresh chunk above the threshold, one below it, a chun
 prefix-cache hit (its first blocks are another sequence's, written earlier) batched with a
 decode of that other sequence, a later chunk of a chunked prompt on each side of the rule,
 then decodes. fp32 against the torch path: summation order, 1e-5 relative (as
-test_fused_deepseek.py); bf16 against the torch path over the same weights upcast, the latent
-rows rounded to the bf16 cache as written (test_fused_16bit.py's reference): 1e-4, and the
-cache's codes equal but for a few an ulp or two apart.
+test_fused_deepseek.py); bf16 and fp16 against the torch path over the same weights upcast, the
+latent rows rounded to the model's 16-bit cache as written (test_fused_16bit.py's reference):
+1e-4, and the cache's codes equal but for a few an ulp or two apart.
 """
 
 from __future__ import annotations
@@ -73,12 +73,14 @@ def _rows(span: tuple[int, int] | None, seq: int, g: torch.Generator,
             [seq] * n)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_prefill_chunks_match_torch(make_engine, mla_dir, case: str, dtype: str) -> None:
-    engine = make_engine(model=str(mla_dir(case)), dtype=dtype, num_blocks=80, block_size=BLOCK)
+    engine = make_engine(model=str(mla_dir(case)), dtype=dtype, num_blocks=80, block_size=BLOCK,
+                         kv_cache_dtype="auto")
     runner = engine.runner
     assert runner.fused is not None
+    assert runner.kv_cache.dtype == getattr(torch, dtype)  # the latent cache in the model dtype
     model = runner.model
     native = NativeMla(model.layers[0].self_attn, model.arch.mla, NativeLinear)
     fp32 = dtype == "float32"
