@@ -7,9 +7,10 @@ torch forward, the same checkpoint on both.
 The checkpoint is random (tandem/engine/testing/tiny.py), written to a temporary folder, with
 DeepSeek-V2-Lite's attention shape (16 heads, ``kv_lora_rank`` 512, rope 64, nope 128, value
 128, hidden 2048) and a dense MLP, ``--layers`` deep, so the figures are the attention's.
-The two paths attend differently: the native forward keeps the latent cache and attends in
-latent space for prefill as for decode (the queries absorbed into ``kv_b_proj``'s key half,
-per head), torch's decompresses each layer's K/V for a prompt and attends over them. Each
+Both paths keep the latent cache and decompress each layer's K/V for a long prefill chunk
+through ``kv_b_proj`` (the native forward where its count of products says so:
+tandem/engine/native/mla_decompress.h), and decode in latent space (the queries absorbed into
+``kv_b_proj``'s key half, per head). Each
 prompt length is timed as a whole prefill (the time to the first token of a fresh prompt, the
 prefix cache emptied first), then ``--decode-steps`` greedy tokens after it (ms a token); every figure the
 fastest of ``--repeats`` runs, the two paths taking turns. Prints ms per prefill, native /

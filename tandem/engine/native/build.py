@@ -196,6 +196,8 @@ def open_variant(isa: str) -> ctypes.CDLL | None:
     lib.tnd_linear.argtypes, lib.tnd_linear.restype = [ptr, ptr, i32, ptr, i32], None
     lib.tnd_embed.argtypes, lib.tnd_embed.restype = [ptr, ptr, i32, ptr], i32
     lib.tnd_moe_route.argtypes, lib.tnd_moe_route.restype = [ptr, ptr, i32, ptr, ptr], None
+    lib.tnd_mla_decompresses.argtypes = [ptr, i32, ctypes.c_int64]
+    lib.tnd_mla_decompresses.restype = i32
     lib.tnd_forward.argtypes = [ptr, ptr, i32, ptr, i32, ptr, i32]
     lib.tnd_forward.restype = i32
     lib.tnd_isa_width.argtypes, lib.tnd_isa_width.restype = [], i32

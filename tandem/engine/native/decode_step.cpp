@@ -149,6 +149,12 @@ void tnd_moe_route(const tnd::MoeLayer* m, const float* logits, int rows, int32_
   for (int r = 0; r < rows; ++r) tnd::route_row(*m, logits + r * E, ids + r * k, w + r * k);
 }
 
+// Whether an MLA layer attends a prefill segment of `rows` rows from position `first` over its
+// context decompressed (mla_decompress.h's choice; tests), 1, or in latent space, 0.
+int tnd_mla_decompresses(const tnd::MlaLayer* m, int rows, int64_t first) {
+  return tnd::mla_decompresses(*m, rows, first) ? 1 : 0;
+}
+
 // Rows ids[0 .. n) of an embedding table stored as a Lin: out [n, w.k]. Returns -1 when an id
 // is outside the table (nothing written).
 int tnd_embed(const Lin* w, const int64_t* ids, int n, float* out) {

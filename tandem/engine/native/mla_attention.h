@@ -1,7 +1,6 @@
 // Multi-head latent attention (DeepSeek-V2/V3) of one decoder layer in the fused forward
-// (decode_step.cpp), computing what engine/models/layers/mla.py computes, every row in latent
-// space (the torch path's absorbed decode; its prefill rows decompress instead: equal in
-// exact arithmetic):
+// (decode_step.cpp), computing what engine/models/layers/mla.py computes. Decode rows (and any
+// row outside a long enough prefill segment) attend in latent space, the absorbed form:
 //
 //   xn [R, H] --q_proj, or q_a -> q_a_norm -> q_b (q-LoRA)--> q [R, nh, nope | rope]
 //   xn --kv_a--> [c (rank) | k_pe (rope)];  c --kv_a_norm-->;  RoPE on q_pe and k_pe
@@ -11,6 +10,11 @@
 //       o [R, nh, W], of which the first rank values are the weighted latent
 //   out[h] = W_UV[h] . o_lat[h]  [R, nh * vd]  (kv_b's value rows of head h: [vd, rank])
 //   (the caller adds o_proj(out) to the residual)
+//
+// A prefill segment (a sequence's rows at consecutive positions) that mla_decompresses picks
+// attends over its context decompressed instead (mla_decompress.h), as the torch path's
+// prefill rows do: equal in exact arithmetic, fewer products for a long chunk. Every row's
+// latent row is written to the cache first, the same bytes either way.
 //
 // kv_b is read in place ([nh, nope + vd, rank], fp32/bf16/fp16), a head at a time for all
 // rows. The cache may be fp32, bf16 or fp16 (the torch path keeps MLA's latent cache in a
@@ -23,6 +27,7 @@
 
 #include "gemm_tiled.h"
 #include "kv_head.h"
+#include "mla_decompress.h"
 #include "norm_rope.h"
 #include "paged_attention.h"
 #include "quant_linear.h"
@@ -44,7 +49,10 @@ struct MlaLayer {
 };
 
 struct MlaScratch {
-  std::vector<float> qa, q, kv, qabs, olat;
+  std::vector<float> qa, q, kv, qabs, olat, qg, og;
+  std::vector<int> absorbed;
+  std::vector<int64_t> pos;
+  std::vector<const int32_t*> tables;
 };
 
 // Heads x rows from which the absorption runs on the thread pool: a decode row of a real
@@ -94,6 +102,33 @@ inline void absorb_out(const MlaLayer& m, int nh, const float* olat, int rows, f
   }
 }
 
+// out [rows, nh * vd]: rows attending in latent space, queries q [rows, nh, qk] (RoPE
+// applied), their latent rows already in the cache.
+template <int F>
+inline void mla_absorbed(const MlaLayer& m, int nh, const float* q, int rows, const int64_t* pos,
+                         const int32_t* const* tables, int block_size, const uint8_t* cache,
+                         float* out, int threads) {
+  static thread_local MlaScratch kept;
+  MlaScratch& s = kept;
+  const int W = m.rank + m.rope;
+  const size_t rs = static_cast<size_t>(rows);
+  if (s.qabs.size() < rs * nh * W) s.qabs.resize(rs * nh * W);
+  if (s.olat.size() < rs * nh * W) s.olat.resize(rs * nh * W);
+  switch (m.kv_b.kind) {
+    case 5: absorb_in<bf16>(m, nh, q, rows, s.qabs.data(), threads); break;
+    case 6: absorb_in<f16>(m, nh, q, rows, s.qabs.data(), threads); break;
+    default: absorb_in<float>(m, nh, q, rows, s.qabs.data(), threads); break;
+  }
+  const AttnShape shape{nh, 1, W, block_size, m.scale};
+  paged_attention<F>(shape, s.qabs.data(), nh * W, rows, pos, tables, cache, cache,
+                     s.olat.data(), threads);
+  switch (m.kv_b.kind) {
+    case 5: absorb_out<bf16>(m, nh, s.olat.data(), rows, out, threads); break;
+    case 6: absorb_out<f16>(m, nh, s.olat.data(), rows, out, threads); break;
+    default: absorb_out<float>(m, nh, s.olat.data(), rows, out, threads); break;
+  }
+}
+
 // out [rows, nh * vd] = the attention of rows xn [rows, H] (row r at pos[r], its latent row
 // written to cache slot slot[r], its sequence's blocks tables[r]); cos/sin [P, rope].
 template <int F>
@@ -106,8 +141,7 @@ inline void mla_attention(const MlaLayer& m, int nh, const float* xn, int rows,
   const int qk = m.nope + m.rope, W = m.rank + m.rope, R = m.rank;
   const size_t rs = static_cast<size_t>(rows);
   auto grow = [](std::vector<float>& v, size_t n) { if (v.size() < n) v.resize(n); };
-  grow(s.q, rs * nh * qk), grow(s.kv, rs * W), grow(s.qabs, rs * nh * W);
-  grow(s.olat, rs * nh * W);
+  grow(s.q, rs * nh * qk), grow(s.kv, rs * W);
   if (m.q_lora_rank) {
     grow(s.qa, rs * m.q_lora_rank);
     linear(m.q_a, xn, rows, xq, s.qa.data(), m.q_lora_rank, false, threads);
@@ -138,18 +172,40 @@ inline void mla_attention(const MlaLayer& m, int nh, const float* xn, int rows,
     store_head<F>(kv, W, cache + slot[r] * head_bytes);
     for (int h = 0; h < nh; ++h) rotate(&s.q[(r * static_cast<size_t>(nh) + h) * qk + m.nope]);
   }
-  switch (m.kv_b.kind) {
-    case 5: absorb_in<bf16>(m, nh, s.q.data(), rows, s.qabs.data(), threads); break;
-    case 6: absorb_in<f16>(m, nh, s.q.data(), rows, s.qabs.data(), threads); break;
-    default: absorb_in<float>(m, nh, s.q.data(), rows, s.qabs.data(), threads); break;
+  // Prefill segments (a sequence's rows at consecutive positions) that decompress
+  // (mla_decompress.h); the other rows attend absorbed, all together.
+  std::vector<int>& absorbed = s.absorbed;
+  absorbed.clear();
+  for (int r = 0; r < rows;) {
+    int e = r + 1;
+    while (e < rows && tables[e] == tables[r] && pos[e] == pos[e - 1] + 1) ++e;
+    if (mla_decompresses(m, e - r, pos[r])) {
+      mla_decompressed<F>(m, nh, &s.q[r * static_cast<size_t>(nh) * qk], e - r, pos[r],
+                          tables[r], block_size, cache, out + r * static_cast<size_t>(nh) * m.v_dim,
+                          threads);
+    } else {
+      for (int i = r; i < e; ++i) absorbed.push_back(i);
+    }
+    r = e;
   }
-  const AttnShape shape{nh, 1, W, block_size, m.scale};
-  paged_attention<F>(shape, s.qabs.data(), nh * W, rows, pos, tables, cache, cache,
-                     s.olat.data(), threads);
-  switch (m.kv_b.kind) {
-    case 5: absorb_out<bf16>(m, nh, s.olat.data(), rows, out, threads); break;
-    case 6: absorb_out<f16>(m, nh, s.olat.data(), rows, out, threads); break;
-    default: absorb_out<float>(m, nh, s.olat.data(), rows, out, threads); break;
+  if (static_cast<int>(absorbed.size()) == rows) {
+    mla_absorbed<F>(m, nh, s.q.data(), rows, pos, tables, block_size, cache, out, threads);
+  } else if (!absorbed.empty()) {  // those rows gathered, attended, their outputs scattered
+    const int na = static_cast<int>(absorbed.size()), vd = m.v_dim;
+    grow(s.qg, static_cast<size_t>(na) * nh * qk), grow(s.og, static_cast<size_t>(na) * nh * vd);
+    s.pos.resize(na), s.tables.resize(na);
+    for (int i = 0; i < na; ++i) {
+      const int r = absorbed[i];
+      std::memcpy(&s.qg[static_cast<size_t>(i) * nh * qk], &s.q[static_cast<size_t>(r) * nh * qk],
+                  static_cast<size_t>(nh) * qk * sizeof(float));
+      s.pos[i] = pos[r], s.tables[i] = tables[r];
+    }
+    mla_absorbed<F>(m, nh, s.qg.data(), na, s.pos.data(), s.tables.data(), block_size, cache,
+                    s.og.data(), threads);
+    for (int i = 0; i < na; ++i) {
+      std::memcpy(out + static_cast<size_t>(absorbed[i]) * nh * vd,
+                  &s.og[static_cast<size_t>(i) * nh * vd], static_cast<size_t>(nh) * vd * sizeof(float));
+    }
   }
 }
 

@@ -6,11 +6,14 @@
         kv_a_proj_with_mqa                  ->    kv_a: any Lin kind (its bias in the Lin)
         kv_a_layernorm.weight               ->    kv_a_norm: fp32 (a small copy)
         kv_b_proj.weight [nh (nope + vd), R] ->   kv_b: fp32/bf16/fp16, read in place (W_UK and
-                                                  W_UV, the absorbed decode's weights)
+                                                  W_UV: the absorbed decode's weights, and the
+                                                  prefill's decompression by the tiled GEMM)
         o_proj                              ->    the decoder layer's o Lin
 
-Every row attends in latent space (the torch path absorbs for decode rows and decompresses
-prefill rows: equal in exact arithmetic), over the latent cache of one plane and one head of
+Decode rows attend in latent space; a prefill chunk long enough for it
+(:meth:`NativeMla.decompresses`: mla_decompress.h's count of products) attends over its context
+decompressed through kv_b_proj, as the torch path's prefill rows do (equal in exact
+arithmetic). Both read and write the latent cache of one plane and one head of
 ``kv_lora_rank + qk_rope_head_dim`` values per token, the layout the torch path writes, so
 either path continues a sequence the other started (a P/D handoff between them included).
 """
@@ -26,6 +29,7 @@ from torch import nn
 
 from tandem.engine.models.arch import MlaDims
 from tandem.engine.models.layers.mla import LATENT_NORM_EPS, MlaAttention
+from tandem.engine.native.build import load
 from tandem.engine.native.packed_linear import FLOAT_KINDS, LinStruct
 
 _F = ctypes.POINTER(ctypes.c_float)
@@ -99,3 +103,11 @@ class NativeMla:
                       ctypes.cast(kv_b.data_ptr(), _U8), ctypes.cast(None, _F),
                       ctypes.cast(None, _F), ctypes.cast(None, _F)),
         )
+
+    def decompresses(self, rows: int, first_position: int) -> bool:
+        """Whether the kernels attend a prefill chunk of ``rows`` rows of one sequence, from
+        ``first_position`` on, over its context decompressed (else in latent space)."""
+        lib = load()
+        if lib is None:
+            raise RuntimeError("native kernels are unavailable on this machine")
+        return bool(lib.tnd_mla_decompresses(ctypes.byref(self.struct), rows, first_position))
