@@ -53,7 +53,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import aclosing
 
 from tandem.common.obs import tracing
@@ -66,6 +66,7 @@ from tandem.router.errors import (
     LegLostError,
     LegSuspendedError,
     NoWorkerError,
+    RouterError,
     WorkerCallError,
     WorkerFailedError,
 )
@@ -74,8 +75,9 @@ from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.deps import HandoffDeps, refused_for_now
 from tandem.router.handoff.fork import merge_sequences
 from tandem.router.handoff.leg_move import LegMove
+from tandem.router.handoff.leg_precopy import LegPreCopy, PreCopied, precopy_leg
 from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply
-from tandem.router.handoff.live_moves import MoveTicket
+from tandem.router.handoff.live_moves import MoveCause, MoveTicket
 from tandem.router.handoff.move_gap import MoveGap
 from tandem.router.handoff.open_legs import OpenLegs
 from tandem.router.handoff.prefill_leg import LegPrefill
@@ -107,6 +109,10 @@ class Handoff:
         self._open = OpenLegs(request.request_id, self._calls, deps.registry, deps.counters,
                               span)
         self._mover = LegMove(deps, self._calls, self._open, request.request_id, deadline, span)
+        self._precopy = LegPreCopy(deps, self._calls, self._open, request.request_id, deadline,
+                                   span)
+        self._precopied: PreCopied | None = None  # the pre-copy the next move goes with
+        self._releases: set[asyncio.Task[None]] = set()  # pre-copies being freed
         self._prefill = LegPrefill(deps, request.request_id, deadline, span, self._calls,
                                    self._open, self._renew)
         self._leg: DecodeLeg  # the decode leg the request is on (set by _legs)
@@ -208,32 +214,77 @@ class Handoff:
             self._deps.live.move_soon(self._calls, ticket,
                                       self._deps.live.cause_of(self._leg.endpoint))
         gap = MoveGap(self._deps.counters)
-        while True:
-            leg = self._leg
-            stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
-                                        self._deadline.remaining(), index=leg.index,
-                                        parent=self._span)
-            try:
-                async with aclosing(stream):  # closed (RPC cancelled) however we leave
-                    async for chunk in stream:
-                        if gap.tick(len(chunk.token_ids)):  # the new leg's first: a new text
-                            chunk.leg_start = True  # base
-                        self._sent.extend(chunk.token_ids)
-                        yield chunk
-                return
-            except LegSuspendedError:
-                async with self._moves:  # a forked request's sequences: one at a time
-                    if await self._move(ticket):
-                        gap.moved()
+        ticket.prepare = lambda: self._prepare_move(ticket)
+        try:
+            while True:
+                leg = self._leg
+                stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
+                                            self._deadline.remaining(), index=leg.index,
+                                            parent=self._span)
+                try:
+                    async with aclosing(stream):  # closed (RPC cancelled) however we leave
+                        async for chunk in stream:
+                            if gap.tick(len(chunk.token_ids)):  # the new leg's first: a new
+                                chunk.leg_start = True  # text base
+                            self._sent.extend(chunk.token_ids)
+                            yield chunk
+                    return
+                except LegSuspendedError:
+                    async with self._moves:  # a forked request's sequences: one at a time
+                        if await self._move(ticket):
+                            gap.moved()
+        finally:  # the stream ended before a move took its pre-copy: free it
+            ticket.prepare = None
+            pre, self._precopied = self._precopied, None
+            if pre is not None:
+                await self._precopy.release(pre)
+
+    async def _prepare_move(self, ticket: MoveTicket) -> bool:
+        """A live move of ``self._leg``'s stream was asked for: its pre-copy, while it
+        decodes on (tandem/router/handoff/leg_precopy.py). False when the stream stays
+        where it is (the ticket says why)."""
+        src = self._leg
+        try:
+            outcome = await self._precopy.run(
+                src, self._tokens(), ticket,
+                lambda tokens: self._reserve(self._rank_decode({src.endpoint}),
+                                             precopy=tokens))
+        except RouterError as exc:  # its deadline, a refused Reserve: the stream stays
+            cause = (ticket.cause or MoveCause.DRAIN).value
+            self._precopy.stay(ticket, cause, f"the pre-copy failed: {exc}")
+            return False
+        pre = outcome.precopied
+        if pre is not None:
+            if ticket.prepare is None or self._leg is not src:  # it ended (or moved) meanwhile
+                await self._precopy.release(pre)
+            else:
+                self._precopied = pre
+        return outcome.go
 
     async def _move(self, ticket: MoveTicket) -> bool:
         """``self._leg``'s stream was suspended for a live move: move it to another decode
-        worker (True), or resume it where it is (False; the ticket says why). Raises
-        LegLostError when its worker is gone meanwhile (tandem/router/handoff/leg_move.py)."""
+        worker (True), or resume it where it is (False; the ticket says why), to its
+        pre-copy's target first when it has one. Raises LegLostError when its worker is gone
+        meanwhile (tandem/router/handoff/leg_move.py)."""
         src = self._leg
-        target = await self._mover.move(
-            src, ticket, lambda: self._reserve(self._rank_decode({src.endpoint}), moving=True),
-            self._sent[-1], shared=src is self._adopted)
+        pre, self._precopied = self._precopied, None
+
+        def reserve() -> Awaitable[DecodeLeg]:
+            ranked = self._rank_decode({src.endpoint})
+            if pre is not None and pre.endpoint in ranked:  # it holds the pre-copied blocks
+                ranked.remove(pre.endpoint)
+                ranked.insert(0, pre.endpoint)
+            return self._reserve(ranked, moving=True)
+
+        try:
+            target = await self._mover.move(src, ticket, reserve, self._sent[-1],
+                                            shared=src is self._adopted)
+        finally:
+            if pre is not None:  # the move's reservation took its blocks: freed beside
+                task = asyncio.get_running_loop().create_task(  # the stream's next read
+                    self._precopy.release(pre))
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
         if target is None:
             return False
         self._leg = target
@@ -333,9 +384,11 @@ class Handoff:
             raise NoWorkerError(f"no healthy decode worker{after}")
         return [w.endpoint for w in ranked]
 
-    async def _reserve(self, endpoints: list[str], moving: bool = False) -> DecodeLeg:
+    async def _reserve(self, endpoints: list[str], moving: bool = False,
+                       precopy: list[int] | None = None) -> DecodeLeg:
         """Reserve on the first of ``endpoints`` that accepts (``moving``: as a live move's
-        target, for the tokens so far but the last, which the move's COMMIT carries)."""
+        target, for the tokens so far but the last, which the move's COMMIT carries;
+        ``precopy``: for a live move's pre-copy of these leading tokens)."""
         deps = self._deps
         exhausted: list[tuple[int, Busy | None]] = []  # the full workers' hints and reasons
         failed: WorkerCallError | None = None
@@ -349,8 +402,9 @@ class Handoff:
             )
             self._n_legs += 1
             try:
-                reply = await legs.reserve(self._calls, endpoint,
-                                           self._leg_request(leg_id, moving),
+                leg = (self._leg_request(leg_id, moving) if precopy is None
+                       else precopy_leg(leg_id, precopy, self._req.lora))
+                reply = await legs.reserve(self._calls, endpoint, leg,
                                            deps.config.lease_s, self._deadline.remaining(),
                                            self._span)
             except WorkerCallError as err:
