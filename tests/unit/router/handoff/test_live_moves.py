@@ -3,7 +3,7 @@ RouterAdmin.MoveStreams moves a stream held mid-way to the other decode worker a
 client's stream equals the undisturbed one, with its pre-copy (the full blocks first, the
 stream's stop-and-copy reserved on the same target, the pre-copy freed after) or without; a
 failed push, a failed pre-copy (never suspended), or no other decode worker, leaves it where
-it is; a stream that ends during its pre-copy frees it; the admin service answers cluster
+it is; a stream that ends, or whose client leaves, during its pre-copy frees it; the admin service answers cluster
 members only; and the ticket book."""
 
 from __future__ import annotations
@@ -149,6 +149,36 @@ def test_stream_ending_during_its_precopy_frees_it(tokenizer: RouterTokenizer) -
             target = c.decode[1 - source]
             (pre_leg,) = target.reservations.values()
             await until(lambda: pre_leg.request_id in target.aborts)
+            assert not fake.moves_out
+
+    asyncio.run(scenario())
+
+
+def test_client_gone_during_the_precopy_aborts_every_leg(tokenizer: RouterTokenizer) -> None:
+    """The client cancels while the pre-copy is under way: the router aborts the request's
+    leg on its source and the pre-copy's leg on the target; the move ends as not moved."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            source = c.first_decode(len(PROMPT) + N)
+            fake = c.decode[source]
+            fake.hang_after = 3
+            fake.precopy_gate = gate = asyncio.Event()
+            call = c.stub.Generate(_request())
+            await call.read()  # the first token: its stream is under way
+            await asyncio.wait_for(fake.hanging.wait(), 10)
+            admin = worker_pb2_grpc.RouterAdminStub(c.channel)
+            move = asyncio.ensure_future(admin.MoveStreams(
+                worker_pb2.MoveStreamsRequest(worker=c.decode_endpoints[source]), timeout=10))
+            await asyncio.wait_for(fake.precopy_started.wait(), 10)
+            call.cancel()  # the client leaves mid pre-copy
+            (leg,) = fake.reservations
+            await until(lambda: leg in fake.aborts)
+            target = c.decode[1 - source]
+            (pre_leg,) = target.reservations.values()
+            await until(lambda: pre_leg.request_id in target.aborts)
+            gate.set()
+            reply = await move
+            assert (reply.moved, reply.stayed) == (0, 1)
             assert not fake.moves_out
 
     asyncio.run(scenario())
