@@ -53,7 +53,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
 from tandem.common.obs import tracing
@@ -66,7 +66,6 @@ from tandem.router.errors import (
     LegLostError,
     LegSuspendedError,
     NoWorkerError,
-    RouterError,
     WorkerCallError,
     WorkerFailedError,
 )
@@ -75,9 +74,9 @@ from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.deps import HandoffDeps, refused_for_now
 from tandem.router.handoff.fork import merge_sequences
 from tandem.router.handoff.leg_move import LegMove
-from tandem.router.handoff.leg_precopy import LegPreCopy, PreCopied, precopy_leg
+from tandem.router.handoff.leg_precopy import LegPreCopy, precopy_leg
 from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply
-from tandem.router.handoff.live_moves import MoveCause, MoveTicket
+from tandem.router.handoff.live_moves import MoveTicket
 from tandem.router.handoff.move_gap import MoveGap
 from tandem.router.handoff.open_legs import OpenLegs
 from tandem.router.handoff.prefill_leg import LegPrefill
@@ -111,8 +110,6 @@ class Handoff:
         self._mover = LegMove(deps, self._calls, self._open, request.request_id, deadline, span)
         self._precopy = LegPreCopy(deps, self._calls, self._open, request.request_id, deadline,
                                    span)
-        self._precopied: PreCopied | None = None  # the pre-copy the next move goes with
-        self._releases: set[asyncio.Task[None]] = set()  # pre-copies being freed
         self._prefill = LegPrefill(deps, request.request_id, deadline, span, self._calls,
                                    self._open, self._renew)
         self._leg: DecodeLeg  # the decode leg the request is on (set by _legs)
@@ -214,7 +211,9 @@ class Handoff:
             self._deps.live.move_soon(self._calls, ticket,
                                       self._deps.live.cause_of(self._leg.endpoint))
         gap = MoveGap(self._deps.counters)
-        ticket.prepare = lambda: self._prepare_move(ticket)
+        ticket.prepare = lambda: self._precopy.prepare(  # a move's pre-copy: leg_precopy.py
+            lambda: self._leg, self._tokens(), ticket, lambda: ticket.prepare is not None,
+            lambda tokens, away: self._reserve(self._rank_decode({away}), precopy=tokens))
         try:
             while True:
                 leg = self._leg
@@ -234,57 +233,21 @@ class Handoff:
                         if await self._move(ticket):
                             gap.moved()
         finally:  # the stream ended before a move took its pre-copy: free it
-            ticket.prepare = None
-            pre, self._precopied = self._precopied, None
-            if pre is not None:
-                await self._precopy.release(pre)
-
-    async def _prepare_move(self, ticket: MoveTicket) -> bool:
-        """A live move of ``self._leg``'s stream was asked for: its pre-copy, while it
-        decodes on (tandem/router/handoff/leg_precopy.py). False when the stream stays
-        where it is (the ticket says why)."""
-        src = self._leg
-        try:
-            outcome = await self._precopy.run(
-                src, self._tokens(), ticket,
-                lambda tokens: self._reserve(self._rank_decode({src.endpoint}),
-                                             precopy=tokens))
-        except RouterError as exc:  # its deadline, a refused Reserve: the stream stays
-            cause = (ticket.cause or MoveCause.DRAIN).value
-            self._precopy.stay(ticket, cause, f"the pre-copy failed: {exc}")
-            return False
-        pre = outcome.precopied
-        if pre is not None:
-            if ticket.prepare is None or self._leg is not src:  # it ended (or moved) meanwhile
-                await self._precopy.release(pre)
-            else:
-                self._precopied = pre
-        return outcome.go
+            await self._precopy.drop(ticket)
 
     async def _move(self, ticket: MoveTicket) -> bool:
         """``self._leg``'s stream was suspended for a live move: move it to another decode
-        worker (True), or resume it where it is (False; the ticket says why), to its
-        pre-copy's target first when it has one. Raises LegLostError when its worker is gone
-        meanwhile (tandem/router/handoff/leg_move.py)."""
+        worker (True; its pre-copy's target first), or resume it where it is (False). Raises
+        LegLostError when its worker is gone meanwhile (tandem/router/handoff/leg_move.py)."""
         src = self._leg
-        pre, self._precopied = self._precopied, None
-
-        def reserve() -> Awaitable[DecodeLeg]:
-            ranked = self._rank_decode({src.endpoint})
-            if pre is not None and pre.endpoint in ranked:  # it holds the pre-copied blocks
-                ranked.remove(pre.endpoint)
-                ranked.insert(0, pre.endpoint)
-            return self._reserve(ranked, moving=True)
-
+        pre = self._precopy.take()
         try:
-            target = await self._mover.move(src, ticket, reserve, self._sent[-1],
-                                            shared=src is self._adopted)
-        finally:
-            if pre is not None:  # the move's reservation took its blocks: freed beside
-                task = asyncio.get_running_loop().create_task(  # the stream's next read
-                    self._precopy.release(pre))
-                self._releases.add(task)
-                task.add_done_callback(self._releases.discard)
+            target = await self._mover.move(
+                src, ticket, lambda: self._reserve(
+                    self._precopy.first(self._rank_decode({src.endpoint}), pre), moving=True),
+                self._sent[-1], shared=src is self._adopted)
+        finally:  # the move's reservation took its blocks: freed beside the next read
+            self._precopy.release_soon(pre)
         if target is None:
             return False
         self._leg = target
@@ -388,7 +351,7 @@ class Handoff:
                        precopy: list[int] | None = None) -> DecodeLeg:
         """Reserve on the first of ``endpoints`` that accepts (``moving``: as a live move's
         target, for the tokens so far but the last, which the move's COMMIT carries;
-        ``precopy``: for a live move's pre-copy of these leading tokens)."""
+        ``precopy``: a move's pre-copy of these leading tokens)."""
         deps = self._deps
         exhausted: list[tuple[int, Busy | None]] = []  # the full workers' hints and reasons
         failed: WorkerCallError | None = None

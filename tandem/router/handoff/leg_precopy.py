@@ -23,13 +23,20 @@ whatever the router does; the source pins the blocks it pushes for the push only
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tandem.common.obs import tracing
 from tandem.router.api.sampling import LogprobOptions, SamplingSpec
-from tandem.router.errors import Fault, NoWorkerError, OverloadedError, WorkerCallError
+from tandem.router.errors import (
+    Fault,
+    NoWorkerError,
+    OverloadedError,
+    RouterError,
+    WorkerCallError,
+)
 from tandem.router.handoff import legs
 from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.deps import HandoffDeps
@@ -71,7 +78,8 @@ def precopy_leg(leg_id: str, tokens: list[int], lora: str) -> LegRequest:
 
 
 class LegPreCopy:
-    """The pre-copies of one request's decode legs (see the module docstring)."""
+    """The pre-copies of one request's decode legs, and the one its next move goes with
+    (see the module docstring)."""
 
     def __init__(self, deps: HandoffDeps, calls: legs.LegCalls, open_legs: OpenLegs,
                  request_id: str, deadline: Deadline, span: tracing.Span) -> None:
@@ -81,6 +89,62 @@ class LegPreCopy:
         self._request_id = request_id
         self._deadline = deadline
         self._span = span
+        self._held: PreCopied | None = None  # the pre-copy the next move goes with
+        self._releases: set[asyncio.Task[None]] = set()  # pre-copies being freed
+
+    async def prepare(self, leg: Callable[[], DecodeLeg], tokens: list[int],
+                      ticket: MoveTicket, streaming: Callable[[], bool],
+                      reserve: Callable[[list[int], str], Awaitable[DecodeLeg]]) -> bool:
+        """A move of the stream on ``leg()`` was asked for, its client having ``tokens``:
+        ``run``, with ``reserve(tokens, source endpoint)`` making the pre-copy's leg
+        elsewhere; the pre-copy is kept for the move (``take``) while ``streaming()`` and the
+        stream is still on that leg (else it ended or moved meanwhile: freed at once). False
+        when the stream stays (the ticket settled)."""
+        src = leg()
+        try:
+            outcome = await self.run(src, tokens, ticket,
+                                     lambda lead: reserve(lead, src.endpoint))
+        except RouterError as exc:  # its deadline, a refused Reserve: the stream stays
+            cause = (ticket.cause or MoveCause.DRAIN).value
+            self.stay(ticket, cause, f"the pre-copy failed: {exc}")
+            return False
+        pre = outcome.precopied
+        if pre is not None:
+            if streaming() and leg() is src:
+                self._held = pre
+            else:
+                await self.release(pre)
+        return outcome.go
+
+    def take(self) -> PreCopied | None:
+        """The pre-copy the move now under way goes with (None: none); no longer kept."""
+        pre, self._held = self._held, None
+        return pre
+
+    @staticmethod
+    def first(ranked: list[str], pre: PreCopied | None) -> list[str]:
+        """``ranked`` decode workers with the pre-copy's target first (it holds the blocks)
+        when it is among them."""
+        if pre is None or pre.endpoint not in ranked:
+            return ranked
+        return [pre.endpoint, *(e for e in ranked if e != pre.endpoint)]
+
+    def release_soon(self, pre: PreCopied | None) -> None:
+        """Free ``pre`` on its target without waiting (the move's reservation references its
+        blocks by now, or the move failed)."""
+        if pre is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.release(pre))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def drop(self, ticket: MoveTicket) -> None:
+        """The stream ended: no more pre-copies for its ``ticket``; free the one no move
+        took (if any)."""
+        ticket.prepare = None
+        pre = self.take()
+        if pre is not None:
+            await self.release(pre)
 
     def tokens(self, src: DecodeLeg, tokens: list[int]) -> int:
         """How many leading ``tokens`` (the prompt and every token the client has) a

@@ -24,12 +24,7 @@ and kept on the request's ``RequestStream``; receiver events map to requests thr
             neither within ``attach_lease_s`` (the router went away) ──> engine.abort
         (stream_moves.py, moves.py); a reservation made with ``moved_in`` is such a
         move's target: its COMMIT's token was streamed by the worker it moved from
-    RUNNING ──PreCopy──> (before the Suspend, the request decoding on) its leading full
-            blocks pushed into the target's pre-copy reservation
-    Reserve(precopy) ──> a move's pre-copy here: committed, its blocks are prefix-cached and
-            held, nothing runs (the stream never gets a token) until the router's Abort, or
-            the lease counted from the Reserve, frees them; the move's own Reserve finds
-            them cached meanwhile, so its push carries only the blocks after them
+    RUNNING ──PreCopy──> before a Suspend: its full blocks pushed ahead (precopy_leases.py)
 
 A forked request (``n`` > 1) is one reservation, one push and one COMMIT carrying n first
 tokens; the engine forks it into n sequences sharing the pushed blocks, each with its own
@@ -60,17 +55,18 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.common.wire import MAX_SEQUENCES
 from tandem.engine.async_engine import AsyncEngine
-from tandem.engine.core.request import FORK_SEPARATOR, sequence_id
+from tandem.engine.core.request import sequence_id
 from tandem.engine.errors import UnknownRequestError
 from tandem.engine.outputs import EngineStats
 from tandem.engine.sampling_params import SamplingParams
 from tandem.kv_transfer import Receiver, Sender
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.decode.moves import LiveMoves, Suspended
+from tandem.worker.decode.precopy_leases import PreCopyLeases
 from tandem.worker.decode.reader_leases import ReaderLeases
 from tandem.worker.decode.receiver_events import ReceiverEvents
+from tandem.worker.decode.reserve_checks import check_reserve
 from tandem.worker.decode.results import ReserveResult, StreamMessage
 from tandem.worker.decode.stream_moves import StreamMoves
 from tandem.worker.decode.streams import RequestStream
@@ -128,7 +124,7 @@ class DecodeWorker:
         self._streams: dict[str, RequestStream] = {}  # by sequence id (tandem/engine/core/request.py)
         self._groups: dict[str, list[RequestStream]] = {}  # a request's streams, by index
         self._reserving: dict[str, asyncio.Task[ReserveResult]] = {}  # Reserves in flight
-        self._expiry: dict[str, asyncio.TimerHandle] = {}  # pre-copies' leases, by request
+        self._precopies = PreCopyLeases(lambda rid: self._spawn(self.abort(rid)))
         self._events_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._leases = ReaderLeases(config.attach_lease_s, config.drain_orphan_grace_s,
@@ -169,17 +165,11 @@ class DecodeWorker:
         tail of ``token_ids``); see ``LLMEngine.add_request``. ``n``: the sequences a forked
         request becomes at commit (one reservation for its prompt, a stream per sequence).
         ``moved_in``: a live move's target (its COMMIT's token was streamed already).
-        ``precopy``: a live move's pre-copy of ``token_ids`` (whole blocks), held once
-        committed until an Abort or ``lease_s`` from now."""
+        ``precopy``: a live move's pre-copy, held once committed (precopy_leases.py)."""
         if self.draining:
             raise Draining()
-        _check_request_id(request_id)
-        if not 1 <= n <= MAX_SEQUENCES:
-            raise BadRequest("n", f"{n} sequences, not 1..{MAX_SEQUENCES}")
-        if precopy and (n != 1 or prior_output_tokens or moved_in
-                        or not token_ids or len(token_ids) % self.layout.block_size):
-            raise BadRequest("precopy", "a pre-copy reserves whole blocks of tokens, with one "
-                             "sequence, no prior output tokens and not moved_in")
+        check_reserve(request_id, token_ids, n, prior_output_tokens, moved_in, precopy,
+                      self.layout.block_size)
         if request_id in self._groups:
             raise BadRequest("request_id", f"{request_id!r} is already in use")
         lease = self._lease(lease_s)
@@ -218,8 +208,7 @@ class DecodeWorker:
             # queued it runs at once, beside a step's forward (AsyncEngine.call_now).
             self._events.take_reported()
             granted, adapter = await self._ae.call_now(
-                lambda e: (e.remote.decode.reserve(rid, tokens, params, prior, transfer_id=tid,
-                                                   n=n, precopy=precopy),
+                lambda e: (e.remote.decode.reserve(rid, tokens, params, prior, tid, n, precopy),
                            e.lora_identity(params.lora)),
                 stream=[s.request_id for s in group],
             )
@@ -239,8 +228,7 @@ class DecodeWorker:
         for stream in group:
             stream.start()
         if precopy:  # held once committed: at most for the lease, whoever forgets it
-            self._expiry[rid] = asyncio.get_running_loop().call_later(
-                lease, lambda: self._spawn(self.abort(rid)))
+            self._precopies.start(rid, lease)
         return ReserveResult(tid, block_ids, self.kv_endpoint, self.layout,
                              granted.cached_tokens, adapter, granted.skip_tokens)
 
@@ -427,9 +415,7 @@ class DecodeWorker:
         group = self._groups.get(stream.group_id)
         if group is not None and not any(self._streams.get(s.request_id) is s for s in group):
             del self._groups[stream.group_id]  # its last stream is gone: the id is free again
-            expiry = self._expiry.pop(stream.group_id, None)
-            if expiry is not None:
-                expiry.cancel()
+            self._precopies.forget(stream.group_id)
         self._touch()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -476,9 +462,3 @@ class DecodeWorker:
         await self.retire()
         await self._ae.shutdown()
 
-
-def _check_request_id(request_id: str) -> None:
-    if not request_id or len(request_id) > 256:
-        raise BadRequest("request_id", "must be 1..256 characters")
-    if FORK_SEPARATOR in request_id:  # the engine names forked sequences with it
-        raise BadRequest("request_id", f"must not contain {FORK_SEPARATOR!r}")
