@@ -1,5 +1,6 @@
 """Live KV migration on real processes: a move's client-visible gap (seconds, and decode steps
-of the stream's source), and the scale-down of a decode worker holding N streams three ways.
+of the stream's source), with and without its pre-copy, and the scale-down of a decode worker
+holding N streams three ways.
 
     python -m bench.serving.live_migration [--model smollm2] [--streams 16] [--tokens 256]
         [--singles 3] [--out docs/bench]
@@ -10,15 +11,21 @@ start; once each has 8 tokens, RouterAdmin.MoveStreams gathers them all on one d
 worker (the other's streams move to it), which is then taken away:
 
   migrate    RouterAdmin.DrainWorker(migrate): its streams move live to the other worker;
-             the time from the call to the worker's exit
+             the time from the call to the worker's exit. Each move pre-copies the stream's
+             full blocks while it decodes on, then stops it and pushes only the tail (the
+             router's default, tandem/router/handoff/leg_precopy.py)
+  stopcopy   the same without the pre-copy (``--live-move-precopy-blocks 0``): each stream
+             stops while its whole KV is pushed
   drain      DrainWorker without migrate: it takes no new work and exits once its streams end
   reprefill  the worker is SIGKILLed: the router re-prefills each stream's prompt + tokens
              sent on the other one; the time until every stream has a token again
 
 Every stream must complete with ``--tokens`` tokens (a failed one is counted and reported).
 The gap figures are the router's ``tandem_live_migration_gap_seconds`` and ``_steps``
-(tandem/router/handoff/move_gap.py) over the migrate variant's moves: first ``--singles``
-lone streams moved one at a time (batch 1), then the N streams' two rounds of moves.
+(tandem/router/handoff/move_gap.py) over the migrate (and stopcopy) variant's moves: first
+``--singles`` lone streams moved one at a time (batch 1), then the N streams' two rounds of
+moves; with them the KV bytes pushed while the streams decoded on (pre-copy) and while they
+were stopped (``tandem_live_migration_precopy_bytes_total``, ``_bytes_total``).
 The machine's other load shifts every figure here: run it on an idle machine, and say so
 when it was not.
 """
@@ -90,7 +97,10 @@ def _wait(cond: object, timeout: float = 600.0) -> None:
         time.sleep(0.01)
 
 
-def _start(cluster: Cluster, model: Path) -> tuple[Proc, Proc, Proc]:
+MOVING = ("migrate", "stopcopy")  # the variants that move streams live
+
+
+def _start(cluster: Cluster, model: Path, precopy: bool = True) -> tuple[Proc, Proc, Proc]:
     flags = ["--model", str(model), "--dtype", "float32", "--threads", "1"]
     d1 = cluster.start("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags)
     d2 = cluster.start("tandem.worker.decode", "--port", "0", "--kv-port", "0", *flags)
@@ -98,7 +108,7 @@ def _start(cluster: Cluster, model: Path) -> tuple[Proc, Proc, Proc]:
     router = cluster.start(
         "tandem.router", "--port", "0", "--tokenizer", str(model), "--model-name", "bench",
         "--prefill", prefill.grpc, "--decode", f"{d1.grpc},{d2.grpc}", "--placement",
-        "remote")
+        "remote", "--live-move-precopy-blocks", "1" if precopy else "0")
     return d1, d2, router
 
 
@@ -130,7 +140,7 @@ def _gaps(router: Proc) -> dict[str, float]:
     got: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.startswith("tandem_live_migration_gap_") and \
+            if sample.name.startswith("tandem_live_migration_") and \
                     sample.labels.get("le") in (None, "3.0"):
                 got[sample.name + sample.labels.get("le", "")] = sample.value
     moves = got.get("tandem_live_migration_gap_seconds_count", 0.0)
@@ -138,16 +148,18 @@ def _gaps(router: Proc) -> dict[str, float]:
     return {"moves": moves,
             "seconds_mean": got.get("tandem_live_migration_gap_seconds_sum", 0.0) / max(moves, 1),
             "steps_mean": got.get("tandem_live_migration_gap_steps_sum", 0.0) / stepped,
-            "within_3_steps": got.get("tandem_live_migration_gap_steps_bucket3.0", 0.0) / stepped}
+            "within_3_steps": got.get("tandem_live_migration_gap_steps_bucket3.0", 0.0) / stepped,
+            "precopy_bytes": got.get("tandem_live_migration_precopy_bytes_total", 0.0),
+            "stopped_bytes": got.get("tandem_live_migration_bytes_total", 0.0)}
 
 
 def variant(name: str, model: Path, n: int, tokens: int, singles: int) -> dict[str, float]:
     """One scale-down (see the module docstring), on fresh processes."""
     cluster = Cluster()
     try:
-        d1, d2, router = _start(cluster, model)
+        d1, d2, router = _start(cluster, model, precopy=name != "stopcopy")
         row: dict[str, float] = {}
-        if name == "migrate":
+        if name in MOVING:
             for i in range(singles):  # lone streams: the gap at batch 1
                 (s,) = _streams(router, 1, tokens, first=1000 + i)
                 holder = d1 if _running(d1) else d2
@@ -163,13 +175,13 @@ def variant(name: str, model: Path, n: int, tokens: int, singles: int) -> dict[s
                               or len(s.arrivals) == tokens for s in streams))
         else:
             reply = _admin(router).DrainWorker(worker_pb2.DrainWorkerRequest(
-                worker=d1.grpc, migrate=name == "migrate"), timeout=900)
+                worker=d1.grpc, migrate=name in MOVING), timeout=900)
             row["moved"], row["stayed"] = reply.moved, reply.stayed
             row["moves_s"] = reply.seconds  # the call to its last move
             d1.popen.wait(timeout=900)
         row["scale_down_s"] = time.monotonic() - t0
         row["failed"] = sum(not s.join() for s in streams)
-        if name == "migrate":
+        if name in MOVING:
             row.update({f"all_{k}": v for k, v in _gaps(router).items()})
         print(f"[bench] {name}: {row}", file=sys.stderr, flush=True)
         return row
@@ -192,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=16)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--singles", type=int, default=3)
-    p.add_argument("--variants", default="migrate,drain,reprefill")
+    p.add_argument("--variants", default="migrate,stopcopy,drain,reprefill")
     p.add_argument("--out", type=Path, default=None, help="write live_migration.json here")
     args = p.parse_args(argv)
     model = resolve_model(args.model)
@@ -202,12 +214,16 @@ def main(argv: list[str] | None = None) -> int:
           "failed requests |\n|---|---|---|")
     for v, row in rows.items():
         print(f"| {v} | {row['scale_down_s']:.2f} | {row['failed']:.0f} |")
-    if "migrate" in rows:
-        m = rows["migrate"]
-        print(f"\ngap of a live move, lone streams: {m['single_seconds_mean'] * 1e3:.1f} ms = "
-              f"{m['single_steps_mean']:.2f} steps (mean over {m['single_moves']:.0f}); every "
-              f"move: {m['all_seconds_mean'] * 1e3:.1f} ms = {m['all_steps_mean']:.2f} steps "
-              f"(mean over {m['all_moves']:.0f}, {m['all_within_3_steps']:.0%} within 3)")
+    for v in (v for v in MOVING if v in rows):
+        m = rows[v]
+        how = "with pre-copy" if v == "migrate" else "without pre-copy (stop-and-copy)"
+        print(f"\ngap of a live move {how}, lone streams: "
+              f"{m['single_seconds_mean'] * 1e3:.1f} ms = {m['single_steps_mean']:.2f} steps "
+              f"(mean over {m['single_moves']:.0f}); every move: "
+              f"{m['all_seconds_mean'] * 1e3:.1f} ms = {m['all_steps_mean']:.2f} steps (mean "
+              f"over {m['all_moves']:.0f}, {m['all_within_3_steps']:.0%} within 3); KV pushed "
+              f"while decoding {m['all_precopy_bytes'] / 2**20:.1f} MiB, while stopped "
+              f"{m['all_stopped_bytes'] / 2**20:.1f} MiB")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "live_migration.json").write_text(json.dumps(

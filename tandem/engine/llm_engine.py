@@ -433,10 +433,10 @@ class LLMEngine:
 
     def _live_request_ids(self) -> list[str]:
         """Every request that may hold KV blocks: scheduled (running, waiting) or pinned
-        (reserved for a push, held for one)."""
+        (reserved for a push, held for one) or pinned for a live move's pre-copy."""
         s = self.scheduler
         return [*(r.request_id for r in s.running), *(r.request_id for r in s.waiting),
-                *self.remote.ledger.request_ids()]
+                *self.remote.ledger.request_ids(), *self.remote.migrate.pin_ids()]
 
 
 def _needs_host(p: SamplingParams) -> bool:

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt's cached prefix may have and still be chosen",
     )
     p.add_argument("--lease-s", type=float, default=30.0, help="reservation lease")
+    p.add_argument("--live-move-precopy-blocks", type=int, default=1,
+                   help="a live move pushes a stream's full KV blocks while it decodes on "
+                   "(pre-copy) once it has at least this many; 0: never")
     p.add_argument("--heartbeat-interval", type=float, default=2.0)
     p.add_argument("--health-interval", type=float, default=2.0)
     p.add_argument("--drain-timeout", type=float, default=60.0)
@@ -237,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         affinity_max_queue=args.affinity_max_queue,
         decode_affinity_slack=args.decode_affinity_slack,
         lease_s=args.lease_s,
+        live_move_precopy_blocks=args.live_move_precopy_blocks,
         heartbeat_interval_s=args.heartbeat_interval,
         health_interval_s=args.health_interval,
         drain_timeout_s=args.drain_timeout,

@@ -58,6 +58,9 @@ class RouterConfig:
     prefill_attempts: int = 2
     max_migrations: int = 2
     lease_s: float = 30.0
+    # A live move pre-copies a stream's full blocks while it decodes on once it has at least
+    # this many (0: never; tandem/router/handoff/leg_precopy.py)
+    live_move_precopy_blocks: int = 1
     heartbeat_interval_s: float = 2.0
     missed_heartbeats: int = 3
     health_interval_s: float = 2.0
@@ -167,6 +170,7 @@ class RouterConfig:
             "prefill_attempts": self.prefill_attempts >= 1,
             "max_migrations": self.max_migrations >= 0,
             "lease_s": self.lease_s > 0,
+            "live_move_precopy_blocks": self.live_move_precopy_blocks >= 0,
             "heartbeat_interval_s": self.heartbeat_interval_s > 0,
             "missed_heartbeats": self.missed_heartbeats >= 1,
             "health_interval_s": self.health_interval_s > 0,

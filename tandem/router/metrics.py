@@ -152,8 +152,10 @@ class _StateCollector(Collector):
         for (cause, outcome), n in sorted(c.live_moves.items()):
             moves.add_metric([ROLE, cause, outcome], n)
         yield moves
-        yield _counter("tandem_live_migration_bytes", "KV bytes pushed by live moves",
-                       c.moved_bytes)
+        yield _counter("tandem_live_migration_bytes", "KV bytes pushed by live moves once "
+                       "their streams stopped (the stop-and-copy)", c.moved_bytes)
+        yield _counter("tandem_live_migration_precopy_bytes", "KV bytes pushed by live "
+                       "moves' pre-copies, while their streams decoded on", c.precopy_bytes)
         yield _histogram("tandem_live_migration_gap_seconds", "A live move's client-visible "
                          "gap: the last token from the old decode worker to the first from "
                          "the new one", c.move_gap)

@@ -1,8 +1,8 @@
 """A test-only pause before a push's COMMIT: the window between a decode worker's reservation
 and its commit, held open so a chaos test can kill the decode worker inside it without
-racing the push (tests/chaos/test_decode_death_before_commit.py). Both pushes honour it: a
-prefill worker's, and a decode worker's live move of a stream to another decode worker
-(tandem/worker/decode/moves.py).
+racing the push (tests/chaos/test_decode_death_before_commit.py). Every push honours it: a
+prefill worker's, and a decode worker's live move of a stream to another decode worker, its
+pre-copy's and its stop-and-copy's alike (tandem/worker/decode/moves.py).
 
 Off unless the worker was started with ``TANDEM_TEST_COMMIT_HOLD_DIR`` in its environment,
 which only whoever starts the process can set: no RPC, flag, peer or client can turn it on,
@@ -14,7 +14,8 @@ committing a leg the worker looks for ``<dir>/hold``; if it is there the worker 
     test: touch hold ──> request ──> worker: hold taken, writes held, waits
     test: sees held ──> kills the decode worker ──> touch release ──> worker: COMMIT (fails)
 
-The wait ends early if the Prefill (or MoveOut) call is cancelled (the router's bound, an Abort).
+The wait ends early if the Prefill (or MoveOut) call is cancelled (the router's bound, an Abort);
+a PreCopy's push runs to its end whoever stops waiting, so its hold waits for the release.
 """
 
 from __future__ import annotations

@@ -5,14 +5,19 @@ stop string; a JSON schema; both choices of a seeded n=2 request, whose prompt c
 with both workers idle after and every block free; a move whose target is SIGKILLed mid-push
 leaves the stream on its source, which finishes it; and `tandem drain --migrate` of a worker
 holding several streams moves them all with zero failed requests (then `tandem drain` without
-it waits for the streams).
+it waits for the streams). With a stream past a few full blocks, the move pre-copies them
+while the stream decodes on: the tokens are the same, tokens reach the client after the
+pre-copy began and before the switch, and the stop-and-copy pushes only the tail; a target
+killed during the pre-copy leaves the stream on its source, never stopped, nothing held.
 
 Ordering, forced: the decode workers run with the test-only step hold
 (tandem/worker/step_hold.py): while the test holds it, a worker takes no step once a request
 it runs has ``K`` output tokens, so no stream passes ``K`` tokens; the test waits until the
 client has them (a stream's move ticket is open from its first token on), asks for the move
 and lifts the hold only after the move's reply, so no stream can end before its move. The target's death falls in a forced window too: the source holds before its
-COMMIT (tandem/worker/commit_hold.py).
+COMMIT (tandem/worker/commit_hold.py). The streams held at ``K`` have no full block yet (no
+pre-copy); those of the pre-copy tests are held at ``PRE`` tokens, and the pre-copy's own
+COMMIT holds while the step hold rises to ``TAIL`` tokens.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from tandem.protos.v1 import tandem_pb2, tandem_pb2_grpc, worker_pb2, worker_pb2
 from tandem.worker.commit_hold import ENV as HOLD_ENV
 from tests import scrape
 from tests.chaos.step_holds import K, hold_steps, holder, lift_steps, reached
-from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle
+from tests.integration.sdk_cluster import MODEL_ID, wait_until, worker_idle, worker_stats
 from tests.integration.served_model import engine_flags, start_all, tiny_served_model
 
 pytestmark = pytest.mark.slow
@@ -42,6 +47,7 @@ pytestmark = pytest.mark.slow
 LONG = 128  # tokens per moved stream
 BLOCK = 16  # the engine's block size (tandem/engine/config.py)
 GREEDY = tandem_pb2.SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
+PRE, TAIL = 40, 60  # output tokens at a pre-copy test's move request, and at its switch
 
 
 @dataclass
@@ -318,5 +324,116 @@ def test_drain_migrate_moves_every_stream(tiny_dir, smollm2_dir, steps: Path) ->
         print(f"\ndrain --migrate of a worker with {reply.moved} streams: {migrate_s:.2f} s to "
               f"its exit (the moves: {reply.seconds:.3f} s); plain drain of one with "
               f"{len(texts)}: {plain_s:.2f} s")
+    finally:
+        c.stop()
+
+
+def _pre_copied_bytes(router: Proc) -> float:
+    return scrape.value(scrape.parse(scrape.fetch(router.info["http"])),
+                        "tandem_live_migration_precopy_bytes_total")
+
+
+def test_precopy_streams_on_then_moves_only_the_tail(tiny_dir, smollm2_dir, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     steps: Path) -> None:
+    """A stream held at ``PRE`` tokens is moved; its pre-copy's COMMIT holds (the pre-copy
+    began: its blocks pushed) while the step hold rises to ``TAIL``: the client gets the
+    tokens up to ``TAIL`` from the source before the switch. Released, the move stops the
+    stream and pushes only the blocks after the pre-copied ones; the tokens equal the
+    undisturbed stream's; both workers end idle with every block free."""
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv(HOLD_ENV, str(hold))
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "The keeper of the northern light wrote in his log"  # no worker has seen it
+        hold_steps(steps, PRE)
+        run = Run(stub, text, GREEDY).start()
+        reached(run.tokens, k=PRE)
+        source = holder(d1, d2)
+        (hold / "hold").touch()  # the first push to COMMIT waits: the pre-copy's
+        replies: list[worker_pb2.MovedStreams] = []
+        mover = threading.Thread(target=lambda: replies.append(_move(router, source)))
+        mover.start()
+        try:
+            wait_until(lambda: (hold / "held").exists(), timeout=120)
+            assert run.tokens() == PRE  # nothing moved yet
+            hold_steps(steps, TAIL)  # the source steps on while its pre-copy is under way
+            reached(run.tokens, k=TAIL)  # delivered after the pre-copy began, before the switch
+        finally:
+            (hold / "release").touch()
+            mover.join(timeout=300)
+        lift_steps(steps)
+        (reply,) = replies
+        assert (reply.moved, reply.stayed) == (1, 0), reply.reasons
+        moved = run.result()
+        undisturbed = Run(stub, text, GREEDY).start().result()
+        assert moved == undisturbed
+        prompt = run.messages[-1].usage.prompt_tokens
+        # The pre-copy: the full blocks of every token the client had but the last; the
+        # stop-and-copy: the blocks after them, of every token but the last at the switch.
+        pre_blocks = (prompt + PRE - 1) // BLOCK
+        tail_blocks = -(-(prompt + TAIL - 1) // BLOCK) - pre_blocks
+        assert pre_blocks >= 2 and tail_blocks >= 1
+        pre_bytes, tail_bytes = _pre_copied_bytes(router), _moved_bytes(router)
+        per_block, rest = divmod(int(pre_bytes), pre_blocks)
+        assert per_block > 0 and rest == 0
+        assert tail_bytes == per_block * tail_blocks
+        for d in (d1, d2):
+            wait_until(lambda d=d: worker_idle(d, "decode"))
+        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
+                            outcome="moved") == 1
+        assert scrape.value(samples, "tandem_migrations_total") == 0
+    finally:
+        c.stop()
+
+
+def test_target_killed_during_precopy_stream_goes_on(tiny_dir, smollm2_dir, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      steps: Path) -> None:
+    """The target dies while the pre-copy's COMMIT holds: the move ends before any Suspend
+    (no gap is measured: the stream never stopped), the stream finishes on its source equal
+    to the undisturbed one, and the source holds nothing after (its pin freed)."""
+    model = tiny_served_model(tiny_dir, smollm2_dir)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv(HOLD_ENV, str(hold))
+    c = Cluster()
+    try:
+        d1, d2, prefill, router = _start(c, model)
+        stub = tandem_pb2_grpc.TandemStub(grpc.insecure_channel(router.grpc))
+        text = "A third prompt, about the harbour master's ledger"
+        undisturbed = Run(stub, text, GREEDY).start().result()
+        hold_steps(steps, PRE)
+        run = Run(stub, text, GREEDY).start()
+        reached(run.tokens, k=PRE)
+        source = holder(d1, d2)
+        target = d2 if source is d1 else d1
+        (hold / "hold").touch()
+        replies: list[worker_pb2.MovedStreams] = []
+        mover = threading.Thread(target=lambda: replies.append(_move(router, source)))
+        mover.start()
+        try:
+            wait_until(lambda: (hold / "held").exists(), timeout=120)
+            target.kill()
+        finally:
+            (hold / "release").touch()
+            mover.join(timeout=300)
+        (reply,) = replies
+        assert (reply.moved, reply.stayed) == (0, 1)
+        assert "pre-copy failed" in reply.reasons[0], reply.reasons
+        assert worker_stats(source, "decode").num_running == 1  # it never left the batch
+        lift_steps(steps)
+        assert run.result() == undisturbed  # it went on where it was
+        wait_until(lambda: worker_idle(source, "decode"))
+        samples = scrape.parse(scrape.fetch(router.info["http"]))
+        assert scrape.value(samples, "tandem_live_migrations_total", cause="operator",
+                            outcome="stayed") == 1
+        assert scrape.value(samples, "tandem_live_migration_gap_seconds_count") == 0
+        assert scrape.value(samples, "tandem_migrations_total") == 0
     finally:
         c.stop()

@@ -211,6 +211,21 @@ class KVCacheManager:
         self._blocks[child_id] = list(blocks)
         self._hashes[child_id] = list(self._hashes.get(parent_id, ()))
 
+    def pin(self, pin_id: str, request_id: str, num_blocks: int) -> list[int]:
+        """``pin_id`` takes a reference on the first ``num_blocks`` blocks of ``request_id``
+        (full, computed blocks, which nobody writes again: no copy on write follows), so they
+        outlive the request while another engine reads them (a live move's pre-copy);
+        ``free(pin_id)`` drops it. Returns their ids (``FREED`` behind a sliding window, not
+        referenced). ``pin_id`` must hold nothing and the request at least that many blocks."""
+        if pin_id in self._blocks:
+            raise RuntimeError(f"{pin_id!r} already holds blocks")
+        blocks = self._blocks.get(request_id, [])[:num_blocks]
+        if len(blocks) < num_blocks:
+            raise RuntimeError(f"{request_id!r} holds {len(blocks)} blocks, not {num_blocks}")
+        self.pool.touch(b for b in blocks if b is not None)
+        self._blocks[pin_id] = list(blocks)
+        return [FREED if b is None else b.block_id for b in blocks]
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies copy-on-write granted since the last call: the engine
         makes them before the step's forward writes anything."""

@@ -7,6 +7,10 @@
     a move:       running ──suspend──> SUSPENDED (out of the batch, blocks pinned while
                   another engine gets their KV) ──unsuspend──> running again, or aborted
                   (moved: its blocks freed)
+    a move's pre-copy (its target): reserve(precopy) ──> RESERVED ──commit──> HELD: the
+                  pushed full blocks prefix-cached and kept (no request runs) until the
+                  move's own reservation finds them cached and references them, then
+                  release (or an abort) frees the pre-copy's references
 
 This ledger is *the* record of a reservation: each entry knows its request id, its transfer id
 (an opaque tag the decode worker gives at reserve time) and its blocks.
@@ -70,6 +74,7 @@ class RemoteEntry:
     state: RemoteState
     block_ids: list[int]
     transfer_id: str | None = None  # RESERVED only: the decode worker's tag for the push
+    precopy: bool = False  # a live move's pre-copy: held, not run, once committed
 
     @property
     def request_id(self) -> str:
@@ -119,9 +124,11 @@ class RemoteKV:
         return self._by_transfer.get(transfer_id)
 
     # -- decode role -----------------------------------------------------------------------
-    def reserve(self, request: Request, transfer_id: str) -> Reservation:
+    def reserve(self, request: Request, transfer_id: str, precopy: bool = False
+                ) -> Reservation:
         """Take the cached prefix of ``request``'s tokens and allocate blocks for the rest,
-        to be filled by ``transfer_id``.
+        to be filled by ``transfer_id`` (``precopy``: a live move's pre-copy, which
+        ``commit`` holds instead of handing over).
 
         Check/commit: raises InvalidRequestError (an id in use) or OutOfBlocksError (the pool
         is short) and changes nothing; else returns the blocks to fill and the cached part."""
@@ -139,7 +146,8 @@ class RemoteKV:
             )
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         request.num_cached_tokens = n_cached
-        entry = RemoteEntry(request, RemoteState.RESERVED, self.kv.block_ids(rid), transfer_id)
+        entry = RemoteEntry(request, RemoteState.RESERVED, self.kv.block_ids(rid), transfer_id,
+                            precopy)
         self._by_request[rid] = entry
         self._by_transfer[transfer_id] = entry
         return Reservation(entry.block_ids[skip:], n_cached, skip * self.kv.block_size)
@@ -154,6 +162,15 @@ class RemoteKV:
         req = entry.request
         req.num_computed_tokens = req.num_tokens
         self.kv.cache_full_blocks(req, req.num_tokens)
+        return req
+
+    def hold_pushed(self, transfer_id: str) -> Request | None:
+        """Every block of a pre-copy has arrived: its full blocks are indexed for prefix reuse
+        (``commit``) and held (HELD, ``release`` frees them) for the move's reservation to
+        find. None when the reservation already ended."""
+        req = self.commit(transfer_id)
+        if req is not None:
+            self.hold(req)
         return req
 
     def end(self, transfer_id: str) -> Request | None:

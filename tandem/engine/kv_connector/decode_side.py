@@ -10,6 +10,9 @@
                                    request's final "abort" output
         prefill_locally        ──> compute the prompt here after all: blocks freed, the request
                                    queued as if just added
+    a live move's pre-copy (``reserve(precopy=True)``): its commit runs nothing; the pushed
+        full blocks are prefix-cached and held until an abort releases them, by when the
+        move's own reservation has found them cached (tandem/engine/core/remote_kv.py)
 
 Every call checks before it changes anything: a refused reserve or commit holds nothing new.
 """
@@ -53,6 +56,7 @@ class DecodeSide:
         prior_output_tokens: int = 0,
         transfer_id: str | None = None,
         n: int = 1,
+        precopy: bool = False,
     ) -> Reservation:
         """Allocate blocks for a prompt whose KV another engine computes, starting from the
         prefix this engine caches; returns the blocks to fill and the cached token count.
@@ -61,10 +65,12 @@ class DecodeSide:
         request id); ``commit`` and ``end`` name the reservation by it.
         ``prior_output_tokens`` and ``n`` as in ``LLMEngine.add_request`` (a migrated request;
         a forked one: the prompt is reserved and pushed once, ``commit_forked`` forks it).
-        Raises InvalidRequestError or OutOfBlocksError, and then holds nothing."""
+        ``precopy``: a live move's pre-copy of ``prompt_token_ids`` (whole blocks), held once
+        committed, never run. Raises InvalidRequestError or OutOfBlocksError, and then holds
+        nothing."""
         live = self._requests.new_live(request_id, list(prompt_token_ids), params,
                                        prior=prior_output_tokens, n=n)
-        reservation = self._ledger.reserve(live.request, transfer_id or request_id)
+        reservation = self._ledger.reserve(live.request, transfer_id or request_id, precopy)
         self._requests.track(live)
         return reservation
 
@@ -87,10 +93,15 @@ class DecodeSide:
         1..n-1 forked from it sharing the pushed blocks; returns their outputs in order.
         None when the reservation already ended (aborted, expired, prefilled here). Raises
         InvalidRequestError for a count other than n or a token outside the vocabulary or
-        the grammar, changing nothing."""
+        the grammar, changing nothing. A pre-copy's commit holds its blocks and runs
+        nothing (its tokens are ignored): no outputs."""
         entry = self._ledger.reserved(transfer_id)
         if entry is None:
             return None
+        if entry.precopy:
+            self._ledger.hold_pushed(transfer_id)
+            self._requests.untrack(entry.request_id)
+            return []
         n = entry.request.num_forks
         lps = list(logprobs) if logprobs is not None else [None] * len(first_tokens)
         if len(first_tokens) != n or len(lps) != n:

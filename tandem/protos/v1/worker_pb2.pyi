@@ -59,6 +59,34 @@ class MoveOutResponse(_message.Message):
     transfer_s: float
     def __init__(self, bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ...) -> None: ...
 
+class PreCopyRequest(_message.Message):
+    __slots__ = ("request_id", "index", "transfer_id", "block_ids", "kv_endpoint", "layout", "skip_tokens", "token_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    index: int
+    transfer_id: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    kv_endpoint: str
+    layout: KVLayout
+    skip_tokens: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., transfer_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_endpoint: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., skip_tokens: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PreCopyResponse(_message.Message):
+    __slots__ = ("bytes", "transfer_s")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    transfer_s: float
+    def __init__(self, bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ...) -> None: ...
+
 class ResumeRequest(_message.Message):
     __slots__ = ("request_id", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -190,7 +218,7 @@ class KVLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., fingerprint: _Optional[str] = ..., bytes_per_token: _Optional[int] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s", "prior_output_tokens", "n", "moved_in", "lora")
+    __slots__ = ("request_id", "token_ids", "sampling", "logprobs", "lease_s", "prior_output_tokens", "n", "moved_in", "lora", "precopy")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +228,7 @@ class ReserveRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     MOVED_IN_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    PRECOPY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _tandem_pb2.SamplingParams
@@ -209,7 +238,8 @@ class ReserveRequest(_message.Message):
     n: int
     moved_in: bool
     lora: str
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ..., n: _Optional[int] = ..., moved_in: _Optional[bool] = ..., lora: _Optional[str] = ...) -> None: ...
+    precopy: bool
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_tandem_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_tandem_pb2.LogprobOptions, _Mapping]] = ..., lease_s: _Optional[float] = ..., prior_output_tokens: _Optional[int] = ..., n: _Optional[int] = ..., moved_in: _Optional[bool] = ..., lora: _Optional[str] = ..., precopy: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("transfer_id", "block_ids", "kv_endpoint", "layout", "cached_tokens", "lora_identity", "skip_tokens")

@@ -220,6 +220,11 @@ class DecodeServiceStub:
                 request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
                 response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.PreCopy = channel.unary_unary(
+                '/tandem.v1.DecodeService/PreCopy',
+                request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.PreCopyRequest.SerializeToString,
+                response_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.PreCopyResponse.FromString,
+                _registered_method=True)
         self.Suspend = channel.unary_unary(
                 '/tandem.v1.DecodeService/Suspend',
                 request_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.SuspendRequest.SerializeToString,
@@ -273,13 +278,23 @@ class DecodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Suspend(self, request, context):
+    def PreCopy(self, request, context):
         """A live move of a decoding request to another decode worker (docs/design.md section 2):
         Suspend takes it out of the batch between two steps (its Decode stream ends, after every
         token so far, with ABORTED and the "tandem-fault: suspended" trailer); then MoveOut pushes
         its KV into the target's reservation and commits there (its blocks here are freed), or
         Resume puts it back (a new Decode call streams the rest). A MoveOut that fails resumes it.
+        PreCopy comes first, while the request still decodes: it pushes the blocks of the
+        request's leading tokens (whole blocks, never written again) into a pre-copy reservation
+        on the target (ReserveRequest.precopy), so the move's own reservation finds them cached
+        there and MoveOut pushes only the blocks written since. It changes nothing here.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Suspend(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -323,6 +338,11 @@ def add_DecodeServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.StatsRequest.FromString,
                     response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'PreCopy': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreCopy,
+                    request_deserializer=tandem_dot_protos_dot_v1_dot_worker__pb2.PreCopyRequest.FromString,
+                    response_serializer=tandem_dot_protos_dot_v1_dot_worker__pb2.PreCopyResponse.SerializeToString,
             ),
             'Suspend': grpc.unary_unary_rpc_method_handler(
                     servicer.Suspend,
@@ -475,6 +495,33 @@ class DecodeService:
             '/tandem.v1.DecodeService/Stats',
             tandem_dot_protos_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
             tandem_dot_protos_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreCopy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DecodeService/PreCopy',
+            tandem_dot_protos_dot_v1_dot_worker__pb2.PreCopyRequest.SerializeToString,
+            tandem_dot_protos_dot_v1_dot_worker__pb2.PreCopyResponse.FromString,
             options,
             channel_credentials,
             insecure,

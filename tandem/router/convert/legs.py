@@ -5,6 +5,7 @@
          leg id (+ sequence)                 -> PrefillLocalRequest, DecodeRequest, AbortRequest,
                                                 SuspendRequest, ResumeRequest
          leg id + target Reservation + token -> MoveOutRequest (a live move)
+         leg id + target Reservation + tokens -> PreCopyRequest (its pre-copy)
     in   ReserveResponse                     -> Reservation
          PrefillResponse                     -> PrefillReply
          GenerateResponse (a Decode stream)  -> Chunk
@@ -35,6 +36,7 @@ def reserve_request(leg: LegRequest, lease_s: float) -> worker_pb2.ReserveReques
         n=leg.n,
         moved_in=leg.moved_in,
         lora=_name(leg.lora),
+        precopy=leg.precopy,
     )
 
 
@@ -57,6 +59,20 @@ def move_out_request(leg_id: str, reservation: Reservation, last_token: int, ind
         request_id=leg_id, transfer_id=reservation.transfer_id,
         block_ids=reservation.block_ids, kv_endpoint=reservation.kv_endpoint,
         skip_tokens=reservation.skip_tokens, last_token=last_token, index=index)
+    if reservation.layout is not None:
+        out.layout.CopyFrom(_layout_to_proto(reservation.layout))
+    return out
+
+
+def precopy_request(leg_id: str, reservation: Reservation, token_ids: list[int],
+                    index: int = 0) -> worker_pb2.PreCopyRequest:
+    """DecodeService.PreCopy's request: push the KV of the leading ``token_ids`` of
+    ``leg_id`` (its sequence ``index``) into the target's pre-copy ``reservation`` (all but
+    what it caches), while the leg decodes on."""
+    out = worker_pb2.PreCopyRequest(
+        request_id=leg_id, index=index, transfer_id=reservation.transfer_id,
+        block_ids=reservation.block_ids, kv_endpoint=reservation.kv_endpoint,
+        skip_tokens=reservation.skip_tokens, token_ids=token_ids)
     if reservation.layout is not None:
         out.layout.CopyFrom(_layout_to_proto(reservation.layout))
     return out

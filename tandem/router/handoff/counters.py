@@ -50,7 +50,8 @@ class HandoffCounters:
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
     # live moves (tandem/router/handoff/live_moves.py): (cause, "moved" | "stayed")
     live_moves: Counter[tuple[str, str]] = field(default_factory=Counter)
-    moved_bytes: int = 0  # KV pushed by live moves
+    moved_bytes: int = 0  # KV pushed by live moves once their streams stopped
+    precopy_bytes: int = 0  # KV pushed by live moves' pre-copies, the streams decoding on
     # the client-visible gap of each live move: last token from the old worker to the first
     # from the new one (ITL's buckets: it is an inter-token latency)
     move_gap: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))

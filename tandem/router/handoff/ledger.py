@@ -74,6 +74,7 @@ from tandem.router.handoff.deadline import Deadline
 from tandem.router.handoff.deps import HandoffDeps, refused_for_now
 from tandem.router.handoff.fork import merge_sequences
 from tandem.router.handoff.leg_move import LegMove
+from tandem.router.handoff.leg_precopy import LegPreCopy, precopy_leg
 from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply
 from tandem.router.handoff.live_moves import MoveTicket
 from tandem.router.handoff.move_gap import MoveGap
@@ -107,6 +108,8 @@ class Handoff:
         self._open = OpenLegs(request.request_id, self._calls, deps.registry, deps.counters,
                               span)
         self._mover = LegMove(deps, self._calls, self._open, request.request_id, deadline, span)
+        self._precopy = LegPreCopy(deps, self._calls, self._open, request.request_id, deadline,
+                                   span)
         self._prefill = LegPrefill(deps, request.request_id, deadline, span, self._calls,
                                    self._open, self._renew)
         self._leg: DecodeLeg  # the decode leg the request is on (set by _legs)
@@ -208,32 +211,43 @@ class Handoff:
             self._deps.live.move_soon(self._calls, ticket,
                                       self._deps.live.cause_of(self._leg.endpoint))
         gap = MoveGap(self._deps.counters)
-        while True:
-            leg = self._leg
-            stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
-                                        self._deadline.remaining(), index=leg.index,
-                                        parent=self._span)
-            try:
-                async with aclosing(stream):  # closed (RPC cancelled) however we leave
-                    async for chunk in stream:
-                        if gap.tick(len(chunk.token_ids)):  # the new leg's first: a new text
-                            chunk.leg_start = True  # base
-                        self._sent.extend(chunk.token_ids)
-                        yield chunk
-                return
-            except LegSuspendedError:
-                async with self._moves:  # a forked request's sequences: one at a time
-                    if await self._move(ticket):
-                        gap.moved()
+        ticket.prepare = lambda: self._precopy.prepare(  # a move's pre-copy: leg_precopy.py
+            lambda: self._leg, self._tokens(), ticket, lambda: ticket.prepare is not None,
+            lambda tokens, away: self._reserve(self._rank_decode({away}), precopy=tokens))
+        try:
+            while True:
+                leg = self._leg
+                stream = legs.decode_stream(self._calls, leg.endpoint, leg.leg_id,
+                                            self._deadline.remaining(), index=leg.index,
+                                            parent=self._span)
+                try:
+                    async with aclosing(stream):  # closed (RPC cancelled) however we leave
+                        async for chunk in stream:
+                            if gap.tick(len(chunk.token_ids)):  # the new leg's first: a new
+                                chunk.leg_start = True  # text base
+                            self._sent.extend(chunk.token_ids)
+                            yield chunk
+                    return
+                except LegSuspendedError:
+                    async with self._moves:  # a forked request's sequences: one at a time
+                        if await self._move(ticket):
+                            gap.moved()
+        finally:  # the stream ended before a move took its pre-copy: free it
+            await self._precopy.drop(ticket)
 
     async def _move(self, ticket: MoveTicket) -> bool:
         """``self._leg``'s stream was suspended for a live move: move it to another decode
-        worker (True), or resume it where it is (False; the ticket says why). Raises
+        worker (True; its pre-copy's target first), or resume it where it is (False). Raises
         LegLostError when its worker is gone meanwhile (tandem/router/handoff/leg_move.py)."""
         src = self._leg
-        target = await self._mover.move(
-            src, ticket, lambda: self._reserve(self._rank_decode({src.endpoint}), moving=True),
-            self._sent[-1], shared=src is self._adopted)
+        pre = self._precopy.take()
+        try:
+            target = await self._mover.move(
+                src, ticket, lambda: self._reserve(
+                    self._precopy.first(self._rank_decode({src.endpoint}), pre), moving=True),
+                self._sent[-1], shared=src is self._adopted)
+        finally:  # the move's reservation took its blocks: freed beside the next read
+            self._precopy.release_soon(pre)
         if target is None:
             return False
         self._leg = target
@@ -333,9 +347,11 @@ class Handoff:
             raise NoWorkerError(f"no healthy decode worker{after}")
         return [w.endpoint for w in ranked]
 
-    async def _reserve(self, endpoints: list[str], moving: bool = False) -> DecodeLeg:
+    async def _reserve(self, endpoints: list[str], moving: bool = False,
+                       precopy: list[int] | None = None) -> DecodeLeg:
         """Reserve on the first of ``endpoints`` that accepts (``moving``: as a live move's
-        target, for the tokens so far but the last, which the move's COMMIT carries)."""
+        target, for the tokens so far but the last, which the move's COMMIT carries;
+        ``precopy``: a move's pre-copy of these leading tokens)."""
         deps = self._deps
         exhausted: list[tuple[int, Busy | None]] = []  # the full workers' hints and reasons
         failed: WorkerCallError | None = None
@@ -349,8 +365,9 @@ class Handoff:
             )
             self._n_legs += 1
             try:
-                reply = await legs.reserve(self._calls, endpoint,
-                                           self._leg_request(leg_id, moving),
+                leg = (self._leg_request(leg_id, moving) if precopy is None
+                       else precopy_leg(leg_id, precopy, self._req.lora))
+                reply = await legs.reserve(self._calls, endpoint, leg,
                                            deps.config.lease_s, self._deadline.remaining(),
                                            self._span)
             except WorkerCallError as err:

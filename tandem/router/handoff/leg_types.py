@@ -33,6 +33,7 @@ class LegRequest:
     n: int = 1
     moved_in: bool = False  # a live move's target: COMMIT's token was streamed already
     lora: str = ""  # the LoRA adapter identity (name@digest; "": the base model)
+    precopy: bool = False  # a live move's pre-copy: ``token_ids`` whole blocks, held there
 
 
 @dataclass(frozen=True, slots=True)

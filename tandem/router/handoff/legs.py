@@ -58,7 +58,7 @@ from tandem.router.errors import (
     WorkerFailedError,
 )
 from tandem.router.handoff.inflight import CallCutError, Cancellable, InflightCalls
-from tandem.router.handoff.leg_types import LegRequest, PrefillReply, Reservation
+from tandem.router.handoff.leg_types import DecodeLeg, LegRequest, PrefillReply, Reservation
 from tandem.router.membership.worker_clients import WorkerClients
 from tandem.router.request import Chunk
 
@@ -340,6 +340,23 @@ async def move_out(calls: LegCalls, endpoint: str, leg_id: str, target: Reservat
             wire.move_out_request(leg_id, target, last_token, index), timeout=timeout,
             metadata=tracing.metadata(span))
         reply = await _unary(calls, endpoint, "MoveOut", call, timeout, ours)
+        return int(reply.bytes), float(reply.transfer_s)
+
+
+async def precopy(calls: LegCalls, endpoint: str, leg_id: str, target: DecodeLeg,
+                  token_ids: list[int], remaining: float | None,
+                  parent: tracing.Parent = None, index: int = 0) -> tuple[int, float]:
+    """DecodeService.PreCopy: push the KV of the leg's (sequence ``index``'s) leading
+    ``token_ids`` into ``target``'s pre-copy reservation while the leg decodes on; (bytes
+    pushed, seconds). A push that failed at the target fails with ``Fault.RECEIVER``, as
+    does the call when the target leaves the pool meanwhile (it is tracked there too).
+    Bounded by the request's ``remaining`` seconds and ``prefill_timeout_s`` (a push)."""
+    timeout, ours = bound(remaining, calls.prefill_timeout_s)
+    with _call_span("DecodeService", "PreCopy", endpoint, leg_id, parent) as span:
+        call = calls.clients.decode(endpoint).PreCopy(
+            wire.precopy_request(leg_id, target.reservation, token_ids, index),
+            timeout=timeout, metadata=tracing.metadata(span))
+        reply = await _unary(calls, endpoint, "PreCopy", call, timeout, ours, target.endpoint)
         return int(reply.bytes), float(reply.transfer_s)
 
 

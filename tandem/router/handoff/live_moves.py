@@ -6,7 +6,9 @@ prompt's blocks pushed with the first, the others' reservations finding them cac
 target, tandem/router/handoff/ledger.py). Moving the streams off a worker (an operator's drain with
 --migrate)::
 
-    move_all(endpoint) ──> per ticket: ticket.ask(cause); Suspend(D1, leg)
+    move_all(endpoint) ──> per ticket: ticket.ask(cause); its pre-copy while the stream
+        decodes on (``ticket.prepare``, the request's handoff: tandem/router/handoff/
+        leg_precopy.py; failed: it stays, the reason); Suspend(D1, leg)
         | Suspend refused (finished, not decoding yet, forked ...): it stays (the reason)
         └─> D1 ends the leg's Decode stream after every token so far (LegSuspendedError);
             the request's handoff (ledger.py) then, at that token boundary:
@@ -26,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -61,6 +63,9 @@ class MoveTicket:
         self.index = index  # the sequence of a forked leg
         self.cause: MoveCause | None = None
         self.asked_at = 0.0
+        # before the Suspend, while the stream decodes on: the request's pre-copy; False
+        # when the stream stays (it settled the ticket)
+        self.prepare: Callable[[], Awaitable[bool]] | None = None
         self._outcome: asyncio.Future[MoveOutcome] | None = None
 
     def ask(self, cause: MoveCause) -> tuple[asyncio.Future[MoveOutcome], bool]:
@@ -143,7 +148,7 @@ async def move_all(live: LiveStreams, calls: legs.LegCalls, endpoint: str,
 
 async def _move(calls: legs.LegCalls, ticket: MoveTicket, cause: MoveCause) -> MoveOutcome:
     outcome, first = ticket.ask(cause)
-    if first:
+    if first and (ticket.prepare is None or await ticket.prepare()):
         try:
             await legs.suspend(calls, ticket.endpoint, ticket.leg_id, ticket.index)
         except WorkerCallError as err:

@@ -51,6 +51,11 @@ class OpenLegs:
         self._open.remove((endpoint, leg_id, True))
         await self.abort(endpoint, leg_id, decode=True)
 
+    async def close_if_open(self, endpoint: str, leg_id: str) -> None:
+        """Abort one decode leg unless it is closed already (``abort_all`` took it)."""
+        if (endpoint, leg_id, True) in self._open:
+            await self.close(endpoint, leg_id)
+
     async def close_decode_legs(self, endpoint: str) -> None:
         """Abort every decode leg still open on ``endpoint`` (a lost one, whichever of its
         reservations it got to)."""

@@ -11,6 +11,13 @@
                 here, untouched (the router reads it on with a new Decode call)
     Resume  ──> back into the batch (the router found no target)
 
+    PreCopy ──> before the Suspend, while the request decodes on: its leading full blocks
+                (never written again) pinned in the engine, pushed into the target's pre-copy
+                reservation and committed there (held, prefix-cached), then unpinned; the
+                move's own reservation then finds them cached, and MoveOut pushes only the
+                blocks written since (the partial last one, any filled meanwhile). A push that
+                fails changes nothing here.
+
 ``LiveMoves`` holds the engine-side steps and the push; the RPCs over the worker's streams
 (which stream is suspended, its lease, a resumed stream) are tandem/worker/decode/
 stream_moves.py's.
@@ -26,10 +33,11 @@ import grpc
 from tandem.common.wire import RECEIVER_FAULT, SUSPENDED_FAULT
 from tandem.engine.async_engine import AsyncEngine
 from tandem.engine.core.kv_cache_manager import FREED
-from tandem.engine.errors import NotMovableError
+from tandem.engine.errors import InvalidRequestError, NotMovableError, UnknownRequestError
+from tandem.engine.kv_connector import Pinned
 from tandem.engine.kv_connector import Suspended as Continuation
 from tandem.engine.llm_engine import LLMEngine
-from tandem.kv_transfer import ConfigError, KvLayout, KvTransferError, Sender
+from tandem.kv_transfer import ConfigError, Endpoint, KvLayout, KvTransferError, Sender
 from tandem.worker.commit_hold import CommitHold
 from tandem.worker.errors import BadRequest, LayoutMismatch, WorkerError, WrongState
 from tandem.worker.kv_endpoint import parse_endpoint
@@ -62,6 +70,19 @@ class MoveTarget:
     layout: LayoutSummary
     skip_tokens: int  # the target's cached prefix: not pushed
     last_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreCopyTarget:
+    """The target's pre-copy reservation for the request's leading ``token_ids`` (whole
+    blocks)."""
+
+    transfer_id: str
+    block_ids: list[int]
+    kv_endpoint: str
+    layout: LayoutSummary
+    skip_tokens: int  # the target's cached prefix: not pushed
+    token_ids: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +137,74 @@ class LiveMoves:
         """Back into the batch, with a new engine stream (read it afresh)."""
         return await self._ae.call(lambda e: e.remote.migrate.resume(request_id),
                                    stream=request_id)
+
+    async def precopy(self, request_id: str, target: PreCopyTarget) -> Moved:
+        """Push the blocks of the request's leading ``target.token_ids`` (those after the
+        target's cached prefix) into the target's pre-copy reservation and commit them
+        there, while the request decodes on. Raises WrongState (not decoding), BadRequest,
+        LayoutMismatch, or MoveFailed (the push failed); the request is untouched either
+        way."""
+        if self._sender is None:
+            raise WrongState("this decode worker has no KV sender: its streams cannot move")
+        mismatch = layout_mismatch(self._layout, target.layout)
+        if mismatch is not None:
+            raise LayoutMismatch(mismatch)
+        bs, n = self._layout.block_size, len(target.token_ids)
+        if target.skip_tokens % bs or not 0 <= target.skip_tokens < n:
+            raise BadRequest("skip_tokens", f"{target.skip_tokens} is not a multiple of the "
+                             f"block size {bs} below the {n} tokens pre-copied")
+        try:
+            endpoint = parse_endpoint(target.kv_endpoint)
+        except ConfigError as exc:
+            raise BadRequest("kv_endpoint", str(exc)) from exc
+        tokens = list(target.token_ids)
+
+        def pin(e: LLMEngine) -> tuple[Pinned, str]:  # the adapter: what the BEGIN names
+            pinned = e.remote.migrate.pin(request_id, tokens)
+            return pinned, e.lora_identity(e.live(request_id).request.lora)
+
+        try:
+            pinned, adapter = await self._ae.call(pin)
+        except NotMovableError as exc:
+            raise WrongState(str(exc)) from exc
+        except UnknownRequestError as exc:
+            raise WrongState(f"request {request_id!r} is not decoding here") from exc
+        except InvalidRequestError as exc:
+            raise BadRequest(exc.field, exc.message) from exc
+        try:
+            return await self._push_pinned(request_id, pinned, target, endpoint, adapter)
+        finally:  # the push is over (committed, failed or cancelled): the pin goes
+            await self._ae.call(lambda e: e.remote.migrate.unpin(pinned.pin_id))
+
+    async def _push_pinned(self, request_id: str, pinned: Pinned, target: PreCopyTarget,
+                           endpoint: Endpoint, adapter: str) -> Moved:
+        src = pinned.block_ids[target.skip_tokens // self._layout.block_size:]
+        if len(target.block_ids) != len(src):
+            raise BadRequest("block_ids", f"{len(target.block_ids)} destination blocks for "
+                             f"the {len(src)} blocks after the target's cached prefix")
+        if FREED in src:
+            raise BadRequest("skip_tokens", f"{target.skip_tokens} skipped tokens: the "
+                             "blocks after them are not all held here (sliding window)")
+        assert self._sender is not None  # precopy refused without one
+        t0 = time.monotonic()
+        transfer = None
+        try:
+            transfer = await self._sender.open(target.transfer_id, endpoint, src,
+                                               target.block_ids, t0 + self._timeout_s,
+                                               adapter)
+            transfer.push(0, self._layout.num_layers)
+            await self._hold.before_commit(request_id)
+            await transfer.commit(0, 0.0)  # a pre-copy's COMMIT runs nothing: no token
+        except KvTransferError as exc:
+            if transfer is not None and not transfer.done:
+                await transfer.abort(f"pre-copy failed: {exc}")
+            raise MoveFailed(f"the KV pre-copy to the move's target failed: {exc}") from exc
+        except BaseException:
+            if transfer is not None and not transfer.done:
+                await transfer.abort("pre-copy cancelled")
+            raise
+        return Moved(self._layout.payload_bytes(self._layout.num_layers, len(src)),
+                     time.monotonic() - t0)
 
     async def push(self, request_id: str, departure: Departure, target: MoveTarget) -> Moved:
         """Push the blocks the target lacks into its reservation and commit the last token

@@ -23,7 +23,7 @@ from tandem.worker.convert import (
     sampling_from_proto,
     status_to_proto,
 )
-from tandem.worker.decode.moves import MoveTarget
+from tandem.worker.decode.moves import MoveTarget, PreCopyTarget
 from tandem.worker.decode.service import DecodeWorker
 from tandem.worker.errors import abort_with_status
 from tandem.worker.rpc_context import serving
@@ -53,7 +53,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
                 res = await self._worker.reserve(
                     request.request_id, list(request.token_ids), params, request.lease_s,
                     prior_output_tokens=request.prior_output_tokens, n=request.n or 1,
-                    moved_in=request.moved_in,
+                    moved_in=request.moved_in, precopy=request.precopy,
                 )
                 span.set_attributes({"tandem.prompt_tokens": len(request.token_ids),
                                      "tandem.cached_tokens": res.cached_tokens,
@@ -108,6 +108,23 @@ class DecodeServicer(worker_pb2_grpc.DecodeServiceServicer):
             await abort_with_status(context, exc)
             raise
         return worker_pb2.AbortResponse(found=found)
+
+    async def PreCopy(  # noqa: N802
+        self, request: worker_pb2.PreCopyRequest, context: Context
+    ) -> worker_pb2.PreCopyResponse:
+        try:
+            with serving(context, "DecodeService/PreCopy", request.request_id) as span:
+                target = PreCopyTarget(request.transfer_id, list(request.block_ids),
+                                       request.kv_endpoint, layout_from_proto(request.layout),
+                                       request.skip_tokens, list(request.token_ids))
+                moved = await self._worker.moves.precopy(request.request_id, target,
+                                                         request.index)
+                span.set_attributes({"tandem.bytes": moved.bytes,
+                                     "tandem.blocks": len(target.block_ids)})
+        except Exception as exc:
+            await abort_with_status(context, exc)
+            raise
+        return worker_pb2.PreCopyResponse(bytes=moved.bytes, transfer_s=moved.seconds)
 
     async def Suspend(  # noqa: N802
         self, request: worker_pb2.SuspendRequest, context: Context

@@ -1,5 +1,8 @@
-"""The decode worker's live-move RPCs over its streams: Suspend, MoveOut, Resume.
+"""The decode worker's live-move RPCs over its streams: PreCopy, Suspend, MoveOut, Resume.
 
+    PreCopy(rid, j, target) ──> the stream of sequence j, decoding: LiveMoves.precopy pushes
+        its leading full blocks into the target's pre-copy reservation while it decodes on
+        (the push runs to its end even if the caller goes away; nothing here changes)
     Suspend(rid, j) ──> the stream of the request's sequence j (0 unless it is forked),
         once decoding (one whose KV is still arriving is waited for): LiveMoves.suspend
         (engine: out of the batch) ──> its Decode reader gets Suspended after every token so
@@ -28,7 +31,14 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from tandem.worker.decode.moves import Departure, LiveMoves, Moved, MoveFailed, MoveTarget
+from tandem.worker.decode.moves import (
+    Departure,
+    LiveMoves,
+    Moved,
+    MoveFailed,
+    MoveTarget,
+    PreCopyTarget,
+)
 from tandem.worker.decode.streams import RequestStream
 from tandem.worker.errors import TransferEnded, WrongState
 
@@ -73,6 +83,20 @@ class StreamMoves:
     def forget(self, sequence_id: str) -> None:
         """The sequence ended (aborted): nothing to move or resume."""
         self._suspended.pop(sequence_id, None)
+
+    async def precopy(self, request_id: str, target: PreCopyTarget, index: int = 0) -> Moved:
+        """Push the leading full blocks of a decoding sequence (``index`` of a forked
+        request) into ``target``, a pre-copy reservation, while it decodes on. Raises
+        UnknownRequest, WrongState (not decoding, or moving already), BadRequest,
+        LayoutMismatch or MoveFailed; the sequence runs on here whatever happens."""
+        stream = self._host.sequence_stream(request_id, index)
+        await stream.under_way()  # a commit being applied: decoding a moment later
+        sid = stream.request_id
+        if not stream.started or stream.ended or sid in self._suspended:
+            raise WrongState(f"request {request_id!r} sequence {index} is not decoding (not "
+                             "started, ended or already moving)")
+        # Shielded: the pin goes only once the push is over, whoever stops waiting.
+        return await asyncio.shield(self._spawn(self._moves.precopy(sid, target)))
 
     async def suspend(self, request_id: str, index: int = 0) -> int:
         """Take a decoding sequence (``index`` of a forked request) out of the batch for a

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.engine import SamplingParams
-from tandem.engine.errors import NotMovableError, UnknownRequestError
+from tandem.engine.errors import InvalidRequestError, NotMovableError, UnknownRequestError
 from tests.unit.engine._handoff import copy_blocks
 from tests.unit.engine.test_engine_tiny import _prompts
 
@@ -119,3 +119,85 @@ def test_a_sliding_window_request_moves_with_its_window_only(make_engine, tmp_pa
     assert sent + _run(b, "r") == full
     for engine in (a, b):
         assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
+
+
+ONE = SamplingParams(temperature=0.0, max_tokens=1)  # a pre-copy's reservation samples nothing
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_precopy_then_tail_continues_identically(tiny_dir, make_engine, params) -> None:
+    """A pre-copy: A pins the leading full blocks of a running request and they are copied
+    into B's pre-copy reservation, committed there (held, nothing runs) while A steps on;
+    then the move: B's reservation finds those blocks cached, only the tail is copied, and
+    the request continues on B as it would have on A. Every block on both sides is free at
+    the end."""
+    path = str(tiny_dir("llama", 2))
+    a = make_engine(model=path, num_blocks=64, block_size=16)
+    b = make_engine(model=path, num_blocks=64, block_size=16)
+    prompt = _prompts([30], seed=9)[0]
+    a.add_request(prompt, params, request_id="ref")
+    full = _run(a, "ref")
+
+    a.add_request(prompt, params, request_id="r")
+    sent = _run(a, "r", 4)  # 34 tokens, 33 computed: two full blocks
+    tokens = (prompt + sent)[:32]
+    pinned = a.remote.migrate.pin("r", tokens)
+    assert len(pinned.block_ids) == 2 and a.remote.migrate.pin_ids() == [pinned.pin_id]
+    pre = b.remote.decode.reserve("pre", tokens, ONE, transfer_id="pre-t", precopy=True)
+    assert pre.cached_tokens == 0 and len(pre.fill_block_ids) == 2
+    copy_blocks(a, pinned.block_ids, b, pre.fill_block_ids)
+    sent += _run(a, "r", 5)  # the request decodes on during the pre-copy
+    assert b.remote.decode.commit_forked("pre-t", [0]) == []  # held: nothing runs
+    assert not b.has_unfinished() and b.stats().num_held == 1
+    a.remote.migrate.unpin(pinned.pin_id)
+    assert a.remote.migrate.pin_ids() == []
+
+    moved = a.remote.migrate.suspend("r")
+    assert moved.token_ids == prompt + sent
+    got = b.remote.decode.reserve("r", moved.token_ids[:-1], params,
+                                  prior_output_tokens=moved.num_output_tokens - 1)
+    assert got.cached_tokens == 32  # the pre-copied blocks: only the tail is filled
+    assert len(got.fill_block_ids) == len(moved.block_ids) - 2
+    copy_blocks(a, moved.block_ids[2:], b, got.fill_block_ids)
+    assert b.abort("pre") is None  # the pre-copy released: its blocks stay the move's
+    assert b.remote.decode.commit("r", moved.token_ids[-1]) is not None
+    assert a.abort("r") is not None
+    assert sent + _run(b, "r") == full
+    for engine in (a, b):
+        assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
+        assert engine.stats().num_stranded_blocks == 0
+
+
+def test_a_pin_outlives_its_request_and_refusals_pin_nothing(tiny_dir, make_engine) -> None:
+    """The request ends while pinned (aborted, say): its pinned blocks stay referenced (the
+    push reading them is not overwritten) until the unpin; what cannot be pinned is refused
+    and pins nothing; a pre-copy reservation ended before its commit frees its blocks."""
+    path = str(tiny_dir("llama", 2))
+    a = make_engine(model=path, num_blocks=64, block_size=16)
+    prompt = _prompts([40], seed=10)[0]
+    with pytest.raises(UnknownRequestError):
+        a.remote.migrate.pin("nobody", prompt[:16])
+    a.add_request(prompt, GREEDY, request_id="r")
+    with pytest.raises(NotMovableError):  # waiting: nothing computed
+        a.remote.migrate.pin("r", prompt[:16])
+    _run(a, "r", 2)
+    with pytest.raises(InvalidRequestError):  # not whole blocks
+        a.remote.migrate.pin("r", prompt[:20])
+    with pytest.raises(InvalidRequestError):  # not the request's tokens
+        a.remote.migrate.pin("r", [t + 1 for t in prompt[:16]])
+    with pytest.raises(NotMovableError):  # not computed yet
+        a.remote.migrate.pin("r", (prompt * 2)[:48])
+    assert a.remote.migrate.pin_ids() == []
+    pinned = a.remote.migrate.pin("r", prompt[:32])
+    assert a.abort("r") is not None
+    assert a.kv.pool.num_free == a.kv.pool.num_blocks - 2  # the pin still holds them
+    assert a.stats().num_stranded_blocks == 0  # held by a pin, not leaked
+    a.remote.migrate.unpin(pinned.pin_id)
+    a.remote.migrate.unpin(pinned.pin_id)  # no-op the second time
+    assert a.kv.pool.num_free == a.kv.pool.num_blocks
+
+    other = list(reversed(prompt[:32]))  # none of it cached here
+    pre = a.remote.decode.reserve("pre", other, ONE, transfer_id="t", precopy=True)
+    assert len(pre.fill_block_ids) == 2
+    assert a.remote.decode.end("t") is not None  # the push failed: freed, nothing held
+    assert a.kv.pool.num_free == a.kv.pool.num_blocks and a.stats().num_held == 0

@@ -62,6 +62,7 @@ class Reservation:
     moved_in: bool = False  # a live move's target
     seqs: dict[int, list[int]] = field(default_factory=dict)  # per sequence, so far
     suspended: bool = False  # out of the "batch" for a live move
+    precopy: bool = False  # a live move's pre-copy: held once committed, never streamed
 
 
 class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
@@ -101,6 +102,11 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.registry = registry
         self.move_fails = False  # MoveOut's push fails at its target (the target's fault)
         self.moves_out: list[worker_pb2.MoveOutRequest] = []
+        self.precopy_fails = False  # PreCopy's push fails at its target (the target's fault)
+        self.precopies: list[worker_pb2.PreCopyRequest] = []
+        self.precopy_gate: asyncio.Event | None = None  # PreCopy waits for it when set
+        self.precopy_started = asyncio.Event()
+        self.suspends: list[str] = []
 
     def commit(self, request_id: str, firsts: list[int]) -> None:
         r = self.reservations[request_id]
@@ -128,6 +134,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.reservations[request.request_id] = Reservation(
             request.request_id, list(request.token_ids), request.sampling,
             request.prior_output_tokens, request.n or 1, moved_in=request.moved_in,
+            precopy=request.precopy,
         )
         return worker_pb2.ReserveResponse(
             transfer_id=request.request_id, block_ids=[1, 2], kv_endpoint=self.kv_name,
@@ -187,6 +194,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
             )
 
     async def Suspend(self, request, context):  # noqa: N802
+        self.suspends.append(request.request_id)
         r = self.reservations.get(request.request_id)
         if r is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, "unknown request")
@@ -207,6 +215,26 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.registry[request.kv_endpoint].commit(request.transfer_id, [request.last_token])
         del self.reservations[request.request_id]
         return worker_pb2.MoveOutResponse(bytes=4096 * len(request.block_ids))
+
+    async def PreCopy(self, request, context):  # noqa: N802
+        """The pre-copy's "push": commit the target fake's pre-copy reservation, the stream
+        going on meanwhile."""
+        self.precopies.append(request)
+        self.precopy_started.set()
+        if self.precopy_gate is not None:
+            await self.precopy_gate.wait()
+        r = self.reservations.get(request.request_id)
+        if r is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "unknown request")
+        if self.precopy_fails:
+            context.set_trailing_metadata(((FAULT_KEY, RECEIVER_FAULT),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the pre-copy to the target failed")
+        seq = r.seqs.get(request.index, r.token_ids)
+        assert list(request.token_ids) == seq[: len(request.token_ids)]
+        target = self.registry[request.kv_endpoint].reservations[request.transfer_id]
+        assert target.precopy and target.token_ids == list(request.token_ids)
+        target.committed.set()
+        return worker_pb2.PreCopyResponse(bytes=4096 * len(request.block_ids))
 
     async def Resume(self, request, context):  # noqa: N802
         r = self.reservations.get(request.request_id)

@@ -220,3 +220,44 @@ def test_stranded_blocks_counts_what_no_live_request_holds(ledger: RemoteKV) -> 
     assert kv.stranded_blocks(ledger.request_ids()) == 0
     ledger.end("t")
     assert kv.stranded_blocks([]) == 0
+
+
+def test_a_precopy_is_held_prefix_cached_then_found_by_the_move(ledger: RemoteKV) -> None:
+    """A pre-copy's commit holds its blocks, indexed for prefix reuse, and runs nothing; the
+    move's reservation finds them (only its tail to fill) under eviction pressure, since
+    they are held; released, the move's request keeps them."""
+    pre = _req("pre", 8)  # two full blocks
+    ledger.reserve(pre, "tp", precopy=True)
+    assert ledger.reserved("tp") is not None and ledger.reserved("tp").precopy
+    assert ledger.hold_pushed("tp") is pre and ledger.hold_pushed("tp") is None
+    entry = ledger.get("pre")
+    assert entry is not None and entry.state is RemoteState.HELD and ledger.num_held == 1
+    filler = _req("filler", 16)  # fills every free block: an idle cached block would go
+    filler.all_token_ids = [t + 100 for t in filler.all_token_ids]
+    filler.prompt_token_ids = list(filler.all_token_ids)
+    ledger.reserve(filler, "tf")
+    assert ledger.kv.pool.num_free == 2
+    move = _req("move", 11)  # the pre-copied 8 tokens and 3 more
+    got = ledger.reserve(move, "tm")
+    assert got.cached_tokens == 8 and len(got.fill_block_ids) == 1
+    assert ledger.release("pre")  # the move's reservation still references its blocks
+    assert ledger.kv.block_ids("move")[:2] == entry.block_ids
+    for tid in ("tf", "tm"):
+        assert ledger.end(tid) is not None
+
+
+def test_a_pin_references_leading_blocks_until_freed() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    req = _req("r", 10)
+    kv.allocate_slots(req, 10)
+    ids = kv.pin("#pin", "r", 2)
+    assert ids == kv.block_ids("r")[:2]
+    with pytest.raises(RuntimeError):
+        kv.pin("#pin", "r", 1)  # one pin per id
+    with pytest.raises(RuntimeError):
+        kv.pin("#other", "r", 4)  # more blocks than the request holds
+    kv.free("r")
+    assert kv.pool.num_free == kv.pool.num_blocks - 2  # the pin keeps the two
+    assert kv.stranded_blocks(["#pin"]) == 0 and kv.stranded_blocks([]) == 2
+    kv.free("#pin")
+    assert kv.pool.num_free == kv.pool.num_blocks and kv.pool.num_referenced() == 0

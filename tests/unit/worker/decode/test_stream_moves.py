@@ -176,3 +176,99 @@ def test_refusals_and_a_hostile_move_out(engines) -> None:
                         and s.num_free_blocks == s.num_blocks, timeout=30)
 
     asyncio.run(main())
+
+
+def _precopy(rid: str, pre: worker_pb2.ReserveResponse, tokens: list[int]
+             ) -> worker_pb2.PreCopyRequest:
+    return worker_pb2.PreCopyRequest(
+        request_id=rid, transfer_id=pre.transfer_id, block_ids=pre.block_ids,
+        kv_endpoint=pre.kv_endpoint, layout=pre.layout, skip_tokens=pre.skip_tokens,
+        token_ids=tokens)
+
+
+def test_precopy_while_decoding_then_the_tail(engines) -> None:
+    """A pre-copy of the stream's leading full blocks into a pre-copy reservation (on this
+    same worker, its own receiver the target) while the stream decodes on: tokens keep
+    coming after it; then the move's reservation finds those blocks cached, MoveOut pushes
+    the rest, and the stream reads on equal to the greedy output. Hostile PreCopies and
+    pre-copy Reserves are refused, changing nothing; a pre-copy nobody frees ends at its
+    lease; every block is free at the end."""
+    decode_engine, prefill_engine, ref_engine = engines
+    want = reference(ref_engine, PROMPT, LONG)
+
+    async def main() -> None:
+        async with cluster(decode_engine, prefill_engine, decode_sender=True) as c:
+            stub = c.decode_stub
+            res = await c.reserve("r1", PROMPT, greedy(LONG))
+            first = await c.prefill_into("r1", PROMPT, greedy(LONG), res)
+            sent = [first.first_token]
+            stream = stub.Decode(worker_pb2.DecodeRequest(request_id="r1"))
+            sent += (await stream.read()).token_ids
+            lead = PROMPT[:32]
+            for bad_reserve in (
+                    worker_pb2.ReserveRequest(request_id="x", token_ids=PROMPT[:20],
+                                              sampling=greedy(1), precopy=True),
+                    worker_pb2.ReserveRequest(request_id="x", token_ids=lead, n=2,
+                                              sampling=greedy(1), precopy=True)):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Reserve(bad_reserve)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            pre = await stub.Reserve(worker_pb2.ReserveRequest(
+                request_id="r1.p", token_ids=lead, sampling=greedy(1), lease_s=30,
+                precopy=True))
+            good = _precopy("r1", pre, lead)
+            for field, value, code in (
+                    ("request_id", "nobody", grpc.StatusCode.NOT_FOUND),
+                    ("token_ids", [t + 1 for t in lead], grpc.StatusCode.INVALID_ARGUMENT),
+                    ("token_ids", PROMPT[:24], grpc.StatusCode.INVALID_ARGUMENT),
+                    ("block_ids", [*pre.block_ids, 1], grpc.StatusCode.INVALID_ARGUMENT),
+                    ("skip_tokens", 5, grpc.StatusCode.INVALID_ARGUMENT),
+                    ("layout", worker_pb2.KVLayout(model="other", block_size=16),
+                     grpc.StatusCode.FAILED_PRECONDITION)):
+                bad = worker_pb2.PreCopyRequest()
+                bad.CopyFrom(good)
+                if field in ("token_ids", "block_ids"):
+                    del getattr(bad, field)[:]
+                    getattr(bad, field).extend(value)
+                elif field == "layout":
+                    bad.layout.CopyFrom(value)
+                else:
+                    setattr(bad, field, value)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.PreCopy(bad)
+                assert err.value.code() == code, field
+            copied = await stub.PreCopy(good)
+            assert copied.bytes > 0
+            at_precopy = len(sent)
+            sent += (await stream.read()).token_ids  # it decoded on: more tokens come
+            assert len(sent) > at_precopy
+            made = (await stub.Suspend(worker_pb2.SuspendRequest(request_id="r1"))
+                    ).num_output_tokens
+            with pytest.raises(grpc.aio.AioRpcError):
+                while (msg := await stream.read()) is not grpc.aio.EOF:
+                    sent += msg.token_ids
+            assert len(sent) == made < LONG
+            target = await stub.Reserve(worker_pb2.ReserveRequest(
+                request_id="r1.1", token_ids=PROMPT + sent[:-1], sampling=greedy(LONG),
+                lease_s=10, prior_output_tokens=len(sent) - 1, moved_in=True))
+            assert target.cached_tokens >= 32  # the pre-copied blocks at least
+            assert (await stub.Abort(worker_pb2.AbortRequest(request_id="r1.p"))).found
+            moved = await stub.MoveOut(worker_pb2.MoveOutRequest(
+                request_id="r1", transfer_id=target.transfer_id, block_ids=target.block_ids,
+                kv_endpoint=target.kv_endpoint, layout=target.layout,
+                skip_tokens=target.skip_tokens, last_token=sent[-1]))
+            assert moved.bytes == copied.bytes // len(pre.block_ids) * len(target.block_ids)
+            msgs = await c.decode_all("r1.1")
+            assert sent + [t for m in msgs for t in m.token_ids] == want
+
+            # A pre-copy committed and never freed by its router: its lease ends it.
+            res = await c.reserve("r2", PROMPT, greedy(LONG))
+            await c.prefill_into("r2", PROMPT, greedy(LONG), res)
+            pre = await stub.Reserve(worker_pb2.ReserveRequest(
+                request_id="r2.p", token_ids=lead, sampling=greedy(1), lease_s=1,
+                precopy=True))
+            assert (await stub.PreCopy(_precopy("r2", pre, lead))).bytes > 0
+            await stub.Abort(worker_pb2.AbortRequest(request_id="r2"))
+            await c.settle()
+
+    asyncio.run(main())
