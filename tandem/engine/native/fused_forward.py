@@ -68,10 +68,10 @@ from tandem.engine.native.moe_layer import (
 )
 from tandem.engine.native.packed_linear import (
     FLOAT_KINDS,
-    KIND_FP8,
     LinStruct,
     PackedEmbedding,
     PackedLinear,
+    takes_any_k,
 )
 from tandem.engine.quant.int4 import Int4Linear
 from tandem.engine.quant.int8 import Int8Linear
@@ -132,7 +132,7 @@ class NativeLinear:
             self.out_features, self.in_features = layer.num_embeddings, layer.embedding_dim
         else:
             self.out_features, self.in_features = layer.out_features, layer.in_features
-        if not _any_k(layer) and self.in_features % QK:
+        if not takes_any_k(layer) and self.in_features % QK:
             raise ValueError(f"in_features {self.in_features} is not a multiple of {QK}")
         self.tensors: list[torch.Tensor] = []
         if isinstance(layer, Int4Linear):
@@ -171,12 +171,6 @@ class NativeLinear:
         return y
 
 
-def _any_k(layer: nn.Module) -> bool:
-    """Whether the kernels take ``layer`` whatever its input width: FP8 rows (fp8_weights.h);
-    the other kinds read whole groups of 32 inputs."""
-    return isinstance(layer, PackedLinear) and layer.kind == KIND_FP8
-
-
 def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
                        ) -> str | None:
     """Why :class:`FusedForward` cannot run ``model`` (over a KV cache of ``kv_dtype``, when
@@ -208,7 +202,7 @@ def unsupported_reason(model: CausalLM, kv_dtype: torch.dtype | None = None,
         attn = layer.self_attn
         linears += [*_attention_linears(attn), *feed_forward_linears(layer.mlp)]
     for lin in linears:
-        if not isinstance(lin, _LinTypes) or (lin.in_features % QK and not _any_k(lin)):
+        if not isinstance(lin, _LinTypes) or (lin.in_features % QK and not takes_any_k(lin)):
             return f"{type(lin).__name__} is not a linear layer with K % {QK} == 0"
         if isinstance(lin, nn.Linear) and lin.weight.dtype not in FLOAT_KINDS:
             return f"a linear layer holds {lin.weight.dtype} weights"

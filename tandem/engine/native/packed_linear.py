@@ -209,6 +209,12 @@ class PackedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, {self.format}"
 
 
+def takes_any_k(layer: nn.Module) -> bool:
+    """Whether the kernels take ``layer`` whatever its input width: FP8 rows (fp8_weights.h);
+    the other kinds read whole groups of 32 inputs."""
+    return isinstance(layer, PackedLinear) and layer.kind == KIND_FP8
+
+
 class PackedEmbedding(nn.Module):
     """An embedding whose table is a :class:`PackedLinear` (shared with a tied lm_head)."""
 
