@@ -82,18 +82,24 @@ inline bool plan_lora(const LoraStep& ls, int rows, int num_layers, LoraPlan& pl
   return true;
 }
 
-// t[m * rank + k] = a[k] . x[m] for the M rows x[0..M) (in % 8 == 0).
+// t[m * rank + k] = a[k] . x[m] for the M rows x[0..M) (any ``in``: an FP8 layer's input
+// width need not be a multiple of 8; the last in % 8 inputs are summed one at a time).
 template <int M>
 inline void lora_shrink(const float* a, int rank, int in, const float* const* x, float* t) {
+  const int whole = in & ~7;
   for (int k = 0; k < rank; ++k) {
     const float* ak = a + static_cast<size_t>(k) * in;
     __m256 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-    for (int i = 0; i < in; i += 8) {
+    for (int i = 0; i < whole; i += 8) {
       const __m256 av = _mm256_loadu_ps(ak + i);
       for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x[m] + i), av, acc[m]);
     }
-    for (int m = 0; m < M; ++m) t[m * rank + k] = hsum(acc[m]);
+    for (int m = 0; m < M; ++m) {
+      float sum = hsum(acc[m]);
+      for (int i = whole; i < in; ++i) sum += ak[i] * x[m][i];
+      t[m * rank + k] = sum;
+    }
   }
 }
 

@@ -228,3 +228,30 @@ def test_engine_greedy_native_lora_equals_torch(make_engine, adapters, exact_tor
     assert fused_steps >= 16  # prefills and decodes with adapter rows, all fused
     assert got[0] != engine_token_ids(ref, [prompts[0]], SamplingParams(
         temperature=0.0, max_tokens=16, ignore_eos=True))[0]  # adapter a moved its output
+
+
+def test_native_lora_on_an_fp8_layer_of_odd_width_matches_the_torch_reference(
+        make_engine, exact_torch_path, tmp_path) -> None:
+    """An FP8 down_proj reads 100 inputs (the kernels take FP8 rows of any width): its
+    adapter's shrink sums the last 100 % 8 inputs too, reading nothing past a row."""
+    from tandem.engine.testing import make_tiny_checkpoint
+    from tandem.engine.testing.fp8_checkpoint import write_fp8
+
+    dense = make_tiny_checkpoint(tmp_path / "dense", hidden_size=128, intermediate_size=100)
+    write_fp8(dense, tmp_path / "fp8", (48, 40))
+    adapter = make_tiny_adapter(dense, tmp_path / "a", rank=4, seed=3, targets=("down_proj",))
+    engine = make_engine(model=str(tmp_path / "fp8"), block_size=BS, quantization="fp8",
+                         num_blocks=40, kv_cache_dtype="float32", lora=LoraConfig(
+                             enabled=True, modules=(("a", str(adapter)),), max_loras=1,
+                             max_lora_rank=8))
+    runner = engine.runner
+    assert runner.fused is not None
+    kv_nat, kv_ref = torch.zeros_like(runner.kv_cache), torch.zeros_like(runner.kv_cache)
+    g = torch.Generator().manual_seed(5)
+    ta, tc = [3, 17, 9, 30, 1], [12, 5, 33, 20, 8]
+    for step in ([("a", ta, 0, torch.randint(3, 256, (9,), generator=g).tolist()),
+                  ("", tc, 0, torch.randint(3, 256, (5,), generator=g).tolist())],
+                 [("a", ta, 9, [7]), ("", tc, 5, [11])]):
+        nat = _native_logits(runner, kv_nat, step)
+        ref = _torch_logits(runner, runner.model, runner.lora, kv_ref, step)
+        assert _rel(nat, ref) < 1e-3, _rel(nat, ref)
