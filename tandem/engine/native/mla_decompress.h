@@ -45,6 +45,11 @@ constexpr int MLA_DECOMPRESS_MIN_ROWS = 8;
 // 1.05x; 16 after 512 and 32 after 2,048 1.85x, 1.81x; 8 after 64 or 256 ~1.5x. A factor of 2
 // puts each of those on its faster side.
 constexpr double MLA_LATENT_PRODUCT_COST = 2.0;
+// Context (cached + the segment's rows) up to which a segment may decompress: each pool thread
+// keeps its head's decompressed keys and values ([S, 192] + 2 x [128, S] floats at
+// DeepSeek-V2-Lite's shape) and the scores of a pass ([128, S]) between calls, ~18 MB a thread
+// at 8,192 and growing with S; a longer context attends absorbed (latent, no per-S scratch).
+constexpr int64_t MLA_DECOMPRESS_MAX_CONTEXT = 8192;
 // Query rows per pass over a head's keys: a pass's scores ([rows, keys] floats) stay small,
 // and its keys stop at its last row's position (causal: the later keys are never multiplied).
 constexpr int MLA_QUERY_PASS = 128;
@@ -198,7 +203,8 @@ inline void mla_decompressed(const M& m, int nh, const float* q, int n, int64_t 
 template <class M>
 inline bool mla_decompresses(const M& m, int n, int64_t p0) {
   const int kind = m.kv_b.kind;
-  if (n < MLA_DECOMPRESS_MIN_ROWS || m.rank % QK || !(kind == 3 || kind == 5 || kind == 6)) {
+  if (n < MLA_DECOMPRESS_MIN_ROWS || p0 + n > MLA_DECOMPRESS_MAX_CONTEXT || m.rank % QK
+      || !(kind == 3 || kind == 5 || kind == 6)) {
     return false;
   }
   const double S = static_cast<double>(p0) + n, seen = static_cast<double>(p0) + (n + 1) / 2.0;

@@ -110,6 +110,27 @@ def test_prefill_chunks_match_torch(make_engine, mla_dir, case: str, dtype: str)
         assert _ulps_at_scale(kv_nat, kv_ref).max().item() <= 2
 
 
+@pytest.mark.parametrize("threads", [1, 8])
+def test_chunks_over_one_query_pass_match_torch(make_engine, mla_dir, threads: int) -> None:
+    """Chunks longer than MLA_QUERY_PASS (128 rows) run in several passes over the keys, each
+    writing its own rows' outputs: a fresh 150-row chunk, then 150 rows after 40 cached."""
+    engine = make_engine(model=str(mla_dir("v2")), num_blocks=120, block_size=BLOCK)
+    runner = engine.runner
+    native = NativeMla(runner.model.layers[0].self_attn, runner.model.arch.mla, NativeLinear)
+    tables = [list(range(1, 41)), list(range(41, 101))]
+    kv_nat, kv_ref = torch.zeros_like(runner.kv_cache), torch.zeros_like(runner.kv_cache)
+    g = torch.Generator().manual_seed(9)
+    for seq, first, n in ((0, 0, 150), (1, 0, 40), (1, 40, 150)):  # B: 40, then 150 after
+        assert native.decompresses(n, first)  # 150 rows: two passes of the keys
+        ids = torch.randint(3, 256, (n,), generator=g).tolist()
+        pos = list(range(first, first + n))
+        table = [tables[seq]]
+        nat = runner.fused(ids, pos, [0] * n, table, kv_nat, range(n), threads=threads)
+        ref = torch_logits(runner, ids, pos, [0] * n, table, kv_ref, runner.model,
+                           runner.backend)
+        assert rel_err(nat, ref) < 1e-5, (seq, first, n, rel_err(nat, ref))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_through_decompressed_chunks_equals_transformers(make_engine, mla_dir,
                                                                  case: str) -> None:
@@ -166,6 +187,7 @@ def _v2_lite_layer(kv_b_kind: int = KIND_F32) -> MlaLayerStruct:
     (8, 0, True), (16, 0, True), (512, 0, True), (2048, 0, True),  # fresh chunks
     (128, 512, True), (128, 2048, True), (512, 1536, True),  # long chunks after a context
     (8, 64, False), (16, 512, False), (32, 2048, False),  # short chunks after a long one
+    (2048, 6144, True), (2048, 6145, False), (9000, 0, False),  # past 8,192: bounded scratch
 ])
 def test_choice_follows_the_measured_costs(rows: int, first: int, decompressed: bool) -> None:
     """At DeepSeek-V2-Lite's shape, the side of each measured case (mla_decompress.h's
