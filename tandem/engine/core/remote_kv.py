@@ -137,6 +137,12 @@ class RemoteKV:
             raise InvalidRequestError("request_id", f"{rid!r} is already in use")
         if not transfer_id or transfer_id in self._by_transfer:
             raise InvalidRequestError("transfer_id", f"{transfer_id!r} is empty or in use")
+        if precopy and (not self.kv.enable_caching or self.kv.sliding_window is not None):
+            # the move's own Reserve finds a pre-copy only through the prefix cache, from its
+            # first block: without caching, or with blocks freed behind a window, it would be
+            # pushed twice and hold twice the blocks meanwhile
+            raise InvalidRequestError("precopy", "this worker takes no pre-copy (prefix "
+                                      "caching off or a sliding window)")
         computed, n_cached = self.kv.get_computed_blocks(request)
         skip = self.kv.allocate_pushed(request, computed)
         if skip is None:

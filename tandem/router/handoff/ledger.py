@@ -382,7 +382,7 @@ class Handoff:
                     await self._open.abort(endpoint, leg_id, decode=True)
                 continue
             self._open.add(endpoint, leg_id, True)
-            self._deps.held.record(endpoint, self._hashes(self._tokens()))
+            self._deps.held.record(endpoint, self._hashes(precopy or self._tokens()))
             return DecodeLeg(endpoint, leg_id, reply)
         if exhausted:
             raise refused_for_now(exhausted)

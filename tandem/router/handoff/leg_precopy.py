@@ -12,8 +12,10 @@ so the stream stops only for the rest.
         ──> the pre-copy's leg is aborted once the move is over (its blocks stay referenced
             by the move's reservation) or the stream ends first
         | fewer than ``live_move_precopy_blocks`` full blocks (or 0: off): no pre-copy
-        | no target took it, or the push failed at the target (it died, refused, left the
-          pool): the stream stays on its source, never stopped (the ticket says why)
+        | no target took its Reserve (none with a prefix cache, none with room): the move
+          goes on without it
+        | the push failed at the target (it died, refused, left the pool): the stream stays
+          on its source, never stopped (the ticket says why)
         | the source refused it (the blocks are not all held there: a sliding window; the
           stream ending): the move goes on without it
 
@@ -32,8 +34,6 @@ from tandem.common.obs import tracing
 from tandem.router.api.sampling import LogprobOptions, SamplingSpec
 from tandem.router.errors import (
     Fault,
-    NoWorkerError,
-    OverloadedError,
     RouterError,
     WorkerCallError,
 )
@@ -104,13 +104,13 @@ class LegPreCopy:
         try:
             outcome = await self.run(src, tokens, ticket,
                                      lambda lead: reserve(lead, src.endpoint))
-        except RouterError as exc:  # its deadline, a refused Reserve: the stream stays
-            cause = (ticket.cause or MoveCause.DRAIN).value
-            self.stay(ticket, cause, f"the pre-copy failed: {exc}")
-            return False
+        except RouterError as exc:  # a refused or failed pre-copy Reserve: move without it
+            log.info("request %s: no pre-copy: %s", self._request_id, exc)
+            return True
         pre = outcome.precopied
         if pre is not None:
             if streaming() and leg() is src:
+                self.release_soon(self._held)  # an earlier pre-copy no move took
                 self._held = pre
             else:
                 await self.release(pre)
@@ -167,8 +167,10 @@ class LegPreCopy:
         cause = (ticket.cause or MoveCause.DRAIN).value
         try:
             target = await reserve(tokens[:n])
-        except (NoWorkerError, OverloadedError) as err:
-            return self.stay(ticket, cause, f"no decode worker took its pre-copy: {err}")
+        except RouterError as err:  # none took it (no caching there, full): the move goes on
+            log.info("request %s: no decode worker took its pre-copy: %s", self._request_id,
+                     err)
+            return PreCopyOutcome(True)
         try:
             pushed, _ = await legs.precopy(self._calls, src.endpoint, src.leg_id, target,
                                            tokens[:n], self._deadline.remaining(), self._span,

@@ -160,8 +160,8 @@ class LiveMoves:
         tokens = list(target.token_ids)
 
         def pin(e: LLMEngine) -> tuple[Pinned, str]:  # the adapter: what the BEGIN names
-            pinned = e.remote.migrate.pin(request_id, tokens)
-            return pinned, e.lora_identity(e.live(request_id).request.lora)
+            adapter = e.lora_identity(e.live(request_id).request.lora)  # before the pin
+            return e.remote.migrate.pin(request_id, tokens), adapter
 
         try:
             pinned, adapter = await self._ae.call(pin)

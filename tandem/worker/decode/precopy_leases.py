@@ -4,6 +4,8 @@
         runs: tandem/engine/core/remote_kv.py) until the router's Abort frees them
         ──> ``lease`` seconds after the Reserve, ``expire(rid)`` (an abort) whatever the
             router did; ``forget(rid)`` when the request's streams are gone first
+        ──> ``expire_all()`` at a drain's start: a draining worker takes no move in, so what
+            it holds for one is freed at once (not waited for by the drain)
 """
 
 from __future__ import annotations
@@ -30,3 +32,10 @@ class PreCopyLeases:
         timer = self._timers.pop(request_id, None)
         if timer is not None:
             timer.cancel()
+
+    def expire_all(self) -> None:
+        """``expire`` every held pre-copy now (a drain: no move will take them)."""
+        for request_id, timer in list(self._timers.items()):
+            timer.cancel()
+            del self._timers[request_id]
+            self._expire(request_id)

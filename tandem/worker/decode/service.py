@@ -435,10 +435,10 @@ class DecodeWorker:
         return bool(self._streams)
 
     def begin_drain(self) -> None:
-        """Take no new reservations; what is running finishes and ended streams wait for
-        their reader (each at most ``drain_orphan_grace_s``)."""
+        """No new reservations, held pre-copies freed; streams end (reader_leases.py)."""
         self.draining = True
         self._leases.begin_drain(self._streams.get)
+        self._precopies.expire_all()
         self._touch()
 
     async def wait_idle(self) -> None:

@@ -103,6 +103,7 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
         self.move_fails = False  # MoveOut's push fails at its target (the target's fault)
         self.moves_out: list[worker_pb2.MoveOutRequest] = []
         self.precopy_fails = False  # PreCopy's push fails at its target (the target's fault)
+        self.refuses_precopy = False  # a pre-copy's Reserve refused (no prefix cache here)
         self.precopies: list[worker_pb2.PreCopyRequest] = []
         self.precopy_gate: asyncio.Event | None = None  # PreCopy waits for it when set
         self.precopy_started = asyncio.Event()
@@ -122,6 +123,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServiceServicer):
             await asyncio.Event().wait()
         if self.reserve_limit is not None and len(self.reservations) >= self.reserve_limit:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "worker going away")
+        if request.precopy and self.refuses_precopy:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "precopy: no pre-copy here")
         if self.exhausted:
             trailers = [] if self.retry_hint_ms is None else [(RETRY_AFTER_KEY,
                                                                str(self.retry_hint_ms))]

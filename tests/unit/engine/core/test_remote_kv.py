@@ -261,3 +261,17 @@ def test_a_pin_references_leading_blocks_until_freed() -> None:
     assert kv.stranded_blocks(["#pin"]) == 0 and kv.stranded_blocks([]) == 2
     kv.free("#pin")
     assert kv.pool.num_free == kv.pool.num_blocks and kv.pool.num_referenced() == 0
+
+
+@pytest.mark.parametrize("options", [{"enable_caching": False}, {"sliding_window": 6}],
+                         ids=["no-prefix-cache", "sliding-window"])
+def test_a_precopy_is_refused_where_a_move_could_not_find_it(options: dict) -> None:
+    """Without a prefix cache, or with blocks freed behind a window, the move's Reserve would
+    not find a pre-copy: refused before anything is allocated (a plain Reserve still works)."""
+    kv = KVCacheManager(num_blocks=8, block_size=BS, **options)
+    ledger = RemoteKV(kv)
+    with pytest.raises(InvalidRequestError, match="pre-copy"):
+        ledger.reserve(_req("pre", 8), "tp", precopy=True)
+    assert kv.pool.num_free == 8 and ledger.reserved("tp") is None
+    ledger.reserve(_req("plain", 8), "t")
+    assert ledger.end("t") is not None and kv.pool.num_free == 8

@@ -97,6 +97,25 @@ def test_precopy_then_the_tail_to_the_same_target(tokenizer: RouterTokenizer) ->
     asyncio.run(scenario())
 
 
+def test_a_refused_precopy_reserve_moves_without_one(tokenizer: RouterTokenizer) -> None:
+    """The target takes no pre-copy (no prefix cache there, a sliding window): the stream
+    moves all the same, its whole KV pushed after the Suspend."""
+    async def scenario() -> None:
+        async with cluster(tokenizer, n_decode=2) as c:
+            source = c.first_decode(len(PROMPT) + N)
+            target = c.decode[1 - source]
+            target.refuses_precopy = True
+            responses, reply = await _move_while_held(c, source)
+            assert (reply.moved, reply.stayed) == (1, 0)
+            assert [t for r in responses for t in r.token_ids] == expected_output(PROMPT, N)
+            assert not c.decode[source].precopies
+            (move_leg,) = target.reservations.values()
+            assert move_leg.moved_in and not move_leg.precopy
+            assert c.router.deps.counters.precopy_bytes == 0
+
+    asyncio.run(scenario())
+
+
 def test_failed_precopy_stays_untouched(tokenizer: RouterTokenizer) -> None:
     """The pre-copy's push fails at the target: the stream is never suspended, it stays on
     its source (the reason says why), and the target's pre-copy leg is aborted."""
