@@ -160,8 +160,12 @@ class LiveMoves:
         tokens = list(target.token_ids)
 
         def pin(e: LLMEngine) -> tuple[Pinned, str]:  # the adapter: what the BEGIN names
-            adapter = e.lora_identity(e.live(request_id).request.lora)  # before the pin
-            return e.remote.migrate.pin(request_id, tokens), adapter
+            pinned = e.remote.migrate.pin(request_id, tokens)  # UnknownRequestError first
+            try:
+                return pinned, e.lora_identity(e.live(request_id).request.lora)
+            except BaseException:
+                e.remote.migrate.unpin(pinned.pin_id)
+                raise
 
         try:
             pinned, adapter = await self._ae.call(pin)
